@@ -1,0 +1,154 @@
+"""Dataset readers: stream feeds (input name -> array) for calibration and validation.
+
+Readers yield one sample at a time so memory stays bounded however many
+samples a folder holds.  Every sample is checked against the model's inputs;
+a mismatch is a ``DataError`` that names the file and the input.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pipeline.errors import DataError
+
+if TYPE_CHECKING:
+    from pipeline.recipe import DatasetSpec, Recipe
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RANDOM_SAMPLES = 8
+_ONNX_TO_NUMPY = {
+    1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
+    9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64,
+}
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    """A model input as the graph declares it; symbolic dimensions are None."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: np.dtype
+
+    def concrete_shape(self, batch: int = 1) -> tuple[int, ...]:
+        """Shape with symbolic dimensions set: the first to the batch size, others to 1."""
+        return tuple((batch if index == 0 else 1) if dim is None else dim for index, dim in enumerate(self.shape))
+
+
+def model_inputs(model_path: Path) -> list[InputInfo]:
+    """The real inputs of an ONNX model (initializers listed as inputs excluded)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    initializers = {init.name for init in model.graph.initializer}
+    infos = []
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor_type = value.type.tensor_type
+        dims = tuple(dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None
+                     for dim in tensor_type.shape.dim)
+        dtype = np.dtype(_ONNX_TO_NUMPY.get(tensor_type.elem_type, np.float32))
+        infos.append(InputInfo(value.name, dims, dtype))
+    return infos
+
+
+def iter_samples(spec: DatasetSpec | None, recipe: Recipe, model_path: Path, *, limit: int | None = None,
+                 dataset_name: str | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """Feeds from a recipe dataset, or seeded random data shaped from the model when spec is None."""
+    inputs = model_inputs(model_path)
+    ranges = {spec_in.name: (spec_in.low, spec_in.high) for spec_in in recipe.model.inputs}
+    if spec is None or spec.reader == "random":
+        count = (spec.samples if spec and spec.samples else DEFAULT_RANDOM_SAMPLES)
+        count = min(count, limit) if limit else count
+        yield from random_samples(inputs, count, seed=spec.seed if spec else 0, ranges=ranges)
+        return
+    folder = recipe.resolve(spec.path or "")
+    count = min(filter(None, (spec.samples, limit)), default=None)
+    yield from npy_samples(folder, inputs, limit=count, dataset_name=dataset_name or "")
+
+
+Ranges = dict[str, tuple[float | None, float | None]]
+
+
+def random_samples(inputs: list[InputInfo], count: int, *, seed: int = 0,
+                   ranges: Ranges | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """Seeded random feeds; integer inputs get integers in [low, high), floats a standard normal or [low, high)."""
+    rng = np.random.default_rng(seed)
+    ranges = ranges or {}
+    for _ in range(count):
+        yield {info.name: _random_array(info, rng, *ranges.get(info.name, (None, None))) for info in inputs}
+
+
+def _random_array(info: InputInfo, rng: np.random.Generator, low: float | None, high: float | None) -> np.ndarray:
+    shape = info.concrete_shape()
+    if info.dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if np.issubdtype(info.dtype, np.integer):
+        limits = np.iinfo(info.dtype)
+        lo = int(low) if low is not None else 0
+        hi = int(high) if high is not None else min(int(limits.max), 100)
+        return rng.integers(lo, max(hi, lo + 1), size=shape).astype(info.dtype)
+    if low is not None or high is not None:
+        lo = 0.0 if low is None else low
+        hi = lo + 1.0 if high is None else high
+        return rng.uniform(lo, hi, size=shape).astype(info.dtype)
+    return rng.standard_normal(size=shape).astype(info.dtype)
+
+
+def npy_samples(folder: Path, inputs: list[InputInfo], *, limit: int | None = None,
+                dataset_name: str = "") -> Iterator[dict[str, np.ndarray]]:
+    """Feeds from a folder of .npz (keyed by input name) or .npy (one-input models) files, in name order."""
+    label = f"dataset '{dataset_name}' ({folder})" if dataset_name else str(folder)
+    if not folder.is_dir():
+        raise DataError(f"{label}: folder does not exist; create it or fix 'path' in the recipe")
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".npy", ".npz"))
+    if not files:
+        raise DataError(f"{label}: no .npy or .npz samples in the folder")
+    if any(p.suffix == ".npy" for p in files) and len(inputs) != 1:
+        raise DataError(f"{label}: .npy samples serve one-input models only; this model has inputs "
+                        f"{[i.name for i in inputs]}: use .npz files keyed by input name")
+    for path in files[:limit] if limit else files:
+        yield _load_sample(path, inputs)
+
+
+def _load_sample(path: Path, inputs: list[InputInfo]) -> dict[str, np.ndarray]:
+    try:
+        if path.suffix == ".npy":
+            raw = {inputs[0].name: np.load(path, allow_pickle=False)}
+        else:
+            with np.load(path, allow_pickle=False) as archive:
+                raw = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: cannot read sample: {exc}") from None
+    feeds = {}
+    for info in inputs:
+        if info.name not in raw:
+            raise DataError(f"{path}: no array for model input '{info.name}'; the file holds {sorted(raw)}")
+        feeds[info.name] = _fit_to_input(raw[info.name], info, path)
+    return feeds
+
+
+def _fit_to_input(array: np.ndarray, info: InputInfo, path: Path) -> np.ndarray:
+    if len(array.shape) == len(info.shape) - 1:
+        array = array[np.newaxis]  # a sample without its batch dimension
+    if len(array.shape) != len(info.shape) or any(
+        want is not None and got != want for got, want in zip(array.shape, info.shape, strict=True)
+    ):
+        raise DataError(f"{path}: input '{info.name}' has shape {list(array.shape)}; "
+                        f"the model expects {[d if d is not None else '?' for d in info.shape]}")
+    if array.dtype != info.dtype:
+        same_kind = np.issubdtype(array.dtype, np.floating) == np.issubdtype(info.dtype, np.floating)
+        if not same_kind:
+            raise DataError(f"{path}: input '{info.name}' is {array.dtype}; the model expects {info.dtype}")
+        array = array.astype(info.dtype)
+    if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
+        raise DataError(f"{path}: input '{info.name}' holds NaN or Inf values")
+    return np.ascontiguousarray(array)

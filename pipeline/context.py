@@ -1,0 +1,88 @@
+"""The contract between the runner and the stages.
+
+A transform stage is ``run(artifact: Artifact, config: <Config>, ctx: StageContext) -> StageResult``.
+It reads its input from ``artifact.path`` and returns the new model; the runner
+writes it atomically, records the sidecar and caches it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+    from pipeline.recipe import Recipe
+
+log = logging.getLogger(__name__)
+
+
+def artifact_precision(stages: tuple[str, ...] | list[str]) -> str:
+    """The precision a chain of stages produces: int8, fp16 or fp32."""
+    if "quantize" in stages:
+        return "int8"
+    if "fp16" in stages:
+        return "fp16"
+    return "fp32"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An ONNX file on disk (external data beside it) plus its sidecar JSON."""
+
+    path: Path
+    sidecar: Path
+    key: str
+    """Cache key that produced it (the content address)."""
+    sha256: str
+    size_bytes: int
+    stages: tuple[str, ...]
+    parent: str | None
+    cached: bool = False
+    seconds: float = 0.0
+
+    @property
+    def precision(self) -> str:
+        return artifact_precision(self.stages)
+
+    def load(self, *, load_external_data: bool = True) -> onnx.ModelProto:
+        import onnx
+
+        return onnx.load(str(self.path), load_external_data=load_external_data)
+
+
+@dataclass
+class StageResult:
+    """What a transform stage did: the new model, whether it changed, its findings."""
+
+    model: onnx.ModelProto
+    changed: bool = True
+    findings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StageContext:
+    """What a stage may use of the run: the recipe, its datasets, a scratch folder."""
+
+    recipe: Recipe
+    variant: str
+    work_dir: Path
+    """A scratch folder of this stage run; emptied afterwards."""
+    on_progress: Callable[[str], None] = field(default=lambda message: None)
+    """Tell the progress display what is being worked on (a short phrase)."""
+
+    def resolve(self, relative: str) -> Path:
+        return self.recipe.resolve(relative)
+
+    def samples(self, dataset: str | None, model_path: Path,
+                limit: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """Stream feeds (input name -> array) from a recipe dataset, or seeded random data when None."""
+        from calibration.readers import iter_samples
+
+        spec = self.recipe.data[dataset] if dataset is not None else None
+        return iter_samples(spec, self.recipe, model_path, limit=limit, dataset_name=dataset)

@@ -1,0 +1,68 @@
+"""Acceptance gates: the recipe's goals checked against the measurements."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.recipe import GateSpec
+
+_VALIDATION_METRICS = ("cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement")
+
+
+def speedup(benchmarks: list[dict[str, Any]], variant: str, target: str, batch: int, reference: str) -> float | None:
+    """Reference p50 over variant p50 on the same target and batch, from the medians of shared rounds."""
+    row = find_benchmark(benchmarks, variant, target, batch)
+    ref = find_benchmark(benchmarks, reference, target, batch)
+    if row is None or ref is None or row["status"] != "ok" or ref["status"] != "ok":
+        return None
+    ratios = [r / v for r, v in zip(ref.get("round_p50_ms", []), row.get("round_p50_ms", []), strict=False) if v > 0]
+    if ratios:
+        ratios.sort()
+        return ratios[len(ratios) // 2]  # drift hits both runs of a round alike
+    return ref["latency_ms"]["p50"] / row["latency_ms"]["p50"]
+
+
+def find_benchmark(benchmarks: list[dict[str, Any]], variant: str, target: str, batch: int) -> dict[str, Any] | None:
+    return next((row for row in benchmarks
+                 if row["variant"] == variant and row["target"] == target and row["batch_size"] == batch), None)
+
+
+def _measured(gate: GateSpec, validation: list[dict[str, Any]], benchmarks: list[dict[str, Any]],
+              reference: str, sizes: dict[str, int]) -> tuple[float | None, str]:
+    if gate.metric == "size_bytes":
+        size = sizes.get(gate.variant)
+        return (float(size), "") if size is not None else (None, f"variant {gate.variant} has no artifact")
+    if gate.metric in _VALIDATION_METRICS:
+        row = next((r for r in validation if r["variant"] == gate.variant and r["target"] == gate.target), None)
+        if row is None or not row.get("metrics"):
+            return None, f"no validation of {gate.variant} on {gate.target}" + (f": {row['reason']}" if row else "")
+        value = row["metrics"].get(gate.metric)
+        return value, "" if value is not None else f"{gate.metric} is not measured for this output"
+    if gate.metric == "speedup":
+        value = speedup(benchmarks, gate.variant, gate.target, gate.batch_size, reference)
+        return value, "" if value is not None else f"no benchmark of {gate.variant} and {reference} on {gate.target}"
+    row = find_benchmark(benchmarks, gate.variant, gate.target, gate.batch_size)
+    if row is None or row["status"] != "ok":
+        return None, f"no benchmark of {gate.variant} on {gate.target}" + (f": {row['reason']}" if row else "")
+    if gate.metric == "latency_ms":
+        return row["latency_ms"]["p50"], ""
+    return row["throughput_per_s"], ""
+
+
+def evaluate_gates(gates: list[GateSpec], validation: list[dict[str, Any]], benchmarks: list[dict[str, Any]],
+                   reference: str, failures: list[dict[str, Any]], sizes: dict[str, int]) -> list[dict[str, Any]]:
+    """Each gate with its measured value; a gate that cannot be measured fails, saying why."""
+    results = []
+    for gate in gates:
+        failed_build = next((f for f in failures if f["variant"] == gate.variant), None)
+        if failed_build:
+            value, why = None, f"variant {gate.variant} failed in stage {failed_build['stage']}"
+        else:
+            value, why = _measured(gate, validation, benchmarks, reference, sizes)
+        passed = value is not None and value == value and (gate.min is None or value >= gate.min) and (
+            gate.max is None or value <= gate.max)
+        results.append({
+            "variant": gate.variant, "target": gate.target, "metric": gate.metric, "min": gate.min,
+            "max": gate.max, "batch_size": gate.batch_size, "value": value, "passed": passed, "reason": why,
+        })
+    return results

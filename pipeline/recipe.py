@@ -1,0 +1,225 @@
+"""Pydantic models of a recipe.
+
+Field names here are a contract with users' recipe files: add fields, never
+rename them.  Rules that tie fields together live in validators so that a bad
+recipe fails when it is loaded, not in the middle of a run.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from pipeline import registry
+from pipeline.tolerance import StrictModel
+from stages.benchmark import BenchmarkConfig
+from stages.export import ExportConfig
+from stages.validate import ValidateConfig
+
+EXPORTED = "exported"
+"""Name of the implicit variant that is the exported model as it is (the default reference)."""
+TARGET_PATTERN = re.compile(r"^(ort|openvino|reference):[a-z0-9_.]+$")
+
+
+class DatasetSpec(StrictModel):
+    """A named dataset for calibration or validation."""
+
+    reader: Literal["random", "npy"] = Field(
+        description="'random' (seeded, shaped from the model) or 'npy' (a folder)."
+    )
+    path: str | None = Field(default=None, description="Folder of .npy/.npz samples, relative to the recipe file.")
+    samples: int | None = Field(default=None, ge=1, description="How many samples to read or generate.")
+    seed: int = Field(default=0, description="Seed of random data.")
+
+    @model_validator(mode="after")
+    def _path_when_needed(self) -> DatasetSpec:
+        if self.reader == "npy" and not self.path:
+            raise ValueError("reader 'npy' needs a 'path' to a folder of .npy/.npz samples")
+        if self.reader == "random" and self.path:
+            raise ValueError("reader 'random' takes no 'path'")
+        return self
+
+
+GateMetric = Literal[
+    "speedup", "latency_ms", "throughput_per_s", "size_bytes",
+    "cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement",
+]
+
+
+class GateSpec(StrictModel):
+    """An acceptance goal; a missed one makes `qdeploy run` exit 1."""
+
+    variant: str = Field(description="Variant the gate applies to.")
+    target: str = Field(description="Target the gate applies to.")
+    metric: GateMetric = Field(description="Measured quantity.")  # type: ignore[valid-type]
+    min: float | None = Field(default=None, description="Lowest accepted value.")
+    max: float | None = Field(default=None, description="Highest accepted value.")
+    batch_size: int = Field(default=1, ge=1, description="Batch size of latency gates.")
+
+    @model_validator(mode="after")
+    def _has_bound(self) -> GateSpec:
+        if self.min is None and self.max is None:
+            raise ValueError("a gate needs 'min' or 'max'")
+        return self
+
+
+class ReportSpec(StrictModel):
+    """Which report files to write."""
+
+    formats: list[Literal["json", "md"]] = Field(default=["json", "md"], description="Report formats.")
+
+
+class VariantStep(StrictModel):
+    """One transform stage of a variant, with its validated config."""
+
+    stage: str
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class StepError(ValueError):
+    """A bad step inside a variant; carries where it is so the loader can point at its line."""
+
+    def __init__(self, variant: str, index: int, loc: tuple[str | int, ...], message: str) -> None:
+        self.variant = variant
+        self.index = index
+        self.loc = loc
+        self.message = message
+        super().__init__(f"variants.{variant}[{index}]: {message}")
+
+
+def _parse_step(raw: Any) -> VariantStep:
+    if isinstance(raw, VariantStep):
+        return raw
+    if isinstance(raw, str):
+        name, config = raw, {}
+    elif isinstance(raw, dict) and len(raw) == 1:
+        name, config = next(iter(raw.items()))
+        config = {} if config is None else config
+        if not isinstance(config, dict):
+            raise ValueError(f"config of stage '{name}' must be a mapping, got {type(config).__name__}")
+    else:
+        raise ValueError("a step is a stage name or a one-key mapping {stage: config}")
+    info = registry.transform_stage(name)
+    validated = info.config_class().model_validate(config)
+    return VariantStep(stage=name, config=validated.model_dump(mode="json"))
+
+
+def _parse_variant(name: str, steps: list[Any]) -> list[VariantStep]:
+    parsed = []
+    for index, raw in enumerate(steps):
+        try:
+            parsed.append(_parse_step(raw))
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            stage = next(iter(raw)) if isinstance(raw, dict) else str(raw)
+            loc = (stage, *error["loc"])
+            message = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                message = f"unknown field '{error['loc'][-1]}' of stage '{stage}'"
+            raise StepError(name, index, loc, message) from None
+        except ValueError as exc:
+            raise StepError(name, index, (), str(exc)) from None
+    return parsed
+
+
+class Recipe(StrictModel):
+    """A whole qdeploy recipe."""
+
+    name: str = Field(description="Name of the recipe; the default output folder is runs/<name>/.")
+    model: ExportConfig = Field(description="Where the model comes from and how it is exported.")
+    data: dict[str, DatasetSpec] = Field(default_factory=dict, description="Named datasets.")
+    variants: dict[str, list[VariantStep]] = Field(description="Variant name -> chain of transform stages.")
+    targets: list[str] = Field(default=["ort:cpu"], description="Targets as runtime:device.")
+    validate_: ValidateConfig = Field(default_factory=ValidateConfig, alias="validate")
+    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
+    gates: list[GateSpec] = Field(default_factory=list)
+    report: ReportSpec = Field(default_factory=ReportSpec)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    _source: Path | None = PrivateAttr(default=None)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
+            raise ValueError("name may hold letters, digits, '_', '.', '-' and must start with a letter or digit")
+        return value
+
+    @field_validator("variants", mode="before")
+    @classmethod
+    def _steps(cls, value: Any) -> Any:
+        if not isinstance(value, dict) or not value:
+            raise ValueError("variants must be a non-empty mapping of name -> list of stages")
+        parsed = {}
+        for name, steps in value.items():
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(name)):
+                raise ValueError(f"variant name '{name}' may hold letters, digits, '_', '.', '-'")
+            if name == EXPORTED:
+                raise ValueError(f"variant name '{EXPORTED}' is reserved for the exported model itself")
+            if steps is None:
+                steps = []
+            if not isinstance(steps, list):
+                raise ValueError(f"variant '{name}' must be a list of stages")
+            parsed[name] = _parse_variant(str(name), steps)
+        return parsed
+
+    @field_validator("targets")
+    @classmethod
+    def _known_targets(cls, targets: list[str]) -> list[str]:
+        for target in targets:
+            if not TARGET_PATTERN.match(target):
+                raise ValueError(
+                    f"unknown target '{target}': use runtime:device with runtime ort, openvino or reference "
+                    "(e.g. ort:cpu, ort:cuda, ort:tensorrt, openvino:cpu, openvino:gpu)"
+                )
+        if len(set(targets)) != len(targets):
+            raise ValueError(f"targets repeat: {targets}")
+        return targets
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> Recipe:
+        if self.validate_.data is not None and self.validate_.data not in self.data:
+            raise ValueError(f"validate.data names dataset '{self.validate_.data}'; defined: {sorted(self.data)}")
+        known_variants = [*self.variants, EXPORTED]
+        if self.validate_.reference is not None and self.validate_.reference not in known_variants:
+            raise ValueError(
+                f"validate.reference names variant '{self.validate_.reference}'; defined: {sorted(known_variants)}"
+            )
+        for index, gate in enumerate(self.gates):
+            if gate.variant not in known_variants:
+                raise ValueError(f"gates[{index}] names variant '{gate.variant}'; defined: {sorted(self.variants)}")
+            if gate.target not in self.targets:
+                raise ValueError(f"gates[{index}] names target '{gate.target}'; recipe targets: {self.targets}")
+        for variant, steps in self.variants.items():
+            for step in steps:
+                for dataset in registry.transform_stage(step.stage).datasets_used(step.config):
+                    if dataset not in self.data:
+                        raise ValueError(
+                            f"variant '{variant}' stage '{step.stage}' uses dataset '{dataset}'; "
+                            f"defined: {sorted(self.data)}"
+                        )
+        return self
+
+    @property
+    def reference_variant(self) -> str:
+        """The variant whose ort:cpu outputs every other pair is compared with."""
+        return self.validate_.reference or EXPORTED
+
+    @property
+    def source(self) -> Path | None:
+        """The recipe file this recipe was loaded from, if any."""
+        return self._source
+
+    @property
+    def base_dir(self) -> Path:
+        """Folder that relative paths in the recipe are resolved against."""
+        return self._source.parent if self._source else Path.cwd()
+
+    def resolve(self, relative: str) -> Path:
+        """A recipe path made absolute against the recipe's folder."""
+        path = Path(relative).expanduser()
+        return path if path.is_absolute() else (self.base_dir / path).resolve()

@@ -1,0 +1,93 @@
+"""The one registry of qdeploy's stages.
+
+Grep this file to find every stage.  Stage modules are imported only when a
+stage's config is validated or the stage runs, so importing qdeploy stays
+cheap; a stage module imports its heavy libraries inside its functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+StageKind = Literal["transform", "evaluation"]
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    """What the runner needs to know of a stage, without importing it."""
+
+    name: str
+    kind: StageKind
+    module: str
+    config: str
+    entry: str = "run"
+    libraries: tuple[str, ...] = ()
+    """Distributions whose versions enter the stage's cache key."""
+    dataset_fields: tuple[str, ...] = field(default=())
+    """Dotted config paths that name datasets of the recipe (e.g. 'calibration.data')."""
+
+    def load_module(self) -> Any:
+        return importlib.import_module(self.module)
+
+    def config_class(self) -> type[BaseModel]:
+        return getattr(self.load_module(), self.config)
+
+    def function(self) -> Callable[..., Any]:
+        return getattr(self.load_module(), self.entry)
+
+    def datasets_used(self, config: dict[str, Any]) -> list[str]:
+        """Dataset names that a validated config of this stage refers to."""
+        names = []
+        for dotted in self.dataset_fields:
+            value: Any = config
+            for key in dotted.split("."):
+                value = value.get(key) if isinstance(value, dict) else None
+            if isinstance(value, str):
+                names.append(value)
+        return names
+
+
+_STAGES: dict[str, StageInfo] = {
+    info.name: info
+    for info in (
+        StageInfo("export", "transform", "stages.export", "ExportConfig",
+                  libraries=("onnx",)),
+        StageInfo("simplify", "transform", "stages.simplify", "SimplifyConfig",
+                  libraries=("onnx", "onnxruntime", "onnxoptimizer")),
+        StageInfo("fp16", "transform", "stages.fp16", "Fp16Config",
+                  libraries=("onnx", "onnxruntime", "onnxconverter-common"),
+                  dataset_fields=("calibration.data",)),
+        StageInfo("quantize", "transform", "stages.quantize", "QuantizeConfig",
+                  libraries=("onnx", "onnxruntime"),
+                  dataset_fields=("calibration.data",)),
+        StageInfo("validate", "evaluation", "stages.validate", "ValidateConfig"),
+        StageInfo("benchmark", "evaluation", "stages.benchmark", "BenchmarkConfig"),
+    )
+}
+
+# Stages a recipe may name inside a variant; export is the implicit root.
+VARIANT_STAGES = ("simplify", "fp16", "quantize")
+
+
+def stage(name: str) -> StageInfo:
+    """The registered stage of that name; ValueError naming the known ones otherwise."""
+    try:
+        return _STAGES[name]
+    except KeyError:
+        raise ValueError(f"unknown stage '{name}'; known stages: {', '.join(sorted(_STAGES))}") from None
+
+
+def transform_stage(name: str) -> StageInfo:
+    """A stage that may appear in a variant's chain."""
+    if name not in VARIANT_STAGES:
+        raise ValueError(f"unknown stage '{name}' in a variant; variant stages are: {', '.join(VARIANT_STAGES)}")
+    return _STAGES[name]
+
+
+def all_stages() -> list[StageInfo]:
+    return list(_STAGES.values())

@@ -1,0 +1,306 @@
+"""Run a recipe: transforms through the cache, then validation and benchmarks over the matrix, then the report.
+
+The runner knows stages only through the registry.  A transform's cache key is
+the hash of its input artifact's bytes, the stage's name and config, the
+versions of the libraries it uses and the datasets it reads; an unchanged
+chain prefix is computed once and reused by every variant that shares it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline import registry
+from pipeline.context import Artifact, StageContext, StageResult
+from pipeline.errors import QdeployError, QdeployInputError, RunLockedError, StageError
+from pipeline.progress import Progress
+from pipeline.recipe import EXPORTED, Recipe, VariantStep
+from pipeline.store import ArtifactStore, cache_key, library_versions, publish, sha256_file
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunOptions:
+    """How to run a recipe (the CLI's flags)."""
+
+    out_dir: Path | None = None
+    cache_dir: Path | None = None
+    use_cache: bool = True
+    variants: list[str] | None = None
+    targets: list[str] | None = None
+    show_progress: bool = True
+
+
+@dataclass
+class RunResult:
+    """The report and the exit status it implies."""
+
+    report: dict[str, Any]
+    out_dir: Path
+    exit_code: int
+
+
+@dataclass
+class _RunState:
+    recipe: Recipe
+    store: ArtifactStore
+    options: RunOptions
+    progress: Progress
+    work_root: Path
+    artifacts: dict[str, Artifact] = field(default_factory=dict)
+    """Final artifact of each variant that was built."""
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    built: dict[str, Artifact] = field(default_factory=dict)
+    """Every artifact of this run by cache key, so a shared prefix is taken once."""
+    input_error: bool = False
+
+
+def default_out_dir(recipe: Recipe) -> Path:
+    return Path("runs") / recipe.name
+
+
+def run_recipe(recipe: Recipe, options: RunOptions | None = None) -> RunResult:
+    """Run a whole recipe and write its report; never raises for a stage failure of one variant."""
+    from pipeline.gates import evaluate_gates
+    from pipeline.report import build_report, write_reports
+
+    options = options or RunOptions()
+    variants = _selected_variants(recipe, options.variants)
+    targets = _selected_targets(recipe, options.targets)
+    out_dir = (options.out_dir or default_out_dir(recipe)).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with _locked(out_dir), tempfile.TemporaryDirectory(prefix="qdeploy-") as work:
+        store = ArtifactStore((options.cache_dir or out_dir / "cache").resolve())
+        store.sweep_temporaries()
+        total = 1 + sum(len(recipe.variants[v]) for v in variants) + 2
+        with Progress(total, enabled=options.show_progress) as progress:
+            state = _RunState(recipe, store, options, progress, Path(work))
+            exported = _build_export(state)
+            for variant in variants:
+                _build_variant(state, variant, exported)
+            published = _publish(state, out_dir)
+            evaluated = _evaluation_set(state, variants, exported)
+            validation = _evaluate(state, "validate", evaluated, targets)
+            benchmarks = _evaluate(state, "benchmark", evaluated, targets) if recipe.benchmark.enabled else []
+        sizes = {row["name"]: row["size_bytes"] for row in published}
+        gates = evaluate_gates(recipe.gates, validation, benchmarks, recipe.reference_variant, state.failures, sizes)
+        report = build_report(recipe, published, validation, benchmarks, gates, state.failures,
+                              seconds=time.perf_counter() - started)
+        write_reports(report, out_dir, recipe.report.formats)
+    return RunResult(report=report, out_dir=out_dir, exit_code=_exit_code(state, gates))
+
+
+def _exit_code(state: _RunState, gates: list[dict[str, Any]]) -> int:
+    if state.input_error:
+        return 2
+    if state.failures or not all(gate["passed"] for gate in gates):
+        return 1
+    return 0
+
+
+def _selected_variants(recipe: Recipe, wanted: list[str] | None) -> list[str]:
+    if not wanted:
+        return list(recipe.variants)
+    unknown = [name for name in wanted if name not in recipe.variants]
+    if unknown:
+        raise QdeployInputError(f"--variant {', '.join(unknown)}: not in the recipe; its variants are "
+                                f"{', '.join(recipe.variants)}")
+    return list(dict.fromkeys(wanted))
+
+
+def _selected_targets(recipe: Recipe, wanted: list[str] | None) -> list[str]:
+    if not wanted:
+        return list(recipe.targets)
+    unknown = [name for name in wanted if name not in recipe.targets]
+    if unknown:
+        raise QdeployInputError(f"--target {', '.join(unknown)}: not in the recipe; its targets are "
+                                f"{', '.join(recipe.targets)}")
+    return list(dict.fromkeys(wanted))
+
+
+@contextmanager
+def _locked(out_dir: Path) -> Iterator[None]:
+    """Hold the output folder; a second run into it at the same time is refused clearly."""
+    lock_path = out_dir / ".qdeploy.lock"
+    with lock_path.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunLockedError(f"{out_dir} is in use by another qdeploy run; wait for it to finish "
+                                 "or choose another folder with --out") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_export(state: _RunState) -> Artifact:
+    """The exported model; a failure here is the whole run's (every variant starts from it)."""
+    from stages.export import source_files
+
+    info = registry.stage("export")
+    config = state.recipe.model
+    ctx = _context(state, EXPORTED, "export")
+    versions = library_versions(("onnx", "torch") if config.torch else ("onnx",))
+    key = cache_key({
+        "stage": "export", "config": config.model_dump(mode="json"), "versions": versions,
+        "sources": {str(path.name): sha256_file(path) for path in source_files(config, ctx)},
+    })
+    state.progress.phase("export")
+    artifact = _transform(state, key, info, None, config, ctx, versions, stages=("export",))
+    state.progress.done()
+    return artifact
+
+
+def _build_variant(state: _RunState, variant: str, exported: Artifact) -> None:
+    artifact = exported
+    for index, step in enumerate(state.recipe.variants[variant]):
+        state.progress.phase(f"{step.stage} · {variant}")
+        try:
+            artifact = _build_step(state, variant, step, artifact)
+        except QdeployError as exc:
+            _record_failure(state, variant, step.stage, exc)
+            for _ in state.recipe.variants[variant][index:]:
+                state.progress.done()
+            return
+        except Exception as exc:  # a bug or a library failing on this model must not lose the other variants
+            log.debug("stage %s of %s failed", step.stage, variant, exc_info=True)
+            _record_failure(state, variant, step.stage, StageError(step.stage, variant, f"{type(exc).__name__}: {exc}"))
+            for _ in state.recipe.variants[variant][index:]:
+                state.progress.done()
+            return
+        state.progress.done()
+    state.artifacts[variant] = artifact
+
+
+def _record_failure(state: _RunState, variant: str, stage: str, exc: QdeployError) -> None:
+    reason = exc.reason if isinstance(exc, StageError) else str(exc)
+    log.error("variant %s: stage %s failed: %s", variant, stage, reason)
+    state.input_error |= isinstance(exc, QdeployInputError)
+    state.failures.append({"variant": variant, "stage": stage, "reason": reason,
+                           "kind": "input" if isinstance(exc, QdeployInputError) else "stage"})
+
+
+def _build_step(state: _RunState, variant: str, step: VariantStep, parent: Artifact) -> Artifact:
+    info = registry.stage(step.stage)
+    config = info.config_class().model_validate(step.config)
+    versions = library_versions(info.libraries)
+    key = cache_key({
+        "stage": step.stage, "config": step.config, "versions": versions, "parent_sha256": parent.sha256,
+        "data": _data_fingerprint(state.recipe, info.datasets_used(step.config)),
+    })
+    ctx = _context(state, variant, step.stage)
+    return _transform(state, key, info, parent, config, ctx, versions, stages=(*parent.stages, step.stage))
+
+
+def _transform(state: _RunState, key: str, info: registry.StageInfo, parent: Artifact | None, config: Any,
+               ctx: StageContext, versions: dict[str, str], *, stages: tuple[str, ...]) -> Artifact:
+    if key in state.built:
+        return state.built[key]
+    cached = state.store.get(key) if state.options.use_cache else None
+    if cached is not None:
+        log.info("%s of %s: cached (%s)", info.name, ctx.variant, key[:12])
+        state.built[key] = cached
+        return cached
+    started = time.perf_counter()
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        result: StageResult = info.function()(parent, config, ctx)
+    finally:
+        shutil.rmtree(ctx.work_dir, ignore_errors=True)
+    seconds = time.perf_counter() - started
+    meta = {
+        "stage": info.name, "stages": list(stages), "parent": parent.key if parent else None,
+        "parent_sha256": parent.sha256 if parent else None, "config": config.model_dump(mode="json"),
+        "libraries": versions, "findings": result.findings, "changed": result.changed, "seconds": seconds,
+        "first_built_for": ctx.variant,
+    }
+    artifact = dataclasses.replace(state.store.put(key, result.model, meta), cached=False)
+    state.built[key] = artifact
+    log.info("%s of %s: built in %.2fs (%s)", info.name, ctx.variant, seconds, key[:12])
+    return artifact
+
+
+def _data_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, Any]:
+    """What a stage's datasets are: their spec, and for folders each file's name, size and mtime."""
+    fingerprint: dict[str, Any] = {}
+    for name in datasets:
+        spec = recipe.data[name]
+        files: list[Any] = []
+        if spec.path:
+            folder = recipe.resolve(spec.path)
+            files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()
+                           if p.is_file()) if folder.is_dir() else []
+        fingerprint[name] = {"spec": spec.model_dump(mode="json"), "files": files}
+    return fingerprint
+
+
+def _context(state: _RunState, variant: str, stage: str) -> StageContext:
+    work = state.work_root / f"{variant}-{stage}"
+    return StageContext(recipe=state.recipe, variant=variant, work_dir=work, on_progress=state.progress.detail)
+
+
+def _publish(state: _RunState, out_dir: Path) -> list[dict[str, Any]]:
+    """Copy each variant's artifact to artifacts/<variant>.onnx with its sidecar; the report's artifact rows."""
+    rows = []
+    folder = out_dir / "artifacts"
+    for name, artifact in state.artifacts.items():
+        lineage = _lineage(state, artifact)
+        path, sidecar = publish(artifact, folder, name, {"variant": name, "lineage": lineage})
+        rows.append({
+            "name": name, "path": str(path), "sidecar": str(sidecar), "sha256": artifact.sha256,
+            "size_bytes": artifact.size_bytes, "parent": artifact.parent, "stages": list(artifact.stages),
+            "cached": artifact.cached, "seconds": artifact.seconds, "key": artifact.key, "lineage": lineage,
+        })
+    return rows
+
+
+def _lineage(state: _RunState, artifact: Artifact) -> list[dict[str, Any]]:
+    """The chain from the exported model to this artifact: each step's key, stage, cache state and findings."""
+    import json
+
+    chain = []
+    current: Artifact | None = artifact
+    while current is not None:
+        meta = json.loads(current.sidecar.read_text())
+        chain.append({"key": current.key, "stage": meta["stage"], "cached": current.cached,
+                      "seconds": current.seconds, "config": meta.get("config"), "findings": meta.get("findings")})
+        current = state.built.get(current.parent) if current.parent else None
+    return chain[::-1]
+
+
+def _evaluation_set(state: _RunState, variants: list[str], exported: Artifact) -> dict[str, Artifact]:
+    evaluated = {name: state.artifacts[name] for name in variants if name in state.artifacts}
+    reference = state.recipe.reference_variant
+    if reference == EXPORTED:
+        return {EXPORTED: exported, **evaluated}
+    if reference not in state.artifacts:
+        return evaluated  # its failure is recorded; the evaluations say the reference is missing
+    return {reference: state.artifacts[reference], **evaluated}
+
+
+def _evaluate(state: _RunState, stage: str, artifacts: dict[str, Artifact], targets: list[str]) -> list[dict[str, Any]]:
+    info = registry.stage(stage)
+    config = state.recipe.validate_ if stage == "validate" else state.recipe.benchmark
+    state.progress.phase(stage)
+    ctx = _context(state, "*", stage)
+    results = info.function()(artifacts, targets, config, ctx)
+    state.progress.done()
+    return results

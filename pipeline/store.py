@@ -1,0 +1,234 @@
+"""Content-addressed artifact store with atomic writes.
+
+An entry lives in ``cache/<key[:2]>/<key>/`` and holds ``model.onnx``, optional
+external data ``<key>.weights`` beside it, and ``meta.json`` (the sidecar).  An
+entry is written in a temporary folder and renamed into place as a whole, so a
+run killed at any point leaves either a complete entry or none; a half-written
+temporary folder is never read and is swept away later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.context import Artifact
+
+if TYPE_CHECKING:
+    import onnx
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE = "model.onnx"
+META_FILE = "meta.json"
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+"""Models above this many bytes are saved with external data (protobuf's hard limit is 2 GiB)."""
+TMP_PREFIX = ".tmp-"
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_model(path: Path) -> str:
+    """Hash of a model file and every external data file it references (sorted by name)."""
+    digest = hashlib.sha256(sha256_file(path).encode())
+    for data in sorted(external_data_files(path)):
+        digest.update(data.name.encode())
+        digest.update(sha256_file(data).encode())
+    return digest.hexdigest()
+
+
+def external_data_files(path: Path) -> list[Path]:
+    """External data files a model references, resolved beside it."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    locations = set()
+    for tensor in _all_tensors(model):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    locations.add(entry.value)
+    return [path.parent / location for location in sorted(locations)]
+
+
+def _all_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    from onnx.external_data_helper import _get_all_tensors
+
+    return list(_get_all_tensors(model))
+
+
+def library_versions(distributions: tuple[str, ...] | list[str]) -> dict[str, str]:
+    versions = {}
+    for name in distributions:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def cache_key(parts: dict[str, Any]) -> str:
+    """Stable hash of a JSON-serialisable description of a transform."""
+    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass
+class ArtifactStore:
+    """The cache folder of one run (or shared by several)."""
+
+    root: Path
+
+    def entry_dir(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def get(self, key: str) -> Artifact | None:
+        """The complete entry of this key, or None; an entry without its sidecar is not complete."""
+        entry = self.entry_dir(key)
+        meta_path = entry / META_FILE
+        if not meta_path.is_file():
+            return None
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            log.warning("cache entry %s has an unreadable sidecar; it will be rebuilt", entry)
+            return None
+        return _artifact_from_meta(entry, meta, cached=True)
+
+    def put(self, key: str, model: onnx.ModelProto, meta: dict[str, Any]) -> Artifact:
+        """Write a model and its sidecar as one entry, atomically; an entry that already exists wins."""
+        final = self.entry_dir(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{key[:12]}-", dir=final.parent))
+        try:
+            model_path = staging / MODEL_FILE
+            save_model(model, model_path, external_name=f"{key[:16]}.weights")
+            meta = {**meta, "key": key, "sha256": sha256_model(model_path),
+                    "size_bytes": _size_with_data(model_path), "created": time.time()}
+            _write_json(staging / META_FILE, meta)
+            _fsync_dir(staging)
+            try:
+                os.rename(staging, final)
+            except OSError:
+                if not (final / META_FILE).is_file():
+                    raise
+                log.debug("cache entry %s was written by another run first", key)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+        artifact = self.get(key)
+        assert artifact is not None
+        return artifact
+
+    def sweep_temporaries(self) -> int:
+        """Remove staging folders that a killed run left behind; returns how many."""
+        removed = 0
+        for staging in self.root.glob(f"*/{TMP_PREFIX}*"):
+            shutil.rmtree(staging, ignore_errors=True)
+            removed += 1
+        return removed
+
+
+def save_model(model: onnx.ModelProto, path: Path, *, external_name: str) -> None:
+    """Save a model; large ones with their tensors in one external data file beside it."""
+    import onnx
+
+    if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=external_name, size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
+
+
+def _size_with_data(path: Path) -> int:
+    return path.stat().st_size + sum(data.stat().st_size for data in external_data_files(path))
+
+
+def _artifact_from_meta(entry: Path, meta: dict[str, Any], *, cached: bool) -> Artifact:
+    return Artifact(
+        path=entry / MODEL_FILE, sidecar=entry / META_FILE, key=meta["key"], sha256=meta["sha256"],
+        size_bytes=meta["size_bytes"], stages=tuple(meta.get("stages", ())), parent=meta.get("parent"),
+        cached=cached, seconds=meta.get("seconds", 0.0),
+    )
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    with path.open("w") as stream:
+        json.dump(data, stream, indent=2, sort_keys=True, default=str)
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON under a temporary name and rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent)
+    os.close(fd)
+    try:
+        _write_json(Path(tmp), data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as stream:
+            stream.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def publish(artifact: Artifact, folder: Path, name: str, extra_meta: dict[str, Any]) -> tuple[Path, Path]:
+    """Place a copy of an artifact as folder/<name>.onnx with folder/<name>.json, atomically.
+
+    A copy, not a link: a user editing the published file must not alter the cache entry.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    for data in external_data_files(artifact.path):
+        _copy_atomic(data, folder / data.name)
+    model_path = folder / f"{name}.onnx"
+    _copy_atomic(artifact.path, model_path)
+    meta = json.loads(artifact.sidecar.read_text())
+    sidecar = folder / f"{name}.json"
+    write_json_atomic(sidecar, {**meta, **extra_meta})
+    return model_path, sidecar
+
+
+def _copy_atomic(source: Path, destination: Path) -> None:
+    tmp = destination.with_name(f"{TMP_PREFIX}{destination.name}-{os.getpid()}")
+    try:
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, destination)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

@@ -1,0 +1,319 @@
+"""The export stage: the root of every variant.
+
+Takes an ONNX file (external data included) or builds a PyTorch model from a
+user's factory and exports it; applies input shape overrides and an optional
+opset conversion; checks the result.  Its config is the recipe's `model`
+section.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.errors import ModelError, StageError
+from pipeline.tolerance import StrictModel
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+    from pipeline.context import Artifact, StageContext, StageResult
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+DEFAULT_TORCH_OPSET = 17
+
+
+class InputSpec(StrictModel):
+    """One model input: required for torch export, an override for ONNX models."""
+
+    name: str = Field(description="Input name as the model declares it (or will, for torch export).")
+    shape: list[int | str] | None = Field(
+        default=None,
+        description="Dimensions; an integer fixes a dimension, a string names a symbolic one.",
+    )
+    dtype: Literal[DTYPES] = Field(default="float32", description="Element type of the input.")  # type: ignore[valid-type]
+    low: float | None = Field(default=None, description="Lowest value of random data for this input.")
+    high: float | None = Field(default=None, description="Highest value of random data for this input.")
+
+    @field_validator("shape")
+    @classmethod
+    def _positive_dims(cls, shape: list[int | str] | None) -> list[int | str] | None:
+        for dim in shape or []:
+            if isinstance(dim, int) and dim <= 0:
+                raise ValueError(f"dimension {dim} must be positive, or a name for a symbolic dimension")
+        return shape
+
+
+class TorchSource(StrictModel):
+    """A PyTorch model built by a user's factory function."""
+
+    factory: str = Field(description="'path/to/file.py:callable' or 'package.module:callable' returning an nn.Module.")
+    weights: str | None = Field(default=None, description="Optional state_dict file, loaded with weights_only=True.")
+    exporter: Literal["torchscript", "dynamo"] = Field(
+        default="torchscript", description="torch.onnx exporter: TorchScript-based or torch.export-based."
+    )
+    dynamic: dict[str, dict[int, str]] = Field(
+        default_factory=dict, description="Symbolic axes per input name, e.g. {input: {0: batch}}."
+    )
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_form(cls, value: str) -> str:
+        if ":" not in value or not value.rsplit(":", 1)[1]:
+            raise ValueError("factory must be 'file.py:callable' or 'package.module:callable'")
+        return value
+
+
+class ExportConfig(StrictModel):
+    """The recipe's `model` section: where the model comes from and how it is exported."""
+
+    onnx: str | None = Field(default=None, description="ONNX file, relative to the recipe file.")
+    torch: TorchSource | None = Field(default=None, description="PyTorch factory to export.")
+    inputs: list[InputSpec] = Field(default_factory=list, description="Input specs or shape overrides.")
+    opset: int | None = Field(default=None, ge=7, description="Target opset; ONNX models are converted to it.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ExportConfig:
+        if (self.onnx is None) == (self.torch is None):
+            raise ValueError("model needs exactly one of 'onnx' or 'torch'")
+        if self.torch is not None and not self.inputs:
+            raise ValueError("a torch model needs 'inputs' with name, shape and dtype")
+        if self.torch is not None and any(spec.shape is None for spec in self.inputs):
+            raise ValueError("every input of a torch model needs a 'shape'")
+        names = [spec.name for spec in self.inputs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"input names repeat: {names}")
+        return self
+
+
+def run(artifact: Artifact | None, config: ExportConfig, ctx: StageContext) -> StageResult:
+    """The exported model: loaded or exported, shapes overridden, converted to the asked opset, checked."""
+    from pipeline.context import StageResult
+
+    findings: dict[str, Any] = {}
+    if config.onnx is not None:
+        model = load_onnx(ctx.resolve(config.onnx))
+        findings["source"] = "onnx"
+    else:
+        assert config.torch is not None
+        model, torch_findings = export_torch(config, ctx)
+        findings.update(torch_findings)
+    findings["opset_in"] = default_opset(model)
+    if config.inputs:
+        apply_input_overrides(model, config.inputs)
+    if config.opset is not None and config.opset != default_opset(model):
+        model = convert_opset(model, config.opset)
+    findings["opset"] = default_opset(model)
+    check_model(model)
+    return StageResult(model=model, changed=True, findings=findings)
+
+
+def source_files(config: ExportConfig, ctx: StageContext) -> list[Path]:
+    """Files whose contents decide the export (they enter its cache key)."""
+    if config.onnx is not None:
+        return [ctx.resolve(config.onnx)]
+    assert config.torch is not None
+    files = []
+    module_part = config.torch.factory.rsplit(":", 1)[0]
+    if module_part.endswith(".py"):
+        files.append(ctx.resolve(module_part))
+    if config.torch.weights:
+        files.append(ctx.resolve(config.torch.weights))
+    return files
+
+
+def load_onnx(path: Path) -> onnx.ModelProto:
+    """Load an ONNX file with its external data; clear ModelErrors for every way it can be wrong."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if not path.is_file():
+        raise ModelError(f"{path}: model file not found")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise ModelError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc}); "
+                         "check that the file is complete and really ONNX") from None
+    if not model.graph.node and not model.graph.output:
+        raise ModelError(f"{path}: not an ONNX model (no graph found); check that the file is complete and really ONNX")
+    check_external_locations(model, path.parent)
+    try:
+        onnx.load_external_data_for_model(model, str(path.parent))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{path}: cannot load external data: {exc}; keep the data files beside the model") from None
+    return model
+
+
+def check_external_locations(model: onnx.ModelProto, base: Path) -> None:
+    """Refuse external data that points outside the model's folder (../, absolute paths, symlinks)."""
+    from pipeline.store import _all_tensors
+
+    root = base.resolve()
+    for tensor in _all_tensors(model):
+        for entry in tensor.external_data:
+            if entry.key != "location":
+                continue
+            target = (base / entry.value).resolve()
+            if Path(entry.value).is_absolute() or not target.is_relative_to(root):
+                raise ModelError(f"tensor '{tensor.name}': external data location '{entry.value}' points outside "
+                                 f"the model's folder {root}; refused for safety")
+            if not target.is_file():
+                raise ModelError(f"tensor '{tensor.name}': external data file '{entry.value}' is missing "
+                                 f"in {root}; keep the data files beside the model")
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0)
+
+
+def apply_input_overrides(model: onnx.ModelProto, inputs: list[InputSpec]) -> None:
+    """Fix or name input dimensions as the recipe says; stale inferred shapes are dropped."""
+    from onnx import helper
+
+    by_name = {value.name: value for value in model.graph.input}
+    for spec in inputs:
+        if spec.name not in by_name:
+            raise ModelError(f"model.inputs names '{spec.name}'; the model's inputs are {sorted(by_name)}")
+        tensor_type = by_name[spec.name].type.tensor_type
+        declared = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).name if tensor_type.elem_type else None
+        if declared and declared != spec.dtype:
+            raise ModelError(f"model.inputs '{spec.name}' says dtype {spec.dtype}; the model declares {declared}")
+        if spec.shape is None:
+            continue
+        if tensor_type.HasField("shape") and len(tensor_type.shape.dim) not in (0, len(spec.shape)):
+            raise ModelError(f"model.inputs '{spec.name}' has rank {len(spec.shape)}; "
+                             f"the model's input has rank {len(tensor_type.shape.dim)}")
+        tensor_type.shape.Clear()
+        for dim in spec.shape:
+            entry = tensor_type.shape.dim.add()
+            if isinstance(dim, int):
+                entry.dim_value = dim
+            else:
+                entry.dim_param = dim
+    del model.graph.value_info[:]
+
+
+def convert_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """Convert to another opset through onnx's version converter; name the op that cannot be converted."""
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, opset)
+    except Exception as exc:
+        ops = sorted({node.op_type for node in model.graph.node})
+        raise ModelError(f"cannot convert from opset {default_opset(model)} to {opset}: {exc}. "
+                         f"Ops in the model: {', '.join(ops)}. Remove 'model.opset' or choose one the ops support") \
+            from None
+
+
+def check_model(model: onnx.ModelProto) -> None:
+    import onnx
+
+    if model.ByteSize() > 1_800_000_000:
+        return  # the in-memory checker refuses >2 GB protos; the stages after check through files
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise ModelError(f"the model is not a valid ONNX graph: {first}") from None
+
+
+def export_torch(config: ExportConfig, ctx: StageContext) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Build the user's nn.Module, export it and compare the export with PyTorch's own outputs."""
+    torch = _import_torch()
+    assert config.torch is not None
+    module = build_torch_module(config.torch, ctx)
+    example = tuple(torch.from_numpy(array) for array in example_inputs(config.inputs).values())
+    path = ctx.work_dir / "exported.onnx"
+    names = [spec.name for spec in config.inputs]
+    opset = config.opset or DEFAULT_TORCH_OPSET
+    dynamic_axes = {name: dict(axes) for name, axes in config.torch.dynamic.items()} or None
+    try:
+        with torch.no_grad():
+            torch.onnx.export(module, example, str(path), input_names=names, opset_version=opset,
+                              dynamic_axes=dynamic_axes, dynamo=config.torch.exporter == "dynamo")
+    except Exception as exc:
+        raise StageError("export", ctx.variant, f"torch.onnx.export failed: {type(exc).__name__}: {exc}") from None
+    model = load_onnx(path)
+    max_err = _compare_with_torch(module, example, path)
+    return model, {"source": "torch", "exporter": config.torch.exporter, "torch_version": torch.__version__,
+                   "max_abs_err_vs_torch": max_err}
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise ModelError("model.torch needs PyTorch: pip install torch==2.13.0 (the CPU build), "
+                         "or export the model to ONNX and use model.onnx") from None
+    return torch
+
+
+def build_torch_module(source: TorchSource, ctx: StageContext) -> Any:
+    """Call the factory ('file.py:fn' or 'pkg.mod:fn'); load weights with weights_only=True."""
+    torch = _import_torch()
+    module_part, function = source.factory.rsplit(":", 1)
+    python_module = _import_factory_module(module_part, ctx)
+    if not hasattr(python_module, function):
+        raise ModelError(f"model.torch.factory: '{module_part}' has no callable '{function}'")
+    module = getattr(python_module, function)()
+    if source.weights:
+        try:
+            state = torch.load(ctx.resolve(source.weights), map_location="cpu", weights_only=True)
+            module.load_state_dict(state)
+        except Exception as exc:
+            raise ModelError(f"model.torch.weights '{source.weights}': cannot load a state_dict with "
+                             f"weights_only=True: {exc}") from None
+    return module.eval()
+
+
+def _import_factory_module(module_part: str, ctx: StageContext) -> Any:
+    try:
+        if module_part.endswith(".py"):
+            path = ctx.resolve(module_part)
+            spec = importlib.util.spec_from_file_location(f"qdeploy_factory_{path.stem}", path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot import {path}")
+            python_module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = python_module
+            spec.loader.exec_module(python_module)
+            return python_module
+        return importlib.import_module(module_part)
+    except Exception as exc:
+        raise ModelError(f"model.torch.factory: cannot import '{module_part}': {type(exc).__name__}: {exc}") from None
+
+
+def example_inputs(inputs: list[InputSpec]) -> dict[str, np.ndarray]:
+    """Seeded example inputs from the recipe's specs; named dimensions take 1."""
+    import numpy as np
+
+    from calibration.readers import InputInfo, random_samples
+
+    infos = [InputInfo(spec.name, tuple(d if isinstance(d, int) else None for d in spec.shape or ()),
+                       np.dtype(spec.dtype)) for spec in inputs]
+    ranges = {spec.name: (spec.low, spec.high) for spec in inputs}
+    return next(random_samples(infos, 1, seed=0, ranges=ranges))
+
+
+def _compare_with_torch(module: Any, example: tuple[Any, ...], path: Path) -> float:
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    with torch.no_grad():
+        expected = module(*example)
+    expected_list = [expected] if isinstance(expected, torch.Tensor) else list(expected)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {info.name: tensor.numpy() for info, tensor in zip(session.get_inputs(), example, strict=True)}
+    got = session.run(None, feeds)
+    return max(float(np.max(np.abs(e.numpy().astype(np.float64) - g.astype(np.float64))))
+               for e, g in zip(expected_list, got, strict=True))

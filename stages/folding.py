@@ -1,0 +1,359 @@
+"""Constant folding of an ONNX graph's top level, the onnx-simplifier way.
+
+A node is folded when every input is a constant (a non-overridable
+initializer, an earlier folded tensor or an empty optional input), when it is
+an official, deterministic op without subgraphs, and when it is not a
+QuantizeLinear/DequantizeLinear (a QDQ model keeps its weights quantized).
+``Shape`` and ``Size`` fold from statically inferred shapes.  The foldable
+nodes are evaluated together in one ONNX Runtime session; when that session
+fails, node by node, with ``onnx.reference`` as the fallback.  A folded tensor
+above the size limit is not folded: its node stays, the tensor is reported.
+Subgraphs (If/Loop/Scan bodies) are left as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+log = logging.getLogger(__name__)
+
+OFFICIAL_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
+NON_DETERMINISTIC = frozenset({
+    "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout",
+})
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+# Experimental ops once in the default domain that no runtime implements any more.
+RETIRED_OPS = frozenset({
+    "ATen", "Affine", "ConstantFill", "Crop", "DynamicSlice", "GRUUnit", "GivenTensorFill", "ImageScaler",
+    "ParametricSoftplus", "Scale", "ScaledTanh",
+})
+_ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
+
+StaticShapes = dict[str, tuple[tuple[int, ...], int]]
+"""Tensor name -> (fully static dims, ONNX element type)."""
+
+
+@dataclass
+class FoldReport:
+    """What one folding pass did."""
+
+    folded_nodes: int = 0
+    folded_tensors: int = 0
+    constants_converted: int = 0
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    """{tensor, bytes, reason} of every tensor left unfolded because of its size."""
+    failed_ops: list[str] = field(default_factory=list)
+    """Op types that neither ONNX Runtime nor onnx.reference could evaluate."""
+
+
+def has_subgraph(node: onnx.NodeProto) -> bool:
+    import onnx
+
+    return any(attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for attr in node.attribute)
+
+
+def subgraph_references(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name read by the nodes of the subgraphs of ``graph``'s nodes (outer-scope uses included)."""
+    names: set[str] = set()
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            for inner in sub.node:
+                names.update(inner.input)
+            names.update(out.name for out in sub.output)
+            names |= subgraph_references(sub)
+    return names
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            yield attr.g
+        yield from attr.graphs
+
+
+def is_foldable_op(node: onnx.NodeProto) -> bool:
+    """Official, deterministic, not Q/DQ, no subgraph: an op whose result is a constant of its inputs."""
+    return (
+        node.domain in OFFICIAL_DOMAINS
+        and node.op_type not in NON_DETERMINISTIC
+        and node.op_type not in QDQ_OPS
+        and node.op_type not in RETIRED_OPS
+        and node.op_type != "Constant"
+        and not has_subgraph(node)
+    )
+
+
+def constant_names(model: onnx.ModelProto) -> set[str]:
+    """Initializers that inputs cannot override (IR >= 4 makes an initializer listed as input a default)."""
+    overridable = {value.name for value in model.graph.input} if model.ir_version >= 4 else set()
+    return {init.name for init in model.graph.initializer if init.name not in overridable} | {""}
+
+
+def constants_to_initializers(graph: onnx.GraphProto) -> int:
+    """Replace top-level Constant nodes by initializers of the same name; returns how many."""
+    kept, converted = [], 0
+    for node in graph.node:
+        tensor = _constant_tensor(node) if node.op_type == "Constant" and node.domain in OFFICIAL_DOMAINS else None
+        if tensor is None:
+            kept.append(node)
+            continue
+        graph.initializer.append(tensor)
+        converted += 1
+    if converted:
+        del graph.node[:]
+        graph.node.extend(kept)
+    return converted
+
+
+def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    if len(node.attribute) != 1 or len(node.output) != 1:
+        return None
+    attr = node.attribute[0]
+    name = node.output[0]
+    if attr.name == "value":
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(attr.t)
+        tensor.name = name
+        return tensor
+    makers: dict[str, Callable[[], Any]] = {
+        "value_float": lambda: np.array(attr.f, dtype=np.float32),
+        "value_floats": lambda: np.array(list(attr.floats), dtype=np.float32),
+        "value_int": lambda: np.array(attr.i, dtype=np.int64),
+        "value_ints": lambda: np.array(list(attr.ints), dtype=np.int64),
+        "value_string": lambda: np.array(attr.s, dtype=object),
+        "value_strings": lambda: np.array(list(attr.strings), dtype=object),
+    }
+    if attr.name not in makers:  # sparse_value: left as a node
+        return None
+    return numpy_helper.from_array(makers[attr.name](), name)
+
+
+def static_shapes(model: onnx.ModelProto) -> StaticShapes:
+    """Names whose shape is fully known, from inputs, value_info, outputs and initializers."""
+    shapes: StaticShapes = {}
+    graph = model.graph
+    for value in (*graph.input, *graph.value_info, *graph.output):
+        if not value.type.HasField("tensor_type"):
+            continue
+        tensor_type = value.type.tensor_type
+        if not tensor_type.HasField("shape"):
+            continue
+        dims = tensor_type.shape.dim
+        if all(dim.HasField("dim_value") for dim in dims):
+            shapes[value.name] = (tuple(dim.dim_value for dim in dims), tensor_type.elem_type)
+    for init in graph.initializer:
+        shapes[init.name] = (tuple(init.dims), init.data_type)
+    return shapes
+
+
+def estimated_bytes(name: str, shapes: StaticShapes) -> int | None:
+    """Bytes of a tensor from its static shape; None when the shape or element size is unknown."""
+    if name not in shapes:
+        return None
+    dims, elem_type = shapes[name]
+    size = _ELEMENT_BYTES.get(elem_type)
+    if size is None:
+        return None
+    for dim in dims:
+        size *= dim
+    return size
+
+
+def shape_value(node: onnx.NodeProto, shapes: StaticShapes) -> np.ndarray | None:
+    """The value of a Shape or Size node whose input shape is static; None otherwise."""
+    import numpy as np
+
+    if node.op_type not in ("Shape", "Size") or not node.input or node.input[0] not in shapes:
+        return None
+    dims = shapes[node.input[0]][0]
+    if node.op_type == "Size":
+        return np.array(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
+    attrs = {attr.name: attr.i for attr in node.attribute}
+    rank = len(dims)
+    start, end = attrs.get("start", 0), attrs.get("end", rank)
+    start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
+    return np.array(dims[start:end], dtype=np.int64)
+
+
+def plan_folding(model: onnx.ModelProto, shapes: StaticShapes, limit_bytes: int,
+                 report: FoldReport) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray]]:
+    """Nodes to evaluate, in graph order, and the values known without evaluation (Shape/Size)."""
+    const = constant_names(model)
+    to_evaluate: list[onnx.NodeProto] = []
+    known: dict[str, np.ndarray] = {}
+    for node in model.graph.node:
+        if not is_foldable_op(node):
+            continue
+        value = shape_value(node, shapes)
+        if value is not None:
+            known[node.output[0]] = value
+            const.add(node.output[0])
+            continue
+        if not all(name in const for name in node.input):
+            continue
+        too_large = [(out, estimated_bytes(out, shapes)) for out in node.output
+                     if (estimated_bytes(out, shapes) or 0) > limit_bytes]
+        if too_large:
+            report.skipped.extend({"tensor": out, "bytes": size, "reason": f"{node.op_type} output above the limit "
+                                   f"of {limit_bytes} bytes (from the inferred shape)"} for out, size in too_large)
+            continue
+        to_evaluate.append(node)
+        const.update(name for name in node.output if name)
+    return to_evaluate, known
+
+
+def fold_constants(model: onnx.ModelProto, *, limit_bytes: int, evaluate: bool = True) -> FoldReport:
+    """Fold the top-level graph in place; returns what was folded and what was not."""
+    report = FoldReport(constants_converted=constants_to_initializers(model.graph))
+    shapes = static_shapes(model)
+    nodes, values = plan_folding(model, shapes, limit_bytes, report)
+    if evaluate and nodes:
+        values.update(evaluate_nodes(model, nodes, values, report))
+    too_large = _drop_unfit(values, limit_bytes)
+    still_read = _replace_folded(model, values, report)
+    # A large tensor whose consumers folded into something small is gone, not skipped.
+    report.skipped.extend(entry for entry in too_large if entry["tensor"] in still_read)
+    return report
+
+
+def evaluate_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto], known: dict[str, np.ndarray],
+                   report: FoldReport) -> dict[str, np.ndarray]:
+    """Values of every output of ``nodes``: one ONNX Runtime session, else node by node.
+
+    ``known`` holds values found without evaluation (Shape/Size) that ``nodes`` may read.
+    """
+    from onnx import numpy_helper
+
+    initializers = {init.name: init for init in model.graph.initializer}
+    initializers.update((name, numpy_helper.from_array(value, name)) for name, value in known.items())
+    try:
+        return _run_ort(_fold_model(model, nodes, initializers))
+    except Exception as exc:  # noqa: BLE001 - any failure of the batch falls back to one node at a time
+        log.debug("batch constant folding failed (%s); folding node by node", exc)
+    return _evaluate_one_by_one(model, nodes, initializers, report)
+
+
+def _evaluate_one_by_one(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
+                         initializers: dict[str, onnx.TensorProto], report: FoldReport) -> dict[str, np.ndarray]:
+    from onnx import numpy_helper
+
+    values: dict[str, np.ndarray] = {}
+    for node in nodes:
+        if not all(not name or name in initializers or name in values for name in node.input):
+            continue  # an input failed to fold
+        inputs = {name: initializers[name] if name in initializers else numpy_helper.from_array(values[name], name)
+                  for name in node.input if name}
+        single = _fold_model(model, [node], inputs)
+        try:
+            values.update(_run_ort(single))
+        except Exception as ort_exc:  # noqa: BLE001 - ORT refusing an op is expected; try the reference evaluator
+            try:
+                values.update(_run_reference(single))
+            except Exception as ref_exc:  # noqa: BLE001 - neither could evaluate it: the node stays
+                log.info("cannot fold %s node '%s': onnxruntime: %s; onnx.reference: %s",
+                         node.op_type, node.name, ort_exc, ref_exc)
+                report.failed_ops.append(node.op_type)
+    return values
+
+
+def _fold_model(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
+                initializers: dict[str, onnx.TensorProto]) -> onnx.ModelProto:
+    """A model without inputs whose outputs are every output of ``nodes``."""
+    from onnx import helper
+
+    produced = {name for node in nodes for name in node.output}
+    needed = {name for node in nodes for name in node.input if name and name not in produced}
+    outputs = [helper.make_empty_tensor_value_info(name) for node in nodes for name in node.output if name]
+    graph = helper.make_graph(list(nodes), "constant_folding", [], outputs,
+                              [initializers[name] for name in sorted(needed)])
+    return helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=max(model.ir_version, 4))
+
+
+def _run_ort(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    names = [out.name for out in model.graph.output]
+    return dict(zip(names, session.run(names, {}), strict=True))
+
+
+def _run_reference(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    from onnx.reference import ReferenceEvaluator
+
+    names = [out.name for out in model.graph.output]
+    return dict(zip(names, ReferenceEvaluator(model).run(names, {}), strict=True))
+
+
+def _drop_unfit(values: dict[str, Any], limit_bytes: int) -> list[dict[str, Any]]:
+    """Forget values that are not plain tensors or exceed the size limit; returns the too large ones."""
+    import numpy as np
+
+    too_large = []
+    for name, value in list(values.items()):
+        if not isinstance(value, np.ndarray):
+            del values[name]  # a sequence, map or optional: not an initializer
+        elif value.nbytes > limit_bytes:
+            del values[name]
+            too_large.append({"tensor": name, "bytes": int(value.nbytes),
+                              "reason": f"folded tensor above the limit of {limit_bytes} bytes"})
+    return too_large
+
+
+def _replace_folded(model: onnx.ModelProto, values: dict[str, np.ndarray], report: FoldReport) -> set[str]:
+    """Remove nodes whose every output has a value; add the values still read as initializers.
+
+    Returns the names the remaining nodes, subgraphs and graph outputs read.
+    """
+    from onnx import numpy_helper
+
+    graph = model.graph
+    folded = [node for node in graph.node if _all_known(node.output, values) and is_foldable_op(node)]
+    folded_ids = {id(node) for node in folded}
+    kept = [node for node in graph.node if id(node) not in folded_ids]
+    read = _names_read(kept, graph)
+    if not folded:
+        return read
+    new_inits = [numpy_helper.from_array(_as_array(values[name]), name)
+                 for node in folded for name in node.output if name in read]
+    del graph.node[:]
+    graph.node.extend(kept)
+    graph.initializer.extend(new_inits)
+    as_init = {init.name for init in new_inits}
+    stale = [value for value in graph.value_info if value.name in as_init]
+    for value in stale:
+        graph.value_info.remove(value)
+    report.folded_nodes += len(folded)
+    report.folded_tensors += len(new_inits)
+    return read
+
+
+def _all_known(names: Iterable[str], values: dict[str, Any]) -> bool:
+    names = [name for name in names if name]
+    return bool(names) and all(name in values for name in names)
+
+
+def _names_read(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> set[str]:
+    read = {name for node in nodes for name in node.input}
+    read |= {out.name for out in graph.output}
+    read |= subgraph_references(graph)
+    return read
+
+
+def _as_array(value: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    return np.ascontiguousarray(value)

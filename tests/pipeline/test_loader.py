@@ -1,0 +1,83 @@
+"""Recipe loading: valid recipes parse; every mistake is a RecipeError naming file, line and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import RecipeError
+from pipeline.loader import load_recipe
+from tests.conftest import DEMO_RECIPE, write_recipe
+
+BASE = """\
+name: t
+model:
+  onnx: tiny.onnx
+data:
+  calib: {reader: random, samples: 4}
+variants:
+  fp32: [simplify]
+  int8: [simplify, {quantize: {mode: ptq, calibration: {data: calib}}}]
+targets: [ort:cpu, openvino:cpu]
+"""
+
+
+def _load(tmp_path: Path, text: str) -> object:
+    return load_recipe(write_recipe(tmp_path, text))
+
+
+def test_demo_recipe_loads_with_defaults_filled() -> None:
+    recipe = load_recipe(DEMO_RECIPE)
+    assert recipe.name == "demo-cnn"
+    assert list(recipe.variants) == ["fp32", "fp16", "int8"]
+    fp16_step = recipe.variants["fp16"][1]
+    assert fp16_step.stage == "fp16" and fp16_step.config["keep_io_types"] is True
+    assert fp16_step.config["max_finite_val"] == 65504.0  # the stage's default is filled in, not left implicit
+    assert recipe.reference_variant == "fp32"
+    assert recipe.resolve(recipe.model.onnx).is_file()
+
+
+def test_stage_by_name_and_empty_variant(tmp_path: Path, tiny_model_path: Path) -> None:
+    recipe = _load(tmp_path, BASE.replace("  fp32: [simplify]\n", "  fp32: [simplify]\n  raw: []\n"))
+    assert recipe.variants["raw"] == []
+    assert recipe.reference_variant == "exported"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "needle"),
+    [
+        (BASE.replace("variants:", "variantz:"), 6, "unknown field 'variantz'"),
+        (BASE.replace("[simplify]", "[simplfy]"), 7, "unknown stage 'simplfy'"),
+        (BASE.replace("openvino:cpu", "tensorflow:cpu"), 9, "unknown target 'tensorflow:cpu'"),
+        (BASE.replace("mode: ptq", "mode: ptq, bogus: 1"), 8, "unknown field 'bogus' of stage 'quantize'"),
+        (BASE.replace("samples: 4", "samples: many"), 5, "samples"),
+        (BASE.replace("data: calib", "data: nowhere"), None, "dataset 'nowhere'"),
+        (BASE + "gates:\n  - {variant: int4, target: 'ort:cpu', metric: cosine, min: 0.9}\n", None, "variant 'int4'"),
+        (BASE + "gates:\n  - {variant: fp32, target: 'ort:cuda', metric: cosine, min: 0.9}\n", None, "ort:cuda"),
+        (BASE + "validate: {reference: fp64}\n", None, "fp64"),
+        (BASE + "variants:\n  x: []\n", 10, "key 'variants' repeats"),
+        (BASE.replace("  fp32: [simplify]\n", "  fp32: [simplify]\n  fp32: []\n"), 8, "key 'fp32' repeats"),
+        (BASE.replace("tiny.onnx", "missing.onnx"), 3, "does not exist"),
+        ("name: t\nmodel: [unclosed\n", 3, "YAML syntax error"),
+    ],
+)
+def test_bad_recipes_name_line_and_problem(tmp_path: Path, tiny_model_path: Path, text: str, line: int | None,
+                                           needle: str) -> None:
+    with pytest.raises(RecipeError) as caught:
+        _load(tmp_path, text)
+    message = str(caught.value)
+    assert needle in message
+    assert "recipe.yaml" in message
+    if line is not None:
+        assert caught.value.line == line, message
+
+
+def test_missing_recipe_file(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match="recipe file not found"):
+        load_recipe(tmp_path / "nope.yaml")
+
+
+def test_reserved_variant_name(tmp_path: Path, tiny_model_path: Path) -> None:
+    with pytest.raises(RecipeError, match="reserved"):
+        _load(tmp_path, BASE.replace("  fp32: [simplify]\n", "  fp32: [simplify]\n  exported: []\n"))

@@ -1,0 +1,221 @@
+"""Target adapters: numerical agreement with numpy, ONNX output names, honest unavailability."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from pipeline.errors import DataError, ModelError, TargetUnavailable
+from pipeline.targets import KNOWN_TARGETS, ExecutionInfo, available_targets, get_target
+
+RNG = np.random.default_rng(0)
+W = RNG.standard_normal((4, 3)).astype(np.float32)
+B = np.array([0.5, -0.25, 0.0], dtype=np.float32)
+RUNNABLE = ["ort:cpu", "openvino:cpu", "reference:cpu"]
+
+
+@pytest.fixture
+def mlp_path(tmp_path: Path) -> Path:
+    """x[N,4] -> z = x@W + B (an output that Relu also consumes) -> y = Identity(Relu(z))."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"]),
+        helper.make_node("Add", ["h", "B"], ["z"]),
+        helper.make_node("Relu", ["z"], ["r"]),
+        helper.make_node("Identity", ["r"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 3]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        initializer=[numpy_helper.from_array(W, "W"), numpy_helper.from_array(B, "B")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def _expected(x: np.ndarray) -> dict[str, np.ndarray]:
+    z = x.astype(np.float64) @ W.astype(np.float64) + B
+    return {"z": z, "y": np.maximum(z, 0.0)}
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_outputs_match_numpy_and_carry_onnx_names(mlp_path: Path, name: str) -> None:
+    session = get_target(name).load(mlp_path, threads=1)
+    assert session.input_names == ["x"]
+    assert session.output_names == ["z", "y"]
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    outputs = session.run({"x": x})
+    assert list(outputs) == ["z", "y"]
+    expected = _expected(x)
+    assert (expected["y"] == 0).any() and (expected["y"] > 0).any()  # Relu really clips something
+    for key in ("z", "y"):
+        assert isinstance(outputs[key], np.ndarray)
+        assert outputs[key].shape == (5, 3)
+        np.testing.assert_allclose(outputs[key], expected[key], rtol=1e-5, atol=1e-6)
+    session.close()
+
+
+def test_ort_cpu_reports_what_ran(mlp_path: Path) -> None:
+    session = get_target("ort:cpu").load(mlp_path)
+    info = session.executed
+    assert (info.runtime, info.device, info.providers, info.precision) == (
+        "onnxruntime", "CPUExecutionProvider", ["CPUExecutionProvider"], None)
+    assert info.node_counts == {}
+    session.run({"x": np.ones((2, 4), np.float32)})
+    assert set(info.node_counts) == {"CPUExecutionProvider"}
+    assert info.node_counts["CPUExecutionProvider"] >= 1
+    assert sum(info.op_types.values()) == info.node_counts["CPUExecutionProvider"]
+    again = session.run({"x": np.ones((2, 4), np.float32)})  # profiling ended after the first run
+    np.testing.assert_allclose(again["y"], _expected(np.ones((2, 4)))["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_openvino_pins_f32_and_reports_runtime_precisions(mlp_path: Path) -> None:
+    session = get_target("openvino:cpu").load(mlp_path, pin_f32=True)
+    info = session.executed
+    assert info.runtime == "openvino"
+    assert info.device == "CPU" and info.providers == ["CPU"]
+    assert info.precision == "f32"
+    assert info.node_counts.get("FP32", 0) >= 1
+    assert set(info.node_counts) <= {"FP32", "I32", "I64"}  # nothing ran in bf16/f16
+    assert any(note.startswith("query_model: all") for note in info.notes)
+
+
+def test_reference_reports_declared_precision(mlp_path: Path) -> None:
+    info = get_target("reference:cpu").load(mlp_path).executed
+    assert info.precision == "declared"
+    assert info.op_types == {"MatMul": 1, "Add": 1, "Relu": 1, "Identity": 1}
+    assert get_target("reference:cpu").benchmarkable is False
+    assert get_target("ort:cpu").benchmarkable is True
+
+
+def test_execution_info_to_dict_is_json_ready() -> None:
+    info = ExecutionInfo("ort:cpu", "onnxruntime", "CPUExecutionProvider", ["CPUExecutionProvider"], None,
+                         {"CPUExecutionProvider": 3}, ["a note"])
+    assert info.to_dict() == {
+        "target": "ort:cpu", "runtime": "onnxruntime", "device": "CPUExecutionProvider",
+        "providers": ["CPUExecutionProvider"], "precision": None,
+        "node_counts": {"CPUExecutionProvider": 3}, "notes": ["a note"], "op_types": {},
+    }
+
+
+def _really_unavailable(name: str) -> bool:
+    import onnxruntime
+    import openvino
+
+    if name.startswith("ort:"):
+        wanted = {"ort:cuda": "CUDAExecutionProvider", "ort:tensorrt": "TensorrtExecutionProvider"}[name]
+        return wanted not in onnxruntime.get_available_providers()
+    return not any(d.startswith("GPU") for d in openvino.Core().available_devices)
+
+
+@pytest.mark.parametrize(("name", "exists"), [
+    ("ort:cuda", "CPUExecutionProvider"), ("ort:tensorrt", "CPUExecutionProvider"), ("openvino:gpu", "CPU"),
+])
+def test_missing_targets_are_unavailable_with_a_reason(mlp_path: Path, name: str, exists: str) -> None:
+    if not _really_unavailable(name):
+        pytest.skip(f"{name} exists on this machine")
+    ok, reason = get_target(name).availability()
+    assert ok is False
+    assert reason.startswith(f"target {name} requested; this machine's")
+    assert exists in reason
+    assert "AzureExecutionProvider" not in reason
+    assert available_targets()[name] == reason
+    with pytest.raises(TargetUnavailable, match=name):
+        get_target(name).load(mlp_path)
+
+
+def test_available_targets_lists_every_known_target() -> None:
+    targets = available_targets()
+    assert list(targets) == list(KNOWN_TARGETS)
+    assert targets["ort:cpu"] == "" and targets["openvino:cpu"] == "" and targets["reference:cpu"] == ""
+
+
+def test_silent_gpu_fallback_is_refused(mlp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("CUDA exists here; no fallback to provoke")
+    real = onnxruntime.get_available_providers()
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: [*real, "CUDAExecutionProvider"])
+    assert get_target("ort:cuda").availability() == (True, "")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ORT's own warning about the missing provider
+        with pytest.raises(TargetUnavailable, match="silently fell back to CPUExecutionProvider"):
+            get_target("ort:cuda").load(mlp_path)
+
+
+def test_unknown_target_raises_value_error_naming_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown target 'foo:bar'; known targets: ort:cpu, ort:cuda"):
+        get_target("foo:bar")
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_bad_model_file_raises_model_error(tmp_path: Path, name: str) -> None:
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"this is not a protobuf")
+    with pytest.raises(ModelError, match=r"broken\.onnx"):
+        get_target(name).load(bad)
+    with pytest.raises(ModelError, match="not found"):
+        get_target(name).load(tmp_path / "absent.onnx")
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_feeds_that_miss_an_input_raise_data_error(mlp_path: Path, name: str) -> None:
+    session = get_target(name).load(mlp_path)
+    with pytest.raises(DataError, match=r"missing \['x'\]"):
+        session.run({"input": np.ones((1, 4), np.float32)})
+
+
+def test_importing_targets_imports_no_runtime() -> None:
+    code = ("import sys, pipeline.targets, pipeline.compare; "
+            "print(sorted(m for m in ('onnxruntime', 'openvino', 'onnx') if m in sys.modules))")
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+class _RecordingCore:
+    """Delegates to the real OpenVINO Core and records the config given to compile_model."""
+
+    def __init__(self, core: object) -> None:
+        self._core = core
+        self.configs: list[dict] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._core, name)
+
+    def compile_model(self, model: object, device: str, config: dict) -> object:
+        self.configs.append(dict(config))
+        return self._core.compile_model(model, device, config)
+
+
+@pytest.mark.parametrize(("pin_f32", "threads", "expected"), [
+    (True, 1, {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1}),
+    (False, None, {}),
+])
+def test_openvino_compile_config_follows_pin_and_threads(mlp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         pin_f32: bool, threads: int | None, expected: dict) -> None:
+    import pipeline.targets as targets
+
+    recorder = _RecordingCore(targets._ov_core())
+    monkeypatch.setattr(targets, "_ov_core", lambda: recorder)
+    session = get_target("openvino:cpu").load(mlp_path, threads=threads, pin_f32=pin_f32)
+    assert recorder.configs == [expected]
+    if threads:
+        assert session._compiled.get_property("INFERENCE_NUM_THREADS") == threads
+
+
+def test_ort_threads_set_intra_op_threads(mlp_path: Path) -> None:
+    session = get_target("ort:cpu").load(mlp_path, threads=1)
+    assert session._session.get_session_options().intra_op_num_threads == 1
