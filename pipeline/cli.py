@@ -59,7 +59,7 @@ def _guarded(action: Callable[[], T], verbose: bool) -> T:
 @app.command()
 def run(
     recipe: RecipePath,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder [default: runs/<recipe name>/].")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder [default: runs/<name>/].")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every artifact.")] = False,
     cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="Artifact cache [default: OUT/cache].")] = None,
     variant: Annotated[list[str] | None, typer.Option("--variant", help="Only this variant (repeatable).")] = None,
@@ -92,7 +92,7 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
     console = Console()
     table = Table(title=f"qdeploy: {report['recipe']['name']}")
     for column in ("variant", "target", "p50 ms", "speedup", "cosine", "validation", "benchmark"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=True)
     checks = {(row["variant"], row["target"]): row for row in report["validation"]}
     for bench in report["benchmarks"]:
         check = checks.get((bench["variant"], bench["target"]), {})
@@ -103,7 +103,8 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
                       f"{cosine:.6f}" if cosine is not None else "–", check.get("status", "–"), bench["status"])
     console.print(table)
     for gate in report["gates"]:
-        mark = "[green]PASS[/green]" if gate["passed"] else "[red]FAIL[/red]"
+        mark = "[yellow]SKIP[/yellow]" if gate.get("skipped") else \
+            "[green]PASS[/green]" if gate["passed"] else "[red]FAIL[/red]"
         console.print(f"{mark} gate {gate['variant']} on {gate['target']}: {gate['metric']} = {gate['value']} "
                       f"(min {gate['min']}, max {gate['max']}) {gate['reason']}")
     for failure in report["failures"]:

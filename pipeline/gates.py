@@ -50,10 +50,18 @@ def _measured(gate: GateSpec, validation: list[dict[str, Any]], benchmarks: list
 
 
 def evaluate_gates(gates: list[GateSpec], validation: list[dict[str, Any]], benchmarks: list[dict[str, Any]],
-                   reference: str, failures: list[dict[str, Any]], sizes: dict[str, int]) -> list[dict[str, Any]]:
-    """Each gate with its measured value; a gate that cannot be measured fails, saying why."""
+                   reference: str, failures: list[dict[str, Any]], sizes: dict[str, int],
+                   selected: tuple[list[str], list[str]] | None = None) -> list[dict[str, Any]]:
+    """Each gate with its measured value; a gate that cannot be measured fails, saying why.
+
+    A gate on a variant or target left out of this run (--variant/--target) is skipped: `passed` is None.
+    """
     results = []
     for gate in gates:
+        if selected and (gate.variant not in [*selected[0], reference] or gate.target not in selected[1]):
+            results.append({**_row(gate, None), "passed": None, "skipped": True,
+                            "reason": "its variant or target is not part of this run (--variant/--target)"})
+            continue
         failed_build = next((f for f in failures if f["variant"] == gate.variant), None)
         if failed_build:
             value, why = None, f"variant {gate.variant} failed in stage {failed_build['stage']}"
@@ -61,8 +69,15 @@ def evaluate_gates(gates: list[GateSpec], validation: list[dict[str, Any]], benc
             value, why = _measured(gate, validation, benchmarks, reference, sizes)
         passed = value is not None and value == value and (gate.min is None or value >= gate.min) and (
             gate.max is None or value <= gate.max)
-        results.append({
-            "variant": gate.variant, "target": gate.target, "metric": gate.metric, "min": gate.min,
-            "max": gate.max, "batch_size": gate.batch_size, "value": value, "passed": passed, "reason": why,
-        })
+        results.append({**_row(gate, value), "passed": passed, "skipped": False, "reason": why})
     return results
+
+
+def _row(gate: GateSpec, value: float | None) -> dict[str, Any]:
+    return {"variant": gate.variant, "target": gate.target, "metric": gate.metric, "min": gate.min, "max": gate.max,
+            "batch_size": gate.batch_size, "value": value}
+
+
+def gates_hold(gates: list[dict[str, Any]]) -> bool:
+    """Every gate that was evaluated passed (skipped gates do not count)."""
+    return all(gate["passed"] for gate in gates if not gate.get("skipped"))

@@ -7,6 +7,7 @@ recipe fails when it is loaded, not in the middle of a run.
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +22,6 @@ from stages.validate import ValidateConfig
 
 EXPORTED = "exported"
 """Name of the implicit variant that is the exported model as it is (the default reference)."""
-TARGET_PATTERN = re.compile(r"^(ort|openvino|reference):[a-z0-9_.]+$")
 
 
 class DatasetSpec(StrictModel):
@@ -133,10 +133,11 @@ class Recipe(StrictModel):
     data: dict[str, DatasetSpec] = Field(default_factory=dict, description="Named datasets.")
     variants: dict[str, list[VariantStep]] = Field(description="Variant name -> chain of transform stages.")
     targets: list[str] = Field(default=["ort:cpu"], description="Targets as runtime:device.")
-    validate_: ValidateConfig = Field(default_factory=ValidateConfig, alias="validate")
-    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
-    gates: list[GateSpec] = Field(default_factory=list)
-    report: ReportSpec = Field(default_factory=ReportSpec)
+    validate_: ValidateConfig = Field(default_factory=ValidateConfig, alias="validate",
+                                      description="Validation against the reference (see `validate`).")
+    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig, description="Latency measurement settings.")
+    gates: list[GateSpec] = Field(default_factory=list, description="Acceptance goals; a missed one exits 1.")
+    report: ReportSpec = Field(default_factory=ReportSpec, description="Report formats to write.")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -170,12 +171,13 @@ class Recipe(StrictModel):
     @field_validator("targets")
     @classmethod
     def _known_targets(cls, targets: list[str]) -> list[str]:
+        from pipeline.targets import KNOWN_TARGETS
+
         for target in targets:
-            if not TARGET_PATTERN.match(target):
-                raise ValueError(
-                    f"unknown target '{target}': use runtime:device with runtime ort, openvino or reference "
-                    "(e.g. ort:cpu, ort:cuda, ort:tensorrt, openvino:cpu, openvino:gpu)"
-                )
+            if target not in KNOWN_TARGETS:
+                close = difflib.get_close_matches(target, KNOWN_TARGETS, n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                raise ValueError(f"unknown target '{target}'; {hint}known targets: {', '.join(KNOWN_TARGETS)}")
         if len(set(targets)) != len(targets):
             raise ValueError(f"targets repeat: {targets}")
         return targets

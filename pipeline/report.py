@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.gates import speedup
+from pipeline.gates import gates_hold, speedup
 from pipeline.recipe import Recipe
 from pipeline.store import write_json_atomic, write_text_atomic
 from stages.validate import REFERENCE_TARGET
@@ -30,7 +30,7 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
         "seconds": seconds,
         "environment": environment(),
         "reference": {"variant": reference, "target": REFERENCE_TARGET},
-        "passed": all(gate["passed"] for gate in gates) and not failures,
+        "passed": gates_hold(gates) and not failures,
         "gates": gates,
         "failures": failures,
         "artifacts": artifacts,
@@ -65,7 +65,8 @@ def _gate_rows(report: dict[str, Any]) -> list[str]:
         bound = " and ".join(part for part in (
             f">= {gate['min']}" if gate["min"] is not None else "",
             f"<= {gate['max']}" if gate["max"] is not None else "") if part)
-        verdict = "PASS" if gate["passed"] else f"**FAIL** {gate['reason']}".strip()
+        verdict = "skipped" if gate.get("skipped") else "PASS" if gate["passed"] else \
+            f"**FAIL** {gate['reason']}".strip()
         lines.append(f"| {gate['variant']} on {gate['target']}: {gate['metric']} {bound} | "
                      f"{_fmt(gate['value'], 4)} | {verdict} |")
     return lines

@@ -96,7 +96,8 @@ def run_recipe(recipe: Recipe, options: RunOptions | None = None) -> RunResult:
             validation = _evaluate(state, "validate", evaluated, targets)
             benchmarks = _evaluate(state, "benchmark", evaluated, targets) if recipe.benchmark.enabled else []
         sizes = {row["name"]: row["size_bytes"] for row in published}
-        gates = evaluate_gates(recipe.gates, validation, benchmarks, recipe.reference_variant, state.failures, sizes)
+        gates = evaluate_gates(recipe.gates, validation, benchmarks, recipe.reference_variant, state.failures, sizes,
+                               selected=(variants, targets))
         report = build_report(recipe, published, validation, benchmarks, gates, state.failures,
                               seconds=time.perf_counter() - started)
         write_reports(report, out_dir, recipe.report.formats)
@@ -104,9 +105,11 @@ def run_recipe(recipe: Recipe, options: RunOptions | None = None) -> RunResult:
 
 
 def _exit_code(state: _RunState, gates: list[dict[str, Any]]) -> int:
+    from pipeline.gates import gates_hold
+
     if state.input_error:
         return 2
-    if state.failures or not all(gate["passed"] for gate in gates):
+    if state.failures or not gates_hold(gates):
         return 1
     return 0
 

@@ -34,7 +34,15 @@ RETIRED_OPS = frozenset({
     "ATen", "Affine", "ConstantFill", "Crop", "DynamicSlice", "GRUUnit", "GivenTensorFill", "ImageScaler",
     "ParametricSoftplus", "Scale", "ScaledTanh",
 })
+_ORT_TYPES = {
+    "float": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "string": 8, "bool": 9,
+    "float16": 10, "double": 11, "uint32": 12, "uint64": 13,
+}
+"""ONNX Runtime's ``tensor(<name>)`` types that come back as a numpy array of the same ONNX type."""
 _ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
+
+MAX_EVAL_BYTES = int(1.8 * 2**30)
+"""Largest model ONNX Runtime can take serialised: a bigger batch is evaluated node by node."""
 
 StaticShapes = dict[str, tuple[tuple[int, ...], int]]
 """Tensor name -> (fully static dims, ONNX element type)."""
@@ -139,6 +147,15 @@ def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
     return numpy_helper.from_array(makers[attr.name](), name)
 
 
+def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    """ONNX element type of every top-level tensor whose type is declared or inferred."""
+    graph = model.graph
+    types = {value.name: value.type.tensor_type.elem_type for value in (*graph.input, *graph.value_info, *graph.output)
+             if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type}
+    types.update((init.name, init.data_type) for init in graph.initializer)
+    return types
+
+
 def static_shapes(model: onnx.ModelProto) -> StaticShapes:
     """Names whose shape is fully known, from inputs, value_info, outputs and initializers."""
     shapes: StaticShapes = {}
@@ -213,14 +230,14 @@ def plan_folding(model: onnx.ModelProto, shapes: StaticShapes, limit_bytes: int,
     return to_evaluate, known
 
 
-def fold_constants(model: onnx.ModelProto, *, limit_bytes: int, evaluate: bool = True) -> FoldReport:
+def fold_constants(model: onnx.ModelProto, *, limit_bytes: int) -> FoldReport:
     """Fold the top-level graph in place; returns what was folded and what was not."""
     report = FoldReport(constants_converted=constants_to_initializers(model.graph))
     shapes = static_shapes(model)
     nodes, values = plan_folding(model, shapes, limit_bytes, report)
-    if evaluate and nodes:
+    if nodes:
         values.update(evaluate_nodes(model, nodes, values, report))
-    too_large = _drop_unfit(values, limit_bytes)
+    too_large = _drop_unfit(values, limit_bytes, tensor_types(model))
     still_read = _replace_folded(model, values, report)
     # A large tensor whose consumers folded into something small is gone, not skipped.
     report.skipped.extend(entry for entry in too_large if entry["tensor"] in still_read)
@@ -237,10 +254,12 @@ def evaluate_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto], known: d
 
     initializers = {init.name: init for init in model.graph.initializer}
     initializers.update((name, numpy_helper.from_array(value, name)) for name, value in known.items())
-    try:
-        return _run_ort(_fold_model(model, nodes, initializers))
-    except Exception as exc:  # noqa: BLE001 - any failure of the batch falls back to one node at a time
-        log.debug("batch constant folding failed (%s); folding node by node", exc)
+    batch = _fold_model(model, nodes, initializers)
+    if _proto_bytes(batch) <= MAX_EVAL_BYTES:
+        try:
+            return _run_ort(batch)
+        except Exception as exc:  # any failure of the batch falls back to one node at a time
+            log.debug("batch constant folding failed (%s); folding node by node", exc)
     return _evaluate_one_by_one(model, nodes, initializers, report)
 
 
@@ -255,16 +274,32 @@ def _evaluate_one_by_one(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
         inputs = {name: initializers[name] if name in initializers else numpy_helper.from_array(values[name], name)
                   for name in node.input if name}
         single = _fold_model(model, [node], inputs)
-        try:
-            values.update(_run_ort(single))
-        except Exception as ort_exc:  # noqa: BLE001 - ORT refusing an op is expected; try the reference evaluator
-            try:
-                values.update(_run_reference(single))
-            except Exception as ref_exc:  # noqa: BLE001 - neither could evaluate it: the node stays
-                log.info("cannot fold %s node '%s': onnxruntime: %s; onnx.reference: %s",
-                         node.op_type, node.name, ort_exc, ref_exc)
-                report.failed_ops.append(node.op_type)
+        if _proto_bytes(single) > MAX_EVAL_BYTES:
+            outputs, failures = None, [f"inputs above {MAX_EVAL_BYTES} bytes"]
+        else:
+            outputs, failures = _run_single(single)
+        if outputs is None:
+            log.info("cannot fold %s node '%s': %s", node.op_type, node.name, "; ".join(failures))
+            report.failed_ops.append(node.op_type)
+        else:
+            values.update(outputs)
     return values
+
+
+def _run_single(model: onnx.ModelProto) -> tuple[dict[str, np.ndarray] | None, list[str]]:
+    """Every output of a one-node model by ONNX Runtime, else by onnx.reference; None and why when neither can."""
+    wanted = {out.name for out in model.graph.output}
+    failures = []
+    for name, runner in (("onnxruntime", _run_ort), ("onnx.reference", _run_reference)):
+        try:
+            outputs = runner(model)
+        except Exception as exc:  # refusing an op is expected: try the next evaluator
+            failures.append(f"{name}: {exc}")
+            continue
+        if wanted <= outputs.keys():
+            return outputs, failures
+        failures.append(f"{name}: an output type has no numpy equivalent")
+    return None, failures
 
 
 def _fold_model(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
@@ -280,6 +315,11 @@ def _fold_model(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
     return helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=max(model.ir_version, 4))
 
 
+def _proto_bytes(model: onnx.ModelProto) -> int:
+    graph = model.graph
+    return sum(init.ByteSize() for init in graph.initializer) + sum(node.ByteSize() for node in graph.node)
+
+
 def _run_ort(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     import onnxruntime as ort
 
@@ -288,7 +328,11 @@ def _run_ort(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     options.log_severity_level = 3
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [out.name for out in model.graph.output]
-    return dict(zip(names, session.run(names, {}), strict=True))
+    declared = {out.name: _ORT_TYPES.get(out.type.removeprefix("tensor(").removesuffix(")")) for out in
+                session.get_outputs()}
+    # Types numpy lacks (float8, ...) come back as raw integers: such values are left out, not mistyped.
+    return {name: value for name, value in zip(names, session.run(names, {}), strict=True)
+            if declared[name] is not None and _onnx_type(value) == declared[name]}
 
 
 def _run_reference(model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -298,14 +342,25 @@ def _run_reference(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return dict(zip(names, ReferenceEvaluator(model).run(names, {}), strict=True))
 
 
-def _drop_unfit(values: dict[str, Any], limit_bytes: int) -> list[dict[str, Any]]:
-    """Forget values that are not plain tensors or exceed the size limit; returns the too large ones."""
+def _onnx_type(value: Any) -> int | None:
     import numpy as np
+    from onnx import helper
 
+    if not isinstance(value, np.ndarray):
+        return None
+    try:
+        return helper.np_dtype_to_tensor_dtype(value.dtype)
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def _drop_unfit(values: dict[str, Any], limit_bytes: int, types: dict[str, int]) -> list[dict[str, Any]]:
+    """Forget values that are not tensors of the expected type or exceed the size limit; returns the too large."""
     too_large = []
     for name, value in list(values.items()):
-        if not isinstance(value, np.ndarray):
-            del values[name]  # a sequence, map or optional: not an initializer
+        value_type = _onnx_type(value)
+        if value_type is None or types.get(name, value_type) != value_type:
+            del values[name]  # a sequence, map or optional, or a type lost on the way: not an initializer
         elif value.nbytes > limit_bytes:
             del values[name]
             too_large.append({"tensor": name, "bytes": int(value.nbytes),
@@ -357,3 +412,22 @@ def _as_array(value: np.ndarray) -> np.ndarray:
     import numpy as np
 
     return np.ascontiguousarray(value)
+
+
+def sync_legacy_inputs(model: onnx.ModelProto, *, drop_unused: bool) -> None:
+    """IR < 4 lists every initializer as a graph input: list new ones, optionally drop unread ones."""
+    from onnx import helper
+
+    if model.ir_version >= 4:
+        return
+    graph = model.graph
+    if drop_unused:
+        read = _names_read(list(graph.node), graph)
+        unread = {init.name for init in graph.initializer if init.name not in read}
+        for init in [init for init in graph.initializer if init.name in unread]:
+            graph.initializer.remove(init)
+        for value in [value for value in graph.input if value.name in unread]:
+            graph.input.remove(value)
+    listed = {value.name for value in graph.input}
+    graph.input.extend(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+                       for init in graph.initializer if init.name not in listed)

@@ -11,6 +11,8 @@ A model that is already quantized is refused rather than quantized twice.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipeline.context import Artifact, StageContext, StageResult
-from pipeline.errors import StageError
+from pipeline.errors import QdeployError, StageError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,6 +37,7 @@ QUANTIZED_OP_TYPES = frozenset({
     "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger", "MatMulInteger",
     "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention", "DynamicQuantizeLSTM",
 })
+_FLOAT_TYPES = (1, 10, 11, 16)  # onnx float, float16, double, bfloat16
 _METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
 _TYPES = {"uint8": "QUInt8", "int8": "QInt8"}
 
@@ -76,7 +79,9 @@ class QuantizeConfig(BaseModel):
             raise ValueError("activation_type int8 with weight_type uint8 is not supported by ONNX Runtime; "
                              "use uint8 activations with int8 weights (x86) or int8 for both")
         if self.mode == "dynamic":
-            explicit = sorted(self.model_fields_set & {"calibration", "method", "activation_type"})
+            # compared with the defaults, not model_fields_set: a dumped config is validated again by the runner
+            explicit = [name for name in ("calibration", "method", "activation_type")
+                        if getattr(self, name) != type(self).model_fields[name].default]
             if explicit:
                 raise ValueError(f"mode 'dynamic' quantizes activations at run time; remove {explicit} "
                                  "or use mode 'ptq'")
@@ -124,13 +129,17 @@ def count_quantized_nodes(model: onnx.ModelProto) -> int:
 
 
 def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """Per op type, how many nodes take an input from a DequantizeLinear or are integer ops themselves."""
+    """Per op type, the nodes that run quantized: integer ops, or nodes fed by a DequantizeLinear whose
+    constant inputs are not left in float (an excluded Conv fed by a quantized activation does not count)."""
     dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
+    float_constants = {init.name for init in model.graph.initializer if init.data_type in _FLOAT_TYPES}
+    float_constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
     counts: Counter[str] = Counter()
     for node in model.graph.node:
         if node.op_type in {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}:
             continue
-        if node.op_type in QUANTIZED_OP_TYPES or any(name in dequantized for name in node.input):
+        fed = any(name in dequantized for name in node.input)
+        if node.op_type in QUANTIZED_OP_TYPES or (fed and not float_constants & set(node.input)):
             counts[node.op_type] += 1
     return dict(sorted(counts.items()))
 
@@ -212,18 +221,19 @@ def _quantize_static(source: Path, prepared: Path, output: Path, config: Quantiz
     reader = _make_reader(ctx.samples(dataset, source, limit), total)
     extra: dict[str, Any] = {"ActivationSymmetric": False, "WeightSymmetric": True, "CalibStridedMinMax": stride}
     try:
-        quantize_static(
-            str(prepared), str(output), reader,
-            quant_format=QuantFormat.QDQ,
-            activation_type=getattr(QuantType, _TYPES[config.activation_type]),
-            weight_type=getattr(QuantType, _TYPES[config.weight_type]),
-            per_channel=config.per_channel,
-            calibrate_method=getattr(CalibrationMethod, _METHODS[config.method]),
-            nodes_to_exclude=excluded,
-            op_types_to_quantize=_op_types(config, "ptq"),
-            extra_options=extra,
-        )
-    except StageError:
+        with _quiet():
+            quantize_static(
+                str(prepared), str(output), reader,
+                quant_format=QuantFormat.QDQ,
+                activation_type=getattr(QuantType, _TYPES[config.activation_type]),
+                weight_type=getattr(QuantType, _TYPES[config.weight_type]),
+                per_channel=config.per_channel,
+                calibrate_method=getattr(CalibrationMethod, _METHODS[config.method]),
+                nodes_to_exclude=excluded,
+                op_types_to_quantize=_op_types(config, "ptq"),
+                extra_options=extra,
+            )
+    except QdeployError:  # a dataset error raised while calibrating stays what it is
         raise
     except Exception as exc:
         raise StageError(STAGE, ctx.variant, f"ONNX Runtime static quantization failed: {exc}") from exc
@@ -235,15 +245,28 @@ def _quantize_dynamic(prepared: Path, output: Path, config: QuantizeConfig, excl
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     try:
-        quantize_dynamic(
-            str(prepared), str(output),
-            weight_type=getattr(QuantType, _TYPES[config.weight_type]),
-            per_channel=config.per_channel,
-            nodes_to_exclude=excluded,
-            op_types_to_quantize=_op_types(config, "dynamic"),
-        )
+        with _quiet():
+            quantize_dynamic(
+                str(prepared), str(output),
+                weight_type=getattr(QuantType, _TYPES[config.weight_type]),
+                per_channel=config.per_channel,
+                nodes_to_exclude=excluded,
+                op_types_to_quantize=_op_types(config, "dynamic"),
+            )
     except Exception as exc:
         raise StageError(STAGE, ctx.variant, f"ONNX Runtime dynamic quantization failed: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """ORT's histogram calibrators print progress to stdout; keep it out of the user's terminal, in the log."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            yield
+    finally:
+        if captured.getvalue().strip():
+            log.debug("onnxruntime.quantization: %s", captured.getvalue().strip())
 
 
 def _make_reader(feeds: Iterator[dict[str, np.ndarray]], total: int) -> Any:
@@ -283,7 +306,7 @@ def _check_runs(output: Path, config: QuantizeConfig, ctx: StageContext) -> None
         ort.InferenceSession(str(output), providers=["CPUExecutionProvider"])
     except Exception as exc:
         hint = ""
-        if config.mode == "dynamic" and config.weight_type == "int8":
-            hint = ("; ORT's CPU ConvInteger takes uint8 weights only: use weight_type uint8 or "
-                    "op_types [MatMul, Gemm] in mode dynamic")
+        if config.mode == "dynamic" and "ConvInteger" in str(exc):
+            hint = "; this ONNX Runtime lacks a ConvInteger kernel for these types: try weight_type uint8 or " \
+                   "op_types [MatMul, Gemm]"
         raise StageError(STAGE, ctx.variant, f"the quantized model does not load in ONNX Runtime: {exc}{hint}") from exc

@@ -43,6 +43,9 @@ DEFAULT_PASSES = (
     "eliminate_nop_dropout",
     "eliminate_nop_cast",
     "eliminate_nop_reshape",
+    "eliminate_shape_gather",  # Shape -> Gather of dimensions that are static even when others are not
+    "eliminate_slice_after_shape",
+    "eliminate_shape_op",
     "fuse_consecutive_transposes",
     "fuse_bn_into_conv",
     "fuse_pad_into_conv",
@@ -83,7 +86,8 @@ class SimplifyConfig(BaseModel):
     max_iterations: int = Field(default=10, ge=1, description="Most rounds of inference, folding and passes "
                                 "before stopping short of a fixed point.")
     fold_constants: bool = Field(default=True, description="Evaluate constant subgraphs into initializers; "
-                                 "Constant nodes become initializers either way.")
+                                 "Constant nodes become initializers either way. Off, BatchNormalization is not "
+                                 "fused (the fused weights need folding).")
 
     @field_validator("skipped_passes", "extra_passes")
     @classmethod
@@ -102,8 +106,9 @@ class SimplifyConfig(BaseModel):
         both = sorted(set(self.skipped_passes) & set(self.extra_passes))
         if both:
             raise ValueError(f"passes {both} are in both 'skipped_passes' and 'extra_passes'")
-        if self.skip_fuse_bn and "fuse_bn_into_conv" in self.extra_passes:
-            raise ValueError("'skip_fuse_bn' is true but 'extra_passes' asks for fuse_bn_into_conv")
+        if (self.skip_fuse_bn or not self.fold_constants) and "fuse_bn_into_conv" in self.extra_passes:
+            raise ValueError("'extra_passes' asks for fuse_bn_into_conv, but 'skip_fuse_bn' is true or "
+                             "'fold_constants' is false (the fused weights need folding)")
         interface = sorted(INTERFACE_PASSES & set(self.extra_passes))
         if interface:
             raise ValueError(f"passes {interface} change the model's inputs or outputs; simplify cannot run them")
@@ -111,7 +116,9 @@ class SimplifyConfig(BaseModel):
 
     def passes(self) -> list[str]:
         """The onnxoptimizer passes this config runs, in order."""
-        skipped = set(self.skipped_passes) | ({"fuse_bn_into_conv"} if self.skip_fuse_bn else set())
+        # fuse_bn_into_conv leaves the fused weights as a constant subgraph that only folding turns into tensors.
+        no_bn = self.skip_fuse_bn or not self.fold_constants
+        skipped = set(self.skipped_passes) | ({"fuse_bn_into_conv"} if no_bn else set())
         chosen = [name for name in DEFAULT_PASSES if name not in skipped]
         return chosen + [name for name in self.extra_passes if name not in chosen]
 
@@ -146,7 +153,7 @@ class _Progress:
 
 def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageResult:
     """Simplify ``artifact``'s model; check it against the original; report what changed."""
-    from stages.folding import constants_to_initializers, has_subgraph
+    from stages.folding import constants_to_initializers, has_subgraph, sync_legacy_inputs
 
     model = artifact.load()
     before = _fingerprint(model)
@@ -155,12 +162,13 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     progress = _Progress()
     large = model_bytes(model) > LARGE_MODEL_BYTES
     if large:
-        progress.note("model above 1.8 GB: no constant folding through ONNX Runtime and no equivalence check")
+        progress.note("model above 1.8 GB: no equivalence check in this version")
     subgraph_ops = sorted({node.op_type for node in model.graph.node if has_subgraph(node)})
     if subgraph_ops:
         progress.note(f"subgraphs left unsimplified (in {', '.join(subgraph_ops)} nodes)")
-    model = _simplify(model, config, ctx.work_dir, evaluate=not large, progress=progress)
+    model = _simplify(model, config, ctx.work_dir, progress)
     progress.constants_converted += constants_to_initializers(model.graph)
+    sync_legacy_inputs(model, drop_unused="eliminate_unused_initializer" in config.passes())
     _prune_value_info(model)
     if _io_names(model) != interface:
         raise StageError(STAGE, ctx.variant, f"simplification changed the model's inputs/outputs from "
@@ -177,10 +185,9 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     return StageResult(model=model, changed=_fingerprint(model) != before, findings=findings)
 
 
-def _simplify(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path, *, evaluate: bool,
-              progress: _Progress) -> onnx.ModelProto:
+def _simplify(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path, progress: _Progress) -> onnx.ModelProto:
     """Shape inference, folding and passes, repeated until the graph stops changing."""
-    from stages.folding import constants_to_initializers, fold_constants
+    from stages.folding import constants_to_initializers, fold_constants, sync_legacy_inputs
 
     passes = config.passes()
     for iteration in range(1, config.max_iterations + 1):
@@ -188,11 +195,12 @@ def _simplify(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path, *,
         start = _fingerprint(model)
         model = infer_shapes(model, work_dir, progress)
         if config.fold_constants:
-            progress.add_fold(fold_constants(model, limit_bytes=config.fold_limit_bytes, evaluate=evaluate))
+            progress.add_fold(fold_constants(model, limit_bytes=config.fold_limit_bytes))
         else:
             progress.constants_converted += constants_to_initializers(model.graph)
         if passes:
             model = _optimize(model, passes, progress)
+        sync_legacy_inputs(model, drop_unused="eliminate_unused_initializer" in passes)
         if _fingerprint(model) == start:
             return model
     progress.note(f"stopped after max_iterations={config.max_iterations} before reaching a fixed point")
@@ -209,7 +217,7 @@ def infer_shapes(model: onnx.ModelProto, work_dir: Path, progress: _Progress) ->
     for data_prop in (True, False):
         try:
             return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=data_prop)
-        except Exception as exc:  # noqa: BLE001 - inference is best effort; folding works with what it knows
+        except Exception as exc:  # inference is best effort; folding works with what it knows
             failure = exc
     progress.note(f"shape inference failed: {_short(failure)}")
     return model
@@ -225,7 +233,7 @@ def _infer_shapes_by_path(model: onnx.ModelProto, work_dir: Path, progress: _Pro
     try:
         onnx.shape_inference.infer_shapes_path(str(source), str(target), strict_mode=False, data_prop=True)
         return onnx.load(str(target))
-    except Exception as exc:  # noqa: BLE001 - inference is best effort
+    except Exception as exc:  # inference is best effort
         progress.note(f"shape inference failed: {_short(exc)}")
         return onnx.load(str(source))
     finally:
@@ -239,7 +247,7 @@ def _optimize(model: onnx.ModelProto, passes: list[str], progress: _Progress) ->
 
     try:
         optimized = onnxoptimizer.optimize(model, passes, fixed_point=True)
-    except Exception as exc:  # noqa: BLE001 - a crash of the optimizer must not lose the folding done so far
+    except Exception as exc:  # a crash of the optimizer must not lose the folding done so far
         progress.note(f"onnxoptimizer failed, its passes were not applied: {_short(exc)}")
         return model
     if _io_names(optimized) != _io_names(model):
@@ -305,7 +313,7 @@ def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyCo
 
     try:
         reference = _session(str(original))
-    except Exception as exc:  # noqa: BLE001 - custom ops or a runtime too old: nothing to compare against
+    except Exception as exc:  # custom ops or a runtime too old: nothing to compare against
         return {"skipped": f"the original model does not run in ONNX Runtime (custom ops?): {_short(exc)}"}
     try:
         candidate = _session(model.SerializeToString())
@@ -317,7 +325,7 @@ def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyCo
     for index, feeds in enumerate(feeds_iter):
         try:
             expected = _outputs(reference, feeds)
-        except Exception as exc:  # noqa: BLE001 - random feeds may be invalid for this model (e.g. token ids)
+        except Exception as exc:  # random feeds may be invalid for this model (e.g. token ids)
             return {"skipped": f"the original model fails on random inputs: {_short(exc)}"}
         try:
             actual = _outputs(candidate, feeds)
@@ -386,7 +394,11 @@ def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def _io_names(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
-    return [value.name for value in model.graph.input], [value.name for value in model.graph.output]
+    """The model's interface: inputs that are not initializers (IR < 4 lists those too), and outputs."""
+    graph = model.graph
+    initializers = {init.name for init in graph.initializer} if model.ir_version < 4 else set()
+    return ([value.name for value in graph.input if value.name not in initializers],
+            [value.name for value in graph.output])
 
 
 def _fingerprint(model: onnx.ModelProto) -> str:

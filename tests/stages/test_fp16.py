@@ -137,6 +137,11 @@ def test_unknown_block_node_is_a_stage_error(tmp_path: Path) -> None:
         fp16.run(_artifact(tmp_path, _tiny_conv()), Fp16Config(node_block_list=["nope"]), _ctx(tmp_path))
 
 
+def test_config_survives_a_json_round_trip() -> None:
+    config = Fp16Config(calibration=CalibrationRef(data="calib"), node_block_list=["a"])
+    assert Fp16Config(**config.model_dump(mode="json")) == config
+
+
 @pytest.mark.parametrize("bad", [
     {"min_positive_val": 1e5, "max_finite_val": 100.0},
     {"max_finite_val": 70000.0},
