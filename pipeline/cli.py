@@ -27,11 +27,20 @@ RecipePath = Annotated[Path, typer.Argument(help="Recipe file (YAML).", show_def
 
 
 def _setup_logging(quiet: bool, verbose: bool) -> None:
-    from rich.logging import RichHandler
-
+    """Logs go to stderr: rich on a terminal, plain unwrapped lines in CI logs and pipes."""
     level = logging.ERROR if quiet else logging.DEBUG if verbose else logging.WARNING
-    handler = RichHandler(show_path=verbose, show_time=verbose, rich_tracebacks=verbose, markup=False)
-    logging.basicConfig(level=logging.WARNING, handlers=[handler], format="%(message)s", force=True)
+    handler: logging.Handler
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=Console(stderr=True), show_path=verbose, show_time=verbose,
+                              rich_tracebacks=verbose, markup=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
     for name in ("qdeploy", "pipeline", "stages", "calibration"):
         logging.getLogger(name).setLevel(level)
 

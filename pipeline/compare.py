@@ -28,6 +28,11 @@ Metric definitions (all in float64, over every sample of an output concatenated)
 - ``nonfinite``: NaN/Inf count in the candidate.  Metrics are computed over the
   positions finite in both.
 
+Tolerances may differ per output: ``compare_outputs(..., per_output={name: Tolerance})``
+uses the mapping's entry for an output it names and ``tolerance`` for the others; each
+output's metrics carry the limits they were held to (``tolerance``) and whether they held
+(``passed``).
+
 Failures regardless of tolerance: a missing output, a shape or dtype-kind
 (float / integer / bool) mismatch, NaN/Inf in the candidate or the reference,
 differing sample counts.  Integer and bool outputs must match exactly; the
@@ -40,6 +45,7 @@ top-1 agreement).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +76,9 @@ class OutputMetrics:
     top5_agreement: float | None = None
     nonfinite: int = 0
     shape_mismatch: str | None = None
+    passed: bool = True
+    tolerance: dict[str, float] | None = None
+    """The limits this output was held to (unset limits left out)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,8 +113,9 @@ class Comparison:
 
 
 def compare_outputs(reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]],
-                    tolerance: Tolerance) -> Comparison:
-    """Compare per-sample outputs of a candidate with a reference's under a tolerance."""
+                    tolerance: Tolerance, per_output: Mapping[str, Tolerance] | None = None) -> Comparison:
+    """Compare per-sample outputs of a candidate with a reference's under a tolerance (per output if given)."""
+    per_output = per_output or {}
     reasons: list[str] = []
     notes: list[str] = []
     if len(reference) != len(candidate):
@@ -118,13 +128,29 @@ def compare_outputs(reference: list[dict[str, np.ndarray]], candidate: list[dict
     for name in names:
         refs = [np.asarray(sample[name]) if name in sample else None for sample in reference[:count]]
         cands = [np.asarray(sample[name]) if name in sample else None for sample in candidate[:count]]
-        metrics, output_reasons = _compare_output(name, refs, cands, tolerance)
+        limits = per_output.get(name, tolerance)
+        metrics, output_reasons = _compare_output(name, refs, cands, limits)
+        metrics.passed = not output_reasons
+        metrics.tolerance = limits.model_dump(exclude_none=True)
         outputs.append(metrics)
         reasons.extend(output_reasons)
-    if tolerance.top1_agreement_min is not None and names and all(out.top1_agreement is None for out in outputs):
+    notes.extend(_unchecked_top1(outputs, tolerance, per_output))
+    return Comparison(outputs=outputs, passed=not reasons, reasons=reasons, notes=notes)
+
+
+def _unchecked_top1(outputs: list[OutputMetrics], tolerance: Tolerance,
+                    per_output: Mapping[str, Tolerance]) -> list[str]:
+    """Notes on top-1 limits that no output could be held to (no output looks like class scores)."""
+    notes = []
+    if tolerance.top1_agreement_min is not None and outputs and all(out.top1_agreement is None for out in outputs):
         notes.append(f"top1_agreement_min {tolerance.top1_agreement_min:g} set but no output looks like "
                      "class scores ([N, C] floats); not checked")
-    return Comparison(outputs=outputs, passed=not reasons, reasons=reasons, notes=notes)
+    for out in outputs:
+        limit = per_output[out.name].top1_agreement_min if out.name in per_output else None
+        if limit is not None and out.top1_agreement is None:
+            notes.append(f"top1_agreement_min {limit:g} set for output '{out.name}', which does not look like "
+                         "class scores ([N, C] floats); not checked")
+    return notes
 
 
 def _kind(array: np.ndarray) -> str:

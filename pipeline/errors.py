@@ -59,5 +59,9 @@ class TargetUnavailable(QdeployError):
     """A target named in the recipe does not exist on this machine."""
 
 
+class DiskFullError(QdeployError):
+    """The disk filled up while writing; what was there before is intact."""
+
+
 class RunLockedError(QdeployError):
     """Another qdeploy run holds the output folder."""

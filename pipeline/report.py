@@ -1,4 +1,4 @@
-"""The run's report: report.json (the contract downstream jobs parse) and report.md for people."""
+"""The run's report: report.json (the contract downstream jobs parse), report.md and report.html for people."""
 
 from __future__ import annotations
 
@@ -6,8 +6,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.gates import gates_hold, speedup
+from pipeline.gates import find_benchmark, gates_hold, speedup
 from pipeline.recipe import Recipe
+from pipeline.report_view import (
+    benchmark_settings,
+    fmt,
+    gate_label,
+    gate_verdict,
+    highlights,
+    lineage_chain,
+    matrix,
+    problems,
+    tradeoff_points,
+    validation_notes,
+)
 from pipeline.store import write_json_atomic, write_text_atomic
 from stages.validate import REFERENCE_TARGET
 
@@ -23,6 +35,7 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
     reference = recipe.reference_variant
     for row in benchmarks:
         row["speedup"] = speedup(benchmarks, row["variant"], row["target"], row["batch_size"], reference)
+        row["speedup_range"] = speedup_range(benchmarks, row, reference)
     return {
         "schema_version": SCHEMA_VERSION,
         "recipe": {"name": recipe.name, "path": str(recipe.source) if recipe.source else None},
@@ -39,6 +52,19 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
     }
 
 
+def speedup_range(benchmarks: list[dict[str, Any]], row: dict[str, Any], reference: str) -> list[float] | None:
+    """[lowest, highest] of the per-round speedups against the reference on the same target and batch.
+
+    When the range holds 1.0 the rounds disagree on which of the two is faster.
+    """
+    ref = find_benchmark(benchmarks, reference, row["target"], row["batch_size"])
+    if ref is None or row.get("status") != "ok" or ref.get("status") != "ok":
+        return None
+    ratios = [r / v for r, v in zip(ref.get("round_p50_ms") or [], row.get("round_p50_ms") or [], strict=False)
+              if v > 0]
+    return [min(ratios), max(ratios)] if ratios else None
+
+
 def write_reports(report: dict[str, Any], out_dir: Path, formats: list[str]) -> list[Path]:
     """Write the asked formats atomically; report.json is always written."""
     written = [out_dir / "report.json"]
@@ -46,15 +72,12 @@ def write_reports(report: dict[str, Any], out_dir: Path, formats: list[str]) -> 
     if "md" in formats:
         written.append(out_dir / "report.md")
         write_text_atomic(written[-1], render_markdown(report))
+    if "html" in formats:
+        from pipeline.report_html import render_html
+
+        written.append(out_dir / "report.html")
+        write_text_atomic(written[-1], render_html(report))
     return written
-
-
-def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}" if abs(value) < 1e4 else f"{value:.3e}"
-    return str(value)
 
 
 def _gate_rows(report: dict[str, Any]) -> list[str]:
@@ -62,59 +85,66 @@ def _gate_rows(report: dict[str, Any]) -> list[str]:
         return ["No gates in the recipe."]
     lines = ["| gate | value | verdict |", "|---|---|---|"]
     for gate in report["gates"]:
-        bound = " and ".join(part for part in (
-            f">= {gate['min']}" if gate["min"] is not None else "",
-            f"<= {gate['max']}" if gate["max"] is not None else "") if part)
-        verdict = "skipped" if gate.get("skipped") else "PASS" if gate["passed"] else \
-            f"**FAIL** {gate['reason']}".strip()
-        lines.append(f"| {gate['variant']} on {gate['target']}: {gate['metric']} {bound} | "
-                     f"{_fmt(gate['value'], 4)} | {verdict} |")
+        verdict = gate_verdict(gate)
+        shown = {"PASS": "PASS", "SKIP": "skipped", "FAIL": "**FAIL**"}[verdict]
+        reason = f" {gate['reason']}" if gate.get("reason") else ""
+        lines.append(f"| {gate_label(gate)} | {fmt(gate['value'], 4)} | {shown}{reason} |")
     return lines
 
 
 def _matrix_rows(report: dict[str, Any]) -> list[str]:
-    sizes = {row["name"]: row["size_bytes"] for row in report["artifacts"]}
-    validation = {(row["variant"], row["target"]): row for row in report["validation"]}
-    lines = ["| variant | target | batch | p50 ms | p90 ms | speedup | size MB | cosine | max abs err | validation |"
-             " benchmark |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for bench in report["benchmarks"] or [{"variant": v, "target": t, "batch_size": None, "status": "skipped",
-                                           "latency_ms": None, "speedup": None, "reason": ""}
-                                          for v, t in validation]:
-        check = validation.get((bench["variant"], bench["target"]), {})
-        latency = bench.get("latency_ms") or {}
-        metrics = check.get("metrics") or {}
-        size = sizes.get(bench["variant"])
-        noisy = " (noisy)" if bench.get("noisy") else ""
+    lines = ["| variant | target | batch | p50 ms [95% CI] | p90 ms | p99 ms | speedup | size MB | peak mem MB "
+             "| cosine | SNR dB | max abs err | validation | benchmark |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in matrix(report):
+        latency = row.latency
+        ci = latency.get("ci95_p50")
+        p50 = fmt(latency.get("p50")) + (f" [{fmt(ci[0])}–{fmt(ci[1])}]" if ci else "")
+        noisy = " (noisy)" if row.bench.get("noisy") else ""
+        speed = fmt(row.speedup) + ("x ≈" if row.speedup_undecided else "x" if row.speedup else "")
+        metrics = row.metrics
         lines.append(
-            f"| {bench['variant']} | {bench['target']} | {_fmt(bench['batch_size'])} | {_fmt(latency.get('p50'))}"
-            f"{noisy} | {_fmt(latency.get('p90'))} | {_fmt(bench.get('speedup'))} | "
-            f"{_fmt(size / 1e6 if size else None)} | {_fmt(metrics.get('cosine'), 6)} | "
-            f"{_fmt(metrics.get('max_abs_err'))} | {check.get('status', '–')} | {bench['status']} |")
+            f"| {row.variant} | {row.target} | {fmt(row.batch)} | {p50}{noisy} | {fmt(latency.get('p90'))} | "
+            f"{fmt(latency.get('p99'))} | {speed} | {fmt(row.size_bytes / 1e6 if row.size_bytes else None)} | "
+            f"{fmt(row.peak_memory_mb)} | {fmt(metrics.get('cosine'), 6)} | {fmt(metrics.get('snr_db'), 4)} | "
+            f"{fmt(metrics.get('max_abs_err'))} | {row.validation_status} | {row.benchmark_status} |")
     return lines
 
 
-def _reasons(report: dict[str, Any]) -> list[str]:
-    lines = []
-    for failure in report["failures"]:
-        lines.append(f"- variant **{failure['variant']}**, stage {failure['stage']}: {failure['reason']}")
-    seen = set()
-    for row in report["validation"] + report["benchmarks"]:
-        if row["status"] in ("passed", "ok") or not row.get("reason"):
-            continue
-        line = f"- {row['variant']} on {row['target']} ({row['status']}): {row['reason']}"
-        if line not in seen:
-            seen.add(line)
-            lines.append(line)
-    return lines
+def _tradeoff_lines(report: dict[str, Any]) -> list[str]:
+    points, label = tradeoff_points(report)
+    front = sorted((p for p in points if p.on_front), key=lambda p: p.latency_ms)
+    if not front:
+        return []
+    best = ", ".join(f"{p.variant} on {p.target} ({fmt(p.latency_ms)} ms, {fmt(p.fidelity, 4)})" for p in front)
+    return ["", f"Pareto front (no other artifact is both faster and closer to the reference, by {label}): {best}."]
 
 
-def _findings(report: dict[str, Any]) -> list[str]:
+def _artifact_lines(report: dict[str, Any]) -> list[str]:
     lines = []
     for artifact in report["artifacts"]:
-        chain = " → ".join(f"{step['stage']}{' (cached)' if step['cached'] else ''}" for step in artifact["lineage"])
-        lines.append(f"- **{artifact['name']}**: {chain}; sha256 `{artifact['sha256'][:16]}…`, "
+        lines.append(f"- **{artifact['name']}**: {lineage_chain(artifact)}; sha256 `{artifact['sha256'][:16]}…`, "
                      f"{artifact['size_bytes'] / 1e6:.2f} MB")
+        for step in artifact.get("lineage", []):
+            lines += [f"  - {step['stage']}: {line}" for line in highlights(step.get("findings"))]
     return lines
+
+
+def _validation_lines(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for row in report["validation"]:
+        lines += [f"- {row['variant']} on {row['target']}: {note}" for note in validation_notes(row)]
+    lines = list(dict.fromkeys(lines))
+    noise = report.get("noise_floor")
+    if noise:
+        lines.append(f"- noise floor of the reference: {_inline(noise)}")
+    return lines
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {fmt(item, 4)}" for key, item in value.items())
+    return fmt(value, 4)
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -127,19 +157,25 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"Run took {report['seconds']:.1f} s.",
         "", "## Gates", "", *_gate_rows(report),
         "", "## Latency and accuracy", "", *_matrix_rows(report),
-        "", "Speedup is the reference's median latency over the variant's on the same target, within interleaved "
-        "rounds. Cosine and max abs err compare with the reference outputs on the same inputs.",
+        "", "Speedup is the reference's median latency over the variant's on the same target and batch, the median "
+        "of the per-round ratios of interleaved rounds; `≈` marks a speedup whose rounds disagree on which is "
+        "faster. `(noisy)` marks a median whose 95% interval is wider than 10% of it. Cosine, SNR and max abs err "
+        "compare with the reference outputs on the same inputs.",
+        *_tradeoff_lines(report),
     ]
-    reasons = _reasons(report)
-    if reasons:
-        parts += ["", "## Failures, unavailable targets and warnings", "", *reasons]
-    warnings = sorted({w for row in report["validation"] for w in row.get("warnings", [])})
-    parts += [f"- {warning}" for warning in warnings]
-    parts += ["", "## Artifacts", "", *_findings(report)]
+    settings = benchmark_settings(report)
+    if settings:
+        parts += ["", "## How latency was measured", "", *[f"- {line}" for line in settings]]
+    reasons = problems(report)
+    notes = _validation_lines(report)
+    if reasons or notes:
+        parts += ["", "## Failures, unavailable targets and warnings", "", *[f"- {line}" for line in reasons],
+                  *notes]
+    parts += ["", "## Artifacts", "", *_artifact_lines(report)]
     cpu = env["cpu"]
     flags = ", ".join(flag for flag, present in cpu["flags"].items() if present) or "none"
     versions = ", ".join(f"{name} {version}" for name, version in env["versions"].items())
     parts += ["", "## Environment", "", f"- CPU: {cpu['model']} ({cpu['cores']} cores; {flags})",
-              f"- Python {env['python']}; {versions}",
+              f"- Python {env['python']} on {env.get('platform', '?')}; {versions}",
               f"- Available targets: {', '.join(env['available_targets'])}", ""]
     return "\n".join(parts)

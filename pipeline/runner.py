@@ -161,7 +161,7 @@ def _build_export(state: _RunState) -> Artifact:
     info = registry.stage("export")
     config = state.recipe.model
     ctx = _context(state, EXPORTED, "export")
-    versions = library_versions(("onnx", "torch") if config.torch else ("onnx",))
+    versions = library_versions(("qdeploy", *info.libraries, *(("torch",) if config.torch else ())))
     key = cache_key({
         "stage": "export", "config": config.model_dump(mode="json"), "versions": versions,
         "sources": {str(path.name): sha256_file(path) for path in source_files(config, ctx)},
@@ -204,7 +204,7 @@ def _record_failure(state: _RunState, variant: str, stage: str, exc: QdeployErro
 def _build_step(state: _RunState, variant: str, step: VariantStep, parent: Artifact) -> Artifact:
     info = registry.stage(step.stage)
     config = info.config_class().model_validate(step.config)
-    versions = library_versions(info.libraries)
+    versions = library_versions(("qdeploy", *info.libraries))
     key = cache_key({
         "stage": step.stage, "config": step.config, "versions": versions, "parent_sha256": parent.sha256,
         "data": _data_fingerprint(state.recipe, info.datasets_used(step.config)),

@@ -9,6 +9,7 @@ temporary folder is never read and is swept away later.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -16,12 +17,15 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.context import Artifact
+from pipeline.errors import DiskFullError
 
 if TYPE_CHECKING:
     import onnx
@@ -34,6 +38,18 @@ EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 """Models above this many bytes are saved with external data (protobuf's hard limit is 2 GiB)."""
 TMP_PREFIX = ".tmp-"
 _CHUNK = 1 << 20
+
+
+@contextmanager
+def _disk_full_is_clear(what: str) -> Iterator[None]:
+    """Turn ENOSPC into a DiskFullError naming what was being written (the caller has cleaned up)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"no space left on the device while writing {what}; the previous state is intact. "
+                                "Free some space (or point --out/--cache-dir elsewhere) and run again") from None
+        raise
 
 
 def sha256_file(path: Path) -> str:
@@ -109,32 +125,46 @@ class ArtifactStore:
         except (OSError, json.JSONDecodeError):
             log.warning("cache entry %s has an unreadable sidecar; it will be rebuilt", entry)
             return None
-        return _artifact_from_meta(entry, meta, cached=True)
+        artifact = _artifact_from_meta(entry, meta, cached=True)
+        if not _sizes_match(artifact, meta.get("external_data", [])):
+            log.warning("cache entry %s does not match its sidecar (damaged?); it will be rebuilt", entry)
+            (entry / META_FILE).unlink(missing_ok=True)
+            return None
+        return artifact
 
     def put(self, key: str, model: onnx.ModelProto, meta: dict[str, Any]) -> Artifact:
         """Write a model and its sidecar as one entry, atomically; an entry that already exists wins."""
         final = self.entry_dir(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{key[:12]}-", dir=final.parent))
-        try:
-            model_path = staging / MODEL_FILE
-            save_model(model, model_path, external_name=f"{key[:16]}.weights")
-            meta = {**meta, "key": key, "sha256": sha256_model(model_path),
-                    "size_bytes": _size_with_data(model_path), "created": time.time()}
-            _write_json(staging / META_FILE, meta)
-            _fsync_dir(staging)
+        with _disk_full_is_clear(f"cache entry {final}"):
             try:
-                os.rename(staging, final)
-            except OSError:
-                if not (final / META_FILE).is_file():
-                    raise
-                log.debug("cache entry %s was written by another run first", key)
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
+                model_path = staging / MODEL_FILE
+                save_model(model, model_path, external_name=f"{key[:16]}.weights")
+                data_files = external_data_files(model_path)
+                meta = {**meta, "key": key, "sha256": sha256_model(model_path),
+                        "size_bytes": model_path.stat().st_size + sum(p.stat().st_size for p in data_files),
+                        "external_data": [p.name for p in data_files], "created": time.time()}
+                _write_json(staging / META_FILE, meta)
+                _fsync_dir(staging)
+                self._move_into_place(staging, final)
+            finally:
+                if staging.exists():
+                    shutil.rmtree(staging, ignore_errors=True)
         artifact = self.get(key)
         assert artifact is not None
         return artifact
+
+    @staticmethod
+    def _move_into_place(staging: Path, final: Path) -> None:
+        if final.exists() and not (final / META_FILE).is_file():
+            shutil.rmtree(final, ignore_errors=True)  # an invalid entry (damaged by hand): replace it
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if not (final / META_FILE).is_file():
+                raise
+            log.debug("cache entry %s was written by another run first", final.name)
 
     def sweep_temporaries(self) -> int:
         """Remove staging folders that a killed run left behind; returns how many."""
@@ -156,8 +186,13 @@ def save_model(model: onnx.ModelProto, path: Path, *, external_name: str) -> Non
         onnx.save_model(model, str(path))
 
 
-def _size_with_data(path: Path) -> int:
-    return path.stat().st_size + sum(data.stat().st_size for data in external_data_files(path))
+def _sizes_match(artifact: Artifact, external_names: list[str]) -> bool:
+    """A cheap completeness check of an entry: the files add up to the size its sidecar recorded."""
+    try:
+        files = [artifact.path, *(artifact.path.parent / name for name in external_names)]
+        return sum(path.stat().st_size for path in files) == artifact.size_bytes
+    except OSError:
+        return False
 
 
 def _artifact_from_meta(entry: Path, meta: dict[str, Any], *, cached: bool) -> Artifact:
@@ -188,24 +223,26 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent)
     os.close(fd)
-    try:
-        _write_json(Path(tmp), data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with _disk_full_is_clear(str(path)):
+        try:
+            _write_json(Path(tmp), data)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as stream:
-            stream.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with _disk_full_is_clear(str(path)):
+        try:
+            with os.fdopen(fd, "w") as stream:
+                stream.write(text)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 def publish(artifact: Artifact, folder: Path, name: str, extra_meta: dict[str, Any]) -> tuple[Path, Path]:
@@ -226,9 +263,10 @@ def publish(artifact: Artifact, folder: Path, name: str, extra_meta: dict[str, A
 
 def _copy_atomic(source: Path, destination: Path) -> None:
     tmp = destination.with_name(f"{TMP_PREFIX}{destination.name}-{os.getpid()}")
-    try:
-        shutil.copyfile(source, tmp)
-        os.replace(tmp, destination)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with _disk_full_is_clear(str(destination)):
+        try:
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, destination)
+        finally:
+            if tmp.exists():
+                tmp.unlink()

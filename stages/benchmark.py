@@ -3,19 +3,30 @@
 What is timed is inference alone: session creation and the first run are
 reported apart, inputs are prepared once outside the timed region, and runs
 of the artifacts on one target are interleaved in rounds so that drift of the
-machine hits them alike.  Calls are synchronous, one request at a time.
+machine hits them alike (speedups are then taken within each round).
+
+Documented choices, recorded in every result:
+- calls are synchronous, one request at a time (``mode``): the latency a single
+  caller sees, which is what the speedup gates compare;
+- ``threads`` sets ONNX Runtime's intra-op threads and OpenVINO's
+  INFERENCE_NUM_THREADS; unset, each runtime keeps its default;
+- OpenVINO CPU compiles with its default PERFORMANCE_HINT, LATENCY (one stream);
+  the hint, streams and threads the compiled model really uses are read back
+  into ``settings``, and a hint other than LATENCY is noted.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pipeline.errors import TargetUnavailable
 from pipeline.tolerance import StrictModel
@@ -28,6 +39,9 @@ log = logging.getLogger(__name__)
 
 NOISY_SPREAD = 0.10
 """A median whose 95% confidence interval is wider than this share of it cannot rank close variants."""
+DEFAULT_WARMUP = 10
+DEFAULT_ITERATIONS = 50
+MODE = "sync, one request at a time"
 
 
 class BenchmarkConfig(StrictModel):
@@ -35,10 +49,73 @@ class BenchmarkConfig(StrictModel):
 
     enabled: bool = Field(default=True, description="Run benchmarks at all.")
     batch_sizes: list[Annotated[int, Field(ge=1)]] = Field(default=[1], description="Batch sizes to measure.")
-    warmup: int = Field(default=10, ge=0, description="Untimed runs of each artifact before measuring.")
-    iterations: int = Field(default=50, ge=1, description="Timed runs of each artifact.")
+    warmup: int | None = Field(
+        default=None, ge=0,
+        description=f"Untimed runs of each artifact after the first run and before measuring; {DEFAULT_WARMUP} "
+                    "when neither this nor warmup_seconds is set.")
+    warmup_seconds: float | None = Field(
+        default=None, ge=0, description="Warm up by time instead: untimed runs of each artifact for this many seconds.")
+    iterations: int | None = Field(
+        default=None, ge=1,
+        description=f"Timed runs of each artifact; {DEFAULT_ITERATIONS} when neither this nor duration_seconds is set.")
+    duration_seconds: float | None = Field(
+        default=None, gt=0,
+        description="Measure by time budget instead: timed runs of each artifact for this many seconds in all, "
+                    "split evenly over the rounds (at least one run per round).")
     rounds: int = Field(default=5, ge=1, description="Rounds the timed runs are split into, artifacts interleaved.")
-    threads: int | None = Field(default=None, ge=1, description="Intra-op threads; the runtime's default when absent.")
+    threads: int | None = Field(
+        default=None, ge=1,
+        description="Intra-op threads (ONNX Runtime intra_op_num_threads, OpenVINO INFERENCE_NUM_THREADS); "
+                    "the runtime's default when absent.")
+
+    @model_validator(mode="after")
+    def _count_or_time(self) -> BenchmarkConfig:
+        if self.warmup is not None and self.warmup_seconds is not None:
+            raise ValueError("give warmup (runs) or warmup_seconds (time), not both")
+        if self.iterations is not None and self.duration_seconds is not None:
+            raise ValueError("give iterations (runs) or duration_seconds (time budget), not both")
+        return self
+
+    @property
+    def warmup_runs(self) -> int:
+        """Warm-up runs when warming up by count (0 when warming up by time)."""
+        if self.warmup_seconds is not None:
+            return 0
+        return DEFAULT_WARMUP if self.warmup is None else self.warmup
+
+    @property
+    def timed_runs(self) -> int | None:
+        """Timed runs of each artifact, or None when measuring by time budget."""
+        if self.duration_seconds is not None:
+            return None
+        return DEFAULT_ITERATIONS if self.iterations is None else self.iterations
+
+    def round_plan(self) -> list[int | float]:
+        """Per round: a run count (int) or a time budget in seconds (float)."""
+        runs = self.timed_runs
+        if runs is None:
+            assert self.duration_seconds is not None
+            return [self.duration_seconds / self.rounds] * self.rounds
+        rounds = min(self.rounds, runs)
+        return [runs // rounds + (1 if index < runs % rounds else 0) for index in range(rounds)]
+
+    def measure_record(self) -> dict[str, Any]:
+        """How warm-up and measurement were bounded, for the result."""
+        return {"warmup": "time" if self.warmup_seconds is not None else "runs",
+                "warmup_runs": None if self.warmup_seconds is not None else self.warmup_runs,
+                "warmup_seconds": self.warmup_seconds,
+                "by": "time" if self.duration_seconds is not None else "runs",
+                "iterations": self.timed_runs, "duration_seconds": self.duration_seconds,
+                "rounds": len(self.round_plan())}
+
+
+@dataclass
+class _Loaded:
+    """A session ready to time, its feeds (prepared once) and what its setup measured."""
+
+    session: Session
+    feeds: dict[str, np.ndarray]
+    setup: dict[str, Any]
 
 
 def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkConfig,
@@ -61,10 +138,10 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkCon
 
 def _benchmark_target(artifacts: dict[str, Artifact], target: str, batch: int, config: BenchmarkConfig,
                       ctx: StageContext) -> list[dict[str, Any]]:
-    loaded: dict[str, tuple[Session, dict[str, np.ndarray], dict[str, Any]]] = {}
+    loaded: dict[str, _Loaded] = {}
     results: dict[str, dict[str, Any]] = {}
     for name, artifact in artifacts.items():
-        ctx.on_progress(f"benchmark {name} on {target} (batch {batch}): loading")
+        ctx.on_progress(f"{name} · {target} · batch {batch}: loading and warming up")
         try:
             loaded[name] = _prepare(artifact, target, batch, config)
         except TargetUnavailable as exc:
@@ -72,36 +149,62 @@ def _benchmark_target(artifacts: dict[str, Artifact], target: str, batch: int, c
         except Exception as exc:
             log.debug("benchmark of %s on %s failed", name, target, exc_info=True)
             results[name] = _result(name, target, batch, "error", f"{type(exc).__name__}: {exc}")
-    timings = _interleaved_rounds(loaded, config, ctx, f"on {target} (batch {batch})")
-    for name, (session, _, setup) in loaded.items():
+    timings, failed = _interleaved_rounds(loaded, config, ctx, f"{target} · batch {batch}")
+    for name, item in loaded.items():
+        item.session.close()
+        if name in failed:
+            results[name] = _result(name, target, batch, "error", failed[name])
+            continue
         result = _result(name, target, batch, "ok", "")
-        result.update(setup)
+        result.update(item.setup)
         result.update(summarize(timings[name], batch))
-        result["execution"] = session.executed.to_dict()
+        result["execution"] = item.session.executed.to_dict()
         results[name] = result
     return [results[name] for name in artifacts]
 
 
-def _prepare(artifact: Artifact, target: str, batch: int,
-             config: BenchmarkConfig) -> tuple[Session, dict[str, np.ndarray], dict[str, Any]]:
+def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfig) -> _Loaded:
+    """Load, run once and warm up one artifact; time the first two apart and probe the memory they take."""
     from pipeline.targets import get_target
 
     feeds = batch_feeds(artifact, batch)  # prepared once, outside any timed region
+    gc.collect()
+    probe = MemoryProbe()
     start = time.perf_counter()
     session = get_target(target).load(artifact.path, threads=config.threads, pin_f32=True)
     created = time.perf_counter()
     session.run(feeds)
     first = time.perf_counter()
-    for _ in range(config.warmup):
-        session.run(feeds)
+    warmup_runs = _warm_up(session, feeds, config)
+    warmed = time.perf_counter()
+    settings = runtime_settings(session)
     setup = {
         "session_create_ms": (created - start) * 1e3,
         "first_run_ms": (first - created) * 1e3,
-        "warmup": config.warmup,
+        "warmup": warmup_runs,
+        "warmup_ms": (warmed - first) * 1e3,
         "threads": config.threads,
-        "mode": "sync, one request at a time",
+        "mode": MODE,
+        "measure": config.measure_record(),
+        "settings": settings,
+        "memory": probe.finish(),
+        "notes": _setting_notes(target, settings),
     }
-    return session, feeds, setup
+    return _Loaded(session, feeds, setup)
+
+
+def _warm_up(session: Session, feeds: dict[str, np.ndarray], config: BenchmarkConfig) -> int:
+    """Untimed runs by count or for a time; returns how many ran."""
+    if config.warmup_seconds is None:
+        for _ in range(config.warmup_runs):
+            session.run(feeds)
+        return config.warmup_runs
+    deadline = time.perf_counter() + config.warmup_seconds
+    count = 0
+    while time.perf_counter() < deadline:
+        session.run(feeds)
+        count += 1
+    return count
 
 
 def batch_feeds(artifact: Artifact, batch: int) -> dict[str, np.ndarray]:
@@ -117,27 +220,52 @@ def batch_feeds(artifact: Artifact, batch: int) -> dict[str, np.ndarray]:
     return next(random_samples(batched, 1, seed=0))
 
 
-def _interleaved_rounds(loaded: dict[str, tuple[Session, dict[str, np.ndarray], dict[str, Any]]],
-                        config: BenchmarkConfig, ctx: StageContext, where: str) -> dict[str, list[list[float]]]:
-    """Per artifact, the latencies (ms) of each round; every round runs every artifact in turn."""
-    rounds = min(config.rounds, config.iterations)
-    per_round = [config.iterations // rounds + (1 if index < config.iterations % rounds else 0)
-                 for index in range(rounds)]
+def _interleaved_rounds(loaded: dict[str, _Loaded], config: BenchmarkConfig, ctx: StageContext,
+                        where: str) -> tuple[dict[str, list[list[float]]], dict[str, str]]:
+    """Per artifact, the latencies (ms) of each round, and why an artifact failed while timed.
+
+    Every round runs every artifact in turn, so drift of the machine hits them alike.
+    """
+    plan = config.round_plan()
     timings: dict[str, list[list[float]]] = {name: [] for name in loaded}
-    for index, count in enumerate(per_round):
-        for name, (session, feeds, _) in loaded.items():
-            ctx.on_progress(f"benchmark {name} {where}: round {index + 1}/{rounds}")
-            timings[name].append(_time_runs(session, feeds, count))
-    return timings
+    failed: dict[str, str] = {}
+    for index, budget in enumerate(plan):
+        for name, item in loaded.items():
+            if name in failed:
+                continue
+            ctx.on_progress(f"{name} · {where}: round {index + 1}/{len(plan)}")
+            try:
+                runs = time_runs(item.session, item.feeds, budget) if isinstance(budget, int) else \
+                    time_for(item.session, item.feeds, budget)
+            except Exception as exc:  # one artifact failing mid-measurement must not lose the others
+                log.debug("timing %s %s failed", name, where, exc_info=True)
+                failed[name] = f"round {index + 1}: {type(exc).__name__}: {exc}"
+                continue
+            timings[name].append(runs)
+    return timings, failed
 
 
-def _time_runs(session: Session, feeds: dict[str, np.ndarray], count: int) -> list[float]:
+def time_runs(session: Session, feeds: dict[str, np.ndarray], count: int) -> list[float]:
+    """Latency (ms) of each of `count` synchronous runs."""
     latencies = []
     for _ in range(count):
         start = time.perf_counter_ns()
         session.run(feeds)
         latencies.append((time.perf_counter_ns() - start) / 1e6)
     return latencies
+
+
+def time_for(session: Session, feeds: dict[str, np.ndarray], seconds: float) -> list[float]:
+    """Latency (ms) of synchronous runs until `seconds` have passed; at least one run."""
+    deadline = time.perf_counter_ns() + int(seconds * 1e9)
+    latencies = []
+    while True:
+        start = time.perf_counter_ns()
+        session.run(feeds)
+        end = time.perf_counter_ns()
+        latencies.append((end - start) / 1e6)
+        if end >= deadline:
+            return latencies
 
 
 def summarize(rounds: list[list[float]], batch: int) -> dict[str, Any]:
@@ -154,7 +282,9 @@ def summarize(rounds: list[list[float]], batch: int) -> dict[str, Any]:
         },
         "throughput_per_s": batch * 1e3 / p50 if p50 > 0 else None,
         "runs": len(runs),
+        "round_runs": [len(round_) for round_ in rounds],
         "round_p50_ms": [statistics.median(round_) for round_ in rounds if round_],
+        "ci95_rel_width": spread if math.isfinite(spread) else None,
         "noisy": spread > NOISY_SPREAD,
     }
 
@@ -174,6 +304,94 @@ def median_confidence_interval(sorted_values: list[float], z: float = 1.96) -> t
     return sorted_values[low], sorted_values[high]
 
 
+def runtime_settings(session: Session) -> dict[str, Any]:
+    """Threads, streams and hints the runtime really uses, read back from the loaded session."""
+    compiled = getattr(session, "_compiled", None)  # OpenVINO CompiledModel
+    if compiled is not None:
+        settings: dict[str, Any] = {}
+        for key in ("PERFORMANCE_HINT", "NUM_STREAMS", "INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT",
+                    "OPTIMAL_NUMBER_OF_INFER_REQUESTS", "ENABLE_CPU_PINNING"):
+            try:
+                settings[key] = _plain(compiled.get_property(key))
+            except Exception:  # not every device has every property
+                continue
+        return settings
+    ort_session = getattr(session, "_session", None)  # onnxruntime InferenceSession
+    if ort_session is not None and hasattr(ort_session, "get_session_options"):
+        options = ort_session.get_session_options()
+        intra = options.intra_op_num_threads
+        return {"intra_op_num_threads": intra or "default (one per physical core)",
+                "inter_op_num_threads": options.inter_op_num_threads or "default",
+                "execution_mode": str(options.execution_mode).rsplit(".", 1)[-1].lower(),
+                "graph_optimization_level": str(options.graph_optimization_level).rsplit(".", 1)[-1]}
+    return {}
+
+
+def _plain(value: Any) -> Any:
+    """An OpenVINO property value as JSON: numbers and booleans as they are, enums and types by name."""
+    if isinstance(value, bool | int | float | str):
+        return value
+    if hasattr(value, "get_type_name"):
+        return value.get_type_name()
+    return str(value).rsplit(".", 1)[-1]
+
+
+def _setting_notes(target: str, settings: dict[str, Any]) -> list[str]:
+    hint = settings.get("PERFORMANCE_HINT")
+    if hint is not None and str(hint).upper() != "LATENCY":
+        note = f"{target} compiled with PERFORMANCE_HINT {hint}, not LATENCY: single-request latency may suffer"
+        log.warning(note)
+        return [note]
+    return []
+
+
+class MemoryProbe:
+    """Peak resident memory the process gains from now until `finish` (Linux; None elsewhere).
+
+    It resets the kernel's peak-RSS mark (write 5 to /proc/self/clear_refs), notes VmRSS, and at the end
+    reads VmHWM: the growth covers session creation, the first run and warm-up (weights, compiled kernels,
+    the runtime's arenas).  Memory the process freed earlier and the runtime reuses is not seen again, so
+    this is a lower bound of the session's footprint.
+    """
+
+    METHOD = "peak RSS growth (VmHWM after - VmRSS before) over session creation, first run and warm-up"
+
+    def __init__(self) -> None:
+        self._reset = _reset_peak_rss()
+        self._before_kb = _proc_status_kb("VmRSS")
+
+    def finish(self) -> dict[str, Any] | None:
+        after_kb, peak_kb = _proc_status_kb("VmRSS"), _proc_status_kb("VmHWM")
+        if self._before_kb is None or after_kb is None:
+            return None
+        method = self.METHOD if self._reset and peak_kb is not None else \
+            "RSS growth (VmRSS after - VmRSS before); the peak mark could not be reset"
+        peak = peak_kb if self._reset and peak_kb is not None else after_kb
+        return {"peak_growth_mb": max(0, peak - self._before_kb) / 1024, "rss_before_mb": self._before_kb / 1024,
+                "rss_after_mb": after_kb / 1024, "method": method}
+
+
+def _proc_status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _result(variant: str, target: str, batch: int, status: str, reason: str) -> dict[str, Any]:
     return {"variant": variant, "target": target, "batch_size": batch, "status": status, "reason": reason,
-            "latency_ms": None, "throughput_per_s": None, "runs": 0, "session_create_ms": None}
+            "latency_ms": None, "throughput_per_s": None, "runs": 0, "session_create_ms": None,
+            "first_run_ms": None, "round_p50_ms": [], "noisy": None, "memory": None}

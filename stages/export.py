@@ -80,6 +80,10 @@ class ExportConfig(StrictModel):
     torch: TorchSource | None = Field(default=None, description="PyTorch factory to export.")
     inputs: list[InputSpec] = Field(default_factory=list, description="Input specs or shape overrides.")
     opset: int | None = Field(default=None, ge=7, description="Target opset; ONNX models are converted to it.")
+    max_size_mb: float | None = Field(
+        default=None, gt=0,
+        description="Largest model (file plus external data) qdeploy will load; 70% of available memory when absent.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ExportConfig:
@@ -101,20 +105,32 @@ def run(artifact: Artifact | None, config: ExportConfig, ctx: StageContext) -> S
 
     findings: dict[str, Any] = {}
     if config.onnx is not None:
-        model = load_onnx(ctx.resolve(config.onnx))
+        model = load_onnx(ctx.resolve(config.onnx), max_bytes=size_cap(config))
         findings["source"] = "onnx"
     else:
         assert config.torch is not None
         model, torch_findings = export_torch(config, ctx)
         findings.update(torch_findings)
+    source = config.onnx or (config.torch.factory if config.torch else "")
+    try:
+        model = _prepare(model, config, findings)
+    except ModelError as exc:
+        raise ModelError(f"model {source}: {exc}") from None
+    return StageResult(model=model, changed=True, findings=findings)
+
+
+def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, Any]) -> onnx.ModelProto:
+    """Shape overrides, opset conversion and the checks every later stage relies on."""
     findings["opset_in"] = default_opset(model)
     if config.inputs:
         apply_input_overrides(model, config.inputs)
     if config.opset is not None and config.opset != default_opset(model):
         model = convert_opset(model, config.opset)
     findings["opset"] = default_opset(model)
+    check_input_ranks(model)
+    findings["custom_ops"] = check_known_ops(model)
     check_model(model)
-    return StageResult(model=model, changed=True, findings=findings)
+    return model
 
 
 def source_files(config: ExportConfig, ctx: StageContext) -> list[Path]:
@@ -131,13 +147,34 @@ def source_files(config: ExportConfig, ctx: StageContext) -> list[Path]:
     return files
 
 
-def load_onnx(path: Path) -> onnx.ModelProto:
+def size_cap(config: ExportConfig) -> int:
+    """Bytes of model qdeploy will load: the recipe's cap, or 70% of the memory available now."""
+    if config.max_size_mb is not None:
+        return int(config.max_size_mb * 1e6)
+    return int(0.7 * available_memory())
+
+
+def available_memory() -> int:
+    import os
+
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def load_onnx(path: Path, *, max_bytes: int | None = None) -> onnx.ModelProto:
     """Load an ONNX file with its external data; clear ModelErrors for every way it can be wrong."""
     import onnx
     from google.protobuf.message import DecodeError
 
     if not path.is_file():
         raise ModelError(f"{path}: model file not found")
+    if max_bytes is not None and path.stat().st_size > max_bytes:
+        raise ModelError(f"{path}: the file is {path.stat().st_size / 1e6:.0f} MB, above the cap of "
+                         f"{max_bytes / 1e6:.0f} MB; raise model.max_size_mb if this machine can hold it")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError) as exc:
@@ -146,6 +183,11 @@ def load_onnx(path: Path) -> onnx.ModelProto:
     if not model.graph.node and not model.graph.output:
         raise ModelError(f"{path}: not an ONNX model (no graph found); check that the file is complete and really ONNX")
     check_external_locations(model, path.parent)
+    external = sum(_external_bytes(model, path.parent).values())
+    if max_bytes is not None and path.stat().st_size + external > max_bytes:
+        raise ModelError(f"{path}: the model with its external data is {(path.stat().st_size + external) / 1e6:.0f} "
+                         f"MB, above the cap of {max_bytes / 1e6:.0f} MB; raise model.max_size_mb if this machine "
+                         "can hold it")
     try:
         onnx.load_external_data_for_model(model, str(path.parent))
     except (OSError, ValueError) as exc:
@@ -169,6 +211,74 @@ def check_external_locations(model: onnx.ModelProto, base: Path) -> None:
             if not target.is_file():
                 raise ModelError(f"tensor '{tensor.name}': external data file '{entry.value}' is missing "
                                  f"in {root}; keep the data files beside the model")
+
+
+def _external_bytes(model: onnx.ModelProto, base: Path) -> dict[str, int]:
+    """Bytes each external tensor will take once loaded (its declared length, else its file's size)."""
+    from pipeline.store import _all_tensors
+
+    sizes = {}
+    for tensor in _all_tensors(model):
+        entries = {entry.key: entry.value for entry in tensor.external_data}
+        if "location" in entries:
+            length = int(entries.get("length", 0)) or (base / entries["location"]).stat().st_size
+            sizes[tensor.name] = length
+    return sizes
+
+
+RUNTIME_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training"})
+"""Op domains ONNX Runtime implements (the standard ones and its contrib ops)."""
+LOWERABLE_OPS = frozenset({"FakeQuantize", "fake_quantization", "min_max_observer", "moving_average_min_max_observer"})
+"""Custom fake-quant ops that `quantize: {mode: lower}` turns into QuantizeLinear/DequantizeLinear."""
+
+
+def check_known_ops(model: onnx.ModelProto) -> list[dict[str, str]]:
+    """Refuse ops no runtime knows (naming the node); list the custom fake-quant ops that lowering handles."""
+    import onnx
+
+    local_functions = {(function.domain, function.name) for function in model.functions}
+    lowerable = []
+    for node in _all_nodes(model.graph):
+        known = (node.domain, node.op_type) in local_functions or (
+            node.domain in RUNTIME_DOMAINS and (node.domain == "com.microsoft" or onnx.defs.has(node.op_type,
+                                                                                                 node.domain)))
+        if known:
+            continue
+        entry = {"node": node.name, "op_type": node.op_type, "domain": node.domain or "ai.onnx"}
+        if node.op_type in LOWERABLE_OPS:
+            lowerable.append(entry)
+            continue
+        raise ModelError(f"node '{node.name}' is op '{node.op_type}' of domain '{entry['domain']}', which neither "
+                         "ONNX Runtime nor OpenVINO knows; replace it in the exporter or decompose it into standard "
+                         "ops before qdeploy")
+    return lowerable
+
+
+def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """Nodes of a graph and of every subgraph inside it (If/Loop/Scan bodies)."""
+    import onnx
+
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                nodes += _all_nodes(attribute.g)
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                for subgraph in attribute.graphs:
+                    nodes += _all_nodes(subgraph)
+    return nodes
+
+
+def check_input_ranks(model: onnx.ModelProto) -> None:
+    """Every real input needs a known rank: later stages shape data and calibration from it."""
+    initializers = {init.name for init in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape"):
+            raise ModelError(f"input '{value.name}' has an unknown rank; give its shape in the recipe's model.inputs "
+                             f"(e.g. - {{name: {value.name}, shape: [1, 3, 224, 224]}})")
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -218,6 +328,10 @@ def convert_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
 def check_model(model: onnx.ModelProto) -> None:
     import onnx
 
+    supported = onnx.defs.onnx_opset_version()
+    if default_opset(model) > supported:
+        raise ModelError(f"the model uses opset {default_opset(model)}; the installed onnx {onnx.__version__} knows "
+                         f"opsets up to {supported}: set model.opset to {supported} or lower, or upgrade onnx")
     if model.ByteSize() > 1_800_000_000:
         return  # the in-memory checker refuses >2 GB protos; the stages after check through files
     try:

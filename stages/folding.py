@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OFFICIAL_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
+# Dropout is random when its training_mode input is true; eliminate_nop_dropout removes the inference ones.
 NON_DETERMINISTIC = frozenset({
     "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout",
 })
@@ -169,8 +170,10 @@ def static_shapes(model: onnx.ModelProto) -> StaticShapes:
         dims = tensor_type.shape.dim
         if all(dim.HasField("dim_value") for dim in dims):
             shapes[value.name] = (tuple(dim.dim_value for dim in dims), tensor_type.elem_type)
-    for init in graph.initializer:
-        shapes[init.name] = (tuple(init.dims), init.data_type)
+    constant = constant_names(model)
+    # An overridable initializer has the shape its graph input declares, not necessarily its default's.
+    shapes.update((init.name, (tuple(init.dims), init.data_type))
+                  for init in graph.initializer if init.name in constant)
     return shapes
 
 
@@ -254,10 +257,9 @@ def evaluate_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto], known: d
 
     initializers = {init.name: init for init in model.graph.initializer}
     initializers.update((name, numpy_helper.from_array(value, name)) for name, value in known.items())
-    batch = _fold_model(model, nodes, initializers)
-    if _proto_bytes(batch) <= MAX_EVAL_BYTES:
+    if sum(initializers[name].ByteSize() for name in _outer_inputs(nodes)) <= MAX_EVAL_BYTES:
         try:
-            return _run_ort(batch)
+            return _run_ort(_fold_model(model, nodes, initializers))
         except Exception as exc:  # any failure of the batch falls back to one node at a time
             log.debug("batch constant folding failed (%s); folding node by node", exc)
     return _evaluate_one_by_one(model, nodes, initializers, report)
@@ -271,13 +273,14 @@ def _evaluate_one_by_one(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
     for node in nodes:
         if not all(not name or name in initializers or name in values for name in node.input):
             continue  # an input failed to fold
-        inputs = {name: initializers[name] if name in initializers else numpy_helper.from_array(values[name], name)
-                  for name in node.input if name}
-        single = _fold_model(model, [node], inputs)
-        if _proto_bytes(single) > MAX_EVAL_BYTES:
-            outputs, failures = None, [f"inputs above {MAX_EVAL_BYTES} bytes"]
+        input_bytes = sum(initializers[name].ByteSize() if name in initializers else values[name].nbytes
+                          for name in set(node.input) if name)
+        if input_bytes > MAX_EVAL_BYTES:
+            outputs, failures = None, [f"inputs above {MAX_EVAL_BYTES} bytes, too large to evaluate"]
         else:
-            outputs, failures = _run_single(single)
+            inputs = {name: initializers[name] if name in initializers else numpy_helper.from_array(values[name], name)
+                      for name in node.input if name}
+            outputs, failures = _run_single(_fold_model(model, [node], inputs))
         if outputs is None:
             log.info("cannot fold %s node '%s': %s", node.op_type, node.name, "; ".join(failures))
             report.failed_ops.append(node.op_type)
@@ -307,17 +310,16 @@ def _fold_model(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
     """A model without inputs whose outputs are every output of ``nodes``."""
     from onnx import helper
 
-    produced = {name for node in nodes for name in node.output}
-    needed = {name for node in nodes for name in node.input if name and name not in produced}
     outputs = [helper.make_empty_tensor_value_info(name) for node in nodes for name in node.output if name]
     graph = helper.make_graph(list(nodes), "constant_folding", [], outputs,
-                              [initializers[name] for name in sorted(needed)])
+                              [initializers[name] for name in _outer_inputs(nodes)])
     return helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=max(model.ir_version, 4))
 
 
-def _proto_bytes(model: onnx.ModelProto) -> int:
-    graph = model.graph
-    return sum(init.ByteSize() for init in graph.initializer) + sum(node.ByteSize() for node in graph.node)
+def _outer_inputs(nodes: list[onnx.NodeProto]) -> list[str]:
+    """Names ``nodes`` read that none of them produces."""
+    produced = {name for node in nodes for name in node.output}
+    return sorted({name for node in nodes for name in node.input if name and name not in produced})
 
 
 def _run_ort(model: onnx.ModelProto) -> dict[str, np.ndarray]:

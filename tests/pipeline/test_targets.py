@@ -105,7 +105,8 @@ def test_execution_info_to_dict_is_json_ready() -> None:
     assert info.to_dict() == {
         "target": "ort:cpu", "runtime": "onnxruntime", "device": "CPUExecutionProvider",
         "providers": ["CPUExecutionProvider"], "precision": None,
-        "node_counts": {"CPUExecutionProvider": 3}, "notes": ["a note"], "op_types": {},
+        "node_counts": {"CPUExecutionProvider": 3}, "notes": ["a note"], "op_types": {}, "precisions": {},
+        "unsupported_ops": [],
     }
 
 
@@ -206,7 +207,7 @@ class _RecordingCore:
 ])
 def test_openvino_compile_config_follows_pin_and_threads(mlp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          pin_f32: bool, threads: int | None, expected: dict) -> None:
-    import pipeline.targets as targets
+    import pipeline.targets_openvino as targets
 
     recorder = _RecordingCore(targets._ov_core())
     monkeypatch.setattr(targets, "_ov_core", lambda: recorder)

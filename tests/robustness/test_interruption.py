@@ -1,0 +1,148 @@
+"""A run killed (SIGKILL) at any point leaves nothing partial that a later run takes for complete;
+the next run resumes from the last complete artifact.  Also: two runs at once, and a full disk."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from pipeline.store import META_FILE, MODEL_FILE, sha256_model
+from tests.robustness.helpers import recipe_with_model, run_cli
+
+BODY = """
+name: r
+model: {onnx: MODEL}
+data:
+  calib: {reader: random, samples: 4}
+variants:
+  fp32: [simplify]
+  fp16: [simplify, fp16]
+  int8: [simplify, {quantize: {calibration: {data: calib}}}]
+targets: [ort:cpu]
+validate: {reference: fp32, samples: 2}
+benchmark: {warmup: 0, iterations: 2, rounds: 1}
+"""
+
+KILL_POINTS = [
+    ("stages.export", "run", "after"),
+    ("stages.simplify", "run", "after"),
+    ("stages.fp16", "run", "before"),
+    ("stages.quantize", "run", "after"),
+    ("pipeline.store", "save_model", "after"),  # the model is in the staging folder, its sidecar is not
+    ("pipeline.store", "_copy_atomic", "after"),  # publishing artifacts/
+    ("stages.validate", "run", "before"),
+    ("stages.benchmark", "run", "after"),
+    ("pipeline.store", "write_text_atomic", "before"),  # writing report.md
+]
+
+
+def _killer(module: str, function: str, when: str, calls: int = 1) -> str:
+    """Python run before the CLI: the chosen function SIGKILLs the process on its n-th call."""
+    return f"""
+import importlib, os, signal
+_module = importlib.import_module({module!r})
+_original = getattr(_module, {function!r})
+_count = [0]
+def _patched(*args, **kwargs):
+    _count[0] += 1
+    if {when!r} == "before" and _count[0] >= {calls}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    result = _original(*args, **kwargs)
+    if {when!r} == "after" and _count[0] >= {calls}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return result
+setattr(_module, {function!r}, _patched)
+"""
+
+
+def assert_nothing_partial_is_complete(out: Path) -> None:
+    """Every cache entry with a sidecar matches it; every published artifact matches its sidecar."""
+    for meta_path in (out / "cache").glob(f"*/*/{META_FILE}"):
+        meta = json.loads(meta_path.read_text())
+        assert sha256_model(meta_path.parent / MODEL_FILE) == meta["sha256"], meta_path
+    for model_path in (out / "artifacts").glob("*.onnx"):
+        sidecar = json.loads(model_path.with_suffix(".json").read_text())
+        assert sha256_model(model_path) == sidecar["sha256"], model_path
+        onnx.checker.check_model(onnx.load(str(model_path)))
+    assert not list(out.glob("artifacts/.tmp-*"))
+    if (out / "report.json").exists():
+        json.loads((out / "report.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("module", "function", "when"), KILL_POINTS)
+def test_sigkill_then_resume(tmp_path: Path, module: str, function: str, when: str) -> None:
+    recipe = recipe_with_model(tmp_path, body=BODY)
+    out = tmp_path / "out"
+    killed = run_cli("run", str(recipe), "-q", "--out", str(out), code=_killer(module, function, when))
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert_nothing_partial_is_complete(out)
+    before = {p.parent.name for p in (out / "cache").glob(f"*/*/{META_FILE}")}
+
+    resumed = run_cli("run", str(recipe), "-q", "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_nothing_partial_is_complete(out)
+    report = json.loads((out / "report.json").read_text())
+    assert {a["name"] for a in report["artifacts"]} == {"fp32", "fp16", "int8"}
+    lineage = {step["key"] for a in report["artifacts"] for step in a["lineage"]}
+    reused = {step["key"] for a in report["artifacts"] for step in a["lineage"] if step["cached"]}
+    assert before & lineage <= reused  # every artifact completed before the kill is taken, not rebuilt
+    assert not list((out / "cache").glob("*/.tmp-*"))  # staging left by the kill was swept
+
+
+def test_second_run_into_the_same_folder_is_refused_clearly(tmp_path: Path) -> None:
+    recipe = recipe_with_model(tmp_path, body=BODY)
+    out = tmp_path / "out"
+    out.mkdir()
+    with (out / ".qdeploy.lock").open("a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # stands for a run in progress
+        result = run_cli("run", str(recipe), "-q", "--out", str(out))
+    assert result.returncode == 2
+    assert "in use by another qdeploy run" in result.stderr and "Traceback" not in result.stderr
+    assert not (out / "report.json").exists()
+
+
+@pytest.mark.slow
+def test_two_runs_sharing_one_cache_at_once(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    recipe = recipe_with_model(tmp_path, body=BODY)
+    cache = tmp_path / "cache"
+    script = "from pipeline.cli import main; main()"
+    runs = [subprocess.Popen([sys.executable, "-c", script, "run", str(recipe), "-q", "--out",
+                              str(tmp_path / f"out{i}"), "--cache-dir", str(cache)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for run in runs:
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-2000:]
+    reports = [json.loads((tmp_path / f"out{i}" / "report.json").read_text()) for i in range(2)]
+    assert [a["sha256"] for a in reports[0]["artifacts"]] == [a["sha256"] for a in reports[1]["artifacts"]]
+    for meta_path in cache.glob(f"*/*/{META_FILE}"):
+        assert sha256_model(meta_path.parent / MODEL_FILE) == json.loads(meta_path.read_text())["sha256"]
+
+
+@pytest.mark.parametrize("where", ["save_model", "_copy_atomic", "_write_json"])
+def test_full_disk_is_reported_and_the_previous_state_kept(tmp_path: Path, where: str) -> None:
+    recipe = recipe_with_model(tmp_path, body=BODY.replace("benchmark: {", "benchmark: {enabled: false, "))
+    out = tmp_path / "out"
+    assert run_cli("run", str(recipe), "-q", "--out", str(out)).returncode == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".qdeploy.lock"}
+    full_disk = f"""
+import errno, pipeline.store as store
+_original = store.{where}
+def _full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+store.{where} = _full
+"""
+    result = run_cli("run", str(recipe), "-q", "--no-cache", "--out", str(out), code=full_disk)
+    assert result.returncode in (1, 2), result.stderr[-2000:]
+    assert "no space left on the device" in result.stderr and "Traceback" not in result.stderr
+    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".qdeploy.lock"}
+    assert after == before  # nothing half-written, nothing lost
+    assert errno.ENOSPC == 28
