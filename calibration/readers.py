@@ -72,6 +72,11 @@ def iter_samples(spec: DatasetSpec | None, recipe: Recipe, model_path: Path, *, 
         return
     folder = recipe.resolve(spec.path or "")
     count = min(filter(None, (spec.samples, limit)), default=None)
+    if spec.reader == "images":
+        from calibration.images import image_samples
+
+        yield from image_samples(folder, inputs, spec, limit=count, dataset_name=dataset_name or "")
+        return
     yield from npy_samples(folder, inputs, limit=count, dataset_name=dataset_name or "")
 
 
@@ -132,11 +137,12 @@ def _load_sample(path: Path, inputs: list[InputInfo]) -> dict[str, np.ndarray]:
     for info in inputs:
         if info.name not in raw:
             raise DataError(f"{path}: no array for model input '{info.name}'; the file holds {sorted(raw)}")
-        feeds[info.name] = _fit_to_input(raw[info.name], info, path)
+        feeds[info.name] = fit_to_input(raw[info.name], info, path)
     return feeds
 
 
-def _fit_to_input(array: np.ndarray, info: InputInfo, path: Path) -> np.ndarray:
+def fit_to_input(array: np.ndarray, info: InputInfo, path: Path) -> np.ndarray:
+    """The array checked against the model input (shape, kind of dtype, finite) and cast to its dtype."""
     if len(array.shape) == len(info.shape) - 1:
         array = array[np.newaxis]  # a sample without its batch dimension
     if len(array.shape) != len(info.shape) or any(

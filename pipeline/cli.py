@@ -1,4 +1,4 @@
-"""The `qdeploy` command: run, check, schema, doctor.
+"""The `qdeploy` command: run, compare, check, schema, doctor.
 
 Exit status: 0 when every gate holds, 1 when a gate or a stage fails, 2 for bad
 input (recipe, model, data).  Errors a user caused print one clear message,
@@ -76,7 +76,7 @@ def run(
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
-    """Run a recipe end to end and write report.json and report.md."""
+    """Run a recipe end to end and write report.json, report.md and report.html."""
     _setup_logging(quiet, verbose)
 
     def body() -> int:
@@ -95,31 +95,77 @@ def run(
 
 
 def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
+    from pipeline.report_view import fmt, gate_label, gate_verdict, matrix
+
     console = Console()
-    table = Table(title=f"qdeploy: {report['recipe']['name']}")
-    for column in ("variant", "target", "p50 ms", "speedup", "cosine", "validation", "benchmark"):
-        table.add_column(column, no_wrap=True)
-    checks = {(row["variant"], row["target"]): row for row in report["validation"]}
-    for bench in report["benchmarks"]:
-        check = checks.get((bench["variant"], bench["target"]), {})
-        p50 = (bench.get("latency_ms") or {}).get("p50")
-        cosine = (check.get("metrics") or {}).get("cosine")
-        table.add_row(bench["variant"], bench["target"], f"{p50:.3f}" if p50 else "–",
-                      f"{bench['speedup']:.2f}x" if bench.get("speedup") else "–",
-                      f"{cosine:.6f}" if cosine is not None else "–", check.get("status", "–"), bench["status"])
+    rows = matrix(report)
+    batches = len({row.batch for row in rows if row.batch is not None}) > 1
+    table = Table(title=f"qdeploy: {report['recipe']['name']}", box=box.SIMPLE_HEAD)
+    columns = ("variant", "target", *(("batch",) if batches else ()), "p50 ms", "speedup", "cosine", "SNR dB",
+               "status")
+    for column in columns:
+        table.add_column(column, no_wrap=column in ("variant", "target", "status"), overflow="fold")
+    for row in rows:
+        p50 = fmt(row.latency.get("p50")) + ("*" if row.bench.get("noisy") else "")
+        speed = f"{row.speedup:.2f}x" + (" ≈" if row.speedup_undecided else "") if row.speedup else "–"
+        cells = [row.variant, row.target, *((fmt(row.batch),) if batches else ()), p50, speed,
+                 fmt(row.metrics.get("cosine"), 6), fmt(row.metrics.get("snr_db"), 4), row.status]
+        table.add_row(*cells, style="dim" if row.status == "unavailable" else None)
     console.print(table)
+    if any(row.bench.get("noisy") for row in rows):
+        console.print("* noisy: the 95% interval of the median is wider than 10% of it", highlight=False)
+    styles = {"PASS": "[green]PASS[/green]", "FAIL": "[red]FAIL[/red]", "SKIP": "[yellow]SKIP[/yellow]"}
     for gate in report["gates"]:
-        mark = "[yellow]SKIP[/yellow]" if gate.get("skipped") else \
-            "[green]PASS[/green]" if gate["passed"] else "[red]FAIL[/red]"
-        console.print(f"{mark} gate {gate['variant']} on {gate['target']}: {gate['metric']} = {gate['value']} "
-                      f"(min {gate['min']}, max {gate['max']}) {gate['reason']}")
+        reason = f" {gate['reason']}" if gate.get("reason") else ""
+        console.print(f"{styles[gate_verdict(gate)]} gate {gate_label(gate)}: {fmt(gate['value'], 4)}{reason}",
+                      markup=True, highlight=False)
     for failure in report["failures"]:
         console.print(f"[red]FAILED[/red] variant {failure['variant']} at stage {failure['stage']}: "
                       f"{failure['reason']}", markup=True)
-    console.print(f"report: {out_dir / 'report.md'}")
+    written = [name for name in ("report.html", "report.md", "report.json") if (out_dir / name).is_file()]
+    console.print(f"report: {', '.join(str(out_dir / name) for name in written)}", highlight=False)
+
+
+@app.command()
+def compare(
+    run_a: Annotated[Path, typer.Argument(help="Earlier run: its folder or its report.json.", show_default=False)],
+    run_b: Annotated[Path, typer.Argument(help="Later run: its folder or its report.json.", show_default=False)],
+    max_latency_regression: Annotated[float | None, typer.Option(
+        "--max-latency-regression", min=0.0,
+        help="Fail when a median latency of B exceeds A's by more than this share (0.1 = 10%).")] = None,
+    max_metric_drop: Annotated[list[str] | None, typer.Option(
+        "--max-metric-drop", help="METRIC=VALUE: fail when a fidelity metric gets worse by more than VALUE "
+        "(e.g. cosine=0.001, snr_db=3); repeatable.")] = None,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
+) -> None:
+    """What changed from run A to run B; exit 1 on a regression beyond the thresholds, 2 on bad input.
+
+    A gate that passed in A and fails in B, a validation that passed and now fails, and a variant that no
+    longer builds are regressions whatever the thresholds.
+    """
+    _setup_logging(quiet, verbose)
+
+    def body() -> int:
+        from pipeline.compare_runs import (
+            Thresholds,
+            compare_reports,
+            format_comparison,
+            load_report,
+            parse_metric_drops,
+        )
+
+        thresholds = Thresholds(max_latency_regression, parse_metric_drops(max_metric_drop or []))
+        comparison = compare_reports(load_report(run_a), load_report(run_b), thresholds)
+        if not quiet:
+            typer.echo(format_comparison(comparison, str(run_a), str(run_b)))
+        return 1 if comparison.regressions else 0
+
+    raise typer.Exit(_guarded(body, verbose))
 
 
 @app.command()
@@ -163,6 +209,9 @@ def doctor(as_json: Annotated[bool, typer.Option("--json", help="Machine-readabl
     typer.echo("targets:")
     for name, state in env["targets"].items():
         typer.echo(f"  {name:16s} {state}")
+
+
+__import__("pipeline.cli_sweep", fromlist=["register"]).register(app)  # `qdeploy sweep`; `check` takes sweep files
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ class RecipeError(QdeployInputError):
         self.file = file
         self.line = line
         self.field = field
+        self.detail = message
         where = file or "<recipe>"
         if line is not None:
             where = f"{where}:{line}"

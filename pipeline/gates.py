@@ -6,7 +6,7 @@ from typing import Any
 
 from pipeline.recipe import GateSpec
 
-_VALIDATION_METRICS = ("cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement")
+_VALIDATION_METRICS = ("cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement", "task_metric")
 
 
 def speedup(benchmarks: list[dict[str, Any]], variant: str, target: str, batch: int, reference: str) -> float | None:
@@ -37,7 +37,7 @@ def _measured(gate: GateSpec, validation: list[dict[str, Any]], benchmarks: list
         if row is None or not row.get("metrics"):
             return None, f"no validation of {gate.variant} on {gate.target}" + (f": {row['reason']}" if row else "")
         value = row["metrics"].get(gate.metric)
-        return value, "" if value is not None else f"{gate.metric} is not measured for this output"
+        return value, "" if value is not None else _unmeasured(gate.metric, row)
     if gate.metric == "speedup":
         value = speedup(benchmarks, gate.variant, gate.target, gate.batch_size, reference)
         return value, "" if value is not None else f"no benchmark of {gate.variant} and {reference} on {gate.target}"
@@ -47,6 +47,16 @@ def _measured(gate: GateSpec, validation: list[dict[str, Any]], benchmarks: list
     if gate.metric == "latency_ms":
         return row["latency_ms"]["p50"], ""
     return row["throughput_per_s"], ""
+
+
+def _unmeasured(metric: str, row: dict[str, Any]) -> str:
+    """Why a validation metric has no value on a row that was validated."""
+    if metric == "task_metric":
+        if "task_metric" not in row["metrics"]:
+            return "task_metric needs validate.metric in the recipe ('file.py:function')"
+        why = next((w for w in row.get("warnings", []) if w.startswith("validate.metric")), "")
+        return f"the task metric gave no value{': ' + why if why else ''}"
+    return f"{metric} is not measured for this output"
 
 
 def evaluate_gates(gates: list[GateSpec], validation: list[dict[str, Any]], benchmarks: list[dict[str, Any]],

@@ -138,10 +138,26 @@ def _check_paths(recipe: Recipe, root: yaml.Node, file: str) -> None:
             checks.append((("model", "torch", "factory"), factory_file))
     for name, spec in recipe.data.items():
         checks.append((("data", name, "path"), spec.path))
+    checks.append((("validate", "reference_model"), recipe.validate_.reference_model))
+    metric_file = (recipe.validate_.metric or "").rsplit(":", 1)[0]
+    if metric_file.endswith(".py"):
+        checks.append((("validate", "metric"), metric_file))
     for loc, value in checks:
         if value is not None and not recipe.resolve(value).exists():
             raise RecipeError(f"path '{value}' does not exist (resolved to {recipe.resolve(value)})",
                               file=file, line=node_line(root, loc), field=".".join(map(str, loc)))
+    _check_stage_configs(recipe, root, file)
+
+
+def _check_stage_configs(recipe: Recipe, root: yaml.Node, file: str) -> None:
+    """Checks a stage can make of its own section before anything runs (no user code is executed)."""
+    from stages.validate import check_config
+
+    try:
+        check_config(recipe.validate_, recipe)
+    except RecipeError as exc:
+        field = exc.field or "validate"
+        raise RecipeError(exc.detail, file=file, line=node_line(root, tuple(field.split("."))), field=field) from None
 
 
 def recipe_python_references(recipe: Recipe) -> list[dict[str, Any]]:

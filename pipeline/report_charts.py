@@ -45,18 +45,17 @@ def latency_bars_svg(rows: list[MatrixRow], colors: dict[str, str]) -> str:
             errors[0].append(max(0.0, p50 - low))
             errors[1].append(max(0.0, high - p50))
             hatches.append("///" if row.bench.get("noisy") else "")
-        bars = axes.bar(xs, heights, width * 0.92, yerr=errors, capsize=3, label=variant,
+        bars = axes.bar(xs, heights, width * 0.92, yerr=errors, capsize=3,
                         color=colors.get(variant, PALETTE[0]), edgecolor="white", error_kw={"elinewidth": 1})
-        for bar, hatch, height in zip(bars, hatches, heights, strict=True):
+        for bar, hatch, height, above in zip(bars, hatches, heights, errors[1], strict=True):
             bar.set_hatch(hatch)
-            axes.annotate(f"{height:.3g}", (bar.get_x() + bar.get_width() / 2, height), xytext=(0, 2),
+            axes.annotate(f"{height:.3g}", (bar.get_x() + bar.get_width() / 2, height + above), xytext=(0, 2),
                           textcoords="offset points", ha="center", va="bottom", fontsize=7)
     axes.set_xticks(range(len(groups)))
     axes.set_xticklabels([f"{target}\nbatch {batch}" for target, batch in groups], fontsize=8)
     axes.set_ylabel("median latency (ms)")
     axes.set_title("Median latency, 95% CI of the median (hatched: noisy)", fontsize=10)
-    axes.legend(fontsize=8, frameon=False, ncols=min(len(variants), 6), loc="upper center",
-                bbox_to_anchor=(0.5, -0.18))
+    _variant_legend(axes, variants, colors)
     _tidy(axes)
     return _svg(figure, "latency")
 
@@ -66,22 +65,26 @@ def tradeoff_svg(points: list[TradeoffPoint], label: str, colors: dict[str, str]
     if not points:
         return ""
     targets = list(dict.fromkeys(point.target for point in points))
-    figure = _figure(7.2, 4.4)
+    figure = _figure(6.0, 3.9)
     axes = figure.add_subplot()
     for point in points:
         marker = MARKERS[targets.index(point.target) % len(MARKERS)]
         axes.scatter([point.latency_ms], [point.fidelity], s=70 if point.on_front else 45, marker=marker,
                      color=colors.get(point.variant, PALETTE[0]), edgecolors="black" if point.on_front else "none",
                      linewidths=1.4, zorder=3)
-        axes.annotate(f"{point.variant} · {point.target}", (point.latency_ms, point.fidelity), xytext=(5, 4),
-                      textcoords="offset points", fontsize=7, color="#333333")
+    _label_points(axes, points)
     front = sorted((p for p in points if p.on_front), key=lambda p: p.latency_ms)
     if len(front) > 1:
         axes.step([p.latency_ms for p in front], [p.fidelity for p in front], where="post", color="#444444",
                   linestyle="--", linewidth=1, zorder=2, label="Pareto front")
     latencies = [p.latency_ms for p in points]
     if min(latencies) > 0 and max(latencies) / min(latencies) > 8:
+        from matplotlib.ticker import FuncFormatter
+
         axes.set_xscale("log")
+        plain = FuncFormatter(lambda value, _: f"{value:g}")
+        axes.xaxis.set_major_formatter(plain)
+        axes.xaxis.set_minor_formatter(plain)
     for index, target in enumerate(targets):  # a legend of marker shapes = targets
         axes.scatter([], [], marker=MARKERS[index % len(MARKERS)], color="#777777", label=target)
     axes.legend(fontsize=8, frameon=False, loc="best")
@@ -91,6 +94,31 @@ def tradeoff_svg(points: list[TradeoffPoint], label: str, colors: dict[str, str]
     _pad_limits(axes, points)
     _tidy(axes)
     return _svg(figure, "tradeoff")
+
+
+def _variant_legend(axes: Any, variants: list[str], colors: dict[str, str]) -> None:
+    """A legend of plain swatches (a hatched first bar must not make every variant look noisy)."""
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=colors.get(name, PALETTE[0]), label=name) for name in variants]
+    axes.legend(handles=handles, fontsize=8, frameon=False, ncols=min(len(variants), 6), loc="upper center",
+                bbox_to_anchor=(0.5, -0.18))
+
+
+def _label_points(axes: Any, points: list[TradeoffPoint]) -> None:
+    """Name each point; a label that would land on an earlier one near it moves down a line."""
+    xs = [p.latency_ms for p in points]
+    ys = [p.fidelity for p in points]
+    x_span = (max(xs) - min(xs)) or 1.0
+    y_span = (max(ys) - min(ys)) or 1.0
+    placed: list[tuple[float, float, int]] = []
+    for point in sorted(points, key=lambda p: (p.latency_ms, -p.fidelity)):
+        near = [shift for x, y, shift in placed
+                if abs(x - point.latency_ms) / x_span < 0.25 and abs(y - point.fidelity) / y_span < 0.08]
+        shift = max(near) + 1 if near else 0
+        placed.append((point.latency_ms, point.fidelity, shift))
+        axes.annotate(f"{point.variant} · {point.target}", (point.latency_ms, point.fidelity),
+                      xytext=(6, 4 - 10 * shift), textcoords="offset points", fontsize=7, color="#333333")
 
 
 def _pad_limits(axes: Any, points: list[TradeoffPoint]) -> None:

@@ -17,6 +17,7 @@ from pipeline.report_view import (
     fmt,
     gate_label,
     gate_verdict,
+    has_task_metric,
     highlights,
     lineage_chain,
     matrix,
@@ -38,7 +39,8 @@ h1 { font-size: 24px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 28px 0 10
            color: #fff; margin: 8px 0; }
 .verdict.pass { background: var(--pass); } .verdict.fail { background: var(--fail); }
 table { border-collapse: collapse; width: 100%; margin: 6px 0 10px; font-variant-numeric: tabular-nums; }
-th, td { border-bottom: 1px solid var(--line); padding: 5px 8px; text-align: left; vertical-align: top; }
+th, td { border-bottom: 1px solid var(--line); padding: 4px 6px; text-align: left; vertical-align: top; }
+table.matrix { font-size: 13px; } table.matrix th { white-space: normal; }
 th { background: var(--soft); font-weight: 600; white-space: nowrap; }
 td.num { text-align: right; white-space: nowrap; }
 tr.group td { background: #eef2f6; font-weight: 600; }
@@ -51,7 +53,8 @@ tr.dim td { color: var(--off); }
 .swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 6px; }
 .note { color: var(--muted); font-size: 12.5px; }
 .ci { color: var(--muted); font-size: 11.5px; }
-.charts { display: grid; grid-template-columns: 1fr; gap: 18px; }
+.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 18px; }
+.scroll { overflow-x: auto; }
 .chart { border: 1px solid var(--line); border-radius: 6px; padding: 8px; }
 .chart svg { width: 100%; height: auto; display: block; }
 .problems { border-left: 4px solid var(--fail); background: #fff5f5; padding: 8px 12px; margin: 10px 0; }
@@ -128,19 +131,22 @@ def _problems(report: dict[str, Any]) -> str:
     return f"<div class=\"problems{'' if hard else ' soft'}\"><strong>{title}</strong><ul>{items}</ul></div>"
 
 
-TABLE_HEAD = ("variant", "batch", "p50 ms", "p90 ms", "p99 ms", "speedup", "throughput /s", "size MB",
-              "peak mem MB", "cosine", "SNR dB", "max abs err", "top-1", "status")
+TABLE_HEAD = ("variant", "batch", "p50 ms [95% CI]", "p90 ms", "p99 ms", "speedup [rounds]", "per s", "size MB",
+              "peak mem MB", "cosine", "SNR dB", "max abs err", "top-1", "validation", "benchmark")
 
 
 def _table(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]) -> str:
-    head = "".join(f"<th>{_e(name)}</th>" for name in TABLE_HEAD)
+    task = has_task_metric(report)
+    names = (*TABLE_HEAD[:-2], "task metric", *TABLE_HEAD[-2:]) if task else TABLE_HEAD
+    head = "".join(f"<th>{_e(name)}</th>" for name in names)
     body = []
     for target in dict.fromkeys(row.target for row in rows):
-        body.append(f"<tr class=\"group\"><td colspan=\"{len(TABLE_HEAD)}\">{_e(target)}</td></tr>")
-        body += [_table_row(row, colors) for row in rows if row.target == target]
+        body.append(f"<tr class=\"group\"><td colspan=\"{len(names)}\">{_e(target)}</td></tr>")
+        body += [_table_row(row, colors, task) for row in rows if row.target == target]
     reference = _e((report.get("reference") or {}).get("variant"))
     return ("<h2>Latency and accuracy, variant × target</h2>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+            f"<div class=\"scroll\"><table class=\"matrix\"><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table></div>"
             f"<p class=\"note\">Speedup: the median latency of <code>{reference}</code> over the variant's on the same "
             "target and batch, the median of per-round ratios of interleaved rounds (range of the rounds below; "
             "≈ when the rounds disagree on which is faster). p50 shows its 95% confidence interval; "
@@ -149,7 +155,7 @@ def _table(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]
             "first run and warm-up.</p>")
 
 
-def _table_row(row: MatrixRow, colors: dict[str, str]) -> str:
+def _table_row(row: MatrixRow, colors: dict[str, str], task: bool) -> str:
     latency, metrics = row.latency, row.metrics
     ci = latency.get("ci95_p50")
     p50 = _e(fmt(latency.get("p50")))
@@ -159,7 +165,7 @@ def _table_row(row: MatrixRow, colors: dict[str, str]) -> str:
         p50 += " <span class=\"badge noisy\">noisy</span>"
     speed = _e(fmt(row.speedup)) + ("×" if row.speedup else "")
     low_high = row.bench.get("speedup_range")
-    if row.speedup is not None and low_high:
+    if row.speedup is not None and low_high and low_high != [1.0, 1.0]:
         speed += f"{' ≈' if row.speedup_undecided else ''}<br><span class=\"ci\">[{_e(fmt(low_high[0]))}–" \
                  f"{_e(fmt(low_high[1]))}]</span>"
     swatch = f"<span class=\"swatch\" style=\"background:{colors.get(row.variant, '#999')}\"></span>"
@@ -168,19 +174,13 @@ def _table_row(row: MatrixRow, colors: dict[str, str]) -> str:
         _num(latency.get("p90")), _num(latency.get("p99")), f"<td class=\"num\">{speed}</td>",
         _num(row.bench.get("throughput_per_s")), _num(row.size_bytes / 1e6 if row.size_bytes else None),
         _num(row.peak_memory_mb), _num(metrics.get("cosine"), 6), _num(metrics.get("snr_db"), 4),
-        _num(metrics.get("max_abs_err")), _num(metrics.get("top1_agreement")), f"<td>{_statuses(row)}</td>",
+        _num(metrics.get("max_abs_err")), _num(metrics.get("top1_agreement")),
+        *([_num(metrics.get("task_metric"), 4)] if task else []),
+        f"<td>{status_badge(row.validation_status) if row.check else '–'}</td>",
+        f"<td>{status_badge(row.benchmark_status) if row.bench else '–'}</td>",
     ]
     dim = " class=\"dim\"" if row.status == "unavailable" else ""
     return f"<tr{dim}>{''.join(cells)}</tr>"
-
-
-def _statuses(row: MatrixRow) -> str:
-    parts = []
-    if row.check:
-        parts.append(f"validation {status_badge(row.validation_status)}")
-    if row.bench:
-        parts.append(f"benchmark {status_badge(row.benchmark_status)}")
-    return "<br>".join(parts) or "–"
 
 
 def _num(value: Any, digits: int = 3) -> str:
@@ -195,7 +195,10 @@ def _charts(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str
         return "<h2>Charts</h2><p class=\"note\">Nothing was benchmarked, so there is nothing to plot.</p>"
     front = ", ".join(f"{p.variant} on {p.target}" for p in sorted(points, key=lambda p: p.latency_ms)
                       if p.on_front)
-    caption = f"<p class=\"note\">Pareto front: {_e(front)}.</p>" if front else ""
+    capped = " SNR is capped at 200 dB: such a point matches the reference exactly." \
+        if label.startswith("SNR") and any(p.fidelity >= 200.0 for p in points) else ""
+    caption = f"<p class=\"note\">Pareto front (nothing else is both faster and closer to the reference): " \
+              f"{_e(front)}.{capped}</p>" if front else ""
     charts = "".join(f"<div class=\"chart\">{svg}</div>" for svg in (bars, scatter) if svg)
     return f"<h2>Charts</h2><div class=\"charts\">{charts}</div>{caption}"
 

@@ -9,9 +9,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-FIDELITY_METRICS: tuple[tuple[str, str], ...] = (("snr_db", "SNR (dB) vs reference"), ("cosine", "cosine vs reference"))
-"""The fidelity metric of the accuracy-vs-latency view, first one present wins (higher is better)."""
-HIGHLIGHT_WORDS = ("clamp", "kept", "block", "lower", "exclud", "fallback", "warning", "unattainable", "overflow",
+FIDELITY_METRICS: tuple[tuple[str, str], ...] = (
+    ("task_metric", "task metric (validate.metric)"), ("snr_db", "SNR (dB) vs reference"),
+    ("cosine", "cosine vs reference"))
+"""The accuracy of the accuracy-vs-latency view, the first one measured wins; higher is taken as better (the
+recipe's task metric is assumed to be an accuracy-like score, not a loss)."""
+HIGHLIGHT_WORDS = ("clamp", "kept", "blocked", "lowered", "exclud", "fallback", "warning", "unattainable", "overflow",
                    "diverg", "drift", "skipped", "failed")
 """Findings whose key holds one of these words are worth a line outside the collapsed details."""
 
@@ -78,7 +81,11 @@ def fmt(value: Any, digits: int = 3) -> str:
             return "NaN"
         if math.isinf(value):
             return "∞" if value > 0 else "-∞"
-        return f"{value:.{digits}g}" if abs(value) < 1e4 else f"{value:.3e}"
+        if 1e3 <= abs(value) < 1e6:
+            return f"{value:.0f}"
+        if 0.0 < abs(1.0 - value) < 10.0 ** -digits:  # a cosine of 0.9999999 must not read as 1
+            digits = min(9, 2 - math.floor(math.log10(abs(1.0 - value))))
+        return f"{value:.{digits}g}" if abs(value) < 1e6 else f"{value:.3e}"
     return str(value)
 
 
@@ -97,6 +104,10 @@ def matrix(report: dict[str, Any]) -> list[MatrixRow]:
         if key not in seen:
             rows.append(MatrixRow(key[0], key[1], None, {}, check, sizes.get(key[0])))
     return rows
+
+
+def has_task_metric(report: dict[str, Any]) -> bool:
+    return any("task_metric" in (row.get("metrics") or {}) for row in report.get("validation", []))
 
 
 def gate_bound(gate: dict[str, Any]) -> str:
@@ -168,17 +179,21 @@ def mark_pareto_front(points: list[TradeoffPoint]) -> None:
 
 
 def problems(report: dict[str, Any]) -> list[str]:
-    """Failed builds, then failed, unavailable or erroneous rows with their reasons (each said once)."""
+    """Failed builds, then failed, unavailable or erroneous rows with their reasons.
+
+    Rows of one target that share a status and a reason are said once, naming their variants.
+    """
     lines = [f"variant {failure['variant']}, stage {failure['stage']}: {failure['reason']}"
              for failure in report.get("failures", [])]
-    seen = set()
+    grouped: dict[tuple[str, str, str], list[str]] = {}
     for row in report.get("validation", []) + report.get("benchmarks", []):
         if row.get("status") in ("passed", "ok") or not row.get("reason"):
             continue
-        line = f"{row['variant']} on {row['target']} ({row['status']}): {row['reason']}"
-        if line not in seen:
-            seen.add(line)
-            lines.append(line)
+        variants = grouped.setdefault((row["target"], row["status"], row["reason"]), [])
+        if row["variant"] not in variants:
+            variants.append(row["variant"])
+    for (target, status, reason), variants in grouped.items():
+        lines.append(f"{', '.join(variants)} on {target} ({status}): {reason}")
     return lines
 
 
@@ -203,8 +218,8 @@ def highlights(findings: Any, prefix: str = "") -> list[str]:
         return lines
     for key, value in findings.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and not _telling(key):
-            lines += highlights(value, path + ".")
+        if isinstance(value, dict) and (not _telling(key) or any(_telling(str(inner)) for inner in value)):
+            lines += highlights(value, path + ".")  # a record with telling fields of its own speaks through them
         elif _telling(key) and not _empty(value):
             lines.append(f"{path}: {summarize_value(value)}")
     return lines
@@ -248,7 +263,8 @@ def benchmark_settings(report: dict[str, Any]) -> list[str]:
             continue
         seen.add(row["target"])
         measure = row.get("measure") or {}
-        warm = f"{measure['warmup_seconds']} s" if measure.get("warmup") == "time" else f"{row.get('warmup')} runs"
+        warm = f"{measure['warmup_seconds']} s" if measure.get("warmup") == "time" else \
+            f"{fmt(row.get('warmup'))} runs"
         timed = f"{measure['duration_seconds']} s per artifact" if measure.get("by") == "time" else \
             f"{row.get('runs')} runs"
         settings = ", ".join(f"{key}={value}" for key, value in (row.get("settings") or {}).items())

@@ -4,6 +4,13 @@ The runner knows stages only through the registry.  A transform's cache key is
 the hash of its input artifact's bytes, the stage's name and config, the
 versions of the libraries it uses and the datasets it reads; an unchanged
 chain prefix is computed once and reused by every variant that shares it.
+
+A run is four phases that a scheduler (``pipeline.executors``) may drive one by
+one, in other processes or on other machines: ``build_phase`` (export, variant
+transforms, published artifacts), ``validate_phase``, ``benchmark_phase`` and
+``finish_run`` (gates and reports).  What passes between them (``RunPlan``,
+``BuildOutcome``, result rows) is plain data that pickles.  ``run_recipe`` runs
+them in order in this process.
 """
 
 from __future__ import annotations
@@ -53,10 +60,39 @@ class RunResult:
 
 
 @dataclass
+class RunPlan:
+    """One run of a recipe, resolved: what to build and evaluate, and where. Pickles, so phases can run elsewhere."""
+
+    recipe: Recipe
+    variants: list[str]
+    targets: list[str]
+    out_dir: Path
+    cache_dir: Path
+    use_cache: bool = True
+
+
+@dataclass
+class BuildOutcome:
+    """What the build phase produced; pickles, so the evaluation phases can run in another process."""
+
+    exported: Artifact
+    artifacts: dict[str, Artifact]
+    """Final artifact of each variant that was built."""
+    built: dict[str, Artifact]
+    """Every artifact of this run by cache key (lineage walks it)."""
+    failures: list[dict[str, Any]]
+    input_error: bool
+    published: list[dict[str, Any]]
+    """The report's artifact rows."""
+    evaluated: dict[str, Artifact]
+    """Artifacts that validation and benchmarks cover: the reference first, then the selected variants."""
+
+
+@dataclass
 class _RunState:
     recipe: Recipe
     store: ArtifactStore
-    options: RunOptions
+    use_cache: bool
     progress: Progress
     work_root: Path
     artifacts: dict[str, Artifact] = field(default_factory=dict)
@@ -73,43 +109,96 @@ def default_out_dir(recipe: Recipe) -> Path:
 
 def run_recipe(recipe: Recipe, options: RunOptions | None = None) -> RunResult:
     """Run a whole recipe and write its report; never raises for a stage failure of one variant."""
+    options = options or RunOptions()
+    plan = plan_run(recipe, options)
+    started = time.perf_counter()
+    with locked_out_dir(plan.out_dir):
+        ArtifactStore(plan.cache_dir).sweep_temporaries()
+        with Progress(progress_total(plan), enabled=options.show_progress) as progress:
+            outcome = build_phase(plan, progress)
+            validation = validate_phase(plan, outcome, progress=progress)
+            benchmarks = benchmark_phase(plan, outcome, progress=progress) if recipe.benchmark.enabled else []
+        return finish_run(plan, outcome, validation, benchmarks, seconds=time.perf_counter() - started)
+
+
+def plan_run(recipe: Recipe, options: RunOptions) -> RunPlan:
+    """Check the --variant/--target selection and resolve the folders; creates the output folder."""
+    out_dir = (options.out_dir or default_out_dir(recipe)).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return RunPlan(recipe=recipe, variants=_selected_variants(recipe, options.variants),
+                   targets=_selected_targets(recipe, options.targets), out_dir=out_dir,
+                   cache_dir=(options.cache_dir or out_dir / "cache").resolve(), use_cache=options.use_cache)
+
+
+def progress_total(plan: RunPlan) -> int:
+    """Units of work of a whole run: the export, each transform step, validation and benchmarks."""
+    return 1 + sum(len(plan.recipe.variants[v]) for v in plan.variants) + 2
+
+
+def build_phase(plan: RunPlan, progress: Progress | None = None) -> BuildOutcome:
+    """Export and every selected variant's transforms, through the cache; publish the artifacts.
+
+    A variant's failure is recorded in the outcome; a failed export (every variant starts from it) raises.
+    """
+    with tempfile.TemporaryDirectory(prefix="qdeploy-") as work:
+        state = _RunState(plan.recipe, ArtifactStore(plan.cache_dir), plan.use_cache, progress or _silent(),
+                          Path(work))
+        exported = _build_export(state)
+        for variant in plan.variants:
+            _build_variant(state, variant, exported)
+        published = _publish(state, plan.out_dir)
+        evaluated = _evaluation_set(state, plan.variants, exported)
+    return BuildOutcome(exported=exported, artifacts=state.artifacts, built=state.built, failures=state.failures,
+                        input_error=state.input_error, published=published, evaluated=evaluated)
+
+
+def validate_phase(plan: RunPlan, outcome: BuildOutcome, targets: list[str] | None = None,
+                   progress: Progress | None = None) -> list[dict[str, Any]]:
+    """Validation rows of the evaluated artifacts on ``targets`` (default: the plan's)."""
+    return _evaluate_phase(plan, outcome, "validate", targets, progress)
+
+
+def benchmark_phase(plan: RunPlan, outcome: BuildOutcome, targets: list[str] | None = None,
+                    progress: Progress | None = None) -> list[dict[str, Any]]:
+    """Benchmark rows of the evaluated artifacts on ``targets`` (default: the plan's); give it the machine alone."""
+    return _evaluate_phase(plan, outcome, "benchmark", targets, progress)
+
+
+def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[dict[str, Any]],
+               benchmarks: list[dict[str, Any]], *, seconds: float) -> RunResult:
+    """Gates, report.json/.md in the output folder, and the exit status they imply."""
     from pipeline.gates import evaluate_gates
     from pipeline.report import build_report, write_reports
 
-    options = options or RunOptions()
-    variants = _selected_variants(recipe, options.variants)
-    targets = _selected_targets(recipe, options.targets)
-    out_dir = (options.out_dir or default_out_dir(recipe)).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    with _locked(out_dir), tempfile.TemporaryDirectory(prefix="qdeploy-") as work:
-        store = ArtifactStore((options.cache_dir or out_dir / "cache").resolve())
-        store.sweep_temporaries()
-        total = 1 + sum(len(recipe.variants[v]) for v in variants) + 2
-        with Progress(total, enabled=options.show_progress) as progress:
-            state = _RunState(recipe, store, options, progress, Path(work))
-            exported = _build_export(state)
-            for variant in variants:
-                _build_variant(state, variant, exported)
-            published = _publish(state, out_dir)
-            evaluated = _evaluation_set(state, variants, exported)
-            validation = _evaluate(state, "validate", evaluated, targets)
-            benchmarks = _evaluate(state, "benchmark", evaluated, targets) if recipe.benchmark.enabled else []
-        sizes = {row["name"]: row["size_bytes"] for row in published}
-        gates = evaluate_gates(recipe.gates, validation, benchmarks, recipe.reference_variant, state.failures, sizes,
-                               selected=(variants, targets))
-        report = build_report(recipe, published, validation, benchmarks, gates, state.failures,
-                              seconds=time.perf_counter() - started)
-        write_reports(report, out_dir, recipe.report.formats)
-    return RunResult(report=report, out_dir=out_dir, exit_code=_exit_code(state, gates))
+    recipe = plan.recipe
+    sizes = {row["name"]: row["size_bytes"] for row in outcome.published}
+    gates = evaluate_gates(recipe.gates, validation, benchmarks, recipe.reference_variant, outcome.failures, sizes,
+                           selected=(plan.variants, plan.targets))
+    report = build_report(recipe, outcome.published, validation, benchmarks, gates, outcome.failures,
+                          seconds=seconds)
+    write_reports(report, plan.out_dir, recipe.report.formats)
+    return RunResult(report=report, out_dir=plan.out_dir, exit_code=_exit_code(outcome, gates))
 
 
-def _exit_code(state: _RunState, gates: list[dict[str, Any]]) -> int:
+def _silent() -> Progress:
+    return Progress(0, enabled=False)
+
+
+def _evaluate_phase(plan: RunPlan, outcome: BuildOutcome, stage: str, targets: list[str] | None,
+                    progress: Progress | None) -> list[dict[str, Any]]:
+    chosen = [target for target in plan.targets if targets is None or target in targets]
+    with tempfile.TemporaryDirectory(prefix="qdeploy-") as work:
+        state = _RunState(plan.recipe, ArtifactStore(plan.cache_dir), plan.use_cache, progress or _silent(),
+                          Path(work))
+        return _evaluate(state, stage, outcome.evaluated, chosen)
+
+
+def _exit_code(outcome: BuildOutcome, gates: list[dict[str, Any]]) -> int:
     from pipeline.gates import gates_hold
 
-    if state.input_error:
+    if outcome.input_error:
         return 2
-    if state.failures or not gates_hold(gates):
+    if outcome.failures or not gates_hold(gates):
         return 1
     return 0
 
@@ -135,7 +224,7 @@ def _selected_targets(recipe: Recipe, wanted: list[str] | None) -> list[str]:
 
 
 @contextmanager
-def _locked(out_dir: Path) -> Iterator[None]:
+def locked_out_dir(out_dir: Path) -> Iterator[None]:
     """Hold the output folder; a second run into it at the same time is refused clearly."""
     lock_path = out_dir / ".qdeploy.lock"
     with lock_path.open("a+") as handle:
@@ -217,7 +306,7 @@ def _transform(state: _RunState, key: str, info: registry.StageInfo, parent: Art
                ctx: StageContext, versions: dict[str, str], *, stages: tuple[str, ...]) -> Artifact:
     if key in state.built:
         return state.built[key]
-    cached = state.store.get(key) if state.options.use_cache else None
+    cached = state.store.get(key) if state.use_cache else None
     if cached is not None:
         log.info("%s of %s: cached (%s)", info.name, ctx.variant, key[:12])
         state.built[key] = cached

@@ -40,6 +40,12 @@ TMP_PREFIX = ".tmp-"
 _CHUNK = 1 << 20
 
 
+def _default_file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextmanager
 def _disk_full_is_clear(what: str) -> Iterator[None]:
     """Turn ENOSPC into a DiskFullError naming what was being written (the caller has cleaned up)."""
@@ -222,6 +228,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write JSON under a temporary name and rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent)
+    os.chmod(tmp, _default_file_mode())  # mkstemp makes 0600; reports are meant to be shared
     os.close(fd)
     with _disk_full_is_clear(str(path)):
         try:
@@ -235,6 +242,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 def write_text_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent)
+    os.chmod(tmp, _default_file_mode())  # mkstemp makes 0600; reports are meant to be shared
     with _disk_full_is_clear(str(path)):
         try:
             with os.fdopen(fd, "w") as stream:

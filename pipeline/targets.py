@@ -359,11 +359,28 @@ class ReferenceTarget(TargetAdapter):
 
         try:
             model = onnx.load(str(model_path))
-            evaluator = ReferenceEvaluator(model)
+            evaluator = ReferenceEvaluator(model, new_ops=_legacy_reference_ops(model))
         except Exception as exc:
             raise ModelError(f"{Path(model_path).name}: onnx.reference cannot load the model: "
                              f"{short_message(exc)}") from None
         return ReferenceSession(self.name, evaluator, model, threads)
+
+
+def _legacy_reference_ops(model: Any) -> list[type]:
+    """Kernels onnx.reference lacks for old opsets: DequantizeLinear before opset 19 (QDQ models at opset 13-18).
+
+    DequantizeLinear-10/13 compute what -19 does for the types they allow, so the -19 kernel serves them.
+    """
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0)
+    if opset >= 19 or not any(node.op_type == "DequantizeLinear" for node in model.graph.node):
+        return []
+    from onnx.reference.ops.op_dequantize_linear import DequantizeLinear_19
+
+    def run(self: Any, x: Any, x_scale: Any, x_zero_point: Any = None, axis: int = 1, **_: Any) -> Any:
+        return DequantizeLinear_19._run(self, x, x_scale, x_zero_point, axis=axis)
+
+    # onnx.reference takes a replacement kernel by its class name and op_domain
+    return [type("DequantizeLinear", (DequantizeLinear_19,), {"op_domain": "", "_run": run})]
 
 
 class ReferenceSession(Session):

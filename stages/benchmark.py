@@ -1,9 +1,11 @@
 """The benchmark stage: latency of every artifact on every target and batch size.
 
 What is timed is inference alone: session creation and the first run are
-reported apart, inputs are prepared once outside the timed region, and runs
-of the artifacts on one target are interleaved in rounds so that drift of the
-machine hits them alike (speedups are then taken within each round).
+reported apart, inputs are prepared and bound to the runtime once outside the
+timed region (``timed_call`` says which call is timed; see
+stages/benchmark_runtime.py), and runs of the artifacts on one target are
+interleaved in rounds so that drift of the machine hits them alike (speedups
+are then taken within each round).
 
 Documented choices, recorded in every result:
 - calls are synchronous, one request at a time (``mode``): the latency a single
@@ -22,6 +24,7 @@ import logging
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -30,6 +33,7 @@ from pydantic import Field, model_validator
 
 from pipeline.errors import TargetUnavailable
 from pipeline.tolerance import StrictModel
+from stages.benchmark_runtime import MemoryProbe, bind_inputs, runtime_settings
 
 if TYPE_CHECKING:
     from pipeline.context import Artifact, StageContext
@@ -111,10 +115,10 @@ class BenchmarkConfig(StrictModel):
 
 @dataclass
 class _Loaded:
-    """A session ready to time, its feeds (prepared once) and what its setup measured."""
+    """A session ready to time: the call with its inputs bound once, and what its setup measured."""
 
     session: Session
-    feeds: dict[str, np.ndarray]
+    call: Callable[[], Any]
     setup: dict[str, Any]
 
 
@@ -173,36 +177,39 @@ def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfi
     start = time.perf_counter()
     session = get_target(target).load(artifact.path, threads=config.threads, pin_f32=True)
     created = time.perf_counter()
-    session.run(feeds)
+    expected = session.run(feeds)
     first = time.perf_counter()
-    warmup_runs = _warm_up(session, feeds, config)
+    call, timed_call = bind_inputs(session, feeds, expected)
+    bound = time.perf_counter()
+    warmup_runs = _warm_up(call, config)
     warmed = time.perf_counter()
     settings = runtime_settings(session)
     setup = {
         "session_create_ms": (created - start) * 1e3,
         "first_run_ms": (first - created) * 1e3,
         "warmup": warmup_runs,
-        "warmup_ms": (warmed - first) * 1e3,
+        "warmup_ms": (warmed - bound) * 1e3,
         "threads": config.threads,
         "mode": MODE,
+        "timed_call": timed_call,
         "measure": config.measure_record(),
         "settings": settings,
         "memory": probe.finish(),
         "notes": _setting_notes(target, settings),
     }
-    return _Loaded(session, feeds, setup)
+    return _Loaded(session, call, setup)
 
 
-def _warm_up(session: Session, feeds: dict[str, np.ndarray], config: BenchmarkConfig) -> int:
+def _warm_up(call: Callable[[], Any], config: BenchmarkConfig) -> int:
     """Untimed runs by count or for a time; returns how many ran."""
     if config.warmup_seconds is None:
         for _ in range(config.warmup_runs):
-            session.run(feeds)
+            call()
         return config.warmup_runs
     deadline = time.perf_counter() + config.warmup_seconds
     count = 0
     while time.perf_counter() < deadline:
-        session.run(feeds)
+        call()
         count += 1
     return count
 
@@ -235,8 +242,7 @@ def _interleaved_rounds(loaded: dict[str, _Loaded], config: BenchmarkConfig, ctx
                 continue
             ctx.on_progress(f"{name} · {where}: round {index + 1}/{len(plan)}")
             try:
-                runs = time_runs(item.session, item.feeds, budget) if isinstance(budget, int) else \
-                    time_for(item.session, item.feeds, budget)
+                runs = time_runs(item.call, budget) if isinstance(budget, int) else time_for(item.call, budget)
             except Exception as exc:  # one artifact failing mid-measurement must not lose the others
                 log.debug("timing %s %s failed", name, where, exc_info=True)
                 failed[name] = f"round {index + 1}: {type(exc).__name__}: {exc}"
@@ -245,23 +251,23 @@ def _interleaved_rounds(loaded: dict[str, _Loaded], config: BenchmarkConfig, ctx
     return timings, failed
 
 
-def time_runs(session: Session, feeds: dict[str, np.ndarray], count: int) -> list[float]:
-    """Latency (ms) of each of `count` synchronous runs."""
+def time_runs(call: Callable[[], Any], count: int) -> list[float]:
+    """Latency (ms) of each of `count` synchronous calls."""
     latencies = []
     for _ in range(count):
         start = time.perf_counter_ns()
-        session.run(feeds)
+        call()
         latencies.append((time.perf_counter_ns() - start) / 1e6)
     return latencies
 
 
-def time_for(session: Session, feeds: dict[str, np.ndarray], seconds: float) -> list[float]:
-    """Latency (ms) of synchronous runs until `seconds` have passed; at least one run."""
+def time_for(call: Callable[[], Any], seconds: float) -> list[float]:
+    """Latency (ms) of synchronous calls until `seconds` have passed; at least one call."""
     deadline = time.perf_counter_ns() + int(seconds * 1e9)
     latencies = []
     while True:
         start = time.perf_counter_ns()
-        session.run(feeds)
+        call()
         end = time.perf_counter_ns()
         latencies.append((end - start) / 1e6)
         if end >= deadline:
@@ -270,7 +276,7 @@ def time_for(session: Session, feeds: dict[str, np.ndarray], seconds: float) -> 
 
 def summarize(rounds: list[list[float]], batch: int) -> dict[str, Any]:
     """Latency statistics of all runs, a confidence interval of the median, and the per-round medians."""
-    runs = sorted(value for round_ in rounds for value in round_)
+    runs = sorted(float(value) for round_ in rounds for value in round_)
     p50 = statistics.median(runs)
     low, high = median_confidence_interval(runs)
     spread = (high - low) / p50 if p50 > 0 else math.inf
@@ -283,9 +289,9 @@ def summarize(rounds: list[list[float]], batch: int) -> dict[str, Any]:
         "throughput_per_s": batch * 1e3 / p50 if p50 > 0 else None,
         "runs": len(runs),
         "round_runs": [len(round_) for round_ in rounds],
-        "round_p50_ms": [statistics.median(round_) for round_ in rounds if round_],
+        "round_p50_ms": [float(statistics.median(round_)) for round_ in rounds if round_],
         "ci95_rel_width": spread if math.isfinite(spread) else None,
-        "noisy": spread > NOISY_SPREAD,
+        "noisy": bool(spread > NOISY_SPREAD),
     }
 
 
@@ -304,38 +310,6 @@ def median_confidence_interval(sorted_values: list[float], z: float = 1.96) -> t
     return sorted_values[low], sorted_values[high]
 
 
-def runtime_settings(session: Session) -> dict[str, Any]:
-    """Threads, streams and hints the runtime really uses, read back from the loaded session."""
-    compiled = getattr(session, "_compiled", None)  # OpenVINO CompiledModel
-    if compiled is not None:
-        settings: dict[str, Any] = {}
-        for key in ("PERFORMANCE_HINT", "NUM_STREAMS", "INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT",
-                    "OPTIMAL_NUMBER_OF_INFER_REQUESTS", "ENABLE_CPU_PINNING"):
-            try:
-                settings[key] = _plain(compiled.get_property(key))
-            except Exception:  # not every device has every property
-                continue
-        return settings
-    ort_session = getattr(session, "_session", None)  # onnxruntime InferenceSession
-    if ort_session is not None and hasattr(ort_session, "get_session_options"):
-        options = ort_session.get_session_options()
-        intra = options.intra_op_num_threads
-        return {"intra_op_num_threads": intra or "default (one per physical core)",
-                "inter_op_num_threads": options.inter_op_num_threads or "default",
-                "execution_mode": str(options.execution_mode).rsplit(".", 1)[-1].lower(),
-                "graph_optimization_level": str(options.graph_optimization_level).rsplit(".", 1)[-1]}
-    return {}
-
-
-def _plain(value: Any) -> Any:
-    """An OpenVINO property value as JSON: numbers and booleans as they are, enums and types by name."""
-    if isinstance(value, bool | int | float | str):
-        return value
-    if hasattr(value, "get_type_name"):
-        return value.get_type_name()
-    return str(value).rsplit(".", 1)[-1]
-
-
 def _setting_notes(target: str, settings: dict[str, Any]) -> list[str]:
     hint = settings.get("PERFORMANCE_HINT")
     if hint is not None and str(hint).upper() != "LATENCY":
@@ -343,52 +317,6 @@ def _setting_notes(target: str, settings: dict[str, Any]) -> list[str]:
         log.warning(note)
         return [note]
     return []
-
-
-class MemoryProbe:
-    """Peak resident memory the process gains from now until `finish` (Linux; None elsewhere).
-
-    It resets the kernel's peak-RSS mark (write 5 to /proc/self/clear_refs), notes VmRSS, and at the end
-    reads VmHWM: the growth covers session creation, the first run and warm-up (weights, compiled kernels,
-    the runtime's arenas).  Memory the process freed earlier and the runtime reuses is not seen again, so
-    this is a lower bound of the session's footprint.
-    """
-
-    METHOD = "peak RSS growth (VmHWM after - VmRSS before) over session creation, first run and warm-up"
-
-    def __init__(self) -> None:
-        self._reset = _reset_peak_rss()
-        self._before_kb = _proc_status_kb("VmRSS")
-
-    def finish(self) -> dict[str, Any] | None:
-        after_kb, peak_kb = _proc_status_kb("VmRSS"), _proc_status_kb("VmHWM")
-        if self._before_kb is None or after_kb is None:
-            return None
-        method = self.METHOD if self._reset and peak_kb is not None else \
-            "RSS growth (VmRSS after - VmRSS before); the peak mark could not be reset"
-        peak = peak_kb if self._reset and peak_kb is not None else after_kb
-        return {"peak_growth_mb": max(0, peak - self._before_kb) / 1024, "rss_before_mb": self._before_kb / 1024,
-                "rss_after_mb": after_kb / 1024, "method": method}
-
-
-def _proc_status_kb(field: str) -> int | None:
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as handle:
-            for line in handle:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
-            handle.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def _result(variant: str, target: str, batch: int, status: str, reason: str) -> dict[str, Any]:

@@ -122,10 +122,10 @@ def run(artifact: Artifact | None, config: ExportConfig, ctx: StageContext) -> S
 def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, Any]) -> onnx.ModelProto:
     """Shape overrides, opset conversion and the checks every later stage relies on."""
     findings["opset_in"] = default_opset(model)
-    if config.inputs:
+    if config.inputs and config.torch is None:  # a torch export took its shapes (and dynamic axes) already
         apply_input_overrides(model, config.inputs)
     if config.opset is not None and config.opset != default_opset(model):
-        model = convert_opset(model, config.opset)
+        model = convert_opset(model, config.opset, findings)
     findings["opset"] = default_opset(model)
     check_input_ranks(model)
     findings["custom_ops"] = check_known_ops(model)
@@ -312,17 +312,65 @@ def apply_input_overrides(model: onnx.ModelProto, inputs: list[InputSpec]) -> No
     del model.graph.value_info[:]
 
 
-def convert_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
-    """Convert to another opset through onnx's version converter; name the op that cannot be converted."""
+def convert_opset(model: onnx.ModelProto, opset: int, findings: dict[str, Any] | None = None) -> onnx.ModelProto:
+    """Convert to another opset through onnx's version converter; name the node that cannot be converted.
+
+    Going down, ops that do not exist yet at ``opset`` and that a rewrite of ``stages.rewrites`` decomposes
+    (Gelu, HardSwish, LayerNormalization) are decomposed first, as an exporter's op mapper would.
+    """
     from onnx import version_converter
 
+    if opset < default_opset(model):
+        decomposed = decompose_for_opset(model, opset)
+        if findings is not None and decomposed:
+            findings["decomposed_for_opset"] = decomposed
     try:
         return version_converter.convert_version(model, opset)
     except Exception as exc:
-        ops = sorted({node.op_type for node in model.graph.node})
-        raise ModelError(f"cannot convert from opset {default_opset(model)} to {opset}: {exc}. "
-                         f"Ops in the model: {', '.join(ops)}. Remove 'model.opset' or choose one the ops support") \
-            from None
+        raise ModelError(_conversion_failure(model, opset, exc)) from None
+
+
+def decompose_for_opset(model: onnx.ModelProto, opset: int) -> dict[str, int]:
+    """Apply the decompositions of ops that ``opset`` lacks; {rewrite: nodes rewritten}."""
+    from stages.rewrites import RewriteReport, apply_rewrites, available
+
+    present = {node.op_type for node in model.graph.node if node.domain in ("", "ai.onnx")}
+    wanted = [name for name, rule in available().items()
+              if rule.anchor in present and not rule.default and not _exists_at(rule.anchor, opset)]
+    if not wanted:
+        return {}
+    report = RewriteReport()
+    apply_rewrites(model, wanted, report)
+    return {name: count for name, count in report.applied.items() if count}
+
+
+def _exists_at(op_type: str, opset: int) -> bool:
+    import onnx
+
+    try:
+        onnx.defs.get_schema(op_type, max_inclusive_version=opset)
+    except onnx.defs.SchemaError:
+        return False
+    return True
+
+
+def _conversion_failure(model: onnx.ModelProto, opset: int, exc: Exception) -> str:
+    """What failed in a conversion: the op and its nodes when the converter's message names an op."""
+    import re
+
+    text = " ".join(str(exc).split())
+    detail = text.split("failed: ", 1)[-1] if "failed: " in text else text
+    ops = {node.op_type for node in model.graph.node}
+    named = [op for op in re.findall(r"(?:of|for|op_type:)\s*([A-Za-z_][A-Za-z0-9_]*)", text) if op in ops]
+    where = ""
+    if named:
+        nodes = [node.name or node.output[0] for node in model.graph.node if node.op_type == named[0]]
+        shown = ", ".join(f"'{name}'" for name in nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
+        where = f"op {named[0]} (node {shown}) cannot be converted: "
+        if not _exists_at(named[0], opset):
+            where = f"op {named[0]} (node {shown}) does not exist at opset {opset}: "
+    return (f"cannot convert from opset {default_opset(model)} to {opset}: {where}{detail}. Remove 'model.opset', "
+            f"choose an opset the ops support, or re-export the model at that opset")
 
 
 def check_model(model: onnx.ModelProto) -> None:
@@ -350,17 +398,28 @@ def export_torch(config: ExportConfig, ctx: StageContext) -> tuple[onnx.ModelPro
     path = ctx.work_dir / "exported.onnx"
     names = [spec.name for spec in config.inputs]
     opset = config.opset or DEFAULT_TORCH_OPSET
-    dynamic_axes = {name: dict(axes) for name, axes in config.torch.dynamic.items()} or None
+    dynamic_axes = torch_dynamic_axes(config) or None
     try:
-        with torch.no_grad():
-            torch.onnx.export(module, example, str(path), input_names=names, opset_version=opset,
-                              dynamic_axes=dynamic_axes, dynamo=config.torch.exporter == "dynamo")
+        # Not under no_grad: there, nn.TransformerEncoderLayer takes a fused fast path no exporter knows.
+        torch.onnx.export(module, example, str(path), input_names=names, opset_version=opset,
+                          dynamic_axes=dynamic_axes, dynamo=config.torch.exporter == "dynamo")
     except Exception as exc:
         raise StageError("export", ctx.variant, f"torch.onnx.export failed: {type(exc).__name__}: {exc}") from None
     model = load_onnx(path)
     max_err = _compare_with_torch(module, example, path)
     return model, {"source": "torch", "exporter": config.torch.exporter, "torch_version": torch.__version__,
                    "max_abs_err_vs_torch": max_err}
+
+
+def torch_dynamic_axes(config: ExportConfig) -> dict[str, dict[int, str]]:
+    """Symbolic axes of a torch export: ``torch.dynamic`` plus the named dimensions of ``inputs`` shapes."""
+    assert config.torch is not None
+    axes = {name: dict(dims) for name, dims in config.torch.dynamic.items()}
+    for spec in config.inputs:
+        for axis, dim in enumerate(spec.shape or []):
+            if isinstance(dim, str):
+                axes.setdefault(spec.name, {})[axis] = dim
+    return axes
 
 
 def _import_torch() -> Any:

@@ -8,13 +8,16 @@ QuantizeLinear/DequantizeLinear (a QDQ model keeps its weights quantized).
 nodes are evaluated together in one ONNX Runtime session; when that session
 fails, node by node, with ``onnx.reference`` as the fallback.  A folded tensor
 above the size limit is not folded: its node stays, the tensor is reported.
-Subgraphs (If/Loop/Scan bodies) are left as they are.
+Subgraphs (If/Loop/Scan bodies) are folded the same way when asked: a node
+inside one folds when its inputs are constants of its own graph or of the
+graphs around it; its value becomes an initializer of that subgraph; a
+subgraph's outputs stay computed by their nodes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,16 +59,30 @@ class FoldReport:
     folded_nodes: int = 0
     folded_tensors: int = 0
     constants_converted: int = 0
+    folded: dict[str, int] = field(default_factory=dict)
+    """Name -> bytes of every tensor that folding turned into an initializer."""
     skipped: list[dict[str, Any]] = field(default_factory=list)
     """{tensor, bytes, reason} of every tensor left unfolded because of its size."""
     failed_ops: list[str] = field(default_factory=list)
     """Op types that neither ONNX Runtime nor onnx.reference could evaluate."""
 
 
-def has_subgraph(node: onnx.NodeProto) -> bool:
-    import onnx
+def tensor_nbytes(tensor: onnx.TensorProto) -> int:
+    """Bytes of a tensor's data, from its shape: without serialising it (``ByteSize`` copies megabytes)."""
+    size = _ELEMENT_BYTES.get(tensor.data_type)
+    if size is None or tensor.data_location == 1:  # strings, sub-byte types, external data: measured
+        return tensor.ByteSize()
+    for dim in tensor.dims:
+        size *= dim
+    return size
 
-    return any(attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for attr in node.attribute)
+
+_GRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+"""The standard ops with graph attributes; other standard ops have none, custom ones may."""
+
+
+def has_subgraph(node: onnx.NodeProto) -> bool:
+    return bool(_subgraphs(node))
 
 
 def subgraph_references(graph: onnx.GraphProto) -> set[str]:
@@ -80,11 +97,16 @@ def subgraph_references(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs held by a node's attributes (called for every node, so the common case is cheap)."""
+    if not node.attribute or (node.op_type not in _GRAPH_OPS and node.domain in ("", "ai.onnx")):
+        return []
+    graphs = []
     for attr in node.attribute:
         if attr.HasField("g"):
-            yield attr.g
-        yield from attr.graphs
+            graphs.append(attr.g)
+        graphs.extend(attr.graphs)
+    return graphs
 
 
 def is_foldable_op(node: onnx.NodeProto) -> bool:
@@ -105,20 +127,41 @@ def constant_names(model: onnx.ModelProto) -> set[str]:
     return {init.name for init in model.graph.initializer if init.name not in overridable} | {""}
 
 
+def delete_where(container: Any, doomed: Callable[[Any], bool]) -> int:
+    """Delete the items of a repeated protobuf field for which ``doomed`` holds; how many.
+
+    By index, from the end: neither rebuilding the list nor ``remove`` (which compares whole messages) copies
+    any tensor.
+    """
+    return delete_indices(container, [index for index, item in enumerate(container) if doomed(item)])
+
+
+def delete_indices(container: Any, indices: Iterable[int]) -> int:
+    """Delete the items at ``indices`` of a repeated protobuf field; how many."""
+    ordered = sorted(set(indices), reverse=True)
+    for index in ordered:
+        del container[index]
+    return len(ordered)
+
+
 def constants_to_initializers(graph: onnx.GraphProto) -> int:
-    """Replace top-level Constant nodes by initializers of the same name; returns how many."""
-    kept, converted = [], 0
-    for node in graph.node:
-        tensor = _constant_tensor(node) if node.op_type == "Constant" and node.domain in OFFICIAL_DOMAINS else None
-        if tensor is None:
-            kept.append(node)
+    """Replace Constant nodes of ``graph`` by initializers of the same name; returns how many."""
+    converted: set[int] = set()
+    for index, node in enumerate(graph.node):
+        if node.op_type != "Constant" or node.domain not in OFFICIAL_DOMAINS or len(node.output) != 1:
             continue
-        graph.initializer.append(tensor)
-        converted += 1
-    if converted:
-        del graph.node[:]
-        graph.node.extend(kept)
-    return converted
+        if len(node.attribute) == 1 and node.attribute[0].name == "value":
+            target = graph.initializer.add()  # one copy of the tensor, straight into place
+            target.CopyFrom(node.attribute[0].t)
+            target.name = node.output[0]
+        else:
+            tensor = _constant_tensor(node)
+            if tensor is None:
+                continue
+            graph.initializer.append(tensor)
+        converted.add(index)
+    delete_indices(graph.node, converted)
+    return len(converted)
 
 
 def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
@@ -148,19 +191,17 @@ def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
     return numpy_helper.from_array(makers[attr.name](), name)
 
 
-def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
-    """ONNX element type of every top-level tensor whose type is declared or inferred."""
-    graph = model.graph
+def tensor_types(graph: onnx.GraphProto) -> dict[str, int]:
+    """ONNX element type of every tensor of ``graph`` whose type is declared or inferred."""
     types = {value.name: value.type.tensor_type.elem_type for value in (*graph.input, *graph.value_info, *graph.output)
              if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type}
     types.update((init.name, init.data_type) for init in graph.initializer)
     return types
 
 
-def static_shapes(model: onnx.ModelProto) -> StaticShapes:
-    """Names whose shape is fully known, from inputs, value_info, outputs and initializers."""
+def static_shapes(graph: onnx.GraphProto, constant: set[str]) -> StaticShapes:
+    """Names of ``graph`` whose shape is fully known, from inputs, value_info, outputs and constant initializers."""
     shapes: StaticShapes = {}
-    graph = model.graph
     for value in (*graph.input, *graph.value_info, *graph.output):
         if not value.type.HasField("tensor_type"):
             continue
@@ -170,7 +211,6 @@ def static_shapes(model: onnx.ModelProto) -> StaticShapes:
         dims = tensor_type.shape.dim
         if all(dim.HasField("dim_value") for dim in dims):
             shapes[value.name] = (tuple(dim.dim_value for dim in dims), tensor_type.elem_type)
-    constant = constant_names(model)
     # An overridable initializer has the shape its graph input declares, not necessarily its default's.
     shapes.update((init.name, (tuple(init.dims), init.data_type))
                   for init in graph.initializer if init.name in constant)
@@ -206,24 +246,121 @@ def shape_value(node: onnx.NodeProto, shapes: StaticShapes) -> np.ndarray | None
     return np.array(dims[start:end], dtype=np.int64)
 
 
-def plan_folding(model: onnx.ModelProto, shapes: StaticShapes, limit_bytes: int,
+@dataclass
+class Scope:
+    """A graph being folded and what it can see: its constants and those of the graphs around it."""
+
+    graph: onnx.GraphProto
+    tensors: dict[str, onnx.TensorProto]
+    """Constant tensors visible here by name (outer scopes' and this graph's non-overridable initializers)."""
+    shapes: StaticShapes
+    protected: set[str] = field(default_factory=set)
+    """Names that must stay computed by a node (a subgraph's outputs)."""
+    partial: dict[str, tuple[int | None, ...]] = field(default_factory=dict)
+    """Dimensions of tensors whose rank is known (None: a symbolic dimension)."""
+
+
+def top_scope(model: onnx.ModelProto) -> Scope:
+    constant = constant_names(model)
+    tensors = {init.name: init for init in model.graph.initializer if init.name in constant}
+    return Scope(model.graph, tensors, static_shapes(model.graph, constant), partial=partial_shapes(model.graph))
+
+
+def partial_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int | None, ...]]:
+    """Dimensions of every value of known rank (None where symbolic or unknown)."""
+    dims: dict[str, tuple[int | None, ...]] = {}
+    for value in (*graph.input, *graph.value_info, *graph.output):
+        tensor_type = value.type.tensor_type
+        if value.type.HasField("tensor_type") and tensor_type.HasField("shape"):
+            dims[value.name] = tuple(dim.dim_value if dim.HasField("dim_value") else None
+                                     for dim in tensor_type.shape.dim)
+    return dims
+
+
+def sub_scope(outer: Scope, graph: onnx.GraphProto) -> Scope:
+    """The scope of a subgraph: the outer constants, its own initializers (minus shadowing inputs)."""
+    shadowed = {value.name for value in graph.input}
+    tensors = {name: tensor for name, tensor in outer.tensors.items() if name not in shadowed}
+    tensors.update((init.name, init) for init in graph.initializer if init.name not in shadowed)
+    shapes = {name: shape for name, shape in outer.shapes.items() if name not in shadowed}
+    shapes.update(static_shapes(graph, set(tensors)))
+    partial = {name: dims for name, dims in outer.partial.items() if name not in shadowed}
+    partial.update(partial_shapes(graph))
+    return Scope(graph, tensors, shapes, protected={value.name for value in graph.output}, partial=partial)
+
+
+def partial_shape_value(node: onnx.NodeProto, scope: Scope, vectors: dict[str, list[int | None]],
+                        known: dict[str, np.ndarray]) -> np.ndarray | None:
+    """Static dimensions picked out of a partly symbolic shape: Shape, then Gather or Slice of constant indices.
+
+    Records the dimensions of a Shape output in ``vectors`` for the Gather/Slice after it; returns a value
+    when the node's result is all static dimensions.
+    """
+    import numpy as np
+
+    if node.op_type == "Shape" and node.input and node.input[0] in scope.partial:
+        dims = list(scope.partial[node.input[0]])
+        attrs = {attr.name: attr.i for attr in node.attribute}
+        rank = len(dims)
+        start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (attrs.get("start", 0),
+                                                                              attrs.get("end", rank)))
+        vectors[node.output[0]] = dims[start:end]
+        return None
+    if node.op_type not in ("Gather", "Slice") or not node.input or node.input[0] not in vectors:
+        return None
+    args = [_constant_value(name, scope, known) for name in node.input[1:]]
+    if any(arg is None for arg in args):
+        return None
+    dims = vectors[node.input[0]]
+    positions = np.arange(len(dims))
+    try:
+        if node.op_type == "Gather":
+            picked = positions[np.asarray(args[0], dtype=np.int64)]
+        else:
+            starts, ends = (np.asarray(arg, dtype=np.int64).reshape(-1) for arg in args[:2])
+            if len(args) > 2 and [int(axis) for axis in np.asarray(args[2]).reshape(-1)] not in ([0], [-1]):
+                return None
+            if len(args) > 3 and [int(step) for step in np.asarray(args[3]).reshape(-1)] != [1]:
+                return None  # ONNX clamps negative steps differently from Python
+            picked = positions[int(starts[0]):int(min(ends[0], 2**62))]
+    except (IndexError, ValueError):
+        return None
+    values = [dims[int(index)] for index in np.asarray(picked).reshape(-1)]
+    if any(value is None for value in values):
+        return None
+    return np.asarray(values, dtype=np.int64).reshape(np.asarray(picked).shape)
+
+
+def _constant_value(name: str, scope: Scope, known: dict[str, np.ndarray]) -> np.ndarray | None:
+    from onnx import numpy_helper
+
+    if name in known:
+        return known[name]
+    tensor = scope.tensors.get(name)
+    return None if tensor is None else numpy_helper.to_array(tensor)
+
+
+def plan_folding(scope: Scope, limit_bytes: int,
                  report: FoldReport) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray]]:
     """Nodes to evaluate, in graph order, and the values known without evaluation (Shape/Size)."""
-    const = constant_names(model)
+    const = set(scope.tensors) | {""}
     to_evaluate: list[onnx.NodeProto] = []
     known: dict[str, np.ndarray] = {}
-    for node in model.graph.node:
-        if not is_foldable_op(node):
+    vectors: dict[str, list[int | None]] = {}  # Shape outputs with some dimensions known
+    for node in scope.graph.node:
+        if not is_foldable_op(node) or any(name in scope.protected for name in node.output):
             continue
-        value = shape_value(node, shapes)
+        value = shape_value(node, scope.shapes)
+        if value is None:
+            value = partial_shape_value(node, scope, vectors, known)
         if value is not None:
             known[node.output[0]] = value
             const.add(node.output[0])
             continue
         if not all(name in const for name in node.input):
             continue
-        too_large = [(out, estimated_bytes(out, shapes)) for out in node.output
-                     if (estimated_bytes(out, shapes) or 0) > limit_bytes]
+        too_large = [(out, estimated_bytes(out, scope.shapes)) for out in node.output
+                     if (estimated_bytes(out, scope.shapes) or 0) > limit_bytes]
         if too_large:
             report.skipped.extend({"tensor": out, "bytes": size, "reason": f"{node.op_type} output above the limit "
                                    f"of {limit_bytes} bytes (from the inferred shape)"} for out, size in too_large)
@@ -233,31 +370,53 @@ def plan_folding(model: onnx.ModelProto, shapes: StaticShapes, limit_bytes: int,
     return to_evaluate, known
 
 
-def fold_constants(model: onnx.ModelProto, *, limit_bytes: int) -> FoldReport:
-    """Fold the top-level graph in place; returns what was folded and what was not."""
+def fold_constants(model: onnx.ModelProto, *, limit_bytes: int, subgraphs: bool = False) -> FoldReport:
+    """Fold the top-level graph in place (and the If/Loop/Scan bodies when asked); what was folded and what not."""
     report = FoldReport(constants_converted=constants_to_initializers(model.graph))
-    shapes = static_shapes(model)
-    nodes, values = plan_folding(model, shapes, limit_bytes, report)
-    if nodes:
-        values.update(evaluate_nodes(model, nodes, values, report))
-    too_large = _drop_unfit(values, limit_bytes, tensor_types(model))
-    still_read = _replace_folded(model, values, report)
-    # A large tensor whose consumers folded into something small is gone, not skipped.
-    report.skipped.extend(entry for entry in too_large if entry["tensor"] in still_read)
+    scope = top_scope(model)
+    fold_graph(model, scope, limit_bytes, report)
+    if subgraphs:
+        for node in model.graph.node:
+            for graph in _subgraphs(node):
+                _fold_subgraph(model, sub_scope(scope, graph), limit_bytes, report)
     return report
 
 
+def _fold_subgraph(model: onnx.ModelProto, scope: Scope, limit_bytes: int, report: FoldReport) -> None:
+    report.constants_converted += constants_to_initializers(scope.graph)
+    scope.tensors.update((init.name, init) for init in scope.graph.initializer
+                         if init.name not in {value.name for value in scope.graph.input})
+    fold_graph(model, scope, limit_bytes, report)
+    for node in scope.graph.node:
+        for graph in _subgraphs(node):
+            _fold_subgraph(model, sub_scope(scope, graph), limit_bytes, report)
+
+
+def fold_graph(model: onnx.ModelProto, scope: Scope, limit_bytes: int, report: FoldReport) -> None:
+    """Evaluate the foldable nodes of one graph and replace them by initializers of that graph."""
+    nodes, values = plan_folding(scope, limit_bytes, report)
+    if not nodes and not values:
+        return
+    if nodes:
+        values.update(evaluate_nodes(model, nodes, values, report, scope.tensors))
+    too_large = _drop_unfit(values, limit_bytes, tensor_types(scope.graph))
+    still_read = _replace_folded(scope, values, report)
+    # A large tensor whose consumers folded into something small is gone, not skipped.
+    report.skipped.extend(entry for entry in too_large if entry["tensor"] in still_read)
+
+
 def evaluate_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto], known: dict[str, np.ndarray],
-                   report: FoldReport) -> dict[str, np.ndarray]:
+                   report: FoldReport, tensors: dict[str, onnx.TensorProto] | None = None) -> dict[str, np.ndarray]:
     """Values of every output of ``nodes``: one ONNX Runtime session, else node by node.
 
-    ``known`` holds values found without evaluation (Shape/Size) that ``nodes`` may read.
+    ``known`` holds values found without evaluation (Shape/Size) that ``nodes`` may read; ``tensors`` the
+    constants they may read (the model's initializers when None).
     """
     from onnx import numpy_helper
 
-    initializers = {init.name: init for init in model.graph.initializer}
+    initializers = dict(tensors) if tensors is not None else {init.name: init for init in model.graph.initializer}
     initializers.update((name, numpy_helper.from_array(value, name)) for name, value in known.items())
-    if sum(initializers[name].ByteSize() for name in _outer_inputs(nodes)) <= MAX_EVAL_BYTES:
+    if sum(tensor_nbytes(initializers[name]) for name in _outer_inputs(nodes)) <= MAX_EVAL_BYTES:
         try:
             return _run_ort(_fold_model(model, nodes, initializers))
         except Exception as exc:  # any failure of the batch falls back to one node at a time
@@ -273,7 +432,7 @@ def _evaluate_one_by_one(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
     for node in nodes:
         if not all(not name or name in initializers or name in values for name in node.input):
             continue  # an input failed to fold
-        input_bytes = sum(initializers[name].ByteSize() if name in initializers else values[name].nbytes
+        input_bytes = sum(tensor_nbytes(initializers[name]) if name in initializers else values[name].nbytes
                           for name in set(node.input) if name)
         if input_bytes > MAX_EVAL_BYTES:
             outputs, failures = None, [f"inputs above {MAX_EVAL_BYTES} bytes, too large to evaluate"]
@@ -370,15 +529,16 @@ def _drop_unfit(values: dict[str, Any], limit_bytes: int, types: dict[str, int])
     return too_large
 
 
-def _replace_folded(model: onnx.ModelProto, values: dict[str, np.ndarray], report: FoldReport) -> set[str]:
-    """Remove nodes whose every output has a value; add the values still read as initializers.
+def _replace_folded(scope: Scope, values: dict[str, np.ndarray], report: FoldReport) -> set[str]:
+    """Remove nodes whose every output has a value; add the values still read as initializers of the scope's graph.
 
     Returns the names the remaining nodes, subgraphs and graph outputs read.
     """
     from onnx import numpy_helper
 
-    graph = model.graph
-    folded = [node for node in graph.node if _all_known(node.output, values) and is_foldable_op(node)]
+    graph = scope.graph
+    folded = [node for node in graph.node if _all_known(node.output, values) and is_foldable_op(node)
+              and not any(name in scope.protected for name in node.output)]
     folded_ids = {id(node) for node in folded}
     kept = [node for node in graph.node if id(node) not in folded_ids]
     read = _names_read(kept, graph)
@@ -386,15 +546,14 @@ def _replace_folded(model: onnx.ModelProto, values: dict[str, np.ndarray], repor
         return read
     new_inits = [numpy_helper.from_array(_as_array(values[name]), name)
                  for node in folded for name in node.output if name in read]
-    del graph.node[:]
-    graph.node.extend(kept)
+    delete_where(graph.node, lambda node: id(node) in folded_ids)
     graph.initializer.extend(new_inits)
+    scope.tensors.update((init.name, init) for init in graph.initializer[len(graph.initializer) - len(new_inits):])
     as_init = {init.name for init in new_inits}
-    stale = [value for value in graph.value_info if value.name in as_init]
-    for value in stale:
-        graph.value_info.remove(value)
+    delete_where(graph.value_info, lambda value: value.name in as_init)
     report.folded_nodes += len(folded)
     report.folded_tensors += len(new_inits)
+    report.folded.update((name, int(values[name].nbytes)) for name in as_init)
     return read
 
 
@@ -426,10 +585,8 @@ def sync_legacy_inputs(model: onnx.ModelProto, *, drop_unused: bool) -> None:
     if drop_unused:
         read = _names_read(list(graph.node), graph)
         unread = {init.name for init in graph.initializer if init.name not in read}
-        for init in [init for init in graph.initializer if init.name in unread]:
-            graph.initializer.remove(init)
-        for value in [value for value in graph.input if value.name in unread]:
-            graph.input.remove(value)
+        delete_where(graph.initializer, lambda init: init.name in unread)
+        delete_where(graph.input, lambda value: value.name in unread)
     listed = {value.name for value in graph.input}
     graph.input.extend(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
                        for init in graph.initializer if init.name not in listed)

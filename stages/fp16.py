@@ -1,39 +1,58 @@
 """The fp16 stage: convert a float32 model to float16 with onnxconverter-common, deliberately.
 
-What it does beyond calling the converter:
-- runs ONNX shape/type inference first (the converter's Cast insertion depends on it);
-- picks the clamping limits on purpose (float16's own range by default, not the
-  converter's ±1e4) and counts what is clamped per initializer instead of warning per value;
-- optionally runs the float32 model on calibration data and keeps in float32 every node
-  whose activations would overflow float16 (activation-aware blocking);
-- restores float32 graph outputs that the converter turns to float16 when the node
-  producing them is blocked, despite ``keep_io_types``;
-- checks the result with onnx.checker and an ONNX Runtime session.
+onnxconverter-common converts; around it this stage
+- types every tensor first (stages.fp16_types: inference by path for > 2 GB models,
+  subgraphs, ORT for contrib ops) and refuses, naming it, a tensor it cannot type;
+- keeps in float32 what must stay float32 by the ONNX schemas (stages.fp16_rules);
+- with data (`calibration`), keeps in float32 the nodes whose activations would
+  overflow float16, by measured ranges and known overflow patterns
+  (stages.fp16_activations), and, in `mode: auto`, the fewest further nodes that meet a
+  tolerance, by measured per-node sensitivity (stages.fp16_budget);
+- makes the converted model's types consistent (stages.fp16_repair): one Cast per tensor,
+  a copy per precision of shared constants, Casts in the graph that owns the tensor,
+  no redundant Cast pairs, topological order, unique names;
+- checks the artifact's fidelity with float16 arithmetic emulated on ORT (or onnx's
+  reference evaluator), blocking nodes that still overflow, then runs onnx.checker
+  (full) and loads it in ORT.
 """
 
 from __future__ import annotations
 
 import logging
-import warnings
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipeline.context import Artifact, StageContext, StageResult
 from pipeline.errors import StageError
-from stages.quantize import CalibrationRef, name_unnamed_nodes
+from pipeline.tolerance import DEFAULT_TOLERANCES, Tolerance
+from stages.fp16_convert import STAGE, already_float16, check, convert, count_clamping, float16_clamper
+from stages.fp16_graph import name_nodes_uniquely, subgraphs, walk_nodes
+from stages.fp16_repair import Plan, TypeRepair
+from stages.fp16_rules import Float32Needs, decomposed_layer_norms, float32_needs
+from stages.fp16_types import INFERENCE_BY_PATH_BYTES, all_types, load_typed
 
 if TYPE_CHECKING:
     import numpy as np
     import onnx
 
+    from stages.fp16_activations import Float32Run
+
 log = logging.getLogger(__name__)
 
-STAGE = "fp16"
 FLOAT16_MAX = 65504.0
-MAX_LISTED_INITIALIZERS = 50
-FLOAT, FLOAT16 = 1, 10  # onnx.TensorProto element types
+MAX_SAFETY_ROUNDS = 8
+
+
+class Fp16Data(BaseModel):
+    """Which data the fp16 stage measures activations and fidelity on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: str | None = Field(default=None, description="Dataset name from the recipe's 'data'; seeded random data "
+                                                       "shaped from the model when absent.")
+    samples: int = Field(default=16, ge=1, description="How many samples to use at most.")
 
 
 class Fp16Config(BaseModel):
@@ -41,6 +60,10 @@ class Fp16Config(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    mode: Literal["fixed", "auto"] = Field(
+        default="fixed", description="'fixed': block lists, schema rules and activation ranges decide what stays "
+                                     "float32; 'auto': also keep the fewest further nodes, by measured sensitivity, "
+                                     "that bring the artifact within 'tolerance' (needs 'calibration').")
     keep_io_types: bool = Field(default=True, description="Keep float32 graph inputs and outputs (Casts inside).")
     min_positive_val: float = Field(
         default=5.96e-08, description="Nonzero constants smaller in magnitude are raised to this (float16's "
@@ -51,47 +74,40 @@ class Fp16Config(BaseModel):
     op_block_list: list[str] | None = Field(
         default=None, description="Op types kept in float32; onnxconverter-common's default list when absent.")
     node_block_list: list[str] = Field(default_factory=list, description="Node names kept in float32.")
-    calibration: CalibrationRef | None = Field(
-        default=None, description="Data for activation-aware blocking: nodes whose float32 activations exceed "
-                                  "max_finite_val * safety_margin stay in float32. No analysis when absent.")
+    calibration: Fp16Data | None = Field(
+        default=None, description="Data for activation-aware blocking, budget mode and the fidelity check; "
+                                  "without it the stage converts by the block lists and schema rules only.")
     safety_margin: float = Field(
-        default=0.5, gt=0.0, le=1.0, description="Fraction of max_finite_val above which an activation counts as "
-                                                 "overflowing (calibration data rarely holds the worst case).")
+        default=0.5, gt=0.0, le=1.0, description="Fraction of max_finite_val a measured activation may reach: "
+                                                 "worst cases are predicted as measured / margin (squared for "
+                                                 "attention scores, exponentiated for Pow and Exp).")
+    tolerance: Tolerance | None = Field(
+        default=None, description="Limits the emulated float16 outputs must meet against float32 on the data: "
+                                  "the target of mode 'auto' and the verdict of the fidelity check (the fp16 "
+                                  "defaults of validation when absent).")
+    fidelity_check: Literal["emulated", "reference", "off"] = Field(
+        default="emulated", description="With data: 'emulated' runs the artifact in ONNX Runtime with every "
+                                        "float16 tensor rounded to float16 (fast; overflowing nodes found there "
+                                        "are kept in float32 too); 'reference' also runs onnx's reference "
+                                        "evaluator, every op in float16 arithmetic (slow); 'off' skips both.")
+
+    keep_layer_norms_float32: bool = Field(
+        default=True, description="Keep LayerNorms written out op by op (ReduceMean, Sub, Pow, ..., Div) in "
+                                  "float32: their variance overflows float16 above |x - mean| = 256, and ONNX "
+                                  "Runtime's CPU LayerNormFusion cannot load them in mixed precision.")
+    onnxruntime_check: bool = Field(
+        default=True, description="Load the artifact in ONNX Runtime's CPU provider before handing it over (about "
+                                  "0.3 s for a 1,000-node graph); onnx.checker's full check runs always.")
 
     @model_validator(mode="after")
-    def _limits(self) -> Fp16Config:
+    def _consistent(self) -> Fp16Config:
         if not 0.0 < self.min_positive_val < self.max_finite_val <= FLOAT16_MAX:
             raise ValueError(f"need 0 < min_positive_val < max_finite_val <= {FLOAT16_MAX}; got "
                              f"min_positive_val={self.min_positive_val}, max_finite_val={self.max_finite_val}")
+        if self.mode == "auto" and self.calibration is None:
+            raise ValueError("mode 'auto' measures errors on data: set calibration: {data: <dataset>} "
+                             "(the validation dataset is a good choice; data: null uses seeded random inputs)")
         return self
-
-
-def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResult:
-    """Convert the artifact's model to float16; returns the converted model and what was done."""
-    model = _with_types(artifact.load(), ctx)
-    name_unnamed_nodes(model)
-    _check_node_names(model, config.node_block_list, ctx)
-    op_block = effective_op_block_list(config.op_block_list)
-    kept = _activation_blocking(artifact, model, config, ctx) if config.calibration else []
-    node_block = sorted(set(config.node_block_list) | {entry["node"] for entry in kept})
-    clamp = count_clamping(model, config.min_positive_val, config.max_finite_val, op_block, node_block)
-    casts_before = sum(node.op_type == "Cast" for node in model.graph.node)
-    outputs_before = {value.name: value.type.tensor_type.elem_type for value in model.graph.output}
-    converted = _convert(model, config, op_block, node_block, ctx)
-    restored = _restore_output_types(converted, outputs_before) if config.keep_io_types else []
-    checker = _check(converted, ctx)
-    findings: dict[str, Any] = {
-        "clamp": clamp,
-        "keep_io_types": config.keep_io_types,
-        "op_block_list": op_block,
-        "node_block_list": node_block,
-        "kept_in_fp32": kept,
-        "cast_nodes_added": sum(node.op_type == "Cast" for node in converted.graph.node) - casts_before,
-        "checker": checker,
-    }
-    if restored:
-        findings["outputs_restored_to_float32"] = restored
-    return StageResult(model=converted, changed=True, findings=findings)
 
 
 def effective_op_block_list(op_block_list: list[str] | None) -> list[str]:
@@ -103,210 +119,195 @@ def effective_op_block_list(op_block_list: list[str] | None) -> list[str]:
     return list(DEFAULT_OP_BLOCK_LIST)
 
 
-def _with_types(model: onnx.ModelProto, ctx: StageContext) -> onnx.ModelProto:
-    """The model after ONNX shape/type inference; float tensors left untyped are logged, not fatal (yet)."""
-    import onnx
+def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResult:
+    """Convert the artifact's model to float16; returns the converted model and what was done."""
+    started = time.perf_counter()
+    big = artifact.size_bytes >= INFERENCE_BY_PATH_BYTES
+    ctx.on_progress("fp16: types")
+    model = load_typed(artifact.path, artifact.size_bytes, ctx.work_dir)
+    _refuse_float16(model, ctx)
+    name_nodes_uniquely(model)
+    _check_node_names(model, config.node_block_list, ctx)
+    types = all_types(model)
+    needs = float32_needs(model, types)
+    op_block = effective_op_block_list(config.op_block_list)
+    norms = decomposed_layer_norms(model) if config.keep_layer_norms_float32 else {}
+    fixed = _fixed_float32(model, op_block, config.node_block_list, needs) | set(norms)
+    findings: dict[str, Any] = {"keep_io_types": config.keep_io_types, "op_block_list": op_block,
+                                "schema_float32_nodes": needs.nodes, "schema_float32_inputs": needs.input_reasons,
+                                "layer_norm_float32_nodes": norms}
+    session = _Session(model, config, ctx, needs, types, big)
+    if config.calibration is not None:
+        session.analyse(artifact, fixed)
+    else:
+        findings["activation_analysis"] = "not run: no calibration data in the fp16 config"
+    session.convert(fixed)
+    if config.calibration is not None and config.fidelity_check != "off":
+        session.safety_rounds(fixed)
+    converted = session.converted
+    findings.update(session.findings)
+    findings["node_block_list"] = sorted(session.blocked - _op_blocked(model, op_block))
+    findings["clamp"] = count_clamping(model, converted, session.repair.initializer_copies, session.float32_scope,
+                                       config.min_positive_val, config.max_finite_val)
+    findings["repair"] = _repair_findings(session.repair)
+    findings["cast_nodes"] = sum(node.op_type == "Cast" for node, _ in walk_nodes(converted.graph))
+    findings["checker"] = check(converted, ctx.work_dir, ctx.variant, big=big,
+                                onnxruntime_check=config.onnxruntime_check)
+    findings["seconds"] = round(time.perf_counter() - started, 3)
+    return StageResult(model=converted, changed=True, findings=findings)
 
-    try:
-        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception as exc:  # inference is best effort here; the converter then sees fewer types
-        log.warning("variant %s: shape inference failed before fp16 conversion: %s", ctx.variant, exc)
-    typed = {value.name for value in (*model.graph.value_info, *model.graph.input, *model.graph.output)}
-    typed |= {init.name for init in model.graph.initializer}
-    untyped = [out for node in model.graph.node for out in node.output if out and out not in typed]
-    if untyped:
-        log.warning("variant %s: %d tensors have no inferred type (e.g. %s); Casts around blocked nodes may be "
-                    "missing for them", ctx.variant, len(untyped), untyped[:5])
-    return model
+
+def _refuse_float16(model: onnx.ModelProto, ctx: StageContext) -> None:
+    present = already_float16(model)
+    if present:
+        raise StageError(STAGE, ctx.variant, f"the model already holds float16 tensors or Casts ({present[:5]}); "
+                                             "converting again would stack clamping and Casts: give the stage the "
+                                             "float32 model")
 
 
 def _check_node_names(model: onnx.ModelProto, names: list[str], ctx: StageContext) -> None:
-    present = {node.name for node in model.graph.node}
+    present = {node.name for node, _ in walk_nodes(model.graph)}
     unknown = [name for name in names if name not in present]
     if unknown:
         raise StageError(STAGE, ctx.variant, f"node_block_list names {unknown} that are not in the model; "
                                              f"some of its nodes: {sorted(present)[:20]}")
 
 
-def count_clamping(model: onnx.ModelProto, min_positive_val: float, max_finite_val: float,
-                   op_block: list[str], node_block: list[str]) -> dict[str, Any]:
-    """What the converter will clamp in the float32 constants it converts, counted before conversion."""
-    counts: dict[str, int] = {}
-    worst = 0.0
-    for name, array in _converted_constants(model, op_block, node_block):
-        count, change = _clamped(array, min_positive_val, max_finite_val)
-        if count:
-            counts[name] = count
-            worst = max(worst, change)
-    listed = dict(sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:MAX_LISTED_INITIALIZERS])
-    clamp: dict[str, Any] = {
-        "min_positive_val": min_positive_val,
-        "max_finite_val": max_finite_val,
-        "clamped_values": sum(counts.values()),
-        "initializers": listed,
-        "max_relative_change": worst,
-    }
-    if len(counts) > len(listed):
-        clamp["initializers_not_listed"] = len(counts) - len(listed)
-    return clamp
+def _op_blocked(model: onnx.ModelProto, op_block: list[str]) -> set[str]:
+    blocked_ops = set(op_block)
+    return {node.name for node, _ in walk_nodes(model.graph) if node.op_type in blocked_ops}
 
 
-def _converted_constants(model: onnx.ModelProto, op_block: list[str],
-                         node_block: list[str]) -> list[tuple[str, np.ndarray]]:
-    """Float32 initializers and Constant values of the main graph that the converter turns to float16."""
-    from onnx import numpy_helper
-
-    blocked = {node.name for node in model.graph.node if node.op_type in set(op_block) or node.name in set(node_block)}
-    blocked_inputs = {name for node in model.graph.node if node.name in blocked for name in node.input}
-    found = [(init.name, numpy_helper.to_array(init)) for init in model.graph.initializer
-             if init.data_type == FLOAT and init.name not in blocked_inputs]
-    for node in model.graph.node:
-        if node.name in blocked:
-            continue
-        for attr in node.attribute:
-            tensors = ([attr.t] if attr.HasField("t") else []) + list(attr.tensors)
-            label = node.output[0] if node.op_type == "Constant" and node.output else f"{node.name}.{attr.name}"
-            for index, tensor in enumerate(tensors):
-                if tensor.data_type == FLOAT:
-                    found.append((label if index == 0 else f"{label}[{index}]", numpy_helper.to_array(tensor)))
-    return found
+def _fixed_float32(model: onnx.ModelProto, op_block: list[str], node_block: list[str],
+                   needs: Float32Needs) -> set[str]:
+    """Nodes float32 before any measurement: block lists and schema rules."""
+    return _op_blocked(model, op_block) | set(node_block) | set(needs.nodes)
 
 
-def _clamped(array: np.ndarray, min_positive_val: float, max_finite_val: float) -> tuple[int, float]:
-    """How many values the converter changes by clamping, and the largest relative change among them."""
-    import numpy as np
-
-    magnitude = np.abs(array.astype(np.float64, copy=False)).ravel()
-    big = magnitude[(magnitude > max_finite_val) & np.isfinite(magnitude)]
-    tiny = magnitude[(magnitude > 0) & (magnitude < min_positive_val)]
-    changes = [float(((big - max_finite_val) / big).max())] if big.size else []
-    if tiny.size:
-        changes.append(float(((min_positive_val - tiny) / tiny).max()))
-    return int(big.size + tiny.size), max(changes, default=0.0)
+def _with_nested(model: onnx.ModelProto, names: set[str]) -> set[str]:
+    """The names plus every node inside the subgraphs of those nodes (they run in float32 with them)."""
+    result = set(names)
+    for node, _ in walk_nodes(model.graph):
+        if node.name in result:
+            for sub in subgraphs(node):
+                result.update(inner.name for inner, _ in walk_nodes(sub))
+    return result
 
 
-def _activation_blocking(artifact: Artifact, model: onnx.ModelProto, config: Fp16Config,
-                         ctx: StageContext) -> list[dict[str, Any]]:
-    """Nodes whose float32 activations on the calibration data exceed max_finite_val * safety_margin."""
-    assert config.calibration is not None
-    feeds = ctx.samples(config.calibration.data, artifact.path, config.calibration.samples)
-    abs_max = activation_abs_max(model, feeds, ctx.work_dir)
-    limit = config.max_finite_val * config.safety_margin
-    already = set(effective_op_block_list(config.op_block_list))
-    kept = []
-    for node in model.graph.node:
-        if node.op_type in already or node.name in config.node_block_list:
-            continue
-        seen = [(abs_max[name], name) for name in (*node.input, *node.output) if name in abs_max]
-        if seen and max(seen)[0] > limit:
-            value, tensor = max(seen)
-            kept.append({"node": node.name, "op_type": node.op_type, "tensor": tensor, "abs_max": value})
-    if kept:
-        log.info("variant %s: %d nodes stay in float32: activations above %g", ctx.variant, len(kept), limit)
-    return kept
+def _repair_findings(report: Any) -> dict[str, Any]:
+    return {"casts_added": report.casts, "redundant_casts_removed": report.casts_removed,
+            "initializer_copies": report.initializer_copies, "constant_copies": report.constant_copies,
+            "type_attributes_rewritten": report.attributes, "outputs_retyped": report.outputs_retyped}
 
 
-def activation_abs_max(model: onnx.ModelProto, feeds: Any, work_dir: Path) -> dict[str, float]:
-    """Largest |value| of every float32 tensor (graph inputs and node outputs) over the feeds, run in ORT."""
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
+class _Session:
+    """One run of the stage: the typed float32 model, the data, and the conversion as it evolves."""
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    outputs = {value.name for value in probe.graph.output}
-    for value in model.graph.value_info:
-        if value.type.tensor_type.elem_type == FLOAT and value.name not in outputs:
-            probe.graph.output.append(value)
-    path = work_dir / "fp16_probe.onnx"
-    onnx.save(probe, str(path))
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    names = [out.name for out in session.get_outputs()]
-    abs_max: dict[str, float] = {}
-    for feed in feeds:
-        arrays = list(zip(names, session.run(None, feed), strict=True)) + list(feed.items())
-        for name, array in arrays:
-            if array.size and np.issubdtype(array.dtype, np.floating):
-                abs_max[name] = max(abs_max.get(name, 0.0), float(np.nanmax(np.abs(array))))
-    return abs_max
+    def __init__(self, model: onnx.ModelProto, config: Fp16Config, ctx: StageContext, needs: Float32Needs,
+                 types: dict[str, int], big: bool) -> None:
+        self.model = model
+        self.config = config
+        self.ctx = ctx
+        self.needs = needs
+        self.types = types
+        self.big = big
+        self.to_float16 = float16_clamper(config.min_positive_val, config.max_finite_val)
+        self.feeds: list[dict[str, np.ndarray]] = []
+        self.float32: Float32Run | None = None
+        self.kept: list[dict[str, Any]] = []
+        self.blocked: set[str] = set()
+        self.float32_scope: set[str] = set()
+        self.findings: dict[str, Any] = {}
+        self.converted: onnx.ModelProto
+        self.repair: Any = None
 
+    @property
+    def tolerance(self) -> Tolerance:
+        return self.config.tolerance or DEFAULT_TOLERANCES["fp16"]
 
-def _convert(model: onnx.ModelProto, config: Fp16Config, op_block: list[str], node_block: list[str],
-             ctx: StageContext) -> onnx.ModelProto:
-    """onnxconverter-common's conversion, its per-value warnings captured and summarised in one log line."""
-    from onnxconverter_common.float16 import convert_float_to_float16
+    def analyse(self, artifact: Artifact, fixed: set[str]) -> None:
+        """Run float32 on the data; keep overflowing nodes; in auto mode, also the budget's choice."""
+        from stages.fp16_activations import overflowing_nodes, run_float32
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            converted = convert_float_to_float16(
-                model, min_positive_val=config.min_positive_val, max_finite_val=config.max_finite_val,
-                keep_io_types=config.keep_io_types, disable_shape_infer=True,
-                op_block_list=op_block, node_block_list=node_block,
-            )
-        except Exception as exc:
-            raise StageError(STAGE, ctx.variant, f"onnxconverter-common failed: {exc}") from exc
-    if caught:
-        log.debug("variant %s: onnxconverter-common warned %d times (clamping is counted in findings)",
-                  ctx.variant, len(caught))
-    return converted
+        assert self.config.calibration is not None
+        data = self.config.calibration
+        self.ctx.on_progress("fp16: activation ranges")
+        self.feeds = list(self.ctx.samples(data.data, artifact.path, data.samples))
+        self.float32 = run_float32(self.model, self.feeds, self.ctx.work_dir, big=self.big)
+        limit_note = {"safety_margin": self.config.safety_margin, "max_finite_val": self.config.max_finite_val}
+        self.kept = overflowing_nodes(self.model, self.float32.stats, self.config.max_finite_val,
+                                      self.config.safety_margin, fixed)
+        self.findings["activation_analysis"] = {"data": data.data or "seeded random", "samples": len(self.feeds),
+                                                **limit_note}
+        if self.kept:
+            log.info("variant %s: %d nodes stay float32 for their activation ranges", self.ctx.variant,
+                     len(self.kept))
+        if self.config.mode == "auto":
+            self._budget(fixed | {entry["node"] for entry in self.kept})
 
+    def _budget(self, float32: set[str]) -> None:
+        from stages.fp16_budget import choose_float32_nodes, node_groups
 
-def _restore_output_types(model: onnx.ModelProto, before: dict[str, int]) -> list[str]:
-    """Give back float32 graph outputs that the converter turned to float16; returns their names."""
-    from onnx import helper
+        assert self.float32 is not None
+        self.ctx.on_progress("fp16: per-node sensitivity")
+        groups = node_groups(self.model, _with_nested(self.model, float32), self.types)
+        result = choose_float32_nodes(
+            self.model, groups, self.needs.inputs, self.feeds, self.float32.outputs, self.tolerance,
+            keep_io_types=self.config.keep_io_types, to_float16=self.to_float16, work_dir=self.ctx.work_dir)
+        self.kept.extend({"node": name, "op_type": self._op_type(name), "reason": "budget: sensitivity"}
+                         for name in result.float32_nodes)
+        self.findings["budget"] = {"tolerance": self.tolerance.model_dump(exclude_none=True), **result.findings}
 
-    producers = {out: node for node in model.graph.node for out in node.output}
-    restored = []
-    for value in model.graph.output:
-        tensor_type = value.type.tensor_type
-        if before.get(value.name) != FLOAT or tensor_type.elem_type != FLOAT16:
-            continue
-        producer = producers.get(value.name)
-        if producer is not None and producer.op_type == "Cast":
-            for attr in producer.attribute:
-                if attr.name == "to":
-                    attr.i = FLOAT
+    def _op_type(self, name: str) -> str:
+        return next((node.op_type for node, _ in walk_nodes(self.model.graph) if node.name == name), "?")
+
+    def convert(self, fixed: set[str]) -> None:
+        """Convert with everything decided so far kept in float32, then repair the types."""
+        self.ctx.on_progress("fp16: converting")
+        self.blocked = fixed | {entry["node"] for entry in self.kept}
+        self.float32_scope = _with_nested(self.model, self.blocked)
+        converted = convert(self.model, min_positive_val=self.config.min_positive_val,
+                            max_finite_val=self.config.max_finite_val, keep_io_types=self.config.keep_io_types,
+                            op_block_list=effective_op_block_list(self.config.op_block_list),
+                            node_block_list=sorted(self.blocked), variant=self.ctx.variant)
+        plan = Plan(float32_nodes=self.float32_scope, float32_inputs=self.needs.inputs,
+                    keep_io_types=self.config.keep_io_types)
+        self.repair = TypeRepair(self.model, plan, self.to_float16, self.types).apply(converted)
+        self.converted = converted
+        self.findings["kept_in_fp32"] = self.kept
+
+    def safety_rounds(self, fixed: set[str]) -> None:
+        """Emulate the artifact in float16; keep nodes where Inf/NaN is born, reconvert; then report fidelity."""
+        from stages.fp16_fidelity import EMULATED, overflow_births, reference_check, run_emulated, summary
+
+        assert self.float32 is not None
+        originals = {node.name for node, _ in walk_nodes(self.model.graph)}
+        for _ in range(MAX_SAFETY_ROUNDS):
+            self.ctx.on_progress("fp16: float16 emulation")
+            started = time.perf_counter()
+            emulated = run_emulated(self.converted, self.feeds, self.float32.stats, self.ctx.work_dir)
+            births = overflow_births(self.converted, emulated.nonfinite, originals, self.blocked,
+                                     self.float32.stats)
+            if not births:
+                break
+            log.info("variant %s: float16 emulation overflows at %s; keeping them in float32", self.ctx.variant,
+                     [entry["node"] for entry in births])
+            self.kept.extend(births)
+            self.convert(fixed)
         else:
-            inner = f"{value.name}_fp16"
-            for node in model.graph.node:
-                node.output[:] = [inner if out == value.name else out for out in node.output]
-                node.input[:] = [inner if name == value.name else name for name in node.input]
-            model.graph.node.append(helper.make_node("Cast", [inner], [value.name], name=f"{inner}_to_fp32", to=FLOAT))
-        tensor_type.elem_type = FLOAT
-        restored.append(value.name)
-    return restored
+            raise StageError(STAGE, self.ctx.variant, "float16 emulation still overflows after "
+                             f"{MAX_SAFETY_ROUNDS} rounds of keeping nodes in float32; last kept: {self.kept[-3:]}")
+        fidelity = {"emulated": summary(EMULATED, self.float32.outputs, emulated.outputs, self.tolerance,
+                                        time.perf_counter() - started)}
+        broken = sorted(emulated.nonfinite & {value.name for value in self.converted.graph.output})
+        if broken:
+            raise StageError(STAGE, self.ctx.variant, f"under float16 emulation the outputs {broken} hold Inf/NaN "
+                             "where float32 does not, and no further node to keep in float32 was "
+                             f"found (kept: {[entry['node'] for entry in self.kept]}); add the nodes feeding "
+                             "those outputs to node_block_list")
+        if self.config.fidelity_check == "reference":
+            self.ctx.on_progress("fp16: reference evaluator")
+            fidelity["reference"] = reference_check(self.converted, self.feeds, self.float32.outputs,
+                                                    self.tolerance)
+        self.findings["fidelity"] = fidelity
 
-
-def _check(model: onnx.ModelProto, ctx: StageContext) -> str:
-    """onnx.checker (full where shape inference allows) and an ORT CPU session; StageError if either fails."""
-    import onnx
-    import onnxruntime as ort
-
-    how = "full"
-    try:
-        onnx.checker.check_model(model, full_check=True)
-    except onnx.shape_inference.InferenceError as exc:
-        log.warning("variant %s: full check of the fp16 model failed in shape inference: %s", ctx.variant, exc)
-        how = f"basic (full check failed: {exc})"
-        _basic_check(model, ctx)
-    except onnx.checker.ValidationError as exc:
-        raise StageError(STAGE, ctx.variant, f"the fp16 model is not valid ONNX: {exc}") from exc
-    path = ctx.work_dir / "fp16_check.onnx"
-    onnx.save(model, str(path))
-    try:
-        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        raise StageError(STAGE, ctx.variant, f"the fp16 model does not load in ONNX Runtime: {exc}") from exc
-    return how
-
-
-def _basic_check(model: onnx.ModelProto, ctx: StageContext) -> None:
-    import onnx
-
-    try:
-        onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as exc:
-        raise StageError(STAGE, ctx.variant, f"the fp16 model is not valid ONNX: {exc}") from exc

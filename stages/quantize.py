@@ -1,45 +1,47 @@
-"""The quantize stage: ONNX Runtime static QDQ quantization (ptq) or dynamic quantization.
+"""The quantize stage: int8 QDQ models that run int8 kernels, from a float model or a fake-quant one.
 
-``ptq`` calibrates activation ranges on a recipe dataset (or seeded random data),
-streamed in small chunks so that memory stays bounded, and writes a QDQ model
-(QuantizeLinear/DequantizeLinear pairs around the quantized ops) that ONNX
-Runtime fuses into int8 kernels.  ``dynamic`` quantizes weights only; activations
-are quantized at run time (DynamicQuantizeLinear + MatMulInteger/ConvInteger).
+- ``ptq``: static QDQ quantization.  Activation ranges are calibrated by qdeploy
+  (``calibration/``: minmax, percentile, entropy, mse; streamed), and ONNX
+  Runtime's QDQ quantizer writes the model (uint8 activations with int8
+  per-channel weights by default: what ONNX Runtime fuses on x86).
+- ``dynamic``: int8 weights, activations quantized at run time (transformer
+  encoders on CPU).
+- ``lower``: fake quantization from quantization-aware training lowered to
+  exact QuantizeLinear/DequantizeLinear (``stages/lowering.py``).
 
-A model that is already quantized is refused rather than quantized twice.
+With ``tolerance`` (ptq, dynamic), the stage keeps the quantized nodes that hurt
+accuracy most in float until the tolerance holds against float32 on the budget
+data (``stages/quantize_budget.py``).  Every mode reports, per target, how many
+quantizable ops really run int8 kernels (``int8_kernels``).  A model that is
+already quantized is reported and passed through, never quantized twice.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
+import re
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.context import Artifact, StageContext, StageResult
-from pipeline.errors import QdeployError, StageError
+from pipeline.errors import StageError
+from pipeline.tolerance import Tolerance
+from stages.quantize_prepare import count_quantized_nodes, name_unnamed_nodes, weight_qdq_pairs
+from stages.quantize_verify import VERIFY_TARGETS
 
 if TYPE_CHECKING:
-    import numpy as np
     import onnx
 
 log = logging.getLogger(__name__)
 
+__all__ = ["CalibrationRef", "QuantizeConfig", "count_quantized_nodes", "name_unnamed_nodes",
+           "quantized_node_counts", "run"]
+
 STAGE = "quantize"
-CALIBRATION_CHUNK = 8
-"""Samples per calibration pass: ranges are merged between passes, so memory holds at most this many."""
-QUANTIZED_OP_TYPES = frozenset({
-    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger", "MatMulInteger",
-    "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention", "DynamicQuantizeLSTM",
-})
 _FLOAT_TYPES = (1, 10, 11, 16)  # onnx float, float16, double, bfloat16
-_METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
-_TYPES = {"uint8": "QUInt8", "int8": "QInt8"}
 
 
 class CalibrationRef(BaseModel):
@@ -52,39 +54,81 @@ class CalibrationRef(BaseModel):
     samples: int = Field(default=32, ge=1, description="How many samples to calibrate on at most.")
 
 
+class BudgetSettings(BaseModel):
+    """Where and how far the accuracy budget searches."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: str | None = Field(default=None, description="Dataset the budget is measured on; the calibration data "
+                                                       "(or seeded random data) when absent.")
+    samples: int = Field(default=16, ge=1, description="How many samples of that dataset to measure on.")
+    max_float_nodes: int | None = Field(default=None, ge=1, description="Most quantized nodes kept in float; no "
+                                                                        "limit when absent.")
+
+
 class QuantizeConfig(BaseModel):
     """Settings of the quantize stage."""
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["ptq", "dynamic"] = Field(
+    mode: Literal["ptq", "dynamic", "lower"] = Field(
         default="ptq", description="'ptq': static QDQ with calibrated activation ranges; 'dynamic': weights "
-                                   "quantized ahead, activations at run time.")
+                                   "quantized ahead, activations at run time; 'lower': fake-quant ops of a QAT "
+                                   "model lowered to exact QuantizeLinear/DequantizeLinear.")
     calibration: CalibrationRef | None = Field(
-        default=None, description="Calibration data of ptq; seeded random data (32 samples) when absent.")
-    method: Literal["minmax", "percentile", "entropy"] = Field(
+        default=None, description="Calibration data of ptq (seeded random data, 32 samples, when absent); in "
+                                  "mode lower, the data the lowered model is verified on.")
+    method: Literal["minmax", "percentile", "entropy", "mse"] = Field(
         default="minmax", description="How activation ranges are estimated from the calibration data (ptq).")
+    percentile: float = Field(default=99.999, gt=50.0, le=100.0,
+                              description="Percentile of method 'percentile' (both tails for signed data).")
     per_channel: bool = Field(default=True, description="Quantize weights per output channel.")
     activation_type: Literal["uint8", "int8"] = Field(
         default="uint8", description="Activation type of ptq; uint8 with int8 weights is what ORT fuses on x86.")
     weight_type: Literal["int8", "uint8"] = Field(default="int8", description="Weight type.")
+    symmetric_activations: bool = Field(default=False, description="Symmetric activation ranges (ptq).")
+    symmetric_weights: bool = Field(default=True, description="Symmetric weight ranges (zero point 0); OpenVINO "
+                                                              "runs int8 convolutions only with symmetric weights.")
     op_types: list[str] | None = Field(
-        default=None, description="Op types to quantize; ONNX Runtime's default set when absent.")
+        default=None, description="Op types to quantize; ONNX Runtime's default set when absent (dynamic with "
+                                  "int8 weights leaves Conv out: ORT has no int8-weight ConvInteger).")
     exclude_nodes: list[str] = Field(default_factory=list, description="Node names to leave in float.")
     exclude_op_types: list[str] = Field(default_factory=list, description="Op types whose nodes stay in float.")
+    exclude_patterns: list[str] = Field(default_factory=list, description="Regular expressions; nodes whose name "
+                                                                          "contains a match stay in float.")
+    tolerance: Tolerance | None = Field(
+        default=None, description="Accuracy budget against float32 (ptq, dynamic): the most harmful quantized "
+                                  "nodes stay float until it holds.")
+    budget: BudgetSettings = Field(default_factory=BudgetSettings, description="Data and limits of the accuracy "
+                                                                               "budget's search.")
+    verify_targets: list[Literal["ort:cpu", "openvino:cpu"]] = Field(
+        default_factory=lambda: list(VERIFY_TARGETS),
+        description="Targets on which the stage counts the ops that really run int8 kernels.")
+
+    @field_validator("exclude_patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"exclude_patterns: '{pattern}' is not a regular expression: {exc}") from None
+        return patterns
 
     @model_validator(mode="after")
     def _consistent(self) -> QuantizeConfig:
         if self.activation_type == "int8" and self.weight_type == "uint8":
             raise ValueError("activation_type int8 with weight_type uint8 is not supported by ONNX Runtime; "
                              "use uint8 activations with int8 weights (x86) or int8 for both")
-        if self.mode == "dynamic":
+        if self.mode != "ptq":
             # compared with the defaults, not model_fields_set: a dumped config is validated again by the runner
-            explicit = [name for name in ("calibration", "method", "activation_type")
-                        if getattr(self, name) != type(self).model_fields[name].default]
-            if explicit:
-                raise ValueError(f"mode 'dynamic' quantizes activations at run time; remove {explicit} "
-                                 "or use mode 'ptq'")
+            self._only_defaults(_PTQ_ONLY if self.mode == "dynamic" else (_PTQ_ONLY - {"calibration"}) | _NOT_LOWER)
+        if self.method != "percentile" and self.percentile != type(self).model_fields["percentile"].default:
+            raise ValueError("percentile applies to method 'percentile' only")
+        if self.budget != BudgetSettings() and self.tolerance is None:
+            raise ValueError("budget settings need a 'tolerance' to meet")
+        if self.tolerance is not None and not self.tolerance.model_dump(exclude_none=True):
+            raise ValueError("tolerance sets no limit: give cosine_min, top1_agreement_min or snr_db_min")
         if self.op_types is not None:
             overlap = sorted(set(self.op_types) & set(self.exclude_op_types))
             if overlap:
@@ -93,44 +137,56 @@ class QuantizeConfig(BaseModel):
                 raise ValueError("op_types is empty: name op types to quantize, or leave it out for ORT's default")
         return self
 
+    def _only_defaults(self, names: frozenset[str]) -> None:
+        fields = type(self).model_fields
+        explicit = sorted(name for name in names
+                          if getattr(self, name) != (fields[name].default_factory() if fields[name].default_factory
+                                                     else fields[name].default))
+        if explicit:
+            hint = "mode 'ptq'" if self.mode == "dynamic" else "mode 'ptq' or 'dynamic'"
+            raise ValueError(f"mode '{self.mode}' does not use {explicit}; remove them or use {hint}")
+
+
+_PTQ_ONLY = frozenset({"calibration", "method", "percentile", "activation_type", "symmetric_activations"})
+_NOT_LOWER = frozenset({"per_channel", "weight_type", "symmetric_weights", "op_types", "exclude_nodes",
+                        "exclude_op_types", "exclude_patterns", "tolerance", "budget"})
+
 
 def run(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
-    """Quantize the artifact's model; returns the quantized model and what was done."""
-    import onnx
+    """Quantize (or lower) the artifact's model; returns the new model and what was done."""
+    from stages import quantize_modes
 
-    already = count_quantized_nodes(artifact.load(load_external_data=False))
+    if config.mode == "lower":
+        return quantize_modes.lower(artifact, config, ctx)
+    model = artifact.load(load_external_data=False)
+    already = count_quantized_nodes(model)
     if already:
-        raise StageError(STAGE, ctx.variant, f"model is already quantized ({already} QDQ nodes); "
-                                             "remove the quantize stage or use mode lower")
-    prepared, preprocess = _preprocess(artifact.path, ctx.work_dir)
-    excluded = _excluded_nodes(artifact, prepared, config, ctx)
-    output = ctx.work_dir / "quantized.onnx"
-    findings: dict[str, Any] = {"mode": config.mode, "preprocess": preprocess}
-    if config.mode == "ptq":
-        findings.update(_quantize_static(artifact.path, prepared, output, config, excluded, ctx))
-    else:
-        _quantize_dynamic(prepared, output, config, excluded, ctx)
-    _check_runs(output, config, ctx)
-    model = onnx.load(str(output))
-    findings.update({
-        "quantized_nodes": quantized_node_counts(model),
-        "excluded": excluded,
-        "activation_type": config.activation_type if config.mode == "ptq" else "uint8 (dynamic)",
-        "weight_type": config.weight_type,
-        "per_channel": config.per_channel,
-    })
-    return StageResult(model=model, changed=True, findings=findings)
+        return _already_quantized(artifact, already, weight_qdq_pairs(model), config, ctx)
+    return quantize_modes.post_training(artifact, config, ctx)
 
 
-def count_quantized_nodes(model: onnx.ModelProto) -> int:
-    """How many nodes of the main graph are quantization ops (Q/DQ, QLinear*, *Integer)."""
-    return sum(1 for node in model.graph.node
-               if node.op_type in QUANTIZED_OP_TYPES or node.op_type.startswith("QLinear"))
+def _already_quantized(artifact: Artifact, count: int, weight_pairs: int, config: QuantizeConfig,
+                       ctx: StageContext) -> StageResult:
+    """Report the model's quantization and pass it through unchanged: quantizing twice would compound error."""
+    from stages.quantize_verify import int8_kernels
+
+    model = artifact.load()
+    note = f"model is already quantized ({count} quantization nodes): left as it is, not quantized twice"
+    if weight_pairs:
+        note += f"; {weight_pairs} QuantizeLinear nodes act on float weights: mode lower folds them into int8"
+    log.warning("variant %s: %s", ctx.variant, note)
+    findings = {"mode": config.mode, "already_quantized": {"quantization_nodes": count,
+                                                           "weight_quantize_linear": weight_pairs, "note": note},
+                "quantized_nodes": quantized_node_counts(model),
+                "int8_kernels": int8_kernels(artifact.path, model, list(config.verify_targets), ctx.work_dir)}
+    return StageResult(model=model, changed=False, findings=findings)
 
 
 def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
     """Per op type, the nodes that run quantized: integer ops, or nodes fed by a DequantizeLinear whose
     constant inputs are not left in float (an excluded Conv fed by a quantized activation does not count)."""
+    from stages.quantize_prepare import QUANTIZED_OP_TYPES
+
     dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
     float_constants = {init.name for init in model.graph.initializer if init.data_type in _FLOAT_TYPES}
     float_constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
@@ -144,166 +200,14 @@ def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def _preprocess(source: Path, work_dir: Path) -> tuple[Path, str]:
-    """ORT's quantization pre-processing (shape inference, basic fusions); onnx shape inference if it fails."""
-    import onnx
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    target = work_dir / "preprocessed.onnx"
-    try:
-        quant_pre_process(str(source), str(target))
-        how = "quant_pre_process"
-    except Exception as exc:  # ORT's symbolic shape inference fails on some graphs; plain inference still helps
-        log.warning("quant_pre_process failed (%s); using onnx shape inference only", exc)
-        onnx.shape_inference.infer_shapes_path(str(source), str(target))
-        how = f"onnx shape inference (quant_pre_process failed: {type(exc).__name__}: {exc})"
-    model = onnx.load(str(target))
-    if name_unnamed_nodes(model):
-        onnx.save(model, str(target))
-    return target, how
-
-
-def name_unnamed_nodes(model: onnx.ModelProto) -> int:
-    """Give every unnamed node a unique name (op type and index) so it can be excluded; returns how many."""
-    taken = {node.name for node in model.graph.node if node.name}
-    named = 0
-    for index, node in enumerate(model.graph.node):
-        if not node.name:
-            candidate = f"{node.op_type}_{index}"
-            while candidate in taken:
-                candidate += "_"
-            node.name = candidate
-            taken.add(candidate)
-            named += 1
-    return named
-
-
-def _excluded_nodes(artifact: Artifact, prepared: Path, config: QuantizeConfig, ctx: StageContext) -> list[str]:
-    """Node names to leave in float: the config's names plus every node of the excluded op types."""
-    import onnx
-
-    nodes = onnx.load(str(prepared), load_external_data=False).graph.node
-    present = {node.name for node in nodes}
-    original = {node.name for node in artifact.load(load_external_data=False).graph.node}
-    unknown = [name for name in config.exclude_nodes if name not in present and name not in original]
-    if unknown:
-        raise StageError(STAGE, ctx.variant, f"exclude_nodes names {unknown} that are not in the model; "
-                                             f"some of its nodes: {sorted(present)[:20]}")
-    folded = [name for name in config.exclude_nodes if name not in present]
-    if folded:
-        log.warning("exclude_nodes %s were fused away by pre-processing", folded)
-    by_type = [node.name for node in nodes if node.op_type in set(config.exclude_op_types)]
-    return sorted((set(config.exclude_nodes) & present) | set(by_type))
-
-
-def _op_types(config: QuantizeConfig, mode: str) -> list[str] | None:
-    """Op types to quantize: the config's, or ORT's default set minus the excluded types."""
-    if config.op_types is not None:
-        return [op for op in config.op_types if op not in config.exclude_op_types]
-    if not config.exclude_op_types:
-        return None
-    from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
-
-    default = set(QDQRegistry) | set(QLinearOpsRegistry) if mode == "ptq" else set(IntegerOpsRegistry)
-    return sorted(default - set(config.exclude_op_types))
-
-
-def _quantize_static(source: Path, prepared: Path, output: Path, config: QuantizeConfig, excluded: list[str],
-                     ctx: StageContext) -> dict[str, Any]:
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-
-    dataset = config.calibration.data if config.calibration else None
-    limit = config.calibration.samples if config.calibration else CalibrationRef().samples
-    total = sum(1 for _ in ctx.samples(dataset, source, limit))  # a counting pass: nothing is kept
-    if total == 0:
-        raise StageError(STAGE, ctx.variant, f"calibration dataset '{dataset or 'random'}' yielded no samples")
-    stride = max(d for d in range(1, min(CALIBRATION_CHUNK, total) + 1) if total % d == 0)
-    reader = _make_reader(ctx.samples(dataset, source, limit), total)
-    extra: dict[str, Any] = {"ActivationSymmetric": False, "WeightSymmetric": True, "CalibStridedMinMax": stride}
-    try:
-        with _quiet():
-            quantize_static(
-                str(prepared), str(output), reader,
-                quant_format=QuantFormat.QDQ,
-                activation_type=getattr(QuantType, _TYPES[config.activation_type]),
-                weight_type=getattr(QuantType, _TYPES[config.weight_type]),
-                per_channel=config.per_channel,
-                calibrate_method=getattr(CalibrationMethod, _METHODS[config.method]),
-                nodes_to_exclude=excluded,
-                op_types_to_quantize=_op_types(config, "ptq"),
-                extra_options=extra,
-            )
-    except QdeployError:  # a dataset error raised while calibrating stays what it is
-        raise
-    except Exception as exc:
-        raise StageError(STAGE, ctx.variant, f"ONNX Runtime static quantization failed: {exc}") from exc
-    return {"method": config.method, "calibration_data": dataset or "random", "calibration_samples": reader.used}
-
-
-def _quantize_dynamic(prepared: Path, output: Path, config: QuantizeConfig, excluded: list[str],
-                      ctx: StageContext) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    try:
-        with _quiet():
-            quantize_dynamic(
-                str(prepared), str(output),
-                weight_type=getattr(QuantType, _TYPES[config.weight_type]),
-                per_channel=config.per_channel,
-                nodes_to_exclude=excluded,
-                op_types_to_quantize=_op_types(config, "dynamic"),
-            )
-    except Exception as exc:
-        raise StageError(STAGE, ctx.variant, f"ONNX Runtime dynamic quantization failed: {exc}") from exc
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """ORT's histogram calibrators print progress to stdout; keep it out of the user's terminal, in the log."""
-    captured = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(captured):
-            yield
-    finally:
-        if captured.getvalue().strip():
-            log.debug("onnxruntime.quantization: %s", captured.getvalue().strip())
-
-
-def _make_reader(feeds: Iterator[dict[str, np.ndarray]], total: int) -> Any:
-    """A CalibrationDataReader over a stream of feeds, in the ranges ORT's strided calibration asks for."""
-    from onnxruntime.quantization import CalibrationDataReader
-
-    class _StreamReader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.used = 0
-            self._budget: int | None = None
-
-        def __len__(self) -> int:
-            return total
-
-        def set_range(self, start_index: int, end_index: int) -> None:
-            self._budget = end_index - start_index
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            if self._budget is not None and self._budget <= 0:
-                return None
-            feed = next(feeds, None)
-            if feed is None:
-                return None
-            self.used += 1
-            if self._budget is not None:
-                self._budget -= 1
-            return feed
-
-    return _StreamReader()
-
-
-def _check_runs(output: Path, config: QuantizeConfig, ctx: StageContext) -> None:
+def check_runs(output: Path, config: QuantizeConfig, ctx: StageContext) -> None:
     """The quantized model must load in ONNX Runtime's CPU provider."""
     import onnxruntime as ort
 
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
     try:
-        ort.InferenceSession(str(output), providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(output), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
         hint = ""
         if config.mode == "dynamic" and "ConvInteger" in str(exc):

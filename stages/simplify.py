@@ -1,22 +1,29 @@
-"""The ``simplify`` stage: shape inference, constant folding and onnxoptimizer passes, to a fixed point.
+"""The ``simplify`` stage: shape inference, constant folding, rewrites and onnxoptimizer passes, to a fixed point.
 
-The algorithm is onnx-simplifier's: infer shapes, fold what is constant
-(``stages.folding``), run onnxoptimizer's fuse and eliminate passes, and repeat
-until the graph stops changing.  Then the simplified model is compared with the
-original on seeded random inputs in ONNX Runtime; a disagreement fails the
-stage, so the runner keeps the unsimplified model.
+The algorithm is onnx-simplifier's: infer shapes and fold what is constant
+(``stages.folding``) until folding finds nothing more, apply the recipe's
+rewrites (``stages.rewrites``; by default per-channel scales, shifts and
+BatchNormalization fused into convolutions), run onnxoptimizer's fuse and
+eliminate passes (``stages.optimizer``), and repeat until the graph stops
+changing.  Then the simplified model is compared with the original on seeded
+random inputs in ONNX Runtime (``stages.simplify_check``); a disagreement fails
+the stage, so the runner keeps the unsimplified model.
 
-Deliberate limits of this version: subgraphs (If/Loop/Scan bodies) are not
-simplified; a simplified model above 1.8 GB is not checked, because a
+Speed: each round serialises nothing it does not have to.  Folding evaluates
+all foldable nodes of a graph in one ONNX Runtime session; onnxoptimizer gets
+the model with its large weights replaced by tags; a round whose folding and
+rewrites changed nothing since onnxoptimizer's last fixed point ends the loop
+without calling it again.
+
+Deliberate limit: a simplified model above 1.8 GB is not checked, because a
 ModelProto that large cannot be serialised for ONNX Runtime (folding still
 works, in pieces small enough for it).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import math
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +33,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from pipeline.context import Artifact, StageContext, StageResult
 from pipeline.errors import StageError
+from stages.simplify_check import Comparison, check_equivalence, compare_outputs
 
 if TYPE_CHECKING:
-    import numpy as np
     import onnx
 
     from stages.folding import FoldReport
+    from stages.rewrites import RewriteReport
+
+__all__ = ["Comparison", "SimplifyConfig", "compare_outputs", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +57,7 @@ DEFAULT_PASSES = (
     "eliminate_shape_gather",  # Shape -> Gather of dimensions that are static even when others are not
     "eliminate_slice_after_shape",
     "eliminate_shape_op",
+    "eliminate_if_with_const_cond",  # an If whose condition folded to a constant becomes its branch
     "fuse_consecutive_transposes",
     "fuse_bn_into_conv",
     "fuse_pad_into_conv",
@@ -64,6 +75,14 @@ LARGE_MODEL_BYTES = int(1.8 * 2**30)
 """Above this, ONNX Runtime cannot take the model as one serialised ModelProto."""
 INFER_BY_PATH_BYTES = int(1.5 * 2**30)
 """Above this, shape inference goes through a file."""
+MAX_FOLD_ROUNDS = 8
+"""Rounds of shape inference and folding within one iteration (each can make more shapes static)."""
+
+
+def _default_rewrites() -> list[str]:
+    from stages.rewrites import default_names
+
+    return default_names()
 
 
 class SimplifyConfig(BaseModel):
@@ -88,7 +107,13 @@ class SimplifyConfig(BaseModel):
                                 "before stopping short of a fixed point.")
     fold_constants: bool = Field(default=True, description="Evaluate constant subgraphs into initializers; "
                                  "Constant nodes become initializers either way. Off, BatchNormalization is not "
-                                 "fused (the fused weights need folding).")
+                                 "fused and no rewrite that computes new weights runs.")
+    fold_subgraphs: bool = Field(default=True, description="Fold constants inside If/Loop/Scan bodies too "
+                                 "(onnxoptimizer's passes enter them either way).")
+    rewrites: list[str] = Field(default_factory=lambda: _default_rewrites(), description="Named graph rewrites "
+                                "(stages.rewrites), applied in this order; the default fuses per-channel "
+                                "scales, shifts and BatchNormalization into convolutions. Add e.g. prelu_to_relu, "
+                                "hardswish_to_hardsigmoid, gelu_to_erf, layernorm_to_primitives.")
 
     @field_validator("skipped_passes", "extra_passes")
     @classmethod
@@ -100,6 +125,19 @@ class SimplifyConfig(BaseModel):
         if unknown:
             raise ValueError(f"unknown onnxoptimizer pass(es) {unknown} in '{info.field_name}'; onnxoptimizer "
                              f"{onnxoptimizer.__version__} has: {', '.join(sorted(available))}")
+        return names
+
+    @field_validator("rewrites")
+    @classmethod
+    def _known_rewrites(cls, names: list[str]) -> list[str]:
+        from stages.rewrites import available
+
+        known = available()
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise ValueError(f"unknown rewrite(s) {unknown}; known rewrites: {', '.join(sorted(known))}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"rewrites repeat: {names}")
         return names
 
     @model_validator(mode="after")
@@ -123,6 +161,16 @@ class SimplifyConfig(BaseModel):
         chosen = [name for name in DEFAULT_PASSES if name not in skipped]
         return chosen + [name for name in self.extra_passes if name not in chosen]
 
+    def active_rewrites(self) -> list[str]:
+        """The rewrites this config runs: BatchNormalization fusion obeys skip_fuse_bn, weight-computing ones
+        fold_constants."""
+        from stages.rewrites import available
+
+        known = available()
+        return [name for name in self.rewrites
+                if not (self.skip_fuse_bn and "batchnorm" in name)
+                and not (not self.fold_constants and known[name].computes_constants)]
+
     @property
     def fold_limit_bytes(self) -> int:
         return int(self.fold_size_limit_mb * 2**20)
@@ -136,14 +184,21 @@ class _Progress:
     folded_tensors: int = 0
     folded_nodes: int = 0
     constants_converted: int = 0
+    folded: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, dict[str, Any]] = field(default_factory=dict)
     failed_ops: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    rewrites: RewriteReport | None = None
+    optimizer_calls: int = 0
+    optimizer_delta: Counter[str] = field(default_factory=Counter)
+    """Net change of node count per op type over all onnxoptimizer calls (negative: removed)."""
+    seconds: Counter[str] = field(default_factory=Counter)
 
     def add_fold(self, report: FoldReport) -> None:
         self.folded_tensors += report.folded_tensors
         self.folded_nodes += report.folded_nodes
         self.constants_converted += report.constants_converted
+        self.folded.update(report.folded)
         self.skipped.update((entry["tensor"], entry) for entry in report.skipped)
         self.failed_ops.update(report.failed_ops)
 
@@ -151,19 +206,30 @@ class _Progress:
         if text not in self.notes:
             self.notes.append(text)
 
+    def rewrites_applied(self) -> int:
+        """Matches rewritten since the last call."""
+        total = sum(self.rewrites.applied.values()) if self.rewrites else 0
+        new, self._rewrites_seen = total - self._rewrites_seen, total
+        return new
+
+    _rewrites_seen: int = 0
+
 
 def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageResult:
     """Simplify ``artifact``'s model; check it against the original; report what changed."""
     from stages.folding import constants_to_initializers, has_subgraph, sync_legacy_inputs
+    from stages.rewrites import RewriteReport
 
     model = artifact.load()
     before = _fingerprint(model)
     nodes_before = _op_counts(model)
     interface = _io_names(model)
-    progress = _Progress()
+    progress = _Progress(rewrites=RewriteReport())
     subgraph_ops = sorted({node.op_type for node in model.graph.node if has_subgraph(node)})
     if subgraph_ops:
-        progress.note(f"subgraphs left unsimplified (in {', '.join(subgraph_ops)} nodes)")
+        progress.note(f"subgraphs (in {', '.join(subgraph_ops)} nodes): onnxoptimizer's passes enter them; "
+                      + ("constants folded inside them" if config.fold_subgraphs and config.fold_constants
+                         else "no folding inside them"))
     model = _simplify(model, config, ctx.work_dir, progress)
     progress.constants_converted += constants_to_initializers(model.graph)
     sync_legacy_inputs(model, drop_unused="eliminate_unused_initializer" in config.passes())
@@ -171,6 +237,7 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     if _io_names(model) != interface:
         raise StageError(STAGE, ctx.variant, f"simplification changed the model's inputs/outputs from "
                          f"{interface} to {_io_names(model)}")
+    started = time.perf_counter()
     if model_bytes(model) > LARGE_MODEL_BYTES:
         check: dict[str, Any] = {"skipped": "the simplified model is above 1.8 GB: it cannot be serialised for "
                                  "ONNX Runtime; this version does not check it"}
@@ -178,6 +245,7 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
         check = {"skipped": "check_n is 0"}
     else:
         check = check_equivalence(artifact.path, model, config, ctx)
+    progress.seconds["check"] += time.perf_counter() - started
     findings = _findings(nodes_before, model, config, progress, check)
     log.info("simplify: %d -> %d nodes in %d iteration(s); %d tensor(s) folded", findings["node_count_before"],
              findings["node_count_after"], progress.iterations, progress.folded_tensors)
@@ -185,41 +253,106 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
 
 
 def _simplify(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path, progress: _Progress) -> onnx.ModelProto:
-    """Shape inference, folding and passes, repeated until the graph stops changing."""
-    from stages.folding import constants_to_initializers, fold_constants, sync_legacy_inputs
+    """Folding rounds, rewrites and passes, repeated until the graph stops changing."""
+    from stages.folding import constants_to_initializers
 
     passes = config.passes()
+    rewrites = config.active_rewrites()
+    progress.constants_converted += constants_to_initializers(model.graph)  # weights in Constant nodes, as Paddle
+    optimized = False  # the model is onnxoptimizer's fixed point
     for iteration in range(1, config.max_iterations + 1):
         progress.iterations = iteration
+        done = progress.folded_nodes + progress.constants_converted
+        model = _fold_rounds(model, config, work_dir, progress)
+        if rewrites:
+            model = _timed(progress, "rewrites", _rewrite, model, rewrites, progress)
+        changed = progress.folded_nodes + progress.constants_converted != done or progress.rewrites_applied()
+        optimized = optimized and not changed
+        if optimized or not (passes or changed):
+            return model  # nothing changed since onnxoptimizer's last fixed point (or, without passes, at all)
+        if not passes:
+            continue
         start = _fingerprint(model)
-        model = infer_shapes(model, work_dir, progress)
-        if config.fold_constants:
-            progress.add_fold(fold_constants(model, limit_bytes=config.fold_limit_bytes))
-        else:
-            progress.constants_converted += constants_to_initializers(model.graph)
-        if passes:
-            model = _optimize(model, passes, progress)
-        sync_legacy_inputs(model, drop_unused="eliminate_unused_initializer" in passes)
-        if _fingerprint(model) == start:
+        model = _timed(progress, "onnxoptimizer", _optimize, model, passes, progress)
+        optimized = True
+        if _fingerprint(model) == start and not changed:
             return model
     progress.note(f"stopped after max_iterations={config.max_iterations} before reaching a fixed point")
     return model
 
 
+def _timed(progress: _Progress, phase: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+    started = time.perf_counter()
+    try:
+        return function(*args, **kwargs)
+    finally:
+        progress.seconds[phase] += time.perf_counter() - started
+
+
+def _fold_rounds(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path,
+                 progress: _Progress) -> onnx.ModelProto:
+    """Shape inference and folding until folding finds nothing more (each fold can make more shapes static)."""
+    from stages.folding import constants_to_initializers, fold_constants, sync_legacy_inputs
+
+    for _ in range(MAX_FOLD_ROUNDS):
+        model = _timed(progress, "shape_inference", infer_shapes, model, work_dir, progress)
+        if not config.fold_constants:
+            progress.constants_converted += constants_to_initializers(model.graph)
+            return model
+        report = _timed(progress, "folding", fold_constants, model, limit_bytes=config.fold_limit_bytes,
+                        subgraphs=config.fold_subgraphs)
+        progress.add_fold(report)
+        sync_legacy_inputs(model, drop_unused=False)
+        if report.folded_nodes == 0:
+            break
+    return model
+
+
+def _rewrite(model: onnx.ModelProto, names: list[str], progress: _Progress) -> onnx.ModelProto:
+    from stages.rewrites import apply_rewrites
+
+    assert progress.rewrites is not None
+    apply_rewrites(model, names, progress.rewrites)
+    return model
+
+
 def infer_shapes(model: onnx.ModelProto, work_dir: Path, progress: _Progress) -> onnx.ModelProto:
-    """ONNX shape inference (strict off); through a file for large models; the model unchanged on failure."""
+    """ONNX shape inference (strict off) into the model's value_info; through a file for large models.
+
+    Inference runs on a light copy (large weights as tags: it reads their shapes, not their bytes) and only
+    its value_info comes back, so the weights are never serialised.  On failure the model is unchanged.
+    """
     import onnx
+
+    from stages.optimizer import light_copy
 
     _prune_value_info(model)
     if model_bytes(model) > INFER_BY_PATH_BYTES:
         return _infer_shapes_by_path(model, work_dir, progress)
+    light = light_copy(model).model
     for data_prop in (True, False):
         try:
-            return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=data_prop)
+            inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=data_prop)
         except Exception as exc:  # inference is best effort; folding works with what it knows
             failure = exc
+            continue
+        _take_value_info(model.graph, inferred.graph)
+        return model
     progress.note(f"shape inference failed: {_short(failure)}")
     return model
+
+
+def _take_value_info(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> None:
+    """Copy the inferred value_info of a graph and of its subgraphs (same nodes, same order) into ``graph``."""
+    from stages.folding import _subgraphs
+
+    del graph.value_info[:]
+    graph.value_info.extend(inferred.value_info)
+    for node, twin in zip(graph.node, inferred.node, strict=True):
+        if node.output != twin.output:
+            return  # inference does not reorder nodes; if it ever does, keep what is there
+        for sub, sub_twin in zip(_subgraphs(node), _subgraphs(twin), strict=True):
+            _take_value_info(sub, sub_twin)
 
 
 def _infer_shapes_by_path(model: onnx.ModelProto, work_dir: Path, progress: _Progress) -> onnx.ModelProto:
@@ -242,126 +375,33 @@ def _infer_shapes_by_path(model: onnx.ModelProto, work_dir: Path, progress: _Pro
 
 def _optimize(model: onnx.ModelProto, passes: list[str], progress: _Progress) -> onnx.ModelProto:
     """onnxoptimizer's passes to a fixed point; the input model when they fail or touch the interface."""
-    import onnxoptimizer
+    from stages.optimizer import optimize
 
+    progress.optimizer_calls += 1
     try:
-        optimized = onnxoptimizer.optimize(model, passes, fixed_point=True)
+        optimized = optimize(model, passes)
     except Exception as exc:  # a crash of the optimizer must not lose the folding done so far
         progress.note(f"onnxoptimizer failed, its passes were not applied: {_short(exc)}")
         return model
     if _io_names(optimized) != _io_names(model):
         progress.note("onnxoptimizer changed the model's inputs/outputs; its result was discarded")
         return model
+    progress.optimizer_delta.update(_op_counts(optimized))
+    progress.optimizer_delta.subtract(_op_counts(model))
     return optimized
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """Outcome of comparing a model's outputs with a reference's."""
-
-    passed: bool
-    max_abs_err: float
-    reason: str = ""
-
-
-def compare_outputs(expected: dict[str, Any], actual: dict[str, Any], *, atol: float, rtol: float) -> Comparison:
-    """Every output within atol + rtol * |expected| (floats) or equal (others); the largest absolute error."""
-    worst = 0.0
-    for name, reference in expected.items():
-        if name not in actual:
-            return Comparison(False, math.inf, f"output '{name}' is missing; outputs are {sorted(actual)}")
-        error, problem = _output_error(reference, actual[name], atol, rtol)
-        worst = max(worst, error)
-        if problem:
-            return Comparison(False, worst, f"output '{name}': {problem}")
-    return Comparison(True, worst)
-
-
-def _output_error(expected: Any, actual: Any, atol: float, rtol: float) -> tuple[float, str]:
-    """(max abs error, reason it fails or '') of one output."""
-    import numpy as np
-
-    if isinstance(expected, list) or isinstance(actual, list):
-        if not (isinstance(expected, list) and isinstance(actual, list)) or len(expected) != len(actual):
-            return math.inf, "sequence outputs differ in kind or length"
-        results = [_output_error(e, a, atol, rtol) for e, a in zip(expected, actual, strict=True)]
-        return max((err for err, _ in results), default=0.0), next((why for _, why in results if why), "")
-    expected, actual = np.asarray(expected), np.asarray(actual)
-    if expected.shape != actual.shape or expected.dtype != actual.dtype:
-        return math.inf, (f"{actual.dtype}{list(actual.shape)} where the original gives "
-                          f"{expected.dtype}{list(expected.shape)}")
-    if expected.dtype.kind not in "fbiu":
-        return (0.0, "") if np.array_equal(expected, actual) else (math.inf, "values differ")
-    ref, got = expected.astype(np.float64), actual.astype(np.float64)
-    finite = np.isfinite(ref) & np.isfinite(got)
-    diff = np.abs(ref[finite] - got[finite])
-    error = float(diff.max()) if diff.size else 0.0
-    if not np.array_equal(ref[~finite], got[~finite], equal_nan=True):
-        return math.inf, "NaN/Inf values differ"
-    if expected.dtype.kind != "f":
-        return (error, f"max abs error {error:.3g} where exact equality is required") if error else (0.0, "")
-    if bool((diff > atol + rtol * np.abs(ref[finite])).any()):
-        return error, f"max abs error {error:.3g} beyond atol {atol}, rtol {rtol}"
-    return error, ""
-
-
-def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyConfig,
-                      ctx: StageContext) -> dict[str, Any]:
-    """Run original and simplified models on seeded random feeds; StageError when they disagree."""
-    from calibration.readers import model_inputs, random_samples
-
-    try:
-        reference = _session(str(original))
-    except Exception as exc:  # custom ops or a runtime too old: nothing to compare against
-        return {"skipped": f"the original model does not run in ONNX Runtime (custom ops?): {_short(exc)}"}
-    try:
-        candidate = _session(model.SerializeToString())
-    except Exception as exc:
-        raise StageError(STAGE, ctx.variant, f"the simplified model does not load in ONNX Runtime "
-                         f"while the original does: {_short(exc)}") from exc
-    feeds_iter = random_samples(model_inputs(original), config.check_n, seed=0, ranges=_input_ranges(ctx))
-    worst = 0.0
-    for index, feeds in enumerate(feeds_iter):
-        try:
-            expected = _outputs(reference, feeds)
-        except Exception as exc:  # random feeds may be invalid for this model (e.g. token ids)
-            return {"skipped": f"the original model fails on random inputs: {_short(exc)}"}
-        try:
-            actual = _outputs(candidate, feeds)
-        except Exception as exc:
-            raise StageError(STAGE, ctx.variant, f"the simplified model fails on random sample {index} "
-                             f"where the original runs: {_short(exc)}") from exc
-        comparison = compare_outputs(expected, actual, atol=config.check_atol, rtol=config.check_rtol)
-        if not comparison.passed:
-            raise StageError(STAGE, ctx.variant, f"simplified model disagrees with the original on random sample "
-                             f"{index}: {comparison.reason}")
-        worst = max(worst, comparison.max_abs_err)
-    return {"samples": config.check_n, "max_abs_err": worst, "atol": config.check_atol, "rtol": config.check_rtol}
-
-
-def _session(model: str | bytes) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    # Both models run exactly as written: the check judges our rewrite, not ONNX Runtime's.
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-
-
-def _outputs(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
-    names = [out.name for out in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds), strict=True))
-
-
-def _input_ranges(ctx: StageContext) -> dict[str, tuple[float | None, float | None]]:
-    specs = getattr(getattr(ctx.recipe, "model", None), "inputs", None) or []
-    return {spec.name: (spec.low, spec.high) for spec in specs}
 
 
 def _findings(nodes_before: dict[str, int], model: onnx.ModelProto, config: SimplifyConfig, progress: _Progress,
               check: dict[str, Any]) -> dict[str, Any]:
+    from stages.optimizer import likely_passes
+
     nodes_after = _op_counts(model)
+    delta = {"removed": {op: -n for op, n in sorted(progress.optimizer_delta.items()) if n < 0},
+             "added": {op: n for op, n in sorted(progress.optimizer_delta.items()) if n > 0}}
+    rewrites = progress.rewrites.as_findings() if progress.rewrites else {"applied": {}, "refused": {}}
+    changed = (["fold_constants"] if progress.folded_nodes else []) + \
+        (["constants_to_initializers"] if progress.constants_converted else []) + \
+        [name for name, count in rewrites["applied"].items() if count] + likely_passes(config.passes(), delta)
     return {
         "nodes_before": nodes_before,
         "nodes_after": nodes_after,
@@ -369,20 +409,33 @@ def _findings(nodes_before: dict[str, int], model: onnx.ModelProto, config: Simp
         "node_count_after": sum(nodes_after.values()),
         "folded_tensors": progress.folded_tensors,
         "folded_nodes": progress.folded_nodes,
+        "folded": dict(sorted(progress.folded.items())[:MAX_LISTED]),
         "constants_converted": progress.constants_converted,
         "fold_skipped": sorted(progress.skipped.values(), key=lambda entry: entry["tensor"]),
         "fold_failed_ops": sorted(progress.failed_ops),
         "passes": config.passes(),
+        "rewrites": rewrites,
+        "optimizer": {"calls": progress.optimizer_calls, **delta},
+        "passes_changed": changed,
         "iterations": progress.iterations,
+        "seconds": {phase: round(value, 4) for phase, value in sorted(progress.seconds.items())},
         "check": check,
         "notes": list(progress.notes),
     }
 
 
+MAX_LISTED = 200
+"""Folded tensors listed by name (with their bytes) in the findings; the count covers all."""
+
+
 def model_bytes(model: onnx.ModelProto) -> int:
     """Serialised size of the model, summed piecewise (a whole ModelProto above 2 GB cannot be measured)."""
+    from stages.folding import tensor_nbytes
+
     graph = model.graph
-    return (sum(init.ByteSize() for init in graph.initializer) + sum(node.ByteSize() for node in graph.node)
+    return (sum(tensor_nbytes(init) for init in graph.initializer)
+            + sum(node.ByteSize() for node in graph.node if node.op_type != "Constant")
+            + sum(tensor_nbytes(attr.t) for node in graph.node if node.op_type == "Constant" for attr in node.attribute)
             + sum(function.ByteSize() for function in model.functions))
 
 
@@ -400,25 +453,45 @@ def _io_names(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
             [value.name for value in graph.output])
 
 
-def _fingerprint(model: onnx.ModelProto) -> str:
-    """Hash of the graph's structure: nodes, initializer names/types/shapes, inputs and outputs (not value_info)."""
-    digest = hashlib.sha256()
+def _fingerprint(model: onnx.ModelProto) -> int:
+    """Hash of the graph's structure (subgraphs included): nodes, initializer names/types/shapes, the interface."""
     graph = model.graph
-    for node in graph.node:
-        digest.update(node.SerializeToString(deterministic=True))
-    for init in graph.initializer:
-        digest.update(f"{init.name}:{init.data_type}:{list(init.dims)};".encode())
-    digest.update(repr(_io_names(model)).encode())
-    return digest.hexdigest()
+    return hash((_graph_key(graph), tuple((init.name, init.data_type, tuple(init.dims)) for init in graph.initializer),
+                 repr(_io_names(model))))
+
+
+def _graph_key(graph: onnx.GraphProto) -> tuple[Any, ...]:
+    """Plain nodes by their bytes (cheap); Constant nodes and nodes with subgraphs by structure."""
+    from stages.folding import _subgraphs
+
+    plain, special = [], []
+    for index, node in enumerate(graph.node):
+        if node.op_type == "Constant" or _subgraphs(node):
+            special.append((index, node.op_type, tuple(node.input), tuple(node.output),
+                            tuple(_attribute_key(attr) for attr in node.attribute)))
+        else:
+            plain.append(node.SerializeToString())
+    return hash(b"\0".join(plain)), tuple(special)
+
+
+def _attribute_key(attr: onnx.AttributeProto) -> Any:
+    """Cheap identity of an attribute: tensors by name/type/shape (their bytes only move), subgraphs by structure."""
+    if attr.HasField("t"):
+        return attr.name, attr.t.data_type, tuple(attr.t.dims)
+    if attr.HasField("g"):
+        return attr.name, _graph_key(attr.g), tuple(init.name for init in attr.g.initializer)
+    if len(attr.graphs):
+        return attr.name, tuple((_graph_key(g), tuple(i.name for i in g.initializer)) for g in attr.graphs)
+    return attr.SerializeToString()
 
 
 def _prune_value_info(model: onnx.ModelProto) -> None:
     """Drop top-level value_info of names no node produces any more (folded or removed)."""
+    from stages.folding import delete_where
+
     graph = model.graph
     produced = {name for node in graph.node for name in node.output}
-    stale = [value for value in graph.value_info if value.name not in produced]
-    for value in stale:
-        graph.value_info.remove(value)
+    delete_where(graph.value_info, lambda value: value.name not in produced)
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

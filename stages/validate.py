@@ -1,28 +1,37 @@
 """The validate stage: every artifact on every target against the float32 reference.
 
-Reference outputs come from the reference variant run on ``ort:cpu``; every
-(variant, target) pair is run on the same inputs and compared with them.
-Running (pipeline.targets) and comparing (pipeline.compare) stay apart.
+Reference outputs come from the reference variant (or ``validate.reference_model``)
+run on ``ort:cpu``; every (variant, target) pair is run on the same inputs and
+compared with them.  Running (pipeline.targets) and comparing (pipeline.compare)
+stay apart; a failing pair is localized to its first diverging node
+(pipeline.localize); the reference's own disagreement across targets is the
+noise floor (stages.validate_floor); the user's task metric lives in
+stages.validate_task.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pipeline.tolerance import DEFAULT_TOLERANCES, StrictModel, Tolerance
 
 if TYPE_CHECKING:
     from pipeline.context import Artifact, StageContext
+    from pipeline.localize import Localizer
+    from pipeline.recipe import Recipe
 
 log = logging.getLogger(__name__)
 
 REFERENCE_TARGET = "ort:cpu"
+REFERENCE_MODEL_ROW = "reference_model"
+"""Variant name of the rows that run validate.reference_model itself on the other targets (its noise floor)."""
 RANDOM_DATA_WARNING = "validated on seeded random inputs: random data can hide accuracy errors; set validate.data"
 
 
@@ -33,10 +42,41 @@ class ValidateConfig(StrictModel):
     reference: str | None = Field(
         default=None, description="Reference variant; the exported model as it is ('exported') when absent."
     )
+    reference_model: str | None = Field(
+        default=None,
+        description="ONNX file (relative to the recipe) whose ort:cpu outputs are the reference instead of the "
+                    "reference variant's, to check a model converted elsewhere against its original; its inputs "
+                    "and outputs must match the artifacts'. 'reference' then only names the speedup baseline.",
+    )
     tolerance: Tolerance | None = Field(
         default=None, description="Limits for every variant; defaults per precision (fp32, fp16, int8) otherwise."
     )
+    outputs: dict[str, Tolerance] = Field(
+        default_factory=dict,
+        description="Per-output limits by output name: the fields given replace those of 'tolerance' (or of the "
+                    "precision's default) for that output; a field set to null removes that limit.",
+    )
     samples: int = Field(default=8, ge=1, description="How many samples of the dataset to compare at most.")
+    metric: str | None = Field(
+        default=None,
+        description="Task metric 'file.py:function' (relative to the recipe) or 'package.module:function', called "
+                    "as function(outputs, labels) -> float; reported as task_metric and usable in gates.",
+    )
+    localize: bool = Field(
+        default=True,
+        description="When a pair fails, run both models with intermediate outputs exposed and name the first "
+                    "node whose output diverges beyond the limits.",
+    )
+    localize_samples: int = Field(
+        default=2, ge=1, description="How many of the worst samples the divergence search runs on."
+    )
+
+    @field_validator("metric")
+    @classmethod
+    def _metric_form(cls, value: str | None) -> str | None:
+        if value is not None and (":" not in value or not all(value.rsplit(":", 1))):
+            raise ValueError("metric must be 'file.py:function' or 'package.module:function'")
+        return value
 
 
 Feeds = list[dict[str, np.ndarray]]
@@ -48,75 +88,234 @@ def tolerance_for(config: ValidateConfig, precision: str) -> Tolerance:
     return config.tolerance or DEFAULT_TOLERANCES[precision]
 
 
+def output_tolerances(config: ValidateConfig, precision: str) -> dict[str, Tolerance]:
+    """Per-output limits: each entry of validate.outputs laid over the base tolerance, field by field."""
+    base = tolerance_for(config, precision)
+    return {name: base.model_copy(update={key: getattr(override, key) for key in override.model_fields_set})
+            for name, override in config.outputs.items()}
+
+
+def check_config(config: ValidateConfig, recipe: Recipe) -> None:
+    """What can be checked before any model is built: the files the section names (no user code is run)."""
+    from pipeline.errors import RecipeError
+    from stages.validate_task import check_metric
+
+    if config.reference_model is not None:
+        path = recipe.resolve(config.reference_model)
+        if not path.is_file():
+            raise RecipeError(f"file '{config.reference_model}' does not exist (resolved to {path})",
+                              field="validate.reference_model")
+    if config.metric is not None:
+        check_metric(config.metric, recipe)
+
+
+@dataclass
+class Outcome:
+    """One validation row, and what the noise floor needs of it."""
+
+    row: dict[str, Any]
+    outputs: Outputs | None = None
+    tolerance: Tolerance | None = None
+    per_output: dict[str, Tolerance] = field(default_factory=dict)
+
+
+@dataclass
+class _Task:
+    function: Callable[..., Any]
+    spec: str
+    labels: list[np.ndarray] | None
+    reference_value: float | None
+    warning: str
+
+
+@dataclass
+class _Run:
+    """What every pair of one validate run shares."""
+
+    config: ValidateConfig
+    feeds: Feeds
+    reference_path: Path
+    reference_outputs: Outputs
+    reference_execution: dict[str, Any]
+    warnings: list[str]
+    task: _Task | None
+    localizer: Localizer | None
+
+
 def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConfig,
         ctx: StageContext) -> list[dict[str, Any]]:
     """Validation results, one per (variant, target), in the report's contract."""
-    reference_name = ctx.recipe.reference_variant
-    reference = artifacts.get(reference_name)
-    if reference is None:
-        reason = f"reference variant '{reference_name}' was not built; nothing to compare with"
-        return [_result(name, target, "error", reason) for name in artifacts for target in targets]
-    feeds = list(ctx.samples(config.data, reference.path, limit=config.samples))
-    warnings = [RANDOM_DATA_WARNING] if _is_random(config, ctx) else []
+    from stages.validate_floor import flag_unattainable
+    from stages.validate_reference import ReferenceMissing, reference_source
+
     try:
-        ctx.on_progress(f"reference {reference_name} on {REFERENCE_TARGET}")
-        reference_outputs, _ = _run_artifact(REFERENCE_TARGET, reference, feeds)
+        source = reference_source(artifacts, config, ctx)
+    except ReferenceMissing as exc:
+        return [_result(name, target, "error", str(exc)) for name in artifacts for target in targets]
+    feeds = list(ctx.samples(config.data, source.feed_model, limit=config.samples))
+    try:
+        ctx.on_progress(f"reference {source.label} on {REFERENCE_TARGET}")
+        reference_outputs, execution = _run_model(REFERENCE_TARGET, source.path, feeds, pin_f32=True)
     except Exception as exc:  # the reference failing makes every comparison impossible
-        reason = f"reference variant '{reference_name}' failed on {REFERENCE_TARGET}: {exc}"
+        reason = f"reference {source.label} failed on {REFERENCE_TARGET}: {exc}"
         return [_result(name, target, "error", reason) for name in artifacts for target in targets]
-    results = []
+    source.check_outputs(reference_outputs, config)
+    warnings = [RANDOM_DATA_WARNING] if _is_random(config, ctx) else []
+    shared = _Run(config, feeds, source.path, reference_outputs, execution, warnings,
+                  _task(config, ctx, source, reference_outputs), _localizer(config, source.path))
+    outcomes = []
     for name, artifact in artifacts.items():
         for target in targets:
             ctx.on_progress(f"validate {name} on {target}")
-            result = _validate_pair(name, artifact, target, feeds, reference_outputs, config)
-            result["warnings"] = warnings
-            results.append(result)
-    return results
+            outcome = _validate_pair(shared, name, artifact.path, artifact.precision, target)
+            outcome.row["noise_floor"] = name == source.variant and target != REFERENCE_TARGET
+            outcomes.append(outcome)
+    if source.variant is None:  # reference_model: its own rows on the other targets measure the floor
+        for target in targets:
+            if target != REFERENCE_TARGET:
+                ctx.on_progress(f"validate {REFERENCE_MODEL_ROW} on {target}")
+                outcome = _validate_pair(shared, REFERENCE_MODEL_ROW, source.path, "fp32", target)
+                outcome.row["noise_floor"] = True
+                outcomes.append(outcome)
+    flag_unattainable(outcomes, reference_outputs, source.label)
+    return [outcome.row for outcome in outcomes]
 
 
 def _is_random(config: ValidateConfig, ctx: StageContext) -> bool:
     return config.data is None or ctx.recipe.data[config.data].reader == "random"
 
 
-def _validate_pair(name: str, artifact: Artifact, target: str, feeds: Feeds, reference_outputs: Outputs,
-                   config: ValidateConfig) -> dict[str, Any]:
+def _task(config: ValidateConfig, ctx: StageContext, source: Any, reference_outputs: Outputs) -> _Task | None:
+    """The user's metric, loaded, with the labels and its value on the reference outputs."""
+    if config.metric is None:
+        return None
+    from calibration.readers import model_inputs
+    from stages.validate_task import evaluate, load_metric, read_labels
+
+    function = load_metric(config.metric, ctx.recipe)
+    names = [info.name for info in model_inputs(source.feed_model)]
+    labels = read_labels(ctx.recipe, config.data, names, config.samples)
+    warning = "" if labels is not None else f"validate.metric '{config.metric}' called with labels=None: " \
+                                            "the dataset holds no 'label' arrays"
+    if labels is not None and len(labels) != len(reference_outputs):
+        labels, warning = None, f"{len(labels)} labels for {len(reference_outputs)} samples; labels=None given"
+    value, failure = evaluate(function, config.metric, reference_outputs, labels)
+    if failure:
+        log.error("%s (on the reference outputs)", failure)
+    return _Task(function, config.metric, labels, value, "; ".join(filter(None, (warning, failure))))
+
+
+def _localizer(config: ValidateConfig, reference_path: Path) -> Localizer | None:
+    if not config.localize:
+        return None
+    from pipeline.localize import Localizer
+
+    return Localizer(reference_path, REFERENCE_TARGET)
+
+
+def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: str) -> Outcome:
     from pipeline.compare import compare_outputs
     from pipeline.errors import TargetUnavailable
-    from pipeline.targets import get_target
+    from pipeline.targets import TargetFellBack, get_target
 
     available, reason = get_target(target).availability()
     if not available:
-        return _result(name, target, "unavailable", reason)
+        return Outcome(_result(name, target, "unavailable", reason, shared.warnings))
+    pin_f32 = precision == "fp32"  # float32 artifacts run in float32; reduced ones as the device would run them
     try:
-        outputs, executed = _run_artifact(target, artifact, feeds)
+        if path == shared.reference_path and target == REFERENCE_TARGET:
+            outputs, executed = shared.reference_outputs, shared.reference_execution  # the same run
+        else:
+            outputs, executed = _run_model(target, path, shared.feeds, pin_f32=pin_f32)
+    except TargetFellBack as exc:  # the target exists but ran elsewhere: a failure of that target
+        return Outcome(_result(name, target, "failed", str(exc), shared.warnings))
     except TargetUnavailable as exc:
-        return _result(name, target, "unavailable", str(exc))
+        return Outcome(_result(name, target, "unavailable", str(exc), shared.warnings))
     except Exception as exc:
         log.debug("validation of %s on %s failed", name, target, exc_info=True)
-        return _result(name, target, "error", f"{type(exc).__name__}: {exc}")
-    tolerance = tolerance_for(config, artifact.precision)
-    comparison = compare_outputs(reference_outputs, outputs, tolerance)
-    status = "passed" if comparison.passed else "failed"
-    result = _result(name, target, status, "; ".join(comparison.reasons))
-    result.update(
+        return Outcome(_result(name, target, "error", f"{type(exc).__name__}: {exc}", shared.warnings))
+    tolerance = tolerance_for(shared.config, precision)
+    per_output = output_tolerances(shared.config, precision)
+    comparison = compare_outputs(shared.reference_outputs, outputs, tolerance, per_output)
+    row = _result(name, target, "passed" if comparison.passed else "failed", "; ".join(comparison.reasons),
+                  [*shared.warnings, *_execution_warnings(executed, precision), *comparison.notes])
+    row.update(
         metrics=comparison.worst(),
         outputs=[output.to_dict() for output in comparison.outputs],
         tolerance=tolerance.model_dump(exclude_none=True),
-        precision=artifact.precision,
-        effective_precision=_effective_precision(artifact.precision, executed),
+        precision=precision,
+        effective_precision=effective_precision(precision, executed),
         execution=executed,
-        samples=len(feeds),
+        samples=len(shared.feeds),
     )
-    return result
+    _add_task_metric(shared, row, outputs)
+    if not comparison.passed and shared.localizer is not None:
+        failing = [out for out in comparison.outputs if not out.passed and out.shape_mismatch is None]
+        if failing:
+            _add_divergence(shared, row, path, target, precision, outputs, per_output.get(failing[0].name, tolerance))
+    return Outcome(row, outputs, tolerance, per_output)
 
 
-def _run_artifact(target: str, artifact: Artifact, feeds: Feeds) -> tuple[Outputs, dict[str, Any]]:
+def _run_model(target: str, path: Path, feeds: Feeds, *, pin_f32: bool) -> tuple[Outputs, dict[str, Any]]:
     from pipeline.targets import get_target
 
-    session = get_target(target).load(artifact.path, pin_f32=True)
-    caster = feed_caster(artifact.path)
-    outputs = [session.run(caster(feed)) for feed in feeds]
-    return outputs, session.executed.to_dict()
+    caster = feed_caster(path)
+    with get_target(target).load(path, pin_f32=pin_f32) as session:
+        outputs = [session.run(caster(feed)) for feed in feeds]
+        return outputs, session.executed.to_dict()
+
+
+def _add_task_metric(shared: _Run, row: dict[str, Any], outputs: Outputs) -> None:
+    if shared.task is None:
+        return
+    from stages.validate_task import evaluate
+
+    value, failure = evaluate(shared.task.function, shared.task.spec, outputs, shared.task.labels)
+    row["metrics"]["task_metric"] = value
+    row["task_metric_reference"] = shared.task.reference_value
+    row["warnings"] += [w for w in (shared.task.warning, failure) if w and w not in row["warnings"]]
+
+
+def _add_divergence(shared: _Run, row: dict[str, Any], path: Path, target: str, precision: str, outputs: Outputs,
+                    limits: Tolerance) -> None:
+    """Name the first node whose output breaks the limits (cosine/SNR: scale-free on every tensor)."""
+    from pipeline.localize import INSTRUMENTED_NOTE, scale_free
+
+    assert shared.localizer is not None
+    indices = worst_samples(shared.reference_outputs, outputs, shared.config.localize_samples)
+    tolerance = scale_free(limits, DEFAULT_TOLERANCES[precision])
+    try:
+        divergence, why = shared.localizer.locate(path, target, {i: shared.feeds[i] for i in indices},
+                                                  tolerance=tolerance, pin_f32=precision == "fp32")
+    except Exception as exc:  # localization is a diagnosis: its failure must not hide the row's verdict
+        log.debug("localizing %s on %s failed", row["variant"], target, exc_info=True)
+        divergence, why = None, f"{type(exc).__name__}: {exc}"
+    if divergence is None:
+        row["warnings"].append(f"diverging node not located: {why}")
+        return
+    row["divergence"] = {**divergence.to_dict(), "target": target, "samples": indices,
+                         "tolerance": tolerance.model_dump(exclude_none=True), "note": INSTRUMENTED_NOTE}
+    row["reason"] = f"{row['reason']}; {divergence.summary()}"
+
+
+def worst_samples(reference: Outputs, candidate: Outputs, count: int) -> list[int]:
+    """Indices of the samples that disagree most: NaN/Inf first, then the largest error relative to |ref|."""
+    scores = []
+    for index, (ref, cand) in enumerate(zip(reference, candidate, strict=False)):
+        nonfinite, relative = 0, 0.0
+        for name, r in ref.items():
+            c = cand.get(name)
+            if c is None or np.shape(c) != np.shape(r) or np.asarray(r).dtype.kind != "f":
+                continue
+            r64, c64 = np.asarray(r, np.float64), np.asarray(c, np.float64)
+            nonfinite += int(np.count_nonzero(~np.isfinite(c64)))
+            finite = np.isfinite(r64) & np.isfinite(c64)
+            if finite.any():
+                scale = float(np.abs(r64[finite]).max()) or 1.0
+                relative = max(relative, float(np.abs(c64[finite] - r64[finite]).max()) / scale)
+        scores.append((nonfinite, relative, -index))
+    ranked = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
+    return sorted(ranked[:count])
 
 
 def feed_caster(model_path: Path) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
@@ -131,15 +330,35 @@ def feed_caster(model_path: Path) -> Callable[[dict[str, np.ndarray]], dict[str,
     return cast
 
 
-def _effective_precision(precision: str, executed: dict[str, Any]) -> str:
-    """What really ran: OpenVINO reports its inference precision; ORT runs the graph's declared types."""
+def effective_precision(precision: str, executed: dict[str, Any]) -> str:
+    """What really ran: OpenVINO's inference precision, ORT's kernel element types, or the declared types."""
+    counts = ", ".join(f"{key} {value}" for key, value in sorted(executed.get("precisions", {}).items()))
     ran = executed.get("precision")
-    if ran and ran != "declared":
-        return f"{precision} graph, {ran} inference precision"
+    if ran == "declared":
+        return f"{precision} graph, every op in its declared precision ({executed.get('runtime')})"
+    if ran:
+        return f"{precision} graph, {ran} inference precision" + (f" (layers: {counts})" if counts else "")
     device = executed.get("device", "")
-    return f"{precision} graph on {device}" if device else precision
+    text = f"{precision} graph on {device}" if device else precision
+    return text + (f" (kernels: {counts})" if counts else "")
 
 
-def _result(variant: str, target: str, status: str, reason: str) -> dict[str, Any]:
+def _execution_warnings(executed: dict[str, Any], precision: str) -> list[str]:
+    """What ran differently from what the graph declares, or elsewhere than asked."""
+    warnings = [note for note in executed.get("notes", []) if "kernels ran on CPUExecutionProvider" in note]
+    unsupported = executed.get("unsupported_ops") or []
+    if unsupported:
+        warnings.append(f"query_model: {len(unsupported)} ops unsupported on {executed.get('device')}: "
+                        f"{', '.join(unsupported[:5])}{' ...' if len(unsupported) > 5 else ''}")
+    precisions = executed.get("precisions") or {}
+    if precision == "fp16" and executed.get("runtime") == "onnxruntime" and precisions.get("FP32"):
+        warnings.append(f"onnxruntime ran {precisions['FP32']} of {sum(precisions.values())} kernels of this fp16 "
+                        f"graph in float32 on {executed.get('device')} (casts inserted where it has no fp16 kernel): "
+                        "fp16 overflow and rounding are not exercised here; target reference:cpu checks them")
+    return warnings
+
+
+def _result(variant: str, target: str, status: str, reason: str, warnings: list[str] | None = None) -> dict[str, Any]:
     return {"variant": variant, "target": target, "status": status, "reason": reason, "metrics": {},
-            "effective_precision": None}
+            "effective_precision": None, "warnings": list(warnings or []), "divergence": None,
+            "unattainable": [], "noise_floor": False}

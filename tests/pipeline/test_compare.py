@@ -166,3 +166,26 @@ def test_differing_sample_counts_fail() -> None:
     result = compare_outputs(ref, ref[:1], Tolerance())
     assert not result.passed
     assert result.reasons == ["reference has 2 samples, candidate 1"]
+
+
+def test_per_output_tolerances_apply_by_name_and_are_recorded() -> None:
+    ref = [{"boxes": np.array([10.0, 20.0, 30.0]), "scores": np.array([[0.1, 0.9]])}]
+    cand = [{"boxes": np.array([10.4, 20.0, 30.0]), "scores": np.array([[0.1, 0.9]])}]
+    tight = Tolerance(atol=0.01)
+    result = compare_outputs(ref, cand, tight)
+    assert not result.passed and result.reasons == ["output 'boxes': max_abs_err 0.4 > atol 0.01"]
+    result = compare_outputs(ref, cand, tight, per_output={"boxes": Tolerance(atol=0.5)})
+    assert result.passed
+    by_name = {out.name: out for out in result.outputs}
+    assert by_name["boxes"].tolerance == {"atol": 0.5} and by_name["scores"].tolerance == {"atol": 0.01}
+    assert by_name["boxes"].passed and by_name["scores"].passed
+    failing = compare_outputs(ref, cand, Tolerance(), per_output={"boxes": Tolerance(atol=0.1)})
+    assert [out.passed for out in failing.outputs] == [False, True]
+
+
+def test_top1_limit_on_an_output_without_class_scores_is_noted() -> None:
+    ref = [{"boxes": np.ones((1, 4, 4)), "scores": np.array([[0.1, 0.9]])}]
+    result = compare_outputs(ref, ref, Tolerance(), per_output={"boxes": Tolerance(top1_agreement_min=0.9)})
+    assert result.passed
+    assert result.notes == ["top1_agreement_min 0.9 set for output 'boxes', which does not look like class "
+                            "scores ([N, C] floats); not checked"]

@@ -1,9 +1,15 @@
-"""The fp16 stage: clamping counted, float32 I/O kept, ORT agreement, activation-aware blocking."""
+"""The fp16 stage: config, clamping counted, float32 I/O kept, agreement with float32, refusals.
+
+The helpers here are shared by the other tests/stages/test_fp16_*.py files (imported from this module).
+"""
 
 from __future__ import annotations
 
+import copy
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import onnx
@@ -12,73 +18,120 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from pydantic import ValidationError
 
-from pipeline.context import Artifact, StageContext
+from pipeline.context import Artifact, StageContext, StageResult
 from pipeline.errors import StageError
+from pipeline.recipe import DatasetSpec
 from stages import fp16
-from stages.fp16 import Fp16Config
-from stages.quantize import CalibrationRef
+from stages.fp16 import Fp16Config, Fp16Data
 
-# ---- helpers (kept in this file on purpose) -------------------------------------------------
-
-
-def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], shape: list[int],
-           out_shape: list[int] | None = None) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape or shape)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.checker.check_model(model)
-    return model
+# ---- helpers shared by the fp16 tests ---------------------------------------------------------
 
 
-def _artifact(tmp_path: Path, model: onnx.ModelProto) -> Artifact:
-    path = tmp_path / "model.onnx"
+def make_model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], inputs: list[onnx.ValueInfoProto],
+               outputs: list[onnx.ValueInfoProto], opset: int = 17,
+               extra_opsets: tuple[tuple[str, int], ...] = ()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    opsets = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, v) for d, v in extra_opsets)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def tensor(name: str, shape: list[Any] | None, elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def const(name: str, values: Any, dtype: Any = np.float32) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(values, dtype=dtype), name)
+
+
+def artifact(tmp_path: Path, model: onnx.ModelProto, name: str = "model.onnx") -> Artifact:
+    path = tmp_path / name
     onnx.save(model, str(path))
     return Artifact(path=path, sidecar=path.with_suffix(".json"), key="k", sha256="s",
                     size_bytes=path.stat().st_size, stages=("export",), parent=None)
 
 
-def _ctx(tmp_path: Path, low: float | None = None, high: float | None = None) -> StageContext:
-    inputs = [SimpleNamespace(name="x", low=low, high=high)] if low is not None else []
-    recipe = SimpleNamespace(data={}, model=SimpleNamespace(inputs=inputs), resolve=lambda p: tmp_path / p)
+def context(tmp_path: Path, datasets: dict[str, list[dict[str, np.ndarray]]] | None = None) -> StageContext:
+    """A stage context whose recipe holds npz datasets written from the given samples."""
+    specs = {}
+    for name, samples in (datasets or {}).items():
+        folder = tmp_path / name
+        folder.mkdir(exist_ok=True)
+        for index, sample in enumerate(samples):
+            np.savez(folder / f"{index:03d}.npz", **sample)
+        specs[name] = DatasetSpec(reader="npy", path=name)
+    recipe = SimpleNamespace(data=specs, model=SimpleNamespace(inputs=[]), resolve=lambda p: tmp_path / p)
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     return StageContext(recipe=recipe, variant="v", work_dir=work)  # type: ignore[arg-type]
 
 
-def _run_ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+def run_stage(tmp_path: Path, model: onnx.ModelProto, datasets: dict[str, list[dict[str, np.ndarray]]] | None = None,
+              **config: Any) -> StageResult:
+    return fp16.run(artifact(tmp_path, model), Fp16Config(**config), context(tmp_path, datasets))
+
+
+def plain_convert(model: onnx.ModelProto, **kwargs: Any) -> onnx.ModelProto:
+    """onnxconverter-common as its users call it (float32 I/O kept); may raise."""
+    from onnxconverter_common.float16 import convert_float_to_float16
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return convert_float_to_float16(copy.deepcopy(model), keep_io_types=True, **kwargs)
+
+
+def broken_reason(model: onnx.ModelProto) -> str | None:
+    """Why a model is unusable (full onnx.checker or ORT load), or None."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        return str(exc)
+    return None
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})[0]
+    return session.run(None, feeds)
 
 
-def _tiny_conv() -> onnx.ModelProto:
+def run_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """onnx's reference evaluator: every op in its declared precision (true float16 arithmetic)."""
+    from onnx.reference import ReferenceEvaluator
+
+    with np.errstate(all="ignore"):
+        return [np.asarray(out) for out in ReferenceEvaluator(model).run(None, feeds)]
+
+
+def run_target(target: str, model: onnx.ModelProto, feeds: dict[str, np.ndarray], tmp_path: Path) -> list[np.ndarray]:
+    """The model on a qdeploy target (pipeline.targets), outputs in graph order."""
+    from pipeline.targets import get_target
+
+    path = tmp_path / f"on_{target.replace(':', '_')}.onnx"
+    onnx.save(model, str(path))
+    with get_target(target).load(path) as session:
+        outputs = session.run(feeds)
+    return [outputs[value.name] for value in model.graph.output]
+
+
+# ---- models -----------------------------------------------------------------------------------
+
+
+def tiny_conv() -> onnx.ModelProto:
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32), "w"),
-             numpy_helper.from_array((rng.standard_normal(4) * 0.1).astype(np.float32), "b")]
+    inits = [const("w", rng.standard_normal((4, 3, 3, 3)) * 0.3), const("b", rng.standard_normal(4) * 0.1)]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["y"], name="relu")]
-    return _model(nodes, inits, [1, 3, 8, 8], [1, 4, 8, 8])
+    return make_model(nodes, inits, [tensor("x", [1, 3, 8, 8])], [tensor("y", [1, 4, 8, 8])])
 
 
-def _overflowing() -> onnx.ModelProto:
-    """x (about 100) * 1000 -> Max -> Max -> * 0.001: the middle overflows float16 (Max has fp16 CPU kernels)."""
-    inits = [numpy_helper.from_array(np.array(1000, np.float32), "k"),
-             numpy_helper.from_array(np.array(0.001, np.float32), "k_inv"),
-             numpy_helper.from_array(np.array(0, np.float32), "zero")]
-    nodes = [helper.make_node("Mul", ["x", "k"], ["up"], name="scale_up"),
-             helper.make_node("Max", ["up", "zero"], ["m1"], name="max1"),
-             helper.make_node("Max", ["m1", "zero"], ["m2"], name="max2"),
-             helper.make_node("Mul", ["m2", "k_inv"], ["y"], name="scale_down")]
-    return _model(nodes, inits, [1, 4])
-
-
-# ---- tests ----------------------------------------------------------------------------------
+# ---- tests ------------------------------------------------------------------------------------
 
 
 def test_clamping_is_counted_and_uses_float16_limits(tmp_path: Path) -> None:
     values = np.array([1e6, -1e6, 1e-9, 0.5, 0.0], np.float32)
-    model = _model([helper.make_node("Mul", ["x", "c"], ["y"], name="mul")],
-                   [numpy_helper.from_array(values, "c")], [1, 5])
-    result = fp16.run(_artifact(tmp_path, model), Fp16Config(), _ctx(tmp_path))
+    model = make_model([helper.make_node("Mul", ["x", "c"], ["y"], name="mul")], [const("c", values)],
+                       [tensor("x", [1, 5])], [tensor("y", [1, 5])])
+    result = run_stage(tmp_path, model)
 
     clamp = result.findings["clamp"]
     assert clamp["clamped_values"] == 3
@@ -92,53 +145,65 @@ def test_clamping_is_counted_and_uses_float16_limits(tmp_path: Path) -> None:
     assert constant[2] > 0 and constant[4] == 0
 
 
+def test_clamping_counts_a_constant_node_and_ignores_float32_nodes(tmp_path: Path) -> None:
+    big = helper.make_node("Constant", [], ["k"], name="k", value=const("kv", [1e5, 2.0]))
+    nodes = [big, helper.make_node("Mul", ["x", "k"], ["m"], name="mul"),
+             helper.make_node("Mul", ["m", "c"], ["y"], name="mul_kept")]
+    model = make_model(nodes, [const("c", [1e6, 1.0])], [tensor("x", [2])], [tensor("y", [2])])
+    clamp = run_stage(tmp_path, model, node_block_list=["mul_kept"]).findings["clamp"]
+    assert clamp["initializers"] == {"k": 1}  # c feeds only a float32 node: kept, not clamped
+
+
 def test_keep_io_types_keeps_float32_io(tmp_path: Path) -> None:
-    kept = fp16.run(_artifact(tmp_path, _tiny_conv()), Fp16Config(), _ctx(tmp_path)).model
+    kept = run_stage(tmp_path, tiny_conv()).model
     assert kept.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
     assert kept.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
     assert {i.data_type for i in kept.graph.initializer} == {TensorProto.FLOAT16}
 
-    bare = fp16.run(_artifact(tmp_path, _tiny_conv()), Fp16Config(keep_io_types=False), _ctx(tmp_path)).model
+    bare = run_stage(tmp_path, tiny_conv(), keep_io_types=False).model
     assert bare.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT16
     assert bare.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT16
+    assert not any(node.op_type == "Cast" for node in bare.graph.node)
 
 
-def test_converted_conv_matches_fp32_in_ort(tmp_path: Path) -> None:
-    model = _tiny_conv()
-    result = fp16.run(_artifact(tmp_path, model), Fp16Config(), _ctx(tmp_path))
-    assert result.changed and result.findings["cast_nodes_added"] == 2
+def test_converted_conv_matches_fp32_in_ort_and_in_float16_arithmetic(tmp_path: Path) -> None:
+    model = tiny_conv()
+    result = run_stage(tmp_path, model)
+    assert result.changed and result.findings["cast_nodes"] == 2
     assert result.findings["clamp"]["clamped_values"] == 0
-    assert result.findings["op_block_list"] and "Resize" in result.findings["op_block_list"]
+    assert "Resize" in result.findings["op_block_list"]
+    assert result.findings["activation_analysis"].startswith("not run")
     x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
-    expected, got = _run_ort(model, x), _run_ort(result.model, x)
-    assert got.dtype == np.float32
-    np.testing.assert_allclose(got, expected, rtol=5e-3, atol=5e-3)
-
-
-def test_activation_aware_blocking_keeps_overflowing_nodes_in_fp32(tmp_path: Path) -> None:
-    x = np.linspace(90, 110, 4, dtype=np.float32).reshape(1, 4)
-    plain = fp16.run(_artifact(tmp_path, _overflowing()), Fp16Config(op_block_list=[]), _ctx(tmp_path))
-    assert plain.findings["kept_in_fp32"] == []
-    assert np.isinf(_run_ort(plain.model, x)).all()
-
-    config = Fp16Config(op_block_list=[], calibration=CalibrationRef(data=None, samples=4))
-    aware = fp16.run(_artifact(tmp_path, _overflowing()), config, _ctx(tmp_path, low=90.0, high=110.0))
-    kept = {entry["node"]: entry for entry in aware.findings["kept_in_fp32"]}
-    assert set(kept) == {"scale_up", "max1", "max2", "scale_down"}
-    assert kept["scale_up"]["tensor"] == "up" and 9e4 < kept["scale_up"]["abs_max"] < 1.1e5
-    assert set(aware.findings["node_block_list"]) == set(kept)
-    out = _run_ort(aware.model, x)
-    assert out.dtype == np.float32 and np.isfinite(out).all()
-    np.testing.assert_allclose(out, x, rtol=1e-3)
+    expected = run_ort(model, {"x": x})[0]
+    for got in (run_ort(result.model, {"x": x})[0], run_reference(result.model, {"x": x})[0]):
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, expected, rtol=5e-3, atol=5e-3)
 
 
 def test_unknown_block_node_is_a_stage_error(tmp_path: Path) -> None:
     with pytest.raises(StageError, match="nope"):
-        fp16.run(_artifact(tmp_path, _tiny_conv()), Fp16Config(node_block_list=["nope"]), _ctx(tmp_path))
+        run_stage(tmp_path, tiny_conv(), node_block_list=["nope"])
+
+
+def test_an_already_float16_model_is_refused_by_name(tmp_path: Path) -> None:
+    half = run_stage(tmp_path, tiny_conv()).model
+    with pytest.raises(StageError, match="already holds float16"):
+        fp16.run(artifact(tmp_path, half, "half.onnx"), Fp16Config(), context(tmp_path))
+
+
+def test_sidecar_findings_are_json_serialisable(tmp_path: Path) -> None:
+    import json
+
+    sample = {"x": np.random.default_rng(2).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    result = run_stage(tmp_path, tiny_conv(), {"calib": [sample] * 2}, calibration={"data": "calib"})
+    text = json.dumps(result.findings, allow_nan=False)
+    assert "fidelity" in json.loads(text)
+    assert result.findings["fidelity"]["emulated"]["passed"] is True
 
 
 def test_config_survives_a_json_round_trip() -> None:
-    config = Fp16Config(calibration=CalibrationRef(data="calib"), node_block_list=["a"])
+    config = Fp16Config(calibration=Fp16Data(data="calib"), node_block_list=["a"], mode="auto",
+                        tolerance={"cosine_min": 0.99})
     assert Fp16Config(**config.model_dump(mode="json")) == config
 
 
@@ -147,6 +212,10 @@ def test_config_survives_a_json_round_trip() -> None:
     {"max_finite_val": 70000.0},
     {"min_positive_val": 0.0},
     {"unknown": 1},
+    {"mode": "auto"},
+    {"mode": "bisect"},
+    {"fidelity_check": "gpu"},
+    {"calibration": {"data": "x", "samples": 0}},
 ])
 def test_bad_config_is_rejected(bad: dict) -> None:
     with pytest.raises(ValidationError):

@@ -238,7 +238,7 @@ def test_if_model_survives_and_computes_the_same(tmp_path: Path, ctx: StageConte
     result = _simplify(model, tmp_path, ctx)
     assert _ops(result.model) == ["If"]
     assert "w2" in {init.name for init in result.model.graph.initializer}
-    assert any("subgraphs left unsimplified" in note for note in result.findings["notes"])
+    assert any("subgraphs (in If nodes)" in note for note in result.findings["notes"])
     for cond in (True, False):
         _assert_same(model, result.model, {"x": _rand(2), "c": np.array(cond)}, atol=0, rtol=0)
 

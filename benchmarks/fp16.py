@@ -1,0 +1,292 @@
+"""qdeploy's fp16 stage against onnxconverter-common called directly: wall time and fidelity.
+
+    python benchmarks/fp16.py [--repeat 3] [--samples 2] [--models demo encoder attention layernorm pp-ocr-rec]
+
+Models: the demo CNN (with its recipe's validation samples), a PyTorch transformer
+encoder built here (4 layers, d_model 128; skipped without torch), an unnormalized
+attention block and an exported-style LayerNorm (Pow) fed transformer-like activations
+with outlier channels (both overflow float16), and the PP-OCRv4 recognition model when
+``QDEPLOY_REAL_MODELS`` names a folder holding the rapidocr-onnxruntime wheel's models
+(``python -m tests.real_models`` fills it).
+
+Timing (median of ``--repeat`` runs after one warm-up), each starting from the model file:
+- converter: ``onnx.load`` + ``convert_float_to_float16(model, keep_io_types=True)`` with its
+  defaults, as its users call it;
+- qdeploy: the stage's ``run`` with its defaults (no data: block lists, schema rules, type
+  repair, onnx.checker full check, ORT load); "no ORT" sets ``onnxruntime_check: false``;
+  "+data" adds ``calibration`` (activation analysis on the calibration samples and the
+  float16 emulation check), timed once.
+
+Fidelity of each artifact against the float32 model on ORT, over ``--samples`` evaluation
+samples that the calibration never saw, under true float16 arithmetic (onnx's reference
+evaluator, every op in its declared precision): worst cosine over outputs, largest absolute
+error, and the count of NaN/Inf values.  The ``ort`` column gives the same cosine on ORT's CPU
+provider, which computes many float16 ops in float32 and can hide overflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pipeline.compare import compare_outputs  # noqa: E402
+from pipeline.context import Artifact, StageContext  # noqa: E402
+from pipeline.recipe import DatasetSpec  # noqa: E402
+from pipeline.tolerance import Tolerance  # noqa: E402
+from stages import fp16  # noqa: E402
+from stages.fp16 import Fp16Config  # noqa: E402
+
+log = logging.getLogger("benchmarks.fp16")
+Samples = list[dict[str, np.ndarray]]
+T, D = 64, 128
+
+
+# ---- models: (path, calibration samples, evaluation samples) ----------------------------------
+
+
+def demo(folder: Path, count: int) -> tuple[Path, Samples, Samples]:
+    files = sorted((REPO / "recipes" / "data" / "val").glob("*.npy"))
+    arrays = [np.load(path).astype(np.float32) for path in files]
+    samples = [{"input": array[None] if array.ndim == 3 else array} for array in arrays]
+    return REPO / "recipes" / "models" / "demo_cnn.onnx", samples[:4], samples[4:4 + count]
+
+
+def encoder(folder: Path, count: int) -> tuple[Path, Samples, Samples]:
+    import torch
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=D, nhead=4, dim_feedforward=4 * D, dropout=0.0,
+                                             batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False).eval()
+    path = folder / "encoder.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.randn(1, T, D),), str(path), input_names=["x"], output_names=["y"],
+                          opset_version=17, dynamo=False)
+    rng = np.random.default_rng(0)
+    draw = [{"x": rng.standard_normal((1, T, D)).astype(np.float32)} for _ in range(4 + count)]
+    return path, draw[:4], draw[4:]
+
+
+def _hidden_states(rng: np.random.Generator, scale: float) -> np.ndarray:
+    x = rng.standard_normal((1, T, D)) * scale
+    x[..., :3] *= 40  # outlier channels, as real transformer activations have
+    return x.astype(np.float32)
+
+
+def _save(folder: Path, name: str, nodes: list[Any], inits: dict[str, np.ndarray]) -> Path:
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", 1, [1, T, D])],
+                              [helper.make_tensor_value_info("y", 1, [1, T, D])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = folder / f"{name}.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def attention(folder: Path, count: int) -> tuple[Path, Samples, Samples]:
+    rng = np.random.default_rng(0)
+    inits = {"Wq": rng.standard_normal((D, D)), "Wk": rng.standard_normal((D, D)),
+             "Wv": rng.standard_normal((D, D)) * 0.1}
+    nodes = [helper.make_node("MatMul", ["x", "Wq"], ["q"], name="q_proj"),
+             helper.make_node("MatMul", ["x", "Wk"], ["k"], name="k_proj"),
+             helper.make_node("MatMul", ["x", "Wv"], ["v"], name="v_proj"),
+             helper.make_node("Transpose", ["k"], ["kt"], name="k_t", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"], name="scores"),
+             helper.make_node("Softmax", ["s"], ["p"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"], name="context")]
+    draw = [{"x": _hidden_states(rng, 0.5)} for _ in range(4 + count)]
+    return _save(folder, "attention", nodes, inits), draw[:4], draw[4:]
+
+
+def layernorm(folder: Path, count: int) -> tuple[Path, Samples, Samples]:
+    rng = np.random.default_rng(1)
+    inits = {"two": 2.0, "eps": 1e-5, "gamma": np.ones(D), "beta": np.zeros(D),
+             "W": rng.standard_normal((D, D)) * 0.1}
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], name="mean", axes=[-1]),
+             helper.make_node("Sub", ["x", "mean"], ["c"], name="center"),
+             helper.make_node("Pow", ["c", "two"], ["sq"], name="square"),
+             helper.make_node("ReduceMean", ["sq"], ["var"], name="variance", axes=[-1]),
+             helper.make_node("Add", ["var", "eps"], ["ve"], name="add_eps"),
+             helper.make_node("Sqrt", ["ve"], ["std"], name="std"),
+             helper.make_node("Div", ["c", "std"], ["n"], name="normalize"),
+             helper.make_node("Mul", ["n", "gamma"], ["g"], name="gamma"),
+             helper.make_node("Add", ["g", "beta"], ["ln"], name="beta"),
+             helper.make_node("MatMul", ["ln", "W"], ["y"], name="proj")]
+    draw = [{"x": _hidden_states(rng, 8.0)} for _ in range(4 + count)]
+    return _save(folder, "layernorm", nodes, inits), draw[:4], draw[4:]
+
+
+def pp_ocr_rec(folder: Path, count: int) -> tuple[Path, Samples, Samples]:
+    root = os.environ.get("QDEPLOY_REAL_MODELS")
+    found = sorted(Path(root).rglob("ch_PP-OCRv4_rec_infer.onnx")) if root else []
+    if not found:
+        raise FileNotFoundError("set QDEPLOY_REAL_MODELS to a folder holding rapidocr_onnxruntime/models/")
+    lines = [{"x": _text_line(seed)} for seed in range(2 + count)]
+    return found[0], lines[:2], lines[2:]
+
+
+def _text_line(seed: int) -> np.ndarray:
+    """A synthetic text line, normalised like PP-OCR's preprocessing ((pixel / 255 - 0.5) / 0.5)."""
+    rng = np.random.default_rng(seed)
+    image = np.full((48, 320), 235.0) + rng.normal(0, 6, (48, 320))
+    for left in range(8, 300, 22):
+        width, top = rng.integers(8, 18), rng.integers(8, 14)
+        image[top:top + rng.integers(20, 30), left:left + width] = rng.uniform(10, 60)
+    pixels = np.clip(image, 0, 255)[None, None].repeat(3, axis=1) / 255.0
+    return ((pixels - 0.5) / 0.5).astype(np.float32)
+
+
+MODELS: dict[str, Callable[[Path, int], tuple[Path, Samples, Samples]]] = {
+    "demo": demo, "encoder": encoder, "attention": attention, "layernorm": layernorm, "pp-ocr-rec": pp_ocr_rec,
+}
+
+
+# ---- measuring ---------------------------------------------------------------------------------
+
+
+def _median_seconds(action: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    result = action()  # warm-up (imports, caches)
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = action()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), result
+
+
+def _converter(path: Path) -> onnx.ModelProto:
+    from onnxconverter_common.float16 import convert_float_to_float16
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return convert_float_to_float16(onnx.load(str(path)), keep_io_types=True)
+
+
+def _qdeploy(path: Path, folder: Path, samples: Samples, **config: Any) -> Callable[[], onnx.ModelProto]:
+    data = folder / "calib"
+    data.mkdir(exist_ok=True)
+    for index, sample in enumerate(samples):
+        np.savez(data / f"{index:03d}.npz", **sample)
+    recipe = SimpleNamespace(data={"calib": DatasetSpec(reader="npy", path=str(data))},
+                             model=SimpleNamespace(inputs=[]), resolve=lambda p: Path(p))
+    artifact = Artifact(path=path, sidecar=path.with_suffix(".json"), key="k", sha256="s",
+                        size_bytes=path.stat().st_size, stages=("export",), parent=None)
+
+    def convert() -> onnx.ModelProto:
+        with tempfile.TemporaryDirectory(dir=folder) as work:
+            ctx = StageContext(recipe=recipe, variant="bench", work_dir=Path(work))  # type: ignore[arg-type]
+            return fp16.run(artifact, Fp16Config(**config), ctx).model
+
+    return convert
+
+
+def _fidelity(model: onnx.ModelProto, candidate: onnx.ModelProto, samples: Samples) -> dict[str, Any]:
+    try:
+        return _measure_fidelity(model, candidate, samples)
+    except Exception as exc:  # a broken artifact is a result of this benchmark, not a crash of it
+        return {"broken": " ".join(str(exc).split())[:110]}
+
+
+def _measure_fidelity(model: onnx.ModelProto, candidate: onnx.ModelProto, samples: Samples) -> dict[str, Any]:
+    import onnxruntime as ort
+    from onnx.reference import ReferenceEvaluator
+
+    names = [value.name for value in model.graph.output]
+    reference_session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = [dict(zip(names, reference_session.run(None, s), strict=True)) for s in samples]
+    session = ort.InferenceSession(candidate.SerializeToString(), providers=["CPUExecutionProvider"])
+    on_ort = [dict(zip(names, session.run(None, s), strict=True)) for s in samples]
+    evaluator = ReferenceEvaluator(candidate)
+    with np.errstate(all="ignore"):
+        true_fp16 = [dict(zip(names, (np.asarray(o, np.float32) for o in evaluator.run(None, s)), strict=True))
+                     for s in samples]
+    loose = Tolerance()
+    worst = compare_outputs(expected, true_fp16, loose).worst()
+    return {"cosine": worst["cosine"], "max_abs_err": worst["max_abs_err"], "nonfinite": worst["nonfinite"],
+            "ort_cosine": compare_outputs(expected, on_ort, loose).worst()["cosine"]}
+
+
+def measure(name: str, folder: Path, repeat: int, count: int) -> dict[str, Any] | None:
+    try:
+        path, calibration, evaluation = MODELS[name](folder, count)
+    except (ImportError, FileNotFoundError) as exc:
+        log.warning("%s skipped: %s", name, exc)
+        return None
+    model = onnx.load(str(path))
+    converter_s, plain = _median_seconds(lambda: _converter(path), repeat)
+    qdeploy_s, ours = _median_seconds(_qdeploy(path, folder, calibration), repeat)
+    bare_s, _ = _median_seconds(_qdeploy(path, folder, calibration, onnxruntime_check=False), repeat)
+    with_data = _qdeploy(path, folder, calibration, calibration={"data": "calib"})
+    data_s, ours_data = _median_seconds(with_data, 1)
+    return {
+        "model": name, "nodes": len(model.graph.node), "converter_s": converter_s, "qdeploy_s": qdeploy_s,
+        "bare_s": bare_s, "data_s": data_s,
+        "fidelity": {"converter": _fidelity(model, plain, evaluation), "qdeploy": _fidelity(model, ours, evaluation),
+                     "qdeploy+data": _fidelity(model, ours_data, evaluation)},
+    }
+
+
+# ---- report ------------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, digits: int = 6) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def print_tables(rows: list[dict[str, Any]]) -> None:
+    out = sys.stdout
+    out.write("\n| model | nodes | converter s | qdeploy s | ratio | qdeploy no ORT s | ratio | qdeploy +data s |\n")
+    out.write("|---|---:|---:|---:|---:|---:|---:|---:|\n")
+    for r in rows:
+        out.write(f"| {r['model']} | {r['nodes']} | {r['converter_s']:.3f} | {r['qdeploy_s']:.3f} | "
+                  f"{r['qdeploy_s'] / r['converter_s']:.2f}x | {r['bare_s']:.3f} | "
+                  f"{r['bare_s'] / r['converter_s']:.2f}x | {r['data_s']:.3f} |\n")
+    out.write("\n| model | artifact | cosine (true fp16) | max abs err | NaN/Inf | cosine (ort:cpu) |\n")
+    out.write("|---|---|---:|---:|---:|---:|\n")
+    for r in rows:
+        for label, f in r["fidelity"].items():
+            if "broken" in f:
+                out.write(f"| {r['model']} | {label} | broken: {f['broken']} | | | |\n")
+                continue
+            out.write(f"| {r['model']} | {label} | {_fmt(f['cosine'])} | {_fmt(f['max_abs_err'], 4)} | "
+                      f"{f['nonfinite']} | {_fmt(f['ort_cosine'])} |\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per tool (median reported)")
+    parser.add_argument("--samples", type=int, default=2, help="evaluation samples per model")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="qdeploy-bench-fp16-") as tmp:
+        for name in args.models:
+            folder = Path(tmp) / name
+            folder.mkdir()
+            row = measure(name, folder, args.repeat, args.samples)
+            if row is not None:
+                rows.append(row)
+    print_tables(rows)
+
+
+if __name__ == "__main__":
+    main()

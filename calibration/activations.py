@@ -1,0 +1,96 @@
+"""Activation statistics: run a float model on calibration data and gather per-tensor statistics.
+
+The model is run in ONNX Runtime with the wanted tensors added as outputs, one
+sample at a time, so memory holds one sample's activations at most.  A first
+pass records each tensor's minimum, maximum and |max|; when a histogram method
+is asked for, a second pass over the same data fills a histogram spanning the
+range of the first pass (exact bins, no re-binning as the range grows).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from calibration.ranges import DEFAULT_BINS, TensorStats
+
+log = logging.getLogger(__name__)
+
+Feeds = dict[str, np.ndarray]
+FeedSource = Callable[[], Iterator[Feeds]]
+"""Returns a fresh iterator over the calibration feeds each time it is called (one call per pass)."""
+
+_FLOAT_ELEM_TYPES = (1, 10)  # float, float16
+
+
+def float_tensors_of(model_path: Path, op_types: Iterable[str] | None = None) -> list[str]:
+    """Float tensors (not initializers) that are inputs or outputs of the main graph's nodes of op_types."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    graph = model.graph
+    types = {value.name: value.type.tensor_type.elem_type
+             for value in (*graph.value_info, *graph.input, *graph.output) if value.type.HasField("tensor_type")}
+    initializers = {init.name for init in graph.initializer}
+    wanted = set(op_types) if op_types is not None else None
+    names: dict[str, None] = {}
+    for node in graph.node:
+        if wanted is not None and node.op_type not in wanted:
+            continue
+        for name in (*node.input, *node.output):
+            if name and name not in initializers and types.get(name) in _FLOAT_ELEM_TYPES:
+                names[name] = None
+    return list(names)
+
+
+def collect_statistics(model_path: Path, tensors: list[str], feeds: FeedSource, work_dir: Path, *,
+                       histogram: bool = False, bins: int = DEFAULT_BINS) -> tuple[dict[str, TensorStats], int]:
+    """Statistics of each named tensor over the feeds; returns them and how many samples were used."""
+    session, outputs = _probe_session(model_path, tensors, work_dir)
+    from_feed = [name for name in tensors if name not in outputs]
+    stats = {name: TensorStats() for name in tensors}
+    samples = 0
+    for feed in feeds():
+        for name, value in _run(session, outputs, from_feed, feed):
+            stats[name].update_range(value)
+        samples += 1
+    if histogram:
+        for feed in feeds():
+            for name, value in _run(session, outputs, from_feed, feed):
+                stats[name].update_histogram(value, bins)
+    log.debug("activation statistics of %d tensors over %d samples", len(tensors), samples)
+    return stats, samples
+
+
+def _probe_session(model_path: Path, tensors: list[str], work_dir: Path) -> tuple[object, list[str]]:
+    """An ORT session of the model with every wanted tensor exposed as an output."""
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(str(model_path))
+    present = {value.name for value in (*model.graph.output, *model.graph.input)}
+    for name in tensors:
+        if name not in present:
+            model.graph.output.append(onnx.ValueInfoProto(name=name))
+    probe = work_dir / "calibration_probe.onnx"
+    onnx.save(model, str(probe), save_as_external_data=model.ByteSize() > 1_800_000_000)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
+    wanted = set(tensors)
+    return session, [out.name for out in session.get_outputs() if out.name in wanted]
+
+
+def _run(session: object, outputs: list[str], from_feed: list[str],
+         feed: Feeds) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, flat float32 values) of every wanted tensor: run outputs, and graph inputs from the feed."""
+    values = session.run(outputs, feed) if outputs else []  # type: ignore[attr-defined]
+    pairs = [*zip(outputs, values, strict=True), *((name, feed[name]) for name in from_feed if name in feed)]
+    for name, value in pairs:
+        array = np.asarray(value)
+        if array.size and np.issubdtype(array.dtype, np.floating):
+            yield name, array.astype(np.float32, copy=False).ravel()

@@ -1,0 +1,242 @@
+"""What changed between two runs: latency ratios, metric changes, gates and statuses that flipped.
+
+Pure functions over two report.json dicts (``compare_reports``), so CI jobs that prepare deployments release
+after release can fail on a regression (``Comparison.regressions``).  Rows are matched by variant, target and
+batch size; rows present in one run only are listed, never guessed at.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import QdeployInputError
+
+HIGHER_IS_BETTER = {"cosine": True, "snr_db": True, "top1_agreement": True, "top5_agreement": True,
+                    "task_metric": True, "max_abs_err": False, "mean_abs_err": False, "max_rel_err": False}
+"""Fidelity metrics compared, and which way is better (the recipe's task metric is taken as an accuracy)."""
+_BAD_STATUSES = ("failed", "error")
+
+
+@dataclass
+class Thresholds:
+    """Limits beyond which a change is a regression; None disables that check."""
+
+    max_latency_regression: float | None = None
+    """Largest accepted relative growth of median latency (0.1: run B may be 10% slower than run A)."""
+    max_metric_drop: dict[str, float] = field(default_factory=dict)
+    """Per metric, the largest accepted change in its worse direction (cosine 0.001: may fall by 0.001)."""
+
+
+@dataclass
+class Change:
+    """One difference between the runs."""
+
+    kind: str
+    """latency, metric, gate, status or missing."""
+    subject: str
+    """What changed, e.g. 'int8 on ort:cpu, batch 1'."""
+    before: Any
+    after: Any
+    detail: str = ""
+    regression: bool = False
+
+
+@dataclass
+class Comparison:
+    """Every change found; `regressions` decide the exit status."""
+
+    changes: list[Change] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[Change]:
+        return [change for change in self.changes if change.regression]
+
+
+def load_report(path: Path) -> dict[str, Any]:
+    """A run's report.json, from the run folder or the file itself; QdeployInputError (exit 2) otherwise."""
+    file = path / "report.json" if path.is_dir() else path
+    if not file.is_file():
+        raise QdeployInputError(f"{path}: no report.json there; give a run folder (qdeploy run --out DIR) "
+                                "or its report.json")
+    try:
+        report = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise QdeployInputError(f"{file}: not a readable report.json: {exc}") from None
+    missing = [key for key in ("benchmarks", "validation", "gates")
+               if not isinstance(report, dict) or not isinstance(report.get(key), list)]
+    if missing:
+        raise QdeployInputError(f"{file}: not a qdeploy report (missing {', '.join(missing)})")
+    return report
+
+
+def compare_reports(before: dict[str, Any], after: dict[str, Any], thresholds: Thresholds | None = None) -> Comparison:
+    """The changes from run `before` (A) to run `after` (B)."""
+    limits = thresholds or Thresholds()
+    unknown = sorted(set(limits.max_metric_drop) - set(HIGHER_IS_BETTER))
+    if unknown:
+        raise QdeployInputError(f"--max-metric-drop names unknown metric(s) {', '.join(unknown)}; "
+                                f"known: {', '.join(HIGHER_IS_BETTER)}")
+    comparison = Comparison()
+    comparison.changes += latency_changes(before["benchmarks"], after["benchmarks"], limits.max_latency_regression)
+    comparison.changes += metric_changes(before["validation"], after["validation"], limits.max_metric_drop)
+    comparison.changes += gate_changes(before["gates"], after["gates"])
+    comparison.changes += failure_changes(before.get("failures", []), after.get("failures", []))
+    return comparison
+
+
+def _bench_key(row: dict[str, Any]) -> tuple[str, str, int]:
+    return row["variant"], row["target"], row.get("batch_size", 1)
+
+
+def latency_changes(before: list[dict[str, Any]], after: list[dict[str, Any]],
+                    max_regression: float | None) -> list[Change]:
+    """Median latency ratio B/A of every row measured in both runs; a row measured in one run only."""
+    old = {_bench_key(row): row for row in before if row.get("status") == "ok" and row.get("latency_ms")}
+    new = {_bench_key(row): row for row in after if row.get("status") == "ok" and row.get("latency_ms")}
+    changes = []
+    for key in sorted(old.keys() | new.keys()):
+        subject = f"{key[0]} on {key[1]}, batch {key[2]}"
+        if key not in new or key not in old:
+            status_after = next((r.get("status") for r in after if _bench_key(r) == key), "absent")
+            status_before = next((r.get("status") for r in before if _bench_key(r) == key), "absent")
+            changes.append(Change("missing", f"benchmark {subject}", status_before, status_after,
+                                  "measured in one run only", regression=status_after in _BAD_STATUSES))
+            continue
+        changes.append(_latency_change(subject, old[key], new[key], max_regression))
+    return changes
+
+
+def _latency_change(subject: str, old: dict[str, Any], new: dict[str, Any], max_regression: float | None) -> Change:
+    a, b = old["latency_ms"]["p50"], new["latency_ms"]["p50"]
+    ratio = b / a if a > 0 else float("inf")
+    overlap = _intervals_overlap(old["latency_ms"].get("ci95_p50"), new["latency_ms"].get("ci95_p50"))
+    notes = [f"ratio {ratio:.3f}"]
+    if old.get("speedup") is not None and new.get("speedup") is not None:
+        notes.append(f"speedup vs reference {old['speedup']:.3g}x -> {new['speedup']:.3g}x")
+    if overlap:
+        notes.append("95% intervals overlap")
+    if old.get("noisy") or new.get("noisy"):
+        notes.append("noisy")
+    regression = max_regression is not None and ratio > 1.0 + max_regression
+    return Change("latency", subject, a, b, "; ".join(notes), regression)
+
+
+def _intervals_overlap(first: list[float] | None, second: list[float] | None) -> bool:
+    return bool(first and second) and first[0] <= second[1] and second[0] <= first[1]
+
+
+def metric_changes(before: list[dict[str, Any]], after: list[dict[str, Any]],
+                   max_drop: dict[str, float]) -> list[Change]:
+    """Fidelity metrics that moved, and validation statuses that flipped."""
+    old = {(row["variant"], row["target"]): row for row in before}
+    new = {(row["variant"], row["target"]): row for row in after}
+    changes = []
+    for key in sorted(old.keys() & new.keys()):
+        subject = f"{key[0]} on {key[1]}"
+        was, now = old[key].get("status"), new[key].get("status")
+        if was != now:
+            changes.append(Change("status", f"validation {subject}", was, now,
+                                  regression=now in _BAD_STATUSES and was not in _BAD_STATUSES))
+        metrics_a, metrics_b = old[key].get("metrics") or {}, new[key].get("metrics") or {}
+        for metric, higher_better in HIGHER_IS_BETTER.items():
+            a, b = metrics_a.get(metric), metrics_b.get(metric)
+            if not isinstance(a, int | float) or not isinstance(b, int | float) or a == b:
+                continue
+            worse_by = (a - b) if higher_better else (b - a)
+            limit = max_drop.get(metric)
+            changes.append(Change("metric", f"{metric} of {subject}", a, b,
+                                  f"{'worse' if worse_by > 0 else 'better'} by {abs(worse_by):.4g}",
+                                  regression=limit is not None and worse_by > limit))
+    for key in sorted(old.keys() ^ new.keys()):
+        changes.append(Change("missing", f"validation {key[0]} on {key[1]}",
+                              old.get(key, {}).get("status", "absent"), new.get(key, {}).get("status", "absent"),
+                              "validated in one run only"))
+    return changes
+
+
+def _gate_key(gate: dict[str, Any]) -> tuple[Any, ...]:
+    return (gate["variant"], gate["target"], gate["metric"], gate.get("batch_size", 1), gate.get("min"),
+            gate.get("max"))
+
+
+def _gate_state(gate: dict[str, Any] | None) -> str:
+    if gate is None:
+        return "absent"
+    if gate.get("skipped"):
+        return "skipped"
+    return "pass" if gate.get("passed") else "fail"
+
+
+def gate_changes(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[Change]:
+    """Gates whose verdict differs; one that passed in A and fails in B is a regression."""
+    old = {_gate_key(gate): gate for gate in before}
+    new = {_gate_key(gate): gate for gate in after}
+    changes = []
+    for key in sorted(old.keys() | new.keys(), key=str):
+        was, now = _gate_state(old.get(key)), _gate_state(new.get(key))
+        if was == now:
+            continue
+        bound = " and ".join(part for part in (f">= {key[4]}" if key[4] is not None else "",
+                                               f"<= {key[5]}" if key[5] is not None else "") if part)
+        value_a = (old.get(key) or {}).get("value")
+        value_b = (new.get(key) or {}).get("value")
+        changes.append(Change("gate", f"{key[0]} on {key[1]}: {key[2]} {bound}", was, now,
+                              f"value {_show(value_a)} -> {_show(value_b)}",
+                              regression=was == "pass" and now == "fail"))
+    return changes
+
+
+def failure_changes(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[Change]:
+    """Variants that built in A and fail to build in B (a regression), or the reverse."""
+    old = {failure["variant"]: failure for failure in before}
+    new = {failure["variant"]: failure for failure in after}
+    changes = [Change("status", f"build of variant {name}", "built", f"failed in {new[name]['stage']}",
+                      new[name].get("reason", ""), regression=True) for name in sorted(new.keys() - old.keys())]
+    changes += [Change("status", f"build of variant {name}", f"failed in {old[name]['stage']}", "built")
+                for name in sorted(old.keys() - new.keys())]
+    return changes
+
+
+def format_comparison(comparison: Comparison, name_a: str, name_b: str) -> str:
+    """A plain-text summary: one line per change, regressions marked, and a verdict."""
+    lines = [f"A = {name_a}", f"B = {name_b}", ""]
+    titles = {"latency": "Median latency (ms), A -> B", "metric": "Fidelity metrics, A -> B",
+              "gate": "Gates that flipped", "status": "Statuses that changed", "missing": "In one run only"}
+    for kind, title in titles.items():
+        group = [change for change in comparison.changes if change.kind == kind]
+        if not group:
+            continue
+        lines.append(title)
+        for change in group:
+            mark = "REGRESSION " if change.regression else ""
+            detail = f"  ({change.detail})" if change.detail else ""
+            lines.append(f"  {mark}{change.subject}: {_show(change.before)} -> {_show(change.after)}{detail}")
+        lines.append("")
+    regressions = comparison.regressions
+    lines.append(f"{len(regressions)} regression(s) beyond the thresholds" if regressions else
+                 "no regression beyond the thresholds")
+    return "\n".join(lines)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def parse_metric_drops(items: list[str]) -> dict[str, float]:
+    """['cosine=0.001', 'snr_db=3'] -> {'cosine': 0.001, 'snr_db': 3.0}; QdeployInputError on bad items."""
+    drops = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            drops[name.strip()] = float(value)
+        except ValueError:
+            raise QdeployInputError(f"--max-metric-drop '{item}': expected METRIC=VALUE, e.g. cosine=0.001 "
+                                    f"(metrics: {', '.join(HIGHER_IS_BETTER)})") from None
+    return drops

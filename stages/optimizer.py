@@ -1,0 +1,222 @@
+"""onnxoptimizer's passes, run on a light copy of the model.
+
+onnxoptimizer serialises the model, converts it to its C++ IR, runs the passes
+and converts everything back: with megabytes of weights most of that time is
+spent copying them.  The passes listed in ``LIGHT_SAFE_PASSES`` never read the
+values of float tensors (they read shapes, types and small integer inputs such
+as pads or axes), so large float initializers travel as short tags, one per
+distinct content (so that eliminate_duplicate_initializer still merges equal
+weights), and get their bytes back afterwards, also where a pass copied them
+under a new name (fuse_bn_into_conv does).  Any other pass gets the full model.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
+
+log = logging.getLogger(__name__)
+
+LIGHT_SAFE_PASSES = frozenset({
+    "eliminate_identity", "eliminate_nop_transpose", "eliminate_nop_pad", "eliminate_nop_dropout",
+    "eliminate_nop_cast", "eliminate_nop_reshape", "eliminate_shape_gather", "eliminate_slice_after_shape",
+    "eliminate_shape_op", "fuse_consecutive_transposes", "fuse_bn_into_conv", "fuse_pad_into_conv",
+    "fuse_add_bias_into_conv", "fuse_matmul_add_bias_into_gemm", "extract_constant_to_initializer",
+    "eliminate_common_subexpression", "eliminate_deadend", "eliminate_unused_initializer",
+    "eliminate_duplicate_initializer", "eliminate_if_with_const_cond", "fuse_consecutive_squeezes",
+    "fuse_consecutive_unsqueezes", "fuse_transpose_into_gemm", "eliminate_nop_flatten",
+})
+"""Passes that read no float tensor's values (checked in onnxoptimizer 0.4's sources)."""
+STRIP_MIN_BYTES = 1024
+_KEPT_TYPES = frozenset({6, 7, 9, 8, 12, 13})  # int32, int64, bool, string, uint32, uint64: shapes, indices, axes
+_TAG = b"\x00qdeploy-stripped:"
+
+
+@dataclass
+class Light:
+    """A copy of a model whose large initializers hold tags instead of their bytes."""
+
+    model: onnx.ModelProto
+    originals: dict[bytes, onnx.TensorProto] = field(default_factory=dict)
+    """tag -> the tensor of the full model it stands for."""
+    copied: set[str] = field(default_factory=set)
+    """Initializers copied whole (their bytes are never read back)."""
+
+
+def optimize(model: onnx.ModelProto, passes: list[str]) -> onnx.ModelProto:
+    """onnxoptimizer's ``passes`` to a fixed point on a light copy; the full model's tensors put back after.
+
+    ``model`` is left as it was, except that duplicate initializers are merged first when the passes include
+    eliminate_duplicate_initializer (which compares tensor values that tags lack).  Raises what onnxoptimizer
+    raises.
+    """
+    import onnxoptimizer
+
+    if not set(passes) <= LIGHT_SAFE_PASSES:
+        return onnxoptimizer.optimize(model, passes, fixed_point=True)
+    if "eliminate_duplicate_initializer" in passes:
+        dedupe_initializers(model)
+    if len(model.graph.node) > PIECES_ABOVE:
+        return _in_pieces(model, passes)
+    light = light_copy(model)
+    optimized = onnxoptimizer.optimize(light.model, [name for name in passes
+                                                     if name != "eliminate_duplicate_initializer"], fixed_point=True)
+    leftover = restore(optimized, light)
+    if leftover:  # a pass moved a tagged tensor somewhere unexpected: run again on the full model
+        log.debug("tagged tensors %s were not restored; optimizing the full model", leftover[:5])
+        return onnxoptimizer.optimize(model, passes, fixed_point=True)
+    if "eliminate_duplicate_initializer" in passes:
+        dedupe_initializers(optimized)  # the copies a pass made (fuse_bn_into_conv's constants)
+    return optimized
+
+
+PIECES_ABOVE = 1000
+"""Graphs with more nodes go through onnxoptimizer in pieces (``stages.optimizer_pieces``)."""
+
+
+def _in_pieces(model: onnx.ModelProto, passes: list[str]) -> onnx.ModelProto:
+    from stages.folding import _names_read, delete_where
+    from stages.optimizer_pieces import optimize_in_pieces
+
+    optimized = optimize_in_pieces(model, [name for name in passes if name != "eliminate_duplicate_initializer"])
+    graph = optimized.graph
+    if "eliminate_unused_initializer" in passes:
+        read = _names_read(list(graph.node), graph) | {value.name for value in graph.input}
+        delete_where(graph.initializer, lambda init: init.name not in read)
+    if "eliminate_duplicate_initializer" in passes:
+        dedupe_initializers(optimized)
+    return optimized
+
+
+def _duplicates(graph: onnx.GraphProto) -> dict[str, str]:
+    """Initializer name -> name of the first initializer with the same type, shape and bytes."""
+    from onnx import numpy_helper
+
+    protected = {value.name for value in (*graph.input, *graph.output)}
+    candidates = [init for init in graph.initializer if init.name not in protected and init.data_location == 0
+                  and init.data_type != 8]  # strings are left alone
+    shapes = Counter((init.data_type, tuple(init.dims)) for init in candidates)
+    first: dict[tuple[int, tuple[int, ...], bytes], str] = {}
+    renames = {}
+    for init in candidates:
+        if shapes[(init.data_type, tuple(init.dims))] < 2:
+            continue  # a tensor of a unique type and shape has no duplicate: its bytes need not be read
+        raw = init.raw_data if init.HasField("raw_data") else numpy_helper.to_array(init).tobytes()
+        key = (init.data_type, tuple(init.dims), raw)
+        if key in first:
+            renames[init.name] = first[key]
+        else:
+            first[key] = init.name
+    return renames
+
+
+def dedupe_initializers(model: onnx.ModelProto) -> int:
+    """Merge initializers of equal type, shape and bytes (what eliminate_duplicate_initializer does); how many."""
+    from stages.folding import _subgraphs, delete_where
+
+    graph = model.graph
+    renames = _duplicates(graph)
+    if not renames:
+        return 0
+
+    def rename(nodes: list[onnx.NodeProto]) -> None:
+        for node in nodes:
+            for index, name in enumerate(node.input):
+                if name in renames:
+                    node.input[index] = renames[name]
+            for subgraph in _subgraphs(node):
+                rename(list(subgraph.node))
+
+    rename(list(graph.node))
+    delete_where(graph.initializer, lambda init: init.name in renames)
+    return len(renames)
+
+
+def light_copy(model: onnx.ModelProto) -> Light:
+    """A copy of ``model`` without the bytes of its large top-level initializers (never read, so never copied)."""
+    import onnx
+
+    from stages.folding import tensor_nbytes
+
+    graph = model.graph
+    copy = onnx.ModelProto()
+    copy.ir_version = model.ir_version
+    copy.opset_import.extend(model.opset_import)
+    copy.functions.extend(model.functions)
+    target = copy.graph
+    target.name = graph.name
+    for field_name in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(target, field_name).extend(getattr(graph, field_name))
+    light = Light(copy)
+    for init in graph.initializer:
+        if init.data_type in _KEPT_TYPES or init.data_location != 0 or tensor_nbytes(init) < STRIP_MIN_BYTES:
+            target.initializer.append(init)
+            light.copied.add(init.name)
+            continue
+        tag = _TAG + str(len(light.originals)).encode()
+        stand_in = target.initializer.add()
+        stand_in.name = init.name
+        stand_in.data_type = init.data_type
+        stand_in.dims.extend(init.dims)
+        stand_in.raw_data = tag
+        light.originals[tag] = init
+    return light
+
+
+def restore(model: onnx.ModelProto, light: Light) -> list[str]:
+    """Put the full tensors back where ``model`` (made from ``light``) holds tags; names of tags left over."""
+    if not light.originals:
+        return []
+    leftover = []
+    for init in model.graph.initializer:
+        if init.name in light.copied or init.data_type in _KEPT_TYPES or not init.HasField("raw_data"):
+            continue
+        raw = init.raw_data  # a tag, or a small tensor a pass made: cheap to read
+        if not raw.startswith(_TAG):
+            continue
+        original = light.originals.get(raw)
+        if original is None:
+            leftover.append(init.name)
+            continue
+        name, dims = init.name, list(init.dims)
+        if math.prod(dims) != math.prod(original.dims):
+            leftover.append(init.name)  # a pass reshaped it into another size: not a tensor we know
+            continue
+        init.CopyFrom(original)
+        init.name = name
+        if dims != list(original.dims):
+            del init.dims[:]
+            init.dims.extend(dims)
+    return leftover
+
+
+def op_delta(before: Counter[str], after: Counter[str]) -> dict[str, dict[str, int]]:
+    """Nodes removed and added per op type between two op counts."""
+    removed = {op: count for op, count in (before - after).items() if count}
+    added = {op: count for op, count in (after - before).items() if count}
+    return {"removed": dict(sorted(removed.items())), "added": dict(sorted(added.items()))}
+
+
+PASS_SIGNATURES: dict[str, tuple[str, ...]] = {
+    "eliminate_identity": ("Identity",), "eliminate_nop_transpose": ("Transpose",), "eliminate_nop_pad": ("Pad",),
+    "eliminate_nop_dropout": ("Dropout",), "eliminate_nop_cast": ("Cast",), "eliminate_nop_reshape": ("Reshape",),
+    "eliminate_shape_gather": ("Gather",), "eliminate_slice_after_shape": ("Slice",), "eliminate_shape_op": ("Shape",),
+    "fuse_consecutive_transposes": ("Transpose",), "fuse_bn_into_conv": ("BatchNormalization",),
+    "fuse_pad_into_conv": ("Pad",), "fuse_add_bias_into_conv": ("Add",), "fuse_matmul_add_bias_into_gemm": ("Gemm",),
+    "extract_constant_to_initializer": ("Constant",), "eliminate_if_with_const_cond": ("If",),
+    "fuse_consecutive_squeezes": ("Squeeze",), "fuse_consecutive_unsqueezes": ("Unsqueeze",),
+    "fuse_transpose_into_gemm": ("Transpose",), "eliminate_nop_flatten": ("Flatten",),
+}
+"""The op type whose count a pass changes when it does something; used to name the passes that likely acted."""
+
+
+def likely_passes(passes: list[str], delta: dict[str, dict[str, int]]) -> list[str]:
+    """Passes whose signature op type changed count (onnxoptimizer reports nothing per pass)."""
+    touched = set(delta["removed"]) | set(delta["added"])
+    return [name for name in passes if set(PASS_SIGNATURES.get(name, ())) & touched]

@@ -1,0 +1,147 @@
+"""The quantize stage's modes, run by ``stages/quantize.py``: post-training (ptq, dynamic) and lowering."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import StageError
+from stages.quantize import STAGE, CalibrationRef, QuantizeConfig, check_runs, quantized_node_counts
+from stages.quantize_verify import compute_nodes, int8_kernels
+
+if TYPE_CHECKING:
+    import onnx
+
+    from pipeline.context import Artifact, StageContext, StageResult
+
+log = logging.getLogger(__name__)
+
+VERIFY_SAMPLES = 8
+"""Samples the lowered model is verified on when the recipe names no calibration data."""
+
+
+def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
+    """ptq or dynamic: prepare, calibrate (ptq), build, meet the budget when one is set, verify kernels."""
+    import onnx
+
+    from pipeline.context import StageResult
+    from stages.quantize_prepare import MIN_OPSET, default_opset, excluded_nodes, prepare
+
+    ctx.on_progress("preparing the float model")
+    prepared = prepare(artifact.path, ctx.work_dir)
+    prepared_model = onnx.load(str(prepared.path), load_external_data=False)
+    excluded, unknown = excluded_nodes(artifact.load(load_external_data=False), prepared_model,
+                                       config.exclude_nodes, config.exclude_patterns, config.exclude_op_types)
+    if unknown:
+        some = sorted(node.name for node in prepared_model.graph.node)[:20]
+        raise StageError(STAGE, ctx.variant, f"exclude_nodes names {unknown} that are not in the model; "
+                                             f"some of its nodes: {some}")
+    findings: dict[str, Any] = {"mode": config.mode, **prepared.findings}
+    if config.per_channel and default_opset(prepared_model) < MIN_OPSET:
+        raise StageError(STAGE, ctx.variant, f"per-channel weights need opset {MIN_OPSET}; the model's opset "
+                                             f"{findings.get('opset')}: set model.opset: {MIN_OPSET} in the "
+                                             "recipe or per_channel: false")
+    build, built_findings = _builder(artifact, prepared.path, excluded, config, ctx)
+    findings.update(built_findings)
+    if config.tolerance is not None:
+        model, kept, findings["budget"] = _with_budget(artifact, prepared.path, build, config, ctx)
+    else:
+        ctx.on_progress("writing the quantized model")
+        model, kept = build([]), []
+    output = _save(model, ctx.work_dir / "quantized.onnx")
+    check_runs(output, config, ctx)
+    findings.update({
+        "quantized_nodes": quantized_node_counts(model),
+        "excluded": sorted({*excluded, *kept}),
+        "activation_type": config.activation_type if config.mode == "ptq" else "uint8 (dynamic)",
+        "weight_type": config.weight_type,
+        "per_channel": config.per_channel,
+        "symmetric": {"activations": config.symmetric_activations, "weights": config.symmetric_weights},
+        "compute_nodes": compute_nodes(model),
+    })
+    ctx.on_progress("counting int8 kernels")
+    findings["int8_kernels"] = int8_kernels(output, model, list(config.verify_targets), ctx.work_dir)
+    return StageResult(model=model, changed=True, findings=findings)
+
+
+def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: QuantizeConfig,
+             ctx: StageContext) -> tuple[Any, dict[str, Any]]:
+    """The model builder of the mode (calibrating first for ptq) and what it found."""
+    from stages.quantize_ptq import DynamicBuilder, StaticBuilder, calibrate, default_op_types
+
+    op_types = _op_types(config)
+    if config.mode == "dynamic":
+        return DynamicBuilder(prepared, excluded, ctx.work_dir, per_channel=config.per_channel,
+                              weight_type=config.weight_type, op_types=op_types), {"op_types": op_types}
+    calibration = config.calibration or CalibrationRef()
+    ctx.on_progress(f"calibrating ({config.method})")
+
+    def feeds() -> Any:
+        return ctx.samples(calibration.data, artifact.path, calibration.samples)
+
+    ranges, found = calibrate(prepared, op_types or default_op_types("ptq", config.weight_type), feeds,
+                              ctx.work_dir, config.method, config.percentile)
+    if found["calibration_samples"] == 0:
+        raise StageError(STAGE, ctx.variant, f"calibration dataset '{calibration.data or 'random'}' yielded no samples")
+    ctx.on_progress("quantizing")
+    build = StaticBuilder(prepared, ranges, excluded, per_channel=config.per_channel,
+                          activation_type=config.activation_type,
+                          weight_type=config.weight_type, symmetric_activations=config.symmetric_activations,
+                          symmetric_weights=config.symmetric_weights,
+                          op_types=op_types or default_op_types("ptq", config.weight_type))
+    method = {"method": config.method} | ({"percentile": config.percentile} if config.method == "percentile" else {})
+    return build, {**method, "calibration_data": calibration.data or "random", **found}
+
+
+def _op_types(config: QuantizeConfig) -> list[str]:
+    """Op types to quantize: the config's, or ORT's default set of the mode, minus the excluded types."""
+    from stages.quantize_ptq import default_op_types
+
+    chosen = config.op_types if config.op_types is not None else default_op_types(config.mode, config.weight_type)
+    return [op for op in chosen if op not in config.exclude_op_types]
+
+
+def _with_budget(artifact: Artifact, prepared: Path, build: Any, config: QuantizeConfig,
+                 ctx: StageContext) -> tuple[onnx.ModelProto, list[str], dict[str, Any]]:
+    from stages.quantize_budget import meet_budget
+
+    assert config.tolerance is not None
+    dataset = config.budget.data or (config.calibration.data if config.calibration else None)
+    feeds = list(ctx.samples(dataset, artifact.path, config.budget.samples))
+    if not feeds:
+        raise StageError(STAGE, ctx.variant, f"budget dataset '{dataset or 'random'}' yielded no samples")
+    result = meet_budget(build, prepared, feeds, config.tolerance, ctx.work_dir,
+                         max_float_nodes=config.budget.max_float_nodes, on_progress=ctx.on_progress)
+    result.findings["data"] = dataset or "random"
+    return result.model, result.kept, result.findings
+
+
+def lower(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
+    """mode lower: rewrite fake quantization into Q/DQ, verify it on data, count int8 kernels."""
+    from pipeline.context import StageResult
+    from stages.lowering import lower_model, verify_on_data
+
+    ctx.on_progress("lowering fake quantization")
+    lowered, checks, findings = lower_model(artifact.load(), ctx.variant)
+    findings = {"mode": "lower", **findings}
+    if not findings["lowered"]:
+        findings["note"] = "no fake quantization found; the model is unchanged"
+    output = _save(lowered, ctx.work_dir / "lowered.onnx")
+    check_runs(output, config, ctx)
+    dataset = config.calibration.data if config.calibration else None
+    limit = config.calibration.samples if config.calibration else VERIFY_SAMPLES
+    ctx.on_progress("verifying the lowered model against the fake-quant reference")
+    findings["verification"] = verify_on_data(lowered, checks, ctx.samples(dataset, artifact.path, limit),
+                                              ctx.work_dir, ctx.variant)
+    findings["verification"]["data"] = dataset or "random"
+    findings["quantized_nodes"] = quantized_node_counts(lowered)
+    findings["int8_kernels"] = int8_kernels(output, lowered, list(config.verify_targets), ctx.work_dir)
+    return StageResult(model=lowered, changed=bool(findings["lowered"]), findings=findings)
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    import onnx
+
+    onnx.save(model, str(path), save_as_external_data=model.ByteSize() > 1_800_000_000)
+    return path

@@ -1,0 +1,237 @@
+"""Post-training quantization through ONNX Runtime's quantizers, with qdeploy's own calibration.
+
+Static (``ptq``): activation ranges come from ``calibration.activations`` and
+``calibration.ranges`` (minmax, percentile, entropy, mse; streamed, one or two
+passes), and ONNX Runtime's ``QDQQuantizer`` writes the QDQ model from them.
+Calibrating once and building many times is what lets the accuracy budget try
+several sets of float nodes cheaply.  Dynamic: ``quantize_dynamic``.
+
+Both expose a builder ``build(names of nodes to keep float) -> ModelProto`` on top of the configured
+exclusions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from calibration.activations import FeedSource, collect_statistics, float_tensors_of
+from calibration.ranges import HISTOGRAM_METHODS, estimate_range
+
+if TYPE_CHECKING:
+    import onnx
+
+log = logging.getLogger(__name__)
+
+Builder = Callable[[list[str]], "onnx.ModelProto"]
+_TYPES = {"uint8": "QUInt8", "int8": "QInt8"}
+_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+MOVER_OPS = frozenset({
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Slice", "Split", "Gather",
+    "GatherElements", "MaxPool", "Pad", "DepthToSpace", "SpaceToDepth", "Expand", "Tile", "Shape", "Size",
+    "ArgMax", "Resize",
+})
+"""Ops that move or select values: in int8 they add no rounding of their own."""
+# ConvInteger has no int8-weight kernel in ONNX Runtime's CPU provider: dynamic mode leaves Conv out for int8 weights
+_DYNAMIC_INT8_SKIPPED = frozenset({"Conv"})
+
+
+def default_op_types(mode: str, weight_type: str) -> list[str]:
+    """ONNX Runtime's default op types of a mode (QDQ ops for ptq, integer ops for dynamic)."""
+    from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+
+    if mode == "ptq":
+        return sorted(set(QDQRegistry) | set(QLinearOpsRegistry))
+    skipped = _DYNAMIC_INT8_SKIPPED if weight_type == "int8" else frozenset()
+    return sorted(set(IntegerOpsRegistry) - skipped)
+
+
+def calibrate(prepared: Path, op_types: list[str], feeds: FeedSource, work_dir: Path, method: str,
+              percentile: float) -> tuple[dict[str, tuple[float, float]], dict[str, Any]]:
+    """Activation ranges of every float tensor around the op types to quantize, and what calibration did."""
+    tensors = float_tensors_of(prepared, op_types)
+    stats, samples = collect_statistics(prepared, tensors, feeds, work_dir, histogram=method in HISTOGRAM_METHODS)
+    ranges = {name: estimate_range(item, method, percentile=percentile) for name, item in stats.items()}
+    clipped = sum(1 for name, (low, high) in ranges.items()
+                  if stats[name].count and (low > stats[name].minimum or high < stats[name].maximum))
+    return ranges, {"calibration_samples": samples, "calibrated_tensors": len(tensors), "ranges_clipped": clipped}
+
+
+class StaticBuilder:
+    """QDQ models of one prepared float model from fixed activation ranges.
+
+    ONNX Runtime's quantizer runs once, with the configured exclusions; ``build(kept)`` then keeps more nodes
+    float by feeding them their float inputs again (the tensor before its QuantizeLinear, the float weight
+    or bias), and drops the Q/DQ nodes nobody reads any more.  Excluding a node in ORT's quantizer would not
+    do this: a tensor quantized for one consumer reaches every consumer through its DequantizeLinear.
+    """
+
+    def __init__(self, prepared: Path, ranges: dict[str, tuple[float, float]], excluded: list[str], *,
+                 per_channel: bool, activation_type: str, weight_type: str, symmetric_activations: bool,
+                 symmetric_weights: bool, op_types: list[str]) -> None:
+        import onnx
+        from onnxruntime.quantization import QuantType
+        from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+        from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+        from onnxruntime.quantization.quant_utils import load_model_with_shape_infer, update_opset_version
+
+        self._float = onnx.load(str(prepared))
+        weights, activations = (getattr(QuantType, _TYPES[kind]) for kind in (weight_type, activation_type))
+        model = update_opset_version(load_model_with_shape_infer(prepared), weights, activations)
+        tensors = TensorsData(CalibrationMethod.MinMax, {
+            name: TensorData(lowest=np.float32(low), highest=np.float32(high)) for name, (low, high) in ranges.items()})
+        extra = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": symmetric_weights}
+        quantizer = QDQQuantizer(model, per_channel, False, weights, activations, tensors, [], list(excluded),
+                                 op_types, extra)
+        with quiet():
+            self._quantized = quantizer.quantize_model()
+
+    def __call__(self, kept: list[str]) -> onnx.ModelProto:
+        model = copy.deepcopy(self._quantized)
+        if kept:
+            keep_float(model, self._float, set(kept))
+        return model
+
+
+def keep_float(model: onnx.ModelProto, float_model: onnx.ModelProto, kept: set[str]) -> None:
+    """Feed the kept nodes their float inputs again; remove the Q/DQ nodes and initializers left unused."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    originals = {node.name: node for node in float_model.graph.node}
+    kept = kept | _float_movers(model, kept, producers)
+    restored: dict[str, str] = {}  # float initializer -> its name in the quantized model
+    for node in model.graph.node:
+        if node.name not in kept or node.name not in originals:
+            continue
+        for index, name in enumerate(node.input):
+            dequantize = producers.get(name)
+            if dequantize is None or dequantize.op_type != "DequantizeLinear":
+                continue
+            quantize = producers.get(dequantize.input[0])
+            if quantize is not None and quantize.op_type == "QuantizeLinear":
+                node.input[index] = quantize.input[0]
+            elif index < len(originals[node.name].input):
+                node.input[index] = _restore_initializer(model, float_model, originals[node.name].input[index],
+                                                         producers, restored) or name
+    remove_unused(model)
+
+
+def _float_movers(model: onnx.ModelProto, kept: set[str], producers: dict[str, onnx.NodeProto]) -> set[str]:
+    """Quantized data-movement nodes (Reshape, Transpose...) whose consumers all run float: they join the kept
+    nodes, or they would hand their float consumers quantized values."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    quantized = {node.name for node in model.graph.node if node.op_type not in _QDQ_OPS
+                 and any(producers.get(name) is not None and producers[name].op_type == "DequantizeLinear"
+                         for name in node.input)}
+    movers = {node.name: node for node in model.graph.node if node.op_type in MOVER_OPS and node.name in quantized}
+    floats = set(kept)
+    changed = True
+    while changed:
+        changed = False
+        for name, node in movers.items():
+            if name not in floats and not any(c.name in quantized and c.name not in floats
+                                              for c in _final_consumers(node, consumers)):
+                floats.add(name)
+                changed = True
+    return floats - set(kept)
+
+
+def _final_consumers(node: onnx.NodeProto, consumers: dict[str, list[onnx.NodeProto]]) -> list[onnx.NodeProto]:
+    """The nodes reading the node's outputs, looking through QuantizeLinear -> DequantizeLinear."""
+    found = []
+    pending = list(node.output)
+    while pending:
+        for consumer in consumers.get(pending.pop(), []):
+            if consumer.op_type in _QDQ_OPS:
+                pending.extend(consumer.output)
+            else:
+                found.append(consumer)
+    return found
+
+
+def _restore_initializer(model: onnx.ModelProto, float_model: onnx.ModelProto, original: str,
+                         producers: dict[str, onnx.NodeProto], restored: dict[str, str]) -> str | None:
+    """The float initializer back in the model (renamed when ORT gave its name to a DequantizeLinear output)."""
+    if original in restored:
+        return restored[original]
+    found = next((init for init in float_model.graph.initializer if init.name == original), None)
+    if found is None:
+        return None
+    present = {init.name for init in model.graph.initializer}
+    name = original
+    while name in producers or (name in present and name != original):
+        name += "_float"
+    if name not in present:
+        copied = model.graph.initializer.add()
+        copied.CopyFrom(found)
+        copied.name = name
+    restored[original] = name
+    return name
+
+
+def remove_unused(model: onnx.ModelProto) -> None:
+    """Drop Q/DQ nodes whose outputs nobody reads, then initializers nobody reads (to a fixed point)."""
+    outputs = {value.name for value in model.graph.output}
+    while True:
+        used = {name for node in model.graph.node for name in node.input} | outputs
+        dead = [node for node in model.graph.node
+                if node.op_type in ("QuantizeLinear", "DequantizeLinear") and not set(node.output) & used]
+        if not dead:
+            break
+        for node in dead:
+            model.graph.node.remove(node)
+    used = {name for node in model.graph.node for name in node.input} | outputs
+    unused = [init for init in model.graph.initializer if init.name not in used]
+    for init in unused:
+        model.graph.initializer.remove(init)
+
+
+class DynamicBuilder:
+    """Dynamically quantized models (int8 weights, activations quantized at run time); ``build(kept)`` runs
+    ``quantize_dynamic`` with the kept nodes excluded (each node quantizes its own input there)."""
+
+    def __init__(self, prepared: Path, excluded: list[str], work_dir: Path, *, per_channel: bool, weight_type: str,
+                 op_types: list[str]) -> None:
+        self._prepared = prepared
+        self._excluded = list(excluded)
+        self._work_dir = work_dir
+        self._settings = {"per_channel": per_channel, "weight_type": weight_type, "op_types": op_types}
+        self._count = 0
+
+    def __call__(self, kept: list[str]) -> onnx.ModelProto:
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        self._count += 1
+        output = self._work_dir / f"dynamic_{self._count}.onnx"
+        with quiet():
+            quantize_dynamic(str(self._prepared), str(output),
+                             weight_type=getattr(QuantType, _TYPES[self._settings["weight_type"]]),
+                             per_channel=self._settings["per_channel"], nodes_to_exclude=[*self._excluded, *kept],
+                             op_types_to_quantize=self._settings["op_types"])
+        model = onnx.load(str(output))
+        output.unlink()
+        shutil.rmtree(output.with_suffix(".onnx.data"), ignore_errors=True)
+        return model
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """ORT's quantizers print progress to stdout; keep it out of the user's terminal, in the log."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            yield
+    finally:
+        if captured.getvalue().strip():
+            log.debug("onnxruntime.quantization: %s", captured.getvalue().strip())

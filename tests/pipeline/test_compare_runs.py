@@ -1,0 +1,132 @@
+"""`qdeploy compare`: latency ratios, metric changes, flipped gates, exit codes, on synthetic reports."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from pipeline.compare_runs import Thresholds, compare_reports, format_comparison, load_report, parse_metric_drops
+from pipeline.errors import QdeployInputError
+from tests.pipeline.test_report import synthetic_report
+
+
+def _later(edit: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    before = synthetic_report()
+    after = copy.deepcopy(before)
+    edit(after)
+    return before, after
+
+
+def _row(report: dict[str, Any], section: str, variant: str, target: str = "ort:cpu") -> dict[str, Any]:
+    return next(row for row in report[section] if row["variant"] == variant and row["target"] == target)
+
+
+def test_identical_runs_have_no_regression_and_ratios_of_one() -> None:
+    report = synthetic_report()
+    comparison = compare_reports(report, copy.deepcopy(report), Thresholds(0.0, {"cosine": 0.0}))
+    assert comparison.regressions == []
+    latency = [change for change in comparison.changes if change.kind == "latency"]
+    assert len(latency) == 4 and all(change.before == change.after for change in latency)
+    assert "no regression" in format_comparison(comparison, "a", "b")
+
+
+def test_latency_regression_beyond_the_threshold_only() -> None:
+    def slower(report: dict[str, Any]) -> None:
+        _row(report, "benchmarks", "int8")["latency_ms"]["p50"] *= 1.25
+        _row(report, "benchmarks", "fp16")["latency_ms"]["p50"] *= 1.05
+
+    before, after = _later(slower)
+    flagged = compare_reports(before, after, Thresholds(max_latency_regression=0.1)).regressions
+    assert [change.subject for change in flagged] == ["int8 on ort:cpu, batch 1"]
+    assert "ratio 1.250" in flagged[0].detail
+    assert compare_reports(before, after, Thresholds(max_latency_regression=0.3)).regressions == []
+    assert compare_reports(before, after).regressions == []  # no threshold, nothing fails on latency
+
+
+def test_metric_drops_respect_each_metric_direction() -> None:
+    def worse(report: dict[str, Any]) -> None:
+        metrics = _row(report, "validation", "fp16")["metrics"]
+        metrics["cosine"] -= 0.002  # higher is better: a drop
+        metrics["max_abs_err"] += 0.5  # lower is better: a rise is the drop
+        _row(report, "validation", "slow")["metrics"]["snr_db"] += 10  # better
+
+    before, after = _later(worse)
+    comparison = compare_reports(before, after, Thresholds(max_metric_drop={"cosine": 0.001, "max_abs_err": 0.1,
+                                                                            "snr_db": 0.0}))
+    assert sorted(change.subject for change in comparison.regressions) == [
+        "cosine of fp16 on ort:cpu", "max_abs_err of fp16 on ort:cpu"]
+    better = next(change for change in comparison.changes if change.subject == "snr_db of slow on ort:cpu")
+    assert not better.regression and better.detail.startswith("better")
+    assert compare_reports(before, after, Thresholds(max_metric_drop={"cosine": 0.01})).regressions == []
+
+
+def test_gates_that_flip_and_builds_that_break_are_regressions() -> None:
+    def flip(report: dict[str, Any]) -> None:
+        report["gates"][0]["passed"] = False  # pass -> fail
+        report["gates"][1]["passed"] = True  # fail -> pass
+        report["failures"].append({"variant": "fp16", "stage": "fp16", "reason": "overflow", "kind": "stage"})
+        _row(report, "validation", "slow")["status"] = "failed"
+
+    before, after = _later(flip)
+    comparison = compare_reports(before, after)
+    regressions = {(change.kind, change.subject) for change in comparison.regressions}
+    assert regressions == {("gate", "int8 on ort:cpu: speedup >= 1.2"), ("status", "build of variant fp16"),
+                           ("status", "validation slow on ort:cpu")}
+    fixed = next(change for change in comparison.changes if change.subject.endswith("cosine >= 0.9999"))
+    assert (fixed.before, fixed.after, fixed.regression) == ("fail", "pass", False)
+    text = format_comparison(comparison, "A", "B")
+    assert "Gates that flipped" in text and "REGRESSION int8 on ort:cpu: speedup" in text
+
+
+def test_rows_in_one_run_only_are_listed() -> None:
+    def drop(report: dict[str, Any]) -> None:
+        report["benchmarks"] = [row for row in report["benchmarks"] if row["variant"] != "slow"]
+        _row(report, "benchmarks", "int8")["status"] = "error"
+        _row(report, "benchmarks", "int8")["reason"] = "crashed"
+
+    before, after = _later(drop)
+    comparison = compare_reports(before, after)
+    missing = {change.subject: change for change in comparison.changes if change.kind == "missing"}
+    assert missing["benchmark slow on ort:cpu, batch 1"].after == "absent"
+    assert missing["benchmark int8 on ort:cpu, batch 1"].after == "error"
+    assert missing["benchmark int8 on ort:cpu, batch 1"].regression
+    assert not missing["benchmark slow on ort:cpu, batch 1"].regression
+
+
+def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(QdeployInputError, match=r"no report\.json"):
+        load_report(tmp_path)
+    (tmp_path / "report.json").write_text("{not json")
+    with pytest.raises(QdeployInputError, match=r"not a readable report\.json"):
+        load_report(tmp_path)
+    (tmp_path / "report.json").write_text(json.dumps({"benchmarks": []}))
+    with pytest.raises(QdeployInputError, match="missing validation, gates"):
+        load_report(tmp_path / "report.json")
+    with pytest.raises(QdeployInputError, match="METRIC=VALUE"):
+        parse_metric_drops(["cosine"])
+    assert parse_metric_drops(["cosine=0.001", "snr_db = 3"]) == {"cosine": 0.001, "snr_db": 3.0}
+    with pytest.raises(QdeployInputError, match="unknown metric"):
+        compare_reports(synthetic_report(), synthetic_report(), Thresholds(max_metric_drop={"cosinus": 0.1}))
+
+
+def test_cli_exit_codes(tmp_path: Path) -> None:
+    before, after = _later(lambda report: _row(report, "benchmarks", "int8")["latency_ms"].update(p50=2.0))
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    for folder, report in ((run_a, before), (run_b, after)):
+        folder.mkdir()
+        (folder / "report.json").write_text(json.dumps(report))
+    runner = CliRunner()
+    ok = runner.invoke(app, ["compare", str(run_a), str(run_b)])
+    assert ok.exit_code == 0 and "int8 on ort:cpu, batch 1: 1 -> 2" in ok.output
+    failed = runner.invoke(app, ["compare", str(run_a), str(run_b / "report.json"), "--max-latency-regression", "0.5"])
+    assert failed.exit_code == 1 and "REGRESSION" in failed.output
+    missing = runner.invoke(app, ["compare", str(run_a), str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "no report.json" in missing.output
+    bad_option = runner.invoke(app, ["compare", str(run_a), str(run_b), "--max-metric-drop", "cosine"])
+    assert bad_option.exit_code == 2

@@ -1,0 +1,231 @@
+"""The export stage: ONNX files of any opset from 7, external data, shape overrides, PyTorch factories."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from pipeline.context import StageContext, StageResult
+from pipeline.errors import ModelError
+from pipeline.recipe import Recipe
+from stages import export
+from tests.conftest import tiny_cnn
+
+RNG = np.random.default_rng(5)
+
+TORCH_NET = '''
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.head(y.mean(dim=(2, 3)))
+
+
+def build():
+    torch.manual_seed(0)
+    return Net()
+'''
+
+
+def _export(tmp_path: Path, **model: object) -> StageResult:
+    recipe = Recipe(name="t", model=model, variants={"v": []})
+    ctx = StageContext(recipe=recipe, variant="exported", work_dir=tmp_path / "work")
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    return export.run(None, recipe.model, ctx)
+
+
+def _run(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    source = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _opset9_model() -> onnx.ModelProto:
+    """Opset 9: BatchNormalization with its old attributes, Upsample and a Reshape."""
+    inits = [numpy_helper.from_array(value.astype(np.float32), name) for name, value in
+             (("scale", RNG.uniform(0.5, 1.5, 3)), ("bias", RNG.standard_normal(3)), ("mean", RNG.standard_normal(3)),
+              ("var", RNG.uniform(0.5, 1.5, 3)), ("scales", np.array([1, 1, 2, 2])))]
+    inits.append(numpy_helper.from_array(np.array([1, -1], np.int64), "flat"))
+    nodes = [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["bn"], name="bn"),
+             helper.make_node("Upsample", ["bn", "scales"], ["up"], name="upsample", mode="nearest"),
+             helper.make_node("Reshape", ["up", "flat"], ["y"], name="reshape")]
+    graph = helper.make_graph(nodes, "old", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 192])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    model.ir_version = 4
+    return model
+
+
+def test_an_opset_9_model_converts_to_17_and_computes_the_same(tmp_path: Path) -> None:
+    model = _opset9_model()
+    onnx.save(model, tmp_path / "old.onnx")
+    result = _export(tmp_path, onnx=str(tmp_path / "old.onnx"), opset=17)
+    assert result.findings["opset_in"] == 9 and result.findings["opset"] == 17
+    assert "Upsample" not in [node.op_type for node in result.model.graph.node]  # became Resize
+    feeds = {"x": RNG.standard_normal((1, 3, 4, 4)).astype(np.float32)}
+    np.testing.assert_allclose(_run(result.model, feeds)[0], _run(model, feeds)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_an_opset_7_model_loads_as_it_is(tmp_path: Path) -> None:
+    model = tiny_cnn(opset=7)
+    model.ir_version = 3  # which lists every initializer as a graph input too
+    model.graph.input.extend(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+                             for init in model.graph.initializer)
+    onnx.save(model, tmp_path / "m7.onnx")
+    result = _export(tmp_path, onnx=str(tmp_path / "m7.onnx"))
+    assert result.findings["opset"] == 7
+
+
+def test_a_conversion_failure_names_the_op_and_its_node(tmp_path: Path) -> None:
+    node = helper.make_node("Mish", ["x"], ["y"], name="mish_1")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "mish.onnx")
+    with pytest.raises(ModelError, match=r"op Mish \(node 'mish_1'\) does not exist at opset 17") as caught:
+        _export(tmp_path, onnx=str(tmp_path / "mish.onnx"), opset=17)
+    assert "mish.onnx" in str(caught.value)
+
+
+def test_going_down_an_opset_decomposes_ops_that_do_not_exist_yet(tmp_path: Path) -> None:
+    node = helper.make_node("Gelu", ["x"], ["y"], name="gelu")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    onnx.save(model, tmp_path / "gelu.onnx")
+    result = _export(tmp_path, onnx=str(tmp_path / "gelu.onnx"), opset=17)
+    assert result.findings["decomposed_for_opset"] == {"gelu_to_erf": 1}
+    feeds = {"x": RNG.standard_normal((4, 8)).astype(np.float32)}
+    np.testing.assert_allclose(_run(result.model, feeds)[0], _run(model, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_external_data_is_read_from_beside_the_model(tmp_path: Path) -> None:
+    model = tiny_cnn(channels=64)
+    onnx.save(model, tmp_path / "ext.onnx", save_as_external_data=True, location="ext.weights", size_threshold=0)
+    assert (tmp_path / "ext.weights").stat().st_size > 4000
+    result = _export(tmp_path, onnx=str(tmp_path / "ext.onnx"))
+    assert all(init.data_location == TensorProto.DEFAULT for init in result.model.graph.initializer)
+    feeds = {"input": RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    np.testing.assert_array_equal(_run(result.model, feeds)[0], _run(tiny_cnn(channels=64), feeds)[0])
+
+
+def test_shape_overrides_fix_a_symbolic_batch_and_set_a_missing_shape(tmp_path: Path) -> None:
+    nodes = [helper.make_node("Relu", ["a"], ["ra"]), helper.make_node("Relu", ["b"], ["rb"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 4]),
+                                           helper.make_tensor_value_info("b", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("ra", TensorProto.FLOAT, ["N", 4]),
+                               helper.make_tensor_value_info("rb", TensorProto.FLOAT, ["batch", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(ModelError, match="input 'b' has an unknown rank"):
+        _export(tmp_path, onnx=str(tmp_path / "m.onnx"))
+    result = _export(tmp_path, onnx=str(tmp_path / "m.onnx"),
+                     inputs=[{"name": "a", "shape": [2, 4]}, {"name": "b", "shape": ["batch", 3]}])
+    dims = {value.name: [d.dim_value or d.dim_param for d in value.type.tensor_type.shape.dim]
+            for value in result.model.graph.input}
+    assert dims == {"a": [2, 4], "b": ["batch", 3]}
+    with pytest.raises(ModelError, match="rank 3"):
+        _export(tmp_path, onnx=str(tmp_path / "m.onnx"), inputs=[{"name": "a", "shape": [1, 2, 3]}])
+
+
+def _write_net(folder: Path, name: str = "net.py") -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(TORCH_NET))
+    return path
+
+
+@pytest.mark.torch
+def test_torch_factory_from_a_file_with_dynamic_batch_and_weights(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    net = _write_net(tmp_path)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import importlib
+
+        module = importlib.import_module("net")
+        trained = module.build()
+        with torch.no_grad():
+            trained.bn.running_mean.uniform_(-1, 1)
+            trained.head.bias.fill_(3.0)
+        torch.save(trained.state_dict(), tmp_path / "weights.pt")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("net", None)
+    result = _export(tmp_path, torch={"factory": f"{net}:build", "weights": str(tmp_path / "weights.pt"),
+                                      "dynamic": {"x": {0: "batch"}}},
+                     inputs=[{"name": "x", "shape": [1, 3, 16, 16]}])
+    findings = result.findings
+    assert findings["source"] == "torch" and findings["exporter"] == "torchscript"
+    assert 0 <= findings["max_abs_err_vs_torch"] < 1e-4
+    assert result.model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    x = RNG.standard_normal((3, 3, 16, 16)).astype(np.float32)  # another batch size works
+    with torch.no_grad():
+        expected = trained.eval()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(_run(result.model, {"x": x})[0], expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.torch
+def test_torch_factory_as_module_and_callable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    _write_net(tmp_path, "qdeploy_test_net_module.py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = _export(tmp_path, torch={"factory": "qdeploy_test_net_module:build"},
+                     inputs=[{"name": "x", "shape": [1, 3, 8, 8]}], opset=13)
+    assert result.findings["opset"] == 13 and result.findings["max_abs_err_vs_torch"] < 1e-4
+    with pytest.raises(ModelError, match="has no callable 'missing'"):
+        _export(tmp_path, torch={"factory": "qdeploy_test_net_module:missing"},
+                inputs=[{"name": "x", "shape": [1, 3, 8, 8]}])
+
+
+class _Payload:
+    """A pickle that would create a folder when unpickled without weights_only."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return os.mkdir, (str(self.marker),)
+
+
+@pytest.mark.torch
+def test_a_malicious_weights_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    net = _write_net(tmp_path)
+    marker = tmp_path / "pwned"
+    with (tmp_path / "evil.pt").open("wb") as stream:
+        pickle.dump({"conv.weight": _Payload(marker)}, stream)
+    with pytest.raises(ModelError, match="weights_only=True"):
+        _export(tmp_path, torch={"factory": f"{net}:build", "weights": str(tmp_path / "evil.pt")},
+                inputs=[{"name": "x", "shape": [1, 3, 8, 8]}])
+    assert not marker.exists()
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_the_dynamo_exporter_is_selectable(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    net = _write_net(tmp_path)
+    result = _export(tmp_path, torch={"factory": f"{net}:build", "exporter": "dynamo"},
+                     inputs=[{"name": "x", "shape": [2, 3, 8, 8]}])
+    assert result.findings["exporter"] == "dynamo" and result.findings["max_abs_err_vs_torch"] < 1e-4
+    assert [value.name for value in result.model.graph.input] == ["x"]

@@ -1,0 +1,92 @@
+"""Budget mode: the fewest nodes kept in float32, chosen by measured sensitivity, one model for all trials."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from stages import fp16, fp16_budget
+from tests.stages.test_fp16 import const, make_model, run_ort, run_reference, run_stage, tensor
+
+N = 256
+BENIGN = ["tanh", "scale", "relu", "sigmoid", "mix"]
+
+
+def _model() -> onnx.ModelProto:
+    """A benign branch first in graph order, then (x + 1000) - 1000: float16 keeps 0.5 steps near 1000."""
+    rng = np.random.default_rng(0)
+    inits = [const("w", rng.uniform(0.5, 1.5, N)), const("thousand", 1000.0), const("ten", 10.0)]
+    nodes = [helper.make_node("Tanh", ["x"], ["t1"], name="tanh"),
+             helper.make_node("Mul", ["t1", "w"], ["t2"], name="scale"),
+             helper.make_node("Relu", ["t2"], ["t3"], name="relu"),
+             helper.make_node("Sigmoid", ["t3"], ["t4"], name="sigmoid"),
+             helper.make_node("Add", ["t4", "t1"], ["a"], name="mix"),
+             helper.make_node("Add", ["x", "thousand"], ["b1"], name="shift_up"),
+             helper.make_node("Sub", ["b1", "thousand"], ["b2"], name="shift_down"),
+             helper.make_node("Mul", ["b2", "ten"], ["b3"], name="amplify"),
+             helper.make_node("Add", ["a", "b3"], ["y"], name="out")]
+    return make_model(nodes, inits, [tensor("x", [1, N])], [tensor("y", [1, N])])
+
+
+def _samples(count: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(5)
+    return [{"x": rng.uniform(-1, 1, (1, N)).astype(np.float32)} for _ in range(count)]
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_budget_keeps_only_the_sensitive_nodes_whatever_their_graph_position(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    built, conversions = [], []
+    real_twin, real_convert = fp16_budget.gated_twin, fp16.convert
+    monkeypatch.setattr(fp16_budget, "gated_twin", lambda *a, **k: built.append(1) or real_twin(*a, **k))
+    monkeypatch.setattr(fp16, "convert", lambda *a, **k: conversions.append(1) or real_convert(*a, **k))
+    model = _model()
+    result = run_stage(tmp_path, model, {"val": _samples(6)}, mode="auto", calibration={"data": "val"},
+                       tolerance={"cosine_min": 0.9999})
+
+    budget = result.findings["budget"]
+    assert budget["met"] is True
+    assert budget["metrics_all_float16"]["cosine"] < 0.9999  # plain float16 misses the tolerance
+    chosen = [name for group in budget["float32_nodes"] for name in group["nodes"]]
+    assert sorted(chosen) == ["shift_down", "shift_up"]
+    assert all(group["sensitivity"] > 0.01 for group in budget["float32_nodes"])
+    assert budget["trials"] > budget["groups"]  # one sensitivity trial per group, plus the search
+    assert len(built) == 1 and len(conversions) == 1  # every trial reused one gated model; one conversion
+    kept = {entry["node"]: entry["reason"] for entry in result.findings["kept_in_fp32"]}
+    assert kept == {"shift_up": "budget: sensitivity", "shift_down": "budget: sensitivity"}
+    assert not set(BENIGN) & set(kept)
+
+    x = _samples(7)[-1]
+    expected = run_ort(model, x)[0]
+    assert _cosine(run_reference(result.model, x)[0], expected) >= 0.9999  # true float16 arithmetic
+    assert result.findings["fidelity"]["emulated"]["passed"]
+
+
+def test_budget_blocks_nothing_when_float16_already_meets_the_tolerance(tmp_path: Path) -> None:
+    result = run_stage(tmp_path, _model(), {"val": _samples(3)}, mode="auto", calibration={"data": "val"},
+                       tolerance={"cosine_min": 0.5})
+    assert result.findings["budget"]["float32_nodes"] == []
+    assert result.findings["budget"]["trials"] == 1
+    assert result.findings["kept_in_fp32"] == []
+
+
+def test_data_movement_nodes_share_their_producers_group() -> None:
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "shape"], ["rs"], name="reshape"),
+             helper.make_node("Transpose", ["rs"], ["t"], name="transpose", perm=[1, 0]),
+             helper.make_node("Exp", ["t"], ["y"], name="exp")]
+    model = make_model(nodes, [const("shape", [2, 2], np.int64)], [tensor("x", [4])], [tensor("y", [2, 2])])
+    model = onnx.shape_inference.infer_shapes(model)
+    from stages.fp16_types import all_types
+
+    groups = fp16_budget.node_groups(model, set(), all_types(model))
+    assert groups == [["relu", "reshape", "transpose"], ["exp"]]
+    assert fp16_budget.node_groups(model, {"relu"}, all_types(model)) == [["reshape", "transpose"], ["exp"]]

@@ -1,0 +1,122 @@
+"""Real graphs through the fp16 stage, validated on ONNX Runtime, OpenVINO and true float16 arithmetic.
+
+- a transformer encoder built and exported with PyTorch here (TorchScript exporter);
+- the PP-OCRv4 recognition model from the rapidocr-onnxruntime wheel, found under the folder named by
+  QDEPLOY_REAL_MODELS (skipped when absent; see REAL_MODELS_HINT for how to fill it).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from pipeline.compare import compare_outputs
+from pipeline.tolerance import DEFAULT_TOLERANCES
+from tests.stages.test_fp16 import run_stage, run_target
+
+REAL_MODELS_HINT = ("set QDEPLOY_REAL_MODELS to a folder holding the rapidocr-onnxruntime wheel unpacked: "
+                    "pip download rapidocr-onnxruntime --no-deps -d $DIR && unzip -o $DIR/rapidocr_onnxruntime-*.whl "
+                    "'rapidocr_onnxruntime/models/*' -d $DIR")
+TOLERANCE = DEFAULT_TOLERANCES["fp16"]
+
+
+def _transformer_encoder(path: Path, layers: int = 3) -> onnx.ModelProto:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.0,
+                                             batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, num_layers=layers, enable_nested_tensor=False).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(encoder, (torch.randn(1, 16, 64),), str(path), input_names=["x"], output_names=["y"],
+                          opset_version=17, dynamo=False)
+    model = onnx.load(str(path))
+    model.ir_version = min(model.ir_version, 8)
+    return model
+
+
+def _validate(model: onnx.ModelProto, converted: onnx.ModelProto, feeds: list[dict[str, np.ndarray]],
+              targets: tuple[str, ...], tmp_path: Path) -> dict[str, object]:
+    """Each target's comparison of the fp16 artifact with float32 on ort:cpu (pipeline.compare, fp16 defaults)."""
+    names = [value.name for value in model.graph.output]
+    reference = [dict(zip(names, run_target("ort:cpu", model, feed, tmp_path), strict=True)) for feed in feeds]
+    results = {}
+    for target in targets:
+        outputs = [dict(zip(names, run_target(target, converted, feed, tmp_path), strict=True)) for feed in feeds]
+        results[target] = compare_outputs(reference, outputs, TOLERANCE)
+    return results
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory: pytest.TempPathFactory) -> onnx.ModelProto:
+    return _transformer_encoder(tmp_path_factory.mktemp("encoder") / "encoder.onnx")
+
+
+def test_transformer_encoder_from_pytorch_is_valid_on_every_target(tmp_path: Path, encoder: onnx.ModelProto) -> None:
+    model = encoder
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(4)]
+    result = run_stage(tmp_path, model, {"calib": samples}, calibration={"data": "calib"})
+    assert result.findings["checker"].startswith("onnx.checker full_check passed")
+    assert result.findings["fidelity"]["emulated"]["passed"]
+    layer_norms = [n for n in result.model.graph.node if n.op_type == "LayerNormalization"]
+    assert layer_norms and all(n.name not in result.findings["node_block_list"] for n in layer_norms)
+    feeds = [{"x": rng.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(2)]
+    for target, comparison in _validate(model, result.model, feeds, ("ort:cpu", "openvino:cpu", "reference:cpu"),
+                                        tmp_path).items():
+        assert comparison.passed, (target, comparison.reasons)
+
+
+def test_transformer_encoder_budget_mode_meets_a_tight_tolerance(tmp_path: Path, encoder: onnx.ModelProto) -> None:
+    rng = np.random.default_rng(1)
+    samples = [{"x": rng.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(3)]
+    result = run_stage(tmp_path, encoder, {"val": samples}, mode="auto", calibration={"data": "val"},
+                       tolerance={"snr_db_min": 70.0})
+    budget = result.findings["budget"]
+    assert budget["metrics_all_float16"]["snr_db"] < 70.0 and budget["met"] is True
+    kept = sum(len(group["nodes"]) for group in budget["float32_nodes"])
+    assert 0 < kept < len(encoder.graph.node) // 4  # some nodes, far from all
+    assert result.findings["fidelity"]["emulated"]["worst"]["snr_db"] >= 70.0
+
+
+def _pp_ocr_rec() -> Path:
+    folder = os.environ.get("QDEPLOY_REAL_MODELS")
+    if not folder:
+        pytest.skip(f"PP-OCR recognition model not available: {REAL_MODELS_HINT}")
+    found = sorted(Path(folder).rglob("ch_PP-OCRv4_rec_infer.onnx"))
+    if not found:
+        pytest.skip(f"no ch_PP-OCRv4_rec_infer.onnx under {folder}: {REAL_MODELS_HINT}")
+    return found[0]
+
+
+def _text_line(seed: int) -> np.ndarray:
+    """A synthetic text line, normalised like PP-OCR's preprocessing ((pixel / 255 - 0.5) / 0.5)."""
+    rng = np.random.default_rng(seed)
+    image = np.full((48, 320), 235.0) + rng.normal(0, 6, (48, 320))
+    for left in range(8, 300, 22):
+        width, top = rng.integers(8, 18), rng.integers(8, 14)
+        image[top:top + rng.integers(20, 30), left:left + width] = rng.uniform(10, 60)
+    pixels = np.clip(image, 0, 255)[None, None].repeat(3, axis=1) / 255.0
+    return ((pixels - 0.5) / 0.5).astype(np.float32)
+
+
+@pytest.mark.slow
+def test_pp_ocr_recognition_model_is_valid_on_ort_and_openvino(tmp_path: Path) -> None:
+    path = _pp_ocr_rec()
+    model = onnx.load(str(path))
+    samples = [{"x": _text_line(seed)} for seed in range(2)]
+    result = run_stage(tmp_path, model, {"calib": samples}, calibration={"data": "calib", "samples": 2})
+    assert result.findings["fidelity"]["emulated"]["passed"]
+    feeds = [{"x": _text_line(seed)} for seed in (10, 11)]
+    comparisons = _validate(model, result.model, feeds, ("ort:cpu", "openvino:cpu"), tmp_path)
+    for target, comparison in comparisons.items():
+        assert comparison.passed, (target, comparison.reasons)
+    float32 = run_target("ort:cpu", model, feeds[0], tmp_path)[0]
+    for target in ("ort:cpu", "openvino:cpu"):
+        decoded = run_target(target, result.model, feeds[0], tmp_path)[0]
+        assert np.mean(decoded.argmax(-1) == float32.argmax(-1)) == 1.0  # the same characters are read
