@@ -9,7 +9,8 @@ with outlier channels (both overflow float16), and the PP-OCRv4 recognition mode
 ``QDEPLOY_REAL_MODELS`` names a folder holding the rapidocr-onnxruntime wheel's models
 (``python -m tests.real_models`` fills it).
 
-Timing (median of ``--repeat`` runs after one warm-up), each starting from the model file:
+Timing (median of ``--repeat`` runs after one warm-up, the tools taking turns so that drifting
+machine load affects them alike), each starting from the model file:
 - converter: ``onnx.load`` + ``convert_float_to_float16(model, keep_io_types=True)`` with its
   defaults, as its users call it;
 - qdeploy: the stage's ``run`` with its defaults (no data: block lists, schema rules, type
@@ -162,14 +163,16 @@ MODELS: dict[str, Callable[[Path, int], tuple[Path, Samples, Samples]]] = {
 # ---- measuring ---------------------------------------------------------------------------------
 
 
-def _median_seconds(action: Callable[[], Any], repeat: int) -> tuple[float, Any]:
-    result = action()  # warm-up (imports, caches)
-    times = []
+def _interleaved_medians(actions: dict[str, Callable[[], Any]], repeat: int) -> dict[str, tuple[float, Any]]:
+    """Median wall time of each action, the actions taking turns so drifting machine load hits all alike."""
+    results = {label: action() for label, action in actions.items()}  # warm-up (imports, caches)
+    times: dict[str, list[float]] = {label: [] for label in actions}
     for _ in range(repeat):
-        started = time.perf_counter()
-        result = action()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), result
+        for label, action in actions.items():
+            started = time.perf_counter()
+            results[label] = action()
+            times[label].append(time.perf_counter() - started)
+    return {label: (statistics.median(times[label]), results[label]) for label in actions}
 
 
 def _converter(path: Path) -> onnx.ModelProto:
@@ -231,15 +234,20 @@ def measure(name: str, folder: Path, repeat: int, count: int) -> dict[str, Any] 
         log.warning("%s skipped: %s", name, exc)
         return None
     model = onnx.load(str(path))
-    converter_s, plain = _median_seconds(lambda: _converter(path), repeat)
-    qdeploy_s, ours = _median_seconds(_qdeploy(path, folder, calibration), repeat)
-    bare_s, _ = _median_seconds(_qdeploy(path, folder, calibration, onnxruntime_check=False), repeat)
+    timed = _interleaved_medians({
+        "converter": lambda: _converter(path),
+        "qdeploy": _qdeploy(path, folder, calibration),
+        "bare": _qdeploy(path, folder, calibration, onnxruntime_check=False),
+    }, repeat)
     with_data = _qdeploy(path, folder, calibration, calibration={"data": "calib"})
-    data_s, ours_data = _median_seconds(with_data, 1)
+    started = time.perf_counter()
+    ours_data = with_data()
+    data_s = time.perf_counter() - started
     return {
-        "model": name, "nodes": len(model.graph.node), "converter_s": converter_s, "qdeploy_s": qdeploy_s,
-        "bare_s": bare_s, "data_s": data_s,
-        "fidelity": {"converter": _fidelity(model, plain, evaluation), "qdeploy": _fidelity(model, ours, evaluation),
+        "model": name, "nodes": len(model.graph.node), "converter_s": timed["converter"][0],
+        "qdeploy_s": timed["qdeploy"][0], "bare_s": timed["bare"][0], "data_s": data_s,
+        "fidelity": {"converter": _fidelity(model, timed["converter"][1], evaluation),
+                     "qdeploy": _fidelity(model, timed["qdeploy"][1], evaluation),
                      "qdeploy+data": _fidelity(model, ours_data, evaluation)},
     }
 

@@ -57,26 +57,29 @@ def write_recipes(folder: Path, count: int) -> list[Path]:
     return paths
 
 
-def sequential(paths: list[Path], out: Path) -> float:
+def sequential(paths: list[Path], out: Path) -> tuple[float, int]:
+    """Wall seconds and how many recipes passed."""
     from pipeline.loader import load_recipe
     from pipeline.runner import RunOptions, run_recipe
 
     started = time.perf_counter()
+    passed = 0
     for path in paths:
         recipe = load_recipe(path)
-        run_recipe(recipe, RunOptions(out_dir=out / recipe.name, show_progress=False))
-    return time.perf_counter() - started
+        passed += run_recipe(recipe, RunOptions(out_dir=out / recipe.name, show_progress=False)).exit_code == 0
+    return time.perf_counter() - started, passed
 
 
-def cli_loop(paths: list[Path], out: Path) -> float:
+def cli_loop(paths: list[Path], out: Path) -> tuple[float, int]:
     """`qdeploy run` once per recipe, as a shell loop would: each pays the start of Python and the imports."""
     import subprocess
 
     started = time.perf_counter()
+    passed = 0
     for path in paths:
-        subprocess.run([sys.executable, "-m", "pipeline.cli", "run", str(path), "--out", str(out / path.stem), "-q"],
-                       cwd=REPO, check=False)
-    return time.perf_counter() - started
+        command = [sys.executable, "-m", "pipeline.cli", "run", str(path), "--out", str(out / path.stem), "-q"]
+        passed += subprocess.run(command, cwd=REPO, check=False).returncode == 0
+    return time.perf_counter() - started, passed
 
 
 def swept(paths: list[Path], out: Path, executor: str, workers: int | None) -> tuple[float, dict[str, Any]]:
@@ -120,27 +123,31 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     from pipeline.envinfo import cpu_info
 
-    rows: list[tuple[str, float, int | None]] = []
+    rows: list[tuple[str, float, int, int | None]] = []
     with tempfile.TemporaryDirectory(prefix="qdeploy-sweep-bench-") as tmp:
         folder = Path(tmp)
         paths = write_recipes(folder, args.recipes)
-        rows.append(("sequential: run_recipe loop in one process", sequential(paths, folder / "seq"), None))
-        rows.append(("sequential: `qdeploy run` per recipe", cli_loop(paths, folder / "cli"), None))
+        rows.append(("sequential: run_recipe loop in one process", *sequential(paths, folder / "seq"), None))
+        rows.append(("sequential: `qdeploy run` per recipe", *cli_loop(paths, folder / "cli"), None))
         seconds, report = swept(paths, folder / "local", "local", args.workers)
         rows.append((f"local executor ({report['executor']['workers']} workers)", seconds,
-                     overlaps(report["timeline"])))
+                     report["counts"]["passed"], overlaps(report["timeline"])))
         ray_start = None if args.skip_ray else ray_start_seconds()
         if ray_start is not None:
             seconds, report = swept(paths, folder / "ray", "ray", None)
-            rows.append(("ray executor (Ray started here, start included)", seconds, overlaps(report["timeline"])))
-            rows.append(("ray executor, Ray start excluded", seconds - ray_start, overlaps(report["timeline"])))
+            passed, clashes = report["counts"]["passed"], overlaps(report["timeline"])
+            rows.append(("ray executor (Ray started here, start included)", seconds, passed, clashes))
+            rows.append(("ray executor, Ray start excluded", seconds - ray_start, passed, clashes))
     cpu = cpu_info()
     print(f"{args.recipes} recipes (3 variants x 2 targets each) on {cpu['model']}, {cpu['cores']} cores")
-    print("| mode | wall s | vs sequential | benchmark overlaps |")
-    print("|---|---|---|---|")
+    print("| mode | wall s | vs sequential | recipes passed | benchmark overlaps |")
+    print("|---|---|---|---|---|")
     base = rows[0][1]
-    for mode, seconds, clashes in rows:
-        print(f"| {mode} | {seconds:.1f} | {base / seconds:.2f}x | {'–' if clashes is None else clashes} |")
+    for mode, seconds, passed, clashes in rows:
+        print(f"| {mode} | {seconds:.1f} | {base / seconds:.2f}x | {passed}/{args.recipes} | "
+              f"{'–' if clashes is None else clashes} |")
+    if any(passed != args.recipes for _, _, passed, _ in rows):
+        print("WARNING: some recipes did not pass; their times do not compare (see the reports)")
     if ray_start is not None:
         print(f"Ray start on this machine: {ray_start:.1f} s")
 

@@ -54,20 +54,19 @@ class TensorStats:
 
     def update_histogram(self, values: np.ndarray, bins: int = DEFAULT_BINS) -> None:
         """Add values to the histogram over the range the first pass found."""
-        if self.count == 0:
-            return
+        if self.count == 0 or self.maximum <= self.minimum:
+            return  # a constant tensor: its range is exact without a histogram
         if self.histogram is None:
             self.histogram = np.zeros(bins, dtype=np.int64)
-        high = self.maximum if self.maximum > self.minimum else self.minimum + 1e-12
-        counts, _ = np.histogram(values[np.isfinite(values)], bins=len(self.histogram), range=(self.minimum, high))
+        counts, _ = np.histogram(values[np.isfinite(values)], bins=len(self.histogram),
+                                 range=(self.minimum, self.maximum))
         self.histogram += counts
         self.zeros += int(np.count_nonzero(values == 0))
 
     @property
     def edges(self) -> np.ndarray:
         assert self.histogram is not None
-        high = self.maximum if self.maximum > self.minimum else self.minimum + 1e-12
-        return np.linspace(self.minimum, high, len(self.histogram) + 1)
+        return np.linspace(self.minimum, self.maximum, len(self.histogram) + 1)
 
 
 def estimate_range(stats: TensorStats, method: str, *, percentile: float = 99.999) -> tuple[float, float]:

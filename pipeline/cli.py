@@ -7,6 +7,7 @@ never a traceback (``--verbose`` shows tracebacks of qdeploy's own bugs).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import sys
@@ -60,8 +61,12 @@ def _guarded(action: Callable[[], T], verbose: bool) -> T:
     except Exception as exc:
         if verbose:
             raise
-        typer.echo(f"internal error (a bug in qdeploy, please report it): {type(exc).__name__}: {exc}\n"
-                   "run again with --verbose for the traceback", err=True)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            typer.echo(f"error: no space left on the device ({exc.filename or 'while writing'}); free some space "
+                       "and run again: complete artifacts stay in the cache", err=True)
+        else:
+            typer.echo(f"internal error (a bug in qdeploy, please report it): {type(exc).__name__}: {exc}\n"
+                       "run again with --verbose for the traceback", err=True)
         raise typer.Exit(1) from None
 
 

@@ -88,6 +88,11 @@ def _row(gate: GateSpec, value: float | None) -> dict[str, Any]:
             "batch_size": gate.batch_size, "value": value}
 
 
+def validations_hold(validation: list[dict[str, Any]]) -> bool:
+    """No (variant, target) pair failed its tolerances or errored; unavailable targets do not count."""
+    return not any(row["status"] in ("failed", "error") for row in validation)
+
+
 def gates_hold(gates: list[dict[str, Any]]) -> bool:
     """Every gate that was evaluated passed (skipped gates do not count)."""
     return all(gate["passed"] for gate in gates if not gate.get("skipped"))

@@ -63,8 +63,8 @@ _STAGES: dict[str, StageInfo] = {
                   libraries=("onnx", "onnxruntime", "onnxconverter-common"),
                   dataset_fields=("calibration.data",)),
         StageInfo("quantize", "transform", "stages.quantize", "QuantizeConfig",
-                  libraries=("onnx", "onnxruntime"),
-                  dataset_fields=("calibration.data",)),
+                  libraries=("onnx", "onnxruntime", "onnx-ir", "openvino"),
+                  dataset_fields=("calibration.data", "budget.data")),
         StageInfo("validate", "evaluation", "stages.validate", "ValidateConfig"),
         StageInfo("benchmark", "evaluation", "stages.benchmark", "BenchmarkConfig"),
     )

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.gates import find_benchmark, gates_hold, speedup
+from pipeline.gates import find_benchmark, gates_hold, speedup, validations_hold
 from pipeline.recipe import Recipe
 from pipeline.report_view import (
     benchmark_settings,
@@ -31,6 +31,7 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
                  *, seconds: float) -> dict[str, Any]:
     """The report as a JSON-serialisable dict (see the README's report contract)."""
     from pipeline.envinfo import environment
+    from stages.validate_floor import noise_floor_summary
 
     reference = recipe.reference_variant
     for row in benchmarks:
@@ -43,11 +44,12 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
         "seconds": seconds,
         "environment": environment(),
         "reference": {"variant": reference, "target": REFERENCE_TARGET},
-        "passed": gates_hold(gates) and not failures,
+        "passed": gates_hold(gates) and validations_hold(validation) and not failures,
         "gates": gates,
         "failures": failures,
         "artifacts": artifacts,
         "validation": validation,
+        "noise_floor": noise_floor_summary(validation),
         "benchmarks": benchmarks,
     }
 

@@ -177,7 +177,7 @@ def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[dict[str, 
     report = build_report(recipe, outcome.published, validation, benchmarks, gates, outcome.failures,
                           seconds=seconds)
     write_reports(report, plan.out_dir, recipe.report.formats)
-    return RunResult(report=report, out_dir=plan.out_dir, exit_code=_exit_code(outcome, gates))
+    return RunResult(report=report, out_dir=plan.out_dir, exit_code=_exit_code(outcome, gates, validation))
 
 
 def _silent() -> Progress:
@@ -193,12 +193,13 @@ def _evaluate_phase(plan: RunPlan, outcome: BuildOutcome, stage: str, targets: l
         return _evaluate(state, stage, outcome.evaluated, chosen)
 
 
-def _exit_code(outcome: BuildOutcome, gates: list[dict[str, Any]]) -> int:
-    from pipeline.gates import gates_hold
+def _exit_code(outcome: BuildOutcome, gates: list[dict[str, Any]], validation: list[dict[str, Any]]) -> int:
+    """2 for bad input; 1 when a variant failed to build, a gate failed, or a validation failed or errored."""
+    from pipeline.gates import gates_hold, validations_hold
 
     if outcome.input_error:
         return 2
-    if outcome.failures or not gates_hold(gates):
+    if outcome.failures or not gates_hold(gates) or not validations_hold(validation):
         return 1
     return 0
 

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -56,6 +57,34 @@ def _disk_full_is_clear(what: str) -> Iterator[None]:
             raise DiskFullError(f"no space left on the device while writing {what}; the previous state is intact. "
                                 "Free some space (or point --out/--cache-dir elsewhere) and run again") from None
         raise
+
+
+STALE_STAGING_SECONDS = 24 * 3600
+
+
+def _owner_tag() -> str:
+    return f"{socket.gethostname().replace('-', '_')}-{os.getpid()}"
+
+
+def _staging_is_abandoned(staging: Path) -> bool:
+    parts = staging.name[len(TMP_PREFIX):].split("-")
+    try:
+        age = time.time() - staging.stat().st_mtime
+    except OSError:
+        return False
+    if len(parts) >= 4 and parts[2].isdigit() and parts[1] == socket.gethostname().replace("-", "_"):
+        return not _process_alive(int(parts[2]))
+    return age > STALE_STAGING_SECONDS
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def sha256_file(path: Path) -> str:
@@ -142,7 +171,7 @@ class ArtifactStore:
         """Write a model and its sidecar as one entry, atomically; an entry that already exists wins."""
         final = self.entry_dir(key)
         final.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{key[:12]}-", dir=final.parent))
+        staging = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{key[:12]}-{_owner_tag()}-", dir=final.parent))
         with _disk_full_is_clear(f"cache entry {final}"):
             try:
                 model_path = staging / MODEL_FILE
@@ -173,11 +202,16 @@ class ArtifactStore:
             log.debug("cache entry %s was written by another run first", final.name)
 
     def sweep_temporaries(self) -> int:
-        """Remove staging folders that a killed run left behind; returns how many."""
+        """Remove staging folders that a killed run left behind; returns how many.
+
+        A staging folder of a process still alive on this host is another run's work in flight (runs may share
+        a cache): it is kept.  Folders of other hosts are removed only when stale (a day old).
+        """
         removed = 0
         for staging in self.root.glob(f"*/{TMP_PREFIX}*"):
-            shutil.rmtree(staging, ignore_errors=True)
-            removed += 1
+            if _staging_is_abandoned(staging):
+                shutil.rmtree(staging, ignore_errors=True)
+                removed += 1
         return removed
 
 

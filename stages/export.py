@@ -335,8 +335,8 @@ def decompose_for_opset(model: onnx.ModelProto, opset: int) -> dict[str, int]:
     from stages.rewrites import RewriteReport, apply_rewrites, available
 
     present = {node.op_type for node in model.graph.node if node.domain in ("", "ai.onnx")}
-    wanted = [name for name, rule in available().items()
-              if rule.anchor in present and not rule.default and not _exists_at(rule.anchor, opset)]
+    wanted = [name for name, rule in available().items() if not rule.default
+              and any(anchor in present and not _exists_at(anchor, opset) for anchor in rule.anchors)]
     if not wanted:
         return {}
     report = RewriteReport()

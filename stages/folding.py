@@ -17,9 +17,29 @@ subgraph's outputs stay computed by their nodes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections import ChainMap
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from stages.folding_shapes import (
+    estimated_bytes,
+    partial_shape_value,
+    partial_shapes,
+    shape_value,
+    static_shapes,
+    value_infos,
+)
+from stages.graph_utils import (  # noqa: F401  (has_subgraph, subgraph_references: part of this module's API)
+    _ELEMENT_BYTES,
+    delete_indices,
+    delete_where,
+    has_subgraph,
+    names_read,
+    subgraph_references,
+    tensor_nbytes,
+)
+from stages.graph_utils import subgraphs as _graphs_in
 
 if TYPE_CHECKING:
     import numpy as np
@@ -43,7 +63,6 @@ _ORT_TYPES = {
     "float16": 10, "double": 11, "uint32": 12, "uint64": 13,
 }
 """ONNX Runtime's ``tensor(<name>)`` types that come back as a numpy array of the same ONNX type."""
-_ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
 
 MAX_EVAL_BYTES = int(1.8 * 2**30)
 """Largest model ONNX Runtime can take serialised: a bigger batch is evaluated node by node."""
@@ -67,48 +86,6 @@ class FoldReport:
     """Op types that neither ONNX Runtime nor onnx.reference could evaluate."""
 
 
-def tensor_nbytes(tensor: onnx.TensorProto) -> int:
-    """Bytes of a tensor's data, from its shape: without serialising it (``ByteSize`` copies megabytes)."""
-    size = _ELEMENT_BYTES.get(tensor.data_type)
-    if size is None or tensor.data_location == 1:  # strings, sub-byte types, external data: measured
-        return tensor.ByteSize()
-    for dim in tensor.dims:
-        size *= dim
-    return size
-
-
-_GRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
-"""The standard ops with graph attributes; other standard ops have none, custom ones may."""
-
-
-def has_subgraph(node: onnx.NodeProto) -> bool:
-    return bool(_subgraphs(node))
-
-
-def subgraph_references(graph: onnx.GraphProto) -> set[str]:
-    """Every tensor name read by the nodes of the subgraphs of ``graph``'s nodes (outer-scope uses included)."""
-    names: set[str] = set()
-    for node in graph.node:
-        for sub in _subgraphs(node):
-            for inner in sub.node:
-                names.update(inner.input)
-            names.update(out.name for out in sub.output)
-            names |= subgraph_references(sub)
-    return names
-
-
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """The graphs held by a node's attributes (called for every node, so the common case is cheap)."""
-    if not node.attribute or (node.op_type not in _GRAPH_OPS and node.domain in ("", "ai.onnx")):
-        return []
-    graphs = []
-    for attr in node.attribute:
-        if attr.HasField("g"):
-            graphs.append(attr.g)
-        graphs.extend(attr.graphs)
-    return graphs
-
-
 def is_foldable_op(node: onnx.NodeProto) -> bool:
     """Official, deterministic, not Q/DQ, no subgraph: an op whose result is a constant of its inputs."""
     return (
@@ -125,23 +102,6 @@ def constant_names(model: onnx.ModelProto) -> set[str]:
     """Initializers that inputs cannot override (IR >= 4 makes an initializer listed as input a default)."""
     overridable = {value.name for value in model.graph.input} if model.ir_version >= 4 else set()
     return {init.name for init in model.graph.initializer if init.name not in overridable} | {""}
-
-
-def delete_where(container: Any, doomed: Callable[[Any], bool]) -> int:
-    """Delete the items of a repeated protobuf field for which ``doomed`` holds; how many.
-
-    By index, from the end: neither rebuilding the list nor ``remove`` (which compares whole messages) copies
-    any tensor.
-    """
-    return delete_indices(container, [index for index, item in enumerate(container) if doomed(item)])
-
-
-def delete_indices(container: Any, indices: Iterable[int]) -> int:
-    """Delete the items at ``indices`` of a repeated protobuf field; how many."""
-    ordered = sorted(set(indices), reverse=True)
-    for index in ordered:
-        del container[index]
-    return len(ordered)
 
 
 def constants_to_initializers(graph: onnx.GraphProto) -> int:
@@ -199,53 +159,6 @@ def tensor_types(graph: onnx.GraphProto) -> dict[str, int]:
     return types
 
 
-def static_shapes(graph: onnx.GraphProto, constant: set[str]) -> StaticShapes:
-    """Names of ``graph`` whose shape is fully known, from inputs, value_info, outputs and constant initializers."""
-    shapes: StaticShapes = {}
-    for value in (*graph.input, *graph.value_info, *graph.output):
-        if not value.type.HasField("tensor_type"):
-            continue
-        tensor_type = value.type.tensor_type
-        if not tensor_type.HasField("shape"):
-            continue
-        dims = tensor_type.shape.dim
-        if all(dim.HasField("dim_value") for dim in dims):
-            shapes[value.name] = (tuple(dim.dim_value for dim in dims), tensor_type.elem_type)
-    # An overridable initializer has the shape its graph input declares, not necessarily its default's.
-    shapes.update((init.name, (tuple(init.dims), init.data_type))
-                  for init in graph.initializer if init.name in constant)
-    return shapes
-
-
-def estimated_bytes(name: str, shapes: StaticShapes) -> int | None:
-    """Bytes of a tensor from its static shape; None when the shape or element size is unknown."""
-    if name not in shapes:
-        return None
-    dims, elem_type = shapes[name]
-    size = _ELEMENT_BYTES.get(elem_type)
-    if size is None:
-        return None
-    for dim in dims:
-        size *= dim
-    return size
-
-
-def shape_value(node: onnx.NodeProto, shapes: StaticShapes) -> np.ndarray | None:
-    """The value of a Shape or Size node whose input shape is static; None otherwise."""
-    import numpy as np
-
-    if node.op_type not in ("Shape", "Size") or not node.input or node.input[0] not in shapes:
-        return None
-    dims = shapes[node.input[0]][0]
-    if node.op_type == "Size":
-        return np.array(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
-    attrs = {attr.name: attr.i for attr in node.attribute}
-    rank = len(dims)
-    start, end = attrs.get("start", 0), attrs.get("end", rank)
-    start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
-    return np.array(dims[start:end], dtype=np.int64)
-
-
 @dataclass
 class Scope:
     """A graph being folded and what it can see: its constants and those of the graphs around it."""
@@ -253,28 +166,19 @@ class Scope:
     graph: onnx.GraphProto
     tensors: dict[str, onnx.TensorProto]
     """Constant tensors visible here by name (outer scopes' and this graph's non-overridable initializers)."""
-    shapes: StaticShapes
+    shapes: Mapping[str, tuple[tuple[int, ...], int]]
     protected: set[str] = field(default_factory=set)
     """Names that must stay computed by a node (a subgraph's outputs)."""
-    partial: dict[str, tuple[int | None, ...]] = field(default_factory=dict)
+    partial: Mapping[str, tuple[int | None, ...]] = field(default_factory=dict)
     """Dimensions of tensors whose rank is known (None: a symbolic dimension)."""
 
 
 def top_scope(model: onnx.ModelProto) -> Scope:
     constant = constant_names(model)
     tensors = {init.name: init for init in model.graph.initializer if init.name in constant}
-    return Scope(model.graph, tensors, static_shapes(model.graph, constant), partial=partial_shapes(model.graph))
-
-
-def partial_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int | None, ...]]:
-    """Dimensions of every value of known rank (None where symbolic or unknown)."""
-    dims: dict[str, tuple[int | None, ...]] = {}
-    for value in (*graph.input, *graph.value_info, *graph.output):
-        tensor_type = value.type.tensor_type
-        if value.type.HasField("tensor_type") and tensor_type.HasField("shape"):
-            dims[value.name] = tuple(dim.dim_value if dim.HasField("dim_value") else None
-                                     for dim in tensor_type.shape.dim)
-    return dims
+    values = value_infos(model.graph)
+    return Scope(model.graph, tensors, static_shapes(model.graph, constant, values),
+                 partial=partial_shapes(model.graph, values))
 
 
 def sub_scope(outer: Scope, graph: onnx.GraphProto) -> Scope:
@@ -282,62 +186,11 @@ def sub_scope(outer: Scope, graph: onnx.GraphProto) -> Scope:
     shadowed = {value.name for value in graph.input}
     tensors = {name: tensor for name, tensor in outer.tensors.items() if name not in shadowed}
     tensors.update((init.name, init) for init in graph.initializer if init.name not in shadowed)
-    shapes = {name: shape for name, shape in outer.shapes.items() if name not in shadowed}
-    shapes.update(static_shapes(graph, set(tensors)))
-    partial = {name: dims for name, dims in outer.partial.items() if name not in shadowed}
-    partial.update(partial_shapes(graph))
+    # Names are unique in a model: the subgraph's own entries (its inputs included) first, then the outer ones.
+    values = value_infos(graph)
+    shapes = ChainMap(static_shapes(graph, set(tensors) - set(outer.tensors), values), outer.shapes)
+    partial = ChainMap(partial_shapes(graph, values), outer.partial)
     return Scope(graph, tensors, shapes, protected={value.name for value in graph.output}, partial=partial)
-
-
-def partial_shape_value(node: onnx.NodeProto, scope: Scope, vectors: dict[str, list[int | None]],
-                        known: dict[str, np.ndarray]) -> np.ndarray | None:
-    """Static dimensions picked out of a partly symbolic shape: Shape, then Gather or Slice of constant indices.
-
-    Records the dimensions of a Shape output in ``vectors`` for the Gather/Slice after it; returns a value
-    when the node's result is all static dimensions.
-    """
-    import numpy as np
-
-    if node.op_type == "Shape" and node.input and node.input[0] in scope.partial:
-        dims = list(scope.partial[node.input[0]])
-        attrs = {attr.name: attr.i for attr in node.attribute}
-        rank = len(dims)
-        start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (attrs.get("start", 0),
-                                                                              attrs.get("end", rank)))
-        vectors[node.output[0]] = dims[start:end]
-        return None
-    if node.op_type not in ("Gather", "Slice") or not node.input or node.input[0] not in vectors:
-        return None
-    args = [_constant_value(name, scope, known) for name in node.input[1:]]
-    if any(arg is None for arg in args):
-        return None
-    dims = vectors[node.input[0]]
-    positions = np.arange(len(dims))
-    try:
-        if node.op_type == "Gather":
-            picked = positions[np.asarray(args[0], dtype=np.int64)]
-        else:
-            starts, ends = (np.asarray(arg, dtype=np.int64).reshape(-1) for arg in args[:2])
-            if len(args) > 2 and [int(axis) for axis in np.asarray(args[2]).reshape(-1)] not in ([0], [-1]):
-                return None
-            if len(args) > 3 and [int(step) for step in np.asarray(args[3]).reshape(-1)] != [1]:
-                return None  # ONNX clamps negative steps differently from Python
-            picked = positions[int(starts[0]):int(min(ends[0], 2**62))]
-    except (IndexError, ValueError):
-        return None
-    values = [dims[int(index)] for index in np.asarray(picked).reshape(-1)]
-    if any(value is None for value in values):
-        return None
-    return np.asarray(values, dtype=np.int64).reshape(np.asarray(picked).shape)
-
-
-def _constant_value(name: str, scope: Scope, known: dict[str, np.ndarray]) -> np.ndarray | None:
-    from onnx import numpy_helper
-
-    if name in known:
-        return known[name]
-    tensor = scope.tensors.get(name)
-    return None if tensor is None else numpy_helper.to_array(tensor)
 
 
 def plan_folding(scope: Scope, limit_bytes: int,
@@ -377,7 +230,7 @@ def fold_constants(model: onnx.ModelProto, *, limit_bytes: int, subgraphs: bool 
     fold_graph(model, scope, limit_bytes, report)
     if subgraphs:
         for node in model.graph.node:
-            for graph in _subgraphs(node):
+            for graph in _graphs_in(node):
                 _fold_subgraph(model, sub_scope(scope, graph), limit_bytes, report)
     return report
 
@@ -388,7 +241,7 @@ def _fold_subgraph(model: onnx.ModelProto, scope: Scope, limit_bytes: int, repor
                          if init.name not in {value.name for value in scope.graph.input})
     fold_graph(model, scope, limit_bytes, report)
     for node in scope.graph.node:
-        for graph in _subgraphs(node):
+        for graph in _graphs_in(node):
             _fold_subgraph(model, sub_scope(scope, graph), limit_bytes, report)
 
 
@@ -541,7 +394,7 @@ def _replace_folded(scope: Scope, values: dict[str, np.ndarray], report: FoldRep
               and not any(name in scope.protected for name in node.output)]
     folded_ids = {id(node) for node in folded}
     kept = [node for node in graph.node if id(node) not in folded_ids]
-    read = _names_read(kept, graph)
+    read = names_read(kept, graph)
     if not folded:
         return read
     new_inits = [numpy_helper.from_array(_as_array(values[name]), name)
@@ -562,13 +415,6 @@ def _all_known(names: Iterable[str], values: dict[str, Any]) -> bool:
     return bool(names) and all(name in values for name in names)
 
 
-def _names_read(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> set[str]:
-    read = {name for node in nodes for name in node.input}
-    read |= {out.name for out in graph.output}
-    read |= subgraph_references(graph)
-    return read
-
-
 def _as_array(value: np.ndarray) -> np.ndarray:
     import numpy as np
 
@@ -583,7 +429,7 @@ def sync_legacy_inputs(model: onnx.ModelProto, *, drop_unused: bool) -> None:
         return
     graph = model.graph
     if drop_unused:
-        read = _names_read(list(graph.node), graph)
+        read = names_read(list(graph.node), graph)
         unread = {init.name for init in graph.initializer if init.name not in read}
         delete_where(graph.initializer, lambda init: init.name in unread)
         delete_where(graph.input, lambda value: value.name in unread)

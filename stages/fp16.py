@@ -132,9 +132,12 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
     needs = float32_needs(model, types)
     op_block = effective_op_block_list(config.op_block_list)
     norms = decomposed_layer_norms(model) if config.keep_layer_norms_float32 else {}
-    fixed = _fixed_float32(model, op_block, config.node_block_list, needs) | set(norms)
+    op_blocked = _op_blocked(model, op_block)
+    fixed = op_blocked | set(config.node_block_list) | set(needs.nodes) | set(norms)
     findings: dict[str, Any] = {"keep_io_types": config.keep_io_types, "op_block_list": op_block,
-                                "schema_float32_nodes": needs.nodes, "schema_float32_inputs": needs.input_reasons,
+                                "schema_float32_nodes": needs.nodes,
+                                "schema_float32_inputs": [reason for node, reason in needs.input_reasons.items()
+                                                          if node not in fixed],
                                 "layer_norm_float32_nodes": norms}
     session = _Session(model, config, ctx, needs, types, big)
     if config.calibration is not None:
@@ -146,7 +149,7 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
         session.safety_rounds(fixed)
     converted = session.converted
     findings.update(session.findings)
-    findings["node_block_list"] = sorted(session.blocked - _op_blocked(model, op_block))
+    findings["node_block_list"] = sorted(session.blocked - op_blocked)
     findings["clamp"] = count_clamping(model, converted, session.repair.initializer_copies, session.float32_scope,
                                        config.min_positive_val, config.max_finite_val)
     findings["repair"] = _repair_findings(session.repair)
@@ -176,12 +179,6 @@ def _check_node_names(model: onnx.ModelProto, names: list[str], ctx: StageContex
 def _op_blocked(model: onnx.ModelProto, op_block: list[str]) -> set[str]:
     blocked_ops = set(op_block)
     return {node.name for node, _ in walk_nodes(model.graph) if node.op_type in blocked_ops}
-
-
-def _fixed_float32(model: onnx.ModelProto, op_block: list[str], node_block: list[str],
-                   needs: Float32Needs) -> set[str]:
-    """Nodes float32 before any measurement: block lists and schema rules."""
-    return _op_blocked(model, op_block) | set(node_block) | set(needs.nodes)
 
 
 def _with_nested(model: onnx.ModelProto, names: set[str]) -> set[str]:

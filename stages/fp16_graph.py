@@ -38,8 +38,9 @@ def walk_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """The graph and every graph nested in it, outer graphs first."""
     yield graph
     for node in graph.node:
-        for sub in subgraphs(node):
-            yield from walk_graphs(sub)
+        if node.op_type in _GRAPH_OPS or node.domain not in _ONNX_DOMAINS:  # inline fast path of subgraphs()
+            for sub in subgraphs(node):
+                yield from walk_graphs(sub)
 
 
 def walk_nodes(graph: onnx.GraphProto) -> Iterator[tuple[onnx.NodeProto, onnx.GraphProto]]:
@@ -149,15 +150,27 @@ def use_counts(graph: onnx.GraphProto) -> dict[str, int]:
 
 def remove_dead_casts(graph: onnx.GraphProto) -> int:
     """Remove Cast nodes whose output nobody uses (in this graph or nested ones); returns how many."""
-    removed = 0
-    while True:
-        counts = use_counts(graph)
-        dead = [node for node in graph.node if node.op_type == "Cast" and not counts.get(node.output[0])]
-        if not dead:
-            break
-        for node in dead:
-            graph.node.remove(node)
-        removed += len(dead)
+    counts = use_counts(graph)
+    casts = {node.output[0]: node for node in graph.node if node.op_type == "Cast"}
+    dead_names = [name for name in casts if not counts.get(name)]
+    dead: set[str] = set()
+    while dead_names:  # removing a Cast may leave the Cast feeding it unused too
+        name = dead_names.pop()
+        if name in dead:
+            continue
+        dead.add(name)
+        source = casts[name].input[0]
+        counts[source] = counts.get(source, 0) - 1
+        if source in casts and counts[source] <= 0:
+            dead_names.append(source)
+    if dead:
+        keep = [node for node in graph.node if not (node.op_type == "Cast" and node.output[0] in dead)]
+        copies = [type(node)() for node in keep]
+        for copy, node in zip(copies, keep, strict=True):
+            copy.CopyFrom(node)
+        del graph.node[:]
+        graph.node.extend(copies)
+    removed = len(dead)
     for node in graph.node:
         for sub in subgraphs(node):
             removed += remove_dead_casts(sub)

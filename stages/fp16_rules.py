@@ -38,7 +38,7 @@ class Float32Needs:
 
     nodes: dict[str, str] = field(default_factory=dict)
     inputs: dict[str, set[int]] = field(default_factory=dict)
-    input_reasons: list[str] = field(default_factory=list)
+    input_reasons: dict[str, str] = field(default_factory=dict)
 
 
 def float32_needs(model: onnx.ModelProto, types: dict[str, int]) -> Float32Needs:
@@ -63,8 +63,8 @@ def float32_needs(model: onnx.ModelProto, types: dict[str, int]) -> Float32Needs
                   if name and types.get(name) == FLOAT and not _slot(inputs_ok, index)}
         if bad_in:
             needs.inputs[node.name] = bad_in
-            needs.input_reasons.append(f"{node.name} ({node.op_type}, opset {version}): inputs "
-                                       f"{sorted(node.input[i] for i in bad_in)} stay float32")
+            needs.input_reasons[node.name] = (f"{node.name} ({node.op_type}, opset {version}): inputs "
+                                              f"{sorted(node.input[i] for i in bad_in)} stay float32")
     return needs
 
 

@@ -81,13 +81,13 @@ PIECES_ABOVE = 1000
 
 
 def _in_pieces(model: onnx.ModelProto, passes: list[str]) -> onnx.ModelProto:
-    from stages.folding import _names_read, delete_where
+    from stages.graph_utils import delete_where, names_read
     from stages.optimizer_pieces import optimize_in_pieces
 
     optimized = optimize_in_pieces(model, [name for name in passes if name != "eliminate_duplicate_initializer"])
     graph = optimized.graph
     if "eliminate_unused_initializer" in passes:
-        read = _names_read(list(graph.node), graph) | {value.name for value in graph.input}
+        read = names_read(list(graph.node), graph) | {value.name for value in graph.input}
         delete_where(graph.initializer, lambda init: init.name not in read)
     if "eliminate_duplicate_initializer" in passes:
         dedupe_initializers(optimized)
@@ -96,7 +96,6 @@ def _in_pieces(model: onnx.ModelProto, passes: list[str]) -> onnx.ModelProto:
 
 def _duplicates(graph: onnx.GraphProto) -> dict[str, str]:
     """Initializer name -> name of the first initializer with the same type, shape and bytes."""
-    from onnx import numpy_helper
 
     protected = {value.name for value in (*graph.input, *graph.output)}
     candidates = [init for init in graph.initializer if init.name not in protected and init.data_location == 0
@@ -107,8 +106,7 @@ def _duplicates(graph: onnx.GraphProto) -> dict[str, str]:
     for init in candidates:
         if shapes[(init.data_type, tuple(init.dims))] < 2:
             continue  # a tensor of a unique type and shape has no duplicate: its bytes need not be read
-        raw = init.raw_data if init.HasField("raw_data") else numpy_helper.to_array(init).tobytes()
-        key = (init.data_type, tuple(init.dims), raw)
+        key = (init.data_type, tuple(init.dims), _payload(init))
         if key in first:
             renames[init.name] = first[key]
         else:
@@ -116,9 +114,25 @@ def _duplicates(graph: onnx.GraphProto) -> dict[str, str]:
     return renames
 
 
+_TYPED_FIELDS = {1: ("float_data", "float32"), 7: ("int64_data", "int64"), 11: ("double_data", "float64")}
+
+
+def _payload(init: onnx.TensorProto) -> bytes:
+    """A tensor's values as bytes, cheaply: raw data as it is, typed fields through numpy without onnx's helper."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    if init.HasField("raw_data"):
+        return init.raw_data
+    if init.data_type in _TYPED_FIELDS:
+        field_name, dtype = _TYPED_FIELDS[init.data_type]
+        return np.asarray(getattr(init, field_name), dtype=dtype).tobytes()
+    return numpy_helper.to_array(init).tobytes()
+
+
 def dedupe_initializers(model: onnx.ModelProto) -> int:
     """Merge initializers of equal type, shape and bytes (what eliminate_duplicate_initializer does); how many."""
-    from stages.folding import _subgraphs, delete_where
+    from stages.graph_utils import delete_where, subgraphs
 
     graph = model.graph
     renames = _duplicates(graph)
@@ -130,7 +144,7 @@ def dedupe_initializers(model: onnx.ModelProto) -> int:
             for index, name in enumerate(node.input):
                 if name in renames:
                     node.input[index] = renames[name]
-            for subgraph in _subgraphs(node):
+            for subgraph in subgraphs(node):
                 rename(list(subgraph.node))
 
     rename(list(graph.node))
@@ -138,11 +152,14 @@ def dedupe_initializers(model: onnx.ModelProto) -> int:
     return len(renames)
 
 
-def light_copy(model: onnx.ModelProto) -> Light:
-    """A copy of ``model`` without the bytes of its large top-level initializers (never read, so never copied)."""
+def light_copy(model: onnx.ModelProto, *, value_info: bool = True) -> Light:
+    """A copy of ``model`` without the bytes of its large top-level initializers (never read, so never copied).
+
+    ``value_info`` false leaves the top-level value_info out too (shape inference makes it anew).
+    """
     import onnx
 
-    from stages.folding import tensor_nbytes
+    from stages.graph_utils import tensor_nbytes
 
     graph = model.graph
     copy = onnx.ModelProto()
@@ -151,7 +168,7 @@ def light_copy(model: onnx.ModelProto) -> Light:
     copy.functions.extend(model.functions)
     target = copy.graph
     target.name = graph.name
-    for field_name in ("node", "input", "output", "value_info", "sparse_initializer"):
+    for field_name in ("node", "input", "output", "sparse_initializer", *(("value_info",) if value_info else ())):
         getattr(target, field_name).extend(getattr(graph, field_name))
     light = Light(copy)
     for init in graph.initializer:

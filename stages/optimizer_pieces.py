@@ -41,22 +41,27 @@ class _Names:
     used: set[str] = field(default_factory=set)
 
 
-def optimize_in_pieces(model: onnx.ModelProto, passes: list[str], piece_nodes: int = PIECE_NODES) -> onnx.ModelProto:
+def optimize_in_pieces(model: onnx.ModelProto, passes: list[str], piece_nodes: int | None = None) -> onnx.ModelProto:
     """A copy of ``model`` whose top-level graph went through onnxoptimizer in pieces of ``piece_nodes``."""
     import onnx
 
+    piece_nodes = piece_nodes or PIECE_NODES
     nodes = list(model.graph.node)
     pieces = [nodes[start:start + piece_nodes] for start in range(0, len(nodes), piece_nodes)]
     names = _index(model, pieces)
     result_nodes: list[onnx.NodeProto] = []
     new_initializers: list[onnx.TensorProto] = []
+    failed = 0
     for index, piece in enumerate(pieces):
         optimized = _optimize_piece(model, piece, index, names, passes)
         if optimized is None:
+            failed += 1
             result_nodes.extend(piece)
             continue
         result_nodes.extend(optimized.graph.node)
         new_initializers.extend(init for init in optimized.graph.initializer if init.name not in names.constants)
+    if failed:
+        log.info("onnxoptimizer failed on %d of %d pieces; those were left as they were", failed, len(pieces))
     result = onnx.ModelProto()
     result.CopyFrom(model)
     del result.graph.node[:]
@@ -66,14 +71,15 @@ def optimize_in_pieces(model: onnx.ModelProto, passes: list[str], piece_nodes: i
 
 
 def _index(model: onnx.ModelProto, pieces: list[list[onnx.NodeProto]]) -> _Names:
-    from stages.folding import _subgraphs, constant_names, subgraph_references
+    from stages.folding import constant_names
+    from stages.graph_utils import subgraph_references, subgraphs
 
     graph = model.graph
     names = _Names()
     for index, piece in enumerate(pieces):
         for node in piece:
             read = set(node.input)
-            for sub in _subgraphs(node):
+            for sub in subgraphs(node):
                 read |= {name for inner in sub.node for name in inner.input} | subgraph_references(sub)
             for name in read:
                 names.last_reader[name] = index
@@ -92,19 +98,19 @@ def _piece_model(model: onnx.ModelProto, piece: list[onnx.NodeProto], index: int
     """The piece as a model: reads from outside are inputs or initializers, reads after it are outputs."""
     from onnx import helper
 
-    from stages.folding import _subgraphs, subgraph_references
+    from stages.graph_utils import subgraph_references, subgraphs
 
     produced = {name for node in piece for name in node.output if name}
     read: list[str] = []
     for node in piece:
         read.extend(node.input)
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             read.extend(name for inner in sub.node for name in inner.input)
             read.extend(subgraph_references(sub))
     outer = [name for name in dict.fromkeys(read) if name and name not in produced]
     outputs = [name for name in sorted(produced) if names.last_reader.get(name, -1) > index or name in names.outputs]
     inputs = [names.types.get(name) or helper.make_empty_tensor_value_info(name) for name in outer
-              if name not in names.constants and name in names.types]
+              if name not in names.constants]
     initializers = [names.constants[name] for name in outer if name in names.constants]
     graph = helper.make_graph(piece, f"piece{index}", inputs,
                               [names.types.get(name) or helper.make_empty_tensor_value_info(name) for name in outputs],
@@ -138,21 +144,21 @@ def _optimize_piece(model: onnx.ModelProto, piece: list[onnx.NodeProto], index: 
 
 
 def _all_names(graph: onnx.GraphProto) -> set[str]:
-    from stages.folding import _subgraphs
+    from stages.graph_utils import subgraphs
 
     found = {value.name for value in (*graph.input, *graph.output, *graph.value_info)}
     found |= {init.name for init in graph.initializer}
     for node in graph.node:
         found.update(node.input)
         found.update(node.output)
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             found |= _all_names(sub)
     return found
 
 
 def _unique_new_names(piece: onnx.ModelProto, before: set[str], names: _Names, index: int) -> None:
     """Rename the names the passes invented in this piece where the graph or an earlier piece uses them."""
-    from stages.folding import _subgraphs
+    from stages.graph_utils import subgraphs
 
     graph = piece.graph
     invented = _all_names(graph) - before - {""}
@@ -173,7 +179,7 @@ def _unique_new_names(piece: onnx.ModelProto, before: set[str], names: _Names, i
                 for position, name in enumerate(values):
                     if name in renames:
                         values[position] = renames[name]
-            for sub in _subgraphs(node):
+            for sub in subgraphs(node):
                 rename(list(sub.node))
 
     rename(list(graph.node))

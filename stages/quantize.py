@@ -89,9 +89,14 @@ class QuantizeConfig(BaseModel):
     symmetric_activations: bool = Field(default=False, description="Symmetric activation ranges (ptq).")
     symmetric_weights: bool = Field(default=True, description="Symmetric weight ranges (zero point 0); OpenVINO "
                                                               "runs int8 convolutions only with symmetric weights.")
+    op_set: Literal["balanced", "onnxruntime"] = Field(
+        default="balanced", description="Op types ptq quantizes when op_types is absent: 'balanced' (compute, "
+                                        "pooling, data movement; fast on ONNX Runtime and OpenVINO) or "
+                                        "'onnxruntime' (ORT's full QDQ set, elementwise ops too: fastest on ORT "
+                                        "for some models, slow on OpenVINO).")
     op_types: list[str] | None = Field(
-        default=None, description="Op types to quantize; ONNX Runtime's default set when absent (dynamic with "
-                                  "int8 weights leaves Conv out: ORT has no int8-weight ConvInteger).")
+        default=None, description="Op types to quantize, instead of op_set (dynamic: ORT's integer ops when "
+                                  "absent, Conv left out with int8 weights: ORT has no int8-weight ConvInteger).")
     exclude_nodes: list[str] = Field(default_factory=list, description="Node names to leave in float.")
     exclude_op_types: list[str] = Field(default_factory=list, description="Op types whose nodes stay in float.")
     exclude_patterns: list[str] = Field(default_factory=list, description="Regular expressions; nodes whose name "
@@ -129,6 +134,8 @@ class QuantizeConfig(BaseModel):
             raise ValueError("budget settings need a 'tolerance' to meet")
         if self.tolerance is not None and not self.tolerance.model_dump(exclude_none=True):
             raise ValueError("tolerance sets no limit: give cosine_min, top1_agreement_min or snr_db_min")
+        if self.op_types is not None and self.op_set != "balanced":
+            raise ValueError("give op_set or op_types, not both")
         if self.op_types is not None:
             overlap = sorted(set(self.op_types) & set(self.exclude_op_types))
             if overlap:
@@ -147,7 +154,7 @@ class QuantizeConfig(BaseModel):
             raise ValueError(f"mode '{self.mode}' does not use {explicit}; remove them or use {hint}")
 
 
-_PTQ_ONLY = frozenset({"calibration", "method", "percentile", "activation_type", "symmetric_activations"})
+_PTQ_ONLY = frozenset({"calibration", "method", "percentile", "activation_type", "symmetric_activations", "op_set"})
 _NOT_LOWER = frozenset({"per_channel", "weight_type", "symmetric_weights", "op_types", "exclude_nodes",
                         "exclude_op_types", "exclude_patterns", "tolerance", "budget"})
 

@@ -6,7 +6,8 @@
 2. Each quantized node's contribution to the error is measured on its own: the
    model is built with that node alone quantized (every other candidate float),
    and the drop of the worst output's cosine similarity from the all-float
-   model is its damage.  Measured with everything else quantized instead, a
+   model is its damage (on the first RANK_SAMPLES budget samples: one model per
+   candidate).  Measured with everything else quantized instead, a
    node's share vanishes in the accumulated error of the others.  Data-movement
    ops (Reshape, Transpose...) add no rounding and are not candidates; they
    follow their consumers.
@@ -24,12 +25,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from pipeline.compare import Comparison, compare_outputs
-from stages.quantize_ptq import MOVER_OPS
 
 if TYPE_CHECKING:
     import onnx
@@ -39,8 +39,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Feeds = dict[str, np.ndarray]
-Builder = Callable[[list[str]], "onnx.ModelProto"]
-_QDQ = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
+
+RANK_SAMPLES = 4
+"""Budget samples each node's contribution is measured on (one run per candidate node: kept small)."""
+
+
+class Builder(Protocol):
+    """Builds the quantized model with some nodes kept float, and names the nodes it could keep float."""
+
+    def __call__(self, kept: list[str]) -> onnx.ModelProto: ...
+
+    def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]: ...
+
 
 
 @dataclass
@@ -85,34 +95,23 @@ class _Evaluator:
         self.reference = self._outputs(str(float_model))
         self.count = 0
 
-    def _outputs(self, path: str) -> list[dict[str, np.ndarray]]:
+    def _outputs(self, path: str, count: int | None = None) -> list[dict[str, np.ndarray]]:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.log_severity_level = 3
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         names = [out.name for out in session.get_outputs()]
-        return [dict(zip(names, session.run(names, feed), strict=True)) for feed in self.feeds]
+        return [dict(zip(names, session.run(names, feed), strict=True)) for feed in self.feeds[:count]]
 
-    def __call__(self, model: onnx.ModelProto) -> Comparison:
+    def __call__(self, model: onnx.ModelProto, samples: int | None = None) -> Comparison:
+        """The comparison on every budget sample, or on the first ``samples`` of them."""
         import onnx
 
         self.count += 1
         path = self.work_dir / "budget_candidate.onnx"
         onnx.save(model, str(path), save_as_external_data=model.ByteSize() > 1_800_000_000)
-        return compare_outputs(self.reference, self._outputs(str(path)), self.tolerance)
-
-
-def quantized_node_names(model: onnx.ModelProto) -> dict[str, str]:
-    """Name -> op type of the nodes that run quantized: fed by a DequantizeLinear, or integer ops."""
-    dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
-    found = {}
-    for node in model.graph.node:
-        if node.op_type in _QDQ:
-            continue
-        if "Integer" in node.op_type or any(name in dequantized for name in node.input):
-            found[node.name] = node.op_type
-    return found
+        return compare_outputs(self.reference[:samples], self._outputs(str(path), samples), self.tolerance)
 
 
 def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance: Tolerance, work_dir: Path, *,
@@ -126,7 +125,7 @@ def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance
     if full.comparison.passed:
         return BudgetResult(full.model, [], {**findings, "met": True, "kept_float": [],
                                              "final": findings["initial"], "evaluations": evaluate.count})
-    candidates = {name: op for name, op in quantized_node_names(full.model).items() if op not in MOVER_OPS}
+    candidates = build.candidates(full.model)
     ranked = _rank(build, candidates, evaluate, on_progress)
     limit = len(ranked) if max_float_nodes is None else min(len(ranked), max_float_nodes)
     best = _shortest_prefix(build, ranked[:limit], full, evaluate, on_progress)
@@ -156,11 +155,11 @@ def _rank(build: Builder, candidates: dict[str, str], evaluate: _Evaluator,
     all-float model when that node alone is quantized."""
     names = list(candidates)
     on_progress("accuracy budget: the model with every candidate float")
-    baseline = _score(evaluate(build(names)))
+    baseline = _score(evaluate(build(names), RANK_SAMPLES))
     damages = []
     for index, name in enumerate(names, 1):
         on_progress(f"accuracy budget: contribution of node {index}/{len(names)}")
-        alone = _score(evaluate(build([other for other in names if other != name])))
+        alone = _score(evaluate(build([other for other in names if other != name]), RANK_SAMPLES))
         damages.append((name, baseline - alone))
     return sorted([item for item in damages if item[1] > 0], key=lambda item: -item[1])
 

@@ -26,7 +26,7 @@ def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext)
     import onnx
 
     from pipeline.context import StageResult
-    from stages.quantize_prepare import MIN_OPSET, default_opset, excluded_nodes, prepare
+    from stages.quantize_prepare import MIN_OPSET, default_opset, drop_unused_opsets, excluded_nodes, prepare
 
     ctx.on_progress("preparing the float model")
     prepared = prepare(artifact.path, ctx.work_dir)
@@ -49,6 +49,7 @@ def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext)
     else:
         ctx.on_progress("writing the quantized model")
         model, kept = build([]), []
+    drop_unused_opsets(model)
     output = _save(model, ctx.work_dir / "quantized.onnx")
     check_runs(output, config, ctx)
     findings.update({
@@ -68,7 +69,7 @@ def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext)
 def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: QuantizeConfig,
              ctx: StageContext) -> tuple[Any, dict[str, Any]]:
     """The model builder of the mode (calibrating first for ptq) and what it found."""
-    from stages.quantize_ptq import DynamicBuilder, StaticBuilder, calibrate, default_op_types
+    from stages.quantize_ptq import DynamicBuilder, StaticBuilder, calibrate
 
     op_types = _op_types(config)
     if config.mode == "dynamic":
@@ -80,8 +81,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: Qu
     def feeds() -> Any:
         return ctx.samples(calibration.data, artifact.path, calibration.samples)
 
-    ranges, found = calibrate(prepared, op_types or default_op_types("ptq", config.weight_type), feeds,
-                              ctx.work_dir, config.method, config.percentile)
+    ranges, found = calibrate(prepared, op_types, feeds, ctx.work_dir, config.method, config.percentile)
     if found["calibration_samples"] == 0:
         raise StageError(STAGE, ctx.variant, f"calibration dataset '{calibration.data or 'random'}' yielded no samples")
     ctx.on_progress("quantizing")
@@ -89,16 +89,17 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: Qu
                           activation_type=config.activation_type,
                           weight_type=config.weight_type, symmetric_activations=config.symmetric_activations,
                           symmetric_weights=config.symmetric_weights,
-                          op_types=op_types or default_op_types("ptq", config.weight_type))
+                          op_types=op_types)
     method = {"method": config.method} | ({"percentile": config.percentile} if config.method == "percentile" else {})
-    return build, {**method, "calibration_data": calibration.data or "random", **found}
+    return build, {**method, "op_types": op_types, "calibration_data": calibration.data or "random", **found}
 
 
 def _op_types(config: QuantizeConfig) -> list[str]:
-    """Op types to quantize: the config's, or ORT's default set of the mode, minus the excluded types."""
+    """Op types to quantize: the config's, or the op set's (dynamic: ORT's integer ops), minus excluded types."""
     from stages.quantize_ptq import default_op_types
 
-    chosen = config.op_types if config.op_types is not None else default_op_types(config.mode, config.weight_type)
+    chosen = config.op_types if config.op_types is not None else default_op_types(config.mode, config.weight_type,
+                                                                                   config.op_set)
     return [op for op in chosen if op not in config.exclude_op_types]
 
 

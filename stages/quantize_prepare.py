@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -181,5 +180,8 @@ def excluded_nodes(original: onnx.ModelProto, prepared: onnx.ModelProto, names: 
     return sorted(chosen), unknown
 
 
-def op_type_counts(model: onnx.ModelProto) -> dict[str, int]:
-    return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
+def drop_unused_opsets(model: onnx.ModelProto) -> None:
+    """Remove opset imports of domains no node uses (ORT's pre-processing declares every domain it knows)."""
+    used = {node.domain for node in model.graph.node} | {"", "ai.onnx"}
+    for entry in [entry for entry in model.opset_import if entry.domain not in used]:
+        model.opset_import.remove(entry)

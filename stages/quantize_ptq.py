@@ -44,12 +44,23 @@ MOVER_OPS = frozenset({
 _DYNAMIC_INT8_SKIPPED = frozenset({"Conv"})
 
 
-def default_op_types(mode: str, weight_type: str) -> list[str]:
-    """ONNX Runtime's default op types of a mode (QDQ ops for ptq, integer ops for dynamic)."""
+BALANCED_OP_TYPES = (
+    "Conv", "ConvTranspose", "MatMul", "Gemm",  # the compute
+    "Relu", "Clip", "LeakyRelu",  # activations both runtimes fold into the compute
+    "MaxPool", "AveragePool", "GlobalAveragePool", "Concat", "Resize",
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Split", "Slice", "Gather", "Pad",
+)
+"""Op set 'balanced': elementwise arithmetic (Add, Mul...), normalization and softmax stay float.  OpenVINO runs
+Q/DQ around those as extra FakeQuantize layers (slower than float32 on MobileNet-style and transformer models);
+ONNX Runtime would fuse some of them (QLinearAdd...), which op set 'onnxruntime' keeps."""
+
+
+def default_op_types(mode: str, weight_type: str, op_set: str = "balanced") -> list[str]:
+    """Op types of a mode: the op set's for ptq, ONNX Runtime's integer ops for dynamic."""
     from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
 
     if mode == "ptq":
-        return sorted(set(QDQRegistry) | set(QLinearOpsRegistry))
+        return list(BALANCED_OP_TYPES) if op_set == "balanced" else sorted(set(QDQRegistry) | set(QLinearOpsRegistry))
     skipped = _DYNAMIC_INT8_SKIPPED if weight_type == "int8" else frozenset()
     return sorted(set(IntegerOpsRegistry) - skipped)
 
@@ -94,11 +105,22 @@ class StaticBuilder:
         with quiet():
             self._quantized = quantizer.quantize_model()
 
+    def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]:
+        """Quantized nodes that add rounding of their own (data movement does not): name -> op type."""
+        return {name: op for name, op in quantized_node_names(quantized).items() if op not in MOVER_OPS}
+
     def __call__(self, kept: list[str]) -> onnx.ModelProto:
         model = copy.deepcopy(self._quantized)
         if kept:
             keep_float(model, self._float, set(kept))
         return model
+
+
+def quantized_node_names(model: onnx.ModelProto) -> dict[str, str]:
+    """Name -> op type of the nodes that run quantized: fed by a DequantizeLinear, or integer ops."""
+    dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
+    return {node.name: node.op_type for node in model.graph.node if node.op_type not in _QDQ_OPS
+            and ("Integer" in node.op_type or any(name in dequantized for name in node.input))}
 
 
 def keep_float(model: onnx.ModelProto, float_model: onnx.ModelProto, kept: set[str]) -> None:
@@ -207,6 +229,14 @@ class DynamicBuilder:
         self._work_dir = work_dir
         self._settings = {"per_channel": per_channel, "weight_type": weight_type, "op_types": op_types}
         self._count = 0
+
+    def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]:
+        """Float-model nodes that quantize_dynamic quantized (it renames node X to X_quant)."""
+        import onnx
+
+        names = [node.name for node in quantized.graph.node]
+        return {node.name: node.op_type for node in onnx.load(str(self._prepared), load_external_data=False).graph.node
+                if node.name and any(name.startswith(f"{node.name}_quant") for name in names)}
 
     def __call__(self, kept: list[str]) -> onnx.ModelProto:
         import onnx

@@ -13,6 +13,9 @@ consumers and graph outputs are untouched).  Two kinds exist:
   and decompositions of ops a target lacks into ops it has, as an exporter's
   op mapper does (HardSwish, Gelu, LayerNormalization).
 
+The rules themselves live in ``stages.rewrite_rules``; this module is the
+registry, the graph view they edit through, and the loop that applies them.
+
 Rewrites edit the top-level graph through ``GraphView`` (producers, consumers,
 constants, fresh names), never by protobuf index.
 """
@@ -20,7 +23,6 @@ constants, fresh names), never by protobuf index.
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,7 +54,8 @@ class Rewrite:
     """A registered rewrite: its name (the recipe's word for it), the op it starts from, what it does."""
 
     name: str
-    anchor: str
+    anchors: tuple[str, ...]
+    """Op types it is tried on."""
     description: str
     default: bool
     computes_constants: bool
@@ -63,14 +66,15 @@ class Rewrite:
 _REGISTRY: dict[str, Rewrite] = {}
 
 
-def rewrite(name: str, *, anchor: str, description: str, default: bool = False,
+def rewrite(name: str, *, anchor: str | tuple[str, ...], description: str, default: bool = False,
             computes_constants: bool = False) -> Callable[[RewriteFn], RewriteFn]:
-    """Register ``fn`` as the rewrite ``name``, tried on every node of op type ``anchor``."""
+    """Register ``fn`` as the rewrite ``name``, tried on every node of op type ``anchor`` (or of one of them)."""
 
     def register(fn: RewriteFn) -> RewriteFn:
         if name in _REGISTRY:
             raise ValueError(f"rewrite '{name}' is registered twice")
-        _REGISTRY[name] = Rewrite(name, anchor, description, default, computes_constants, fn)
+        anchors = (anchor,) if isinstance(anchor, str) else tuple(anchor)
+        _REGISTRY[name] = Rewrite(name, anchors, description, default, computes_constants, fn)
         return fn
 
     return register
@@ -87,7 +91,8 @@ def default_names() -> list[str]:
 
 
 def _load_rules() -> None:
-    """The rules live in this module; importing a rule module elsewhere would register it here too."""
+    """Import the rule modules, whose ``@rewrite`` decorators fill the registry."""
+    import stages.rewrite_rules  # noqa: F401
 
 
 class GraphView:
@@ -103,10 +108,11 @@ class GraphView:
         self.producer: dict[str, onnx.NodeProto] = {}
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
         self._names: set[str] = set()
+        self._values: dict[str, onnx.ValueInfoProto] | None = None
         self._reindex()
 
     def _reindex(self) -> None:
-        from stages.folding import subgraph_references
+        from stages.graph_utils import subgraph_references
 
         self.producer.clear()
         self.consumers.clear()
@@ -128,6 +134,13 @@ class GraphView:
     def constant_type(self, name: str) -> int | None:
         init = self.initializers.get(name)
         return None if init is None else init.data_type
+
+    def value_info(self, name: str) -> onnx.ValueInfoProto | None:
+        """The declared or inferred type of a top-level tensor (an index built on first use)."""
+        if self._values is None:
+            graph = self.graph
+            self._values = {value.name: value for value in (*graph.input, *graph.value_info, *graph.output)}
+        return self._values.get(name)
 
     def sole_consumer(self, name: str) -> onnx.NodeProto | None:
         """The one node reading ``name``, when nothing else (graph output, subgraph) reads it."""
@@ -169,7 +182,7 @@ class GraphView:
 
     def _drop_unread(self, candidates: set[str]) -> None:
         """Initializers that only the replaced nodes read (old weights) go with them."""
-        from stages.folding import delete_where
+        from stages.graph_utils import delete_where
 
         inputs = {value.name for value in self.graph.input}
         unread = {name for name in candidates if name in self.initializers and name not in self.consumers
@@ -201,24 +214,32 @@ def apply_rewrites(model: onnx.ModelProto, names: list[str], report: RewriteRepo
     rules = available()
     by_anchor: dict[str, list[Rewrite]] = {}
     for name in names:
-        by_anchor.setdefault(rules[name].anchor, []).append(rules[name])
+        for anchor in rules[name].anchors:
+            by_anchor.setdefault(anchor, []).append(rules[name])
     if not by_anchor or not any(node.op_type in by_anchor for node in model.graph.node):
         return 0
     view = GraphView(model)
     total = 0
+    fresh: set[str] | None = None
     for _ in range(len(model.graph.node) + 1):  # every round rewrites at least one node
-        count = _apply_round(view, by_anchor, report)
-        total += count
-        if count == 0:
+        replacements = _apply_round(view, by_anchor, report, fresh)
+        total += len(replacements)
+        if not replacements:
             break
+        # A rewrite changes nothing around the nodes it does not touch: the next round looks at the new ones only.
+        fresh = {name for repl in replacements for node in repl.add for name in node.output}
     return total
 
 
-def _apply_round(view: GraphView, by_anchor: dict[str, list[Rewrite]], report: RewriteReport) -> int:
+def _apply_round(view: GraphView, by_anchor: dict[str, list[Rewrite]], report: RewriteReport,
+                 fresh: set[str] | None) -> list[Replacement]:
+    """One pass over the graph (or over the nodes producing ``fresh`` names); the replacements it applied."""
     replacements: list[Replacement] = []
     claimed: set[int] = set()
     for node in list(view.graph.node):
         if node.op_type not in by_anchor or node.domain not in ("", "ai.onnx") or id(node) in claimed:
+            continue
+        if fresh is not None and not fresh.intersection(node.output):
             continue
         for rule in by_anchor[node.op_type]:
             outcome = rule.fn(view, node)
@@ -234,315 +255,4 @@ def _apply_round(view: GraphView, by_anchor: dict[str, list[Rewrite]], report: R
             report.applied[rule.name] += 1
             break
     view.apply(replacements)
-    return len(replacements)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Helpers shared by the rules
-
-
-def _node(view: GraphView, op: str, inputs: list[str], outputs: list[str], base: str, **attrs: Any) -> onnx.NodeProto:
-    from onnx import helper
-
-    return helper.make_node(op, inputs, outputs, name=view.fresh(base), **attrs)
-
-
-def _tensor(view: GraphView, array: np.ndarray, base: str) -> onnx.TensorProto:
-    from onnx import numpy_helper
-
-    return numpy_helper.from_array(array, view.fresh(base))
-
-
-def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
-    from onnx import helper
-
-    for attr in node.attribute:
-        if attr.name == name:
-            value = helper.get_attribute_value(attr)
-            return value.decode() if isinstance(value, bytes) else value
-    return default
-
-
-def _float_dtype(view: GraphView, name: str) -> np.dtype | None:
-    """The numpy dtype of a float initializer, or None."""
-    from onnx import helper
-
-    elem = view.constant_type(name)
-    return helper.tensor_dtype_to_np_dtype(elem) if elem in _FLOAT_TYPES else None
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Default simplifications: fold per-channel affine ops into the Conv that feeds them
-
-
-ConvParts = tuple["np.ndarray", "np.ndarray | None", int]
-"""(weight, bias or None, output-channel axis of the weight) of a conv with constant weights."""
-
-
-def _conv_parts(view: GraphView, conv: onnx.NodeProto) -> ConvParts | str:
-    """(weight, bias or None, output-channel axis of the weight) of a Conv/ConvTranspose with constant weights."""
-    if len(conv.input) < 2 or _float_dtype(view, conv.input[1]) is None:
-        return "the weight is not a float initializer"
-    weight = view.constant(conv.input[1])
-    bias = None
-    if len(conv.input) > 2 and conv.input[2]:
-        if _float_dtype(view, conv.input[2]) is None:
-            return "the bias is not a float initializer"
-        bias = view.constant(conv.input[2])
-    if conv.op_type == "ConvTranspose" and _attr(conv, "group", 1) != 1:
-        return "grouped ConvTranspose is not fused"
-    assert weight is not None
-    return weight, bias, 0 if conv.op_type == "Conv" else 1
-
-
-def _channel_vector(value: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
-    """``value`` as one number per output channel when it broadcasts along axis 1 only; None otherwise."""
-    import numpy as np
-
-    if value.ndim > rank:
-        return None
-    shape = (1,) * (rank - value.ndim) + value.shape
-    if any(dim != 1 for axis, dim in enumerate(shape) if axis != 1):
-        return None
-    if shape[1] not in (1, channels):
-        return None
-    return np.broadcast_to(value.reshape(-1), (channels,)).astype(np.float64)
-
-
-def _fused_conv(view: GraphView, conv: onnx.NodeProto, after: onnx.NodeProto, scale: np.ndarray,
-                shift: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, axis: int) -> Replacement:
-    """Conv with weight*scale and bias*scale+shift, producing ``after``'s output."""
-    import numpy as np
-
-    # A float32 product rounded once equals the float64 product rounded to float32: no need for float64 here.
-    scale = scale.astype(weight.dtype)
-    shape = [1] * weight.ndim
-    shape[axis] = -1
-    new_weight = weight * scale.reshape(shape)
-    new_bias = (np.zeros_like(scale) if bias is None else bias * scale) + shift.astype(weight.dtype)
-    w_init = _tensor(view, new_weight, f"{conv.input[1]}_fused")
-    b_init = _tensor(view, new_bias, f"{conv.name or conv.output[0]}_bias_fused")
-    fused = _copy_node(conv)
-    del fused.input[:]
-    fused.input.extend([conv.input[0], w_init.name, b_init.name])
-    del fused.output[:]
-    fused.output.append(after.output[0])
-    return Replacement(remove=[conv, after], add=[fused], initializers=[w_init, b_init])
-
-
-def _copy_node(node: onnx.NodeProto) -> onnx.NodeProto:
-    import onnx
-
-    copy = onnx.NodeProto()
-    copy.CopyFrom(node)
-    return copy
-
-
-def _conv_and_next(view: GraphView, conv: onnx.NodeProto,
-                   ops: tuple[str, ...]) -> tuple[onnx.NodeProto, ConvParts] | str | None:
-    """(the single consumer of the conv's output when it is one of ``ops``, the conv's constant parts) or None/why."""
-    after = view.sole_consumer(conv.output[0])
-    if after is None or after.op_type not in ops or after.domain not in ("", "ai.onnx"):
-        return None
-    parts = _conv_parts(view, conv)
-    if isinstance(parts, str):
-        return parts
-    return after, parts
-
-
-@rewrite("fuse_conv_scale_bias", anchor="Conv", default=True, computes_constants=True,
-         description="Fold Mul/Div/Add/Sub by a per-channel or scalar constant after a Conv into its weights.")
-def fuse_conv_scale_bias(view: GraphView, conv: onnx.NodeProto) -> Replacement | str | None:
-    return _fuse_affine(view, conv)
-
-
-@rewrite("fuse_convtranspose_scale_bias", anchor="ConvTranspose", default=True, computes_constants=True,
-         description="Fold Mul/Div/Add/Sub by a per-channel or scalar constant after a ConvTranspose into it.")
-def fuse_convtranspose_scale_bias(view: GraphView, conv: onnx.NodeProto) -> Replacement | str | None:
-    return _fuse_affine(view, conv)
-
-
-def _fuse_affine(view: GraphView, conv: onnx.NodeProto) -> Replacement | str | None:
-    import numpy as np
-
-    found = _conv_and_next(view, conv, ("Mul", "Div", "Add", "Sub"))
-    if not isinstance(found, tuple):
-        return found
-    after, (weight, bias, axis) = found
-    other = [name for name in after.input if name != conv.output[0]]
-    if len(other) != 1 or (after.op_type in ("Div", "Sub") and after.input[0] != conv.output[0]):
-        return None  # x*x, or c/x, c-x: not affine in the conv's output
-    value = view.constant(other[0])
-    if value is None or view.constant_type(other[0]) != view.constant_type(conv.input[1]):
-        return None
-    channels = weight.shape[axis]
-    vector = _channel_vector(value, channels, len(weight.shape))
-    if vector is None:
-        return f"{after.op_type} by a constant of shape {list(value.shape)} is not per output channel"
-    if after.op_type == "Div" and not np.all(vector != 0):
-        return "division by zero"
-    ones, zeros = np.ones(channels), np.zeros(channels)
-    scale, shift = {"Mul": (vector, zeros), "Div": (1.0 / np.where(vector == 0, 1, vector), zeros),
-                    "Add": (ones, vector), "Sub": (ones, -vector)}[after.op_type]
-    return _fused_conv(view, conv, after, scale, shift, weight, bias, axis)
-
-
-@rewrite("fuse_conv_batchnorm", anchor="Conv", default=True, computes_constants=True,
-         description="Fold an inference BatchNormalization after a Conv into its weights (skip_fuse_bn keeps it).")
-def fuse_conv_batchnorm(view: GraphView, conv: onnx.NodeProto) -> Replacement | str | None:
-    return _fuse_batchnorm(view, conv)
-
-
-@rewrite("fuse_convtranspose_batchnorm", anchor="ConvTranspose", default=True, computes_constants=True,
-         description="Fold an inference BatchNormalization after a ConvTranspose into its weights.")
-def fuse_convtranspose_batchnorm(view: GraphView, conv: onnx.NodeProto) -> Replacement | str | None:
-    return _fuse_batchnorm(view, conv)
-
-
-def _fuse_batchnorm(view: GraphView, conv: onnx.NodeProto) -> Replacement | str | None:
-    import numpy as np
-
-    found = _conv_and_next(view, conv, ("BatchNormalization",))
-    if not isinstance(found, tuple):
-        return found
-    bn, (weight, bias, axis) = found
-    if (len(bn.output) > 1 and any(bn.output[1:])) or _attr(bn, "training_mode", 0):
-        return "BatchNormalization in training mode"
-    params = [view.constant(name) for name in bn.input[1:5]]
-    if len(params) != 4 or any(value is None for value in params):
-        return "BatchNormalization parameters are not initializers"
-    gamma, beta, mean, var = (np.asarray(value, np.float64).reshape(-1) for value in params)  # type: ignore[arg-type]
-    if gamma.shape != (weight.shape[axis],):
-        return f"BatchNormalization has {gamma.shape[0]} channels, the conv {weight.shape[axis]}"
-    scale = gamma / np.sqrt(var + float(_attr(bn, "epsilon", 1e-5)))
-    return _fused_conv(view, conv, bn, scale, beta - mean * scale, weight, bias, axis)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Target-friendly rewrites, chosen in the recipe
-
-
-@rewrite("prelu_to_relu", anchor="PRelu",
-         description="PRelu(x, s) -> r + s*(x - r) with r = Relu(x): exact, for targets without PRelu.")
-def prelu_to_relu(view: GraphView, node: onnx.NodeProto) -> Replacement | str | None:
-    x, slope = node.input[0], node.input[1]
-    base = node.name or node.output[0]
-    relu, negative, scaled = (view.fresh(f"{base}_{part}") for part in ("relu", "neg_part", "scaled"))
-    return Replacement(remove=[node], add=[
-        _node(view, "Relu", [x], [relu], f"{base}_relu"),
-        _node(view, "Sub", [x, relu], [negative], f"{base}_sub"),  # min(x, 0), exactly
-        _node(view, "Mul", [negative, slope], [scaled], f"{base}_mul"),
-        _node(view, "Add", [relu, scaled], [node.output[0]], f"{base}_add"),
-    ])
-
-
-@rewrite("hardswish_to_hardsigmoid", anchor="HardSwish",
-         description="HardSwish(x) -> x * HardSigmoid(x, 1/6, 0.5), its definition, for runtimes before opset 14.")
-def hardswish_to_hardsigmoid(view: GraphView, node: onnx.NodeProto) -> Replacement | str | None:
-    base = node.name or node.output[0]
-    gate = view.fresh(f"{base}_gate")
-    return Replacement(remove=[node], add=[
-        _node(view, "HardSigmoid", [node.input[0]], [gate], f"{base}_hardsigmoid", alpha=1.0 / 6, beta=0.5),
-        _node(view, "Mul", [node.input[0], gate], [node.output[0]], f"{base}_mul"),
-    ])
-
-
-@rewrite("gelu_to_erf", anchor="Gelu",
-         description="Gelu (opset 20) -> 0.5*x*(1+Erf(x/sqrt 2)), or its tanh form when approximate='tanh'.")
-def gelu_to_erf(view: GraphView, node: onnx.NodeProto) -> Replacement | str | None:
-    import numpy as np
-
-    x, base = node.input[0], node.name or node.output[0]
-    tensor_type = _value_type(view, x)
-    if tensor_type not in (None, 1):
-        return "only float32 Gelu is decomposed"
-    consts = {key: _tensor(view, np.array(value, np.float32), f"{base}_{key}") for key, value in
-              (("half", 0.5), ("one", 1.0), ("inv_sqrt2", 1 / math.sqrt(2.0)), ("k", math.sqrt(2 / math.pi)),
-               ("cubic", 0.044715), ("three", 3.0))}
-    name = {key: view.fresh(f"{base}_{key}") for key in ("scaled", "inner", "plus_one", "half_x", "cube", "cube_k",
-                                                          "sum", "arg")}
-    if _attr(node, "approximate", "none") == "tanh":
-        nodes = [
-            _node(view, "Pow", [x, consts["three"].name], [name["cube"]], f"{base}_pow"),
-            _node(view, "Mul", [name["cube"], consts["cubic"].name], [name["cube_k"]], f"{base}_mul_cubic"),
-            _node(view, "Add", [x, name["cube_k"]], [name["sum"]], f"{base}_add_cubic"),
-            _node(view, "Mul", [name["sum"], consts["k"].name], [name["arg"]], f"{base}_mul_k"),
-            _node(view, "Tanh", [name["arg"]], [name["inner"]], f"{base}_tanh"),
-        ]
-    else:
-        nodes = [
-            _node(view, "Mul", [x, consts["inv_sqrt2"].name], [name["scaled"]], f"{base}_scale"),
-            _node(view, "Erf", [name["scaled"]], [name["inner"]], f"{base}_erf"),
-        ]
-    nodes += [
-        _node(view, "Add", [name["inner"], consts["one"].name], [name["plus_one"]], f"{base}_add_one"),
-        _node(view, "Mul", [x, consts["half"].name], [name["half_x"]], f"{base}_half"),
-        _node(view, "Mul", [name["half_x"], name["plus_one"]], [node.output[0]], f"{base}_mul"),
-    ]
-    used = {value for added in nodes for value in added.input}
-    return Replacement(remove=[node], add=nodes, initializers=[t for t in consts.values() if t.name in used])
-
-
-def _value_type(view: GraphView, name: str) -> int | None:
-    """Element type of a tensor when inference or the graph declares it."""
-    graph = view.graph
-    for value in (*graph.input, *graph.value_info, *graph.output):
-        if value.name == name and value.type.tensor_type.elem_type:
-            return value.type.tensor_type.elem_type
-    return view.constant_type(name)
-
-
-@rewrite("layernorm_to_primitives", anchor="LayerNormalization",
-         description="LayerNormalization (opset 17) -> ReduceMean/Sub/Mul/Sqrt/Div/Mul/Add, for older runtimes.")
-def layernorm_to_primitives(view: GraphView, node: onnx.NodeProto) -> Replacement | str | None:
-    import numpy as np
-
-    if len(node.output) > 1 and any(node.output[1:]):
-        return "the Mean/InvStdDev outputs are used"
-    if _value_type(view, node.input[0]) not in (None, 1):
-        return "only float32 LayerNormalization is decomposed"
-    rank = _rank(view, node.input[0])
-    axis = int(_attr(node, "axis", -1))
-    if axis < 0 and rank is None:
-        return "the input's rank is unknown, so a negative axis cannot be expanded"
-    axes = list(range(axis if axis >= 0 else axis + (rank or 0), rank)) if rank is not None else None
-    if axes is None:
-        return "the input's rank is unknown"
-    base, x = node.name or node.output[0], node.input[0]
-    eps = _tensor(view, np.array(float(_attr(node, "epsilon", 1e-5)), np.float32), f"{base}_eps")
-    names = {key: view.fresh(f"{base}_{key}") for key in ("mean", "centred", "square", "var", "var_eps", "std",
-                                                          "normed", "scaled")}
-    inits = [eps]
-    reduce_extra: dict[str, Any] = {}
-    reduce_inputs: list[str] = []
-    if view.opset >= 18:
-        axes_init = _tensor(view, np.array(axes, np.int64), f"{base}_axes")
-        inits.append(axes_init)
-        reduce_inputs = [axes_init.name]
-    else:
-        reduce_extra = {"axes": axes}
-    has_bias = len(node.input) > 2 and bool(node.input[2])
-    nodes = [
-        _node(view, "ReduceMean", [x, *reduce_inputs], [names["mean"]], f"{base}_mean", keepdims=1, **reduce_extra),
-        _node(view, "Sub", [x, names["mean"]], [names["centred"]], f"{base}_sub"),
-        _node(view, "Mul", [names["centred"], names["centred"]], [names["square"]], f"{base}_square"),
-        _node(view, "ReduceMean", [names["square"], *reduce_inputs], [names["var"]], f"{base}_var", keepdims=1,
-              **reduce_extra),
-        _node(view, "Add", [names["var"], eps.name], [names["var_eps"]], f"{base}_add_eps"),
-        _node(view, "Sqrt", [names["var_eps"]], [names["std"]], f"{base}_sqrt"),
-        _node(view, "Div", [names["centred"], names["std"]], [names["normed"]], f"{base}_div"),
-        _node(view, "Mul", [names["normed"], node.input[1]], [names["scaled"] if has_bias else node.output[0]],
-              f"{base}_scale"),
-    ]
-    if has_bias:
-        nodes.append(_node(view, "Add", [names["scaled"], node.input[2]], [node.output[0]], f"{base}_bias"))
-    return Replacement(remove=[node], add=nodes, initializers=inits)
-
-
-def _rank(view: GraphView, name: str) -> int | None:
-    graph = view.graph
-    for value in (*graph.input, *graph.value_info, *graph.output):
-        if value.name == name and value.type.tensor_type.HasField("shape"):
-            return len(value.type.tensor_type.shape.dim)
-    init = view.initializers.get(name)
-    return None if init is None else len(init.dims)
+    return replacements

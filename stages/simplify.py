@@ -9,11 +9,16 @@ changing.  Then the simplified model is compared with the original on seeded
 random inputs in ONNX Runtime (``stages.simplify_check``); a disagreement fails
 the stage, so the runner keeps the unsimplified model.
 
+Subgraphs (If/Loop/Scan bodies) are folded too (``fold_subgraphs``), with
+onnxoptimizer's passes entering them; the equivalence check covers them.
+
 Speed: each round serialises nothing it does not have to.  Folding evaluates
-all foldable nodes of a graph in one ONNX Runtime session; onnxoptimizer gets
-the model with its large weights replaced by tags; a round whose folding and
-rewrites changed nothing since onnxoptimizer's last fixed point ends the loop
-without calling it again.
+all foldable nodes of a graph in one ONNX Runtime session; shape inference
+and onnxoptimizer get the model with its large weights replaced by tags
+(``stages.optimizer``), and a large graph goes through onnxoptimizer in
+pieces (``stages.optimizer_pieces``: its time grows with the square of the
+node count); a round whose folding and rewrites changed nothing since
+onnxoptimizer's last fixed point ends the loop without calling it again.
 
 Deliberate limit: a simplified model above 1.8 GB is not checked, because a
 ModelProto that large cannot be serialised for ONNX Runtime (folding still
@@ -33,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from pipeline.context import Artifact, StageContext, StageResult
 from pipeline.errors import StageError
+from stages.graph_utils import fingerprint, io_names, model_bytes, op_counts, prune_value_info
 from stages.simplify_check import Comparison, check_equivalence, compare_outputs
 
 if TYPE_CHECKING:
@@ -188,7 +194,9 @@ class _Progress:
     skipped: dict[str, dict[str, Any]] = field(default_factory=dict)
     failed_ops: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
-    rewrites: RewriteReport | None = None
+    rewrites: RewriteReport = field(default_factory=lambda: _rewrite_report())
+    rewrites_seen: int = 0
+    """Rewrite matches already counted by ``rewrites_applied``."""
     optimizer_calls: int = 0
     optimizer_delta: Counter[str] = field(default_factory=Counter)
     """Net change of node count per op type over all onnxoptimizer calls (negative: removed)."""
@@ -208,23 +216,26 @@ class _Progress:
 
     def rewrites_applied(self) -> int:
         """Matches rewritten since the last call."""
-        total = sum(self.rewrites.applied.values()) if self.rewrites else 0
-        new, self._rewrites_seen = total - self._rewrites_seen, total
+        total = sum(self.rewrites.applied.values())
+        new, self.rewrites_seen = total - self.rewrites_seen, total
         return new
 
-    _rewrites_seen: int = 0
+
+def _rewrite_report() -> RewriteReport:
+    from stages.rewrites import RewriteReport
+
+    return RewriteReport()
 
 
 def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageResult:
     """Simplify ``artifact``'s model; check it against the original; report what changed."""
     from stages.folding import constants_to_initializers, has_subgraph, sync_legacy_inputs
-    from stages.rewrites import RewriteReport
 
     model = artifact.load()
-    before = _fingerprint(model)
-    nodes_before = _op_counts(model)
-    interface = _io_names(model)
-    progress = _Progress(rewrites=RewriteReport())
+    before = fingerprint(model)
+    nodes_before = op_counts(model)
+    interface = io_names(model)
+    progress = _Progress()
     subgraph_ops = sorted({node.op_type for node in model.graph.node if has_subgraph(node)})
     if subgraph_ops:
         progress.note(f"subgraphs (in {', '.join(subgraph_ops)} nodes): onnxoptimizer's passes enter them; "
@@ -233,10 +244,10 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     model = _simplify(model, config, ctx.work_dir, progress)
     progress.constants_converted += constants_to_initializers(model.graph)
     sync_legacy_inputs(model, drop_unused="eliminate_unused_initializer" in config.passes())
-    _prune_value_info(model)
-    if _io_names(model) != interface:
+    prune_value_info(model)
+    if io_names(model) != interface:
         raise StageError(STAGE, ctx.variant, f"simplification changed the model's inputs/outputs from "
-                         f"{interface} to {_io_names(model)}")
+                         f"{interface} to {io_names(model)}")
     started = time.perf_counter()
     if model_bytes(model) > LARGE_MODEL_BYTES:
         check: dict[str, Any] = {"skipped": "the simplified model is above 1.8 GB: it cannot be serialised for "
@@ -249,7 +260,7 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     findings = _findings(nodes_before, model, config, progress, check)
     log.info("simplify: %d -> %d nodes in %d iteration(s); %d tensor(s) folded", findings["node_count_before"],
              findings["node_count_after"], progress.iterations, progress.folded_tensors)
-    return StageResult(model=model, changed=_fingerprint(model) != before, findings=findings)
+    return StageResult(model=model, changed=fingerprint(model) != before, findings=findings)
 
 
 def _simplify(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path, progress: _Progress) -> onnx.ModelProto:
@@ -266,16 +277,17 @@ def _simplify(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path, pr
         model = _fold_rounds(model, config, work_dir, progress)
         if rewrites:
             model = _timed(progress, "rewrites", _rewrite, model, rewrites, progress)
-        changed = progress.folded_nodes + progress.constants_converted != done or progress.rewrites_applied()
+        rewritten = progress.rewrites_applied()  # called every round: it counts from its last call
+        changed = progress.folded_nodes + progress.constants_converted != done or rewritten > 0
         optimized = optimized and not changed
         if optimized or not (passes or changed):
             return model  # nothing changed since onnxoptimizer's last fixed point (or, without passes, at all)
         if not passes:
             continue
-        start = _fingerprint(model)
+        start = fingerprint(model)
         model = _timed(progress, "onnxoptimizer", _optimize, model, passes, progress)
         optimized = True
-        if _fingerprint(model) == start and not changed:
+        if fingerprint(model) == start and not changed:
             return model
     progress.note(f"stopped after max_iterations={config.max_iterations} before reaching a fixed point")
     return model
@@ -311,7 +323,6 @@ def _fold_rounds(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path,
 def _rewrite(model: onnx.ModelProto, names: list[str], progress: _Progress) -> onnx.ModelProto:
     from stages.rewrites import apply_rewrites
 
-    assert progress.rewrites is not None
     apply_rewrites(model, names, progress.rewrites)
     return model
 
@@ -326,10 +337,10 @@ def infer_shapes(model: onnx.ModelProto, work_dir: Path, progress: _Progress) ->
 
     from stages.optimizer import light_copy
 
-    _prune_value_info(model)
+    prune_value_info(model)
     if model_bytes(model) > INFER_BY_PATH_BYTES:
         return _infer_shapes_by_path(model, work_dir, progress)
-    light = light_copy(model).model
+    light = light_copy(model, value_info=False).model
     for data_prop in (True, False):
         try:
             inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=data_prop)
@@ -344,14 +355,18 @@ def infer_shapes(model: onnx.ModelProto, work_dir: Path, progress: _Progress) ->
 
 def _take_value_info(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> None:
     """Copy the inferred value_info of a graph and of its subgraphs (same nodes, same order) into ``graph``."""
-    from stages.folding import _subgraphs
+    from stages.graph_utils import subgraphs
 
     del graph.value_info[:]
     graph.value_info.extend(inferred.value_info)
-    for node, twin in zip(graph.node, inferred.node, strict=True):
+    for index, node in enumerate(graph.node):
+        inner = subgraphs(node)
+        if not inner:
+            continue
+        twin = inferred.node[index]
         if node.output != twin.output:
             return  # inference does not reorder nodes; if it ever does, keep what is there
-        for sub, sub_twin in zip(_subgraphs(node), _subgraphs(twin), strict=True):
+        for sub, sub_twin in zip(inner, subgraphs(twin), strict=True):
             _take_value_info(sub, sub_twin)
 
 
@@ -375,19 +390,23 @@ def _infer_shapes_by_path(model: onnx.ModelProto, work_dir: Path, progress: _Pro
 
 def _optimize(model: onnx.ModelProto, passes: list[str], progress: _Progress) -> onnx.ModelProto:
     """onnxoptimizer's passes to a fixed point; the input model when they fail or touch the interface."""
-    from stages.optimizer import optimize
+    from stages.optimizer import PIECES_ABOVE, optimize
+    from stages.optimizer_pieces import PIECE_NODES
 
     progress.optimizer_calls += 1
+    if len(model.graph.node) > PIECES_ABOVE:
+        progress.note(f"onnxoptimizer ran on pieces of {PIECE_NODES} nodes (its time grows with the square of the "
+                      "node count); a pattern across two pieces may be left")
     try:
         optimized = optimize(model, passes)
     except Exception as exc:  # a crash of the optimizer must not lose the folding done so far
         progress.note(f"onnxoptimizer failed, its passes were not applied: {_short(exc)}")
         return model
-    if _io_names(optimized) != _io_names(model):
+    if io_names(optimized) != io_names(model):
         progress.note("onnxoptimizer changed the model's inputs/outputs; its result was discarded")
         return model
-    progress.optimizer_delta.update(_op_counts(optimized))
-    progress.optimizer_delta.subtract(_op_counts(model))
+    progress.optimizer_delta.update(op_counts(optimized))
+    progress.optimizer_delta.subtract(op_counts(model))
     return optimized
 
 
@@ -395,10 +414,10 @@ def _findings(nodes_before: dict[str, int], model: onnx.ModelProto, config: Simp
               check: dict[str, Any]) -> dict[str, Any]:
     from stages.optimizer import likely_passes
 
-    nodes_after = _op_counts(model)
+    nodes_after = op_counts(model)
     delta = {"removed": {op: -n for op, n in sorted(progress.optimizer_delta.items()) if n < 0},
              "added": {op: n for op, n in sorted(progress.optimizer_delta.items()) if n > 0}}
-    rewrites = progress.rewrites.as_findings() if progress.rewrites else {"applied": {}, "refused": {}}
+    rewrites = progress.rewrites.as_findings()
     changed = (["fold_constants"] if progress.folded_nodes else []) + \
         (["constants_to_initializers"] if progress.constants_converted else []) + \
         [name for name, count in rewrites["applied"].items() if count] + likely_passes(config.passes(), delta)
@@ -426,72 +445,6 @@ def _findings(nodes_before: dict[str, int], model: onnx.ModelProto, config: Simp
 
 MAX_LISTED = 200
 """Folded tensors listed by name (with their bytes) in the findings; the count covers all."""
-
-
-def model_bytes(model: onnx.ModelProto) -> int:
-    """Serialised size of the model, summed piecewise (a whole ModelProto above 2 GB cannot be measured)."""
-    from stages.folding import tensor_nbytes
-
-    graph = model.graph
-    return (sum(tensor_nbytes(init) for init in graph.initializer)
-            + sum(node.ByteSize() for node in graph.node if node.op_type != "Constant")
-            + sum(tensor_nbytes(attr.t) for node in graph.node if node.op_type == "Constant" for attr in node.attribute)
-            + sum(function.ByteSize() for function in model.functions))
-
-
-def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
-    counts = Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op_type}"
-                     for node in model.graph.node)
-    return dict(sorted(counts.items()))
-
-
-def _io_names(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
-    """The model's interface: inputs that are not initializers (IR < 4 lists those too), and outputs."""
-    graph = model.graph
-    initializers = {init.name for init in graph.initializer} if model.ir_version < 4 else set()
-    return ([value.name for value in graph.input if value.name not in initializers],
-            [value.name for value in graph.output])
-
-
-def _fingerprint(model: onnx.ModelProto) -> int:
-    """Hash of the graph's structure (subgraphs included): nodes, initializer names/types/shapes, the interface."""
-    graph = model.graph
-    return hash((_graph_key(graph), tuple((init.name, init.data_type, tuple(init.dims)) for init in graph.initializer),
-                 repr(_io_names(model))))
-
-
-def _graph_key(graph: onnx.GraphProto) -> tuple[Any, ...]:
-    """Plain nodes by their bytes (cheap); Constant nodes and nodes with subgraphs by structure."""
-    from stages.folding import _subgraphs
-
-    plain, special = [], []
-    for index, node in enumerate(graph.node):
-        if node.op_type == "Constant" or _subgraphs(node):
-            special.append((index, node.op_type, tuple(node.input), tuple(node.output),
-                            tuple(_attribute_key(attr) for attr in node.attribute)))
-        else:
-            plain.append(node.SerializeToString())
-    return hash(b"\0".join(plain)), tuple(special)
-
-
-def _attribute_key(attr: onnx.AttributeProto) -> Any:
-    """Cheap identity of an attribute: tensors by name/type/shape (their bytes only move), subgraphs by structure."""
-    if attr.HasField("t"):
-        return attr.name, attr.t.data_type, tuple(attr.t.dims)
-    if attr.HasField("g"):
-        return attr.name, _graph_key(attr.g), tuple(init.name for init in attr.g.initializer)
-    if len(attr.graphs):
-        return attr.name, tuple((_graph_key(g), tuple(i.name for i in g.initializer)) for g in attr.graphs)
-    return attr.SerializeToString()
-
-
-def _prune_value_info(model: onnx.ModelProto) -> None:
-    """Drop top-level value_info of names no node produces any more (folded or removed)."""
-    from stages.folding import delete_where
-
-    graph = model.graph
-    produced = {name for node in graph.node for name in node.output}
-    delete_where(graph.value_info, lambda value: value.name not in produced)
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

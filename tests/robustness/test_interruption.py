@@ -127,18 +127,18 @@ def test_two_runs_sharing_one_cache_at_once(tmp_path: Path) -> None:
         assert sha256_model(meta_path.parent / MODEL_FILE) == json.loads(meta_path.read_text())["sha256"]
 
 
-@pytest.mark.parametrize("where", ["save_model", "_copy_atomic", "_write_json"])
+@pytest.mark.parametrize("where", ["pipeline.store.save_model", "shutil.copyfile", "pipeline.store._write_json"])
 def test_full_disk_is_reported_and_the_previous_state_kept(tmp_path: Path, where: str) -> None:
     recipe = recipe_with_model(tmp_path, body=BODY.replace("benchmark: {", "benchmark: {enabled: false, "))
     out = tmp_path / "out"
     assert run_cli("run", str(recipe), "-q", "--out", str(out)).returncode == 0
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".qdeploy.lock"}
+    module, function = where.rsplit(".", 1)
     full_disk = f"""
-import errno, pipeline.store as store
-_original = store.{where}
+import errno, importlib
 def _full(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
-store.{where} = _full
+setattr(importlib.import_module({module!r}), {function!r}, _full)
 """
     result = run_cli("run", str(recipe), "-q", "--no-cache", "--out", str(out), code=full_disk)
     assert result.returncode in (1, 2), result.stderr[-2000:]

@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.compare import compare_outputs
 from pipeline.tolerance import DEFAULT_TOLERANCES
-from tests.stages.test_fp16 import run_stage, run_target
+from tests.stages.test_fp16 import plain_convert, run_stage, run_target
 
 REAL_MODELS_HINT = ("set QDEPLOY_REAL_MODELS to a folder holding the rapidocr-onnxruntime wheel unpacked: "
                     "pip download rapidocr-onnxruntime --no-deps -d $DIR && unzip -o $DIR/rapidocr_onnxruntime-*.whl "
@@ -57,6 +57,7 @@ def encoder(tmp_path_factory: pytest.TempPathFactory) -> onnx.ModelProto:
     return _transformer_encoder(tmp_path_factory.mktemp("encoder") / "encoder.onnx")
 
 
+@pytest.mark.slow
 def test_transformer_encoder_from_pytorch_is_valid_on_every_target(tmp_path: Path, encoder: onnx.ModelProto) -> None:
     model = encoder
     rng = np.random.default_rng(0)
@@ -64,6 +65,8 @@ def test_transformer_encoder_from_pytorch_is_valid_on_every_target(tmp_path: Pat
     result = run_stage(tmp_path, model, {"calib": samples}, calibration={"data": "calib"})
     assert result.findings["checker"].startswith("onnx.checker full_check passed")
     assert result.findings["fidelity"]["emulated"]["passed"]
+    with pytest.raises(Exception, match="Type Error"):  # plain onnxconverter-common: a Cast to float stays
+        run_target("ort:cpu", plain_convert(model), {"x": samples[0]["x"]}, tmp_path)
     layer_norms = [n for n in result.model.graph.node if n.op_type == "LayerNormalization"]
     assert layer_norms and all(n.name not in result.findings["node_block_list"] for n in layer_norms)
     feeds = [{"x": rng.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(2)]
@@ -72,6 +75,7 @@ def test_transformer_encoder_from_pytorch_is_valid_on_every_target(tmp_path: Pat
         assert comparison.passed, (target, comparison.reasons)
 
 
+@pytest.mark.slow
 def test_transformer_encoder_budget_mode_meets_a_tight_tolerance(tmp_path: Path, encoder: onnx.ModelProto) -> None:
     rng = np.random.default_rng(1)
     samples = [{"x": rng.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(3)]

@@ -239,6 +239,17 @@ def test_unnamed_nodes_one_cast_per_tensor_and_no_redundant_cast_pairs(tmp_path:
     _assert_sound(tmp_path, model, result, {"x": _x([4], -2, 2)})
 
 
+def test_a_graph_output_that_another_node_reads(tmp_path: Path) -> None:
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu"), helper.make_node("Sigmoid", ["y"], ["z"], name="sig")]
+    model = make_model(nodes, [], [tensor("x", [4])], [tensor("y", [4]), tensor("z", [4])])
+    _assert_plain_breaks(model)  # the reader of y gets the float32 copy made for the graph output
+    result = run_stage(tmp_path, model)
+    sigmoid = next(node for node in result.model.graph.node if node.name == "sig")
+    producers = {out: node for node in result.model.graph.node for out in node.output}
+    assert producers[sigmoid.input[0]].name == "relu"  # reads the float16 value, not a Cast of the output
+    _assert_sound(tmp_path, model, result.model, {"x": _x([4], -2, 2)})
+
+
 def test_topological_sort_accounts_for_subgraph_references() -> None:
     branch = helper.make_graph([helper.make_node("Identity", ["late"], ["out"], name="use")], "b", [],
                                [tensor("out", [1])])

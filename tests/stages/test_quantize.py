@@ -48,11 +48,14 @@ def stage_context(tmp_path: Path, datasets: dict[str, Path] | None = None,
 
 
 def make_model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], inputs: dict[str, list[int]],
-               outputs: list[str], *, opset: int = 17, domains: tuple[str, ...] = ()) -> onnx.ModelProto:
-    """A float model from nodes and initializers; inputs name -> shape, outputs of unknown shape."""
+               outputs: list[str] | dict[str, list[int]], *, opset: int = 17,
+               domains: tuple[str, ...] = ()) -> onnx.ModelProto:
+    """A float model from nodes and initializers; inputs and outputs name -> shape (outputs may be unshaped)."""
+    shaped = outputs if isinstance(outputs, dict) else dict.fromkeys(outputs)
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
                                            for n, s in inputs.items()],
-                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs], inits)
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in shaped.items()],
+                              inits)
     opsets = [helper.make_opsetid("", opset), *(helper.make_opsetid(domain, 1) for domain in domains)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
@@ -101,7 +104,7 @@ def tiny_conv() -> onnx.ModelProto:
              helper.make_node("GlobalAveragePool", ["r2"], ["p"], name="pool"),
              helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
              helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"], name="fc", transB=1)]
-    return make_model(nodes, inits, {"x": [1, 3, 16, 16]}, ["y"])
+    return make_model(nodes, inits, {"x": [1, 3, 16, 16]}, {"y": [1, 10]})
 
 
 def calib_folder(tmp_path: Path, count: int = 12, name: str = "calib") -> Path:
@@ -342,3 +345,57 @@ def test_config_survives_a_json_round_trip(config: QuantizeConfig) -> None:
 def test_bad_config_is_rejected(bad: dict) -> None:
     with pytest.raises(ValidationError):
         QuantizeConfig(**bad)
+
+
+def test_recipe_with_an_image_dataset_a_budget_and_a_lowered_variant_runs_end_to_end(tmp_path: Path) -> None:
+    """Through the loader and runner: images calibrate ptq (with a budget) and verify a lowered QAT model."""
+    from PIL import Image
+
+    from pipeline.loader import load_recipe
+    from pipeline.runner import RunOptions, run_recipe
+    from tests.conftest import write_recipe
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(4):
+        Image.fromarray(rng.integers(0, 256, (20, 20, 3)).astype(np.uint8)).save(folder / f"{index}.png")
+    onnx.save(tiny_conv(), str(tmp_path / "float.onnx"))
+    weight = rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.2
+    fq = [helper.make_node("FakeQuantize", ["x", "lo", "hi", "lo", "hi"], ["xq"], domain="org.openvinotoolkit",
+                           levels=256),
+          helper.make_node("FakeQuantize", ["w", "wlo", "whi", "wlo", "whi"], ["wq"], domain="org.openvinotoolkit",
+                           levels=255),
+          helper.make_node("Conv", ["xq", "wq"], ["y"], pads=[1, 1, 1, 1])]
+    inits = [init("lo", 0.0), init("hi", 255 / 256), init("w", weight), init("wlo", -1.0), init("whi", 1.0)]
+    onnx.save(make_model(fq, inits, {"x": [1, 3, 16, 16]}, {"y": [1, 8, 16, 16]}, domains=("org.openvinotoolkit",)),
+              str(tmp_path / "qat.onnx"))
+    body = """
+        name: {name}
+        model: {{onnx: {model}}}
+        data:
+          imgs: {{reader: images, path: imgs, samples: 4}}
+        variants:
+          int8: [{{quantize: {config}}}]
+        targets: [ort:cpu]
+        validate: {{data: imgs, samples: 2, reference: {reference}}}
+        benchmark: {{enabled: false}}
+        """
+    ptq = "{calibration: {data: imgs}, tolerance: {cosine_min: 0.9}, budget: {samples: 2}}"
+    lowered = "{mode: lower, calibration: {data: imgs}}"
+    # ORT cannot run the QAT model's FakeQuantize: its lowered variant is the reference there
+    for name, model, config, reference in (("ptq", "float.onnx", ptq, "exported"),
+                                           ("lower", "qat.onnx", lowered, "int8")):
+        text = body.format(name=name, model=model, config=config, reference=reference)
+        recipe = write_recipe(tmp_path, text, f"{name}.yaml")
+        result = run_recipe(load_recipe(recipe), RunOptions(out_dir=tmp_path / name, show_progress=False))
+        assert result.exit_code == 0, result.report.get("failures")
+        sidecar = json.loads((tmp_path / name / "artifacts" / "int8.json").read_text())
+        findings = next(step["findings"] for step in sidecar["lineage"] if step["stage"] == "quantize")
+        if name == "ptq":
+            assert findings["calibration_samples"] == 4 and findings["budget"]["met"]
+            assert findings["int8_kernels"]["ort:cpu"]["int8"] == 3
+        else:  # the Conv has a dequantized input but a float output: int8 on OpenVINO only
+            assert findings["verification"]["data"] == "imgs" and findings["verification"]["samples"] == 4
+            assert (findings["int8_kernels"]["ort:cpu"]["int8"], findings["int8_kernels"]["openvino:cpu"]["int8"]) \
+                == (0, 1)

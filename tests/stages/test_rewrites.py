@@ -154,3 +154,16 @@ def test_affine_ops_that_are_not_per_channel_or_share_the_conv_output_are_left()
     divided = _conv_model([helper.make_node("Div", ["k", "c"], ["y"])],
                           [numpy_helper.from_array(np.array(2.0, np.float32), "k")])
     assert _ops(_rewritten(divided, default_names())[0]) == ["Conv", "Div"]  # k / conv is not affine
+
+
+@pytest.mark.parametrize(("shape", "fused"), [([2, 12], True), (["N", 12], False)])
+def test_consecutive_reshapes_with_a_static_result_become_one(shape: list, fused: bool) -> None:
+    target = numpy_helper.from_array(np.array([-1, 3, 4], np.int64), "target")
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    nodes = [helper.make_node("Reshape", ["x", "target"], ["r"]), helper.make_node("Unsqueeze", ["r", "axes"], ["y"])]
+    model = _model(nodes, shape, [shape[0], 1, 3, 4], [target, axes])
+    model = onnx.shape_inference.infer_shapes(model)
+    rewritten, _report = _rewritten(model, ["fuse_reshape_chain"])
+    assert _ops(rewritten) == (["Reshape"] if fused else ["Reshape", "Unsqueeze"])
+    x = RNG.standard_normal((2, 12)).astype(np.float32)
+    np.testing.assert_array_equal(_run(rewritten, x), _run(model, x))

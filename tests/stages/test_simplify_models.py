@@ -149,7 +149,7 @@ def test_pp_ocr_paddle_models(tmp_path: Path, relative: str, shape: list[int]) -
     original = onnx.load(str(path))
     assert "Constant" in _ops(original)  # Paddle keeps its weights in Constant nodes
     # Fix the symbolic batch and the missing ('?') or symbolic image sizes before simplifying.
-    exported, result, exported_path = _export_then_simplify(tmp_path, {"onnx": str(path),
+    _exported, result, exported_path = _export_then_simplify(tmp_path, {"onnx": str(path),
                                                                        "inputs": [{"name": "x", "shape": shape}]})
     findings = result.findings
     assert "Constant" not in _ops(result.model)  # ... which end up as initializers, ready to quantize
@@ -202,7 +202,7 @@ def test_lstm_from_pytorch(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     source = _torch_source(tmp_path)
     model = {"torch": {"factory": f"{source}:recurrent"}, "inputs": [{"name": "x", "shape": [2, 7, 6]}]}
-    exported, result, path = _export_then_simplify(tmp_path, model)
+    _exported, result, path = _export_then_simplify(tmp_path, model)
     assert "LSTM" in _ops(result.model)
     assert result.findings["check"]["samples"] == 3
     assert _max_error(path, result.model, {"x": RNG.standard_normal((2, 7, 6)).astype(np.float32)}) < 1e-5
@@ -230,7 +230,7 @@ def _ml_classifier() -> onnx.ModelProto:
 
 def test_ai_onnx_ml_classifier(tmp_path: Path) -> None:
     onnx.save(_ml_classifier(), tmp_path / "ml.onnx")
-    exported, result, path = _export_then_simplify(tmp_path, {"onnx": str(tmp_path / "ml.onnx")})
+    _exported, result, path = _export_then_simplify(tmp_path, {"onnx": str(tmp_path / "ml.onnx")})
     assert {"ai.onnx.ml:Scaler", "ai.onnx.ml:LinearClassifier", "ai.onnx.ml:Normalizer"} <= set(
         result.findings["nodes_after"])
     assert "Identity" not in _ops(result.model) and result.findings["check"]["samples"] == 3
@@ -258,7 +258,7 @@ def test_already_quantized_qdq_model_keeps_its_quantized_weights(tmp_path: Path)
     original = onnx.load(str(path))
     int8_weights = {init.name for init in original.graph.initializer  # zero points (scalars) may be merged
                     if init.data_type == TensorProto.INT8 and len(init.dims)}
-    exported, result, exported_path = _export_then_simplify(tmp_path, {"onnx": str(path)})
+    _exported, result, exported_path = _export_then_simplify(tmp_path, {"onnx": str(path)})
     after = {init.name: init.data_type for init in result.model.graph.initializer}
     assert int8_weights and all(after.get(name) == TensorProto.INT8 for name in int8_weights)
     counts = result.findings["nodes_after"]

@@ -214,3 +214,38 @@ def test_a_symbolic_size_the_original_refuses_is_retried_with_one(tmp_path: Path
         }""")  # only M = 1 works
     result = _simplify(model, tmp_path, ctx)
     assert result.findings["check"]["input_shapes"] == {"x": [1, 1]}
+
+
+def _conv_bn_chain(blocks: int) -> onnx.ModelProto:
+    """Conv -> BatchNormalization -> Identity -> Relu, ``blocks`` times (onnxoptimizer fuses each BN)."""
+    nodes, inits, h = [], [], "x"
+    for i in range(blocks):
+        inits += [numpy_helper.from_array(RNG.standard_normal((4, 4, 1, 1)).astype(np.float32) * 0.5, f"w{i}")]
+        inits += [numpy_helper.from_array(RNG.uniform(0.5, 1.5, 4).astype(np.float32), f"{p}{i}")
+                  for p in ("g", "b", "m", "v")]
+        nodes += [helper.make_node("Conv", [h, f"w{i}"], [f"c{i}"]),
+                  helper.make_node("BatchNormalization", [f"c{i}", f"g{i}", f"b{i}", f"m{i}", f"v{i}"], [f"n{i}"]),
+                  helper.make_node("Identity", [f"n{i}"], [f"i{i}"]), helper.make_node("Relu", [f"i{i}"], [f"r{i}"])]
+        h = f"r{i}"
+    graph = helper.make_graph(nodes, "chain", [_vi("x", [1, 4, 5, 5])], [_vi(h, [1, 4, 5, 5])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_large_graph_goes_through_onnxoptimizer_in_pieces(tmp_path: Path, ctx: StageContext,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from stages import optimizer_pieces
+
+    monkeypatch.setattr(optimizer, "PIECES_ABOVE", 10)
+    monkeypatch.setattr(optimizer_pieces, "PIECE_NODES", 6)  # pieces end mid-block: patterns straddle them
+    model = _conv_bn_chain(8)
+    pieces = optimizer_pieces.optimize_in_pieces(model, list(DEFAULT_PASSES), piece_nodes=6)
+    names = [name for node in pieces.graph.node for name in node.output] + [i.name for i in pieces.graph.initializer]
+    assert len(names) == len(set(names))  # the names onnxoptimizer invents in each piece do not collide
+    result = _simplify(model, tmp_path, ctx, rewrites=[])  # BN fusion left to onnxoptimizer, piece by piece
+    ops = [node.op_type for node in result.model.graph.node]
+    assert "Identity" not in ops and "BatchNormalization" not in ops and ops.count("Conv") == 8
+    assert any("pieces" in note for note in result.findings["notes"])
+    x = RNG.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    np.testing.assert_allclose(_run(result.model, {"x": x})[0], _run(model, {"x": x})[0], rtol=1e-4, atol=1e-5)

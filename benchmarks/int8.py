@@ -1,0 +1,403 @@
+"""qdeploy's int8 artifacts against ONNX Runtime's ``quantize_static`` defaults: latency and fidelity.
+
+    python benchmarks/int8.py [--models demo resnet18 encoder pp-ocr-det pp-ocr-rec] [--iterations 20]
+                              [--rounds 5] [--threads 1]
+
+Models: the demo CNN (its recipe's validation samples), a ResNet-18 built here with torch (random
+weights, 1x3x224x224), a transformer encoder built here with torch (4 layers, d_model 384, 128 tokens,
+a few LayerNorm channels with a large gain: the outlier features of trained transformers), and the
+PP-OCRv4 detection and recognition models of the rapidocr-onnxruntime wheel when
+``QDEPLOY_REAL_MODELS`` (or ``python -m tests.real_models``) provides them, fed rendered text images.
+Calibration and evaluation use different samples of the same kind.
+
+Artifacts per model:
+- ``fp32``: the float model;
+- ``ort-default``: ``quantize_static(model, output, reader)`` with ONNX Runtime's defaults (QDQ, int8
+  activations and weights, per-tensor, MinMax, every op type it knows);
+- ``qdeploy``: the quantize stage with its defaults (op set 'balanced', uint8 activations, int8
+  per-channel weights, minmax), calibrated on the same samples;
+- ``qdeploy+budget`` (encoder): the same with ``tolerance: {cosine_min: 0.98}`` on the calibration data.
+
+Latency through qdeploy's target adapters (``ort:cpu``, ``openvino:cpu`` pinned to f32), artifacts
+taking turns in ``--rounds`` rounds of ``--iterations`` timed runs after warm-up; the median of the
+round medians is reported.  Fidelity: worst cosine against fp32 over the evaluation samples on ORT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import onnx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pipeline.compare import compare_outputs  # noqa: E402
+from pipeline.context import Artifact, StageContext  # noqa: E402
+from pipeline.recipe import DatasetSpec  # noqa: E402
+from pipeline.targets import get_target  # noqa: E402
+from pipeline.tolerance import Tolerance  # noqa: E402
+from stages import quantize  # noqa: E402
+from stages.quantize import QuantizeConfig  # noqa: E402
+
+log = logging.getLogger("benchmarks.int8")
+Samples = list[dict[str, np.ndarray]]
+TARGETS = ("ort:cpu", "openvino:cpu")
+CALIBRATION, EVALUATION = 16, 8
+
+
+@dataclass
+class Case:
+    name: str
+    path: Path
+    calib: Samples
+    evaluation: Samples
+    budget: bool = False
+
+
+@dataclass
+class Row:
+    model: str
+    artifact: str
+    path: Path
+    seconds: float
+    cosine: float | None = None
+    snr_db: float | None = None
+    latency: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    kernels: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- models and data ------------------------------------------------------------------------------------
+
+
+def smooth_images(count: int, shape: tuple[int, ...], seed: int) -> list[np.ndarray]:
+    """Image-like inputs: correlated neighbours, per-channel offsets."""
+    rng = np.random.default_rng(seed)
+    images = []
+    for _ in range(count):
+        noise = np.cumsum(np.cumsum(rng.standard_normal(shape), axis=-1), axis=-2)
+        noise /= np.abs(noise).max() + 1e-6
+        images.append((noise + rng.uniform(-0.5, 0.5, (1, shape[1], 1, 1))).astype(np.float32))
+    return images
+
+
+def text_images(count: int, width: int, height: int, seed: int, mean: float | list[float],
+                std: float | list[float]) -> list[np.ndarray]:
+    """Rendered lines of capital letters on light backgrounds, normalised as PP-OCR expects (NCHW)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    images = []
+    for _ in range(count):
+        image = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(180, 256, 3)))
+        draw = ImageDraw.Draw(image)
+        font = ImageFont.load_default(size=int(rng.integers(max(12, height // 3), max(14, height * 3 // 4))))
+        for _ in range(int(rng.integers(1, 5)) if height > 64 else 1):
+            text = "".join(chr(int(c)) for c in rng.integers(65, 91, int(rng.integers(4, 12))))
+            position = (int(rng.integers(0, width // 2)), int(rng.integers(0, max(1, height - height // 2))))
+            draw.text(position, text, fill=tuple(int(v) for v in rng.integers(0, 80, 3)), font=font)
+        pixels = (np.asarray(image, np.float32) / 255 - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+        images.append(np.ascontiguousarray(pixels.transpose(2, 0, 1)[None]))
+    return images
+
+
+def feeds(name: str, arrays: list[np.ndarray]) -> Samples:
+    return [{name: array} for array in arrays]
+
+
+def resnet18(folder: Path) -> Case:
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(
+                torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False), torch.nn.BatchNorm2d(cout), torch.nn.ReLU(),
+                torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False), torch.nn.BatchNorm2d(cout))
+            self.skip = torch.nn.Identity() if stride == 1 and cin == cout else torch.nn.Sequential(
+                torch.nn.Conv2d(cin, cout, 1, stride, bias=False), torch.nn.BatchNorm2d(cout))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.body(x) + self.skip(x))
+
+    layers: list[torch.nn.Module] = [torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False), torch.nn.BatchNorm2d(64),
+                                     torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
+        cin = cout
+    layers += [torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(512, 1000)]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*layers).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):  # trained-looking statistics, not the identity
+                module.running_var.uniform_(0.5, 1.5)
+                module.weight.uniform_(0.5, 1.0)
+                module.bias.uniform_(-0.1, 0.1)
+    path = _export(model, (1, 3, 224, 224), folder / "resnet18.onnx")
+    return Case("resnet18", path, feeds("input", smooth_images(CALIBRATION, (1, 3, 224, 224), 1)),
+                feeds("input", smooth_images(EVALUATION, (1, 3, 224, 224), 2)))
+
+
+def encoder(folder: Path, d: int = 384, heads: int = 6, layers: int = 4, tokens: int = 128) -> Case:
+    import torch
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.TransformerEncoderLayer(
+                d, heads, 4 * d, dropout=0.0, batch_first=True, activation="gelu") for _ in range(layers)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    with torch.no_grad():
+        for layer in model.layers:  # outlier features: a few LayerNorm channels with a large gain
+            channels = torch.randperm(d)[:4]
+            layer.norm1.weight[channels] *= 30.0
+            layer.norm2.weight[channels] *= 30.0
+    path = _export(model, (1, tokens, d), folder / "encoder.onnx")
+    rng = np.random.default_rng(1)
+    samples = [rng.standard_normal((1, tokens, d)).astype(np.float32) for _ in range(CALIBRATION + EVALUATION)]
+    return Case("encoder", path, feeds("x", samples[:CALIBRATION]), feeds("x", samples[CALIBRATION:]), budget=True)
+
+
+def _export(model: Any, shape: tuple[int, ...], path: Path) -> Path:
+    import torch
+
+    name = "input" if len(shape) == 4 else "x"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.randn(*shape),), str(path), input_names=[name], output_names=["y"],
+                          opset_version=17, dynamo=False)
+    exported = onnx.load(str(path))
+    exported.ir_version = 8
+    onnx.save(exported, str(path))
+    return path
+
+
+def demo(folder: Path) -> Case:
+    samples = [np.load(p)[None] for p in sorted((REPO / "recipes" / "data" / "val").glob("*.npy"))]
+    return Case("demo", REPO / "recipes" / "models" / "demo_cnn.onnx", feeds("input", samples[:10]),
+                feeds("input", samples[10:]))
+
+
+def pp_ocr(folder: Path, which: str) -> Case | None:
+    from tests.real_models import PP_OCR_DET, PP_OCR_REC, real_model_dir
+
+    source = real_model_dir() / (PP_OCR_DET if which == "det" else PP_OCR_REC)
+    if not source.is_file():
+        log.warning("pp-ocr-%s skipped: %s missing (python -m tests.real_models fills it)", which, source)
+        return None
+    width, height = (320, 320) if which == "det" else (320, 48)
+    model = onnx.load(str(source))
+    for dim, value in zip(model.graph.input[0].type.tensor_type.shape.dim, (1, 3, height, width), strict=True):
+        dim.ClearField("dim_param")
+        dim.dim_value = value
+    path = folder / f"pp-ocr-{which}.onnx"
+    onnx.save(model, str(path))
+    mean, std = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]) if which == "det" else (0.5, 0.5)
+    return Case(f"pp-ocr-{which}", path, feeds("x", text_images(CALIBRATION, width, height, 1, mean, std)),
+                feeds("x", text_images(EVALUATION, width, height, 2, mean, std)))
+
+
+BUILDERS: dict[str, Callable[[Path], Case | None]] = {
+    "demo": demo, "resnet18": resnet18, "encoder": encoder,
+    "pp-ocr-det": lambda folder: pp_ocr(folder, "det"), "pp-ocr-rec": lambda folder: pp_ocr(folder, "rec"),
+}
+
+
+# ---- artifacts --------------------------------------------------------------------------------------------
+
+
+def ort_default(case: Case, folder: Path) -> Row:
+    from onnxruntime.quantization import CalibrationDataReader, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._samples = iter(case.calib)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._samples, None)
+
+    output = folder / f"{case.name}-ort-default.onnx"
+    started = time.perf_counter()
+    quantize_static(str(case.path), str(output), Reader())
+    return Row(case.name, "ort-default", output, time.perf_counter() - started)
+
+
+def qdeploy(case: Case, folder: Path, label: str, config: QuantizeConfig) -> Row:
+    data = folder / f"{case.name}-calib"
+    data.mkdir(exist_ok=True)
+    for index, sample in enumerate(case.calib):
+        np.savez(data / f"{index:03d}.npz", **sample)
+    recipe = SimpleNamespace(data={"calib": DatasetSpec(reader="npy", path=str(data))},
+                             model=SimpleNamespace(inputs=[]), resolve=lambda p: Path(p))
+    work = folder / f"{case.name}-{label}-work"
+    work.mkdir(exist_ok=True)
+    artifact = Artifact(path=case.path, sidecar=case.path.with_suffix(".json"), key="k", sha256="s",
+                        size_bytes=case.path.stat().st_size, stages=("export",), parent=None)
+    started = time.perf_counter()
+    result = quantize.run(artifact, config, StageContext(recipe=recipe, variant=label, work_dir=work))  # type: ignore
+    seconds = time.perf_counter() - started
+    output = folder / f"{case.name}-{label}.onnx"
+    onnx.save(result.model, str(output))
+    row = Row(case.name, label, output, seconds, kernels=result.findings.get("int8_kernels", {}))
+    if "budget" in result.findings:
+        budget = result.findings["budget"]
+        log.info("%s budget: met %s, %d kept float, %d evaluations", case.name, budget["met"],
+                 len(budget["kept_float"]), budget["evaluations"])
+    return row
+
+
+def qdeploy_rows(case: Case, folder: Path) -> list[Row]:
+    calibration = {"data": "calib", "samples": len(case.calib)}
+    rows = [qdeploy(case, folder, "qdeploy", QuantizeConfig(calibration=calibration))]
+    if case.budget:
+        config = QuantizeConfig(calibration=calibration, tolerance={"cosine_min": 0.98},
+                                budget={"samples": 8})
+        rows.append(qdeploy(case, folder, "qdeploy+budget", config))
+    return rows
+
+
+# ---- measurement ------------------------------------------------------------------------------------------
+
+
+def fidelity(rows: list[Row], case: Case) -> None:
+    """Worst cosine over outputs of each artifact against fp32 on the evaluation samples (ORT)."""
+    reference = outputs(case.path, case.evaluation)
+    for row in rows:
+        worst = compare_outputs(reference, outputs(row.path, case.evaluation), Tolerance()).worst()
+        row.cosine, row.snr_db = worst["cosine"], worst["snr_db"]
+
+
+def outputs(path: Path, samples: Samples) -> Samples:
+    with get_target("ort:cpu").load(path) as session:
+        return [session.run(sample) for sample in samples]
+
+
+def latency(rows: list[Row], sample: dict[str, np.ndarray], iterations: int, rounds: int,
+            threads: int | None) -> None:
+    """Median of per-round medians; the artifacts take turns each round so that load drifts hit all alike.
+    An artifact a target cannot load gets no latency and the reason."""
+    for target in TARGETS:
+        sessions: dict[int, Any] = {}
+        for index, row in enumerate(rows):
+            try:
+                sessions[index] = get_target(target).load(row.path, threads=threads)
+                for _ in range(3):
+                    sessions[index].run(sample)
+            except Exception as exc:  # a runtime refusing an artifact is a result here
+                row.failures[target] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                sessions.pop(index, None)
+        medians: dict[int, list[float]] = {index: [] for index in sessions}
+        for _ in range(rounds):
+            for index, session in sessions.items():
+                times = []
+                for _ in range(iterations):
+                    started = time.perf_counter()
+                    session.run(sample)
+                    times.append(time.perf_counter() - started)
+                medians[index].append(statistics.median(times))
+        for index, session in sessions.items():
+            rows[index].latency[target] = statistics.median(medians[index]) * 1e3
+            session.close()
+
+
+# ---- report -----------------------------------------------------------------------------------------------
+
+
+def table(rows: list[Row]) -> list[str]:
+    lines = ["| model | artifact | ort:cpu ms | openvino:cpu ms | speedup ort / ov | cosine vs fp32 | SNR dB |"
+             " int8 ort / ov | build s |", "|---|---|---|---|---|---|---|---|---|"]
+    fp32 = {row.model: row for row in rows if row.artifact == "fp32"}
+    for row in rows:
+        base = fp32[row.model]
+        speedups = " / ".join(f"{base.latency[t] / row.latency[t]:.2f}x" if t in row.latency and t in base.latency
+                              else "-" for t in TARGETS)
+        kernels = " / ".join(_kernels(row.kernels.get(t)) for t in TARGETS) if row.kernels else "-"
+        cosine = f"{row.cosine:.4f}" if row.cosine is not None else "-"
+        snr = f"{row.snr_db:.1f}" if row.snr_db is not None else "-"
+        times = " | ".join(f"{row.latency[t]:.2f}" if t in row.latency else "fails to load" for t in TARGETS)
+        lines.append(f"| {row.model} | {row.artifact} | {times} | {speedups} | {cosine} | {snr} | {kernels} | "
+                     f"{row.seconds:.1f} |")
+    failures = [f"- {row.model} {row.artifact} on {target}: {reason}" for row in rows
+                for target, reason in row.failures.items()]
+    return lines + (["", *failures] if failures else [])
+
+
+def _kernels(counted: dict[str, Any] | None) -> str:
+    if not counted or "int8" not in counted:
+        return "?"
+    return f"{counted['int8']}/{counted['quantizable']}"
+
+
+def goals(rows: list[Row]) -> list[str]:
+    by = {(row.model, row.artifact): row for row in rows}
+    lines = []
+    for model in dict.fromkeys(row.model for row in rows):
+        ours, theirs, base = by.get((model, "qdeploy")), by.get((model, "ort-default")), by[(model, "fp32")]
+        if ours and theirs:
+            faster = [t for t in TARGETS if t in ours.latency and ours.latency[t] <= theirs.latency.get(t, np.inf)]
+            lines.append(f"- {model}: qdeploy at least as fast as ort-default on {faster or 'no target'}; cosine "
+                         f"{ours.cosine:.4f} vs {theirs.cosine:.4f}")
+        budget = by.get((model, "qdeploy+budget"))
+        if budget and ours:
+            faster = all(budget.latency.get(t, np.inf) < base.latency[t] for t in TARGETS)
+            lines.append(f"- {model}: plain cosine {ours.cosine:.4f}; budget cosine {budget.cosine:.4f}, faster "
+                         f"than fp32 on both targets: {faster}")
+    resnet = by.get(("resnet18", "qdeploy"))
+    if resnet:
+        speedup = by[("resnet18", "fp32")].latency["openvino:cpu"] / resnet.latency["openvino:cpu"]
+        lines.append(f"- resnet18 int8 vs fp32 on openvino:cpu: {speedup:.2f}x (goal >= 2.5x)")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(BUILDERS), choices=list(BUILDERS))
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (runtime default when absent)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for noisy in ("stages", "calibration", "root"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="qdeploy-int8-bench-") as tmp:
+        folder = Path(tmp)
+        for name in args.models:
+            case = BUILDERS[name](folder)
+            if case is None:
+                continue
+            log.info("%s: quantizing", name)
+            model_rows = [Row(name, "fp32", case.path, 0.0), ort_default(case, folder), *qdeploy_rows(case, folder)]
+            fidelity(model_rows, case)
+            log.info("%s: timing", name)
+            latency(model_rows, case.evaluation[0], args.iterations, args.rounds, args.threads)
+            rows += model_rows
+            log.info("\n".join(table(model_rows)))
+    print("\n".join(table(rows)))
+    print("\n".join(["", *goals(rows)]))
+
+
+if __name__ == "__main__":
+    main()

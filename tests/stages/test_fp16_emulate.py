@@ -1,0 +1,58 @@
+"""Float16 emulation on ORT: it must agree with true float16 arithmetic where that is well defined."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from stages.fp16_convert import float16_clamper
+from stages.fp16_emulate import GATES_INPUT, emulation_twin, gated_twin
+from stages.fp16_types import all_types
+from tests.stages.test_fp16 import const, make_model, run_ort, run_reference, run_stage, tensor
+
+
+def _elementwise() -> onnx.ModelProto:
+    nodes = [helper.make_node("Mul", ["x", "a"], ["m"], name="mul"),
+             helper.make_node("Add", ["m", "b"], ["s"], name="add"),
+             helper.make_node("Div", ["s", "x"], ["d"], name="div"),
+             helper.make_node("Sqrt", ["d"], ["r"], name="sqrt"),
+             helper.make_node("Sub", ["r", "x"], ["y"], name="sub")]
+    return make_model(nodes, [const("a", 3.3), const("b", 1000.7)], [tensor("x", [64])], [tensor("y", [64])])
+
+
+def _x() -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(4).uniform(0.5, 300.0, 64).astype(np.float32)}
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_emulation_twin_matches_true_float16_arithmetic_bit_for_bit(tmp_path: Path) -> None:
+    """Correctly rounded float32 +, *, /, sqrt then rounded to float16 equal float16's own results."""
+    converted = run_stage(tmp_path, _elementwise(), keep_io_types=False).model
+    twin = emulation_twin(converted)
+    assert all(value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for value in twin.graph.input)
+    x = _x()
+    emulated = _run(twin, x)[0]
+    true_float16 = run_reference(converted, {"x": x["x"].astype(np.float16)})[0]
+    np.testing.assert_array_equal(emulated, true_float16.astype(np.float32))
+    assert not np.array_equal(emulated, run_ort(_elementwise(), x)[0])  # and it is not float32
+
+
+def test_gated_twin_spans_float32_to_float16(tmp_path: Path) -> None:
+    model = onnx.shape_inference.infer_shapes(_elementwise())
+    gates = {node.name: index for index, node in enumerate(model.graph.node)}
+    twin = gated_twin(model, gates, {}, keep_io_types=True,
+                      to_float16=float16_clamper(5.96e-8, 65504.0))
+    x = _x()
+    off = _run(twin, {**x, GATES_INPUT: np.zeros(len(gates), bool)})[0]
+    on = _run(twin, {**x, GATES_INPUT: np.ones(len(gates), bool)})[0]
+    np.testing.assert_array_equal(off, run_ort(model, x)[0])  # all gates off: the float32 model
+    artifact = run_stage(tmp_path, _elementwise()).model
+    np.testing.assert_array_equal(on, _run(emulation_twin(artifact), x)[0])  # all on: the emulated artifact
+    assert all_types(twin)[GATES_INPUT] == onnx.TensorProto.BOOL

@@ -1,0 +1,77 @@
+"""PTQ on real models nobody here wrote: PP-OCRv4 detection and recognition (Paddle exports, opset 12,
+weights in Constant nodes), calibrated through the image-folder reader on rendered text.
+
+The models come from the rapidocr-onnxruntime wheel through ``tests.real_models`` (``QDEPLOY_REAL_MODELS``);
+the tests are skipped, saying why, when they cannot be had.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from calibration.readers import iter_samples
+from pipeline.context import StageContext
+from pipeline.recipe import DatasetSpec
+from stages import quantize
+from stages.quantize import CalibrationRef, QuantizeConfig
+from tests.real_models import PP_OCR_DET, PP_OCR_REC, real_model
+from tests.stages.test_quantize import artifact_at, cosine, run_ort
+
+# name: (model, image width, height, normalisation)
+CASES = {
+    "det": (PP_OCR_DET, 320, 320, {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}),
+    "rec": (PP_OCR_REC, 320, 48, {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}),
+}
+
+
+def text_images(folder: Path, count: int, width: int, height: int, seed: int) -> Path:
+    """Lines of capital letters rendered on light backgrounds."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    folder.mkdir()
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        image = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(180, 256, 3)))
+        draw = ImageDraw.Draw(image)
+        font = ImageFont.load_default(size=int(rng.integers(max(12, height // 3), max(14, height * 3 // 4))))
+        for _ in range(1 if height <= 64 else 4):
+            text = "".join(chr(int(c)) for c in rng.integers(65, 91, int(rng.integers(4, 12))))
+            where = (int(rng.integers(0, width // 2)), int(rng.integers(0, max(1, height - height // 2))))
+            draw.text(where, text, fill=tuple(int(v) for v in rng.integers(0, 80, 3)), font=font)
+        image.save(folder / f"{index:02d}.png")
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", list(CASES))
+def test_pp_ocr_model_is_quantized_with_int8_kernels_on_both_runtimes(tmp_path: Path, which: str) -> None:
+    relative, width, height, normalisation = CASES[which]
+    source = real_model(relative)
+    text_images(tmp_path / "calib", 6, width, height, seed=1)
+    text_images(tmp_path / "eval", 3, width, height, seed=2)
+    specs = {name: DatasetSpec(reader="images", path=name, resize=[height, width], **normalisation)
+             for name in ("calib", "eval")}
+    recipe = SimpleNamespace(data=specs, model=SimpleNamespace(inputs=[]), resolve=lambda p: tmp_path / p)
+    work = tmp_path / "work"
+    work.mkdir()
+    context = StageContext(recipe=recipe, variant=which, work_dir=work)  # type: ignore[arg-type]
+    result = quantize.run(artifact_at(source), QuantizeConfig(calibration=CalibrationRef(data="calib", samples=6)),
+                          context)
+
+    findings = result.findings
+    assert findings["constants_lifted"] > 300  # the Paddle weights, quantized only once they are initializers
+    assert findings["opset"] == "converted from 12 to 13"
+    assert findings["calibration_samples"] == 6
+    convs = findings["quantized_nodes"]["Conv"]
+    assert convs >= 30
+    for target in ("ort:cpu", "openvino:cpu"):
+        counted = findings["int8_kernels"][target]
+        assert counted["int8"] >= convs * 0.9, (target, counted)
+
+    feeds = list(iter_samples(specs["eval"], recipe, source, dataset_name="eval"))  # type: ignore[arg-type]
+    for feed in feeds:
+        assert cosine(run_ort(result.model, feed)[0], run_ort(source, feed)[0]) > 0.85
