@@ -11,11 +11,12 @@ stages.validate_task.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -69,6 +70,15 @@ class ValidateConfig(StrictModel):
     )
     localize_samples: int = Field(
         default=2, ge=1, description="How many of the worst samples the divergence search runs on."
+    )
+    fp16_reference: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="Also validate fp16 artifacts on reference:cpu, which computes each op in float16 as declared "
+                    "(CPU providers compute most fp16 ops in float32 and hide overflow): 'auto' when no GPU target "
+                    "of the recipe is available, 'always', or 'never'.",
+    )
+    fp16_reference_samples: int = Field(
+        default=2, ge=1, description="Samples of the reference:cpu check (the reference evaluator is slow)."
     )
 
     @field_validator("metric")
@@ -177,8 +187,37 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConf
                 outcome = _validate_pair(shared, REFERENCE_MODEL_ROW, source.path, "fp32", target)
                 outcome.row["noise_floor"] = True
                 outcomes.append(outcome)
+    outcomes += _true_fp16_checks(shared, artifacts, targets, ctx)
     flag_unattainable(outcomes, reference_outputs, source.label)
     return [outcome.row for outcome in outcomes]
+
+
+TRUE_FP16_TARGET = "reference:cpu"
+GPU_TARGETS = ("ort:cuda", "ort:tensorrt", "openvino:gpu")
+
+
+def _true_fp16_checks(shared: _Run, artifacts: dict[str, Artifact], targets: list[str],
+                      ctx: StageContext) -> list[Outcome]:
+    """fp16 artifacts on reference:cpu, where float16 arithmetic really happens, when no GPU would show it."""
+    from pipeline.targets import get_target
+
+    fp16 = {name: artifact for name, artifact in artifacts.items() if artifact.precision == "fp16"}
+    mode = shared.config.fp16_reference
+    if not fp16 or mode == "never" or TRUE_FP16_TARGET in targets:
+        return []
+    gpus = [t for t in targets if t in GPU_TARGETS and get_target(t).availability()[0]]
+    if mode == "auto" and gpus:
+        return []
+    count = shared.config.fp16_reference_samples
+    capped = dataclasses.replace(shared, feeds=shared.feeds[:count], reference_outputs=shared.reference_outputs[:count])
+    outcomes = []
+    for name, artifact in fp16.items():
+        ctx.on_progress(f"validate {name} on {TRUE_FP16_TARGET} (true float16 arithmetic)")
+        outcome = _validate_pair(capped, name, artifact.path, artifact.precision, TRUE_FP16_TARGET)
+        outcome.row["added"] = "fp16 true-precision check: no GPU target of the recipe is available here"
+        outcome.row["noise_floor"] = False
+        outcomes.append(outcome)
+    return outcomes
 
 
 def _is_random(config: ValidateConfig, ctx: StageContext) -> bool:
