@@ -379,8 +379,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (runtime default when absent)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for noisy in ("stages", "calibration", "root"):
+    for noisy in ("stages", "calibration", "root"):  # ORT's quantizer warns through the root logger
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    log.setLevel(logging.INFO)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="qdeploy-int8-bench-") as tmp:
         folder = Path(tmp)

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -75,6 +76,19 @@ def _staging_is_abandoned(staging: Path) -> bool:
     if len(parts) >= 4 and parts[2].isdigit() and parts[1] == socket.gethostname().replace("-", "_"):
         return not _process_alive(int(parts[2]))
     return age > STALE_STAGING_SECONDS
+
+
+def _temp_prefix(path: Path) -> str:
+    """Temporary files name their process, so a later run can tell a dead run's leftovers from live work."""
+    return f"{TMP_PREFIX}{path.name}.p{os.getpid()}."
+
+
+def sweep_stale_files(folder: Path) -> None:
+    """Remove temporary files that processes now gone left in a folder (a run killed while writing)."""
+    for leftover in folder.glob(f"{TMP_PREFIX}*"):
+        owner = re.search(r"\.p(\d+)\.", leftover.name)
+        if owner and leftover.is_file() and not _process_alive(int(owner.group(1))):
+            leftover.unlink(missing_ok=True)
 
 
 def _process_alive(pid: int) -> bool:
@@ -261,7 +275,8 @@ def _fsync_dir(path: Path) -> None:
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write JSON under a temporary name and rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent)
+    sweep_stale_files(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
     os.chmod(tmp, _default_file_mode())  # mkstemp makes 0600; reports are meant to be shared
     os.close(fd)
     with _disk_full_is_clear(str(path)):
@@ -275,7 +290,8 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent)
+    sweep_stale_files(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
     os.chmod(tmp, _default_file_mode())  # mkstemp makes 0600; reports are meant to be shared
     with _disk_full_is_clear(str(path)):
         try:
@@ -288,27 +304,31 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def publish(artifact: Artifact, folder: Path, name: str, extra_meta: dict[str, Any]) -> tuple[Path, Path]:
-    """Place a copy of an artifact as folder/<name>.onnx with folder/<name>.json, atomically.
+    """Place a copy of an artifact as folder/<name>.onnx with folder/<name>.json.
 
-    A copy, not a link: a user editing the published file must not alter the cache entry.
+    A copy, not a link: a user editing the published file must not alter the cache entry.  Everything new is
+    written under temporary names first (a full disk stops there, the previous files untouched); then the old
+    sidecar goes, the files are renamed into place, and the sidecar comes last: a published model is complete
+    exactly when its sidecar exists (and its sha256 then matches).
     """
     folder.mkdir(parents=True, exist_ok=True)
-    for data in external_data_files(artifact.path):
-        _copy_atomic(data, folder / data.name)
-    model_path = folder / f"{name}.onnx"
-    _copy_atomic(artifact.path, model_path)
-    meta = json.loads(artifact.sidecar.read_text())
-    sidecar = folder / f"{name}.json"
-    write_json_atomic(sidecar, {**meta, **extra_meta})
+    model_path, sidecar = folder / f"{name}.onnx", folder / f"{name}.json"
+    meta = {**json.loads(artifact.sidecar.read_text()), **extra_meta}
+    sources = [*external_data_files(artifact.path), artifact.path]
+    targets = [*(folder / data.name for data in sources[:-1]), model_path]
+    sweep_stale_files(folder)
+    staged = [target.with_name(f"{_temp_prefix(target)}staged") for target in targets]
+    staged_sidecar = sidecar.with_name(f"{_temp_prefix(sidecar)}staged")
+    try:
+        with _disk_full_is_clear(str(model_path)):
+            for source, tmp in zip(sources, staged, strict=True):
+                shutil.copyfile(source, tmp)
+            _write_json(staged_sidecar, meta)
+        sidecar.unlink(missing_ok=True)
+        for tmp, target in zip(staged, targets, strict=True):
+            os.replace(tmp, target)
+        os.replace(staged_sidecar, sidecar)
+    finally:
+        for tmp in [*staged, staged_sidecar]:
+            tmp.unlink(missing_ok=True)
     return model_path, sidecar
-
-
-def _copy_atomic(source: Path, destination: Path) -> None:
-    tmp = destination.with_name(f"{TMP_PREFIX}{destination.name}-{os.getpid()}")
-    with _disk_full_is_clear(str(destination)):
-        try:
-            shutil.copyfile(source, tmp)
-            os.replace(tmp, destination)
-        finally:
-            if tmp.exists():
-                tmp.unlink()

@@ -387,6 +387,9 @@ def check_model(model: onnx.ModelProto) -> None:
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         raise ModelError(f"the model is not a valid ONNX graph: {first}") from None
+    except UnicodeDecodeError as exc:  # a damaged file whose names or strings are not UTF-8
+        raise ModelError(f"the model holds text that is not UTF-8 ({exc.reason} at byte {exc.start}); "
+                         "the file is damaged or not an ONNX model") from None
 
 
 def export_torch(config: ExportConfig, ctx: StageContext) -> tuple[onnx.ModelProto, dict[str, Any]]:

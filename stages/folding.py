@@ -86,16 +86,13 @@ class FoldReport:
     """Op types that neither ONNX Runtime nor onnx.reference could evaluate."""
 
 
+_NEVER_FOLDED = NON_DETERMINISTIC | QDQ_OPS | RETIRED_OPS | {"Constant"}
+
+
 def is_foldable_op(node: onnx.NodeProto) -> bool:
     """Official, deterministic, not Q/DQ, no subgraph: an op whose result is a constant of its inputs."""
-    return (
-        node.domain in OFFICIAL_DOMAINS
-        and node.op_type not in NON_DETERMINISTIC
-        and node.op_type not in QDQ_OPS
-        and node.op_type not in RETIRED_OPS
-        and node.op_type != "Constant"
-        and not has_subgraph(node)
-    )
+    op_type = node.op_type
+    return op_type not in _NEVER_FOLDED and node.domain in OFFICIAL_DOMAINS and not has_subgraph(node)
 
 
 def constant_names(model: onnx.ModelProto) -> set[str]:

@@ -13,7 +13,7 @@ With ``tolerance`` (ptq, dynamic), the stage keeps the quantized nodes that hurt
 accuracy most in float until the tolerance holds against float32 on the budget
 data (``stages/quantize_budget.py``).  Every mode reports, per target, how many
 quantizable ops really run int8 kernels (``int8_kernels``).  A model that is
-already quantized is reported and passed through, never quantized twice.
+already quantized is refused (ptq, dynamic), never quantized twice.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pipeline.context import Artifact, StageContext, StageResult
 from pipeline.errors import StageError
 from pipeline.tolerance import Tolerance
-from stages.quantize_prepare import count_quantized_nodes, name_unnamed_nodes, weight_qdq_pairs
+from stages.quantize_prepare import QUANTIZED_OP_TYPES, count_quantized_nodes, name_unnamed_nodes, weight_qdq_pairs
 from stages.quantize_verify import VERIFY_TARGETS
 
 if TYPE_CHECKING:
@@ -168,32 +168,26 @@ def run(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageR
     model = artifact.load(load_external_data=False)
     already = count_quantized_nodes(model)
     if already:
-        return _already_quantized(artifact, already, weight_qdq_pairs(model), config, ctx)
+        raise _refuse_already_quantized(model, already, ctx)
     return quantize_modes.post_training(artifact, config, ctx)
 
 
-def _already_quantized(artifact: Artifact, count: int, weight_pairs: int, config: QuantizeConfig,
-                       ctx: StageContext) -> StageResult:
-    """Report the model's quantization and pass it through unchanged: quantizing twice would compound error."""
-    from stages.quantize_verify import int8_kernels
-
-    model = artifact.load()
-    note = f"model is already quantized ({count} quantization nodes): left as it is, not quantized twice"
-    if weight_pairs:
-        note += f"; {weight_pairs} QuantizeLinear nodes act on float weights: mode lower folds them into int8"
-    log.warning("variant %s: %s", ctx.variant, note)
-    findings = {"mode": config.mode, "already_quantized": {"quantization_nodes": count,
-                                                           "weight_quantize_linear": weight_pairs, "note": note},
-                "quantized_nodes": quantized_node_counts(model),
-                "int8_kernels": int8_kernels(artifact.path, model, list(config.verify_targets), ctx.work_dir)}
-    return StageResult(model=model, changed=False, findings=findings)
+def _refuse_already_quantized(model: onnx.ModelProto, count: int, ctx: StageContext) -> StageError:
+    """The error for a model that is quantized already: quantizing it again would compound the error."""
+    kinds = Counter(node.op_type for node in model.graph.node if node.op_type in QUANTIZED_OP_TYPES
+                    or node.op_type.startswith("QLinear"))
+    listed = ", ".join(f"{op} {n}" for op, n in sorted(kinds.items()))
+    hint = "remove the quantize stage from this variant"
+    pairs = weight_qdq_pairs(model)
+    if pairs:
+        hint += f", or use mode lower: {pairs} QuantizeLinear nodes act on float weights and fold into int8"
+    return StageError(STAGE, ctx.variant, f"model is already quantized ({count} quantization nodes: {listed}); "
+                                          f"quantizing it again would compound the error: {hint}")
 
 
 def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
     """Per op type, the nodes that run quantized: integer ops, or nodes fed by a DequantizeLinear whose
     constant inputs are not left in float (an excluded Conv fed by a quantized activation does not count)."""
-    from stages.quantize_prepare import QUANTIZED_OP_TYPES
-
     dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
     float_constants = {init.name for init in model.graph.initializer if init.data_type in _FLOAT_TYPES}
     float_constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}

@@ -52,7 +52,6 @@ class Builder(Protocol):
     def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]: ...
 
 
-
 @dataclass
 class BudgetResult:
     model: onnx.ModelProto
@@ -129,10 +128,10 @@ def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance
     ranked = _rank(build, candidates, evaluate, on_progress)
     limit = len(ranked) if max_float_nodes is None else min(len(ranked), max_float_nodes)
     best = _shortest_prefix(build, ranked[:limit], full, evaluate, on_progress)
-    damage = dict(ranked)
-    kept_records = [{"node": name, "op_type": candidates[name], "cosine_when_only_it_is_quantized":
-                     round(1.0 - damage[name], 6),
-                     "reason": f"quantized alone, it lowers the worst cosine by {damage[name]:.4g}"}
+    damage = {name: (drop, alone) for name, drop, alone in ranked}
+    kept_records = [{"node": name, "op_type": candidates[name],
+                     "cosine_when_only_it_is_quantized": round(damage[name][1], 6),
+                     "reason": f"quantized alone, it lowers the worst cosine by {damage[name][0]:.4g}"}
                     for name in best.kept]
     findings.update(met=best.comparison.passed, final=_summary(best.comparison), kept_float=kept_records,
                     candidates=len(candidates), harmful=len(ranked), evaluations=evaluate.count)
@@ -150,9 +149,9 @@ def _trial(build: Builder, evaluate: _Evaluator, kept: list[str]) -> _Trial:
 
 
 def _rank(build: Builder, candidates: dict[str, str], evaluate: _Evaluator,
-          on_progress: Callable[[str], None]) -> list[tuple[str, float]]:
-    """(node, damage) for nodes that hurt, most harmful first; damage is the drop of the worst cosine from the
-    all-float model when that node alone is quantized."""
+          on_progress: Callable[[str], None]) -> list[tuple[str, float, float]]:
+    """(node, damage, cosine) for nodes that hurt, most harmful first: the worst cosine with that node alone
+    quantized, and its drop from the all-float model's."""
     names = list(candidates)
     on_progress("accuracy budget: the model with every candidate float")
     baseline = _score(evaluate(build(names), RANK_SAMPLES))
@@ -160,15 +159,15 @@ def _rank(build: Builder, candidates: dict[str, str], evaluate: _Evaluator,
     for index, name in enumerate(names, 1):
         on_progress(f"accuracy budget: contribution of node {index}/{len(names)}")
         alone = _score(evaluate(build([other for other in names if other != name]), RANK_SAMPLES))
-        damages.append((name, baseline - alone))
+        damages.append((name, baseline - alone, alone))
     return sorted([item for item in damages if item[1] > 0], key=lambda item: -item[1])
 
 
-def _shortest_prefix(build: Builder, ranked: list[tuple[str, float]], full: _Trial, evaluate: _Evaluator,
+def _shortest_prefix(build: Builder, ranked: list[tuple[str, float, float]], full: _Trial, evaluate: _Evaluator,
                      on_progress: Callable[[str], None]) -> _Trial:
     """The fewest most-harmful nodes kept float that meet the tolerance (doubling, then bisection); the best
     trial seen when no prefix meets it."""
-    names = [name for name, _ in ranked]
+    names = [name for name, _, _ in ranked]
     trials: dict[int, _Trial] = {0: full}
 
     def attempt(count: int) -> _Trial:

@@ -10,8 +10,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,9 +119,10 @@ def _preprocess(source: Path, work_dir: Path) -> tuple[Path, str]:
     import onnx
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    target = work_dir / "preprocessed.onnx"
+    source, target = source.resolve(), (work_dir / "preprocessed.onnx").resolve()
     try:
-        quant_pre_process(str(source), str(target))
+        with _inside(work_dir):
+            quant_pre_process(str(source), str(target))
         return target, "quant_pre_process"
     except Exception as exc:  # ORT's symbolic shape inference fails on some graphs (Reshape of computed shapes)
         first = f"{type(exc).__name__}: {exc}".rstrip(": ")
@@ -129,6 +133,19 @@ def _preprocess(source: Path, work_dir: Path) -> tuple[Path, str]:
         log.warning("quant_pre_process failed (%s); using onnx shape inference only", exc)
         onnx.shape_inference.infer_shapes_path(str(source), str(target))
         return target, f"onnx shape inference (quant_pre_process failed: {type(exc).__name__}: {exc})"
+
+
+@contextlib.contextmanager
+def _inside(folder: Path) -> Iterator[None]:
+    """Run with folder as the working directory: ORT's symbolic shape inference, when it fails, dumps
+    sym_shape_infer_temp.onnx and its external data into the working directory (the stage's scratch folder
+    is removed afterwards; the user's folder must not collect them)."""
+    previous = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
 
 
 def name_unnamed_nodes(model: onnx.ModelProto) -> int:

@@ -16,8 +16,7 @@ import contextlib
 import copy
 import io
 import logging
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Builder = Callable[[list[str]], "onnx.ModelProto"]
 _TYPES = {"uint8": "QUInt8", "int8": "QInt8"}
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 MOVER_OPS = frozenset({
@@ -40,6 +38,9 @@ MOVER_OPS = frozenset({
     "ArgMax", "Resize",
 })
 """Ops that move or select values: in int8 they add no rounding of their own."""
+_FLOAT_OUTPUT_OPS = ("MatMul", "Gemm")
+"""Their outputs are quantized only for a quantized consumer: attention scores stay float before Softmax, and
+ONNX Runtime still runs them int8 (MatMulIntegerToFloat, QGemm with an int32 bias)."""
 # ConvInteger has no int8-weight kernel in ONNX Runtime's CPU provider: dynamic mode leaves Conv out for int8 weights
 _DYNAMIC_INT8_SKIPPED = frozenset({"Conv"})
 
@@ -99,11 +100,14 @@ class StaticBuilder:
         model = update_opset_version(load_model_with_shape_infer(prepared), weights, activations)
         tensors = TensorsData(CalibrationMethod.MinMax, {
             name: TensorData(lowest=np.float32(low), highest=np.float32(high)) for name, (low, high) in ranges.items()})
-        extra = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": symmetric_weights}
+        extra = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": symmetric_weights,
+                 "OpTypesToExcludeOutputQuantization": list(_FLOAT_OUTPUT_OPS)}
         quantizer = QDQQuantizer(model, per_channel, False, weights, activations, tensors, [], list(excluded),
                                  op_types, extra)
         with quiet():
-            self._quantized = quantizer.quantize_model()
+            quantizer.quantize_model()
+        quantizer.model.topological_sort()  # as ORT's quantize_static does when saving: Q/DQ are appended last
+        self._quantized = quantizer.model.model
 
     def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]:
         """Quantized nodes that add rounding of their own (data movement does not): name -> op type."""
@@ -127,7 +131,7 @@ def keep_float(model: onnx.ModelProto, float_model: onnx.ModelProto, kept: set[s
     """Feed the kept nodes their float inputs again; remove the Q/DQ nodes and initializers left unused."""
     producers = {out: node for node in model.graph.node for out in node.output}
     originals = {node.name: node for node in float_model.graph.node}
-    kept = kept | _float_movers(model, kept, producers)
+    kept = kept | _float_movers(model, kept)
     restored: dict[str, str] = {}  # float initializer -> its name in the quantized model
     for node in model.graph.node:
         if node.name not in kept or node.name not in originals:
@@ -145,16 +149,14 @@ def keep_float(model: onnx.ModelProto, float_model: onnx.ModelProto, kept: set[s
     remove_unused(model)
 
 
-def _float_movers(model: onnx.ModelProto, kept: set[str], producers: dict[str, onnx.NodeProto]) -> set[str]:
+def _float_movers(model: onnx.ModelProto, kept: set[str]) -> set[str]:
     """Quantized data-movement nodes (Reshape, Transpose...) whose consumers all run float: they join the kept
     nodes, or they would hand their float consumers quantized values."""
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
-    quantized = {node.name for node in model.graph.node if node.op_type not in _QDQ_OPS
-                 and any(producers.get(name) is not None and producers[name].op_type == "DequantizeLinear"
-                         for name in node.input)}
+    quantized = set(quantized_node_names(model))
     movers = {node.name: node for node in model.graph.node if node.op_type in MOVER_OPS and node.name in quantized}
     floats = set(kept)
     changed = True
@@ -207,7 +209,7 @@ def remove_unused(model: onnx.ModelProto) -> None:
     while True:
         used = {name for node in model.graph.node for name in node.input} | outputs
         dead = [node for node in model.graph.node
-                if node.op_type in ("QuantizeLinear", "DequantizeLinear") and not set(node.output) & used]
+                if node.op_type in _QDQ_OPS and not set(node.output) & used]
         if not dead:
             break
         for node in dead:
@@ -251,7 +253,6 @@ class DynamicBuilder:
                              op_types_to_quantize=self._settings["op_types"])
         model = onnx.load(str(output))
         output.unlink()
-        shutil.rmtree(output.with_suffix(".onnx.data"), ignore_errors=True)
         return model
 
 

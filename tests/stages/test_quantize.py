@@ -18,6 +18,7 @@ from pipeline.errors import StageError
 from pipeline.recipe import DatasetSpec
 from stages import quantize
 from stages.quantize import CalibrationRef, QuantizeConfig
+from stages.quantize_verify import int8_kernels
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_MODEL = REPO / "recipes" / "models" / "demo_cnn.onnx"
@@ -187,23 +188,22 @@ def test_int8_kernel_counts_differ_per_target(tmp_path: Path) -> None:
     inits = [init("wq", weight, np.int8), init("ws", np.full(8, 0.01)), init("wz", np.zeros(8), np.int8),
              init("xs", 0.02), init("xz", 128, np.uint8)]
     model = make_model(nodes, inits, {"x": [1, 3, 16, 16]}, ["y"])
-    kernels = quantize.run(save_artifact(tmp_path, model), QuantizeConfig(), stage_context(tmp_path)).findings[
-        "int8_kernels"]
+    path = tmp_path / "qdq.onnx"
+    onnx.save(model, str(path))
+    kernels = int8_kernels(path, model, ["ort:cpu", "openvino:cpu"], tmp_path)
     assert kernels["ort:cpu"]["quantizable"] == kernels["openvino:cpu"]["quantizable"] == 1
     assert kernels["ort:cpu"]["int8"] == 0 and kernels["ort:cpu"]["float_compute_kernels"]
     assert kernels["openvino:cpu"]["int8"] == 1
     assert kernels["openvino:cpu"]["int8_layers"] == {"Convolution": 1}
 
 
-def test_already_quantized_model_is_reported_and_passed_through(tmp_path: Path) -> None:
+def test_already_quantized_model_is_refused_naming_what_it_holds(tmp_path: Path) -> None:
     once = quantize.run(save_artifact(tmp_path, tiny_conv()), QuantizeConfig(), stage_context(tmp_path))
     assert once.findings["calibration_data"] == "random" and once.findings["calibration_samples"] == 8
-    twice = quantize.run(save_artifact(tmp_path, once.model, "twice.onnx"), QuantizeConfig(), stage_context(tmp_path))
-    assert twice.changed is False
-    assert twice.findings["already_quantized"]["quantization_nodes"] == sum(
-        node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in once.model.graph.node)
-    assert [n.op_type for n in twice.model.graph.node] == [n.op_type for n in once.model.graph.node]
-    assert twice.findings["int8_kernels"]["ort:cpu"]["int8"] >= 2
+    count = sum(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in once.model.graph.node)
+    with pytest.raises(StageError, match=rf"already quantized \({count} quantization nodes: DequantizeLinear \d+, "
+                                         r"QuantizeLinear \d+\).*remove the quantize stage"):
+        quantize.run(save_artifact(tmp_path, once.model, "twice.onnx"), QuantizeConfig(), stage_context(tmp_path))
 
 
 def test_weight_quantize_linear_on_an_already_quantized_model_points_to_mode_lower(tmp_path: Path) -> None:
@@ -213,9 +213,8 @@ def test_weight_quantize_linear_on_an_already_quantized_model_points_to_mode_low
              helper.make_node("Conv", ["x", "wd"], ["y"], name="conv")]
     model = make_model(nodes, [init("w", weight), init("ws", 0.02), init("wz", 0, np.int8)], {"x": [1, 3, 8, 8]},
                        ["y"])
-    result = quantize.run(save_artifact(tmp_path, model), QuantizeConfig(), stage_context(tmp_path))
-    assert result.findings["already_quantized"]["weight_quantize_linear"] == 1
-    assert "mode lower" in result.findings["already_quantized"]["note"]
+    with pytest.raises(StageError, match="use mode lower: 1 QuantizeLinear nodes act on float weights"):
+        quantize.run(save_artifact(tmp_path, model), QuantizeConfig(), stage_context(tmp_path))
 
 
 def test_dynamic_mode_on_matmul(tmp_path: Path) -> None:
@@ -399,3 +398,10 @@ def test_recipe_with_an_image_dataset_a_budget_and_a_lowered_variant_runs_end_to
             assert findings["verification"]["data"] == "imgs" and findings["verification"]["samples"] == 4
             assert (findings["int8_kernels"]["ort:cpu"]["int8"], findings["int8_kernels"]["openvino:cpu"]["int8"]) \
                 == (0, 1)
+
+
+def test_quantized_model_passes_the_onnx_checker(tmp_path: Path) -> None:
+    """Nodes topologically sorted (ORT's quantizer appends its Q/DQ nodes last), types consistent."""
+    result = quantize.run(save_artifact(tmp_path, tiny_conv()), QuantizeConfig(verify_targets=[]),
+                          stage_context(tmp_path))
+    onnx.checker.check_model(result.model, full_check=True)
