@@ -239,6 +239,10 @@ def check_known_ops(model: onnx.ModelProto) -> list[dict[str, str]]:
     local_functions = {(function.domain, function.name) for function in model.functions}
     lowerable = []
     for node in _all_nodes(model.graph):
+        if not all(isinstance(text, str) for text in (node.name, node.op_type, node.domain)):
+            # protobuf hands back bytes for strings that are not valid UTF-8: a damaged file
+            raise ModelError(f"a node's name, op type or domain is not valid text ({node.op_type!r}); "
+                             "the file is damaged")
         known = (node.domain, node.op_type) in local_functions or (
             node.domain in RUNTIME_DOMAINS and (node.domain == "com.microsoft" or onnx.defs.has(node.op_type,
                                                                                                  node.domain)))

