@@ -8,10 +8,7 @@ section.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -457,17 +454,11 @@ def build_torch_module(source: TorchSource, ctx: StageContext) -> Any:
 
 
 def _import_factory_module(module_part: str, ctx: StageContext) -> Any:
+    from pipeline.usercode import import_user_module
+
     try:
-        if module_part.endswith(".py"):
-            path = ctx.resolve(module_part)
-            spec = importlib.util.spec_from_file_location(f"qdeploy_factory_{path.stem}", path)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot import {path}")
-            python_module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = python_module
-            spec.loader.exec_module(python_module)
-            return python_module
-        return importlib.import_module(module_part)
+        path = ctx.resolve(module_part) if module_part.endswith(".py") else None
+        return import_user_module(module_part, path, label="factory")
     except Exception as exc:
         raise ModelError(f"model.torch.factory: cannot import '{module_part}': {type(exc).__name__}: {exc}") from None
 

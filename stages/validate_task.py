@@ -22,7 +22,6 @@ import importlib
 import importlib.util
 import logging
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,17 +66,11 @@ def load_metric(spec: str, recipe: Recipe) -> TaskMetric:
     """Import the user's function ('file.py:function' relative to the recipe, or 'package.module:function')."""
     check_metric(spec, recipe)
     module_part, function = spec.rsplit(":", 1)
+    from pipeline.usercode import import_user_module
+
     try:
-        if module_part.endswith(".py"):
-            path = recipe.resolve(module_part)
-            module_spec = importlib.util.spec_from_file_location(f"qdeploy_metric_{path.stem}", path)
-            if module_spec is None or module_spec.loader is None:
-                raise ImportError(f"cannot import {path}")
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[module_spec.name] = module
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_part)
+        path = recipe.resolve(module_part) if module_part.endswith(".py") else None
+        module = import_user_module(module_part, path, label="metric")
     except Exception as exc:
         raise RecipeError(f"cannot import '{module_part}': {type(exc).__name__}: {exc}", field=_FIELD) from None
     found = getattr(module, function, None)
