@@ -8,6 +8,7 @@ section.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -403,6 +404,9 @@ def export_torch(config: ExportConfig, ctx: StageContext) -> tuple[onnx.ModelPro
     names = [spec.name for spec in config.inputs]
     opset = config.opset or DEFAULT_TORCH_OPSET
     dynamic_axes = torch_dynamic_axes(config) or None
+    if config.torch.exporter == "dynamo" and importlib.util.find_spec("onnxscript") is None:
+        raise ModelError("model.torch.exporter 'dynamo' needs onnxscript: pip install 'qdeploy[torch]' "
+                         "(or pip install onnxscript), or use the 'torchscript' exporter")
     try:
         # Not under no_grad: there, nn.TransformerEncoderLayer takes a fused fast path no exporter knows.
         torch.onnx.export(module, example, str(path), input_names=names, opset_version=opset,
