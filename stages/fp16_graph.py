@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import onnx
@@ -97,6 +97,15 @@ def name_nodes_uniquely(model: onnx.ModelProto, prefix: str = "") -> int:
     return renamed
 
 
+def _replace_repeated(field: Any, items: list[Any]) -> None:
+    """Set a repeated protobuf field to these messages (copied first: clearing the field invalidates them)."""
+    copies = [type(item)() for item in items]
+    for copy, item in zip(copies, items, strict=True):
+        copy.CopyFrom(item)
+    del field[:]
+    field.extend(copies)
+
+
 def topological_sort(graph: onnx.GraphProto) -> None:
     """Order nodes so each comes after the producers of what it uses (subgraph references included).
 
@@ -126,12 +135,7 @@ def topological_sort(graph: onnx.GraphProto) -> None:
         stuck = [nodes[index].name for index in range(len(nodes)) if waiting[index]][:5]
         raise ValueError(f"graph '{graph.name}' has a cycle through nodes {stuck}")
     if order != list(range(len(nodes))):
-        sorted_nodes = [nodes[index] for index in order]
-        copies = [type(node)() for node in sorted_nodes]
-        for copy, node in zip(copies, sorted_nodes, strict=True):
-            copy.CopyFrom(node)
-        del graph.node[:]
-        graph.node.extend(copies)
+        _replace_repeated(graph.node, [nodes[index] for index in order])
     for node in graph.node:
         for sub in subgraphs(node):
             topological_sort(sub)
@@ -208,11 +212,7 @@ def prune_value_info(graph: onnx.GraphProto) -> None:
     existing.update(name for node in graph.node for name in node.input if name)
     keep = [value for value in graph.value_info if value.name in existing]
     if len(keep) != len(graph.value_info):
-        copies = [type(value)() for value in keep]
-        for copy, value in zip(copies, keep, strict=True):
-            copy.CopyFrom(value)
-        del graph.value_info[:]
-        graph.value_info.extend(copies)
+        _replace_repeated(graph.value_info, keep)
     for node in graph.node:
         for sub in subgraphs(node):
             prune_value_info(sub)

@@ -14,7 +14,6 @@ from pydantic import ValidationError
 
 from pipeline.context import Artifact, StageContext, StageResult
 from pipeline.errors import StageError
-from pipeline.recipe import Recipe
 from stages import folding, simplify
 from stages.simplify import SimplifyConfig, compare_outputs, run
 from tests.conftest import tiny_cnn
@@ -40,12 +39,6 @@ def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outpu
 
 def _vi(name: str, shape: list[int] | None, elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem, shape)
-
-
-@pytest.fixture
-def ctx(tmp_path: Path) -> StageContext:
-    recipe = Recipe(name="t", model={"onnx": "m.onnx"}, variants={"v": []})
-    return StageContext(recipe=recipe, variant="v", work_dir=tmp_path / "work")
 
 
 def _simplify(model: onnx.ModelProto, tmp_path: Path, ctx: StageContext, **config: object) -> StageResult:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -12,31 +11,14 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.context import Artifact, StageContext, StageResult
-from pipeline.recipe import Recipe
+from pipeline.context import StageContext
 from stages import optimizer
-from stages.simplify import DEFAULT_PASSES, SimplifyConfig, run
+from stages.simplify import DEFAULT_PASSES
 from stages.simplify_check import integer_ranges
 from tests.conftest import tiny_cnn
+from tests.stages.test_simplify import _simplify
 
 RNG = np.random.default_rng(1)
-
-
-@pytest.fixture
-def ctx(tmp_path: Path) -> StageContext:
-    recipe = Recipe(name="t", model={"onnx": "m.onnx"}, variants={"v": []})
-    return StageContext(recipe=recipe, variant="v", work_dir=tmp_path / "work")
-
-
-def _simplify(model: onnx.ModelProto, tmp_path: Path, ctx: StageContext, **config: object) -> StageResult:
-    path = tmp_path / "model.onnx"
-    onnx.save(model, path)
-    artifact = Artifact(path=path, sidecar=tmp_path / "x.json", key="k", sha256="", size_bytes=0, stages=(),
-                        parent=None)
-    result = run(artifact, SimplifyConfig(**config), ctx)
-    onnx.checker.check_model(result.model)
-    json.dumps(result.findings)
-    return result
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
