@@ -211,6 +211,11 @@ def doctor(as_json: Annotated[bool, typer.Option("--json", help="Machine-readabl
     cpu = env["cpu"]
     typer.echo(f"cpu: {cpu['model']} ({cpu['cores']} cores)")
     typer.echo("  " + ", ".join(f"{flag}={'yes' if present else 'no'}" for flag, present in cpu["flags"].items()))
+    int8 = env["int8_path"]
+    source = "" if int8["flags_source"] == "/proc/cpuinfo" else f" [flags from {int8['flags_source']}]"
+    typer.echo(f"int8 path: {int8['kind']}{source}: {int8['meaning']}")
+    for name, line in int8["targets"].items():
+        typer.echo(f"  {name:16s} {line}")
     typer.echo("targets:")
     for name, state in env["targets"].items():
         typer.echo(f"  {name:16s} {state}")

@@ -75,6 +75,8 @@ class StageContext:
     """A scratch folder of this stage run; emptied afterwards."""
     on_progress: Callable[[str], None] = field(default=lambda message: None)
     """Tell the progress display what is being worked on (a short phrase)."""
+    targets: tuple[str, ...] = ()
+    """The targets the artifact is built for (the recipe's); empty when unknown."""
 
     def resolve(self, relative: str) -> Path:
         return self.recipe.resolve(relative)

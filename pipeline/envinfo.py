@@ -11,8 +11,8 @@ from typing import Any
 from pipeline.store import library_versions
 
 LIBRARIES = ("onnx", "onnxruntime", "openvino", "onnxconverter-common", "onnxoptimizer", "numpy", "qdeploy", "torch")
-CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_fp16",
-             "f16c", "fma")
+CPU_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8",
+             "avx512_fp16", "f16c", "fma")
 
 
 def cpu_info() -> dict[str, Any]:
@@ -38,9 +38,12 @@ def _cores() -> int:
 
 @cache
 def environment() -> dict[str, Any]:
+    from pipeline.int8_path import int8_path, target_int8_paths
     from pipeline.targets import available_targets
 
     targets = available_targets()
+    available = [name for name, reason in targets.items() if not reason]
+    path = int8_path()
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -48,5 +51,6 @@ def environment() -> dict[str, Any]:
         "cpu": cpu_info(),
         "targets": {name: ("available" if not reason else f"unavailable: {reason}") for name, reason in
                     targets.items()},
-        "available_targets": [name for name, reason in targets.items() if not reason],
+        "available_targets": available,
+        "int8_path": {**path.to_dict(), "targets": target_int8_paths(path, available)},
     }

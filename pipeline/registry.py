@@ -30,6 +30,8 @@ class StageInfo:
     """Distributions whose versions enter the stage's cache key."""
     dataset_fields: tuple[str, ...] = field(default=())
     """Dotted config paths that name datasets of the recipe (e.g. 'calibration.data')."""
+    uses_targets: bool = False
+    """The artifact depends on the recipe's targets (they enter the cache key and the stage's context)."""
 
     def load_module(self) -> Any:
         return importlib.import_module(self.module)
@@ -64,7 +66,7 @@ _STAGES: dict[str, StageInfo] = {
                   dataset_fields=("calibration.data",)),
         StageInfo("quantize", "transform", "stages.quantize", "QuantizeConfig",
                   libraries=("onnx", "onnxruntime", "onnx-ir", "openvino"),
-                  dataset_fields=("calibration.data", "budget.data")),
+                  dataset_fields=("calibration.data", "budget.data"), uses_targets=True),
         StageInfo("validate", "evaluation", "stages.validate", "ValidateConfig"),
         StageInfo("benchmark", "evaluation", "stages.benchmark", "BenchmarkConfig"),
     )

@@ -298,6 +298,7 @@ def _build_step(state: _RunState, variant: str, step: VariantStep, parent: Artif
     key = cache_key({
         "stage": step.stage, "config": step.config, "versions": versions, "parent_sha256": parent.sha256,
         "data": _data_fingerprint(state.recipe, info.datasets_used(step.config)),
+        **({"targets": sorted(state.recipe.targets)} if info.uses_targets else {}),
     })
     ctx = _context(state, variant, step.stage)
     return _transform(state, key, info, parent, config, ctx, versions, stages=(*parent.stages, step.stage))
@@ -347,7 +348,8 @@ def _data_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, Any]:
 
 def _context(state: _RunState, variant: str, stage: str) -> StageContext:
     work = state.work_root / f"{variant}-{stage}"
-    return StageContext(recipe=state.recipe, variant=variant, work_dir=work, on_progress=state.progress.detail)
+    return StageContext(recipe=state.recipe, variant=variant, work_dir=work, on_progress=state.progress.detail,
+                        targets=tuple(state.recipe.targets))
 
 
 def _publish(state: _RunState, out_dir: Path) -> list[dict[str, Any]]:

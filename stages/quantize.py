@@ -106,6 +106,15 @@ class QuantizeConfig(BaseModel):
                                   "nodes stay float until it holds.")
     budget: BudgetSettings = Field(default_factory=BudgetSettings, description="Data and limits of the accuracy "
                                                                                "budget's search.")
+    reduce_range: bool | Literal["auto", "weights", "activations"] = Field(
+        default="auto", description="Give up one bit so int8 computes exactly on x86 CPUs without VNNI, whose "
+                                    "int8 kernels (vpmaddubsw) saturate with full-range values: 'weights' (or "
+                                    "true) 7-bit weights, ONNX Runtime's reduce_range; 'activations' 7-bit uint8 "
+                                    "activations (ptq, uint8 activations); false: full range, exact only on VNNI "
+                                    "CPUs. 'auto': when a CPU target (ort:cpu, openvino:cpu, ort:openvino) is among "
+                                    "the recipe's targets and weights are int8, ptq builds both 7-bit forms and "
+                                    "keeps the one closer to float32 on calibration data, dynamic uses 7-bit "
+                                    "weights; whatever CPU builds the artifact.")
     verify_targets: list[Literal["ort:cpu", "openvino:cpu"]] = Field(
         default_factory=lambda: list(VERIFY_TARGETS),
         description="Targets on which the stage counts the ops that really run int8 kernels.")
@@ -128,6 +137,10 @@ class QuantizeConfig(BaseModel):
         if self.mode != "ptq":
             # compared with the defaults, not model_fields_set: a dumped config is validated again by the runner
             self._only_defaults(_PTQ_ONLY if self.mode == "dynamic" else (_PTQ_ONLY - {"calibration"}) | _NOT_LOWER)
+        if self.reduce_range == "activations" and (self.mode != "ptq" or self.activation_type != "uint8"):
+            raise ValueError("reduce_range 'activations' needs mode ptq with activation_type uint8 (int8 "
+                             "activations are shifted to uint8 by ONNX Runtime and would still saturate); use "
+                             "'weights'")
         if self.method != "percentile" and self.percentile != type(self).model_fields["percentile"].default:
             raise ValueError("percentile applies to method 'percentile' only")
         if self.budget != BudgetSettings() and self.tolerance is None:
@@ -156,7 +169,34 @@ class QuantizeConfig(BaseModel):
 
 _PTQ_ONLY = frozenset({"calibration", "method", "percentile", "activation_type", "symmetric_activations", "op_set"})
 _NOT_LOWER = frozenset({"per_channel", "weight_type", "symmetric_weights", "op_types", "exclude_nodes",
-                        "exclude_op_types", "exclude_patterns", "tolerance", "budget"})
+                        "exclude_op_types", "exclude_patterns", "tolerance", "budget", "reduce_range"})
+
+
+SevenBit = Literal["none", "weights", "activations", "choose"]
+
+
+def resolve_reduce_range(config: QuantizeConfig, targets: tuple[str, ...]) -> tuple[SevenBit, str]:
+    """Which operand gets 7 bits ('choose': measure both), and why; from the recipe's targets, never the build CPU."""
+    from pipeline.int8_path import CPU_TARGETS
+
+    setting = config.reduce_range
+    if setting == "auto":
+        return _auto_reduce_range(config, targets, [target for target in targets if target in CPU_TARGETS])
+    if setting in ("weights", "activations"):
+        return setting, "set in the recipe"
+    return ("weights" if setting else "none"), "set in the recipe"
+
+
+def _auto_reduce_range(config: QuantizeConfig, targets: tuple[str, ...], cpu: list[str]) -> tuple[SevenBit, str]:
+    if config.weight_type == "uint8":
+        return "none", "auto: uint8 weights (U8U8 kernels) do not saturate"
+    if targets and not cpu:
+        return "none", f"auto: no CPU target among {', '.join(targets)}"
+    why = (f"auto: built for {', '.join(cpu) if cpu else 'unknown targets'}; x86 CPUs without VNNI saturate "
+           "full-range int8, 7-bit operands are exact on every x86 CPU")
+    if config.mode == "ptq" and config.activation_type == "uint8":
+        return "choose", why
+    return "weights", why
 
 
 def run(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:

@@ -7,7 +7,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import StageError
-from stages.quantize import STAGE, CalibrationRef, QuantizeConfig, check_runs, quantized_node_counts
+from stages.quantize import (
+    STAGE,
+    CalibrationRef,
+    QuantizeConfig,
+    check_runs,
+    quantized_node_counts,
+    resolve_reduce_range,
+)
 from stages.quantize_verify import compute_nodes, int8_kernels
 
 if TYPE_CHECKING:
@@ -50,6 +57,7 @@ def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext)
         ctx.on_progress("writing the quantized model")
         model, kept = build([]), []
     drop_unused_opsets(model)
+    _mark_seven_bit(model, findings["reduce_range"]["seven_bit"])
     output = _save(model, ctx.work_dir / "quantized.onnx")
     check_runs(output, config, ctx)
     findings.update({
@@ -61,9 +69,35 @@ def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext)
         "symmetric": {"activations": config.symmetric_activations, "weights": config.symmetric_weights},
         "compute_nodes": compute_nodes(model),
     })
+    findings.update(saturation_findings(model, ctx.targets, weights_from_model=False,
+                                        activations_seven_bit=findings["reduce_range"]["seven_bit"] == "activations"))
     ctx.on_progress("counting int8 kernels")
     findings["int8_kernels"] = int8_kernels(output, model, list(config.verify_targets), ctx.work_dir)
     return StageResult(model=model, changed=True, findings=findings)
+
+
+def saturation_findings(model: onnx.ModelProto, targets: tuple[str, ...], *, weights_from_model: bool,
+                        activations_seven_bit: bool = False) -> dict[str, Any]:
+    """The build CPU's int8 path, and a warning when full-range int8 weights meet CPU targets that may saturate.
+
+    ``weights_from_model``: the int8 weights were fixed by the model (lowered QAT), so qdeploy must not change them.
+    ``activations_seven_bit``: activations are on 7 bits, which keeps full-range weights exact.
+    """
+    from pipeline.int8_path import CPU_TARGETS, int8_path, weights_beyond_seven_bits
+
+    path = int8_path()
+    found: dict[str, Any] = {"build_cpu_int8_path": path.kind}
+    wide = weights_beyond_seven_bits(model)
+    cpu_targets = [target for target in targets if target in CPU_TARGETS] or ([] if targets else ["CPU targets"])
+    if wide and cpu_targets and not activations_seven_bit:
+        found["int8_saturation_warning"] = (
+            f"{len(wide)} int8 weight tensors use the full 8-bit range (e.g. {', '.join(wide[:3])}): on x86 CPUs "
+            f"without VNNI (AVX2, AVX512 without VNNI) the int8 kernels of {', '.join(cpu_targets)} sum "
+            "uint8 x int8 pairs into a saturating int16 and may clip; exact on VNNI CPUs. "
+            + ("Their values come from the model (quantization-aware training) and are kept as they are; validate "
+               "on the deployment CPU, or retrain with 7-bit weights" if weights_from_model
+               else "Set quantize.reduce_range: true (or auto) for 7-bit weights"))
+    return found
 
 
 def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: QuantizeConfig,
@@ -72,9 +106,12 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: Qu
     from stages.quantize_ptq import DynamicBuilder, StaticBuilder, calibrate
 
     op_types = _op_types(config)
+    seven_bit, why = resolve_reduce_range(config, ctx.targets)
     if config.mode == "dynamic":
         return DynamicBuilder(prepared, excluded, ctx.work_dir, per_channel=config.per_channel,
-                              weight_type=config.weight_type, op_types=op_types), {"op_types": op_types}
+                              weight_type=config.weight_type, op_types=op_types,
+                              reduce_range=seven_bit == "weights"), \
+            {"op_types": op_types, "reduce_range": _reduce_range_finding(config, seven_bit, why)}
     calibration = config.calibration or CalibrationRef()
     ctx.on_progress(f"calibrating ({config.method})")
 
@@ -85,13 +122,44 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: Qu
     if found["calibration_samples"] == 0:
         raise StageError(STAGE, ctx.variant, f"calibration dataset '{calibration.data or 'random'}' yielded no samples")
     ctx.on_progress("quantizing")
-    build = StaticBuilder(prepared, ranges, excluded, per_channel=config.per_channel,
-                          activation_type=config.activation_type,
-                          weight_type=config.weight_type, symmetric_activations=config.symmetric_activations,
-                          symmetric_weights=config.symmetric_weights,
-                          op_types=op_types)
+
+    def static(form: str) -> StaticBuilder:
+        return StaticBuilder(prepared, ranges, excluded, per_channel=config.per_channel,
+                             activation_type=config.activation_type, weight_type=config.weight_type,
+                             symmetric_activations=config.symmetric_activations,
+                             symmetric_weights=config.symmetric_weights, op_types=op_types, seven_bit=form)
+
+    compared: dict[str, Any] = {}
+    if seven_bit == "choose":
+        from stages.quantize_seven_bit import CHOICE_SAMPLES, choose_seven_bit
+
+        ctx.on_progress("comparing 7-bit weights with 7-bit activations")
+        builders = {form: static(form) for form in ("weights", "activations")}
+        samples = list(ctx.samples(calibration.data, artifact.path, min(calibration.samples, CHOICE_SAMPLES)))
+        seven_bit, compared = choose_seven_bit(builders, prepared, samples, ctx.work_dir)
+        build = builders[seven_bit]
+    else:
+        build = static(seven_bit)
     method = {"method": config.method} | ({"percentile": config.percentile} if config.method == "percentile" else {})
-    return build, {**method, "op_types": op_types, "calibration_data": calibration.data or "random", **found}
+    reduce_range = {**_reduce_range_finding(config, seven_bit, why), **compared}
+    return build, {**method, "op_types": op_types, "reduce_range": reduce_range,
+                   "calibration_data": calibration.data or "random", **found}
+
+
+def _mark_seven_bit(model: onnx.ModelProto, seven_bit: str) -> None:
+    """Say in the model which operand is on 7 bits, so validation on any machine knows it cannot saturate."""
+    from pipeline.int8_path import SEVEN_BIT_KEY
+
+    entry = next((prop for prop in model.metadata_props if prop.key == SEVEN_BIT_KEY), None)
+    if entry is None:
+        entry = model.metadata_props.add()
+        entry.key = SEVEN_BIT_KEY
+    entry.value = seven_bit
+
+
+def _reduce_range_finding(config: QuantizeConfig, seven_bit: str, why: str) -> dict[str, Any]:
+    """What the sidecar says of the 7-bit choice: the setting, the operand on 7 bits, and why."""
+    return {"setting": config.reduce_range, "seven_bit": seven_bit, "why": why}
 
 
 def _op_types(config: QuantizeConfig) -> list[str]:
@@ -137,6 +205,7 @@ def lower(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> Stag
                                               ctx.work_dir, ctx.variant)
     findings["verification"]["data"] = dataset or "random"
     findings["quantized_nodes"] = quantized_node_counts(lowered)
+    findings.update(saturation_findings(lowered, ctx.targets, weights_from_model=True))
     findings["int8_kernels"] = int8_kernels(output, lowered, list(config.verify_targets), ctx.work_dir)
     return StageResult(model=lowered, changed=bool(findings["lowered"]), findings=findings)
 

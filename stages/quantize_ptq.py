@@ -88,7 +88,7 @@ class StaticBuilder:
 
     def __init__(self, prepared: Path, ranges: dict[str, tuple[float, float]], excluded: list[str], *,
                  per_channel: bool, activation_type: str, weight_type: str, symmetric_activations: bool,
-                 symmetric_weights: bool, op_types: list[str]) -> None:
+                 symmetric_weights: bool, op_types: list[str], seven_bit: str = "none") -> None:
         import onnx
         from onnxruntime.quantization import QuantType
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
@@ -102,8 +102,9 @@ class StaticBuilder:
             name: TensorData(lowest=np.float32(low), highest=np.float32(high)) for name, (low, high) in ranges.items()})
         extra = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": symmetric_weights,
                  "OpTypesToExcludeOutputQuantization": list(_FLOAT_OUTPUT_OPS)}
-        quantizer = QDQQuantizer(model, per_channel, False, weights, activations, tensors, [], list(excluded),
-                                 op_types, extra)
+        quantizer_class = _seven_bit_activations_quantizer() if seven_bit == "activations" else QDQQuantizer
+        quantizer = quantizer_class(model, per_channel, seven_bit == "weights", weights, activations, tensors, [],
+                                    list(excluded), op_types, extra)
         with quiet():
             quantizer.quantize_model()
         quantizer.model.topological_sort()  # as ORT's quantize_static does when saving: Q/DQ are appended last
@@ -118,6 +119,23 @@ class StaticBuilder:
         if kept:
             keep_float(model, self._float, set(kept))
         return model
+
+
+def _seven_bit_activations_quantizer() -> type:
+    """ORT's QDQ quantizer with activations on 7 bits (uint8 0..127), as PyTorch's fbgemm ``reduce_range`` does.
+
+    ORT accepts ``reduce_range`` overrides for initializers only; every activation's parameters go through
+    ``calc_quant_params``, so asking it there covers them all, and bias scales (input scale x weight scale) follow.
+    """
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
+    class SevenBitActivations(QDQQuantizer):  # type: ignore[misc]
+        def calc_quant_params(self, tensor_data: Any, quant_overrides: dict[str, Any]) -> Any:
+            if "scale" in quant_overrides:  # explicit parameters are the user's
+                return super().calc_quant_params(tensor_data, quant_overrides)
+            return super().calc_quant_params(tensor_data, {**quant_overrides, "reduce_range": True})
+
+    return SevenBitActivations
 
 
 def quantized_node_names(model: onnx.ModelProto) -> dict[str, str]:
@@ -225,11 +243,12 @@ class DynamicBuilder:
     ``quantize_dynamic`` with the kept nodes excluded (each node quantizes its own input there)."""
 
     def __init__(self, prepared: Path, excluded: list[str], work_dir: Path, *, per_channel: bool, weight_type: str,
-                 op_types: list[str]) -> None:
+                 op_types: list[str], reduce_range: bool = False) -> None:
         self._prepared = prepared
         self._excluded = list(excluded)
         self._work_dir = work_dir
-        self._settings = {"per_channel": per_channel, "weight_type": weight_type, "op_types": op_types}
+        self._settings = {"per_channel": per_channel, "weight_type": weight_type, "op_types": op_types,
+                          "reduce_range": reduce_range}
         self._count = 0
 
     def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]:
@@ -249,7 +268,8 @@ class DynamicBuilder:
         with quiet():
             quantize_dynamic(str(self._prepared), str(output),
                              weight_type=getattr(QuantType, _TYPES[self._settings["weight_type"]]),
-                             per_channel=self._settings["per_channel"], nodes_to_exclude=[*self._excluded, *kept],
+                             per_channel=self._settings["per_channel"], reduce_range=self._settings["reduce_range"],
+                             nodes_to_exclude=[*self._excluded, *kept],
                              op_types_to_quantize=self._settings["op_types"])
         model = onnx.load(str(output))
         output.unlink()

@@ -291,6 +291,8 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
         samples=len(shared.feeds),
     )
     _add_task_metric(shared, row, outputs)
+    if not comparison.passed and precision == "int8":
+        _add_saturation_reason(row, path, target)
     if not comparison.passed and shared.localizer is not None:
         failing = [out for out in comparison.outputs if not out.passed and out.shape_mismatch is None]
         if failing:
@@ -305,6 +307,17 @@ def _run_model(target: str, path: Path, feeds: Feeds, *, pin_f32: bool) -> tuple
     with get_target(target).load(path, pin_f32=pin_f32) as session:
         outputs = [session.run(caster(feed)) for feed in feeds]
         return outputs, session.executed.to_dict()
+
+
+def _add_saturation_reason(row: dict[str, Any], path: Path, target: str) -> None:
+    """On a CPU without VNNI, a diverging int8 artifact with full-range operands may be saturating: say so."""
+    import onnx
+
+    from pipeline.int8_path import int8_path, saturation_note, saturation_risk
+
+    note = saturation_note(int8_path(), target, saturation_risk(onnx.load(str(path), load_external_data=False)))
+    if note:
+        row["reason"] = f"{row['reason']}; {note}"
 
 
 def _add_task_metric(shared: _Run, row: dict[str, Any], outputs: Outputs) -> None:

@@ -17,6 +17,7 @@ from onnx.reference.op_run import OpRun
 
 from stages import quantize
 from stages.quantize import QuantizeConfig
+from tests.helpers.int8 import exact_int8, run_ort_unfused
 from tests.stages.test_quantize import init, make_model, run_openvino, run_ort, save_artifact, stage_context
 from tests.stages.test_quantize_lower import (
     OV_DOMAIN,
@@ -188,9 +189,21 @@ def test_mixed_model_is_lowered_and_matches_its_reference_on_both_runtimes(tmp_p
     assert result.findings["int8_kernels"]["ort:cpu"]["int8"] >= 1  # conv1: DQ -> Conv -> Relu -> Q
 
     evaluator = ReferenceEvaluator(model, new_ops=[FakeQuantize, min_max_observer, fake_quantization])
+    exact = exact_int8()
+    # the QAT weights use the full int8 range, which qdeploy must keep: CPUs without VNNI may saturate them
+    assert "saturating int16" in result.findings["int8_saturation_warning"]
     for x in covering_inputs(-2.56, 2.54, count=3):
         expected = evaluator.run(None, {"x": x})[0].astype(np.float64)
+        # the lowered graph's own arithmetic matches its fake-quant reference on every CPU
+        assert_matches_reference(run_ort_unfused(result.model, {"x": x})[0], expected)
         for actual in (run_ort(result.model, {"x": x})[0], run_openvino(result.model, {"x": x}, tmp_path)[0]):
-            close = np.abs(actual - expected) <= 1e-3 + 1e-4 * np.abs(expected)
-            assert close.mean() >= 0.99, close.mean()  # a rare tie rounds differently: one step, locally
-            assert float(np.corrcoef(actual.ravel(), expected.ravel())[0, 1]) > 0.9999
+            if exact:  # VNNI or arm64: the int8 kernels compute exactly
+                assert_matches_reference(actual, expected)
+            else:  # AVX2/AVX512 without VNNI: vpmaddubsw's int16 pair sums clip; measured corr >= 0.984 here
+                assert float(np.corrcoef(actual.ravel(), expected.ravel())[0, 1]) > 0.97
+
+
+def assert_matches_reference(actual: np.ndarray, expected: np.ndarray) -> None:
+    close = np.abs(actual - expected) <= 1e-3 + 1e-4 * np.abs(expected)
+    assert close.mean() >= 0.99, close.mean()  # a rare tie rounds differently: one step, locally
+    assert float(np.corrcoef(actual.ravel(), expected.ravel())[0, 1]) > 0.9999
