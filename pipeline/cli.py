@@ -145,13 +145,17 @@ def compare(
     max_metric_drop: Annotated[list[str] | None, typer.Option(
         "--max-metric-drop", help="METRIC=VALUE: fail when a fidelity metric gets worse by more than VALUE "
         "(e.g. cosine=0.001, snr_db=3); repeatable.")] = None,
+    allow_mismatch: Annotated[bool, typer.Option(
+        "--allow-mismatch", help="Compare runs of different models (inputs/outputs differ) or with no row in "
+        "common instead of refusing (exit 2).")] = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
     """What changed from run A to run B; exit 1 on a regression beyond the thresholds, 2 on bad input.
 
-    A gate that passed in A and fails in B, a validation that passed and now fails, and a variant that no
-    longer builds are regressions whatever the thresholds.
+    A gate that passed in A and fails in B, a validation that passed and now fails, a variant that no
+    longer builds, and a value A measured that B did not (missing, errored, NaN) are regressions whatever the
+    thresholds.  Runs of different models are refused; other differences (recipe, environment) are warned.
     """
     _setup_logging(quiet, verbose)
 
@@ -165,7 +169,10 @@ def compare(
         )
 
         thresholds = Thresholds(max_latency_regression, parse_metric_drops(max_metric_drop or []))
-        comparison = compare_reports(load_report(run_a), load_report(run_b), thresholds)
+        comparison = compare_reports(load_report(run_a), load_report(run_b), thresholds,
+                                     allow_mismatch=allow_mismatch)
+        for warning in comparison.warnings:
+            log.warning("compare: %s", warning)
         if not quiet:
             typer.echo(format_comparison(comparison, str(run_a), str(run_b)))
         return 1 if comparison.regressions else 0

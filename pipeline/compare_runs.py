@@ -3,16 +3,23 @@
 Pure functions over two report.json dicts (``compare_reports``), so CI jobs that prepare deployments release
 after release can fail on a regression (``Comparison.regressions``).  Rows are matched by variant, target and
 batch size; rows present in one run only are listed, never guessed at.
+
+A comparison is only as good as its likeness: two runs of different models (their inputs or outputs differ),
+or with no row in common, are refused (``NotComparableError``, exit 2) unless the caller allows it; every
+other difference of model, recipe or environment is named in ``Comparison.warnings``.  A value that run A
+measured and run B did not (missing, errored, NaN) is a regression whatever the thresholds.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import QdeployInputError
+from pipeline.report_identity import differences, model_mismatch
 
 HIGHER_IS_BETTER = {"cosine": True, "snr_db": True, "top1_agreement": True, "top5_agreement": True,
                     "task_metric": True, "max_abs_err": False, "mean_abs_err": False, "max_rel_err": False}
@@ -44,11 +51,17 @@ class Change:
     regression: bool = False
 
 
+class NotComparableError(QdeployInputError):
+    """The two runs are not of the same model, or share nothing to compare (exit 2)."""
+
+
 @dataclass
 class Comparison:
     """Every change found; `regressions` decide the exit status."""
 
     changes: list[Change] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """How the two runs differ besides their measurements (model, recipe, environment): read with care."""
 
     @property
     def regressions(self) -> list[Change]:
@@ -72,19 +85,43 @@ def load_report(path: Path) -> dict[str, Any]:
     return report
 
 
-def compare_reports(before: dict[str, Any], after: dict[str, Any], thresholds: Thresholds | None = None) -> Comparison:
-    """The changes from run `before` (A) to run `after` (B)."""
+def compare_reports(before: dict[str, Any], after: dict[str, Any], thresholds: Thresholds | None = None, *,
+                    allow_mismatch: bool = False) -> Comparison:
+    """The changes from run `before` (A) to run `after` (B).
+
+    Raises NotComparableError when the runs are of different models or share no row, unless ``allow_mismatch``
+    (then the reasons lead the warnings).
+    """
     limits = thresholds or Thresholds()
     unknown = sorted(set(limits.max_metric_drop) - set(HIGHER_IS_BETTER))
     if unknown:
         raise QdeployInputError(f"--max-metric-drop names unknown metric(s) {', '.join(unknown)}; "
                                 f"known: {', '.join(HIGHER_IS_BETTER)}")
-    comparison = Comparison()
+    refusals = not_comparable(before, after)
+    if refusals and not allow_mismatch:
+        raise NotComparableError("runs A and B are not comparable: " + "; ".join(refusals)
+                                 + ". Pass --allow-mismatch to compare them anyway")
+    comparison = Comparison(warnings=[*refusals, *differences(before, after)])
     comparison.changes += latency_changes(before["benchmarks"], after["benchmarks"], limits.max_latency_regression)
     comparison.changes += metric_changes(before["validation"], after["validation"], limits.max_metric_drop)
     comparison.changes += gate_changes(before["gates"], after["gates"])
     comparison.changes += failure_changes(before.get("failures", []), after.get("failures", []))
     return comparison
+
+
+def not_comparable(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Why comparing the two runs would compare apples with oranges: a different model, or nothing shared."""
+    reasons = model_mismatch(before, after)
+    shared_benchmarks = {_bench_key(row) for row in before["benchmarks"]} & {_bench_key(r) for r in after["benchmarks"]}
+    shared_checks = ({(r["variant"], r["target"]) for r in before["validation"]}
+                     & {(r["variant"], r["target"]) for r in after["validation"]})
+    if not shared_benchmarks and not shared_checks and (before["benchmarks"] or before["validation"]):
+        reasons.append("they share no variant and target: nothing to compare")
+    return reasons
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _bench_key(row: dict[str, Any]) -> tuple[str, str, int]:
@@ -102,16 +139,20 @@ def latency_changes(before: list[dict[str, Any]], after: list[dict[str, Any]],
         if key not in new or key not in old:
             status_after = next((r.get("status") for r in after if _bench_key(r) == key), "absent")
             status_before = next((r.get("status") for r in before if _bench_key(r) == key), "absent")
+            lost = key in old  # measured in A, not in B: a value went missing
             changes.append(Change("missing", f"benchmark {subject}", status_before, status_after,
-                                  "measured in one run only", regression=status_after in _BAD_STATUSES))
+                                  "measured in A only" if lost else "measured in B only",
+                                  regression=lost or status_after in _BAD_STATUSES))
             continue
         changes.append(_latency_change(subject, old[key], new[key], max_regression))
     return changes
 
 
 def _latency_change(subject: str, old: dict[str, Any], new: dict[str, Any], max_regression: float | None) -> Change:
-    a, b = old["latency_ms"]["p50"], new["latency_ms"]["p50"]
-    ratio = b / a if a > 0 else float("inf")
+    a, b = old["latency_ms"].get("p50"), new["latency_ms"].get("p50")
+    if not _finite(a) or not _finite(b) or a <= 0 or b <= 0:
+        return Change("latency", subject, a, b, "a median latency is not a positive number", regression=_finite(a))
+    ratio = b / a
     overlap = _intervals_overlap(old["latency_ms"].get("ci95_p50"), new["latency_ms"].get("ci95_p50"))
     notes = [f"ratio {ratio:.3f}"]
     if old.get("speedup") is not None and new.get("speedup") is not None:
@@ -143,7 +184,11 @@ def metric_changes(before: list[dict[str, Any]], after: list[dict[str, Any]],
         metrics_a, metrics_b = old[key].get("metrics") or {}, new[key].get("metrics") or {}
         for metric, higher_better in HIGHER_IS_BETTER.items():
             a, b = metrics_a.get(metric), metrics_b.get(metric)
-            if not isinstance(a, int | float) or not isinstance(b, int | float) or a == b:
+            if _finite(a) and not _finite(b):
+                changes.append(Change("metric", f"{metric} of {subject}", a, b,
+                                      "missing in B" if b is None else "not a number in B", regression=True))
+                continue
+            if not _finite(a) or not _finite(b) or a == b:
                 continue
             worse_by = (a - b) if higher_better else (b - a)
             limit = max_drop.get(metric)
@@ -151,9 +196,10 @@ def metric_changes(before: list[dict[str, Any]], after: list[dict[str, Any]],
                                   f"{'worse' if worse_by > 0 else 'better'} by {abs(worse_by):.4g}",
                                   regression=limit is not None and worse_by > limit))
     for key in sorted(old.keys() ^ new.keys()):
+        lost = key in old and old[key].get("status") in ("passed", "failed")  # A measured it, B did not
         changes.append(Change("missing", f"validation {key[0]} on {key[1]}",
                               old.get(key, {}).get("status", "absent"), new.get(key, {}).get("status", "absent"),
-                              "validated in one run only"))
+                              "validated in A only" if key in old else "validated in B only", regression=lost))
     return changes
 
 
@@ -203,6 +249,9 @@ def failure_changes(before: list[dict[str, Any]], after: list[dict[str, Any]]) -
 def format_comparison(comparison: Comparison, name_a: str, name_b: str) -> str:
     """A plain-text summary: one line per change, regressions marked, and a verdict."""
     lines = [f"A = {name_a}", f"B = {name_b}", ""]
+    if comparison.warnings:
+        lines += ["WARNING: the runs differ in more than their measurements; read the changes with care:",
+                  *[f"  ! {warning}" for warning in comparison.warnings], ""]
     titles = {"latency": "Median latency (ms), A -> B", "metric": "Fidelity metrics, A -> B",
               "gate": "Gates that flipped", "status": "Statuses that changed", "missing": "In one run only"}
     for kind, title in titles.items():

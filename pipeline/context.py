@@ -40,11 +40,15 @@ class Artifact:
     key: str
     """Cache key that produced it (the content address)."""
     sha256: str
+    """The model file's own sha256 (what ``sha256sum`` prints)."""
     size_bytes: int
+    """Model file plus external data."""
     stages: tuple[str, ...]
     parent: str | None
     cached: bool = False
     seconds: float = 0.0
+    external_data: tuple[tuple[str, str, int], ...] = ()
+    """(file name, sha256, size in bytes) of each external data file beside ``path``."""
 
     @property
     def precision(self) -> str:

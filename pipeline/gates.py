@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pipeline.recipe import GateSpec
@@ -89,8 +90,60 @@ def _row(gate: GateSpec, value: float | None) -> dict[str, Any]:
 
 
 def validations_hold(validation: list[dict[str, Any]]) -> bool:
-    """No (variant, target) pair failed its tolerances or errored; unavailable targets do not count."""
-    return not any(row["status"] in ("failed", "error") for row in validation)
+    """No (variant, target) pair failed its tolerances; errored rows are judged by ``unmeasured``."""
+    return not any(row["status"] == "failed" for row in validation)
+
+
+def run_passes(gates: list[dict[str, Any]], validation: list[dict[str, Any]], failures: list[dict[str, Any]],
+               missing: list[dict[str, Any]]) -> bool:
+    """The run's verdict: every variant built, every gate and validation held, and everything the recipe asked
+    to measure was measured (or the recipe allows that it was not)."""
+    return (not failures and gates_hold(gates) and validations_hold(validation)
+            and all(row["allowed"] for row in missing))
+
+
+def unmeasured(validation: list[dict[str, Any]], benchmarks: list[dict[str, Any]],
+               expected: tuple[list[str], list[str], list[int]], allowed: list[str]) -> list[dict[str, Any]]:
+    """What the recipe asked to measure and could not be: errored rows, a latency that is not a number, rows
+    that are missing.  ``expected`` is (variants, targets, batch sizes; none when benchmarks are off).
+
+    Unavailable targets are not here: a target this machine lacks is reported, never a failure.  Each entry
+    says whether the recipe allows it (``report.allow_unmeasured``).
+    """
+    variants, targets, batches = expected
+    found = [*_errored("validate", validation), *_errored("benchmark", benchmarks)]
+    seen = {(row["variant"], row["target"]) for row in validation}
+    found += [_entry("validate", variant, target, None, "no validation result")
+              for variant in variants for target in targets if (variant, target) not in seen]
+    timed = {(row["variant"], row["target"], row.get("batch_size")) for row in benchmarks}
+    found += [_entry("benchmark", variant, target, batch, "no benchmark result")
+              for target in targets for batch in batches for variant in variants
+              if (variant, target, batch) not in timed]
+    return [{**row, "allowed": row["kind"] in allowed} for row in found]
+
+
+def _errored(kind: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    found = []
+    for row in rows:
+        batch = row.get("batch_size")
+        if row.get("status") == "error":
+            found.append(_entry(kind, row["variant"], row["target"], batch, row.get("reason") or "error"))
+        elif kind == "benchmark" and row.get("status") == "ok" and not _finite(_p50(row)):
+            found.append(_entry(kind, row["variant"], row["target"], batch, "median latency is not a number"))
+    return found
+
+
+def _p50(row: dict[str, Any]) -> Any:
+    return (row.get("latency_ms") or {}).get("p50")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _entry(kind: str, variant: str, target: str, batch: int | None, reason: str) -> dict[str, Any]:
+    entry = {"kind": kind, "variant": variant, "target": target, "reason": reason}
+    return {**entry, "batch_size": batch} if kind == "benchmark" else entry
 
 
 def gates_hold(gates: list[dict[str, Any]]) -> bool:

@@ -104,9 +104,14 @@ class GateSpec(StrictModel):
 
 
 class ReportSpec(StrictModel):
-    """Which report files to write."""
+    """Which report files to write, and what the verdict may overlook."""
 
     formats: list[Literal["json", "md", "html"]] = Field(default=["json", "md", "html"], description="Report formats.")
+    allow_unmeasured: list[Literal["validate", "benchmark"]] = Field(
+        default=[], description="Measurements that may error (or be missing) without failing the run: the report "
+                                "still lists them under 'unmeasured'. By default a validation or benchmark row the "
+                                "recipe asked for that could not be measured makes the run fail (exit 1); "
+                                "unavailable targets never do.")
 
 
 class VariantStep(StrictModel):

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.gates import find_benchmark, gates_hold, speedup, validations_hold
+from pipeline.gates import find_benchmark, run_passes, speedup
 from pipeline.recipe import Recipe
 from pipeline.report_view import (
     benchmark_settings,
@@ -18,6 +18,7 @@ from pipeline.report_view import (
     matrix,
     problems,
     tradeoff_points,
+    unmeasured_lines,
     validation_notes,
 )
 from pipeline.store import write_json_atomic, write_text_atomic
@@ -28,9 +29,15 @@ SCHEMA_VERSION = 1
 
 def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: list[dict[str, Any]],
                  benchmarks: list[dict[str, Any]], gates: list[dict[str, Any]], failures: list[dict[str, Any]],
-                 *, seconds: float) -> dict[str, Any]:
-    """The report as a JSON-serialisable dict (see the README's report contract)."""
+                 *, seconds: float, unmeasured: list[dict[str, Any]] | None = None,
+                 model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report as a JSON-serialisable dict (see the README's report contract).
+
+    ``unmeasured``: what the recipe asked to measure and could not be (``pipeline.gates.unmeasured``);
+    ``model``: the exported model's identity and signature, so runs of different models can be told apart.
+    """
     from pipeline.envinfo import environment
+    from pipeline.report_identity import recipe_fingerprint
     from stages.validate_floor import noise_floor_summary
 
     reference = recipe.reference_variant
@@ -39,14 +46,17 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
         row["speedup_range"] = speedup_range(benchmarks, row, reference)
     return {
         "schema_version": SCHEMA_VERSION,
-        "recipe": {"name": recipe.name, "path": str(recipe.source) if recipe.source else None},
+        "recipe": {"name": recipe.name, "path": str(recipe.source) if recipe.source else None,
+                   "sections": recipe_fingerprint(recipe)},
+        "model": model,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": seconds,
         "environment": environment(),
         "reference": {"variant": reference, "target": REFERENCE_TARGET},
-        "passed": gates_hold(gates) and validations_hold(validation) and not failures,
+        "passed": run_passes(gates, validation, failures, unmeasured or []),
         "gates": gates,
         "failures": failures,
+        "unmeasured": unmeasured or [],
         "artifacts": artifacts,
         "validation": validation,
         "noise_floor": noise_floor_summary(validation),
@@ -125,8 +135,11 @@ def _tradeoff_lines(report: dict[str, Any]) -> list[str]:
 def _artifact_lines(report: dict[str, Any]) -> list[str]:
     lines = []
     for artifact in report["artifacts"]:
-        lines.append(f"- **{artifact['name']}**: {lineage_chain(artifact)}; sha256 `{artifact['sha256'][:16]}…`, "
-                     f"{artifact['size_bytes'] / 1e6:.2f} MB")
+        cache = f"; cache: {artifact['cache']}" if artifact.get("cache", "hit") not in ("hit", "built") else ""
+        lines.append(f"- **{artifact['name']}**: {lineage_chain(artifact)}; sha256 `{artifact['sha256']}`, "
+                     f"{artifact['size_bytes'] / 1e6:.2f} MB{cache}")
+        lines += [f"  - external data `{data['file']}`: sha256 `{data['sha256']}`"
+                  for data in artifact.get("external_data", [])]
         for step in artifact.get("lineage", []):
             lines += [f"  - {step['stage']}: {line}" for line in highlights(step.get("findings"))]
     return lines
@@ -152,11 +165,13 @@ def _inline(value: Any) -> str:
 def render_markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     verdict = "all gates hold" if report["passed"] else "**FAILED**"
+    missing = unmeasured_lines(report)
     parts = [
         f"# qdeploy report: {report['recipe']['name']}",
         "",
         f"Verdict: {verdict}. Reference: `{report['reference']['variant']}` on `{report['reference']['target']}`. "
         f"Run took {report['seconds']:.1f} s.",
+        *(["", "## Asked for but not measured", "", *[f"- {line}" for line in missing]] if missing else []),
         "", "## Gates", "", *_gate_rows(report),
         "", "## Latency and accuracy", "", *_matrix_rows(report),
         "", "Speedup is the reference's median latency over the variant's on the same target and batch, the median "

@@ -23,6 +23,7 @@ from pipeline.report_view import (
     matrix,
     problems,
     tradeoff_points,
+    unmeasured_lines,
     validation_notes,
 )
 
@@ -84,7 +85,8 @@ def render_html(report: dict[str, Any]) -> str:
     rows = matrix(report)
     colors = colors_for([artifact["name"] for artifact in report.get("artifacts", [])] + [r.variant for r in rows])
     sections = [
-        _header(report), _gates(report), _problems(report), _table(report, rows, colors), _charts(report, rows, colors),
+        _header(report), _unmeasured(report), _gates(report), _problems(report), _table(report, rows, colors),
+        _charts(report, rows, colors),
         _validation(report), _settings(report), _artifacts(report), _environment(report),
     ]
     title = _e(f"qdeploy report: {report['recipe']['name']}")
@@ -104,6 +106,16 @@ def _header(report: dict[str, Any]) -> str:
             f"{fmt(report.get('seconds'))} s · reference <code>{_e(reference.get('variant'))}</code> on "
             f"<code>{_e(reference.get('target'))}</code></p>"
             f"<div class=\"verdict {'pass' if passed else 'fail'}\">{_e(verdict)}</div>")
+
+
+def _unmeasured(report: dict[str, Any]) -> str:
+    lines = unmeasured_lines(report)
+    if not lines:
+        return ""
+    hard = any(not row.get("allowed") for row in report.get("unmeasured") or [])
+    items = "".join(f"<li>{_e(line)}</li>" for line in lines)
+    return (f"<div class=\"problems{'' if hard else ' soft'}\"><strong>Asked for but not measured</strong>"
+            f"<ul>{items}</ul></div>")
 
 
 def _gates(report: dict[str, Any]) -> str:
@@ -246,13 +258,22 @@ def _artifacts(report: dict[str, Any]) -> str:
             f"<details><summary>{_e(artifact['name'])} · {_e(lineage_chain(artifact))} · "
             f"{fmt(artifact.get('size_bytes', 0) / 1e6)} MB</summary>"
             f"<p class=\"chain\">{chain}</p><p class=\"note\">sha256 <code>{_e(artifact.get('sha256', ''))}</code>"
-            f"<br>file <code>{_e(artifact.get('path', ''))}</code></p>"
+            f"<br>file <code>{_e(artifact.get('path', ''))}</code>{_cache_and_data(artifact)}</p>"
             + (f"<ul class=\"hl\">{summary_lines}</ul>" if summary_lines else "") + details + "</details>")
     if not cards:
         return ""
     return ("<h2>Artifacts: lineage and stage findings</h2><p class=\"note\">Open an artifact for its chain of "
             "stages, what each stage found (clamped values, nodes kept in float, lowered patterns, ...) and its "
             "config.</p>" + "".join(cards))
+
+
+def _cache_and_data(artifact: dict[str, Any]) -> str:
+    """External data files with their own sha256, and a cache entry that had to be rebuilt."""
+    parts = [f"<br>external data <code>{_e(data.get('file'))}</code> sha256 <code>{_e(data.get('sha256'))}</code>"
+             for data in artifact.get("external_data") or []]
+    if artifact.get("cache") not in (None, "hit", "built"):
+        parts.append(f"<br>cache: {_e(artifact['cache'])}")
+    return "".join(parts)
 
 
 def _environment(report: dict[str, Any]) -> str:

@@ -197,6 +197,16 @@ def problems(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def unmeasured_lines(report: dict[str, Any]) -> list[str]:
+    """What the recipe asked to measure and could not be, one line each; allowed ones say so."""
+    lines = []
+    for row in report.get("unmeasured") or []:
+        batch = f", batch {row['batch_size']}" if row.get("batch_size") is not None else ""
+        allowed = " (allowed by report.allow_unmeasured)" if row.get("allowed") else ""
+        lines.append(f"{row['kind']} of {row['variant']} on {row['target']}{batch}: {row['reason']}{allowed}")
+    return lines
+
+
 def validation_notes(row: dict[str, Any]) -> list[str]:
     """Divergence, unattainable limits and warnings of one validation row, as sentences."""
     notes = []

@@ -32,8 +32,17 @@ from pipeline import registry
 from pipeline.context import Artifact, StageContext, StageResult
 from pipeline.errors import QdeployError, QdeployInputError, RunLockedError, StageError
 from pipeline.progress import Progress
+from pipeline.published import (
+    begin_generation,
+    commit_generation,
+    discard_generation,
+    publish_artifact,
+    stable_path,
+    write_checksums,
+)
 from pipeline.recipe import EXPORTED, Recipe, VariantStep
-from pipeline.store import ArtifactStore, cache_key, library_versions, publish, sha256_file
+from pipeline.report_identity import model_signature
+from pipeline.store import ArtifactStore, cache_key, library_versions, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +95,8 @@ class BuildOutcome:
     """The report's artifact rows."""
     evaluated: dict[str, Artifact]
     """Artifacts that validation and benchmarks cover: the reference first, then the selected variants."""
+    generation: Path | None = None
+    """The unpublished folder holding this run's artifacts; ``finish_run`` adds the reports and switches to it."""
 
 
 @dataclass
@@ -101,6 +112,8 @@ class _RunState:
     built: dict[str, Artifact] = field(default_factory=dict)
     """Every artifact of this run by cache key, so a shared prefix is taken once."""
     input_error: bool = False
+    cache_notes: dict[str, str] = field(default_factory=dict)
+    """Cache key -> how this run got it: 'hit', 'built' or 'rebuilt: evicted (why the entry was damaged)'."""
 
 
 def default_out_dir(recipe: Recipe) -> Path:
@@ -139,17 +152,24 @@ def build_phase(plan: RunPlan, progress: Progress | None = None) -> BuildOutcome
     """Export and every selected variant's transforms, through the cache; publish the artifacts.
 
     A variant's failure is recorded in the outcome; a failed export (every variant starts from it) raises.
+    The artifacts go to a new generation of the published folder that stays invisible until ``finish_run``.
     """
-    with tempfile.TemporaryDirectory(prefix="qdeploy-") as work:
-        state = _RunState(plan.recipe, ArtifactStore(plan.cache_dir), plan.use_cache, progress or _silent(),
-                          Path(work))
-        exported = _build_export(state)
-        for variant in plan.variants:
-            _build_variant(state, variant, exported)
-        published = _publish(state, plan.out_dir)
-        evaluated = _evaluation_set(state, plan.variants, exported)
+    generation = begin_generation(plan.out_dir)
+    try:
+        with tempfile.TemporaryDirectory(prefix="qdeploy-") as work:
+            state = _RunState(plan.recipe, ArtifactStore(plan.cache_dir), plan.use_cache, progress or _silent(),
+                              Path(work))
+            exported = _build_export(state)
+            for variant in plan.variants:
+                _build_variant(state, variant, exported)
+            published = _publish(state, plan.out_dir, generation)
+            evaluated = _evaluation_set(state, plan.variants, exported)
+    except BaseException:
+        discard_generation(generation)
+        raise
     return BuildOutcome(exported=exported, artifacts=state.artifacts, built=state.built, failures=state.failures,
-                        input_error=state.input_error, published=published, evaluated=evaluated)
+                        input_error=state.input_error, published=published, evaluated=evaluated,
+                        generation=generation)
 
 
 def validate_phase(plan: RunPlan, outcome: BuildOutcome, targets: list[str] | None = None,
@@ -166,18 +186,35 @@ def benchmark_phase(plan: RunPlan, outcome: BuildOutcome, targets: list[str] | N
 
 def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[dict[str, Any]],
                benchmarks: list[dict[str, Any]], *, seconds: float) -> RunResult:
-    """Gates, report.json/.md in the output folder, and the exit status they imply."""
-    from pipeline.gates import evaluate_gates
+    """Gates, the reports, and the exit status they imply; publishes artifacts and reports in one switch."""
+    from pipeline.gates import evaluate_gates, unmeasured
     from pipeline.report import build_report, write_reports
 
     recipe = plan.recipe
     sizes = {row["name"]: row["size_bytes"] for row in outcome.published}
     gates = evaluate_gates(recipe.gates, validation, benchmarks, recipe.reference_variant, outcome.failures, sizes,
                            selected=(plan.variants, plan.targets))
+    expected = (list(outcome.evaluated), plan.targets,
+                recipe.benchmark.batch_sizes if recipe.benchmark.enabled else [])
+    missing = unmeasured(validation, benchmarks, expected, allowed=recipe.report.allow_unmeasured)
     report = build_report(recipe, outcome.published, validation, benchmarks, gates, outcome.failures,
-                          seconds=seconds)
-    write_reports(report, plan.out_dir, recipe.report.formats)
-    return RunResult(report=report, out_dir=plan.out_dir, exit_code=_exit_code(outcome, gates, validation))
+                          seconds=seconds, unmeasured=missing, model=_model_identity(outcome))
+    generation = outcome.generation or begin_generation(plan.out_dir)
+    try:
+        write_reports(report, generation, recipe.report.formats)
+        commit_generation(plan.out_dir, generation)
+    except BaseException:
+        discard_generation(generation)
+        raise
+    return RunResult(report=report, out_dir=plan.out_dir, exit_code=_exit_code(outcome, gates, validation, missing))
+
+
+def _model_identity(outcome: BuildOutcome) -> dict[str, Any]:
+    """What the run's model is, so `qdeploy compare` can tell two runs of different models apart."""
+    exported = outcome.exported
+    return {"exported_sha256": exported.sha256, "exported_key": exported.key,
+            "external_data": [{"file": name, "sha256": digest} for name, digest, _ in exported.external_data],
+            **model_signature(exported.path)}
 
 
 def _silent() -> Progress:
@@ -193,15 +230,15 @@ def _evaluate_phase(plan: RunPlan, outcome: BuildOutcome, stage: str, targets: l
         return _evaluate(state, stage, outcome.evaluated, chosen)
 
 
-def _exit_code(outcome: BuildOutcome, gates: list[dict[str, Any]], validation: list[dict[str, Any]]) -> int:
-    """2 for bad input; 1 when a variant failed to build, a gate failed, or a validation failed or errored."""
-    from pipeline.gates import gates_hold, validations_hold
+def _exit_code(outcome: BuildOutcome, gates: list[dict[str, Any]], validation: list[dict[str, Any]],
+               missing: list[dict[str, Any]]) -> int:
+    """2 for bad input; 1 when a variant failed to build, a gate failed, a validation failed, or a measurement
+    the recipe asked for could not be made (unless the recipe allows that)."""
+    from pipeline.gates import run_passes
 
     if outcome.input_error:
         return 2
-    if outcome.failures or not gates_hold(gates) or not validations_hold(validation):
-        return 1
-    return 0
+    return 0 if run_passes(gates, validation, outcome.failures, missing) else 1
 
 
 def _selected_variants(recipe: Recipe, wanted: list[str] | None) -> list[str]:
@@ -297,6 +334,7 @@ def _build_step(state: _RunState, variant: str, step: VariantStep, parent: Artif
     versions = library_versions(("qdeploy", *info.libraries))
     key = cache_key({
         "stage": step.stage, "config": step.config, "versions": versions, "parent_sha256": parent.sha256,
+        "parent_external_data": [list(item) for item in parent.external_data],
         "data": _data_fingerprint(state.recipe, info.datasets_used(step.config)),
         **({"targets": sorted(state.recipe.targets)} if info.uses_targets else {}),
     })
@@ -312,6 +350,7 @@ def _transform(state: _RunState, key: str, info: registry.StageInfo, parent: Art
     if cached is not None:
         log.info("%s of %s: cached (%s)", info.name, ctx.variant, key[:12])
         state.built[key] = cached
+        state.cache_notes[key] = "hit"
         return cached
     started = time.perf_counter()
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
@@ -328,7 +367,10 @@ def _transform(state: _RunState, key: str, info: registry.StageInfo, parent: Art
     }
     artifact = dataclasses.replace(state.store.put(key, result.model, meta), cached=False)
     state.built[key] = artifact
-    log.info("%s of %s: built in %.2fs (%s)", info.name, ctx.variant, seconds, key[:12])
+    evicted = state.store.evictions.get(key)
+    state.cache_notes[key] = f"rebuilt: evicted ({evicted})" if evicted else "built"
+    log.log(logging.WARNING if evicted else logging.INFO, "%s of %s: %s in %.2fs (%s)", info.name, ctx.variant,
+            state.cache_notes[key], seconds, key[:12])
     return artifact
 
 
@@ -352,19 +394,35 @@ def _context(state: _RunState, variant: str, stage: str) -> StageContext:
                         targets=tuple(state.recipe.targets))
 
 
-def _publish(state: _RunState, out_dir: Path) -> list[dict[str, Any]]:
-    """Copy each variant's artifact to artifacts/<variant>.onnx with its sidecar; the report's artifact rows."""
+def _publish(state: _RunState, out_dir: Path, generation: Path) -> list[dict[str, Any]]:
+    """Copy each variant's artifact to artifacts/<variant>.onnx of the new generation; the report's artifact rows.
+
+    Paths in the rows are where the files are seen once the generation is published (OUT/artifacts/...).
+    """
     rows = []
-    folder = out_dir / "artifacts"
     for name, artifact in state.artifacts.items():
         lineage = _lineage(state, artifact)
-        path, sidecar = publish(artifact, folder, name, {"variant": name, "lineage": lineage})
+        path, sidecar, external = publish_artifact(artifact, generation, name, {"variant": name, "lineage": lineage})
         rows.append({
-            "name": name, "path": str(path), "sidecar": str(sidecar), "sha256": artifact.sha256,
-            "size_bytes": artifact.size_bytes, "parent": artifact.parent, "stages": list(artifact.stages),
-            "cached": artifact.cached, "seconds": artifact.seconds, "key": artifact.key, "lineage": lineage,
+            "name": name, "path": str(stable_path(out_dir, generation, path)),
+            "sidecar": str(stable_path(out_dir, generation, sidecar)), "sha256": artifact.sha256,
+            "external_data": external, "size_bytes": artifact.size_bytes, "parent": artifact.parent,
+            "stages": list(artifact.stages), "cached": artifact.cached, "cache": _cache_note(state, artifact),
+            "seconds": artifact.seconds, "key": artifact.key, "lineage": lineage,
         })
+    write_checksums(generation)
     return rows
+
+
+def _cache_note(state: _RunState, artifact: Artifact) -> str:
+    """How this run got an artifact: 'hit', 'built', or 'rebuilt: evicted (reason)' for it or a step before it."""
+    current: Artifact | None = artifact
+    while current is not None:
+        note = state.cache_notes.get(current.key, "hit")
+        if note.startswith("rebuilt"):
+            return note if current is artifact else f"{note} at step {current.stages[-1] if current.stages else '?'}"
+        current = state.built.get(current.parent) if current.parent else None
+    return state.cache_notes.get(artifact.key, "hit")
 
 
 def _lineage(state: _RunState, artifact: Artifact) -> list[dict[str, Any]]:
@@ -376,7 +434,8 @@ def _lineage(state: _RunState, artifact: Artifact) -> list[dict[str, Any]]:
     while current is not None:
         meta = json.loads(current.sidecar.read_text())
         chain.append({"key": current.key, "stage": meta["stage"], "cached": current.cached,
-                      "seconds": current.seconds, "config": meta.get("config"), "findings": meta.get("findings")})
+                      "cache": state.cache_notes.get(current.key, "hit"), "seconds": current.seconds,
+                      "config": meta.get("config"), "findings": meta.get("findings")})
         current = state.built.get(current.parent) if current.parent else None
     return chain[::-1]
 

@@ -5,6 +5,11 @@ external data ``<key>.weights`` beside it, and ``meta.json`` (the sidecar).  An
 entry is written in a temporary folder and renamed into place as a whole, so a
 run killed at any point leaves either a complete entry or none; a half-written
 temporary folder is never read and is swept away later.
+
+The sidecar records each file's own sha256 and size (``files``).  Every read of
+an entry (``ArtifactStore.get``) checks them all, so an entry damaged on disk or
+by hand is never used: it is evicted, the caller rebuilds it, and the reason is
+kept in ``ArtifactStore.evictions`` for the report.
 """
 
 from __future__ import annotations
@@ -21,13 +26,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.context import Artifact
-from pipeline.errors import DiskFullError
+from pipeline.errors import DiskFullError, QdeployError
 
 if TYPE_CHECKING:
     import onnx
@@ -109,13 +114,15 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def sha256_model(path: Path) -> str:
-    """Hash of a model file and every external data file it references (sorted by name)."""
-    digest = hashlib.sha256(sha256_file(path).encode())
-    for data in sorted(external_data_files(path)):
-        digest.update(data.name.encode())
-        digest.update(sha256_file(data).encode())
-    return digest.hexdigest()
+def file_record(path: Path) -> dict[str, Any]:
+    """A file's own sha256 (what ``sha256sum`` prints) and size."""
+    return {"sha256": sha256_file(path), "size_bytes": path.stat().st_size}
+
+
+class CacheChangedError(QdeployError):
+    """A cache entry changed on disk after it was verified (while it was being published)."""
+
+    exit_code = 1
 
 
 def external_data_files(path: Path) -> list[Path]:
@@ -159,30 +166,51 @@ class ArtifactStore:
     """The cache folder of one run (or shared by several)."""
 
     root: Path
+    evictions: dict[str, str] = field(default_factory=dict)
+    """Cache key -> why its entry was evicted in this process (damaged on disk); the report says so."""
 
     def entry_dir(self, key: str) -> Path:
         return self.root / key[:2] / key
 
     def get(self, key: str) -> Artifact | None:
-        """The complete entry of this key, or None; an entry without its sidecar is not complete."""
+        """The complete, verified entry of this key, or None.
+
+        The one integrity check of every cache read: the sidecar must parse and every file it lists must have
+        the sha256 and size it recorded.  A damaged entry is evicted (so the caller rebuilds it) and logged.
+        """
         entry = self.entry_dir(key)
         meta_path = entry / META_FILE
         if not meta_path.is_file():
             return None
+        artifact: Artifact | None = None
         try:
             meta = json.loads(meta_path.read_text())
-        except (OSError, json.JSONDecodeError):
-            log.warning("cache entry %s has an unreadable sidecar; it will be rebuilt", entry)
-            return None
-        artifact = _artifact_from_meta(entry, meta, cached=True)
-        if not _sizes_match(artifact, meta.get("external_data", [])):
-            log.warning("cache entry %s does not match its sidecar (damaged?); it will be rebuilt", entry)
-            (entry / META_FILE).unlink(missing_ok=True)
-            return None
+            problem = entry_problem(entry, meta) if isinstance(meta, dict) else "its sidecar is not a JSON object"
+            if problem is None and meta.get("key") != key:
+                problem = "its sidecar belongs to another key"
+            artifact = _artifact_from_meta(entry, meta, cached=True) if problem is None else None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            problem = f"unreadable sidecar ({exc})"
+        except (KeyError, TypeError, ValueError) as exc:
+            problem = f"its sidecar lacks {exc}"
+        if artifact is None:
+            self.evict(key, problem or "unknown")
         return artifact
 
+    def evict(self, key: str, reason: str) -> None:
+        """Take a damaged entry out of the cache (renamed away first: a reader never sees half of it)."""
+        entry = self.entry_dir(key)
+        log.warning("cache entry %s is damaged (%s): evicted, it will be rebuilt", entry, reason)
+        self.evictions[key] = reason
+        graveyard = entry.parent / f"{TMP_PREFIX}{key[:12]}-{_owner_tag()}-evicted{time.monotonic_ns()}"
+        try:
+            os.rename(entry, graveyard)
+        except OSError:
+            return  # gone already (another run evicted it)
+        shutil.rmtree(graveyard, ignore_errors=True)
+
     def put(self, key: str, model: onnx.ModelProto, meta: dict[str, Any]) -> Artifact:
-        """Write a model and its sidecar as one entry, atomically; an entry that already exists wins."""
+        """Write a model and its sidecar as one entry, atomically; a sound entry that already exists wins."""
         final = self.entry_dir(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{key[:12]}-{_owner_tag()}-", dir=final.parent))
@@ -191,29 +219,37 @@ class ArtifactStore:
                 model_path = staging / MODEL_FILE
                 save_model(model, model_path, external_name=f"{key[:16]}.weights")
                 data_files = external_data_files(model_path)
-                meta = {**meta, "key": key, "sha256": sha256_model(model_path),
-                        "size_bytes": model_path.stat().st_size + sum(p.stat().st_size for p in data_files),
+                files = {path.name: file_record(path) for path in (model_path, *data_files)}
+                meta = {**meta, "key": key, "sha256": files[MODEL_FILE]["sha256"], "files": files,
+                        "size_bytes": sum(record["size_bytes"] for record in files.values()),
                         "external_data": [p.name for p in data_files], "created": time.time()}
                 _write_json(staging / META_FILE, meta)
                 _fsync_dir(staging)
-                self._move_into_place(staging, final)
+                ours = self._move_into_place(key, staging, final)
             finally:
                 if staging.exists():
                     shutil.rmtree(staging, ignore_errors=True)
-        artifact = self.get(key)
-        assert artifact is not None
+        artifact = _artifact_from_meta(final, meta, cached=False) if ours else self.get(key)
+        if artifact is None:
+            raise CacheChangedError(f"cache entry {final} was replaced by a damaged one while it was written; "
+                                    "run again")
         return artifact
 
-    @staticmethod
-    def _move_into_place(staging: Path, final: Path) -> None:
-        if final.exists() and not (final / META_FILE).is_file():
-            shutil.rmtree(final, ignore_errors=True)  # an invalid entry (damaged by hand): replace it
+    def _move_into_place(self, key: str, staging: Path, final: Path) -> bool:
+        """Rename a staged entry to its place; False when another run placed a sound one there first."""
+        if final.exists():
+            if self.get(key) is not None:
+                log.debug("cache entry %s was written by another run first", final.name)
+                return False
+            shutil.rmtree(final, ignore_errors=True)  # an entry without its sidecar (damaged by hand)
         try:
             os.rename(staging, final)
         except OSError:
             if not (final / META_FILE).is_file():
                 raise
             log.debug("cache entry %s was written by another run first", final.name)
+            return False
+        return True
 
     def sweep_temporaries(self) -> int:
         """Remove staging folders that a killed run left behind; returns how many.
@@ -229,6 +265,25 @@ class ArtifactStore:
         return removed
 
 
+def entry_problem(entry: Path, meta: dict[str, Any]) -> str | None:
+    """Why an entry cannot be trusted (a file missing, of another size or another sha256), or None."""
+    files, external = meta.get("files"), meta.get("external_data", [])
+    if not isinstance(files, dict) or MODEL_FILE not in files or not isinstance(external, list):
+        return "its sidecar records no per-file hashes (written by an older qdeploy)"
+    for name in [MODEL_FILE, *external]:
+        record = files.get(name)
+        if not isinstance(name, str) or "/" in name or name.startswith(".") or not isinstance(record, dict):
+            return f"its sidecar lists a file it has no hash of: {name!r}"
+        path = entry / name
+        if path.is_symlink() or not path.is_file():
+            return f"{name} is missing or not a regular file"
+        if path.stat().st_size != record.get("size_bytes"):
+            return f"{name}: size mismatch"
+        if sha256_file(path) != record.get("sha256"):
+            return f"{name}: hash mismatch"
+    return None
+
+
 def save_model(model: onnx.ModelProto, path: Path, *, external_name: str) -> None:
     """Save a model; large ones with their tensors in one external data file beside it."""
     import onnx
@@ -240,20 +295,13 @@ def save_model(model: onnx.ModelProto, path: Path, *, external_name: str) -> Non
         onnx.save_model(model, str(path))
 
 
-def _sizes_match(artifact: Artifact, external_names: list[str]) -> bool:
-    """A cheap completeness check of an entry: the files add up to the size its sidecar recorded."""
-    try:
-        files = [artifact.path, *(artifact.path.parent / name for name in external_names)]
-        return sum(path.stat().st_size for path in files) == artifact.size_bytes
-    except OSError:
-        return False
-
-
 def _artifact_from_meta(entry: Path, meta: dict[str, Any], *, cached: bool) -> Artifact:
     return Artifact(
         path=entry / MODEL_FILE, sidecar=entry / META_FILE, key=meta["key"], sha256=meta["sha256"],
         size_bytes=meta["size_bytes"], stages=tuple(meta.get("stages", ())), parent=meta.get("parent"),
         cached=cached, seconds=meta.get("seconds", 0.0),
+        external_data=tuple((name, meta["files"][name]["sha256"], meta["files"][name]["size_bytes"])
+                            for name in meta.get("external_data", [])),
     )
 
 
@@ -301,34 +349,3 @@ def write_text_atomic(path: Path, text: str) -> None:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-
-
-def publish(artifact: Artifact, folder: Path, name: str, extra_meta: dict[str, Any]) -> tuple[Path, Path]:
-    """Place a copy of an artifact as folder/<name>.onnx with folder/<name>.json.
-
-    A copy, not a link: a user editing the published file must not alter the cache entry.  Everything new is
-    written under temporary names first (a full disk stops there, the previous files untouched); then the old
-    sidecar goes, the files are renamed into place, and the sidecar comes last: a published model is complete
-    exactly when its sidecar exists (and its sha256 then matches).
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    model_path, sidecar = folder / f"{name}.onnx", folder / f"{name}.json"
-    meta = {**json.loads(artifact.sidecar.read_text()), **extra_meta}
-    sources = [*external_data_files(artifact.path), artifact.path]
-    targets = [*(folder / data.name for data in sources[:-1]), model_path]
-    sweep_stale_files(folder)
-    staged = [target.with_name(f"{_temp_prefix(target)}staged") for target in targets]
-    staged_sidecar = sidecar.with_name(f"{_temp_prefix(sidecar)}staged")
-    try:
-        with _disk_full_is_clear(str(model_path)):
-            for source, tmp in zip(sources, staged, strict=True):
-                shutil.copyfile(source, tmp)
-            _write_json(staged_sidecar, meta)
-        sidecar.unlink(missing_ok=True)
-        for tmp, target in zip(staged, targets, strict=True):
-            os.replace(tmp, target)
-        os.replace(staged_sidecar, sidecar)
-    finally:
-        for tmp in [*staged, staged_sidecar]:
-            tmp.unlink(missing_ok=True)
-    return model_path, sidecar

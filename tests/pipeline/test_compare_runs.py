@@ -11,7 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.compare_runs import Thresholds, compare_reports, format_comparison, load_report, parse_metric_drops
+from pipeline.compare_runs import (
+    NotComparableError,
+    Thresholds,
+    compare_reports,
+    format_comparison,
+    load_report,
+    parse_metric_drops,
+)
 from pipeline.errors import QdeployInputError
 from tests.pipeline.test_report import synthetic_report
 
@@ -96,7 +103,10 @@ def test_rows_in_one_run_only_are_listed() -> None:
     assert missing["benchmark slow on ort:cpu, batch 1"].after == "absent"
     assert missing["benchmark int8 on ort:cpu, batch 1"].after == "error"
     assert missing["benchmark int8 on ort:cpu, batch 1"].regression
-    assert not missing["benchmark slow on ort:cpu, batch 1"].regression
+    assert missing["benchmark slow on ort:cpu, batch 1"].regression  # A measured it, B did not
+    gained = compare_reports(after, before)  # the other way round: B measures more than A
+    new_rows = {change.subject: change for change in gained.changes if change.kind == "missing"}
+    assert not new_rows["benchmark slow on ort:cpu, batch 1"].regression
 
 
 def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
@@ -130,3 +140,75 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "no report.json" in missing.output
     bad_option = runner.invoke(app, ["compare", str(run_a), str(run_b), "--max-metric-drop", "cosine"])
     assert bad_option.exit_code == 2
+
+
+def _with_model(report: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    report["model"] = {"exported_sha256": "ab" * 32, "inputs": inputs,
+                       "outputs": [{"name": "logits", "type": "float", "shape": [1, 10]}]}
+    report["recipe"]["sections"] = {"model": "m", "variants": "v", "benchmark": "b"}
+    return report
+
+
+CNN_INPUT = [{"name": "input", "type": "float", "shape": [1, 3, 16, 16]}]
+
+
+def test_nan_or_missing_values_in_b_are_regressions_whatever_the_thresholds() -> None:
+    def broken(report: dict[str, Any]) -> None:
+        _row(report, "benchmarks", "int8")["latency_ms"]["p50"] = float("nan")
+        _row(report, "validation", "fp16")["metrics"]["cosine"] = float("nan")
+        del _row(report, "validation", "slow")["metrics"]["snr_db"]
+
+    before, after = _later(broken)
+    comparison = compare_reports(before, after)  # no thresholds at all
+    flagged = {change.subject for change in comparison.regressions}
+    assert flagged == {"int8 on ort:cpu, batch 1", "cosine of fp16 on ort:cpu", "snr_db of slow on ort:cpu"}
+    assert "no regression" not in format_comparison(comparison, "a", "b")
+    fixed = compare_reports(after, before)  # NaN in A, a number in B: better, not worse
+    assert fixed.regressions == []
+
+
+def test_runs_of_different_models_are_refused_unless_allowed() -> None:
+    before = _with_model(synthetic_report(), CNN_INPUT)
+    after = _with_model(synthetic_report(), [{"name": "x", "type": "float", "shape": [4, 4]}])
+    with pytest.raises(NotComparableError, match=r"model inputs differ: \[input float \[1, 3, 16, 16\]\] vs "
+                                                 r"\[x float \[4, 4\]\].*--allow-mismatch"):
+        compare_reports(before, after)
+    allowed = compare_reports(before, after, allow_mismatch=True)
+    assert allowed.warnings[0].startswith("model inputs differ")
+    assert "WARNING: the runs differ" in format_comparison(allowed, "a", "b")
+
+
+def test_runs_with_no_row_in_common_are_refused() -> None:
+    before, after = synthetic_report(), synthetic_report()
+    for row in after["benchmarks"] + after["validation"]:
+        row["variant"] = "other-" + row["variant"]
+    with pytest.raises(NotComparableError, match="share no variant and target"):
+        compare_reports(before, after)
+
+
+def test_recipe_and_environment_differences_are_named() -> None:
+    before = _with_model(synthetic_report(), CNN_INPUT)
+    after = _with_model(copy.deepcopy(before), CNN_INPUT)
+    after["recipe"]["sections"]["benchmark"] = "other"
+    after["environment"]["versions"]["onnx"] = "1.99"
+    after["environment"]["cpu"]["model"] = "Other CPU"
+    after["model"]["exported_sha256"] = "cd" * 32
+    warnings = compare_reports(before, after).warnings
+    assert "recipe differs in: benchmark" in warnings
+    assert "environment differs: onnx 1.23 vs 1.99" in warnings
+    assert "environment differs: cpu.model 'Test CPU' vs 'Other CPU'" in warnings
+    assert any(warning.startswith("model differs: exported sha256 abababababab") for warning in warnings)
+    assert compare_reports(before, copy.deepcopy(before)).warnings == []
+
+
+def test_cli_refuses_different_models_with_exit_2(tmp_path: Path) -> None:
+    before = _with_model(synthetic_report(), CNN_INPUT)
+    after = _with_model(synthetic_report(), [{"name": "x", "type": "float", "shape": [4, 4]}])
+    for folder, report in ((tmp_path / "a", before), (tmp_path / "b", after)):
+        folder.mkdir()
+        (folder / "report.json").write_text(json.dumps(report))
+    runner = CliRunner()
+    refused = runner.invoke(app, ["compare", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert refused.exit_code == 2 and "not comparable" in refused.output and "model inputs differ" in refused.output
+    forced = runner.invoke(app, ["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--allow-mismatch"])
+    assert forced.exit_code == 0 and "WARNING" in forced.output

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import onnx
 
+from pipeline.store import META_FILE
 from tests.conftest import tiny_cnn, write_recipe
 
 RECIPE = """
@@ -46,3 +50,43 @@ def assert_clean_input_error(result: subprocess.CompletedProcess[str], *needles:
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
     for needle in needles:
         assert needle in result.stderr, (needle, result.stderr[-2000:])
+
+
+def sha256_of(path: Path) -> str:
+    """What `sha256sum` prints for a file (independent of qdeploy's own hashing)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def assert_published_consistent(out: Path) -> dict[str, Any] | None:
+    """The published folder says the truth: every file report.json names exists with the sha256 it states,
+    artifacts/ holds nothing the report does not describe, and SHA256SUMS agrees.  Returns the report."""
+    report_path, artifacts = out / "report.json", out / "artifacts"
+    if not report_path.exists():
+        assert not artifacts.exists() or not any(artifacts.iterdir()), "artifacts published without a report"
+        return None
+    report = json.loads(report_path.read_text())
+    described = set()
+    for row in report["artifacts"]:
+        assert Path(row["path"]).parts[-2:] == ("artifacts", f"{row['name']}.onnx"), row["path"]
+        model, sidecar = artifacts / f"{row['name']}.onnx", artifacts / Path(row["sidecar"]).name
+        assert sha256_of(model) == row["sha256"], (row["name"], "model hash")
+        assert json.loads(sidecar.read_text())["sha256"] == row["sha256"], row["name"]
+        described |= {model.name, sidecar.name}
+        for data in row.get("external_data", []):
+            assert sha256_of(artifacts / data["file"]) == data["sha256"], (row["name"], data["file"])
+            described.add(data["file"])
+    present = {path.name for path in artifacts.iterdir()} - {"SHA256SUMS"} if artifacts.exists() else set()
+    assert present == described, (present, described)
+    if artifacts.exists():
+        for line in (artifacts / "SHA256SUMS").read_text().splitlines():
+            digest, name = line.split("  ", 1)
+            assert sha256_of(artifacts / name) == digest, name
+    return report
+
+
+def assert_cache_sound(cache: Path) -> None:
+    """Every complete cache entry's files have the sha256 its sidecar records."""
+    for meta_path in cache.glob(f"*/*/{META_FILE}"):
+        meta = json.loads(meta_path.read_text())
+        for name, record in meta["files"].items():
+            assert sha256_of(meta_path.parent / name) == record["sha256"], (meta_path, name)
