@@ -31,9 +31,10 @@ def declared_dims(value: onnx.ValueInfoProto) -> Dims | None:
 def reinfer_output_shapes(model: onnx.ModelProto) -> dict[str, dict[str, Any]]:
     """Drop the graph outputs' declared shapes and the inferred value_info, and infer them from the inputs again.
 
-    Returns, per output whose declaration changed, the declared and the new dimensions.  When inference
-    cannot run (a model too large for an in-memory pass, an op onnx does not know), the outputs keep no shape
-    at all (unknown rank), which is true, rather than the stale one.
+    Returns, per output whose declaration changed, the declared and the new dimensions.  Where inference
+    cannot tell (a model too large for an in-memory pass, an op onnx does not know, a shape computed at run
+    time), an output keeps its declared rank and symbolic names, and its fixed sizes become unknown: possibly
+    stale, they are not kept (the checker wants a shape on a graph output once it had one).
     """
     before = {value.name: declared_dims(value) for value in model.graph.output}
     for value in model.graph.output:
@@ -46,12 +47,22 @@ def reinfer_output_shapes(model: onnx.ModelProto) -> dict[str, dict[str, Any]]:
         new = inferred.get(value.name)
         if new is not None and new.type.tensor_type.HasField("shape"):
             value.type.tensor_type.shape.CopyFrom(new.type.tensor_type.shape)
+        elif before[value.name] is not None:
+            _unknown_sizes(value, before[value.name])
         after = declared_dims(value)
         if after != before[value.name]:
             changed[value.name] = {"declared": before[value.name], "now": after}
     if changed:
         log.info("output shapes re-inferred after the input overrides: %s", changed)
     return changed
+
+
+def _unknown_sizes(value: onnx.ValueInfoProto, declared: Dims) -> None:
+    shape = value.type.tensor_type.shape
+    for dim in declared:
+        entry = shape.dim.add()
+        if isinstance(dim, str):
+            entry.dim_param = dim
 
 
 def _inferred_outputs(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:

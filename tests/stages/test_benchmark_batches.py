@@ -36,6 +36,20 @@ def test_an_input_override_re_infers_the_output_shapes() -> None:
     assert _dims(unchanged.graph.output[0]) == [1, 10]
 
 
+def test_an_output_inference_cannot_reach_keeps_its_rank_and_loses_its_stale_sizes() -> None:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(  # onnx's shape inference knows no com.microsoft op: the output stays unknown
+        [helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")], "contrib",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "width"])])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    changed = apply_input_overrides(model, [InputSpec(name="x", shape=["batch", 4])])
+    assert changed == {"y": {"declared": [1, "width"], "now": [None, "width"]}}
+    onnx.checker.check_model(model)  # a graph output that had a shape keeps one
+
+
 @pytest.mark.slow
 def test_symbolic_batch_through_fp32_fp16_int8_on_both_runtimes(tmp_path: Path) -> None:
     onnx.save(tiny_cnn(), tmp_path / "tiny.onnx")
