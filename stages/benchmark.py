@@ -7,6 +7,10 @@ stages/benchmark_runtime.py), and runs of the artifacts on one target are
 interleaved in rounds so that drift of the machine hits them alike (speedups
 are then taken within each round).
 
+What is fed is the recipe's data stacked to each batch size (stages/benchmark_data.py, docs/benchmarks.md);
+each row (one artifact, target and batch size) has a time budget, ``max_seconds``, and says when it stopped
+early.
+
 Documented choices, recorded in every result:
 - calls are synchronous, one request at a time (``mode``): the latency a single
   caller sees, which is what the speedup gates compare;
