@@ -228,6 +228,8 @@ class Recipe(StrictModel):
     def _cross_references(self) -> Recipe:
         if self.validate_.data is not None and self.validate_.data not in self.data:
             raise ValueError(f"validate.data names dataset '{self.validate_.data}'; defined: {sorted(self.data)}")
+        if self.benchmark.data is not None and self.benchmark.data not in self.data:
+            raise ValueError(f"benchmark.data names dataset '{self.benchmark.data}'; defined: {sorted(self.data)}")
         known_variants = [*self.variants, EXPORTED]
         if self.validate_.reference is not None and self.validate_.reference not in known_variants:
             raise ValueError(

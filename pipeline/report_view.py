@@ -281,4 +281,17 @@ def benchmark_settings(report: dict[str, Any]) -> list[str]:
         lines.append(f"{row['target']}: {row.get('mode', 'sync')}; warm-up {warm}; measured {timed} in "
                      f"{measure.get('rounds', len(row.get('round_p50_ms') or []))} interleaved rounds; threads "
                      f"{row.get('threads') or 'runtime default'}" + (f"; {settings}" if settings else ""))
+    return lines + _benchmark_data_lines(report)
+
+
+def _benchmark_data_lines(report: dict[str, Any]) -> list[str]:
+    """What the benchmarks were fed, then each row's notes (wrong output declarations, stops), said once."""
+    rows = [row for row in report.get("benchmarks", []) if row.get("status") == "ok"]
+    sources = list(dict.fromkeys(str((row.get("data") or {}).get("source")) for row in rows if row.get("data")))
+    lines = [f"inputs: {source}, stacked to each batch size" for source in sources]
+    notes: dict[str, list[str]] = {}
+    for row in rows:
+        for note in row.get("notes") or []:
+            notes.setdefault(str(note), []).append(f"{row['variant']} on {row['target']} batch {row['batch_size']}")
+    lines += [f"{', '.join(where)}: {note}" for note, where in notes.items()]
     return lines

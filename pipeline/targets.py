@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pipeline.errors import DataError, ModelError, TargetUnavailable
+from pipeline.targets_bound import BoundCall, OrtBoundCall
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,15 @@ class Session:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise NotImplementedError
+
+    def bind(self, feeds: dict[str, np.ndarray]) -> BoundCall:
+        """The call with `feeds` bound once, for timing; see ``BoundCall``."""
+        check_feeds(self.target, self.input_names, feeds)
+        return BoundCall(self, feeds)
+
+    def runtime_settings(self) -> dict[str, Any]:
+        """Threads, streams and hints the runtime really uses, read back from the loaded model; {} when unknown."""
+        return {}
 
     def close(self) -> None:
         """Release what the session holds; the default holds nothing extra."""
@@ -289,6 +299,17 @@ class OrtSession(Session):
 
     def close(self) -> None:
         self._finalizer()
+
+    def bind(self, feeds: dict[str, np.ndarray]) -> BoundCall:
+        check_feeds(self.target, self.input_names, feeds)
+        return OrtBoundCall(self._session, feeds, self.output_names)
+
+    def runtime_settings(self) -> dict[str, Any]:
+        options = self._session.get_session_options()
+        return {"intra_op_num_threads": options.intra_op_num_threads or "default (one per physical core)",
+                "inter_op_num_threads": options.inter_op_num_threads or "default",
+                "execution_mode": str(options.execution_mode).rsplit(".", 1)[-1].lower().removeprefix("ort_"),
+                "graph_optimization_level": str(options.graph_optimization_level).rsplit(".", 1)[-1]}
 
     def _read_profile(self) -> None:
         profile_dir, self._profile_dir = self._profile_dir, None

@@ -18,7 +18,15 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import ModelError
-from pipeline.targets import ExecutionInfo, Session, TargetAdapter, check_feeds, onnx_io_names, short_message
+from pipeline.targets import (
+    BoundCall,
+    ExecutionInfo,
+    Session,
+    TargetAdapter,
+    check_feeds,
+    onnx_io_names,
+    short_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +142,54 @@ class OpenVinoSession(Session):
         except Exception as exc:
             raise RuntimeError(f"target {self.target}: OpenVINO inference failed: {short_message(exc)}") from exc
         return {name: np.array(results[self._output_ports[name]], copy=True) for name in self.output_names}
+
+    def bind(self, feeds: dict[str, np.ndarray]) -> BoundCall:
+        check_feeds(self.target, self.input_names, feeds)
+        return OpenVinoBoundCall(self._request, {self._input_ports[name]: feeds[name] for name in self.input_names},
+                                 self._output_ports)
+
+    def runtime_settings(self) -> dict[str, Any]:
+        settings: dict[str, Any] = {}
+        for key in _READ_BACK_PROPERTIES:
+            try:
+                settings[key] = _plain(self._compiled.get_property(key))
+            except Exception:  # not every device has every property
+                continue
+        return settings
+
+
+_READ_BACK_PROPERTIES = ("PERFORMANCE_HINT", "NUM_STREAMS", "INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT",
+                         "OPTIMAL_NUMBER_OF_INFER_REQUESTS", "ENABLE_CPU_PINNING")
+
+
+class OpenVinoBoundCall(BoundCall):
+    """``InferRequest.infer()`` on input tensors set once; outputs read from the request after each run."""
+
+    description = "InferRequest.infer() on input tensors set once"
+
+    def __init__(self, request: Any, feeds_by_port: dict[int, np.ndarray], output_ports: dict[str, int]) -> None:
+        import openvino
+
+        self._request = request
+        self._ports = output_ports
+        self._inputs = {index: np.ascontiguousarray(value) for index, value in feeds_by_port.items()}  # kept alive
+        for index, value in self._inputs.items():
+            request.set_input_tensor(index, openvino.Tensor(value))
+
+    def run(self) -> None:
+        self._request.infer()
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        return {name: np.array(self._request.get_output_tensor(index).data) for name, index in self._ports.items()}
+
+
+def _plain(value: Any) -> Any:
+    """An OpenVINO property value as JSON: numbers and booleans as they are, enums and types by name."""
+    if isinstance(value, bool | int | float | str):
+        return value
+    if hasattr(value, "get_type_name"):
+        return value.get_type_name()
+    return str(value).rsplit(".", 1)[-1]
 
 
 def _match_ports(ports: Any, onnx_names: list[str], kind: str) -> dict[str, int]:

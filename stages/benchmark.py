@@ -7,6 +7,10 @@ stages/benchmark_runtime.py), and runs of the artifacts on one target are
 interleaved in rounds so that drift of the machine hits them alike (speedups
 are then taken within each round).
 
+What is fed is the recipe's data stacked to each batch size (stages/benchmark_data.py, docs/benchmarks.md);
+each row (one artifact, target and batch size) has a time budget, ``max_seconds``, and says when it stopped
+early.
+
 Documented choices, recorded in every result:
 - calls are synchronous, one request at a time (``mode``): the latency a single
   caller sees, which is what the speedup gates compare;
@@ -33,7 +37,8 @@ from pydantic import Field, model_validator
 
 from pipeline.errors import TargetUnavailable
 from pipeline.tolerance import StrictModel
-from stages.benchmark_runtime import MemoryProbe, bind_inputs, runtime_settings
+from stages.benchmark_data import BenchData, explain_failure, output_shape_notes, read_data
+from stages.benchmark_runtime import MemoryProbe, bind_inputs
 
 if TYPE_CHECKING:
     from pipeline.context import Artifact, StageContext
@@ -45,6 +50,8 @@ NOISY_SPREAD = 0.10
 """A median whose 95% confidence interval is wider than this share of it cannot rank close variants."""
 DEFAULT_WARMUP = 10
 DEFAULT_ITERATIONS = 50
+DEFAULT_MAX_SECONDS = 60.0
+"""Time budget of one row (warm-up and timed runs of one artifact at one batch size), as benchmark_app's -t."""
 MODE = "sync, one request at a time"
 
 
@@ -52,23 +59,35 @@ class BenchmarkConfig(StrictModel):
     """The recipe's `benchmark` section."""
 
     enabled: bool = Field(default=True, description="Run benchmarks at all.")
-    batch_sizes: list[Annotated[int, Field(ge=1)]] = Field(default=[1], description="Batch sizes to measure.")
+    batch_sizes: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        default=[1], min_length=1, max_length=32,
+        description="Batch sizes to measure; every artifact is validated at each too.")
+    data: str | None = Field(
+        default=None,
+        description="Dataset fed (stacked to each batch size); when absent validate.data, else the recipe's first "
+                    "dataset of real samples, else seeded random data.")
+    max_seconds: float | None = Field(
+        default=None, gt=0, le=86400,
+        description=f"Time budget of a row (warm-up and timed runs): runs stop when it is spent and the row says so; "
+                    f"{DEFAULT_MAX_SECONDS:g} s when absent (more when warmup/duration_seconds ask for more).")
     warmup: int | None = Field(
-        default=None, ge=0,
+        default=None, ge=0, le=100_000,
         description=f"Untimed runs of each artifact after the first run and before measuring; {DEFAULT_WARMUP} "
                     "when neither this nor warmup_seconds is set.")
     warmup_seconds: float | None = Field(
-        default=None, ge=0, description="Warm up by time instead: untimed runs of each artifact for this many seconds.")
+        default=None, ge=0, le=600,
+        description="Warm up by time instead: untimed runs of each artifact for this many seconds.")
     iterations: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, le=10_000_000,
         description=f"Timed runs of each artifact; {DEFAULT_ITERATIONS} when neither this nor duration_seconds is set.")
     duration_seconds: float | None = Field(
-        default=None, gt=0,
+        default=None, gt=0, le=3600,
         description="Measure by time budget instead: timed runs of each artifact for this many seconds in all, "
                     "split evenly over the rounds (at least one run per round).")
-    rounds: int = Field(default=5, ge=1, description="Rounds the timed runs are split into, artifacts interleaved.")
+    rounds: int = Field(default=5, ge=1, le=1000,
+                        description="Rounds the timed runs are split into, artifacts interleaved.")
     threads: int | None = Field(
-        default=None, ge=1,
+        default=None, ge=1, le=1024,
         description="Intra-op threads (ONNX Runtime intra_op_num_threads, OpenVINO INFERENCE_NUM_THREADS); "
                     "the runtime's default when absent.")
 
@@ -78,7 +97,21 @@ class BenchmarkConfig(StrictModel):
             raise ValueError("give warmup (runs) or warmup_seconds (time), not both")
         if self.iterations is not None and self.duration_seconds is not None:
             raise ValueError("give iterations (runs) or duration_seconds (time budget), not both")
+        if len(set(self.batch_sizes)) != len(self.batch_sizes):
+            raise ValueError(f"batch_sizes repeat: {self.batch_sizes}")
+        timed = (self.duration_seconds or 0) + (self.warmup_seconds or 0)
+        if self.max_seconds is not None and timed > self.max_seconds:
+            raise ValueError(f"warmup_seconds + duration_seconds ({timed:g} s) exceed max_seconds "
+                             f"({self.max_seconds:g} s), the time budget of a row: raise max_seconds")
         return self
+
+    @property
+    def row_budget(self) -> float:
+        """Seconds one row may spend in warm-up and timed runs."""
+        if self.max_seconds is not None:
+            return self.max_seconds
+        timed = (self.duration_seconds or 0) + (self.warmup_seconds or 0)
+        return max(DEFAULT_MAX_SECONDS, timed + 10.0)
 
     @property
     def warmup_runs(self) -> int:
@@ -110,16 +143,19 @@ class BenchmarkConfig(StrictModel):
                 "warmup_seconds": self.warmup_seconds,
                 "by": "time" if self.duration_seconds is not None else "runs",
                 "iterations": self.timed_runs, "duration_seconds": self.duration_seconds,
-                "rounds": len(self.round_plan())}
+                "rounds": len(self.round_plan()), "max_seconds": self.row_budget}
 
 
 @dataclass
 class _Loaded:
-    """A session ready to time: the call with its inputs bound once, and what its setup measured."""
+    """A session ready to time: the call with its inputs bound once, what its setup measured, the budget spent."""
 
     session: Session
     call: Callable[[], Any]
     setup: dict[str, Any]
+    spent: float = 0.0
+    """Seconds of this row's budget spent in warm-up and timed runs."""
+    stopped: bool = False
 
 
 def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkConfig,
@@ -127,6 +163,14 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkCon
     """Benchmark results, one per (variant, target, batch size), in the report's contract."""
     from pipeline.targets import get_target
 
+    data: BenchData | None = None
+    data_error = ""
+    if artifacts:
+        try:
+            data = read_data(ctx, config.data, next(iter(artifacts.values())).path, config.batch_sizes)
+        except Exception as exc:  # bad data is every row's error, said once per row, not a crash
+            log.debug("reading benchmark data failed", exc_info=True)
+            data_error = f"benchmark data: {type(exc).__name__}: {exc}"
     results = []
     for target in targets:
         adapter = get_target(target)
@@ -135,24 +179,26 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkCon
             if not available or not adapter.benchmarkable:
                 why = reason or f"target {target} is for fidelity checks only"
                 results += [_result(name, target, batch, "unavailable", why) for name in artifacts]
-                continue
-            results += _benchmark_target(artifacts, target, batch, config, ctx)
+            elif data is None:
+                results += [_result(name, target, batch, "error", data_error) for name in artifacts]
+            else:
+                results += _benchmark_target(artifacts, target, batch, config, ctx, data)
     return results
 
 
 def _benchmark_target(artifacts: dict[str, Artifact], target: str, batch: int, config: BenchmarkConfig,
-                      ctx: StageContext) -> list[dict[str, Any]]:
+                      ctx: StageContext, data: BenchData) -> list[dict[str, Any]]:
     loaded: dict[str, _Loaded] = {}
     results: dict[str, dict[str, Any]] = {}
     for name, artifact in artifacts.items():
         ctx.on_progress(f"{name} · {target} · batch {batch}: loading and warming up")
         try:
-            loaded[name] = _prepare(artifact, target, batch, config)
+            loaded[name] = _prepare(artifact, target, batch, config, data)
         except TargetUnavailable as exc:
             results[name] = _result(name, target, batch, "unavailable", str(exc))
         except Exception as exc:
             log.debug("benchmark of %s on %s failed", name, target, exc_info=True)
-            results[name] = _result(name, target, batch, "error", f"{type(exc).__name__}: {exc}")
+            results[name] = _result(name, target, batch, "error", explain_failure(exc, batch, data))
     timings, failed = _interleaved_rounds(loaded, config, ctx, f"{target} · batch {batch}")
     for name, item in loaded.items():
         item.session.close()
@@ -162,28 +208,36 @@ def _benchmark_target(artifacts: dict[str, Artifact], target: str, batch: int, c
         result = _result(name, target, batch, "ok", "")
         result.update(item.setup)
         result.update(summarize(timings[name], batch))
+        result["stopped_early"] = _stop_record(item, result["runs"], config) if item.stopped else None
+        if item.stopped:
+            result["notes"].append(result["stopped_early"]["reason"])
         result["execution"] = item.session.executed.to_dict()
         results[name] = result
     return [results[name] for name in artifacts]
 
 
-def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfig) -> _Loaded:
+def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfig, data: BenchData) -> _Loaded:
     """Load, run once and warm up one artifact; time the first two apart and probe the memory they take."""
     from pipeline.targets import get_target
 
-    feeds = batch_feeds(artifact, batch)  # prepared once, outside any timed region
+    fed = data.batch_for(artifact.path, batch)  # prepared once, outside any timed region
     gc.collect()
     probe = MemoryProbe()
     start = time.perf_counter()
     session = get_target(target).load(artifact.path, threads=config.threads, pin_f32=True)
     created = time.perf_counter()
-    expected = session.run(feeds)
-    first = time.perf_counter()
-    call, timed_call = bind_inputs(session, feeds, expected)
-    bound = time.perf_counter()
-    warmup_runs = _warm_up(call, config)
-    warmed = time.perf_counter()
-    settings = runtime_settings(session)
+    try:
+        expected = session.run(fed.feed)
+        first = time.perf_counter()
+        call, timed_call = bind_inputs(session, fed.feed, expected)
+        bound = time.perf_counter()
+        warmup_runs = _warm_up(call, config, config.row_budget)
+        warmed = time.perf_counter()
+    except BaseException:
+        session.close()
+        raise
+    settings = session.runtime_settings()
+    mismatches, shape_notes = output_shape_notes(artifact.path, expected)
     setup = {
         "session_create_ms": (created - start) * 1e3,
         "first_run_ms": (first - created) * 1e3,
@@ -195,69 +249,84 @@ def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfi
         "measure": config.measure_record(),
         "settings": settings,
         "memory": probe.finish(),
-        "notes": _setting_notes(target, settings),
+        "data": fed.info,
+        "output_shapes": mismatches,
+        "notes": [*_setting_notes(target, settings), *shape_notes, *fed.info["notes"]],
     }
-    return _Loaded(session, call, setup)
+    loaded = _Loaded(session, call, setup, spent=warmed - bound)
+    loaded.stopped = loaded.spent >= config.row_budget
+    return loaded
 
 
-def _warm_up(call: Callable[[], Any], config: BenchmarkConfig) -> int:
-    """Untimed runs by count or for a time; returns how many ran."""
-    if config.warmup_seconds is None:
-        for _ in range(config.warmup_runs):
-            call()
-        return config.warmup_runs
-    deadline = time.perf_counter() + config.warmup_seconds
+def _warm_up(call: Callable[[], Any], config: BenchmarkConfig, budget: float) -> int:
+    """Untimed runs by count or for a time, never past the row's budget; returns how many ran."""
+    deadline = time.perf_counter() + min(budget, config.warmup_seconds if config.warmup_seconds is not None
+                                         else math.inf)
+    wanted = math.inf if config.warmup_seconds is not None else config.warmup_runs
     count = 0
-    while time.perf_counter() < deadline:
+    while count < wanted and time.perf_counter() < deadline:
         call()
         count += 1
     return count
-
-
-def batch_feeds(artifact: Artifact, batch: int) -> dict[str, np.ndarray]:
-    """Seeded random inputs at this batch size; a static batch dimension that differs is an error."""
-    from calibration.readers import model_inputs, random_samples
-
-    infos = model_inputs(artifact.path)
-    for info in infos:
-        if info.shape and info.shape[0] is not None and info.shape[0] != batch:
-            raise ValueError(f"input '{info.name}' has a static batch dimension of {info.shape[0]}; "
-                             f"to benchmark batch {batch} give it a symbolic one (model.inputs shape ['batch', ...])")
-    batched = [type(info)(info.name, (batch, *info.shape[1:]) if info.shape else (), info.dtype) for info in infos]
-    return next(random_samples(batched, 1, seed=0))
 
 
 def _interleaved_rounds(loaded: dict[str, _Loaded], config: BenchmarkConfig, ctx: StageContext,
                         where: str) -> tuple[dict[str, list[list[float]]], dict[str, str]]:
     """Per artifact, the latencies (ms) of each round, and why an artifact failed while timed.
 
-    Every round runs every artifact in turn, so drift of the machine hits them alike.
+    Every round runs every artifact in turn, so drift of the machine hits them alike.  An artifact whose
+    row budget (max_seconds) is spent stops, keeping the rounds it ran (it runs at least once).
     """
     plan = config.round_plan()
     timings: dict[str, list[list[float]]] = {name: [] for name in loaded}
     failed: dict[str, str] = {}
     for index, budget in enumerate(plan):
         for name, item in loaded.items():
+            left = config.row_budget - item.spent
             if name in failed:
                 continue
+            if left <= 0 and timings[name]:
+                item.stopped = True
+                continue
             ctx.on_progress(f"{name} · {where}: round {index + 1}/{len(plan)}")
+            started = time.perf_counter()
             try:
-                runs = time_runs(item.call, budget) if isinstance(budget, int) else time_for(item.call, budget)
+                if isinstance(budget, int):
+                    runs = time_runs(item.call, budget, max(left, 0.0))
+                    item.stopped = item.stopped or len(runs) < budget
+                else:
+                    runs = time_for(item.call, min(budget, max(left, 0.0)))
+                    item.stopped = item.stopped or left < budget
             except Exception as exc:  # one artifact failing mid-measurement must not lose the others
                 log.debug("timing %s %s failed", name, where, exc_info=True)
                 failed[name] = f"round {index + 1}: {type(exc).__name__}: {exc}"
                 continue
+            finally:
+                item.spent += time.perf_counter() - started
             timings[name].append(runs)
     return timings, failed
 
 
-def time_runs(call: Callable[[], Any], count: int) -> list[float]:
-    """Latency (ms) of each of `count` synchronous calls."""
-    latencies = []
-    for _ in range(count):
+def _stop_record(item: _Loaded, runs: int, config: BenchmarkConfig) -> dict[str, Any]:
+    planned = config.timed_runs
+    of = f" of {planned} planned" if planned is not None else ""
+    return {"reason": f"stopped early: the row's time budget (max_seconds {config.row_budget:g} s) was spent after "
+                      f"{item.setup['warmup']} warm-up and {runs}{of} timed runs",
+            "max_seconds": config.row_budget, "runs": runs, "planned_runs": planned,
+            "warmup_runs": item.setup["warmup"], "seconds_spent": item.spent}
+
+
+def time_runs(call: Callable[[], Any], count: int, seconds: float = math.inf) -> list[float]:
+    """Latency (ms) of up to `count` synchronous calls, stopping once `seconds` have passed; at least one call."""
+    deadline = time.perf_counter_ns() + (int(seconds * 1e9) if math.isfinite(seconds) else 2**62)
+    latencies: list[float] = []
+    while len(latencies) < count:
         start = time.perf_counter_ns()
         call()
-        latencies.append((time.perf_counter_ns() - start) / 1e6)
+        end = time.perf_counter_ns()
+        latencies.append((end - start) / 1e6)
+        if end >= deadline:
+            break
     return latencies
 
 
@@ -322,4 +391,4 @@ def _setting_notes(target: str, settings: dict[str, Any]) -> list[str]:
 def _result(variant: str, target: str, batch: int, status: str, reason: str) -> dict[str, Any]:
     return {"variant": variant, "target": target, "batch_size": batch, "status": status, "reason": reason,
             "latency_ms": None, "throughput_per_s": None, "runs": 0, "session_create_ms": None,
-            "first_run_ms": None, "round_p50_ms": [], "noisy": None, "memory": None}
+            "first_run_ms": None, "round_p50_ms": [], "noisy": None, "memory": None, "notes": []}

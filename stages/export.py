@@ -121,7 +121,7 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, A
     """Shape overrides, opset conversion and the checks every later stage relies on."""
     findings["opset_in"] = default_opset(model)
     if config.inputs and config.torch is None:  # a torch export took its shapes (and dynamic axes) already
-        apply_input_overrides(model, config.inputs)
+        findings["output_shapes_reinferred"] = apply_input_overrides(model, config.inputs)
     if config.opset is not None and config.opset != default_opset(model):
         model = convert_opset(model, config.opset, findings)
     findings["opset"] = default_opset(model)
@@ -287,9 +287,11 @@ def default_opset(model: onnx.ModelProto) -> int:
     return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0)
 
 
-def apply_input_overrides(model: onnx.ModelProto, inputs: list[InputSpec]) -> None:
-    """Fix or name input dimensions as the recipe says; stale inferred shapes are dropped."""
+def apply_input_overrides(model: onnx.ModelProto, inputs: list[InputSpec]) -> dict[str, Any]:
+    """Fix or name input dimensions as the recipe says; output shapes are inferred again (those changed returned)."""
     from onnx import helper
+
+    from stages.export_shapes import reinfer_output_shapes
 
     by_name = {value.name: value for value in model.graph.input}
     for spec in inputs:
@@ -311,7 +313,8 @@ def apply_input_overrides(model: onnx.ModelProto, inputs: list[InputSpec]) -> No
                 entry.dim_value = dim
             else:
                 entry.dim_param = dim
-    del model.graph.value_info[:]
+    overridden = any(spec.shape is not None for spec in inputs)
+    return reinfer_output_shapes(model) if overridden else {}
 
 
 def convert_opset(model: onnx.ModelProto, opset: int, findings: dict[str, Any] | None = None) -> onnx.ModelProto:

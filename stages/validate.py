@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from pipeline.tolerance import DEFAULT_TOLERANCES, StrictModel, Tolerance
+from stages.validate_batches import BatchedFeeds, reference_batches, run_feeds, wanted_batch_sizes
 
 if TYPE_CHECKING:
     from pipeline.context import Artifact, StageContext
@@ -150,6 +151,12 @@ class _Run:
     warnings: list[str]
     task: _Task | None
     localizer: Localizer | None
+    batches: BatchedFeeds = field(default_factory=BatchedFeeds)
+    """Feeds stacked to the benchmark's batch sizes, after the samples in ``feeds`` (stages.validate_batches)."""
+
+    @property
+    def base_samples(self) -> int:
+        return len(self.feeds) - len(self.batches.feeds)
 
 
 def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConfig,
@@ -170,9 +177,12 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConf
         reason = f"reference {source.label} failed on {REFERENCE_TARGET}: {exc}"
         return [_result(name, target, "error", reason) for name in artifacts for target in targets]
     source.check_outputs(reference_outputs, config)
+    batches = reference_batches(feeds, source.feed_model, source.path, wanted_batch_sizes(ctx),
+                                lambda path, more: _run_model(REFERENCE_TARGET, path, more, pin_f32=True)[0])
     warnings = [RANDOM_DATA_WARNING] if _is_random(config, ctx) else []
-    shared = _Run(config, feeds, source.path, reference_outputs, execution, warnings,
-                  _task(config, ctx, source, reference_outputs), _localizer(config, source.path))
+    shared = _Run(config, feeds + batches.feeds, source.path, reference_outputs + batches.outputs, execution,
+                  warnings + batches.warnings, _task(config, ctx, source, reference_outputs),
+                  _localizer(config, source.path), batches)
     outcomes = []
     for name, artifact in artifacts.items():
         for target in targets:
@@ -188,7 +198,7 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConf
                 outcome.row["noise_floor"] = True
                 outcomes.append(outcome)
     outcomes += _true_fp16_checks(shared, artifacts, targets, ctx)
-    flag_unattainable(outcomes, reference_outputs, source.label)
+    flag_unattainable(outcomes, shared.reference_outputs, source.label)
     return [outcome.row for outcome in outcomes]
 
 
@@ -211,8 +221,9 @@ def _true_fp16_checks(shared: _Run, artifacts: dict[str, Artifact], targets: lis
     gpus = [t for t in recipe_targets if t in GPU_TARGETS and get_target(t).availability()[0]]
     if mode == "auto" and gpus:
         return []
-    count = shared.config.fp16_reference_samples
-    capped = dataclasses.replace(shared, feeds=shared.feeds[:count], reference_outputs=shared.reference_outputs[:count])
+    count = min(shared.config.fp16_reference_samples, shared.base_samples)
+    capped = dataclasses.replace(shared, feeds=shared.feeds[:count], reference_outputs=shared.reference_outputs[:count],
+                                 batches=BatchedFeeds())
     outcomes = []
     for name, artifact in fp16.items():
         ctx.on_progress(f"validate {name} on {TRUE_FP16_TARGET} (true float16 arithmetic)")
@@ -268,7 +279,7 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
         if path == shared.reference_path and target == REFERENCE_TARGET:
             outputs, executed = shared.reference_outputs, shared.reference_execution  # the same run
         else:
-            outputs, executed = _run_model(target, path, shared.feeds, pin_f32=pin_f32)
+            outputs, executed = _run_model(target, path, shared.feeds, pin_f32=pin_f32, batches=shared.batches)
     except TargetFellBack as exc:  # the target exists but ran elsewhere: a failure of that target
         return Outcome(_result(name, target, "failed", str(exc), shared.warnings))
     except TargetUnavailable as exc:
@@ -288,9 +299,10 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
         precision=precision,
         effective_precision=effective_precision(precision, executed),
         execution=executed,
-        samples=len(shared.feeds),
+        samples=shared.base_samples,
+        batch_sizes_validated=shared.batches.sizes,
     )
-    _add_task_metric(shared, row, outputs)
+    _add_task_metric(shared, row, outputs[:shared.base_samples])
     if not comparison.passed and precision == "int8":
         _add_saturation_reason(row, path, target)
     if not comparison.passed and shared.localizer is not None:
@@ -300,12 +312,13 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
     return Outcome(row, outputs, tolerance, per_output)
 
 
-def _run_model(target: str, path: Path, feeds: Feeds, *, pin_f32: bool) -> tuple[Outputs, dict[str, Any]]:
+def _run_model(target: str, path: Path, feeds: Feeds, *, pin_f32: bool,
+               batches: BatchedFeeds | None = None) -> tuple[Outputs, dict[str, Any]]:
     from pipeline.targets import get_target
 
     caster = feed_caster(path)
     with get_target(target).load(path, pin_f32=pin_f32) as session:
-        outputs = [session.run(caster(feed)) for feed in feeds]
+        outputs = run_feeds(session, [caster(feed) for feed in feeds], batches)
         return outputs, session.executed.to_dict()
 
 

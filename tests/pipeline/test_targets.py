@@ -214,12 +214,12 @@ def test_openvino_compile_config_follows_pin_and_threads(mlp_path: Path, monkeyp
     session = get_target("openvino:cpu").load(mlp_path, threads=threads, pin_f32=pin_f32)
     assert recorder.configs == [expected]
     if threads:
-        assert session._compiled.get_property("INFERENCE_NUM_THREADS") == threads
+        assert session.runtime_settings()["INFERENCE_NUM_THREADS"] == threads
 
 
 def test_ort_threads_set_intra_op_threads(mlp_path: Path) -> None:
     session = get_target("ort:cpu").load(mlp_path, threads=1)
-    assert session._session.get_session_options().intra_op_num_threads == 1
+    assert session.runtime_settings()["intra_op_num_threads"] == 1
 
 
 def test_ort_counts_each_kernel_once_even_inside_a_loop(tmp_path: Path) -> None:
