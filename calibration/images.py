@@ -18,6 +18,7 @@ import numpy as np
 
 from calibration.readers import InputInfo, fit_to_input
 from pipeline.errors import DataError
+from pipeline.userfiles import files_in_folder, open_regular_file
 
 if TYPE_CHECKING:
     from pipeline.recipe import DatasetSpec
@@ -33,7 +34,7 @@ def image_samples(folder: Path, inputs: list[InputInfo], spec: DatasetSpec, *, l
     label = f"dataset '{dataset_name}' ({folder})" if dataset_name else str(folder)
     if not folder.is_dir():
         raise DataError(f"{label}: folder does not exist; create it or fix 'path' in the recipe")
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    files = files_in_folder(folder, is_image, f"dataset '{dataset_name or folder}'")
     if not files:
         raise DataError(f"{label}: no images ({', '.join(sorted(IMAGE_SUFFIXES))}) in the folder")
     info = _target_input(inputs, spec, label)
@@ -41,6 +42,10 @@ def image_samples(folder: Path, inputs: list[InputInfo], spec: DatasetSpec, *, l
     _check_channels(info, spec, label)
     for path in files[:limit] if limit else files:
         yield {info.name: fit_to_input(_load(path, spec, height, width, info), info, path)}
+
+
+def is_image(path: Path) -> bool:
+    return path.suffix.lower() in IMAGE_SUFFIXES
 
 
 def _target_input(inputs: list[InputInfo], spec: DatasetSpec, label: str) -> InputInfo:
@@ -90,11 +95,13 @@ def _load(path: Path, spec: DatasetSpec, height: int, width: int, info: InputInf
     except ImportError as exc:
         raise DataError("reader 'images' needs Pillow: pip install pillow") from exc
     try:
-        with Image.open(path) as image:
+        with open_regular_file(path, "image") as stream, Image.open(stream) as image:
             converted = image.convert("L" if spec.color == "GRAY" else "RGB")
             pixels = np.asarray(converted.resize((width, height), Image.Resampling.BILINEAR), dtype=np.float32)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:  # a bomb: Pillow's pixel cap, not an OSError
         raise DataError(f"{path}: cannot read image: {exc}") from None
+    except MemoryError:
+        raise DataError(f"{path}: the image does not fit in memory") from None
     pixels = pixels[..., None] if pixels.ndim == 2 else pixels
     if spec.color == "BGR":
         pixels = pixels[..., ::-1]

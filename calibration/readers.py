@@ -8,25 +8,34 @@ a mismatch is a ``DataError`` that names the file and the input.
 from __future__ import annotations
 
 import logging
+import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
 from pipeline.errors import DataError
+from pipeline.userfiles import files_in_folder, open_regular_file
 
 if TYPE_CHECKING:
+    import onnx
+
     from pipeline.recipe import DatasetSpec, Recipe
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RANDOM_SAMPLES = 8
+SAMPLE_MEMORY_SHARE = 0.25
+"""Largest share of the available memory one sample may take: calibration and validation hold several at once."""
 _ONNX_TO_NUMPY = {
     1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
     9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64,
 }
+FEEDABLE_TYPES = frozenset(_ONNX_TO_NUMPY)
+"""ONNX element types the readers and random data can feed (no strings, bfloat16, float8 or complex)."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,11 @@ def model_inputs(model_path: Path) -> list[InputInfo]:
     """The real inputs of an ONNX model (initializers listed as inputs excluded)."""
     import onnx
 
-    model = onnx.load(str(model_path), load_external_data=False)
+    return inputs_of(onnx.load(str(model_path), load_external_data=False))
+
+
+def inputs_of(model: onnx.ModelProto) -> list[InputInfo]:
+    """The real inputs of a loaded model; negative or zero dimensions count as symbolic."""
     initializers = {init.name for init in model.graph.initializer}
     infos = []
     for value in model.graph.input:
@@ -83,9 +96,49 @@ def iter_samples(spec: DatasetSpec | None, recipe: Recipe, model_path: Path, *, 
 Ranges = dict[str, tuple[float | None, float | None]]
 
 
+def available_memory() -> int:
+    """Bytes of memory available now (MemAvailable), or the machine's physical memory where that is unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii", errors="replace") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def sample_memory_cap() -> int:
+    """Bytes one sample (all inputs of one feed) may take."""
+    return int(SAMPLE_MEMORY_SHARE * available_memory())
+
+
+def _fmt_bytes(count: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count / 1e3:.1f} KB"
+
+
+def check_sample_fits(inputs: list[InputInfo], label: str) -> None:
+    """Refuse, before anything is allocated, inputs whose one sample would not fit in memory (estimate named)."""
+    sizes = {info.name: math.prod(info.concrete_shape()) * info.dtype.itemsize for info in inputs}
+    cap = sample_memory_cap()
+    if sum(sizes.values()) <= cap:
+        return
+    name = max(sizes, key=sizes.__getitem__)
+    info = next(info for info in inputs if info.name == name)
+    shape = [d if d is not None else 1 for d in info.shape]
+    raise DataError(f"{label}: one sample takes {_fmt_bytes(sum(sizes.values()))} (input "
+                    f"'{name}' {shape} {info.dtype} alone {_fmt_bytes(sizes[name])}); qdeploy holds several "
+                    f"samples at once and allows one {_fmt_bytes(cap)}, a quarter of the memory available now: "
+                    "declare smaller shapes in model.inputs")
+
+
 def random_samples(inputs: list[InputInfo], count: int, *, seed: int = 0,
                    ranges: Ranges | None = None) -> Iterator[dict[str, np.ndarray]]:
     """Seeded random feeds; integer inputs get integers in [low, high), floats a standard normal or [low, high)."""
+    check_sample_fits(inputs, "random data")
     rng = np.random.default_rng(seed)
     ranges = ranges or {}
     for _ in range(count):
@@ -114,7 +167,7 @@ def npy_samples(folder: Path, inputs: list[InputInfo], *, limit: int | None = No
     label = f"dataset '{dataset_name}' ({folder})" if dataset_name else str(folder)
     if not folder.is_dir():
         raise DataError(f"{label}: folder does not exist; create it or fix 'path' in the recipe")
-    files = sorted(p for p in folder.iterdir() if p.suffix in (".npy", ".npz"))
+    files = files_in_folder(folder, is_npy_sample, f"dataset '{dataset_name or folder}'")
     if not files:
         raise DataError(f"{label}: no .npy or .npz samples in the folder")
     if any(p.suffix == ".npy" for p in files) and len(inputs) != 1:
@@ -124,21 +177,66 @@ def npy_samples(folder: Path, inputs: list[InputInfo], *, limit: int | None = No
         yield _load_sample(path, inputs)
 
 
+def is_npy_sample(path: Path) -> bool:
+    return path.suffix in (".npy", ".npz")
+
+
 def _load_sample(path: Path, inputs: list[InputInfo]) -> dict[str, np.ndarray]:
     try:
-        if path.suffix == ".npy":
-            raw = {inputs[0].name: np.load(path, allow_pickle=False)}
-        else:
-            with np.load(path, allow_pickle=False) as archive:
-                raw = {key: archive[key] for key in archive.files}
-    except (OSError, ValueError) as exc:
+        with open_regular_file(path, "sample") as stream:
+            raw = _read_npy(stream, path, inputs[0].name) if path.suffix == ".npy" else _read_npz(stream, path)
+    except (OSError, ValueError, EOFError) as exc:
         raise DataError(f"{path}: cannot read sample: {exc}") from None
+    except MemoryError:
+        raise DataError(f"{path}: the sample does not fit in memory") from None
     feeds = {}
     for info in inputs:
         if info.name not in raw:
             raise DataError(f"{path}: no array for model input '{info.name}'; the file holds {sorted(raw)}")
         feeds[info.name] = fit_to_input(raw[info.name], info, path)
     return feeds
+
+
+def _read_npy(stream: BinaryIO, path: Path, name: str) -> dict[str, np.ndarray]:
+    _check_npy_claim(stream, path, os.fstat(stream.fileno()).st_size, path.name)
+    stream.seek(0)
+    return {name: np.load(stream, allow_pickle=False)}
+
+
+def _read_npz(stream: BinaryIO, path: Path) -> dict[str, np.ndarray]:
+    with np.load(stream, allow_pickle=False) as archive:
+        for member in archive.zip.infolist():
+            if member.filename.endswith(".npy"):
+                with archive.zip.open(member) as inner:
+                    _check_npy_claim(inner, path, member.file_size, member.filename)
+        raw = {key: archive[key] for key in archive.files}
+    bad = [key for key, value in raw.items() if not isinstance(value, np.ndarray)]
+    if bad:
+        raise DataError(f"{path}: members {bad} are not arrays (.npy); an .npz sample holds arrays only")
+    return raw
+
+
+def _check_npy_claim(stream: BinaryIO, path: Path, size: int, member: str) -> None:
+    """Refuse an array whose header claims more bytes than its file holds, or than memory allows, before reading."""
+    from numpy.lib import format as npy
+
+    version = npy.read_magic(stream)
+    if version == (1, 0):
+        shape, _, dtype = npy.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, _, dtype = npy.read_array_header_2_0(stream)
+    else:  # 3.0, UTF-8 header; numpy has no public reader for it
+        shape, _, dtype = npy._read_array_header(stream, version)
+    if dtype.hasobject:
+        return  # np.load refuses pickled arrays itself, with its own message
+    claimed = math.prod(shape) * dtype.itemsize
+    held = size - stream.tell()
+    if claimed > held:
+        raise DataError(f"{path}: '{member}' claims shape {list(shape)} {dtype} ({_fmt_bytes(claimed)}) but holds "
+                        f"{_fmt_bytes(max(held, 0))} of data: the file is truncated or damaged")
+    if claimed > sample_memory_cap():
+        raise DataError(f"{path}: '{member}' is {list(shape)} {dtype} ({_fmt_bytes(claimed)}), more than one sample "
+                        f"may take ({_fmt_bytes(sample_memory_cap())}, a quarter of the memory available now)")
 
 
 def fit_to_input(array: np.ndarray, info: InputInfo, path: Path) -> np.ndarray:

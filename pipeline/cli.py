@@ -58,16 +58,42 @@ def _guarded(action: Callable[[], T], verbose: bool) -> T:
     except KeyboardInterrupt:
         typer.echo("interrupted; complete artifacts stay in the cache and the next run resumes from them", err=True)
         raise typer.Exit(130) from None
-    except Exception as exc:
+    except OSError as exc:
+        if _on_a_user_path(exc):  # a path the user gave, wrong in a way they can fix: exit 2, not a bug
+            log.debug("OS error on a user's path", exc_info=True)
+            typer.echo(f"error: {_user_path_error(exc)}", err=True)
+            raise typer.Exit(2) from None
         if verbose:
             raise
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             typer.echo(f"error: no space left on the device ({exc.filename or 'while writing'}); free some space "
                        "and run again: complete artifacts stay in the cache", err=True)
         else:
-            typer.echo(f"internal error (a bug in qdeploy, please report it): {type(exc).__name__}: {exc}\n"
-                       "run again with --verbose for the traceback", err=True)
+            _internal_error(exc)
         raise typer.Exit(1) from None
+    except Exception as exc:
+        if verbose:
+            raise
+        _internal_error(exc)
+        raise typer.Exit(1) from None
+
+
+def _internal_error(exc: Exception) -> None:
+    typer.echo(f"internal error (a bug in qdeploy, please report it): {type(exc).__name__}: {exc}\n"
+               "run again with --verbose for the traceback", err=True)
+
+
+def _on_a_user_path(exc: OSError) -> bool:
+    from pipeline.userfiles import USER_ERRNOS
+
+    return exc.errno in USER_ERRNOS and exc.filename is not None
+
+
+def _user_path_error(exc: OSError) -> Exception:
+    from pipeline.errors import UserFileError
+    from pipeline.userfiles import os_error_problem
+
+    return UserFileError("path", exc.filename, os_error_problem(exc))
 
 
 @app.command()
@@ -86,10 +112,13 @@ def run(
 
     def body() -> int:
         from pipeline.loader import load_recipe
-        from pipeline.runner import RunOptions, run_recipe
+        from pipeline.runner import RunOptions, default_out_dir, run_recipe
+        from pipeline.userfiles import writable_folder
 
         loaded = load_recipe(recipe)
-        options = RunOptions(out_dir=out, cache_dir=cache_dir, use_cache=not no_cache, variants=variant,
+        out_dir = writable_folder(out or default_out_dir(loaded), "--out folder")
+        cache = writable_folder(cache_dir, "--cache-dir folder") if cache_dir else None
+        options = RunOptions(out_dir=out_dir, cache_dir=cache, use_cache=not no_cache, variants=variant,
                              targets=target, show_progress=not quiet and sys.stderr.isatty())
         result = run_recipe(loaded, options)
         if not quiet:
@@ -182,14 +211,16 @@ def compare(
 
 @app.command()
 def check(recipe: RecipePath, quiet: Quiet = False, verbose: Verbose = False) -> None:
-    """Validate a recipe and print the plan; run nothing."""
+    """Validate a recipe and its model's file and interface, and print the plan; run nothing."""
     _setup_logging(quiet, verbose)
 
     def body() -> None:
         from pipeline.loader import load_recipe
         from pipeline.plan import describe_plan
+        from stages.export import inspect_source
 
         loaded = load_recipe(recipe)
+        inspect_source(loaded.model, loaded.resolve)
         typer.echo(describe_plan(loaded))
 
     _guarded(body, verbose)

@@ -49,9 +49,12 @@ def sweep(
     def body() -> int:
         from pipeline.executors import SweepOptions, run_sweep
         from pipeline.sweep import load_sweep
+        from pipeline.userfiles import writable_folder
 
         plan = load_sweep(paths)
-        options = SweepOptions(out_dir=out or Path("runs") / plan.name, cache_dir=cache_dir, use_cache=not no_cache,
+        out_dir = writable_folder(out or Path("runs") / plan.name, "--out folder")
+        cache = writable_folder(cache_dir, "--cache-dir folder") if cache_dir else None
+        options = SweepOptions(out_dir=out_dir, cache_dir=cache, use_cache=not no_cache,
                                executor=executor, workers=workers, address=address)  # type: ignore[arg-type]
         with SweepProgress(len(plan.entries), enabled=not quiet and sys.stderr.isatty()) as progress:
             result = run_sweep(plan, options, on_change=progress.update)

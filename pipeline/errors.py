@@ -36,6 +36,16 @@ class RecipeError(QdeployInputError):
         super().__init__(prefix + message)
 
 
+class UserFileError(QdeployInputError):
+    """A path the user gave cannot be used: missing, not a regular file, a loop, outside its folder, unwritable."""
+
+    def __init__(self, what: str, path: str | object, problem: str) -> None:
+        self.what = what
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{what} '{self.path}' {problem}")
+
+
 class ModelError(QdeployInputError):
     """A model file cannot be read or is not a valid ONNX graph."""
 

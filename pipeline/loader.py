@@ -3,38 +3,52 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from pipeline.errors import RecipeError
+from calibration.images import is_image
+from calibration.readers import is_npy_sample
+from pipeline.errors import RecipeError, UserFileError
 from pipeline.recipe import Recipe, StepError
+from pipeline.userfiles import check_regular_file, files_in_folder, read_text
 
 Loc = tuple[str | int, ...]
+
+
+MAX_RECIPE_BYTES = 1_000_000
+"""Largest recipe or sweep file: real ones are a few kilobytes; YAML parses at about 1 MB/s."""
+MAX_YAML_VALUES = 100_000
+"""Most values a recipe may hold once its aliases are expanded (a 'billion laughs' bomb expands exponentially)."""
+MAX_YAML_DEPTH = 64
+"""Deepest nesting of lists and mappings."""
 
 
 def load_recipe(path: str | Path) -> Recipe:
     """Parse and validate a recipe file; RecipeError names the file, line and field on any problem."""
     path = Path(path)
+    return parse_recipe(read_yaml_text(path, "recipe"), source=path)
+
+
+def read_yaml_text(path: Path, what: str) -> str:
+    """The text of a recipe or sweep file: a regular UTF-8 file of at most MAX_RECIPE_BYTES, refused otherwise."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RecipeError("recipe file not found", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"cannot read recipe: {exc}", file=str(path)) from None
-    return parse_recipe(text, source=path)
+        return read_text(path, f"{what} file", max_bytes=MAX_RECIPE_BYTES)
+    except UserFileError as exc:
+        message = f"{what} file not found" if exc.problem == "does not exist" else f"the {what} file {exc.problem}"
+        raise RecipeError(message, file=str(path)) from None
 
 
 def parse_recipe(text: str, *, source: Path | None = None) -> Recipe:
     """Validate recipe text; ``source`` anchors relative paths and error messages."""
     file = str(source) if source else "<recipe>"
-    root = _compose(text, file)
+    root, data = parse_yaml(text, file)
     if not isinstance(root, yaml.MappingNode):
         raise RecipeError("a recipe is a YAML mapping (name, model, variants, ...)", file=file, line=_line(root))
     _refuse_duplicate_keys(root, file)
-    data = yaml.safe_load(text)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
@@ -42,6 +56,19 @@ def parse_recipe(text: str, *, source: Path | None = None) -> Recipe:
     recipe._source = source.resolve() if source else None
     _check_paths(recipe, root, file)
     return recipe
+
+
+def parse_yaml(text: str, file: str) -> tuple[yaml.Node | None, Any]:
+    """YAML text as its node tree and its plain values; RecipeError for text too large, too deep, alias bombs,
+    recursive aliases and tags that are not plain data (such as !!python/object/apply)."""
+    if len(text) > MAX_RECIPE_BYTES:
+        raise RecipeError(f"the text is {len(text) / 1e6:.1f} MB; a recipe may be at most "
+                          f"{MAX_RECIPE_BYTES / 1e6:.0f} MB", file=file)
+    root = _compose(text, file)
+    if root is None:
+        return None, None
+    _check_expansion(root, file)
+    return root, _construct(root, file)
 
 
 def _compose(text: str, file: str) -> yaml.Node | None:
@@ -53,25 +80,83 @@ def _compose(text: str, file: str) -> yaml.Node | None:
         raise RecipeError(f"YAML syntax error: {exc.problem or exc}", file=file, line=line) from None
     except yaml.YAMLError as exc:
         raise RecipeError(f"YAML error: {exc}", file=file) from None
+    except RecursionError:
+        raise RecipeError(f"values nest more than {MAX_YAML_DEPTH} levels deep", file=file) from None
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _check_expansion(root: yaml.Node, file: str) -> None:
+    """Count the values the document holds with its aliases expanded, visiting each node once."""
+    expanded: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def count(node: yaml.Node, depth: int) -> int:
+        if id(node) in expanded:
+            return expanded[id(node)]
+        if id(node) in open_nodes:
+            raise RecipeError("an alias refers to a value that contains it (a recursive alias); write the value "
+                              "out", file=file, line=_line(node))
+        if depth > MAX_YAML_DEPTH:
+            raise RecipeError(f"values nest more than {MAX_YAML_DEPTH} levels deep", file=file, line=_line(node))
+        open_nodes.add(id(node))
+        total = 1
+        for child in _children(node):
+            total += count(child, depth + 1)
+            if total > MAX_YAML_VALUES:
+                raise RecipeError(f"aliases expand the recipe past {MAX_YAML_VALUES} values (an alias bomb?); "
+                                  "use fewer nested aliases", file=file, line=_line(node))
+        open_nodes.discard(id(node))
+        expanded[id(node)] = total
+        return total
+
+    count(root, 0)
+
+
+def _construct(root: yaml.Node, file: str) -> Any:
+    """Plain Python values of a composed document; only YAML's safe tags construct anything."""
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_document(root)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        hint = "; a recipe holds plain values (text, numbers, lists, mappings)" if "tag" in str(exc.problem) else ""
+        raise RecipeError(f"YAML error: {exc.problem}{hint}", file=file, line=mark.line + 1 if mark else None) from None
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:  # e.g. `!!int abc`
+        raise RecipeError(f"YAML value cannot be read: {exc}", file=file) from None
+    finally:
+        loader.dispose()
 
 
 def _line(node: yaml.Node | None) -> int | None:
     return node.start_mark.line + 1 if node is not None else None
 
 
-def _refuse_duplicate_keys(node: yaml.Node, file: str) -> None:
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int | None] = {}
-        for key, value in node.value:
-            name = str(key.value)
-            if name in seen:
-                raise RecipeError(f"key '{name}' repeats (first at line {seen[name]}); each key may appear once",
-                                  file=file, line=_line(key))
-            seen[name] = _line(key)
-            _refuse_duplicate_keys(value, file)
-    elif isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            _refuse_duplicate_keys(item, file)
+def _refuse_duplicate_keys(root: yaml.Node, file: str) -> None:
+    """Each mapping's keys once; every node is visited once, so shared (aliased) nodes cost nothing more."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[str, int | None] = {}
+            for key, _ in node.value:
+                name = str(key.value)
+                if name in first_line:
+                    raise RecipeError(f"key '{name}' repeats (first at line {first_line[name]}); each key may "
+                                      "appear once", file=file, line=_line(key))
+                first_line[name] = _line(key)
+        stack.extend(reversed([value for _, value in node.value] if isinstance(node, yaml.MappingNode)
+                              else _children(node)))
 
 
 def _child(node: yaml.Node | None, key: str | int) -> tuple[yaml.Node | None, yaml.Node | None]:
@@ -130,23 +215,37 @@ def _recipe_error(exc: ValidationError, root: yaml.Node, file: str) -> RecipeErr
 
 
 def _check_paths(recipe: Recipe, root: yaml.Node, file: str) -> None:
-    checks: list[tuple[Loc, str | None]] = [(("model", "onnx"), recipe.model.onnx)]
+    """Every file the recipe names is a regular file, every data folder a folder of regular files inside it."""
+    checks: list[tuple[Loc, str | None, str]] = [(("model", "onnx"), recipe.model.onnx, "model file")]
     if recipe.model.torch is not None:
-        checks.append((("model", "torch", "weights"), recipe.model.torch.weights))
+        checks.append((("model", "torch", "weights"), recipe.model.torch.weights, "weights file"))
         factory_file = recipe.model.torch.factory.rsplit(":", 1)[0]
         if factory_file.endswith(".py"):
-            checks.append((("model", "torch", "factory"), factory_file))
-    for name, spec in recipe.data.items():
-        checks.append((("data", name, "path"), spec.path))
-    checks.append((("validate", "reference_model"), recipe.validate_.reference_model))
+            checks.append((("model", "torch", "factory"), factory_file, "factory file"))
+    checks.append((("validate", "reference_model"), recipe.validate_.reference_model, "reference model"))
     metric_file = (recipe.validate_.metric or "").rsplit(":", 1)[0]
     if metric_file.endswith(".py"):
-        checks.append((("validate", "metric"), metric_file))
-    for loc, value in checks:
-        if value is not None and not recipe.resolve(value).exists():
-            raise RecipeError(f"path '{value}' does not exist (resolved to {recipe.resolve(value)})",
-                              file=file, line=node_line(root, loc), field=".".join(map(str, loc)))
+        checks.append((("validate", "metric"), metric_file, "metric file"))
+    for loc, value, what in checks:
+        if value is not None:
+            _check_user_path(recipe, value, lambda path, what=what: check_regular_file(path, what), loc, root, file)
+    for name, spec in recipe.data.items():
+        if spec.path is not None:
+            wanted = is_image if spec.reader == "images" else is_npy_sample
+            _check_user_path(recipe, spec.path, lambda path, name=name, wanted=wanted: files_in_folder(
+                path, wanted, f"dataset '{name}'"), ("data", name, "path"), root, file)
     _check_stage_configs(recipe, root, file)
+
+
+def _check_user_path(recipe: Recipe, value: str, check: Callable[[Path], object], loc: Loc, root: yaml.Node,
+                     file: str) -> None:
+    path = recipe.resolve(value)
+    try:
+        check(path)
+    except UserFileError as exc:
+        # the named path itself, or a file in the named folder
+        message = f"path '{value}' {exc.problem} (resolved to {path})" if exc.path == str(path) else str(exc)
+        raise RecipeError(message, file=file, line=node_line(root, loc), field=".".join(map(str, loc))) from None
 
 
 def _check_stage_configs(recipe: Recipe, root: yaml.Node, file: str) -> None:

@@ -8,6 +8,8 @@ recipe fails when it is loaded, not in the middle of a run.
 from __future__ import annotations
 
 import difflib
+import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +27,12 @@ EXPORTED = "exported"
 
 
 _IMAGE_FIELDS = ("input", "resize", "layout", "color", "scale", "mean", "std")
+MAX_SAMPLES = 1_000_000
+"""Most samples a dataset may name: calibration and validation read them all, one by one."""
+MAX_IMAGE_SIDE = 65_535
+MAX_GATE_BATCH = 65_536
+ONCE_PER_VARIANT = {"fp16": "converted to float16", "quantize": "quantized"}
+"""Stages that refuse their own output: a second one in a chain can only fail."""
 
 
 class DatasetSpec(StrictModel):
@@ -36,8 +44,8 @@ class DatasetSpec(StrictModel):
     )
     path: str | None = Field(default=None, description="Folder of samples (npy, images), relative to the recipe "
                                                        "file.")
-    samples: int | None = Field(default=None, ge=1, description="How many samples to read or generate.")
-    seed: int = Field(default=0, description="Seed of random data.")
+    samples: int | None = Field(default=None, ge=1, le=MAX_SAMPLES, description="How many samples to read or generate.")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of random data.")
     input: str | None = Field(default=None, description="Model input the images feed (images); the model's only "
                                                         "input when absent.")
     resize: list[int] | None = Field(default=None, description="[height, width] images are resized to (bilinear; "
@@ -45,8 +53,8 @@ class DatasetSpec(StrictModel):
     layout: Literal["NCHW", "NHWC"] = Field(default="NCHW", description="Layout of the image tensor (images).")
     color: Literal["RGB", "BGR", "GRAY"] = Field(default="RGB", description="Channel order, or one gray channel "
                                                                             "(images).")
-    scale: float = Field(default=1.0 / 255.0, gt=0.0, description="Factor on 0..255 pixel values before mean and "
-                                                                  "std (images; float inputs).")
+    scale: float = Field(default=1.0 / 255.0, gt=0.0, allow_inf_nan=False,
+                         description="Factor on 0..255 pixel values before mean and std (images; float inputs).")
     mean: list[float] = Field(default_factory=lambda: [0.0], description="Subtracted per channel after scale "
                                                                          "(images; one value or one per channel).")
     std: list[float] = Field(default_factory=lambda: [1.0], description="Divisor per channel after mean (images; "
@@ -68,13 +76,16 @@ class DatasetSpec(StrictModel):
 
     @model_validator(mode="after")
     def _image_preprocessing(self) -> DatasetSpec:
-        if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1):
-            raise ValueError("resize is [height, width], two positive integers")
+        if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1
+                                        or max(self.resize) > MAX_IMAGE_SIDE):
+            raise ValueError(f"resize is [height, width], two positive integers up to {MAX_IMAGE_SIDE}")
         channels = 1 if self.color == "GRAY" else 3
         for name in ("mean", "std"):
             values = getattr(self, name)
             if len(values) not in (1, channels):
                 raise ValueError(f"{name} needs 1 or {channels} values for color {self.color}, got {len(values)}")
+        if not all(math.isfinite(value) for value in (*self.mean, *self.std)):
+            raise ValueError("mean and std values must be finite numbers")
         if any(value <= 0 for value in self.std):
             raise ValueError("std values must be positive")
         return self
@@ -94,12 +105,16 @@ class GateSpec(StrictModel):
     metric: GateMetric = Field(description="Measured quantity.")  # type: ignore[valid-type]
     min: float | None = Field(default=None, description="Lowest accepted value.")
     max: float | None = Field(default=None, description="Highest accepted value.")
-    batch_size: int = Field(default=1, ge=1, description="Batch size of latency gates.")
+    batch_size: int = Field(default=1, ge=1, le=MAX_GATE_BATCH, description="Batch size of latency gates.")
 
     @model_validator(mode="after")
     def _has_bound(self) -> GateSpec:
         if self.min is None and self.max is None:
             raise ValueError("a gate needs 'min' or 'max'")
+        if any(bound is not None and math.isnan(bound) for bound in (self.min, self.max)):
+            raise ValueError("a gate's 'min' and 'max' are numbers, not NaN (a NaN bound could never fail)")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}: no value could pass; swap them")
         return self
 
 
@@ -150,6 +165,17 @@ def _parse_step(raw: Any) -> VariantStep:
 
 
 def _parse_variant(name: str, steps: list[Any]) -> list[VariantStep]:
+    parsed = _parse_steps(name, steps)
+    for stage, verb in ONCE_PER_VARIANT.items():
+        where = [index for index, step in enumerate(parsed) if step.stage == stage]
+        if len(where) > 1:
+            raise StepError(name, where[1], (), f"stage '{stage}' appears twice in variant '{name}' (steps "
+                                                f"{where[0] + 1} and {where[1] + 1}): a model is {verb} once; "
+                                                "remove one, or make another variant")
+    return parsed
+
+
+def _parse_steps(name: str, steps: list[Any]) -> list[VariantStep]:
     parsed = []
     for index, raw in enumerate(steps):
         try:
@@ -268,4 +294,9 @@ class Recipe(StrictModel):
     def resolve(self, relative: str) -> Path:
         """A recipe path made absolute against the recipe's folder."""
         path = Path(relative).expanduser()
-        return path if path.is_absolute() else (self.base_dir / path).resolve()
+        if path.is_absolute():
+            return path
+        try:
+            return (self.base_dir / path).resolve()
+        except (RuntimeError, OSError):  # a symlink loop: left for the file checks to name
+            return Path(os.path.abspath(self.base_dir / path))

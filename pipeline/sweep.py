@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipeline.errors import QdeployError, RecipeError
@@ -171,9 +170,11 @@ def _check_name(value: str, what: str) -> str:
 
 def is_sweep_file(path: Path) -> bool:
     """A YAML mapping with a sweep key (sweep, recipes, matrix) and no 'model' key is a sweep file."""
+    from pipeline.loader import parse_yaml, read_yaml_text
+
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        _, data = parse_yaml(read_yaml_text(path, "recipe"), str(path))
+    except RecipeError:
         return False
     return isinstance(data, dict) and "model" not in data and any(key in data for key in SWEEP_KEYS)
 
@@ -199,17 +200,10 @@ def load_sweep(paths: list[Path], name: str | None = None) -> SweepPlan:
 
 def parse_sweep_file(path: Path) -> SweepFile:
     """Validate a sweep file; RecipeError names the file, line and field of the first problem."""
-    from pipeline.loader import node_line
+    from pipeline.loader import node_line, parse_yaml, read_yaml_text
 
     file = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"cannot read sweep file: {exc}", file=file) from None
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"YAML error: {exc}", file=file) from None
+    root, data = parse_yaml(read_yaml_text(path, "sweep"), file)
     try:
         return SweepFile.model_validate(data)
     except ValidationError as exc:

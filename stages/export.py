@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.errors import ModelError, StageError
+from pipeline.errors import DataError, ModelError, StageError
 from pipeline.tolerance import StrictModel
+from pipeline.userfiles import check_regular_file
+from stages.export_model import (
+    check_declared_shapes,
+    check_feedable_inputs,
+    check_has_outputs,
+    external_slices,
+    load_onnx,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,6 +38,8 @@ log = logging.getLogger(__name__)
 
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
 DEFAULT_TORCH_OPSET = 17
+MAX_DIM = 2**31 - 1
+"""Largest fixed dimension of an input (runtimes index with 32-bit integers in places)."""
 
 
 class InputSpec(StrictModel):
@@ -46,9 +58,18 @@ class InputSpec(StrictModel):
     @classmethod
     def _positive_dims(cls, shape: list[int | str] | None) -> list[int | str] | None:
         for dim in shape or []:
-            if isinstance(dim, int) and dim <= 0:
-                raise ValueError(f"dimension {dim} must be positive, or a name for a symbolic dimension")
+            if isinstance(dim, int) and not 0 < dim <= MAX_DIM:
+                raise ValueError(f"dimension {dim} must be positive (at most {MAX_DIM}), or a name for a symbolic "
+                                 "dimension")
         return shape
+
+    @model_validator(mode="after")
+    def _range(self) -> InputSpec:
+        if any(bound is not None and not math.isfinite(bound) for bound in (self.low, self.high)):
+            raise ValueError("low and high are finite numbers")
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise ValueError(f"low {self.low} is above high {self.high}; swap them")
+        return self
 
 
 class TorchSource(StrictModel):
@@ -117,111 +138,77 @@ def run(artifact: Artifact | None, config: ExportConfig, ctx: StageContext) -> S
     return StageResult(model=model, changed=True, findings=findings)
 
 
-def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, Any]) -> onnx.ModelProto:
+def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, Any], *,
+             validate_graph: bool = True) -> onnx.ModelProto:
     """Shape overrides, opset conversion and the checks every later stage relies on."""
     findings["opset_in"] = default_opset(model)
+    check_has_outputs(model)
+    check_feedable_inputs(model)
     if config.inputs and config.torch is None:  # a torch export took its shapes (and dynamic axes) already
         findings["output_shapes_reinferred"] = apply_input_overrides(model, config.inputs)
     if config.opset is not None and config.opset != default_opset(model):
         model = convert_opset(model, config.opset, findings)
     findings["opset"] = default_opset(model)
     check_input_ranks(model)
+    made_symbolic = check_declared_shapes(model)
+    if made_symbolic:
+        findings["minus_one_dims_named"] = made_symbolic
     findings["custom_ops"] = check_known_ops(model)
-    check_model(model)
+    if validate_graph:
+        check_model(model)
     return model
+
+
+def inspect_source(config: ExportConfig, resolve: Callable[[str], Path]) -> None:
+    """What `qdeploy check` can know of the model without running anything: the file, its external data's
+    places, its interface after the recipe's overrides, its ops; or, for torch, the size of the declared inputs."""
+    if config.onnx is None:
+        check_recipe_inputs_fit(config.inputs)
+        return
+    path = resolve(config.onnx)
+    model = load_onnx(path, max_bytes=size_cap(config), external_data=False)
+    try:  # onnx's checker needs the external data in memory: without it, the checks before it still run
+        _prepare(model, config.model_copy(update={"opset": None}), {},
+                 validate_graph=not external_slices(model, path.parent))
+    except ModelError as exc:
+        raise ModelError(f"model {config.onnx}: {exc}") from None
+
+
+def check_recipe_inputs_fit(inputs: list[InputSpec]) -> None:
+    """One sample of the recipe's declared inputs (named dimensions as 1) must fit in memory."""
+    import numpy as np
+
+    from calibration.readers import InputInfo, check_sample_fits
+
+    infos = [InputInfo(spec.name, tuple(d if isinstance(d, int) else None for d in spec.shape or ()),
+                       np.dtype(spec.dtype)) for spec in inputs]
+    try:
+        check_sample_fits(infos, "model.inputs")
+    except DataError as exc:
+        raise ModelError(str(exc)) from None
 
 
 def source_files(config: ExportConfig, ctx: StageContext) -> list[Path]:
     """Files whose contents decide the export (they enter its cache key)."""
     if config.onnx is not None:
-        return [ctx.resolve(config.onnx)]
+        return [check_regular_file(ctx.resolve(config.onnx), "model file")]  # hashed next: never a FIFO or device
     assert config.torch is not None
     files = []
     module_part = config.torch.factory.rsplit(":", 1)[0]
     if module_part.endswith(".py"):
-        files.append(ctx.resolve(module_part))
+        files.append(check_regular_file(ctx.resolve(module_part), "factory file"))
     if config.torch.weights:
-        files.append(ctx.resolve(config.torch.weights))
+        files.append(check_regular_file(ctx.resolve(config.torch.weights), "weights file"))
     return files
 
 
 def size_cap(config: ExportConfig) -> int:
     """Bytes of model qdeploy will load: the recipe's cap, or 70% of the memory available now."""
+    from calibration.readers import available_memory
+
     if config.max_size_mb is not None:
         return int(config.max_size_mb * 1e6)
     return int(0.7 * available_memory())
-
-
-def available_memory() -> int:
-    import os
-
-    meminfo = Path("/proc/meminfo")
-    if meminfo.is_file():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def load_onnx(path: Path, *, max_bytes: int | None = None) -> onnx.ModelProto:
-    """Load an ONNX file with its external data; clear ModelErrors for every way it can be wrong."""
-    import onnx
-    from google.protobuf.message import DecodeError
-
-    if not path.is_file():
-        raise ModelError(f"{path}: model file not found")
-    if max_bytes is not None and path.stat().st_size > max_bytes:
-        raise ModelError(f"{path}: the file is {path.stat().st_size / 1e6:.0f} MB, above the cap of "
-                         f"{max_bytes / 1e6:.0f} MB; raise model.max_size_mb if this machine can hold it")
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except (DecodeError, ValueError, RuntimeError) as exc:
-        raise ModelError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc}); "
-                         "check that the file is complete and really ONNX") from None
-    if not model.graph.node and not model.graph.output:
-        raise ModelError(f"{path}: not an ONNX model (no graph found); check that the file is complete and really ONNX")
-    check_external_locations(model, path.parent)
-    external = sum(_external_bytes(model, path.parent).values())
-    if max_bytes is not None and path.stat().st_size + external > max_bytes:
-        raise ModelError(f"{path}: the model with its external data is {(path.stat().st_size + external) / 1e6:.0f} "
-                         f"MB, above the cap of {max_bytes / 1e6:.0f} MB; raise model.max_size_mb if this machine "
-                         "can hold it")
-    try:
-        onnx.load_external_data_for_model(model, str(path.parent))
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"{path}: cannot load external data: {exc}; keep the data files beside the model") from None
-    return model
-
-
-def check_external_locations(model: onnx.ModelProto, base: Path) -> None:
-    """Refuse external data that points outside the model's folder (../, absolute paths, symlinks)."""
-    from pipeline.store import _all_tensors
-
-    root = base.resolve()
-    for tensor in _all_tensors(model):
-        for entry in tensor.external_data:
-            if entry.key != "location":
-                continue
-            target = (base / entry.value).resolve()
-            if Path(entry.value).is_absolute() or not target.is_relative_to(root):
-                raise ModelError(f"tensor '{tensor.name}': external data location '{entry.value}' points outside "
-                                 f"the model's folder {root}; refused for safety")
-            if not target.is_file():
-                raise ModelError(f"tensor '{tensor.name}': external data file '{entry.value}' is missing "
-                                 f"in {root}; keep the data files beside the model")
-
-
-def _external_bytes(model: onnx.ModelProto, base: Path) -> dict[str, int]:
-    """Bytes each external tensor will take once loaded (its declared length, else its file's size)."""
-    from pipeline.store import _all_tensors
-
-    sizes = {}
-    for tensor in _all_tensors(model):
-        entries = {entry.key: entry.value for entry in tensor.external_data}
-        if "location" in entries:
-            length = int(entries.get("length", 0)) or (base / entries["location"]).stat().st_size
-            sizes[tensor.name] = length
-    return sizes
 
 
 RUNTIME_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training"})

@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from calibration.readers import is_npy_sample
 from pipeline.errors import DataError, RecipeError
+from pipeline.userfiles import files_in_folder, open_regular_file
 
 if TYPE_CHECKING:
     from pipeline.recipe import Recipe
@@ -89,7 +91,7 @@ def read_labels(recipe: Recipe, dataset: str | None, input_names: list[str],
     if spec is None or spec.reader != "npy" or not spec.path:
         return None
     folder = recipe.resolve(spec.path)
-    files = sorted(p for p in folder.iterdir() if p.suffix in (".npy", ".npz")) if folder.is_dir() else []
+    files = files_in_folder(folder, is_npy_sample, f"dataset '{dataset}'") if folder.is_dir() else []
     count = min(filter(None, (spec.samples, limit)), default=None)
     files = files[:count] if count else files
     labels = [_label_of(path, input_names) for path in files]
@@ -106,7 +108,7 @@ def _label_of(path: Path, input_names: list[str]) -> np.ndarray | None:
     if path.suffix != ".npz":
         return None
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        with open_regular_file(path, "sample") as stream, np.load(stream, allow_pickle=False) as archive:
             key = next((k for k in LABEL_KEYS if k in archive.files and k not in input_names), None)
             return np.asarray(archive[key]) if key else None
     except (OSError, ValueError) as exc:

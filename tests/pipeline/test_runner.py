@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -78,14 +79,22 @@ def test_no_cache_rebuilds(tiny_recipe: Path, tmp_path: Path) -> None:
     assert not any(a["cached"] for a in report["artifacts"])
 
 
-def test_failing_variant_keeps_the_others_and_exits_1(tmp_path: Path, tiny_model_path: Path) -> None:
-    # quantizing twice is refused: that variant fails, the others are measured and reported
+def test_failing_variant_keeps_the_others_and_exits_1(tmp_path: Path, tiny_model_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # a stage that fails at run time: that variant fails, the others are measured and reported
+    import stages.quantize
+    from pipeline.errors import StageError
+
+    def failing(_artifact: object, _config: object, ctx: Any) -> None:
+        raise StageError("quantize", ctx.variant, "the model is already quantized (forced for this test)")
+
+    monkeypatch.setattr(stages.quantize, "run", failing)
     recipe = write_recipe(tmp_path, """
         name: t
         model: {onnx: tiny.onnx}
         variants:
           fp32: [simplify]
-          twice: [quantize, quantize]
+          twice: [quantize]
         targets: [ort:cpu]
         validate: {reference: fp32, samples: 2}
         benchmark: {enabled: false}
