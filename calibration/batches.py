@@ -10,7 +10,7 @@ The batch axis of an input is where the model's batch symbol sits: the symbol at
 (``batch``, ``N``, ...), wherever else it appears (a recurrent state ``[2, batch, 128]`` is batched on
 axis 1); an unnamed dynamic axis 0 counts too.  Inputs without it (a scalar sample rate, a fixed-size
 state) are fed as the first sample has them.  A model none of whose inputs has a dynamic batch axis takes
-batch 1 only, and says so.
+batch 1, or its own fixed batch (inputs declared [4, ...] at batch size 4), only, and says so otherwise.
 """
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ class BatchAxes:
     @property
     def batchable(self) -> bool:
         return any(axis is not None for axis in self.axes.values())
+
+    def fixed_batch(self) -> int | None:
+        """The static leading dimension every shaped input shares (a model exported at batch 4 takes 4)."""
+        firsts = {dims[0] for dims in self.dims.values() if dims}
+        only = firsts.pop() if len(firsts) == 1 else None
+        return only if isinstance(only, int) else None
 
     def static_reason(self) -> str:
         """Why a batch above 1 cannot be fed: the declared shapes."""
@@ -96,7 +102,7 @@ def make_batch(samples: list[Feed], axes: BatchAxes, batch: int, *, max_bytes: i
     """A feed of `batch` rows stacked from the samples; BatchError when the model or the memory cannot take it."""
     if not samples:
         raise BatchError("no samples to build a batch from")
-    if batch > 1 and not axes.batchable:
+    if batch > 1 and not axes.batchable and batch != axes.fixed_batch():
         raise BatchError(f"batch {batch} cannot be fed: {axes.static_reason()}")
     first = samples[0]
     group = [sample for sample in samples if _same_other_dims(sample, first, axes)]

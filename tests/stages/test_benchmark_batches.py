@@ -169,3 +169,12 @@ def test_samples_of_another_size_are_not_stacked(tmp_path: Path) -> None:
     assert batch.info["samples_skipped"].startswith("1 samples of other shapes")
     with pytest.raises(BatchError, match="no input has a dynamic batch dimension"):
         make_batch(samples[:1], batch_axes(_model_with_inputs(tmp_path, {"x": [1, 3, 8]})), 2)
+
+
+def test_a_model_exported_at_a_fixed_batch_takes_that_batch_only(tmp_path: Path) -> None:
+    axes = batch_axes(_model_with_inputs(tmp_path, {"x": [4, 4]}))
+    sample = {"x": np.arange(16, dtype=np.float32).reshape(4, 4)}
+    assert axes.fixed_batch() == 4
+    assert np.array_equal(make_batch([sample], axes, 4).feed["x"], sample["x"])  # fed as the sample holds it
+    with pytest.raises(BatchError, match="batch 8 cannot be fed"):
+        make_batch([sample], axes, 8)
