@@ -6,6 +6,8 @@ stage did, the runner calls ``guard_artifact`` on its result before storing it:
 
 - the new model must load in ONNX Runtime's CPU provider whenever its input
   model does (a model ONNX Runtime cannot load is never published);
+- every graph (If/Loop/Scan bodies included) must be in topological order with
+  every name in scope; an order problem alone is repaired here;
 - its inputs and outputs must keep the input model's names and types, kinds
   included (a ``seq(tensor(float))`` input that lost its type is refused); only
   fp16 may turn float32 inputs/outputs into float16 (``keep_io_types: false``);
@@ -45,9 +47,9 @@ def guard_artifact(parent: Artifact | None, result: StageResult, stage: str, ctx
     """StageError unless ``result.model`` may be published; what was verified (also added to the findings)."""
     if parent is None:  # export: nothing to compare against; it must load where it can
         return {}
+    verdict: dict[str, Any] = _graph_order(result.model, stage, ctx.variant)
     reference, reference_error = _session_of_path(parent.path)
     candidate, candidate_error = _session_of_model(result.model, ctx.work_dir)
-    verdict: dict[str, Any] = {}
     if reference is None:
         verdict["loads"] = f"not checked: the input model does not load in ONNX Runtime either ({reference_error})"
     elif candidate is None:
@@ -63,6 +65,21 @@ def guard_artifact(parent: Artifact | None, result: StageResult, stage: str, ctx
         log.warning("%s of %s is unchecked: %s", stage, ctx.variant, unchecked)
     result.findings["guard"] = verdict
     return verdict
+
+
+def _graph_order(model: onnx.ModelProto, stage: str, variant: str) -> dict[str, Any]:
+    """Every graph topologically sorted and in scope; a pure order problem is repaired (tools that sort the main
+    graph ignore what If/Loop bodies read from it), anything else is a StageError."""
+    from stages.graph_order import scope_problems, sort_topologically
+
+    if not scope_problems(model.graph):
+        return {}
+    sort_topologically(model.graph)
+    problems = scope_problems(model.graph)
+    if problems:
+        raise StageError(stage, variant, f"the new model is not a valid graph: {'; '.join(problems)}")
+    log.info("%s of %s: nodes put back in topological order", stage, variant)
+    return {"reordered": "nodes were out of topological order (subgraph reads included); put back in order"}
 
 
 def _unchecked_reason(findings: dict[str, Any], reference_error: str | None) -> str | None:

@@ -65,12 +65,12 @@ def unfeedable_inputs(model: onnx.ModelProto) -> list[str]:
 
 def type_signature(type_proto: onnx.TypeProto) -> str:
     """'tensor(float)', 'seq(tensor(int64))', 'optional(seq(tensor(float)))', ... ('?' where nothing is known)."""
-    from onnx import helper
+    from onnx import TensorProto
 
     kind = type_proto.WhichOneof("value")
     if kind in ("tensor_type", "sparse_tensor_type"):
         elem = getattr(type_proto, kind).elem_type
-        name = helper.tensor_dtype_to_np_dtype(elem).name if elem and elem != 8 else ("string" if elem else "?")
+        name = TensorProto.DataType.Name(elem).lower() if elem else "?"  # as ONNX Runtime names them
         return f"{'sparse_' if kind == 'sparse_tensor_type' else ''}tensor({name})"
     if kind == "sequence_type":
         return f"seq({type_signature(type_proto.sequence_type.elem_type)})"
@@ -87,15 +87,17 @@ Ranges = dict[str, tuple[float | None, float | None]]
 def safe_integer_ranges(model: onnx.ModelProto) -> Ranges:
     """[low, high) for every integer graph input, by what its values become (see the module's notes)."""
     graph = model.graph
-    tables = {init.name: list(init.dims) for init in graph.initializer}
+    tables = _static_inputs(graph)
+    tables.update((init.name, list(init.dims)) for init in graph.initializer)
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in _all_nodes(graph):
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     ranges: Ranges = {}
+    initializers = {init.name for init in graph.initializer}
     for value in graph.input:
         elem = value.type.tensor_type.elem_type if value.type.HasField("tensor_type") else 0
-        if elem not in (2, 3, 4, 5, 6, 7, 12, 13) or value.name in tables:  # integer types
+        if elem not in (2, 3, 4, 5, 6, 7, 12, 13) or value.name in initializers:  # integer types
             continue
         rows, size = _uses(value.name, consumers, tables)
         if rows is not None:
@@ -105,6 +107,17 @@ def safe_integer_ranges(model: onnx.ModelProto) -> Ranges:
         else:
             ranges[value.name] = (0, DEFAULT_HIGH)
     return ranges
+
+
+def _static_inputs(graph: onnx.GraphProto) -> dict[str, list[int]]:
+    """Graph inputs whose dimensions are all static: tables that gather indices must stay within too."""
+    tables = {}
+    for value in graph.input:
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+            dims = value.type.tensor_type.shape.dim
+            if dims and all(dim.HasField("dim_value") and dim.dim_value > 0 for dim in dims):
+                tables[value.name] = [dim.dim_value for dim in dims]
+    return tables
 
 
 def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
