@@ -90,8 +90,9 @@ def loop_with_outer_reads_model() -> onnx.ModelProto:
         [_vi("i", [], TensorProto.INT64), _vi("cond", [], TensorProto.BOOL), _vi("acc", [4])],
         [_vi("cond_out", [], TensorProto.BOOL), _vi("acc_next", [4])])
     nodes = [helper.make_node("Mul", ["x", "w"], ["xw"]),
-             helper.make_node("Loop", ["n", "", "x"], ["y"], body=body)]
-    inits = [numpy_helper.from_array(np.array(3, np.int64), "n"),
+             helper.make_node("Loop", ["n", "keep_going", "x"], ["y"], body=body)]
+    # An explicit condition: onnx.reference's Loop ignores the trip count without one (a known defect).
+    inits = [numpy_helper.from_array(np.array(3, np.int64), "n"), numpy_helper.from_array(np.array(True), "keep_going"),
              numpy_helper.from_array(np.array([0.5, 1.0, -1.0, 2.0], np.float32), "w")]
     return _model(helper.make_graph(nodes, "loop", [_vi("x", [4])], [_vi("y", [4])], inits))
 
@@ -122,7 +123,7 @@ def scripted_torch_model(path: Path) -> Path:
                 y = y + x.mean()
             else:
                 y, _ = self.lstm8(x[:, ::2])
-            for _ in range(x.shape[1] // 8):
+            for step in range(x.shape[1] // 8):  # noqa: B007  (TorchScript needs a named loop variable)
                 y = y * 0.9 + 0.1
             return torch.sigmoid(self.proj(y[:, -1]))
 
