@@ -1,6 +1,6 @@
 """The ONNX backend node tests through qdeploy's simplify and fp16 stages, beside onnxsim and onnxconverter-common.
 
-    python benchmarks/onnx_node_suite.py [--jobs 2] [--match REGEX] [--tools ...] [--json out.json]
+    python benchmarks/onnx_node_suite.py [--jobs 2] [--match REGEX | --subset] [--tools ...] [--json out.json]
 
 Every case of ``onnx.backend.test.loader.load_model_tests(kind="node")`` whose
 expected outputs ONNX Runtime reproduces (CPU provider, the case's own rtol/atol)
@@ -63,7 +63,18 @@ CASE_TIMEOUT_S = 180.0
 
 # ---------------------------------------------------------------- preparation (parent process)
 
-def prepare(folder: Path, match: str | None, limit: int | None) -> list[str]:
+SUBSET_PATTERN = re.compile(r"(_if|loop|scan|sequence|optional|affine_grid|test_size|tile|pad|range|identity"
+                            r"|split_to|concat_from)")
+"""The subset (``--subset``, the slow test): control flow, sequences/optionals, the size-taking ops, and every
+``SUBSET_EVERY``-th other case in name order."""
+SUBSET_EVERY = 10
+
+
+def in_subset(name: str, index: int) -> bool:
+    return bool(SUBSET_PATTERN.search(name)) or index % SUBSET_EVERY == 0
+
+
+def prepare(folder: Path, match: str | None, limit: int | None, *, subset: bool = False) -> list[str]:
     """Write every selected case (model, data, tolerances) to ``folder``/<name>.pkl; their names."""
     import warnings
 
@@ -74,8 +85,8 @@ def prepare(folder: Path, match: str | None, limit: int | None) -> list[str]:
         cases = load_model_tests(kind="node")
     pattern = re.compile(match) if match else None
     names = []
-    for case in sorted(cases, key=lambda c: c.name):
-        if pattern and not pattern.search(case.name):
+    for index, case in enumerate(sorted(cases, key=lambda c: c.name)):
+        if (pattern and not pattern.search(case.name)) or (subset and not in_subset(case.name, index)):
             continue
         model = case.model if case.model is not None else _model_from_dir(case.model_dir)
         data = case.data_sets if case.data_sets is not None else _data_from_dir(case.model_dir, model)
@@ -253,6 +264,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--match", help="regular expression on the case names (default: all)")
     parser.add_argument("--limit", type=int, help="first N matching cases only")
+    parser.add_argument("--subset", action="store_true", help="the slow test's deterministic subset (see in_subset)")
     parser.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
     parser.add_argument("--memory-gb", type=float, default=6.0, help="address-space limit of each worker")
     parser.add_argument("--timeout", type=float, default=CASE_TIMEOUT_S, help="seconds one tool may take on a case")
@@ -268,7 +280,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qdeploy-node-suite-") as tmp:
-        names = prepare(Path(tmp), args.match, args.limit)
+        names = prepare(Path(tmp), args.match, args.limit, subset=args.subset)
         log.info("%d cases; running %s with %d worker(s)", len(names), ", ".join(args.tools), args.jobs)
         results = run_workers(Path(tmp), names, args.tools, args.jobs, args.memory_gb, args.timeout)
     table, _ = summarize(results, args.tools)
