@@ -103,3 +103,10 @@ def test_the_runner_publishes_no_unloadable_artifact(tmp_path: Path, monkeypatch
     assert [failure["stage"] for failure in report["failures"]] == ["simplify"]
     assert "does not load in ONNX Runtime" in report["failures"][0]["reason"]
     assert "fp32" not in {artifact["name"] for artifact in report["artifacts"]}
+
+
+def test_the_report_lists_unchecked_stages_outside_the_details() -> None:
+    from pipeline.report_view import highlights
+
+    lines = highlights({"guard": {"checked": False, "unchecked": "inputs are sequences"}, "node_count_after": 3})
+    assert lines == ["guard.unchecked: inputs are sequences"]
