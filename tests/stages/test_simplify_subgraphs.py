@@ -156,3 +156,19 @@ def test_an_optimizer_result_that_breaks_a_subgraph_is_discarded(tmp_path: Path,
     result = _simplify(model, tmp_path, ctx, fold_constants=False)
     _valid(result.model)
     assert any("onnxoptimizer's result was discarded" in note for note in result.findings["notes"])
+
+
+def test_the_check_runs_on_the_recipes_validation_data_when_there_is_some(tmp_path: Path) -> None:
+    from pipeline.recipe import Recipe
+
+    data = tmp_path / "val"
+    data.mkdir()
+    x = np.random.default_rng(1).standard_normal((1, 12, 16)).astype(np.float32)
+    np.savez(data / "a.npz", x=x, sr=np.array(16000, np.int64))  # the branch random integers never reach
+    recipe = Recipe(name="t", model={"onnx": "m.onnx"}, variants={"v": []},
+                    data={"val": {"reader": "npy", "path": str(data)}}, validate={"data": "val"})
+    ctx = StageContext(recipe=recipe, variant="v", work_dir=tmp_path / "work")
+    result = _simplify(lstm_branch_model(), tmp_path, ctx)
+    check = result.findings["check"]
+    assert check["inputs"] == "the recipe's validation data" and check["input_shapes"] == {"x": [1, 12, 16],
+                                                                                          "sr": []}
