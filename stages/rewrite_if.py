@@ -48,6 +48,7 @@ def _inline_in(graph: onnx.GraphProto, outer: dict[str, onnx.TensorProto]) -> in
         replaced.extend(_branch_nodes(node, branch))
         count += 1
     if count:
+        _unique_names(replaced)
         del graph.node[:]
         graph.node.extend(replaced)
         visible.update(constant_node_tensors(graph))
@@ -88,3 +89,18 @@ def _branch_nodes(node: onnx.NodeProto, branch: onnx.GraphProto) -> list[onnx.No
     identities = [helper.make_node("Identity", [source.name], [target], name=f"{target}_from_branch")
                   for source, target in zip(branch.output, node.output, strict=False) if target]
     return [*constants, *branch.node, *identities]
+
+
+def _unique_names(nodes: list[onnx.NodeProto]) -> None:
+    """Node names unique within the graph (ONNX Runtime refuses two nodes of one name; exporters name the nodes
+    of each branch on their own, so an inlined branch may repeat a name of its new graph)."""
+    seen: set[str] = set()
+    for node in nodes:
+        if not node.name:
+            continue
+        name, suffix = node.name, 0
+        while name in seen:
+            suffix += 1
+            name = f"{node.name}_inlined{suffix}"
+        node.name = name
+        seen.add(name)

@@ -172,3 +172,19 @@ def test_the_check_runs_on_the_recipes_validation_data_when_there_is_some(tmp_pa
     check = result.findings["check"]
     assert check["inputs"] == "the recipe's validation data" and check["input_shapes"] == {"x": [1, 12, 16],
                                                                                           "sr": []}
+
+
+def test_an_inlined_branch_whose_node_names_repeat_its_new_graphs_gets_unique_names(tmp_path: Path,
+                                                                                  ctx: StageContext) -> None:
+    model = nested_constant_if_model()
+    outer_then = next(attr.g for attr in model.graph.node[1].attribute if attr.name == "then_branch")
+    for node in outer_then.node:
+        node.name = "same"  # the exporter named nodes per graph
+    taken = next(attr.g for attr in outer_then.node[-1].attribute if attr.name == "then_branch")
+    for node in taken.node:
+        node.name = "same"
+    result = _simplify(model, tmp_path, ctx)
+    branch = next(attr.g for attr in result.model.graph.node[1].attribute if attr.name == "then_branch")
+    names = [node.name for node in branch.node if node.name]
+    assert len(names) == len(set(names))
+    _session(result.model)
