@@ -7,7 +7,9 @@ asked ONNX Runtime for 16 GB.  So an integer input takes
 - [0, rows) when it indexes a constant table (Gather, GatherElements, GatherND, through value-preserving ops), else
 - [1, SIZE_HIGH) when it becomes a size, a count or a shape (Tile, Expand, Reshape, ConstantOfShape, Range,
   Resize, OneHot, TopK, Pad, Slice, Split, ...), else
-- [0, 100).
+- [0, 100);
+and when the model compares an integer input with constants (``Equal(sr, 16000)`` choosing a branch), the
+first samples take those values, one each, so that the check reaches the branches they select.
 And every run of the check happens under ``bounded_memory``: the process's address space may grow by at most
 ``CHECK_MEMORY_BYTES`` (Linux; elsewhere unbounded); beyond it ONNX Runtime's allocation fails with an error the
 check reports as "unchecked" instead of the kernel killing the process.
@@ -149,6 +151,60 @@ def _uses(name: str, consumers: dict[str, list[onnx.NodeProto]],
             if node.op_type in PASS_THROUGH and (0 in positions or node.op_type == "Concat"):
                 frontier.extend(out for out in node.output if out and out not in seen)
     return (min(rows) if rows else None), size
+
+
+COMPARISONS = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"})
+MAX_COMPARED = 4
+
+
+def compared_values(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Integer graph input -> the constant scalars it is compared with (through value-preserving ops)."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    constants = {init.name: init for init in graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in _all_nodes(graph):
+        if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].HasField("t"):
+            constants[node.output[0]] = node.attribute[0].t
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    found: dict[str, list[int]] = {}
+    for value in graph.input:
+        elem = value.type.tensor_type.elem_type if value.type.HasField("tensor_type") else 0
+        if elem not in (2, 3, 4, 5, 6, 7, 12, 13) or value.name in constants:
+            continue
+        values: set[int] = set()
+        for node in _reached(value.name, consumers):
+            if node.op_type in COMPARISONS:
+                others = [constants[name] for name in node.input if name in constants]
+                values.update(int(v) for tensor in others for v in numpy_helper.to_array(tensor).reshape(-1)[:2])
+        if values:
+            found[value.name] = sorted(values)[:MAX_COMPARED]
+    return found
+
+
+def _reached(name: str, consumers: dict[str, list[onnx.NodeProto]]) -> Iterator[onnx.NodeProto]:
+    """The nodes that read ``name`` or what value-preserving ops make of it."""
+    frontier, seen = [name], set()
+    while frontier:
+        current = frontier.pop()
+        seen.add(current)
+        for node in consumers.get(current, []):
+            yield node
+            if node.op_type in PASS_THROUGH and node.input and node.input[0] == current:
+                frontier.extend(out for out in node.output if out and out not in seen)
+
+
+def with_compared_values(samples: Any, choices: dict[str, list[int]]) -> Iterator[dict[str, Any]]:
+    """The samples, the first ones taking each compared constant of an input in turn (the rest stay random)."""
+    import numpy as np
+
+    for index, sample in enumerate(samples):
+        for name, values in choices.items():
+            if index < len(values) and name in sample:
+                sample[name] = np.full_like(sample[name], values[index])
+        yield sample
 
 
 @contextlib.contextmanager

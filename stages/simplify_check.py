@@ -166,7 +166,7 @@ def _feeds_the_original_accepts(reference: Any, original: Path, model: onnx.Mode
     """``check_n`` (feeds, original's outputs): the recipe's validation data when it has some, else seeded random
     inputs (the next symbolic size is tried when the original refuses one)."""
     from calibration.readers import model_inputs, random_samples
-    from stages.check_inputs import recipe_samples, safe_integer_ranges
+    from stages.check_inputs import compared_values, recipe_samples, safe_integer_ranges, with_compared_values
 
     failure = ""
     real = recipe_samples(ctx, original, config.check_n)
@@ -177,12 +177,13 @@ def _feeds_the_original_accepts(reference: Any, original: Path, model: onnx.Mode
             failure = f"on the recipe's validation data: {_short(exc)}; "
     infos = model_inputs(original)
     ranges = {**safe_integer_ranges(model), **_input_ranges(ctx)}
+    choices = {name: values for name, values in compared_values(model).items() if name not in _input_ranges(ctx)}
     sizes = SYMBOLIC_SIZES if any(None in info.shape[1:] for info in infos) else SYMBOLIC_SIZES[:1]
     for size in sizes:
         concrete = [_concrete(info, size) for info in infos]
         try:
-            return _with_outputs(reference, random_samples(concrete, config.check_n, seed=0, ranges=ranges),
-                                 "seeded random"), ""
+            samples = with_compared_values(random_samples(concrete, config.check_n, seed=0, ranges=ranges), choices)
+            return _with_outputs(reference, samples, "seeded random"), ""
         except Exception as exc:  # random feeds may be invalid for this model at this size
             failure += _short(exc)
             if _is_memory(exc):

@@ -188,3 +188,12 @@ def test_an_inlined_branch_whose_node_names_repeat_its_new_graphs_gets_unique_na
     names = [node.name for node in branch.node if node.name]
     assert len(names) == len(set(names))
     _session(result.model)
+
+
+def test_random_check_inputs_take_the_constants_an_input_is_compared_with() -> None:
+    from stages.check_inputs import compared_values, with_compared_values
+
+    model = lstm_branch_model()
+    assert compared_values(model) == {"sr": [16000]}  # Equal(sr, 16000) picks the branch
+    samples = [{"sr": np.array(5, np.int64)}, {"sr": np.array(7, np.int64)}]
+    assert [int(s["sr"]) for s in with_compared_values(iter(samples), compared_values(model))] == [16000, 7]
