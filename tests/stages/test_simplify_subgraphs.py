@@ -197,3 +197,15 @@ def test_random_check_inputs_take_the_constants_an_input_is_compared_with() -> N
     assert compared_values(model) == {"sr": [16000]}  # Equal(sr, 16000) picks the branch
     samples = [{"sr": np.array(5, np.int64)}, {"sr": np.array(7, np.int64)}]
     assert [int(s["sr"]) for s in with_compared_values(iter(samples), compared_values(model))] == [16000, 7]
+
+
+def test_a_check_past_its_memory_bound_is_unchecked_not_a_crash(tmp_path: Path, ctx: StageContext,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from stages import simplify_check
+
+    def no_memory(*args: object, **kwargs: object) -> None:
+        raise MemoryError("Unable to allocate 1.62 GiB for an array")
+
+    monkeypatch.setattr(simplify_check, "compare_outputs", no_memory)
+    result = _simplify(loop_with_outer_reads_model(), tmp_path, ctx)  # old code: the MemoryError escaped
+    assert "memory bound" in result.findings["check"]["unchecked"]
