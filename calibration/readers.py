@@ -255,4 +255,4 @@ def fit_to_input(array: np.ndarray, info: InputInfo, path: Path) -> np.ndarray:
         array = array.astype(info.dtype)
     if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
         raise DataError(f"{path}: input '{info.name}' holds NaN or Inf values")
-    return np.ascontiguousarray(array)
+    return np.ascontiguousarray(array).reshape(array.shape)  # ascontiguousarray alone makes a 0-d input (1,)

@@ -15,7 +15,7 @@ FIDELITY_METRICS: tuple[tuple[str, str], ...] = (
 """The accuracy of the accuracy-vs-latency view, the first one measured wins; higher is taken as better (the
 recipe's task metric is assumed to be an accuracy-like score, not a loss)."""
 HIGHLIGHT_WORDS = ("clamp", "kept", "blocked", "lowered", "exclud", "fallback", "warning", "unattainable", "overflow",
-                   "diverg", "drift", "skipped", "failed")
+                   "diverg", "drift", "skipped", "failed", "unchecked")
 """Findings whose key holds one of these words are worth a line outside the collapsed details."""
 
 

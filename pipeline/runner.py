@@ -31,6 +31,7 @@ from typing import Any
 from pipeline import registry
 from pipeline.context import Artifact, StageContext, StageResult
 from pipeline.errors import QdeployError, QdeployInputError, RunLockedError, StageError
+from pipeline.guard import guard_artifact
 from pipeline.progress import Progress
 from pipeline.published import (
     begin_generation,
@@ -356,6 +357,7 @@ def _transform(state: _RunState, key: str, info: registry.StageInfo, parent: Art
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     try:
         result: StageResult = info.function()(parent, config, ctx)
+        guard_artifact(parent, result, info.name, ctx)  # never store what ONNX Runtime cannot load
     finally:
         shutil.rmtree(ctx.work_dir, ignore_errors=True)
     seconds = time.perf_counter() - started

@@ -30,6 +30,7 @@ from stages.folding_shapes import (
     static_shapes,
     value_infos,
 )
+from stages.graph_order import drop_unread_constants
 from stages.graph_utils import (  # noqa: F401  (has_subgraph, subgraph_references: part of this module's API)
     _ELEMENT_BYTES,
     delete_indices,
@@ -168,6 +169,8 @@ class Scope:
     """Names that must stay computed by a node (a subgraph's outputs)."""
     partial: Mapping[str, tuple[int | None, ...]] = field(default_factory=dict)
     """Dimensions of tensors whose rank is known (None: a symbolic dimension)."""
+    constant_nodes: bool = False
+    """Folded values become Constant nodes (subgraphs: tools lose subgraph initializers) instead of initializers."""
 
 
 def top_scope(model: onnx.ModelProto) -> Scope:
@@ -179,15 +182,30 @@ def top_scope(model: onnx.ModelProto) -> Scope:
 
 
 def sub_scope(outer: Scope, graph: onnx.GraphProto) -> Scope:
-    """The scope of a subgraph: the outer constants, its own initializers (minus shadowing inputs)."""
+    """The scope of a subgraph: the outer constants, its own initializers and Constant nodes (minus shadowing
+    inputs)."""
     shadowed = {value.name for value in graph.input}
     tensors = {name: tensor for name, tensor in outer.tensors.items() if name not in shadowed}
     tensors.update((init.name, init) for init in graph.initializer if init.name not in shadowed)
+    own = constant_node_tensors(graph)
+    tensors.update(own)
     # Names are unique in a model: the subgraph's own entries (its inputs included) first, then the outer ones.
     values = value_infos(graph)
-    shapes = ChainMap(static_shapes(graph, set(tensors) - set(outer.tensors), values), outer.shapes)
+    shapes = ChainMap(static_shapes(graph, set(tensors) - set(outer.tensors), values, extra=own), outer.shapes)
     partial = ChainMap(partial_shapes(graph, values), outer.partial)
-    return Scope(graph, tensors, shapes, protected={value.name for value in graph.output}, partial=partial)
+    return Scope(graph, tensors, shapes, protected={value.name for value in graph.output}, partial=partial,
+                 constant_nodes=True)
+
+
+def constant_node_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """The values of a graph's Constant nodes, as tensors named like their outputs."""
+    tensors = {}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in OFFICIAL_DOMAINS and len(node.output) == 1:
+            tensor = _constant_tensor(node)
+            if tensor is not None:
+                tensors[node.output[0]] = tensor
+    return tensors
 
 
 def plan_folding(scope: Scope, limit_bytes: int,
@@ -233,10 +251,8 @@ def fold_constants(model: onnx.ModelProto, *, limit_bytes: int, subgraphs: bool 
 
 
 def _fold_subgraph(model: onnx.ModelProto, scope: Scope, limit_bytes: int, report: FoldReport) -> None:
-    report.constants_converted += constants_to_initializers(scope.graph)
-    scope.tensors.update((init.name, init) for init in scope.graph.initializer
-                         if init.name not in {value.name for value in scope.graph.input})
     fold_graph(model, scope, limit_bytes, report)
+    drop_unread_constants(scope.graph)
     for node in scope.graph.node:
         for graph in _graphs_in(node):
             _fold_subgraph(model, sub_scope(scope, graph), limit_bytes, report)
@@ -397,8 +413,13 @@ def _replace_folded(scope: Scope, values: dict[str, np.ndarray], report: FoldRep
     new_inits = [numpy_helper.from_array(_as_array(values[name]), name)
                  for node in folded for name in node.output if name in read]
     delete_where(graph.node, lambda node: id(node) in folded_ids)
-    graph.initializer.extend(new_inits)
-    scope.tensors.update((init.name, init) for init in graph.initializer[len(graph.initializer) - len(new_inits):])
+    if scope.constant_nodes:
+        _prepend_constants(graph, new_inits)
+        scope.tensors.update((init.name, init) for init in new_inits)
+    else:
+        graph.initializer.extend(new_inits)
+        scope.tensors.update((init.name, init)
+                             for init in graph.initializer[len(graph.initializer) - len(new_inits):])
     as_init = {init.name for init in new_inits}
     delete_where(graph.value_info, lambda value: value.name in as_init)
     report.folded_nodes += len(folded)
@@ -412,10 +433,22 @@ def _all_known(names: Iterable[str], values: dict[str, Any]) -> bool:
     return bool(names) and all(name in values for name in names)
 
 
+def _prepend_constants(graph: onnx.GraphProto, tensors: list[onnx.TensorProto]) -> None:
+    """Constant nodes holding ``tensors``, placed first in ``graph`` (they read nothing)."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Constant", [], [tensor.name], name=f"{tensor.name}_folded", value=tensor)
+             for tensor in tensors]
+    kept = list(graph.node)
+    del graph.node[:]
+    graph.node.extend([*nodes, *kept])
+
+
 def _as_array(value: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of the same shape: ``np.ascontiguousarray`` alone turns a 0-d scalar into shape (1,)."""
     import numpy as np
 
-    return np.ascontiguousarray(value)
+    return np.ascontiguousarray(value).reshape(np.shape(value))
 
 
 def sync_legacy_inputs(model: onnx.ModelProto, *, drop_unused: bool) -> None:

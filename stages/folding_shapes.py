@@ -71,11 +71,13 @@ def value_infos(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
     return {value.name: value for value in (*graph.input, *graph.value_info, *graph.output)}
 
 
-def static_shapes(graph: onnx.GraphProto, constant: set[str],
-                  values: dict[str, onnx.ValueInfoProto] | None = None) -> LazyShapes:
-    """Names of ``graph`` whose shape is fully known, from inputs, value_info, outputs and constant initializers."""
+def static_shapes(graph: onnx.GraphProto, constant: set[str], values: dict[str, onnx.ValueInfoProto] | None = None,
+                  *, extra: dict[str, onnx.TensorProto] | None = None) -> LazyShapes:
+    """Names of ``graph`` whose shape is fully known, from inputs, value_info, outputs, constant initializers and
+    the ``extra`` constant tensors (a subgraph's Constant nodes)."""
     # An overridable initializer has the shape its graph input declares, not necessarily its default's.
     fixed = {init.name: (tuple(init.dims), init.data_type) for init in graph.initializer if init.name in constant}
+    fixed.update((name, (tuple(tensor.dims), tensor.data_type)) for name, tensor in (extra or {}).items())
     return LazyShapes(values if values is not None else value_infos(graph), fixed, partial=False)
 
 

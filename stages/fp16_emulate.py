@@ -41,7 +41,7 @@ def emulation_twin(model: onnx.ModelProto, expose: bool = False) -> onnx.ModelPr
     twin = onnx.ModelProto()
     twin.CopyFrom(model)
     graphs = list(walk_graphs(twin.graph))
-    for graph in graphs:
+    for graph in reversed(graphs):  # bodies first: rewriting a graph's node list copies the bodies inside it
         _emulate_graph(graph, top=graph is twin.graph)
     if expose:
         listed = {value.name for value in twin.graph.output}
@@ -57,7 +57,9 @@ def _emulate_graph(graph: onnx.GraphProto, top: bool) -> None:
     for init in graph.initializer:
         if init.data_type == FLOAT16:
             init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype("float32"), init.name))
+    ordered: list[onnx.NodeProto] = []  # each rounding right after its producer: every graph stays sorted
     for node in list(graph.node):
+        ordered.append(node)
         _tensor_attributes_to_float32(node)
         attr_name = DTYPE_ATTRIBUTES.get(node.op_type)
         for attr in node.attribute:
@@ -68,14 +70,17 @@ def _emulate_graph(graph: onnx.GraphProto, top: bool) -> None:
         for index, out in enumerate(node.output):
             if out and types.get(out) == FLOAT16:  # the node computes in float32; its result is rounded
                 node.output[index] = f"{out}__emulated_raw"
-                graph.node.extend(_round_nodes(node.output[index], out))
+                ordered.extend(_round_nodes(node.output[index], out))
+    leading: list[onnx.NodeProto] = []
     for value in graph.input:
         if value.type.tensor_type.elem_type == FLOAT16:
             value.type.tensor_type.elem_type = FLOAT
             if top:  # the artifact takes float16 feeds: round what the caller gives
                 rounded = f"{value.name}__emulated_in"
                 rename_uses(graph, value.name, rounded, outputs=False)
-                graph.node.extend(_round_nodes(value.name, rounded))
+                leading.extend(_round_nodes(value.name, rounded))
+    del graph.node[:]
+    graph.node.extend([*leading, *ordered])
     for value in (*graph.value_info, *graph.output):
         if value.type.tensor_type.elem_type == FLOAT16:
             value.type.tensor_type.elem_type = FLOAT

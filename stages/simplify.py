@@ -38,8 +38,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from pipeline.context import Artifact, StageContext, StageResult
 from pipeline.errors import StageError
+from stages.graph_order import subgraph_initializers_to_constants
 from stages.graph_utils import fingerprint, io_names, model_bytes, op_counts, prune_value_info
+from stages.rewrite_if import PASS_NAME, inline_constant_ifs
 from stages.simplify_check import Comparison, check_equivalence, compare_outputs
+from stages.simplify_interface import interface_types, restore_interface_types
+from stages.simplify_shapes import infer_shapes
 
 if TYPE_CHECKING:
     import onnx
@@ -79,8 +83,6 @@ DEFAULT_PASSES = (
 INTERFACE_PASSES = frozenset({"rename_input_output", "rewrite_input_dtype", "split_init", "split_predict"})
 LARGE_MODEL_BYTES = int(1.8 * 2**30)
 """Above this, ONNX Runtime cannot take the model as one serialised ModelProto."""
-INFER_BY_PATH_BYTES = int(1.5 * 2**30)
-"""Above this, shape inference goes through a file."""
 MAX_FOLD_ROUNDS = 8
 """Rounds of shape inference and folding within one iteration (each can make more shapes static)."""
 
@@ -235,6 +237,8 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     before = fingerprint(model)
     nodes_before = op_counts(model)
     interface = io_names(model)
+    types = interface_types(model)
+    subgraph_initializers_to_constants(model.graph)  # the form exporters write and every tool handles
     progress = _Progress()
     subgraph_ops = sorted({node.op_type for node in model.graph.node if has_subgraph(node)})
     if subgraph_ops:
@@ -248,12 +252,13 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     if io_names(model) != interface:
         raise StageError(STAGE, ctx.variant, f"simplification changed the model's inputs/outputs from "
                          f"{interface} to {io_names(model)}")
+    _valid_structure(model, types, progress, ctx)
     started = time.perf_counter()
     if model_bytes(model) > LARGE_MODEL_BYTES:
-        check: dict[str, Any] = {"skipped": "the simplified model is above 1.8 GB: it cannot be serialised for "
+        check: dict[str, Any] = {"unchecked": "the simplified model is above 1.8 GB: it cannot be serialised for "
                                  "ONNX Runtime; this version does not check it"}
     elif config.check_n == 0:
-        check = {"skipped": "check_n is 0"}
+        check = {"unchecked": "check_n is 0"}
     else:
         check = check_equivalence(artifact.path, model, config, ctx)
     progress.seconds["check"] += time.perf_counter() - started
@@ -261,6 +266,23 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     log.info("simplify: %d -> %d nodes in %d iteration(s); %d tensor(s) folded", findings["node_count_before"],
              findings["node_count_after"], progress.iterations, progress.folded_tensors)
     return StageResult(model=model, changed=fingerprint(model) != before, findings=findings)
+
+
+def _valid_structure(model: onnx.ModelProto, types: dict[str, Any], progress: _Progress, ctx: StageContext) -> None:
+    """Every graph in topological order and in scope, the interface types as they were; StageError otherwise."""
+    from stages.graph_order import scope_problems, sort_topologically, unread_subgraph_constants
+
+    unread_subgraph_constants(model.graph)
+    repair = restore_interface_types(model, types)
+    for entry in repair.restored:
+        progress.note(f"type of '{entry}' put back (a pass had dropped it)")
+    if repair.conflicts:
+        raise StageError(STAGE, ctx.variant, f"simplification changed the types of {repair.conflicts}")
+    if scope_problems(model.graph) and sort_topologically(model.graph):
+        progress.note("nodes put back in topological order")
+    problems = scope_problems(model.graph)
+    if problems:
+        raise StageError(STAGE, ctx.variant, f"the simplified model is not a valid graph: {'; '.join(problems)}")
 
 
 def _simplify(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path, progress: _Progress) -> onnx.ModelProto:
@@ -327,67 +349,6 @@ def _rewrite(model: onnx.ModelProto, names: list[str], progress: _Progress) -> o
     return model
 
 
-def infer_shapes(model: onnx.ModelProto, work_dir: Path, progress: _Progress) -> onnx.ModelProto:
-    """ONNX shape inference (strict off) into the model's value_info; through a file for large models.
-
-    Inference runs on a light copy (large weights as tags: it reads their shapes, not their bytes) and only
-    its value_info comes back, so the weights are never serialised.  On failure the model is unchanged.
-    """
-    import onnx
-
-    from stages.optimizer import light_copy
-
-    prune_value_info(model)
-    if model_bytes(model) > INFER_BY_PATH_BYTES:
-        return _infer_shapes_by_path(model, work_dir, progress)
-    light = light_copy(model, value_info=False).model
-    for data_prop in (True, False):
-        try:
-            inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=data_prop)
-        except Exception as exc:  # inference is best effort; folding works with what it knows
-            failure = exc
-            continue
-        _take_value_info(model.graph, inferred.graph)
-        return model
-    progress.note(f"shape inference failed: {_short(failure)}")
-    return model
-
-
-def _take_value_info(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> None:
-    """Copy the inferred value_info of a graph and of its subgraphs (same nodes, same order) into ``graph``."""
-    from stages.graph_utils import subgraphs
-
-    del graph.value_info[:]
-    graph.value_info.extend(inferred.value_info)
-    for index, node in enumerate(graph.node):
-        inner = subgraphs(node)
-        if not inner:
-            continue
-        twin = inferred.node[index]
-        if node.output != twin.output:
-            return  # inference does not reorder nodes; if it ever does, keep what is there
-        for sub, sub_twin in zip(inner, subgraphs(twin), strict=True):
-            _take_value_info(sub, sub_twin)
-
-
-def _infer_shapes_by_path(model: onnx.ModelProto, work_dir: Path, progress: _Progress) -> onnx.ModelProto:
-    import onnx
-
-    work_dir.mkdir(parents=True, exist_ok=True)
-    source, target, data = (work_dir / name for name in ("infer_in.onnx", "infer_out.onnx", "infer_in.data"))
-    # Saving with external data moves the tensors' bytes out of ``model``: it is reloaded in both outcomes.
-    onnx.save(model, str(source), save_as_external_data=True, location=data.name)
-    try:
-        onnx.shape_inference.infer_shapes_path(str(source), str(target), strict_mode=False, data_prop=True)
-        return onnx.load(str(target))
-    except Exception as exc:  # inference is best effort
-        progress.note(f"shape inference failed: {_short(exc)}")
-        return onnx.load(str(source))
-    finally:
-        for path in (source, target, data):
-            path.unlink(missing_ok=True)
-
-
 def _optimize(model: onnx.ModelProto, passes: list[str], progress: _Progress) -> onnx.ModelProto:
     """onnxoptimizer's passes to a fixed point; the input model when they fail or touch the interface."""
     from stages.optimizer import PIECES_ABOVE, optimize
@@ -397,17 +358,44 @@ def _optimize(model: onnx.ModelProto, passes: list[str], progress: _Progress) ->
     if len(model.graph.node) > PIECES_ABOVE:
         progress.note(f"onnxoptimizer ran on pieces of {PIECE_NODES} nodes (its time grows with the square of the "
                       "node count); a pattern across two pieces may be left")
+    subgraph_initializers_to_constants(model.graph)
+    types = interface_types(model)
+    if PASS_NAME in passes:  # ours: onnxoptimizer's loses nodes of nested subgraphs
+        inlined = inline_constant_ifs(model)
+        if inlined:
+            progress.note(f"{inlined} If node(s) with a constant condition replaced by their branch")
+            progress.optimizer_delta.update({"If": -inlined})
     try:
-        optimized = optimize(model, passes)
+        optimized = optimize(model, [name for name in passes if name != PASS_NAME])
     except Exception as exc:  # a crash of the optimizer must not lose the folding done so far
         progress.note(f"onnxoptimizer failed, its passes were not applied: {_short(exc)}")
         return model
     if io_names(optimized) != io_names(model):
         progress.note("onnxoptimizer changed the model's inputs/outputs; its result was discarded")
         return model
+    problem = _optimizer_damage(optimized, types, progress)
+    if problem:
+        progress.note(f"onnxoptimizer's result was discarded: {problem}")
+        return model
     progress.optimizer_delta.update(op_counts(optimized))
     progress.optimizer_delta.subtract(op_counts(model))
     return optimized
+
+
+def _optimizer_damage(optimized: onnx.ModelProto, types: dict[str, Any], progress: _Progress) -> str:
+    """Repair what onnxoptimizer breaks (dropped interface types, subgraph initializers, order); what is left."""
+    from stages.graph_order import scope_problems, sort_topologically
+
+    repair = restore_interface_types(optimized, types)
+    for entry in repair.restored:
+        progress.note(f"onnxoptimizer dropped the type of graph input/output '{entry}'; put back")
+    if repair.conflicts:
+        return f"it changed the types of {repair.conflicts}"
+    subgraph_initializers_to_constants(optimized.graph)  # extract_constant_to_initializer enters subgraphs
+    if scope_problems(optimized.graph):
+        sort_topologically(optimized.graph)
+    problems = scope_problems(optimized.graph)
+    return "; ".join(problems)
 
 
 def _findings(nodes_before: dict[str, int], model: onnx.ModelProto, config: SimplifyConfig, progress: _Progress,

@@ -1,10 +1,11 @@
 """The simplify stage's equivalence check: original and simplified model on the same seeded random inputs.
 
-Inputs are shaped and typed from the model: a symbolic dimension gets 1 on
-axis 0 (the batch) and a moderate size elsewhere (retried with 1 when the
-original model refuses it); an integer input that indexes a table (token ids
-into an embedding's Gather) gets values within the table, others 0..99 unless
-the recipe's ``model.inputs`` gives ``low``/``high``.
+The inputs are the recipe's validation data when it has some; otherwise they
+are shaped and typed from the model: a symbolic dimension gets 1 on axis 0 (the
+batch) and a moderate size elsewhere (retried with 1 when the original model
+refuses it); integer inputs get values safe for the op that uses them
+(``stages.check_inputs``) unless the recipe's ``model.inputs`` gives
+``low``/``high``.  The check runs under a memory bound.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _output_error(expected: Any, actual: Any, atol: float, rtol: float) -> tuple
     return error, ""
 
 
-SYMBOLIC_SIZES = (32, 1)
+SYMBOLIC_SIZES = (32, 1, 256)
 """Sizes tried, in order, for a symbolic dimension other than the batch (axis 0, which gets 1)."""
 SESSION_LEVEL = "ORT_ENABLE_ALL"
 """Both models run as ONNX Runtime runs them in deployment (several times faster than unoptimized on CPU
@@ -90,60 +91,128 @@ fusion taken in one model but not the other would differ by a quantization step,
 
 def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyConfig,
                       ctx: StageContext) -> dict[str, Any]:
-    """Run original and simplified models on seeded random feeds; StageError when they disagree."""
+    """Run original and simplified models on the same inputs; StageError when they disagree.
+
+    The simplified model must load in ONNX Runtime with the original's input and output types whenever the
+    original loads.  When the outputs cannot be compared (inputs a check cannot build, an original that fails
+    on them, the memory bound), the findings say "unchecked" and why: that is never a pass.
+    """
+    from stages.check_inputs import bounded_memory, unfeedable_inputs
+
     level = QDQ_SESSION_LEVEL if any(node.op_type in ("QuantizeLinear", "DequantizeLinear")
                                      for node in model.graph.node) else SESSION_LEVEL
     try:
         reference = _session(str(original), level)
     except Exception as exc:  # custom ops or a runtime too old: nothing to compare against
-        return {"skipped": f"the original model does not run in ONNX Runtime (custom ops?): {_short(exc)}"}
-    feeds, failure = _feeds_the_original_accepts(reference, original, model, config, ctx)
-    if feeds is None:
-        return {"skipped": f"the original model fails on random inputs: {failure}"}
+        return {"unchecked": f"the original model does not load in ONNX Runtime (custom ops?): {_short(exc)}"}
+    candidate = _candidate(model, level, ctx)
+    same_interface(reference, candidate, STAGE, ctx.variant)
+    unfeedable = unfeedable_inputs(model)
+    if unfeedable:
+        return {"unchecked": f"check inputs cannot be built for {', '.join(unfeedable)}; the simplified model "
+                             "loads in ONNX Runtime with the original's input and output types"}
+    with bounded_memory():
+        feeds, failure = _feeds_the_original_accepts(reference, original, model, config, ctx)
+        if feeds is None:
+            return {"unchecked": f"the original model fails on the check inputs: {failure}; the simplified model "
+                                 "loads in ONNX Runtime with the original's input and output types"}
+        try:
+            worst = _compare_all(candidate, feeds, config, ctx)
+        except _MemoryBound as exc:
+            return {"unchecked": f"the check went past its memory bound: {exc}; the simplified model loads in "
+                                 "ONNX Runtime with the original's input and output types"}
+    shapes = {name: list(array.shape) for name, array in feeds[0][0].items()}
+    return {"samples": len(feeds), "max_abs_err": worst, "atol": config.check_atol, "rtol": config.check_rtol,
+            "input_shapes": shapes, "inputs": feeds.source}
+
+
+def _candidate(model: onnx.ModelProto, level: str, ctx: StageContext) -> Any:
     try:
-        candidate = _session(model.SerializeToString(), level)
+        return _session(model.SerializeToString(), level)
     except Exception as exc:
         raise StageError(STAGE, ctx.variant, f"the simplified model does not load in ONNX Runtime "
                          f"while the original does: {_short(exc)}") from exc
+
+
+def same_interface(reference: Any, candidate: Any, stage: str, variant: str) -> None:
+    """StageError unless both sessions have the same input and output names and types."""
+    for kind in ("inputs", "outputs"):
+        want = [(value.name, value.type) for value in getattr(reference, f"get_{kind}")()]
+        got = [(value.name, value.type) for value in getattr(candidate, f"get_{kind}")()]
+        if want != got:
+            raise StageError(stage, variant, f"the new model's {kind} {got} differ from the original's {want}")
+
+
+def _compare_all(candidate: Any, feeds: Feeds, config: SimplifyConfig, ctx: StageContext) -> float:
     worst = 0.0
     for index, (sample, expected) in enumerate(feeds):
         try:
             actual = _outputs(candidate, sample)
+            comparison = compare_outputs(expected, actual, atol=config.check_atol, rtol=config.check_rtol)
         except Exception as exc:
-            raise StageError(STAGE, ctx.variant, f"the simplified model fails on random sample {index} "
+            if _is_memory(exc):
+                raise _MemoryBound(_short(exc)) from exc
+            raise StageError(STAGE, ctx.variant, f"the simplified model fails on check sample {index} "
                              f"where the original runs: {_short(exc)}") from exc
-        comparison = compare_outputs(expected, actual, atol=config.check_atol, rtol=config.check_rtol)
         if not comparison.passed:
-            raise StageError(STAGE, ctx.variant, f"simplified model disagrees with the original on random sample "
-                             f"{index}: {comparison.reason}")
+            raise StageError(STAGE, ctx.variant, f"simplified model disagrees with the original on check sample "
+                             f"{index} ({feeds.source}): {comparison.reason}")
         worst = max(worst, comparison.max_abs_err)
-    shapes = {name: list(array.shape) for name, array in feeds[0][0].items()}
-    return {"samples": len(feeds), "max_abs_err": worst, "atol": config.check_atol, "rtol": config.check_rtol,
-            "input_shapes": shapes}
+    return worst
 
 
-Feeds = list[tuple[dict[str, Any], dict[str, Any]]]
+class _MemoryBound(Exception):
+    """The check needed more memory than ``stages.check_inputs.bounded_memory`` allows."""
+
+
+class Feeds(list):  # type: ignore[type-arg]
+    """(feeds, original's outputs) pairs, and where the inputs came from."""
+
+    source: str = "seeded random"
 
 
 def _feeds_the_original_accepts(reference: Any, original: Path, model: onnx.ModelProto, config: SimplifyConfig,
                                 ctx: StageContext) -> tuple[Feeds | None, str]:
-    """``check_n`` (feeds, original's outputs); the next symbolic size is tried when the original refuses one."""
+    """``check_n`` (feeds, original's outputs): the recipe's validation data when it has some, else seeded random
+    inputs (the next symbolic size is tried when the original refuses one)."""
     from calibration.readers import model_inputs, random_samples
+    from stages.check_inputs import compared_values, recipe_samples, safe_integer_ranges, with_compared_values
 
-    infos = model_inputs(original)
-    ranges = {**integer_ranges(model), **_input_ranges(ctx)}
     failure = ""
+    real = recipe_samples(ctx, original, config.check_n)
+    if real:
+        try:
+            return _with_outputs(reference, real, "the recipe's validation data"), ""
+        except Exception as exc:  # fall back to random inputs
+            failure = f"on the recipe's validation data: {_short(exc)}; "
+    infos = model_inputs(original)
+    ranges = {**safe_integer_ranges(model), **_input_ranges(ctx)}
+    choices = {name: values for name, values in compared_values(model).items() if name not in _input_ranges(ctx)}
     sizes = SYMBOLIC_SIZES if any(None in info.shape[1:] for info in infos) else SYMBOLIC_SIZES[:1]
     for size in sizes:
         concrete = [_concrete(info, size) for info in infos]
-        feeds: Feeds = []
         try:
-            for sample in random_samples(concrete, config.check_n, seed=0, ranges=ranges):
-                feeds.append((sample, _outputs(reference, sample)))
-            return feeds, ""
+            samples = with_compared_values(random_samples(concrete, config.check_n, seed=0, ranges=ranges), choices)
+            return _with_outputs(reference, samples, "seeded random"), ""
         except Exception as exc:  # random feeds may be invalid for this model at this size
-            failure = _short(exc)
+            failure += _short(exc)
+            if _is_memory(exc):
+                return None, f"the check went past its memory bound: {failure}"
     return None, failure
+
+
+def _with_outputs(reference: Any, samples: Any, source: str) -> Feeds:
+    feeds = Feeds()
+    feeds.source = source
+    for sample in samples:
+        feeds.append((sample, _outputs(reference, sample)))
+    return feeds
+
+
+def _is_memory(exc: BaseException) -> bool:
+    from stages.check_inputs import is_memory_error
+
+    return is_memory_error(exc)
 
 
 def _concrete(info: Any, size: int) -> Any:
@@ -152,47 +221,6 @@ def _concrete(info: Any, size: int) -> Any:
 
     shape = tuple((1 if axis == 0 else size) if dim is None else dim for axis, dim in enumerate(info.shape))
     return InputInfo(info.name, shape, info.dtype)
-
-
-PASS_THROUGH = frozenset({"Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand"})
-"""Ops that carry an integer input's values unchanged to the Gather that uses them as indices."""
-
-
-def integer_ranges(model: onnx.ModelProto) -> dict[str, tuple[float | None, float | None]]:
-    """[0, rows) for integer inputs used as Gather indices into a constant table (token ids into an embedding)."""
-    graph = model.graph
-    tables = {init.name: list(init.dims) for init in graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    ranges: dict[str, tuple[float | None, float | None]] = {}
-    for value in graph.input:
-        if value.type.tensor_type.elem_type not in (6, 7) or value.name in tables:  # int32, int64
-            continue
-        limit = _index_limit(value.name, consumers, tables)
-        if limit:
-            ranges[value.name] = (0, limit)
-    return ranges
-
-
-def _index_limit(name: str, consumers: dict[str, list[onnx.NodeProto]], tables: dict[str, list[int]]) -> int | None:
-    """Rows of the smallest constant table that ``name`` (through value-preserving ops) indexes with Gather."""
-    limits = []
-    frontier, seen = [name], set()
-    while frontier:
-        current = frontier.pop()
-        seen.add(current)
-        for node in consumers.get(current, []):
-            if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == current \
-                    and node.input[0] in tables:
-                axis = next((attr.i for attr in node.attribute if attr.name == "axis"), 0)
-                dims = tables[node.input[0]]
-                if dims:
-                    limits.append(dims[axis])
-            elif node.op_type in PASS_THROUGH and node.input[0] == current:
-                frontier.extend(out for out in node.output if out not in seen)
-    return min(limits) if limits else None
 
 
 def _session(model: str | bytes, level: str) -> Any:

@@ -1,0 +1,153 @@
+"""The last word before a transform stage's artifact is stored: it loads, and it keeps the interface.
+
+Every transform stage checks its own work its own way (simplify compares
+outputs, fp16 emulates float16, quantize verifies its lowering).  Whatever a
+stage did, the runner calls ``guard_artifact`` on its result before storing it:
+
+- the new model must load in ONNX Runtime's CPU provider whenever its input
+  model does (a model ONNX Runtime cannot load is never published);
+- every graph (If/Loop/Scan bodies included) must be in topological order with
+  every name in scope; an order problem alone is repaired here;
+- its inputs and outputs must keep the input model's names and types, kinds
+  included (a ``seq(tensor(float))`` input that lost its type is refused); only
+  fp16 may turn float32 inputs/outputs into float16 (``keep_io_types: false``);
+- when the stage's own comparison did not run (its findings say "unchecked" or
+  "skipped", or an input model ONNX Runtime cannot load), the result says
+  ``checked: false`` and why: "unchecked" is never reported as a pass.
+
+A failure is a ``StageError`` naming the stage and the reason; the runner records
+it as that variant's failure.  Models above 1.8 GB are loaded from a file with
+external data instead of from bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import StageError
+
+if TYPE_CHECKING:
+    import onnx
+
+    from pipeline.context import Artifact, StageContext, StageResult
+
+log = logging.getLogger(__name__)
+
+SERIALISE_LIMIT = int(1.8 * 2**30)
+"""Above this the model goes to ONNX Runtime through a file (protobuf cannot serialise 2 GB)."""
+PRECISION_CHANGES = {"fp16": {("tensor(float)", "tensor(float16)")}}
+"""Stage -> (input model's type, new model's type) pairs that stage may introduce on graph inputs/outputs."""
+CHECK_KEYS = ("check", "verification", "fidelity")
+"""Findings where stages record their own comparison."""
+
+
+def guard_artifact(parent: Artifact | None, result: StageResult, stage: str, ctx: StageContext) -> dict[str, Any]:
+    """StageError unless ``result.model`` may be published; what was verified (also added to the findings)."""
+    if parent is None:  # export: nothing to compare against; it must load where it can
+        return {}
+    verdict: dict[str, Any] = _graph_order(result.model, stage, ctx.variant)
+    reference, reference_error = _session_of_path(parent.path)
+    candidate, candidate_error = _session_of_model(result.model, ctx.work_dir)
+    if reference is None:
+        verdict["loads"] = f"not checked: the input model does not load in ONNX Runtime either ({reference_error})"
+    elif candidate is None:
+        raise StageError(stage, ctx.variant, f"the new model does not load in ONNX Runtime while its input model "
+                                             f"does: {candidate_error}")
+    else:
+        _same_interface(reference, candidate, stage, ctx.variant)
+        verdict["loads"] = "onnxruntime CPUExecutionProvider, with the input model's input and output types"
+    unchecked = _unchecked_reason(result.findings, reference_error)
+    verdict["checked"] = unchecked is None
+    if unchecked is not None:
+        verdict["unchecked"] = unchecked
+        log.warning("%s of %s is unchecked: %s", stage, ctx.variant, unchecked)
+    result.findings["guard"] = verdict
+    return verdict
+
+
+def _graph_order(model: onnx.ModelProto, stage: str, variant: str) -> dict[str, Any]:
+    """Every graph topologically sorted and in scope; a pure order problem is repaired (tools that sort the main
+    graph ignore what If/Loop bodies read from it), anything else is a StageError."""
+    from stages.graph_order import scope_problems, sort_topologically
+
+    if not scope_problems(model.graph):
+        return {}
+    sort_topologically(model.graph)
+    problems = scope_problems(model.graph)
+    if problems:
+        raise StageError(stage, variant, f"the new model is not a valid graph: {'; '.join(problems)}")
+    log.info("%s of %s: nodes put back in topological order", stage, variant)
+    return {"reordered": "nodes were out of topological order (subgraph reads included); put back in order"}
+
+
+def _unchecked_reason(findings: dict[str, Any], reference_error: str | None) -> str | None:
+    """Why the stage's own comparison did not run, or None when it ran (or the stage has none to run)."""
+    for key in CHECK_KEYS:
+        record = findings.get(key)
+        if isinstance(record, dict):
+            for word in ("unchecked", "skipped"):
+                if record.get(word):
+                    return str(record[word])
+    if reference_error is not None:
+        return f"the input model does not load in ONNX Runtime: {reference_error}"
+    return None
+
+
+def _same_interface(reference: Any, candidate: Any, stage: str, variant: str) -> None:
+    allowed = PRECISION_CHANGES.get(stage, set())
+    for kind in ("inputs", "outputs"):
+        want = [(value.name, value.type) for value in getattr(reference, f"get_{kind}")()]
+        got = [(value.name, value.type) for value in getattr(candidate, f"get_{kind}")()]
+        if [name for name, _ in want] != [name for name, _ in got]:
+            raise StageError(stage, variant, f"the new model's {kind} {[n for n, _ in got]} are not the input "
+                                             f"model's {[n for n, _ in want]}")
+        changed = [f"'{name}': {old} -> {new}" for (name, old), (_, new) in zip(want, got, strict=True)
+                   if old != new and (old, new) not in allowed]
+        if changed:
+            raise StageError(stage, variant, f"the new model changed the types of its {kind}: {', '.join(changed)}")
+
+
+def _session_of_path(path: Path) -> tuple[Any, str | None]:
+    try:
+        return _session(str(path)), None
+    except Exception as exc:  # custom ops, a runtime too old: reported, not raised
+        return None, _short(exc)
+
+
+def _session_of_model(model: onnx.ModelProto, work_dir: Path) -> tuple[Any, str | None]:
+    from stages.graph_utils import model_bytes
+
+    try:
+        if model_bytes(model) <= SERIALISE_LIMIT:
+            return _session(model.SerializeToString()), None
+        return _session(_saved(model, work_dir)), None
+    except Exception as exc:
+        return None, _short(exc)
+
+
+def _saved(model: onnx.ModelProto, work_dir: Path) -> str:
+    """A copy of a large model in ``work_dir`` with external data (``model`` itself is left as it is)."""
+    import onnx
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    path = work_dir / "guard.onnx"
+    onnx.save(copy, str(path), save_as_external_data=True, location="guard.onnx.data")
+    return str(path)
+
+
+def _session(model: str | bytes) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # loading is the question
+    options.log_severity_level = 3
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def _short(exc: BaseException, limit: int = 400) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit] + "..."
