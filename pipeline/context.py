@@ -75,6 +75,9 @@ class StageContext:
     """A scratch folder of this stage run; emptied afterwards."""
     on_progress: Callable[[str], None] = field(default=lambda message: None)
     """Tell the progress display what is being worked on (a short phrase)."""
+    default_dataset: str | None = None
+    """The run's default dataset (the recipe's validate.data): what a stage whose config names no data may
+    measure on.  The runner puts it into the cache key of stages that read it (pipeline.registry)."""
 
     def resolve(self, relative: str) -> Path:
         return self.recipe.resolve(relative)
