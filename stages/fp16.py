@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 FLOAT16_MAX = 65504.0
 MAX_SAFETY_ROUNDS = 8
+REPAIR_SAMPLES = 8
+"""The automatic repair (mode 'fixed', `repair`) searches on at most this many samples: its cost grows with them."""
 
 
 class Fp16Data(BaseModel):
@@ -67,6 +69,11 @@ class Fp16Config(BaseModel):
         default="fixed", description="'fixed': block lists, schema rules and activation ranges decide what stays "
                                      "float32; 'auto': also keep the fewest further nodes, by measured sensitivity, "
                                      "that bring the artifact within 'tolerance' (needs 'calibration').")
+    repair: bool = Field(
+        default=True, description="With data, in mode 'fixed': when the float16 emulation check misses 'tolerance', "
+                                  "keep float32 the fewest further nodes that meet it, as mode 'auto' does (on up "
+                                  "to 8 samples; one emulated run per node group, minutes on a large model); "
+                                  "false: report the miss only.")
     keep_io_types: bool = Field(default=True, description="Keep float32 graph inputs and outputs (Casts inside).")
     min_positive_val: float = Field(
         default=5.96e-08, description="Nonzero constants smaller in magnitude are raised to this (float16's "
@@ -182,6 +189,8 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
     session.convert(fixed)
     if data is not None and config.fidelity_check != "off":
         session.safety_rounds(fixed)
+        if config.mode == "fixed" and config.repair and not session.findings["fidelity"]["emulated"]["passed"]:
+            session.keep_for_tolerance(fixed)
     converted = session.converted
     findings.update(session.findings)
     findings["node_block_list"] = sorted(session.blocked - op_blocked)
@@ -286,14 +295,24 @@ class _Session:
         if self.config.mode == "auto":
             self._budget(fixed | {entry["node"] for entry in self.kept})
 
-    def _budget(self, float32: set[str]) -> None:
+    def keep_for_tolerance(self, fixed: set[str]) -> None:
+        """The emulated check missed the tolerance: budget mode's search for further float32 nodes, then again."""
+        missed = self.findings["fidelity"]["emulated"]["reasons"]
+        log.info("variant %s: float16 emulation misses the tolerance (%s); searching nodes to keep in float32",
+                 self.ctx.variant, "; ".join(missed))
+        self._budget(fixed | {entry["node"] for entry in self.kept}, limit=REPAIR_SAMPLES)
+        self.findings["budget"]["trigger"] = f"repair: the float16 emulation check missed ({'; '.join(missed)})"
+        self.convert(fixed)
+        self.safety_rounds(fixed)
+
+    def _budget(self, float32: set[str], limit: int | None = None) -> None:
         from stages.fp16_budget import choose_float32_nodes, node_groups
 
         assert self.float32 is not None
         self.ctx.on_progress("fp16: per-node sensitivity")
         groups = node_groups(self.model, _with_nested(self.model, float32), self.types)
         result = choose_float32_nodes(
-            self.model, groups, self.needs.inputs, self.feeds, self.float32.outputs, self.tolerance,
+            self.model, groups, self.needs.inputs, self.feeds[:limit], self.float32.outputs[:limit], self.tolerance,
             keep_io_types=self.config.keep_io_types, to_float16=self.to_float16, work_dir=self.ctx.work_dir)
         self.kept.extend({"node": name, "op_type": self._op_type(name), "reason": "budget: sensitivity"}
                          for name in result.float32_nodes)

@@ -86,3 +86,32 @@ def test_recipe_with_validation_data_builds_an_fp16_artifact_that_passes_true_fl
     np.save(tmp_path / "val" / "0.npy", np.full((1, 64), 150.0, np.float32))  # other data: analysed again
     changed, _ = _run(tmp_path)
     assert next(a for a in changed["artifacts"] if a["name"] == "half")["cached"] is False
+
+
+def _cancelling_model() -> onnx.ModelProto:
+    """y = ((x + 1000) - 1000) * 3: no overflow anywhere, but float16 keeps x + 1000 to steps of 0.5."""
+    nodes = [helper.make_node("Add", ["x", "offset"], ["shifted"], name="shift"),
+             helper.make_node("Sub", ["shifted", "offset"], ["back"], name="unshift"),
+             helper.make_node("Mul", ["back", "three"], ["y"], name="scale")]
+    inits = [numpy_helper.from_array(np.array(1000.0, np.float32), "offset"),
+             numpy_helper.from_array(np.array(3.0, np.float32), "three")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_missed_emulation_check_is_repaired_by_default_by_keeping_the_fewest_nodes_float32(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.uniform(-1, 1, (1, 64)).astype(np.float32)} for _ in range(4)]
+    ctx = _with_default(context(tmp_path, {"val": samples}), "val")
+
+    reported = fp16.run(artifact(tmp_path, _cancelling_model()), Fp16Config(repair=False), ctx)
+    assert reported.findings["kept_in_fp32"] == []  # nothing overflows...
+    assert reported.findings["fidelity"]["emulated"]["passed"] is False  # ...yet float16 loses x
+
+    repaired = fp16.run(artifact(tmp_path, _cancelling_model()), Fp16Config(), ctx)
+    budget = repaired.findings["budget"]
+    assert budget["trigger"].startswith("repair: the float16 emulation check missed") and budget["met"] is True
+    kept = {entry["node"] for entry in repaired.findings["kept_in_fp32"]}
+    assert "shift" in kept and "scale" not in kept  # the cancellation, not the harmless Mul
+    assert repaired.findings["fidelity"]["emulated"]["passed"] is True
