@@ -1,28 +1,34 @@
 """qdeploy's fp16 stage against onnxconverter-common called directly: wall time and fidelity.
 
-    python benchmarks/fp16.py [--repeat 3] [--samples 2] [--models demo encoder attention layernorm pp-ocr-rec]
+    python benchmarks/fp16.py [--repeat 3] [--samples 2] [--raw-evaluator] [--budget]
+        [--models demo encoder attention layernorm rmsnorm pp-ocr-rec pp-ocr-det pp-ocr-det-noise]
 
 Models: the demo CNN (with its recipe's validation samples), a PyTorch transformer
 encoder built here (4 layers, d_model 128; skipped without torch), an unnormalized
-attention block and an exported-style LayerNorm (Pow) fed transformer-like activations
-with outlier channels (both overflow float16), and the PP-OCRv4 recognition model when
-``QDEPLOY_REAL_MODELS`` names a folder holding the rapidocr-onnxruntime wheel's models
-(``python -m tests.real_models`` fills it).
+attention block, an exported-style LayerNorm (Pow) and an RMSNorm (Mul x*x, Reciprocal) fed
+transformer-like activations with outlier channels (all overflow float16), and the PP-OCRv4
+recognition and detection models from the rapidocr-onnxruntime wheel, found in
+``QDEPLOY_REAL_MODELS`` or ``~/.cache/qdeploy/test-models`` (``python -m tests.real_models``
+fills it); the detector is fed synthetic text pages of 320x320, or uniform noise (-noise).
 
 Timing (median of ``--repeat`` runs after one warm-up, the tools taking turns so that drifting
 machine load affects them alike), each starting from the model file:
 - converter: ``onnx.load`` + ``convert_float_to_float16(model, keep_io_types=True)`` with its
   defaults, as its users call it;
-- qdeploy: the stage's ``run`` with its defaults (no data: block lists, schema rules, type
-  repair, onnx.checker full check, ORT load); "no ORT" sets ``onnxruntime_check: false``;
+- qdeploy: the stage's ``run`` with its defaults and no data (block lists, schema rules,
+  static patterns, type repair, onnx.checker full check, ORT load); "no ORT" sets
+  ``onnxruntime_check: false``;
   "+data" adds ``calibration`` (activation analysis on the calibration samples and the
   float16 emulation check), timed once.
 
 Fidelity of each artifact against the float32 model on ORT, over ``--samples`` evaluation
 samples that the calibration never saw, under true float16 arithmetic (onnx's reference
-evaluator, every op in its declared precision): worst cosine over outputs, largest absolute
-error, and the count of NaN/Inf values.  The ``ort`` column gives the same cosine on ORT's CPU
-provider, which computes many float16 ops in float32 and can hide overflow.
+evaluator, every op in its declared precision, with qdeploy's kernel corrections, see
+pipeline.reference_evaluator; ``--raw-evaluator`` uses onnx's kernels as they are): worst cosine
+and SNR over outputs, largest absolute error, and the count of NaN/Inf values.  The ``ort``
+column gives the same cosine on ORT's CPU provider, which computes many float16 ops in float32
+and can hide overflow.  The row "float32" runs the float32 model itself through the evaluator:
+how far the evaluator agrees with ORT before any float16 is involved.
 """
 
 from __future__ import annotations
@@ -135,13 +141,59 @@ def layernorm(folder: Path, count: int) -> tuple[Path, Samples, Samples]:
     return _save(folder, "layernorm", nodes, inits), draw[:4], draw[4:]
 
 
-def pp_ocr_rec(folder: Path, count: int) -> tuple[Path, Samples, Samples]:
-    root = os.environ.get("QDEPLOY_REAL_MODELS")
-    found = sorted(Path(root).rglob("ch_PP-OCRv4_rec_infer.onnx")) if root else []
+def rmsnorm(folder: Path, count: int) -> tuple[Path, Samples, Samples]:
+    rng = np.random.default_rng(2)
+    inits = {"eps": 1e-6, "weight": rng.uniform(0.5, 1.5, D), "W": rng.standard_normal((D, D)) * 0.1}
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"], name="square"),
+             helper.make_node("ReduceMean", ["sq"], ["ms"], name="mean_square", axes=[-1]),
+             helper.make_node("Add", ["ms", "eps"], ["mse"], name="add_eps"),
+             helper.make_node("Sqrt", ["mse"], ["rms"], name="rms"),
+             helper.make_node("Reciprocal", ["rms"], ["inv"], name="inverse"),
+             helper.make_node("Mul", ["x", "inv"], ["normed"], name="normalize"),
+             helper.make_node("Mul", ["normed", "weight"], ["scaled"], name="weight"),
+             helper.make_node("MatMul", ["scaled", "W"], ["y"], name="proj")]
+    draw = [{"x": _hidden_states(rng, 8.0)} for _ in range(4 + count)]
+    return _save(folder, "rmsnorm", nodes, inits), draw[:4], draw[4:]
+
+
+def _real_model(file_name: str) -> Path:
+    root = os.environ.get("QDEPLOY_REAL_MODELS") or str(Path.home() / ".cache" / "qdeploy" / "test-models")
+    found = sorted(Path(root).rglob(file_name))
     if not found:
-        raise FileNotFoundError("set QDEPLOY_REAL_MODELS to a folder holding rapidocr_onnxruntime/models/")
+        raise FileNotFoundError(f"no {file_name} under {root}: run python -m tests.real_models")
+    return found[0]
+
+
+def pp_ocr_rec(folder: Path, count: int) -> tuple[Path, Samples, Samples]:
     lines = [{"x": _text_line(seed)} for seed in range(2 + count)]
-    return found[0], lines[:2], lines[2:]
+    return _real_model("ch_PP-OCRv4_rec_infer.onnx"), lines[:2], lines[2:]
+
+
+def pp_ocr_det(folder: Path, count: int) -> tuple[Path, Samples, Samples]:
+    pages = [{"x": _text_page(seed)} for seed in range(4 + count)]
+    return _real_model("ch_PP-OCRv4_det_infer.onnx"), pages[:4], pages[4:]
+
+
+def pp_ocr_det_noise(folder: Path, count: int) -> tuple[Path, Samples, Samples]:
+    """The detector fed uniform noise in [-1, 1] (no text: its probabilities stay in the sigmoid's tail)."""
+    rng = np.random.default_rng(0)
+    draw = [{"x": rng.uniform(-1, 1, (1, 3, 320, 320)).astype(np.float32)} for _ in range(4 + count)]
+    return _real_model("ch_PP-OCRv4_det_infer.onnx"), draw[:4], draw[4:]
+
+
+def _text_page(seed: int, size: int = 320) -> np.ndarray:
+    """Rows of dark word-like blocks on a light page, normalised like PP-OCR det (ImageNet mean and std)."""
+    rng = np.random.default_rng(seed)
+    page = np.full((size, size, 3), rng.uniform(200, 250, 3)) + rng.normal(0, 4, (size, size, 1))
+    for top in range(12, size - 24, 36):
+        left = int(rng.integers(4, 40))
+        while left < size - 30:
+            width = int(rng.integers(12, 60))
+            page[top:top + int(rng.integers(12, 22)), left:left + width] = rng.uniform(10, 70, 3)
+            left += width + int(rng.integers(6, 20))
+    pixels = np.clip(page, 0, 255) / 255.0
+    normalised = (pixels - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+    return normalised.transpose(2, 0, 1)[None].astype(np.float32)
 
 
 def _text_line(seed: int) -> np.ndarray:
@@ -156,8 +208,10 @@ def _text_line(seed: int) -> np.ndarray:
 
 
 MODELS: dict[str, Callable[[Path, int], tuple[Path, Samples, Samples]]] = {
-    "demo": demo, "encoder": encoder, "attention": attention, "layernorm": layernorm, "pp-ocr-rec": pp_ocr_rec,
+    "demo": demo, "encoder": encoder, "attention": attention, "layernorm": layernorm, "rmsnorm": rmsnorm,
+    "pp-ocr-rec": pp_ocr_rec, "pp-ocr-det": pp_ocr_det, "pp-ocr-det-noise": pp_ocr_det_noise,
 }
+
 
 
 # ---- measuring ---------------------------------------------------------------------------------
@@ -201,33 +255,36 @@ def _qdeploy(path: Path, folder: Path, samples: Samples, **config: Any) -> Calla
     return convert
 
 
-def _fidelity(model: onnx.ModelProto, candidate: onnx.ModelProto, samples: Samples) -> dict[str, Any]:
+def _fidelity(model: onnx.ModelProto, candidate: onnx.ModelProto, samples: Samples, raw: bool) -> dict[str, Any]:
     try:
-        return _measure_fidelity(model, candidate, samples)
+        return _measure_fidelity(model, candidate, samples, raw)
     except Exception as exc:  # a broken artifact is a result of this benchmark, not a crash of it
         return {"broken": " ".join(str(exc).split())[:110]}
 
 
-def _measure_fidelity(model: onnx.ModelProto, candidate: onnx.ModelProto, samples: Samples) -> dict[str, Any]:
+def _measure_fidelity(model: onnx.ModelProto, candidate: onnx.ModelProto, samples: Samples,
+                      raw: bool) -> dict[str, Any]:
     import onnxruntime as ort
     from onnx.reference import ReferenceEvaluator
+
+    from pipeline.reference_evaluator import build_evaluator
 
     names = [value.name for value in model.graph.output]
     reference_session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     expected = [dict(zip(names, reference_session.run(None, s), strict=True)) for s in samples]
     session = ort.InferenceSession(candidate.SerializeToString(), providers=["CPUExecutionProvider"])
     on_ort = [dict(zip(names, session.run(None, s), strict=True)) for s in samples]
-    evaluator = ReferenceEvaluator(candidate)
+    evaluator = ReferenceEvaluator(candidate) if raw else build_evaluator(candidate)
     with np.errstate(all="ignore"):
         true_fp16 = [dict(zip(names, (np.asarray(o, np.float32) for o in evaluator.run(None, s)), strict=True))
                      for s in samples]
     loose = Tolerance()
     worst = compare_outputs(expected, true_fp16, loose).worst()
-    return {"cosine": worst["cosine"], "max_abs_err": worst["max_abs_err"], "nonfinite": worst["nonfinite"],
-            "ort_cosine": compare_outputs(expected, on_ort, loose).worst()["cosine"]}
+    return {"cosine": worst["cosine"], "snr_db": worst["snr_db"], "max_abs_err": worst["max_abs_err"],
+            "nonfinite": worst["nonfinite"], "ort_cosine": compare_outputs(expected, on_ort, loose).worst()["cosine"]}
 
 
-def measure(name: str, folder: Path, repeat: int, count: int) -> dict[str, Any] | None:
+def measure(name: str, folder: Path, repeat: int, count: int, raw: bool, budget: bool) -> dict[str, Any] | None:
     try:
         path, calibration, evaluation = MODELS[name](folder, count)
     except (ImportError, FileNotFoundError) as exc:
@@ -243,12 +300,18 @@ def measure(name: str, folder: Path, repeat: int, count: int) -> dict[str, Any] 
     started = time.perf_counter()
     ours_data = with_data()
     data_s = time.perf_counter() - started
+    fidelity = {"float32": _fidelity(model, model, evaluation, raw),
+                "converter": _fidelity(model, timed["converter"][1], evaluation, raw),
+                "qdeploy": _fidelity(model, timed["qdeploy"][1], evaluation, raw),
+                "qdeploy+data": _fidelity(model, ours_data, evaluation, raw)}
+    if budget:  # mode auto: the fewest further float32 nodes meeting the fp16 default tolerance on the data
+        started = time.perf_counter()
+        auto = _qdeploy(path, folder, calibration, calibration={"data": "calib"}, mode="auto")()
+        fidelity[f"qdeploy auto ({time.perf_counter() - started:.0f} s)"] = _fidelity(model, auto, evaluation, raw)
     return {
         "model": name, "nodes": len(model.graph.node), "converter_s": timed["converter"][0],
         "qdeploy_s": timed["qdeploy"][0], "bare_s": timed["bare"][0], "data_s": data_s,
-        "fidelity": {"converter": _fidelity(model, timed["converter"][1], evaluation),
-                     "qdeploy": _fidelity(model, timed["qdeploy"][1], evaluation),
-                     "qdeploy+data": _fidelity(model, ours_data, evaluation)},
+        "fidelity": fidelity,
     }
 
 
@@ -267,15 +330,15 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
         out.write(f"| {r['model']} | {r['nodes']} | {r['converter_s']:.3f} | {r['qdeploy_s']:.3f} | "
                   f"{r['qdeploy_s'] / r['converter_s']:.2f}x | {r['bare_s']:.3f} | "
                   f"{r['bare_s'] / r['converter_s']:.2f}x | {r['data_s']:.3f} |\n")
-    out.write("\n| model | artifact | cosine (true fp16) | max abs err | NaN/Inf | cosine (ort:cpu) |\n")
-    out.write("|---|---|---:|---:|---:|---:|\n")
+    out.write("\n| model | artifact | cosine (true fp16) | SNR dB | max abs err | NaN/Inf | cosine (ort:cpu) |\n")
+    out.write("|---|---|---:|---:|---:|---:|---:|\n")
     for r in rows:
         for label, f in r["fidelity"].items():
             if "broken" in f:
-                out.write(f"| {r['model']} | {label} | broken: {f['broken']} | | | |\n")
+                out.write(f"| {r['model']} | {label} | broken: {f['broken']} | | | | |\n")
                 continue
-            out.write(f"| {r['model']} | {label} | {_fmt(f['cosine'])} | {_fmt(f['max_abs_err'], 4)} | "
-                      f"{f['nonfinite']} | {_fmt(f['ort_cosine'])} |\n")
+            out.write(f"| {r['model']} | {label} | {_fmt(f['cosine'])} | {_fmt(f['snr_db'], 1)} | "
+                      f"{_fmt(f['max_abs_err'], 4)} | {f['nonfinite']} | {_fmt(f['ort_cosine'])} |\n")
 
 
 def main() -> None:
@@ -283,6 +346,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per tool (median reported)")
     parser.add_argument("--samples", type=int, default=2, help="evaluation samples per model")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--raw-evaluator", action="store_true",
+                        help="true-fp16 columns with onnx's reference kernels as they are (no corrections)")
+    parser.add_argument("--budget", action="store_true", help="also build with mode: auto (slow on large models)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     rows = []
@@ -290,7 +356,7 @@ def main() -> None:
         for name in args.models:
             folder = Path(tmp) / name
             folder.mkdir()
-            row = measure(name, folder, args.repeat, args.samples)
+            row = measure(name, folder, args.repeat, args.samples, args.raw_evaluator, args.budget)
             if row is not None:
                 rows.append(row)
     print_tables(rows)

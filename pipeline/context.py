@@ -81,6 +81,9 @@ class StageContext:
     """Tell the progress display what is being worked on (a short phrase)."""
     targets: tuple[str, ...] = ()
     """The targets the artifact is built for (the recipe's); empty when unknown."""
+    default_dataset: str | None = None
+    """The run's default dataset (the recipe's validate.data): what a stage whose config names no data may
+    measure on.  The runner puts it into the cache key of stages that read it (pipeline.registry)."""
 
     def resolve(self, relative: str) -> Path:
         return self.recipe.resolve(relative)

@@ -32,6 +32,9 @@ class StageInfo:
     """Dotted config paths that name datasets of the recipe (e.g. 'calibration.data')."""
     uses_targets: bool = False
     """The artifact depends on the recipe's targets (they enter the cache key and the stage's context)."""
+    default_dataset_reader: str | None = None
+    """Function of the stage module, (validated config) -> bool: whether the stage then reads the run's default
+    dataset (validate.data), which then enters its cache key."""
 
     def load_module(self) -> Any:
         return importlib.import_module(self.module)
@@ -53,6 +56,12 @@ class StageInfo:
                 names.append(value)
         return names
 
+    def reads_default_dataset(self, config: BaseModel) -> bool:
+        """Whether the stage, with this validated config, reads the run's default dataset."""
+        if self.default_dataset_reader is None:
+            return False
+        return bool(getattr(self.load_module(), self.default_dataset_reader)(config))
+
 
 _STAGES: dict[str, StageInfo] = {
     info.name: info
@@ -63,7 +72,7 @@ _STAGES: dict[str, StageInfo] = {
                   libraries=("onnx", "onnxruntime", "onnxoptimizer")),
         StageInfo("fp16", "transform", "stages.fp16", "Fp16Config",
                   libraries=("onnx", "onnxruntime", "onnxconverter-common"),
-                  dataset_fields=("calibration.data",)),
+                  dataset_fields=("calibration.data",), default_dataset_reader="reads_default_dataset"),
         StageInfo("quantize", "transform", "stages.quantize", "QuantizeConfig",
                   libraries=("onnx", "onnxruntime", "onnx-ir", "openvino"),
                   dataset_fields=("calibration.data", "budget.data"), uses_targets=True),

@@ -333,10 +333,14 @@ def _build_step(state: _RunState, variant: str, step: VariantStep, parent: Artif
     info = registry.stage(step.stage)
     config = info.config_class().model_validate(step.config)
     versions = library_versions(("qdeploy", *info.libraries))
+    datasets = info.datasets_used(step.config)
+    default = state.recipe.validate_.data
+    if default is not None and default not in datasets and info.reads_default_dataset(config):
+        datasets.append(default)
     key = cache_key({
         "stage": step.stage, "config": step.config, "versions": versions, "parent_sha256": parent.sha256,
         "parent_external_data": [list(item) for item in parent.external_data],
-        "data": _data_fingerprint(state.recipe, info.datasets_used(step.config)),
+        "data": _data_fingerprint(state.recipe, datasets),
         **({"targets": sorted(state.recipe.targets)} if info.uses_targets else {}),
     })
     ctx = _context(state, variant, step.stage)
@@ -393,7 +397,7 @@ def _data_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, Any]:
 def _context(state: _RunState, variant: str, stage: str) -> StageContext:
     work = state.work_root / f"{variant}-{stage}"
     return StageContext(recipe=state.recipe, variant=variant, work_dir=work, on_progress=state.progress.detail,
-                        targets=tuple(state.recipe.targets))
+                        targets=tuple(state.recipe.targets), default_dataset=state.recipe.validate_.data)
 
 
 def _publish(state: _RunState, out_dir: Path, generation: Path) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pipeline.errors import DataError, ModelError, TargetUnavailable
+from pipeline.reference_evaluator import EvaluatorCannotRun, build_evaluator, run_evaluator
 from pipeline.targets_bound import BoundCall, OrtBoundCall
 
 log = logging.getLogger(__name__)
@@ -376,32 +377,16 @@ class ReferenceTarget(TargetAdapter):
     def load(self, model_path: Path, *, threads: int | None = None, pin_f32: bool = True) -> Session:
         self._require_available(model_path)
         import onnx
-        from onnx.reference import ReferenceEvaluator
 
         try:
             model = onnx.load(str(model_path))
-            evaluator = ReferenceEvaluator(model, new_ops=_legacy_reference_ops(model))
+            evaluator = build_evaluator(model)
+        except EvaluatorCannotRun:
+            raise
         except Exception as exc:
             raise ModelError(f"{Path(model_path).name}: onnx.reference cannot load the model: "
                              f"{short_message(exc)}") from None
         return ReferenceSession(self.name, evaluator, model, threads)
-
-
-def _legacy_reference_ops(model: Any) -> list[type]:
-    """Kernels onnx.reference lacks for old opsets: DequantizeLinear before opset 19 (QDQ models at opset 13-18).
-
-    DequantizeLinear-10/13 compute what -19 does for the types they allow, so the -19 kernel serves them.
-    """
-    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0)
-    if opset >= 19 or not any(node.op_type == "DequantizeLinear" for node in model.graph.node):
-        return []
-    from onnx.reference.ops.op_dequantize_linear import DequantizeLinear_19
-
-    def run(self: Any, x: Any, x_scale: Any, x_zero_point: Any = None, axis: int = 1, **_: Any) -> Any:
-        return DequantizeLinear_19._run(self, x, x_scale, x_zero_point, axis=axis)
-
-    # onnx.reference takes a replacement kernel by its class name and op_domain
-    return [type("DequantizeLinear", (DequantizeLinear_19,), {"op_domain": "", "_run": run})]
 
 
 class ReferenceSession(Session):
@@ -424,5 +409,5 @@ class ReferenceSession(Session):
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         check_feeds(self.target, self.input_names, feeds)
-        outputs = self._evaluator.run(None, dict(feeds))
+        outputs = run_evaluator(self._evaluator, dict(feeds))
         return {name: np.asarray(value) for name, value in zip(self.output_names, outputs, strict=True)}

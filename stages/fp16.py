@@ -3,11 +3,13 @@
 onnxconverter-common converts; around it this stage
 - types every tensor first (stages.fp16_types: inference by path for > 2 GB models,
   subgraphs, ORT for contrib ops) and refuses, naming it, a tensor it cannot type;
-- keeps in float32 what must stay float32 by the ONNX schemas (stages.fp16_rules);
-- with data (`calibration`), keeps in float32 the nodes whose activations would
-  overflow float16, by measured ranges and known overflow patterns
-  (stages.fp16_activations), and, in `mode: auto`, the fewest further nodes that meet a
-  tolerance, by measured per-node sensitivity (stages.fp16_budget);
+- keeps in float32 what must stay float32 by the ONNX and ONNX Runtime schemas (stages.fp16_rules),
+  and, found without data, normalisations written out op by op, integer accumulators and
+  constants beyond float16's range (stages.fp16_patterns);
+- with data (`calibration`, or by default the recipe's validation dataset), keeps in float32
+  the nodes whose activations would overflow float16, by measured ranges and known overflow
+  patterns (stages.fp16_activations), and, in `mode: auto`, the fewest further nodes that
+  meet a tolerance, by measured per-node sensitivity (stages.fp16_budget);
 - makes the converted model's types consistent (stages.fp16_repair): one Cast per tensor,
   a copy per precision of shared constants, Casts in the graph that owns the tensor,
   no redundant Cast pairs, topological order, unique names;
@@ -29,8 +31,9 @@ from pipeline.errors import StageError
 from pipeline.tolerance import DEFAULT_TOLERANCES, Tolerance
 from stages.fp16_convert import STAGE, already_float16, check, convert, count_clamping, float16_clamper
 from stages.fp16_graph import name_nodes_uniquely, subgraphs, walk_nodes
+from stages.fp16_patterns import integer_accumulators, normalizations, out_of_range_constants
 from stages.fp16_repair import Plan, TypeRepair
-from stages.fp16_rules import Float32Needs, decomposed_layer_norms, float32_needs
+from stages.fp16_rules import Float32Needs, float32_needs
 from stages.fp16_types import INFERENCE_BY_PATH_BYTES, all_types, load_typed
 
 if TYPE_CHECKING:
@@ -43,6 +46,8 @@ log = logging.getLogger(__name__)
 
 FLOAT16_MAX = 65504.0
 MAX_SAFETY_ROUNDS = 8
+REPAIR_SAMPLES = 8
+"""The automatic repair (mode 'fixed', `repair`) searches on at most this many samples: its cost grows with them."""
 
 
 class Fp16Data(BaseModel):
@@ -64,6 +69,11 @@ class Fp16Config(BaseModel):
         default="fixed", description="'fixed': block lists, schema rules and activation ranges decide what stays "
                                      "float32; 'auto': also keep the fewest further nodes, by measured sensitivity, "
                                      "that bring the artifact within 'tolerance' (needs 'calibration').")
+    repair: bool = Field(
+        default=True, description="With data, in mode 'fixed': when the float16 emulation check misses 'tolerance', "
+                                  "keep float32 the fewest further nodes that meet it, as mode 'auto' does (on up "
+                                  "to 8 samples; one emulated run per node group, minutes on a large model); "
+                                  "false: report the miss only.")
     keep_io_types: bool = Field(default=True, description="Keep float32 graph inputs and outputs (Casts inside).")
     min_positive_val: float = Field(
         default=5.96e-08, description="Nonzero constants smaller in magnitude are raised to this (float16's "
@@ -76,7 +86,12 @@ class Fp16Config(BaseModel):
     node_block_list: list[str] = Field(default_factory=list, description="Node names kept in float32.")
     calibration: Fp16Data | None = Field(
         default=None, description="Data for activation-aware blocking, budget mode and the fidelity check; "
-                                  "without it the stage converts by the block lists and schema rules only.")
+                                  "when absent, the recipe's validation dataset (validate.data) if it names one "
+                                  "(see use_validation_data), else the block lists and static rules only.")
+    use_validation_data: bool = Field(
+        default=True, description="Without 'calibration', analyse activations and check fidelity on the recipe's "
+                                  "validation dataset (up to 16 samples) when validate.data names one, so that an "
+                                  "overflow is found when the artifact is built; false: static rules only.")
     safety_margin: float = Field(
         default=0.5, gt=0.0, le=1.0, description="Fraction of max_finite_val a measured activation may reach: "
                                                  "worst cases are predicted as measured / margin (squared for "
@@ -92,9 +107,17 @@ class Fp16Config(BaseModel):
                                         "evaluator, every op in float16 arithmetic (slow); 'off' skips both.")
 
     keep_layer_norms_float32: bool = Field(
-        default=True, description="Keep LayerNorms written out op by op (ReduceMean, Sub, Pow, ..., Div) in "
-                                  "float32: their variance overflows float16 above |x - mean| = 256, and ONNX "
-                                  "Runtime's CPU LayerNormFusion cannot load them in mixed precision.")
+        default=True, description="Keep normalisations written out op by op in float32: LayerNorm (ReduceMean, "
+                                  "Sub, Pow, ..., Div), RMSNorm (Pow or Mul of x by itself, ReduceMean, Add eps, "
+                                  "Sqrt, Div or Reciprocal and Mul) and L2 norms: their square overflows float16 "
+                                  "above |x| = 256, and ONNX Runtime's CPU LayerNorm fusions cannot load them in "
+                                  "mixed precision.")
+    out_of_range_constants: Literal["keep_float32", "clamp"] = Field(
+        default="keep_float32", description="Constants with values beyond max_finite_val (a BatchNormalization "
+                                            "variance of 1e8, say): 'keep_float32' keeps them and their readers "
+                                            "in float32; 'clamp' clamps them as onnxconverter-common does, which "
+                                            "changes results. Values of 1e30 and beyond stand for infinity "
+                                            "(masks, Clip bounds) and are clamped either way.")
     onnxruntime_check: bool = Field(
         default=True, description="Load the artifact in ONNX Runtime's CPU provider before handing it over (about "
                                   "0.3 s for a 1,000-node graph); onnx.checker's full check runs always.")
@@ -119,6 +142,23 @@ def effective_op_block_list(op_block_list: list[str] | None) -> list[str]:
     return list(DEFAULT_OP_BLOCK_LIST)
 
 
+def reads_default_dataset(config: Fp16Config) -> bool:
+    """Whether the stage, with this config, measures on the run's default dataset (validate.data) when it has one.
+
+    The runner asks this (pipeline.registry) to put that dataset into the stage's cache key.
+    """
+    return config.calibration is None and config.use_validation_data
+
+
+def _data(config: Fp16Config, ctx: StageContext) -> Fp16Data | None:
+    """The data the stage measures on: its own 'calibration', else the validation dataset, else none."""
+    if config.calibration is not None:
+        return config.calibration
+    if reads_default_dataset(config) and ctx.default_dataset is not None:
+        return Fp16Data(data=ctx.default_dataset)
+    return None
+
+
 def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResult:
     """Convert the artifact's model to float16; returns the converted model and what was done."""
     started = time.perf_counter()
@@ -131,22 +171,26 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
     types = all_types(model)
     needs = float32_needs(model, types)
     op_block = effective_op_block_list(config.op_block_list)
-    norms = decomposed_layer_norms(model) if config.keep_layer_norms_float32 else {}
+    patterns = _static_patterns(model, config, types)
     op_blocked = _op_blocked(model, op_block)
-    fixed = op_blocked | set(config.node_block_list) | set(needs.nodes) | set(norms)
+    fixed = op_blocked | set(config.node_block_list) | set(needs.nodes) | {n for found in patterns.values()
+                                                                           for n in found}
     findings: dict[str, Any] = {"keep_io_types": config.keep_io_types, "op_block_list": op_block,
                                 "schema_float32_nodes": needs.nodes,
                                 "schema_float32_inputs": [reason for node, reason in needs.input_reasons.items()
-                                                          if node not in fixed],
-                                "layer_norm_float32_nodes": norms}
+                                                          if node not in fixed], **patterns}
     session = _Session(model, config, ctx, needs, types, big)
-    if config.calibration is not None:
-        session.analyse(artifact, fixed)
+    data = _data(config, ctx)
+    if data is not None:
+        session.analyse(artifact, fixed, data)
     else:
-        findings["activation_analysis"] = "not run: no calibration data in the fp16 config"
+        findings["activation_analysis"] = ("not run: no calibration data in the fp16 config and no validation "
+                                           "dataset in the recipe (or use_validation_data: false)")
     session.convert(fixed)
-    if config.calibration is not None and config.fidelity_check != "off":
+    if data is not None and config.fidelity_check != "off":
         session.safety_rounds(fixed)
+        if config.mode == "fixed" and config.repair and not session.findings["fidelity"]["emulated"]["passed"]:
+            session.keep_for_tolerance(fixed)
     converted = session.converted
     findings.update(session.findings)
     findings["node_block_list"] = sorted(session.blocked - op_blocked)
@@ -158,6 +202,16 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
                                 onnxruntime_check=config.onnxruntime_check)
     findings["seconds"] = round(time.perf_counter() - started, 3)
     return StageResult(model=converted, changed=True, findings=findings)
+
+
+def _static_patterns(model: onnx.ModelProto, config: Fp16Config, types: dict[str, int]) -> dict[str, dict[str, str]]:
+    """Nodes kept float32 by graph patterns found without data, per findings key: node -> why."""
+    return {
+        "normalization_float32_nodes": normalizations(model) if config.keep_layer_norms_float32 else {},
+        "integer_accumulator_float32_nodes": integer_accumulators(model, types),
+        "constant_range_float32_nodes": (out_of_range_constants(model, config.max_finite_val)
+                                         if config.out_of_range_constants == "keep_float32" else {}),
+    }
 
 
 def _refuse_float16(model: onnx.ModelProto, ctx: StageContext) -> None:
@@ -222,34 +276,43 @@ class _Session:
     def tolerance(self) -> Tolerance:
         return self.config.tolerance or DEFAULT_TOLERANCES["fp16"]
 
-    def analyse(self, artifact: Artifact, fixed: set[str]) -> None:
+    def analyse(self, artifact: Artifact, fixed: set[str], data: Fp16Data) -> None:
         """Run float32 on the data; keep overflowing nodes; in auto mode, also the budget's choice."""
         from stages.fp16_activations import overflowing_nodes, run_float32
 
-        assert self.config.calibration is not None
-        data = self.config.calibration
         self.ctx.on_progress("fp16: activation ranges")
         self.feeds = list(self.ctx.samples(data.data, artifact.path, data.samples))
         self.float32 = run_float32(self.model, self.feeds, self.ctx.work_dir, big=self.big)
         limit_note = {"safety_margin": self.config.safety_margin, "max_finite_val": self.config.max_finite_val}
         self.kept = overflowing_nodes(self.model, self.float32.stats, self.config.max_finite_val,
                                       self.config.safety_margin, fixed)
-        self.findings["activation_analysis"] = {"data": data.data or "seeded random", "samples": len(self.feeds),
-                                                **limit_note}
+        source = "calibration" if self.config.calibration is not None else "validate.data (default)"
+        self.findings["activation_analysis"] = {"data": data.data or "seeded random", "source": source,
+                                                "samples": len(self.feeds), **limit_note}
         if self.kept:
             log.info("variant %s: %d nodes stay float32 for their activation ranges", self.ctx.variant,
                      len(self.kept))
         if self.config.mode == "auto":
             self._budget(fixed | {entry["node"] for entry in self.kept})
 
-    def _budget(self, float32: set[str]) -> None:
+    def keep_for_tolerance(self, fixed: set[str]) -> None:
+        """The emulated check missed the tolerance: budget mode's search for further float32 nodes, then again."""
+        missed = self.findings["fidelity"]["emulated"]["reasons"]
+        log.info("variant %s: float16 emulation misses the tolerance (%s); searching nodes to keep in float32",
+                 self.ctx.variant, "; ".join(missed))
+        self._budget(fixed | {entry["node"] for entry in self.kept}, limit=REPAIR_SAMPLES)
+        self.findings["budget"]["trigger"] = f"repair: the float16 emulation check missed ({'; '.join(missed)})"
+        self.convert(fixed)
+        self.safety_rounds(fixed)
+
+    def _budget(self, float32: set[str], limit: int | None = None) -> None:
         from stages.fp16_budget import choose_float32_nodes, node_groups
 
         assert self.float32 is not None
         self.ctx.on_progress("fp16: per-node sensitivity")
         groups = node_groups(self.model, _with_nested(self.model, float32), self.types)
         result = choose_float32_nodes(
-            self.model, groups, self.needs.inputs, self.feeds, self.float32.outputs, self.tolerance,
+            self.model, groups, self.needs.inputs, self.feeds[:limit], self.float32.outputs[:limit], self.tolerance,
             keep_io_types=self.config.keep_io_types, to_float16=self.to_float16, work_dir=self.ctx.work_dir)
         self.kept.extend({"node": name, "op_type": self._op_type(name), "reason": "budget: sensitivity"}
                          for name in result.float32_nodes)

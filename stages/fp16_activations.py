@@ -7,7 +7,7 @@ value and shape are recorded.  A node stays float32 when a predicted worst case
 largest finite value.  How a value stretches depends on the op:
 
 - any node: its inputs and outputs grow linearly: ``abs_max / margin``;
-- Pow with a constant exponent e > 1: ``(base_abs_max / margin) ** e``;
+- Pow with a constant exponent e > 1, and Mul of a tensor by itself (e = 2): ``(base_abs_max / margin) ** e``;
 - Exp: ``exp(max(x, 0) / margin)``;
 - ReduceMean (and ReduceL2/LogSumExp) hold a sum in their accumulator:
   ``|mean| * N / margin`` over the N reduced elements, so long axes overflow first;
@@ -139,11 +139,13 @@ def _node_entry(node: onnx.NodeProto, stats: dict[str, TensorStats], margin: flo
     """The worst predicted value of one node, by the rule of its op type."""
     entry = _worst([node], stats, 1.0 / margin, "activation range")
     special = None
-    if node.op_type == "Pow" and len(node.input) > 1 and node.input[0] in stats:
-        exponent = constants.get(node.input[1])
+    if node.op_type in ("Pow", "Mul") and len(node.input) > 1 and node.input[0] in stats:
+        squares = node.op_type == "Mul" and node.input[0] == node.input[1]  # x * x is Pow(x, 2)
+        exponent = 2.0 if squares else constants.get(node.input[1]) if node.op_type == "Pow" else None
         if exponent is not None and exponent > 1:
             base = stats[node.input[0]].abs_max
-            special = _entry(node, node.input[0], base, _power(base / margin, exponent), "Pow")
+            rule = "square (x * x)" if squares else "Pow"
+            special = _entry(node, node.input[0], base, _power(base / margin, exponent), rule)
     elif node.op_type == "Exp" and node.input[0] in stats:
         top = stats[node.input[0]].max
         special = _entry(node, node.input[0], top, _exp(max(top, 0.0) / margin), "Exp")

@@ -14,7 +14,7 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stages.fp16_graph import FLOAT, FLOAT16, walk_nodes
 
@@ -77,20 +77,55 @@ def _slot(allowed: tuple[bool, ...], index: int) -> bool:
 
 @functools.cache
 def _float16_allowed(op_type: str, domain: str, version: int) -> tuple[tuple[bool, ...], tuple[bool, ...]] | None:
-    """Per formal input and output: does it accept float16 where it accepts float? None if no schema."""
+    """Per formal input and output: does it accept float16 where it accepts float? None if no schema.
+
+    onnx's schemas first; ONNX Runtime's registered schemas for its own domains (com.microsoft's quantized
+    ops such as DynamicQuantizeLSTM take tensor(float) only).
+    """
     import onnx.defs
 
     try:
         schema = onnx.defs.get_schema(op_type, version, "" if domain in _DEFAULT_DOMAINS else domain)
-    except Exception:  # unknown op or domain (contrib ops): the converter's own handling applies
+    except Exception:  # not an onnx op at this version: ONNX Runtime may register it
+        schema = _onnxruntime_schema(op_type, domain, version)
+    if schema is None:
         return None
     constraints = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
 
-    def takes_float16(param: onnx.defs.OpSchema.FormalParameter) -> bool:
-        allowed = constraints.get(param.type_str, {param.type_str})
+    def takes_float16(type_str: str) -> bool:
+        allowed = constraints.get(type_str, {type_str})
         return "tensor(float)" not in allowed or "tensor(float16)" in allowed
 
-    return tuple(takes_float16(p) for p in schema.inputs), tuple(takes_float16(p) for p in schema.outputs)
+    return (tuple(takes_float16(_type_str(p)) for p in schema.inputs),
+            tuple(takes_float16(_type_str(p)) for p in schema.outputs))
+
+
+def _type_str(param: Any) -> str:
+    """A formal parameter's type string (onnx.defs spells it type_str, ONNX Runtime typeStr)."""
+    return getattr(param, "type_str", None) or param.typeStr
+
+
+def _onnxruntime_schema(op_type: str, domain: str, version: int) -> Any:
+    """The newest schema ONNX Runtime registers for the op at or below the domain's opset version, or None."""
+    versions = _onnxruntime_schemas().get(("" if domain in _DEFAULT_DOMAINS else domain, op_type), [])
+    fitting = [schema for since, schema in versions if since <= version]
+    return fitting[-1] if fitting else None
+
+
+@functools.cache
+def _onnxruntime_schemas() -> dict[tuple[str, str], list[tuple[int, Any]]]:
+    """(domain, op type) -> [(since_version, schema)] ascending, from ONNX Runtime's registry; {} without it."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+        schemas = ort_state.get_all_operator_schema()
+    except Exception as exc:  # an ONNX Runtime build without the schema API: onnx's schemas only
+        log.debug("ONNX Runtime's operator schemas are unavailable: %s", exc)
+        return {}
+    table: dict[tuple[str, str], list[tuple[int, Any]]] = {}
+    for schema in schemas:
+        table.setdefault((schema.domain, schema.name), []).append((schema.since_version, schema))
+    return {key: sorted(entries, key=lambda entry: entry[0]) for key, entries in table.items()}
 
 
 def fix_output_type_attributes(node: onnx.NodeProto, to_float16: Callable[[np.ndarray], np.ndarray]) -> bool:
@@ -130,41 +165,3 @@ def _constant_floats_to_tensor(node: onnx.NodeProto, to_float16: Callable[[np.nd
             node.attribute.append(helper.make_attribute("value", tensor))
             return True
     return False
-
-
-def decomposed_layer_norms(model: onnx.ModelProto) -> dict[str, str]:
-    """Nodes of LayerNorms written out op by op (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, then the
-    scale Mul and bias Add): they stay float32 together.
-
-    Their variance (x - mean)**2 overflows float16 once |x - mean| passes 256, and ONNX Runtime's CPU
-    LayerNormFusion fuses a mixed float16/float32 version into a LayerNormalization that fails to load.
-    """
-    graph = model.graph
-    producer = {out: node for node in graph.node for out in node.output if out}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-
-    def next_op(node: onnx.NodeProto | None, op_type: str) -> onnx.NodeProto | None:
-        if node is None:
-            return None
-        return next((r for r in readers.get(node.output[0], []) if r.op_type == op_type), None)
-
-    found: dict[str, str] = {}
-    for power in graph.node:
-        sub = producer.get(power.input[0]) if power.op_type == "Pow" else None
-        mean = producer.get(sub.input[1]) if sub is not None and sub.op_type == "Sub" else None
-        if mean is None or mean.op_type != "ReduceMean":
-            continue
-        variance = next_op(power, "ReduceMean")
-        sqrt = next_op(next_op(variance, "Add"), "Sqrt")
-        divide = next_op(sqrt, "Div")
-        if divide is None or divide.input[0] != sub.output[0]:
-            continue
-        scale = next_op(divide, "Mul")
-        chain = [mean, sub, power, variance, next_op(variance, "Add"), sqrt, divide, scale, next_op(scale, "Add")]
-        for node in chain:
-            if node is not None:
-                found[node.name] = f"decomposed LayerNorm ending at '{divide.name}'"
-    return found

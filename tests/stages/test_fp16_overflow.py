@@ -144,7 +144,7 @@ def test_decomposed_layer_norm_stays_float32_so_onnxruntime_can_load_it(tmp_path
     with pytest.raises(Exception, match="LayerNormalization"):
         ort.InferenceSession(plain_convert(model).SerializeToString(), providers=["CPUExecutionProvider"])
     result = run_stage(tmp_path, model)  # no data needed
-    norms = result.findings["layer_norm_float32_nodes"]
+    norms = result.findings["normalization_float32_nodes"]
     assert set(norms) == {"mean", "center", "square", "variance", "add_eps", "std", "normalize", "gamma", "beta"}
     assert "proj" not in norms
     x = {"x": _hidden_states(21)}
@@ -219,3 +219,14 @@ def test_nodes_already_float32_are_not_listed_again() -> None:
                        [tensor("y", [4])])
     stats = _stats(x=(20.0, 20.0, (4,)), y=(4.8e8, 4.8e8, (4,)))
     assert overflowing_nodes(model, stats, 65504.0, 0.5, {"exp"}) == []
+
+
+@pytest.mark.parametrize("base, kept", [(100.0, False), (150.0, True)])
+def test_a_tensor_multiplied_by_itself_is_predicted_like_pow_2(base: float, kept: bool) -> None:
+    model = make_model([helper.make_node("Mul", ["x", "x"], ["y"], name="square")], [], [tensor("x", [4])],
+                       [tensor("y", [4])])
+    stats = _stats(x=(base, base, (4,)), y=(base**2, base**2, (4,)))
+    found = overflowing_nodes(model, stats, 65504.0, 0.5, set())
+    assert bool(found) == kept  # 150**2 = 22500 is in range, but (150 / 0.5)**2 = 90000 is not
+    if kept:
+        assert found[0]["reason"] == "square (x * x)" and found[0]["predicted"] == pytest.approx((base / 0.5) ** 2)

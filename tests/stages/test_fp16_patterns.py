@@ -1,0 +1,201 @@
+"""What stays float32 without data: hand-written normalisations, ops whose schemas take float32 only, integer
+accumulators of pre-quantized models, constants beyond float16's range.
+
+Each model here converts "successfully" with plain onnxconverter-common (and with qdeploy before these rules)
+and then computes zeros, Inf or a wrong result, or fails to load in ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from stages.fp16_patterns import integer_accumulators, normalizations, out_of_range_constants
+from stages.fp16_types import all_types
+from tests.stages.test_fp16 import const, make_model, run_ort, run_reference, run_stage, tensor
+
+T, D = 8, 32
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def _large_activations(seed: int) -> np.ndarray:
+    """Activations in the hundreds, as the residual stream of a deep LLM carries."""
+    return (np.random.default_rng(seed).standard_normal((1, T, D)) * 300).astype(np.float32)
+
+
+def _rms_norm(square: str, apply: str) -> onnx.ModelProto:
+    """y = MatMul(weight * x / sqrt(mean(x^2) + eps), W), written out op by op as exporters do."""
+    rng = np.random.default_rng(0)
+    squared = (helper.make_node("Pow", ["x", "two"], ["sq"], name="square") if square == "pow"
+               else helper.make_node("Mul", ["x", "x"], ["sq"], name="square"))
+    nodes = [squared,
+             helper.make_node("ReduceMean", ["sq"], ["ms"], name="mean_square", axes=[-1]),
+             helper.make_node("Add", ["ms", "eps"], ["mse"], name="add_eps"),
+             helper.make_node("Sqrt", ["mse"], ["rms"], name="rms")]
+    if apply == "div":
+        nodes.append(helper.make_node("Div", ["x", "rms"], ["normed"], name="normalize"))
+    else:
+        nodes += [helper.make_node("Reciprocal", ["rms"], ["inv"], name="inverse"),
+                  helper.make_node("Mul", ["x", "inv"], ["normed"], name="normalize")]
+    nodes += [helper.make_node("Mul", ["normed", "weight"], ["scaled"], name="weight"),
+              helper.make_node("MatMul", ["scaled", "W"], ["y"], name="proj")]
+    inits = [const("two", 2.0), const("eps", 1e-6), const("weight", rng.uniform(0.5, 1.5, D)),
+             const("W", rng.standard_normal((D, D)) / np.sqrt(D))]
+    return make_model(nodes, inits, [tensor("x", [1, T, D])], [tensor("y", [1, T, D])], opset=17)
+
+
+@pytest.mark.parametrize(("square", "apply"), [("pow", "div"), ("mul", "reciprocal")])
+def test_rms_norm_with_large_activations_stays_float32_and_is_right_in_true_float16(
+        tmp_path: Path, square: str, apply: str) -> None:
+    model = _rms_norm(square, apply)
+    x = {"x": _large_activations(1)}
+    expected = run_ort(model, x)[0]
+
+    result = run_stage(tmp_path, model)  # no data: the pattern alone decides
+    kept = result.findings["normalization_float32_nodes"]
+    members = {"square", "mean_square", "add_eps", "rms", "normalize", "weight"} | (
+        {"inverse"} if apply == "reciprocal" else set())
+    assert set(kept) == members and "RMSNorm" in kept["normalize"]
+    assert "proj" not in result.findings["node_block_list"]  # the projection stays float16
+    got = run_reference(result.model, x)[0]  # every op in its declared precision
+    assert np.isfinite(got).all() and np.abs(got).max() > 0.1
+    assert _cosine(got, expected) > 0.999
+
+    unguarded = run_stage(tmp_path, model, keep_layer_norms_float32=False).model  # what qdeploy built before
+    assert np.abs(run_reference(unguarded, x)[0]).max() == 0.0  # x^2 overflows, x / Inf = 0: all zeros
+
+
+def test_normalization_matcher_finds_layer_norm_and_l2_norm_but_not_a_plain_square() -> None:
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mu"], name="mu", axes=[-1]),
+             helper.make_node("Sub", ["x", "mu"], ["c"], name="center"),
+             helper.make_node("Mul", ["c", "c"], ["c2"], name="c_square"),
+             helper.make_node("ReduceMean", ["c2"], ["var"], name="var", axes=[-1]),
+             helper.make_node("Add", ["var", "eps"], ["ve"], name="ve"),
+             helper.make_node("Pow", ["ve", "minus_half"], ["inv_std"], name="inv_std"),
+             helper.make_node("Mul", ["c", "inv_std"], ["ln"], name="ln"),
+             helper.make_node("ReduceL2", ["ln"], ["norm"], name="l2", axes=[-1]),
+             helper.make_node("Max", ["norm", "tiny"], ["safe"], name="safe"),
+             helper.make_node("Div", ["ln", "safe"], ["unit"], name="unit"),
+             helper.make_node("Mul", ["unit", "unit"], ["sq"], name="plain_square"),
+             helper.make_node("ReduceMean", ["sq"], ["energy"], name="energy", axes=[-1]),
+             helper.make_node("Add", ["energy", "residual"], ["y"], name="not_a_norm")]
+    inits = [const("eps", 1e-5), const("minus_half", -0.5), const("tiny", 1e-12)]
+    model = make_model(nodes, inits, [tensor("x", [1, T, D]), tensor("residual", [1, T, 1])],
+                       [tensor("y", [1, T, 1])])
+    found = normalizations(model)
+    assert {name for name, why in found.items() if "LayerNorm" in why} == {
+        "mu", "center", "c_square", "var", "ve", "inv_std", "ln"}
+    assert {name for name, why in found.items() if "L2" in why} == {"l2", "safe", "unit"}
+    assert not {"plain_square", "energy", "not_a_norm"} & set(found)  # a square reduced, never applied to x
+
+
+def prequantized_model(path: Path, depth: int = 256) -> onnx.ModelProto:
+    """Conv -> LSTM -> MatMul, quantized by ONNX Runtime's quantize_dynamic (ConvInteger, DynamicQuantizeLSTM,
+    MatMulInteger, DynamicQuantizeLinear), as pre-quantized OCR models ship."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(0)
+    hidden = 16
+    inits = [const("K", rng.standard_normal((1, 1, 3, 3)) * 0.3),
+             const("W", rng.standard_normal((1, 4 * hidden, 8)) * 0.3),
+             const("R", rng.standard_normal((1, 4 * hidden, hidden)) * 0.3), const("B", np.zeros((1, 8 * hidden))),
+             const("M", rng.uniform(0.5, 1.0, (hidden, depth))), const("N", rng.uniform(0.5, 1.0, (depth, 4))),
+             const("shape", [6, 1, 8], np.int64), const("axes", [1], np.int64)]
+    nodes = [helper.make_node("Conv", ["img", "K"], ["feat"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["feat", "shape"], ["seq"], name="to_seq"),
+             helper.make_node("LSTM", ["seq", "W", "R", "B"], ["Y"], name="lstm", hidden_size=hidden),
+             helper.make_node("Squeeze", ["Y", "axes"], ["h"], name="squeeze"),
+             helper.make_node("MatMul", ["h", "M"], ["wide"], name="widen"),
+             helper.make_node("Relu", ["wide"], ["act"], name="act"),
+             helper.make_node("MatMul", ["act", "N"], ["logits"], name="head")]
+    model = make_model(nodes, inits, [tensor("img", [1, 1, 6, 8])], [tensor("logits", [6, 1, 4])])
+    onnx.save(model, str(path / "float.onnx"))
+    quantize_dynamic(str(path / "float.onnx"), str(path / "quantized.onnx"), weight_type=QuantType.QUInt8)
+    return onnx.load(str(path / "quantized.onnx"))
+
+
+def test_pre_quantized_model_keeps_float32_where_its_schemas_and_accumulators_need_it(tmp_path: Path) -> None:
+    model = prequantized_model(tmp_path)
+    ops = {node.op_type for node in model.graph.node}
+    assert {"ConvInteger", "MatMulInteger", "DynamicQuantizeLSTM"} <= ops
+    rng = np.random.default_rng(3)
+    samples = [{"img": (rng.standard_normal((1, 1, 6, 8)) * 4).astype(np.float32)} for _ in range(3)]
+
+    result = run_stage(tmp_path, model)  # before: "Type 'tensor(float16)' of input parameter ... is invalid"
+    assert result.findings["checker"].endswith("loads in onnxruntime CPUExecutionProvider")
+    lstm = next(node.name for node in model.graph.node if node.op_type == "DynamicQuantizeLSTM")
+    assert "DynamicQuantizeLSTM" in result.findings["schema_float32_nodes"][lstm]  # from ONNX Runtime's schema
+    accumulators = result.findings["integer_accumulator_float32_nodes"]
+    assert {model_op(model, name) for name in accumulators} == {"Cast", "Mul"}
+    casts = [name for name in accumulators if model_op(model, name) == "Cast"]
+    for sample in samples:
+        assert _int32_peak(model, casts, sample) > 65504  # the head's int32 sums pass float16's range...
+        expected, got = run_ort(model, sample)[0], run_ort(result.model, sample)[0]
+        assert np.isfinite(got).all() and _cosine(got, expected) > 0.999  # ...and are cast to float32 here
+
+    checked = run_stage(tmp_path, model, {"cal": samples}, calibration={"data": "cal"}, fidelity_check="reference")
+    reference = checked.findings["fidelity"]["reference"]  # onnx.reference has no com.microsoft kernels
+    assert reference["status"] == "unavailable" and reference["op_type"] == "DynamicQuantizeLSTM"
+
+
+def _int32_peak(model: onnx.ModelProto, casts: list[str], sample: dict[str, np.ndarray]) -> float:
+    """The largest magnitude of the int32 tensors those Casts read, on one sample."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    sources = [node.input[0] for node in model.graph.node if node.name in casts]
+    probe.graph.output.extend(helper.make_tensor_value_info(name, onnx.TensorProto.INT32, None) for name in sources)
+    return float(max(np.abs(array).max() for array in run_ort(probe, sample)[1:]))
+
+
+def model_op(model: onnx.ModelProto, name: str) -> str:
+    return next(node.op_type for node in model.graph.node if node.name == name)
+
+
+def test_integer_accumulators_are_the_casts_of_int32_sums_of_8_bit_integers(tmp_path: Path) -> None:
+    model = prequantized_model(tmp_path)
+    found = integer_accumulators(model, all_types(onnx.shape_inference.infer_shapes(model)))
+    sources = {why.split("'")[1] for why in found.values()}
+    assert {model_op(model, name) for name in sources} == {"ConvInteger", "MatMulInteger"}
+
+
+def _batch_norm_with_huge_variance() -> onnx.ModelProto:
+    """A BatchNormalization whose running variance is ~1e8 (as in PP-OCRv4 det's last block)."""
+    rng = np.random.default_rng(0)
+    channels = 4
+    inits = [const("scale", rng.uniform(0.8, 1.2, channels)), const("bias", rng.uniform(-0.3, 0.3, channels)),
+             const("mean", rng.uniform(-300, 300, channels)), const("var", rng.uniform(1e7, 1e8, channels))]
+    nodes = [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["bn"], name="bn"),
+             helper.make_node("Sigmoid", ["bn"], ["y"], name="sigmoid")]
+    return make_model(nodes, inits, [tensor("x", [1, channels, 8, 8])], [tensor("y", [1, channels, 8, 8])],
+                      opset=12)
+
+
+def test_constants_beyond_float16_range_keep_their_readers_float32_instead_of_being_clamped(tmp_path: Path) -> None:
+    model = _batch_norm_with_huge_variance()
+    x = {"x": (np.random.default_rng(1).standard_normal((1, 4, 8, 8)) * 5000).astype(np.float32)}
+    expected = run_ort(model, x)[0]
+
+    result = run_stage(tmp_path, model)
+    assert set(result.findings["constant_range_float32_nodes"]) == {"bn"}
+    assert result.findings["clamp"]["clamped_values"] == 0
+    assert _cosine(run_reference(result.model, x)[0], expected) > 0.9999
+
+    clamped = run_stage(tmp_path, model, out_of_range_constants="clamp")  # onnxconverter-common's behaviour
+    assert clamped.findings["clamp"]["clamped_values"] == 4
+    assert _cosine(run_ort(clamped.model, x)[0], expected) < 0.99  # variance 1e8 -> 65504: 40x too steep
+
+
+def test_infinity_stand_ins_are_clamped_without_keeping_anything_float32() -> None:
+    nodes = [helper.make_node("Add", ["x", "mask"], ["masked"], name="mask"),
+             helper.make_node("Clip", ["masked", "low", "high"], ["y"], name="clip")]
+    inits = [const("mask", [0.0, -3.4028235e38]), const("low", -1e30), const("high", 3.4e38)]
+    model = make_model(nodes, inits, [tensor("x", [2])], [tensor("y", [2])])
+    assert out_of_range_constants(model, 65504.0) == {}
