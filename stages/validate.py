@@ -268,7 +268,7 @@ def _localizer(config: ValidateConfig, reference_path: Path) -> Localizer | None
 
 def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: str) -> Outcome:
     from pipeline.compare import compare_outputs
-    from pipeline.errors import TargetUnavailable
+    from pipeline.errors import ModelError, TargetUnavailable
     from pipeline.targets import TargetFellBack, get_target
     from stages.validate_tolerance import tolerance_precision
 
@@ -285,6 +285,8 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
         return Outcome(_result(name, target, "failed", str(exc), shared.warnings))
     except TargetUnavailable as exc:
         return Outcome(_result(name, target, "unavailable", str(exc), shared.warnings))
+    except ModelError as exc:  # the runtime cannot read or compile this artifact: it cannot be deployed there
+        return Outcome(_result(name, target, "failed", f"{target} cannot run this artifact: {exc}", shared.warnings))
     except Exception as exc:
         log.debug("validation of %s on %s failed", name, target, exc_info=True)
         return Outcome(_result(name, target, "error", f"{type(exc).__name__}: {exc}", shared.warnings))
