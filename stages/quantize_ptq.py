@@ -24,6 +24,7 @@ import numpy as np
 
 from calibration.activations import FeedSource, collect_statistics, float_tensors_of
 from calibration.ranges import HISTOGRAM_METHODS, estimate_range
+from stages.quantize_guard import ort_quantizer_step
 
 if TYPE_CHECKING:
     import onnx
@@ -104,7 +105,7 @@ class StaticBuilder:
                  "OpTypesToExcludeOutputQuantization": list(_FLOAT_OUTPUT_OPS)}
         quantizer = QDQQuantizer(model, per_channel, False, weights, activations, tensors, [], list(excluded),
                                  op_types, extra)
-        with quiet():
+        with quiet(), ort_quantizer_step("ONNX Runtime's QDQ quantizer"):
             quantizer.quantize_model()
         quantizer.model.topological_sort()  # as ORT's quantize_static does when saving: Q/DQ are appended last
         self._quantized = quantizer.model.model
@@ -246,7 +247,7 @@ class DynamicBuilder:
 
         self._count += 1
         output = self._work_dir / f"dynamic_{self._count}.onnx"
-        with quiet():
+        with quiet(), ort_quantizer_step("ONNX Runtime's quantize_dynamic"):
             quantize_dynamic(str(self._prepared), str(output),
                              weight_type=getattr(QuantType, _TYPES[self._settings["weight_type"]]),
                              per_channel=self._settings["per_channel"], nodes_to_exclude=[*self._excluded, *kept],
