@@ -220,8 +220,9 @@ def excluded_nodes(original: onnx.ModelProto, prepared: onnx.ModelProto, names: 
         log.warning("exclude_nodes %s were fused away by pre-processing", fused)
     compiled = [re.compile(pattern) for pattern in patterns]
     chosen = {name for name in names if name in present}
+    excluded_types = set(op_types)
     chosen |= {node.name for node in prepared.graph.node
-               if node.op_type in set(op_types) or any(regex.search(node.name) for regex in compiled)}
+               if node.op_type in excluded_types or any(regex.search(node.name) for regex in compiled)}
     return sorted(chosen), unknown
 
 

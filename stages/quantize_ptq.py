@@ -2,7 +2,8 @@
 
 Static (``ptq``): activation ranges come from ``calibration.activations`` and
 ``calibration.ranges`` (minmax, percentile, entropy, mse; streamed, one or two
-passes), and ONNX Runtime's ``QDQQuantizer`` writes the QDQ model from them.
+passes), and ONNX Runtime's ``QDQQuantizer`` writes the QDQ model from them (on an indexed graph,
+``stages/quantize_fast_ort.py``: its own helpers make it quadratic in the node count).
 Calibrating once and building many times is what lets the accuracy budget try
 several sets of float nodes cheaply.  Dynamic: ``quantize_dynamic``.
 
@@ -87,8 +88,9 @@ class StaticBuilder:
         import onnx
         from onnxruntime.quantization import QuantType
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-        from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
         from onnxruntime.quantization.quant_utils import load_model_with_shape_infer, update_opset_version
+
+        from stages.quantize_fast_ort import FastQDQQuantizer as QDQQuantizer  # ORT's, without its O(n^2) steps
 
         self._float = onnx.load(str(prepared))
         weights, activations = (getattr(QuantType, _TYPES[kind]) for kind in (weight_type, activation_type))
@@ -131,17 +133,24 @@ class DynamicBuilder:
         """Float-model nodes that quantize_dynamic quantized (it renames node X to X_quant)."""
         import onnx
 
-        names = [node.name for node in quantized.graph.node]
+        bases = set()  # every prefix of a node name that ends where "_quant" starts
+        for node in quantized.graph.node:
+            start = node.name.find("_quant")
+            while start > 0:
+                bases.add(node.name[:start])
+                start = node.name.find("_quant", start + 1)
         return {node.name: node.op_type for node in onnx.load(str(self._prepared), load_external_data=False).graph.node
-                if node.name and any(name.startswith(f"{node.name}_quant") for name in names)}
+                if node.name in bases}
 
     def __call__(self, kept: list[str]) -> onnx.ModelProto:
         import onnx
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
+        from stages.quantize_fast_ort import fast_quantize_dynamic
+
         self._count += 1
         output = self._work_dir / f"dynamic_{self._count}.onnx"
-        with quiet(), ort_quantizer_step("ONNX Runtime's quantize_dynamic"):
+        with quiet(), ort_quantizer_step("ONNX Runtime's quantize_dynamic"), fast_quantize_dynamic():
             quantize_dynamic(str(self._prepared), str(output),
                              weight_type=getattr(QuantType, _TYPES[self._settings["weight_type"]]),
                              per_channel=self._settings["per_channel"], nodes_to_exclude=[*self._excluded, *kept],
