@@ -147,7 +147,8 @@ class _Search:
             group = groups.pop(0)
             if not group:
                 continue
-            trial = [name for name in kept if name not in set(group)]
+            members = set(group)
+            trial = [name for name in kept if name not in members]
             spent += frozenset(trial) not in self.measured
             if self.passes(trial, "re-quantize"):
                 kept = trial

@@ -141,3 +141,22 @@ def test_calibration_of_a_long_chain_reads_every_tensor_once(tmp_path: Path) -> 
     stats, samples = collect_statistics(path, tensors, lambda: iter(feeds), tmp_path)
     assert samples == 2 and len(stats) == len(tensors) > 300
     assert all(np.isfinite(item.maximum) for item in stats.values())
+
+
+def test_openvino_kernel_count_of_a_large_graph_runs_apart_with_a_time_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenVINO's compile grows with the square of a QDQ chain: above a size it runs in a child process, and a
+    compile past the limit is 'unchecked' with the reason, never a pass and never a stage that runs for hours."""
+    from stages import quantize_verify
+
+    path = prepared(tmp_path, tiny_conv())
+    model = static(path, tmp_path)
+    output = tmp_path / "quantized.onnx"
+    onnx.save(model, str(output))
+    in_process = quantize_verify.int8_kernels(output, model, ["openvino:cpu"], tmp_path)["openvino:cpu"]
+    monkeypatch.setattr(quantize_verify, "IN_PROCESS_NODES", 0)
+    apart = quantize_verify.int8_kernels(output, model, ["openvino:cpu"], tmp_path)["openvino:cpu"]
+    assert apart == in_process and apart["int8"] >= 1
+    monkeypatch.setattr(quantize_verify, "OPENVINO_CHECK_SECONDS", 0.01)
+    late = quantize_verify.int8_kernels(output, model, ["openvino:cpu"], tmp_path)["openvino:cpu"]
+    assert late["status"] == "unchecked" and "took longer than 0 s" in late["reason"]
