@@ -50,7 +50,8 @@ def collect_statistics(model_path: Path, tensors: list[str], feeds: FeedSource, 
                        histogram: bool = False, bins: int = DEFAULT_BINS) -> tuple[dict[str, TensorStats], int]:
     """Statistics of each named tensor over the feeds; returns them and how many samples were used."""
     session, outputs = _probe_session(model_path, tensors, work_dir)
-    from_feed = [name for name in tensors if name not in outputs]
+    exposed = set(outputs)
+    from_feed = [name for name in tensors if name not in exposed]
     stats = {name: TensorStats() for name in tensors}
     samples = 0
     for feed in feeds():

@@ -29,7 +29,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pipeline.context import Artifact, StageContext, StageResult
 from pipeline.errors import StageError
 from pipeline.tolerance import Tolerance
-from stages.quantize_prepare import QUANTIZED_OP_TYPES, count_quantized_nodes, name_unnamed_nodes, weight_qdq_pairs
+from stages.quantize_guard import QuantizerFailure
+from stages.quantize_prepare import (
+    QUANTIZED_OP_TYPES,
+    count_quantized_nodes,
+    name_unnamed_nodes,
+    quantized_ops,
+    weight_qdq_pairs,
+)
 from stages.quantize_verify import VERIFY_TARGETS
 
 if TYPE_CHECKING:
@@ -209,13 +216,15 @@ def run(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageR
     already = count_quantized_nodes(model)
     if already:
         raise _refuse_already_quantized(model, already, ctx)
-    return quantize_modes.post_training(artifact, config, ctx)
+    try:
+        return quantize_modes.post_training(artifact, config, ctx)
+    except QuantizerFailure as exc:
+        raise StageError(STAGE, ctx.variant, str(exc)) from exc
 
 
 def _refuse_already_quantized(model: onnx.ModelProto, count: int, ctx: StageContext) -> StageError:
     """The error for a model that is quantized already: quantizing it again would compound the error."""
-    kinds = Counter(node.op_type for node in model.graph.node if node.op_type in QUANTIZED_OP_TYPES
-                    or node.op_type.startswith("QLinear"))
+    kinds = quantized_ops(model)
     listed = ", ".join(f"{op} {n}" for op, n in sorted(kinds.items()))
     hint = "remove the quantize stage from this variant"
     pairs = weight_qdq_pairs(model)

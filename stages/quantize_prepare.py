@@ -14,10 +14,13 @@ import contextlib
 import logging
 import os
 import re
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from stages.quantize_bias import vector_gemm_biases
 
 if TYPE_CHECKING:
     import onnx
@@ -27,7 +30,12 @@ log = logging.getLogger(__name__)
 QUANTIZED_OP_TYPES = frozenset({
     "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger", "MatMulInteger",
     "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention", "DynamicQuantizeLSTM",
+    # com.microsoft: integer, block-quantized and ordered-int8 ops of ONNX Runtime's contrib set
+    "MulInteger", "MatMulInteger16", "MatMulNBits", "MatMulBnb4", "MatMulFpQ4", "GatherBlockQuantized",
+    "DequantizeBlockwise", "QuantizeBFP", "DequantizeBFP", "QuantizeWithOrder", "DequantizeWithOrder",
+    "QEmbedLayerNormalization", "QMoE", "NhwcQLinearConv",
 })
+_QUANTIZED_PREFIXES = ("QLinear", "QOrdered")
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
 
 
@@ -39,10 +47,29 @@ class Prepared:
     findings: dict[str, Any]
 
 
+def is_quantized_op(node: onnx.NodeProto) -> bool:
+    """A quantization op (Q/DQ, QLinear*, *Integer, block-quantized weights...), standard or com.microsoft."""
+    return node.op_type in QUANTIZED_OP_TYPES or node.op_type.startswith(_QUANTIZED_PREFIXES)
+
+
+def quantized_ops(model: onnx.ModelProto) -> Counter[str]:
+    """Quantization ops per op type, in every graph: the main graph, If/Loop/Scan bodies and model functions."""
+    from stages.graph_utils import subgraphs
+
+    found: Counter[str] = Counter()
+    pending = [model.graph, *model.functions]
+    while pending:
+        graph = pending.pop()
+        for node in graph.node:
+            if is_quantized_op(node):
+                found[node.op_type] += 1
+            pending.extend(subgraphs(node))
+    return found
+
+
 def count_quantized_nodes(model: onnx.ModelProto) -> int:
-    """How many nodes of the main graph are quantization ops (Q/DQ, QLinear*, *Integer)."""
-    return sum(1 for node in model.graph.node
-               if node.op_type in QUANTIZED_OP_TYPES or node.op_type.startswith("QLinear"))
+    """How many nodes of the model (subgraphs and functions included) are quantization ops."""
+    return sum(quantized_ops(model).values())
 
 
 def weight_qdq_pairs(model: onnx.ModelProto) -> int:
@@ -85,8 +112,9 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     target, how = _preprocess(lifted_path, work_dir)
     prepared = onnx.load(str(target))
     named = name_unnamed_nodes(prepared)
+    biases = vector_gemm_biases(prepared)  # after pre-processing: it fuses MatMul + Add into Gemm
     onnx.save(prepared, str(target), save_as_external_data=prepared.ByteSize() > 1_800_000_000)
-    findings: dict[str, Any] = {"preprocess": how, "constants_lifted": lifted, "nodes_named": named}
+    findings: dict[str, Any] = {"preprocess": how, "constants_lifted": lifted, "nodes_named": named, **biases}
     if opset_note:
         findings["opset"] = opset_note
     subgraphs = subgraph_nodes(prepared)
@@ -192,8 +220,9 @@ def excluded_nodes(original: onnx.ModelProto, prepared: onnx.ModelProto, names: 
         log.warning("exclude_nodes %s were fused away by pre-processing", fused)
     compiled = [re.compile(pattern) for pattern in patterns]
     chosen = {name for name in names if name in present}
+    excluded_types = set(op_types)
     chosen |= {node.name for node in prepared.graph.node
-               if node.op_type in set(op_types) or any(regex.search(node.name) for regex in compiled)}
+               if node.op_type in excluded_types or any(regex.search(node.name) for regex in compiled)}
     return sorted(chosen), unknown
 
 

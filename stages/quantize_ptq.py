@@ -2,7 +2,8 @@
 
 Static (``ptq``): activation ranges come from ``calibration.activations`` and
 ``calibration.ranges`` (minmax, percentile, entropy, mse; streamed, one or two
-passes), and ONNX Runtime's ``QDQQuantizer`` writes the QDQ model from them.
+passes), and ONNX Runtime's ``QDQQuantizer`` writes the QDQ model from them (on an indexed graph,
+``stages/quantize_fast_ort.py``: its own helpers make it quadratic in the node count).
 Calibrating once and building many times is what lets the accuracy budget try
 several sets of float nodes cheaply.  Dynamic: ``quantize_dynamic``.
 
@@ -24,6 +25,8 @@ import numpy as np
 
 from calibration.activations import FeedSource, collect_statistics, float_tensors_of
 from calibration.ranges import HISTOGRAM_METHODS, estimate_range
+from stages.quantize_guard import ort_quantizer_step
+from stages.quantize_keep import MOVER_OPS, keep_float, quantized_node_names
 
 if TYPE_CHECKING:
     import onnx
@@ -31,13 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _TYPES = {"uint8": "QUInt8", "int8": "QInt8"}
-_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
-MOVER_OPS = frozenset({
-    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Slice", "Split", "Gather",
-    "GatherElements", "MaxPool", "Pad", "DepthToSpace", "SpaceToDepth", "Expand", "Tile", "Shape", "Size",
-    "ArgMax", "Resize",
-})
-"""Ops that move or select values: in int8 they add no rounding of their own."""
 _FLOAT_OUTPUT_OPS = ("MatMul", "Gemm")
 """Their outputs are quantized only for a quantized consumer: attention scores stay float before Softmax, and
 ONNX Runtime still runs them int8 (MatMulIntegerToFloat, QGemm with an int32 bias)."""
@@ -92,8 +88,9 @@ class StaticBuilder:
         import onnx
         from onnxruntime.quantization import QuantType
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-        from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
         from onnxruntime.quantization.quant_utils import load_model_with_shape_infer, update_opset_version
+
+        from stages.quantize_fast_ort import FastQDQQuantizer as QDQQuantizer  # ORT's, without its O(n^2) steps
 
         self._float = onnx.load(str(prepared))
         weights, activations = (getattr(QuantType, _TYPES[kind]) for kind in (weight_type, activation_type))
@@ -105,7 +102,7 @@ class StaticBuilder:
         quantizer_class = _seven_bit_activations_quantizer() if seven_bit == "activations" else QDQQuantizer
         quantizer = quantizer_class(model, per_channel, seven_bit == "weights", weights, activations, tensors, [],
                                     list(excluded), op_types, extra)
-        with quiet():
+        with quiet(), ort_quantizer_step("ONNX Runtime's QDQ quantizer"):
             quantizer.quantize_model()
         quantizer.model.topological_sort()  # as ORT's quantize_static does when saving: Q/DQ are appended last
         self._quantized = quantizer.model.model
@@ -127,115 +124,15 @@ def _seven_bit_activations_quantizer() -> type:
     ORT accepts ``reduce_range`` overrides for initializers only; every activation's parameters go through
     ``calc_quant_params``, so asking it there covers them all, and bias scales (input scale x weight scale) follow.
     """
-    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    from stages.quantize_fast_ort import FastQDQQuantizer
 
-    class SevenBitActivations(QDQQuantizer):  # type: ignore[misc]
+    class SevenBitActivations(FastQDQQuantizer):  # type: ignore[misc]
         def calc_quant_params(self, tensor_data: Any, quant_overrides: dict[str, Any]) -> Any:
             if "scale" in quant_overrides:  # explicit parameters are the user's
                 return super().calc_quant_params(tensor_data, quant_overrides)
             return super().calc_quant_params(tensor_data, {**quant_overrides, "reduce_range": True})
 
     return SevenBitActivations
-
-
-def quantized_node_names(model: onnx.ModelProto) -> dict[str, str]:
-    """Name -> op type of the nodes that run quantized: fed by a DequantizeLinear, or integer ops."""
-    dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
-    return {node.name: node.op_type for node in model.graph.node if node.op_type not in _QDQ_OPS
-            and ("Integer" in node.op_type or any(name in dequantized for name in node.input))}
-
-
-def keep_float(model: onnx.ModelProto, float_model: onnx.ModelProto, kept: set[str]) -> None:
-    """Feed the kept nodes their float inputs again; remove the Q/DQ nodes and initializers left unused."""
-    producers = {out: node for node in model.graph.node for out in node.output}
-    originals = {node.name: node for node in float_model.graph.node}
-    kept = kept | _float_movers(model, kept)
-    restored: dict[str, str] = {}  # float initializer -> its name in the quantized model
-    for node in model.graph.node:
-        if node.name not in kept or node.name not in originals:
-            continue
-        for index, name in enumerate(node.input):
-            dequantize = producers.get(name)
-            if dequantize is None or dequantize.op_type != "DequantizeLinear":
-                continue
-            quantize = producers.get(dequantize.input[0])
-            if quantize is not None and quantize.op_type == "QuantizeLinear":
-                node.input[index] = quantize.input[0]
-            elif index < len(originals[node.name].input):
-                node.input[index] = _restore_initializer(model, float_model, originals[node.name].input[index],
-                                                         producers, restored) or name
-    remove_unused(model)
-
-
-def _float_movers(model: onnx.ModelProto, kept: set[str]) -> set[str]:
-    """Quantized data-movement nodes (Reshape, Transpose...) whose consumers all run float: they join the kept
-    nodes, or they would hand their float consumers quantized values."""
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    quantized = set(quantized_node_names(model))
-    movers = {node.name: node for node in model.graph.node if node.op_type in MOVER_OPS and node.name in quantized}
-    floats = set(kept)
-    changed = True
-    while changed:
-        changed = False
-        for name, node in movers.items():
-            if name not in floats and not any(c.name in quantized and c.name not in floats
-                                              for c in _final_consumers(node, consumers)):
-                floats.add(name)
-                changed = True
-    return floats - set(kept)
-
-
-def _final_consumers(node: onnx.NodeProto, consumers: dict[str, list[onnx.NodeProto]]) -> list[onnx.NodeProto]:
-    """The nodes reading the node's outputs, looking through QuantizeLinear -> DequantizeLinear."""
-    found = []
-    pending = list(node.output)
-    while pending:
-        for consumer in consumers.get(pending.pop(), []):
-            if consumer.op_type in _QDQ_OPS:
-                pending.extend(consumer.output)
-            else:
-                found.append(consumer)
-    return found
-
-
-def _restore_initializer(model: onnx.ModelProto, float_model: onnx.ModelProto, original: str,
-                         producers: dict[str, onnx.NodeProto], restored: dict[str, str]) -> str | None:
-    """The float initializer back in the model (renamed when ORT gave its name to a DequantizeLinear output)."""
-    if original in restored:
-        return restored[original]
-    found = next((init for init in float_model.graph.initializer if init.name == original), None)
-    if found is None:
-        return None
-    present = {init.name for init in model.graph.initializer}
-    name = original
-    while name in producers or (name in present and name != original):
-        name += "_float"
-    if name not in present:
-        copied = model.graph.initializer.add()
-        copied.CopyFrom(found)
-        copied.name = name
-    restored[original] = name
-    return name
-
-
-def remove_unused(model: onnx.ModelProto) -> None:
-    """Drop Q/DQ nodes whose outputs nobody reads, then initializers nobody reads (to a fixed point)."""
-    outputs = {value.name for value in model.graph.output}
-    while True:
-        used = {name for node in model.graph.node for name in node.input} | outputs
-        dead = [node for node in model.graph.node
-                if node.op_type in _QDQ_OPS and not set(node.output) & used]
-        if not dead:
-            break
-        for node in dead:
-            model.graph.node.remove(node)
-    used = {name for node in model.graph.node for name in node.input} | outputs
-    unused = [init for init in model.graph.initializer if init.name not in used]
-    for init in unused:
-        model.graph.initializer.remove(init)
 
 
 class DynamicBuilder:
@@ -255,17 +152,24 @@ class DynamicBuilder:
         """Float-model nodes that quantize_dynamic quantized (it renames node X to X_quant)."""
         import onnx
 
-        names = [node.name for node in quantized.graph.node]
+        bases = set()  # every prefix of a node name that ends where "_quant" starts
+        for node in quantized.graph.node:
+            start = node.name.find("_quant")
+            while start > 0:
+                bases.add(node.name[:start])
+                start = node.name.find("_quant", start + 1)
         return {node.name: node.op_type for node in onnx.load(str(self._prepared), load_external_data=False).graph.node
-                if node.name and any(name.startswith(f"{node.name}_quant") for name in names)}
+                if node.name in bases}
 
     def __call__(self, kept: list[str]) -> onnx.ModelProto:
         import onnx
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
+        from stages.quantize_fast_ort import fast_quantize_dynamic
+
         self._count += 1
         output = self._work_dir / f"dynamic_{self._count}.onnx"
-        with quiet():
+        with quiet(), ort_quantizer_step("ONNX Runtime's quantize_dynamic"), fast_quantize_dynamic():
             quantize_dynamic(str(self._prepared), str(output),
                              weight_type=getattr(QuantType, _TYPES[self._settings["weight_type"]]),
                              per_channel=self._settings["per_channel"], reduce_range=self._settings["reduce_range"],
