@@ -24,7 +24,7 @@ machine load affects them alike), each starting from the model file:
 Fidelity of each artifact against the float32 model on ORT, over ``--samples`` evaluation
 samples that the calibration never saw, under true float16 arithmetic (onnx's reference
 evaluator, every op in its declared precision, with qdeploy's kernel corrections, see
-pipeline.reference_evaluator; ``--raw-evaluator`` uses onnx's kernels as they are): worst cosine
+qdeploy.targets.evaluator; ``--raw-evaluator`` uses onnx's kernels as they are): worst cosine
 and SNR over outputs, largest absolute error, and the count of NaN/Inf values.  The ``ort``
 column gives the same cosine on ORT's CPU provider, which computes many float16 ops in float32
 and can hide overflow.  The row "float32" runs the float32 model itself through the evaluator:
@@ -43,7 +43,6 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -53,12 +52,13 @@ from onnx import helper, numpy_helper
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.compare import compare_outputs  # noqa: E402
-from pipeline.context import Artifact, StageContext  # noqa: E402
-from pipeline.recipe import DatasetSpec  # noqa: E402
-from pipeline.tolerance import Tolerance  # noqa: E402
-from stages import fp16  # noqa: E402
-from stages.fp16 import Fp16Config  # noqa: E402
+from qdeploy.calibration import data_context  # noqa: E402
+from qdeploy.core.compare import compare_outputs  # noqa: E402
+from qdeploy.core.context import Artifact  # noqa: E402
+from qdeploy.core.tolerance import Tolerance  # noqa: E402
+from qdeploy.pipeline.recipe import DatasetSpec  # noqa: E402
+from qdeploy.stages import fp16  # noqa: E402
+from qdeploy.stages.fp16 import Fp16Config  # noqa: E402
 
 log = logging.getLogger("benchmarks.fp16")
 Samples = list[dict[str, np.ndarray]]
@@ -242,14 +242,12 @@ def _qdeploy(path: Path, folder: Path, samples: Samples, **config: Any) -> Calla
     data.mkdir(exist_ok=True)
     for index, sample in enumerate(samples):
         np.savez(data / f"{index:03d}.npz", **sample)
-    recipe = SimpleNamespace(data={"calib": DatasetSpec(reader="npy", path=str(data))},
-                             model=SimpleNamespace(inputs=[]), resolve=lambda p: Path(p))
     artifact = Artifact(path=path, sidecar=path.with_suffix(".json"), key="k", sha256="s",
                         size_bytes=path.stat().st_size, stages=("export",), parent=None)
 
     def convert() -> onnx.ModelProto:
         with tempfile.TemporaryDirectory(dir=folder) as work:
-            ctx = StageContext(recipe=recipe, variant="bench", work_dir=Path(work))  # type: ignore[arg-type]
+            ctx = data_context("bench", Path(work), datasets={"calib": DatasetSpec(reader="npy", path=str(data))})
             return fp16.run(artifact, Fp16Config(**config), ctx).model
 
     return convert
@@ -267,7 +265,7 @@ def _measure_fidelity(model: onnx.ModelProto, candidate: onnx.ModelProto, sample
     import onnxruntime as ort
     from onnx.reference import ReferenceEvaluator
 
-    from pipeline.reference_evaluator import build_evaluator
+    from qdeploy.targets.evaluator import build_evaluator
 
     names = [value.name for value in model.graph.output]
     reference_session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -73,9 +73,9 @@ def run_benchmark_app(model: Path, threads: int, warmup: int, iterations: int, w
 
 def run_qdeploy(model: Path, threads: int, warmup: int, iterations: int) -> dict[str, Any]:
     """qdeploy's benchmark stage on one artifact, one round, on openvino:cpu."""
-    from pipeline.context import Artifact
-    from stages.benchmark import BenchmarkConfig
-    from stages.benchmark import run as benchmark
+    from qdeploy.core.context import Artifact
+    from qdeploy.stages.benchmark import BenchmarkConfig
+    from qdeploy.stages.benchmark import run as benchmark
 
     artifact = Artifact(path=model, sidecar=model.with_suffix(".json"), key="fidelity", sha256="", size_bytes=0,
                         stages=(), parent=None)
@@ -89,8 +89,8 @@ def run_qdeploy(model: Path, threads: int, warmup: int, iterations: int) -> dict
 
 def demo_artifacts(work: Path, variants: list[str]) -> dict[str, Path]:
     """Build the demo recipe's artifacts (cached under `work`) and return their published paths."""
-    from pipeline.loader import load_recipe
-    from pipeline.runner import RunOptions, run_recipe
+    from qdeploy.pipeline.loader import load_recipe
+    from qdeploy.pipeline.runner import RunOptions, run_recipe
 
     recipe = load_recipe(REPO / "recipes" / "demo.yaml")
     recipe.benchmark.enabled = False

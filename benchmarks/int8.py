@@ -35,7 +35,6 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -44,13 +43,14 @@ import onnx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.compare import compare_outputs  # noqa: E402
-from pipeline.context import Artifact, StageContext  # noqa: E402
-from pipeline.recipe import DatasetSpec  # noqa: E402
-from pipeline.targets import get_target  # noqa: E402
-from pipeline.tolerance import Tolerance  # noqa: E402
-from stages import quantize  # noqa: E402
-from stages.quantize import QuantizeConfig  # noqa: E402
+from qdeploy.calibration import data_context  # noqa: E402
+from qdeploy.core.compare import compare_outputs  # noqa: E402
+from qdeploy.core.context import Artifact  # noqa: E402
+from qdeploy.core.tolerance import Tolerance  # noqa: E402
+from qdeploy.pipeline.recipe import DatasetSpec  # noqa: E402
+from qdeploy.stages import quantize  # noqa: E402
+from qdeploy.stages.quantize import QuantizeConfig  # noqa: E402
+from qdeploy.targets import get_target  # noqa: E402
 
 log = logging.getLogger("benchmarks.int8")
 Samples = list[dict[str, np.ndarray]]
@@ -249,14 +249,13 @@ def qdeploy(case: Case, folder: Path, label: str, config: QuantizeConfig) -> Row
     data.mkdir(exist_ok=True)
     for index, sample in enumerate(case.calib):
         np.savez(data / f"{index:03d}.npz", **sample)
-    recipe = SimpleNamespace(data={"calib": DatasetSpec(reader="npy", path=str(data))},
-                             model=SimpleNamespace(inputs=[]), resolve=lambda p: Path(p))
     work = folder / f"{case.name}-{label}-work"
     work.mkdir(exist_ok=True)
     artifact = Artifact(path=case.path, sidecar=case.path.with_suffix(".json"), key="k", sha256="s",
                         size_bytes=case.path.stat().st_size, stages=("export",), parent=None)
     started = time.perf_counter()
-    result = quantize.run(artifact, config, StageContext(recipe=recipe, variant=label, work_dir=work))  # type: ignore
+    context = data_context(label, work, datasets={"calib": DatasetSpec(reader="npy", path=str(data))})
+    result = quantize.run(artifact, config, context)
     seconds = time.perf_counter() - started
     output = folder / f"{case.name}-{label}.onnx"
     onnx.save(result.model, str(output))
@@ -379,7 +378,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (runtime default when absent)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for noisy in ("stages", "calibration", "root"):  # ORT's quantizer warns through the root logger
+    for noisy in ("qdeploy.stages", "qdeploy.calibration", "root"):  # ORT's quantizer warns through the root logger
         logging.getLogger(noisy).setLevel(logging.ERROR)
     log.setLevel(logging.INFO)
     rows: list[Row] = []

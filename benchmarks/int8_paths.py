@@ -27,10 +27,10 @@ sys.path.insert(0, str(HERE))
 
 import int8 as bench  # noqa: E402  (benchmarks/int8.py: models, data, timing)
 
-from pipeline.compare import compare_outputs  # noqa: E402
-from pipeline.int8_path import int8_path  # noqa: E402
-from pipeline.tolerance import Tolerance  # noqa: E402
-from stages.quantize import QuantizeConfig  # noqa: E402
+from qdeploy.core.compare import compare_outputs  # noqa: E402
+from qdeploy.core.tolerance import Tolerance  # noqa: E402
+from qdeploy.stages.quantize import QuantizeConfig  # noqa: E402
+from qdeploy.targets.int8_path import int8_path  # noqa: E402
 
 SETTINGS = (False, "weights", "activations", "auto")
 

@@ -7,14 +7,14 @@ expected outputs ONNX Runtime reproduces (CPU provider, the case's own rtol/atol
 goes through each tool; what a tool hands back is then loaded in ONNX Runtime
 and run on the case's inputs:
 
-- ``qdeploy-simplify``: ``stages.simplify.run`` with its defaults, then the guard
-  the runner applies before it stores an artifact (``pipeline.guard``); the
+- ``qdeploy-simplify``: ``qdeploy.stages.simplify.run`` with its defaults, then the guard
+  the runner applies before it stores an artifact (``qdeploy.pipeline.guard``); the
   recipe holds the case's inputs as its validation data when they are tensors.
   Correct: the case's expected outputs within the case's rtol/atol.
 - ``onnxsim``: ``onnxsim.simplify(model)`` (its API defaults); a failed check of its
   own counts as refused.  Same verdict as above.
 - ``qdeploy-fp16`` and ``onnxconverter-common`` (float cases only: every graph input
-  and output a float32 tensor): ``stages.fp16.run`` with the case's inputs as its
+  and output a float32 tensor): ``qdeploy.stages.fp16.run`` with the case's inputs as its
   calibration data, and ``convert_float_to_float16(model, keep_io_types=True)``.
   Correct: every element within 1e-2 + 1e-2 * |expected| (float16 keeps about 3
   decimal digits), NaN/Inf where expected has them.

@@ -61,10 +61,10 @@ def _qdeploy(stage: str, case: dict[str, Any], work: Path) -> tuple[bytes | None
     """The stage's artifact as the runner would store it (after the publishing guard), or the named error."""
     import importlib
 
-    from pipeline.context import Artifact, StageContext
-    from pipeline.errors import QdeployError
-    from pipeline.guard import guard_artifact
-    from pipeline.recipe import Recipe
+    from qdeploy.core.context import Artifact
+    from qdeploy.core.errors import QdeployError
+    from qdeploy.pipeline.guard import guard_artifact
+    from qdeploy.pipeline.recipe import Recipe
 
     path = work / "model.onnx"
     path.write_bytes(case["model"])
@@ -77,7 +77,7 @@ def _qdeploy(stage: str, case: dict[str, Any], work: Path) -> tuple[bytes | None
     config = config_class() if stage == "simplify" or not data else config_class(calibration={"data": "case"})
     artifact = Artifact(path=path, sidecar=work / "model.json", key="case", size_bytes=path.stat().st_size,
                         sha256=hashlib.sha256(case["model"]).hexdigest(), stages=("export",), parent=None)
-    ctx = StageContext(recipe=recipe, variant="v", work_dir=work / "scratch")
+    ctx = recipe.stage_context("v", work / "scratch")
     ctx.work_dir.mkdir()  # as the runner does
     try:
         result = module.run(artifact, config, ctx)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 def calls(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, Callable[[], object]]:
     import onnxruntime as ort
 
-    from pipeline.targets import OrtBoundCall
+    from qdeploy.targets import OrtBoundCall
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
@@ -63,7 +63,7 @@ def median_us(call: Callable[[], object], runs: int) -> float:
 def main() -> None:
     import onnx
 
-    from tests.conftest import tiny_cnn
+    from tests.helpers.models import tiny_cnn
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--channels", type=int, default=16)

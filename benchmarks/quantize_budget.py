@@ -33,18 +33,18 @@ import onnx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.compare import compare_outputs  # noqa: E402
-from pipeline.tolerance import Tolerance  # noqa: E402
-from stages import quantize  # noqa: E402
-from stages.quantize import QuantizeConfig  # noqa: E402
-from tests.stages.test_quantize import artifact_at, run_ort, stage_context  # noqa: E402
+from qdeploy.core.compare import compare_outputs  # noqa: E402
+from qdeploy.core.tolerance import Tolerance  # noqa: E402
+from qdeploy.stages import quantize  # noqa: E402
+from qdeploy.stages.quantize import QuantizeConfig  # noqa: E402
+from tests.helpers.quantize import artifact_at, run_ort, stage_context  # noqa: E402
 
 Case = tuple[Path, list[np.ndarray], list[np.ndarray]]
 """Model file, budget (and calibration) samples, unseen samples."""
 
 
 def detector(folder: Path) -> Case:
-    from tests.stages.test_quantize_budget import binarizing_detector, confident_samples
+    from tests.helpers.budget import binarizing_detector, confident_samples
 
     model = binarizing_detector()
     path = folder / "detector.onnx"
@@ -54,7 +54,7 @@ def detector(folder: Path) -> Case:
 
 
 def encoder(folder: Path) -> Case:
-    from tests.stages.test_quantize_budget import TOKENS, WIDTH, outlier_encoder
+    from tests.helpers.budget import TOKENS, WIDTH, outlier_encoder
 
     rng = np.random.default_rng(1)
     samples = [rng.standard_normal((1, TOKENS, WIDTH)).astype(np.float32) for _ in range(24)]

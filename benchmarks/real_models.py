@@ -61,7 +61,7 @@ def run_model(name: str, work: Path, sizes: Sizes, timeout: float) -> Outcome:
     except RealModelError as exc:
         return Outcome(name, 0.0, None, problems=[f"model unavailable: {exc}"])
     out = work / name / "run"
-    command = [sys.executable, "-m", "pipeline.cli", "run", str(recipe), "--out", str(out), "--no-cache", "-q"]
+    command = [sys.executable, "-m", "qdeploy", "run", str(recipe), "--out", str(out), "--no-cache", "-q"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False)
     except subprocess.TimeoutExpired:

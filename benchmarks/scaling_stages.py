@@ -10,8 +10,8 @@ from pathlib import Path
 
 import onnx
 
-from pipeline.context import Artifact, StageContext, StageResult
-from pipeline.recipe import Recipe
+from qdeploy.core.context import Artifact, StageContext, StageResult
+from qdeploy.pipeline.recipe import Recipe
 
 _STAGES_OF = {"export": ("export",), "simplify": ("export", "simplify"), "fp16": ("export", "simplify", "fp16"),
               "ptq": ("export", "simplify", "quantize"), "dynamic": ("export", "simplify", "quantize")}
@@ -26,7 +26,7 @@ def _context(folder: Path, stage: str) -> StageContext:
     recipe = Recipe(name="scaling", model={"onnx": str(folder / "source.onnx")}, variants={"v": []})
     work = folder / f"work-{stage}"
     work.mkdir(exist_ok=True)
-    return StageContext(recipe=recipe, variant=stage, work_dir=work)
+    return recipe.stage_context(stage, work)
 
 
 def run_stage(stage: str, folder: Path) -> int:
@@ -42,26 +42,26 @@ def run_stage(stage: str, folder: Path) -> int:
 
 def _transform(stage: str, folder: Path, ctx: StageContext) -> StageResult:
     if stage == "export":
-        from stages.export import ExportConfig, run
+        from qdeploy.stages.export import ExportConfig, run
 
         return run(None, ExportConfig(onnx=str(folder / "source.onnx")), ctx)
     source = _artifact(folder / ("export.onnx" if stage == "simplify" else "simplify.onnx"),
                        _STAGES_OF[stage][:-1])
     if stage == "simplify":
-        from stages.simplify import SimplifyConfig, run
+        from qdeploy.stages.simplify import SimplifyConfig, run
 
         return run(source, SimplifyConfig(), ctx)
     if stage == "fp16":
-        from stages.fp16 import Fp16Config, run
+        from qdeploy.stages.fp16 import Fp16Config, run
 
         return run(source, Fp16Config(), ctx)
-    from stages.quantize import QuantizeConfig, run
+    from qdeploy.stages.quantize import QuantizeConfig, run
 
     return run(source, QuantizeConfig(mode=stage), ctx)
 
 
 def _validate(folder: Path, ctx: StageContext) -> int:
-    from stages.validate import ValidateConfig, run
+    from qdeploy.stages.validate import ValidateConfig, run
 
     artifacts = {name: _artifact(folder / f"{file}.onnx", _STAGES_OF[file])
                  for name, file in (("exported", "export"), ("fp32", "simplify"), ("fp16", "fp16"), ("int8", "ptq"))

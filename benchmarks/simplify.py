@@ -38,10 +38,10 @@ from onnx import TensorProto, helper, numpy_helper
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.context import Artifact, StageContext  # noqa: E402
-from pipeline.recipe import Recipe  # noqa: E402
-from stages.export import InputSpec, apply_input_overrides  # noqa: E402
-from stages.simplify import SimplifyConfig, run  # noqa: E402
+from qdeploy.core.context import Artifact  # noqa: E402
+from qdeploy.pipeline.recipe import Recipe  # noqa: E402
+from qdeploy.stages.export import InputSpec, apply_input_overrides  # noqa: E402
+from qdeploy.stages.simplify import SimplifyConfig, run  # noqa: E402
 
 log = logging.getLogger("benchmarks.simplify")
 
@@ -148,7 +148,7 @@ def _median_time(function: Callable[[], object], repeat: int) -> tuple[float, ob
 
 def _qdeploy(path: Path, check_n: int, work: Path) -> Callable[[], object]:
     recipe = Recipe(name="bench", model={"onnx": str(path)}, variants={"v": []})
-    ctx = StageContext(recipe=recipe, variant="bench", work_dir=work)
+    ctx = recipe.stage_context("bench", work)
     artifact = Artifact(path=path, sidecar=path.with_suffix(".json"), key="bench", sha256="", size_bytes=0,
                         stages=("export",), parent=None)
     config = SimplifyConfig(check_n=check_n)

@@ -46,7 +46,7 @@ benchmark: {{batch_sizes: [1], warmup: 5, iterations: 40, rounds: 2}}
 def write_recipes(folder: Path, count: int) -> list[Path]:
     import onnx
 
-    from tests.conftest import tiny_cnn
+    from tests.helpers.models import tiny_cnn
 
     paths = []
     for index in range(count):
@@ -59,8 +59,8 @@ def write_recipes(folder: Path, count: int) -> list[Path]:
 
 def sequential(paths: list[Path], out: Path) -> tuple[float, int]:
     """Wall seconds and how many recipes passed."""
-    from pipeline.loader import load_recipe
-    from pipeline.runner import RunOptions, run_recipe
+    from qdeploy.pipeline.loader import load_recipe
+    from qdeploy.pipeline.runner import RunOptions, run_recipe
 
     started = time.perf_counter()
     passed = 0
@@ -77,14 +77,14 @@ def cli_loop(paths: list[Path], out: Path) -> tuple[float, int]:
     started = time.perf_counter()
     passed = 0
     for path in paths:
-        command = [sys.executable, "-m", "pipeline.cli", "run", str(path), "--out", str(out / path.stem), "-q"]
+        command = [sys.executable, "-m", "qdeploy", "run", str(path), "--out", str(out / path.stem), "-q"]
         passed += subprocess.run(command, cwd=REPO, check=False).returncode == 0
     return time.perf_counter() - started, passed
 
 
 def swept(paths: list[Path], out: Path, executor: str, workers: int | None) -> tuple[float, dict[str, Any]]:
-    from pipeline.executors import SweepOptions, run_sweep
-    from pipeline.sweep import load_sweep
+    from qdeploy.pipeline.sweep import load_sweep
+    from qdeploy.pipeline.sweep.executors import SweepOptions, run_sweep
 
     options = SweepOptions(out_dir=out, executor=executor, workers=workers,  # type: ignore[arg-type]
                            lock_path=out / "work.lock")
@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--skip-ray", action="store_true", help="Leave the Ray executor out.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    from pipeline.envinfo import cpu_info
+    from qdeploy.pipeline.envinfo import cpu_info
 
     rows: list[tuple[str, float, int, int | None]] = []
     with tempfile.TemporaryDirectory(prefix="qdeploy-sweep-bench-") as tmp:

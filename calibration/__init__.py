@@ -1,0 +1,22 @@
+"""Data: the recipe's datasets (``spec``), their readers (npy folders, image folders, seeded random data),
+batches, and the activation statistics calibration gathers from them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from qdeploy.calibration.samples import iter_samples
+from qdeploy.calibration.spec import DatasetSpec
+from qdeploy.core.context import InputRanges, StageContext
+
+__all__ = ["DatasetSpec", "data_context", "iter_samples"]
+
+
+def data_context(variant: str, work_dir: Path, *, datasets: Mapping[str, DatasetSpec] | None = None,
+                 resolve: Any = Path, input_ranges: InputRanges | None = None, **fields: Any) -> StageContext:
+    """A stage context that reads datasets with qdeploy's readers (what ``Recipe.stage_context`` builds from a
+    recipe; tests and scripts build one directly).  ``fields``: the other ``StageContext`` fields."""
+    return StageContext(variant=variant, work_dir=work_dir, datasets=dict(datasets or {}), resolver=resolve,
+                        input_ranges=dict(input_ranges or {}), sample_reader=iter_samples, **fields)

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.ranges import DEFAULT_BINS, TensorStats
+from qdeploy.calibration.ranges import DEFAULT_BINS, TensorStats
+
+__all__ = ["FeedSource", "Feeds", "collect_statistics", "float_tensors_of"]
 
 log = logging.getLogger(__name__)
 

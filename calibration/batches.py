@@ -24,6 +24,9 @@ from typing import Any
 
 import numpy as np
 
+__all__ = ["Batch", "BatchAxes", "BatchError", "Feed", "available_memory_bytes", "batch_axes",
+           "explain_batch_failure", "make_batch"]
+
 Feed = dict[str, np.ndarray]
 
 

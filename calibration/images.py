@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from calibration.readers import InputInfo, fit_to_input
-from pipeline.errors import DataError
-from pipeline.userfiles import files_in_folder, open_regular_file
+from qdeploy.calibration.readers import InputInfo, fit_to_input
+from qdeploy.core.errors import DataError
+from qdeploy.core.userfiles import files_in_folder, open_regular_file
 
 if TYPE_CHECKING:
-    from pipeline.recipe import DatasetSpec
+    from qdeploy.calibration.spec import DatasetSpec
+
+__all__ = ["IMAGE_SUFFIXES", "image_samples", "is_image"]
 
 log = logging.getLogger(__name__)
 

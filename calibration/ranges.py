@@ -21,6 +21,9 @@ from typing import Literal
 
 import numpy as np
 
+__all__ = ["DEFAULT_BINS", "HISTOGRAM_METHODS", "METHODS", "Method", "TensorStats", "entropy_range", "estimate_range",
+           "mse_range", "percentile_range"]
+
 Method = Literal["minmax", "percentile", "entropy", "mse"]
 METHODS: tuple[str, ...] = ("minmax", "percentile", "entropy", "mse")
 HISTOGRAM_METHODS = frozenset({"percentile", "entropy", "mse"})

@@ -17,13 +17,16 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
-from pipeline.errors import DataError
-from pipeline.userfiles import files_in_folder, open_regular_file
+from qdeploy.core.errors import DataError
+from qdeploy.core.userfiles import files_in_folder, open_regular_file
 
 if TYPE_CHECKING:
     import onnx
 
-    from pipeline.recipe import DatasetSpec, Recipe
+__all__ = ["DEFAULT_RANDOM_SAMPLES", "FEEDABLE_TYPES", "SAMPLE_MEMORY_SHARE", "InputInfo", "Ranges",
+           "available_memory", "check_sample_fits", "fit_to_input", "inputs_of", "is_npy_sample", "model_inputs",
+           "npy_samples", "random_samples", "sample_memory_cap"]
+
 
 log = logging.getLogger(__name__)
 
@@ -71,26 +74,6 @@ def inputs_of(model: onnx.ModelProto) -> list[InputInfo]:
         dtype = np.dtype(_ONNX_TO_NUMPY.get(tensor_type.elem_type, np.float32))
         infos.append(InputInfo(value.name, dims, dtype))
     return infos
-
-
-def iter_samples(spec: DatasetSpec | None, recipe: Recipe, model_path: Path, *, limit: int | None = None,
-                 dataset_name: str | None = None) -> Iterator[dict[str, np.ndarray]]:
-    """Feeds from a recipe dataset, or seeded random data shaped from the model when spec is None."""
-    inputs = model_inputs(model_path)
-    ranges = {spec_in.name: (spec_in.low, spec_in.high) for spec_in in recipe.model.inputs}
-    if spec is None or spec.reader == "random":
-        count = (spec.samples if spec and spec.samples else DEFAULT_RANDOM_SAMPLES)
-        count = min(count, limit) if limit else count
-        yield from random_samples(inputs, count, seed=spec.seed if spec else 0, ranges=ranges)
-        return
-    folder = recipe.resolve(spec.path or "")
-    count = min(filter(None, (spec.samples, limit)), default=None)
-    if spec.reader == "images":
-        from calibration.images import image_samples
-
-        yield from image_samples(folder, inputs, spec, limit=count, dataset_name=dataset_name or "")
-        return
-    yield from npy_samples(folder, inputs, limit=count, dataset_name=dataset_name or "")
 
 
 Ranges = dict[str, tuple[float | None, float | None]]

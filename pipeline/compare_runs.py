@@ -18,8 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import QdeployInputError
-from pipeline.report_identity import differences, model_mismatch
+from qdeploy.core.errors import QdeployInputError
+from qdeploy.pipeline.identity import differences, model_mismatch
+
+__all__ = ["HIGHER_IS_BETTER", "Change", "Comparison", "NotComparableError", "Thresholds", "compare_reports",
+           "failure_changes", "format_comparison", "gate_changes", "latency_changes", "load_report", "metric_changes",
+           "not_comparable", "parse_metric_drops"]
 
 HIGHER_IS_BETTER = {"cosine": True, "snr_db": True, "top1_agreement": True, "top5_agreement": True,
                     "task_metric": True, "max_abs_err": False, "mean_abs_err": False, "max_rel_err": False}

@@ -8,7 +8,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pipeline.store import library_versions
+from qdeploy.pipeline.store import library_versions
+
+__all__ = ["CPU_FLAGS", "LIBRARIES", "cpu_info", "environment"]
 
 LIBRARIES = ("onnx", "onnxruntime", "openvino", "onnxconverter-common", "onnxoptimizer", "numpy", "qdeploy", "torch")
 CPU_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8",
@@ -38,8 +40,8 @@ def _cores() -> int:
 
 @cache
 def environment() -> dict[str, Any]:
-    from pipeline.int8_path import int8_path, target_int8_paths
-    from pipeline.targets import available_targets
+    from qdeploy.targets import available_targets
+    from qdeploy.targets.int8_path import int8_path, target_int8_paths
 
     targets = available_targets()
     available = [name for name, reason in targets.items() if not reason]

@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pipeline.recipe import GateSpec
+from qdeploy.pipeline.recipe import GateSpec
+
+__all__ = ["evaluate_gates", "find_benchmark", "gates_hold", "run_passes", "speedup", "unmeasured",
+           "validations_hold"]
 
 _VALIDATION_METRICS = ("cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement", "task_metric")
 

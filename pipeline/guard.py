@@ -26,12 +26,14 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import StageError
+from qdeploy.core.errors import StageError
 
 if TYPE_CHECKING:
     import onnx
 
-    from pipeline.context import Artifact, StageContext, StageResult
+    from qdeploy.core.context import Artifact, StageContext, StageResult
+
+__all__ = ["CHECK_KEYS", "PRECISION_CHANGES", "SERIALISE_LIMIT", "guard_artifact"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ def guard_artifact(parent: Artifact | None, result: StageResult, stage: str, ctx
 def _graph_order(model: onnx.ModelProto, stage: str, variant: str) -> dict[str, Any]:
     """Every graph topologically sorted and in scope; a pure order problem is repaired (tools that sort the main
     graph ignore what If/Loop bodies read from it), anything else is a StageError."""
-    from stages.graph_order import scope_problems, sort_topologically
+    from qdeploy.graph.order import scope_problems, sort_topologically
 
     if not scope_problems(model.graph):
         return {}
@@ -117,7 +119,7 @@ def _session_of_path(path: Path) -> tuple[Any, str | None]:
 
 
 def _session_of_model(model: onnx.ModelProto, work_dir: Path) -> tuple[Any, str | None]:
-    from stages.graph_utils import model_bytes
+    from qdeploy.graph.utils import model_bytes
 
     try:
         if model_bytes(model) <= SERIALISE_LIMIT:

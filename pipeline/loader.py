@@ -10,11 +10,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from calibration.images import is_image
-from calibration.readers import is_npy_sample
-from pipeline.errors import RecipeError, UserFileError
-from pipeline.recipe import Recipe, StepError
-from pipeline.userfiles import check_regular_file, files_in_folder, read_text
+from qdeploy.calibration.images import is_image
+from qdeploy.calibration.readers import is_npy_sample
+from qdeploy.core.errors import RecipeError, UserFileError
+from qdeploy.core.userfiles import check_regular_file, files_in_folder, read_text
+from qdeploy.pipeline.recipe import Recipe, StepError
+
+__all__ = ["MAX_RECIPE_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_VALUES", "Loc", "load_recipe", "node_line", "parse_recipe",
+           "parse_yaml", "read_yaml_text", "recipe_python_references"]
 
 Loc = tuple[str | int, ...]
 
@@ -250,10 +253,10 @@ def _check_user_path(recipe: Recipe, value: str, check: Callable[[Path], object]
 
 def _check_stage_configs(recipe: Recipe, root: yaml.Node, file: str) -> None:
     """Checks a stage can make of its own section before anything runs (no user code is executed)."""
-    from stages.validate import check_config
+    from qdeploy.stages.validate import check_config
 
     try:
-        check_config(recipe.validate_, recipe)
+        check_config(recipe.validate_, recipe.resolve)
     except RecipeError as exc:
         field = exc.field or "validate"
         raise RecipeError(exc.detail, file=file, line=node_line(root, tuple(field.split("."))), field=field) from None

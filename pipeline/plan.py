@@ -9,8 +9,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline import registry
-from pipeline.recipe import EXPORTED, Recipe
+from qdeploy.pipeline import registry
+from qdeploy.pipeline.recipe import EXPORTED, Recipe
+
+__all__ = ["Plan", "PlanNode", "Prefix", "build_plan", "describe_plan", "recipe_json_schema"]
 
 Prefix = tuple[tuple[str, str], ...]
 """A chain prefix: (stage, canonical config JSON) per step."""
@@ -60,8 +62,8 @@ def build_plan(recipe: Recipe) -> Plan:
 
 def describe_plan(recipe: Recipe) -> str:
     """A human-readable plan: transforms (shared ones once), evaluations, targets here, code the recipe runs."""
-    from pipeline.loader import recipe_python_references
-    from pipeline.targets import get_target
+    from qdeploy.pipeline.loader import recipe_python_references
+    from qdeploy.targets import get_target
 
     plan = build_plan(recipe)
     source = recipe.model.onnx or (recipe.model.torch.factory if recipe.model.torch else "")

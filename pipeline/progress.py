@@ -13,6 +13,8 @@ import time
 from types import TracebackType
 from typing import Any
 
+__all__ = ["Progress"]
+
 
 class Progress:
     """A rich progress display on stderr when enabled; silent otherwise (quiet mode, tests, CI logs)."""

@@ -26,17 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.context import Artifact
-from pipeline.store import (
-    MODEL_FILE,
-    STALE_STAGING_SECONDS,
-    CacheChangedError,
-    _disk_full_is_clear,
-    _fsync_dir,
-    _process_alive,
-    _write_json,
-    sha256_file,
-)
+from qdeploy.core.context import Artifact
+from qdeploy.core.files import disk_full_is_clear, fsync_dir, process_alive, sha256_file, write_json_synced
+from qdeploy.pipeline.store import MODEL_FILE, STALE_STAGING_SECONDS, CacheChangedError
+
+__all__ = ["ARTIFACTS", "CHECKSUMS", "CURRENT", "PUBLISHED", "REPORT_FILES", "begin_generation", "commit_generation",
+           "discard_generation", "publish_artifact", "stable_path", "write_checksums"]
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +86,7 @@ def publish_artifact(artifact: Artifact, generation: Path, name: str,
     copies = [(MODEL_FILE, artifact.path, model_path)]
     copies += [(data, artifact.path.parent / data, folder / data) for data in meta.get("external_data", [])]
     published: dict[str, dict[str, Any]] = {}
-    with _disk_full_is_clear(str(model_path)):
+    with disk_full_is_clear(str(model_path)):
         for entry_name, source, target in copies:
             shutil.copyfile(source, target)
             digest = sha256_file(target)
@@ -99,7 +94,7 @@ def publish_artifact(artifact: Artifact, generation: Path, name: str,
                 raise CacheChangedError(f"cache entry {source.parent} changed while it was published ({entry_name}: "
                                         "hash mismatch); run again and it will be rebuilt")
             published[target.name] = {"sha256": digest, "size_bytes": target.stat().st_size}
-        _write_json(sidecar, {**meta, "files": published})
+        write_json_synced(sidecar, {**meta, "files": published})
     external = [{"file": file, **record} for file, record in published.items() if file != model_path.name]
     return model_path, sidecar, external
 
@@ -126,7 +121,7 @@ def commit_generation(out_dir: Path, generation: Path) -> None:
     for name in present:
         _ensure_link(out_dir / name, Path(PUBLISHED) / CURRENT / name)
     _replace_link(root / CURRENT, Path(generation.name))  # the switch
-    _fsync_dir(root)
+    fsync_dir(root)
     for name in REPORT_FILES:
         if name not in present and (out_dir / name).is_symlink():
             (out_dir / name).unlink()  # a format this run did not write: its link would dangle
@@ -189,7 +184,7 @@ def _fsync_files(generation: Path) -> None:
             finally:
                 os.close(fd)
     for folder in [generation, *(p for p in generation.rglob("*") if p.is_dir())]:
-        _fsync_dir(folder)
+        fsync_dir(folder)
 
 
 def _remove_leftovers(root: Path, keep: Path | None) -> None:
@@ -203,7 +198,7 @@ def _remove_leftovers(root: Path, keep: Path | None) -> None:
     for folder in (root, root.parent):
         for link in folder.glob(f"{_TMP_LINK}*"):
             pid = link.name.rsplit("-", 2)[-2]
-            if not pid.isdigit() or int(pid) == os.getpid() or not _process_alive(int(pid)):
+            if not pid.isdigit() or int(pid) == os.getpid() or not process_alive(int(pid)):
                 link.unlink(missing_ok=True)
 
 
@@ -212,7 +207,7 @@ def _abandoned(path: Path) -> bool:
     parts = path.name.split("-")
     if len(parts) >= 4 and parts[1] == _HOST and parts[2].isdigit():
         pid = int(parts[2])
-        return pid == os.getpid() or not _process_alive(pid)
+        return pid == os.getpid() or not process_alive(pid)
     try:
         return time.time() - path.lstat().st_mtime > STALE_STAGING_SECONDS
     except OSError:

@@ -16,79 +16,25 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from pipeline import registry
-from pipeline.tolerance import StrictModel
-from stages.benchmark import BenchmarkConfig
-from stages.export import ExportConfig
-from stages.validate import ValidateConfig
+from qdeploy.calibration import data_context
+from qdeploy.calibration.spec import DatasetSpec
+from qdeploy.core.context import StageContext
+from qdeploy.core.tolerance import StrictModel
+from qdeploy.pipeline import registry
+from qdeploy.stages.benchmark.config import BenchmarkConfig
+from qdeploy.stages.export.config import ExportConfig
+from qdeploy.stages.validate.config import ValidateConfig
+
+__all__ = ["EXPORTED", "MAX_GATE_BATCH", "ONCE_PER_VARIANT", "GateMetric", "GateSpec", "Recipe", "ReportSpec",
+           "StepError", "VariantStep"]
 
 EXPORTED = "exported"
 """Name of the implicit variant that is the exported model as it is (the default reference)."""
 
 
-_IMAGE_FIELDS = ("input", "resize", "layout", "color", "scale", "mean", "std")
-MAX_SAMPLES = 1_000_000
-"""Most samples a dataset may name: calibration and validation read them all, one by one."""
-MAX_IMAGE_SIDE = 65_535
 MAX_GATE_BATCH = 65_536
 ONCE_PER_VARIANT = {"fp16": "converted to float16", "quantize": "quantized"}
 """Stages that refuse their own output: a second one in a chain can only fail."""
-
-
-class DatasetSpec(StrictModel):
-    """A named dataset for calibration or validation."""
-
-    reader: Literal["random", "npy", "images"] = Field(
-        description="'random' (seeded, shaped from the model), 'npy' (a folder of .npy/.npz) or 'images' (a "
-                    "folder of images, preprocessed as declared below)."
-    )
-    path: str | None = Field(default=None, description="Folder of samples (npy, images), relative to the recipe "
-                                                       "file.")
-    samples: int | None = Field(default=None, ge=1, le=MAX_SAMPLES, description="How many samples to read or generate.")
-    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of random data.")
-    input: str | None = Field(default=None, description="Model input the images feed (images); the model's only "
-                                                        "input when absent.")
-    resize: list[int] | None = Field(default=None, description="[height, width] images are resized to (bilinear; "
-                                                               "images); the input's own size when absent.")
-    layout: Literal["NCHW", "NHWC"] = Field(default="NCHW", description="Layout of the image tensor (images).")
-    color: Literal["RGB", "BGR", "GRAY"] = Field(default="RGB", description="Channel order, or one gray channel "
-                                                                            "(images).")
-    scale: float = Field(default=1.0 / 255.0, gt=0.0, allow_inf_nan=False,
-                         description="Factor on 0..255 pixel values before mean and std (images; float inputs).")
-    mean: list[float] = Field(default_factory=lambda: [0.0], description="Subtracted per channel after scale "
-                                                                         "(images; one value or one per channel).")
-    std: list[float] = Field(default_factory=lambda: [1.0], description="Divisor per channel after mean (images; "
-                                                                        "one value or one per channel).")
-
-    @model_validator(mode="after")
-    def _path_when_needed(self) -> DatasetSpec:
-        if self.reader in ("npy", "images") and not self.path:
-            raise ValueError(f"reader '{self.reader}' needs a 'path' to a folder of samples")
-        if self.reader == "random" and self.path:
-            raise ValueError("reader 'random' takes no 'path'")
-        if self.reader != "images":
-            defaults = DatasetSpec.model_fields
-            set_here = [name for name in _IMAGE_FIELDS if getattr(self, name) != (
-                defaults[name].default_factory() if defaults[name].default_factory else defaults[name].default)]
-            if set_here:
-                raise ValueError(f"{set_here} apply to reader 'images' only")
-        return self
-
-    @model_validator(mode="after")
-    def _image_preprocessing(self) -> DatasetSpec:
-        if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1
-                                        or max(self.resize) > MAX_IMAGE_SIDE):
-            raise ValueError(f"resize is [height, width], two positive integers up to {MAX_IMAGE_SIDE}")
-        channels = 1 if self.color == "GRAY" else 3
-        for name in ("mean", "std"):
-            values = getattr(self, name)
-            if len(values) not in (1, channels):
-                raise ValueError(f"{name} needs 1 or {channels} values for color {self.color}, got {len(values)}")
-        if not all(math.isfinite(value) for value in (*self.mean, *self.std)):
-            raise ValueError("mean and std values must be finite numbers")
-        if any(value <= 0 for value in self.std):
-            raise ValueError("std values must be positive")
-        return self
 
 
 GateMetric = Literal[
@@ -239,7 +185,7 @@ class Recipe(StrictModel):
     @field_validator("targets")
     @classmethod
     def _known_targets(cls, targets: list[str]) -> list[str]:
-        from pipeline.targets import KNOWN_TARGETS
+        from qdeploy.targets import KNOWN_TARGETS
 
         for target in targets:
             if target not in KNOWN_TARGETS:
@@ -300,3 +246,16 @@ class Recipe(StrictModel):
             return (self.base_dir / path).resolve()
         except (RuntimeError, OSError):  # a symlink loop: left for the file checks to name
             return Path(os.path.abspath(self.base_dir / path))
+
+    def input_ranges(self) -> dict[str, tuple[float | None, float | None]]:
+        """Input name -> (low, high) declared in model.inputs for seeded random values."""
+        return {spec.name: (spec.low, spec.high) for spec in self.model.inputs
+                if spec.low is not None or spec.high is not None}
+
+    def stage_context(self, variant: str, work_dir: Path, **fields: Any) -> StageContext:
+        """What a stage may see of this recipe: datasets, paths, targets, the reference; ``fields``: the other
+        ``StageContext`` fields (progress)."""
+        return data_context(variant, work_dir, datasets=self.data, resolve=self.resolve,
+                            input_ranges=self.input_ranges(), targets=tuple(self.targets),
+                            default_dataset=self.validate_.data, reference_variant=self.reference_variant,
+                            **fields)

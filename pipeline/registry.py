@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+__all__ = ["VARIANT_STAGES", "StageInfo", "StageKind", "all_stages", "stage", "transform_stage"]
+
 StageKind = Literal["transform", "evaluation"]
 
 
@@ -40,7 +42,8 @@ class StageInfo:
         return importlib.import_module(self.module)
 
     def config_class(self) -> type[BaseModel]:
-        return getattr(self.load_module(), self.config)
+        """The stage's settings, from its leaf ``config`` module (the stage itself is not imported)."""
+        return getattr(importlib.import_module(f"{self.module}.config"), self.config)
 
     def function(self) -> Callable[..., Any]:
         return getattr(self.load_module(), self.entry)
@@ -66,18 +69,18 @@ class StageInfo:
 _STAGES: dict[str, StageInfo] = {
     info.name: info
     for info in (
-        StageInfo("export", "transform", "stages.export", "ExportConfig",
+        StageInfo("export", "transform", "qdeploy.stages.export", "ExportConfig",
                   libraries=("onnx",)),
-        StageInfo("simplify", "transform", "stages.simplify", "SimplifyConfig",
+        StageInfo("simplify", "transform", "qdeploy.stages.simplify", "SimplifyConfig",
                   libraries=("onnx", "onnxruntime", "onnxoptimizer")),
-        StageInfo("fp16", "transform", "stages.fp16", "Fp16Config",
+        StageInfo("fp16", "transform", "qdeploy.stages.fp16", "Fp16Config",
                   libraries=("onnx", "onnxruntime", "onnxconverter-common"),
                   dataset_fields=("calibration.data",), default_dataset_reader="reads_default_dataset"),
-        StageInfo("quantize", "transform", "stages.quantize", "QuantizeConfig",
+        StageInfo("quantize", "transform", "qdeploy.stages.quantize", "QuantizeConfig",
                   libraries=("onnx", "onnxruntime", "onnx-ir", "openvino"),
                   dataset_fields=("calibration.data", "budget.data"), uses_targets=True),
-        StageInfo("validate", "evaluation", "stages.validate", "ValidateConfig"),
-        StageInfo("benchmark", "evaluation", "stages.benchmark", "BenchmarkConfig"),
+        StageInfo("validate", "evaluation", "qdeploy.stages.validate", "ValidateConfig"),
+        StageInfo("benchmark", "evaluation", "qdeploy.stages.benchmark", "BenchmarkConfig"),
     )
 }
 

@@ -5,7 +5,7 @@ the hash of its input artifact's bytes, the stage's name and config, the
 versions of the libraries it uses and the datasets it reads; an unchanged
 chain prefix is computed once and reused by every variant that shares it.
 
-A run is four phases that a scheduler (``pipeline.executors``) may drive one by
+A run is four phases that a scheduler (``qdeploy.pipeline.sweep.executors``) may drive one by
 one, in other processes or on other machines: ``build_phase`` (export, variant
 transforms, published artifacts), ``validate_phase``, ``benchmark_phase`` and
 ``finish_run`` (gates and reports).  What passes between them (``RunPlan``,
@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline import registry
-from pipeline.context import Artifact, StageContext, StageResult
-from pipeline.errors import QdeployError, QdeployInputError, RunLockedError, StageError
-from pipeline.guard import guard_artifact
-from pipeline.progress import Progress
-from pipeline.published import (
+from qdeploy.core.context import Artifact, StageContext, StageResult
+from qdeploy.core.errors import QdeployError, QdeployInputError, RunLockedError, StageError
+from qdeploy.pipeline import registry
+from qdeploy.pipeline.guard import guard_artifact
+from qdeploy.pipeline.identity import model_signature
+from qdeploy.pipeline.progress import Progress
+from qdeploy.pipeline.published import (
     begin_generation,
     commit_generation,
     discard_generation,
@@ -41,9 +42,11 @@ from pipeline.published import (
     stable_path,
     write_checksums,
 )
-from pipeline.recipe import EXPORTED, Recipe, VariantStep
-from pipeline.report_identity import model_signature
-from pipeline.store import ArtifactStore, cache_key, library_versions, sha256_file
+from qdeploy.pipeline.recipe import EXPORTED, Recipe, VariantStep
+from qdeploy.pipeline.store import ArtifactStore, cache_key, library_versions, sha256_file
+
+__all__ = ["BuildOutcome", "RunOptions", "RunPlan", "RunResult", "benchmark_phase", "build_phase", "default_out_dir",
+           "finish_run", "locked_out_dir", "plan_run", "progress_total", "run_recipe", "validate_phase"]
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +191,9 @@ def benchmark_phase(plan: RunPlan, outcome: BuildOutcome, targets: list[str] | N
 def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[dict[str, Any]],
                benchmarks: list[dict[str, Any]], *, seconds: float) -> RunResult:
     """Gates, the reports, and the exit status they imply; publishes artifacts and reports in one switch."""
-    from pipeline.gates import evaluate_gates, unmeasured
-    from pipeline.report import build_report, write_reports
+    from qdeploy.pipeline.gates import evaluate_gates, unmeasured
+    from qdeploy.pipeline.report import write_reports
+    from qdeploy.pipeline.summary import build_report
 
     recipe = plan.recipe
     sizes = {row["name"]: row["size_bytes"] for row in outcome.published}
@@ -235,7 +239,7 @@ def _exit_code(outcome: BuildOutcome, gates: list[dict[str, Any]], validation: l
                missing: list[dict[str, Any]]) -> int:
     """2 for bad input; 1 when a variant failed to build, a gate failed, a validation failed, or a measurement
     the recipe asked for could not be made (unless the recipe allows that)."""
-    from pipeline.gates import run_passes
+    from qdeploy.pipeline.gates import run_passes
 
     if outcome.input_error:
         return 2
@@ -284,7 +288,7 @@ def locked_out_dir(out_dir: Path) -> Iterator[None]:
 
 def _build_export(state: _RunState) -> Artifact:
     """The exported model; a failure here is the whole run's (every variant starts from it)."""
-    from stages.export import source_files
+    from qdeploy.stages.export import source_files
 
     info = registry.stage("export")
     config = state.recipe.model
@@ -396,8 +400,7 @@ def _data_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, Any]:
 
 def _context(state: _RunState, variant: str, stage: str) -> StageContext:
     work = state.work_root / f"{variant}-{stage}"
-    return StageContext(recipe=state.recipe, variant=variant, work_dir=work, on_progress=state.progress.detail,
-                        targets=tuple(state.recipe.targets), default_dataset=state.recipe.validate_.data)
+    return state.recipe.stage_context(variant, work, on_progress=state.progress.detail)
 
 
 def _publish(state: _RunState, out_dir: Path, generation: Path) -> list[dict[str, Any]]:

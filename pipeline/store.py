@@ -14,57 +14,43 @@ kept in ``ArtifactStore.evictions`` for the report.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.context import Artifact
-from pipeline.errors import DiskFullError, QdeployError
+from qdeploy.core.context import Artifact
+from qdeploy.core.errors import QdeployError
+from qdeploy.core.files import (
+    TMP_PREFIX,
+    disk_full_is_clear,
+    external_data_files,
+    file_record,
+    fsync_dir,
+    process_alive,
+    save_model,
+    sha256_file,
+    write_json_synced,
+)
 
 if TYPE_CHECKING:
     import onnx
+
+__all__ = ["META_FILE", "MODEL_FILE", "STALE_STAGING_SECONDS", "ArtifactStore", "CacheChangedError", "cache_key",
+           "entry_problem", "library_versions"]
 
 log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.onnx"
 META_FILE = "meta.json"
-EXTERNAL_DATA_THRESHOLD = 1_800_000_000
-"""Models above this many bytes are saved with external data (protobuf's hard limit is 2 GiB)."""
-TMP_PREFIX = ".tmp-"
-_CHUNK = 1 << 20
-
-
-def _default_file_mode() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-@contextmanager
-def _disk_full_is_clear(what: str) -> Iterator[None]:
-    """Turn ENOSPC into a DiskFullError naming what was being written (the caller has cleaned up)."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(f"no space left on the device while writing {what}; the previous state is intact. "
-                                "Free some space (or point --out/--cache-dir elsewhere) and run again") from None
-        raise
-
-
 STALE_STAGING_SECONDS = 24 * 3600
 
 
@@ -79,70 +65,14 @@ def _staging_is_abandoned(staging: Path) -> bool:
     except OSError:
         return False
     if len(parts) >= 4 and parts[2].isdigit() and parts[1] == socket.gethostname().replace("-", "_"):
-        return not _process_alive(int(parts[2]))
+        return not process_alive(int(parts[2]))
     return age > STALE_STAGING_SECONDS
-
-
-def _temp_prefix(path: Path) -> str:
-    """Temporary files name their process, so a later run can tell a dead run's leftovers from live work."""
-    return f"{TMP_PREFIX}{path.name}.p{os.getpid()}."
-
-
-def sweep_stale_files(folder: Path) -> None:
-    """Remove temporary files that processes now gone left in a folder (a run killed while writing)."""
-    for leftover in folder.glob(f"{TMP_PREFIX}*"):
-        owner = re.search(r"\.p(\d+)\.", leftover.name)
-        if owner and leftover.is_file() and not _process_alive(int(owner.group(1))):
-            leftover.unlink(missing_ok=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def file_record(path: Path) -> dict[str, Any]:
-    """A file's own sha256 (what ``sha256sum`` prints) and size."""
-    return {"sha256": sha256_file(path), "size_bytes": path.stat().st_size}
 
 
 class CacheChangedError(QdeployError):
     """A cache entry changed on disk after it was verified (while it was being published)."""
 
     exit_code = 1
-
-
-def external_data_files(path: Path) -> list[Path]:
-    """External data files a model references, resolved beside it."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    locations = set()
-    for tensor in _all_tensors(model):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            for entry in tensor.external_data:
-                if entry.key == "location":
-                    locations.add(entry.value)
-    return [path.parent / location for location in sorted(locations)]
-
-
-def _all_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
-    from onnx.external_data_helper import _get_all_tensors
-
-    return list(_get_all_tensors(model))
 
 
 def library_versions(distributions: tuple[str, ...] | list[str]) -> dict[str, str]:
@@ -214,7 +144,7 @@ class ArtifactStore:
         final = self.entry_dir(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{key[:12]}-{_owner_tag()}-", dir=final.parent))
-        with _disk_full_is_clear(f"cache entry {final}"):
+        with disk_full_is_clear(f"cache entry {final}"):
             try:
                 model_path = staging / MODEL_FILE
                 save_model(model, model_path, external_name=f"{key[:16]}.weights")
@@ -223,8 +153,8 @@ class ArtifactStore:
                 meta = {**meta, "key": key, "sha256": files[MODEL_FILE]["sha256"], "files": files,
                         "size_bytes": sum(record["size_bytes"] for record in files.values()),
                         "external_data": [p.name for p in data_files], "created": time.time()}
-                _write_json(staging / META_FILE, meta)
-                _fsync_dir(staging)
+                write_json_synced(staging / META_FILE, meta)
+                fsync_dir(staging)
                 ours = self._move_into_place(key, staging, final)
             finally:
                 if staging.exists():
@@ -284,17 +214,6 @@ def entry_problem(entry: Path, meta: dict[str, Any]) -> str | None:
     return None
 
 
-def save_model(model: onnx.ModelProto, path: Path, *, external_name: str) -> None:
-    """Save a model; large ones with their tensors in one external data file beside it."""
-    import onnx
-
-    if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=external_name, size_threshold=1024)
-    else:
-        onnx.save_model(model, str(path))
-
-
 def _artifact_from_meta(entry: Path, meta: dict[str, Any], *, cached: bool) -> Artifact:
     return Artifact(
         path=entry / MODEL_FILE, sidecar=entry / META_FILE, key=meta["key"], sha256=meta["sha256"],
@@ -305,47 +224,3 @@ def _artifact_from_meta(entry: Path, meta: dict[str, Any], *, cached: bool) -> A
     )
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    with path.open("w") as stream:
-        json.dump(data, stream, indent=2, sort_keys=True, default=str)
-        stream.flush()
-        os.fsync(stream.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON under a temporary name and rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale_files(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
-    os.chmod(tmp, _default_file_mode())  # mkstemp makes 0600; reports are meant to be shared
-    os.close(fd)
-    with _disk_full_is_clear(str(path)):
-        try:
-            _write_json(Path(tmp), data)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale_files(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
-    os.chmod(tmp, _default_file_mode())  # mkstemp makes 0600; reports are meant to be shared
-    with _disk_full_is_clear(str(path)):
-        try:
-            with os.fdopen(fd, "w") as stream:
-                stream.write(text)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from calibration.activations import collect_statistics, float_tensors_of
+from qdeploy.calibration.activations import collect_statistics, float_tensors_of
 
 
 def two_op_model(path: Path) -> Path:

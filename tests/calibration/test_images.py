@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -12,9 +11,9 @@ from onnx import TensorProto, helper
 from PIL import Image
 from pydantic import ValidationError
 
-from calibration.readers import iter_samples
-from pipeline.errors import DataError
-from pipeline.recipe import DatasetSpec
+from qdeploy.calibration.samples import iter_samples
+from qdeploy.core.errors import DataError
+from qdeploy.pipeline.recipe import DatasetSpec
 
 
 def model_with_input(tmp_path: Path, shape: list[object], elem: int = TensorProto.FLOAT) -> Path:
@@ -41,8 +40,7 @@ def image_folder(tmp_path: Path, count: int = 3, size: tuple[int, int] = (40, 30
 
 def read(tmp_path: Path, model: Path, limit: int | None = None, **fields: object) -> list[dict[str, np.ndarray]]:
     spec = DatasetSpec(reader="images", path="images", **fields)
-    recipe = SimpleNamespace(model=SimpleNamespace(inputs=[]), resolve=lambda p: tmp_path / p)
-    return list(iter_samples(spec, recipe, model, limit=limit, dataset_name="imgs"))  # type: ignore[arg-type]
+    return list(iter_samples(spec, model, resolve=lambda p: tmp_path / p, limit=limit, dataset_name="imgs"))
 
 
 def test_images_are_resized_normalised_and_laid_out_nchw(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibration.ranges import TensorStats, estimate_range
+from qdeploy.calibration.ranges import TensorStats, estimate_range
 
 
 def stats_of(*chunks: np.ndarray) -> TensorStats:

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from pipeline.int8_path import Int8Path, int8_path
+from qdeploy.targets.int8_path import Int8Path, int8_path
 
 __all__ = ["Int8Path", "exact_int8", "run_ort_unfused", "this_cpu"]
 

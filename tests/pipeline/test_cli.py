@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEMO_RECIPE, write_recipe
+from tests.helpers.models import DEMO_RECIPE, write_recipe
 
 
 def qdeploy(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "qdeploy", *args], capture_output=True, text=True,
                           cwd=cwd, timeout=600)
 
 

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.compare import SNR_CAP_DB, compare_outputs
-from pipeline.tolerance import Tolerance
+from qdeploy.core.compare import SNR_CAP_DB, compare_outputs
+from qdeploy.core.tolerance import Tolerance
 
 RNG = np.random.default_rng(1)
 

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.compare_runs import (
+from qdeploy.core.errors import QdeployInputError
+from qdeploy.pipeline.cli import app
+from qdeploy.pipeline.compare_runs import (
     NotComparableError,
     Thresholds,
     compare_reports,
@@ -19,8 +20,7 @@ from pipeline.compare_runs import (
     load_report,
     parse_metric_drops,
 )
-from pipeline.errors import QdeployInputError
-from tests.pipeline.test_report import synthetic_report
+from tests.helpers.reports import synthetic_report
 
 
 def _later(edit: Any) -> tuple[dict[str, Any], dict[str, Any]]:

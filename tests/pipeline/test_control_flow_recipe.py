@@ -9,10 +9,9 @@ import numpy as np
 import onnx
 import pytest
 
-from pipeline.loader import load_recipe
-from pipeline.runner import RunOptions, run_recipe
-from stages.graph_order import scope_problems
-from tests.conftest import write_recipe
+from qdeploy.graph.order import scope_problems
+from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.runner import RunOptions, run_recipe
 from tests.control_flow_models import (
     FEATURES,
     loop_with_outer_reads_model,
@@ -20,6 +19,7 @@ from tests.control_flow_models import (
     nested_constant_if_model,
     scripted_torch_model,
 )
+from tests.helpers.models import write_recipe
 
 RECIPE = """
     name: control-flow

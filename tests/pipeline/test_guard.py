@@ -9,19 +9,19 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from pipeline.context import Artifact, StageContext, StageResult
-from pipeline.errors import StageError
-from pipeline.guard import guard_artifact
-from pipeline.loader import load_recipe
-from pipeline.recipe import Recipe
-from pipeline.runner import RunOptions, run_recipe
-from tests.conftest import write_recipe
+from qdeploy.core.context import Artifact, StageContext, StageResult
+from qdeploy.core.errors import StageError
+from qdeploy.pipeline.guard import guard_artifact
+from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.recipe import Recipe
+from qdeploy.pipeline.runner import RunOptions, run_recipe
+from tests.helpers.models import write_recipe
 
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> StageContext:
     recipe = Recipe(name="t", model={"onnx": "m.onnx"}, variants={"v": []})
-    return StageContext(recipe=recipe, variant="v", work_dir=tmp_path / "work")
+    return recipe.stage_context("v", tmp_path / "work")
 
 
 def _artifact(model: onnx.ModelProto, tmp_path: Path) -> Artifact:
@@ -79,14 +79,14 @@ def test_a_stage_that_could_not_check_is_reported_unchecked(tmp_path: Path, ctx:
 
 
 def test_the_runner_publishes_no_unloadable_artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import stages.simplify
+    import qdeploy.stages.simplify
 
     def unloadable(artifact: Artifact, config: object, ctx: StageContext) -> StageResult:
         model = artifact.load()
         model.graph.node[0].op_type = "NoSuchOp"
         return StageResult(model=model, findings={"check": {"samples": 3}})
 
-    monkeypatch.setattr(stages.simplify, "run", unloadable)
+    monkeypatch.setattr(qdeploy.stages.simplify, "run", unloadable)
     onnx.save(_relu(), tmp_path / "m.onnx")
     recipe = write_recipe(tmp_path, """
         name: guarded
@@ -106,7 +106,7 @@ def test_the_runner_publishes_no_unloadable_artifact(tmp_path: Path, monkeypatch
 
 
 def test_the_report_lists_unchecked_stages_outside_the_details() -> None:
-    from pipeline.report_view import highlights
+    from qdeploy.pipeline.report.view import highlights
 
     lines = highlights({"guard": {"checked": False, "unchecked": "inputs are sequences"}, "node_count_after": 3})
     assert lines == ["guard.unchecked: inputs are sequences"]

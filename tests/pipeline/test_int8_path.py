@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.int8_path import (
+from qdeploy.targets.int8_path import (
     SEVEN_BIT_KEY,
     cpu_flags,
     int8_path,
@@ -106,7 +106,7 @@ def test_saturation_note_only_where_the_cpu_path_saturates() -> None:
 ])
 def test_doctor_states_the_int8_path_per_cpu_target(flags: str, expected: str, exact: bool) -> None:
     env = {"QDEPLOY_CPU_FLAGS": flags, "PATH": "/usr/bin:/bin"}
-    shown = subprocess.run([sys.executable, "-m", "pipeline.cli", "doctor"], capture_output=True, text=True,
+    shown = subprocess.run([sys.executable, "-m", "qdeploy", "doctor"], capture_output=True, text=True,
                            env=env, cwd=Path(__file__).resolve().parents[2], timeout=120, check=True).stdout
     assert expected in shown
     lines = shown[shown.index("int8 path:"):].splitlines()

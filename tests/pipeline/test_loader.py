@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import RecipeError
-from pipeline.loader import load_recipe
-from tests.conftest import DEMO_RECIPE, write_recipe
+from qdeploy.core.errors import RecipeError
+from qdeploy.pipeline.loader import load_recipe
+from tests.helpers.models import DEMO_RECIPE, write_recipe
 
 BASE = """\
 name: t

@@ -9,9 +9,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.localize import Localizer, match_tensors, scale_free
-from pipeline.tolerance import Tolerance
-from tests.stages.test_validate import chain_model, perturbed, to_fp16
+from qdeploy.core.tolerance import Tolerance
+from qdeploy.stages.validate._localize import Localizer, match_tensors, scale_free
+from tests.helpers.validate import chain_model, perturbed, to_fp16
 
 FEEDS = {i: {"x": np.random.default_rng(i).standard_normal((3, 6)).astype(np.float32)} for i in range(2)}
 

@@ -9,9 +9,9 @@ import jsonschema
 import pytest
 import yaml
 
-from pipeline.loader import load_recipe
-from pipeline.plan import build_plan, describe_plan, recipe_json_schema
-from tests.conftest import DEMO_RECIPE, write_recipe
+from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.plan import build_plan, describe_plan, recipe_json_schema
+from tests.helpers.models import DEMO_RECIPE, write_recipe
 
 
 def test_shared_prefix_is_one_node(tmp_path: Path, tiny_model_path: Path) -> None:

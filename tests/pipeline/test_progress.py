@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from pipeline.progress import Progress
+from qdeploy.pipeline.progress import Progress
 
 
 def test_description_names_phase_and_detail_and_timings_add_up() -> None:

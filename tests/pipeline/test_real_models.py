@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.loader import load_recipe
-from pipeline.runner import RunOptions, run_recipe
+from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.runner import RunOptions, run_recipe
+from tests.helpers.int8 import exact_int8
 from tests.real_models import RealModelError
 from tests.real_recipes import CORPUS, QUICK, TARGETS, write_recipe
 
@@ -31,9 +32,9 @@ _RUNS: dict[str, tuple[dict[str, Any], Path]] = {}
 RUNTIME_LIMITS = {("silero-vad", "openvino:cpu"): "OpenVINO cannot convert a Conv of unknown rank inside an If "
                                                   "(the exported model too)"}
 """(model, target) pairs the runtime itself cannot run: asserted as 'failed' rows that say so, left out elsewhere."""
-# Failure classes these models show on today's code (§ = section of issue 15); each marks the cases it breaks.
-INT_INPUT_CRASH = "§4 quantize crashes on the int32-input tf2onnx model with a bare numpy ValueError"
-BUDGET = "§6 int8 with tolerance cosine_min 0.98 misses it on unseen samples (the budget search keeps too little float)"
+# The failure class these models still show; each marks the cases it breaks.
+BUDGET = ("int8 with tolerance cosine_min 0.98 misses it on the validation samples: the budget searches and "
+          "confirms on the recipe's 4 calibration samples, too few to hold on other samples")
 
 
 def run_of(name: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
@@ -52,7 +53,9 @@ def run_of(name: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[st
 
 
 def xfail(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, reason=reason)
+    """Strict where the marks were set (x86 without VNNI, whose int8 products saturate); elsewhere the int8
+    numbers differ and the case may pass."""
+    return pytest.mark.xfail(strict=not exact_int8(), reason=reason)
 
 
 def cases(known: dict[str, str], names: list[str] | None = None) -> list[Any]:
@@ -82,7 +85,7 @@ def assert_passes(report: dict[str, Any], variant: str, targets: list[str]) -> N
 
 # ---- every model ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", cases({"magika": INT_INPUT_CRASH}))
+@pytest.mark.parametrize("name", cases({}))
 def test_no_stage_crashes(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """A variant may be refused with a reason; a stage never fails with a bare exception from inside it."""
     report, _ = run_of(name, tmp_path_factory)
@@ -156,7 +159,7 @@ def test_fp16_variant_passes_under_true_float16_arithmetic(name: str,
 QUANTIZABLE = [name for name in CORPUS if name != "ddddocr-ocr-int8"]
 
 
-@pytest.mark.parametrize("name", cases({"pp-ocr-det": BUDGET, "silero-vad": BUDGET, "magika": INT_INPUT_CRASH},
+@pytest.mark.parametrize("name", cases({"pp-ocr-det": BUDGET, "pp-ocr-rec": BUDGET, "silero-vad": BUDGET},
                                        QUANTIZABLE))
 def test_int8_variant_meets_its_tolerance_on_both_runtimes(name: str,
                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -195,10 +198,10 @@ def test_benchmarks_are_fed_the_validation_samples(name: str, tmp_path_factory: 
 
 
 def _validation_sample(out_dir: Path) -> dict[str, Any]:
-    from calibration.readers import iter_samples
+    from qdeploy.calibration.samples import iter_samples
 
     recipe = load_recipe(out_dir.parent / "recipe.yaml")
-    return next(iter_samples(recipe.data["val"], recipe, out_dir / "artifacts" / "fp32.onnx", limit=1,
+    return next(iter_samples(recipe.data["val"], out_dir / "artifacts" / "fp32.onnx", resolve=recipe.resolve, limit=1,
                              dataset_name="val"))
 
 

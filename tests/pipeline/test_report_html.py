@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.report import write_reports
-from pipeline.report_charts import inline_svg
-from pipeline.report_html import render_html
-from tests.pipeline.test_report import synthetic_report
+from qdeploy.pipeline.report import write_reports
+from qdeploy.pipeline.report.charts import inline_svg
+from qdeploy.pipeline.report.html import render_html
+from tests.helpers.reports import synthetic_report
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -127,8 +127,8 @@ def test_page_renders_in_headless_chromium(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_real_run_writes_all_three_reports(tiny_recipe: Path, tmp_path: Path) -> None:
-    from pipeline.loader import load_recipe
-    from pipeline.runner import RunOptions, run_recipe
+    from qdeploy.pipeline.loader import load_recipe
+    from qdeploy.pipeline.runner import RunOptions, run_recipe
 
     out = tmp_path / "out"
     result = run_recipe(load_recipe(tiny_recipe), RunOptions(out_dir=out, show_progress=False))

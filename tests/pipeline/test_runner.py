@@ -9,9 +9,9 @@ from typing import Any
 import onnx
 import pytest
 
-from pipeline.loader import load_recipe
-from pipeline.runner import RunOptions, run_recipe
-from tests.conftest import write_recipe
+from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.runner import RunOptions, run_recipe
+from tests.helpers.models import write_recipe
 
 ARTIFACT_KEYS = {"name", "path", "sha256", "size_bytes", "parent", "stages", "cached", "seconds"}
 VALIDATION_KEYS = {"variant", "target", "status", "reason", "metrics", "effective_precision"}
@@ -82,13 +82,13 @@ def test_no_cache_rebuilds(tiny_recipe: Path, tmp_path: Path) -> None:
 def test_failing_variant_keeps_the_others_and_exits_1(tmp_path: Path, tiny_model_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # a stage that fails at run time: that variant fails, the others are measured and reported
-    import stages.quantize
-    from pipeline.errors import StageError
+    import qdeploy.stages.quantize
+    from qdeploy.core.errors import StageError
 
     def failing(_artifact: object, _config: object, ctx: Any) -> None:
         raise StageError("quantize", ctx.variant, "the model is already quantized (forced for this test)")
 
-    monkeypatch.setattr(stages.quantize, "run", failing)
+    monkeypatch.setattr(qdeploy.stages.quantize, "run", failing)
     recipe = write_recipe(tmp_path, """
         name: t
         model: {onnx: tiny.onnx}
@@ -135,7 +135,7 @@ def test_gates_decide_the_exit_code(tmp_path: Path, tiny_model_path: Path) -> No
 
 
 def test_unknown_variant_option_is_input_error(tiny_recipe: Path, tmp_path: Path) -> None:
-    from pipeline.errors import QdeployInputError
+    from qdeploy.core.errors import QdeployInputError
 
     with pytest.raises(QdeployInputError, match="int4"):
         _run(tiny_recipe, tmp_path / "out", variants=["int4"])

@@ -14,16 +14,16 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.errors import RecipeError
-from pipeline.executors import Job, Scheduler
-from pipeline.executors_ray import benchmark_node, group_targets
-from pipeline.loader import load_recipe
-from pipeline.runner import RunOptions, build_phase, plan_run, validate_phase
-from pipeline.sweep import describe_sweep, is_sweep_file, load_sweep
-from pipeline.sweep_report import build_sweep_report, write_sweep_reports
-from pipeline.sweep_work import WorkItem, WorkReply, execute, machine_lock, merge_rows
-from tests.conftest import tiny_cnn, write_recipe
+from qdeploy.core.errors import RecipeError
+from qdeploy.pipeline.cli import app
+from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.runner import RunOptions, build_phase, plan_run, validate_phase
+from qdeploy.pipeline.sweep import describe_sweep, is_sweep_file, load_sweep
+from qdeploy.pipeline.sweep.executors import Job, Scheduler
+from qdeploy.pipeline.sweep.executors_ray import benchmark_node, group_targets
+from qdeploy.pipeline.sweep.report import build_sweep_report, write_sweep_reports
+from qdeploy.pipeline.sweep.work import WorkItem, WorkReply, execute, machine_lock, merge_rows
+from tests.helpers.models import tiny_cnn, write_recipe
 
 MATRIX = """
     sweep: release

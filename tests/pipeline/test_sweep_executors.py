@@ -16,9 +16,9 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.executors import SweepOptions, SweepResult, run_sweep
-from pipeline.sweep import load_sweep
-from tests.conftest import tiny_cnn, write_recipe
+from qdeploy.pipeline.sweep import load_sweep
+from qdeploy.pipeline.sweep.executors import SweepOptions, SweepResult, run_sweep
+from tests.helpers.models import tiny_cnn, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -140,7 +140,7 @@ def test_cli_rerun_of_a_sweep_recomputes_no_artifact(local_sweep: SweepResult, r
 
 
 def app_with_sweep() -> Any:
-    from pipeline.cli import app
+    from qdeploy.pipeline.cli import app
 
     return app
 

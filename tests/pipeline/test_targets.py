@@ -12,8 +12,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.errors import DataError, ModelError, TargetUnavailable
-from pipeline.targets import KNOWN_TARGETS, ExecutionInfo, TargetFellBack, available_targets, get_target
+from qdeploy.core.errors import DataError, ModelError, TargetUnavailable
+from qdeploy.targets import KNOWN_TARGETS, ExecutionInfo, TargetFellBack, available_targets, get_target
 
 RNG = np.random.default_rng(0)
 W = RNG.standard_normal((4, 3)).astype(np.float32)
@@ -179,7 +179,7 @@ def test_feeds_that_miss_an_input_raise_data_error(mlp_path: Path, name: str) ->
 
 
 def test_importing_targets_imports_no_runtime() -> None:
-    code = ("import sys, pipeline.targets, pipeline.compare; "
+    code = ("import sys, qdeploy.targets, qdeploy.core.compare; "
             "print(sorted(m for m in ('onnxruntime', 'openvino', 'onnx') if m in sys.modules))")
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
@@ -207,7 +207,7 @@ class _RecordingCore:
 ])
 def test_openvino_compile_config_follows_pin_and_threads(mlp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          pin_f32: bool, threads: int | None, expected: dict) -> None:
-    import pipeline.targets_openvino as targets
+    import qdeploy.targets.openvino as targets
 
     recorder = _RecordingCore(targets._ov_core())
     monkeypatch.setattr(targets, "_ov_core", lambda: recorder)
@@ -259,7 +259,7 @@ def test_openvino_precision_with_and_without_the_f32_hint(mlp_path: Path) -> Non
     This machine has no bf16, so both read f32 here: what is checked is that the hint is passed and the precision
     read back from the compiled model, not a bf16 difference (see the readme note).
     """
-    from pipeline.targets_openvino import _ov_core
+    from qdeploy.targets.openvino import _ov_core
 
     capabilities = _ov_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     pinned = get_target("openvino:cpu").load(mlp_path, pin_f32=True).executed

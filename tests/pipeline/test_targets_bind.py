@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from pipeline.targets import BoundCall, get_target
-from tests.conftest import tiny_cnn
+from qdeploy.targets import BoundCall, get_target
+from tests.helpers.models import tiny_cnn
 
 TARGETS = ("ort:cpu", "openvino:cpu")
 

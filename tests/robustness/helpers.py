@@ -11,8 +11,8 @@ from typing import Any
 
 import onnx
 
-from pipeline.store import META_FILE
-from tests.conftest import tiny_cnn, write_recipe
+from qdeploy.pipeline.store import META_FILE
+from tests.helpers.models import tiny_cnn, write_recipe
 
 RECIPE = """
 name: r
@@ -31,7 +31,8 @@ benchmark: {enabled: false}
 def run_cli(*args: str, code: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`qdeploy ARGS` in a fresh interpreter; `code` runs before the CLI (to inject faults)."""
     prelude = code or ""
-    script = f"{prelude}\nfrom pipeline.cli import main\nimport sys\nsys.argv = ['qdeploy', *{list(args)!r}]\nmain()\n"
+    script = (f"{prelude}\nfrom qdeploy.pipeline.cli import main\nimport sys\n"
+              f"sys.argv = ['qdeploy', *{list(args)!r}]\nmain()\n")
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout)
 
 
@@ -90,3 +91,40 @@ def assert_cache_sound(cache: Path) -> None:
         meta = json.loads(meta_path.read_text())
         for name, record in meta["files"].items():
             assert sha256_of(meta_path.parent / name) == record["sha256"], (meta_path, name)
+
+
+
+
+
+BODY = """
+name: r
+model: {onnx: MODEL}
+data:
+  calib: {reader: random, samples: 4}
+variants:
+  fp32: [simplify]
+  fp16: [simplify, fp16]
+  int8: [simplify, {quantize: {calibration: {data: calib}}}]
+targets: [ort:cpu]
+validate: {reference: fp32, samples: 2}
+benchmark: {warmup: 0, iterations: 2, rounds: 1}
+"""
+
+
+def killer(module: str, function: str, when: str, calls: int = 1) -> str:
+    """Python run before the CLI: the chosen function SIGKILLs the process on its n-th call."""
+    return f"""
+import importlib, os, signal
+_module = importlib.import_module({module!r})
+_original = getattr(_module, {function!r})
+_count = [0]
+def _patched(*args, **kwargs):
+    _count[0] += 1
+    if {when!r} == "before" and _count[0] >= {calls}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    result = _original(*args, **kwargs)
+    if {when!r} == "after" and _count[0] >= {calls}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return result
+setattr(_module, {function!r}, _patched)
+"""

@@ -18,8 +18,8 @@ import pytest
 from onnx import TensorProto, helper
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from tests.conftest import tiny_cnn
+from qdeploy.pipeline.cli import app
+from tests.helpers.models import tiny_cnn
 from tests.robustness.helpers import RECIPE, recipe_with_model
 
 
@@ -122,7 +122,7 @@ def test_output_on_a_read_only_file_system_is_exit_2(tmp_path: Path) -> None:
     mount = tmp_path / "ro"
     mount.mkdir()
     script = (f"mount -t tmpfs -o ro none {mount} || exit 99; "
-              f"exec {sys.executable} -m pipeline.cli run {recipe} -q --out {mount}/out")
+              f"exec {sys.executable} -m qdeploy.pipeline.cli run {recipe} -q --out {mount}/out")
     result = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120)
     if result.returncode == 99 or "unshare failed" in result.stderr:
         pytest.skip(f"cannot mount a read-only file system here: {result.stderr.strip()[:200]}")
@@ -133,12 +133,12 @@ def test_output_on_a_read_only_file_system_is_exit_2(tmp_path: Path) -> None:
 
 def test_an_os_error_on_a_user_path_deep_in_a_run_is_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The one place that turns OS errors into exit 2: what the up-front checks cannot foresee still names its path."""
-    import pipeline.runner
+    import qdeploy.pipeline.runner
 
     def refused(*_args: object, **_kwargs: object) -> None:
         raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "o" / "report.json"))
 
-    monkeypatch.setattr(pipeline.runner, "run_recipe", refused)
+    monkeypatch.setattr(qdeploy.pipeline.runner, "run_recipe", refused)
     assert_exit_2(_run(recipe_with_model(tmp_path)), "report.json", "permission denied")
 
 
@@ -208,7 +208,7 @@ def test_a_negative_dimension_is_refused_by_check_unless_the_recipe_overrides_it
 
 def test_minus_one_is_a_dynamic_dimension_and_export_names_it() -> None:
     """Paddle and older exporters write -1 for a dynamic dimension; ONNX Runtime reads it so, and so do we."""
-    from stages.export import ExportConfig, _prepare
+    from qdeploy.stages.export import ExportConfig, _prepare
 
     findings: dict[str, object] = {}
     model = _prepare(_single_input_model(shape=[-1, 4]), ExportConfig(onnx="m.onnx"), findings)
@@ -270,8 +270,8 @@ def test_recipe_fields_out_of_bounds_fail_check(tmp_path: Path, edit: tuple[str,
 
 def test_samples_larger_than_memory_allows_are_refused_before_they_are_read(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import calibration.readers as readers
-    from pipeline.errors import DataError
+    import qdeploy.calibration.readers as readers
+    from qdeploy.core.errors import DataError
 
     monkeypatch.setattr(readers, "sample_memory_cap", lambda: 10_000)
     info = [readers.InputInfo("input", (1, 3, 64, 64), np.dtype(np.float32))]  # 48 KB a sample
@@ -285,10 +285,10 @@ def test_samples_larger_than_memory_allows_are_refused_before_they_are_read(
 def test_an_image_bomb_is_a_data_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from PIL import Image
 
-    from calibration.images import image_samples
-    from calibration.readers import InputInfo
-    from pipeline.errors import DataError
-    from pipeline.recipe import DatasetSpec
+    from qdeploy.calibration.images import image_samples
+    from qdeploy.calibration.readers import InputInfo
+    from qdeploy.core.errors import DataError
+    from qdeploy.pipeline.recipe import DatasetSpec
 
     Image.new("RGB", (64, 64)).save(tmp_path / "a.png")
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # Pillow refuses images over twice this many pixels

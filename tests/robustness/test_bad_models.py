@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import tiny_cnn
+from tests.helpers.models import tiny_cnn
 from tests.robustness.helpers import assert_clean_input_error, recipe_with_model, run_cli
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from pipeline.store import META_FILE, MODEL_FILE, ArtifactStore
-from tests.conftest import tiny_cnn
+from qdeploy.pipeline.store import META_FILE, MODEL_FILE, ArtifactStore
+from tests.helpers.models import tiny_cnn
 from tests.robustness.helpers import (
     assert_cache_sound,
     assert_published_consistent,
@@ -36,7 +36,7 @@ validate: {reference: fp32, samples: 2}
 benchmark: {enabled: false}
 """
 
-SMALL_EXTERNAL_DATA = "import pipeline.store\npipeline.store.EXTERNAL_DATA_THRESHOLD = 1000\n"
+SMALL_EXTERNAL_DATA = "import qdeploy.pipeline.store\npipeline.store.EXTERNAL_DATA_THRESHOLD = 1000\n"
 """Run prelude: models above 1 kB are saved with external data, so the tiny model exercises that path."""
 
 

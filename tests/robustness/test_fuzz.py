@@ -10,10 +10,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.errors import ModelError, RecipeError
-from pipeline.loader import parse_recipe
-from stages.export import ExportConfig, _prepare, load_onnx
-from tests.conftest import DEMO_RECIPE, tiny_cnn
+from qdeploy.core.errors import ModelError, RecipeError
+from qdeploy.pipeline.loader import parse_recipe
+from qdeploy.stages.export import ExportConfig, _prepare, load_onnx
+from tests.helpers.models import DEMO_RECIPE, tiny_cnn
 
 FUZZ = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calibration.readers import InputInfo, npy_samples
-from pipeline.errors import QdeployInputError
+from qdeploy.calibration.readers import InputInfo, npy_samples
+from qdeploy.core.errors import QdeployInputError
 from tests.robustness.helpers import RECIPE, assert_clean_input_error, recipe_with_model, run_cli
 
 LIMIT = 60
@@ -112,8 +112,8 @@ def test_a_fifo_among_images_is_refused_by_check(tmp_path: Path) -> None:
 @pytest.mark.parametrize("reader", ["npy", "images"])
 def test_the_readers_themselves_never_open_a_fifo(tmp_path: Path, reader: str) -> None:
     """A folder that gains a FIFO after the recipe was checked: the reader refuses it instead of blocking."""
-    from calibration.images import image_samples
-    from pipeline.recipe import DatasetSpec
+    from qdeploy.calibration.images import image_samples
+    from qdeploy.pipeline.recipe import DatasetSpec
 
     os.mkfifo(tmp_path / ("b.npy" if reader == "npy" else "b.png"))
     info = [InputInfo("input", (1, 3, 16, 16), np.dtype(np.float32))]

@@ -11,53 +11,29 @@ from pathlib import Path
 import onnx
 import pytest
 
-from pipeline.store import META_FILE
-from tests.robustness.helpers import assert_cache_sound, assert_published_consistent, recipe_with_model, run_cli
-
-BODY = """
-name: r
-model: {onnx: MODEL}
-data:
-  calib: {reader: random, samples: 4}
-variants:
-  fp32: [simplify]
-  fp16: [simplify, fp16]
-  int8: [simplify, {quantize: {calibration: {data: calib}}}]
-targets: [ort:cpu]
-validate: {reference: fp32, samples: 2}
-benchmark: {warmup: 0, iterations: 2, rounds: 1}
-"""
+from qdeploy.pipeline.store import META_FILE
+from tests.robustness.helpers import (
+    BODY,
+    assert_cache_sound,
+    assert_published_consistent,
+    killer,
+    recipe_with_model,
+    run_cli,
+)
 
 KILL_POINTS = [
-    ("stages.export", "run", "after"),
-    ("stages.simplify", "run", "after"),
-    ("stages.fp16", "run", "before"),
-    ("stages.quantize", "run", "after"),
-    ("pipeline.store", "save_model", "after"),  # the model is in the staging folder, its sidecar is not
+    ("qdeploy.stages.export", "run", "after"),
+    ("qdeploy.stages.simplify", "run", "after"),
+    ("qdeploy.stages.fp16", "run", "before"),
+    ("qdeploy.stages.quantize", "run", "after"),
+    ("qdeploy.pipeline.store", "save_model", "after"),  # the model is in the staging folder, its sidecar is not
     ("shutil", "copyfile", "after"),  # publishing artifacts/
-    ("stages.validate", "run", "before"),
-    ("stages.benchmark", "run", "after"),
-    ("pipeline.store", "write_text_atomic", "before"),  # writing report.md
+    ("qdeploy.stages.validate", "run", "before"),
+    ("qdeploy.stages.benchmark", "run", "after"),
+    ("qdeploy.pipeline.store", "write_text_atomic", "before"),  # writing report.md
 ]
 
 
-def _killer(module: str, function: str, when: str, calls: int = 1) -> str:
-    """Python run before the CLI: the chosen function SIGKILLs the process on its n-th call."""
-    return f"""
-import importlib, os, signal
-_module = importlib.import_module({module!r})
-_original = getattr(_module, {function!r})
-_count = [0]
-def _patched(*args, **kwargs):
-    _count[0] += 1
-    if {when!r} == "before" and _count[0] >= {calls}:
-        os.kill(os.getpid(), signal.SIGKILL)
-    result = _original(*args, **kwargs)
-    if {when!r} == "after" and _count[0] >= {calls}:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return result
-setattr(_module, {function!r}, _patched)
-"""
 
 
 def assert_nothing_partial_is_complete(out: Path) -> None:
@@ -73,7 +49,7 @@ def assert_nothing_partial_is_complete(out: Path) -> None:
 def test_sigkill_then_resume(tmp_path: Path, module: str, function: str, when: str) -> None:
     recipe = recipe_with_model(tmp_path, body=BODY)
     out = tmp_path / "out"
-    killed = run_cli("run", str(recipe), "-q", "--out", str(out), code=_killer(module, function, when))
+    killed = run_cli("run", str(recipe), "-q", "--out", str(out), code=killer(module, function, when))
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert_nothing_partial_is_complete(out)
     before = {p.parent.name for p in (out / "cache").glob(f"*/*/{META_FILE}")}
@@ -109,7 +85,7 @@ def test_two_runs_sharing_one_cache_at_once(tmp_path: Path) -> None:
 
     recipe = recipe_with_model(tmp_path, body=BODY)
     cache = tmp_path / "cache"
-    script = "from pipeline.cli import main; main()"
+    script = "from qdeploy.pipeline.cli import main; main()"
     runs = [subprocess.Popen([sys.executable, "-c", script, "run", str(recipe), "-q", "--out",
                               str(tmp_path / f"out{i}"), "--cache-dir", str(cache)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
@@ -121,7 +97,8 @@ def test_two_runs_sharing_one_cache_at_once(tmp_path: Path) -> None:
     assert_cache_sound(cache)
 
 
-@pytest.mark.parametrize("where", ["pipeline.store.save_model", "shutil.copyfile", "pipeline.store._write_json"])
+@pytest.mark.parametrize("where", ["qdeploy.pipeline.store.save_model", "shutil.copyfile",
+                                   "qdeploy.pipeline.store.write_json_synced"])
 def test_full_disk_is_reported_and_the_previous_state_kept(tmp_path: Path, where: str) -> None:
     recipe = recipe_with_model(tmp_path, body=BODY.replace("benchmark: {", "benchmark: {enabled: false, "))
     out = tmp_path / "out"

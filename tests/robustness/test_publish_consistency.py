@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.robustness.helpers import assert_published_consistent, recipe_with_model, run_cli
-from tests.robustness.test_interruption import BODY, _killer
+from tests.robustness.helpers import BODY, assert_published_consistent, killer, recipe_with_model, run_cli
 
 FAST = BODY.replace("benchmark: {", "benchmark: {enabled: false, ")
 CHANGED_FP16 = ("fp16: [simplify, fp16]", "fp16: [simplify, {fp16: {keep_io_types: false}}]")
@@ -41,10 +40,10 @@ def _sha(report: dict, name: str) -> str:
 
 
 KILLS_BEFORE_THE_SWITCH = [
-    ("pipeline.published", "publish_artifact", "after", 2),  # fp32 copied into the new set, fp16 not yet
-    ("stages.validate", "run", "before", 1),  # every artifact published, no report yet
-    ("pipeline.store", "write_text_atomic", "before", 1),  # new report.json written, report.md not
-    ("pipeline.published", "_replace_link", "before", 1),  # everything written, just before the switch
+    ("qdeploy.pipeline.published", "publish_artifact", "after", 2),  # fp32 copied into the new set, fp16 not yet
+    ("qdeploy.stages.validate", "run", "before", 1),  # every artifact published, no report yet
+    ("qdeploy.pipeline.store", "write_text_atomic", "before", 1),  # new report.json written, report.md not
+    ("qdeploy.pipeline.published", "_replace_link", "before", 1),  # everything written, just before the switch
 ]
 
 
@@ -54,7 +53,7 @@ def test_a_rerun_killed_before_the_switch_leaves_the_previous_set(finished_run: 
                                                                   function: str, when: str, calls: int) -> None:
     recipe, out, old = _copy(finished_run, tmp_path)
     old_bytes = (out / "report.json").read_bytes()
-    killed = run_cli("run", str(recipe), "-q", "--out", str(out), code=_killer(module, function, when, calls))
+    killed = run_cli("run", str(recipe), "-q", "--out", str(out), code=killer(module, function, when, calls))
     assert killed.returncode == -9, killed.stderr[-2000:]
     report = assert_published_consistent(out)
     assert (out / "report.json").read_bytes() == old_bytes and report is not None
@@ -71,7 +70,7 @@ def test_a_rerun_killed_before_the_switch_leaves_the_previous_set(finished_run: 
 def test_a_rerun_killed_just_after_the_switch_leaves_the_new_set(finished_run: Path, tmp_path: Path) -> None:
     recipe, out, old = _copy(finished_run, tmp_path)
     killed = run_cli("run", str(recipe), "-q", "--out", str(out),
-                     code=_killer("pipeline.published", "_replace_link", "after", 1))
+                     code=killer("qdeploy.pipeline.published", "_replace_link", "after", 1))
     assert killed.returncode == -9, killed.stderr[-2000:]
     report = assert_published_consistent(out)
     assert report is not None and _sha(report, "fp16") != _sha(old, "fp16")

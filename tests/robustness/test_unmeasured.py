@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.gates import run_passes, unmeasured
+from qdeploy.pipeline.gates import run_passes, unmeasured
 from tests.robustness.helpers import assert_clean_input_error, recipe_with_model, run_cli
 
 BODY = """
@@ -24,10 +24,10 @@ benchmark: {batch_sizes: [1, 2], warmup: 0, iterations: 2, rounds: 1}
 """
 
 BENCHMARKS_ERROR = """
-import stages.benchmark
+import qdeploy.stages.benchmark
 def _broken(*args, **kwargs):
     raise RuntimeError("zip() argument 2 is shorter than argument 1")
-stages.benchmark._prepare = _broken
+qdeploy.stages.benchmark._prepare = _broken
 """
 """Run prelude: every benchmark row errors, as the issue's model with a doubled output did."""
 

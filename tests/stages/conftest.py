@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.context import StageContext
-from pipeline.recipe import Recipe
+from qdeploy.core.context import StageContext
+from qdeploy.pipeline.recipe import Recipe
 
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> StageContext:
     """A stage context on a minimal recipe, its scratch folder under tmp_path."""
     recipe = Recipe(name="t", model={"onnx": "m.onnx"}, variants={"v": []})
-    return StageContext(recipe=recipe, variant="v", work_dir=tmp_path / "work")
+    return recipe.stage_context("v", tmp_path / "work")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -12,13 +11,14 @@ import onnx
 import pytest
 from pydantic import ValidationError
 
-from pipeline.context import Artifact
-from stages import benchmark
-from stages.benchmark import BenchmarkConfig, median_confidence_interval, summarize
-from stages.benchmark_runtime import TIMED_CALLS, MemoryProbe, bind_inputs
-from tests.conftest import tiny_cnn
+from qdeploy.calibration import data_context
+from qdeploy.core.context import Artifact
+from qdeploy.stages import benchmark
+from qdeploy.stages.benchmark import BenchmarkConfig, median_confidence_interval, summarize
+from qdeploy.stages.benchmark._runtime import TIMED_CALLS, MemoryProbe, bind_inputs
+from tests.helpers.models import tiny_cnn
 
-CTX = SimpleNamespace(on_progress=lambda message: None)
+CTX = data_context("*", Path("work"))  # no datasets: benchmarks feed seeded random data
 
 
 def _artifact(path: Path) -> Artifact:
@@ -90,8 +90,8 @@ def test_median_interval_covers_the_true_median_about_95_percent() -> None:
 def test_runs_every_artifact_interleaved_with_bound_inputs(two_artifacts: dict[str, Artifact]) -> None:
     config = BenchmarkConfig(warmup=2, iterations=6, rounds=3, threads=1)
     seen: list[str] = []
-    ctx = SimpleNamespace(on_progress=seen.append)
-    rows = benchmark.run(two_artifacts, ["ort:cpu", "openvino:cpu"], config, ctx)  # type: ignore[arg-type]
+    ctx = data_context("*", Path("work"), on_progress=seen.append)
+    rows = benchmark.run(two_artifacts, ["ort:cpu", "openvino:cpu"], config, ctx)
     assert [(r["variant"], r["target"]) for r in rows] == [
         ("small", "ort:cpu"), ("large", "ort:cpu"), ("small", "openvino:cpu"), ("large", "openvino:cpu")]
     for row in rows:
@@ -112,7 +112,7 @@ def test_runs_every_artifact_interleaved_with_bound_inputs(two_artifacts: dict[s
 
 def test_time_budget_and_warmup_by_time(two_artifacts: dict[str, Artifact]) -> None:
     config = BenchmarkConfig(warmup_seconds=0.02, duration_seconds=0.06, rounds=2)
-    rows = benchmark.run({"small": two_artifacts["small"]}, ["ort:cpu"], config, CTX)  # type: ignore[arg-type]
+    rows = benchmark.run({"small": two_artifacts["small"]}, ["ort:cpu"], config, CTX)
     [row] = rows
     assert row["status"] == "ok"
     assert row["measure"]["by"] == "time" and row["measure"]["duration_seconds"] == 0.06
@@ -123,7 +123,7 @@ def test_time_budget_and_warmup_by_time(two_artifacts: dict[str, Artifact]) -> N
 
 def test_targets_without_a_benchmark_give_unavailable_rows(two_artifacts: dict[str, Artifact]) -> None:
     config = BenchmarkConfig(warmup=0, iterations=1, rounds=1)
-    rows = benchmark.run(two_artifacts, ["ort:cuda", "reference:cpu"], config, CTX)  # type: ignore[arg-type]
+    rows = benchmark.run(two_artifacts, ["ort:cuda", "reference:cpu"], config, CTX)
     assert {row["status"] for row in rows} == {"unavailable"}
     assert all(row["reason"] for row in rows)
     assert any("fidelity checks only" in row["reason"] for row in rows if row["target"] == "reference:cpu")
@@ -164,7 +164,7 @@ def _after(call: Any, good: int, then: Any) -> Any:
 
 
 def test_bound_call_gives_the_outputs_of_session_run(tmp_path: Path) -> None:
-    from pipeline.targets import get_target
+    from qdeploy.targets import get_target
 
     path = tmp_path / "m.onnx"
     onnx.save(tiny_cnn(seed=3), path)

@@ -12,13 +12,13 @@ import numpy as np
 import onnx
 import pytest
 
-import stages.validate as validate
-from calibration.batches import BatchError, batch_axes, make_batch
-from pipeline.context import Artifact, StageContext
-from pipeline.loader import load_recipe
-from pipeline.runner import RunOptions, run_recipe
-from stages.export import InputSpec, apply_input_overrides
-from tests.conftest import tiny_cnn, write_recipe
+import qdeploy.stages.validate as validate
+from qdeploy.calibration.batches import BatchError, batch_axes, make_batch
+from qdeploy.core.context import Artifact
+from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.runner import RunOptions, run_recipe
+from qdeploy.stages.export import InputSpec, apply_input_overrides
+from tests.helpers.models import tiny_cnn, write_recipe
 
 
 def _dims(value: onnx.ValueInfoProto) -> list[int | str]:
@@ -107,7 +107,7 @@ def test_validation_names_a_batch_the_artifact_cannot_take(tmp_path: Path) -> No
         validate: {reference: ref, samples: 2, localize: false}
         benchmark: {batch_sizes: [1, 8]}
         """))
-    ctx = StageContext(recipe=recipe, variant="*", work_dir=tmp_path / "work")
+    ctx = recipe.stage_context("*", tmp_path / "work")
     rows = {row["variant"]: row for row in validate.run(artifacts, ["ort:cpu", "openvino:cpu"], recipe.validate_, ctx)
             if row["target"] == "ort:cpu"}
     assert rows["ref"]["status"] == "passed" and rows["ref"]["batch_sizes_validated"] == [8]
@@ -127,7 +127,7 @@ def test_a_batch_the_reference_cannot_take_is_not_validated_and_rows_say_so(tmp_
         validate: {samples: 2}
         benchmark: {batch_sizes: [1, 4]}
         """))
-    ctx = StageContext(recipe=recipe, variant="*", work_dir=tmp_path / "work")
+    ctx = recipe.stage_context("*", tmp_path / "work")
     [row] = validate.run({"exported": artifact}, ["ort:cpu"], recipe.validate_, ctx)
     assert row["status"] == "passed" and row["batch_sizes_validated"] == []
     assert any(w.startswith("batch 4 not validated: batch 4 cannot be fed: no input has a dynamic batch")

@@ -17,12 +17,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from pydantic import ValidationError
 
-from pipeline.context import Artifact, StageContext
-from pipeline.loader import load_recipe
-from stages import benchmark, benchmark_data
-from stages.benchmark import BenchmarkConfig
-from stages.benchmark_runtime import TIMED_CALLS
-from tests.conftest import tiny_cnn, write_recipe
+from qdeploy.core.context import Artifact, StageContext
+from qdeploy.pipeline.loader import load_recipe
+from qdeploy.stages import benchmark
+from qdeploy.stages.benchmark import BenchmarkConfig
+from qdeploy.stages.benchmark import _data as benchmark_data
+from qdeploy.stages.benchmark._runtime import TIMED_CALLS
+from tests.helpers.models import tiny_cnn, write_recipe
 
 TARGETS = ["ort:cpu", "openvino:cpu"]
 QUICK = {"warmup": 1, "iterations": 3, "rounds": 1}
@@ -50,7 +51,7 @@ def _ctx(folder: Path, data: str = "", validate: str = "") -> StageContext:
         {validate}
         """
     recipe = load_recipe(write_recipe(folder, body))
-    return StageContext(recipe=recipe, variant="*", work_dir=folder / "work")
+    return recipe.stage_context("*", folder / "work")
 
 
 def token_type_model() -> onnx.ModelProto:
@@ -191,7 +192,7 @@ def test_a_batch_too_large_for_memory_is_refused_before_it_is_built(tmp_path: Pa
 
 def test_an_out_of_memory_failure_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _save(tiny_cnn(), tmp_path / "model.onnx")
-    from pipeline.targets import OrtSession
+    from qdeploy.targets import OrtSession
 
     def allocation_fails(self: Any, feeds: Any) -> Any:
         raise RuntimeError("Failed to allocate memory for requested buffer of size 123456789")

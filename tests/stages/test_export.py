@@ -13,11 +13,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.context import StageContext, StageResult
-from pipeline.errors import ModelError
-from pipeline.recipe import Recipe
-from stages import export
-from tests.conftest import tiny_cnn
+from qdeploy.core.context import StageResult
+from qdeploy.core.errors import ModelError
+from qdeploy.pipeline.recipe import Recipe
+from qdeploy.stages import export
+from tests.helpers.models import tiny_cnn
 
 RNG = np.random.default_rng(5)
 
@@ -45,7 +45,7 @@ def build():
 
 def _export(tmp_path: Path, **model: object) -> StageResult:
     recipe = Recipe(name="t", model=model, variants={"v": []})
-    ctx = StageContext(recipe=recipe, variant="exported", work_dir=tmp_path / "work")
+    ctx = recipe.stage_context("exported", tmp_path / "work")
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     return export.run(None, recipe.model, ctx)
 

@@ -5,111 +5,51 @@ The helpers here are shared by the other tests/stages/test_fp16_*.py files (impo
 
 from __future__ import annotations
 
-import copy
-import warnings
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from pydantic import ValidationError
 
-from pipeline.context import Artifact, StageContext, StageResult
-from pipeline.errors import StageError
-from pipeline.recipe import DatasetSpec
-from stages import fp16
-from stages.fp16 import Fp16Config, Fp16Data
+from qdeploy.core.errors import StageError
+from qdeploy.stages import fp16
+from qdeploy.stages.fp16 import Fp16Config, Fp16Data
+from tests.helpers.fp16 import (
+    artifact,
+    const,
+    context,
+    make_model,
+    run_ort,
+    run_reference,
+    run_stage,
+    tensor,
+)
 
 # ---- helpers shared by the fp16 tests ---------------------------------------------------------
 
 
-def make_model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], inputs: list[onnx.ValueInfoProto],
-               outputs: list[onnx.ValueInfoProto], opset: int = 17,
-               extra_opsets: tuple[tuple[str, int], ...] = ()) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
-    opsets = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, v) for d, v in extra_opsets)]
-    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
-def tensor(name: str, shape: list[Any] | None, elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem, shape)
 
 
-def const(name: str, values: Any, dtype: Any = np.float32) -> onnx.TensorProto:
-    return numpy_helper.from_array(np.asarray(values, dtype=dtype), name)
 
 
-def artifact(tmp_path: Path, model: onnx.ModelProto, name: str = "model.onnx") -> Artifact:
-    path = tmp_path / name
-    onnx.save(model, str(path))
-    return Artifact(path=path, sidecar=path.with_suffix(".json"), key="k", sha256="s",
-                    size_bytes=path.stat().st_size, stages=("export",), parent=None)
 
 
-def context(tmp_path: Path, datasets: dict[str, list[dict[str, np.ndarray]]] | None = None) -> StageContext:
-    """A stage context whose recipe holds npz datasets written from the given samples."""
-    specs = {}
-    for name, samples in (datasets or {}).items():
-        folder = tmp_path / name
-        folder.mkdir(exist_ok=True)
-        for index, sample in enumerate(samples):
-            np.savez(folder / f"{index:03d}.npz", **sample)
-        specs[name] = DatasetSpec(reader="npy", path=name)
-    recipe = SimpleNamespace(data=specs, model=SimpleNamespace(inputs=[]), resolve=lambda p: tmp_path / p)
-    work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
-    return StageContext(recipe=recipe, variant="v", work_dir=work)  # type: ignore[arg-type]
 
 
-def run_stage(tmp_path: Path, model: onnx.ModelProto, datasets: dict[str, list[dict[str, np.ndarray]]] | None = None,
-              **config: Any) -> StageResult:
-    return fp16.run(artifact(tmp_path, model), Fp16Config(**config), context(tmp_path, datasets))
 
 
-def plain_convert(model: onnx.ModelProto, **kwargs: Any) -> onnx.ModelProto:
-    """onnxconverter-common as its users call it (float32 I/O kept); may raise."""
-    from onnxconverter_common.float16 import convert_float_to_float16
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return convert_float_to_float16(copy.deepcopy(model), keep_io_types=True, **kwargs)
 
 
-def broken_reason(model: onnx.ModelProto) -> str | None:
-    """Why a model is unusable (full onnx.checker or ORT load), or None."""
-    try:
-        onnx.checker.check_model(model, full_check=True)
-        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        return str(exc)
-    return None
 
 
-def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
-def run_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """onnx's reference evaluator (with qdeploy's kernel corrections): every op in its declared precision."""
-    from pipeline.reference_evaluator import build_evaluator, run_evaluator
-
-    return [np.asarray(out) for out in run_evaluator(build_evaluator(model), feeds)]
 
 
-def run_target(target: str, model: onnx.ModelProto, feeds: dict[str, np.ndarray], tmp_path: Path) -> list[np.ndarray]:
-    """The model on a qdeploy target (pipeline.targets), outputs in graph order."""
-    from pipeline.targets import get_target
-
-    path = tmp_path / f"on_{target.replace(':', '_')}.onnx"
-    onnx.save(model, str(path))
-    with get_target(target).load(path) as session:
-        outputs = session.run(feeds)
-    return [outputs[value.name] for value in model.graph.output]
 
 
 # ---- models -----------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ import onnx
 import pytest
 from onnx import helper
 
-from stages import fp16, fp16_budget
-from tests.stages.test_fp16 import const, make_model, run_ort, run_reference, run_stage, tensor
+from qdeploy.stages import fp16
+from qdeploy.stages.fp16 import _budget as fp16_budget
+from tests.helpers.fp16 import const, make_model, run_ort, run_reference, run_stage, tensor
 
 N = 256
 BENIGN = ["tanh", "scale", "relu", "sigmoid", "mix"]
@@ -85,7 +86,7 @@ def test_data_movement_nodes_share_their_producers_group() -> None:
              helper.make_node("Exp", ["t"], ["y"], name="exp")]
     model = make_model(nodes, [const("shape", [2, 2], np.int64)], [tensor("x", [4])], [tensor("y", [2, 2])])
     model = onnx.shape_inference.infer_shapes(model)
-    from stages.fp16_types import all_types
+    from qdeploy.stages.fp16._types import all_types
 
     groups = fp16_budget.node_groups(model, set(), all_types(model))
     assert groups == [["relu", "reshape", "transpose"], ["exp"]]

@@ -3,6 +3,7 @@ is built, not only when reference:cpu validation fails later; the data it read i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,13 +11,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.context import StageContext
-from pipeline.loader import load_recipe
-from pipeline.runner import RunOptions, run_recipe
-from stages import fp16
-from stages.fp16 import Fp16Config
-from tests.conftest import write_recipe
-from tests.stages.test_fp16 import artifact, context
+from qdeploy.core.context import StageContext
+from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.runner import RunOptions, run_recipe
+from qdeploy.stages import fp16
+from qdeploy.stages.fp16 import Fp16Config
+from tests.helpers.fp16 import artifact, context
+from tests.helpers.models import write_recipe
 
 
 def _overflowing_model() -> onnx.ModelProto:
@@ -36,7 +37,7 @@ def _samples(seed: int = 0, count: int = 3) -> list[dict[str, np.ndarray]]:
 
 
 def _with_default(ctx: StageContext, dataset: str | None) -> StageContext:
-    return StageContext(recipe=ctx.recipe, variant=ctx.variant, work_dir=ctx.work_dir, default_dataset=dataset)
+    return dataclasses.replace(ctx, default_dataset=dataset)
 
 
 def test_validation_data_drives_activation_analysis_when_the_config_names_none(tmp_path: Path) -> None:

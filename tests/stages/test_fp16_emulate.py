@@ -9,10 +9,10 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from stages.fp16_convert import float16_clamper
-from stages.fp16_emulate import GATES_INPUT, emulation_twin, gated_twin
-from stages.fp16_types import all_types
-from tests.stages.test_fp16 import const, make_model, run_ort, run_reference, run_stage, tensor
+from qdeploy.stages.fp16._convert import float16_clamper
+from qdeploy.stages.fp16._emulate import GATES_INPUT, emulation_twin, gated_twin
+from qdeploy.stages.fp16._types import all_types
+from tests.helpers.fp16 import const, make_model, run_ort, run_reference, run_stage, tensor
 
 
 def _elementwise() -> onnx.ModelProto:

@@ -9,23 +9,22 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import onnx
 import pytest
 
-from calibration.readers import iter_samples
-from pipeline.compare import compare_outputs
-from pipeline.context import StageContext
-from pipeline.recipe import DatasetSpec
-from pipeline.tolerance import DEFAULT_TOLERANCES
-from stages import fp16
-from stages.fp16 import Fp16Config
+from qdeploy.calibration import data_context
+from qdeploy.calibration.samples import iter_samples
+from qdeploy.core.compare import compare_outputs
+from qdeploy.core.tolerance import DEFAULT_TOLERANCES
+from qdeploy.pipeline.recipe import DatasetSpec
+from qdeploy.stages import fp16
+from qdeploy.stages.fp16 import Fp16Config
+from tests.helpers.fp16 import plain_convert, run_stage, run_target
+from tests.helpers.images import text_images
+from tests.helpers.quantize import artifact_at
 from tests.real_models import PP_OCR_DET, real_model
-from tests.stages.test_fp16 import plain_convert, run_stage, run_target
-from tests.stages.test_quantize import artifact_at
-from tests.stages.test_quantize_real import text_images
 
 REAL_MODELS_HINT = ("set QDEPLOY_REAL_MODELS to a folder holding the rapidocr-onnxruntime wheel unpacked: "
                     "pip download rapidocr-onnxruntime --no-deps -d $DIR && unzip -o $DIR/rapidocr_onnxruntime-*.whl "
@@ -50,7 +49,7 @@ def _transformer_encoder(path: Path, layers: int = 3) -> onnx.ModelProto:
 
 def _validate(model: onnx.ModelProto, converted: onnx.ModelProto, feeds: list[dict[str, np.ndarray]],
               targets: tuple[str, ...], tmp_path: Path) -> dict[str, object]:
-    """Each target's comparison of the fp16 artifact with float32 on ort:cpu (pipeline.compare, fp16 defaults)."""
+    """Each target's comparison of the fp16 artifact with float32 on ort:cpu (qdeploy.core.compare, fp16 defaults)."""
     names = [value.name for value in model.graph.output]
     reference = [dict(zip(names, run_target("ort:cpu", model, feed, tmp_path), strict=True)) for feed in feeds]
     results = {}
@@ -136,7 +135,7 @@ def test_pp_ocr_detection_default_fp16_build_passes_true_float16_arithmetic(tmp_
     tolerance on both CPU runtimes and under float16 arithmetic (reference:cpu) on images it never saw.
 
     What made reference:cpu fail before: onnx.reference ran this model's opset-12 BatchNormalizations in
-    training mode (batch statistics; pipeline.reference_evaluator corrects it), and without data the last
+    training mode (batch statistics; qdeploy.targets.evaluator corrects it), and without data the last
     block's running variance (~1e8) was clamped to 65504 (now it stays float32 with its reader)."""
     source = real_model(PP_OCR_DET)
     size = 160
@@ -144,16 +143,15 @@ def test_pp_ocr_detection_default_fp16_build_passes_true_float16_arithmetic(tmp_
     text_images(tmp_path / "unseen", 2, size, size, seed=2)
     specs = {name: DatasetSpec(reader="images", path=name, resize=[size, size], mean=[0.485, 0.456, 0.406],
                                std=[0.229, 0.224, 0.225]) for name in ("val", "unseen")}
-    recipe = SimpleNamespace(data=specs, model=SimpleNamespace(inputs=[]), resolve=lambda p: tmp_path / p)
     (tmp_path / "work").mkdir()
-    ctx = StageContext(recipe=recipe, variant="fp16", work_dir=tmp_path / "work",  # type: ignore[arg-type]
+    ctx = data_context("fp16", tmp_path / "work", datasets=specs, resolve=lambda p: tmp_path / p,
                        default_dataset="val")
     result = fp16.run(artifact_at(source), Fp16Config(), ctx)
     assert result.findings["activation_analysis"]["source"] == "validate.data (default)"
     assert "p2o.BatchNormalization.1" in result.findings["constant_range_float32_nodes"]
     assert result.findings["fidelity"]["emulated"]["passed"]
 
-    feeds = list(iter_samples(specs["unseen"], recipe, source, dataset_name="unseen"))  # type: ignore[arg-type]
+    feeds = list(iter_samples(specs["unseen"], source, resolve=lambda p: tmp_path / p, dataset_name="unseen"))
     model = onnx.load(str(source))
     for target, comparison in _validate(model, result.model, feeds, ("ort:cpu", "openvino:cpu", "reference:cpu"),
                                         tmp_path).items():

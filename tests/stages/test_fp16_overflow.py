@@ -14,17 +14,8 @@ import onnx
 import pytest
 from onnx import helper
 
-from stages.fp16_activations import TensorStats, overflowing_nodes
-from tests.stages.test_fp16 import (
-    const,
-    make_model,
-    plain_convert,
-    run_ort,
-    run_reference,
-    run_stage,
-    run_target,
-    tensor,
-)
+from qdeploy.stages.fp16._activations import TensorStats, overflowing_nodes
+from tests.helpers.fp16 import const, make_model, plain_convert, run_ort, run_reference, run_stage, run_target, tensor
 
 T, D = 16, 64
 

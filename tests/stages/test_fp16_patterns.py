@@ -14,9 +14,17 @@ import onnx
 import pytest
 from onnx import helper
 
-from stages.fp16_patterns import integer_accumulators, normalizations, out_of_range_constants
-from stages.fp16_types import all_types
-from tests.stages.test_fp16 import const, make_model, run_ort, run_reference, run_stage, tensor
+from qdeploy.stages.fp16._patterns import integer_accumulators, normalizations, out_of_range_constants
+from qdeploy.stages.fp16._types import all_types
+from tests.helpers.fp16 import (
+    const,
+    make_model,
+    prequantized_model,
+    run_ort,
+    run_reference,
+    run_stage,
+    tensor,
+)
 
 T, D = 8, 32
 
@@ -97,29 +105,6 @@ def test_normalization_matcher_finds_layer_norm_and_l2_norm_but_not_a_plain_squa
     assert not {"plain_square", "energy", "not_a_norm"} & set(found)  # a square reduced, never applied to x
 
 
-def prequantized_model(path: Path, depth: int = 256) -> onnx.ModelProto:
-    """Conv -> LSTM -> MatMul, quantized by ONNX Runtime's quantize_dynamic (ConvInteger, DynamicQuantizeLSTM,
-    MatMulInteger, DynamicQuantizeLinear), as pre-quantized OCR models ship."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    rng = np.random.default_rng(0)
-    hidden = 16
-    inits = [const("K", rng.standard_normal((1, 1, 3, 3)) * 0.3),
-             const("W", rng.standard_normal((1, 4 * hidden, 8)) * 0.3),
-             const("R", rng.standard_normal((1, 4 * hidden, hidden)) * 0.3), const("B", np.zeros((1, 8 * hidden))),
-             const("M", rng.uniform(0.5, 1.0, (hidden, depth))), const("N", rng.uniform(0.5, 1.0, (depth, 4))),
-             const("shape", [6, 1, 8], np.int64), const("axes", [1], np.int64)]
-    nodes = [helper.make_node("Conv", ["img", "K"], ["feat"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Reshape", ["feat", "shape"], ["seq"], name="to_seq"),
-             helper.make_node("LSTM", ["seq", "W", "R", "B"], ["Y"], name="lstm", hidden_size=hidden),
-             helper.make_node("Squeeze", ["Y", "axes"], ["h"], name="squeeze"),
-             helper.make_node("MatMul", ["h", "M"], ["wide"], name="widen"),
-             helper.make_node("Relu", ["wide"], ["act"], name="act"),
-             helper.make_node("MatMul", ["act", "N"], ["logits"], name="head")]
-    model = make_model(nodes, inits, [tensor("img", [1, 1, 6, 8])], [tensor("logits", [6, 1, 4])])
-    onnx.save(model, str(path / "float.onnx"))
-    quantize_dynamic(str(path / "float.onnx"), str(path / "quantized.onnx"), weight_type=QuantType.QUInt8)
-    return onnx.load(str(path / "quantized.onnx"))
 
 
 def test_pre_quantized_model_keeps_float32_where_its_schemas_and_accumulators_need_it(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from pipeline.context import Artifact, StageContext
-from pipeline.recipe import Recipe
-from stages.fp16 import Fp16Config, run
-from stages.graph_order import scope_problems
+from qdeploy.core.context import Artifact
+from qdeploy.graph.order import scope_problems
+from qdeploy.pipeline.recipe import Recipe
+from qdeploy.stages.fp16 import Fp16Config, run
 from tests.control_flow_models import loop_with_outer_reads_model, lstm_branch_model, nested_constant_if_model
 
 
@@ -53,7 +53,7 @@ def test_fp16_with_data_converts_bodies_and_checks_them(make: object, tmp_path: 
     np.savez(data / "s0.npz", **feeds)
     recipe = Recipe(name="t", model={"onnx": str(path)}, variants={"v": []},
                     data={"d": {"reader": "npy", "path": str(data)}})
-    ctx = StageContext(recipe=recipe, variant="v", work_dir=tmp_path / "work")
+    ctx = recipe.stage_context("v", tmp_path / "work")
     ctx.work_dir.mkdir()
     artifact = Artifact(path=path, sidecar=tmp_path / "m.json", key="k", sha256="", size_bytes=path.stat().st_size,
                         stages=("export",), parent=None)

@@ -11,11 +11,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from pipeline.errors import ModelError
-from stages import fp16, fp16_types
-from stages.fp16 import Fp16Config
-from stages.fp16_graph import topological_sort
-from tests.stages.test_fp16 import (
+from qdeploy.core.errors import ModelError
+from qdeploy.stages import fp16
+from qdeploy.stages.fp16 import Fp16Config
+from qdeploy.stages.fp16 import _types as fp16_types
+from qdeploy.stages.fp16._graph import topological_sort
+from tests.helpers.fp16 import (
     artifact,
     broken_reason,
     const,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -13,99 +12,45 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from pydantic import ValidationError
 
-from pipeline.context import Artifact, StageContext
-from pipeline.errors import StageError
-from pipeline.recipe import DatasetSpec
-from stages import quantize
-from stages.quantize import CalibrationRef, QuantizeConfig
-from stages.quantize_verify import int8_kernels
-
-REPO = Path(__file__).resolve().parents[2]
-DEMO_MODEL = REPO / "recipes" / "models" / "demo_cnn.onnx"
-DEMO_VAL = REPO / "recipes" / "data" / "val"
+from qdeploy.core.errors import StageError
+from qdeploy.stages import quantize
+from qdeploy.stages.quantize import CalibrationRef, QuantizeConfig
+from qdeploy.stages.quantize._verify import int8_kernels
+from tests.helpers.quantize import (
+    DEMO_MODEL,
+    DEMO_VAL,
+    artifact_at,
+    cosine,
+    init,
+    make_model,
+    producers,
+    run_ort,
+    save_artifact,
+    stage_context,
+    tiny_conv,
+)
 
 # ---- helpers shared by the tests/stages/test_quantize_*.py files (imported from this module) --------------
 
 
-def save_artifact(tmp_path: Path, model: onnx.ModelProto, name: str = "model.onnx") -> Artifact:
-    path = tmp_path / name
-    onnx.save(model, str(path))
-    return artifact_at(path)
 
 
-def artifact_at(path: Path) -> Artifact:
-    return Artifact(path=path, sidecar=path.with_suffix(".json"), key="k", sha256="s",
-                    size_bytes=path.stat().st_size, stages=("export",), parent=None)
 
 
-def stage_context(tmp_path: Path, datasets: dict[str, Path] | None = None,
-                  inputs: list[SimpleNamespace] | None = None) -> StageContext:
-    """A stage context whose recipe names npy/npz folders as datasets; inputs may set random ranges."""
-    data = {name: DatasetSpec(reader="npy", path=str(folder)) for name, folder in (datasets or {}).items()}
-    recipe = SimpleNamespace(data=data, model=SimpleNamespace(inputs=inputs or []), resolve=lambda p: tmp_path / p)
-    work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
-    return StageContext(recipe=recipe, variant="v", work_dir=work)  # type: ignore[arg-type]
 
 
-def make_model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], inputs: dict[str, list[int]],
-               outputs: list[str] | dict[str, list[int]], *, opset: int = 17,
-               domains: tuple[str, ...] = ()) -> onnx.ModelProto:
-    """A float model from nodes and initializers; inputs and outputs name -> shape (outputs may be unshaped)."""
-    shaped = outputs if isinstance(outputs, dict) else dict.fromkeys(outputs)
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
-                                           for n, s in inputs.items()],
-                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in shaped.items()],
-                              inits)
-    opsets = [helper.make_opsetid("", opset), *(helper.make_opsetid(domain, 1) for domain in domains)]
-    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
-def init(name: str, values: object, dtype: type = np.float32) -> onnx.TensorProto:
-    return numpy_helper.from_array(np.asarray(values, dtype=dtype), name)
 
 
-def run_ort(model: onnx.ModelProto | Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    source = str(model) if isinstance(model, Path) else model.SerializeToString()
-    return ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-def run_openvino(model: onnx.ModelProto, feeds: dict[str, np.ndarray], tmp_path: Path) -> list[np.ndarray]:
-    import openvino
-
-    path = tmp_path / "openvino_input.onnx"
-    onnx.save(model, str(path))
-    compiled = openvino.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    results = compiled(feeds)
-    return [np.asarray(results[output]) for output in compiled.outputs]
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
-    return {out: node for node in model.graph.node for out in node.output}
 
 
-def tiny_conv() -> onnx.ModelProto:
-    """Conv -> Relu -> Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm; input x [1,3,16,16]."""
-    rng = np.random.default_rng(0)
-
-    def weight(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * np.sqrt(2.0 / np.prod(shape[1:]))).astype(np.float32)
-
-    inits = [init("w1", weight(8, 3, 3, 3)), init("w2", weight(8, 8, 3, 3)), init("b1", rng.uniform(0, 0.2, 8)),
-             init("b2", rng.uniform(0, 0.2, 8)), init("fc", weight(10, 8)), init("fcb", np.zeros(10))]
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
-             helper.make_node("GlobalAveragePool", ["r2"], ["p"], name="pool"),
-             helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
-             helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"], name="fc", transB=1)]
-    return make_model(nodes, inits, {"x": [1, 3, 16, 16]}, {"y": [1, 10]})
 
 
 def calib_folder(tmp_path: Path, count: int = 12, name: str = "calib") -> Path:
@@ -350,9 +295,9 @@ def test_recipe_with_an_image_dataset_a_budget_and_a_lowered_variant_runs_end_to
     """Through the loader and runner: images calibrate ptq (with a budget) and verify a lowered QAT model."""
     from PIL import Image
 
-    from pipeline.loader import load_recipe
-    from pipeline.runner import RunOptions, run_recipe
-    from tests.conftest import write_recipe
+    from qdeploy.pipeline.loader import load_recipe
+    from qdeploy.pipeline.runner import RunOptions, run_recipe
+    from tests.helpers.models import write_recipe
 
     folder = tmp_path / "imgs"
     folder.mkdir()

@@ -14,16 +14,16 @@ import numpy as np
 import onnx
 import pytest
 
-import stages.validate as validate
-from pipeline.int8_path import SEVEN_BIT_KEY, weights_beyond_seven_bits
-from pipeline.loader import load_recipe
-from pipeline.runner import RunOptions, run_recipe
-from stages import quantize
-from stages.quantize import CalibrationRef, QuantizeConfig, resolve_reduce_range
-from stages.validate import ValidateConfig
-from tests.conftest import tiny_cnn, write_recipe
+import qdeploy.stages.validate as validate
+from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.runner import RunOptions, run_recipe
+from qdeploy.stages import quantize
+from qdeploy.stages.quantize import CalibrationRef, QuantizeConfig, resolve_reduce_range
+from qdeploy.stages.validate import ValidateConfig
+from qdeploy.targets.int8_path import SEVEN_BIT_KEY, weights_beyond_seven_bits
 from tests.helpers.int8 import exact_int8, run_ort_unfused, this_cpu
-from tests.stages.test_quantize import (
+from tests.helpers.models import tiny_cnn, write_recipe
+from tests.helpers.quantize import (
     DEMO_MODEL,
     DEMO_VAL,
     artifact_at,
@@ -33,7 +33,7 @@ from tests.stages.test_quantize import (
     save_artifact,
     stage_context,
 )
-from tests.stages.test_validate import artifact, chain_model, context
+from tests.helpers.validate import artifact, chain_model, context
 
 VNNI_FLAGS = "avx2 avx512f avx512bw avx512_vnni"
 AVX2_FLAGS = "avx2 fma f16c"

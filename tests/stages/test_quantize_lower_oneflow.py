@@ -15,18 +15,11 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from stages import quantize
-from stages.quantize import QuantizeConfig
+from qdeploy.stages import quantize
+from qdeploy.stages.quantize import QuantizeConfig
 from tests.helpers.int8 import exact_int8, run_ort_unfused
-from tests.stages.test_quantize import init, make_model, run_openvino, run_ort, save_artifact, stage_context
-from tests.stages.test_quantize_lower import (
-    OV_DOMAIN,
-    SHAPE,
-    assert_within,
-    covering_inputs,
-    decomposed_nodes,
-    ov_fake_quantize,
-)
+from tests.helpers.lowering import OV_DOMAIN, SHAPE, assert_within, covering_inputs, decomposed_nodes, ov_fake_quantize
+from tests.helpers.quantize import init, make_model, run_openvino, run_ort, save_artifact, stage_context
 
 OF_DOMAIN = "oneflow"
 

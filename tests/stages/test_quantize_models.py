@@ -11,10 +11,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from pipeline.errors import StageError
-from stages import quantize
-from stages.quantize import QuantizeConfig
-from tests.stages.test_quantize import cosine, init, make_model, run_ort, save_artifact, stage_context
+from qdeploy.core.errors import StageError
+from qdeploy.stages import quantize
+from qdeploy.stages.quantize import QuantizeConfig
+from tests.helpers.quantize import cosine, init, make_model, run_ort, save_artifact, stage_context
 
 CLASSES = ["text", "image", "archive", "binary"]
 
@@ -185,7 +185,7 @@ def test_an_already_quantized_model_is_refused_in_every_form(tmp_path: Path, for
 
 def test_a_float_model_with_look_alike_op_names_is_not_taken_for_quantized(tmp_path: Path) -> None:
     """QuickGelu starts with Q, Integer-free names: only real quantization ops count."""
-    from stages.quantize_prepare import count_quantized_nodes
+    from qdeploy.stages.quantize._prepare import count_quantized_nodes
 
     assert count_quantized_nodes(_one_node("QuickGelu", ["x"], "com.microsoft")) == 0
     assert count_quantized_nodes(tf2onnx_classifier()) == 0

@@ -8,18 +8,17 @@ the tests are skipped, saying why, when they cannot be had.
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
-from calibration.readers import iter_samples
-from pipeline.context import StageContext
-from pipeline.recipe import DatasetSpec
-from stages import quantize
-from stages.quantize import CalibrationRef, QuantizeConfig
+from qdeploy.calibration import data_context
+from qdeploy.calibration.samples import iter_samples
+from qdeploy.pipeline.recipe import DatasetSpec
+from qdeploy.stages import quantize
+from qdeploy.stages.quantize import CalibrationRef, QuantizeConfig
+from tests.helpers.images import text_images
+from tests.helpers.quantize import artifact_at, cosine, run_ort
 from tests.real_models import PP_OCR_DET, PP_OCR_REC, real_model
-from tests.stages.test_quantize import artifact_at, cosine, run_ort
 
 # name: (model, image width, height, normalisation)
 CASES = {
@@ -28,22 +27,6 @@ CASES = {
 }
 
 
-def text_images(folder: Path, count: int, width: int, height: int, seed: int) -> Path:
-    """Lines of capital letters rendered on light backgrounds."""
-    from PIL import Image, ImageDraw, ImageFont
-
-    folder.mkdir()
-    rng = np.random.default_rng(seed)
-    for index in range(count):
-        image = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(180, 256, 3)))
-        draw = ImageDraw.Draw(image)
-        font = ImageFont.load_default(size=int(rng.integers(max(12, height // 3), max(14, height * 3 // 4))))
-        for _ in range(1 if height <= 64 else 4):
-            text = "".join(chr(int(c)) for c in rng.integers(65, 91, int(rng.integers(4, 12))))
-            where = (int(rng.integers(0, width // 2)), int(rng.integers(0, max(1, height - height // 2))))
-            draw.text(where, text, fill=tuple(int(v) for v in rng.integers(0, 80, 3)), font=font)
-        image.save(folder / f"{index:02d}.png")
-    return folder
 
 
 @pytest.mark.slow
@@ -55,10 +38,9 @@ def test_pp_ocr_model_is_quantized_with_int8_kernels_on_both_runtimes(tmp_path: 
     text_images(tmp_path / "eval", 3, width, height, seed=2)
     specs = {name: DatasetSpec(reader="images", path=name, resize=[height, width], **normalisation)
              for name in ("calib", "eval")}
-    recipe = SimpleNamespace(data=specs, model=SimpleNamespace(inputs=[]), resolve=lambda p: tmp_path / p)
     work = tmp_path / "work"
     work.mkdir()
-    context = StageContext(recipe=recipe, variant=which, work_dir=work)  # type: ignore[arg-type]
+    context = data_context(which, work, datasets=specs, resolve=lambda p: tmp_path / p)
     result = quantize.run(artifact_at(source), QuantizeConfig(calibration=CalibrationRef(data="calib", samples=6)),
                           context)
 
@@ -72,6 +54,6 @@ def test_pp_ocr_model_is_quantized_with_int8_kernels_on_both_runtimes(tmp_path: 
         counted = findings["int8_kernels"][target]
         assert counted["int8"] >= convs * 0.9, (target, counted)
 
-    feeds = list(iter_samples(specs["eval"], recipe, source, dataset_name="eval"))  # type: ignore[arg-type]
+    feeds = list(iter_samples(specs["eval"], source, resolve=lambda p: tmp_path / p, dataset_name="eval"))
     for feed in feeds:
         assert cosine(run_ort(result.model, feed)[0], run_ort(source, feed)[0]) > 0.85

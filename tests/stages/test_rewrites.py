@@ -9,8 +9,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from pydantic import ValidationError
 
-from stages.rewrites import RewriteReport, apply_rewrites, available, default_names
-from stages.simplify import SimplifyConfig
+from qdeploy.graph.rewrites import RewriteReport, apply_rewrites, available, default_names
+from qdeploy.stages.simplify import SimplifyConfig
 
 RNG = np.random.default_rng(3)
 

@@ -12,10 +12,10 @@ import onnx
 import pytest
 
 from benchmarks.scaling_models import SHAPES
-from calibration.readers import model_inputs, random_samples
-from stages.quantize_prepare import prepare
-from stages.quantize_ptq import DynamicBuilder, StaticBuilder, calibrate, default_op_types
-from tests.stages.test_quantize import tiny_conv
+from qdeploy.calibration.readers import model_inputs, random_samples
+from qdeploy.stages.quantize._prepare import prepare
+from qdeploy.stages.quantize._ptq import DynamicBuilder, StaticBuilder, calibrate, default_op_types
+from tests.helpers.quantize import tiny_conv
 
 SCANNING = ("input_name_to_nodes", "output_name_to_node", "replace_input_of_all_nodes", "replace_input_of_nodes",
             "replace_output_of_all_nodes", "get_initializer", "add_initializer", "initializer_extend",
@@ -49,7 +49,7 @@ def ort_own(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
     from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
 
-    from stages import quantize_fast_ort
+    from qdeploy.stages.quantize import _fast_ort as quantize_fast_ort
 
     monkeypatch.setattr(quantize_fast_ort, "FastQDQQuantizer", QDQQuantizer)
     monkeypatch.setattr(quantize_fast_ort, "FastONNXQuantizer", ONNXQuantizer)
@@ -84,7 +84,7 @@ def scans(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, nodes: int, mode: str
     quantizing a model of that many nodes."""
     from onnxruntime.quantization.onnx_model import ONNXModel
 
-    from stages import quantize_fast_ort
+    from qdeploy.stages.quantize import _fast_ort as quantize_fast_ort
 
     quantize_fast_ort.install_find_by_name()
     folder = tmp_path / f"{mode}-{nodes}"
@@ -133,7 +133,7 @@ def test_quantizing_scans_the_graph_a_fixed_number_of_times_whatever_its_size(
 
 def test_calibration_of_a_long_chain_reads_every_tensor_once(tmp_path: Path) -> None:
     """Tensors the probe model exposes are looked up in a set: collect_statistics stays linear."""
-    from calibration.activations import collect_statistics, float_tensors_of
+    from qdeploy.calibration.activations import collect_statistics, float_tensors_of
 
     path = prepared(tmp_path, SHAPES["chain"](400))
     tensors = float_tensors_of(path)
@@ -147,7 +147,7 @@ def test_openvino_kernel_count_of_a_large_graph_runs_apart_with_a_time_limit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """OpenVINO's compile grows with the square of a QDQ chain: above a size it runs in a child process, and a
     compile past the limit is 'unchecked' with the reason, never a pass and never a stage that runs for hours."""
-    from stages import quantize_verify
+    from qdeploy.stages.quantize import _verify as quantize_verify
 
     path = prepared(tmp_path, tiny_conv())
     model = static(path, tmp_path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +11,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from pydantic import ValidationError
 
-from pipeline.context import Artifact, StageContext, StageResult
-from pipeline.errors import StageError
-from stages import folding, simplify, simplify_shapes
-from stages.simplify import SimplifyConfig, compare_outputs, run
-from tests.conftest import tiny_cnn
+from qdeploy.core.context import Artifact, StageContext
+from qdeploy.core.errors import StageError
+from qdeploy.stages import simplify
+from qdeploy.stages.simplify import SimplifyConfig, compare_outputs, run
+from qdeploy.stages.simplify import _folding as folding
+from qdeploy.stages.simplify import _shapes as simplify_shapes
+from tests.helpers.models import tiny_cnn
+from tests.helpers.simplify import simplify_model
 
 RNG = np.random.default_rng(0)
 
@@ -41,15 +43,6 @@ def _vi(name: str, shape: list[int] | None, elem: int = TensorProto.FLOAT) -> on
     return helper.make_tensor_value_info(name, elem, shape)
 
 
-def _simplify(model: onnx.ModelProto, tmp_path: Path, ctx: StageContext, **config: object) -> StageResult:
-    path = tmp_path / "model.onnx"
-    onnx.save(model, path)
-    artifact = Artifact(path=path, sidecar=tmp_path / "x.json", key="k", sha256="", size_bytes=0, stages=(),
-                        parent=None)
-    result = run(artifact, SimplifyConfig(**config), ctx)
-    onnx.checker.check_model(result.model)
-    json.dumps(result.findings)  # the sidecar must be able to hold them
-    return result
 
 
 def _ops(model: onnx.ModelProto) -> list[str]:
@@ -77,7 +70,7 @@ def _conv_bn() -> onnx.ModelProto:
 
 def test_conv_batchnorm_fuses_into_one_conv(tmp_path: Path, ctx: StageContext) -> None:
     model = _conv_bn()
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert _ops(result.model) == ["Conv"]
     assert [out.name for out in result.model.graph.output] == ["y"]
     assert result.changed
@@ -93,20 +86,20 @@ def test_skip_fuse_bn_and_skipped_passes_are_honoured(tmp_path: Path, ctx: Stage
     model = _conv_bn()
     model.graph.node.append(helper.make_node("Identity", ["y"], ["out"]))
     model.graph.output[0].name = "out"
-    result = _simplify(model, tmp_path, ctx, skip_fuse_bn=True, skipped_passes=["eliminate_identity"])
+    result = simplify_model(model, tmp_path, ctx, skip_fuse_bn=True, skipped_passes=["eliminate_identity"])
     assert _ops(result.model) == ["Conv", "BatchNormalization", "Identity"]
     assert "fuse_bn_into_conv" not in result.findings["passes"]
     assert "eliminate_identity" not in result.findings["passes"]
     assert not result.changed
-    fused = _simplify(model, tmp_path, ctx)
+    fused = simplify_model(model, tmp_path, ctx)
     assert _ops(fused.model) == ["Conv"]
-    not_folded = _simplify(model, tmp_path, ctx, fold_constants=False)
+    not_folded = simplify_model(model, tmp_path, ctx, fold_constants=False)
     assert _ops(not_folded.model) == ["Conv", "BatchNormalization"]
 
 
 def test_tiny_cnn_simplifies_and_agrees(tmp_path: Path, ctx: StageContext) -> None:
     model = tiny_cnn()
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert "BatchNormalization" not in _ops(result.model)
     assert result.findings["node_count_after"] == result.findings["node_count_before"] - 1
     _assert_same(model, result.model, {"input": _rand(1, 3, 16, 16)}, atol=1e-5, rtol=1e-4)
@@ -125,7 +118,7 @@ def test_shape_chain_on_a_static_input_folds_away(tmp_path: Path, ctx: StageCont
             target = Concat<axis = 0>(d0u, minus1)
             y = Reshape(x, target)
         }""")
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert _ops(result.model) == ["Reshape"]
     shape_input = result.model.graph.node[0].input[1]
     target = {init.name: numpy_helper.to_array(init) for init in result.model.graph.initializer}[shape_input]
@@ -140,7 +133,7 @@ def test_shape_of_a_dynamic_input_is_not_folded(tmp_path: Path, ctx: StageContex
         g (float[N,4] x) => (int64[2] y) {
             y = Shape(x)
         }""")
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert _ops(result.model) == ["Shape"]
 
 
@@ -151,7 +144,7 @@ def test_constant_node_weights_become_initializers(tmp_path: Path, ctx: StageCon
              helper.make_node("MatMul", ["x", "w"], ["m"]),
              helper.make_node("Add", ["m", "b"], ["y"])]
     model = _model(nodes, [_vi("x", [2, 4])], [_vi("y", [2, 5])])
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert "Constant" not in _ops(result.model)
     assert _ops(result.model) == ["Gemm"]  # 2-D MatMul + Add
     assert {"w", "b"} <= {init.name for init in result.model.graph.initializer}
@@ -162,7 +155,7 @@ def test_constant_node_weights_become_initializers(tmp_path: Path, ctx: StageCon
 def test_matmul_add_on_3d_input_is_not_turned_into_gemm(tmp_path: Path, ctx: StageContext) -> None:
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
     model = _model(nodes, [_vi("x", [2, 3, 4])], [_vi("y", [2, 3, 5])], [_init("w", _rand(4, 5)), _init("b", _rand(5))])
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert _ops(result.model) == ["MatMul", "Add"]
 
 
@@ -178,7 +171,7 @@ def _constant_of_shape_model(side: int) -> onnx.ModelProto:
 def test_fold_size_limit_keeps_large_constant_of_shape(tmp_path: Path, ctx: StageContext, limit_mb: float,
                                                        folded: bool) -> None:
     model = _constant_of_shape_model(256)  # 256*256 float32 = 256 KiB
-    result = _simplify(model, tmp_path, ctx, fold_size_limit_mb=limit_mb)
+    result = simplify_model(model, tmp_path, ctx, fold_size_limit_mb=limit_mb)
     assert ("ConstantOfShape" not in _ops(result.model)) == folded
     skipped = result.findings["fold_skipped"]
     if folded:
@@ -210,7 +203,7 @@ def test_dequantize_linear_of_an_int8_weight_is_kept(tmp_path: Path, ctx: StageC
              helper.make_node("DequantizeLinear", ["w2q", "scale", "zp"], ["w2"]),
              helper.make_node("MatMul", ["h", "w2"], ["y"])]
     model = _model(nodes, [_vi("x", [2, 4])], [_vi("y", [2, 3])], inits)
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert _ops(result.model) == ["DequantizeLinear", "MatMul", "QuantizeLinear", "DequantizeLinear", "MatMul"]
     types = {init.name: init.data_type for init in result.model.graph.initializer}
     assert types["wq"] == TensorProto.INT8 and "w" not in types
@@ -228,7 +221,7 @@ def _if_model() -> onnx.ModelProto:
 
 def test_if_model_survives_and_computes_the_same(tmp_path: Path, ctx: StageContext) -> None:
     model = _if_model()
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert _ops(result.model) == ["If"]
     assert "w2" in {init.name for init in result.model.graph.initializer}
     assert any("subgraphs (in If nodes)" in note for note in result.findings["notes"])
@@ -241,7 +234,7 @@ def test_output_names_are_preserved(tmp_path: Path, ctx: StageContext) -> None:
              helper.make_node("Identity", ["y"], ["z"]), helper.make_node("Add", ["k0", "k0"], ["k"])]
     model = _model(nodes, [_vi("x", [3])], [_vi("y", [3]), _vi("z", [3]), _vi("k", [3])],
                    [_init("k0", np.arange(3, dtype=np.float32))])
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert [out.name for out in result.model.graph.output] == ["y", "z", "k"]
     assert list(result.model.graph.output) == list(model.graph.output)  # types and shapes too
     assert "Add" not in _ops(result.model) and "k" in {init.name for init in result.model.graph.initializer}
@@ -255,7 +248,7 @@ def test_initializer_listed_as_input_is_overridable_from_ir4(tmp_path: Path, ctx
              helper.make_node("Shape", ["w"], ["s"])]
     model = _model(nodes, [_vi("x", [2]), _vi("w", [None])], [_vi("y", [2]), _vi("s", [1], TensorProto.INT64)],
                    [_init("w", np.array([1.0, 2.0], dtype=np.float32))], opset=13, ir_version=ir_version)
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert ("Mul" not in _ops(result.model)) == foldable
     assert ("Shape" not in _ops(result.model)) == foldable  # an override may have another length
     if not foldable:  # the default can still be overridden
@@ -267,14 +260,14 @@ def test_random_ops_are_not_folded(tmp_path: Path, ctx: StageContext) -> None:
     nodes = [helper.make_node("RandomUniform", [], ["r"], shape=[3], seed=1.0),
              helper.make_node("Add", ["x", "r"], ["y"])]
     model = _model(nodes, [_vi("x", [3])], [_vi("y", [3])])
-    result = _simplify(model, tmp_path, ctx, check_n=0)
+    result = simplify_model(model, tmp_path, ctx, check_n=0)
     assert _ops(result.model) == ["RandomUniform", "Add"]
     assert result.findings["check"] == {"unchecked": "check_n is 0"}
 
 
 def test_already_simple_model_is_unchanged(tmp_path: Path, ctx: StageContext) -> None:
     model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [3])], [_vi("y", [3])])
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert not result.changed
     assert result.findings["iterations"] == 1
     assert result.findings["folded_tensors"] == 0
@@ -305,7 +298,7 @@ def test_equivalence_check_catches_a_wrong_fold(tmp_path: Path, ctx: StageContex
     nodes = [helper.make_node("Mul", ["a", "b"], ["ab"]), helper.make_node("Add", ["x", "ab"], ["y"])]
     model = _model(nodes, [_vi("x", [4])], [_vi("y", [4])], [_init("a", _rand(4)), _init("b", _rand(4))])
     with pytest.raises(StageError, match=r"output 'y': max abs error 0\.5") as caught:
-        _simplify(model, tmp_path, ctx)
+        simplify_model(model, tmp_path, ctx)
     assert caught.value.stage == "simplify" and caught.value.variant == "v"
 
 
@@ -365,7 +358,7 @@ def test_ops_onnxruntime_refuses_fall_back_to_onnx_reference(tmp_path: Path, ctx
     monkeypatch.setattr(folding, "_run_ort", ort_without_sqrt)
     monkeypatch.setattr(folding, "_run_reference", reference)
     model = _sqrt_model()
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     if reference_works:
         assert _ops(result.model) == ["Add"] and result.findings["fold_failed_ops"] == []
         values = {init.name: numpy_helper.to_array(init) for init in result.model.graph.initializer}
@@ -380,7 +373,7 @@ def test_float8_values_keep_their_type(tmp_path: Path, ctx: StageContext) -> Non
              helper.make_node("Relu", ["x"], ["y"])]
     model = _model(nodes, [_vi("x", [2])], [_vi("y", [2]), _vi("y8", [2], TensorProto.FLOAT8E4M3FN)],
                    [_init("a", np.array([1.5, 4.0], np.float32))], opset=21, ir_version=10)
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     types = {init.name: init.data_type for init in result.model.graph.initializer}
     assert types.get("y8", TensorProto.FLOAT8E4M3FN) == TensorProto.FLOAT8E4M3FN
     _assert_same(model, result.model, {"x": _rand(2)}, atol=0, rtol=0)
@@ -392,7 +385,7 @@ def test_large_models_infer_shapes_through_a_file(tmp_path: Path, ctx: StageCont
     model = _conv_bn()
     model.graph.node.extend([helper.make_node("Shape", ["y"], ["s"]), helper.make_node("Reshape", ["y", "s"], ["z"])])
     model.graph.output[0].name = "z"
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert _ops(result.model) == ["Conv"] or _ops(result.model) == ["Conv", "Reshape"]
     assert "Shape" not in _ops(result.model) and result.findings["notes"] == []
     assert list(ctx.work_dir.iterdir()) == []  # the temporary files are gone
@@ -409,7 +402,7 @@ def test_models_above_the_ort_limit_fold_in_pieces_and_skip_the_check(tmp_path: 
                              helper.make_node("Transpose", ["w"], ["wt"]), helper.make_node("Relu", ["wt"], ["z2"])])
     model.graph.output[0].name = "z"
     model.graph.output.append(_vi("z2", [3, 3, 3, 4]))
-    result = _simplify(model, tmp_path, ctx, skip_fuse_bn=True)
+    result = simplify_model(model, tmp_path, ctx, skip_fuse_bn=True)
     assert _ops(result.model) == ["Conv", "BatchNormalization", "Mul", "Transpose", "Relu"]  # k*k folded
     assert result.findings["fold_failed_ops"] == ["Transpose"]
     assert "1.8 GB" in result.findings["check"]["unchecked"]

@@ -19,10 +19,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.context import Artifact, StageContext, StageResult
-from pipeline.recipe import Recipe
-from stages import export, simplify
-from tests.conftest import tiny_cnn
+from qdeploy.core.context import Artifact, StageContext, StageResult
+from qdeploy.pipeline.recipe import Recipe
+from qdeploy.stages import export, simplify
+from tests.helpers.models import tiny_cnn
 from tests.real_models import PP_OCR_DET, PP_OCR_REC, real_model
 
 RNG = np.random.default_rng(11)
@@ -99,7 +99,7 @@ def recurrent():
 
 def _ctx(tmp_path: Path, model: dict[str, Any]) -> StageContext:
     recipe = Recipe(name="t", model=model, variants={"v": []})
-    ctx = StageContext(recipe=recipe, variant="v", work_dir=tmp_path / "work")
+    ctx = recipe.stage_context("v", tmp_path / "work")
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     return ctx
 

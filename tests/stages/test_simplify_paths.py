@@ -11,13 +11,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.context import StageContext
-from stages import optimizer
-from stages.check_inputs import safe_integer_ranges
-from stages.folding import constant_node_tensors
-from stages.simplify import DEFAULT_PASSES
-from tests.conftest import tiny_cnn
-from tests.stages.test_simplify import _simplify
+from qdeploy.core.context import StageContext
+from qdeploy.stages.simplify import DEFAULT_PASSES
+from qdeploy.stages.simplify import _optimizer as optimizer
+from qdeploy.stages.simplify._check_inputs import safe_integer_ranges
+from qdeploy.stages.simplify._folding import constant_node_tensors
+from tests.helpers.models import tiny_cnn
+from tests.helpers.simplify import simplify_model
 
 RNG = np.random.default_rng(1)
 
@@ -59,7 +59,7 @@ def _inner_then(model: onnx.ModelProto) -> onnx.GraphProto:
 def test_if_inside_if_is_folded_inside_or_kept_and_never_broken(tmp_path: Path, ctx: StageContext,
                                                                  fold_subgraphs: bool) -> None:
     model = _nested_if_model()
-    result = _simplify(model, tmp_path, ctx, fold_subgraphs=fold_subgraphs)
+    result = simplify_model(model, tmp_path, ctx, fold_subgraphs=fold_subgraphs)
     inner = [node.op_type for node in _inner_then(result.model).node]
     # Folded values inside subgraphs are Constant nodes: tools (onnxoptimizer inlining a branch) drop subgraph
     # initializers.
@@ -89,7 +89,7 @@ def test_loop_invariant_constant_work_in_a_loop_body_is_folded(tmp_path: Path, c
                                numpy_helper.from_array(np.array([1.5, -1.0], np.float32), "k")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     body_ops = [n.op_type for n in result.model.graph.node[0].attribute[0].g.node]
     assert "Mul" not in body_ops and "Add" in body_ops
     x = RNG.standard_normal(2).astype(np.float32)
@@ -113,7 +113,7 @@ def test_static_dimensions_of_a_partly_symbolic_shape_fold(tmp_path: Path, ctx: 
             z = Reshape(x, dims2)
         }""")
     model.graph.node[-1].output[0] = "z_unused"  # dims2 folds too; z is dead and goes away
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert [node.op_type for node in result.model.graph.node] == ["Reshape"]
     x = RNG.standard_normal((5, 4, 6)).astype(np.float32)
     np.testing.assert_array_equal(_run(result.model, {"x": x})[0], x.reshape(5, 24))
@@ -149,7 +149,7 @@ def test_one_onnxoptimizer_call_and_findings_name_what_changed(tmp_path: Path, c
     model = tiny_cnn()
     model.graph.node[-1].output[0] = "pre"
     model.graph.node.append(helper.make_node("Identity", ["pre"], ["logits"]))
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     findings = result.findings
     assert findings["optimizer"]["calls"] == 1
     assert findings["rewrites"]["applied"] == {"fuse_conv_batchnorm": 1}
@@ -167,7 +167,7 @@ def test_folded_tensors_are_listed_with_their_bytes(tmp_path: Path, ctx: StageCo
             b = Mul(a, a)
             y = Add(x, b)
         }""")
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert result.findings["folded"] == {"b": 12}
     assert result.findings["constants_converted"] == 1
 
@@ -186,7 +186,7 @@ def _embedding_model(vocab: int) -> onnx.ModelProto:
 def test_token_ids_get_values_within_the_embedding_table(tmp_path: Path, ctx: StageContext) -> None:
     model = _embedding_model(vocab=7)  # the default 0..99 would index past the table
     assert safe_integer_ranges(model) == {"ids": (0, 7)}
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     check = result.findings["check"]
     assert check["samples"] == 3, check
     assert check["input_shapes"] == {"ids": [1, 32]}  # batch 1, other symbolic dimensions 32
@@ -199,7 +199,7 @@ def test_a_symbolic_size_the_original_refuses_is_retried_with_one(tmp_path: Path
             shape = Constant<value = int64[2] {1, 1}>()
             y = Reshape(x, shape)
         }""")  # only M = 1 works
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     assert result.findings["check"]["input_shapes"] == {"x": [1, 1]}
 
 
@@ -222,7 +222,7 @@ def _conv_bn_chain(blocks: int) -> onnx.ModelProto:
 
 def test_a_large_graph_goes_through_onnxoptimizer_in_pieces(tmp_path: Path, ctx: StageContext,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from stages import optimizer_pieces
+    from qdeploy.stages.simplify import _optimizer_pieces as optimizer_pieces
 
     monkeypatch.setattr(optimizer, "PIECES_ABOVE", 10)
     monkeypatch.setattr(optimizer_pieces, "PIECE_NODES", 6)  # pieces end mid-block: patterns straddle them
@@ -230,7 +230,7 @@ def test_a_large_graph_goes_through_onnxoptimizer_in_pieces(tmp_path: Path, ctx:
     pieces = optimizer_pieces.optimize_in_pieces(model, list(DEFAULT_PASSES), piece_nodes=6)
     names = [name for node in pieces.graph.node for name in node.output] + [i.name for i in pieces.graph.initializer]
     assert len(names) == len(set(names))  # the names onnxoptimizer invents in each piece do not collide
-    result = _simplify(model, tmp_path, ctx, rewrites=[])  # BN fusion left to onnxoptimizer, piece by piece
+    result = simplify_model(model, tmp_path, ctx, rewrites=[])  # BN fusion left to onnxoptimizer, piece by piece
     ops = [node.op_type for node in result.model.graph.node]
     assert "Identity" not in ops and "BatchNormalization" not in ops and ops.count("Conv") == 8
     assert any("pieces" in note for note in result.findings["notes"])

@@ -15,13 +15,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from pipeline.context import Artifact, StageContext, StageResult
-from pipeline.recipe import Recipe
-from stages.fp16 import Fp16Config
-from stages.fp16 import run as fp16
-from stages.graph_order import scope_problems
-from stages.simplify import SimplifyConfig
-from stages.simplify import run as simplify
+from qdeploy.core.context import Artifact, StageContext, StageResult
+from qdeploy.graph.order import scope_problems
+from qdeploy.pipeline.recipe import Recipe
+from qdeploy.stages.fp16 import Fp16Config
+from qdeploy.stages.fp16 import run as fp16
+from qdeploy.stages.simplify import SimplifyConfig
+from qdeploy.stages.simplify import run as simplify
 from tests.real_models import real_model_dir
 
 WHEEL = "silero-vad==6.2.3"
@@ -70,7 +70,7 @@ def test_silero_vad_simplifies_and_converts_to_fp16_with_both_branches_intact(tm
     np.savez(data / "a.npz", **_feeds(16000, 0))
     recipe = Recipe(name="vad", model={"onnx": str(original)}, variants={"v": []},
                     data={"val": {"reader": "npy", "path": str(data)}}, validate={"data": "val"})
-    ctx = StageContext(recipe=recipe, variant="v", work_dir=tmp_path / "work")
+    ctx = recipe.stage_context("v", tmp_path / "work")
     ctx.work_dir.mkdir()
     simplified = _run(simplify, SimplifyConfig(), original, ctx)
     assert simplified.findings["check"]["inputs"] == "the recipe's validation data"

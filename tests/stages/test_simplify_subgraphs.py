@@ -12,16 +12,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.context import Artifact, StageContext
-from stages import folding
-from stages.check_inputs import bounded_memory, safe_integer_ranges
-from stages.graph_order import scope_problems
-from stages.simplify import SimplifyConfig, run
-from stages.simplify_interface import interface_types, restore_interface_types
+from qdeploy.core.context import Artifact, StageContext
+from qdeploy.graph.order import scope_problems
+from qdeploy.stages.simplify import SimplifyConfig, run
+from qdeploy.stages.simplify import _folding as folding
+from qdeploy.stages.simplify._check_inputs import bounded_memory, safe_integer_ranges
+from qdeploy.stages.simplify._interface import interface_types, restore_interface_types
 from tests.control_flow_models import loop_with_outer_reads_model, lstm_branch_model, nested_constant_if_model
 
 
-def _simplify(model: onnx.ModelProto, tmp_path: Path, ctx: StageContext, **config: object):
+def simplify_model(model: onnx.ModelProto, tmp_path: Path, ctx: StageContext, **config: object):
     path = tmp_path / "in.onnx"
     onnx.save(model, path)
     artifact = Artifact(path=path, sidecar=tmp_path / "in.json", key="k", sha256="", size_bytes=path.stat().st_size,
@@ -40,7 +40,7 @@ def _valid(model: onnx.ModelProto) -> None:
 
 def test_nested_if_with_a_folded_condition_stays_a_valid_graph(tmp_path: Path, ctx: StageContext) -> None:
     model = nested_constant_if_model()
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     _valid(result.model)  # old code: "Nodes in a graph must be topologically sorted" inside the If
     assert any("constant condition" in note for note in result.findings["notes"])
     assert result.findings["check"]["samples"] == 3
@@ -54,7 +54,7 @@ def test_nested_if_with_a_folded_condition_stays_a_valid_graph(tmp_path: Path, c
 
 def test_lstm_branches_reading_outer_scope_fold_and_match(tmp_path: Path, ctx: StageContext) -> None:
     model = lstm_branch_model()
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     _valid(result.model)
     branch = result.model.graph.node[2].attribute[0].g
     assert "Add" not in [node.op_type for node in branch.node]  # the constant work inside was folded
@@ -68,7 +68,7 @@ def test_lstm_branches_reading_outer_scope_fold_and_match(tmp_path: Path, ctx: S
 
 def test_loop_body_with_an_if_and_outer_reads(tmp_path: Path, ctx: StageContext) -> None:
     model = loop_with_outer_reads_model()
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     _valid(result.model)
     x = np.array([1.0, -2.0, 3.0, 0.5], np.float32)
     np.testing.assert_allclose(_session(result.model).run(None, {"x": x})[0], _session(model).run(None, {"x": x})[0])
@@ -84,7 +84,7 @@ def _sequence_identity() -> onnx.ModelProto:
 def test_sequence_interface_keeps_its_types_and_the_check_says_unchecked(tmp_path: Path, ctx: StageContext) -> None:
     model = _sequence_identity()
     assert onnxoptimizer.optimize(model, []).graph.input[0].type.WhichOneof("value") is None  # the trap itself
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     session = _session(result.model)  # old code: "Model input (s) does not have type information"
     assert [i.type for i in session.get_inputs()] == ["seq(tensor(float))"]
     assert [o.type for o in session.get_outputs()] == ["seq(tensor(float))"]
@@ -110,7 +110,7 @@ def test_folded_scalars_keep_rank_zero(tmp_path: Path, ctx: StageContext) -> Non
             four = Mul(two, two)
             y = Mul(x, four)
         }""")
-    result = _simplify(model, tmp_path, ctx)  # old code: the check refused int64[1] where int64[] is expected
+    result = simplify_model(model, tmp_path, ctx)  # old code: the check refused int64[1] where int64[] is expected
     assert result.findings["check"]["samples"] == 3
     values = {init.name: numpy_helper.to_array(init) for init in result.model.graph.initializer}
     assert values["n"].shape == () and int(values["n"]) == 12
@@ -128,7 +128,7 @@ def test_integer_inputs_that_become_sizes_get_small_values(tmp_path: Path, ctx: 
             w = Gather(x, ids)
         }""")
     assert safe_integer_ranges(model) == {"reps": (1, 4), "pads": (1, 4), "ids": (0, 512)}
-    result = _simplify(model, tmp_path, ctx)  # old code: repeats up to 99 need 100 GB; the check did not run
+    result = simplify_model(model, tmp_path, ctx)  # old code: repeats up to 99 need 100 GB; the check did not run
     assert result.findings["check"]["samples"] == 3
 
 
@@ -151,15 +151,15 @@ def test_an_optimizer_result_that_breaks_a_subgraph_is_discarded(tmp_path: Path,
         body.node[-1].output[0] = "renamed"  # not just an order problem: a read of a name nobody produces
         return broken
 
-    monkeypatch.setattr("stages.optimizer.optimize", breaking)
+    monkeypatch.setattr("qdeploy.stages.simplify._optimizer.optimize", breaking)
     model = loop_with_outer_reads_model()
-    result = _simplify(model, tmp_path, ctx, fold_constants=False)
+    result = simplify_model(model, tmp_path, ctx, fold_constants=False)
     _valid(result.model)
     assert any("onnxoptimizer's result was discarded" in note for note in result.findings["notes"])
 
 
 def test_the_check_runs_on_the_recipes_validation_data_when_there_is_some(tmp_path: Path) -> None:
-    from pipeline.recipe import Recipe
+    from qdeploy.pipeline.recipe import Recipe
 
     data = tmp_path / "val"
     data.mkdir()
@@ -167,8 +167,8 @@ def test_the_check_runs_on_the_recipes_validation_data_when_there_is_some(tmp_pa
     np.savez(data / "a.npz", x=x, sr=np.array(16000, np.int64))  # the branch random integers never reach
     recipe = Recipe(name="t", model={"onnx": "m.onnx"}, variants={"v": []},
                     data={"val": {"reader": "npy", "path": str(data)}}, validate={"data": "val"})
-    ctx = StageContext(recipe=recipe, variant="v", work_dir=tmp_path / "work")
-    result = _simplify(lstm_branch_model(), tmp_path, ctx)
+    ctx = recipe.stage_context("v", tmp_path / "work")
+    result = simplify_model(lstm_branch_model(), tmp_path, ctx)
     check = result.findings["check"]
     assert check["inputs"] == "the recipe's validation data" and check["input_shapes"] == {"x": [1, 12, 16],
                                                                                           "sr": []}
@@ -183,7 +183,7 @@ def test_an_inlined_branch_whose_node_names_repeat_its_new_graphs_gets_unique_na
     taken = next(attr.g for attr in outer_then.node[-1].attribute if attr.name == "then_branch")
     for node in taken.node:
         node.name = "same"
-    result = _simplify(model, tmp_path, ctx)
+    result = simplify_model(model, tmp_path, ctx)
     branch = next(attr.g for attr in result.model.graph.node[1].attribute if attr.name == "then_branch")
     names = [node.name for node in branch.node if node.name]
     assert len(names) == len(set(names))
@@ -191,7 +191,7 @@ def test_an_inlined_branch_whose_node_names_repeat_its_new_graphs_gets_unique_na
 
 
 def test_random_check_inputs_take_the_constants_an_input_is_compared_with() -> None:
-    from stages.check_inputs import compared_values, with_compared_values
+    from qdeploy.stages.simplify._check_inputs import compared_values, with_compared_values
 
     model = lstm_branch_model()
     assert compared_values(model) == {"sr": [16000]}  # Equal(sr, 16000) picks the branch
@@ -201,11 +201,11 @@ def test_random_check_inputs_take_the_constants_an_input_is_compared_with() -> N
 
 def test_a_check_past_its_memory_bound_is_unchecked_not_a_crash(tmp_path: Path, ctx: StageContext,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from stages import simplify_check
+    from qdeploy.stages.simplify import _check as simplify_check
 
     def no_memory(*args: object, **kwargs: object) -> None:
         raise MemoryError("Unable to allocate 1.62 GiB for an array")
 
     monkeypatch.setattr(simplify_check, "compare_outputs", no_memory)
-    result = _simplify(loop_with_outer_reads_model(), tmp_path, ctx)  # old code: the MemoryError escaped
+    result = simplify_model(loop_with_outer_reads_model(), tmp_path, ctx)  # old code: the MemoryError escaped
     assert "memory bound" in result.findings["check"]["unchecked"]

@@ -9,9 +9,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.loader import load_recipe
-from pipeline.runner import RunOptions, run_recipe
-from tests.conftest import write_recipe
+from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.runner import RunOptions, run_recipe
+from tests.helpers.models import write_recipe
 
 
 def _overflowing_model(path: Path) -> None:

@@ -10,11 +10,11 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-import stages.validate as validate
-from stages.validate import ValidateConfig
-from tests.conftest import tiny_cnn
-from tests.stages.test_fp16 import run_ort, run_target
-from tests.stages.test_validate import artifact, by_pair, context
+import qdeploy.stages.validate as validate
+from qdeploy.stages.validate import ValidateConfig
+from tests.helpers.fp16 import run_ort, run_target
+from tests.helpers.models import tiny_cnn
+from tests.helpers.validate import artifact, by_pair, context
 
 RECIPE = """
     name: t

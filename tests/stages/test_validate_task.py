@@ -10,13 +10,13 @@ import onnx
 import pytest
 from pydantic import ValidationError
 
-from pipeline.errors import DataError, RecipeError
-from pipeline.loader import load_recipe
-from pipeline.runner import RunOptions, run_recipe
-from stages.validate import ValidateConfig
-from stages.validate_task import check_metric, evaluate, read_labels, stack
-from tests.conftest import write_recipe
-from tests.stages.test_validate import chain_model, chain_numpy
+from qdeploy.core.errors import DataError, RecipeError
+from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.runner import RunOptions, run_recipe
+from qdeploy.stages.validate import ValidateConfig
+from qdeploy.stages.validate._task import check_metric, evaluate, read_labels, stack
+from tests.helpers.models import write_recipe
+from tests.helpers.validate import chain_model, chain_numpy
 
 METRICS = '''
 import numpy as np
@@ -93,8 +93,8 @@ def test_a_failing_metric_is_a_warning_and_fails_its_gate(tmp_path: Path) -> Non
 
 
 def test_gate_on_task_metric_without_a_metric_says_what_is_missing() -> None:
-    from pipeline.gates import evaluate_gates
-    from pipeline.recipe import GateSpec
+    from qdeploy.pipeline.gates import evaluate_gates
+    from qdeploy.pipeline.recipe import GateSpec
 
     row = {"variant": "v", "target": "ort:cpu", "status": "passed", "reason": "", "metrics": {"cosine": 1.0}}
     gate = GateSpec(variant="v", target="ort:cpu", metric="task_metric", min=0.5)

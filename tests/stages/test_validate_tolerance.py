@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-import stages.validate as validate
-from pipeline.tolerance import DEFAULT_TOLERANCES
-from stages.validate import ValidateConfig
-from stages.validate_tolerance import integer_ops, tolerance_precision
-from tests.stages.test_fp16_patterns import prequantized_model
-from tests.stages.test_validate import artifact, by_pair, chain_model, context
+import qdeploy.stages.validate as validate
+from qdeploy.core.tolerance import DEFAULT_TOLERANCES
+from qdeploy.stages.validate import ValidateConfig
+from qdeploy.stages.validate._tolerance import integer_ops, tolerance_precision
+from tests.helpers.fp16 import prequantized_model
+from tests.helpers.validate import artifact, by_pair, chain_model, context
 
 
 def _rows(tmp_path: Path, model: onnx.ModelProto, config: ValidateConfig) -> dict:

@@ -1,0 +1,37 @@
+"""The one way stages read a dataset: ``iter_samples`` picks the reader its spec names (npy, images, random)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from qdeploy.calibration.images import image_samples
+from qdeploy.calibration.readers import DEFAULT_RANDOM_SAMPLES, model_inputs, npy_samples, random_samples
+
+if TYPE_CHECKING:
+    from qdeploy.calibration.spec import DatasetSpec
+
+__all__ = ["iter_samples"]
+
+
+def iter_samples(spec: DatasetSpec | None, model_path: Path, *, resolve: Callable[[str], Path] = Path,
+                 ranges: Mapping[str, tuple[float | None, float | None]] | None = None, limit: int | None = None,
+                 dataset_name: str | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """Feeds from a dataset (its path resolved by ``resolve``), or seeded random data shaped from the model when
+    spec is None (``ranges``: input name -> (low, high) of the random values)."""
+    inputs = model_inputs(model_path)
+    ranges = dict(ranges or {})
+    if spec is None or spec.reader == "random":
+        count = (spec.samples if spec and spec.samples else DEFAULT_RANDOM_SAMPLES)
+        count = min(count, limit) if limit else count
+        yield from random_samples(inputs, count, seed=spec.seed if spec else 0, ranges=ranges)
+        return
+    folder = resolve(spec.path or "")
+    count = min(filter(None, (spec.samples, limit)), default=None)
+    if spec.reader == "images":
+        yield from image_samples(folder, inputs, spec, limit=count, dataset_name=dataset_name or "")
+        return
+    yield from npy_samples(folder, inputs, limit=count, dataset_name=dataset_name or "")

@@ -1,0 +1,145 @@
+"""The run's report rendered: report.json as built (``qdeploy.pipeline.summary``), report.md and report.html for
+people.  It reads the report dict only, never the recipe or the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qdeploy.core.files import write_json_atomic, write_text_atomic
+from qdeploy.pipeline.report.view import (
+    benchmark_settings,
+    fmt,
+    gate_label,
+    gate_verdict,
+    highlights,
+    lineage_chain,
+    matrix,
+    problems,
+    tradeoff_points,
+    unmeasured_lines,
+    validation_notes,
+)
+
+__all__ = ["render_markdown", "write_reports"]
+
+
+def write_reports(report: dict[str, Any], out_dir: Path, formats: list[str]) -> list[Path]:
+    """Write the asked formats atomically; report.json is always written."""
+    written = [out_dir / "report.json"]
+    write_json_atomic(written[0], report)
+    if "md" in formats:
+        written.append(out_dir / "report.md")
+        write_text_atomic(written[-1], render_markdown(report))
+    if "html" in formats:
+        from qdeploy.pipeline.report.html import render_html
+
+        written.append(out_dir / "report.html")
+        write_text_atomic(written[-1], render_html(report))
+    return written
+
+
+def _gate_rows(report: dict[str, Any]) -> list[str]:
+    if not report["gates"]:
+        return ["No gates in the recipe."]
+    lines = ["| gate | value | verdict |", "|---|---|---|"]
+    for gate in report["gates"]:
+        verdict = gate_verdict(gate)
+        shown = {"PASS": "PASS", "SKIP": "skipped", "FAIL": "**FAIL**"}[verdict]
+        reason = f" {gate['reason']}" if gate.get("reason") else ""
+        lines.append(f"| {gate_label(gate)} | {fmt(gate['value'], 4)} | {shown}{reason} |")
+    return lines
+
+
+def _matrix_rows(report: dict[str, Any]) -> list[str]:
+    lines = ["| variant | target | batch | p50 ms [95% CI] | p90 ms | p99 ms | speedup | size MB | peak mem MB "
+             "| cosine | SNR dB | max abs err | validation | benchmark |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in matrix(report):
+        latency = row.latency
+        ci = latency.get("ci95_p50")
+        p50 = fmt(latency.get("p50")) + (f" [{fmt(ci[0])}–{fmt(ci[1])}]" if ci else "")
+        noisy = " (noisy)" if row.bench.get("noisy") else ""
+        speed = fmt(row.speedup) + ("x ≈" if row.speedup_undecided else "x" if row.speedup else "")
+        metrics = row.metrics
+        lines.append(
+            f"| {row.variant} | {row.target} | {fmt(row.batch)} | {p50}{noisy} | {fmt(latency.get('p90'))} | "
+            f"{fmt(latency.get('p99'))} | {speed} | {fmt(row.size_bytes / 1e6 if row.size_bytes else None)} | "
+            f"{fmt(row.peak_memory_mb)} | {fmt(metrics.get('cosine'), 6)} | {fmt(metrics.get('snr_db'), 4)} | "
+            f"{fmt(metrics.get('max_abs_err'))} | {row.validation_status} | {row.benchmark_status} |")
+    return lines
+
+
+def _tradeoff_lines(report: dict[str, Any]) -> list[str]:
+    points, label = tradeoff_points(report)
+    front = sorted((p for p in points if p.on_front), key=lambda p: p.latency_ms)
+    if not front:
+        return []
+    best = ", ".join(f"{p.variant} on {p.target} ({fmt(p.latency_ms)} ms, {fmt(p.fidelity, 4)})" for p in front)
+    return ["", f"Pareto front (no other artifact is both faster and closer to the reference, by {label}): {best}."]
+
+
+def _artifact_lines(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for artifact in report["artifacts"]:
+        cache = f"; cache: {artifact['cache']}" if artifact.get("cache", "hit") not in ("hit", "built") else ""
+        lines.append(f"- **{artifact['name']}**: {lineage_chain(artifact)}; sha256 `{artifact['sha256']}`, "
+                     f"{artifact['size_bytes'] / 1e6:.2f} MB{cache}")
+        lines += [f"  - external data `{data['file']}`: sha256 `{data['sha256']}`"
+                  for data in artifact.get("external_data", [])]
+        for step in artifact.get("lineage", []):
+            lines += [f"  - {step['stage']}: {line}" for line in highlights(step.get("findings"))]
+    return lines
+
+
+def _validation_lines(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for row in report["validation"]:
+        lines += [f"- {row['variant']} on {row['target']}: {note}" for note in validation_notes(row)]
+    lines = list(dict.fromkeys(lines))
+    noise = report.get("noise_floor")
+    if noise:
+        lines.append(f"- noise floor of the reference: {_inline(noise)}")
+    return lines
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {fmt(item, 4)}" for key, item in value.items())
+    return fmt(value, 4)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    verdict = "all gates hold" if report["passed"] else "**FAILED**"
+    missing = unmeasured_lines(report)
+    parts = [
+        f"# qdeploy report: {report['recipe']['name']}",
+        "",
+        f"Verdict: {verdict}. Reference: `{report['reference']['variant']}` on `{report['reference']['target']}`. "
+        f"Run took {report['seconds']:.1f} s.",
+        *(["", "## Asked for but not measured", "", *[f"- {line}" for line in missing]] if missing else []),
+        "", "## Gates", "", *_gate_rows(report),
+        "", "## Latency and accuracy", "", *_matrix_rows(report),
+        "", "Speedup is the reference's median latency over the variant's on the same target and batch, the median "
+        "of the per-round ratios of interleaved rounds; `≈` marks a speedup whose rounds disagree on which is "
+        "faster. `(noisy)` marks a median whose 95% interval is wider than 10% of it. Cosine, SNR and max abs err "
+        "compare with the reference outputs on the same inputs.",
+        *_tradeoff_lines(report),
+    ]
+    settings = benchmark_settings(report)
+    if settings:
+        parts += ["", "## How latency was measured", "", *[f"- {line}" for line in settings]]
+    reasons = problems(report)
+    notes = _validation_lines(report)
+    if reasons or notes:
+        parts += ["", "## Failures, unavailable targets and warnings", "", *[f"- {line}" for line in reasons],
+                  *notes]
+    parts += ["", "## Artifacts", "", *_artifact_lines(report)]
+    cpu = env["cpu"]
+    flags = ", ".join(flag for flag, present in cpu["flags"].items() if present) or "none"
+    versions = ", ".join(f"{name} {version}" for name, version in env["versions"].items())
+    parts += ["", "## Environment", "", f"- CPU: {cpu['model']} ({cpu['cores']} cores; {flags})",
+              f"- Python {env['python']} on {env.get('platform', '?')}; {versions}",
+              f"- Available targets: {', '.join(env['available_targets'])}", ""]
+    return "\n".join(parts)

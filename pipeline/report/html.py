@@ -1,0 +1,293 @@
+"""report.html: one self-contained page (inline CSS, inline SVG charts, no script, nothing fetched).
+
+Order of the page: verdict and gates first, then the variant x target table, the charts, validation notes,
+how latency was measured, each artifact's lineage and findings (collapsed), and the environment fingerprint.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from qdeploy.pipeline.report._html_parts import findings_html, status_badge
+from qdeploy.pipeline.report.charts import colors_for, latency_bars_svg, tradeoff_svg
+from qdeploy.pipeline.report.view import (
+    MatrixRow,
+    benchmark_settings,
+    fmt,
+    gate_label,
+    gate_verdict,
+    has_task_metric,
+    highlights,
+    lineage_chain,
+    matrix,
+    problems,
+    tradeoff_points,
+    unmeasured_lines,
+    validation_notes,
+)
+
+__all__ = ["CSS", "TABLE_HEAD", "render_html"]
+
+CSS = """
+:root { --ink:#1f2328; --muted:#656d76; --line:#d0d7de; --soft:#f6f8fa; --pass:#1a7f37; --fail:#cf222e;
+        --skip:#9a6700; --off:#6e7781; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 -apple-system, "Segoe UI", "DejaVu Sans", Helvetica, Arial, sans-serif; color: var(--ink);
+       margin: 0 auto; padding: 24px 32px 48px; max-width: 1240px; background: #fff; }
+h1 { font-size: 24px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 28px 0 10px; padding-bottom: 4px;
+     border-bottom: 1px solid var(--line); } h3 { font-size: 15px; margin: 16px 0 6px; }
+.sub { color: var(--muted); margin: 0 0 12px; }
+.verdict { display: inline-block; padding: 6px 14px; border-radius: 6px; font-weight: 700; font-size: 16px;
+           color: #fff; margin: 8px 0; }
+.verdict.pass { background: var(--pass); } .verdict.fail { background: var(--fail); }
+table { border-collapse: collapse; width: 100%; margin: 6px 0 10px; font-variant-numeric: tabular-nums; }
+th, td { border-bottom: 1px solid var(--line); padding: 4px 6px; text-align: left; vertical-align: top; }
+table.matrix { font-size: 13px; } table.matrix th { white-space: normal; }
+th { background: var(--soft); font-weight: 600; white-space: nowrap; }
+td.num { text-align: right; white-space: nowrap; }
+tr.group td { background: #eef2f6; font-weight: 600; }
+tr.dim td { color: var(--off); }
+.badge { display: inline-block; padding: 1px 7px; border-radius: 10px; font-size: 12px; font-weight: 600;
+         color: #fff; white-space: nowrap; }
+.badge.pass, .badge.passed, .badge.ok { background: var(--pass); }
+.badge.fail, .badge.failed, .badge.error { background: var(--fail); }
+.badge.skip, .badge.noisy { background: var(--skip); } .badge.unavailable, .badge.none { background: var(--off); }
+.swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 6px; }
+.note { color: var(--muted); font-size: 12.5px; }
+.ci { color: var(--muted); font-size: 11.5px; }
+.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 18px; }
+.scroll { overflow-x: auto; }
+.chart { border: 1px solid var(--line); border-radius: 6px; padding: 8px; }
+.chart svg { width: 100%; height: auto; display: block; }
+.problems { border-left: 4px solid var(--fail); background: #fff5f5; padding: 8px 12px; margin: 10px 0; }
+.problems.soft { border-left-color: var(--skip); background: #fffaf0; }
+.problems ul, .plain { margin: 4px 0; padding-left: 20px; }
+details { border: 1px solid var(--line); border-radius: 6px; margin: 6px 0; padding: 4px 10px; }
+details > summary { cursor: pointer; font-weight: 600; padding: 2px 0; }
+details details { border: none; padding: 0 0 0 12px; margin: 2px 0; }
+details details > summary { font-weight: 500; color: var(--muted); }
+dl.findings { margin: 4px 0 8px; display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; }
+dl.findings dt { color: var(--muted); } dl.findings dd { margin: 0; word-break: break-word; }
+code { font: 12.5px ui-monospace, "DejaVu Sans Mono", monospace; background: var(--soft); padding: 0 3px;
+       border-radius: 3px; }
+.chain span.step { display: inline-block; border: 1px solid var(--line); border-radius: 4px; padding: 0 6px;
+                   margin: 2px 0; background: var(--soft); }
+.chain span.arrow { color: var(--muted); margin: 0 4px; }
+ul.hl { margin: 4px 0; padding-left: 20px; }
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def render_html(report: dict[str, Any]) -> str:
+    """The whole page as one string."""
+    rows = matrix(report)
+    colors = colors_for([artifact["name"] for artifact in report.get("artifacts", [])] + [r.variant for r in rows])
+    sections = [
+        _header(report), _unmeasured(report), _gates(report), _problems(report), _table(report, rows, colors),
+        _charts(report, rows, colors),
+        _validation(report), _settings(report), _artifacts(report), _environment(report),
+    ]
+    title = _e(f"qdeploy report: {report['recipe']['name']}")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{title}</title><style>{CSS}</style></head><body>\n"
+            + "\n".join(part for part in sections if part) + "\n</body></html>\n")
+
+
+def _header(report: dict[str, Any]) -> str:
+    passed = report.get("passed")
+    verdict = "PASSED: every gate holds" if passed else "FAILED"
+    reference = report.get("reference") or {}
+    source = report["recipe"].get("path") or "(recipe given in code)"
+    return (f"<h1>qdeploy report: {_e(report['recipe']['name'])}</h1>"
+            f"<p class=\"sub\">recipe <code>{_e(source)}</code> · created {_e(report.get('created', '?'))} · run took "
+            f"{fmt(report.get('seconds'))} s · reference <code>{_e(reference.get('variant'))}</code> on "
+            f"<code>{_e(reference.get('target'))}</code></p>"
+            f"<div class=\"verdict {'pass' if passed else 'fail'}\">{_e(verdict)}</div>")
+
+
+def _unmeasured(report: dict[str, Any]) -> str:
+    lines = unmeasured_lines(report)
+    if not lines:
+        return ""
+    hard = any(not row.get("allowed") for row in report.get("unmeasured") or [])
+    items = "".join(f"<li>{_e(line)}</li>" for line in lines)
+    return (f"<div class=\"problems{'' if hard else ' soft'}\"><strong>Asked for but not measured</strong>"
+            f"<ul>{items}</ul></div>")
+
+
+def _gates(report: dict[str, Any]) -> str:
+    gates = report.get("gates") or []
+    if not gates:
+        return "<h2>Gates</h2><p class=\"note\">No gates in the recipe.</p>"
+    body = []
+    for gate in gates:
+        verdict = gate_verdict(gate)
+        body.append(f"<tr><td>{status_badge(verdict)}</td><td>{_e(gate_label(gate))}</td>"
+                    f"<td class=\"num\">{_e(fmt(gate.get('value'), 4))}</td>"
+                    f"<td>{_e(gate.get('reason') or '')}</td></tr>")
+    return ("<h2>Gates</h2><table><thead><tr><th>verdict</th><th>gate</th><th>measured</th><th>reason</th></tr>"
+            f"</thead><tbody>{''.join(body)}</tbody></table>")
+
+
+def _problems(report: dict[str, Any]) -> str:
+    lines = problems(report)
+    if not lines:
+        return ""
+    hard = bool(report.get("failures")) or any(r.get("status") in ("failed", "error")
+                                                for r in report.get("validation", []) + report.get("benchmarks", []))
+    items = "".join(f"<li>{_e(line)}</li>" for line in lines)
+    title = "Failures and unavailable targets" if hard else "Unavailable targets"
+    return f"<div class=\"problems{'' if hard else ' soft'}\"><strong>{title}</strong><ul>{items}</ul></div>"
+
+
+TABLE_HEAD = ("variant", "batch", "p50 ms [95% CI]", "p90 ms", "p99 ms", "speedup [rounds]", "per s", "size MB",
+              "peak mem MB", "cosine", "SNR dB", "max abs err", "top-1", "validation", "benchmark")
+
+
+def _table(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]) -> str:
+    task = has_task_metric(report)
+    names = (*TABLE_HEAD[:-2], "task metric", *TABLE_HEAD[-2:]) if task else TABLE_HEAD
+    head = "".join(f"<th>{_e(name)}</th>" for name in names)
+    body = []
+    for target in dict.fromkeys(row.target for row in rows):
+        body.append(f"<tr class=\"group\"><td colspan=\"{len(names)}\">{_e(target)}</td></tr>")
+        body += [_table_row(row, colors, task) for row in rows if row.target == target]
+    reference = _e((report.get("reference") or {}).get("variant"))
+    return ("<h2>Latency and accuracy, variant × target</h2>"
+            f"<div class=\"scroll\"><table class=\"matrix\"><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table></div>"
+            f"<p class=\"note\">Speedup: the median latency of <code>{reference}</code> over the variant's on the same "
+            "target and batch, the median of per-round ratios of interleaved rounds (range of the rounds below; "
+            "≈ when the rounds disagree on which is faster). p50 shows its 95% confidence interval; "
+            "<em>noisy</em>: that interval is wider than 10% of the median. Fidelity metrics compare with the "
+            "reference outputs on the same inputs. Peak memory: resident-memory growth over session creation, "
+            "first run and warm-up.</p>")
+
+
+def _table_row(row: MatrixRow, colors: dict[str, str], task: bool) -> str:
+    latency, metrics = row.latency, row.metrics
+    ci = latency.get("ci95_p50")
+    p50 = _e(fmt(latency.get("p50")))
+    if ci:
+        p50 += f"<br><span class=\"ci\">[{_e(fmt(ci[0]))}–{_e(fmt(ci[1]))}]</span>"
+    if row.bench.get("noisy"):
+        p50 += " <span class=\"badge noisy\">noisy</span>"
+    speed = _e(fmt(row.speedup)) + ("×" if row.speedup else "")
+    low_high = row.bench.get("speedup_range")
+    if row.speedup is not None and low_high and low_high != [1.0, 1.0]:
+        speed += f"{' ≈' if row.speedup_undecided else ''}<br><span class=\"ci\">[{_e(fmt(low_high[0]))}–" \
+                 f"{_e(fmt(low_high[1]))}]</span>"
+    swatch = f"<span class=\"swatch\" style=\"background:{colors.get(row.variant, '#999')}\"></span>"
+    cells = [
+        f"<td>{swatch}{_e(row.variant)}</td>", _num(row.batch), f"<td class=\"num\">{p50}</td>",
+        _num(latency.get("p90")), _num(latency.get("p99")), f"<td class=\"num\">{speed}</td>",
+        _num(row.bench.get("throughput_per_s")), _num(row.size_bytes / 1e6 if row.size_bytes else None),
+        _num(row.peak_memory_mb), _num(metrics.get("cosine"), 6), _num(metrics.get("snr_db"), 4),
+        _num(metrics.get("max_abs_err")), _num(metrics.get("top1_agreement")),
+        *([_num(metrics.get("task_metric"), 4)] if task else []),
+        f"<td>{status_badge(row.validation_status) if row.check else '–'}</td>",
+        f"<td>{status_badge(row.benchmark_status) if row.bench else '–'}</td>",
+    ]
+    dim = " class=\"dim\"" if row.status == "unavailable" else ""
+    return f"<tr{dim}>{''.join(cells)}</tr>"
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    return f"<td class=\"num\">{_e(fmt(value, digits))}</td>"
+
+
+def _charts(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]) -> str:
+    bars = latency_bars_svg(rows, colors)
+    points, label = tradeoff_points(report)
+    scatter = tradeoff_svg(points, label, colors)
+    if not bars and not scatter:
+        return "<h2>Charts</h2><p class=\"note\">Nothing was benchmarked, so there is nothing to plot.</p>"
+    front = ", ".join(f"{p.variant} on {p.target}" for p in sorted(points, key=lambda p: p.latency_ms)
+                      if p.on_front)
+    capped = " SNR is capped at 200 dB: such a point matches the reference exactly." \
+        if label.startswith("SNR") and any(p.fidelity >= 200.0 for p in points) else ""
+    caption = f"<p class=\"note\">Pareto front (nothing else is both faster and closer to the reference): " \
+              f"{_e(front)}.{capped}</p>" if front else ""
+    charts = "".join(f"<div class=\"chart\">{svg}</div>" for svg in (bars, scatter) if svg)
+    return f"<h2>Charts</h2><div class=\"charts\">{charts}</div>{caption}"
+
+
+def _validation(report: dict[str, Any]) -> str:
+    items = []
+    for row in report.get("validation", []):
+        notes = validation_notes(row)
+        if notes:
+            inner = "".join(f"<li>{_e(note)}</li>" for note in dict.fromkeys(notes))
+            items.append(f"<li><strong>{_e(row['variant'])} on {_e(row['target'])}</strong> "
+                         f"{status_badge(row.get('status', '?'))}<ul>{inner}</ul></li>")
+    noise = report.get("noise_floor")
+    noise_html = f"<h3>Noise floor of the reference</h3>{findings_html(noise)}" if noise else ""
+    if not items and not noise_html:
+        return ""
+    listing = f"<ul class=\"plain\">{''.join(items)}</ul>" if items else ""
+    return f"<h2>Validation notes</h2>{listing}{noise_html}"
+
+
+def _settings(report: dict[str, Any]) -> str:
+    lines = benchmark_settings(report)
+    if not lines:
+        return ""
+    items = "".join(f"<li>{_e(line)}</li>" for line in lines)
+    return (f"<h2>How latency was measured</h2><ul class=\"plain\">{items}</ul><p class=\"note\">Only inference is "
+            "timed: inputs are prepared once, session creation and the first run are reported apart "
+            "(see report.json: session_create_ms, first_run_ms).</p>")
+
+
+def _artifacts(report: dict[str, Any]) -> str:
+    cards = []
+    for artifact in report.get("artifacts", []):
+        steps = artifact.get("lineage", [])
+        chain = "<span class=\"arrow\">→</span>".join(
+            f"<span class=\"step\">{_e(step['stage'])}{' (cached)' if step.get('cached') else ''} "
+            f"<span class=\"ci\">{_e(fmt(step.get('seconds')))} s</span></span>" for step in steps)
+        lines = [f"{step['stage']}: {line}" for step in steps for line in highlights(step.get("findings"))]
+        summary_lines = "".join(f"<li>{_e(line)}</li>" for line in lines)
+        details = "".join(
+            f"<details><summary>{_e(step['stage'])}: findings</summary>{findings_html(step.get('findings'))}"
+            f"<details><summary>config</summary>{findings_html(step.get('config'))}</details></details>"
+            for step in steps)
+        cards.append(
+            f"<details><summary>{_e(artifact['name'])} · {_e(lineage_chain(artifact))} · "
+            f"{fmt(artifact.get('size_bytes', 0) / 1e6)} MB</summary>"
+            f"<p class=\"chain\">{chain}</p><p class=\"note\">sha256 <code>{_e(artifact.get('sha256', ''))}</code>"
+            f"<br>file <code>{_e(artifact.get('path', ''))}</code>{_cache_and_data(artifact)}</p>"
+            + (f"<ul class=\"hl\">{summary_lines}</ul>" if summary_lines else "") + details + "</details>")
+    if not cards:
+        return ""
+    return ("<h2>Artifacts: lineage and stage findings</h2><p class=\"note\">Open an artifact for its chain of "
+            "stages, what each stage found (clamped values, nodes kept in float, lowered patterns, ...) and its "
+            "config.</p>" + "".join(cards))
+
+
+def _cache_and_data(artifact: dict[str, Any]) -> str:
+    """External data files with their own sha256, and a cache entry that had to be rebuilt."""
+    parts = [f"<br>external data <code>{_e(data.get('file'))}</code> sha256 <code>{_e(data.get('sha256'))}</code>"
+             for data in artifact.get("external_data") or []]
+    if artifact.get("cache") not in (None, "hit", "built"):
+        parts.append(f"<br>cache: {_e(artifact['cache'])}")
+    return "".join(parts)
+
+
+def _environment(report: dict[str, Any]) -> str:
+    env = report.get("environment") or {}
+    cpu = env.get("cpu") or {}
+    flags = ", ".join(flag for flag, present in (cpu.get("flags") or {}).items() if present) or "none"
+    versions = "".join(f"<tr><td>{_e(name)}</td><td>{_e(version)}</td></tr>"
+                       for name, version in (env.get("versions") or {}).items())
+    targets = "".join(f"<tr><td>{_e(name)}</td><td>{_e(state)}</td></tr>"
+                      for name, state in (env.get("targets") or {}).items())
+    return (f"<h2>Environment</h2><p>CPU <strong>{_e(cpu.get('model', '?'))}</strong>, {_e(cpu.get('cores', '?'))} "
+            f"cores; flags: {_e(flags)}<br>Python {_e(env.get('python', '?'))} on {_e(env.get('platform', '?'))}</p>"
+            "<details><summary>library versions and targets</summary><table><tbody>"
+            f"{versions}</tbody></table><table><thead><tr><th>target</th><th>state</th></tr></thead><tbody>{targets}"
+            "</tbody></table></details>")

@@ -1,0 +1,302 @@
+"""What the human-readable reports show, computed once from report.json: the markdown and HTML writers share it.
+
+Everything here is a pure function of the report dict, so both writers say the same thing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["FIDELITY_METRICS", "HIGHLIGHT_WORDS", "MatrixRow", "TradeoffPoint", "benchmark_settings",
+           "fidelity_metric", "fmt", "gate_bound", "gate_label", "gate_verdict", "has_task_metric", "highlights",
+           "lineage_chain", "mark_pareto_front", "matrix", "problems", "summarize_value", "tradeoff_points",
+           "unmeasured_lines", "validation_notes"]
+
+FIDELITY_METRICS: tuple[tuple[str, str], ...] = (
+    ("task_metric", "task metric (validate.metric)"), ("snr_db", "SNR (dB) vs reference"),
+    ("cosine", "cosine vs reference"))
+"""The accuracy of the accuracy-vs-latency view, the first one measured wins; higher is taken as better (the
+recipe's task metric is assumed to be an accuracy-like score, not a loss)."""
+HIGHLIGHT_WORDS = ("clamp", "kept", "blocked", "lowered", "exclud", "fallback", "warning", "unattainable", "overflow",
+                   "diverg", "drift", "skipped", "failed", "unchecked")
+"""Findings whose key holds one of these words are worth a line outside the collapsed details."""
+
+
+@dataclass
+class MatrixRow:
+    """One (variant, target, batch) of the report's table, validation and benchmark joined."""
+
+    variant: str
+    target: str
+    batch: int | None
+    bench: dict[str, Any] = field(default_factory=dict)
+    check: dict[str, Any] = field(default_factory=dict)
+    size_bytes: int | None = None
+
+    @property
+    def latency(self) -> dict[str, Any]:
+        return self.bench.get("latency_ms") or {}
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return self.check.get("metrics") or {}
+
+    @property
+    def validation_status(self) -> str:
+        return self.check.get("status", "–")
+
+    @property
+    def benchmark_status(self) -> str:
+        return self.bench.get("status", "–")
+
+    @property
+    def speedup(self) -> float | None:
+        return self.bench.get("speedup")
+
+    @property
+    def speedup_undecided(self) -> bool:
+        """The per-round speedups straddle 1: this run cannot say which of the two is faster."""
+        low_high = self.bench.get("speedup_range")
+        return bool(low_high) and low_high[0] < 1.0 < low_high[1]
+
+    @property
+    def peak_memory_mb(self) -> float | None:
+        return (self.bench.get("memory") or {}).get("peak_growth_mb")
+
+    @property
+    def status(self) -> str:
+        """One word for the row: failed, error, unavailable, ok."""
+        states = {self.validation_status, self.benchmark_status}
+        for word in ("failed", "error", "unavailable"):
+            if word in states:
+                return word
+        return "ok"
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """A number for people: a few significant digits, '–' for nothing."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "∞" if value > 0 else "-∞"
+        if 1e3 <= abs(value) < 1e6:
+            return f"{value:.0f}"
+        if 0.0 < abs(1.0 - value) < 10.0 ** -digits:  # a cosine of 0.9999999 must not read as 1
+            digits = min(9, 2 - math.floor(math.log10(abs(1.0 - value))))
+        return f"{value:.{digits}g}" if abs(value) < 1e6 else f"{value:.3e}"
+    return str(value)
+
+
+def matrix(report: dict[str, Any]) -> list[MatrixRow]:
+    """Every benchmarked (variant, target, batch), plus validated pairs that have no benchmark row."""
+    sizes = {row["name"]: row.get("size_bytes") for row in report.get("artifacts", [])}
+    checks = {(row["variant"], row["target"]): row for row in report.get("validation", [])}
+    rows = []
+    seen = set()
+    for bench in report.get("benchmarks", []):
+        key = (bench["variant"], bench["target"])
+        seen.add(key)
+        rows.append(MatrixRow(bench["variant"], bench["target"], bench.get("batch_size"), bench,
+                              checks.get(key, {}), sizes.get(bench["variant"])))
+    for key, check in checks.items():
+        if key not in seen:
+            rows.append(MatrixRow(key[0], key[1], None, {}, check, sizes.get(key[0])))
+    return rows
+
+
+def has_task_metric(report: dict[str, Any]) -> bool:
+    return any("task_metric" in (row.get("metrics") or {}) for row in report.get("validation", []))
+
+
+def gate_bound(gate: dict[str, Any]) -> str:
+    parts = [f">= {fmt(gate['min'], 4)}" if gate.get("min") is not None else "",
+             f"<= {fmt(gate['max'], 4)}" if gate.get("max") is not None else ""]
+    return " and ".join(part for part in parts if part)
+
+
+def gate_verdict(gate: dict[str, Any]) -> str:
+    """PASS, FAIL or SKIP."""
+    if gate.get("skipped"):
+        return "SKIP"
+    return "PASS" if gate.get("passed") else "FAIL"
+
+
+def gate_label(gate: dict[str, Any]) -> str:
+    batch = f" (batch {gate['batch_size']})" if gate.get("batch_size", 1) != 1 else ""
+    return f"{gate['variant']} on {gate['target']}: {gate['metric']}{batch} {gate_bound(gate)}"
+
+
+def fidelity_metric(report: dict[str, Any]) -> tuple[str, str] | None:
+    """(key, label) of the fidelity metric measured for the most rows."""
+    rows = [row.get("metrics") or {} for row in report.get("validation", [])]
+    for key, label in FIDELITY_METRICS:
+        if any(isinstance(metrics.get(key), int | float) for metrics in rows):
+            return key, label
+    return None
+
+
+@dataclass
+class TradeoffPoint:
+    """A (variant, target) at the smallest measured batch: latency against fidelity."""
+
+    variant: str
+    target: str
+    latency_ms: float
+    fidelity: float
+    on_front: bool = False
+
+
+def tradeoff_points(report: dict[str, Any]) -> tuple[list[TradeoffPoint], str]:
+    """Points of the accuracy-vs-latency view with the Pareto front marked, and the fidelity label."""
+    metric = fidelity_metric(report)
+    if metric is None:
+        return [], ""
+    key, label = metric
+    batches = [row.get("batch_size") for row in report.get("benchmarks", []) if row.get("status") == "ok"]
+    if not batches:
+        return [], label
+    smallest = min(batches)
+    points = []
+    for row in matrix(report):
+        value = row.metrics.get(key)
+        p50 = row.latency.get("p50")
+        if row.batch == smallest and row.benchmark_status == "ok" and isinstance(value, int | float) \
+                and isinstance(p50, int | float) and math.isfinite(value):
+            points.append(TradeoffPoint(row.variant, row.target, float(p50), float(value)))
+    mark_pareto_front(points)
+    return points, label
+
+
+def mark_pareto_front(points: list[TradeoffPoint]) -> None:
+    """Mark the points no other point beats on both latency (lower) and fidelity (higher)."""
+    for point in points:
+        point.on_front = not any(
+            other.latency_ms <= point.latency_ms and other.fidelity >= point.fidelity
+            and (other.latency_ms < point.latency_ms or other.fidelity > point.fidelity)
+            for other in points)
+
+
+def problems(report: dict[str, Any]) -> list[str]:
+    """Failed builds, then failed, unavailable or erroneous rows with their reasons.
+
+    Rows of one target that share a status and a reason are said once, naming their variants.
+    """
+    lines = [f"variant {failure['variant']}, stage {failure['stage']}: {failure['reason']}"
+             for failure in report.get("failures", [])]
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for row in report.get("validation", []) + report.get("benchmarks", []):
+        if row.get("status") in ("passed", "ok") or not row.get("reason"):
+            continue
+        variants = grouped.setdefault((row["target"], row["status"], row["reason"]), [])
+        if row["variant"] not in variants:
+            variants.append(row["variant"])
+    for (target, status, reason), variants in grouped.items():
+        lines.append(f"{', '.join(variants)} on {target} ({status}): {reason}")
+    return lines
+
+
+def unmeasured_lines(report: dict[str, Any]) -> list[str]:
+    """What the recipe asked to measure and could not be, one line each; allowed ones say so."""
+    lines = []
+    for row in report.get("unmeasured") or []:
+        batch = f", batch {row['batch_size']}" if row.get("batch_size") is not None else ""
+        allowed = " (allowed by report.allow_unmeasured)" if row.get("allowed") else ""
+        lines.append(f"{row['kind']} of {row['variant']} on {row['target']}{batch}: {row['reason']}{allowed}")
+    return lines
+
+
+def validation_notes(row: dict[str, Any]) -> list[str]:
+    """Divergence, unattainable limits and warnings of one validation row, as sentences."""
+    notes = []
+    divergence = row.get("divergence")
+    if isinstance(divergence, dict) and divergence:
+        notes.append(
+            f"first diverging node {divergence.get('node', '?')} ({divergence.get('op_type', '?')}), tensor "
+            f"{divergence.get('tensor', '?')}: max abs err {fmt(divergence.get('max_abs_err'))}, "
+            f"cosine {fmt(divergence.get('cosine'), 6)}")
+    notes += [f"unattainable: {item}" for item in row.get("unattainable") or []]
+    notes += [str(item) for item in row.get("warnings") or []]
+    return notes
+
+
+def highlights(findings: Any, prefix: str = "") -> list[str]:
+    """Lines for findings worth reading without opening the details: non-empty values under telling keys."""
+    lines: list[str] = []
+    if not isinstance(findings, dict):
+        return lines
+    for key, value in findings.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and (not _telling(key) or any(_telling(str(inner)) for inner in value)):
+            lines += highlights(value, path + ".")  # a record with telling fields of its own speaks through them
+        elif _telling(key) and not _empty(value):
+            lines.append(f"{path}: {summarize_value(value)}")
+    return lines
+
+
+def _telling(key: str) -> bool:
+    return any(word in key.lower() for word in HIGHLIGHT_WORDS)
+
+
+def _empty(value: Any) -> bool:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value == 0
+    return value is None or (isinstance(value, list | dict | str) and not value)
+
+
+def summarize_value(value: Any, limit: int = 8) -> str:
+    """A value on one line: lists cut after `limit` items, dicts as key=value."""
+    if isinstance(value, list):
+        shown = ", ".join(summarize_value(item, limit) for item in value[:limit])
+        return shown + (f", … (+{len(value) - limit} more)" if len(value) > limit else "")
+    if isinstance(value, dict):
+        items = list(value.items())
+        shown = ", ".join(f"{key}={summarize_value(item, limit)}" for key, item in items[:limit])
+        return "{" + shown + (f", … (+{len(items) - limit} more)" if len(items) > limit else "") + "}"
+    return fmt(value, 4)
+
+
+def lineage_chain(artifact: dict[str, Any]) -> str:
+    return " → ".join(f"{step['stage']}{' (cached)' if step.get('cached') else ''}"
+                      for step in artifact.get("lineage", []))
+
+
+def benchmark_settings(report: dict[str, Any]) -> list[str]:
+    """How the numbers were measured, one line per target (from its first measured row)."""
+    lines = []
+    seen = set()
+    for row in report.get("benchmarks", []):
+        if row.get("status") != "ok" or row["target"] in seen:
+            continue
+        seen.add(row["target"])
+        measure = row.get("measure") or {}
+        warm = f"{measure['warmup_seconds']} s" if measure.get("warmup") == "time" else \
+            f"{fmt(row.get('warmup'))} runs"
+        timed = f"{measure['duration_seconds']} s per artifact" if measure.get("by") == "time" else \
+            f"{row.get('runs')} runs"
+        settings = ", ".join(f"{key}={value}" for key, value in (row.get("settings") or {}).items())
+        lines.append(f"{row['target']}: {row.get('mode', 'sync')}; warm-up {warm}; measured {timed} in "
+                     f"{measure.get('rounds', len(row.get('round_p50_ms') or []))} interleaved rounds; threads "
+                     f"{row.get('threads') or 'runtime default'}" + (f"; {settings}" if settings else ""))
+    return lines + _benchmark_data_lines(report)
+
+
+def _benchmark_data_lines(report: dict[str, Any]) -> list[str]:
+    """What the benchmarks were fed, then each row's notes (wrong output declarations, stops), said once."""
+    rows = [row for row in report.get("benchmarks", []) if row.get("status") == "ok"]
+    sources = list(dict.fromkeys(str((row.get("data") or {}).get("source")) for row in rows if row.get("data")))
+    lines = [f"inputs: {source}, stacked to each batch size" for source in sources]
+    notes: dict[str, list[str]] = {}
+    for row in rows:
+        for note in row.get("notes") or []:
+            notes.setdefault(str(note), []).append(f"{row['variant']} on {row['target']} batch {row['batch_size']}")
+    lines += [f"{', '.join(where)}: {note}" for note, where in notes.items()]
+    return lines

@@ -1,0 +1,66 @@
+"""The run summarised as report.json: what was built, validated and timed, the gates, the environment.
+
+The report package (``qdeploy.pipeline.report``) renders this dict; it is the contract downstream jobs parse.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from qdeploy.pipeline.envinfo import environment
+from qdeploy.pipeline.gates import find_benchmark, run_passes, speedup
+from qdeploy.pipeline.identity import recipe_fingerprint
+from qdeploy.pipeline.recipe import Recipe
+from qdeploy.stages.validate import noise_floor_summary
+from qdeploy.stages.validate.config import REFERENCE_TARGET
+
+__all__ = ["SCHEMA_VERSION", "build_report", "speedup_range"]
+
+SCHEMA_VERSION = 1
+
+
+def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: list[dict[str, Any]],
+                 benchmarks: list[dict[str, Any]], gates: list[dict[str, Any]], failures: list[dict[str, Any]],
+                 *, seconds: float, unmeasured: list[dict[str, Any]] | None = None,
+                 model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report as a JSON-serialisable dict (see the README's report contract).
+
+    ``unmeasured``: what the recipe asked to measure and could not be (``qdeploy.pipeline.gates.unmeasured``);
+    ``model``: the exported model's identity and signature, so runs of different models can be told apart.
+    """
+    reference = recipe.reference_variant
+    for row in benchmarks:
+        row["speedup"] = speedup(benchmarks, row["variant"], row["target"], row["batch_size"], reference)
+        row["speedup_range"] = speedup_range(benchmarks, row, reference)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "recipe": {"name": recipe.name, "path": str(recipe.source) if recipe.source else None,
+                   "sections": recipe_fingerprint(recipe)},
+        "model": model,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "seconds": seconds,
+        "environment": environment(),
+        "reference": {"variant": reference, "target": REFERENCE_TARGET},
+        "passed": run_passes(gates, validation, failures, unmeasured or []),
+        "gates": gates,
+        "failures": failures,
+        "unmeasured": unmeasured or [],
+        "artifacts": artifacts,
+        "validation": validation,
+        "noise_floor": noise_floor_summary(validation),
+        "benchmarks": benchmarks,
+    }
+
+
+def speedup_range(benchmarks: list[dict[str, Any]], row: dict[str, Any], reference: str) -> list[float] | None:
+    """[lowest, highest] of the per-round speedups against the reference on the same target and batch.
+
+    When the range holds 1.0 the rounds disagree on which of the two is faster.
+    """
+    ref = find_benchmark(benchmarks, reference, row["target"], row["batch_size"])
+    if ref is None or row.get("status") != "ok" or ref.get("status") != "ok":
+        return None
+    ratios = [r / v for r, v in zip(ref.get("round_p50_ms") or [], row.get("round_p50_ms") or [], strict=False)
+              if v > 0]
+    return [min(ratios), max(ratios)] if ratios else None

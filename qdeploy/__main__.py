@@ -1,0 +1,5 @@
+"""`python -m qdeploy`: the qdeploy command."""
+
+from qdeploy.pipeline.cli import main
+
+main()

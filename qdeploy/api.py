@@ -1,0 +1,215 @@
+"""qdeploy's Python API: what ``qdeploy run``, ``compare`` and ``sweep`` do, as functions with typed results.
+
+    import qdeploy
+    result = qdeploy.run("recipe.yaml")                     # or a dict, or a Recipe
+    result = qdeploy.run({"name": "m", "model": {}, "variants": {"fp16": ["fp16"]}}, model=onnx_model)
+    result.passed, result.exit_code, result.artifacts["fp16"].path
+
+The CLI is a thin layer over these functions.  An in-memory model (``onnx.ModelProto`` or a torch
+``nn.Module``) never goes into the recipe: it is written once, by content, to ``<cache>/sources/<sha256>/`` and
+the recipe's ``model.onnx`` points there, so the export stage's cache key (which hashes that file) is the same
+for the same weights and changes with any of them.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qdeploy.core.context import artifact_precision
+from qdeploy.core.errors import RecipeError
+from qdeploy.pipeline.recipe import Recipe
+
+__all__ = ["ArtifactInfo", "Recipe", "RunResult", "compare", "load_recipe", "open_run", "run", "sweep"]
+
+RecipeSource = str | Path | dict[str, Any] | Recipe
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    """One published artifact of a run (a row of report.json's ``artifacts``)."""
+
+    name: str
+    path: Path
+    sha256: str
+    size_bytes: int
+    precision: str
+    stages: tuple[str, ...]
+
+
+@dataclass
+class RunResult:
+    """A finished run: report.json as a dict, typed views of it, and the exit status ``qdeploy run`` gives."""
+
+    report: dict[str, Any]
+    out_dir: Path
+    exit_code: int
+    artifacts: dict[str, ArtifactInfo] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.report["passed"])
+
+    @property
+    def validation(self) -> list[dict[str, Any]]:
+        return list(self.report["validation"])
+
+    @property
+    def benchmarks(self) -> list[dict[str, Any]]:
+        return list(self.report["benchmarks"])
+
+    def __repr__(self) -> str:
+        return (f"RunResult({self.report['recipe']['name']!r}, passed={self.passed}, "
+                f"artifacts={sorted(self.artifacts)}, out_dir={str(self.out_dir)!r})")
+
+
+def load_recipe(source: RecipeSource, *, base_dir: str | Path | None = None) -> Recipe:
+    """A validated recipe from a YAML file, a dict (relative paths against ``base_dir``, default the current
+    folder) or a Recipe (a copy).  A dict goes through the same loader as a file: same checks, same messages."""
+    from qdeploy.pipeline.loader import load_recipe as load_file
+
+    if isinstance(source, Recipe):
+        return source.model_copy(deep=True)
+    if isinstance(source, dict):
+        return _parse_dict(copy.deepcopy(source), base_dir)
+    return load_file(Path(source))
+
+
+def _parse_dict(data: dict[str, Any], base_dir: str | Path | None) -> Recipe:
+    import yaml
+
+    from qdeploy.pipeline.loader import parse_recipe
+
+    origin = Path(base_dir or Path.cwd()).resolve() / "<dict recipe>"
+    return parse_recipe(yaml.safe_dump(data, sort_keys=False), source=origin)
+
+
+def run(recipe: RecipeSource, model: Any = None, *, out: str | Path | None = None,
+        cache_dir: str | Path | None = None, variants: list[str] | None = None, targets: list[str] | None = None,
+        use_cache: bool = True, progress: bool = False, base_dir: str | Path | None = None) -> RunResult:
+    """Run a recipe end to end as ``qdeploy run`` does (same report, same exit status) and return it typed.
+
+    ``model``: an ``onnx.ModelProto`` or a torch ``nn.Module`` used instead of the recipe's ``model.onnx`` /
+    ``model.torch`` (the recipe names neither; a torch module needs ``model.inputs`` with shapes).
+    """
+    from qdeploy.core.userfiles import writable_folder
+    from qdeploy.pipeline.runner import RunOptions, default_out_dir, run_recipe
+
+    if model is not None:
+        loaded = _with_in_memory_model(recipe, model, base_dir, cache_dir, out)
+    else:
+        loaded = load_recipe(recipe, base_dir=base_dir)
+    out_dir = writable_folder(Path(out) if out is not None else default_out_dir(loaded), "out folder")
+    cache = writable_folder(Path(cache_dir), "cache folder") if cache_dir is not None else None
+    options = RunOptions(out_dir=out_dir, cache_dir=cache, use_cache=use_cache, variants=variants, targets=targets,
+                         show_progress=progress)
+    result = run_recipe(loaded, options)
+    return _typed(result.report, result.out_dir, result.exit_code)
+
+
+def _with_in_memory_model(recipe: RecipeSource, model: Any, base_dir: str | Path | None,
+                          cache_dir: str | Path | None, out: str | Path | None) -> Recipe:
+    """The recipe with ``model.onnx`` pointing at the in-memory model, written by content under the cache."""
+    if isinstance(recipe, Recipe):
+        data = recipe.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        base_dir = base_dir or recipe.base_dir
+    elif isinstance(recipe, dict):
+        data = copy.deepcopy(recipe)
+    else:
+        import yaml
+
+        from qdeploy.pipeline.loader import read_yaml_text
+
+        path = Path(recipe)
+        data = yaml.safe_load(read_yaml_text(path, "recipe"))
+        base_dir = base_dir or path.resolve().parent
+    section = data.setdefault("model", {}) if isinstance(data, dict) else None
+    if not isinstance(section, dict):
+        raise RecipeError("the recipe must be a mapping with a 'model' section", field="model")
+    if section.get("onnx") or section.get("torch"):
+        raise RecipeError("the model is given twice: as run(model=...) and in the recipe's model section; "
+                          "drop one", field="model")
+    cache = Path(cache_dir) if cache_dir else Path(out or Path("runs") / str(data.get("name", "run"))) / "cache"
+    section["onnx"] = str(write_model_source(model, section, cache.resolve()))
+    return _parse_dict(data, base_dir)
+
+
+def write_model_source(model: Any, section: dict[str, Any], cache: Path) -> Path:
+    """``<cache>/sources/<sha256 of the ONNX bytes>/model.onnx``, written atomically once; a torch module is
+    exported first with the section's inputs (and checked against its own outputs)."""
+    import onnx
+
+    if not isinstance(model, onnx.ModelProto):
+        model = _export_module(model, section)
+    data = model.SerializeToString()
+    folder = cache / "sources" / hashlib.sha256(data).hexdigest()
+    target = folder / "model.onnx"
+    if not target.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=".tmp-model.", dir=folder)
+        with os.fdopen(fd, "wb") as stream:
+            stream.write(data)
+        os.replace(temporary, target)
+    return target
+
+
+def _export_module(module: Any, section: dict[str, Any]) -> Any:
+    from qdeploy.stages.export import export_module
+    from qdeploy.stages.export.config import ExportConfig
+
+    try:
+        config = ExportConfig(**{**section, "onnx": "<in-memory>"})
+    except Exception as exc:
+        raise RecipeError(f"model section: {exc}", field="model") from None
+    if not config.inputs or any(spec.shape is None for spec in config.inputs):
+        raise RecipeError("an in-memory torch module needs model.inputs with name, shape and dtype", field="model")
+    with tempfile.TemporaryDirectory(prefix="qdeploy-export-") as work:
+        model, _ = export_module(module, config, Path(work))
+    return model
+
+
+def _typed(report: dict[str, Any], out_dir: Path, exit_code: int) -> RunResult:
+    artifacts = {row["name"]: ArtifactInfo(row["name"], Path(row["path"]), row["sha256"], row["size_bytes"],
+                                           artifact_precision(row["stages"]), tuple(row["stages"]))
+                 for row in report["artifacts"]}
+    return RunResult(report, out_dir, exit_code, artifacts)
+
+
+def open_run(folder: str | Path) -> RunResult:
+    """A finished run folder (or its report.json) as a RunResult, without running anything."""
+    path = Path(folder)
+    report_path = path / "report.json" if path.is_dir() else path
+    report = json.loads(report_path.read_text())
+    return _typed(report, report_path.parent, 0 if report["passed"] else 1)
+
+
+def compare(run_a: str | Path | RunResult, run_b: str | Path | RunResult, *,
+            max_latency_regression: float | None = None, max_metric_drop: dict[str, float] | None = None,
+            allow_mismatch: bool = False) -> Any:
+    """``qdeploy compare`` as a function: a Comparison whose ``regressions`` decide pass or fail."""
+    from qdeploy.pipeline.compare_runs import Thresholds, compare_reports, load_report
+
+    def report_of(item: str | Path | RunResult) -> dict[str, Any]:
+        return item.report if isinstance(item, RunResult) else load_report(Path(item))
+
+    thresholds = Thresholds(max_latency_regression, dict(max_metric_drop or {}))
+    return compare_reports(report_of(run_a), report_of(run_b), thresholds, allow_mismatch=allow_mismatch)
+
+
+def sweep(paths: list[str | Path], *, out: str | Path | None = None, executor: str = "local",
+          workers: int | None = None, cache_dir: str | Path | None = None, use_cache: bool = True) -> Any:
+    """``qdeploy sweep`` as a function, on recipe and sweep files."""
+    from qdeploy.pipeline.sweep import load_sweep
+    from qdeploy.pipeline.sweep.executors import SweepOptions, run_sweep
+
+    plan = load_sweep([Path(p) for p in paths])
+    out_dir = Path(out) if out is not None else Path("runs") / plan.name
+    options = SweepOptions(out_dir=out_dir, cache_dir=Path(cache_dir) if cache_dir else None, use_cache=use_cache,
+                           executor=executor, workers=workers, address=None)  # type: ignore[arg-type]
+    return run_sweep(plan, options)

@@ -1,0 +1,3 @@
+"""The bottom layer: errors, strict configs and tolerances, Artifact and StageContext, files, numeric comparison."""
+
+__all__: list[str] = []

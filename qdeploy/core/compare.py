@@ -1,0 +1,308 @@
+"""Comparing a candidate's outputs with a reference's, apart from running them.
+
+``compare_outputs(reference, candidate, tolerance)`` takes two lists of
+per-sample output dicts (same samples, same order) and returns a
+``Comparison`` that knows whether it passed and why not.
+
+Metric definitions (all in float64, over every sample of an output concatenated):
+
+- ``max_abs_err``, ``mean_abs_err``: of ``|cand - ref|``.
+- ``max_rel_err``: largest ``|cand - ref| / |ref|`` over elements with
+  ``|ref| > 1e-6 * max|ref|``; elements near zero are left to the absolute error.
+- ``cosine``: of the flattened tensors; two all-zero tensors give 1.0, zero
+  against non-zero gives 0.0.
+- ``snr_db``: ``10*log10(sum(ref^2) / sum(err^2))``, clamped to
+  [-SNR_CAP_DB, SNR_CAP_DB]: an exact match reports 200.0, never inf, so every
+  number is JSON-safe.
+- ``within_tol``: share of elements with ``|cand - ref| <= atol + rtol*|ref|``,
+  using the tolerance's atol/rtol (a missing one counts as 0); when the
+  tolerance sets neither, numpy.isclose's defaults (atol 1e-8, rtol 1e-5).
+  For integer and bool outputs: share of exactly equal elements.
+- ``top1_agreement`` / ``top5_agreement``: only for outputs that look like class
+  scores: float, rank >= 2, last dimension C >= 2 (C >= 5 for top-5), and every
+  dimension between the first and the last equal to 1 (``[N, C]``,
+  ``[N, 1, 1, C]``).  Rows are ``reshape(-1, C)``.  Top-1: share of rows whose
+  argmax agrees; top-5: share of rows whose reference argmax is among the
+  candidate's five highest scores.  Dense maps (``[1, 3, 8, 8]``) and
+  per-token logits (``[N, T, V]``) get None.
+- ``nonfinite``: NaN/Inf count in the candidate.  Metrics are computed over the
+  positions finite in both.
+
+Tolerances may differ per output: ``compare_outputs(..., per_output={name: Tolerance})``
+uses the mapping's entry for an output it names and ``tolerance`` for the others; each
+output's metrics carry the limits they were held to (``tolerance``) and whether they held
+(``passed``).
+
+Failures regardless of tolerance: a missing output, a shape or dtype-kind
+(float / integer / bool) mismatch, NaN/Inf in the candidate or the reference,
+differing sample counts.  Integer and bool outputs must match exactly; the
+tolerance applies to float outputs: ``cosine_min``, ``snr_db_min``, ``atol``
+alone (a limit on max_abs_err), ``rtol`` (with atol, default 0: every element
+within ``atol + rtol*|ref|``), ``top1_agreement_min`` (on outputs that have a
+top-1 agreement).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from qdeploy.core.tolerance import Tolerance
+
+__all__ = ["SNR_CAP_DB", "Comparison", "OutputMetrics", "compare_outputs"]
+
+SNR_CAP_DB = 200.0
+_ISCLOSE_ATOL, _ISCLOSE_RTOL = 1e-8, 1e-5
+_REL_FLOOR = 1e-6
+_MAX_FIELDS = ("max_abs_err", "mean_abs_err", "max_rel_err")
+_MIN_FIELDS = ("cosine", "snr_db", "within_tol", "top1_agreement", "top5_agreement")
+
+
+@dataclass
+class OutputMetrics:
+    """Agreement of one output; metrics are None when they could not be computed (shape_mismatch set)."""
+
+    name: str
+    max_abs_err: float | None = None
+    mean_abs_err: float | None = None
+    max_rel_err: float | None = None
+    cosine: float | None = None
+    snr_db: float | None = None
+    within_tol: float | None = None
+    top1_agreement: float | None = None
+    top5_agreement: float | None = None
+    nonfinite: int = 0
+    shape_mismatch: str | None = None
+    passed: bool = True
+    tolerance: dict[str, float] | None = None
+    """The limits this output was held to (unset limits left out)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Comparison:
+    """Every output's metrics, whether the tolerance held, why not, and remarks that do not fail it."""
+
+    outputs: list[OutputMetrics]
+    passed: bool
+    reasons: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def worst(self) -> dict[str, float | None]:
+        """Worst value over outputs: max of errors, min of cosine/snr/within_tol/top-k, sum of nonfinite."""
+        worst: dict[str, float | None] = {}
+        for key in (*_MAX_FIELDS, *_MIN_FIELDS):
+            values = [getattr(out, key) for out in self.outputs if getattr(out, key) is not None]
+            worst[key] = (max(values) if key in _MAX_FIELDS else min(values)) if values else None
+        worst["nonfinite"] = sum(out.nonfinite for out in self.outputs)
+        return worst
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "reasons": list(self.reasons),
+            "notes": list(self.notes),
+            "worst": self.worst(),
+            "outputs": [out.to_dict() for out in self.outputs],
+        }
+
+
+def compare_outputs(reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]],
+                    tolerance: Tolerance, per_output: Mapping[str, Tolerance] | None = None) -> Comparison:
+    """Compare per-sample outputs of a candidate with a reference's under a tolerance (per output if given)."""
+    per_output = per_output or {}
+    reasons: list[str] = []
+    notes: list[str] = []
+    if len(reference) != len(candidate):
+        reasons.append(f"reference has {len(reference)} samples, candidate {len(candidate)}")
+    count = min(len(reference), len(candidate))
+    if count == 0:
+        reasons.append("no samples to compare")
+    names = list(dict.fromkeys(name for sample in reference[:count] for name in sample))
+    outputs = []
+    for name in names:
+        refs = [np.asarray(sample[name]) if name in sample else None for sample in reference[:count]]
+        cands = [np.asarray(sample[name]) if name in sample else None for sample in candidate[:count]]
+        limits = per_output.get(name, tolerance)
+        metrics, output_reasons = _compare_output(name, refs, cands, limits)
+        metrics.passed = not output_reasons
+        metrics.tolerance = limits.model_dump(exclude_none=True)
+        outputs.append(metrics)
+        reasons.extend(output_reasons)
+    notes.extend(_unchecked_top1(outputs, tolerance, per_output))
+    return Comparison(outputs=outputs, passed=not reasons, reasons=reasons, notes=notes)
+
+
+def _unchecked_top1(outputs: list[OutputMetrics], tolerance: Tolerance,
+                    per_output: Mapping[str, Tolerance]) -> list[str]:
+    """Notes on top-1 limits that no output could be held to (no output looks like class scores)."""
+    notes = []
+    if tolerance.top1_agreement_min is not None and outputs and all(out.top1_agreement is None for out in outputs):
+        notes.append(f"top1_agreement_min {tolerance.top1_agreement_min:g} set but no output looks like "
+                     "class scores ([N, C] floats); not checked")
+    for out in outputs:
+        limit = per_output[out.name].top1_agreement_min if out.name in per_output else None
+        if limit is not None and out.top1_agreement is None:
+            notes.append(f"top1_agreement_min {limit:g} set for output '{out.name}', which does not look like "
+                         "class scores ([N, C] floats); not checked")
+    return notes
+
+
+def _kind(array: np.ndarray) -> str:
+    if array.dtype.kind == "f":
+        return "float"
+    if array.dtype.kind in "iu":
+        return "integer"
+    if array.dtype.kind == "b":
+        return "bool"
+    return f"non-numeric ({array.dtype})"
+
+
+def _structure_mismatch(refs: list[np.ndarray | None], cands: list[np.ndarray | None]) -> str | None:
+    """Why the output cannot be compared elementwise, or None."""
+    for index, (ref, cand) in enumerate(zip(refs, cands, strict=True)):
+        if ref is None:
+            return f"missing from the reference in sample {index}"
+        if cand is None:
+            return f"missing from the candidate in sample {index}"
+        if ref.shape != cand.shape:
+            return f"shape mismatch in sample {index}: reference {list(ref.shape)} vs candidate {list(cand.shape)}"
+        if _kind(ref) != _kind(cand):
+            return f"dtype mismatch: reference {ref.dtype} ({_kind(ref)}) vs candidate {cand.dtype} ({_kind(cand)})"
+        if _kind(ref).startswith("non-numeric"):
+            return f"cannot compare {_kind(ref)} values"
+    return None
+
+
+def _compare_output(name: str, refs: list[np.ndarray | None], cands: list[np.ndarray | None],
+                    tolerance: Tolerance) -> tuple[OutputMetrics, list[str]]:
+    mismatch = _structure_mismatch(refs, cands)
+    if mismatch is not None:
+        return OutputMetrics(name=name, shape_mismatch=mismatch), [f"output '{name}': {mismatch}"]
+    ref_arrays = [r for r in refs if r is not None]
+    cand_arrays = [c for c in cands if c is not None]
+    ref = np.concatenate([r.reshape(-1) for r in ref_arrays]).astype(np.float64)
+    cand = np.concatenate([c.reshape(-1) for c in cand_arrays]).astype(np.float64)
+    exact = _kind(ref_arrays[0]) != "float"
+    finite = np.isfinite(ref) & np.isfinite(cand)
+    metrics = OutputMetrics(name=name, nonfinite=int(np.count_nonzero(~np.isfinite(cand))))
+    _elementwise(metrics, ref[finite], cand[finite], tolerance, exact=exact)
+    if not exact:
+        _topk(metrics, ref_arrays, cand_arrays)
+    reasons = []
+    if metrics.nonfinite:
+        reasons.append(f"output '{name}': candidate holds {metrics.nonfinite} NaN/Inf values")
+    ref_nonfinite = int(np.count_nonzero(~np.isfinite(ref)))
+    if ref_nonfinite:
+        reasons.append(f"output '{name}': reference holds {ref_nonfinite} NaN/Inf values; cannot validate against it")
+    reasons.extend(_limit_reasons(metrics, tolerance, exact=exact, size=int(np.count_nonzero(finite))))
+    return metrics, reasons
+
+
+def _elementwise(metrics: OutputMetrics, ref: np.ndarray, cand: np.ndarray, tolerance: Tolerance, *,
+                 exact: bool) -> None:
+    """Fill the error, cosine, SNR and within-tolerance metrics from flat float64 arrays."""
+    err = np.abs(cand - ref)
+    abs_ref = np.abs(ref)
+    metrics.max_abs_err = float(err.max()) if err.size else 0.0
+    metrics.mean_abs_err = float(err.mean()) if err.size else 0.0
+    significant = abs_ref > _REL_FLOOR * (float(abs_ref.max()) if abs_ref.size else 0.0)
+    metrics.max_rel_err = float((err[significant] / abs_ref[significant]).max()) if significant.any() else 0.0
+    metrics.cosine = _cosine(ref, cand)
+    metrics.snr_db = _snr_db(ref, err)
+    if exact:
+        metrics.within_tol = float(np.mean(err == 0)) if err.size else 1.0
+        return
+    atol, rtol = _atol_rtol(tolerance)
+    metrics.within_tol = float(np.mean(err <= atol + rtol * abs_ref)) if err.size else 1.0
+
+
+def _atol_rtol(tolerance: Tolerance) -> tuple[float, float]:
+    if tolerance.atol is None and tolerance.rtol is None:
+        return _ISCLOSE_ATOL, _ISCLOSE_RTOL
+    return tolerance.atol or 0.0, tolerance.rtol or 0.0
+
+
+def _cosine(ref: np.ndarray, cand: np.ndarray) -> float:
+    ref_norm, cand_norm = float(np.linalg.norm(ref)), float(np.linalg.norm(cand))
+    if ref_norm == 0.0 and cand_norm == 0.0:
+        return 1.0
+    if ref_norm == 0.0 or cand_norm == 0.0:
+        return 0.0
+    return float(np.clip(np.dot(ref, cand) / (ref_norm * cand_norm), -1.0, 1.0))
+
+
+def _snr_db(ref: np.ndarray, err: np.ndarray) -> float:
+    signal, noise = float(np.sum(ref * ref)), float(np.sum(err * err))
+    if noise == 0.0:
+        return SNR_CAP_DB
+    if signal == 0.0:
+        return -SNR_CAP_DB
+    return float(np.clip(10.0 * math.log10(signal / noise), -SNR_CAP_DB, SNR_CAP_DB))
+
+
+def _class_count(shape: tuple[int, ...]) -> int | None:
+    """The class count C when a shape looks like class scores ([N, C], [N, 1, .., 1, C]), else None."""
+    if len(shape) < 2 or shape[-1] < 2 or any(dim != 1 for dim in shape[1:-1]):
+        return None
+    return shape[-1]
+
+
+def _topk(metrics: OutputMetrics, refs: list[np.ndarray], cands: list[np.ndarray]) -> None:
+    classes = _class_count(refs[0].shape)
+    if classes is None:
+        return
+    ref_rows = np.concatenate([r.reshape(-1, classes) for r in refs]).astype(np.float64)
+    cand_rows = np.concatenate([c.reshape(-1, classes) for c in cands]).astype(np.float64)
+    if not len(ref_rows):
+        return
+    ref_top1 = np.argmax(ref_rows, axis=1)
+    metrics.top1_agreement = float(np.mean(ref_top1 == np.argmax(cand_rows, axis=1)))
+    if classes >= 5:
+        cand_top5 = np.argpartition(-cand_rows, 4, axis=1)[:, :5]
+        metrics.top5_agreement = float(np.mean(np.any(cand_top5 == ref_top1[:, None], axis=1)))
+
+
+def _fmt(value: float, limit: float) -> str:
+    """The measured value with enough digits to differ visibly from the limit it broke."""
+    for digits in range(4, 18):
+        text = f"{value:.{digits}g}"
+        if float(text) != limit:
+            return text
+    return repr(value)
+
+
+def _limit_reasons(m: OutputMetrics, tolerance: Tolerance, *, exact: bool, size: int) -> list[str]:
+    """One reason per tolerance limit this output breaks."""
+    where = f"output '{m.name}'"
+    if exact:
+        if m.within_tol is not None and m.within_tol < 1.0:
+            differing = round((1.0 - m.within_tol) * size)
+            return [f"{where}: {differing} of {size} integer/bool elements differ "
+                    f"(mismatch share {1.0 - m.within_tol:.4g}); they must match exactly"]
+        return []
+    reasons = []
+    if tolerance.cosine_min is not None and m.cosine is not None and m.cosine < tolerance.cosine_min:
+        reasons.append(f"{where}: cosine {_fmt(m.cosine, tolerance.cosine_min)} < cosine_min {tolerance.cosine_min:g}")
+    if tolerance.snr_db_min is not None and m.snr_db is not None and m.snr_db < tolerance.snr_db_min:
+        reasons.append(f"{where}: snr_db {_fmt(m.snr_db, tolerance.snr_db_min)} < snr_db_min {tolerance.snr_db_min:g}")
+    if tolerance.rtol is None and tolerance.atol is not None and m.max_abs_err is not None \
+            and m.max_abs_err > tolerance.atol:
+        reasons.append(f"{where}: max_abs_err {_fmt(m.max_abs_err, tolerance.atol)} > atol {tolerance.atol:g}")
+    if tolerance.rtol is not None and m.within_tol is not None and m.within_tol < 1.0:
+        outside = round((1.0 - m.within_tol) * size)
+        reasons.append(f"{where}: {outside} of {size} elements ({1.0 - m.within_tol:.2%}) outside "
+                       f"atol {tolerance.atol or 0.0:g} + rtol {tolerance.rtol:g}*|ref| "
+                       f"(max_abs_err {m.max_abs_err:.4g}, max_rel_err {m.max_rel_err:.4g})")
+    if tolerance.top1_agreement_min is not None and m.top1_agreement is not None \
+            and m.top1_agreement < tolerance.top1_agreement_min:
+        reasons.append(f"{where}: top1_agreement {_fmt(m.top1_agreement, tolerance.top1_agreement_min)} < "
+                       f"top1_agreement_min {tolerance.top1_agreement_min:g}")
+    return reasons

@@ -1,0 +1,163 @@
+"""Files written so that no reader ever sees half of one: temporary names renamed into place, fsync'd, ENOSPC
+named; sha256 as ``sha256sum`` prints it; models saved with external data when large.
+
+The artifact store (``qdeploy.pipeline.store``), the reports and the stages write through here.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.core.errors import DiskFullError
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["EXTERNAL_DATA_THRESHOLD", "TMP_PREFIX", "all_tensors", "disk_full_is_clear", "external_data_files",
+           "file_record", "fsync_dir", "process_alive", "save_model", "sha256_file", "sweep_stale_files",
+           "write_json_atomic", "write_json_synced", "write_text_atomic"]
+
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+"""Models above this many bytes are saved with external data (protobuf's hard limit is 2 GiB)."""
+TMP_PREFIX = ".tmp-"
+_CHUNK = 1 << 20
+
+
+def _default_file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+@contextmanager
+def disk_full_is_clear(what: str) -> Iterator[None]:
+    """Turn ENOSPC into a DiskFullError naming what was being written (the caller has cleaned up)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"no space left on the device while writing {what}; the previous state is intact. "
+                                "Free some space (or point --out/--cache-dir elsewhere) and run again") from None
+        raise
+
+
+def _temp_prefix(path: Path) -> str:
+    """Temporary files name their process, so a later run can tell a dead run's leftovers from live work."""
+    return f"{TMP_PREFIX}{path.name}.p{os.getpid()}."
+
+
+def sweep_stale_files(folder: Path) -> None:
+    """Remove temporary files that processes now gone left in a folder (a run killed while writing)."""
+    for leftover in folder.glob(f"{TMP_PREFIX}*"):
+        owner = re.search(r"\.p(\d+)\.", leftover.name)
+        if owner and leftover.is_file() and not process_alive(int(owner.group(1))):
+            leftover.unlink(missing_ok=True)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """A file's own sha256 (what ``sha256sum`` prints) and size."""
+    return {"sha256": sha256_file(path), "size_bytes": path.stat().st_size}
+
+
+def external_data_files(path: Path) -> list[Path]:
+    """External data files a model references, resolved beside it."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    locations = set()
+    for tensor in all_tensors(model):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    locations.add(entry.value)
+    return [path.parent / location for location in sorted(locations)]
+
+
+def all_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    from onnx.external_data_helper import _get_all_tensors
+
+    return list(_get_all_tensors(model))
+
+
+def save_model(model: onnx.ModelProto, path: Path, *, external_name: str) -> None:
+    """Save a model; large ones with their tensors in one external data file beside it."""
+    import onnx
+
+    if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=external_name, size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
+
+
+def write_json_synced(path: Path, data: dict[str, Any]) -> None:
+    with path.open("w") as stream:
+        json.dump(data, stream, indent=2, sort_keys=True, default=str)
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON under a temporary name and rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale_files(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
+    os.chmod(tmp, _default_file_mode())  # mkstemp makes 0600; reports are meant to be shared
+    os.close(fd)
+    with disk_full_is_clear(str(path)):
+        try:
+            write_json_synced(Path(tmp), data)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale_files(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
+    os.chmod(tmp, _default_file_mode())  # mkstemp makes 0600; reports are meant to be shared
+    with disk_full_is_clear(str(path)):
+        try:
+            with os.fdopen(fd, "w") as stream:
+                stream.write(text)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)

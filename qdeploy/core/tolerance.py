@@ -1,0 +1,33 @@
+"""Tolerances of a comparison against reference outputs, shared by the recipe and the stages."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["DEFAULT_TOLERANCES", "StrictModel", "Tolerance"]
+
+
+class StrictModel(BaseModel):
+    """Base of every recipe model: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Tolerance(StrictModel):
+    """Acceptance limits of one comparison against the reference outputs."""
+
+    cosine_min: float | None = Field(default=None, ge=-1.0, le=1.0, description="Lowest cosine similarity.")
+    snr_db_min: float | None = Field(default=None, description="Lowest signal-to-noise ratio in dB.")
+    atol: float | None = Field(default=None, ge=0.0, description="Largest absolute error.")
+    rtol: float | None = Field(
+        default=None, ge=0.0, description="Relative part of the elementwise limit atol + rtol*|ref|."
+    )
+    top1_agreement_min: float | None = Field(default=None, ge=0.0, le=1.0, description="Lowest top-1 agreement.")
+
+
+# Defaults per precision, used when the recipe sets no tolerance (documented in the README).
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    "fp32": Tolerance(cosine_min=0.9999, snr_db_min=60.0),
+    "fp16": Tolerance(cosine_min=0.999, snr_db_min=30.0),
+    "int8": Tolerance(cosine_min=0.98, snr_db_min=15.0),
+}

@@ -1,0 +1,171 @@
+"""Facts about ONNX graphs and cheap edits, shared by the simplify stage's modules.
+
+Every helper here avoids what is slow on large models: serialising tensors
+(``ByteSize`` copies them), comparing whole messages (``remove``) and
+rebuilding repeated fields.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = [
+    "GRAPH_OPS",
+    "STANDARD_DOMAINS",
+    "attribute_key",
+    "delete_indices",
+    "delete_where",
+    "fingerprint",
+    "graph_inputs",
+    "graph_key",
+    "has_subgraph",
+    "io_names",
+    "model_bytes",
+    "names_read",
+    "op_counts",
+    "prune_value_info",
+    "subgraph_references",
+    "subgraphs",
+    "tensor_nbytes",
+]
+
+_ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
+"""Bytes per element of the ONNX tensor types of fixed size."""
+
+
+def tensor_nbytes(tensor: onnx.TensorProto) -> int:
+    """Bytes of a tensor's data, from its shape: without serialising it (``ByteSize`` copies megabytes)."""
+    size = _ELEMENT_BYTES.get(tensor.data_type)
+    if size is None or tensor.data_location == 1:  # strings, sub-byte types, external data: measured
+        return tensor.ByteSize()
+    for dim in tensor.dims:
+        size *= dim
+    return size
+
+
+GRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+"""The standard ops with graph attributes; other standard ops have none, custom ones may."""
+STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
+
+
+def has_subgraph(node: onnx.NodeProto) -> bool:
+    return bool(subgraphs(node))
+
+
+def subgraph_references(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name read by the nodes of the subgraphs of ``graph``'s nodes (outer-scope uses included)."""
+    names: set[str] = set()
+    for node in graph.node:
+        for sub in subgraphs(node):
+            for inner in sub.node:
+                names.update(inner.input)
+            names.update(out.name for out in sub.output)
+            names |= subgraph_references(sub)
+    return names
+
+
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs held by a node's attributes (called for every node, so the common case is cheap)."""
+    if node.op_type not in GRAPH_OPS and node.domain in STANDARD_DOMAINS:
+        return []
+    graphs = []
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            graphs.append(attr.g)
+        graphs.extend(attr.graphs)
+    return graphs
+
+
+def delete_where(container: Any, doomed: Callable[[Any], bool]) -> int:
+    """Delete the items of a repeated protobuf field for which ``doomed`` holds; how many.
+
+    By index, from the end: neither rebuilding the list nor ``remove`` (which compares whole messages) copies
+    any tensor.
+    """
+    return delete_indices(container, [index for index, item in enumerate(container) if doomed(item)])
+
+
+def delete_indices(container: Any, indices: Iterable[int]) -> int:
+    """Delete the items at ``indices`` of a repeated protobuf field; how many."""
+    ordered = sorted(set(indices), reverse=True)
+    for index in ordered:
+        del container[index]
+    return len(ordered)
+
+
+def names_read(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> set[str]:
+    read = {name for node in nodes for name in node.input}
+    read |= {out.name for out in graph.output}
+    read |= subgraph_references(graph)
+    return read
+
+
+def model_bytes(model: onnx.ModelProto) -> int:
+    """Serialised size of the model, summed piecewise (a whole ModelProto above 2 GB cannot be measured)."""
+    graph = model.graph
+    return (sum(tensor_nbytes(init) for init in graph.initializer)
+            + sum(node.ByteSize() for node in graph.node if node.op_type != "Constant")
+            + sum(tensor_nbytes(attr.t) for node in graph.node if node.op_type == "Constant" for attr in node.attribute)
+            + sum(function.ByteSize() for function in model.functions))
+
+
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    counts = Counter(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op_type}"
+                     for node in model.graph.node)
+    return dict(sorted(counts.items()))
+
+
+def graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """The inputs a caller feeds: graph inputs that are not initializers (IR < 4 lists initializers as inputs)."""
+    initializers = {init.name for init in graph.initializer}
+    return [value for value in graph.input if value.name not in initializers]
+
+
+def io_names(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
+    """The model's interface: inputs that are not initializers (IR < 4 lists those too), and outputs."""
+    graph = model.graph
+    initializers = {init.name for init in graph.initializer} if model.ir_version < 4 else set()
+    return ([value.name for value in graph.input if value.name not in initializers],
+            [value.name for value in graph.output])
+
+
+def fingerprint(model: onnx.ModelProto) -> int:
+    """Hash of the graph's structure (subgraphs included): nodes, initializer names/types/shapes, the interface."""
+    graph = model.graph
+    return hash((graph_key(graph), tuple((init.name, init.data_type, tuple(init.dims)) for init in graph.initializer),
+                 repr(io_names(model))))
+
+
+def graph_key(graph: onnx.GraphProto) -> tuple[Any, ...]:
+    """Plain nodes by their bytes (cheap); Constant nodes and nodes with subgraphs by structure."""
+    plain, special = [], []
+    for index, node in enumerate(graph.node):
+        if node.op_type == "Constant" or subgraphs(node):
+            special.append((index, node.op_type, tuple(node.input), tuple(node.output),
+                            tuple(attribute_key(attr) for attr in node.attribute)))
+        else:
+            plain.append(node.SerializeToString())
+    return hash(b"\0".join(plain)), tuple(special)
+
+
+def attribute_key(attr: onnx.AttributeProto) -> Any:
+    """Cheap identity of an attribute: tensors by name/type/shape (their bytes only move), subgraphs by structure."""
+    if attr.HasField("t"):
+        return attr.name, attr.t.data_type, tuple(attr.t.dims)
+    if attr.HasField("g"):
+        return attr.name, graph_key(attr.g), tuple(init.name for init in attr.g.initializer)
+    if len(attr.graphs):
+        return attr.name, tuple((graph_key(g), tuple(i.name for i in g.initializer)) for g in attr.graphs)
+    return attr.SerializeToString()
+
+
+def prune_value_info(model: onnx.ModelProto) -> None:
+    """Drop top-level value_info of names no node produces any more (folded or removed)."""
+    graph = model.graph
+    produced = {name for node in graph.node for name in node.output}
+    delete_where(graph.value_info, lambda value: value.name not in produced)

@@ -1,0 +1,62 @@
+"""Target adapters: one per runtime, behind one small interface.
+
+A target is named ``runtime:device`` (``ort:cpu``, ``openvino:cpu``, ...).  An
+adapter says whether its target exists on this machine (``availability``) and
+loads a model into a ``Session`` that runs feeds and records what really ran
+(``Session.executed``).  Comparing outputs is not done here: see
+``qdeploy.core.compare``.
+
+Nothing heavy is imported at module import time: onnxruntime, openvino and
+onnx are imported by the adapter that needs them.  A target that does not exist
+here raises ``TargetUnavailable``; one that exists but ran the model elsewhere
+(a GPU provider that fell back to CPU) raises ``TargetFellBack``.  Neither
+hands back a silent substitute (a CPU result labelled GPU, a bfloat16 result
+labelled float32).  The OpenVINO adapter lives in ``qdeploy.targets.openvino``.
+"""
+
+from __future__ import annotations
+
+from qdeploy.targets.base import (
+    ExecutionInfo,
+    Session,
+    TargetAdapter,
+    TargetFellBack,
+    check_feeds,
+    onnx_io_names,
+    short_message,
+)
+from qdeploy.targets.bound import BoundCall, OrtBoundCall
+from qdeploy.targets.onnxruntime import OrtSession, OrtTarget
+from qdeploy.targets.openvino import OpenVinoSession, OpenVinoTarget
+from qdeploy.targets.reference import ReferenceSession, ReferenceTarget
+
+__all__ = ["KNOWN_TARGETS", "BoundCall", "ExecutionInfo", "OpenVinoSession", "OpenVinoTarget", "OrtBoundCall",
+           "OrtSession", "OrtTarget", "ReferenceSession", "ReferenceTarget", "Session", "TargetAdapter",
+           "TargetFellBack", "available_targets", "check_feeds", "get_target", "onnx_io_names", "short_message"]
+
+KNOWN_TARGETS: tuple[str, ...] = (
+    "ort:cpu", "ort:cuda", "ort:tensorrt", "ort:openvino",
+    "openvino:cpu", "openvino:gpu", "openvino:npu",
+    "reference:cpu",
+)
+
+def get_target(name: str) -> TargetAdapter:
+    """The adapter of a target name; ValueError naming the known targets for an unknown one."""
+    if name not in KNOWN_TARGETS:
+        raise ValueError(f"unknown target '{name}'; known targets: {', '.join(KNOWN_TARGETS)}")
+    runtime = name.split(":", 1)[0]
+    return {"ort": OrtTarget, "openvino": OpenVinoTarget, "reference": ReferenceTarget}[runtime](name)
+
+
+def available_targets() -> dict[str, str]:
+    """Every known target -> "" when available here, else the reason it is not."""
+    result = {}
+    for name in KNOWN_TARGETS:
+        try:
+            ok, reason = get_target(name).availability()
+        except Exception as exc:  # availability must never raise; belt and braces for `qdeploy doctor`
+            ok, reason = False, f"target {name}: availability check failed: {short_message(exc)}"
+        result[name] = "" if ok else reason
+    return result
+
+

@@ -1,0 +1,170 @@
+"""onnx's reference evaluator as qdeploy uses it: corrected where it is known to be wrong, honest where it cannot run.
+
+``reference:cpu`` computes every op in its declared precision with numpy, which
+is what makes it the true-float16 check.  Its kernels have defects that would
+otherwise be blamed on the artifact:
+
+- BatchNormalization before opset 14 picks training mode from the ``momentum``
+  attribute, which the schema always supplies (0.9), instead of from the node's
+  output count: every one-output (inference) node normalises with the batch's
+  own statistics blended into the running ones (onnx/onnx#5799, fixed upstream
+  by onnx/onnx#8442, not released).  A Paddle-exported PP-OCRv4 detector then
+  disagrees with ONNX Runtime at 28 dB SNR in float32, and in float16 the batch
+  variance overflows;
+- GlobalMaxPool reduces axes ``(n - 2, n - 1)`` of an input of rank n, right
+  only for rank 4: a 1-D or 3-D pool reduces the wrong axes silently;
+- DequantizeLinear before opset 19 has no kernel (QDQ models at opsets 13-18).
+
+``build_evaluator`` installs corrected kernels for these.  An op the evaluator
+has no kernel for, or one whose kernel raises on a model ONNX Runtime runs (a
+1-D MaxPool with ``auto_pad: SAME_UPPER`` raises IndexError), is an
+``EvaluatorCannotRun`` (a ``TargetUnavailable``) naming the op and the node:
+validation reports such a row ``unavailable``, never ``error``, which stays
+for qdeploy's own failures.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qdeploy.core.errors import TargetUnavailable
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["EvaluatorCannotRun", "build_evaluator", "corrected_kernels", "run_evaluator"]
+
+_UNKNOWN_OP = re.compile(r"Node type '([^']+)' from domain '([^']*)' is unknown")
+
+
+class EvaluatorCannotRun(TargetUnavailable):
+    """onnx.reference has no working kernel for an op of this model; ``op_type`` and ``node`` name it."""
+
+    def __init__(self, message: str, op_type: str, node: str | None = None) -> None:
+        super().__init__(message)
+        self.op_type = op_type
+        self.node = node
+
+
+def build_evaluator(model: onnx.ModelProto) -> Any:
+    """A ReferenceEvaluator with qdeploy's corrected kernels; EvaluatorCannotRun when an op has no kernel or its
+    kernel refuses the node.  Other failures (not a model the evaluator can read) propagate."""
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        return ReferenceEvaluator(model, new_ops=corrected_kernels(model))
+    except NotImplementedError as exc:
+        found = _UNKNOWN_OP.search(str(exc))
+        if found is None:
+            raise _cannot_run(exc) from None
+        where = f" (domain {found.group(2)})" if found.group(2) else ""
+        raise EvaluatorCannotRun(f"onnx.reference has no kernel for {found.group(1)}{where}: the true-precision "
+                                 "check cannot run on this model", found.group(1)) from None
+    except Exception as exc:
+        if _failing_node(exc) is None:
+            raise
+        raise _cannot_run(exc) from None
+
+
+def run_evaluator(evaluator: Any, feeds: dict[str, np.ndarray]) -> list[Any]:
+    """The evaluator's outputs; a kernel that raises becomes EvaluatorCannotRun naming its op and node."""
+    try:
+        with np.errstate(all="ignore"):  # float16 overflow shows as Inf in the outputs, where it is measured
+            return evaluator.run(None, feeds)
+    except Exception as exc:
+        if _failing_node(exc) is None:  # not inside a kernel: the evaluator's bookkeeping or the feeds
+            raise
+        raise _cannot_run(exc) from None
+
+
+def _cannot_run(exc: Exception) -> EvaluatorCannotRun:
+    """EvaluatorCannotRun naming the node whose kernel raised (or '?' when the traceback holds none)."""
+    node = _failing_node(exc)
+    op_type, name = (node.op_type, node.name) if node is not None else ("?", "")
+    label = f"'{name}'" if name else "(unnamed)"
+    message = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    return EvaluatorCannotRun(f"onnx.reference cannot run {op_type} node {label}: {message}; an evaluator "
+                              "limitation, not a measured error of the artifact", op_type, name or None)
+
+
+def _failing_node(exc: BaseException) -> onnx.NodeProto | None:
+    """The ONNX node whose kernel raised: the innermost OpRun frame in the traceback (subgraphs included)."""
+    from onnx.reference.op_run import OpRun
+
+    found = None
+    trace = exc.__traceback__
+    while trace is not None:
+        owner = trace.tb_frame.f_locals.get("self")
+        if isinstance(owner, OpRun) and getattr(owner, "onnx_node", None) is not None:
+            found = owner.onnx_node
+        trace = trace.tb_next
+    return found
+
+
+def corrected_kernels(model: onnx.ModelProto) -> list[type]:
+    """Replacement kernels for the evaluator's known defects that this model would meet."""
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0)
+    ops = _op_types(model)
+    kernels = []
+    if "BatchNormalization" in ops and opset < 14:
+        kernels.append(_batch_normalization_kernel())
+    if "GlobalMaxPool" in ops:
+        kernels.append(_global_max_pool_kernel())
+    if "DequantizeLinear" in ops and opset < 19:
+        kernels.append(_dequantize_linear_kernel())
+    return kernels
+
+
+def _op_types(model: onnx.ModelProto) -> set[str]:
+    """Op types of the default domain anywhere in the model, subgraphs included."""
+    found: set[str] = set()
+    pending = [model.graph]
+    while pending:
+        graph = pending.pop()
+        for node in graph.node:
+            if node.domain in ("", "ai.onnx"):
+                found.add(node.op_type)
+            for attr in node.attribute:
+                pending.extend([attr.g] if attr.HasField("g") else [])
+                pending.extend(attr.graphs)
+    return found
+
+
+def _batch_normalization_kernel() -> type:
+    """Opsets 6-13: a node with one output is inference; Y = scale * (x - mean) / sqrt(var + eps) + B."""
+    from onnx.reference.op_run import OpRun
+
+    def run(self: Any, x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var: np.ndarray,
+            epsilon: float | None = None, **_: Any) -> tuple[np.ndarray]:
+        if len(self.onnx_node.output) > 1:
+            raise NotImplementedError("training-mode BatchNormalization (more than one output) before opset 14")
+        shape = (-1,) + (1,) * (x.ndim - 2)  # per channel, broadcast over the spatial axes
+        eps = 1e-5 if epsilon is None else epsilon
+        y = scale.reshape(shape) * (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps) + bias.reshape(shape)
+        return (y.astype(x.dtype),)
+
+    # onnx.reference takes a replacement kernel by its class name and op_domain, for every opset version
+    return type("BatchNormalization", (OpRun,), {"op_domain": "", "_run": run})
+
+
+def _global_max_pool_kernel() -> type:
+    """Max over every spatial axis (2 .. rank - 1), keeping them as 1."""
+    from onnx.reference.op_run import OpRun
+
+    def run(self: Any, x: np.ndarray) -> tuple[np.ndarray]:
+        return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
+
+    return type("GlobalMaxPool", (OpRun,), {"op_domain": "", "_run": run})
+
+
+def _dequantize_linear_kernel() -> type:
+    """DequantizeLinear-10/13 compute what -19 does for the types they allow, so the -19 kernel serves them."""
+    from onnx.reference.ops.op_dequantize_linear import DequantizeLinear_19
+
+    def run(self: Any, x: Any, x_scale: Any, x_zero_point: Any = None, axis: int = 1, **_: Any) -> Any:
+        return DequantizeLinear_19._run(self, x, x_scale, x_zero_point, axis=axis)
+
+    return type("DequantizeLinear", (DequantizeLinear_19,), {"op_domain": "", "_run": run})

@@ -1,0 +1,199 @@
+"""The ONNX Runtime targets (``ort:cpu``, ``ort:cuda``, ``ort:tensorrt``, ``ort:openvino``): one execution provider
+and its declared fallbacks; a fallback that really happened is a failure (``TargetFellBack``), never a substitute."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import weakref
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qdeploy.core.errors import DataError, ModelError
+from qdeploy.targets.base import (
+    ExecutionInfo,
+    Session,
+    TargetAdapter,
+    TargetFellBack,
+    check_feeds,
+    short_message,
+)
+from qdeploy.targets.bound import BoundCall, OrtBoundCall
+
+__all__ = ["OrtSession", "OrtTarget"]
+
+log = logging.getLogger(__name__)
+
+_ORT_PROVIDERS: dict[str, list[str]] = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+    "openvino": ["OpenVINOExecutionProvider", "CPUExecutionProvider"],
+}
+_HIDDEN_PROVIDERS = frozenset({"AzureExecutionProvider"})
+# ORT profile type names -> the precision names OpenVINO's runtime model uses, so both read alike.
+_ORT_TYPE_NAMES = {"float": "FP32", "float16": "FP16", "bfloat16": "BF16", "double": "FP64", "int8": "I8",
+                   "uint8": "U8", "int16": "I16", "uint16": "U16", "int32": "I32", "int64": "I64", "bool": "BOOL"}
+
+class OrtTarget(TargetAdapter):
+    """ONNX Runtime with one execution provider (and its declared fallbacks)."""
+
+    runtime = "onnxruntime"
+
+    @property
+    def providers(self) -> list[str]:
+        return list(_ORT_PROVIDERS[self.device])
+
+    def availability(self) -> tuple[bool, str]:
+        try:
+            import onnxruntime
+        except ImportError:
+            return False, (f"target {self.name} requested; onnxruntime is not installed "
+                           "(pip install onnxruntime, or onnxruntime-gpu for CUDA/TensorRT)")
+        try:
+            existing = [p for p in onnxruntime.get_available_providers() if p not in _HIDDEN_PROVIDERS]
+        except Exception as exc:
+            return False, f"target {self.name} requested; onnxruntime cannot list its providers: {short_message(exc)}"
+        if self.providers[0] in existing:
+            return True, ""
+        return False, f"target {self.name} requested; this machine's onnxruntime has {', '.join(existing)}"
+
+    def load(self, model_path: Path, *, threads: int | None = None, pin_f32: bool = True) -> Session:
+        self._require_available(model_path)
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # fallbacks are detected below, not left to ORT's warnings
+        if threads:
+            options.intra_op_num_threads = threads
+        profile_dir = tempfile.mkdtemp(prefix="qdeploy-ort-profile-")
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(profile_dir) / "run")
+        provider_options, notes = self._provider_options(pin_f32)
+        try:
+            session = ort.InferenceSession(str(model_path), sess_options=options,
+                                           providers=self.providers, provider_options=provider_options)
+        except Exception as exc:
+            shutil.rmtree(profile_dir, ignore_errors=True)
+            raise ModelError(f"{Path(model_path).name}: onnxruntime ({self.name}) cannot load the model: "
+                             f"{short_message(exc)}") from None
+        used = session.get_providers()
+        if not used or used[0] != self.providers[0]:
+            _end_profile(session, profile_dir)
+            raise TargetFellBack(
+                f"target {self.name} requested; onnxruntime silently fell back to {', '.join(used)} "
+                f"instead of {self.providers[0]}; refusing to report its results as {self.name}")
+        return OrtSession(self.name, session, profile_dir, notes)
+
+    def _provider_options(self, pin_f32: bool) -> tuple[list[dict[str, str]], list[str]]:
+        """Options per provider in ``self.providers``, and notes on what they pin."""
+        options: list[dict[str, str]] = [{} for _ in self.providers]
+        notes: list[str] = []
+        if self.device == "cuda" and pin_f32:
+            options[0]["use_tf32"] = "0"
+            notes.append("CUDA TF32 math disabled (pin_f32)")
+        elif self.device == "openvino":
+            options[0]["device_type"] = "CPU"
+            if pin_f32:
+                options[0]["precision"] = "FP32"
+                notes.append("OpenVINO EP precision pinned to FP32")
+        elif self.device == "tensorrt":
+            options[1]["use_tf32"] = "0" if pin_f32 else "1"
+            notes.append("TensorRT fp16/int8 modes off; TensorRT may still use TF32 for float32 layers")
+        return options, notes
+
+
+class OrtSession(Session):
+    """An ONNX Runtime InferenceSession; kernel placement is read from the first run's profile."""
+
+    def __init__(self, target: str, session: Any, profile_dir: str, notes: list[str]) -> None:
+        self.target = target
+        self._session = session
+        self._profile_dir: str | None = profile_dir
+        self.input_names = [value.name for value in session.get_inputs()]
+        self.output_names = [value.name for value in session.get_outputs()]
+        providers = [p for p in session.get_providers() if p not in _HIDDEN_PROVIDERS]
+        self.executed = ExecutionInfo(
+            target=target, runtime="onnxruntime", device=providers[0], providers=providers, precision=None,
+            notes=[*notes, "node_counts are read from the profile of the first run"],
+        )
+        self._finalizer = weakref.finalize(self, _end_profile, session, profile_dir)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        check_feeds(self.target, self.input_names, feeds)
+        try:
+            outputs = self._session.run(self.output_names, feeds)
+        except Exception as exc:
+            if type(exc).__name__ == "InvalidArgument":
+                raise DataError(f"target {self.target}: the feeds do not fit the model: {short_message(exc)}") from None
+            raise
+        if self._profile_dir is not None:
+            self._read_profile()
+        return {name: np.asarray(value) for name, value in zip(self.output_names, outputs, strict=True)}
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def bind(self, feeds: dict[str, np.ndarray]) -> BoundCall:
+        check_feeds(self.target, self.input_names, feeds)
+        return OrtBoundCall(self._session, feeds, self.output_names)
+
+    def runtime_settings(self) -> dict[str, Any]:
+        options = self._session.get_session_options()
+        return {"intra_op_num_threads": options.intra_op_num_threads or "default (one per physical core)",
+                "inter_op_num_threads": options.inter_op_num_threads or "default",
+                "execution_mode": str(options.execution_mode).rsplit(".", 1)[-1].lower().removeprefix("ort_"),
+                "graph_optimization_level": str(options.graph_optimization_level).rsplit(".", 1)[-1]}
+
+    def _read_profile(self) -> None:
+        profile_dir, self._profile_dir = self._profile_dir, None
+        try:
+            events = json.loads(Path(self._session.end_profiling()).read_text())
+        except (OSError, ValueError) as exc:
+            self.executed.notes.append(f"node placement unknown: cannot read ORT's profile ({short_message(exc)})")
+            events = []
+        finally:
+            shutil.rmtree(profile_dir, ignore_errors=True)
+        kernels = _profile_kernels(events)
+        self.executed.node_counts = dict(Counter(str(args.get("provider", "?")) for args in kernels))
+        self.executed.op_types = dict(Counter(str(args.get("op_name", "?")) for args in kernels))
+        self.executed.precisions = dict(Counter(_kernel_precision(args) for args in kernels))
+        if self.target != "ort:cpu" and self.executed.node_counts.get("CPUExecutionProvider"):
+            note = (f"{self.executed.node_counts['CPUExecutionProvider']} of {len(kernels)} kernels ran on "
+                    f"CPUExecutionProvider, not {self.executed.device}")
+            self.executed.notes.append(note)
+            log.warning("target %s: %s", self.target, note)
+
+
+def _profile_kernels(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The args of each distinct kernel of a profile; a node inside a Loop runs (and is profiled) many times."""
+    kernels: dict[str, dict[str, Any]] = {}
+    for event in events:
+        name = str(event.get("name", ""))
+        if event.get("cat") == "Node" and name.endswith("_kernel_time"):
+            kernels.setdefault(name.removesuffix("_kernel_time"), event.get("args", {}))
+    return list(kernels.values())
+
+
+def _kernel_precision(args: dict[str, Any]) -> str:
+    """The element type a kernel computes in: that of its first input (of its first output when it has none)."""
+    for key in ("input_type_shape", "output_type_shape"):
+        shapes = args.get(key) or []
+        if shapes and isinstance(shapes[0], dict) and shapes[0]:
+            type_name = next(iter(shapes[0]))
+            return _ORT_TYPE_NAMES.get(type_name, type_name.upper())
+    return "?"
+
+
+def _end_profile(session: Any, profile_dir: str) -> None:
+    """Stop ORT profiling (it writes a file even for a session never run) and remove its folder."""
+    try:
+        session.end_profiling()
+    except Exception as exc:
+        log.debug("ending ORT profiling failed: %s", exc)
+    shutil.rmtree(profile_dir, ignore_errors=True)

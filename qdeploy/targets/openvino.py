@@ -1,0 +1,246 @@
+"""The OpenVINO target adapter (``openvino:cpu``, ``openvino:gpu``, ``openvino:npu``).
+
+OpenVINO reads the ONNX file itself; ``query_model`` is asked which ops the
+device supports before compiling, and float32 artifacts are compiled with
+INFERENCE_PRECISION_HINT=f32 (``pin_f32``): the CPU plugin would otherwise run
+them in bfloat16 on CPUs that support it.  The precision that really ran is
+read back from the compiled model and from its runtime model's layers.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qdeploy.core.errors import ModelError
+from qdeploy.targets.base import (
+    ExecutionInfo,
+    Session,
+    TargetAdapter,
+    check_feeds,
+    onnx_io_names,
+    short_message,
+)
+from qdeploy.targets.bound import BoundCall
+
+__all__ = ["OpenVinoBoundCall", "OpenVinoSession", "OpenVinoTarget"]
+
+log = logging.getLogger(__name__)
+
+_OV_PRECISION_NAMES = {"f32": "FP32", "f16": "FP16", "bf16": "BF16", "f64": "FP64"}
+_OV_BOOKKEEPING_LAYERS = frozenset({"Input", "Output", "Const"})
+
+
+@functools.cache
+def _ov_core() -> Any:
+    """One OpenVINO Core per process: creating it is slow."""
+    import openvino
+
+    return openvino.Core()
+
+
+class OpenVinoTarget(TargetAdapter):
+    """OpenVINO reading the ONNX file directly and compiling it for one device."""
+
+    runtime = "openvino"
+
+    @property
+    def ov_device(self) -> str:
+        return self.device.upper()
+
+    def availability(self) -> tuple[bool, str]:
+        try:
+            devices = list(_ov_core().available_devices)
+        except ImportError:
+            return False, f"target {self.name} requested; openvino is not installed (pip install openvino)"
+        except Exception as exc:
+            return False, f"target {self.name} requested; OpenVINO cannot list its devices: {short_message(exc)}"
+        if any(d == self.ov_device or d.startswith(self.ov_device + ".") for d in devices):
+            return True, ""
+        existing = ", ".join(devices) or "none"
+        return False, f"target {self.name} requested; this machine's OpenVINO has devices {existing}"
+
+    def load(self, model_path: Path, *, threads: int | None = None, pin_f32: bool = True) -> Session:
+        self._require_available(model_path)
+        core = _ov_core()
+        input_names, output_names = onnx_io_names(model_path)
+        try:
+            model = core.read_model(str(model_path))
+        except Exception as exc:
+            raise ModelError(f"{Path(model_path).name}: OpenVINO cannot read the model: {short_message(exc)}") from None
+        support_note, unsupported = self._query_support(model)
+        config, notes = self._compile_config(threads, pin_f32)
+        try:
+            compiled = core.compile_model(model, self.ov_device, config)
+        except Exception as exc:
+            raise ModelError(f"{Path(model_path).name}: OpenVINO cannot compile the model for {self.ov_device} "
+                             f"({support_note}): {short_message(exc)}") from None
+        session = OpenVinoSession(self.name, compiled, input_names, output_names, [support_note, *notes])
+        session.executed.unsupported_ops = unsupported
+        return session
+
+    def _query_support(self, model: Any) -> tuple[str, list[str]]:
+        """Asked before compiling: a note on how many ops the device supports, and those it does not."""
+        try:
+            supported = set(_ov_core().query_model(model, self.ov_device))
+        except Exception as exc:
+            return f"query_model failed on {self.ov_device}: {short_message(exc)}", []
+        ops = [op for op in model.get_ops() if op.get_type_name() not in ("Parameter", "Result", "Constant")]
+        unsupported = [f"{op.get_friendly_name()} ({op.get_type_name()})" for op in ops
+                       if op.get_friendly_name() not in supported]
+        if not unsupported:
+            return f"query_model: all {len(ops)} ops supported on {self.ov_device}", []
+        note = (f"query_model: {len(unsupported)} of {len(ops)} ops unsupported on {self.ov_device}: "
+                f"{', '.join(unsupported[:5])}{' ...' if len(unsupported) > 5 else ''}")
+        log.warning("target %s: %s", self.name, note)
+        return note, unsupported
+
+    def _compile_config(self, threads: int | None, pin_f32: bool) -> tuple[dict[str, Any], list[str]]:
+        """Compile properties the device supports, and notes on what could not be set."""
+        try:
+            supported = set(_ov_core().get_property(self.ov_device, "SUPPORTED_PROPERTIES"))
+        except Exception:
+            supported = {"INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS"}
+        config: dict[str, Any] = {}
+        notes: list[str] = []
+        wanted: dict[str, Any] = {}
+        if pin_f32:
+            wanted["INFERENCE_PRECISION_HINT"] = "f32"
+        if threads:
+            wanted["INFERENCE_NUM_THREADS"] = int(threads)
+        for key, value in wanted.items():
+            if key in supported:
+                config[key] = value
+            else:
+                notes.append(f"{self.ov_device} does not support {key}; {key}={value} not applied")
+                log.warning("target %s: %s does not support %s", self.name, self.ov_device, key)
+        return config, notes
+
+
+class OpenVinoSession(Session):
+    """A compiled OpenVINO model with one InferRequest; outputs keyed by ONNX output names."""
+
+    def __init__(self, target: str, compiled: Any, input_names: list[str], output_names: list[str],
+                 notes: list[str]) -> None:
+        self.target = target
+        self._compiled = compiled
+        self._request = compiled.create_infer_request()
+        self.input_names = input_names
+        self._input_ports = _match_ports(compiled.inputs, input_names, "input")
+        self._output_ports = _match_ports(compiled.outputs, output_names, "output")
+        self.output_names = list(output_names)
+        self.executed = _ov_execution_info(target, compiled, notes)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        check_feeds(self.target, self.input_names, feeds)
+        inputs = {self._input_ports[name]: np.asarray(feeds[name]) for name in self.input_names}
+        try:
+            results = self._request.infer(inputs, share_outputs=False)
+        except Exception as exc:
+            raise RuntimeError(f"target {self.target}: OpenVINO inference failed: {short_message(exc)}") from exc
+        return {name: np.array(results[self._output_ports[name]], copy=True) for name in self.output_names}
+
+    def bind(self, feeds: dict[str, np.ndarray]) -> BoundCall:
+        check_feeds(self.target, self.input_names, feeds)
+        return OpenVinoBoundCall(self._request, {self._input_ports[name]: feeds[name] for name in self.input_names},
+                                 self._output_ports)
+
+    def runtime_settings(self) -> dict[str, Any]:
+        settings: dict[str, Any] = {}
+        for key in _READ_BACK_PROPERTIES:
+            try:
+                settings[key] = _plain(self._compiled.get_property(key))
+            except Exception:  # not every device has every property
+                continue
+        return settings
+
+
+_READ_BACK_PROPERTIES = ("PERFORMANCE_HINT", "NUM_STREAMS", "INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT",
+                         "OPTIMAL_NUMBER_OF_INFER_REQUESTS", "ENABLE_CPU_PINNING")
+
+
+class OpenVinoBoundCall(BoundCall):
+    """``InferRequest.infer()`` on input tensors set once; outputs read from the request after each run."""
+
+    description = "InferRequest.infer() on input tensors set once"
+
+    def __init__(self, request: Any, feeds_by_port: dict[int, np.ndarray], output_ports: dict[str, int]) -> None:
+        import openvino
+
+        self._request = request
+        self._ports = output_ports
+        self._inputs = {index: np.ascontiguousarray(value) for index, value in feeds_by_port.items()}  # kept alive
+        for index, value in self._inputs.items():
+            request.set_input_tensor(index, openvino.Tensor(value))
+
+    def run(self) -> None:
+        self._request.infer()
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        return {name: np.array(self._request.get_output_tensor(index).data) for name, index in self._ports.items()}
+
+
+def _plain(value: Any) -> Any:
+    """An OpenVINO property value as JSON: numbers and booleans as they are, enums and types by name."""
+    if isinstance(value, bool | int | float | str):
+        return value
+    if hasattr(value, "get_type_name"):
+        return value.get_type_name()
+    return str(value).rsplit(".", 1)[-1]
+
+
+def _match_ports(ports: Any, onnx_names: list[str], kind: str) -> dict[str, int]:
+    """ONNX name -> port index; a port may carry several tensor names, so match on the set."""
+    by_name: dict[str, int] = {}
+    for index, port in enumerate(ports):
+        for name in port.get_names():
+            by_name.setdefault(name, index)
+    missing = [name for name in onnx_names if name not in by_name]
+    if missing:
+        raise ModelError(f"OpenVINO's compiled model has no {kind} named {missing}; "
+                         f"its {kind}s are {[sorted(port.get_names()) for port in ports]}")
+    return {name: by_name[name] for name in onnx_names}
+
+
+def _ov_execution_info(target: str, compiled: Any, notes: list[str]) -> ExecutionInfo:
+    notes = list(notes)
+    try:
+        hint = compiled.get_property("INFERENCE_PRECISION_HINT")
+        precision: str | None = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
+    except Exception as exc:
+        precision = None
+        notes.append(f"inference precision unknown: {short_message(exc)}")
+    try:
+        devices = [str(d) for d in compiled.get_property("EXECUTION_DEVICES")]
+    except Exception:
+        devices = [target.split(":", 1)[1].upper()]
+    node_counts, op_types = _ov_runtime_counts(compiled, notes)
+    return ExecutionInfo(target=target, runtime="openvino", device=devices[0], providers=devices,
+                         precision=precision, node_counts=node_counts, notes=notes, op_types=op_types,
+                         precisions=dict(node_counts))
+
+
+def _ov_runtime_counts(compiled: Any, notes: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+    """Compute layers of the runtime model per runtime precision and per layer type."""
+    precisions: Counter[str] = Counter()
+    layers: Counter[str] = Counter()
+    try:
+        ops = compiled.get_runtime_model().get_ops()
+    except Exception as exc:
+        notes.append(f"runtime model unavailable: {short_message(exc)}")
+        return {}, {}
+    for op in ops:
+        info = op.get_rt_info()
+        layer = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
+        if layer in _OV_BOOKKEEPING_LAYERS:
+            continue
+        layers[layer] += 1
+        if "runtimePrecision" in info:
+            raw = info["runtimePrecision"].astype(str)
+            precisions[_OV_PRECISION_NAMES.get(raw, raw.upper())] += 1
+    return dict(precisions), dict(layers)

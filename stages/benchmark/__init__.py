@@ -1,0 +1,302 @@
+"""The benchmark stage: latency of every artifact on every target and batch size.
+
+What is timed is inference alone: session creation and the first run are
+reported apart, inputs are prepared and bound to the runtime once outside the
+timed region (``timed_call`` says which call is timed; see
+stages/benchmark_runtime.py), and runs of the artifacts on one target are
+interleaved in rounds so that drift of the machine hits them alike (speedups
+are then taken within each round).
+
+What is fed is the recipe's data stacked to each batch size (stages/benchmark_data.py, docs/benchmarks.md);
+each row (one artifact, target and batch size) has a time budget, ``max_seconds``, and says when it stopped
+early.
+
+Documented choices, recorded in every result:
+- calls are synchronous, one request at a time (``mode``): the latency a single
+  caller sees, which is what the speedup gates compare;
+- ``threads`` sets ONNX Runtime's intra-op threads and OpenVINO's
+  INFERENCE_NUM_THREADS; unset, each runtime keeps its default;
+- OpenVINO CPU compiles with its default PERFORMANCE_HINT, LATENCY (one stream);
+  the hint, streams and threads the compiled model really uses are read back
+  into ``settings``, and a hint other than LATENCY is noted.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qdeploy.core.errors import TargetUnavailable
+from qdeploy.stages.benchmark._data import BenchData, explain_failure, output_shape_notes, read_data
+from qdeploy.stages.benchmark._runtime import MemoryProbe, bind_inputs
+from qdeploy.stages.benchmark.config import (  # noqa: F401
+    DEFAULT_ITERATIONS,
+    DEFAULT_MAX_SECONDS,
+    DEFAULT_WARMUP,
+    MODE,
+    NOISY_SPREAD,
+    BenchmarkConfig,
+)
+
+if TYPE_CHECKING:
+    from qdeploy.core.context import Artifact, StageContext
+    from qdeploy.targets import Session
+
+__all__ = ["median_confidence_interval", "run", "summarize", "time_for", "time_runs"]
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class _Loaded:
+    """A session ready to time: the call with its inputs bound once, what its setup measured, the budget spent."""
+
+    session: Session
+    call: Callable[[], Any]
+    setup: dict[str, Any]
+    spent: float = 0.0
+    """Seconds of this row's budget spent in warm-up and timed runs."""
+    stopped: bool = False
+
+
+def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkConfig,
+        ctx: StageContext) -> list[dict[str, Any]]:
+    """Benchmark results, one per (variant, target, batch size), in the report's contract."""
+    from qdeploy.targets import get_target
+
+    data: BenchData | None = None
+    data_error = ""
+    if artifacts:
+        try:
+            data = read_data(ctx, config.data, next(iter(artifacts.values())).path, config.batch_sizes)
+        except Exception as exc:  # bad data is every row's error, said once per row, not a crash
+            log.debug("reading benchmark data failed", exc_info=True)
+            data_error = f"benchmark data: {type(exc).__name__}: {exc}"
+    results = []
+    for target in targets:
+        adapter = get_target(target)
+        available, reason = adapter.availability()
+        for batch in config.batch_sizes:
+            if not available or not adapter.benchmarkable:
+                why = reason or f"target {target} is for fidelity checks only"
+                results += [_result(name, target, batch, "unavailable", why) for name in artifacts]
+            elif data is None:
+                results += [_result(name, target, batch, "error", data_error) for name in artifacts]
+            else:
+                results += _benchmark_target(artifacts, target, batch, config, ctx, data)
+    return results
+
+
+def _benchmark_target(artifacts: dict[str, Artifact], target: str, batch: int, config: BenchmarkConfig,
+                      ctx: StageContext, data: BenchData) -> list[dict[str, Any]]:
+    loaded: dict[str, _Loaded] = {}
+    results: dict[str, dict[str, Any]] = {}
+    for name, artifact in artifacts.items():
+        ctx.on_progress(f"{name} · {target} · batch {batch}: loading and warming up")
+        try:
+            loaded[name] = _prepare(artifact, target, batch, config, data)
+        except TargetUnavailable as exc:
+            results[name] = _result(name, target, batch, "unavailable", str(exc))
+        except Exception as exc:
+            log.debug("benchmark of %s on %s failed", name, target, exc_info=True)
+            results[name] = _result(name, target, batch, "error", explain_failure(exc, batch, data))
+    timings, failed = _interleaved_rounds(loaded, config, ctx, f"{target} · batch {batch}")
+    for name, item in loaded.items():
+        item.session.close()
+        if name in failed:
+            results[name] = _result(name, target, batch, "error", failed[name])
+            continue
+        result = _result(name, target, batch, "ok", "")
+        result.update(item.setup)
+        result.update(summarize(timings[name], batch))
+        result["stopped_early"] = _stop_record(item, result["runs"], config) if item.stopped else None
+        if item.stopped:
+            result["notes"].append(result["stopped_early"]["reason"])
+        result["execution"] = item.session.executed.to_dict()
+        results[name] = result
+    return [results[name] for name in artifacts]
+
+
+def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfig, data: BenchData) -> _Loaded:
+    """Load, run once and warm up one artifact; time the first two apart and probe the memory they take."""
+    from qdeploy.targets import get_target
+
+    fed = data.batch_for(artifact.path, batch)  # prepared once, outside any timed region
+    gc.collect()
+    probe = MemoryProbe()
+    start = time.perf_counter()
+    session = get_target(target).load(artifact.path, threads=config.threads, pin_f32=True)
+    created = time.perf_counter()
+    try:
+        expected = session.run(fed.feed)
+        first = time.perf_counter()
+        call, timed_call = bind_inputs(session, fed.feed, expected)
+        bound = time.perf_counter()
+        warmup_runs = _warm_up(call, config, config.row_budget)
+        warmed = time.perf_counter()
+    except BaseException:
+        session.close()
+        raise
+    settings = session.runtime_settings()
+    mismatches, shape_notes = output_shape_notes(artifact.path, expected)
+    setup = {
+        "session_create_ms": (created - start) * 1e3,
+        "first_run_ms": (first - created) * 1e3,
+        "warmup": warmup_runs,
+        "warmup_ms": (warmed - bound) * 1e3,
+        "threads": config.threads,
+        "mode": MODE,
+        "timed_call": timed_call,
+        "measure": config.measure_record(),
+        "settings": settings,
+        "memory": probe.finish(),
+        "data": fed.info,
+        "output_shapes": mismatches,
+        "notes": [*_setting_notes(target, settings), *shape_notes, *fed.info["notes"]],
+    }
+    loaded = _Loaded(session, call, setup, spent=warmed - bound)
+    loaded.stopped = loaded.spent >= config.row_budget
+    return loaded
+
+
+def _warm_up(call: Callable[[], Any], config: BenchmarkConfig, budget: float) -> int:
+    """Untimed runs by count or for a time, never past the row's budget; returns how many ran."""
+    deadline = time.perf_counter() + min(budget, config.warmup_seconds if config.warmup_seconds is not None
+                                         else math.inf)
+    wanted = math.inf if config.warmup_seconds is not None else config.warmup_runs
+    count = 0
+    while count < wanted and time.perf_counter() < deadline:
+        call()
+        count += 1
+    return count
+
+
+def _interleaved_rounds(loaded: dict[str, _Loaded], config: BenchmarkConfig, ctx: StageContext,
+                        where: str) -> tuple[dict[str, list[list[float]]], dict[str, str]]:
+    """Per artifact, the latencies (ms) of each round, and why an artifact failed while timed.
+
+    Every round runs every artifact in turn, so drift of the machine hits them alike.  An artifact whose
+    row budget (max_seconds) is spent stops, keeping the rounds it ran (it runs at least once).
+    """
+    plan = config.round_plan()
+    timings: dict[str, list[list[float]]] = {name: [] for name in loaded}
+    failed: dict[str, str] = {}
+    for index, budget in enumerate(plan):
+        for name, item in loaded.items():
+            left = config.row_budget - item.spent
+            if name in failed:
+                continue
+            if left <= 0 and timings[name]:
+                item.stopped = True
+                continue
+            ctx.on_progress(f"{name} · {where}: round {index + 1}/{len(plan)}")
+            started = time.perf_counter()
+            try:
+                if isinstance(budget, int):
+                    runs = time_runs(item.call, budget, max(left, 0.0))
+                    item.stopped = item.stopped or len(runs) < budget
+                else:
+                    runs = time_for(item.call, min(budget, max(left, 0.0)))
+                    item.stopped = item.stopped or left < budget
+            except Exception as exc:  # one artifact failing mid-measurement must not lose the others
+                log.debug("timing %s %s failed", name, where, exc_info=True)
+                failed[name] = f"round {index + 1}: {type(exc).__name__}: {exc}"
+                continue
+            finally:
+                item.spent += time.perf_counter() - started
+            timings[name].append(runs)
+    return timings, failed
+
+
+def _stop_record(item: _Loaded, runs: int, config: BenchmarkConfig) -> dict[str, Any]:
+    planned = config.timed_runs
+    of = f" of {planned} planned" if planned is not None else ""
+    return {"reason": f"stopped early: the row's time budget (max_seconds {config.row_budget:g} s) was spent after "
+                      f"{item.setup['warmup']} warm-up and {runs}{of} timed runs",
+            "max_seconds": config.row_budget, "runs": runs, "planned_runs": planned,
+            "warmup_runs": item.setup["warmup"], "seconds_spent": item.spent}
+
+
+def time_runs(call: Callable[[], Any], count: int, seconds: float = math.inf) -> list[float]:
+    """Latency (ms) of up to `count` synchronous calls, stopping once `seconds` have passed; at least one call."""
+    deadline = time.perf_counter_ns() + (int(seconds * 1e9) if math.isfinite(seconds) else 2**62)
+    latencies: list[float] = []
+    while len(latencies) < count:
+        start = time.perf_counter_ns()
+        call()
+        end = time.perf_counter_ns()
+        latencies.append((end - start) / 1e6)
+        if end >= deadline:
+            break
+    return latencies
+
+
+def time_for(call: Callable[[], Any], seconds: float) -> list[float]:
+    """Latency (ms) of synchronous calls until `seconds` have passed; at least one call."""
+    deadline = time.perf_counter_ns() + int(seconds * 1e9)
+    latencies = []
+    while True:
+        start = time.perf_counter_ns()
+        call()
+        end = time.perf_counter_ns()
+        latencies.append((end - start) / 1e6)
+        if end >= deadline:
+            return latencies
+
+
+def summarize(rounds: list[list[float]], batch: int) -> dict[str, Any]:
+    """Latency statistics of all runs, a confidence interval of the median, and the per-round medians."""
+    runs = sorted(float(value) for round_ in rounds for value in round_)
+    p50 = statistics.median(runs)
+    low, high = median_confidence_interval(runs)
+    spread = (high - low) / p50 if p50 > 0 else math.inf
+    return {
+        "latency_ms": {
+            "p50": p50, "p90": _percentile(runs, 90), "p99": _percentile(runs, 99),
+            "mean": statistics.fmean(runs), "std": statistics.pstdev(runs) if len(runs) > 1 else 0.0,
+            "min": runs[0], "max": runs[-1], "ci95_p50": [low, high],
+        },
+        "throughput_per_s": batch * 1e3 / p50 if p50 > 0 else None,
+        "runs": len(runs),
+        "round_runs": [len(round_) for round_ in rounds],
+        "round_p50_ms": [float(statistics.median(round_)) for round_ in rounds if round_],
+        "ci95_rel_width": spread if math.isfinite(spread) else None,
+        "noisy": bool(spread > NOISY_SPREAD),
+    }
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(sorted_values), q))
+
+
+def median_confidence_interval(sorted_values: list[float], z: float = 1.96) -> tuple[float, float]:
+    """Distribution-free 95% interval of the median from order statistics (normal approximation of the binomial)."""
+    n = len(sorted_values)
+    if n < 3:
+        return sorted_values[0], sorted_values[-1]
+    half_width = z * math.sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - half_width) - 1)
+    high = min(n - 1, math.ceil(n / 2 + half_width))
+    return sorted_values[low], sorted_values[high]
+
+
+def _setting_notes(target: str, settings: dict[str, Any]) -> list[str]:
+    hint = settings.get("PERFORMANCE_HINT")
+    if hint is not None and str(hint).upper() != "LATENCY":
+        note = f"{target} compiled with PERFORMANCE_HINT {hint}, not LATENCY: single-request latency may suffer"
+        log.warning(note)
+        return [note]
+    return []
+
+
+def _result(variant: str, target: str, batch: int, status: str, reason: str) -> dict[str, Any]:
+    return {"variant": variant, "target": target, "batch_size": batch, "status": status, "reason": reason,
+            "latency_ms": None, "throughput_per_s": None, "runs": 0, "session_create_ms": None,
+            "first_run_ms": None, "round_p50_ms": [], "noisy": None, "memory": None, "notes": []}

@@ -1,0 +1,111 @@
+"""Settings of the benchmark stage (the recipe's ``benchmark`` section); the recipe imports this module only."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field, model_validator
+
+from qdeploy.core.tolerance import StrictModel
+
+__all__ = ["DEFAULT_ITERATIONS", "DEFAULT_MAX_SECONDS", "DEFAULT_WARMUP", "MODE", "NOISY_SPREAD", "BenchmarkConfig"]
+
+
+NOISY_SPREAD = 0.10
+"""A median whose 95% confidence interval is wider than this share of it cannot rank close variants."""
+DEFAULT_WARMUP = 10
+DEFAULT_ITERATIONS = 50
+DEFAULT_MAX_SECONDS = 60.0
+"""Time budget of one row (warm-up and timed runs of one artifact at one batch size), as benchmark_app's -t."""
+MODE = "sync, one request at a time"
+
+
+class BenchmarkConfig(StrictModel):
+    """The recipe's `benchmark` section."""
+
+    enabled: bool = Field(default=True, description="Run benchmarks at all.")
+    batch_sizes: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        default=[1], min_length=1, max_length=32,
+        description="Batch sizes to measure; every artifact is validated at each too.")
+    data: str | None = Field(
+        default=None,
+        description="Dataset fed (stacked to each batch size); when absent validate.data, else the recipe's first "
+                    "dataset of real samples, else seeded random data.")
+    max_seconds: float | None = Field(
+        default=None, gt=0, le=86400,
+        description=f"Time budget of a row (warm-up and timed runs): runs stop when it is spent and the row says so; "
+                    f"{DEFAULT_MAX_SECONDS:g} s when absent (more when warmup/duration_seconds ask for more).")
+    warmup: int | None = Field(
+        default=None, ge=0, le=100_000,
+        description=f"Untimed runs of each artifact after the first run and before measuring; {DEFAULT_WARMUP} "
+                    "when neither this nor warmup_seconds is set.")
+    warmup_seconds: float | None = Field(
+        default=None, ge=0, le=600,
+        description="Warm up by time instead: untimed runs of each artifact for this many seconds.")
+    iterations: int | None = Field(
+        default=None, ge=1, le=10_000_000,
+        description=f"Timed runs of each artifact; {DEFAULT_ITERATIONS} when neither this nor duration_seconds is set.")
+    duration_seconds: float | None = Field(
+        default=None, gt=0, le=3600,
+        description="Measure by time budget instead: timed runs of each artifact for this many seconds in all, "
+                    "split evenly over the rounds (at least one run per round).")
+    rounds: int = Field(default=5, ge=1, le=1000,
+                        description="Rounds the timed runs are split into, artifacts interleaved.")
+    threads: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="Intra-op threads (ONNX Runtime intra_op_num_threads, OpenVINO INFERENCE_NUM_THREADS); "
+                    "the runtime's default when absent.")
+
+    @model_validator(mode="after")
+    def _count_or_time(self) -> BenchmarkConfig:
+        if self.warmup is not None and self.warmup_seconds is not None:
+            raise ValueError("give warmup (runs) or warmup_seconds (time), not both")
+        if self.iterations is not None and self.duration_seconds is not None:
+            raise ValueError("give iterations (runs) or duration_seconds (time budget), not both")
+        if len(set(self.batch_sizes)) != len(self.batch_sizes):
+            raise ValueError(f"batch_sizes repeat: {self.batch_sizes}")
+        timed = (self.duration_seconds or 0) + (self.warmup_seconds or 0)
+        if self.max_seconds is not None and timed > self.max_seconds:
+            raise ValueError(f"warmup_seconds + duration_seconds ({timed:g} s) exceed max_seconds "
+                             f"({self.max_seconds:g} s), the time budget of a row: raise max_seconds")
+        return self
+
+    @property
+    def row_budget(self) -> float:
+        """Seconds one row may spend in warm-up and timed runs."""
+        if self.max_seconds is not None:
+            return self.max_seconds
+        timed = (self.duration_seconds or 0) + (self.warmup_seconds or 0)
+        return max(DEFAULT_MAX_SECONDS, timed + 10.0)
+
+    @property
+    def warmup_runs(self) -> int:
+        """Warm-up runs when warming up by count (0 when warming up by time)."""
+        if self.warmup_seconds is not None:
+            return 0
+        return DEFAULT_WARMUP if self.warmup is None else self.warmup
+
+    @property
+    def timed_runs(self) -> int | None:
+        """Timed runs of each artifact, or None when measuring by time budget."""
+        if self.duration_seconds is not None:
+            return None
+        return DEFAULT_ITERATIONS if self.iterations is None else self.iterations
+
+    def round_plan(self) -> list[int | float]:
+        """Per round: a run count (int) or a time budget in seconds (float)."""
+        runs = self.timed_runs
+        if runs is None:
+            assert self.duration_seconds is not None
+            return [self.duration_seconds / self.rounds] * self.rounds
+        rounds = min(self.rounds, runs)
+        return [runs // rounds + (1 if index < runs % rounds else 0) for index in range(rounds)]
+
+    def measure_record(self) -> dict[str, Any]:
+        """How warm-up and measurement were bounded, for the result."""
+        return {"warmup": "time" if self.warmup_seconds is not None else "runs",
+                "warmup_runs": None if self.warmup_seconds is not None else self.warmup_runs,
+                "warmup_seconds": self.warmup_seconds,
+                "by": "time" if self.duration_seconds is not None else "runs",
+                "iterations": self.timed_runs, "duration_seconds": self.duration_seconds,
+                "rounds": len(self.round_plan()), "max_seconds": self.row_budget}

@@ -1,0 +1,411 @@
+"""The export stage: the root of every variant.
+
+Takes an ONNX file (external data included) or builds a PyTorch model from a
+user's factory and exports it; applies input shape overrides and an optional
+opset conversion; checks the result.  Its config is the recipe's `model`
+section.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.core.errors import DataError, ModelError, StageError
+from qdeploy.core.userfiles import check_regular_file
+from qdeploy.stages.export._model import (
+    check_declared_shapes,
+    check_feedable_inputs,
+    check_has_outputs,
+    external_slices,
+    load_onnx,
+)
+from qdeploy.stages.export.config import DEFAULT_TORCH_OPSET, DTYPES, MAX_DIM, ExportConfig, InputSpec, TorchSource  # noqa: F401
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+    from qdeploy.core.context import Artifact, StageContext, StageResult
+
+__all__ = ["LOWERABLE_OPS", "RUNTIME_DOMAINS", "apply_input_overrides", "build_torch_module", "check_input_ranks",
+           "check_known_ops", "check_model", "check_recipe_inputs_fit", "convert_opset", "decompose_for_opset",
+           "default_opset", "example_inputs", "export_module", "export_torch", "inspect_source", "run", "size_cap",
+           "source_files", "torch_dynamic_axes"]
+
+log = logging.getLogger(__name__)
+
+def run(artifact: Artifact | None, config: ExportConfig, ctx: StageContext) -> StageResult:
+    """The exported model: loaded or exported, shapes overridden, converted to the asked opset, checked."""
+    from qdeploy.core.context import StageResult
+
+    findings: dict[str, Any] = {}
+    if config.onnx is not None:
+        model = load_onnx(ctx.resolve(config.onnx), max_bytes=size_cap(config))
+        findings["source"] = "onnx"
+    else:
+        assert config.torch is not None
+        model, torch_findings = export_torch(config, ctx)
+        findings.update(torch_findings)
+    source = config.onnx or (config.torch.factory if config.torch else "")
+    try:
+        model = _prepare(model, config, findings)
+    except ModelError as exc:
+        raise ModelError(f"model {source}: {exc}") from None
+    return StageResult(model=model, changed=True, findings=findings)
+
+
+def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, Any], *,
+             validate_graph: bool = True) -> onnx.ModelProto:
+    """Shape overrides, opset conversion and the checks every later stage relies on."""
+    findings["opset_in"] = default_opset(model)
+    check_has_outputs(model)
+    check_feedable_inputs(model)
+    if config.inputs and config.torch is None:  # a torch export took its shapes (and dynamic axes) already
+        findings["output_shapes_reinferred"] = apply_input_overrides(model, config.inputs)
+    if config.opset is not None and config.opset != default_opset(model):
+        model = convert_opset(model, config.opset, findings)
+    findings["opset"] = default_opset(model)
+    check_input_ranks(model)
+    made_symbolic = check_declared_shapes(model)
+    if made_symbolic:
+        findings["minus_one_dims_named"] = made_symbolic
+    findings["custom_ops"] = check_known_ops(model)
+    if validate_graph:
+        check_model(model)
+    return model
+
+
+def inspect_source(config: ExportConfig, resolve: Callable[[str], Path]) -> None:
+    """What `qdeploy check` can know of the model without running anything: the file, its external data's
+    places, its interface after the recipe's overrides, its ops; or, for torch, the size of the declared inputs."""
+    if config.onnx is None:
+        check_recipe_inputs_fit(config.inputs)
+        return
+    path = resolve(config.onnx)
+    model = load_onnx(path, max_bytes=size_cap(config), external_data=False)
+    try:  # onnx's checker needs the external data in memory: without it, the checks before it still run
+        _prepare(model, config.model_copy(update={"opset": None}), {},
+                 validate_graph=not external_slices(model, path.parent))
+    except ModelError as exc:
+        raise ModelError(f"model {config.onnx}: {exc}") from None
+
+
+def check_recipe_inputs_fit(inputs: list[InputSpec]) -> None:
+    """One sample of the recipe's declared inputs (named dimensions as 1) must fit in memory."""
+    import numpy as np
+
+    from qdeploy.calibration.readers import InputInfo, check_sample_fits
+
+    infos = [InputInfo(spec.name, tuple(d if isinstance(d, int) else None for d in spec.shape or ()),
+                       np.dtype(spec.dtype)) for spec in inputs]
+    try:
+        check_sample_fits(infos, "model.inputs")
+    except DataError as exc:
+        raise ModelError(str(exc)) from None
+
+
+def source_files(config: ExportConfig, ctx: StageContext) -> list[Path]:
+    """Files whose contents decide the export (they enter its cache key)."""
+    if config.onnx is not None:
+        return [check_regular_file(ctx.resolve(config.onnx), "model file")]  # hashed next: never a FIFO or device
+    assert config.torch is not None
+    files = []
+    module_part = config.torch.factory.rsplit(":", 1)[0]
+    if module_part.endswith(".py"):
+        files.append(check_regular_file(ctx.resolve(module_part), "factory file"))
+    if config.torch.weights:
+        files.append(check_regular_file(ctx.resolve(config.torch.weights), "weights file"))
+    return files
+
+
+def size_cap(config: ExportConfig) -> int:
+    """Bytes of model qdeploy will load: the recipe's cap, or 70% of the memory available now."""
+    from qdeploy.calibration.readers import available_memory
+
+    if config.max_size_mb is not None:
+        return int(config.max_size_mb * 1e6)
+    return int(0.7 * available_memory())
+
+
+RUNTIME_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training"})
+"""Op domains ONNX Runtime implements (the standard ones and its contrib ops)."""
+LOWERABLE_OPS = frozenset({"FakeQuantize", "fake_quantization", "min_max_observer", "moving_average_min_max_observer"})
+"""Custom fake-quant ops that `quantize: {mode: lower}` turns into QuantizeLinear/DequantizeLinear."""
+
+
+def check_known_ops(model: onnx.ModelProto) -> list[dict[str, str]]:
+    """Refuse ops no runtime knows (naming the node); list the custom fake-quant ops that lowering handles."""
+    import onnx
+
+    local_functions = {(function.domain, function.name) for function in model.functions}
+    lowerable = []
+    for node in _all_nodes(model.graph):
+        if not all(isinstance(text, str) for text in (node.name, node.op_type, node.domain)):
+            # protobuf hands back bytes for strings that are not valid UTF-8: a damaged file
+            raise ModelError(f"a node's name, op type or domain is not valid text ({node.op_type!r}); "
+                             "the file is damaged")
+        known = (node.domain, node.op_type) in local_functions or (
+            node.domain in RUNTIME_DOMAINS and (node.domain == "com.microsoft" or onnx.defs.has(node.op_type,
+                                                                                                 node.domain)))
+        if known:
+            continue
+        entry = {"node": node.name, "op_type": node.op_type, "domain": node.domain or "ai.onnx"}
+        if node.op_type in LOWERABLE_OPS:
+            lowerable.append(entry)
+            continue
+        raise ModelError(f"node '{node.name}' is op '{node.op_type}' of domain '{entry['domain']}', which neither "
+                         "ONNX Runtime nor OpenVINO knows; replace it in the exporter or decompose it into standard "
+                         "ops before qdeploy")
+    return lowerable
+
+
+def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """Nodes of a graph and of every subgraph inside it (If/Loop/Scan bodies)."""
+    import onnx
+
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                nodes += _all_nodes(attribute.g)
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                for subgraph in attribute.graphs:
+                    nodes += _all_nodes(subgraph)
+    return nodes
+
+
+def check_input_ranks(model: onnx.ModelProto) -> None:
+    """Every real input needs a known rank: later stages shape data and calibration from it."""
+    initializers = {init.name for init in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape"):
+            raise ModelError(f"input '{value.name}' has an unknown rank; give its shape in the recipe's model.inputs "
+                             f"(e.g. - {{name: {value.name}, shape: [1, 3, 224, 224]}})")
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0)
+
+
+def apply_input_overrides(model: onnx.ModelProto, inputs: list[InputSpec]) -> dict[str, Any]:
+    """Fix or name input dimensions as the recipe says; output shapes are inferred again (those changed returned)."""
+    from onnx import helper
+
+    from qdeploy.stages.export._shapes import reinfer_output_shapes
+
+    by_name = {value.name: value for value in model.graph.input}
+    for spec in inputs:
+        if spec.name not in by_name:
+            raise ModelError(f"model.inputs names '{spec.name}'; the model's inputs are {sorted(by_name)}")
+        tensor_type = by_name[spec.name].type.tensor_type
+        declared = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).name if tensor_type.elem_type else None
+        if declared and declared != spec.dtype:
+            raise ModelError(f"model.inputs '{spec.name}' says dtype {spec.dtype}; the model declares {declared}")
+        if spec.shape is None:
+            continue
+        if tensor_type.HasField("shape") and len(tensor_type.shape.dim) not in (0, len(spec.shape)):
+            raise ModelError(f"model.inputs '{spec.name}' has rank {len(spec.shape)}; "
+                             f"the model's input has rank {len(tensor_type.shape.dim)}")
+        tensor_type.shape.Clear()
+        for dim in spec.shape:
+            entry = tensor_type.shape.dim.add()
+            if isinstance(dim, int):
+                entry.dim_value = dim
+            else:
+                entry.dim_param = dim
+    overridden = any(spec.shape is not None for spec in inputs)
+    return reinfer_output_shapes(model) if overridden else {}
+
+
+def convert_opset(model: onnx.ModelProto, opset: int, findings: dict[str, Any] | None = None) -> onnx.ModelProto:
+    """Convert to another opset through onnx's version converter; name the node that cannot be converted.
+
+    Going down, ops that do not exist yet at ``opset`` and that a rewrite of ``qdeploy.graph.rewrites`` decomposes
+    (Gelu, HardSwish, LayerNormalization) are decomposed first, as an exporter's op mapper would.
+    """
+    from onnx import version_converter
+
+    if opset < default_opset(model):
+        decomposed = decompose_for_opset(model, opset)
+        if findings is not None and decomposed:
+            findings["decomposed_for_opset"] = decomposed
+    try:
+        return version_converter.convert_version(model, opset)
+    except Exception as exc:
+        raise ModelError(_conversion_failure(model, opset, exc)) from None
+
+
+def decompose_for_opset(model: onnx.ModelProto, opset: int) -> dict[str, int]:
+    """Apply the decompositions of ops that ``opset`` lacks; {rewrite: nodes rewritten}."""
+    from qdeploy.graph.rewrites import RewriteReport, apply_rewrites, available
+
+    present = {node.op_type for node in model.graph.node if node.domain in ("", "ai.onnx")}
+    wanted = [name for name, rule in available().items() if not rule.default
+              and any(anchor in present and not _exists_at(anchor, opset) for anchor in rule.anchors)]
+    if not wanted:
+        return {}
+    report = RewriteReport()
+    apply_rewrites(model, wanted, report)
+    return {name: count for name, count in report.applied.items() if count}
+
+
+def _exists_at(op_type: str, opset: int) -> bool:
+    import onnx
+
+    try:
+        onnx.defs.get_schema(op_type, max_inclusive_version=opset)
+    except onnx.defs.SchemaError:
+        return False
+    return True
+
+
+def _conversion_failure(model: onnx.ModelProto, opset: int, exc: Exception) -> str:
+    """What failed in a conversion: the op and its nodes when the converter's message names an op."""
+    import re
+
+    text = " ".join(str(exc).split())
+    detail = text.split("failed: ", 1)[-1] if "failed: " in text else text
+    ops = {node.op_type for node in model.graph.node}
+    named = [op for op in re.findall(r"(?:of|for|op_type:)\s*([A-Za-z_][A-Za-z0-9_]*)", text) if op in ops]
+    where = ""
+    if named:
+        nodes = [node.name or node.output[0] for node in model.graph.node if node.op_type == named[0]]
+        shown = ", ".join(f"'{name}'" for name in nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
+        where = f"op {named[0]} (node {shown}) cannot be converted: "
+        if not _exists_at(named[0], opset):
+            where = f"op {named[0]} (node {shown}) does not exist at opset {opset}: "
+    return (f"cannot convert from opset {default_opset(model)} to {opset}: {where}{detail}. Remove 'model.opset', "
+            f"choose an opset the ops support, or re-export the model at that opset")
+
+
+def check_model(model: onnx.ModelProto) -> None:
+    import onnx
+
+    supported = onnx.defs.onnx_opset_version()
+    if default_opset(model) > supported:
+        raise ModelError(f"the model uses opset {default_opset(model)}; the installed onnx {onnx.__version__} knows "
+                         f"opsets up to {supported}: set model.opset to {supported} or lower, or upgrade onnx")
+    if model.ByteSize() > 1_800_000_000:
+        return  # the in-memory checker refuses >2 GB protos; the stages after check through files
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise ModelError(f"the model is not a valid ONNX graph: {first}") from None
+    except UnicodeDecodeError as exc:  # a damaged file whose names or strings are not UTF-8
+        raise ModelError(f"the model holds text that is not UTF-8 ({exc.reason} at byte {exc.start}); "
+                         "the file is damaged or not an ONNX model") from None
+
+
+def export_torch(config: ExportConfig, ctx: StageContext) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Build the user's nn.Module, export it and compare the export with PyTorch's own outputs."""
+    assert config.torch is not None
+    return export_module(build_torch_module(config.torch, ctx), config, ctx.work_dir, ctx.variant)
+
+
+def export_module(module: Any, config: ExportConfig, work_dir: Path,
+                  variant: str = "exported") -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Export an nn.Module with the config's inputs (names, shapes, symbolic axes, opset) and compare the
+    export with PyTorch's own outputs.  ``config.torch`` sets the exporter (TorchScript when absent)."""
+    torch = _import_torch()
+    source = config.torch or TorchSource(factory="<in-memory>:module")
+    example = tuple(torch.from_numpy(array) for array in example_inputs(config.inputs).values())
+    path = work_dir / "exported.onnx"
+    names = [spec.name for spec in config.inputs]
+    opset = config.opset or DEFAULT_TORCH_OPSET
+    dynamic_axes = torch_dynamic_axes(config.model_copy(update={"torch": source})) or None
+    if source.exporter == "dynamo" and importlib.util.find_spec("onnxscript") is None:
+        raise ModelError("model.torch.exporter 'dynamo' needs onnxscript: pip install 'qdeploy[torch]' "
+                         "(or pip install onnxscript), or use the 'torchscript' exporter")
+    try:
+        # Not under no_grad: there, nn.TransformerEncoderLayer takes a fused fast path no exporter knows.
+        torch.onnx.export(module, example, str(path), input_names=names, opset_version=opset,
+                          dynamic_axes=dynamic_axes, dynamo=source.exporter == "dynamo")
+    except Exception as exc:
+        raise StageError("export", variant, f"torch.onnx.export failed: {type(exc).__name__}: {exc}") from None
+    model = load_onnx(path)
+    max_err = _compare_with_torch(module, example, path)
+    return model, {"source": "torch", "exporter": source.exporter, "torch_version": torch.__version__,
+                   "max_abs_err_vs_torch": max_err}
+
+
+def torch_dynamic_axes(config: ExportConfig) -> dict[str, dict[int, str]]:
+    """Symbolic axes of a torch export: ``torch.dynamic`` plus the named dimensions of ``inputs`` shapes."""
+    assert config.torch is not None
+    axes = {name: dict(dims) for name, dims in config.torch.dynamic.items()}
+    for spec in config.inputs:
+        for axis, dim in enumerate(spec.shape or []):
+            if isinstance(dim, str):
+                axes.setdefault(spec.name, {})[axis] = dim
+    return axes
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise ModelError("model.torch needs PyTorch: pip install torch==2.13.0 (the CPU build), "
+                         "or export the model to ONNX and use model.onnx") from None
+    return torch
+
+
+def build_torch_module(source: TorchSource, ctx: StageContext) -> Any:
+    """Call the factory ('file.py:fn' or 'pkg.mod:fn'); load weights with weights_only=True."""
+    torch = _import_torch()
+    module_part, function = source.factory.rsplit(":", 1)
+    python_module = _import_factory_module(module_part, ctx)
+    if not hasattr(python_module, function):
+        raise ModelError(f"model.torch.factory: '{module_part}' has no callable '{function}'")
+    module = getattr(python_module, function)()
+    if source.weights:
+        try:
+            state = torch.load(ctx.resolve(source.weights), map_location="cpu", weights_only=True)
+            module.load_state_dict(state)
+        except Exception as exc:
+            raise ModelError(f"model.torch.weights '{source.weights}': cannot load a state_dict with "
+                             f"weights_only=True: {exc}") from None
+    return module.eval()
+
+
+def _import_factory_module(module_part: str, ctx: StageContext) -> Any:
+    from qdeploy.core.usercode import import_user_module
+
+    try:
+        path = ctx.resolve(module_part) if module_part.endswith(".py") else None
+        return import_user_module(module_part, path, label="factory")
+    except Exception as exc:
+        raise ModelError(f"model.torch.factory: cannot import '{module_part}': {type(exc).__name__}: {exc}") from None
+
+
+def example_inputs(inputs: list[InputSpec]) -> dict[str, np.ndarray]:
+    """Seeded example inputs from the recipe's specs; named dimensions take 1."""
+    import numpy as np
+
+    from qdeploy.calibration.readers import InputInfo, random_samples
+
+    infos = [InputInfo(spec.name, tuple(d if isinstance(d, int) else None for d in spec.shape or ()),
+                       np.dtype(spec.dtype)) for spec in inputs]
+    ranges = {spec.name: (spec.low, spec.high) for spec in inputs}
+    return next(random_samples(infos, 1, seed=0, ranges=ranges))
+
+
+def _compare_with_torch(module: Any, example: tuple[Any, ...], path: Path) -> float:
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    with torch.no_grad():
+        expected = module(*example)
+    expected_list = [expected] if isinstance(expected, torch.Tensor) else list(expected)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {info.name: tensor.numpy() for info, tensor in zip(session.get_inputs(), example, strict=True)}
+    got = session.run(None, feeds)
+    return max(float(np.max(np.abs(e.numpy().astype(np.float64) - g.astype(np.float64))))
+               for e, g in zip(expected_list, got, strict=True))

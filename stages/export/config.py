@@ -1,0 +1,94 @@
+"""Settings of the export stage (the recipe's ``model`` section); the recipe imports this module only."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from qdeploy.core.tolerance import StrictModel
+
+__all__ = ["DEFAULT_TORCH_OPSET", "DTYPES", "MAX_DIM", "ExportConfig", "InputSpec", "TorchSource"]
+
+
+DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+DEFAULT_TORCH_OPSET = 17
+MAX_DIM = 2**31 - 1
+"""Largest fixed dimension of an input (runtimes index with 32-bit integers in places)."""
+
+
+class InputSpec(StrictModel):
+    """One model input: required for torch export, an override for ONNX models."""
+
+    name: str = Field(description="Input name as the model declares it (or will, for torch export).")
+    shape: list[int | str] | None = Field(
+        default=None,
+        description="Dimensions; an integer fixes a dimension, a string names a symbolic one.",
+    )
+    dtype: Literal[DTYPES] = Field(default="float32", description="Element type of the input.")  # type: ignore[valid-type]
+    low: float | None = Field(default=None, description="Lowest value of random data for this input.")
+    high: float | None = Field(default=None, description="Highest value of random data for this input.")
+
+    @field_validator("shape")
+    @classmethod
+    def _positive_dims(cls, shape: list[int | str] | None) -> list[int | str] | None:
+        for dim in shape or []:
+            if isinstance(dim, int) and not 0 < dim <= MAX_DIM:
+                raise ValueError(f"dimension {dim} must be positive (at most {MAX_DIM}), or a name for a symbolic "
+                                 "dimension")
+        return shape
+
+    @model_validator(mode="after")
+    def _range(self) -> InputSpec:
+        if any(bound is not None and not math.isfinite(bound) for bound in (self.low, self.high)):
+            raise ValueError("low and high are finite numbers")
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise ValueError(f"low {self.low} is above high {self.high}; swap them")
+        return self
+
+
+class TorchSource(StrictModel):
+    """A PyTorch model built by a user's factory function."""
+
+    factory: str = Field(description="'path/to/file.py:callable' or 'package.module:callable' returning an nn.Module.")
+    weights: str | None = Field(default=None, description="Optional state_dict file, loaded with weights_only=True.")
+    exporter: Literal["torchscript", "dynamo"] = Field(
+        default="torchscript", description="torch.onnx exporter: TorchScript-based or torch.export-based."
+    )
+    dynamic: dict[str, dict[int, str]] = Field(
+        default_factory=dict, description="Symbolic axes per input name, e.g. {input: {0: batch}}."
+    )
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_form(cls, value: str) -> str:
+        if ":" not in value or not value.rsplit(":", 1)[1]:
+            raise ValueError("factory must be 'file.py:callable' or 'package.module:callable'")
+        return value
+
+
+class ExportConfig(StrictModel):
+    """The recipe's `model` section: where the model comes from and how it is exported."""
+
+    onnx: str | None = Field(default=None, description="ONNX file, relative to the recipe file.")
+    torch: TorchSource | None = Field(default=None, description="PyTorch factory to export.")
+    inputs: list[InputSpec] = Field(default_factory=list, description="Input specs or shape overrides.")
+    opset: int | None = Field(default=None, ge=7, description="Target opset; ONNX models are converted to it.")
+    max_size_mb: float | None = Field(
+        default=None, gt=0,
+        description="Largest model (file plus external data) qdeploy will load; 70% of available memory when absent.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ExportConfig:
+        if (self.onnx is None) == (self.torch is None):
+            raise ValueError("model needs exactly one of 'onnx' or 'torch'")
+        if self.torch is not None and not self.inputs:
+            raise ValueError("a torch model needs 'inputs' with name, shape and dtype")
+        if self.torch is not None and any(spec.shape is None for spec in self.inputs):
+            raise ValueError("every input of a torch model needs a 'shape'")
+        names = [spec.name for spec in self.inputs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"input names repeat: {names}")
+        return self

@@ -1,0 +1,283 @@
+"""The fp16 stage: convert a float32 model to float16 with onnxconverter-common, deliberately.
+
+onnxconverter-common converts; around it this stage
+- types every tensor first (qdeploy.stages.fp16._types: inference by path for > 2 GB models,
+  subgraphs, ORT for contrib ops) and refuses, naming it, a tensor it cannot type;
+- keeps in float32 what must stay float32 by the ONNX and ONNX Runtime schemas (qdeploy.stages.fp16._rules),
+  and, found without data, normalisations written out op by op, integer accumulators and
+  constants beyond float16's range (qdeploy.stages.fp16._patterns);
+- with data (`calibration`, or by default the recipe's validation dataset), keeps in float32
+  the nodes whose activations would overflow float16, by measured ranges and known overflow
+  patterns (qdeploy.stages.fp16._activations), and, in `mode: auto`, the fewest further nodes that
+  meet a tolerance, by measured per-node sensitivity (qdeploy.stages.fp16._budget);
+- makes the converted model's types consistent (qdeploy.stages.fp16._repair): one Cast per tensor,
+  a copy per precision of shared constants, Casts in the graph that owns the tensor,
+  no redundant Cast pairs, topological order, unique names;
+- checks the artifact's fidelity with float16 arithmetic emulated on ORT (or onnx's
+  reference evaluator), blocking nodes that still overflow, then runs onnx.checker
+  (full) and loads it in ORT.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.core.context import Artifact, StageContext, StageResult
+from qdeploy.core.errors import StageError
+from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
+from qdeploy.stages.fp16._convert import STAGE, already_float16, check, convert, count_clamping, float16_clamper
+from qdeploy.stages.fp16._graph import name_nodes_uniquely, subgraphs, walk_nodes
+from qdeploy.stages.fp16._patterns import integer_accumulators, normalizations, out_of_range_constants
+from qdeploy.stages.fp16._repair import Plan, TypeRepair
+from qdeploy.stages.fp16._rules import Float32Needs, float32_needs
+from qdeploy.stages.fp16._types import INFERENCE_BY_PATH_BYTES, all_types, load_typed
+from qdeploy.stages.fp16.config import (  # noqa: F401
+    FLOAT16_MAX,
+    MAX_SAFETY_ROUNDS,
+    REPAIR_SAMPLES,
+    Fp16Config,
+    Fp16Data,
+    effective_op_block_list,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+    from qdeploy.stages.fp16._activations import Float32Run
+
+__all__ = ["reads_default_dataset", "run"]
+
+log = logging.getLogger(__name__)
+
+def reads_default_dataset(config: Fp16Config) -> bool:
+    """Whether the stage, with this config, measures on the run's default dataset (validate.data) when it has one.
+
+    The runner asks this (qdeploy.pipeline.registry) to put that dataset into the stage's cache key.
+    """
+    return config.calibration is None and config.use_validation_data
+
+
+def _data(config: Fp16Config, ctx: StageContext) -> Fp16Data | None:
+    """The data the stage measures on: its own 'calibration', else the validation dataset, else none."""
+    if config.calibration is not None:
+        return config.calibration
+    if reads_default_dataset(config) and ctx.default_dataset is not None:
+        return Fp16Data(data=ctx.default_dataset)
+    return None
+
+
+def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResult:
+    """Convert the artifact's model to float16; returns the converted model and what was done."""
+    started = time.perf_counter()
+    big = artifact.size_bytes >= INFERENCE_BY_PATH_BYTES
+    ctx.on_progress("fp16: types")
+    model = load_typed(artifact.path, artifact.size_bytes, ctx.work_dir)
+    _refuse_float16(model, ctx)
+    name_nodes_uniquely(model)
+    _check_node_names(model, config.node_block_list, ctx)
+    types = all_types(model)
+    needs = float32_needs(model, types)
+    op_block = effective_op_block_list(config.op_block_list)
+    patterns = _static_patterns(model, config, types)
+    op_blocked = _op_blocked(model, op_block)
+    fixed = op_blocked | set(config.node_block_list) | set(needs.nodes) | {n for found in patterns.values()
+                                                                           for n in found}
+    findings: dict[str, Any] = {"keep_io_types": config.keep_io_types, "op_block_list": op_block,
+                                "schema_float32_nodes": needs.nodes,
+                                "schema_float32_inputs": [reason for node, reason in needs.input_reasons.items()
+                                                          if node not in fixed], **patterns}
+    session = _Session(model, config, ctx, needs, types, big)
+    data = _data(config, ctx)
+    if data is not None:
+        session.analyse(artifact, fixed, data)
+    else:
+        findings["activation_analysis"] = ("not run: no calibration data in the fp16 config and no validation "
+                                           "dataset in the recipe (or use_validation_data: false)")
+    session.convert(fixed)
+    if data is not None and config.fidelity_check != "off":
+        session.safety_rounds(fixed)
+        if config.mode == "fixed" and config.repair and not session.findings["fidelity"]["emulated"]["passed"]:
+            session.keep_for_tolerance(fixed)
+    converted = session.converted
+    findings.update(session.findings)
+    findings["node_block_list"] = sorted(session.blocked - op_blocked)
+    findings["clamp"] = count_clamping(model, converted, session.repair.initializer_copies, session.float32_scope,
+                                       config.min_positive_val, config.max_finite_val)
+    findings["repair"] = _repair_findings(session.repair)
+    findings["cast_nodes"] = sum(node.op_type == "Cast" for node, _ in walk_nodes(converted.graph))
+    findings["checker"] = check(converted, ctx.work_dir, ctx.variant, big=big,
+                                onnxruntime_check=config.onnxruntime_check)
+    findings["seconds"] = round(time.perf_counter() - started, 3)
+    return StageResult(model=converted, changed=True, findings=findings)
+
+
+def _static_patterns(model: onnx.ModelProto, config: Fp16Config, types: dict[str, int]) -> dict[str, dict[str, str]]:
+    """Nodes kept float32 by graph patterns found without data, per findings key: node -> why."""
+    return {
+        "normalization_float32_nodes": normalizations(model) if config.keep_layer_norms_float32 else {},
+        "integer_accumulator_float32_nodes": integer_accumulators(model, types),
+        "constant_range_float32_nodes": (out_of_range_constants(model, config.max_finite_val)
+                                         if config.out_of_range_constants == "keep_float32" else {}),
+    }
+
+
+def _refuse_float16(model: onnx.ModelProto, ctx: StageContext) -> None:
+    present = already_float16(model)
+    if present:
+        raise StageError(STAGE, ctx.variant, f"the model already holds float16 tensors or Casts ({present[:5]}); "
+                                             "converting again would stack clamping and Casts: give the stage the "
+                                             "float32 model")
+
+
+def _check_node_names(model: onnx.ModelProto, names: list[str], ctx: StageContext) -> None:
+    present = {node.name for node, _ in walk_nodes(model.graph)}
+    unknown = [name for name in names if name not in present]
+    if unknown:
+        raise StageError(STAGE, ctx.variant, f"node_block_list names {unknown} that are not in the model; "
+                                             f"some of its nodes: {sorted(present)[:20]}")
+
+
+def _op_blocked(model: onnx.ModelProto, op_block: list[str]) -> set[str]:
+    blocked_ops = set(op_block)
+    return {node.name for node, _ in walk_nodes(model.graph) if node.op_type in blocked_ops}
+
+
+def _with_nested(model: onnx.ModelProto, names: set[str]) -> set[str]:
+    """The names plus every node inside the subgraphs of those nodes (they run in float32 with them)."""
+    result = set(names)
+    for node, _ in walk_nodes(model.graph):
+        if node.name in result:
+            for sub in subgraphs(node):
+                result.update(inner.name for inner, _ in walk_nodes(sub))
+    return result
+
+
+def _repair_findings(report: Any) -> dict[str, Any]:
+    return {"casts_added": report.casts, "redundant_casts_removed": report.casts_removed,
+            "initializer_copies": report.initializer_copies, "constant_copies": report.constant_copies,
+            "type_attributes_rewritten": report.attributes, "outputs_retyped": report.outputs_retyped}
+
+
+class _Session:
+    """One run of the stage: the typed float32 model, the data, and the conversion as it evolves."""
+
+    def __init__(self, model: onnx.ModelProto, config: Fp16Config, ctx: StageContext, needs: Float32Needs,
+                 types: dict[str, int], big: bool) -> None:
+        self.model = model
+        self.config = config
+        self.ctx = ctx
+        self.needs = needs
+        self.types = types
+        self.big = big
+        self.to_float16 = float16_clamper(config.min_positive_val, config.max_finite_val)
+        self.feeds: list[dict[str, np.ndarray]] = []
+        self.float32: Float32Run | None = None
+        self.kept: list[dict[str, Any]] = []
+        self.blocked: set[str] = set()
+        self.float32_scope: set[str] = set()
+        self.findings: dict[str, Any] = {}
+        self.converted: onnx.ModelProto
+        self.repair: Any = None
+
+    @property
+    def tolerance(self) -> Tolerance:
+        return self.config.tolerance or DEFAULT_TOLERANCES["fp16"]
+
+    def analyse(self, artifact: Artifact, fixed: set[str], data: Fp16Data) -> None:
+        """Run float32 on the data; keep overflowing nodes; in auto mode, also the budget's choice."""
+        from qdeploy.stages.fp16._activations import overflowing_nodes, run_float32
+
+        self.ctx.on_progress("fp16: activation ranges")
+        self.feeds = list(self.ctx.samples(data.data, artifact.path, data.samples))
+        self.float32 = run_float32(self.model, self.feeds, self.ctx.work_dir, big=self.big)
+        limit_note = {"safety_margin": self.config.safety_margin, "max_finite_val": self.config.max_finite_val}
+        self.kept = overflowing_nodes(self.model, self.float32.stats, self.config.max_finite_val,
+                                      self.config.safety_margin, fixed)
+        source = "calibration" if self.config.calibration is not None else "validate.data (default)"
+        self.findings["activation_analysis"] = {"data": data.data or "seeded random", "source": source,
+                                                "samples": len(self.feeds), **limit_note}
+        if self.kept:
+            log.info("variant %s: %d nodes stay float32 for their activation ranges", self.ctx.variant,
+                     len(self.kept))
+        if self.config.mode == "auto":
+            self._budget(fixed | {entry["node"] for entry in self.kept})
+
+    def keep_for_tolerance(self, fixed: set[str]) -> None:
+        """The emulated check missed the tolerance: budget mode's search for further float32 nodes, then again."""
+        missed = self.findings["fidelity"]["emulated"]["reasons"]
+        log.info("variant %s: float16 emulation misses the tolerance (%s); searching nodes to keep in float32",
+                 self.ctx.variant, "; ".join(missed))
+        self._budget(fixed | {entry["node"] for entry in self.kept}, limit=REPAIR_SAMPLES)
+        self.findings["budget"]["trigger"] = f"repair: the float16 emulation check missed ({'; '.join(missed)})"
+        self.convert(fixed)
+        self.safety_rounds(fixed)
+
+    def _budget(self, float32: set[str], limit: int | None = None) -> None:
+        from qdeploy.stages.fp16._budget import choose_float32_nodes, node_groups
+
+        assert self.float32 is not None
+        self.ctx.on_progress("fp16: per-node sensitivity")
+        groups = node_groups(self.model, _with_nested(self.model, float32), self.types)
+        result = choose_float32_nodes(
+            self.model, groups, self.needs.inputs, self.feeds[:limit], self.float32.outputs[:limit], self.tolerance,
+            keep_io_types=self.config.keep_io_types, to_float16=self.to_float16, work_dir=self.ctx.work_dir)
+        self.kept.extend({"node": name, "op_type": self._op_type(name), "reason": "budget: sensitivity"}
+                         for name in result.float32_nodes)
+        self.findings["budget"] = {"tolerance": self.tolerance.model_dump(exclude_none=True), **result.findings}
+
+    def _op_type(self, name: str) -> str:
+        return next((node.op_type for node, _ in walk_nodes(self.model.graph) if node.name == name), "?")
+
+    def convert(self, fixed: set[str]) -> None:
+        """Convert with everything decided so far kept in float32, then repair the types."""
+        self.ctx.on_progress("fp16: converting")
+        self.blocked = fixed | {entry["node"] for entry in self.kept}
+        self.float32_scope = _with_nested(self.model, self.blocked)
+        converted = convert(self.model, min_positive_val=self.config.min_positive_val,
+                            max_finite_val=self.config.max_finite_val, keep_io_types=self.config.keep_io_types,
+                            op_block_list=effective_op_block_list(self.config.op_block_list),
+                            node_block_list=sorted(self.blocked), variant=self.ctx.variant)
+        plan = Plan(float32_nodes=self.float32_scope, float32_inputs=self.needs.inputs,
+                    keep_io_types=self.config.keep_io_types)
+        self.repair = TypeRepair(self.model, plan, self.to_float16, self.types).apply(converted)
+        self.converted = converted
+        self.findings["kept_in_fp32"] = self.kept
+
+    def safety_rounds(self, fixed: set[str]) -> None:
+        """Emulate the artifact in float16; keep nodes where Inf/NaN is born, reconvert; then report fidelity."""
+        from qdeploy.stages.fp16._fidelity import EMULATED, overflow_births, reference_check, run_emulated, summary
+
+        assert self.float32 is not None
+        originals = {node.name for node, _ in walk_nodes(self.model.graph)}
+        for _ in range(MAX_SAFETY_ROUNDS):
+            self.ctx.on_progress("fp16: float16 emulation")
+            started = time.perf_counter()
+            emulated = run_emulated(self.converted, self.feeds, self.float32.stats, self.ctx.work_dir)
+            births = overflow_births(self.converted, emulated.nonfinite, originals, self.blocked,
+                                     self.float32.stats)
+            if not births:
+                break
+            log.info("variant %s: float16 emulation overflows at %s; keeping them in float32", self.ctx.variant,
+                     [entry["node"] for entry in births])
+            self.kept.extend(births)
+            self.convert(fixed)
+        else:
+            raise StageError(STAGE, self.ctx.variant, "float16 emulation still overflows after "
+                             f"{MAX_SAFETY_ROUNDS} rounds of keeping nodes in float32; last kept: {self.kept[-3:]}")
+        fidelity = {"emulated": summary(EMULATED, self.float32.outputs, emulated.outputs, self.tolerance,
+                                        time.perf_counter() - started)}
+        broken = sorted(emulated.nonfinite & {value.name for value in self.converted.graph.output})
+        if broken:
+            raise StageError(STAGE, self.ctx.variant, f"under float16 emulation the outputs {broken} hold Inf/NaN "
+                             "where float32 does not, and no further node to keep in float32 was "
+                             f"found (kept: {[entry['node'] for entry in self.kept]}); add the nodes feeding "
+                             "those outputs to node_block_list")
+        if self.config.fidelity_check == "reference":
+            self.ctx.on_progress("fp16: reference evaluator")
+            fidelity["reference"] = reference_check(self.converted, self.feeds, self.float32.outputs,
+                                                    self.tolerance)
+        self.findings["fidelity"] = fidelity
+

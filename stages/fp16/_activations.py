@@ -1,0 +1,269 @@
+"""Activation-aware blocking: which nodes would overflow float16 on real inputs, and by how much.
+
+The float32 model runs in ONNX Runtime on the calibration data with every float
+tensor of the main graph exposed; each tensor's largest magnitude, largest
+value and shape are recorded.  A node stays float32 when a predicted worst case
+(measured value stretched by the recipe's safety margin) passes float16's
+largest finite value.  How a value stretches depends on the op:
+
+- any node: its inputs and outputs grow linearly: ``abs_max / margin``;
+- Pow with a constant exponent e > 1, and Mul of a tensor by itself (e = 2): ``(base_abs_max / margin) ** e``;
+- Exp: ``exp(max(x, 0) / margin)``;
+- ReduceMean (and ReduceL2/LogSumExp) hold a sum in their accumulator:
+  ``|mean| * N / margin`` over the N reduced elements, so long axes overflow first;
+- attention scores (MatMul -> [scale, mask] -> Softmax) grow with the product of two
+  activations: ``abs_max / margin**2`` on every tensor of that chain; the whole chain stays
+  float32 together, so an overflowing score never passes through a float16 Cast.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.stages.fp16._graph import FLOAT
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+log = logging.getLogger(__name__)
+
+SCORE_OPS = frozenset({"MatMul", "Gemm", "Einsum"})
+"""Ops that make attention scores from two activations."""
+SCORE_PATH_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Reshape", "Transpose", "Cast", "Identity",
+                            "Squeeze", "Unsqueeze", "Expand", "Clip", "Max", "Min"})
+"""Ops allowed between the scores and the Softmax (scale, mask, reshapes)."""
+SCALE_OPS = frozenset({"Mul", "Div"})
+SOFTMAX_OPS = frozenset({"Softmax", "LogSoftmax"})
+ACCUMULATING_REDUCTIONS = frozenset({"ReduceMean", "ReduceL2", "ReduceLogSumExp"})
+
+
+@dataclass
+class TensorStats:
+    """What a float tensor held over the calibration data."""
+
+    abs_max: float
+    max: float
+    shape: tuple[int, ...]
+    nonfinite: bool = False
+
+
+@dataclass
+class Float32Run:
+    """The float32 model's graph outputs per sample and the statistics of its float tensors."""
+
+    outputs: list[dict[str, np.ndarray]]
+    stats: dict[str, TensorStats]
+
+
+def run_float32(model: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]], work_dir: Path, *,
+                big: bool = False) -> Float32Run:
+    """Run the float32 model in ORT (no graph optimisation) with every main-graph float tensor exposed."""
+    import numpy as np
+    import onnx
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.value_info[:]  # a probe needs no shape hints; outputs below carry the types
+    outputs = [value.name for value in model.graph.output]
+    exposed = set(outputs)
+    for value in model.graph.value_info:
+        if value.type.tensor_type.elem_type == FLOAT and value.name not in exposed:
+            probe.graph.output.append(value)
+            exposed.add(value.name)
+    session = _session(probe, work_dir / "fp16_probe.onnx", big)
+    names = [out.name for out in session.get_outputs()]
+    stats: dict[str, TensorStats] = {}
+    results = []
+    for feed in feeds:
+        arrays = dict(zip(names, session.run(None, feed), strict=True))
+        results.append({name: arrays[name] for name in outputs})
+        for name, array in [*arrays.items(), *feed.items()]:
+            if array.size and np.issubdtype(array.dtype, np.floating):
+                _update(stats, name, array)
+    return Float32Run(outputs=results, stats=stats)
+
+
+def _update(stats: dict[str, TensorStats], name: str, array: np.ndarray) -> None:
+    import numpy as np
+
+    finite = array[np.isfinite(array)]
+    abs_max = float(np.abs(finite).max()) if finite.size else 0.0
+    top = float(finite.max()) if finite.size else 0.0
+    nonfinite = finite.size != array.size
+    old = stats.get(name)
+    if old is not None:
+        abs_max, top, nonfinite = max(abs_max, old.abs_max), max(top, old.max), nonfinite or old.nonfinite
+    stats[name] = TensorStats(abs_max=abs_max, max=top, shape=tuple(array.shape), nonfinite=nonfinite)
+
+
+def _session(model: onnx.ModelProto, path: Path, big: bool) -> Any:
+    import onnx
+    import onnxruntime as ort
+
+    onnx.save(model, str(path), save_as_external_data=big, location=path.name + ".data")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def overflowing_nodes(model: onnx.ModelProto, stats: dict[str, TensorStats], max_finite: float, margin: float,
+                      already_float32: set[str]) -> list[dict[str, Any]]:
+    """Main-graph nodes to keep in float32, each with the tensor and value that decided it, in graph order."""
+    constants = _scalar_constants(model)
+    kept: dict[str, dict[str, Any]] = {}
+    decided: set[str] = set()
+    for chain in _attention_chains(model):
+        decided.update(node.name for node in chain.nodes[1:])  # masks on the path are judged by the scores
+        entry = _worst_of(chain.nodes[0], chain.scores, stats, 1.0 / margin**2, chain.reason)
+        if entry is not None and entry["predicted"] > max_finite:
+            for node in chain.nodes:
+                kept.setdefault(node.name, {**entry, "node": node.name, "op_type": node.op_type})
+    for node in model.graph.node:
+        if node.name in kept or node.name in decided:
+            continue
+        entry = _node_entry(node, stats, margin, constants)
+        if entry is not None and entry["predicted"] > max_finite:
+            kept[node.name] = entry
+    order = {node.name: index for index, node in enumerate(model.graph.node)}
+    return [kept[name] for name in sorted(kept, key=order.__getitem__) if name not in already_float32]
+
+
+def _node_entry(node: onnx.NodeProto, stats: dict[str, TensorStats], margin: float,
+                constants: dict[str, float]) -> dict[str, Any] | None:
+    """The worst predicted value of one node, by the rule of its op type."""
+    entry = _worst([node], stats, 1.0 / margin, "activation range")
+    special = None
+    if node.op_type in ("Pow", "Mul") and len(node.input) > 1 and node.input[0] in stats:
+        squares = node.op_type == "Mul" and node.input[0] == node.input[1]  # x * x is Pow(x, 2)
+        exponent = 2.0 if squares else constants.get(node.input[1]) if node.op_type == "Pow" else None
+        if exponent is not None and exponent > 1:
+            base = stats[node.input[0]].abs_max
+            rule = "square (x * x)" if squares else "Pow"
+            special = _entry(node, node.input[0], base, _power(base / margin, exponent), rule)
+    elif node.op_type == "Exp" and node.input[0] in stats:
+        top = stats[node.input[0]].max
+        special = _entry(node, node.input[0], top, _exp(max(top, 0.0) / margin), "Exp")
+    elif node.op_type in ACCUMULATING_REDUCTIONS and node.input[0] in stats and node.output[0] in stats:
+        special = _reduction_entry(node, stats[node.input[0]], stats[node.output[0]], margin)
+    candidates = [e for e in (entry, special) if e is not None]
+    return max(candidates, key=lambda e: e["predicted"]) if candidates else None
+
+
+def _reduction_entry(node: onnx.NodeProto, source: TensorStats, reduced: TensorStats,
+                     margin: float) -> dict[str, Any] | None:
+    count = max(1, math.prod(source.shape) // max(1, math.prod(reduced.shape)))
+    if node.op_type == "ReduceMean":
+        accumulated = reduced.abs_max * count
+    elif node.op_type == "ReduceL2":
+        accumulated = reduced.abs_max ** 2
+    else:
+        accumulated = _exp(max(reduced.max, 0.0))
+    entry = _entry(node, node.output[0], reduced.abs_max, accumulated / margin, f"reduction over {count} elements")
+    return entry
+
+
+def _worst(nodes: list[onnx.NodeProto], stats: dict[str, TensorStats], stretch: float,
+           reason: str) -> dict[str, Any] | None:
+    names = [name for node in nodes for name in (*node.input, *node.output)]
+    return _worst_of(nodes[0], names, stats, stretch, reason)
+
+
+def _worst_of(node: onnx.NodeProto, names: list[str], stats: dict[str, TensorStats], stretch: float,
+              reason: str) -> dict[str, Any] | None:
+    seen = [(stats[name].abs_max, name) for name in names if name in stats]
+    if not seen:
+        return None
+    value, tensor = max(seen)
+    return _entry(node, tensor, value, value * stretch, reason)
+
+
+def _entry(node: onnx.NodeProto, tensor: str, value: float, predicted: float, reason: str) -> dict[str, Any]:
+    return {"node": node.name, "op_type": node.op_type, "reason": reason, "tensor": tensor,
+            "abs_max": _finite(value), "predicted": _finite(predicted)}
+
+
+def _finite(value: float) -> float:
+    """JSON has no inf: overflowing predictions are reported as the largest float."""
+    return value if math.isfinite(value) else 1.7976931348623157e308
+
+
+def _power(base: float, exponent: float) -> float:
+    try:
+        return base ** exponent
+    except OverflowError:
+        return math.inf
+
+
+def _exp(value: float) -> float:
+    return math.exp(value) if value < 709 else math.inf
+
+
+def _scalar_constants(model: onnx.ModelProto) -> dict[str, float]:
+    """Single-valued float constants of the main graph (initializers and Constant nodes), e.g. Pow exponents."""
+    from onnx import numpy_helper
+
+    found: dict[str, float] = {}
+    tensors = [(init.name, init) for init in model.graph.initializer]
+    tensors += [(node.output[0], attr.t) for node in model.graph.node if node.op_type == "Constant"
+                for attr in node.attribute if attr.name == "value"]
+    for name, tensor in tensors:
+        dims = list(tensor.dims)
+        if all(dim == 1 for dim in dims):
+            found[name] = float(numpy_helper.to_array(tensor).reshape(-1)[0])
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value_float":
+                    found[node.output[0]] = attr.f
+    return found
+
+
+@dataclass
+class AttentionChain:
+    """Score op -> scale/mask/reshape ops -> Softmax; `scores` are the tensors that grow quadratically."""
+
+    nodes: list[onnx.NodeProto]
+    scores: list[str]
+    reason: str
+
+
+def _attention_chains(model: onnx.ModelProto) -> list[AttentionChain]:
+    """Every Softmax fed (through scale, mask and reshape ops) by a MatMul/Gemm/Einsum of activations."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    chains = []
+    for node in model.graph.node:
+        if node.op_type not in SOFTMAX_OPS:
+            continue
+        path = _path_to_scores(node, producer, depth=12)
+        if path is None:
+            continue
+        nodes = list(reversed(path))
+        scaled = any(step.op_type in SCALE_OPS for step in nodes)
+        scores = [step.output[0] for step in nodes if step.op_type in SCORE_OPS or step.op_type in SCALE_OPS]
+        reason = "attention scores" if scaled else "unnormalized attention scores"
+        chains.append(AttentionChain(nodes=nodes, scores=scores, reason=reason))
+    return chains
+
+
+def _path_to_scores(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
+                    depth: int) -> list[onnx.NodeProto] | None:
+    """[node, ..., score op] walking back through SCORE_PATH_OPS, or None."""
+    if depth == 0:
+        return None
+    for name in node.input:
+        upstream = producer.get(name)
+        if upstream is None:
+            continue
+        if upstream.op_type in SCORE_OPS:
+            return [node, upstream]
+        if upstream.op_type in SCORE_PATH_OPS:
+            rest = _path_to_scores(upstream, producer, depth - 1)
+            if rest is not None:
+                return [node, *rest]
+    return None

@@ -1,0 +1,177 @@
+"""Budget mode: keep in float32 the fewest nodes that bring the fp16 artifact within a tolerance.
+
+One gated emulation model (qdeploy.stages.fp16._emulate.gated_twin) is built once; every
+trial is a run with a different boolean gate vector, never a new model.
+
+1. Nodes are grouped: a pure data-movement node (Reshape, Transpose, ...) follows
+   the node that produces its data, since its precision only matters at its edges.
+2. Per-group sensitivity is measured: the output error when only that group runs in
+   float16 and everything else in float32 (one trial per group).
+3. Groups are kept in float32 in decreasing sensitivity; a binary search over how many
+   finds the fewest that meet the tolerance on all the samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.stages.fp16._emulate import GATES_INPUT, gated_twin
+from qdeploy.stages.fp16._graph import FLOAT, subgraphs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import numpy as np
+    import onnx
+
+    from qdeploy.core.tolerance import Tolerance
+
+log = logging.getLogger(__name__)
+
+DATA_MOVEMENT = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand",
+                           "Tile", "Slice", "Gather", "Split", "DepthToSpace", "SpaceToDepth"})
+SENSITIVITY_SAMPLES = 4
+
+Outputs = list[dict[str, "np.ndarray"]]
+
+
+@dataclass
+class BudgetResult:
+    """Which nodes budget mode keeps in float32, and the evidence."""
+
+    float32_nodes: list[str]
+    findings: dict[str, Any] = field(default_factory=dict)
+
+
+def node_groups(model: onnx.ModelProto, fixed_float32: set[str], types: dict[str, int]) -> list[list[str]]:
+    """Candidate node groups of the main graph, in graph order; data-movement nodes join their producer's group."""
+    producer = {out: node for node in model.graph.node for out in node.output if out}
+    group_of: dict[str, int] = {}
+    groups: list[list[str]] = []
+    for node in model.graph.node:
+        if node.name in fixed_float32 or node.op_type == "Constant" or not _touches_float(node, types):
+            continue
+        source = producer.get(node.input[0]) if node.input else None
+        if node.op_type in DATA_MOVEMENT and source is not None and source.name in group_of:
+            group = group_of[source.name]
+        else:
+            group = len(groups)
+            groups.append([])
+        groups[group].append(node.name)
+        group_of[node.name] = group
+    return groups
+
+
+def _touches_float(node: onnx.NodeProto, types: dict[str, int]) -> bool:
+    return bool(subgraphs(node)) or any(types.get(name) == FLOAT for name in (*node.input, *node.output) if name)
+
+
+def choose_float32_nodes(model: onnx.ModelProto, groups: list[list[str]], float32_inputs: dict[str, set[int]],
+                         feeds: list[dict[str, np.ndarray]], reference: Outputs, tolerance: Tolerance, *,
+                         keep_io_types: bool, to_float16: Callable[[np.ndarray], np.ndarray],
+                         work_dir: Path) -> BudgetResult:
+    """The fewest groups (by measured sensitivity) to keep in float32 so the emulated artifact meets `tolerance`."""
+    import numpy as np
+
+    started = time.perf_counter()
+    gate_of = {name: index for index, group in enumerate(groups) for name in group}
+    trials = _Trials(gated_twin(model, gate_of, float32_inputs, keep_io_types, to_float16), feeds, reference,
+                     tolerance, work_dir)
+    everything = np.ones(len(groups), dtype=bool)
+    all_fp16 = trials.compare(everything)
+    findings: dict[str, Any] = {"groups": len(groups), "metrics_all_float16": all_fp16.worst()}
+    if all_fp16.passed or not groups:
+        findings.update(trials=trials.count, met=all_fp16.passed, float32_nodes=[], seconds=_since(started))
+        return BudgetResult([], findings)
+    sensitivity = [trials.loss(np.eye(len(groups), dtype=bool)[index]) for index in range(len(groups))]
+    order = sorted(range(len(groups)), key=lambda index: -sensitivity[index])
+    count, chosen = _fewest(order, trials, len(groups))
+    kept = [name for index in order[:count] for name in groups[index]]
+    findings.update(
+        trials=trials.count, met=chosen.passed, metrics_chosen=chosen.worst(), seconds=_since(started),
+        float32_nodes=[{"nodes": groups[index], "sensitivity": _json_float(sensitivity[index])}
+                       for index in order[:count]],
+    )
+    log.info("fp16 budget: %d of %d node groups stay float32 after %d trials", count, len(groups), trials.count)
+    return BudgetResult(kept, findings)
+
+
+def _fewest(order: list[int], trials: _Trials, total: int) -> tuple[int, Any]:
+    """Binary search for the smallest count of most-sensitive groups whose blocking meets the tolerance."""
+    import numpy as np
+
+    def gates_blocking(count: int) -> np.ndarray:
+        gates = np.ones(total, dtype=bool)
+        gates[order[:count]] = False
+        return gates
+
+    low, high = 0, total  # blocking `low` groups fails; blocking all (pure float32) is the fallback
+    best = trials.compare(gates_blocking(high))
+    while high - low > 1:
+        middle = (low + high) // 2
+        result = trials.compare(gates_blocking(middle))
+        if result.passed:
+            high, best = middle, result
+        else:
+            low = middle
+    return high, best
+
+
+class _Trials:
+    """Runs of the gated model: one session, a gate vector per trial."""
+
+    def __init__(self, twin: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], reference: Outputs,
+                 tolerance: Tolerance, work_dir: Path) -> None:
+        import onnx
+        import onnxruntime as ort
+
+        path = work_dir / "fp16_budget.onnx"
+        onnx.save(twin, str(path))
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.names = [value.name for value in twin.graph.output]
+        self.feeds = feeds
+        self.reference = reference
+        self.tolerance = tolerance
+        self.count = 0
+
+    def run(self, gates: np.ndarray, feeds: list[dict[str, np.ndarray]]) -> Outputs:
+        self.count += 1
+        return [dict(zip(self.names, self.session.run(self.names, {**feed, GATES_INPUT: gates}), strict=True))
+                for feed in feeds]
+
+    def compare(self, gates: np.ndarray) -> Any:
+        from qdeploy.core.compare import compare_outputs
+
+        return compare_outputs(self.reference, self.run(gates, self.feeds), self.tolerance)
+
+    def loss(self, gates: np.ndarray) -> float:
+        """Largest relative L2 error over outputs and samples (inf when a value is not finite)."""
+        import numpy as np
+
+        count = min(SENSITIVITY_SAMPLES, len(self.feeds))
+        worst = 0.0
+        for got, want in zip(self.run(gates, self.feeds[:count]), self.reference[:count], strict=True):
+            for name, expected in want.items():
+                if not np.issubdtype(expected.dtype, np.floating):
+                    continue
+                actual = got[name].astype(np.float64)
+                if not np.isfinite(actual).all():
+                    return math.inf
+                scale = float(np.linalg.norm(expected)) or 1.0
+                worst = max(worst, float(np.linalg.norm(actual - expected)) / scale)
+        return worst
+
+
+def _json_float(value: float) -> float | str:
+    return value if math.isfinite(value) else "inf"
+
+
+def _since(started: float) -> float:
+    return round(time.perf_counter() - started, 3)

@@ -1,0 +1,184 @@
+"""Calling onnxconverter-common, counting what it clamps, and checking what comes out.
+
+The converter does the conversion itself.  Two of its clean-up steps are
+replaced during the call by qdeploy's own (applied afterwards by
+qdeploy.stages.fp16._repair): its topological sort, which is quadratic in the node count
+and ignores subgraph references, and its Cast-pair removal, which keys nodes by
+name and raises on some graphs.  Everything else is the converter's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.core.errors import StageError
+from qdeploy.stages.fp16._graph import FLOAT, FLOAT16, walk_graphs, walk_nodes
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+log = logging.getLogger(__name__)
+
+STAGE = "fp16"
+MAX_LISTED_INITIALIZERS = 50
+REPLACED_STEPS = ("sort_topology", "remove_unnecessary_cast_node")
+_CONVERTER_LOCK = threading.Lock()
+
+
+def float16_clamper(min_positive_val: float, max_finite_val: float) -> Callable[[np.ndarray], np.ndarray]:
+    """float32 array -> float16 array clamped exactly as the converter clamps (its own function, silenced)."""
+    import numpy as np
+    from onnxconverter_common.float16 import convert_np_to_float16
+
+    def to_float16(values: np.ndarray) -> np.ndarray:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            flat = np.asarray(values, dtype=np.float32).reshape(-1)  # it handles 1-D arrays only
+            return convert_np_to_float16(flat, min_positive_val, max_finite_val).reshape(np.shape(values))
+
+    return to_float16
+
+
+@contextlib.contextmanager
+def _own_cleanup_steps() -> Iterator[None]:
+    """Skip the converter's sort and Cast-pair removal for the duration of one call (ours run afterwards)."""
+    import onnxconverter_common.float16 as converter
+
+    saved = {name: getattr(converter, name) for name in REPLACED_STEPS if hasattr(converter, name)}
+    with _CONVERTER_LOCK:
+        for name in saved:
+            setattr(converter, name, lambda *args, **kwargs: None)
+        try:
+            yield
+        finally:
+            for name, step in saved.items():
+                setattr(converter, name, step)
+
+
+def convert(model: onnx.ModelProto, *, min_positive_val: float, max_finite_val: float, keep_io_types: bool,
+            op_block_list: list[str], node_block_list: list[str], variant: str) -> onnx.ModelProto:
+    """onnxconverter-common's conversion of a copy of the model; its per-value warnings are counted, not printed."""
+    import onnx
+    from onnxconverter_common.float16 import convert_float_to_float16
+
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    with warnings.catch_warnings(), _own_cleanup_steps():
+        warnings.simplefilter("ignore")  # one warning per clamped tensor: counted in findings instead
+        try:
+            converted = convert_float_to_float16(
+                work, min_positive_val=min_positive_val, max_finite_val=max_finite_val,
+                keep_io_types=keep_io_types, disable_shape_infer=True,
+                op_block_list=op_block_list, node_block_list=node_block_list,
+            )
+        except Exception as exc:
+            raise StageError(STAGE, variant, f"onnxconverter-common failed: {exc}") from exc
+    return converted
+
+
+def already_float16(model: onnx.ModelProto) -> list[str]:
+    """Names of float16 tensors or Casts to float16 already in the model (the converter refuses those)."""
+    found = [init.name for graph in walk_graphs(model.graph) for init in graph.initializer
+             if init.data_type == FLOAT16]
+    found += [value.name for graph in walk_graphs(model.graph)
+              for value in (*graph.input, *graph.output, *graph.value_info)
+              if value.type.tensor_type.elem_type == FLOAT16]
+    found += [node.name for node, _ in walk_nodes(model.graph) if node.op_type == "Cast"
+              and any(attr.name == "to" and attr.i == FLOAT16 for attr in node.attribute)]
+    return found
+
+
+def count_clamping(original: onnx.ModelProto, converted: onnx.ModelProto, copies: dict[str, str],
+                   float32_nodes: set[str], min_positive_val: float, max_finite_val: float) -> dict[str, Any]:
+    """What the conversion clamped: per float32 constant that became float16, how many values and how much."""
+    counts: dict[str, int] = {}
+    worst = 0.0
+    for name, array in _converted_constants(original, converted, copies, float32_nodes):
+        count, change = clamped(array, min_positive_val, max_finite_val)
+        if count:
+            counts[name] = counts.get(name, 0) + count
+            worst = max(worst, change)
+    listed = dict(sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:MAX_LISTED_INITIALIZERS])
+    clamp: dict[str, Any] = {
+        "min_positive_val": min_positive_val,
+        "max_finite_val": max_finite_val,
+        "clamped_values": sum(counts.values()),
+        "initializers": listed,
+        "max_relative_change": worst,
+    }
+    if len(counts) > len(listed):
+        clamp["initializers_not_listed"] = len(counts) - len(listed)
+    return clamp
+
+
+def _converted_constants(original: onnx.ModelProto, converted: onnx.ModelProto, copies: dict[str, str],
+                         float32_nodes: set[str]) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, original float32 values) of every initializer and node-attribute tensor now stored as float16."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    sources = {init.name: init for graph in walk_graphs(original.graph) for init in graph.initializer}
+    for graph in walk_graphs(converted.graph):
+        for init in graph.initializer:
+            source = sources.get(copies.get(init.name, init.name))
+            if init.data_type == FLOAT16 and source is not None and source.data_type == FLOAT:
+                yield source.name, numpy_helper.to_array(source)
+    for node, _ in walk_nodes(original.graph):
+        if node.name in float32_nodes:
+            continue
+        for attr in node.attribute:
+            tensors = ([attr.t] if attr.HasField("t") else []) + list(attr.tensors)
+            label = node.output[0] if node.op_type == "Constant" and node.output else f"{node.name}.{attr.name}"
+            for tensor in tensors:
+                if tensor.data_type == FLOAT:
+                    yield label, numpy_helper.to_array(tensor)
+            if attr.name in ("value_float", "value_floats") and node.op_type == "Constant":
+                yield label, np.asarray(attr.f if attr.name == "value_float" else list(attr.floats), np.float32)
+
+
+def clamped(array: np.ndarray, min_positive_val: float, max_finite_val: float) -> tuple[int, float]:
+    """How many values clamping changes, and the largest relative change among them."""
+    import numpy as np
+
+    magnitude = np.abs(array).ravel()
+    big = magnitude[(magnitude > max_finite_val) & np.isfinite(magnitude)].astype(np.float64)
+    tiny = magnitude[(magnitude > 0) & (magnitude < min_positive_val)].astype(np.float64)
+    changes = [float(((big - max_finite_val) / big).max())] if big.size else []
+    if tiny.size:
+        changes.append(float(((min_positive_val - tiny) / tiny).max()))
+    return int(big.size + tiny.size), max(changes, default=0.0)
+
+
+def check(model: onnx.ModelProto, work_dir: Path, variant: str, *, big: bool, onnxruntime_check: bool) -> str:
+    """onnx.checker with full checks (strict type inference), then an ORT CPU session; StageError if one fails."""
+    import onnx
+
+    source: onnx.ModelProto | str = model
+    if big:  # protobuf cannot serialise it in one piece: check through a file with external data
+        from onnx.external_data_helper import load_external_data_for_model
+
+        path = work_dir / "fp16_check.onnx"
+        onnx.save(model, str(path), save_as_external_data=True, location="fp16_check.data")
+        load_external_data_for_model(model, str(work_dir))  # saving moved the tensors out of the model
+        source = str(path)
+    try:
+        onnx.checker.check_model(source, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise StageError(STAGE, variant, f"the fp16 model fails onnx.checker (full check): {exc}") from exc
+    if not onnxruntime_check:
+        return "onnx.checker full_check passed; onnxruntime load not checked (onnxruntime_check: false)"
+    import onnxruntime as ort
+
+    try:  # default session options on purpose: ORT's graph optimisations are where mixed precision breaks
+        ort.InferenceSession(source if isinstance(source, str) else model.SerializeToString(),
+                             providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise StageError(STAGE, variant, f"the fp16 model does not load in ONNX Runtime: {exc}") from exc
+    return "onnx.checker full_check passed; loads in onnxruntime CPUExecutionProvider"

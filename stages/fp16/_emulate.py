@@ -1,0 +1,233 @@
+"""Float16 arithmetic emulated on ONNX Runtime's float32 kernels.
+
+ORT's CPU provider runs float16 ops without float16 kernels in float32 and drops
+the Casts between neighbours, so an overflow inside such a chain never shows.
+These models make every float16 value visible instead: every tensor that is
+float16 in the artifact is rounded to float16 (Cast to float16 and back, which
+gives Inf past 65504 exactly as float16 does) while ops compute in float32, as
+GPU kernels do with float32 accumulation.
+
+- ``emulation_twin(fp16_model)``: the artifact itself, emulated; used to check it.
+- ``gated_twin(fp32_model, gates)``: the float32 model where each gated node's
+  float16 rounding is switched on or off by a boolean graph input, so one
+  session answers every "which nodes stay float32" trial (budget mode).
+  Subgraph bodies (If/Loop/Scan) are not rounded inside: their node is gated as a unit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from qdeploy.stages.fp16._graph import FLOAT, FLOAT16, rename_uses, walk_graphs
+from qdeploy.stages.fp16._rules import DTYPE_ATTRIBUTES
+from qdeploy.stages.fp16._types import scope_types
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+log = logging.getLogger(__name__)
+
+GATES_INPUT = "__fp16_gates"
+NO_ROUNDING_OPS = frozenset({"Constant", "ConstantOfShape"})
+
+
+def emulation_twin(model: onnx.ModelProto, expose: bool = False) -> onnx.ModelProto:
+    """A float32 copy of an fp16 artifact that rounds each of its float16 tensors to float16."""
+    import onnx
+
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    graphs = list(walk_graphs(twin.graph))
+    for graph in reversed(graphs):  # bodies first: rewriting a graph's node list copies the bodies inside it
+        _emulate_graph(graph, top=graph is twin.graph)
+    if expose:
+        listed = {value.name for value in twin.graph.output}
+        twin.graph.output.extend(value for value in twin.graph.value_info
+                                 if value.type.tensor_type.elem_type == FLOAT and value.name not in listed)
+    return twin
+
+
+def _emulate_graph(graph: onnx.GraphProto, top: bool) -> None:
+    from onnx import numpy_helper
+
+    types = scope_types(graph)
+    for init in graph.initializer:
+        if init.data_type == FLOAT16:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype("float32"), init.name))
+    ordered: list[onnx.NodeProto] = []  # each rounding right after its producer: every graph stays sorted
+    for node in list(graph.node):
+        ordered.append(node)
+        _tensor_attributes_to_float32(node)
+        attr_name = DTYPE_ATTRIBUTES.get(node.op_type)
+        for attr in node.attribute:
+            if attr.name == attr_name and attr.i == FLOAT16 and node.op_type != "Cast":
+                attr.i = FLOAT
+        if node.op_type in NO_ROUNDING_OPS:
+            continue
+        for index, out in enumerate(node.output):
+            if out and types.get(out) == FLOAT16:  # the node computes in float32; its result is rounded
+                node.output[index] = f"{out}__emulated_raw"
+                ordered.extend(_round_nodes(node.output[index], out))
+    leading: list[onnx.NodeProto] = []
+    for value in graph.input:
+        if value.type.tensor_type.elem_type == FLOAT16:
+            value.type.tensor_type.elem_type = FLOAT
+            if top:  # the artifact takes float16 feeds: round what the caller gives
+                rounded = f"{value.name}__emulated_in"
+                rename_uses(graph, value.name, rounded, outputs=False)
+                leading.extend(_round_nodes(value.name, rounded))
+    del graph.node[:]
+    graph.node.extend([*leading, *ordered])
+    for value in (*graph.value_info, *graph.output):
+        if value.type.tensor_type.elem_type == FLOAT16:
+            value.type.tensor_type.elem_type = FLOAT
+
+
+def _round_nodes(source: str, target: str) -> list[onnx.NodeProto]:
+    """source -> float16 -> float32 target (round to nearest even, Inf past float16's range)."""
+    from onnx import helper
+
+    half = f"{target}__emulated_half"
+    return [helper.make_node("Cast", [source], [half], name=f"{half}_cast", to=FLOAT16),
+            helper.make_node("Cast", [half], [target], name=f"{target}_emulated_cast", to=FLOAT)]
+
+
+def _tensor_attributes_to_float32(node: onnx.NodeProto) -> None:
+    """Float16 tensors in attributes (Constant, ConstantOfShape values) become float32, same values."""
+    from onnx import numpy_helper
+
+    for attr in node.attribute:
+        tensors = ([attr.t] if attr.HasField("t") else []) + list(attr.tensors)
+        for tensor in tensors:
+            if tensor.data_type == FLOAT16:
+                tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype("float32"), tensor.name))
+
+
+def gated_twin(model: onnx.ModelProto, gate_of: dict[str, int], float32_inputs: dict[str, set[int]],
+               keep_io_types: bool, to_float16: Callable[[np.ndarray], np.ndarray]) -> onnx.ModelProto:
+    """The float32 model with float16 rounding per node, switched by GATES_INPUT[gate_of[node]].
+
+    A tensor is rounded for a reader when its producer's gate or the reader's gate is on (the reader sees
+    float16), except on inputs that stay float32 (`float32_inputs`).  Nodes without a gate stay float32.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    graph = twin.graph
+    builder = _GatedBuilder(graph, gate_of, float32_inputs, keep_io_types, to_float16)
+    builder.build()
+    count = max(gate_of.values(), default=-1) + 1
+    graph.input.append(helper.make_tensor_value_info(GATES_INPUT, TensorProto.BOOL, [count]))
+    return twin
+
+
+class _GatedBuilder:
+    """Rewires every float edge of the main graph through Where(gate, rounded, raw)."""
+
+    def __init__(self, graph: onnx.GraphProto, gate_of: dict[str, int], float32_inputs: dict[str, set[int]],
+                 keep_io_types: bool, to_float16: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.graph = graph
+        self.gate_of = gate_of
+        self.float32_inputs = float32_inputs
+        self.keep_io_types = keep_io_types
+        self.to_float16 = to_float16
+        self.types = scope_types(graph)
+        self.inputs = {value.name for value in graph.input}
+        self.initializers = {init.name: init for init in graph.initializer}
+        self.producers = {out: node for node in graph.node for out in node.output if out}
+        self.added: list[onnx.NodeProto] = []
+        self.gate_names: dict[int, str] = {}
+        self.rounded: dict[str, str] = {}
+        self.producer_side: dict[str, str] = {}
+        self.reader_side: dict[tuple[str, int], str] = {}
+
+    def build(self) -> None:
+        outputs = self._detach_outputs()
+        for node in list(self.graph.node):
+            for index, name in enumerate(node.input):
+                if name and self.types.get(name) == FLOAT:
+                    node.input[index] = self._seen_by(name, node, index)
+        from onnx import helper
+
+        for name, raw in outputs.items():
+            value = self._producer_value(raw) if self.keep_io_types else self._round(raw)
+            self.added.append(helper.make_node("Identity", [value], [name], name=f"{name}__out"))
+        self.graph.node.extend(self.added)
+
+    def _detach_outputs(self) -> dict[str, str]:
+        """Float outputs made by nodes are renamed `<name>__raw` so the emulated value can take the name."""
+        renamed = {}
+        for value in self.graph.output:
+            producer = self.producers.get(value.name)
+            if producer is None or self.types.get(value.name) != FLOAT:
+                continue
+            raw = f"{value.name}__raw"
+            producer.output[:] = [raw if out == value.name else out for out in producer.output]
+            rename_uses(self.graph, value.name, raw, outputs=False)
+            self.types[raw] = FLOAT
+            self.producers[raw] = producer
+            renamed[value.name] = raw
+        return renamed
+
+    def _gate(self, index: int) -> str:
+        import numpy as np
+        from onnx import helper, numpy_helper
+
+        if index not in self.gate_names:
+            name = f"__fp16_gate_{index}"
+            self.graph.initializer.append(numpy_helper.from_array(np.array(index, np.int64), f"{name}_index"))
+            self.added.append(helper.make_node("Gather", [GATES_INPUT, f"{name}_index"], [name], name=name))
+            self.gate_names[index] = name
+        return self.gate_names[index]
+
+    def _round(self, name: str) -> str:
+        """The float16-rounded value of a tensor (initializers rounded ahead, clamped like the converter does)."""
+        from onnx import numpy_helper
+
+        if name not in self.rounded:
+            target = f"{name}__r16"
+            if name in self.initializers:
+                values = self.to_float16(numpy_helper.to_array(self.initializers[name])).astype("float32")
+                self.graph.initializer.append(numpy_helper.from_array(values, target))
+            else:
+                self.added.extend(_round_nodes(name, target))
+            self.rounded[name] = target
+        return self.rounded[name]
+
+    def _producer_value(self, name: str) -> str:
+        """The tensor as its producer leaves it: rounded when the producer runs in float16."""
+        from onnx import helper
+
+        if name not in self.producer_side:
+            producer = self.producers.get(name)
+            if name in self.inputs and not self.keep_io_types:
+                value = self._round(name)
+            elif producer is not None and producer.name in self.gate_of:
+                value = f"{name}__p16"
+                gate = self._gate(self.gate_of[producer.name])
+                self.added.append(helper.make_node("Where", [gate, self._round(name), name], [value], name=value))
+            else:
+                value = name
+            self.producer_side[name] = value
+        return self.producer_side[name]
+
+    def _seen_by(self, name: str, node: onnx.NodeProto, index: int) -> str:
+        from onnx import helper
+
+        produced = self._producer_value(name)
+        if node.name not in self.gate_of or index in self.float32_inputs.get(node.name, set()):
+            return produced
+        gate_index = self.gate_of[node.name]
+        key = (name, gate_index)
+        if key not in self.reader_side:
+            value = f"{name}__g{gate_index}"
+            self.added.append(helper.make_node("Where", [self._gate(gate_index), self._round(name), produced],
+                                               [value], name=value))
+            self.reader_side[key] = value
+        return self.reader_side[key]
+

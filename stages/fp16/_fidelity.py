@@ -1,0 +1,148 @@
+"""Fidelity of an fp16 artifact under float16 arithmetic, not under a CPU provider's float32 fallbacks.
+
+- ``run_emulated``: the artifact's emulation twin (qdeploy.stages.fp16._emulate) on ORT with
+  every intermediate exposed: graph outputs per sample and the tensors that hold
+  Inf/NaN where float32 held none;
+- ``overflow_births``: where those values are born (a node whose inputs are finite and
+  whose output is not, or the Cast into float16 that overflowed), as nodes to keep in float32;
+- ``reference_check``: onnx's reference evaluator, every op in its declared precision.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.stages.fp16._emulate import emulation_twin
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+    from qdeploy.core.tolerance import Tolerance
+    from qdeploy.stages.fp16._activations import TensorStats
+
+log = logging.getLogger(__name__)
+
+Feeds = list[dict[str, "np.ndarray"]]
+EMULATED = "onnxruntime float32 kernels, every float16 tensor of the artifact rounded to float16"
+REFERENCE = "onnx.reference.ReferenceEvaluator, every op in its declared precision"
+REFERENCE_SAMPLES = 4
+"""The reference evaluator is slow (seconds per sample on a mid-size CNN): it sees at most this many."""
+
+
+@dataclass
+class EmulatedRun:
+    """Graph outputs per sample, and the tensors that went non-finite under float16 emulation."""
+
+    outputs: list[dict[str, np.ndarray]]
+    nonfinite: set[str]
+
+
+def run_emulated(model: onnx.ModelProto, feeds: Feeds, stats: dict[str, TensorStats],
+                 work_dir: Path) -> EmulatedRun:
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    twin = emulation_twin(model, expose=True)
+    path = work_dir / "fp16_emulated.onnx"
+    onnx.save(twin, str(path))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [value.name for value in session.get_outputs()]
+    graph_outputs = [value.name for value in model.graph.output]
+    outputs, nonfinite = [], set()
+    for feed in feeds:
+        arrays = dict(zip(names, session.run(None, feed), strict=True))
+        outputs.append({name: arrays[name] for name in graph_outputs})
+        for name, array in arrays.items():
+            known = stats.get(name)
+            if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all() \
+                    and not (known is not None and known.nonfinite):
+                nonfinite.add(name)
+    return EmulatedRun(outputs=outputs, nonfinite=nonfinite)
+
+
+def overflow_births(model: onnx.ModelProto, bad: set[str], original_nodes: set[str], blocked: set[str],
+                    stats: dict[str, TensorStats]) -> list[dict[str, Any]]:
+    """Nodes to keep in float32 because Inf/NaN is born at them, at the float16 Cast feeding them, or (when
+    the node already runs in float32) at the float16 rounding of what feeds it."""
+    producers = {out: node for node in model.graph.node for out in node.output if out}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    found: dict[str, dict[str, Any]] = {}
+    for node in model.graph.node:
+        born = [out for out in node.output if out in bad]
+        if not born or any(name in bad for name in node.input):
+            continue
+        if node.name not in original_nodes:  # a Cast into float16 overflowed: its readers need float32
+            targets = consumers.get(born[0], [])
+        elif node.name in blocked:  # float32 already: the float16 values it reads are the cause
+            targets = [_original_producer(name, producers, original_nodes) for name in node.input if name]
+        else:
+            targets = [node]
+        for target in targets:
+            if target is not None and target.name in original_nodes and target.name not in blocked \
+                    and target.name not in found:
+                source = stats.get(node.input[0]) if node.input else None
+                found[target.name] = {"node": target.name, "op_type": target.op_type,
+                                      "reason": f"Inf/NaN under float16 emulation at '{born[0]}'",
+                                      "tensor": born[0], "abs_max": source.abs_max if source is not None else None}
+    return list(found.values())
+
+
+def _original_producer(name: str, producers: dict[str, onnx.NodeProto],
+                       original_nodes: set[str]) -> onnx.NodeProto | None:
+    """The original node behind a tensor, looking through inserted Casts."""
+    node = producers.get(name)
+    while node is not None and node.name not in original_nodes and node.op_type == "Cast":
+        node = producers.get(node.input[0])
+    return node
+
+
+def summary(method: str, reference: list[dict[str, np.ndarray]], outputs: list[dict[str, np.ndarray]],
+            tolerance: Tolerance, seconds: float) -> dict[str, Any]:
+    """A comparison against the float32 outputs, in findings form."""
+    from qdeploy.core.compare import compare_outputs
+
+    comparison = compare_outputs(reference, outputs, tolerance)
+    return {"method": method, "samples": len(outputs), "passed": comparison.passed,
+            "reasons": comparison.reasons, "worst": comparison.worst(), "seconds": round(seconds, 3)}
+
+
+def reference_check(model: onnx.ModelProto, feeds: Feeds, reference: list[dict[str, np.ndarray]],
+                    tolerance: Tolerance) -> dict[str, Any]:
+    """The artifact in onnx's reference evaluator (true float16 arithmetic) against float32 outputs.
+
+    An op the evaluator cannot run makes the check ``unavailable`` with the op named, not a stage failure.
+    """
+    import numpy as np
+
+    from qdeploy.targets.evaluator import EvaluatorCannotRun, build_evaluator, run_evaluator
+
+    started = time.perf_counter()
+    dtypes = {value.name: value.type.tensor_type.elem_type for value in model.graph.input}
+    names = [value.name for value in model.graph.output]
+    outputs = []
+    try:
+        evaluator = build_evaluator(model)
+        with np.errstate(all="ignore"):
+            for feed in feeds[:REFERENCE_SAMPLES]:
+                cast = {name: array.astype(np.float16) if dtypes.get(name) == 10 else array
+                        for name, array in feed.items()}
+                results = run_evaluator(evaluator, cast)
+                outputs.append({name: np.asarray(value).astype(np.float32)
+                                if np.asarray(value).dtype == np.float16 else np.asarray(value)
+                                for name, value in zip(names, results, strict=True)})
+    except EvaluatorCannotRun as exc:
+        log.info("fp16 reference check unavailable: %s", exc)
+        return {"method": REFERENCE, "status": "unavailable", "passed": None, "reason": str(exc),
+                "op_type": exc.op_type, "seconds": round(time.perf_counter() - started, 3)}
+    return summary(REFERENCE, reference[:len(outputs)], outputs, tolerance, time.perf_counter() - started)

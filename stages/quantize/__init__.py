@@ -1,0 +1,79 @@
+"""The quantize stage: int8 QDQ models that run int8 kernels, from a float model or a fake-quant one.
+
+- ``ptq``: static QDQ quantization.  Activation ranges are calibrated by qdeploy
+  (``calibration/``: minmax, percentile, entropy, mse; streamed), and ONNX
+  Runtime's QDQ quantizer writes the model (uint8 activations with int8
+  per-channel weights by default: what ONNX Runtime fuses on x86).
+- ``dynamic``: int8 weights, activations quantized at run time (transformer
+  encoders on CPU).
+- ``lower``: fake quantization from quantization-aware training lowered to
+  exact QuantizeLinear/DequantizeLinear (``stages/lowering.py``).
+
+With ``tolerance`` (ptq, dynamic), the stage keeps the quantized nodes that hurt
+accuracy most in float until the tolerance holds against float32 on the budget
+data (``stages/quantize_budget.py``).  Every mode reports, per target, how many
+quantizable ops really run int8 kernels (``int8_kernels``).  A model that is
+already quantized is refused (ptq, dynamic), never quantized twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from qdeploy.core.context import Artifact, StageContext, StageResult
+from qdeploy.core.errors import StageError
+from qdeploy.stages.quantize._common import SevenBit, check_runs, quantized_node_counts, resolve_reduce_range  # noqa: F401
+from qdeploy.stages.quantize._guard import QuantizerFailure
+from qdeploy.stages.quantize._prepare import (
+    count_quantized_nodes,
+    name_unnamed_nodes,
+    quantized_ops,
+    weight_qdq_pairs,
+)
+from qdeploy.stages.quantize.config import (  # noqa: F401
+    _FLOAT_TYPES,
+    _NOT_LOWER,
+    _PTQ_ONLY,
+    STAGE,
+    BudgetSettings,
+    CalibrationRef,
+    QuantizeConfig,
+)
+
+if TYPE_CHECKING:
+    import onnx
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CalibrationRef", "QuantizeConfig", "count_quantized_nodes", "name_unnamed_nodes",
+           "quantized_node_counts", "run"]
+
+def run(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
+    """Quantize (or lower) the artifact's model; returns the new model and what was done."""
+    from qdeploy.stages.quantize import _modes as quantize_modes
+
+    if config.mode == "lower":
+        return quantize_modes.lower(artifact, config, ctx)
+    model = artifact.load(load_external_data=False)
+    already = count_quantized_nodes(model)
+    if already:
+        raise _refuse_already_quantized(model, already, ctx)
+    try:
+        return quantize_modes.post_training(artifact, config, ctx)
+    except QuantizerFailure as exc:
+        raise StageError(STAGE, ctx.variant, str(exc)) from exc
+
+
+def _refuse_already_quantized(model: onnx.ModelProto, count: int, ctx: StageContext) -> StageError:
+    """The error for a model that is quantized already: quantizing it again would compound the error."""
+    kinds = quantized_ops(model)
+    listed = ", ".join(f"{op} {n}" for op, n in sorted(kinds.items()))
+    hint = "remove the quantize stage from this variant"
+    pairs = weight_qdq_pairs(model)
+    if pairs:
+        hint += f", or use mode lower: {pairs} QuantizeLinear nodes act on float weights and fold into int8"
+    return StageError(STAGE, ctx.variant, f"model is already quantized ({count} quantization nodes: {listed}); "
+                                          f"quantizing it again would compound the error: {hint}")
+
+

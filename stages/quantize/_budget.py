@@ -1,0 +1,294 @@
+"""The accuracy budget: keep quantized nodes in float, most harmful first, until the tolerance holds on samples
+the search has not seen.
+
+1. The budget samples are split: about a quarter is held back, the search
+   runs on the rest.  If the fully quantized model holds the tolerance on all
+   of them, nothing more is done.
+2. Every candidate (a quantized node that rounds: not Reshape, Transpose...)
+   is ranked by the error it adds: one run of the float and the fully
+   quantized model with every candidate's inputs and outputs exposed
+   (``quantize_budget_eval.rank_by_added_error``).
+3. Nodes are reverted to float cumulatively in ranked order: the shortest
+   prefix of the ranking that holds the tolerance on the search samples is
+   found by doubling, then bisection.  When the error is the sum of many
+   layers, no single node fixes it; a prefix does.
+4. Nodes of that prefix that turn out not to matter are quantized again
+   (groups of the least harmful first, halved when a group does not hold).
+5. The result is confirmed on the held-back samples with the real tolerance.
+   The search itself holds candidates to a tightened tolerance (a fraction
+   of each allowed error, from the spread of the per-sample errors); when the
+   held-back samples still miss, the fraction shrinks by the gap measured
+   between search and held-back samples and the search goes on from where
+   it stood (at most ``ROUNDS`` rounds).
+
+When even every candidate kept float misses (or ``max_float_nodes`` stops the
+search), the best model found is returned and marked as failing its budget,
+with every trial in ``tried``.
+
+Cost: one ranking run, at most ``2*log2(n)+2`` evaluations per round for the
+prefix, at most ``PRUNE_EVALUATIONS(n)`` (also ``O(log n)``) for the pruning,
+one confirmation per round: ``O(log n)`` evaluations for ``n`` candidates,
+each one model build and one ONNX Runtime session on the search samples
+(``O(model size)``), so ``O(n log n)`` in all.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from qdeploy.stages.quantize._budget_eval import Evaluator, Feeds, Measured, error_ratio, summary
+from qdeploy.stages.quantize._budget_rank import Ranked, rank_candidates
+
+if TYPE_CHECKING:
+    import onnx
+
+    from qdeploy.core.tolerance import Tolerance
+
+log = logging.getLogger(__name__)
+
+ROUNDS = 3
+"""Search rounds, each with a smaller error fraction, before a held-back miss is final."""
+MIN_FRACTION, MAX_FRACTION = 0.5, 0.95
+"""Bounds of the first round's error fraction (a 5% to 50% margin)."""
+
+
+def held_back_count(samples: int) -> int:
+    """Budget samples held back from the search: a quarter, at least one when there are two or more."""
+    return 0 if samples < 2 else max(1, samples // 4)
+
+
+def prune_evaluations(candidates: int) -> int:
+    """Evaluations the pruning may spend: grows like log2 of the candidate count."""
+    return 2 * math.ceil(math.log2(candidates + 1)) + 4
+
+
+class Builder(Protocol):
+    """Builds the quantized model with some nodes kept float, and names the nodes it could keep float."""
+
+    def __call__(self, kept: list[str]) -> onnx.ModelProto: ...
+
+    def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]: ...
+
+
+@dataclass
+class BudgetResult:
+    model: onnx.ModelProto
+    kept: list[str]
+    """Nodes the budget kept in float."""
+    findings: dict[str, Any]
+
+
+class _Search:
+    """The search's state: ranked candidates, measured trials, the error fraction, and what was tried."""
+
+    def __init__(self, build: Builder, evaluate: Evaluator, ranked: list[str], fraction: float,
+                 on_progress: Callable[[str], None]) -> None:
+        self.build, self.evaluate, self.ranked = build, evaluate, ranked
+        self.fraction = fraction
+        self.on_progress = on_progress
+        self.measured: dict[frozenset[str], Measured] = {}
+        self.tried: list[dict[str, Any]] = []
+        self.needed: set[str] = set()
+        self.recorded: set[tuple[frozenset[str], float]] = set()
+        """Nodes that broke the tolerance when quantized again on their own."""
+
+    def passes(self, kept: list[str], phase: str) -> bool:
+        """Whether the model with these nodes float holds the tightened tolerance on the search samples."""
+        key = frozenset(kept)
+        if key not in self.measured:
+            self.on_progress(f"accuracy budget: {phase}, {len(kept)} node(s) kept float")
+            self.measured[key] = self.evaluate.measure(self.build(list(kept)))
+        comparison = self.evaluate.on_search(self.measured[key], self.fraction)
+        if (key, self.fraction) in self.recorded:
+            return comparison.passed
+        self.recorded.add((key, self.fraction))
+        ratio = error_ratio(self.evaluate.on_search(self.measured[key]), self.evaluate.tolerance)
+        self.tried.append({"phase": phase, "float_nodes": len(kept), "error_fraction": round(self.fraction, 4),
+                           "search_error_ratio": None if math.isinf(ratio) else round(ratio, 4),
+                           "passed": comparison.passed})
+        return comparison.passed
+
+    def shortest_prefix(self, failing: int, limit: int) -> tuple[int, int | None]:
+        """(the longest prefix known to fail, the shortest that passes or None): galloping up from ``failing``
+        (1, 2, 4... nodes more), then bisection."""
+        passing, step = None, 1
+        while passing is None and failing + step < limit:
+            if self.passes(self.ranked[:failing + step], "prefix"):
+                passing = failing + step
+            else:
+                failing, step = failing + step, 2 * step
+        if passing is None:
+            if limit <= failing or not self.passes(self.ranked[:limit], "prefix"):
+                return failing, None
+            passing = limit
+        while passing - failing > 1:
+            middle = (failing + passing) // 2
+            if self.passes(self.ranked[:middle], "prefix"):
+                passing = middle
+            else:
+                failing = middle
+        return failing, passing
+
+    def prune(self, kept: list[str], allowance: int) -> list[str]:
+        """Quantize again the kept nodes that do not matter: groups of the least harmful first, halved when a
+        group does not hold (at most ``allowance`` evaluations).  A node alone in a group that does not hold
+        is needed."""
+        groups = [kept[len(kept) // 2:], kept[:len(kept) // 2]]
+        spent = 0
+        while groups and spent < allowance:
+            group = groups.pop(0)
+            if not group:
+                continue
+            members = set(group)
+            trial = [name for name in kept if name not in members]
+            spent += frozenset(trial) not in self.measured
+            if self.passes(trial, "re-quantize"):
+                kept = trial
+            elif len(group) > 1:
+                groups[:0] = [group[len(group) // 2:], group[:len(group) // 2]]
+            else:
+                self.needed.add(group[0])
+        return kept
+
+    def ratio(self, kept: list[str]) -> float:
+        return error_ratio(self.evaluate.on_search(self.measured[frozenset(kept)]), self.evaluate.tolerance)
+
+
+def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance: Tolerance, work_dir: Path, *,
+                max_float_nodes: int | None, on_progress: Callable[[str], None] = lambda message: None) -> BudgetResult:
+    """The quantized model that holds the tolerance on held-back samples with few nodes kept in float (see the
+    module doc); ``build(kept)`` returns the model with those nodes kept in float."""
+    import onnx
+
+    started = time.perf_counter()
+    held_count = held_back_count(len(feeds))
+    search_feeds, held_feeds = feeds[:len(feeds) - held_count], feeds[len(feeds) - held_count:]
+    evaluate = Evaluator(float_model, search_feeds, held_feeds, tolerance, work_dir)
+    full_model = build([])
+    full = evaluate.measure(full_model, held=True)
+    findings: dict[str, Any] = {
+        "tolerance": tolerance.model_dump(exclude_none=True), "samples": len(feeds),
+        "search_samples": len(search_feeds), "held_back_samples": held_count, "initial": _both(evaluate, full)}
+    if all(part["passed"] for part in findings["initial"].values()):
+        findings.update(met=True, kept_float=[], final=findings["initial"], evaluations=evaluate.count,
+                        seconds=round(time.perf_counter() - started, 3))
+        return BudgetResult(full_model, [], findings)
+    candidates = build.candidates(full_model)
+    ranked, ranking = rank_candidates(build, evaluate, candidates, onnx.load(str(float_model)), full_model,
+                                      work_dir, on_progress)
+    search = _Search(build, evaluate, [item.name for item in ranked], _first_fraction(evaluate, full, held_count),
+                     on_progress)
+    search.measured[frozenset()] = full
+    limit = len(ranked) if max_float_nodes is None else min(len(ranked), max_float_nodes)
+    kept, met, margin = _rounds(search, limit, len(candidates))
+    final = build(kept)
+    measured = search.measured.get(frozenset(kept))
+    if measured is None or measured.held is None:
+        measured = evaluate.measure(final, held=True)
+    findings.update(met=met, final=_both(evaluate, measured), candidates=len(candidates), ranking=ranking,
+                    margin=margin,
+                    kept_float=_kept_records(kept, ranked, candidates, search.needed),
+                    requantized=sum(1 for entry in search.tried if entry["phase"] == "re-quantize" and entry["passed"]),
+                    tried=search.tried, evaluations=evaluate.count, seconds=round(time.perf_counter() - started, 3),
+                    evaluation_seconds=round(evaluate.seconds, 3))
+    findings["confirmed"] = _confirmation(held_count, findings["final"])
+    if not met:
+        findings["note"] = _miss_note(kept, ranked, limit, findings)
+        log.warning("quantize: accuracy budget not met: %s", findings["note"])
+    return BudgetResult(final, sorted(kept), findings)
+
+
+def _kept_records(kept: list[str], ranked: list[Ranked], candidates: dict[str, str],
+                  needed: set[str]) -> list[dict[str, Any]]:
+    rank = {item.name: (index, item) for index, item in enumerate(ranked, 1)}
+    records = []
+    for name in kept:
+        position, item = rank[name]
+        why = f"ranked {position} of {len(ranked)} by the error it adds; in the shortest ranked prefix that holds " \
+              "the tolerance"
+        if name in needed:
+            why += "; quantizing it again on its own broke the tolerance"
+        record = {"node": name, "op_type": candidates[name], "rank": position,
+                  "added_noise_to_signal": _rounded(item.local), "reason": why}
+        if item.alone is not None:
+            record["error_ratio_rise_quantized_alone"] = _rounded(item.alone)
+        records.append(record)
+    return records
+
+
+def _rounds(search: _Search, limit: int, candidates: int) -> tuple[list[str], bool, dict[str, Any]]:
+    """Search, prune and confirm, tightening the error fraction after a held-back miss; (kept, met, margin)."""
+    margin: dict[str, Any] = {"first_error_fraction": round(search.fraction, 4)}
+    best: list[str] | None = None
+    failing = 0  # a prefix failing at one fraction fails at every smaller one: later rounds start above it
+    for round_number in range(1, ROUNDS + 1):
+        margin.update(error_fraction=round(search.fraction, 4), rounds=round_number)
+        failing, count = search.shortest_prefix(failing, limit)
+        if count is None:
+            break
+        best = search.prune(search.ranked[:count], prune_evaluations(candidates))
+        measured = search.evaluate.measure(search.build(best), held=True)
+        search.measured[frozenset(best)] = measured
+        held = search.evaluate.on_held(measured) if measured.held else None
+        search.tried.append({"phase": "confirm on held-back samples", "float_nodes": len(best),
+                             "passed": held.passed if held else None})
+        if held is None or held.passed:
+            return best, search.evaluate.on_search(measured, search.fraction).passed, margin
+        gap = error_ratio(held, search.evaluate.tolerance) / max(search.ratio(best), 1e-12)
+        search.fraction *= min(0.7, 0.9 / gap) if math.isfinite(gap) else 0.5
+    if best is None:  # nothing passed on the search samples: the trial closest to the tolerance
+        order = {name: index for index, name in enumerate(search.ranked)}
+        best = min((sorted(k, key=order.__getitem__) for k in search.measured),
+                   key=lambda kept: (search.ratio(kept), len(kept)))
+    return best, False, margin
+
+
+def _first_fraction(evaluate: Evaluator, full: Measured, held_count: int) -> float:
+    """The first round's error fraction: a margin of two standard errors of the held-back samples' mean error,
+    from the spread of the per-sample errors of the fully quantized model on the search samples."""
+    ratios = np.array([r for r in evaluate.per_sample_ratios(full) if math.isfinite(r)])
+    if len(ratios) < 2 or ratios.mean() <= 0:
+        return MAX_FRACTION
+    spread = float(ratios.std(ddof=1) / ratios.mean())
+    return float(np.clip(1.0 / (1.0 + 2.0 * spread / math.sqrt(max(held_count, 1))), MIN_FRACTION, MAX_FRACTION))
+
+
+def _both(evaluate: Evaluator, measured: Measured) -> dict[str, Any]:
+    both = {"search": summary(evaluate.on_search(measured), evaluate.tolerance)}
+    if measured.held:
+        both["held_back"] = summary(evaluate.on_held(measured), evaluate.tolerance)
+    return both
+
+
+def _confirmation(held_count: int, final: dict[str, Any]) -> str:
+    if held_count == 0:
+        return "unchecked: a single budget sample, none could be held back; give budget.samples >= 2"
+    held = final["held_back"]
+    return (f"the tolerance {'holds' if held['passed'] else 'misses'} on {held_count} held-back sample(s) "
+            f"(worst cosine {held['cosine']:.4g})")
+
+
+def _miss_note(kept: list[str], ranked: list[Ranked], limit: int, findings: dict[str, Any]) -> str:
+    everything = any(entry.get("float_nodes") == len(ranked) and entry["phase"] == "prefix" and not entry["passed"]
+                     for entry in findings["tried"])
+    if limit < len(ranked):
+        reason = f"max_float_nodes ({limit}) was reached"
+    elif everything:
+        reason = ("even with every candidate kept float the tolerance misses: the error comes from what is not a "
+                  "candidate (data movement, the float model's own numerics); see 'tried'")
+    else:
+        reason = f"no ranked prefix held it after {findings['margin'].get('rounds', ROUNDS)} round(s) (see 'tried')"
+    return (f"budget not met with {len(kept)} of the {len(ranked)} candidates kept float: {reason}; the best model "
+            "found is written and marked as failing its budget")
+
+
+def _rounded(value: float) -> float | None:
+    return None if not math.isfinite(value) else float(f"{value:.4g}")

@@ -1,0 +1,146 @@
+"""What the accuracy budget measures: candidate models against float32 on search and held-back samples, and
+tolerances tightened by a margin.
+
+- ``error_ratio``: how far a comparison is from its tolerance, as one number:
+  the error over the allowed error, worst over the limits set (1 - cosine
+  against 1 - cosine_min; noise power against the power snr_db_min allows;
+  1 - top-1 agreement; max_abs_err against atol).  At most 1 passes.
+- ``tightened``: the tolerance whose allowed errors are a fraction of the
+  given one's: the search holds candidates to it, so that what it picks on
+  the search samples keeps a margin on samples it has not seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qdeploy.core.compare import Comparison, compare_outputs
+
+if TYPE_CHECKING:
+    import onnx
+
+    from qdeploy.core.tolerance import Tolerance
+
+log = logging.getLogger(__name__)
+
+Feeds = dict[str, np.ndarray]
+Outputs = list[dict[str, np.ndarray]]
+
+
+def error_ratio(comparison: Comparison, tolerance: Tolerance) -> float:
+    """Error over allowed error, worst over the tolerance's limits (<= 1 passes them); inf when the comparison
+    fails on something without a ratio (integer outputs that differ, NaN, a shape, an rtol limit)."""
+    worst = comparison.worst()
+    ratios = []
+    if tolerance.cosine_min is not None and worst["cosine"] is not None:
+        ratios.append(_ratio(1.0 - worst["cosine"], 1.0 - tolerance.cosine_min))
+    if tolerance.snr_db_min is not None and worst["snr_db"] is not None:
+        ratios.append(10.0 ** ((tolerance.snr_db_min - worst["snr_db"]) / 10.0))
+    if tolerance.top1_agreement_min is not None and worst["top1_agreement"] is not None:
+        ratios.append(_ratio(1.0 - worst["top1_agreement"], 1.0 - tolerance.top1_agreement_min))
+    if tolerance.atol is not None and tolerance.rtol is None and worst["max_abs_err"] is not None:
+        ratios.append(_ratio(worst["max_abs_err"], tolerance.atol))
+    worst_ratio = max(ratios, default=0.0)
+    if not comparison.passed and worst_ratio <= 1.0:
+        return math.inf
+    return worst_ratio
+
+
+def _ratio(error: float, allowed: float) -> float:
+    if allowed <= 0.0:
+        return 0.0 if error <= 0.0 else math.inf
+    return max(error, 0.0) / allowed
+
+
+def tightened(tolerance: Tolerance, fraction: float) -> Tolerance:
+    """The tolerance that allows ``fraction`` of each error the given one allows."""
+    limits = tolerance.model_dump()
+    if limits["cosine_min"] is not None:
+        limits["cosine_min"] = 1.0 - (1.0 - limits["cosine_min"]) * fraction
+    if limits["snr_db_min"] is not None:
+        limits["snr_db_min"] += 10.0 * math.log10(1.0 / fraction)
+    if limits["top1_agreement_min"] is not None:
+        limits["top1_agreement_min"] = 1.0 - (1.0 - limits["top1_agreement_min"]) * fraction
+    for key in ("atol", "rtol"):
+        if limits[key] is not None:
+            limits[key] *= fraction
+    return type(tolerance)(**limits)
+
+
+def summary(comparison: Comparison, tolerance: Tolerance) -> dict[str, Any]:
+    worst = comparison.worst()
+    ratio = error_ratio(comparison, tolerance)
+    return {"passed": comparison.passed, "cosine": worst.get("cosine"), "snr_db": worst.get("snr_db"),
+            "top1_agreement": worst.get("top1_agreement"), "error_ratio": None if math.isinf(ratio) else ratio,
+            "reasons": comparison.reasons[:3]}
+
+
+@dataclass
+class Measured:
+    """A candidate's outputs on the search samples (and on the held-back ones when asked)."""
+
+    search: Outputs
+    held: Outputs | None = None
+
+
+class Evaluator:
+    """Runs candidate models in ONNX Runtime (as the ort:cpu target does) on the budget samples and compares them
+    with the float model's outputs; counts evaluations and the seconds they take."""
+
+    def __init__(self, float_model: Path, search: list[Feeds], held: list[Feeds], tolerance: Tolerance,
+                 work_dir: Path) -> None:
+        self.search_feeds, self.held_feeds = search, held
+        self.tolerance = tolerance
+        self.work_dir = work_dir
+        session = ort_session(str(float_model))
+        self.reference = Measured(_run(session, search), _run(session, held))
+        self.count = 0
+        self.seconds = 0.0
+
+    def measure(self, model: onnx.ModelProto, *, held: bool = False, samples: int | None = None) -> Measured:
+        """One evaluation: the model's outputs on the (first ``samples``) search samples, and on the held-back
+        ones when asked."""
+        import onnx
+
+        started = time.perf_counter()
+        self.count += 1
+        path = self.work_dir / "budget_candidate.onnx"
+        onnx.save(model, str(path), save_as_external_data=model.ByteSize() > 1_800_000_000)
+        session = ort_session(str(path))
+        measured = Measured(_run(session, self.search_feeds[:samples]),
+                            _run(session, self.held_feeds) if held else None)
+        self.seconds += time.perf_counter() - started
+        return measured
+
+    def on_search(self, measured: Measured, fraction: float = 1.0) -> Comparison:
+        """Compared on the search samples with the tolerance tightened to ``fraction`` of its errors."""
+        tolerance = self.tolerance if fraction >= 1.0 else tightened(self.tolerance, fraction)
+        return compare_outputs(self.reference.search[:len(measured.search)], measured.search, tolerance)
+
+    def on_held(self, measured: Measured) -> Comparison:
+        assert measured.held is not None
+        return compare_outputs(self.reference.held or [], measured.held, self.tolerance)
+
+    def per_sample_ratios(self, measured: Measured) -> list[float]:
+        return [error_ratio(compare_outputs([ref], [got], self.tolerance), self.tolerance)
+                for ref, got in zip(self.reference.search, measured.search, strict=True)]
+
+
+def ort_session(path: str) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def _run(session: Any, feeds: list[Feeds]) -> Outputs:
+    names = [out.name for out in session.get_outputs()]
+    return [dict(zip(names, session.run(names, feed), strict=True)) for feed in feeds]

@@ -1,0 +1,195 @@
+"""Keeping nodes of a QDQ model in float: feed them the float values their quantized inputs stand for.
+
+A kept node's input that comes from a DequantizeLinear is replaced by the float
+tensor of the float model that the DequantizeLinear stands for:
+
+- an activation: the quantized model's tensor that holds the same value, found
+  through the producer of the float tensor (the node of the same name);
+- a weight or bias: the float initializer (renamed when ORT gave its name to a
+  DequantizeLinear output);
+- a value whose producer ORT removed: ORT's QDQ quantizer drops a Relu or Clip
+  after a quantized node and renames the node's output to the activation's
+  (the uint8 range clips negatives in its place).  Read in float, that tensor
+  is the value *before* the Relu; a float copy of the removed node is put
+  back for the kept node to read (reading it directly made the "float" model
+  worse than the quantized one).
+
+Data-movement nodes whose consumers all run float follow them.  Every step is
+linear in the model's size (the budget builds many models).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
+
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+MOVER_OPS = frozenset({
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Slice", "Split", "Gather",
+    "GatherElements", "MaxPool", "Pad", "DepthToSpace", "SpaceToDepth", "Expand", "Tile", "Shape", "Size",
+    "ArgMax", "Resize",
+})
+"""Ops that move or select values: in int8 they add no rounding of their own."""
+
+
+def quantized_node_names(model: onnx.ModelProto) -> dict[str, str]:
+    """Name -> op type of the nodes that run quantized: fed by a DequantizeLinear, or integer ops."""
+    dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
+    return {node.name: node.op_type for node in model.graph.node if node.op_type not in QDQ_OPS
+            and ("Integer" in node.op_type or any(name in dequantized for name in node.input))}
+
+
+class _FloatValues:
+    """Names, in the quantized model, of tensors holding the float model's values (created when missing)."""
+
+    def __init__(self, model: onnx.ModelProto, float_model: onnx.ModelProto) -> None:
+        self.model = model
+        self.float_producers = {out: (node, index) for node in float_model.graph.node
+                                for index, out in enumerate(node.output)}
+        self.float_initializers = {init.name: init for init in float_model.graph.initializer}
+        self.graph_inputs = {value.name for value in model.graph.input}
+        self.nodes = {node.name: node for node in model.graph.node if node.name}
+        self.initializers = {init.name for init in model.graph.initializer}
+        self.taken = {out for node in model.graph.node for out in node.output} | self.initializers
+        self.resolved: dict[str, str] = {}
+        self.created: list[onnx.NodeProto] = []
+        """Float copies of removed nodes, in dependency order, not yet placed in the graph."""
+
+    def of(self, name: str) -> str:
+        """The quantized model's name for the float model's tensor ``name``."""
+        if not name or name in self.graph_inputs:
+            return name
+        if name not in self.resolved:
+            self.resolved[name] = self._resolve(name)
+        return self.resolved[name]
+
+    def _resolve(self, name: str) -> str:
+        if name in self.float_initializers:
+            return self._initializer(name)
+        produced = self.float_producers.get(name)
+        if produced is None:
+            return name
+        float_node, index = produced
+        twin = self.nodes.get(float_node.name)
+        if twin is not None and twin.op_type == float_node.op_type and len(twin.output) > index:
+            return twin.output[index]
+        return self._recreate(float_node)[index]
+
+    def _recreate(self, float_node: onnx.NodeProto) -> list[str]:
+        """A float copy of a node ORT removed, reading float values; its output names."""
+        import onnx
+
+        copy = onnx.NodeProto()
+        copy.CopyFrom(float_node)
+        copy.name = self._fresh(f"{float_node.name}_float")
+        del copy.input[:]
+        copy.input.extend(self.of(name) for name in float_node.input)
+        del copy.output[:]
+        copy.output.extend(self._fresh(f"{out}_float") if out else "" for out in float_node.output)
+        self.created.append(copy)
+        return list(copy.output)
+
+    def _initializer(self, original: str) -> str:
+        """The float initializer in the model (renamed when ORT gave its name to a DequantizeLinear output)."""
+        if original in self.initializers and original not in self.taken - self.initializers:
+            return original
+        name = self._fresh(original if original not in self.taken else f"{original}_float")
+        copied = self.model.graph.initializer.add()
+        copied.CopyFrom(self.float_initializers[original])
+        copied.name = name
+        self.initializers.add(name)
+        return name
+
+    def _fresh(self, base: str) -> str:
+        name = base
+        while name in self.taken:
+            name += "_float" if not name.endswith("_float") else "_"
+        self.taken.add(name)
+        return name
+
+
+def keep_float(model: onnx.ModelProto, float_model: onnx.ModelProto, kept: set[str]) -> None:
+    """Feed the kept nodes their float inputs again; remove the Q/DQ nodes and initializers left unused."""
+    originals = {node.name: node for node in float_model.graph.node}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    kept = kept | _float_movers(model, kept)
+    values = _FloatValues(model, float_model)
+    placed: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        if node.name in kept and node.name in originals:
+            original = originals[node.name]
+            for index, name in enumerate(node.input):
+                dequantize = producers.get(name)
+                if dequantize is not None and dequantize.op_type == "DequantizeLinear" \
+                        and index < len(original.input):
+                    node.input[index] = values.of(original.input[index])
+            placed.extend(values.created)  # copies of removed nodes go right before their first reader
+            values.created.clear()
+        placed.append(node)
+    if len(placed) != len(model.graph.node):
+        del model.graph.node[:]
+        model.graph.node.extend(placed)
+    remove_unused(model)
+
+
+def _float_movers(model: onnx.ModelProto, kept: set[str]) -> set[str]:
+    """Quantized data-movement nodes (Reshape, Transpose...) whose consumers all run float: they join the kept
+    nodes, or they would hand their float consumers quantized values.  One pass from the outputs back (the
+    graph is topologically sorted), so a chain of movers is settled in linear time."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    quantized = set(quantized_node_names(model))
+    floats = set(kept)
+    for node in reversed(model.graph.node):
+        if node.op_type in MOVER_OPS and node.name in quantized and node.name not in floats \
+                and not any(c.name in quantized and c.name not in floats for c in _final_consumers(node, consumers)):
+            floats.add(node.name)
+    return floats - set(kept)
+
+
+def _final_consumers(node: onnx.NodeProto, consumers: dict[str, list[onnx.NodeProto]]) -> list[onnx.NodeProto]:
+    """The nodes reading the node's outputs, looking through QuantizeLinear -> DequantizeLinear."""
+    found = []
+    pending = list(node.output)
+    while pending:
+        for consumer in consumers.get(pending.pop(), []):
+            if consumer.op_type in QDQ_OPS:
+                pending.extend(consumer.output)
+            else:
+                found.append(consumer)
+    return found
+
+
+def remove_unused(model: onnx.ModelProto) -> None:
+    """Drop Q/DQ nodes whose outputs nobody reads (back to front, so chains go in one pass), then initializers
+    nobody reads."""
+    from qdeploy.graph.utils import delete_where, subgraph_references
+
+    graph = model.graph
+    read: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            read[name] = read.get(name, 0) + 1
+    outputs = {value.name for value in graph.output} | subgraph_references(graph)
+    dead = []
+    for index in range(len(graph.node) - 1, -1, -1):
+        node = graph.node[index]
+        if node.op_type in QDQ_OPS and not any(read.get(out) or out in outputs for out in node.output):
+            dead.append(index)
+            for name in node.input:
+                read[name] -= 1
+    if dead:
+        _delete_nodes(graph, set(dead))
+    used = {name for name, count in read.items() if count} | outputs
+    delete_where(graph.initializer, lambda init: init.name not in used)
+
+
+def _delete_nodes(graph: onnx.GraphProto, doomed: set[int]) -> None:
+    """Delete nodes by index, rebuilding the list once (each protobuf delete shifts the rest: quadratic)."""
+    kept = [node for index, node in enumerate(graph.node) if index not in doomed]
+    del graph.node[:]
+    graph.node.extend(kept)

@@ -1,0 +1,211 @@
+"""The quantize stage's modes, run by ``stages/quantize.py``: post-training (ptq, dynamic) and lowering."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.core.errors import StageError
+from qdeploy.stages.quantize._common import check_runs, quantized_node_counts, resolve_reduce_range
+from qdeploy.stages.quantize._verify import compute_nodes, int8_kernels
+from qdeploy.stages.quantize.config import STAGE, CalibrationRef, QuantizeConfig
+
+if TYPE_CHECKING:
+    import onnx
+
+    from qdeploy.core.context import Artifact, StageContext, StageResult
+
+log = logging.getLogger(__name__)
+
+VERIFY_SAMPLES = 8
+"""Samples the lowered model is verified on when the recipe names no calibration data."""
+
+
+def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
+    """ptq or dynamic: prepare, calibrate (ptq), build, meet the budget when one is set, verify kernels."""
+    import onnx
+
+    from qdeploy.core.context import StageResult
+    from qdeploy.stages.quantize._prepare import MIN_OPSET, default_opset, drop_unused_opsets, excluded_nodes, prepare
+
+    ctx.on_progress("preparing the float model")
+    prepared = prepare(artifact.path, ctx.work_dir)
+    prepared_model = onnx.load(str(prepared.path), load_external_data=False)
+    excluded, unknown = excluded_nodes(artifact.load(load_external_data=False), prepared_model,
+                                       config.exclude_nodes, config.exclude_patterns, config.exclude_op_types)
+    if unknown:
+        some = sorted(node.name for node in prepared_model.graph.node)[:20]
+        raise StageError(STAGE, ctx.variant, f"exclude_nodes names {unknown} that are not in the model; "
+                                             f"some of its nodes: {some}")
+    findings: dict[str, Any] = {"mode": config.mode, **prepared.findings}
+    if config.per_channel and default_opset(prepared_model) < MIN_OPSET:
+        raise StageError(STAGE, ctx.variant, f"per-channel weights need opset {MIN_OPSET}; the model's opset "
+                                             f"{findings.get('opset')}: set model.opset: {MIN_OPSET} in the "
+                                             "recipe or per_channel: false")
+    build, built_findings = _builder(artifact, prepared.path, excluded, config, ctx)
+    findings.update(built_findings)
+    if config.tolerance is not None:
+        model, kept, findings["budget"] = _with_budget(artifact, prepared.path, build, config, ctx)
+    else:
+        ctx.on_progress("writing the quantized model")
+        model, kept = build([]), []
+    drop_unused_opsets(model)
+    _mark_seven_bit(model, findings["reduce_range"]["seven_bit"])
+    output = _save(model, ctx.work_dir / "quantized.onnx")
+    check_runs(output, config, ctx)
+    findings.update({
+        "quantized_nodes": quantized_node_counts(model),
+        "excluded": sorted({*excluded, *kept}),
+        "activation_type": config.activation_type if config.mode == "ptq" else "uint8 (dynamic)",
+        "weight_type": config.weight_type,
+        "per_channel": config.per_channel,
+        "symmetric": {"activations": config.symmetric_activations, "weights": config.symmetric_weights},
+        "compute_nodes": compute_nodes(model),
+    })
+    findings.update(saturation_findings(model, ctx.targets, weights_from_model=False,
+                                        activations_seven_bit=findings["reduce_range"]["seven_bit"] == "activations"))
+    ctx.on_progress("counting int8 kernels")
+    findings["int8_kernels"] = int8_kernels(output, model, list(config.verify_targets), ctx.work_dir)
+    return StageResult(model=model, changed=True, findings=findings)
+
+
+def saturation_findings(model: onnx.ModelProto, targets: tuple[str, ...], *, weights_from_model: bool,
+                        activations_seven_bit: bool = False) -> dict[str, Any]:
+    """The build CPU's int8 path, and a warning when full-range int8 weights meet CPU targets that may saturate.
+
+    ``weights_from_model``: the int8 weights were fixed by the model (lowered QAT), so qdeploy must not change them.
+    ``activations_seven_bit``: activations are on 7 bits, which keeps full-range weights exact.
+    """
+    from qdeploy.targets.int8_path import CPU_TARGETS, int8_path, weights_beyond_seven_bits
+
+    path = int8_path()
+    found: dict[str, Any] = {"build_cpu_int8_path": path.kind}
+    wide = weights_beyond_seven_bits(model)
+    cpu_targets = [target for target in targets if target in CPU_TARGETS] or ([] if targets else ["CPU targets"])
+    if wide and cpu_targets and not activations_seven_bit:
+        found["int8_saturation_warning"] = (
+            f"{len(wide)} int8 weight tensors use the full 8-bit range (e.g. {', '.join(wide[:3])}): on x86 CPUs "
+            f"without VNNI (AVX2, AVX512 without VNNI) the int8 kernels of {', '.join(cpu_targets)} sum "
+            "uint8 x int8 pairs into a saturating int16 and may clip; exact on VNNI CPUs. "
+            + ("Their values come from the model (quantization-aware training) and are kept as they are; validate "
+               "on the deployment CPU, or retrain with 7-bit weights" if weights_from_model
+               else "Set quantize.reduce_range: true (or auto) for 7-bit weights"))
+    return found
+
+
+def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: QuantizeConfig,
+             ctx: StageContext) -> tuple[Any, dict[str, Any]]:
+    """The model builder of the mode (calibrating first for ptq) and what it found."""
+    from qdeploy.stages.quantize._ptq import DynamicBuilder, StaticBuilder, calibrate
+
+    op_types = _op_types(config)
+    seven_bit, why = resolve_reduce_range(config, ctx.targets)
+    if config.mode == "dynamic":
+        return DynamicBuilder(prepared, excluded, ctx.work_dir, per_channel=config.per_channel,
+                              weight_type=config.weight_type, op_types=op_types,
+                              reduce_range=seven_bit == "weights"), \
+            {"op_types": op_types, "reduce_range": _reduce_range_finding(config, seven_bit, why)}
+    calibration = config.calibration or CalibrationRef()
+    ctx.on_progress(f"calibrating ({config.method})")
+
+    def feeds() -> Any:
+        return ctx.samples(calibration.data, artifact.path, calibration.samples)
+
+    ranges, found = calibrate(prepared, op_types, feeds, ctx.work_dir, config.method, config.percentile)
+    if found["calibration_samples"] == 0:
+        raise StageError(STAGE, ctx.variant, f"calibration dataset '{calibration.data or 'random'}' yielded no samples")
+    ctx.on_progress("quantizing")
+
+    def static(form: str) -> StaticBuilder:
+        return StaticBuilder(prepared, ranges, excluded, per_channel=config.per_channel,
+                             activation_type=config.activation_type, weight_type=config.weight_type,
+                             symmetric_activations=config.symmetric_activations,
+                             symmetric_weights=config.symmetric_weights, op_types=op_types, seven_bit=form)
+
+    compared: dict[str, Any] = {}
+    if seven_bit == "choose":
+        from qdeploy.stages.quantize._seven_bit import CHOICE_SAMPLES, choose_seven_bit
+
+        ctx.on_progress("comparing 7-bit weights with 7-bit activations")
+        builders = {form: static(form) for form in ("weights", "activations")}
+        samples = list(ctx.samples(calibration.data, artifact.path, min(calibration.samples, CHOICE_SAMPLES)))
+        seven_bit, compared = choose_seven_bit(builders, prepared, samples, ctx.work_dir)
+        build = builders[seven_bit]
+    else:
+        build = static(seven_bit)
+    method = {"method": config.method} | ({"percentile": config.percentile} if config.method == "percentile" else {})
+    reduce_range = {**_reduce_range_finding(config, seven_bit, why), **compared}
+    return build, {**method, "op_types": op_types, "reduce_range": reduce_range,
+                   "calibration_data": calibration.data or "random", **found}
+
+
+def _mark_seven_bit(model: onnx.ModelProto, seven_bit: str) -> None:
+    """Say in the model which operand is on 7 bits, so validation on any machine knows it cannot saturate."""
+    from qdeploy.targets.int8_path import SEVEN_BIT_KEY
+
+    entry = next((prop for prop in model.metadata_props if prop.key == SEVEN_BIT_KEY), None)
+    if entry is None:
+        entry = model.metadata_props.add()
+        entry.key = SEVEN_BIT_KEY
+    entry.value = seven_bit
+
+
+def _reduce_range_finding(config: QuantizeConfig, seven_bit: str, why: str) -> dict[str, Any]:
+    """What the sidecar says of the 7-bit choice: the setting, the operand on 7 bits, and why."""
+    return {"setting": config.reduce_range, "seven_bit": seven_bit, "why": why}
+
+
+def _op_types(config: QuantizeConfig) -> list[str]:
+    """Op types to quantize: the config's, or the op set's (dynamic: ORT's integer ops), minus excluded types."""
+    from qdeploy.stages.quantize._ptq import default_op_types
+
+    chosen = config.op_types if config.op_types is not None else default_op_types(config.mode, config.weight_type,
+                                                                                   config.op_set)
+    return [op for op in chosen if op not in config.exclude_op_types]
+
+
+def _with_budget(artifact: Artifact, prepared: Path, build: Any, config: QuantizeConfig,
+                 ctx: StageContext) -> tuple[onnx.ModelProto, list[str], dict[str, Any]]:
+    from qdeploy.stages.quantize._budget import meet_budget
+
+    assert config.tolerance is not None
+    dataset = config.budget.data or (config.calibration.data if config.calibration else None)
+    feeds = list(ctx.samples(dataset, artifact.path, config.budget.samples))
+    if not feeds:
+        raise StageError(STAGE, ctx.variant, f"budget dataset '{dataset or 'random'}' yielded no samples")
+    result = meet_budget(build, prepared, feeds, config.tolerance, ctx.work_dir,
+                         max_float_nodes=config.budget.max_float_nodes, on_progress=ctx.on_progress)
+    result.findings["data"] = dataset or "random"
+    return result.model, result.kept, result.findings
+
+
+def lower(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
+    """mode lower: rewrite fake quantization into Q/DQ, verify it on data, count int8 kernels."""
+    from qdeploy.core.context import StageResult
+    from qdeploy.stages.quantize.lower import lower_model, verify_on_data
+
+    ctx.on_progress("lowering fake quantization")
+    lowered, checks, findings = lower_model(artifact.load(), ctx.variant)
+    findings = {"mode": "lower", **findings}
+    if not findings["lowered"]:
+        findings["note"] = "no fake quantization found; the model is unchanged"
+    output = _save(lowered, ctx.work_dir / "lowered.onnx")
+    check_runs(output, config, ctx)
+    dataset = config.calibration.data if config.calibration else None
+    limit = config.calibration.samples if config.calibration else VERIFY_SAMPLES
+    ctx.on_progress("verifying the lowered model against the fake-quant reference")
+    findings["verification"] = verify_on_data(lowered, checks, ctx.samples(dataset, artifact.path, limit),
+                                              ctx.work_dir, ctx.variant)
+    findings["verification"]["data"] = dataset or "random"
+    findings["quantized_nodes"] = quantized_node_counts(lowered)
+    findings.update(saturation_findings(lowered, ctx.targets, weights_from_model=True))
+    findings["int8_kernels"] = int8_kernels(output, lowered, list(config.verify_targets), ctx.work_dir)
+    return StageResult(model=lowered, changed=bool(findings["lowered"]), findings=findings)
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    import onnx
+
+    onnx.save(model, str(path), save_as_external_data=model.ByteSize() > 1_800_000_000)
+    return path

@@ -1,0 +1,233 @@
+"""Getting a float model ready for ONNX Runtime's quantizer, and the checks made before quantizing.
+
+- Weights held in Constant nodes (Paddle exports) become initializers: ORT's
+  quantizer only quantizes initializers, and would leave such weights float.
+- ORT's pre-processing (symbolic shape inference, basic fusions) runs, with
+  plain onnx shape inference as the fallback.
+- Every node gets a name, so that it can be excluded and reported.
+- Nodes holding subgraphs (If/Loop/Scan) are listed: their bodies stay float.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.stages.quantize._bias import vector_gemm_biases
+
+if TYPE_CHECKING:
+    import onnx
+
+log = logging.getLogger(__name__)
+
+QUANTIZED_OP_TYPES = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger", "MatMulInteger",
+    "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention", "DynamicQuantizeLSTM",
+    # com.microsoft: integer, block-quantized and ordered-int8 ops of ONNX Runtime's contrib set
+    "MulInteger", "MatMulInteger16", "MatMulNBits", "MatMulBnb4", "MatMulFpQ4", "GatherBlockQuantized",
+    "DequantizeBlockwise", "QuantizeBFP", "DequantizeBFP", "QuantizeWithOrder", "DequantizeWithOrder",
+    "QEmbedLayerNormalization", "QMoE", "NhwcQLinearConv",
+})
+_QUANTIZED_PREFIXES = ("QLinear", "QOrdered")
+_SUBGRAPH_OPS = ("If", "Loop", "Scan")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The float model ORT's quantizer reads, and what preparing it did."""
+
+    path: Path
+    findings: dict[str, Any]
+
+
+def is_quantized_op(node: onnx.NodeProto) -> bool:
+    """A quantization op (Q/DQ, QLinear*, *Integer, block-quantized weights...), standard or com.microsoft."""
+    return node.op_type in QUANTIZED_OP_TYPES or node.op_type.startswith(_QUANTIZED_PREFIXES)
+
+
+def quantized_ops(model: onnx.ModelProto) -> Counter[str]:
+    """Quantization ops per op type, in every graph: the main graph, If/Loop/Scan bodies and model functions."""
+    from qdeploy.graph.utils import subgraphs
+
+    found: Counter[str] = Counter()
+    pending = [model.graph, *model.functions]
+    while pending:
+        graph = pending.pop()
+        for node in graph.node:
+            if is_quantized_op(node):
+                found[node.op_type] += 1
+            pending.extend(subgraphs(node))
+    return found
+
+
+def count_quantized_nodes(model: onnx.ModelProto) -> int:
+    """How many nodes of the model (subgraphs and functions included) are quantization ops."""
+    return sum(quantized_ops(model).values())
+
+
+def weight_qdq_pairs(model: onnx.ModelProto) -> int:
+    """QuantizeLinear nodes applied to float initializers or Constant outputs: what mode lower folds."""
+    constants = {init.name for init in model.graph.initializer if init.data_type in (1, 10, 11, 16)}
+    constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
+    return sum(1 for node in model.graph.node if node.op_type == "QuantizeLinear" and node.input[0] in constants)
+
+
+def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Constant nodes (every graph) turned into initializers; returns the model and how many were lifted."""
+    import onnx_ir as ir
+    from onnx_ir.passes.common import LiftConstantsToInitializersPass
+
+    before = _constant_nodes(model)
+    if not before:
+        return model, 0
+    ir_model = ir.from_proto(model)
+    LiftConstantsToInitializersPass(lift_all_constants=False, size_limit=0)(ir_model)
+    lifted = ir.to_proto(ir_model)
+    return lifted, before - _constant_nodes(lifted)
+
+
+def _constant_nodes(model: onnx.ModelProto) -> int:
+    return sum(1 for node in model.graph.node if node.op_type == "Constant")
+
+
+MIN_OPSET = 13
+"""Per-channel QuantizeLinear/DequantizeLinear (the axis attribute) needs opset 13."""
+
+
+def prepare(source: Path, work_dir: Path) -> Prepared:
+    """Lift constants, raise the opset to 13, pre-process and name the nodes; written under work_dir."""
+    import onnx
+
+    model, lifted = lift_constants(onnx.load(str(source)))
+    model, opset_note = _at_least_opset(model)
+    lifted_path = work_dir / "lifted.onnx"
+    onnx.save(model, str(lifted_path), save_as_external_data=model.ByteSize() > 1_800_000_000)
+    target, how = _preprocess(lifted_path, work_dir)
+    prepared = onnx.load(str(target))
+    named = name_unnamed_nodes(prepared)
+    biases = vector_gemm_biases(prepared)  # after pre-processing: it fuses MatMul + Add into Gemm
+    onnx.save(prepared, str(target), save_as_external_data=prepared.ByteSize() > 1_800_000_000)
+    findings: dict[str, Any] = {"preprocess": how, "constants_lifted": lifted, "nodes_named": named, **biases}
+    if opset_note:
+        findings["opset"] = opset_note
+    subgraphs = subgraph_nodes(prepared)
+    if subgraphs:
+        findings["subgraphs_left_float"] = subgraphs
+        log.warning("%d nodes hold subgraphs; their bodies stay float", len(subgraphs))
+    return Prepared(target, findings)
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+
+
+def _at_least_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """The model converted to opset 13 when it is older (Paddle exports opset 11-12); a note on what happened."""
+    import onnx
+
+    opset = default_opset(model)
+    if opset >= MIN_OPSET:
+        return model, ""
+    try:
+        return onnx.version_converter.convert_version(model, MIN_OPSET), f"converted from {opset} to {MIN_OPSET}"
+    except Exception as exc:  # the builder refuses per-channel weights on the old opset, with this reason
+        log.warning("converting opset %d to %d failed: %s", opset, MIN_OPSET, exc)
+        return model, f"stays {opset}: conversion to {MIN_OPSET} failed ({type(exc).__name__}: {exc})"
+
+
+def _preprocess(source: Path, work_dir: Path) -> tuple[Path, str]:
+    """ORT's quantization pre-processing (shape inference, basic fusions); onnx shape inference if it fails."""
+    import onnx
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    source, target = source.resolve(), (work_dir / "preprocessed.onnx").resolve()
+    try:
+        with _inside(work_dir):
+            quant_pre_process(str(source), str(target))
+        return target, "quant_pre_process"
+    except Exception as exc:  # ORT's symbolic shape inference fails on some graphs (Reshape of computed shapes)
+        first = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    try:
+        quant_pre_process(str(source), str(target), skip_symbolic_shape=True)
+        return target, f"quant_pre_process without symbolic shape inference (it failed: {first})"
+    except Exception as exc:
+        log.warning("quant_pre_process failed (%s); using onnx shape inference only", exc)
+        onnx.shape_inference.infer_shapes_path(str(source), str(target))
+        return target, f"onnx shape inference (quant_pre_process failed: {type(exc).__name__}: {exc})"
+
+
+@contextlib.contextmanager
+def _inside(folder: Path) -> Iterator[None]:
+    """Run with folder as the working directory: ORT's symbolic shape inference, when it fails, dumps
+    sym_shape_infer_temp.onnx and its external data into the working directory (the stage's scratch folder
+    is removed afterwards; the user's folder must not collect them)."""
+    previous = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def name_unnamed_nodes(model: onnx.ModelProto) -> int:
+    """Give every unnamed node a unique name (op type and index) so it can be excluded; returns how many."""
+    taken = {node.name for node in model.graph.node if node.name}
+    named = 0
+    for index, node in enumerate(model.graph.node):
+        if not node.name:
+            candidate = f"{node.op_type}_{index}"
+            while candidate in taken:
+                candidate += "_"
+            node.name = candidate
+            taken.add(candidate)
+            named += 1
+    return named
+
+
+def subgraph_nodes(model: onnx.ModelProto) -> list[dict[str, Any]]:
+    """Main-graph nodes that hold subgraphs, with how many nodes their bodies have."""
+    import onnx
+
+    found = []
+    for node in model.graph.node:
+        bodies = [attr.g for attr in node.attribute if attr.type == onnx.AttributeProto.GRAPH]
+        bodies += [g for attr in node.attribute if attr.type == onnx.AttributeProto.GRAPHS for g in attr.graphs]
+        if bodies:
+            found.append({"node": node.name, "op_type": node.op_type,
+                          "body_nodes": sum(len(body.node) for body in bodies)})
+    return found
+
+
+def excluded_nodes(original: onnx.ModelProto, prepared: onnx.ModelProto, names: list[str], patterns: list[str],
+                   op_types: list[str]) -> tuple[list[str], list[str]]:
+    """Node names to keep float (by name, regex on the name, op type) and the names asked for that do not exist.
+
+    A name may be missing from the prepared model when pre-processing fused its node away; that is
+    logged, not an error, when the original model had it.
+    """
+    present = {node.name for node in prepared.graph.node}
+    original_names = {node.name for node in original.graph.node}
+    unknown = [name for name in names if name not in present and name not in original_names]
+    fused = [name for name in names if name not in present and name in original_names]
+    if fused:
+        log.warning("exclude_nodes %s were fused away by pre-processing", fused)
+    compiled = [re.compile(pattern) for pattern in patterns]
+    chosen = {name for name in names if name in present}
+    excluded_types = set(op_types)
+    chosen |= {node.name for node in prepared.graph.node
+               if node.op_type in excluded_types or any(regex.search(node.name) for regex in compiled)}
+    return sorted(chosen), unknown
+
+
+def drop_unused_opsets(model: onnx.ModelProto) -> None:
+    """Remove opset imports of domains no node uses (ORT's pre-processing declares every domain it knows)."""
+    used = {node.domain for node in model.graph.node} | {"", "ai.onnx"}
+    for entry in [entry for entry in model.opset_import if entry.domain not in used]:
+        model.opset_import.remove(entry)

@@ -1,0 +1,194 @@
+"""Post-training quantization through ONNX Runtime's quantizers, with qdeploy's own calibration.
+
+Static (``ptq``): activation ranges come from ``qdeploy.calibration.activations`` and
+``qdeploy.calibration.ranges`` (minmax, percentile, entropy, mse; streamed, one or two
+passes), and ONNX Runtime's ``QDQQuantizer`` writes the QDQ model from them (on an indexed graph,
+``stages/quantize_fast_ort.py``: its own helpers make it quadratic in the node count).
+Calibrating once and building many times is what lets the accuracy budget try
+several sets of float nodes cheaply.  Dynamic: ``quantize_dynamic``.
+
+Both expose a builder ``build(names of nodes to keep float) -> ModelProto`` on top of the configured
+exclusions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qdeploy.calibration.activations import FeedSource, collect_statistics, float_tensors_of
+from qdeploy.calibration.ranges import HISTOGRAM_METHODS, estimate_range
+from qdeploy.stages.quantize._guard import ort_quantizer_step
+from qdeploy.stages.quantize._keep import MOVER_OPS, keep_float, quantized_node_names
+
+if TYPE_CHECKING:
+    import onnx
+
+log = logging.getLogger(__name__)
+
+_TYPES = {"uint8": "QUInt8", "int8": "QInt8"}
+_FLOAT_OUTPUT_OPS = ("MatMul", "Gemm")
+"""Their outputs are quantized only for a quantized consumer: attention scores stay float before Softmax, and
+ONNX Runtime still runs them int8 (MatMulIntegerToFloat, QGemm with an int32 bias)."""
+# ConvInteger has no int8-weight kernel in ONNX Runtime's CPU provider: dynamic mode leaves Conv out for int8 weights
+_DYNAMIC_INT8_SKIPPED = frozenset({"Conv"})
+
+
+BALANCED_OP_TYPES = (
+    "Conv", "ConvTranspose", "MatMul", "Gemm",  # the compute
+    "Relu", "Clip", "LeakyRelu",  # activations both runtimes fold into the compute
+    "MaxPool", "AveragePool", "GlobalAveragePool", "Concat", "Resize",
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Split", "Slice", "Gather", "Pad",
+)
+"""Op set 'balanced': elementwise arithmetic (Add, Mul...), normalization and softmax stay float.  OpenVINO runs
+Q/DQ around those as extra FakeQuantize layers (slower than float32 on MobileNet-style and transformer models);
+ONNX Runtime would fuse some of them (QLinearAdd...), which op set 'onnxruntime' keeps."""
+
+
+def default_op_types(mode: str, weight_type: str, op_set: str = "balanced") -> list[str]:
+    """Op types of a mode: the op set's for ptq, ONNX Runtime's integer ops for dynamic."""
+    from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+
+    if mode == "ptq":
+        return list(BALANCED_OP_TYPES) if op_set == "balanced" else sorted(set(QDQRegistry) | set(QLinearOpsRegistry))
+    skipped = _DYNAMIC_INT8_SKIPPED if weight_type == "int8" else frozenset()
+    return sorted(set(IntegerOpsRegistry) - skipped)
+
+
+def calibrate(prepared: Path, op_types: list[str], feeds: FeedSource, work_dir: Path, method: str,
+              percentile: float) -> tuple[dict[str, tuple[float, float]], dict[str, Any]]:
+    """Activation ranges of every float tensor around the op types to quantize, and what calibration did."""
+    tensors = float_tensors_of(prepared, op_types)
+    stats, samples = collect_statistics(prepared, tensors, feeds, work_dir, histogram=method in HISTOGRAM_METHODS)
+    ranges = {name: estimate_range(item, method, percentile=percentile) for name, item in stats.items()}
+    clipped = sum(1 for name, (low, high) in ranges.items()
+                  if stats[name].count and (low > stats[name].minimum or high < stats[name].maximum))
+    return ranges, {"calibration_samples": samples, "calibrated_tensors": len(tensors), "ranges_clipped": clipped}
+
+
+class StaticBuilder:
+    """QDQ models of one prepared float model from fixed activation ranges.
+
+    ONNX Runtime's quantizer runs once, with the configured exclusions; ``build(kept)`` then keeps more nodes
+    float by feeding them their float inputs again (the tensor before its QuantizeLinear, the float weight
+    or bias), and drops the Q/DQ nodes nobody reads any more.  Excluding a node in ORT's quantizer would not
+    do this: a tensor quantized for one consumer reaches every consumer through its DequantizeLinear.
+    """
+
+    def __init__(self, prepared: Path, ranges: dict[str, tuple[float, float]], excluded: list[str], *,
+                 per_channel: bool, activation_type: str, weight_type: str, symmetric_activations: bool,
+                 symmetric_weights: bool, op_types: list[str], seven_bit: str = "none") -> None:
+        import onnx
+        from onnxruntime.quantization import QuantType
+        from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+        from onnxruntime.quantization.quant_utils import load_model_with_shape_infer, update_opset_version
+
+        from qdeploy.stages.quantize._fast_ort import (
+            FastQDQQuantizer as QDQQuantizer,  # ORT's, without its O(n^2) steps
+        )
+
+        self._float = onnx.load(str(prepared))
+        weights, activations = (getattr(QuantType, _TYPES[kind]) for kind in (weight_type, activation_type))
+        model = update_opset_version(load_model_with_shape_infer(prepared), weights, activations)
+        tensors = TensorsData(CalibrationMethod.MinMax, {
+            name: TensorData(lowest=np.float32(low), highest=np.float32(high)) for name, (low, high) in ranges.items()})
+        extra = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": symmetric_weights,
+                 "OpTypesToExcludeOutputQuantization": list(_FLOAT_OUTPUT_OPS)}
+        quantizer_class = _seven_bit_activations_quantizer() if seven_bit == "activations" else QDQQuantizer
+        quantizer = quantizer_class(model, per_channel, seven_bit == "weights", weights, activations, tensors, [],
+                                    list(excluded), op_types, extra)
+        with quiet(), ort_quantizer_step("ONNX Runtime's QDQ quantizer"):
+            quantizer.quantize_model()
+        quantizer.model.topological_sort()  # as ORT's quantize_static does when saving: Q/DQ are appended last
+        self._quantized = quantizer.model.model
+
+    def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]:
+        """Quantized nodes that add rounding of their own (data movement does not): name -> op type."""
+        return {name: op for name, op in quantized_node_names(quantized).items() if op not in MOVER_OPS}
+
+    def __call__(self, kept: list[str]) -> onnx.ModelProto:
+        model = copy.deepcopy(self._quantized)
+        if kept:
+            keep_float(model, self._float, set(kept))
+        return model
+
+
+def _seven_bit_activations_quantizer() -> type:
+    """ORT's QDQ quantizer with activations on 7 bits (uint8 0..127), as PyTorch's fbgemm ``reduce_range`` does.
+
+    ORT accepts ``reduce_range`` overrides for initializers only; every activation's parameters go through
+    ``calc_quant_params``, so asking it there covers them all, and bias scales (input scale x weight scale) follow.
+    """
+    from qdeploy.stages.quantize._fast_ort import FastQDQQuantizer
+
+    class SevenBitActivations(FastQDQQuantizer):  # type: ignore[misc]
+        def calc_quant_params(self, tensor_data: Any, quant_overrides: dict[str, Any]) -> Any:
+            if "scale" in quant_overrides:  # explicit parameters are the user's
+                return super().calc_quant_params(tensor_data, quant_overrides)
+            return super().calc_quant_params(tensor_data, {**quant_overrides, "reduce_range": True})
+
+    return SevenBitActivations
+
+
+class DynamicBuilder:
+    """Dynamically quantized models (int8 weights, activations quantized at run time); ``build(kept)`` runs
+    ``quantize_dynamic`` with the kept nodes excluded (each node quantizes its own input there)."""
+
+    def __init__(self, prepared: Path, excluded: list[str], work_dir: Path, *, per_channel: bool, weight_type: str,
+                 op_types: list[str], reduce_range: bool = False) -> None:
+        self._prepared = prepared
+        self._excluded = list(excluded)
+        self._work_dir = work_dir
+        self._settings = {"per_channel": per_channel, "weight_type": weight_type, "op_types": op_types,
+                          "reduce_range": reduce_range}
+        self._count = 0
+
+    def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]:
+        """Float-model nodes that quantize_dynamic quantized (it renames node X to X_quant)."""
+        import onnx
+
+        bases = set()  # every prefix of a node name that ends where "_quant" starts
+        for node in quantized.graph.node:
+            start = node.name.find("_quant")
+            while start > 0:
+                bases.add(node.name[:start])
+                start = node.name.find("_quant", start + 1)
+        return {node.name: node.op_type for node in onnx.load(str(self._prepared), load_external_data=False).graph.node
+                if node.name in bases}
+
+    def __call__(self, kept: list[str]) -> onnx.ModelProto:
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        from qdeploy.stages.quantize._fast_ort import fast_quantize_dynamic
+
+        self._count += 1
+        output = self._work_dir / f"dynamic_{self._count}.onnx"
+        with quiet(), ort_quantizer_step("ONNX Runtime's quantize_dynamic"), fast_quantize_dynamic():
+            quantize_dynamic(str(self._prepared), str(output),
+                             weight_type=getattr(QuantType, _TYPES[self._settings["weight_type"]]),
+                             per_channel=self._settings["per_channel"], reduce_range=self._settings["reduce_range"],
+                             nodes_to_exclude=[*self._excluded, *kept],
+                             op_types_to_quantize=self._settings["op_types"])
+        model = onnx.load(str(output))
+        output.unlink()
+        return model
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """ORT's quantizers print progress to stdout; keep it out of the user's terminal, in the log."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            yield
+    finally:
+        if captured.getvalue().strip():
+            log.debug("onnxruntime.quantization: %s", captured.getvalue().strip())

@@ -1,0 +1,318 @@
+"""The ``simplify`` stage: shape inference, constant folding, rewrites and onnxoptimizer passes, to a fixed point.
+
+The algorithm is onnx-simplifier's: infer shapes and fold what is constant
+(``qdeploy.stages.simplify._folding``) until folding finds nothing more, apply the recipe's
+rewrites (``qdeploy.graph.rewrites``; by default per-channel scales, shifts and
+BatchNormalization fused into convolutions), run onnxoptimizer's fuse and
+eliminate passes (``qdeploy.stages.simplify._optimizer``), and repeat until the graph stops
+changing.  Then the simplified model is compared with the original on seeded
+random inputs in ONNX Runtime (``qdeploy.stages.simplify._check``); a disagreement fails
+the stage, so the runner keeps the unsimplified model.
+
+Subgraphs (If/Loop/Scan bodies) are folded too (``fold_subgraphs``), with
+onnxoptimizer's passes entering them; the equivalence check covers them.
+
+Speed: each round serialises nothing it does not have to.  Folding evaluates
+all foldable nodes of a graph in one ONNX Runtime session; shape inference
+and onnxoptimizer get the model with its large weights replaced by tags
+(``qdeploy.stages.simplify._optimizer``), and a large graph goes through onnxoptimizer in
+pieces (``qdeploy.stages.simplify._optimizer_pieces``: its time grows with the square of the
+node count); a round whose folding and rewrites changed nothing since
+onnxoptimizer's last fixed point ends the loop without calling it again.
+
+Deliberate limit: a simplified model above 1.8 GB is not checked, because a
+ModelProto that large cannot be serialised for ONNX Runtime (folding still
+works, in pieces small enough for it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.core.context import Artifact, StageContext, StageResult
+from qdeploy.core.errors import StageError
+from qdeploy.graph.order import subgraph_initializers_to_constants
+from qdeploy.graph.utils import fingerprint, io_names, model_bytes, op_counts, prune_value_info
+from qdeploy.stages.simplify._check import Comparison, check_equivalence, compare_outputs
+from qdeploy.stages.simplify._interface import interface_types, restore_interface_types
+from qdeploy.stages.simplify._rewrite_if import PASS_NAME, inline_constant_ifs
+from qdeploy.stages.simplify._shapes import infer_shapes
+from qdeploy.stages.simplify.config import (  # noqa: F401
+    DEFAULT_PASSES,
+    INTERFACE_PASSES,
+    LARGE_MODEL_BYTES,
+    MAX_FOLD_ROUNDS,
+    STAGE,
+    SimplifyConfig,
+    _default_rewrites,
+)
+
+if TYPE_CHECKING:
+    import onnx
+
+    from qdeploy.graph.rewrites import RewriteReport
+    from qdeploy.stages.simplify._folding import FoldReport
+
+__all__ = ["Comparison", "SimplifyConfig", "compare_outputs", "run"]
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class _Progress:
+    """What the simplification loop did, gathered over its iterations."""
+
+    iterations: int = 0
+    folded_tensors: int = 0
+    folded_nodes: int = 0
+    constants_converted: int = 0
+    folded: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failed_ops: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+    rewrites: RewriteReport = field(default_factory=lambda: _rewrite_report())
+    rewrites_seen: int = 0
+    """Rewrite matches already counted by ``rewrites_applied``."""
+    optimizer_calls: int = 0
+    optimizer_delta: Counter[str] = field(default_factory=Counter)
+    """Net change of node count per op type over all onnxoptimizer calls (negative: removed)."""
+    seconds: Counter[str] = field(default_factory=Counter)
+
+    def add_fold(self, report: FoldReport) -> None:
+        self.folded_tensors += report.folded_tensors
+        self.folded_nodes += report.folded_nodes
+        self.constants_converted += report.constants_converted
+        self.folded.update(report.folded)
+        self.skipped.update((entry["tensor"], entry) for entry in report.skipped)
+        self.failed_ops.update(report.failed_ops)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def rewrites_applied(self) -> int:
+        """Matches rewritten since the last call."""
+        total = sum(self.rewrites.applied.values())
+        new, self.rewrites_seen = total - self.rewrites_seen, total
+        return new
+
+
+def _rewrite_report() -> RewriteReport:
+    from qdeploy.graph.rewrites import RewriteReport
+
+    return RewriteReport()
+
+
+def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageResult:
+    """Simplify ``artifact``'s model; check it against the original; report what changed."""
+    from qdeploy.stages.simplify._folding import constants_to_initializers, has_subgraph, sync_legacy_inputs
+
+    model = artifact.load()
+    before = fingerprint(model)
+    nodes_before = op_counts(model)
+    interface = io_names(model)
+    types = interface_types(model)
+    subgraph_initializers_to_constants(model.graph)  # the form exporters write and every tool handles
+    progress = _Progress()
+    subgraph_ops = sorted({node.op_type for node in model.graph.node if has_subgraph(node)})
+    if subgraph_ops:
+        progress.note(f"subgraphs (in {', '.join(subgraph_ops)} nodes): onnxoptimizer's passes enter them; "
+                      + ("constants folded inside them" if config.fold_subgraphs and config.fold_constants
+                         else "no folding inside them"))
+    model = _simplify(model, config, ctx.work_dir, progress)
+    progress.constants_converted += constants_to_initializers(model.graph)
+    sync_legacy_inputs(model, drop_unused="eliminate_unused_initializer" in config.passes())
+    prune_value_info(model)
+    if io_names(model) != interface:
+        raise StageError(STAGE, ctx.variant, f"simplification changed the model's inputs/outputs from "
+                         f"{interface} to {io_names(model)}")
+    _valid_structure(model, types, progress, ctx)
+    started = time.perf_counter()
+    if model_bytes(model) > LARGE_MODEL_BYTES:
+        check: dict[str, Any] = {"unchecked": "the simplified model is above 1.8 GB: it cannot be serialised for "
+                                 "ONNX Runtime; this version does not check it"}
+    elif config.check_n == 0:
+        check = {"unchecked": "check_n is 0"}
+    else:
+        check = check_equivalence(artifact.path, model, config, ctx)
+    progress.seconds["check"] += time.perf_counter() - started
+    findings = _findings(nodes_before, model, config, progress, check)
+    log.info("simplify: %d -> %d nodes in %d iteration(s); %d tensor(s) folded", findings["node_count_before"],
+             findings["node_count_after"], progress.iterations, progress.folded_tensors)
+    return StageResult(model=model, changed=fingerprint(model) != before, findings=findings)
+
+
+def _valid_structure(model: onnx.ModelProto, types: dict[str, Any], progress: _Progress, ctx: StageContext) -> None:
+    """Every graph in topological order and in scope, the interface types as they were; StageError otherwise."""
+    from qdeploy.graph.order import scope_problems, sort_topologically, unread_subgraph_constants
+
+    unread_subgraph_constants(model.graph)
+    repair = restore_interface_types(model, types)
+    for entry in repair.restored:
+        progress.note(f"type of '{entry}' put back (a pass had dropped it)")
+    if repair.conflicts:
+        raise StageError(STAGE, ctx.variant, f"simplification changed the types of {repair.conflicts}")
+    if scope_problems(model.graph) and sort_topologically(model.graph):
+        progress.note("nodes put back in topological order")
+    problems = scope_problems(model.graph)
+    if problems:
+        raise StageError(STAGE, ctx.variant, f"the simplified model is not a valid graph: {'; '.join(problems)}")
+
+
+def _simplify(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path, progress: _Progress) -> onnx.ModelProto:
+    """Folding rounds, rewrites and passes, repeated until the graph stops changing."""
+    from qdeploy.stages.simplify._folding import constants_to_initializers
+
+    passes = config.passes()
+    rewrites = config.active_rewrites()
+    progress.constants_converted += constants_to_initializers(model.graph)  # weights in Constant nodes, as Paddle
+    optimized = False  # the model is onnxoptimizer's fixed point
+    for iteration in range(1, config.max_iterations + 1):
+        progress.iterations = iteration
+        done = progress.folded_nodes + progress.constants_converted
+        model = _fold_rounds(model, config, work_dir, progress)
+        if rewrites:
+            model = _timed(progress, "rewrites", _rewrite, model, rewrites, progress)
+        rewritten = progress.rewrites_applied()  # called every round: it counts from its last call
+        changed = progress.folded_nodes + progress.constants_converted != done or rewritten > 0
+        optimized = optimized and not changed
+        if optimized or not (passes or changed):
+            return model  # nothing changed since onnxoptimizer's last fixed point (or, without passes, at all)
+        if not passes:
+            continue
+        start = fingerprint(model)
+        model = _timed(progress, "onnxoptimizer", _optimize, model, passes, progress)
+        optimized = True
+        if fingerprint(model) == start and not changed:
+            return model
+    progress.note(f"stopped after max_iterations={config.max_iterations} before reaching a fixed point")
+    return model
+
+
+def _timed(progress: _Progress, phase: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+    started = time.perf_counter()
+    try:
+        return function(*args, **kwargs)
+    finally:
+        progress.seconds[phase] += time.perf_counter() - started
+
+
+def _fold_rounds(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path,
+                 progress: _Progress) -> onnx.ModelProto:
+    """Shape inference and folding until folding finds nothing more (each fold can make more shapes static)."""
+    from qdeploy.stages.simplify._folding import constants_to_initializers, fold_constants, sync_legacy_inputs
+
+    for _ in range(MAX_FOLD_ROUNDS):
+        model = _timed(progress, "shape_inference", infer_shapes, model, work_dir, progress)
+        if not config.fold_constants:
+            progress.constants_converted += constants_to_initializers(model.graph)
+            return model
+        report = _timed(progress, "folding", fold_constants, model, limit_bytes=config.fold_limit_bytes,
+                        subgraphs=config.fold_subgraphs)
+        progress.add_fold(report)
+        sync_legacy_inputs(model, drop_unused=False)
+        if report.folded_nodes == 0:
+            break
+    return model
+
+
+def _rewrite(model: onnx.ModelProto, names: list[str], progress: _Progress) -> onnx.ModelProto:
+    from qdeploy.graph.rewrites import apply_rewrites
+
+    apply_rewrites(model, names, progress.rewrites)
+    return model
+
+
+def _optimize(model: onnx.ModelProto, passes: list[str], progress: _Progress) -> onnx.ModelProto:
+    """onnxoptimizer's passes to a fixed point; the input model when they fail or touch the interface."""
+    from qdeploy.stages.simplify._optimizer import PIECES_ABOVE, optimize
+    from qdeploy.stages.simplify._optimizer_pieces import PIECE_NODES
+
+    progress.optimizer_calls += 1
+    if len(model.graph.node) > PIECES_ABOVE:
+        progress.note(f"onnxoptimizer ran on pieces of {PIECE_NODES} nodes (its time grows with the square of the "
+                      "node count); a pattern across two pieces may be left")
+    subgraph_initializers_to_constants(model.graph)
+    types = interface_types(model)
+    if PASS_NAME in passes:  # ours: onnxoptimizer's loses nodes of nested subgraphs
+        inlined = inline_constant_ifs(model)
+        if inlined:
+            progress.note(f"{inlined} If node(s) with a constant condition replaced by their branch")
+            progress.optimizer_delta.update({"If": -inlined})
+    try:
+        optimized = optimize(model, [name for name in passes if name != PASS_NAME])
+    except Exception as exc:  # a crash of the optimizer must not lose the folding done so far
+        progress.note(f"onnxoptimizer failed, its passes were not applied: {_short(exc)}")
+        return model
+    if io_names(optimized) != io_names(model):
+        progress.note("onnxoptimizer changed the model's inputs/outputs; its result was discarded")
+        return model
+    problem = _optimizer_damage(optimized, types, progress)
+    if problem:
+        progress.note(f"onnxoptimizer's result was discarded: {problem}")
+        return model
+    progress.optimizer_delta.update(op_counts(optimized))
+    progress.optimizer_delta.subtract(op_counts(model))
+    return optimized
+
+
+def _optimizer_damage(optimized: onnx.ModelProto, types: dict[str, Any], progress: _Progress) -> str:
+    """Repair what onnxoptimizer breaks (dropped interface types, subgraph initializers, order); what is left."""
+    from qdeploy.graph.order import scope_problems, sort_topologically
+
+    repair = restore_interface_types(optimized, types)
+    for entry in repair.restored:
+        progress.note(f"onnxoptimizer dropped the type of graph input/output '{entry}'; put back")
+    if repair.conflicts:
+        return f"it changed the types of {repair.conflicts}"
+    subgraph_initializers_to_constants(optimized.graph)  # extract_constant_to_initializer enters subgraphs
+    if scope_problems(optimized.graph):
+        sort_topologically(optimized.graph)
+    problems = scope_problems(optimized.graph)
+    return "; ".join(problems)
+
+
+def _findings(nodes_before: dict[str, int], model: onnx.ModelProto, config: SimplifyConfig, progress: _Progress,
+              check: dict[str, Any]) -> dict[str, Any]:
+    from qdeploy.stages.simplify._optimizer import likely_passes
+
+    nodes_after = op_counts(model)
+    delta = {"removed": {op: -n for op, n in sorted(progress.optimizer_delta.items()) if n < 0},
+             "added": {op: n for op, n in sorted(progress.optimizer_delta.items()) if n > 0}}
+    rewrites = progress.rewrites.as_findings()
+    changed = (["fold_constants"] if progress.folded_nodes else []) + \
+        (["constants_to_initializers"] if progress.constants_converted else []) + \
+        [name for name, count in rewrites["applied"].items() if count] + likely_passes(config.passes(), delta)
+    return {
+        "nodes_before": nodes_before,
+        "nodes_after": nodes_after,
+        "node_count_before": sum(nodes_before.values()),
+        "node_count_after": sum(nodes_after.values()),
+        "folded_tensors": progress.folded_tensors,
+        "folded_nodes": progress.folded_nodes,
+        "folded": dict(sorted(progress.folded.items())[:MAX_LISTED]),
+        "constants_converted": progress.constants_converted,
+        "fold_skipped": sorted(progress.skipped.values(), key=lambda entry: entry["tensor"]),
+        "fold_failed_ops": sorted(progress.failed_ops),
+        "passes": config.passes(),
+        "rewrites": rewrites,
+        "optimizer": {"calls": progress.optimizer_calls, **delta},
+        "passes_changed": changed,
+        "iterations": progress.iterations,
+        "seconds": {phase: round(value, 4) for phase, value in sorted(progress.seconds.items())},
+        "check": check,
+        "notes": list(progress.notes),
+    }
+
+
+MAX_LISTED = 200
+"""Folded tensors listed by name (with their bytes) in the findings; the count covers all."""
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit] + "..."

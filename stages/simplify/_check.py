@@ -1,0 +1,251 @@
+"""The simplify stage's equivalence check: original and simplified model on the same seeded random inputs.
+
+The inputs are the recipe's validation data when it has some; otherwise they
+are shaped and typed from the model: a symbolic dimension gets 1 on axis 0 (the
+batch) and a moderate size elsewhere (retried with 1 when the original model
+refuses it); integer inputs get values safe for the op that uses them
+(``qdeploy.stages.simplify._check_inputs``) unless the recipe's ``model.inputs`` gives
+``low``/``high``.  The check runs under a memory bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.core.context import StageContext
+from qdeploy.core.errors import StageError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+    from qdeploy.stages.simplify.config import SimplifyConfig
+
+log = logging.getLogger(__name__)
+
+STAGE = "simplify"
+
+@dataclass(frozen=True)
+class Comparison:
+    """Outcome of comparing a model's outputs with a reference's."""
+
+    passed: bool
+    max_abs_err: float
+    reason: str = ""
+
+
+def compare_outputs(expected: dict[str, Any], actual: dict[str, Any], *, atol: float, rtol: float) -> Comparison:
+    """Every output within atol + rtol * |expected| (floats) or equal (others); the largest absolute error."""
+    worst = 0.0
+    for name, reference in expected.items():
+        if name not in actual:
+            return Comparison(False, math.inf, f"output '{name}' is missing; outputs are {sorted(actual)}")
+        error, problem = _output_error(reference, actual[name], atol, rtol)
+        worst = max(worst, error)
+        if problem:
+            return Comparison(False, worst, f"output '{name}': {problem}")
+    return Comparison(True, worst)
+
+
+def _output_error(expected: Any, actual: Any, atol: float, rtol: float) -> tuple[float, str]:
+    """(max abs error, reason it fails or '') of one output."""
+    import numpy as np
+
+    if isinstance(expected, list) or isinstance(actual, list):
+        if not (isinstance(expected, list) and isinstance(actual, list)) or len(expected) != len(actual):
+            return math.inf, "sequence outputs differ in kind or length"
+        results = [_output_error(e, a, atol, rtol) for e, a in zip(expected, actual, strict=True)]
+        return max((err for err, _ in results), default=0.0), next((why for _, why in results if why), "")
+    expected, actual = np.asarray(expected), np.asarray(actual)
+    if expected.shape != actual.shape or expected.dtype != actual.dtype:
+        return math.inf, (f"{actual.dtype}{list(actual.shape)} where the original gives "
+                          f"{expected.dtype}{list(expected.shape)}")
+    if expected.dtype.kind not in "fbiu":
+        return (0.0, "") if np.array_equal(expected, actual) else (math.inf, "values differ")
+    ref, got = expected.astype(np.float64), actual.astype(np.float64)
+    finite = np.isfinite(ref) & np.isfinite(got)
+    diff = np.abs(ref[finite] - got[finite])
+    error = float(diff.max()) if diff.size else 0.0
+    if not np.array_equal(ref[~finite], got[~finite], equal_nan=True):
+        return math.inf, "NaN/Inf values differ"
+    if expected.dtype.kind != "f":
+        return (error, f"max abs error {error:.3g} where exact equality is required") if error else (0.0, "")
+    if bool((diff > atol + rtol * np.abs(ref[finite])).any()):
+        return error, f"max abs error {error:.3g} beyond atol {atol}, rtol {rtol}"
+    return error, ""
+
+
+SYMBOLIC_SIZES = (32, 1, 256)
+"""Sizes tried, in order, for a symbolic dimension other than the batch (axis 0, which gets 1)."""
+SESSION_LEVEL = "ORT_ENABLE_ALL"
+"""Both models run as ONNX Runtime runs them in deployment (several times faster than unoptimized on CPU
+convolutions); its rewrites change float results by rounding only, far below the check's tolerance."""
+QDQ_SESSION_LEVEL = "ORT_ENABLE_BASIC"
+"""For models with QuantizeLinear/DequantizeLinear: ORT fuses QDQ into int8 kernels only at higher levels, and a
+fusion taken in one model but not the other would differ by a quantization step, not by a bug of ours."""
+
+
+def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyConfig,
+                      ctx: StageContext) -> dict[str, Any]:
+    """Run original and simplified models on the same inputs; StageError when they disagree.
+
+    The simplified model must load in ONNX Runtime with the original's input and output types whenever the
+    original loads.  When the outputs cannot be compared (inputs a check cannot build, an original that fails
+    on them, the memory bound), the findings say "unchecked" and why: that is never a pass.
+    """
+    from qdeploy.stages.simplify._check_inputs import bounded_memory, unfeedable_inputs
+
+    level = QDQ_SESSION_LEVEL if any(node.op_type in ("QuantizeLinear", "DequantizeLinear")
+                                     for node in model.graph.node) else SESSION_LEVEL
+    try:
+        reference = _session(str(original), level)
+    except Exception as exc:  # custom ops or a runtime too old: nothing to compare against
+        return {"unchecked": f"the original model does not load in ONNX Runtime (custom ops?): {_short(exc)}"}
+    candidate = _candidate(model, level, ctx)
+    same_interface(reference, candidate, STAGE, ctx.variant)
+    unfeedable = unfeedable_inputs(model)
+    if unfeedable:
+        return {"unchecked": f"check inputs cannot be built for {', '.join(unfeedable)}; the simplified model "
+                             "loads in ONNX Runtime with the original's input and output types"}
+    with bounded_memory():
+        feeds, failure = _feeds_the_original_accepts(reference, original, model, config, ctx)
+        if feeds is None:
+            return {"unchecked": f"the original model fails on the check inputs: {failure}; the simplified model "
+                                 "loads in ONNX Runtime with the original's input and output types"}
+        try:
+            worst = _compare_all(candidate, feeds, config, ctx)
+        except _MemoryBound as exc:
+            return {"unchecked": f"the check went past its memory bound: {exc}; the simplified model loads in "
+                                 "ONNX Runtime with the original's input and output types"}
+    shapes = {name: list(array.shape) for name, array in feeds[0][0].items()}
+    return {"samples": len(feeds), "max_abs_err": worst, "atol": config.check_atol, "rtol": config.check_rtol,
+            "input_shapes": shapes, "inputs": feeds.source}
+
+
+def _candidate(model: onnx.ModelProto, level: str, ctx: StageContext) -> Any:
+    try:
+        return _session(model.SerializeToString(), level)
+    except Exception as exc:
+        raise StageError(STAGE, ctx.variant, f"the simplified model does not load in ONNX Runtime "
+                         f"while the original does: {_short(exc)}") from exc
+
+
+def same_interface(reference: Any, candidate: Any, stage: str, variant: str) -> None:
+    """StageError unless both sessions have the same input and output names and types."""
+    for kind in ("inputs", "outputs"):
+        want = [(value.name, value.type) for value in getattr(reference, f"get_{kind}")()]
+        got = [(value.name, value.type) for value in getattr(candidate, f"get_{kind}")()]
+        if want != got:
+            raise StageError(stage, variant, f"the new model's {kind} {got} differ from the original's {want}")
+
+
+def _compare_all(candidate: Any, feeds: Feeds, config: SimplifyConfig, ctx: StageContext) -> float:
+    worst = 0.0
+    for index, (sample, expected) in enumerate(feeds):
+        try:
+            actual = _outputs(candidate, sample)
+            comparison = compare_outputs(expected, actual, atol=config.check_atol, rtol=config.check_rtol)
+        except Exception as exc:
+            if _is_memory(exc):
+                raise _MemoryBound(_short(exc)) from exc
+            raise StageError(STAGE, ctx.variant, f"the simplified model fails on check sample {index} "
+                             f"where the original runs: {_short(exc)}") from exc
+        if not comparison.passed:
+            raise StageError(STAGE, ctx.variant, f"simplified model disagrees with the original on check sample "
+                             f"{index} ({feeds.source}): {comparison.reason}")
+        worst = max(worst, comparison.max_abs_err)
+    return worst
+
+
+class _MemoryBound(Exception):
+    """The check needed more memory than ``qdeploy.stages.simplify._check_inputs.bounded_memory`` allows."""
+
+
+class Feeds(list):  # type: ignore[type-arg]
+    """(feeds, original's outputs) pairs, and where the inputs came from."""
+
+    source: str = "seeded random"
+
+
+def _feeds_the_original_accepts(reference: Any, original: Path, model: onnx.ModelProto, config: SimplifyConfig,
+                                ctx: StageContext) -> tuple[Feeds | None, str]:
+    """``check_n`` (feeds, original's outputs): the recipe's validation data when it has some, else seeded random
+    inputs (the next symbolic size is tried when the original refuses one)."""
+    from qdeploy.calibration.readers import model_inputs, random_samples
+    from qdeploy.stages.simplify._check_inputs import (
+        compared_values,
+        recipe_samples,
+        safe_integer_ranges,
+        with_compared_values,
+    )
+
+    failure = ""
+    real = recipe_samples(ctx, original, config.check_n)
+    if real:
+        try:
+            return _with_outputs(reference, real, "the recipe's validation data"), ""
+        except Exception as exc:  # fall back to random inputs
+            failure = f"on the recipe's validation data: {_short(exc)}; "
+    infos = model_inputs(original)
+    ranges = {**safe_integer_ranges(model), **_input_ranges(ctx)}
+    choices = {name: values for name, values in compared_values(model).items() if name not in _input_ranges(ctx)}
+    sizes = SYMBOLIC_SIZES if any(None in info.shape[1:] for info in infos) else SYMBOLIC_SIZES[:1]
+    for size in sizes:
+        concrete = [_concrete(info, size) for info in infos]
+        try:
+            samples = with_compared_values(random_samples(concrete, config.check_n, seed=0, ranges=ranges), choices)
+            return _with_outputs(reference, samples, "seeded random"), ""
+        except Exception as exc:  # random feeds may be invalid for this model at this size
+            failure += _short(exc)
+            if _is_memory(exc):
+                return None, f"the check went past its memory bound: {failure}"
+    return None, failure
+
+
+def _with_outputs(reference: Any, samples: Any, source: str) -> Feeds:
+    feeds = Feeds()
+    feeds.source = source
+    for sample in samples:
+        feeds.append((sample, _outputs(reference, sample)))
+    return feeds
+
+
+def _is_memory(exc: BaseException) -> bool:
+    from qdeploy.stages.simplify._check_inputs import is_memory_error
+
+    return is_memory_error(exc)
+
+
+def _concrete(info: Any, size: int) -> Any:
+    """The input with its symbolic dimensions set: 1 on axis 0, ``size`` elsewhere."""
+    from qdeploy.calibration.readers import InputInfo
+
+    shape = tuple((1 if axis == 0 else size) if dim is None else dim for axis, dim in enumerate(info.shape))
+    return InputInfo(info.name, shape, info.dtype)
+
+
+def _session(model: str | bytes, level: str) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    options.log_severity_level = 3
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def _outputs(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+    names = [out.name for out in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds), strict=True))
+
+
+def _input_ranges(ctx: StageContext) -> dict[str, tuple[float | None, float | None]]:
+    return {name: (low, high) for name, (low, high) in ctx.input_ranges.items() if low is not None or high is not None}
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,80 @@
+"""Shape inference for the simplify stage: into every graph's value_info (subgraphs too), by file for large models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.graph.utils import model_bytes, prune_value_info
+
+if TYPE_CHECKING:
+    import onnx
+
+INFER_BY_PATH_BYTES = int(1.5 * 2**30)
+"""Above this, shape inference goes through a file."""
+
+
+def infer_shapes(model: onnx.ModelProto, work_dir: Path, progress: Any) -> onnx.ModelProto:
+    """ONNX shape inference (strict off) into the model's value_info; through a file for large models.
+
+    Inference runs on a light copy (large weights as tags: it reads their shapes, not their bytes) and only
+    its value_info comes back, so the weights are never serialised.  On failure the model is unchanged.
+    """
+    import onnx
+
+    from qdeploy.stages.simplify._light import light_copy
+
+    prune_value_info(model)
+    if model_bytes(model) > INFER_BY_PATH_BYTES:
+        return _infer_shapes_by_path(model, work_dir, progress)
+    light = light_copy(model, value_info=False).model
+    for data_prop in (True, False):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=data_prop)
+        except Exception as exc:  # inference is best effort; folding works with what it knows
+            failure = exc
+            continue
+        _take_value_info(model.graph, inferred.graph)
+        return model
+    progress.note(f"shape inference failed: {_short(failure)}")
+    return model
+
+
+def _take_value_info(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> None:
+    """Copy the inferred value_info of a graph and of its subgraphs (same nodes, same order) into ``graph``."""
+    from qdeploy.graph.utils import subgraphs
+
+    del graph.value_info[:]
+    graph.value_info.extend(inferred.value_info)
+    for index, node in enumerate(graph.node):
+        inner = subgraphs(node)
+        if not inner:
+            continue
+        twin = inferred.node[index]
+        if node.output != twin.output:
+            return  # inference does not reorder nodes; if it ever does, keep what is there
+        for sub, sub_twin in zip(inner, subgraphs(twin), strict=True):
+            _take_value_info(sub, sub_twin)
+
+
+def _infer_shapes_by_path(model: onnx.ModelProto, work_dir: Path, progress: Any) -> onnx.ModelProto:
+    import onnx
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    source, target, data = (work_dir / name for name in ("infer_in.onnx", "infer_out.onnx", "infer_in.data"))
+    # Saving with external data moves the tensors' bytes out of ``model``: it is reloaded in both outcomes.
+    onnx.save(model, str(source), save_as_external_data=True, location=data.name)
+    try:
+        onnx.shape_inference.infer_shapes_path(str(source), str(target), strict_mode=False, data_prop=True)
+        return onnx.load(str(target))
+    except Exception as exc:  # inference is best effort
+        progress.note(f"shape inference failed: {_short(exc)}")
+        return onnx.load(str(source))
+    finally:
+        for path in (source, target, data):
+            path.unlink(missing_ok=True)
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,360 @@
+"""The validate stage: every artifact on every target against the float32 reference.
+
+Reference outputs come from the reference variant (or ``validate.reference_model``)
+run on ``ort:cpu``; every (variant, target) pair is run on the same inputs and
+compared with them.  Running (qdeploy.targets) and comparing (qdeploy.core.compare)
+stay apart; a failing pair is localized to its first diverging node
+(qdeploy.stages.validate._localize); the reference's own disagreement across targets is the
+noise floor (qdeploy.stages.validate._floor); the user's task metric lives in
+qdeploy.stages.validate._task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
+from qdeploy.stages.validate._batches import BatchedFeeds, reference_batches, run_feeds, wanted_batch_sizes
+from qdeploy.stages.validate._common import Feeds, Outcome, Outputs, feed_caster
+from qdeploy.stages.validate._floor import noise_floor_summary
+from qdeploy.stages.validate.config import RANDOM_DATA_WARNING, REFERENCE_MODEL_ROW, REFERENCE_TARGET, ValidateConfig
+
+if TYPE_CHECKING:
+    from qdeploy.core.context import Artifact, StageContext
+    from qdeploy.stages.validate._localize import Localizer
+
+
+__all__ = ["REFERENCE_TARGET", "Outcome", "ValidateConfig", "check_config", "feed_caster", "noise_floor_summary",
+           "output_tolerances", "run", "tolerance_for"]
+
+log = logging.getLogger(__name__)
+
+
+
+def tolerance_for(config: ValidateConfig, precision: str) -> Tolerance:
+    """The recipe's tolerance, or the default of the artifact's precision."""
+    return config.tolerance or DEFAULT_TOLERANCES[precision]
+
+
+def output_tolerances(config: ValidateConfig, precision: str) -> dict[str, Tolerance]:
+    """Per-output limits: each entry of validate.outputs laid over the base tolerance, field by field."""
+    base = tolerance_for(config, precision)
+    return {name: base.model_copy(update={key: getattr(override, key) for key in override.model_fields_set})
+            for name, override in config.outputs.items()}
+
+
+def check_config(config: ValidateConfig, resolve: Callable[[str], Path]) -> None:
+    """What can be checked before any model is built: the files the section names (no user code is run)."""
+    from qdeploy.core.errors import RecipeError
+    from qdeploy.stages.validate._task import check_metric
+
+    if config.reference_model is not None:
+        path = resolve(config.reference_model)
+        if not path.is_file():
+            raise RecipeError(f"file '{config.reference_model}' does not exist (resolved to {path})",
+                              field="validate.reference_model")
+    if config.metric is not None:
+        check_metric(config.metric, resolve)
+
+
+@dataclass
+class _Task:
+    function: Callable[..., Any]
+    spec: str
+    labels: list[np.ndarray] | None
+    reference_value: float | None
+    warning: str
+
+
+@dataclass
+class _Run:
+    """What every pair of one validate run shares."""
+
+    config: ValidateConfig
+    feeds: Feeds
+    reference_path: Path
+    reference_outputs: Outputs
+    reference_execution: dict[str, Any]
+    warnings: list[str]
+    task: _Task | None
+    localizer: Localizer | None
+    batches: BatchedFeeds = field(default_factory=BatchedFeeds)
+    """Feeds stacked to the benchmark's batch sizes, after the samples in ``feeds`` (``_batches``)."""
+
+    @property
+    def base_samples(self) -> int:
+        return len(self.feeds) - len(self.batches.feeds)
+
+
+def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConfig,
+        ctx: StageContext) -> list[dict[str, Any]]:
+    """Validation results, one per (variant, target), in the report's contract."""
+    from qdeploy.stages.validate._floor import flag_unattainable
+    from qdeploy.stages.validate._reference import ReferenceMissing, reference_source
+
+    try:
+        source = reference_source(artifacts, config, ctx)
+    except ReferenceMissing as exc:
+        return [_result(name, target, "error", str(exc)) for name in artifacts for target in targets]
+    feeds = list(ctx.samples(config.data, source.feed_model, limit=config.samples))
+    try:
+        ctx.on_progress(f"reference {source.label} on {REFERENCE_TARGET}")
+        reference_outputs, execution = _run_model(REFERENCE_TARGET, source.path, feeds, pin_f32=True)
+    except Exception as exc:  # the reference failing makes every comparison impossible
+        reason = f"reference {source.label} failed on {REFERENCE_TARGET}: {exc}"
+        return [_result(name, target, "error", reason) for name in artifacts for target in targets]
+    source.check_outputs(reference_outputs, config)
+    batches = reference_batches(feeds, source.feed_model, source.path, wanted_batch_sizes(ctx),
+                                lambda path, more: _run_model(REFERENCE_TARGET, path, more, pin_f32=True)[0])
+    warnings = [RANDOM_DATA_WARNING] if _is_random(config, ctx) else []
+    shared = _Run(config, feeds + batches.feeds, source.path, reference_outputs + batches.outputs, execution,
+                  warnings + batches.warnings, _task_metric(config, ctx, source, reference_outputs),
+                  _localizer(config, source.path), batches)
+    outcomes = []
+    for name, artifact in artifacts.items():
+        for target in targets:
+            ctx.on_progress(f"validate {name} on {target}")
+            outcome = _validate_pair(shared, name, artifact.path, artifact.precision, target)
+            outcome.row["noise_floor"] = name == source.variant and target != REFERENCE_TARGET
+            outcomes.append(outcome)
+    if source.variant is None:  # reference_model: its own rows on the other targets measure the floor
+        for target in targets:
+            if target != REFERENCE_TARGET:
+                ctx.on_progress(f"validate {REFERENCE_MODEL_ROW} on {target}")
+                outcome = _validate_pair(shared, REFERENCE_MODEL_ROW, source.path, "fp32", target)
+                outcome.row["noise_floor"] = True
+                outcomes.append(outcome)
+    outcomes += _true_fp16_checks(shared, artifacts, targets, ctx)
+    flag_unattainable(outcomes, shared.reference_outputs, source.label)
+    return [outcome.row for outcome in outcomes]
+
+
+TRUE_FP16_TARGET = "reference:cpu"
+GPU_TARGETS = ("ort:cuda", "ort:tensorrt", "openvino:gpu")
+
+
+def _true_fp16_checks(shared: _Run, artifacts: dict[str, Artifact], targets: list[str],
+                      ctx: StageContext) -> list[Outcome]:
+    """fp16 artifacts on reference:cpu, where float16 arithmetic really happens, when no GPU would show it."""
+    from qdeploy.targets import get_target
+
+    fp16 = {name: artifact for name, artifact in artifacts.items() if artifact.precision == "fp16"}
+    mode = shared.config.fp16_reference
+    recipe_targets = ctx.targets
+    # a scheduler may validate the targets in groups: the group holding the recipe's first target owns these rows
+    owner = recipe_targets[0] in targets if recipe_targets else True
+    if not fp16 or mode == "never" or TRUE_FP16_TARGET in recipe_targets or not owner:
+        return []
+    gpus = [t for t in recipe_targets if t in GPU_TARGETS and get_target(t).availability()[0]]
+    if mode == "auto" and gpus:
+        return []
+    count = min(shared.config.fp16_reference_samples, shared.base_samples)
+    capped = dataclasses.replace(shared, feeds=shared.feeds[:count], reference_outputs=shared.reference_outputs[:count],
+                                 batches=BatchedFeeds())
+    outcomes = []
+    for name, artifact in fp16.items():
+        ctx.on_progress(f"validate {name} on {TRUE_FP16_TARGET} (true float16 arithmetic)")
+        outcome = _validate_pair(capped, name, artifact.path, artifact.precision, TRUE_FP16_TARGET)
+        outcome.row["added"] = "fp16 true-precision check: no GPU target of the recipe is available here"
+        outcome.row["noise_floor"] = False
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _is_random(config: ValidateConfig, ctx: StageContext) -> bool:
+    return config.data is None or ctx.datasets[config.data].reader == "random"
+
+
+def _task_metric(config: ValidateConfig, ctx: StageContext, source: Any, reference_outputs: Outputs) -> _Task | None:
+    """The user's metric, loaded, with the labels and its value on the reference outputs."""
+    if config.metric is None:
+        return None
+    from qdeploy.calibration.readers import model_inputs
+    from qdeploy.stages.validate._task import evaluate, load_metric, read_labels
+
+    function = load_metric(config.metric, ctx.resolve)
+    names = [info.name for info in model_inputs(source.feed_model)]
+    labels = read_labels(ctx.datasets, ctx.resolve, config.data, names, config.samples)
+    warning = "" if labels is not None else f"validate.metric '{config.metric}' called with labels=None: " \
+                                            "the dataset holds no 'label' arrays"
+    if labels is not None and len(labels) != len(reference_outputs):
+        labels, warning = None, f"{len(labels)} labels for {len(reference_outputs)} samples; labels=None given"
+    value, failure = evaluate(function, config.metric, reference_outputs, labels)
+    if failure:
+        log.error("%s (on the reference outputs)", failure)
+    return _Task(function, config.metric, labels, value, "; ".join(filter(None, (warning, failure))))
+
+
+def _localizer(config: ValidateConfig, reference_path: Path) -> Localizer | None:
+    if not config.localize:
+        return None
+    from qdeploy.stages.validate._localize import Localizer
+
+    return Localizer(reference_path, REFERENCE_TARGET)
+
+
+def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: str) -> Outcome:
+    from qdeploy.core.compare import compare_outputs
+    from qdeploy.core.errors import ModelError, TargetUnavailable
+    from qdeploy.stages.validate._tolerance import tolerance_precision
+    from qdeploy.targets import TargetFellBack, get_target
+
+    available, reason = get_target(target).availability()
+    if not available:
+        return Outcome(_result(name, target, "unavailable", reason, shared.warnings))
+    pin_f32 = precision == "fp32"  # float32 artifacts run in float32; reduced ones as the device would run them
+    try:
+        if path == shared.reference_path and target == REFERENCE_TARGET:
+            outputs, executed = shared.reference_outputs, shared.reference_execution  # the same run
+        else:
+            outputs, executed = _run_model(target, path, shared.feeds, pin_f32=pin_f32, batches=shared.batches)
+    except TargetFellBack as exc:  # the target exists but ran elsewhere: a failure of that target
+        return Outcome(_result(name, target, "failed", str(exc), shared.warnings))
+    except TargetUnavailable as exc:
+        return Outcome(_result(name, target, "unavailable", str(exc), shared.warnings))
+    except ModelError as exc:  # the runtime cannot read or compile this artifact: it cannot be deployed there
+        return Outcome(_result(name, target, "failed", f"{target} cannot run this artifact: {exc}", shared.warnings))
+    except Exception as exc:
+        log.debug("validation of %s on %s failed", name, target, exc_info=True)
+        return Outcome(_result(name, target, "error", f"{type(exc).__name__}: {exc}", shared.warnings))
+    basis, held = tolerance_precision(precision, path) if shared.config.tolerance is None else (precision, "")
+    tolerance = tolerance_for(shared.config, basis)
+    notes = [*shared.warnings, *_execution_warnings(executed, precision), *([held] if held else [])]
+    per_output = output_tolerances(shared.config, basis)
+    comparison = compare_outputs(shared.reference_outputs, outputs, tolerance, per_output)
+    row = _result(name, target, "passed" if comparison.passed else "failed", "; ".join(comparison.reasons),
+                  [*notes, *comparison.notes])
+    row.update(
+        metrics=comparison.worst(),
+        outputs=[output.to_dict() for output in comparison.outputs],
+        tolerance=tolerance.model_dump(exclude_none=True),
+        tolerance_basis=held or None,
+        precision=precision,
+        effective_precision=effective_precision(precision, executed),
+        execution=executed,
+        samples=shared.base_samples,
+        batch_sizes_validated=shared.batches.sizes,
+    )
+    _add_task_metric(shared, row, outputs[:shared.base_samples])
+    if not comparison.passed and precision == "int8":
+        _add_saturation_reason(row, path, target)
+    if not comparison.passed and shared.localizer is not None:
+        failing = [out for out in comparison.outputs if not out.passed and out.shape_mismatch is None]
+        if failing:
+            _add_divergence(shared, row, path, target, precision, outputs, per_output.get(failing[0].name, tolerance))
+    return Outcome(row, outputs, tolerance, per_output)
+
+
+def _run_model(target: str, path: Path, feeds: Feeds, *, pin_f32: bool,
+               batches: BatchedFeeds | None = None) -> tuple[Outputs, dict[str, Any]]:
+    from qdeploy.targets import get_target
+
+    caster = feed_caster(path)
+    with get_target(target).load(path, pin_f32=pin_f32) as session:
+        outputs = run_feeds(session, [caster(feed) for feed in feeds], batches)
+        return outputs, session.executed.to_dict()
+
+
+def _add_saturation_reason(row: dict[str, Any], path: Path, target: str) -> None:
+    """On a CPU without VNNI, a diverging int8 artifact with full-range operands may be saturating: say so."""
+    import onnx
+
+    from qdeploy.targets.int8_path import int8_path, saturation_note, saturation_risk
+
+    note = saturation_note(int8_path(), target, saturation_risk(onnx.load(str(path), load_external_data=False)))
+    if note:
+        row["reason"] = f"{row['reason']}; {note}"
+
+
+def _add_task_metric(shared: _Run, row: dict[str, Any], outputs: Outputs) -> None:
+    if shared.task is None:
+        return
+    from qdeploy.stages.validate._task import evaluate
+
+    value, failure = evaluate(shared.task.function, shared.task.spec, outputs, shared.task.labels)
+    row["metrics"]["task_metric"] = value
+    row["task_metric_reference"] = shared.task.reference_value
+    row["warnings"] += [w for w in (shared.task.warning, failure) if w and w not in row["warnings"]]
+
+
+def _add_divergence(shared: _Run, row: dict[str, Any], path: Path, target: str, precision: str, outputs: Outputs,
+                    limits: Tolerance) -> None:
+    """Name the first node whose output breaks the limits (cosine/SNR: scale-free on every tensor)."""
+    from qdeploy.stages.validate._localize import INSTRUMENTED_NOTE, scale_free
+
+    assert shared.localizer is not None
+    indices = worst_samples(shared.reference_outputs, outputs, shared.config.localize_samples)
+    tolerance = scale_free(limits, DEFAULT_TOLERANCES[precision])
+    try:
+        divergence, why = shared.localizer.locate(path, target, {i: shared.feeds[i] for i in indices},
+                                                  tolerance=tolerance, pin_f32=precision == "fp32")
+    except Exception as exc:  # localization is a diagnosis: its failure must not hide the row's verdict
+        log.debug("localizing %s on %s failed", row["variant"], target, exc_info=True)
+        divergence, why = None, f"{type(exc).__name__}: {exc}"
+    if divergence is None:
+        row["warnings"].append(f"diverging node not located: {why}")
+        return
+    row["divergence"] = {**divergence.to_dict(), "target": target, "samples": indices,
+                         "tolerance": tolerance.model_dump(exclude_none=True), "note": INSTRUMENTED_NOTE}
+    row["reason"] = f"{row['reason']}; {divergence.summary()}"
+
+
+def worst_samples(reference: Outputs, candidate: Outputs, count: int) -> list[int]:
+    """Indices of the samples that disagree most: NaN/Inf first, then the largest error relative to |ref|."""
+    scores = []
+    for index, (ref, cand) in enumerate(zip(reference, candidate, strict=False)):
+        nonfinite, relative = 0, 0.0
+        for name, r in ref.items():
+            c = cand.get(name)
+            if c is None or np.shape(c) != np.shape(r) or np.asarray(r).dtype.kind != "f":
+                continue
+            r64, c64 = np.asarray(r, np.float64), np.asarray(c, np.float64)
+            nonfinite += int(np.count_nonzero(~np.isfinite(c64)))
+            finite = np.isfinite(r64) & np.isfinite(c64)
+            if finite.any():
+                scale = float(np.abs(r64[finite]).max()) or 1.0
+                relative = max(relative, float(np.abs(c64[finite] - r64[finite]).max()) / scale)
+        scores.append((nonfinite, relative, -index))
+    ranked = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
+    return sorted(ranked[:count])
+
+
+def effective_precision(precision: str, executed: dict[str, Any]) -> str:
+    """What really ran: OpenVINO's inference precision, ORT's kernel element types, or the declared types."""
+    counts = ", ".join(f"{key} {value}" for key, value in sorted(executed.get("precisions", {}).items()))
+    ran = executed.get("precision")
+    if ran == "declared":
+        return f"{precision} graph, every op in its declared precision ({executed.get('runtime')})"
+    if ran:
+        return f"{precision} graph, {ran} inference precision" + (f" (layers: {counts})" if counts else "")
+    device = executed.get("device", "")
+    text = f"{precision} graph on {device}" if device else precision
+    return text + (f" (kernels: {counts})" if counts else "")
+
+
+def _execution_warnings(executed: dict[str, Any], precision: str) -> list[str]:
+    """What ran differently from what the graph declares, or elsewhere than asked."""
+    warnings = [note for note in executed.get("notes", []) if "kernels ran on CPUExecutionProvider" in note]
+    unsupported = executed.get("unsupported_ops") or []
+    if unsupported:
+        warnings.append(f"query_model: {len(unsupported)} ops unsupported on {executed.get('device')}: "
+                        f"{', '.join(unsupported[:5])}{' ...' if len(unsupported) > 5 else ''}")
+    precisions = executed.get("precisions") or {}
+    if precision == "fp16" and executed.get("runtime") == "onnxruntime" and precisions.get("FP32"):
+        warnings.append(f"onnxruntime ran {precisions['FP32']} of {sum(precisions.values())} kernels of this fp16 "
+                        f"graph in float32 on {executed.get('device')} (casts inserted where it has no fp16 kernel): "
+                        "fp16 overflow and rounding are not exercised here; target reference:cpu checks them")
+    return warnings
+
+
+def _result(variant: str, target: str, status: str, reason: str, warnings: list[str] | None = None) -> dict[str, Any]:
+    return {"variant": variant, "target": target, "status": status, "reason": reason, "metrics": {},
+            "effective_precision": None, "warnings": list(warnings or []), "divergence": None,
+            "unattainable": [], "noise_floor": False}

@@ -1,0 +1,39 @@
+"""What the validate stage's modules share: feeds and outputs, one row's outcome, feeds cast to a model's types."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qdeploy.core.tolerance import Tolerance
+
+__all__ = ["Feeds", "Outcome", "Outputs", "feed_caster"]
+
+Feeds = list[dict[str, np.ndarray]]
+Outputs = list[dict[str, np.ndarray]]
+
+
+@dataclass
+class Outcome:
+    """One validation row, and what the noise floor needs of it."""
+
+    row: dict[str, Any]
+    outputs: Outputs | None = None
+    tolerance: Tolerance | None = None
+    per_output: dict[str, Tolerance] = field(default_factory=dict)
+
+
+def feed_caster(model_path: Path) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """A function giving a sample in the element types this model declares (an fp16 model may take float16)."""
+    from qdeploy.calibration.readers import model_inputs
+
+    dtypes = {info.name: info.dtype for info in model_inputs(model_path)}
+
+    def cast(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {name: value.astype(dtypes.get(name, value.dtype), copy=False) for name, value in feed.items()}
+
+    return cast

@@ -1,0 +1,53 @@
+"""The noise floor: how far the float32 reference disagrees with itself across targets.
+
+The rows that run the reference itself on a target other than ``ort:cpu``
+(ORT CPU against OpenVINO CPU at f32, say) carry ``noise_floor: true``; their
+metrics are the floor of that target.  Any other row on that target whose
+limits the reference itself already breaks there gets those limits listed in
+``unattainable``: no artifact can be held to them on that target, however
+faithful.  Rows on ``ort:cpu`` compare with a reference computed by the same
+runtime and have no floor to meet.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from qdeploy.stages.validate._common import Outcome, Outputs
+
+
+def floor_outputs(outcomes: list[Outcome]) -> dict[str, Outputs]:
+    """Target -> the reference's outputs there, for the floor rows that ran."""
+    return {o.row["target"]: o.outputs for o in outcomes
+            if o.row.get("noise_floor") and o.outputs is not None and o.row["status"] in ("passed", "failed")}
+
+
+def flag_unattainable(outcomes: list[Outcome], reference_outputs: Outputs, reference_label: str) -> None:
+    """Fill each measured row's ``unattainable`` with the limits the reference breaks on its target."""
+    from qdeploy.core.compare import compare_outputs
+
+    floors = floor_outputs(outcomes)
+    for outcome in outcomes:
+        row = outcome.row
+        floor = floors.get(row["target"])
+        if row.get("noise_floor") or floor is None or outcome.tolerance is None:
+            continue
+        comparison = compare_outputs(reference_outputs, floor, outcome.tolerance, outcome.per_output)
+        row["unattainable"] = [f"{reason}, already for the reference {reference_label} itself on {row['target']} "
+                               f"(noise floor against ort:cpu)" for reason in comparison.reasons]
+
+
+def noise_floor_summary(validation: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The floor for the report's top level: per target, the reference's own disagreement with ort:cpu.
+
+    ``{"against": "ort:cpu", "variant": <the floor rows' variant>, "targets": {target: {max_abs_err,
+    mean_abs_err, cosine, snr_db, status}}}``, or None when no floor row was measured (one target only).
+    """
+    rows = [row for row in validation if row.get("noise_floor") and row.get("metrics")]
+    if not rows:
+        return None
+    keys = ("max_abs_err", "mean_abs_err", "cosine", "snr_db")
+    return {"against": "ort:cpu", "variant": rows[0]["variant"],
+            "targets": {row["target"]: {**{key: row["metrics"].get(key) for key in keys}, "status": row["status"]}
+                        for row in rows}}

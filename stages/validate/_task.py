@@ -1,0 +1,142 @@
+"""The user's task metric of the validate stage: ``validate: {metric: "file.py:function"}``.
+
+The function is called as ``function(outputs, labels) -> float``:
+
+- ``outputs``: output name -> one array, the samples concatenated along the
+  first (batch) axis; an output whose samples differ in shape beyond that axis
+  is given as a list of per-sample arrays instead.
+- ``labels``: the dataset's labels stacked the same way, or None when the
+  dataset has none (random data, .npy samples).  Labels are read from .npz
+  samples of an ``npy`` dataset: the array under the key ``label`` (or
+  ``labels``) beside the input arrays, in the same file order as the inputs.
+
+It is called once on the reference outputs and once per (variant, target);
+its value is reported as ``metrics.task_metric`` (and the reference's as
+``task_metric_reference``) and can be gated like any metric.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import logging
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qdeploy.calibration.readers import is_npy_sample
+from qdeploy.core.errors import DataError, RecipeError
+from qdeploy.core.userfiles import files_in_folder, open_regular_file
+
+if TYPE_CHECKING:
+    from qdeploy.core.context import DatasetInfo
+
+log = logging.getLogger(__name__)
+
+LABEL_KEYS = ("label", "labels")
+_FIELD = "validate.metric"
+
+TaskMetric = Callable[[dict[str, Any], Any], Any]
+
+
+def check_metric(spec: str, resolve: Callable[[str], Path]) -> None:
+    """Without running user code: the file exists and defines the function (for a module: it can be found)."""
+    module_part, function = spec.rsplit(":", 1)
+    if not module_part.endswith(".py"):
+        if importlib.util.find_spec(module_part.split(".")[0]) is None:
+            raise RecipeError(f"module '{module_part}' cannot be found on the Python path", field=_FIELD)
+        return
+    path = resolve(module_part)
+    if not path.is_file():
+        raise RecipeError(f"file '{module_part}' does not exist (resolved to {path})", field=_FIELD)
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except (SyntaxError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"{path} cannot be parsed: {exc}", field=_FIELD) from None
+    defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+    defined |= {target.id for node in tree.body if isinstance(node, ast.Assign)
+                for target in node.targets if isinstance(target, ast.Name)}
+    if function not in defined:
+        raise RecipeError(f"{path} defines no function '{function}'; it defines {sorted(defined)}", field=_FIELD)
+
+
+def load_metric(spec: str, resolve: Callable[[str], Path]) -> TaskMetric:
+    """Import the user's function ('file.py:function' relative to the recipe, or 'package.module:function')."""
+    check_metric(spec, resolve)
+    module_part, function = spec.rsplit(":", 1)
+    from qdeploy.core.usercode import import_user_module
+
+    try:
+        path = resolve(module_part) if module_part.endswith(".py") else None
+        module = import_user_module(module_part, path, label="metric")
+    except Exception as exc:
+        raise RecipeError(f"cannot import '{module_part}': {type(exc).__name__}: {exc}", field=_FIELD) from None
+    found = getattr(module, function, None)
+    if not callable(found):
+        raise RecipeError(f"'{module_part}' has no callable '{function}'", field=_FIELD)
+    return found
+
+
+def read_labels(datasets: Mapping[str, DatasetInfo], resolve: Callable[[str], Path], dataset: str | None,
+                input_names: list[str],
+                limit: int | None) -> list[np.ndarray] | None:
+    """Labels of the samples the readers yield, in the same order; None when the dataset has none.
+
+    Mirrors qdeploy.calibration.readers.npy_samples' file order (sorted .npy/.npz names, the same limit).
+    """
+    spec = datasets.get(dataset) if dataset is not None else None
+    if spec is None or spec.reader != "npy" or not spec.path:
+        return None
+    folder = resolve(spec.path)
+    files = files_in_folder(folder, is_npy_sample, f"dataset '{dataset}'") if folder.is_dir() else []
+    count = min(filter(None, (spec.samples, limit)), default=None)
+    files = files[:count] if count else files
+    labels = [_label_of(path, input_names) for path in files]
+    if all(label is None for label in labels):
+        return None
+    missing = [path.name for path, label in zip(files, labels, strict=True) if label is None]
+    if missing:
+        raise DataError(f"dataset '{dataset}' ({folder}): some samples hold a label ({' or '.join(LABEL_KEYS)}) "
+                        f"and {len(missing)} do not, e.g. {missing[0]}; label every sample or none")
+    return [label for label in labels if label is not None]
+
+
+def _label_of(path: Path, input_names: list[str]) -> np.ndarray | None:
+    if path.suffix != ".npz":
+        return None
+    try:
+        with open_regular_file(path, "sample") as stream, np.load(stream, allow_pickle=False) as archive:
+            key = next((k for k in LABEL_KEYS if k in archive.files and k not in input_names), None)
+            return np.asarray(archive[key]) if key else None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: cannot read sample: {exc}") from None
+
+
+def stack(arrays: list[np.ndarray]) -> np.ndarray | list[np.ndarray]:
+    """Samples concatenated along the first axis; a list when their shapes differ beyond it."""
+    arrays = [np.asarray(a) for a in arrays]
+    if arrays and all(a.ndim >= 1 and a.shape[1:] == arrays[0].shape[1:] for a in arrays):
+        return np.concatenate(arrays, axis=0)
+    if arrays and all(a.shape == arrays[0].shape for a in arrays):
+        return np.stack(arrays)
+    return arrays
+
+
+def evaluate(function: TaskMetric, spec: str, outputs: list[dict[str, np.ndarray]],
+             labels: list[np.ndarray] | None) -> tuple[float | None, str]:
+    """The metric's value, or None and a warning saying why (the function raised or returned no number)."""
+    names = list(dict.fromkeys(name for sample in outputs for name in sample))
+    stacked = {name: stack([sample[name] for sample in outputs if name in sample]) for name in names}
+    try:
+        value = function(stacked, stack(labels) if labels is not None else None)
+        number = float(value)
+    except Exception as exc:
+        log.debug("validate.metric %s failed", spec, exc_info=True)
+        return None, f"validate.metric '{spec}' failed: {type(exc).__name__}: {exc}"
+    if not math.isfinite(number):
+        return None, f"validate.metric '{spec}' returned {number}, not a finite number"
+    return number, ""

@@ -1,0 +1,70 @@
+"""Settings of the validate stage (the recipe's ``validate`` section); the recipe imports this module only."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from qdeploy.core.tolerance import StrictModel, Tolerance
+
+__all__ = ["RANDOM_DATA_WARNING", "REFERENCE_MODEL_ROW", "REFERENCE_TARGET", "ValidateConfig"]
+
+
+REFERENCE_TARGET = "ort:cpu"
+REFERENCE_MODEL_ROW = "reference_model"
+"""Variant name of the rows that run validate.reference_model itself on the other targets (its noise floor)."""
+RANDOM_DATA_WARNING = "validated on seeded random inputs: random data can hide accuracy errors; set validate.data"
+
+
+class ValidateConfig(StrictModel):
+    """The recipe's `validate` section."""
+
+    data: str | None = Field(default=None, description="Dataset name from 'data'; seeded random data when absent.")
+    reference: str | None = Field(
+        default=None, description="Reference variant; the exported model as it is ('exported') when absent."
+    )
+    reference_model: str | None = Field(
+        default=None,
+        description="ONNX file (relative to the recipe) whose ort:cpu outputs are the reference instead of the "
+                    "reference variant's, to check a model converted elsewhere against its original; its inputs "
+                    "and outputs must match the artifacts'. 'reference' then only names the speedup baseline.",
+    )
+    tolerance: Tolerance | None = Field(
+        default=None, description="Limits for every variant; defaults per precision (fp32, fp16, int8) otherwise."
+    )
+    outputs: dict[str, Tolerance] = Field(
+        default_factory=dict,
+        description="Per-output limits by output name: the fields given replace those of 'tolerance' (or of the "
+                    "precision's default) for that output; a field set to null removes that limit.",
+    )
+    samples: int = Field(default=8, ge=1, description="How many samples of the dataset to compare at most.")
+    metric: str | None = Field(
+        default=None,
+        description="Task metric 'file.py:function' (relative to the recipe) or 'package.module:function', called "
+                    "as function(outputs, labels) -> float; reported as task_metric and usable in gates.",
+    )
+    localize: bool = Field(
+        default=True,
+        description="When a pair fails, run both models with intermediate outputs exposed and name the first "
+                    "node whose output diverges beyond the limits.",
+    )
+    localize_samples: int = Field(
+        default=2, ge=1, description="How many of the worst samples the divergence search runs on."
+    )
+    fp16_reference: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="Also validate fp16 artifacts on reference:cpu, which computes each op in float16 as declared "
+                    "(CPU providers compute most fp16 ops in float32 and hide overflow): 'auto' when no GPU target "
+                    "of the recipe is available, 'always', or 'never'.",
+    )
+    fp16_reference_samples: int = Field(
+        default=2, ge=1, description="Samples of the reference:cpu check (the reference evaluator is slow)."
+    )
+
+    @field_validator("metric")
+    @classmethod
+    def _metric_form(cls, value: str | None) -> str | None:
+        if value is not None and (":" not in value or not all(value.rsplit(":", 1))):
+            raise ValueError("metric must be 'file.py:function' or 'package.module:function'")
+        return value

@@ -1,0 +1,100 @@
+"""Small graphs, artifacts, contexts and runtime runners of the quantize tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from qdeploy.calibration import data_context
+from qdeploy.core.context import Artifact, StageContext
+from qdeploy.pipeline.recipe import DatasetSpec
+from tests.helpers.models import REPO
+
+DEMO_MODEL = REPO / "recipes" / "models" / "demo_cnn.onnx"
+
+
+DEMO_VAL = REPO / "recipes" / "data" / "val"
+
+
+def save_artifact(tmp_path: Path, model: onnx.ModelProto, name: str = "model.onnx") -> Artifact:
+    path = tmp_path / name
+    onnx.save(model, str(path))
+    return artifact_at(path)
+
+
+def artifact_at(path: Path) -> Artifact:
+    return Artifact(path=path, sidecar=path.with_suffix(".json"), key="k", sha256="s",
+                    size_bytes=path.stat().st_size, stages=("export",), parent=None)
+
+
+def stage_context(tmp_path: Path, datasets: dict[str, Path] | None = None,
+                  ranges: dict[str, tuple[float | None, float | None]] | None = None) -> StageContext:
+    """A stage context whose datasets are npy/npz folders; ranges may bound random inputs."""
+    data = {name: DatasetSpec(reader="npy", path=str(folder)) for name, folder in (datasets or {}).items()}
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    return data_context("v", work, datasets=data, resolve=lambda p: tmp_path / p, input_ranges=ranges)
+
+
+def make_model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], inputs: dict[str, list[int]],
+               outputs: list[str] | dict[str, list[int]], *, opset: int = 17,
+               domains: tuple[str, ...] = ()) -> onnx.ModelProto:
+    """A float model from nodes and initializers; inputs and outputs name -> shape (outputs may be unshaped)."""
+    shaped = outputs if isinstance(outputs, dict) else dict.fromkeys(outputs)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                           for n, s in inputs.items()],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in shaped.items()],
+                              inits)
+    opsets = [helper.make_opsetid("", opset), *(helper.make_opsetid(domain, 1) for domain in domains)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def init(name: str, values: object, dtype: type = np.float32) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(values, dtype=dtype), name)
+
+
+def run_ort(model: onnx.ModelProto | Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    source = str(model) if isinstance(model, Path) else model.SerializeToString()
+    return ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def run_openvino(model: onnx.ModelProto, feeds: dict[str, np.ndarray], tmp_path: Path) -> list[np.ndarray]:
+    import openvino
+
+    path = tmp_path / "openvino_input.onnx"
+    onnx.save(model, str(path))
+    compiled = openvino.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    results = compiled(feeds)
+    return [np.asarray(results[output]) for output in compiled.outputs]
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {out: node for node in model.graph.node for out in node.output}
+
+
+def tiny_conv() -> onnx.ModelProto:
+    """Conv -> Relu -> Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm; input x [1,3,16,16]."""
+    rng = np.random.default_rng(0)
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * np.sqrt(2.0 / np.prod(shape[1:]))).astype(np.float32)
+
+    inits = [init("w1", weight(8, 3, 3, 3)), init("w2", weight(8, 8, 3, 3)), init("b1", rng.uniform(0, 0.2, 8)),
+             init("b2", rng.uniform(0, 0.2, 8)), init("fc", weight(10, 8)), init("fcb", np.zeros(10))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+             helper.make_node("GlobalAveragePool", ["r2"], ["p"], name="pool"),
+             helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"], name="fc", transB=1)]
+    return make_model(nodes, inits, {"x": [1, 3, 16, 16]}, {"y": [1, 10]})
