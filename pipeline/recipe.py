@@ -258,4 +258,5 @@ class Recipe(StrictModel):
         return data_context(variant, work_dir, datasets=self.data, resolve=self.resolve,
                             input_ranges=self.input_ranges(), targets=tuple(self.targets),
                             default_dataset=self.validate_.data, reference_variant=self.reference_variant,
+                            batch_sizes=tuple(self.benchmark.batch_sizes) if self.benchmark.enabled else (),
                             **fields)

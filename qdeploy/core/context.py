@@ -108,6 +108,8 @@ class StageContext:
     """Input name -> (low, high) the recipe declares for seeded random values (model.inputs)."""
     reference_variant: str | None = None
     """The variant the others are compared with."""
+    batch_sizes: tuple[int, ...] = ()
+    """The batch sizes the run benchmarks (empty when it benchmarks nothing): validation covers them too."""
     resolver: Callable[[str], Path] = Path
     """A path of the recipe (relative to the recipe file) -> where it is."""
     sample_reader: SampleReader | None = None

@@ -86,13 +86,11 @@ def _random_data(ctx: StageContext, model_path: Path, source: str, count: int) -
     from qdeploy.calibration.readers import model_inputs, random_samples
 
     inputs = model_inputs(model_path)
-    recipe = getattr(ctx, "recipe", None)
-    specs = {spec.name: spec for spec in recipe.model.inputs} if recipe is not None else {}
-    ranges = {name: (spec.low, spec.high) for name, spec in specs.items()}
+    ranges = dict(ctx.input_ranges)
     samples = list(random_samples(inputs, count, seed=0, ranges=ranges))
     notes = []
     for info in inputs:
-        bounded = info.name in specs and (specs[info.name].low is not None or specs[info.name].high is not None)
+        bounded = any(bound is not None for bound in ranges.get(info.name, (None, None)))
         if np.issubdtype(info.dtype, np.integer) and not bounded:
             for sample in samples:
                 sample[info.name] = np.zeros_like(sample[info.name])

@@ -47,10 +47,7 @@ class BatchedFeeds:
 
 def wanted_batch_sizes(ctx: StageContext) -> list[int]:
     """The benchmark's batch sizes, when the recipe benchmarks at all."""
-    recipe = getattr(ctx, "recipe", None)
-    if recipe is None or not recipe.benchmark.enabled:
-        return []
-    return list(recipe.benchmark.batch_sizes)
+    return list(ctx.batch_sizes)
 
 
 def reference_batches(samples: list[Feed], feed_model: Path, reference: Path, sizes: list[int],

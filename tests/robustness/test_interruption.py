@@ -30,7 +30,7 @@ KILL_POINTS = [
     ("shutil", "copyfile", "after"),  # publishing artifacts/
     ("qdeploy.stages.validate", "run", "before"),
     ("qdeploy.stages.benchmark", "run", "after"),
-    ("qdeploy.pipeline.store", "write_text_atomic", "before"),  # writing report.md
+    ("qdeploy.core.files", "write_text_atomic", "before"),  # writing report.md
 ]
 
 

@@ -42,7 +42,7 @@ def _sha(report: dict, name: str) -> str:
 KILLS_BEFORE_THE_SWITCH = [
     ("qdeploy.pipeline.published", "publish_artifact", "after", 2),  # fp32 copied into the new set, fp16 not yet
     ("qdeploy.stages.validate", "run", "before", 1),  # every artifact published, no report yet
-    ("qdeploy.pipeline.store", "write_text_atomic", "before", 1),  # new report.json written, report.md not
+    ("qdeploy.core.files", "write_text_atomic", "before", 1),  # new report.json written, report.md not
     ("qdeploy.pipeline.published", "_replace_link", "before", 1),  # everything written, just before the switch
 ]
 

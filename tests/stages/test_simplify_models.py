@@ -97,9 +97,12 @@ def recurrent():
 '''
 
 
+def _recipe(model: dict[str, Any]) -> Recipe:
+    return Recipe(name="t", model=model, variants={"v": []})
+
+
 def _ctx(tmp_path: Path, model: dict[str, Any]) -> StageContext:
-    recipe = Recipe(name="t", model=model, variants={"v": []})
-    ctx = recipe.stage_context("v", tmp_path / "work")
+    ctx = _recipe(model).stage_context("v", tmp_path / "work")
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     return ctx
 
@@ -108,7 +111,7 @@ def _export_then_simplify(tmp_path: Path, model: dict[str, Any],
                           **config: Any) -> tuple[StageResult, StageResult, Path]:
     """Run export, save its model as an artifact, run simplify on it; both results and the exported file."""
     ctx = _ctx(tmp_path, model)
-    exported = export.run(None, ctx.recipe.model, ctx)
+    exported = export.run(None, _recipe(model).model, ctx)
     path = tmp_path / "exported.onnx"
     onnx.save(exported.model, path)
     artifact = Artifact(path=path, sidecar=tmp_path / "exported.json", key="k", sha256="", size_bytes=0,

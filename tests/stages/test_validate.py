@@ -306,7 +306,7 @@ def test_reference_model_that_does_not_match_is_a_recipe_error(tmp_path: Path) -
     artifacts = {"exported": artifact(tmp_path / "ref.onnx", chain_model())}
     ctx = context(tmp_path, RECIPE + "validate: {reference_model: other.onnx}\n")
     with pytest.raises(RecipeError, match=r"validate.reference_model.*inputs \['features'\] vs the artifact's \['x'\]"):
-        validate.run(artifacts, ["ort:cpu"], ctx.recipe.validate_, ctx)
+        validate.run(artifacts, ["ort:cpu"], ValidateConfig(reference_model="other.onnx"), ctx)
     with pytest.raises(RecipeError, match=r"absent\.onnx' does not exist"):  # the loader refuses it, line named
         context(tmp_path, RECIPE + "validate: {reference_model: absent.onnx}\n")
 

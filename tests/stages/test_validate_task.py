@@ -107,11 +107,11 @@ def test_metric_references_are_checked_without_running_them(tmp_path: Path) -> N
     (tmp_path / "metrics.py").write_text(METRICS + "\nraise SystemExit('user code must not run at check time')\n")
     onnx.save(chain_model(), str(tmp_path / "model.onnx"))
     recipe = load_recipe(write_recipe(tmp_path, "name: t\nmodel: {onnx: model.onnx}\nvariants: {v: []}\n"))
-    check_metric("metrics.py:accuracy", recipe)
+    check_metric("metrics.py:accuracy", recipe.resolve)
     with pytest.raises(RecipeError, match=r"defines no function 'acc'; it defines \['accuracy', 'broken'\]"):
-        check_metric("metrics.py:acc", recipe)
+        check_metric("metrics.py:acc", recipe.resolve)
     with pytest.raises(RecipeError, match=r"'nothere\.py' does not exist"):
-        check_metric("nothere.py:f", recipe)
+        check_metric("nothere.py:f", recipe.resolve)
     with pytest.raises(ValidationError, match=r"metric must be 'file\.py:function'"):
         ValidateConfig(metric="metrics.py")
 
@@ -128,12 +128,12 @@ def test_labels_follow_the_reader_order_and_limit(tmp_path: Path) -> None:
         data: {val: {reader: npy, path: val}, noise: {reader: random}}
         variants: {v: []}
         """))
-    labels = read_labels(recipe, "val", ["x"], limit=2)
+    labels = read_labels(recipe.data, recipe.resolve, "val", ["x"], limit=2)
     assert [int(label[0]) for label in labels] == [1, 2]
-    assert read_labels(recipe, "noise", ["x"], limit=None) is None
+    assert read_labels(recipe.data, recipe.resolve, "noise", ["x"], limit=None) is None
     np.savez(folder / "s4.npz", x=np.zeros((1, 6), np.float32))
     with pytest.raises(DataError, match=r"1 do not, e\.g\. s4\.npz"):
-        read_labels(recipe, "val", ["x"], limit=None)
+        read_labels(recipe.data, recipe.resolve, "val", ["x"], limit=None)
 
 
 def test_stack_and_evaluate() -> None:
