@@ -8,6 +8,7 @@ from typing import Any
 
 from pipeline.gates import find_benchmark, run_passes, speedup
 from pipeline.recipe import Recipe
+from pipeline.report_tables import matrix_lines, throughput_lines, tradeoff_lines, verdict_markdown
 from pipeline.report_view import (
     benchmark_settings,
     fmt,
@@ -15,26 +16,30 @@ from pipeline.report_view import (
     gate_verdict,
     highlights,
     lineage_chain,
-    matrix,
     problems,
-    tradeoff_points,
     unmeasured_lines,
     validation_notes,
 )
 from pipeline.store import write_json_atomic, write_text_atomic
+from pipeline.throughput_report import throughput_speedup
+from pipeline.verdict import verdict_section
 from stages.validate import REFERENCE_TARGET
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: `verdict` and `throughput` (issue 18)."""
 
 
 def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: list[dict[str, Any]],
                  benchmarks: list[dict[str, Any]], gates: list[dict[str, Any]], failures: list[dict[str, Any]],
                  *, seconds: float, unmeasured: list[dict[str, Any]] | None = None,
-                 model: dict[str, Any] | None = None) -> dict[str, Any]:
+                 model: dict[str, Any] | None = None,
+                 throughput: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The report as a JSON-serialisable dict (see the README's report contract).
 
     ``unmeasured``: what the recipe asked to measure and could not be (``pipeline.gates.unmeasured``);
-    ``model``: the exported model's identity and signature, so runs of different models can be told apart.
+    ``model``: the exported model's identity and signature, so runs of different models can be told apart;
+    ``throughput``: rows of the benchmark's throughput mode (many requests in flight), apart from the latency
+    rows so that nothing that reads latency (gates, speedups, compare) mistakes one for the other.
     """
     from pipeline.envinfo import environment
     from pipeline.report_identity import recipe_fingerprint
@@ -44,7 +49,9 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
     for row in benchmarks:
         row["speedup"] = speedup(benchmarks, row["variant"], row["target"], row["batch_size"], reference)
         row["speedup_range"] = speedup_range(benchmarks, row, reference)
-    return {
+    for row in throughput or []:
+        row["speedup"], row["speedup_range"] = throughput_speedup(throughput or [], row, reference)
+    report = {
         "schema_version": SCHEMA_VERSION,
         "recipe": {"name": recipe.name, "path": str(recipe.source) if recipe.source else None,
                    "sections": recipe_fingerprint(recipe)},
@@ -61,7 +68,10 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
         "validation": validation,
         "noise_floor": noise_floor_summary(validation),
         "benchmarks": benchmarks,
+        "throughput": throughput or [],
     }
+    report["verdict"] = verdict_section(report)
+    return report
 
 
 def speedup_range(benchmarks: list[dict[str, Any]], row: dict[str, Any], reference: str) -> list[float] | None:
@@ -104,34 +114,6 @@ def _gate_rows(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _matrix_rows(report: dict[str, Any]) -> list[str]:
-    lines = ["| variant | target | batch | p50 ms [95% CI] | p90 ms | p99 ms | speedup | size MB | peak mem MB "
-             "| cosine | SNR dB | max abs err | validation | benchmark |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in matrix(report):
-        latency = row.latency
-        ci = latency.get("ci95_p50")
-        p50 = fmt(latency.get("p50")) + (f" [{fmt(ci[0])}–{fmt(ci[1])}]" if ci else "")
-        noisy = " (noisy)" if row.bench.get("noisy") else ""
-        speed = fmt(row.speedup) + ("x ≈" if row.speedup_undecided else "x" if row.speedup else "")
-        metrics = row.metrics
-        lines.append(
-            f"| {row.variant} | {row.target} | {fmt(row.batch)} | {p50}{noisy} | {fmt(latency.get('p90'))} | "
-            f"{fmt(latency.get('p99'))} | {speed} | {fmt(row.size_bytes / 1e6 if row.size_bytes else None)} | "
-            f"{fmt(row.peak_memory_mb)} | {fmt(metrics.get('cosine'), 6)} | {fmt(metrics.get('snr_db'), 4)} | "
-            f"{fmt(metrics.get('max_abs_err'))} | {row.validation_status} | {row.benchmark_status} |")
-    return lines
-
-
-def _tradeoff_lines(report: dict[str, Any]) -> list[str]:
-    points, label = tradeoff_points(report)
-    front = sorted((p for p in points if p.on_front), key=lambda p: p.latency_ms)
-    if not front:
-        return []
-    best = ", ".join(f"{p.variant} on {p.target} ({fmt(p.latency_ms)} ms, {fmt(p.fidelity, 4)})" for p in front)
-    return ["", f"Pareto front (no other artifact is both faster and closer to the reference, by {label}): {best}."]
-
-
 def _artifact_lines(report: dict[str, Any]) -> list[str]:
     lines = []
     for artifact in report["artifacts"]:
@@ -171,14 +153,17 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"Verdict: {verdict}. Reference: `{report['reference']['variant']}` on `{report['reference']['target']}`. "
         f"Run took {report['seconds']:.1f} s.",
+        *(["", *verdict_markdown(report)]),
         *(["", "## Asked for but not measured", "", *[f"- {line}" for line in missing]] if missing else []),
         "", "## Gates", "", *_gate_rows(report),
-        "", "## Latency and accuracy", "", *_matrix_rows(report),
+        "", "## Latency and accuracy", "", *matrix_lines(report),
         "", "Speedup is the reference's median latency over the variant's on the same target and batch, the median "
-        "of the per-round ratios of interleaved rounds; `≈` marks a speedup whose rounds disagree on which is "
-        "faster. `(noisy)` marks a median whose 95% interval is wider than 10% of it. Cosine, SNR and max abs err "
-        "compare with the reference outputs on the same inputs.",
-        *_tradeoff_lines(report),
+        "of the per-round ratios of interleaved rounds; `≈1x (low–high)` marks a speedup whose rounds disagree on "
+        "which is faster. `(noisy)` marks a median whose 95% interval is wider than 10% of it. The serial rate is "
+        "batch / p50 of one request at a time, not a throughput. Cosine, SNR and max abs err compare with the "
+        "reference outputs on the same inputs.",
+        *tradeoff_lines(report),
+        *(["", *throughput_lines(report)] if report.get("throughput") else []),
     ]
     settings = benchmark_settings(report)
     if settings:
