@@ -92,7 +92,7 @@ class DatasetSpec(StrictModel):
 
 
 GateMetric = Literal[
-    "speedup", "latency_ms", "throughput_per_s", "size_bytes",
+    "speedup", "latency_ms", "throughput_per_s", "inferences_per_s", "size_bytes",
     "cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement", "task_metric",
 ]
 

@@ -85,6 +85,7 @@ def throughput_html(report: dict[str, Any]) -> str:
         body.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
     return ("<h2>Throughput, many requests in flight</h2><div class=\"scroll\"><table class=\"matrix\"><thead><tr>"
             f"{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div><p class=\"note\">Inferences per second "
-            "over a timed window with every request kept busy (median of interleaved rounds); the latency is each "
+            "over all timed rounds with every request kept busy (rounds interleaved with the other artifacts); the "
+            "latency is each "
             "request's own at that load. The latency table's <em>per s</em> is batch / p50 of one request at a "
             "time, not a throughput.</p>")

@@ -80,10 +80,16 @@ def throughput_lines(report: dict[str, Any]) -> list[str]:
             f"| {fmt_number(row.get('requests_in_flight'))} | {fmt_number(row.get('streams'))} × "
             f"{fmt_number(row.get('threads_per_request'))} | {fmt_number(latency.get('p50'))} | "
             f"{fmt_number(latency.get('p99'))} | {row['status']}{': ' + row['reason'] if row.get('reason') else ''} |")
-    lines += ["", "Inferences per second over a timed window with every request kept busy (the median of "
-              "interleaved rounds; `vs reference` is the median of per-round ratios); the latency is each "
+    lines += ["", "Inferences per second over all timed rounds with every request kept busy (rounds interleaved "
+              "with the other artifacts; `vs reference` is the median of per-round ratios); the latency is each "
               "request's own at that load. The serial rate of the latency table is batch / p50 of one request at "
-              "a time, not a throughput."]
+              "a time, not a throughput.", ""]
+    seen: set[str] = set()
+    for row in rows:
+        if row.get("status") == "ok" and row["target"] not in seen:
+            seen.add(row["target"])
+            settings = ", ".join(f"{key}={value}" for key, value in (row.get("settings") or {}).items())
+            lines.append(f"- {row['target']}: {row.get('call')}; {settings}")
     return lines
 
 

@@ -39,6 +39,7 @@ from pipeline.errors import TargetUnavailable
 from pipeline.tolerance import StrictModel
 from stages.benchmark_data import BenchData, explain_failure, output_shape_notes, read_data
 from stages.benchmark_runtime import MemoryProbe, bind_inputs
+from stages.benchmark_throughput import Mode, ThroughputConfig, empty_row, throughput_rows
 
 if TYPE_CHECKING:
     from pipeline.context import Artifact, StageContext
@@ -59,6 +60,13 @@ class BenchmarkConfig(StrictModel):
     """The recipe's `benchmark` section."""
 
     enabled: bool = Field(default=True, description="Run benchmarks at all.")
+    mode: Mode = Field(  # type: ignore[valid-type]
+        default="latency",
+        description="latency: one request at a time (what speedup gates compare); throughput: inferences per "
+                    "second with many requests in flight (OpenVINO THROUGHPUT hint + AsyncInferQueue, ONNX Runtime "
+                    "concurrent callers), and the latency at that load; both: each.")
+    throughput: ThroughputConfig | None = Field(
+        default=None, description="Settings of the throughput mode (requests, seconds, warm-up).")
     batch_sizes: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
         default=[1], min_length=1, max_length=32,
         description="Batch sizes to measure; every artifact is validated at each too.")
@@ -93,6 +101,9 @@ class BenchmarkConfig(StrictModel):
 
     @model_validator(mode="after")
     def _count_or_time(self) -> BenchmarkConfig:
+        if self.throughput is not None and self.mode == "latency":
+            raise ValueError("benchmark.throughput is set but benchmark.mode is latency: set mode to throughput "
+                             "or both, or remove the throughput section")
         if self.warmup is not None and self.warmup_seconds is not None:
             raise ValueError("give warmup (runs) or warmup_seconds (time), not both")
         if self.iterations is not None and self.duration_seconds is not None:
@@ -104,6 +115,10 @@ class BenchmarkConfig(StrictModel):
             raise ValueError(f"warmup_seconds + duration_seconds ({timed:g} s) exceed max_seconds "
                              f"({self.max_seconds:g} s), the time budget of a row: raise max_seconds")
         return self
+
+    @property
+    def throughput_settings(self) -> ThroughputConfig:
+        return self.throughput or ThroughputConfig()
 
     @property
     def row_budget(self) -> float:
@@ -178,12 +193,27 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkCon
         for batch in config.batch_sizes:
             if not available or not adapter.benchmarkable:
                 why = reason or f"target {target} is for fidelity checks only"
-                results += [_result(name, target, batch, "unavailable", why) for name in artifacts]
+                results += _every_mode(artifacts, target, batch, config, "unavailable", why)
             elif data is None:
-                results += [_result(name, target, batch, "error", data_error) for name in artifacts]
+                results += _every_mode(artifacts, target, batch, config, "error", data_error)
             else:
-                results += _benchmark_target(artifacts, target, batch, config, ctx, data)
+                if config.mode in ("latency", "both"):
+                    results += _benchmark_target(artifacts, target, batch, config, ctx, data)
+                if config.mode in ("throughput", "both"):
+                    results += throughput_rows(artifacts, target, batch, config.throughput_settings,
+                                               len(config.round_plan()), ctx, data)
     return results
+
+
+def _every_mode(artifacts: dict[str, Artifact], target: str, batch: int, config: BenchmarkConfig, status: str,
+                reason: str) -> list[dict[str, Any]]:
+    """The same status for every artifact in each mode the recipe asked for."""
+    rows = []
+    if config.mode in ("latency", "both"):
+        rows += [_result(name, target, batch, status, reason) for name in artifacts]
+    if config.mode in ("throughput", "both"):
+        rows += [empty_row(name, target, batch, status, reason) for name in artifacts]
+    return rows
 
 
 def _benchmark_target(artifacts: dict[str, Artifact], target: str, batch: int, config: BenchmarkConfig,
