@@ -4,6 +4,7 @@ unavailable targets collapse into one line; numbers printed to the precision the
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -165,3 +166,28 @@ def test_the_snr_cap_does_not_flatten_the_fidelity_axis() -> None:
     # one front per target: int8 on ort:cpu is on its front even though openvino:cpu has a faster point
     fronts = {(p.variant, p.target) for p in points if p.on_front}
     assert ("int8", "ort:cpu") in fronts and ("int8", "openvino:cpu") in fronts
+
+
+@pytest.mark.slow
+def test_a_run_in_both_modes_reports_latency_throughput_and_the_verdict(tiny_recipe: Path, tmp_path: Path) -> None:
+    from pipeline.loader import load_recipe
+    from pipeline.runner import RunOptions, run_recipe
+
+    recipe_path = tiny_recipe.with_name("both.yaml")
+    text = tiny_recipe.read_text().replace("targets: [ort:cpu]", "targets: [ort:cpu, ort:cuda]")
+    recipe_path.write_text(text.replace(
+        "benchmark: {batch_sizes: [1], warmup: 1, iterations: 5, rounds: 1}",
+        "benchmark: {batch_sizes: [1], warmup: 1, iterations: 6, rounds: 3, mode: both, "
+        "throughput: {seconds: 0.3, warmup_seconds: 0.05}}"))
+    result = run_recipe(load_recipe(recipe_path), RunOptions(out_dir=tmp_path / "out", show_progress=False))
+    report = result.report
+    assert result.exit_code == 0, (report["failures"], report["unmeasured"])
+    assert {row.get("mode") for row in report["throughput"]} == {"throughput"}
+    assert all(row.get("mode") != "throughput" for row in report["benchmarks"])
+    ok = [row for row in report["throughput"] if row["status"] == "ok"]
+    assert {row["variant"] for row in ok} == {"fp32", "fp16", "int8"} and all(r["inferences_per_s"] > 0 for r in ok)
+    pick = report["verdict"]["targets"]["ort:cpu"]
+    assert pick["status"] == "ship" and pick["inferences_per_s"] > 0 and pick["requests_in_flight"] >= 1
+    assert list(report["verdict"]["unavailable"]) == ["ort:cuda"]
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "## What to ship" in text and "## Throughput" in text and "| ort:cuda |" not in text
