@@ -153,7 +153,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"Verdict: {verdict}. Reference: `{report['reference']['variant']}` on `{report['reference']['target']}`. "
         f"Run took {report['seconds']:.1f} s.",
-        *(["", *verdict_markdown(report)]),
+        *(["", *ship] if (ship := verdict_markdown(report)) else []),
         *(["", "## Asked for but not measured", "", *[f"- {line}" for line in missing]] if missing else []),
         "", "## Gates", "", *_gate_rows(report),
         "", "## Latency and accuracy", "", *matrix_lines(report),

@@ -9,7 +9,7 @@ from pipeline.report_format import fmt_number, fmt_speedup
 from pipeline.report_html_parts import status_badge
 from pipeline.report_tables import report_verdict
 from pipeline.report_view import unavailable_targets
-from pipeline.verdict import describe, short_reason
+from pipeline.verdict import describe, in_recipe_order, short_reason
 
 VERDICT_CSS = """
 .ship { border: 1px solid var(--line); border-left: 4px solid var(--pass); border-radius: 6px; padding: 8px 12px;
@@ -29,7 +29,7 @@ def verdict_html(report: dict[str, Any]) -> str:
     """One card per target: the artifact to ship, its numbers and why; then the targets this machine lacks."""
     section = report_verdict(report)
     cards = []
-    for target, verdict in (section.get("targets") or {}).items():
+    for target, verdict in in_recipe_order(section):
         details = []
         if verdict.get("runner_up"):
             runner = verdict["runner_up"]

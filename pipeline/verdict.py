@@ -80,7 +80,7 @@ def verdict_section(report: dict[str, Any]) -> dict[str, Any]:
     by, batch = ranking(report)
     targets, unavailable = split_targets(report)
     found = {target: target_verdict(report, target, by, batch).as_dict() for target in targets}
-    return {"by": by, "batch_size": batch, "targets": found, "unavailable": unavailable}
+    return {"by": by, "batch_size": batch, "targets": found, "order": targets, "unavailable": unavailable}
 
 
 def ranking(report: dict[str, Any]) -> tuple[str, int | None]:
@@ -263,7 +263,7 @@ def verdict_lines(section: dict[str, Any] | None) -> list[tuple[str, list[str]]]
     if not section:
         return []
     entries = []
-    for target, verdict in section.get("targets", {}).items():
+    for target, verdict in in_recipe_order(section):
         if verdict["status"] != "ship":
             entries.append((f"{target}: nothing to ship: {verdict['why']}", _rejected_lines(verdict)))
             continue
@@ -278,6 +278,13 @@ def verdict_lines(section: dict[str, Any] | None) -> list[tuple[str, list[str]]]
         reasons = "; ".join(dict.fromkeys(short_reason(reason) for reason in unavailable.values()))
         entries.append((f"Not available on this machine: {', '.join(unavailable)} ({reasons})", []))
     return entries
+
+
+def in_recipe_order(section: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The section's targets in the recipe's order (report.json sorts its keys)."""
+    targets = section.get("targets") or {}
+    order = [name for name in section.get("order") or [] if name in targets]
+    return [(name, targets[name]) for name in [*order, *(name for name in targets if name not in order)]]
 
 
 def describe(choice: dict[str, Any]) -> str:

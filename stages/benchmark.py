@@ -254,7 +254,8 @@ def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfi
     gc.collect()
     probe = MemoryProbe()
     start = time.perf_counter()
-    session = get_target(target).load(artifact.path, threads=config.threads, pin_f32=True)
+    # pinned as validation pins (float32 artifacts only): the verdict joins the two, so they measure one config
+    session = get_target(target).load(artifact.path, threads=config.threads, pin_f32=artifact.precision == "fp32")
     created = time.perf_counter()
     try:
         expected = session.run(fed.feed)

@@ -65,7 +65,7 @@ def throughput_rows(artifacts: dict[str, Artifact], target: str, batch: int, con
             ctx.on_progress(f"{name} · {target} · batch {batch}: throughput, opening requests and warming up")
             try:
                 pools[name] = open_pool(target, artifact.path, data.batch_for(artifact.path, batch).feed,
-                                        config.fixed_requests)
+                                        config.fixed_requests, pin_f32=artifact.precision == "fp32")
                 if config.warmup_seconds:
                     pools[name].run_for(config.warmup_seconds)
             except TargetUnavailable as exc:

@@ -126,3 +126,36 @@ def test_unmeasured_throughput_names_errors_and_gaps_never_unavailable_targets()
     assert [(row["variant"], row["reason"]) for row in found] == [("a", "throughput: boom"),
                                                                   ("c", "throughput: no result")]
     assert all(row["kind"] == "benchmark" and not row["allowed"] for row in found)
+
+
+def test_benchmarks_pin_f32_as_validation_does(two_artifacts: dict[str, Artifact],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only float32 artifacts are pinned to f32, in latency and throughput mode alike: the verdict joins latency
+    with validation, so both must measure one configuration (on a bf16 CPU, OpenVINO would otherwise time an
+    fp16 artifact in f32 while validating it in bf16)."""
+    import dataclasses
+
+    import pipeline.targets as targets
+
+    pins: list[tuple[str, bool]] = []
+    real = targets.get_target
+
+    def recording(name: str) -> object:
+        adapter = real(name)
+        load = adapter.load
+
+        def load_recorded(path: Path, **options: object) -> object:
+            pins.append((Path(path).stem, bool(options.get("pin_f32"))))
+            return load(path, **options)  # type: ignore[arg-type]
+
+        adapter.load = load_recorded  # type: ignore[method-assign]
+        return adapter
+
+    monkeypatch.setattr(targets, "get_target", recording)
+    monkeypatch.setattr("pipeline.targets_pool.get_target", recording)
+    artifacts = {"small": two_artifacts["small"],
+                 "large": dataclasses.replace(two_artifacts["large"], stages=("simplify", "fp16"))}
+    config = BenchmarkConfig(mode="both", iterations=1, rounds=1, warmup=0, throughput={"seconds": 0.02})
+    rows = benchmark.run(artifacts, ["ort:cpu"], config, CTX)  # type: ignore[arg-type]
+    assert all(row["status"] == "ok" for row in rows), [row["reason"] for row in rows]
+    assert set(pins) == {("small", True), ("large", False)} and len(pins) == 4
