@@ -146,8 +146,8 @@ def _problems(report: dict[str, Any]) -> str:
     return f"<div class=\"problems{'' if hard else ' soft'}\"><strong>{title}</strong><ul>{items}</ul></div>"
 
 
-TABLE_HEAD = ("variant", "batch", "p50 ms [95% CI]", "p90 ms", "p99 ms", "speedup [rounds]", "per s", "size MB",
-              "peak mem MB", "cosine", "SNR dB", "max abs err", "top-1", "validation", "benchmark")
+TABLE_HEAD = ("variant", "batch", "p50 ms [95% CI]", "p90 ms", "p99 ms", "speedup [rounds]", "serial rate /s",
+              "size MB", "peak mem MB", "cosine", "SNR dB", "max abs err", "top-1", "validation", "benchmark")
 
 
 def _table(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]) -> str:

@@ -87,5 +87,5 @@ def throughput_html(report: dict[str, Any]) -> str:
             f"{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div><p class=\"note\">Inferences per second "
             "over all timed rounds with every request kept busy (rounds interleaved with the other artifacts); the "
             "latency is each "
-            "request's own at that load. The latency table's <em>per s</em> is batch / p50 of one request at a "
+            "request's own at that load. The latency table's <em>serial rate</em> is batch / p50 of one request at a "
             "time, not a throughput.</p>")

@@ -191,3 +191,19 @@ def test_a_run_in_both_modes_reports_latency_throughput_and_the_verdict(tiny_rec
     assert list(report["verdict"]["unavailable"]) == ["ort:cuda"]
     text = (tmp_path / "out" / "report.md").read_text()
     assert "## What to ship" in text and "## Throughput" in text and "| ort:cuda |" not in text
+
+
+def test_throughput_rows_are_tabled_in_markdown_and_html() -> None:
+    report = _two_targets()
+    report["throughput"] = [
+        {"variant": "fp32", "target": "openvino:cpu", "batch_size": 1, "status": "ok", "mode": "throughput",
+         "inferences_per_s": 187.04, "round_inferences_per_s": [187.0], "requests_in_flight": 2, "streams": 2,
+         "threads_per_request": 1, "latency_ms": {"p50": 5.333, "p99": 9.1}, "speedup": 1.0,
+         "speedup_range": [1.0, 1.0], "call": "AsyncInferQueue", "settings": {"PERFORMANCE_HINT": "THROUGHPUT"}},
+        {"variant": "int8", "target": "ort:cuda", "batch_size": 1, "status": "unavailable", "mode": "throughput",
+         "reason": "no CUDA", "inferences_per_s": None}]
+    text = render_markdown(report)
+    assert "| fp32 | openvino:cpu | 1 | 187 | 1.00x | 2 | 2 × 1 | 5.33 | 9.10 | ok |" in text
+    assert "- openvino:cpu: AsyncInferQueue; PERFORMANCE_HINT=THROUGHPUT" in text and "int8 | ort:cuda" not in text
+    page = render_html(report)
+    assert "<h2>Throughput, many requests in flight</h2>" in page and "2 × 1" in page
