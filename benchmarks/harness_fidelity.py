@@ -6,8 +6,13 @@ same number of threads, the same warm-up and iteration counts.  The two are alte
 drift of the machine hits both alike; the table shows each side's median of medians and the median of the
 per-repeat ratios (qdeploy / benchmark_app, each taken from back-to-back runs).  Goal: within 10%.
 
+`--mode throughput` (or `both`) compares the throughput mode instead (benchmarks/harness_fidelity_throughput.py):
+benchmark_app -hint throughput against qdeploy's OpenVINO request pool, inferences/s and latency at that load.
+The machine may be shared: every table records the one-minute load average of its rounds.
+
     python benchmarks/harness_fidelity.py                   # builds the demo artifacts in a temporary folder
     python benchmarks/harness_fidelity.py --run runs/demo-cnn --variant fp32 --variant int8
+    python benchmarks/harness_fidelity.py --run runs/demo-cnn --mode both --seconds 3 --repeats 10
 
 benchmark_app ships with the openvino wheel as the `benchmark_app` console script
 (openvino.tools.benchmark.main); the script says so and stops if it is missing.
@@ -29,6 +34,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+
+def loadavg() -> float:
+    """One-minute load average: the machine may be shared, so every table records it."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def benchmark_app_command() -> list[str]:
@@ -102,8 +112,9 @@ def demo_artifacts(work: Path, variants: list[str]) -> dict[str, Path]:
 def measure(models: dict[str, Path], args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     rows = []
     for name, model in models.items():
-        app, ours, settings = [], [], {}
+        app, ours, settings, loads = [], [], {}, []
         for _ in range(args.repeats):  # alternate the two so drift hits both alike
+            loads.append(loadavg())
             app.append(run_benchmark_app(model, args.threads, args.warmup, args.iterations, work)["p50"])
             row = run_qdeploy(model, args.threads, args.warmup, args.iterations)
             ours.append(row["latency_ms"]["p50"])
@@ -112,7 +123,7 @@ def measure(models: dict[str, Path], args: argparse.Namespace, work: Path) -> li
         rows.append({"artifact": name, "benchmark_app_ms": statistics.median(app),
                      "qdeploy_ms": statistics.median(ours),
                      "ratio": statistics.median(ratios), "ratios": ratios, "app_runs": app, "qdeploy_runs": ours,
-                     "settings": settings})
+                     "settings": settings, "loads": loads})
     return rows
 
 
@@ -121,12 +132,12 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
           f"{args.warmup} warm-up + {args.iterations} timed runs, median of {args.repeats} alternated repeats")
     print()
     print("| artifact | benchmark_app p50 ms | qdeploy p50 ms | ratio qdeploy/benchmark_app (median of repeats) "
-          "| within 10% |")
-    print("|---|---|---|---|---|")
+          "| load avg | within 10% |")
+    print("|---|---|---|---|---|---|")
     for row in rows:
         ok = "yes" if abs(row["ratio"] - 1.0) <= 0.10 else "NO"
         print(f"| {row['artifact']} | {row['benchmark_app_ms']:.3f} | {row['qdeploy_ms']:.3f} | "
-              f"{row['ratio']:.3f} | {ok} |")
+              f"{row['ratio']:.3f} | {min(row['loads']):.2f}–{max(row['loads']):.2f} | {ok} |")
     print()
     for row in rows:
         print(f"{row['artifact']}: per repeat, benchmark_app p50 {[round(v, 3) for v in row['app_runs']]}, qdeploy "
@@ -143,6 +154,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50, help="Untimed runs before measuring.")
     parser.add_argument("--iterations", type=int, default=300, help="Timed runs per repeat.")
     parser.add_argument("--repeats", type=int, default=5, help="Alternated repeats of both harnesses.")
+    parser.add_argument("--mode", choices=("latency", "throughput", "both"), default="latency",
+                        help="Compare the latency mode, the throughput mode, or both.")
+    parser.add_argument("--seconds", type=float, default=3.0, help="Throughput: timed seconds of each side per round.")
+    parser.add_argument("--fresh", action="store_true",
+                        help="Throughput: run qdeploy's side in a new process per round, as benchmark_app runs.")
     args = parser.parse_args()
     variants = args.variant or ["fp32", "int8"]
     with tempfile.TemporaryDirectory(prefix="qdeploy-fidelity-") as tmp:
@@ -154,7 +170,12 @@ def main() -> None:
                 raise SystemExit(f"not found: {', '.join(missing)}")
         else:
             models = demo_artifacts(work, variants)
-        print_table(measure(models, args, work), args)
+        if args.mode in ("latency", "both"):
+            print_table(measure(models, args, work), args)
+        if args.mode in ("throughput", "both"):
+            from benchmarks.harness_fidelity_throughput import measure_throughput, print_throughput_table
+
+            print_throughput_table(measure_throughput(models, benchmark_app_command(), args, work), args)
 
 
 if __name__ == "__main__":

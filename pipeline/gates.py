@@ -32,7 +32,14 @@ def find_benchmark(benchmarks: list[dict[str, Any]], variant: str, target: str, 
 
 
 def _measured(gate: GateSpec, validation: list[dict[str, Any]], benchmarks: list[dict[str, Any]],
-              reference: str, sizes: dict[str, int]) -> tuple[float | None, str]:
+              reference: str, sizes: dict[str, int],
+              throughput: list[dict[str, Any]] | None = None) -> tuple[float | None, str]:
+    if gate.metric == "inferences_per_s":  # throughput mode: many requests in flight
+        row = find_benchmark(throughput or [], gate.variant, gate.target, gate.batch_size)
+        if row is None or row["status"] != "ok":
+            return None, f"no throughput measurement of {gate.variant} on {gate.target}" + (
+                f": {row['reason']}" if row else " (benchmark.mode throughput or both measures it)")
+        return row["inferences_per_s"], ""
     if gate.metric == "size_bytes":
         size = sizes.get(gate.variant)
         return (float(size), "") if size is not None else (None, f"variant {gate.variant} has no artifact")
@@ -65,7 +72,8 @@ def _unmeasured(metric: str, row: dict[str, Any]) -> str:
 
 def evaluate_gates(gates: list[GateSpec], validation: list[dict[str, Any]], benchmarks: list[dict[str, Any]],
                    reference: str, failures: list[dict[str, Any]], sizes: dict[str, int],
-                   selected: tuple[list[str], list[str]] | None = None) -> list[dict[str, Any]]:
+                   selected: tuple[list[str], list[str]] | None = None,
+                   throughput: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Each gate with its measured value; a gate that cannot be measured fails, saying why.
 
     A gate on a variant or target left out of this run (--variant/--target) is skipped: `passed` is None.
@@ -80,7 +88,7 @@ def evaluate_gates(gates: list[GateSpec], validation: list[dict[str, Any]], benc
         if failed_build:
             value, why = None, f"variant {gate.variant} failed in stage {failed_build['stage']}"
         else:
-            value, why = _measured(gate, validation, benchmarks, reference, sizes)
+            value, why = _measured(gate, validation, benchmarks, reference, sizes, throughput)
         passed = value is not None and value == value and (gate.min is None or value >= gate.min) and (
             gate.max is None or value <= gate.max)
         results.append({**_row(gate, value), "passed": passed, "skipped": False, "reason": why})

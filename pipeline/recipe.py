@@ -38,7 +38,7 @@ ONCE_PER_VARIANT = {"fp16": "converted to float16", "quantize": "quantized"}
 
 
 GateMetric = Literal[
-    "speedup", "latency_ms", "throughput_per_s", "size_bytes",
+    "speedup", "latency_ms", "throughput_per_s", "inferences_per_s", "size_bytes",
     "cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement", "task_metric",
 ]
 

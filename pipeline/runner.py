@@ -194,16 +194,19 @@ def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[dict[str, 
     from qdeploy.pipeline.gates import evaluate_gates, unmeasured
     from qdeploy.pipeline.report import write_reports
     from qdeploy.pipeline.summary import build_report
+    from qdeploy.stages.benchmark import split_modes, unmeasured_throughput
 
     recipe = plan.recipe
+    benchmarks, throughput = split_modes(benchmarks)
     sizes = {row["name"]: row["size_bytes"] for row in outcome.published}
     gates = evaluate_gates(recipe.gates, validation, benchmarks, recipe.reference_variant, outcome.failures, sizes,
-                           selected=(plan.variants, plan.targets))
-    expected = (list(outcome.evaluated), plan.targets,
-                recipe.benchmark.batch_sizes if recipe.benchmark.enabled else [])
-    missing = unmeasured(validation, benchmarks, expected, allowed=recipe.report.allow_unmeasured)
+                           selected=(plan.variants, plan.targets), throughput=throughput)
+    missing = unmeasured(validation, benchmarks, _expected(plan, outcome, "latency"),
+                         allowed=recipe.report.allow_unmeasured)
+    missing += unmeasured_throughput(throughput, _expected(plan, outcome, "throughput"),
+                                     allowed=recipe.report.allow_unmeasured)
     report = build_report(recipe, outcome.published, validation, benchmarks, gates, outcome.failures,
-                          seconds=seconds, unmeasured=missing, model=_model_identity(outcome))
+                          seconds=seconds, unmeasured=missing, model=_model_identity(outcome), throughput=throughput)
     generation = outcome.generation or begin_generation(plan.out_dir)
     try:
         write_reports(report, generation, recipe.report.formats)
@@ -212,6 +215,13 @@ def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[dict[str, 
         discard_generation(generation)
         raise
     return RunResult(report=report, out_dir=plan.out_dir, exit_code=_exit_code(outcome, gates, validation, missing))
+
+
+def _expected(plan: RunPlan, outcome: BuildOutcome, mode: str) -> tuple[list[str], list[str], list[int]]:
+    """What the recipe asked to measure in one benchmark mode: (variants, targets, batch sizes)."""
+    config = plan.recipe.benchmark
+    wanted = config.enabled and config.mode in (mode, "both")
+    return list(outcome.evaluated), plan.targets, config.batch_sizes if wanted else []
 
 
 def _model_identity(outcome: BuildOutcome) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The run summarised as report.json: what was built, validated and timed, the gates, the environment.
+"""The run summarised as report.json: what was built, validated and timed, the gates, the verdict, the environment.
 
 The report package (``qdeploy.pipeline.report``) renders this dict; it is the contract downstream jobs parse.
 """
@@ -12,28 +12,36 @@ from qdeploy.pipeline.envinfo import environment
 from qdeploy.pipeline.gates import find_benchmark, run_passes, speedup
 from qdeploy.pipeline.identity import recipe_fingerprint
 from qdeploy.pipeline.recipe import Recipe
+from qdeploy.pipeline.report.throughput import throughput_speedup
+from qdeploy.pipeline.report.verdict import verdict_section
 from qdeploy.stages.validate import noise_floor_summary
 from qdeploy.stages.validate.config import REFERENCE_TARGET
 
 __all__ = ["SCHEMA_VERSION", "build_report", "speedup_range"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: `verdict` and `throughput` added."""
 
 
 def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: list[dict[str, Any]],
                  benchmarks: list[dict[str, Any]], gates: list[dict[str, Any]], failures: list[dict[str, Any]],
                  *, seconds: float, unmeasured: list[dict[str, Any]] | None = None,
-                 model: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The report as a JSON-serialisable dict (see the README's report contract).
+                 model: dict[str, Any] | None = None,
+                 throughput: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The report as a JSON-serialisable dict (docs/report.md).
 
     ``unmeasured``: what the recipe asked to measure and could not be (``qdeploy.pipeline.gates.unmeasured``);
-    ``model``: the exported model's identity and signature, so runs of different models can be told apart.
+    ``model``: the exported model's identity and signature, so runs of different models can be told apart;
+    ``throughput``: rows of the benchmark's throughput mode (many requests in flight), apart from the latency
+    rows so that nothing that reads latency (gates, speedups, compare) mistakes one for the other.
     """
     reference = recipe.reference_variant
     for row in benchmarks:
         row["speedup"] = speedup(benchmarks, row["variant"], row["target"], row["batch_size"], reference)
         row["speedup_range"] = speedup_range(benchmarks, row, reference)
-    return {
+    for row in throughput or []:
+        row["speedup"], row["speedup_range"] = throughput_speedup(throughput or [], row, reference)
+    report = {
         "schema_version": SCHEMA_VERSION,
         "recipe": {"name": recipe.name, "path": str(recipe.source) if recipe.source else None,
                    "sections": recipe_fingerprint(recipe)},
@@ -50,7 +58,10 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
         "validation": validation,
         "noise_floor": noise_floor_summary(validation),
         "benchmarks": benchmarks,
+        "throughput": throughput or [],
     }
+    report["verdict"] = verdict_section(report)
+    return report
 
 
 def speedup_range(benchmarks: list[dict[str, Any]], row: dict[str, Any], reference: str) -> list[float] | None:

@@ -7,6 +7,7 @@ function to dodge a circle is still a circle).  The layers, from the bottom, are
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 from tests.helpers.imports import cycles, graph, layer_of, modules
 
@@ -68,3 +69,15 @@ def test_public_modules_declare_what_they_export() -> None:
                    for node in tree.body):
             missing.append(name)
     assert missing == []
+
+
+def test_no_test_file_imports_another() -> None:
+    """Shared builders live in tests/helpers (or fixtures), never in a test file another one imports."""
+    tests = Path(__file__).resolve().parent
+    offenders = []
+    for path in tests.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            if module and module.startswith("tests.") and module.rsplit(".", 1)[-1].startswith(("test_", "conftest")):
+                offenders.append(f"{path.relative_to(tests)} imports {module}")
+    assert offenders == []

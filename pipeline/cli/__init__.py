@@ -65,10 +65,20 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from qdeploy.pipeline.report.view import fmt, gate_label, gate_verdict, matrix
+    from qdeploy.pipeline.report.format import fmt_number, fmt_speedup
+    from qdeploy.pipeline.report.verdict import verdict_lines
+    from qdeploy.pipeline.report.view import (
+        fmt,
+        gate_label,
+        gate_verdict,
+        matrix,
+        unavailable_line,
+        unavailable_targets,
+    )
 
     console = Console()
-    rows = matrix(report)
+    missing = unavailable_targets(report)
+    rows = [row for row in matrix(report) if row.target not in missing]
     batches = len({row.batch for row in rows if row.batch is not None}) > 1
     table = Table(title=f"qdeploy: {report['recipe']['name']}", box=box.SIMPLE_HEAD)
     columns = ("variant", "target", *(("batch",) if batches else ()), "p50 ms", "speedup", "cosine", "SNR dB",
@@ -77,13 +87,31 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
         table.add_column(column, no_wrap=column in ("variant", "target", "status"), overflow="fold")
     for row in rows:
         p50 = fmt(row.latency.get("p50")) + ("*" if row.bench.get("noisy") else "")
-        speed = f"{row.speedup:.2f}x" + (" ≈" if row.speedup_undecided else "") if row.speedup else "–"
+        speed = fmt_speedup(row.speedup, row.bench.get("speedup_range"))
         cells = [row.variant, row.target, *((fmt(row.batch),) if batches else ()), p50, speed,
                  fmt(row.metrics.get("cosine"), 6), fmt(row.metrics.get("snr_db"), 4), row.status]
         table.add_row(*cells, style="dim" if row.status == "unavailable" else None)
     console.print(table)
     if any(row.bench.get("noisy") for row in rows):
         console.print("* noisy: the 95% interval of the median is wider than 10% of it", highlight=False)
+    if missing:
+        console.print(unavailable_line(missing), style="dim", highlight=False)
+    shown = [row for row in report.get("throughput") or [] if row["target"] not in missing]
+    if shown:
+        rates = Table(title="throughput (p50: latency at that load)", box=box.SIMPLE_HEAD)
+        for column in ("variant", "target", "inf/s", "vs ref", "in flight", "p50 ms", "status"):
+            rates.add_column(column, no_wrap=column in ("variant", "target"), overflow="fold")
+        for row in shown:
+            rates.add_row(row["variant"], row["target"], fmt_number(row["inferences_per_s"]),
+                          fmt_speedup(row.get("speedup"), row.get("speedup_range")),
+                          fmt_number(row["requests_in_flight"]),
+                          fmt_number((row.get("latency_ms") or {}).get("p50")), row["status"])
+        console.print(rates)
+    for headline, details in verdict_lines(report.get("verdict")):
+        if not headline.startswith("Not available"):
+            console.print(headline, highlight=False)
+            for detail in details[:1]:  # the runner-up or the first reason; the rest is in report.md
+                console.print(f"  {detail}", style="dim", highlight=False)
     styles = {"PASS": "[green]PASS[/green]", "FAIL": "[red]FAIL[/red]", "SKIP": "[yellow]SKIP[/yellow]"}
     for gate in report["gates"]:
         reason = f" {gate['reason']}" if gate.get("reason") else ""

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from qdeploy.core.files import write_json_atomic, write_text_atomic
+from qdeploy.pipeline.report.tables import matrix_lines, throughput_lines, tradeoff_lines, verdict_markdown
 from qdeploy.pipeline.report.view import (
     benchmark_settings,
     fmt,
@@ -14,9 +15,7 @@ from qdeploy.pipeline.report.view import (
     gate_verdict,
     highlights,
     lineage_chain,
-    matrix,
     problems,
-    tradeoff_points,
     unmeasured_lines,
     validation_notes,
 )
@@ -49,34 +48,6 @@ def _gate_rows(report: dict[str, Any]) -> list[str]:
         reason = f" {gate['reason']}" if gate.get("reason") else ""
         lines.append(f"| {gate_label(gate)} | {fmt(gate['value'], 4)} | {shown}{reason} |")
     return lines
-
-
-def _matrix_rows(report: dict[str, Any]) -> list[str]:
-    lines = ["| variant | target | batch | p50 ms [95% CI] | p90 ms | p99 ms | speedup | size MB | peak mem MB "
-             "| cosine | SNR dB | max abs err | validation | benchmark |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in matrix(report):
-        latency = row.latency
-        ci = latency.get("ci95_p50")
-        p50 = fmt(latency.get("p50")) + (f" [{fmt(ci[0])}–{fmt(ci[1])}]" if ci else "")
-        noisy = " (noisy)" if row.bench.get("noisy") else ""
-        speed = fmt(row.speedup) + ("x ≈" if row.speedup_undecided else "x" if row.speedup else "")
-        metrics = row.metrics
-        lines.append(
-            f"| {row.variant} | {row.target} | {fmt(row.batch)} | {p50}{noisy} | {fmt(latency.get('p90'))} | "
-            f"{fmt(latency.get('p99'))} | {speed} | {fmt(row.size_bytes / 1e6 if row.size_bytes else None)} | "
-            f"{fmt(row.peak_memory_mb)} | {fmt(metrics.get('cosine'), 6)} | {fmt(metrics.get('snr_db'), 4)} | "
-            f"{fmt(metrics.get('max_abs_err'))} | {row.validation_status} | {row.benchmark_status} |")
-    return lines
-
-
-def _tradeoff_lines(report: dict[str, Any]) -> list[str]:
-    points, label = tradeoff_points(report)
-    front = sorted((p for p in points if p.on_front), key=lambda p: p.latency_ms)
-    if not front:
-        return []
-    best = ", ".join(f"{p.variant} on {p.target} ({fmt(p.latency_ms)} ms, {fmt(p.fidelity, 4)})" for p in front)
-    return ["", f"Pareto front (no other artifact is both faster and closer to the reference, by {label}): {best}."]
 
 
 def _artifact_lines(report: dict[str, Any]) -> list[str]:
@@ -118,14 +89,17 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"Verdict: {verdict}. Reference: `{report['reference']['variant']}` on `{report['reference']['target']}`. "
         f"Run took {report['seconds']:.1f} s.",
+        *(["", *ship] if (ship := verdict_markdown(report)) else []),
         *(["", "## Asked for but not measured", "", *[f"- {line}" for line in missing]] if missing else []),
         "", "## Gates", "", *_gate_rows(report),
-        "", "## Latency and accuracy", "", *_matrix_rows(report),
+        "", "## Latency and accuracy", "", *matrix_lines(report),
         "", "Speedup is the reference's median latency over the variant's on the same target and batch, the median "
-        "of the per-round ratios of interleaved rounds; `≈` marks a speedup whose rounds disagree on which is "
-        "faster. `(noisy)` marks a median whose 95% interval is wider than 10% of it. Cosine, SNR and max abs err "
-        "compare with the reference outputs on the same inputs.",
-        *_tradeoff_lines(report),
+        "of the per-round ratios of interleaved rounds; `≈1x (low–high)` marks a speedup whose rounds disagree on "
+        "which is faster. `(noisy)` marks a median whose 95% interval is wider than 10% of it. The serial rate is "
+        "batch / p50 of one request at a time, not a throughput. Cosine, SNR and max abs err compare with the "
+        "reference outputs on the same inputs.",
+        *tradeoff_lines(report),
+        *(["", *throughput_lines(report)] if report.get("throughput") else []),
     ]
     settings = benchmark_settings(report)
     if settings:

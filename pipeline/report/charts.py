@@ -75,10 +75,11 @@ def tradeoff_svg(points: list[TradeoffPoint], label: str, colors: dict[str, str]
                      color=colors.get(point.variant, PALETTE[0]), edgecolors="black" if point.on_front else "none",
                      linewidths=1.4, zorder=3)
     _label_points(axes, points)
-    front = sorted((p for p in points if p.on_front), key=lambda p: p.latency_ms)
-    if len(front) > 1:
-        axes.step([p.latency_ms for p in front], [p.fidelity for p in front], where="post", color="#444444",
-                  linestyle="--", linewidth=1, zorder=2, label="Pareto front")
+    for target in targets:  # one front per target: a model ships to one target, not to the best of all
+        front = sorted((p for p in points if p.on_front and p.target == target), key=lambda p: p.latency_ms)
+        if len(front) > 1:
+            axes.step([p.latency_ms for p in front], [p.fidelity for p in front], where="post", color="#444444",
+                      linestyle="--", linewidth=1, zorder=2)
     latencies = [p.latency_ms for p in points]
     if min(latencies) > 0 and max(latencies) / min(latencies) > 8:
         from matplotlib.ticker import FuncFormatter
@@ -92,7 +93,7 @@ def tradeoff_svg(points: list[TradeoffPoint], label: str, colors: dict[str, str]
     axes.legend(fontsize=8, frameon=False, loc="best")
     axes.set_xlabel("median latency (ms), lower is better")
     axes.set_ylabel(f"{label}, higher is better")
-    axes.set_title("Accuracy vs latency (ringed and dashed: Pareto front)", fontsize=10)
+    axes.set_title("Accuracy vs latency (ringed and dashed: Pareto front per target)", fontsize=10)
     _pad_limits(axes, points)
     _tidy(axes)
     return _svg(figure, "tradeoff")
@@ -119,7 +120,8 @@ def _label_points(axes: Any, points: list[TradeoffPoint]) -> None:
                 if abs(x - point.latency_ms) / x_span < 0.25 and abs(y - point.fidelity) / y_span < 0.08]
         shift = max(near) + 1 if near else 0
         placed.append((point.latency_ms, point.fidelity, shift))
-        axes.annotate(f"{point.variant} · {point.target}", (point.latency_ms, point.fidelity),
+        axes.annotate(f"{'≥ ' if point.capped else ''}{point.variant} · {point.target}",
+                      (point.latency_ms, point.fidelity),
                       xytext=(6, 4 - 10 * shift), textcoords="offset points", fontsize=7, color="#333333")
 
 

@@ -10,7 +10,9 @@ import html
 from typing import Any
 
 from qdeploy.pipeline.report._html_parts import findings_html, status_badge
+from qdeploy.pipeline.report._html_verdict import VERDICT_CSS, throughput_html, unavailable_html, verdict_html
 from qdeploy.pipeline.report.charts import colors_for, latency_bars_svg, tradeoff_svg
+from qdeploy.pipeline.report.format import fmt_cosine, fmt_snr, fmt_speedup
 from qdeploy.pipeline.report.view import (
     MatrixRow,
     benchmark_settings,
@@ -23,6 +25,7 @@ from qdeploy.pipeline.report.view import (
     matrix,
     problems,
     tradeoff_points,
+    unavailable_targets,
     unmeasured_lines,
     validation_notes,
 )
@@ -87,14 +90,14 @@ def render_html(report: dict[str, Any]) -> str:
     rows = matrix(report)
     colors = colors_for([artifact["name"] for artifact in report.get("artifacts", [])] + [r.variant for r in rows])
     sections = [
-        _header(report), _unmeasured(report), _gates(report), _problems(report), _table(report, rows, colors),
-        _charts(report, rows, colors),
+        _header(report), verdict_html(report), _unmeasured(report), _gates(report), _problems(report),
+        _table(report, rows, colors), throughput_html(report), _charts(report, rows, colors),
         _validation(report), _settings(report), _artifacts(report), _environment(report),
     ]
     title = _e(f"qdeploy report: {report['recipe']['name']}")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>{title}</title><style>{CSS}</style></head><body>\n"
+            f"<title>{title}</title><style>{CSS}{VERDICT_CSS}</style></head><body>\n"
             + "\n".join(part for part in sections if part) + "\n</body></html>\n")
 
 
@@ -145,8 +148,8 @@ def _problems(report: dict[str, Any]) -> str:
     return f"<div class=\"problems{'' if hard else ' soft'}\"><strong>{title}</strong><ul>{items}</ul></div>"
 
 
-TABLE_HEAD = ("variant", "batch", "p50 ms [95% CI]", "p90 ms", "p99 ms", "speedup [rounds]", "per s", "size MB",
-              "peak mem MB", "cosine", "SNR dB", "max abs err", "top-1", "validation", "benchmark")
+TABLE_HEAD = ("variant", "batch", "p50 ms [95% CI]", "p90 ms", "p99 ms", "speedup [rounds]", "serial rate /s",
+              "size MB", "peak mem MB", "cosine", "SNR dB", "max abs err", "top-1", "validation", "benchmark")
 
 
 def _table(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]) -> str:
@@ -154,13 +157,14 @@ def _table(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]
     names = (*TABLE_HEAD[:-2], "task metric", *TABLE_HEAD[-2:]) if task else TABLE_HEAD
     head = "".join(f"<th>{_e(name)}</th>" for name in names)
     body = []
-    for target in dict.fromkeys(row.target for row in rows):
+    missing = unavailable_targets(report)
+    for target in dict.fromkeys(row.target for row in rows if row.target not in missing):
         body.append(f"<tr class=\"group\"><td colspan=\"{len(names)}\">{_e(target)}</td></tr>")
         body += [_table_row(row, colors, task) for row in rows if row.target == target]
     reference = _e((report.get("reference") or {}).get("variant"))
     return ("<h2>Latency and accuracy, variant × target</h2>"
             f"<div class=\"scroll\"><table class=\"matrix\"><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table></div>"
+            f"<tbody>{''.join(body)}</tbody></table></div>{unavailable_html(missing)}"
             f"<p class=\"note\">Speedup: the median latency of <code>{reference}</code> over the variant's on the same "
             "target and batch, the median of per-round ratios of interleaved rounds (range of the rounds below; "
             "≈ when the rounds disagree on which is faster). p50 shows its 95% confidence interval; "
@@ -177,17 +181,18 @@ def _table_row(row: MatrixRow, colors: dict[str, str], task: bool) -> str:
         p50 += f"<br><span class=\"ci\">[{_e(fmt(ci[0]))}–{_e(fmt(ci[1]))}]</span>"
     if row.bench.get("noisy"):
         p50 += " <span class=\"badge noisy\">noisy</span>"
-    speed = _e(fmt(row.speedup)) + ("×" if row.speedup else "")
     low_high = row.bench.get("speedup_range")
+    speed = _e(fmt_speedup(row.speedup, None if row.speedup_undecided else low_high))
     if row.speedup is not None and low_high and low_high != [1.0, 1.0]:
-        speed += f"{' ≈' if row.speedup_undecided else ''}<br><span class=\"ci\">[{_e(fmt(low_high[0]))}–" \
-                 f"{_e(fmt(low_high[1]))}]</span>"
+        speed = _e("≈1x") if row.speedup_undecided else speed
+        speed += f"<br><span class=\"ci\">[{low_high[0]:.2f}–{low_high[1]:.2f}]</span>"
     swatch = f"<span class=\"swatch\" style=\"background:{colors.get(row.variant, '#999')}\"></span>"
     cells = [
         f"<td>{swatch}{_e(row.variant)}</td>", _num(row.batch), f"<td class=\"num\">{p50}</td>",
         _num(latency.get("p90")), _num(latency.get("p99")), f"<td class=\"num\">{speed}</td>",
         _num(row.bench.get("throughput_per_s")), _num(row.size_bytes / 1e6 if row.size_bytes else None),
-        _num(row.peak_memory_mb), _num(metrics.get("cosine"), 6), _num(metrics.get("snr_db"), 4),
+        _num(row.peak_memory_mb), _text(fmt_cosine(metrics.get("cosine"))),
+        _text(fmt_snr(metrics.get("snr_db")).removesuffix(" dB")),
         _num(metrics.get("max_abs_err")), _num(metrics.get("top1_agreement")),
         *([_num(metrics.get("task_metric"), 4)] if task else []),
         f"<td>{status_badge(row.validation_status) if row.check else '–'}</td>",
@@ -201,18 +206,25 @@ def _num(value: Any, digits: int = 3) -> str:
     return f"<td class=\"num\">{_e(fmt(value, digits))}</td>"
 
 
+def _text(value: str) -> str:
+    return f"<td class=\"num\">{_e(value)}</td>"
+
+
 def _charts(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]) -> str:
     bars = latency_bars_svg(rows, colors)
     points, label = tradeoff_points(report)
     scatter = tradeoff_svg(points, label, colors)
     if not bars and not scatter:
         return "<h2>Charts</h2><p class=\"note\">Nothing was benchmarked, so there is nothing to plot.</p>"
-    front = ", ".join(f"{p.variant} on {p.target}" for p in sorted(points, key=lambda p: p.latency_ms)
-                      if p.on_front)
-    capped = " SNR is capped at 200 dB: such a point matches the reference exactly." \
-        if label.startswith("SNR") and any(p.fidelity >= 200.0 for p in points) else ""
-    caption = f"<p class=\"note\">Pareto front (nothing else is both faster and closer to the reference): " \
-              f"{_e(front)}.{capped}</p>" if front else ""
+    fronts = "; ".join(
+        f"{target}: " + ", ".join(p.variant for p in sorted(points, key=lambda p: p.latency_ms)
+                                  if p.on_front and p.target == target)
+        for target in dict.fromkeys(p.target for p in points))
+    capped = " ≥ marks identical outputs (SNR at its 200 dB cap), drawn 10 dB above the highest measured SNR " \
+             "so the cap does not flatten the axis." if any(p.capped for p in points) else ""
+    caption = f"<p class=\"note\">Pareto front per target, artifacts that passed validation only (nothing " \
+              f"else on that target is both faster and closer to the reference): {_e(fronts)}.{capped}</p>" \
+        if fronts else ""
     charts = "".join(f"<div class=\"chart\">{svg}</div>" for svg in (bars, scatter) if svg)
     return f"<h2>Charts</h2><div class=\"charts\">{charts}</div>{caption}"
 

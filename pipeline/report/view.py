@@ -151,10 +151,16 @@ class TradeoffPoint:
     latency_ms: float
     fidelity: float
     on_front: bool = False
+    capped: bool = False
+    """The SNR is at its cap (identical outputs): drawn just above the highest measured one, not at 200 dB."""
 
 
 def tradeoff_points(report: dict[str, Any]) -> tuple[list[TradeoffPoint], str]:
-    """Points of the accuracy-vs-latency view with the Pareto front marked, and the fidelity label."""
+    """Points of the accuracy-vs-latency view with each target's Pareto front marked, and the fidelity label.
+
+    Only rows whose validation passed are points: a failed artifact is no trade-off.  Capped SNRs (identical
+    outputs) are drawn at the highest measured SNR + 10 dB so that the cap does not flatten the axis.
+    """
     metric = fidelity_metric(report)
     if metric is None:
         return [], ""
@@ -167,11 +173,24 @@ def tradeoff_points(report: dict[str, Any]) -> tuple[list[TradeoffPoint], str]:
     for row in matrix(report):
         value = row.metrics.get(key)
         p50 = row.latency.get("p50")
-        if row.batch == smallest and row.benchmark_status == "ok" and isinstance(value, int | float) \
-                and isinstance(p50, int | float) and math.isfinite(value):
+        if row.batch == smallest and row.benchmark_status == "ok" and row.validation_status == "passed" \
+                and isinstance(value, int | float) and isinstance(p50, int | float) and math.isfinite(value):
             points.append(TradeoffPoint(row.variant, row.target, float(p50), float(value)))
-    mark_pareto_front(points)
+    if key == "snr_db":
+        _uncap_snr(points)
+    for target in dict.fromkeys(point.target for point in points):
+        mark_pareto_front([point for point in points if point.target == target])
     return points, label
+
+
+def _uncap_snr(points: list[TradeoffPoint]) -> None:
+    from qdeploy.core.compare import SNR_CAP_DB
+
+    measured = [p.fidelity for p in points if p.fidelity < SNR_CAP_DB]
+    shown = (max(measured) + 10.0) if measured else 60.0
+    for point in points:
+        if point.fidelity >= SNR_CAP_DB:
+            point.fidelity, point.capped = shown, True
 
 
 def mark_pareto_front(points: list[TradeoffPoint]) -> None:
@@ -183,6 +202,26 @@ def mark_pareto_front(points: list[TradeoffPoint]) -> None:
             for other in points)
 
 
+def unavailable_targets(report: dict[str, Any]) -> dict[str, str]:
+    """Targets this machine lacks (every validation row unavailable) -> why; their rows collapse into one line."""
+    verdict = report.get("verdict")
+    if verdict is not None:
+        return dict(verdict.get("unavailable") or {})
+    from qdeploy.pipeline.report.verdict import split_targets
+
+    return split_targets(report)[1]
+
+
+def unavailable_line(missing: dict[str, str]) -> str:
+    """'Not available on this machine: ort:cuda, openvino:gpu (this machine's onnxruntime has ...).'"""
+    if not missing:
+        return ""
+    from qdeploy.pipeline.report.verdict import short_reason
+
+    reasons = "; ".join(dict.fromkeys(short_reason(reason) for reason in missing.values()))
+    return f"Not available on this machine: {', '.join(missing)} ({reasons})."
+
+
 def problems(report: dict[str, Any]) -> list[str]:
     """Failed builds, then failed, unavailable or erroneous rows with their reasons.
 
@@ -191,8 +230,9 @@ def problems(report: dict[str, Any]) -> list[str]:
     lines = [f"variant {failure['variant']}, stage {failure['stage']}: {failure['reason']}"
              for failure in report.get("failures", [])]
     grouped: dict[tuple[str, str, str], list[str]] = {}
-    for row in report.get("validation", []) + report.get("benchmarks", []):
-        if row.get("status") in ("passed", "ok") or not row.get("reason"):
+    missing = unavailable_targets(report)  # said once, in the line that collapses their rows
+    for row in report.get("validation", []) + report.get("benchmarks", []) + (report.get("throughput") or []):
+        if row.get("status") in ("passed", "ok") or not row.get("reason") or row["target"] in missing:
             continue
         variants = grouped.setdefault((row["target"], row["status"], row["reason"]), [])
         if row["variant"] not in variants:

@@ -101,7 +101,7 @@ class StageContext:
     """The targets the artifact is built for (the recipe's); empty when unknown."""
     default_dataset: str | None = None
     """The run's default dataset (the recipe's validate.data): what a stage whose config names no data may
-    measure on.  The runner puts it into the cache key of stages that read it (pipeline.registry)."""
+    measure on.  The runner puts it into the cache key of stages that read it (qdeploy.pipeline.registry)."""
     datasets: Mapping[str, DatasetInfo] = field(default_factory=dict)
     """The recipe's named datasets."""
     input_ranges: InputRanges = field(default_factory=dict)

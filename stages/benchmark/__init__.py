@@ -37,6 +37,7 @@ import numpy as np
 from qdeploy.core.errors import TargetUnavailable
 from qdeploy.stages.benchmark._data import BenchData, explain_failure, output_shape_notes, read_data
 from qdeploy.stages.benchmark._runtime import MemoryProbe, bind_inputs
+from qdeploy.stages.benchmark._throughput import empty_row, split_modes, throughput_rows, unmeasured_throughput
 from qdeploy.stages.benchmark.config import (  # noqa: F401
     DEFAULT_ITERATIONS,
     DEFAULT_MAX_SECONDS,
@@ -44,13 +45,16 @@ from qdeploy.stages.benchmark.config import (  # noqa: F401
     MODE,
     NOISY_SPREAD,
     BenchmarkConfig,
+    Mode,
+    ThroughputConfig,
 )
 
 if TYPE_CHECKING:
     from qdeploy.core.context import Artifact, StageContext
     from qdeploy.targets import Session
 
-__all__ = ["median_confidence_interval", "run", "summarize", "time_for", "time_runs"]
+__all__ = ["BenchmarkConfig", "median_confidence_interval", "run", "split_modes", "summarize", "time_for", "time_runs",
+           "unmeasured_throughput"]
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +90,27 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkCon
         for batch in config.batch_sizes:
             if not available or not adapter.benchmarkable:
                 why = reason or f"target {target} is for fidelity checks only"
-                results += [_result(name, target, batch, "unavailable", why) for name in artifacts]
+                results += _every_mode(artifacts, target, batch, config, "unavailable", why)
             elif data is None:
-                results += [_result(name, target, batch, "error", data_error) for name in artifacts]
+                results += _every_mode(artifacts, target, batch, config, "error", data_error)
             else:
-                results += _benchmark_target(artifacts, target, batch, config, ctx, data)
+                if config.mode in ("latency", "both"):
+                    results += _benchmark_target(artifacts, target, batch, config, ctx, data)
+                if config.mode in ("throughput", "both"):
+                    results += throughput_rows(artifacts, target, batch, config.throughput_settings,
+                                               len(config.round_plan()), ctx, data)
     return results
+
+
+def _every_mode(artifacts: dict[str, Artifact], target: str, batch: int, config: BenchmarkConfig, status: str,
+                reason: str) -> list[dict[str, Any]]:
+    """The same status for every artifact in each mode the recipe asked for."""
+    rows = []
+    if config.mode in ("latency", "both"):
+        rows += [_result(name, target, batch, status, reason) for name in artifacts]
+    if config.mode in ("throughput", "both"):
+        rows += [empty_row(name, target, batch, status, reason) for name in artifacts]
+    return rows
 
 
 def _benchmark_target(artifacts: dict[str, Artifact], target: str, batch: int, config: BenchmarkConfig,
@@ -132,7 +151,8 @@ def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfi
     gc.collect()
     probe = MemoryProbe()
     start = time.perf_counter()
-    session = get_target(target).load(artifact.path, threads=config.threads, pin_f32=True)
+    # pinned as validation pins (float32 artifacts only): the verdict joins the two, so they measure one config
+    session = get_target(target).load(artifact.path, threads=config.threads, pin_f32=artifact.precision == "fp32")
     created = time.perf_counter()
     try:
         expected = session.run(fed.feed)

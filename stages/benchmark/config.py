@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from qdeploy.core.tolerance import StrictModel
 
-__all__ = ["DEFAULT_ITERATIONS", "DEFAULT_MAX_SECONDS", "DEFAULT_WARMUP", "MODE", "NOISY_SPREAD", "BenchmarkConfig"]
+__all__ = ["DEFAULT_ITERATIONS", "DEFAULT_MAX_SECONDS", "DEFAULT_WARMUP", "MODE", "NOISY_SPREAD", "BenchmarkConfig",
+           "Mode", "ThroughputConfig"]
+
+
+Mode = Literal["latency", "throughput", "both"]
+
+
+class ThroughputConfig(StrictModel):
+    """The recipe's `benchmark.throughput` section (used when `benchmark.mode` is throughput or both)."""
+
+    requests: int | Literal["auto"] = Field(
+        default="auto", description="Requests kept in flight; auto: OpenVINO's OPTIMAL_NUMBER_OF_INFER_REQUESTS "
+                                    "under PERFORMANCE_HINT THROUGHPUT, the physical cores on ONNX Runtime (one "
+                                    "intra-op thread each).")
+    seconds: float = Field(default=10.0, gt=0, le=3600,
+                           description="Timed seconds per artifact, split evenly over benchmark.rounds.")
+    warmup_seconds: float = Field(default=1.0, ge=0, le=600,
+                                  description="Untimed seconds with every request busy, before the rounds.")
+
+    @property
+    def fixed_requests(self) -> int | None:
+        return None if self.requests == "auto" else int(self.requests)
+
 
 
 NOISY_SPREAD = 0.10
@@ -24,6 +46,13 @@ class BenchmarkConfig(StrictModel):
     """The recipe's `benchmark` section."""
 
     enabled: bool = Field(default=True, description="Run benchmarks at all.")
+    mode: Mode = Field(  # type: ignore[valid-type]
+        default="latency",
+        description="latency: one request at a time (what speedup gates compare); throughput: inferences per "
+                    "second with many requests in flight (OpenVINO THROUGHPUT hint + AsyncInferQueue, ONNX Runtime "
+                    "concurrent callers), and the latency at that load; both: each.")
+    throughput: ThroughputConfig | None = Field(
+        default=None, description="Settings of the throughput mode (requests, seconds, warm-up).")
     batch_sizes: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
         default=[1], min_length=1, max_length=32,
         description="Batch sizes to measure; every artifact is validated at each too.")
@@ -58,6 +87,9 @@ class BenchmarkConfig(StrictModel):
 
     @model_validator(mode="after")
     def _count_or_time(self) -> BenchmarkConfig:
+        if self.throughput is not None and self.mode == "latency":
+            raise ValueError("benchmark.throughput is set but benchmark.mode is latency: set mode to throughput "
+                             "or both, or remove the throughput section")
         if self.warmup is not None and self.warmup_seconds is not None:
             raise ValueError("give warmup (runs) or warmup_seconds (time), not both")
         if self.iterations is not None and self.duration_seconds is not None:
@@ -69,6 +101,10 @@ class BenchmarkConfig(StrictModel):
             raise ValueError(f"warmup_seconds + duration_seconds ({timed:g} s) exceed max_seconds "
                              f"({self.max_seconds:g} s), the time budget of a row: raise max_seconds")
         return self
+
+    @property
+    def throughput_settings(self) -> ThroughputConfig:
+        return self.throughput or ThroughputConfig()
 
     @property
     def row_budget(self) -> float:
@@ -109,3 +145,5 @@ class BenchmarkConfig(StrictModel):
                 "by": "time" if self.duration_seconds is not None else "runs",
                 "iterations": self.timed_runs, "duration_seconds": self.duration_seconds,
                 "rounds": len(self.round_plan()), "max_seconds": self.row_budget}
+
+

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def _bench(variant: str, target: str, p50: float, rounds: list[float], **extra: Any) -> dict[str, Any]:
+def bench_row(variant: str, target: str, p50: float, rounds: list[float], **extra: Any) -> dict[str, Any]:
     return {"variant": variant, "target": target, "batch_size": 1, "status": "ok", "reason": "",
             "latency_ms": {"p50": p50, "p90": p50 * 1.2, "p99": p50 * 1.5, "mean": p50, "std": 0.1, "min": p50 * 0.9,
                            "max": p50 * 2, "ci95_p50": [p50 * 0.95, p50 * 1.05]},
@@ -13,7 +13,7 @@ def _bench(variant: str, target: str, p50: float, rounds: list[float], **extra: 
             "memory": {"peak_growth_mb": 3.5, "method": "test"}, **extra}
 
 
-def _check(variant: str, target: str, cosine: float, snr: float, status: str = "passed", **extra: Any) -> dict:
+def check_row(variant: str, target: str, cosine: float, snr: float, status: str = "passed", **extra: Any) -> dict:
     return {"variant": variant, "target": target, "status": status, "reason": "" if status == "passed" else "bad",
             "metrics": {"cosine": cosine, "snr_db": snr, "max_abs_err": 1 - cosine, "top1_agreement": 1.0},
             "warnings": [], **extra}
@@ -22,22 +22,22 @@ def _check(variant: str, target: str, cosine: float, snr: float, status: str = "
 def synthetic_report() -> dict[str, Any]:
     """A report with every kind of row the writers must handle."""
     benchmarks = [
-        _bench("fp32", "ort:cpu", 4.0, [4.0, 4.1, 3.9], speedup=1.0, speedup_range=[1.0, 1.0]),
-        _bench("fp16", "ort:cpu", 4.1, [3.8, 4.2, 4.0], speedup=0.99, speedup_range=[0.95, 1.05], noisy=True),
-        _bench("int8", "ort:cpu", 1.0, [1.0, 1.1, 0.9], speedup=4.0, speedup_range=[3.7, 4.3]),
-        _bench("slow", "ort:cpu", 9.0, [9.0, 9.1, 8.9], speedup=0.44, speedup_range=[0.43, 0.45]),
+        bench_row("fp32", "ort:cpu", 4.0, [4.0, 4.1, 3.9], speedup=1.0, speedup_range=[1.0, 1.0]),
+        bench_row("fp16", "ort:cpu", 4.1, [3.8, 4.2, 4.0], speedup=0.99, speedup_range=[0.95, 1.05], noisy=True),
+        bench_row("int8", "ort:cpu", 1.0, [1.0, 1.1, 0.9], speedup=4.0, speedup_range=[3.7, 4.3]),
+        bench_row("slow", "ort:cpu", 9.0, [9.0, 9.1, 8.9], speedup=0.44, speedup_range=[0.43, 0.45]),
         {"variant": "fp32", "target": "ort:cuda", "batch_size": 1, "status": "unavailable",
          "reason": "target ort:cuda requested; this machine's onnxruntime has CPUExecutionProvider",
          "latency_ms": None, "throughput_per_s": None, "runs": 0, "round_p50_ms": [], "noisy": None},
     ]
     validation = [
-        _check("fp32", "ort:cpu", 1.0, 200.0),
-        _check("fp16", "ort:cpu", 0.99999, 52.0, warnings=["random validation data <hides> problems"]),
-        _check("int8", "ort:cpu", 0.999, 27.0, status="failed",
+        check_row("fp32", "ort:cpu", 1.0, 200.0),
+        check_row("fp16", "ort:cpu", 0.99999, 52.0, warnings=["random validation data <hides> problems"]),
+        check_row("int8", "ort:cpu", 0.999, 27.0, status="failed",
                divergence={"node": "conv_7", "op_type": "Conv", "tensor": "conv_7_out", "max_abs_err": 0.4,
                            "cosine": 0.97},
                unattainable=["atol 1e-6 is below the reference's own noise floor"]),
-        _check("slow", "ort:cpu", 0.99, 20.0),
+        check_row("slow", "ort:cpu", 0.99, 20.0),
         {"variant": "fp32", "target": "ort:cuda", "status": "unavailable", "reason": "no CUDA", "metrics": None},
     ]
     artifacts = [

@@ -1,0 +1,100 @@
+"""Numbers for people, each quantity to the precision its measurement supports.
+
+``report_view.fmt`` widens digits near 1, which is right for a cosine and wrong for everything else
+("1.00048x"); these say what each quantity is: a latency to 3 significant digits, a speedup to 2 decimals
+(``≈1x`` when its interleaved rounds disagree on which is faster), a rate to 3 significant digits, an SNR to
+0.1 dB (the 200 dB cap reads "identical outputs"), a size in MB.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from qdeploy.core.compare import SNR_CAP_DB  # identical outputs report this; it is not a measurement
+
+__all__ = ["fmt_cosine", "fmt_fidelity", "fmt_mb", "fmt_ms", "fmt_number", "fmt_rate", "fmt_snr", "fmt_speedup",
+           "straddles_one"]
+
+
+def fmt_number(value: Any, significant: int = 3) -> str:
+    """A measurement to `significant` digits: 10.3, 4.00, 0.512, 1234 (never 1.00048); '–' for nothing."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("∞" if value > 0 else "-∞")
+    if value == 0:
+        return "0"
+    if 10 ** significant <= abs(value) < 1e6 or (isinstance(value, int) and abs(value) < 1e6):
+        return f"{value:.0f}"
+    text = f"{value:#.{significant}g}"
+    return text.rstrip(".") if "e" not in text else f"{value:.{significant - 1}e}"
+
+
+def fmt_ms(value: Any) -> str:
+    """A latency: '6.80 ms'."""
+    return "–" if not _finite(value) else f"{fmt_number(value)} ms"
+
+
+def fmt_rate(value: Any) -> str:
+    """Inferences per second: '470 inf/s'."""
+    return "–" if not _finite(value) else f"{fmt_number(value)} inf/s"
+
+
+def fmt_mb(size_bytes: Any) -> str:
+    """A file size in MB: '0.495 MB'."""
+    return "–" if not _finite(size_bytes) else f"{fmt_number(size_bytes / 1e6)} MB"
+
+
+def fmt_speedup(value: Any, low_high: list[float] | None = None) -> str:
+    """A ratio to two decimals, '2.02x'; '≈1x (0.78–1.09)' when the per-round ratios straddle 1."""
+    if not _finite(value):
+        return "–"
+    if straddles_one(low_high):
+        assert low_high is not None
+        return f"≈1x ({low_high[0]:.2f}–{low_high[1]:.2f})"
+    return f"{value:.2f}x"
+
+
+def straddles_one(low_high: list[float] | None) -> bool:
+    """The rounds disagree on which of two artifacts is faster."""
+    return bool(low_high) and low_high[0] < 1.0 < low_high[1]  # type: ignore[index]
+
+
+def fmt_cosine(value: Any) -> str:
+    """As many decimals as tell a cosine from 1: 0.998, 0.999997, 1."""
+    if not _finite(value):
+        return "–"
+    gap = 1.0 - value
+    if gap <= 0:
+        return "1"
+    if gap < 1e-9:  # more digits than anyone reads: say how far from 1
+        return f"1 − {gap:.1g}"
+    digits = 3 if gap >= 1e-3 else min(9, 1 - math.floor(math.log10(gap)))
+    return f"{value:.{digits}f}"
+
+
+def fmt_snr(value: Any) -> str:
+    """An SNR to 0.1 dB; at the cap, 'identical outputs' (the cap is not a measurement)."""
+    if not _finite(value):
+        return "–" if value is None else fmt_number(value)
+    return "identical outputs" if value >= SNR_CAP_DB else f"{value:.1f} dB"
+
+
+def fmt_fidelity(fidelity: dict[str, Any]) -> str:
+    """Task metric, cosine and SNR of one artifact on one target, those measured."""
+    parts = []
+    if _finite(fidelity.get("task_metric")):
+        parts.append(f"task metric {fmt_number(fidelity['task_metric'], 4)}")
+    if _finite(fidelity.get("cosine")):
+        parts.append(f"cosine {fmt_cosine(fidelity['cosine'])}")
+    if _finite(fidelity.get("snr_db")):
+        snr = fmt_snr(fidelity["snr_db"])
+        parts.append(snr if snr == "identical outputs" else f"SNR {snr}")
+    return ", ".join(parts) or "fidelity not measured"
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,126 @@
+"""The Markdown pieces of report.md that issue 18 added or reworked: what to ship per target, the latency and
+throughput tables with targets this machine lacks collapsed into one line, and the Pareto fronts per target.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from qdeploy.pipeline.report.format import fmt_cosine, fmt_ms, fmt_number, fmt_snr, fmt_speedup
+from qdeploy.pipeline.report.verdict import verdict_lines, verdict_section
+from qdeploy.pipeline.report.view import matrix, tradeoff_points, unavailable_line, unavailable_targets
+
+__all__ = ["matrix_lines", "report_verdict", "throughput_lines", "tradeoff_lines", "verdict_markdown"]
+
+
+def report_verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """The report's verdict; computed here for a report written before it had one."""
+    return report.get("verdict") or verdict_section(report)
+
+
+def verdict_markdown(report: dict[str, Any]) -> list[str]:
+    """'## What to ship': per target the pick, why, the runner-up and why not the others."""
+    section = report_verdict(report)
+    entries = verdict_lines(section)
+    if not entries:
+        return []
+    by = {"latency": "median latency at batch", "throughput": "inferences per second at batch",
+          "size": "size (nothing was benchmarked)"}[section["by"]]
+    batch = f" {section['batch_size']}" if section.get("batch_size") is not None else ""
+    lines = ["## What to ship", "",
+             f"Per target, the fastest artifact whose validation passed and whose gates hold (ranked by {by}{batch}); "
+             "among artifacts the benchmark cannot tell apart, the smallest.", ""]
+    for headline, details in entries:
+        target, _, rest = headline.partition(": ")
+        rest = re.sub(r"^ship (\S+):", r"ship **\1**:", rest)
+        lines.append(f"- **{target}**: {rest}" if not headline.startswith("Not available") else f"- {headline}.")
+        lines += [f"  - {detail}" for detail in details]
+    return lines
+
+
+def matrix_lines(report: dict[str, Any]) -> list[str]:
+    """The latency and accuracy table; rows of targets this machine lacks collapse into one line below it."""
+    lines = ["| variant | target | batch | p50 ms [95% CI] | p90 ms | p99 ms | speedup | serial rate /s | size MB "
+             "| peak mem MB | cosine | SNR dB | max abs err | validation | benchmark |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    missing = unavailable_targets(report)
+    for row in matrix(report):
+        if row.target in missing:
+            continue
+        latency = row.latency
+        ci = latency.get("ci95_p50")
+        p50 = fmt_number(latency.get("p50")) + (f" [{fmt_number(ci[0])}–{fmt_number(ci[1])}]" if ci else "")
+        noisy = " (noisy)" if row.bench.get("noisy") else ""
+        metrics = row.metrics
+        lines.append(
+            f"| {row.variant} | {row.target} | {fmt_number(row.batch)} | {p50}{noisy} | "
+            f"{fmt_number(latency.get('p90'))} | {fmt_number(latency.get('p99'))} | "
+            f"{fmt_speedup(row.speedup, row.bench.get('speedup_range'))} | "
+            f"{fmt_number(row.bench.get('throughput_per_s'))} | {fmt_number(_mb(row.size_bytes))} | "
+            f"{fmt_number(row.peak_memory_mb)} | {fmt_cosine(metrics.get('cosine'))} | "
+            f"{_snr_cell(metrics.get('snr_db'))} | {fmt_number(metrics.get('max_abs_err'))} | "
+            f"{row.validation_status} | {row.benchmark_status} |")
+    line = unavailable_line(missing)
+    return lines + (["", line] if line else [])
+
+
+def throughput_lines(report: dict[str, Any]) -> list[str]:
+    """'## Throughput': inferences per second with many requests in flight, and the latency at that load."""
+    missing = unavailable_targets(report)
+    rows = [row for row in report.get("throughput") or [] if row["target"] not in missing]
+    if not rows:
+        return []
+    lines = ["## Throughput (many requests in flight)", "",
+             "| variant | target | batch | inferences/s | vs reference | requests in flight | streams × threads "
+             "| p50 ms at load | p99 ms at load | status |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        latency = row.get("latency_ms") or {}
+        lines.append(
+            f"| {row['variant']} | {row['target']} | {fmt_number(row.get('batch_size'))} | "
+            f"{fmt_number(row.get('inferences_per_s'))} | {fmt_speedup(row.get('speedup'), row.get('speedup_range'))} "
+            f"| {fmt_number(row.get('requests_in_flight'))} | {fmt_number(row.get('streams'))} × "
+            f"{fmt_number(row.get('threads_per_request'))} | {fmt_number(latency.get('p50'))} | "
+            f"{fmt_number(latency.get('p99'))} | {row['status']}{': ' + row['reason'] if row.get('reason') else ''} |")
+    lines += ["", "Inferences per second over all timed rounds with every request kept busy (rounds interleaved "
+              "with the other artifacts; `vs reference` is the median of per-round ratios); the latency is each "
+              "request's own at that load. The serial rate of the latency table is batch / p50 of one request at "
+              "a time, not a throughput.", ""]
+    seen: set[str] = set()
+    for row in rows:
+        if row.get("status") == "ok" and row["target"] not in seen:
+            seen.add(row["target"])
+            settings = ", ".join(f"{key}={value}" for key, value in (row.get("settings") or {}).items())
+            lines.append(f"- {row['target']}: {row.get('call')}; {settings}")
+    return lines
+
+
+def tradeoff_lines(report: dict[str, Any]) -> list[str]:
+    """The Pareto front of each target, failed rows left out."""
+    points, label = tradeoff_points(report)
+    lines = []
+    for target in dict.fromkeys(point.target for point in points):
+        front = sorted((p for p in points if p.target == target and p.on_front), key=lambda p: p.latency_ms)
+        shown = ", ".join(f"{p.variant} ({fmt_ms(p.latency_ms)}, {_fidelity_text(p.fidelity, p.capped, label)})"
+                          for p in front)
+        lines.append(f"- {target}: {shown}")
+    if not lines:
+        return []
+    return ["", f"Pareto front per target (no other artifact that passed is both faster and closer to the reference "
+                f"on that target, by {label}):", "", *lines]
+
+
+def _fidelity_text(value: float, capped: bool, label: str) -> str:
+    if capped:
+        return "identical outputs"
+    return fmt_snr(value) if label.startswith("SNR") else fmt_number(value, 4)
+
+
+def _snr_cell(value: Any) -> str:
+    text = fmt_snr(value)
+    return text.removesuffix(" dB")
+
+
+def _mb(size: Any) -> float | None:
+    return size / 1e6 if isinstance(size, int | float) else None
+

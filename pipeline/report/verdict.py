@@ -1,0 +1,317 @@
+"""What to ship, per target: a pure function of the report's rows (validation, benchmarks, gates, failures).
+
+Rules (docs/verdict-and-throughput.md says them for users):
+- targets are the recipe's, minus fidelity-only ones (reference:cpu); a target whose every validation row is
+  ``unavailable`` is listed once under ``unavailable``, with the reason, and gets no verdict;
+- a variant is a candidate on target T when it built, its validation on T passed, every evaluated gate on
+  (variant, T) holds (size gates of the variant count on every target), and its benchmark on T at the ranked
+  batch size is ``ok`` with a finite number;
+- the ranking is by median latency (lower first), or by inferences per second when only throughput was
+  measured; the tie set is the best candidate plus every candidate the benchmark cannot tell from it: with 3 or
+  more paired interleaved rounds, some round had it at least as good (a sign test), with fewer, the 95%
+  intervals of the medians overlap;
+- the pick is the smallest artifact of the tie set (then the higher fidelity, then the better median); the
+  runner-up is the best other member of the tie set; every other variant is listed with its reason;
+- with benchmarks off, the pick is the smallest artifact that passed, said to be unranked by speed.
+A failed, errored or unavailable row is never a candidate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from qdeploy.pipeline.report.format import fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
+
+__all__ = ["FIDELITY_KEYS", "FIDELITY_ONLY", "MIN_ROUNDS_FOR_SIGN", "Choice", "TargetVerdict", "describe",
+           "in_recipe_order", "indistinguishable", "ranking", "rejection", "short_reason", "split_targets",
+           "target_verdict", "verdict_lines", "verdict_section"]
+
+FIDELITY_ONLY = ("reference:cpu",)
+MIN_ROUNDS_FOR_SIGN = 3
+FIDELITY_KEYS = ("cosine", "snr_db", "max_abs_err", "top1_agreement", "task_metric")
+
+
+@dataclass
+class Choice:
+    """One variant on one target, as the verdict speaks of it.  ``score``: lower is better in either ranking."""
+
+    variant: str
+    score: float
+    round_scores: list[float]
+    interval: list[float] | None
+    size_bytes: int | None
+    fidelity: dict[str, Any]
+    latency: dict[str, Any] = field(default_factory=dict)
+    throughput: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"variant": self.variant, **self.latency, **self.throughput, "fidelity": self.fidelity,
+                "size_bytes": self.size_bytes}
+
+
+@dataclass
+class TargetVerdict:
+    target: str
+    status: str = "none"
+    """'ship' (a pick exists) or 'none' (nothing qualifies)."""
+    pick: Choice | None = None
+    runner_up: Choice | None = None
+    why: str = ""
+    rejected: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "variant": self.pick.variant if self.pick else None, "why": self.why,
+                **({k: v for k, v in self.pick.as_dict().items() if k != "variant"} if self.pick else {}),
+                "runner_up": self.runner_up.as_dict() if self.runner_up else None, "rejected": self.rejected}
+
+
+@dataclass
+class _Rows:
+    """The report's rows on one target, keyed by variant."""
+
+    checks: dict[str, dict[str, Any]]
+    latency: dict[str, dict[str, Any]]
+    throughput: dict[str, dict[str, Any]]
+    sizes: dict[str, int | None]
+    failed_builds: dict[str, dict[str, Any]]
+    gates: list[dict[str, Any]]
+
+
+def verdict_section(report: dict[str, Any]) -> dict[str, Any]:
+    """The report.json ``verdict``: per available target what to ship, and the targets this machine lacks."""
+    by, batch = ranking(report)
+    targets, unavailable = split_targets(report)
+    found = {target: target_verdict(report, target, by, batch).as_dict() for target in targets}
+    return {"by": by, "batch_size": batch, "targets": found, "order": targets, "unavailable": unavailable}
+
+
+def ranking(report: dict[str, Any]) -> tuple[str, int | None]:
+    """What ranks the candidates ('latency', 'throughput', or 'size' when nothing was benchmarked) and at which
+    batch size (the smallest measured)."""
+    for by, key in (("latency", "benchmarks"), ("throughput", "throughput")):
+        batches = [row["batch_size"] for row in report.get(key) or [] if row.get("status") == "ok"]
+        if batches:
+            return by, min(batches)
+    return "size", None
+
+
+def split_targets(report: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """Targets with a verdict, and those whose every validation row is unavailable, with the reason."""
+    targets: list[str] = []
+    unavailable: dict[str, str] = {}
+    for target in dict.fromkeys(row["target"] for row in report.get("validation", [])):
+        if target in FIDELITY_ONLY:
+            continue
+        rows = [row for row in report["validation"] if row["target"] == target]
+        if all(row.get("status") == "unavailable" for row in rows):
+            unavailable[target] = str(rows[0].get("reason") or "not available on this machine")
+        else:
+            targets.append(target)
+    return targets, unavailable
+
+
+def target_verdict(report: dict[str, Any], target: str, by: str, batch: int | None) -> TargetVerdict:
+    rows = _rows(report, target, batch)
+    verdict = TargetVerdict(target)
+    candidates = []
+    for variant in dict.fromkeys([*rows.sizes, *rows.checks, *rows.failed_builds]):
+        reason = rejection(variant, rows, by)
+        if reason:
+            verdict.rejected[variant] = reason
+        else:
+            candidates.append(_choice(variant, rows, by))
+    if not candidates:
+        verdict.why = "no artifact passed validation, its gates and a benchmark on this target"
+        return verdict
+    best = min(candidates, key=lambda c: c.score)
+    ties = [c for c in candidates if c is best or indistinguishable(c, best)]
+    pick = min(ties, key=lambda c: (c.size_bytes if c.size_bytes is not None else math.inf, -_fidelity_rank(c),
+                                    c.score))
+    others = sorted((c for c in ties if c is not pick), key=lambda c: c.score)
+    verdict.status, verdict.pick = "ship", pick
+    verdict.runner_up = others[0] if others else None
+    for choice in candidates:
+        if choice in ties and choice is not pick and choice is not verdict.runner_up:
+            verdict.rejected[choice.variant] = f"within the benchmark's noise of {best.variant}, but not smaller " \
+                                               f"than {pick.variant} and not the runner-up"
+        elif choice not in ties:
+            verdict.rejected[choice.variant] = f"{_worse(by)}: {_measure(choice, by)} against " \
+                                               f"{_measure(best, by)} ({best.variant}), every round agrees"
+    verdict.why = _why(pick, best, verdict.runner_up, by)
+    return verdict
+
+
+def _rows(report: dict[str, Any], target: str, batch: int | None) -> _Rows:
+    def on_target(key: str) -> dict[str, dict[str, Any]]:
+        return {row["variant"]: row for row in report.get(key) or []
+                if row["target"] == target and row.get("batch_size") == batch}
+
+    gates = [gate for gate in report.get("gates", []) if not gate.get("skipped")
+             and (gate["target"] == target or gate["metric"] == "size_bytes")]
+    return _Rows(checks={row["variant"]: row for row in report.get("validation", []) if row["target"] == target},
+                 latency=on_target("benchmarks"), throughput=on_target("throughput"),
+                 sizes={row["name"]: row.get("size_bytes") for row in report.get("artifacts", [])},
+                 failed_builds={row["variant"]: row for row in report.get("failures", [])}, gates=gates)
+
+
+def rejection(variant: str, rows: _Rows, by: str) -> str:
+    """Why a variant may not be shipped on the target; '' when it may."""
+    if variant in rows.failed_builds:
+        return f"failed to build in stage {rows.failed_builds[variant]['stage']}"
+    check = rows.checks.get(variant)
+    if check is None:
+        return "not validated on this target"
+    if check.get("status") != "passed":
+        return f"validation {check.get('status')}: {check.get('reason') or 'outside its tolerance'}"
+    failed = [g for g in rows.gates if g["variant"] == variant and not g.get("passed")]
+    if failed:
+        return "gate failed: " + "; ".join(f"{g['metric']} {fmt_number(g.get('value'))}" for g in failed)
+    if by == "size":
+        return ""
+    bench = (rows.latency if by == "latency" else rows.throughput).get(variant)
+    if bench is None or bench.get("status") != "ok":
+        status = bench.get("status") if bench else "missing"
+        return f"benchmark {status}" + (f": {bench['reason']}" if bench and bench.get("reason") else "")
+    if not _finite(_score(bench, by)):
+        return "its benchmark gave no finite number"
+    return ""
+
+
+def _score(bench: dict[str, Any], by: str) -> Any:
+    if by == "latency":
+        return (bench.get("latency_ms") or {}).get("p50")
+    rate = bench.get("inferences_per_s")
+    return -rate if _finite(rate) else None
+
+
+def _choice(variant: str, rows: _Rows, by: str) -> Choice:
+    fidelity = {key: value for key, value in ((rows.checks[variant].get("metrics") or {}).items())
+                if key in FIDELITY_KEYS}
+    choice = Choice(variant, 0.0, [], None, rows.sizes.get(variant), fidelity)
+    bench, rate = rows.latency.get(variant), rows.throughput.get(variant)
+    if bench and bench.get("status") == "ok":
+        latency = bench.get("latency_ms") or {}
+        choice.latency = {"latency_ms": latency.get("p50"), "ci95_ms": latency.get("ci95_p50"),
+                          "speedup": bench.get("speedup"), "speedup_range": bench.get("speedup_range"),
+                          "noisy": bench.get("noisy")}
+    if rate and rate.get("status") == "ok":
+        choice.throughput = {"inferences_per_s": rate.get("inferences_per_s"),
+                             "requests_in_flight": rate.get("requests_in_flight"),
+                             "latency_at_load_ms": (rate.get("latency_ms") or {}).get("p50"),
+                             "throughput_speedup": rate.get("speedup")}
+    if by == "latency":
+        choice.score = float(choice.latency["latency_ms"])
+        choice.round_scores = [float(v) for v in bench.get("round_p50_ms") or []]  # type: ignore[union-attr]
+        choice.interval = choice.latency.get("ci95_ms")
+    elif by == "throughput":
+        choice.score = -float(choice.throughput["inferences_per_s"])
+        rounds = [-float(v) for v in rate.get("round_inferences_per_s") or []]  # type: ignore[union-attr]
+        choice.round_scores, choice.interval = rounds, [min(rounds), max(rounds)] if rounds else None
+    return choice
+
+
+def indistinguishable(candidate: Choice, best: Choice) -> bool:
+    """The benchmark cannot say `best` is better: its paired rounds disagree, or (few rounds) the intervals
+    overlap.  With 5 rounds, two equal artifacts come out in the same order in every round 2/32 of the time."""
+    pairs = list(zip(candidate.round_scores, best.round_scores, strict=False))
+    if len(pairs) >= MIN_ROUNDS_FOR_SIGN:
+        return any(mine <= theirs for mine, theirs in pairs)
+    if candidate.interval and best.interval:
+        return min(candidate.interval) <= max(best.interval)
+    return candidate.score == best.score
+
+
+def _fidelity_rank(choice: Choice) -> float:
+    for key in ("task_metric", "snr_db", "cosine"):
+        value = choice.fidelity.get(key)
+        if _finite(value):
+            return float(value)
+    return -math.inf
+
+
+def _measure(choice: Choice, by: str) -> str:
+    if by == "throughput":
+        return fmt_rate(choice.throughput.get("inferences_per_s"))
+    return fmt_ms(choice.latency.get("latency_ms"))
+
+
+def _worse(by: str) -> str:
+    return "lower throughput" if by == "throughput" else "slower"
+
+
+def _why(pick: Choice, best: Choice, runner_up: Choice | None, by: str) -> str:
+    if by == "size":
+        return "benchmarks are off: the smallest artifact that passed; not ranked by speed"
+    word = "highest-throughput" if by == "throughput" else "fastest"
+    if runner_up is None:
+        return f"{word} artifact that passed ({_measure(pick, by)}" + (
+            f", {fmt_speedup(pick.latency.get('speedup'), pick.latency.get('speedup_range'))} the reference)"
+            if by == "latency" and pick.latency.get("speedup") is not None else ")")
+    if pick is best:
+        return (f"{word} artifact that passed ({_measure(pick, by)}); {runner_up.variant} is within the "
+                f"benchmark's noise ({_measure(runner_up, by)}) and not smaller")
+    return (f"ties with {best.variant} within the benchmark's noise ({_measure(pick, by)} against "
+            f"{_measure(best, by)}) and is smaller ({fmt_mb(pick.size_bytes)} against {fmt_mb(best.size_bytes)})")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# ------------------------------------------------------------------------------------------------ display
+def verdict_lines(section: dict[str, Any] | None) -> list[tuple[str, list[str]]]:
+    """The verdict for people: per target a headline and its detail lines (runner-up, why not the others);
+    the targets this machine lacks in one entry.  The Markdown, HTML and CLI writers all show these."""
+    if not section:
+        return []
+    entries = []
+    for target, verdict in in_recipe_order(section):
+        if verdict["status"] != "ship":
+            entries.append((f"{target}: nothing to ship: {verdict['why']}", _rejected_lines(verdict)))
+            continue
+        headline = f"{target}: ship {verdict['variant']}: {describe(verdict)}; {verdict['why']}"
+        details = []
+        if verdict.get("runner_up"):
+            runner = verdict["runner_up"]
+            details.append(f"runner-up {runner['variant']}: {describe(runner)}")
+        entries.append((headline, details + _rejected_lines(verdict)))
+    unavailable = section.get("unavailable") or {}
+    if unavailable:
+        reasons = "; ".join(dict.fromkeys(short_reason(reason) for reason in unavailable.values()))
+        entries.append((f"Not available on this machine: {', '.join(unavailable)} ({reasons})", []))
+    return entries
+
+
+def in_recipe_order(section: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The section's targets in the recipe's order (report.json sorts its keys)."""
+    targets = section.get("targets") or {}
+    order = [name for name in section.get("order") or [] if name in targets]
+    return [(name, targets[name]) for name in [*order, *(name for name in targets if name not in order)]]
+
+
+def describe(choice: dict[str, Any]) -> str:
+    """Latency, speedup, throughput, fidelity and size of one choice, those measured."""
+    from qdeploy.pipeline.report.format import fmt_fidelity
+
+    parts = []
+    if choice.get("latency_ms") is not None:
+        parts.append(fmt_ms(choice["latency_ms"]) + (" (noisy)" if choice.get("noisy") else ""))
+        if choice.get("speedup") is not None:
+            parts.append(fmt_speedup(choice["speedup"], choice.get("speedup_range")))
+    if choice.get("inferences_per_s") is not None:
+        parts.append(f"{fmt_rate(choice['inferences_per_s'])} with {choice.get('requests_in_flight')} requests "
+                     f"in flight ({fmt_ms(choice.get('latency_at_load_ms'))} at that load)")
+    parts.append(fmt_fidelity(choice.get("fidelity") or {}))
+    parts.append(fmt_mb(choice.get("size_bytes")))
+    return ", ".join(parts)
+
+
+def _rejected_lines(verdict: dict[str, Any]) -> list[str]:
+    return [f"not {variant}: {reason}" for variant, reason in (verdict.get("rejected") or {}).items()]
+
+
+def short_reason(reason: str) -> str:
+    """'target ort:cuda requested; this machine's onnxruntime has ...' -> the part after the target."""
+    return reason.split("; ", 1)[-1]
