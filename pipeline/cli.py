@@ -271,6 +271,7 @@ def doctor(as_json: Annotated[bool, typer.Option("--json", help="Machine-readabl
 
 
 __import__("pipeline.cli_sweep", fromlist=["register"]).register(app)  # `qdeploy sweep`; `check` takes sweep files
+__import__("pipeline.cli_package", fromlist=["register"]).register(app)  # `qdeploy package`
 
 
 def _version_callback(value: bool) -> None:

@@ -202,12 +202,20 @@ def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[dict[str, 
                           seconds=seconds, unmeasured=missing, model=_model_identity(outcome))
     generation = outcome.generation or begin_generation(plan.out_dir)
     try:
+        report["packages"] = _write_packages(plan, outcome, report, generation)
         write_reports(report, generation, recipe.report.formats)
         commit_generation(plan.out_dir, generation)
     except BaseException:
         discard_generation(generation)
         raise
     return RunResult(report=report, out_dir=plan.out_dir, exit_code=_exit_code(outcome, gates, validation, missing))
+
+
+def _write_packages(plan: RunPlan, outcome: BuildOutcome, report: dict[str, Any],
+                    generation: Path) -> dict[str, Any]:
+    from pipeline.packages_run import write_run_packages
+
+    return write_run_packages(report, plan.recipe, outcome.evaluated, generation, plan.targets, plan.out_dir)
 
 
 def _model_identity(outcome: BuildOutcome) -> dict[str, Any]:
