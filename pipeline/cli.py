@@ -166,6 +166,13 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
     for failure in report["failures"]:
         console.print(f"[red]FAILED[/red] variant {failure['variant']} at stage {failure['stage']}: "
                       f"{failure['reason']}", markup=True)
+    packages = report.get("packages") or {}
+    for failed in packages.get("failed", []):
+        console.print(f"[yellow]no package[/yellow] for {failed['variant']} on {failed['target']}: {failed['reason']}",
+                      markup=True, highlight=False)
+    if packages.get("written"):
+        console.print(f"packages: {len(packages['written'])} in {out_dir / 'packages'} (docs/packages.md)",
+                      highlight=False)
     written = [name for name in ("report.html", "report.md", "report.json") if (out_dir / name).is_file()]
     console.print(f"report: {', '.join(str(out_dir / name) for name in written)}", highlight=False)
 
