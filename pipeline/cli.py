@@ -257,7 +257,8 @@ def doctor(as_json: Annotated[bool, typer.Option("--json", help="Machine-readabl
 
     env = environment()
     if as_json:
-        typer.echo(json.dumps({**env, "tested_versions": tested_versions_record()}, indent=2))
+        tested = {**env["tested_versions"], "runtimes": tested_versions_record()}
+        typer.echo(json.dumps({**env, "tested_versions": tested}, indent=2))
         return
     typer.echo(f"python {env['python']} on {env['platform']}")
     for name, version in env["versions"].items():

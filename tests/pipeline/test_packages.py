@@ -40,7 +40,7 @@ RECIPE = """
     benchmark: {batch_sizes: [1], warmup: 1, iterations: 5, rounds: 1}
     """
 PAIRS = {(variant, target) for variant in ("fp32", "fp16", "int8") for target in ("ort:cpu", "openvino:cpu")}
-SITE = sysconfig.get_paths()["purelib"]
+SITES = list(dict.fromkeys(sysconfig.get_paths()[kind] for kind in ("purelib", "platlib")))
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def report_of(run_dir: Path) -> dict[str, Any]:
 def without_qdeploy(package: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """check.py in an interpreter that cannot import qdeploy: -I (no user site, no PYTHONPATH) and -S (no .pth
     files: the editable install of qdeploy is one), with only site-packages on sys.path for numpy and runtimes."""
-    code = (f"import sys, runpy; sys.path.append({SITE!r}); sys.argv = ['check.py', *{list(args)!r}]; "
+    code = (f"import sys, runpy; sys.path += {SITES!r}; sys.argv = ['check.py', *{list(args)!r}]; "
             "runpy.run_path('check.py', run_name='__main__')")
     return subprocess.run([sys.executable, "-I", "-S", "-c", code], cwd=package, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, timeout=300)
@@ -195,7 +195,7 @@ def test_ort_optimized_model_is_extended_level_and_checked(run_dir: Path, tmp_pa
 def test_manifest_snippet_runs(run_dir: Path, name: str) -> None:
     folder = run_dir / "packages" / name
     snippet = json.loads((folder / "manifest.json").read_text())["snippet"]
-    code = f"import sys; sys.path.append({SITE!r})\n{snippet}\nprint({{k: v.shape for k, v in outputs.items()}})"
+    code = f"import sys; sys.path += {SITES!r}\n{snippet}\nprint({{k: v.shape for k, v in outputs.items()}})"
     done = subprocess.run([sys.executable, "-I", "-S", "-c", code], cwd=folder, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr

@@ -69,13 +69,17 @@ def test_doctor_warns_when_installed_versions_differ(tmp_path: Path) -> None:
     assert f"warning: onnxruntime {installed} is installed; qdeploy was tested with 0.0.1" in done.stdout
     as_json = subprocess.run([sys.executable, "-m", "pipeline.cli", "doctor", "--json"], capture_output=True,
                              text=True, env=env, timeout=120)
-    record = json.loads(as_json.stdout)["tested_versions"]["onnxruntime"]
-    assert record == {"tested": "0.0.1", "installed": installed}
+    record = json.loads(as_json.stdout)["tested_versions"]
+    assert record["runtimes"]["onnxruntime"] == {"tested": "0.0.1", "installed": installed}
+    assert record["match"] is False and record["differ"] == {"onnxruntime": {"installed": installed,
+                                                                             "tested": "0.0.1"}}
 
 
-def test_doctor_is_quiet_on_the_tested_set() -> None:
-    """This environment is the tested one (constraints.txt was written from it): no warning lines."""
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "doctor"], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
-    warnings = [line for line in done.stdout.splitlines() if line.startswith("warning:")]
-    assert not warnings or all(name not in " ".join(warnings) for name in ("onnxruntime", "openvino", "onnx "))
+def test_the_report_environment_says_whether_runtimes_are_the_tested_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.envinfo import environment
+
+    monkeypatch.setattr(tested_versions, "TESTED", {**TESTED, "numpy": "0.0.1"})
+    recorded = environment.__wrapped__()["tested_versions"]
+    assert recorded == {"match": False, "differ": {"numpy": {"installed": metadata.version("numpy"),
+                                                             "tested": "0.0.1"}}}
+
