@@ -79,6 +79,8 @@ def source_from_report(report: dict[str, Any], variant: str, target: str, model_
         raise PackageError(f"variant '{variant}' on {target} did not pass validation ({validation.get('status')}: "
                            f"{validation.get('reason') or 'no reason recorded'}); it is never packaged",
                            input_error=True)
+    if not model_path.is_file():
+        raise PackageError(f"variant '{variant}' has no published artifact ({model_path} is missing)", input_error=True)
     artifact = next((row for row in report.get("artifacts", []) if row.get("name") == variant), {})
     bench = next((row for row in report.get("benchmarks", []) if row.get("variant") == variant
                   and row.get("target") == target and row.get("status") == "ok"), None)
