@@ -1,9 +1,10 @@
 """The check data of a run's packages: a few validation samples and the run's reference outputs on them.
 
-Written once per run as ``artifacts/reference-check.npz`` (hashed in ``artifacts/SHA256SUMS``), so that
-``qdeploy package`` never needs the recipe's data folder again.  The samples are the first ones validation
-used and the outputs are computed as validation computes its reference (the reference model on ort:cpu,
-float32 pinned), so a package is checked against the same numbers the report's metrics were.
+Written once per run as ``packages/reference-check.npz`` (its sha256 in ``report.json`` under
+``packages.check_data``), so that ``qdeploy package`` never needs the recipe's data folder again.  The samples
+are the first ones validation used and the outputs are computed as validation computes its reference (the
+reference model on ort:cpu, float32 pinned), so a package is checked against the same numbers the report's
+metrics were.
 """
 
 from __future__ import annotations

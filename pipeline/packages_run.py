@@ -49,11 +49,12 @@ def write_run_packages(report: dict[str, Any], recipe: Any, evaluated: dict[str,
     spec = recipe.report.packages
     if not spec.enabled:
         return {"enabled": False, "written": [], "failed": []}
+    from pipeline.store import sha256_file
+
     artifacts = generation / "artifacts"
     check = compute_check_data(recipe, evaluated, spec.check_samples)
-    if artifacts.is_dir():
-        write_check_data(artifacts / CHECK_FILE, check)
-        _add_checksum(artifacts, CHECK_FILE)
+    (generation / PACKAGES).mkdir(exist_ok=True)
+    write_check_data(generation / PACKAGES / CHECK_FILE, check)  # for `qdeploy package` later, hashed below
     written, failed = [], []
     for variant, target in chosen_pairs(report, targets):
         try:
@@ -68,17 +69,9 @@ def write_run_packages(report: dict[str, Any], recipe: Any, evaluated: dict[str,
                         "checked": bool(check.samples), "unchecked_reason": check.left_out or None})
     return {"enabled": True, "chosen_by": "verdict" if (report.get("verdict") or {}).get("targets") else
             "every artifact that passed validation on the target", "written": written, "failed": failed,
-            "check_samples": check.samples, "check_source": check.source}
-
-
-def _add_checksum(folder: Path, name: str) -> None:
-    """Append (or replace) name's line in SHA256SUMS, in sha256sum's format."""
-    from pipeline.store import sha256_file
-
-    sums = folder / CHECKSUMS
-    lines = [line for line in (sums.read_text().splitlines() if sums.is_file() else [])
-             if not line.endswith(f"  {name}")]
-    sums.write_text("".join(f"{line}\n" for line in [*lines, f"{sha256_file(folder / name)}  {name}"]))
+            "check_samples": check.samples, "check_source": check.source,
+            "check_data": {"file": f"{PACKAGES}/{CHECK_FILE}",
+                           "sha256": sha256_file(generation / PACKAGES / CHECK_FILE)}}
 
 
 def verify_run_artifacts(run_dir: Path) -> list[str]:
@@ -120,15 +113,23 @@ def package_from_run(run_dir: Path, target: str, variants: list[str] | None, out
     if not chosen:
         raise PackageError(f"no artifact passed validation on {target} in {run_dir}; nothing to package",
                            input_error=True)
-    check = _stored_check_data(run_dir)
+    check = stored_check_data(run_dir, report)
     return [build_package(source_from_report(report, variant, target, run_dir / "artifacts" / f"{variant}.onnx"),
                           out_dir, check, ort_optimized=ort_optimized) for variant in dict.fromkeys(chosen)]
 
 
-def _stored_check_data(run_dir: Path) -> CheckData:
-    path = run_dir / "artifacts" / CHECK_FILE
-    if not path.is_file():
-        return CheckData(left_out=f"the run has no {CHECK_FILE} (made by a qdeploy without packages)")
+def stored_check_data(run_dir: Path, report: dict[str, Any]) -> CheckData:
+    """The run's check data, verified against the sha256 its report records; 'unchecked' data when the run
+    wrote none (packages off, or an older qdeploy)."""
+    from pipeline.store import sha256_file
+
+    record = (report.get("packages") or {}).get("check_data")
+    if not record:
+        return CheckData(left_out="the run wrote no check data (packages were off, or an older qdeploy ran it)")
+    path = run_dir / record["file"]
+    if not path.is_file() or sha256_file(path) != record["sha256"]:
+        raise PackageError(f"{path}: missing or changed since the run (its sha256 is in report.json); run qdeploy "
+                           "run again", input_error=True)
     return read_check_data(path)
 
 

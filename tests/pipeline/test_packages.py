@@ -20,7 +20,7 @@ from pipeline.compare import compare_outputs
 from pipeline.loader import load_recipe
 from pipeline.package_data import CheckData
 from pipeline.packages import PackageError, build_package, source_from_report, write_manifest
-from pipeline.packages_run import chosen_pairs
+from pipeline.packages_run import chosen_pairs, stored_check_data
 from pipeline.runner import RunOptions, run_recipe
 from pipeline.tolerance import Tolerance
 from tests.conftest import REPO, tiny_cnn, write_recipe
@@ -85,8 +85,9 @@ def test_run_writes_one_checked_package_per_passed_artifact_and_target(run_dir: 
         else:
             artifact = run_dir / "artifacts" / f"{variant}.onnx"
             assert (folder / "model.onnx").read_bytes() == artifact.read_bytes()
-    sums = (run_dir / "artifacts" / "SHA256SUMS").read_text()
-    assert "  reference-check.npz" in sums
+    check_data = report["packages"]["check_data"]
+    assert check_data["file"] == "packages/reference-check.npz"
+    assert package_check.sha256_file(run_dir / check_data["file"]) == check_data["sha256"]
 
 
 def test_fp32_ir_keeps_float32_weights(run_dir: Path) -> None:
@@ -180,10 +181,8 @@ def test_a_package_that_fails_its_check_is_never_published(run_dir: Path, tmp_pa
 
 def test_ort_optimized_model_is_extended_level_and_checked(run_dir: Path, tmp_path: Path) -> None:
     report = report_of(run_dir)
-    from pipeline.packages_run import _stored_check_data
-
     source = source_from_report(report, "int8", "ort:cpu", run_dir / "artifacts" / "int8.onnx")
-    folder = build_package(source, tmp_path, _stored_check_data(run_dir), ort_optimized=True)
+    folder = build_package(source, tmp_path, stored_check_data(run_dir, report), ort_optimized=True)
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["model"]["optimized"]["level"] == "ORT_ENABLE_EXTENDED"
     assert "model.extended.onnx" in manifest["files"]
@@ -255,6 +254,11 @@ def test_package_command_refuses_changed_artifacts(run_dir: Path, tmp_path: Path
     copy.mkdir()
     shutil.copytree(run_dir / "artifacts", copy / "artifacts")
     shutil.copyfile(run_dir / "report.json", copy / "report.json")
+    shutil.copytree(run_dir / "packages", copy / "packages")
+    check_data = copy / "packages" / "reference-check.npz"
+    check_data.write_bytes(check_data.read_bytes() + b"\0")
+    done = qdeploy("package", str(copy), "--target", "ort:cpu", "--variant", "int8", "--out", str(tmp_path / "d"))
+    assert done.returncode == 2 and "reference-check.npz: missing or changed since the run" in done.stderr
     model = copy / "artifacts" / "int8.onnx"
     model.write_bytes(model.read_bytes() + b"\0")
     done = qdeploy("package", str(copy), "--target", "ort:cpu", "--variant", "int8", "--out", str(tmp_path / "d"))
