@@ -98,7 +98,9 @@ def test_fp32_ir_keeps_float32_weights(run_dir: Path) -> None:
 
 
 def test_every_package_passes_its_check_where_qdeploy_cannot_be_imported(run_dir: Path) -> None:
-    for folder in sorted((run_dir / "packages").iterdir()):
+    folders = sorted(path for path in (run_dir / "packages").iterdir() if path.is_dir())
+    assert len(folders) == len(PAIRS)
+    for folder in folders:
         done = without_qdeploy(folder, "--require-no-qdeploy")
         assert done.returncode == 0, f"{folder.name}:\n{done.stdout}{done.stderr}"
         assert "qdeploy importable: no" in done.stdout and done.stdout.rstrip().endswith("PASS")
