@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from pipeline import registry
-from pipeline.recipe import DatasetSpec, GateSpec, Recipe, ReportSpec
+from pipeline.recipe import DatasetSpec, GateSpec, PackagesSpec, Recipe, ReportSpec
 from pipeline.tolerance import DEFAULT_TOLERANCES, Tolerance
 from stages.export import InputSpec, TorchSource
 
@@ -61,6 +61,7 @@ def recipe_reference() -> str:
         ("model.inputs[]", InputSpec), ("model.torch", TorchSource), ("data.<name>", DatasetSpec),
         ("validate", registry.stage("validate").config_class()), ("validate.tolerance", Tolerance),
         ("benchmark", registry.stage("benchmark").config_class()), ("gates[]", GateSpec), ("report", ReportSpec),
+        ("report.packages", PackagesSpec),
     ]
     sections += [(f"variant stage `{name}`", registry.stage(name).config_class())
                  for name in registry.VARIANT_STAGES]
