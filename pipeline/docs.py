@@ -16,7 +16,7 @@ from pydantic_core import PydanticUndefined
 
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
 from qdeploy.pipeline import registry
-from qdeploy.pipeline.recipe import DatasetSpec, GateSpec, Recipe, ReportSpec
+from qdeploy.pipeline.recipe import DatasetSpec, GateSpec, PackagesSpec, Recipe, ReportSpec
 from qdeploy.stages.export.config import InputSpec, TorchSource
 
 __all__ = ["BEGIN", "END", "main", "model_table", "recipe_reference", "with_reference"]
@@ -63,6 +63,7 @@ def recipe_reference() -> str:
         ("model.inputs[]", InputSpec), ("model.torch", TorchSource), ("data.<name>", DatasetSpec),
         ("validate", registry.stage("validate").config_class()), ("validate.tolerance", Tolerance),
         ("benchmark", registry.stage("benchmark").config_class()), ("gates[]", GateSpec), ("report", ReportSpec),
+        ("report.packages", PackagesSpec),
     ]
     sections += [(f"variant stage `{name}`", registry.stage(name).config_class())
                  for name in registry.VARIANT_STAGES]

@@ -55,4 +55,14 @@ def environment() -> dict[str, Any]:
                     targets.items()},
         "available_targets": available,
         "int8_path": {**path.to_dict(), "targets": target_int8_paths(path, available)},
+        "tested_versions": _tested_versions(),
     }
+
+
+def _tested_versions() -> dict[str, Any]:
+    """Whether the runtimes are the versions qdeploy was tested with (constraints.txt), and which are not."""
+    from qdeploy.pipeline.tested_versions import differences
+
+    untested = {name: {"installed": installed, "tested": tested}
+                for level, name, installed, tested in differences() if level == "warning"}
+    return {"match": not untested, "differ": untested}

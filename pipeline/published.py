@@ -6,6 +6,7 @@ An output folder looks like this::
     OUT/.published/<generation>/report.json  (and report.md, report.html)
     OUT/.published/current     -> <generation>                 the one switch
     OUT/artifacts              -> .published/current/artifacts  fixed links: the paths users and tools know
+    OUT/packages               -> .published/current/packages   (when the run wrote packages)
     OUT/report.json            -> .published/current/report.json (report.md, report.html alike)
 
 A run builds its whole set in a fresh generation folder that nothing reads, writes its reports there, and
@@ -39,6 +40,7 @@ PUBLISHED = ".published"
 CURRENT = "current"
 ARTIFACTS = "artifacts"
 REPORT_FILES = ("report.json", "report.md", "report.html")
+PACKAGES = "packages"
 CHECKSUMS = "SHA256SUMS"
 _HOST = socket.gethostname().replace("-", "_")
 _TMP_LINK = ".tmp-link-"
@@ -117,14 +119,14 @@ def commit_generation(out_dir: Path, generation: Path) -> None:
     _fsync_files(generation)
     previous = _current_generation(root)
     retired = _retire_plain_files(out_dir, root)
-    present = [name for name in (ARTIFACTS, *REPORT_FILES) if (generation / name).exists()]
+    present = [name for name in (ARTIFACTS, PACKAGES, *REPORT_FILES) if (generation / name).exists()]
     for name in present:
         _ensure_link(out_dir / name, Path(PUBLISHED) / CURRENT / name)
     _replace_link(root / CURRENT, Path(generation.name))  # the switch
     fsync_dir(root)
-    for name in REPORT_FILES:
+    for name in (PACKAGES, *REPORT_FILES):
         if name not in present and (out_dir / name).is_symlink():
-            (out_dir / name).unlink()  # a format this run did not write: its link would dangle
+            (out_dir / name).unlink()  # a format (or packages) this run did not write: its link would dangle
     for old in [previous, *retired]:
         if old is not None and old != generation:
             shutil.rmtree(old, ignore_errors=True)

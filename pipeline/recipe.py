@@ -64,6 +64,22 @@ class GateSpec(StrictModel):
         return self
 
 
+class PackagesSpec(StrictModel):
+    """Deployable packages a run writes to OUT/packages/ (docs/packages.md)."""
+
+    enabled: bool = Field(default=True, description="Write a package per target for the artifact to ship there.")
+    which: Literal["verdict", "passed"] = Field(
+        default="verdict", description="verdict: per target, the artifact the verdict ships there; passed: every "
+                                       "artifact that passed validation on the target.")
+    ort_optimized: bool = Field(
+        default=False, description="Also put an ORT_ENABLE_EXTENDED-optimized model in ort:* packages (kept only "
+                                   "when it passes the package check; ALL-level files are CPU-specific, never "
+                                   "written).")
+    check_samples: int = Field(default=4, ge=1, le=64,
+                               description="Validation samples (with the reference's outputs) each package's "
+                                           "check.py runs; at most 16 MiB in all, else the package is unchecked.")
+
+
 class ReportSpec(StrictModel):
     """Which report files to write, and what the verdict may overlook."""
 
@@ -73,6 +89,7 @@ class ReportSpec(StrictModel):
                                 "still lists them under 'unmeasured'. By default a validation or benchmark row the "
                                 "recipe asked for that could not be measured makes the run fail (exit 1); "
                                 "unavailable targets never do.")
+    packages: PackagesSpec = Field(default_factory=PackagesSpec, description="Deployable packages (OUT/packages/).")
 
 
 class VariantStep(StrictModel):

@@ -209,6 +209,7 @@ def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[dict[str, 
                           seconds=seconds, unmeasured=missing, model=_model_identity(outcome), throughput=throughput)
     generation = outcome.generation or begin_generation(plan.out_dir)
     try:
+        report["packages"] = _write_packages(plan, outcome, report, generation)
         write_reports(report, generation, recipe.report.formats)
         commit_generation(plan.out_dir, generation)
     except BaseException:
@@ -222,6 +223,13 @@ def _expected(plan: RunPlan, outcome: BuildOutcome, mode: str) -> tuple[list[str
     config = plan.recipe.benchmark
     wanted = config.enabled and config.mode in (mode, "both")
     return list(outcome.evaluated), plan.targets, config.batch_sizes if wanted else []
+
+
+def _write_packages(plan: RunPlan, outcome: BuildOutcome, report: dict[str, Any],
+                    generation: Path) -> dict[str, Any]:
+    from qdeploy.pipeline.package.publish import write_run_packages
+
+    return write_run_packages(report, plan.recipe, outcome.evaluated, generation, plan.targets, plan.out_dir)
 
 
 def _model_identity(outcome: BuildOutcome) -> dict[str, Any]:

@@ -6,8 +6,9 @@ fuse), strided convolutions, GlobalAveragePool, Flatten and Gemm, at opset 17.  
 BatchNormalization statistics are measured on the validation images so that every block's
 output is roughly normalised: fp16 and int8 variants then stay close to fp32.
 
-Run ``python recipes/make_demo_model.py [--out-dir DIR]``; it writes
-``DIR/models/demo_cnn.onnx`` and ``DIR/data/val/sample_XX.npy`` and is idempotent.
+Run ``python recipes/make_demo_model.py [--out-dir DIR]``; it writes ``DIR/models/demo_cnn.onnx``,
+``DIR/data/val/sample_XX.npy`` and ``DIR/data/calib/sample_XX.npy`` and is idempotent.  The calibration
+samples come from their own seed, so int8 is calibrated on images that validation never sees.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ SEED = 20240611
 IMAGE_SIZE = 64
 NUM_CLASSES = 10
 VAL_SAMPLES = 16
+CALIB_SAMPLES = 16
+CALIB_SEED = SEED + 1  # its own stream: the model and the validation samples stay as they were
 LOGIT_STD = 2.0
 OPSET = 17
 IR_VERSION = 8  # the IR of opset 17; recent onnx writes a newer IR than many runtimes read
@@ -136,30 +139,37 @@ def build_model(rng: np.random.Generator, images: np.ndarray) -> onnx.ModelProto
     return model
 
 
+def write_samples(folder: Path, images: np.ndarray) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, image in enumerate(images):
+        paths.append(folder / f"sample_{index:02d}.npy")
+        np.save(paths[-1], image)
+    return paths
+
+
 def write_demo(out_dir: Path) -> tuple[Path, list[Path]]:
-    """Write the model and the validation samples under out_dir; returns their paths."""
+    """Write the model, the validation and the calibration samples under out_dir; returns the model's and the
+    validation samples' paths."""
     rng = np.random.default_rng(SEED)
     images = make_images(rng, VAL_SAMPLES)
     model = build_model(rng, images)
     model_path = out_dir / "models" / "demo_cnn.onnx"
-    val_dir = out_dir / "data" / "val"
     model_path.parent.mkdir(parents=True, exist_ok=True)
-    val_dir.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(model_path))
-    sample_paths = []
-    for index, image in enumerate(images):
-        path = val_dir / f"sample_{index:02d}.npy"
-        np.save(path, image)
-        sample_paths.append(path)
-    log.info("wrote %s (%d bytes) and %d samples in %s", model_path, model_path.stat().st_size,
-             len(sample_paths), val_dir)
+    sample_paths = write_samples(out_dir / "data" / "val", images)
+    calib_paths = write_samples(out_dir / "data" / "calib", make_images(np.random.default_rng(CALIB_SEED),
+                                                                        CALIB_SAMPLES))
+    log.info("wrote %s (%d bytes), %d validation and %d calibration samples", model_path,
+             model_path.stat().st_size, len(sample_paths), len(calib_paths))
     return model_path, sample_paths
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent,
-                        help="folder that receives models/demo_cnn.onnx and data/val/ (default: this script's folder)")
+                        help="folder that receives models/demo_cnn.onnx, data/val/ and data/calib/ "
+                             "(default: this script's folder)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     write_demo(args.out_dir)

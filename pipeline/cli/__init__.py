@@ -17,28 +17,35 @@ import typer
 
 from qdeploy.pipeline.cli._common import guarded as _guarded
 from qdeploy.pipeline.cli._common import setup_logging as _setup_logging
+from qdeploy.pipeline.cli.package import register as _register_package
 from qdeploy.pipeline.cli.sweep import register as _register_sweep
 
 __all__ = ["Quiet", "RecipePath", "Verbose", "check", "compare", "doctor", "main", "run", "schema"]
 
 log = logging.getLogger("qdeploy")
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# rich_markup_mode=None: plain click help, which never truncates option names and never eats "[default: ...]"
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Quantization and precision deployment of ONNX models: one recipe, one report.")
 
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Only errors; no progress display.")]
-Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log each step; tracebacks of internal errors.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Only errors; no progress display.", show_default="off")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log each step; tracebacks of internal errors.",
+                                      show_default="off")]
 RecipePath = Annotated[Path, typer.Argument(help="Recipe file (YAML).", show_default=False)]
 
 
-@app.command()
+@app.command(short_help="Run a recipe: build, validate, benchmark, report.")
 def run(
     recipe: RecipePath,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder [default: runs/<name>/].")] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every artifact.")] = False,
-    cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="Artifact cache [default: OUT/cache].")] = None,
-    variant: Annotated[list[str] | None, typer.Option("--variant", help="Only this variant (repeatable).")] = None,
-    target: Annotated[list[str] | None, typer.Option("--target", help="Only this target (repeatable).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder.", show_default="runs/<name>/",
+                                             metavar="DIR")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every artifact.", show_default="off")] = False,
+    cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="Artifact cache.", show_default="OUT/cache",
+                                                   metavar="DIR")] = None,
+    variant: Annotated[list[str] | None, typer.Option(
+        "--variant", help="Only this variant (repeatable).", show_default="every variant", metavar="VARIANT")] = None,
+    target: Annotated[list[str] | None, typer.Option(
+        "--target", help="Only this target (repeatable).", show_default="every target", metavar="TARGET")] = None,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
@@ -120,23 +127,31 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
     for failure in report["failures"]:
         console.print(f"[red]FAILED[/red] variant {failure['variant']} at stage {failure['stage']}: "
                       f"{failure['reason']}", markup=True)
+    packages = report.get("packages") or {}
+    for failed in packages.get("failed", []):
+        console.print(f"[yellow]no package[/yellow] for {failed['variant']} on {failed['target']}: {failed['reason']}",
+                      markup=True, highlight=False)
+    if packages.get("written"):
+        console.print(f"packages: {len(packages['written'])} in {out_dir / 'packages'} (docs/packages.md)",
+                      highlight=False)
     written = [name for name in ("report.html", "report.md", "report.json") if (out_dir / name).is_file()]
     console.print(f"report: {', '.join(str(out_dir / name) for name in written)}", highlight=False)
 
 
-@app.command()
+@app.command(short_help="What changed between two runs; exit 1 on a regression.")
 def compare(
     run_a: Annotated[Path, typer.Argument(help="Earlier run: its folder or its report.json.", show_default=False)],
     run_b: Annotated[Path, typer.Argument(help="Later run: its folder or its report.json.", show_default=False)],
     max_latency_regression: Annotated[float | None, typer.Option(
-        "--max-latency-regression", min=0.0,
+        "--max-latency-regression", min=0.0, metavar="SHARE", show_default="no limit",
         help="Fail when a median latency of B exceeds A's by more than this share (0.1 = 10%).")] = None,
     max_metric_drop: Annotated[list[str] | None, typer.Option(
-        "--max-metric-drop", help="METRIC=VALUE: fail when a fidelity metric gets worse by more than VALUE "
-        "(e.g. cosine=0.001, snr_db=3); repeatable.")] = None,
+        "--max-metric-drop", metavar="METRIC=VALUE", show_default="no limit",
+        help="Fail when a fidelity metric gets worse by more than VALUE (e.g. cosine=0.001, snr_db=3); "
+        "repeatable.")] = None,
     allow_mismatch: Annotated[bool, typer.Option(
         "--allow-mismatch", help="Compare runs of different models (inputs/outputs differ) or with no row in "
-        "common instead of refusing (exit 2).")] = False,
+        "common instead of refusing (exit 2).", show_default="off")] = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
@@ -169,7 +184,7 @@ def compare(
     raise typer.Exit(_guarded(body, verbose))
 
 
-@app.command()
+@app.command(short_help="Validate a recipe (or sweep) and print the plan.")
 def check(recipe: RecipePath, quiet: Quiet = False, verbose: Verbose = False) -> None:
     """Validate a recipe and its model's file and interface, and print the plan; run nothing."""
     _setup_logging(quiet, verbose)
@@ -194,18 +209,23 @@ def schema() -> None:
     typer.echo(json.dumps(recipe_json_schema(), indent=2))
 
 
-@app.command()
-def doctor(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
-    """Library versions, available targets and CPU features of this machine."""
+@app.command(short_help="Versions, tested versions, targets and CPU features.")
+def doctor(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.",
+                                                  show_default="off")] = False) -> None:
+    """Library versions (and how they differ from the tested ones), available targets and CPU features."""
     from qdeploy.pipeline.envinfo import environment
+    from qdeploy.pipeline.tested_versions import difference_lines, tested_versions_record
 
     env = environment()
     if as_json:
-        typer.echo(json.dumps(env, indent=2))
+        tested = {**env["tested_versions"], "runtimes": tested_versions_record()}
+        typer.echo(json.dumps({**env, "tested_versions": tested}, indent=2))
         return
     typer.echo(f"python {env['python']} on {env['platform']}")
     for name, version in env["versions"].items():
         typer.echo(f"  {name:22s} {version}")
+    for line in difference_lines():
+        typer.echo(line)
     cpu = env["cpu"]
     typer.echo(f"cpu: {cpu['model']} ({cpu['cores']} cores)")
     typer.echo("  " + ", ".join(f"{flag}={'yes' if present else 'no'}" for flag, present in cpu["flags"].items()))
@@ -220,6 +240,22 @@ def doctor(as_json: Annotated[bool, typer.Option("--json", help="Machine-readabl
 
 
 _register_sweep(app)  # `qdeploy sweep`; `check` takes sweep files
+_register_package(app)  # `qdeploy package`
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from qdeploy.pipeline.cli.version import version_text
+
+        typer.echo(version_text())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", callback=_version_callback, is_eager=True,
+        help="Print the versions of qdeploy, python and the runtimes, and exit.", show_default=False)] = False) -> None:
+    """Quantization and precision deployment of ONNX models: one recipe, one report."""
 
 
 def main() -> None:

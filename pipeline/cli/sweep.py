@@ -20,24 +20,31 @@ if TYPE_CHECKING:
 
 __all__ = ["Executor", "SweepProgress", "check_sweep", "describe_progress", "register", "sweep"]
 
-Executor = Annotated[str, typer.Option("--executor", "-e", help="Where work runs: local (this machine) or ray.")]
+Executor = Annotated[str, typer.Option("--executor", "-e", help="Where work runs: local (this machine) or ray.",
+                                       metavar="local|ray")]
 
 
 def sweep(
     paths: Annotated[list[Path], typer.Argument(help="Recipe files and/or sweep files (YAML).", show_default=False)],
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Sweep folder [default: runs/<sweep name>/].")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Sweep folder.", show_default="runs/<sweep name>/",
+                                             metavar="DIR")] = None,
     executor: Executor = "local",
     address: Annotated[str | None, typer.Option(
-        "--address", help="Ray cluster: 'auto' (this node's cluster) or ray://HEAD:10001; none starts Ray here.")
+        "--address", help="Ray cluster: 'auto' (this node's cluster) or ray://HEAD:10001.",
+        show_default="none: start Ray here", metavar="ADDRESS")
     ] = None,
     workers: Annotated[int | None, typer.Option(
-        "--workers", "-j", min=1, help="Local executor: parallel builds and validations [default: the cores].")
+        "--workers", "-j", min=1, help="Local executor: parallel builds and validations.",
+        show_default="the cores", metavar="N")
     ] = None,
     cache_dir: Annotated[Path | None, typer.Option(
-        "--cache-dir", help="Artifact cache shared by every recipe [default: OUT/cache].")] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every artifact.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors; no progress display.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each step; tracebacks of internal errors.")
+        "--cache-dir", help="Artifact cache shared by every recipe.", show_default="OUT/cache",
+        metavar="DIR")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every artifact.", show_default="off")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors; no progress display.",
+                                        show_default="off")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each step; tracebacks of internal errors.",
+                                      show_default="off")
                        ] = False,
 ) -> None:
     """Run many recipes as one sweep and write sweep.json, sweep.md and sweep.html (exit 2: a recipe is invalid)."""
@@ -96,7 +103,7 @@ def check_sweep(path: Path) -> int:
 
 def register(app: typer.Typer) -> None:
     """Add `sweep` to the CLI and let `check` take sweep files as well as recipes."""
-    app.command(name="sweep")(sweep)
+    app.command(name="sweep", short_help="Run many recipes as one sweep (locally or on Ray).")(sweep)
     for info in app.registered_commands:
         if info.callback is not None and (info.name or info.callback.__name__) == "check":
             info.callback = _check_accepting_sweeps(info.callback)

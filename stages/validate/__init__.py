@@ -24,6 +24,7 @@ from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
 from qdeploy.stages.validate._batches import BatchedFeeds, reference_batches, run_feeds, wanted_batch_sizes
 from qdeploy.stages.validate._common import Feeds, Outcome, Outputs, feed_caster
 from qdeploy.stages.validate._floor import noise_floor_summary
+from qdeploy.stages.validate._reference import reference_source
 from qdeploy.stages.validate.config import RANDOM_DATA_WARNING, REFERENCE_MODEL_ROW, REFERENCE_TARGET, ValidateConfig
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 
 __all__ = ["REFERENCE_TARGET", "Outcome", "ValidateConfig", "check_config", "feed_caster", "noise_floor_summary",
-           "output_tolerances", "run", "tolerance_for"]
+           "output_tolerances", "reference_source", "run", "tolerance_for"]
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,305 @@
+"""Deployable packages: one folder per (artifact, target) that production code loads without qdeploy.
+
+A package (``<target as runtime-device>-<variant>/``)::
+
+    model.xml + model.bin    openvino:*  openvino.save_model(read_model(onnx)); fp16 weights only for fp16 variants
+    model.onnx (+ data)      ort:*       the validated ONNX file byte for byte [+ model.extended.onnx, opt-in]
+    runtime.json             how validation loaded it: OpenVINO device and compile properties read back, or ORT
+                             providers, provider options and session options
+    check/inputs.npz         a few validation samples, and check/reference.npz the run's reference outputs on them
+    check.py                 stdlib + numpy + the runtime: sha256 of every file, load, compare within tolerance
+    manifest.json            sha256 and size of every file, inputs/outputs, versions, validation metrics, latency,
+                             a load-and-run snippet
+
+A package is built in a staging folder beside its final place, checked there with check.py's own code (an
+artifact that does not load or drifts from the reference is never published), and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qdeploy.core.errors import QdeployError
+from qdeploy.pipeline.package import check as package_check
+from qdeploy.pipeline.package.data import CheckData, save_samples
+
+__all__ = ["FORMAT_VERSION", "OPTIMIZED_FILE", "RUNTIMES", "SNIPPETS", "PackageError", "PackageSource",
+           "build_package", "manifest_body", "packable", "package_name", "runtime_settings", "snippet",
+           "source_from_report", "write_manifest", "write_openvino", "write_ort"]
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+RUNTIMES = {"openvino": "openvino", "ort": "onnxruntime"}
+"""Target runtimes a package can be made for (reference:cpu is a fidelity check, not a deployment)."""
+OPTIMIZED_FILE = "model.extended.onnx"
+
+
+class PackageError(QdeployError):
+    """A package that cannot be made (exit 1) or was asked for wrongly (exit 2, ``input_error``)."""
+
+    def __init__(self, message: str, *, input_error: bool = False) -> None:
+        super().__init__(message)
+        self.exit_code = 2 if input_error else 1
+
+
+@dataclass
+class PackageSource:
+    """One artifact on one target, as the run validated and benchmarked it."""
+
+    variant: str
+    target: str
+    model_path: Path
+    """The artifact's ONNX file (external data files beside it)."""
+    validation: dict[str, Any]
+    benchmark: dict[str, Any] | None
+    report: dict[str, Any]
+    external_data: list[str] = field(default_factory=list)
+
+
+def package_name(target: str, variant: str) -> str:
+    return f"{target.replace(':', '-')}-{variant}"
+
+
+def packable(target: str) -> bool:
+    return target.split(":", 1)[0] in RUNTIMES
+
+
+def source_from_report(report: dict[str, Any], variant: str, target: str, model_path: Path) -> PackageSource:
+    """The artifact's rows of the report; a PackageError (exit 2) when it did not pass validation there."""
+    if not packable(target):
+        raise PackageError(f"target {target}: packages are made for ort:* and openvino:* targets", input_error=True)
+    validation = _row(report.get("validation", []), variant, target)
+    if validation is None:
+        raise PackageError(f"the run did not validate variant '{variant}' on {target}", input_error=True)
+    if validation.get("status") != "passed":
+        raise PackageError(f"variant '{variant}' on {target} did not pass validation ({validation.get('status')}: "
+                           f"{validation.get('reason') or 'no reason recorded'}); it is never packaged",
+                           input_error=True)
+    if not model_path.is_file():
+        raise PackageError(f"variant '{variant}' has no published artifact ({model_path} is missing)", input_error=True)
+    artifact = next((row for row in report.get("artifacts", []) if row.get("name") == variant), {})
+    bench = next((row for row in report.get("benchmarks", []) if row.get("variant") == variant
+                  and row.get("target") == target and row.get("status") == "ok"), None)
+    return PackageSource(variant, target, model_path, validation, bench, report,
+                         [entry["file"] for entry in artifact.get("external_data") or []])
+
+
+def _row(rows: list[dict[str, Any]], variant: str, target: str) -> dict[str, Any] | None:
+    return next((row for row in rows if row.get("variant") == variant and row.get("target") == target), None)
+
+
+def build_package(source: PackageSource, out_dir: Path, check: CheckData, *, ort_optimized: bool = False) -> Path:
+    """Write, check and publish one package as out_dir/<runtime-device>-<variant>; returns its folder.
+
+    Raises PackageError when the package fails its own check (nothing is left behind then).
+    """
+    final = out_dir / package_name(source.target, source.variant)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=out_dir))
+    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700; a package is meant to be shared
+    try:
+        _write_contents(source, staging, check, ort_optimized)
+        _check_staged(source, staging)
+        _replace_folder(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log.info("package %s written", final)
+    return final
+
+
+def _write_contents(source: PackageSource, folder: Path, check: CheckData, ort_optimized: bool) -> None:
+    runtime = RUNTIMES[source.target.split(":", 1)[0]]
+    if runtime == "openvino":
+        model = write_openvino(source.model_path, folder, compress_to_fp16=source.validation.get("precision") == "fp16")
+    else:
+        model = write_ort(source.model_path, source.external_data, folder, optimized=ort_optimized)
+    settings = runtime_settings(source)
+    (folder / "runtime.json").write_text(json.dumps(settings, indent=1) + "\n")
+    check_record = _write_check(folder, check, source.validation)
+    shutil.copyfile(package_check.__file__, folder / "check.py")
+    write_manifest(folder, manifest_body(source, model, settings, check_record))
+
+
+def write_openvino(onnx_path: Path, folder: Path, *, compress_to_fp16: bool) -> dict[str, Any]:
+    """IR via save_model.  compress_to_fp16 defaults to True in OpenVINO, which turns an fp32 artifact's weights
+    into fp16 (the demo's logits then differ by 0.02, SNR 51.6 dB < fp32's 60): only fp16 variants get it."""
+    import openvino
+
+    core = openvino.Core()
+    openvino.save_model(core.read_model(str(onnx_path)), str(folder / "model.xml"), compress_to_fp16=compress_to_fp16)
+    return {"file": "model.xml", "weights": "model.bin", "format": "OpenVINO IR", "compress_to_fp16": compress_to_fp16,
+            "converted_with": f"openvino {openvino.get_version()}: save_model(read_model(onnx))"}
+
+
+def write_ort(onnx_path: Path, external: list[str], folder: Path, *, optimized: bool) -> dict[str, Any]:
+    """The validated ONNX file byte for byte (external data beside it), and on request an EXTENDED-level
+    optimized copy.  Never ALL: ORT_ENABLE_ALL adds NCHWc layouts whose block size depends on the CPU (ORT warns
+    the file is not portable); the EXTENDED file is loaded again at ALL so layout transforms run on the server."""
+    shutil.copyfile(onnx_path, folder / "model.onnx")
+    for name in external:
+        shutil.copyfile(onnx_path.parent / name, folder / name)
+    record: dict[str, Any] = {"file": "model.onnx", "format": "ONNX", "external_data": list(external)}
+    if optimized:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = str(folder / OPTIMIZED_FILE)
+        ort.InferenceSession(str(folder / "model.onnx"), options, providers=["CPUExecutionProvider"])
+        record["optimized"] = {"file": OPTIMIZED_FILE, "level": "ORT_ENABLE_EXTENDED",
+                               "load_with": "ORT_ENABLE_ALL (layout transforms then run on the serving CPU)",
+                               "onnxruntime": ort.__version__}
+    return record
+
+
+def runtime_settings(source: PackageSource) -> dict[str, Any]:
+    """How to load the package: what validation ran, read back, never a runtime default that could differ on
+    another CPU (OpenVINO would pick bf16 on CPUs that have it unless told the precision that was validated)."""
+    runtime, device = source.target.split(":", 1)
+    execution = source.validation.get("execution") or {}
+    bench = source.benchmark or {}
+    threads = bench.get("threads")
+    if runtime == "openvino":
+        properties: dict[str, Any] = {"PERFORMANCE_HINT": (bench.get("settings") or {}).get("PERFORMANCE_HINT",
+                                                                                           "LATENCY")}
+        if execution.get("precision"):
+            properties["INFERENCE_PRECISION_HINT"] = execution["precision"]
+        if isinstance(threads, int):
+            properties["INFERENCE_NUM_THREADS"] = threads
+        return {"runtime": "openvino", "device": device.upper(), "properties": properties,
+                "validated_with": execution.get("precision"), "benchmarked_with": bench.get("settings")}
+    from qdeploy.targets import get_target
+
+    adapter = get_target(source.target)
+    # the adapter's own rule, with validation's pinning (float32 artifacts pinned to float32 math)
+    provider_options, _ = adapter._provider_options(source.validation.get("precision") == "fp32")
+    return {"runtime": "onnxruntime", "providers": adapter.providers, "provider_options": provider_options,
+            "session_options": {"graph_optimization_level": "ORT_ENABLE_ALL",
+                                "intra_op_num_threads": threads if isinstance(threads, int) else 0,
+                                "execution_mode": "ORT_SEQUENTIAL"},
+            "validated_with": execution.get("providers"), "benchmarked_with": bench.get("settings")}
+
+
+def _write_check(folder: Path, check: CheckData, validation: dict[str, Any]) -> dict[str, Any]:
+    tolerances = {out["name"]: out.get("tolerance") or validation.get("tolerance") or {}
+                  for out in validation.get("outputs") or [] if out.get("name")}
+    record: dict[str, Any] = {"samples": check.samples, "compares_with": check.source, "tolerances": tolerances,
+                              "note": "the limits validation held this artifact to, here over the check samples"}
+    if not check.samples:
+        return {**record, "samples": 0, "left_out": check.left_out or "no check data"}
+    (folder / "check").mkdir()
+    save_samples(folder / "check" / "inputs.npz", check.feeds)
+    save_samples(folder / "check" / "reference.npz", check.reference)
+    return {**record, "inputs": "check/inputs.npz", "reference": "check/reference.npz"}
+
+
+def manifest_body(source: PackageSource, model: dict[str, Any], settings: dict[str, Any],
+                  check: dict[str, Any]) -> dict[str, Any]:
+    from qdeploy.pipeline.identity import model_signature
+    from qdeploy.pipeline.store import sha256_file
+
+    report, validation, bench = source.report, source.validation, source.benchmark
+    environment = report.get("environment") or {}
+    versions = environment.get("versions") or {}
+    signature = model_signature(source.model_path)
+    return {
+        "format_version": FORMAT_VERSION, "target": source.target, "variant": source.variant,
+        "precision": validation.get("precision"), "runtime": settings["runtime"],
+        "runtime_version": versions.get(settings["runtime"]), "qdeploy_version": versions.get("qdeploy"),
+        "made_by": {"recipe": (report.get("recipe") or {}).get("name"), "run_created": report.get("created"),
+                    "artifact": {"file": f"artifacts/{source.variant}.onnx", "sha256": sha256_file(source.model_path)},
+                    "cpu": (environment.get("cpu") or {}).get("model"),
+                    "int8_path": (environment.get("int8_path") or {}).get("kind"), "versions": versions},
+        "model": model, "inputs": signature["inputs"], "outputs": signature["outputs"], "load": settings,
+        "validation": {key: validation.get(key) for key in ("status", "metrics", "tolerance", "samples",
+                                                             "effective_precision", "warnings")},
+        "latency": None if bench is None else {key: bench.get(key) for key in (
+            "latency_ms", "throughput_per_s", "batch_size", "noisy", "mode", "speedup", "speedup_range", "threads")},
+        "check": check, "snippet": snippet(settings["runtime"], signature["inputs"], signature["outputs"]),
+        "portability": "int8 results depend on the CPU's int8 path (made_by.int8_path); run check.py on the "
+                       "serving machine before trusting these numbers there",
+    }
+
+
+def write_manifest(folder: Path, body: dict[str, Any]) -> None:
+    """The manifest with the sha256 and size of every other file of the folder."""
+    files = {path.relative_to(folder).as_posix(): {"sha256": package_check.sha256_file(path),
+                                                   "size_bytes": path.stat().st_size}
+             for path in sorted(folder.rglob("*")) if path.is_file() and path.name != package_check.MANIFEST}
+    (folder / package_check.MANIFEST).write_text(json.dumps({**body, "files": files}, indent=1) + "\n")
+
+
+SNIPPETS = {
+    "openvino": """import json, numpy as np, openvino as ov
+runtime = json.load(open("runtime.json"))
+compiled = ov.Core().compile_model("model.xml", runtime["device"], runtime["properties"])
+results = compiled({INPUTS})
+outputs = {name: results[compiled.output(name)] for name in {OUTPUTS}}  # by ONNX name, not get_any_name()
+""",
+    "onnxruntime": """import json, numpy as np, onnxruntime as ort
+runtime = json.load(open("runtime.json"))
+options = ort.SessionOptions()
+settings = runtime["session_options"]
+options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, settings["graph_optimization_level"])
+options.intra_op_num_threads = settings["intra_op_num_threads"]  # 0: one per physical core
+session = ort.InferenceSession("model.onnx", options, providers=runtime["providers"],
+                               provider_options=runtime["provider_options"])
+outputs = dict(zip({OUTPUTS}, session.run({OUTPUTS}, {INPUTS})))
+""",
+}
+
+
+def snippet(runtime: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> str:
+    """Load-and-run code for the package's runtime, fed with zeros of the declared shapes (1 for free dims)."""
+    feeds = ", ".join(f'"{spec["name"]}": np.zeros({[d if isinstance(d, int) else 1 for d in spec["shape"] or []]}, '
+                      f'np.{package_check.NUMPY_TYPES.get(spec["type"]) or spec["type"]})' for spec in inputs)
+    names = repr([spec["name"] for spec in outputs])
+    return SNIPPETS[runtime].replace("{INPUTS}", "{" + feeds + "}").replace("{OUTPUTS}", names)
+
+
+def _check_staged(source: PackageSource, folder: Path) -> None:
+    """check.py's checks on the staged package; an optional optimized model that fails is dropped, a main model
+    that fails stops the package."""
+    lines: list[str] = []
+    found = package_check.check_package(folder, say=lines.append)
+    log.debug("package %s-%s check:\n%s", source.target, source.variant, "\n".join(lines))
+    main_problems = [f"{where}: {problem}" for where, items in found.items() if where != OPTIMIZED_FILE
+                     for problem in items]
+    if main_problems:
+        raise PackageError(f"package of '{source.variant}' on {source.target} failed its check: "
+                           f"{'; '.join(main_problems)}")
+    if found.get(OPTIMIZED_FILE):
+        log.warning("package %s-%s: the optimized model is left out: %s", source.target, source.variant,
+                    "; ".join(found[OPTIMIZED_FILE]))
+        manifest = json.loads((folder / package_check.MANIFEST).read_text())
+        (folder / OPTIMIZED_FILE).unlink()
+        manifest["model"]["optimized_left_out"] = "; ".join(found[OPTIMIZED_FILE])
+        del manifest["model"]["optimized"], manifest["files"]
+        write_manifest(folder, manifest)
+
+
+def _replace_folder(staging: Path, final: Path) -> None:
+    """Rename the staged package into place; an older package there is moved aside first and removed after."""
+    aside = None
+    if final.exists():
+        aside = final.with_name(f".{final.name}.old-{os.getpid()}")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(final, aside)
+    os.rename(staging, final)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

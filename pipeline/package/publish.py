@@ -1,0 +1,139 @@
+"""Which packages a run writes, and packaging a finished run (``qdeploy package``).
+
+``qdeploy run`` packages, per available target, the artifact the verdict picks there (``report['verdict']``);
+a report without a verdict packages every artifact whose validation passed on that target.  The packages go
+into the run's unpublished generation (``OUT/packages/`` once published), so they switch together with the
+artifacts and reports they were made from.  ``qdeploy package RUN --target T`` packages a finished run again,
+after checking its artifacts against ``artifacts/SHA256SUMS``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from qdeploy.pipeline.package import PackageError, build_package, packable, package_name, source_from_report
+from qdeploy.pipeline.package.data import CHECK_FILE, CheckData, compute_check_data, read_check_data, write_check_data
+
+log = logging.getLogger(__name__)
+
+PACKAGES = "packages"
+CHECKSUMS = "SHA256SUMS"
+
+
+def chosen_pairs(report: dict[str, Any], targets: list[str] | None = None,
+                 which: str = "verdict") -> list[tuple[str, str]]:
+    """(variant, target) to package: the verdict's pick per target (``which`` 'verdict', when the report has a
+    verdict), else every passed validation row."""
+    published = {row["name"] for row in report.get("artifacts", [])}
+    wanted = [t for t in (targets or _report_targets(report)) if packable(t)]
+    verdict = (report.get("verdict") or {}).get("targets")
+    if which == "verdict" and isinstance(verdict, dict):
+        return [(pick["variant"], target) for target, pick in verdict.items() if target in wanted
+                and isinstance(pick, dict) and pick.get("variant") in published]
+    return [(row["variant"], row["target"]) for row in report.get("validation", [])
+            if row.get("status") == "passed" and row.get("target") in wanted and row.get("variant") in published]
+
+
+def _report_targets(report: dict[str, Any]) -> list[str]:
+    return list(dict.fromkeys(row["target"] for row in report.get("validation", [])))
+
+
+def write_run_packages(report: dict[str, Any], recipe: Any, evaluated: dict[str, Any], generation: Path,
+                       targets: list[str], stable_root: Path) -> dict[str, Any]:
+    """Check data and the packages of a finished run into its generation; the report's 'packages' record.
+
+    A package that fails its own check is not written and is listed under 'failed'; it never fails the run
+    (gates decide that), but the report and the log say why.
+    """
+    spec = recipe.report.packages
+    if not spec.enabled:
+        return {"enabled": False, "written": [], "failed": []}
+    from qdeploy.pipeline.store import sha256_file
+
+    artifacts = generation / "artifacts"
+    check = compute_check_data(recipe, evaluated, spec.check_samples)
+    (generation / PACKAGES).mkdir(exist_ok=True)
+    write_check_data(generation / PACKAGES / CHECK_FILE, check)  # for `qdeploy package` later, hashed below
+    written, failed = [], []
+    for variant, target in chosen_pairs(report, targets, spec.which):
+        try:
+            source = source_from_report(report, variant, target, artifacts / f"{variant}.onnx")
+            folder = build_package(source, generation / PACKAGES, check, ort_optimized=spec.ort_optimized)
+        except Exception as exc:  # one package's failure must not lose the run's reports
+            log.warning("no package for %s on %s: %s", variant, target, exc)
+            failed.append({"variant": variant, "target": target, "reason": str(exc)})
+            continue
+        written.append({"variant": variant, "target": target,
+                        "path": str(stable_root / PACKAGES / folder.name),
+                        "checked": bool(check.samples), "unchecked_reason": check.left_out or None})
+    by_verdict = spec.which == "verdict" and (report.get("verdict") or {}).get("targets")
+    return {"enabled": True, "chosen_by": "verdict" if by_verdict else
+            "every artifact that passed validation on the target", "written": written, "failed": failed,
+            "check_samples": check.samples, "check_source": check.source,
+            "check_data": {"file": f"{PACKAGES}/{CHECK_FILE}",
+                           "sha256": sha256_file(generation / PACKAGES / CHECK_FILE)}}
+
+
+def verify_run_artifacts(run_dir: Path) -> list[str]:
+    """Files of OUT/artifacts that differ from (or are missing against) its SHA256SUMS."""
+    from qdeploy.pipeline.store import sha256_file
+
+    folder = run_dir / "artifacts"
+    sums = folder / CHECKSUMS
+    if not sums.is_file():
+        return [f"{sums} is missing: the run's artifacts cannot be verified"]
+    problems = []
+    for line in sums.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"artifacts/{name} is missing")
+        elif sha256_file(path) != digest:
+            problems.append(f"artifacts/{name} changed since the run (sha256 differs from SHA256SUMS)")
+    return problems
+
+
+def package_from_run(run_dir: Path, target: str, variants: list[str] | None, out_dir: Path, *,
+                     ort_optimized: bool = False) -> list[Path]:
+    """Package a finished run's artifacts for one target into out_dir; PackageError says what is wrong."""
+    report_path = run_dir / "report.json" if run_dir.is_dir() else run_dir
+    if not report_path.is_file():
+        raise PackageError(f"{run_dir}: no report.json there; give the output folder of a qdeploy run",
+                           input_error=True)
+    run_dir = report_path.parent
+    report = json.loads(report_path.read_text())
+    targets = _report_targets(report)
+    if target not in targets:
+        raise PackageError(f"--target {target}: the run validated {', '.join(targets) or 'no target'}",
+                           input_error=True)
+    problems = verify_run_artifacts(run_dir)
+    if problems:
+        raise PackageError(f"{run_dir}: {'; '.join(problems)}; run qdeploy run again", input_error=True)
+    chosen = variants or [variant for variant, pair_target in chosen_pairs(report, [target])]
+    if not chosen:
+        raise PackageError(f"no artifact passed validation on {target} in {run_dir}; nothing to package",
+                           input_error=True)
+    check = stored_check_data(run_dir, report)
+    return [build_package(source_from_report(report, variant, target, run_dir / "artifacts" / f"{variant}.onnx"),
+                          out_dir, check, ort_optimized=ort_optimized) for variant in dict.fromkeys(chosen)]
+
+
+def stored_check_data(run_dir: Path, report: dict[str, Any]) -> CheckData:
+    """The run's check data, verified against the sha256 its report records; 'unchecked' data when the run
+    wrote none (packages off, or an older qdeploy)."""
+    from qdeploy.pipeline.store import sha256_file
+
+    record = (report.get("packages") or {}).get("check_data")
+    if not record:
+        return CheckData(left_out="the run wrote no check data (packages were off, or an older qdeploy ran it)")
+    path = run_dir / record["file"]
+    if not path.is_file() or sha256_file(path) != record["sha256"]:
+        raise PackageError(f"{path}: missing or changed since the run (its sha256 is in report.json); run qdeploy "
+                           "run again", input_error=True)
+    return read_check_data(path)
+
+
+__all__ = ["chosen_pairs", "package_from_run", "package_name", "verify_run_artifacts", "write_run_packages"]
