@@ -12,6 +12,7 @@ import onnx
 
 from pipeline.context import Artifact, StageContext, StageResult
 from pipeline.recipe import Recipe
+from stages.external_data import needs_external_data
 
 _STAGES_OF = {"export": ("export",), "simplify": ("export", "simplify"), "fp16": ("export", "simplify", "fp16"),
               "ptq": ("export", "simplify", "quantize"), "dynamic": ("export", "simplify", "quantize")}
@@ -36,7 +37,7 @@ def run_stage(stage: str, folder: Path) -> int:
         return _validate(folder, ctx)
     result = _transform(stage, folder, ctx)
     onnx.save(result.model, str(folder / f"{stage}.onnx"),
-              save_as_external_data=result.model.ByteSize() > 1_800_000_000)
+              save_as_external_data=needs_external_data(result.model))
     return len(result.model.graph.node)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from calibration.ranges import DEFAULT_BINS, TensorStats
+from stages.external_data import needs_external_data
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def _probe_session(model_path: Path, tensors: list[str], work_dir: Path) -> tupl
         if name not in present:
             model.graph.output.append(onnx.ValueInfoProto(name=name))
     probe = work_dir / "calibration_probe.onnx"
-    onnx.save(model, str(probe), save_as_external_data=model.ByteSize() > 1_800_000_000)
+    onnx.save(model, str(probe), save_as_external_data=needs_external_data(model))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.log_severity_level = 3

@@ -209,15 +209,21 @@ class ArtifactStore:
             return  # gone already (another run evicted it)
         shutil.rmtree(graveyard, ignore_errors=True)
 
-    def put(self, key: str, model: onnx.ModelProto, meta: dict[str, Any]) -> Artifact:
-        """Write a model and its sidecar as one entry, atomically; a sound entry that already exists wins."""
+    def put(self, key: str, model: onnx.ModelProto, meta: dict[str, Any], *, saved: Path | None = None) -> Artifact:
+        """Write a model and its sidecar as one entry, atomically; a sound entry that already exists wins.
+
+        ``saved``: the model is already on disk there with its external data files beside it (a large model):
+        those files are moved into the entry instead of the proto being saved again."""
         final = self.entry_dir(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{key[:12]}-{_owner_tag()}-", dir=final.parent))
         with _disk_full_is_clear(f"cache entry {final}"):
             try:
                 model_path = staging / MODEL_FILE
-                save_model(model, model_path, external_name=f"{key[:16]}.weights")
+                if saved is not None:
+                    _move_saved(saved, model_path)
+                else:
+                    save_model(model, model_path, external_name=f"{key[:16]}.weights")
                 data_files = external_data_files(model_path)
                 files = {path.name: file_record(path) for path in (model_path, *data_files)}
                 meta = {**meta, "key": key, "sha256": files[MODEL_FILE]["sha256"], "files": files,
@@ -284,15 +290,19 @@ def entry_problem(entry: Path, meta: dict[str, Any]) -> str | None:
     return None
 
 
+def _move_saved(saved: Path, model_path: Path) -> None:
+    """Move a saved model and its external data files into a staging folder (renamed when on one file system)."""
+    for data in external_data_files(saved):
+        shutil.move(str(data), str(model_path.parent / data.name))
+    shutil.move(str(saved), str(model_path))
+
+
 def save_model(model: onnx.ModelProto, path: Path, *, external_name: str) -> None:
     """Save a model; large ones with their tensors in one external data file beside it."""
-    import onnx
+    from stages.external_data import PROTOBUF_SAFE_BYTES, save_onnx
 
-    if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=external_name, size_threshold=1024)
-    else:
-        onnx.save_model(model, str(path))
+    # sized from tensor shapes: ByteSize fails above 2 GB
+    save_onnx(model, path, location=external_name, threshold=min(EXTERNAL_DATA_THRESHOLD, PROTOBUF_SAFE_BYTES))
 
 
 def _artifact_from_meta(entry: Path, meta: dict[str, Any], *, cached: bool) -> Artifact:

@@ -27,6 +27,7 @@ from stages.export_model import (
     external_slices,
     load_onnx,
 )
+from stages.external_data import needs_external_data
 
 if TYPE_CHECKING:
     import numpy as np
@@ -372,8 +373,8 @@ def check_model(model: onnx.ModelProto) -> None:
     if default_opset(model) > supported:
         raise ModelError(f"the model uses opset {default_opset(model)}; the installed onnx {onnx.__version__} knows "
                          f"opsets up to {supported}: set model.opset to {supported} or lower, or upgrade onnx")
-    if model.ByteSize() > 1_800_000_000:
-        return  # the in-memory checker refuses >2 GB protos; the stages after check through files
+    if needs_external_data(model):
+        return  # the in-memory checker refuses >2 GB protos: the runner checks the saved file (check_saved_model)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
@@ -382,6 +383,17 @@ def check_model(model: onnx.ModelProto) -> None:
     except UnicodeDecodeError as exc:  # a damaged file whose names or strings are not UTF-8
         raise ModelError(f"the model holds text that is not UTF-8 ({exc.reason} at byte {exc.start}); "
                          "the file is damaged or not an ONNX model") from None
+
+
+def check_saved_model(path: Path) -> None:
+    """onnx's checker through a file: the form that works above 2 GB (external data read tensor by tensor)."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise ModelError(f"the model is not a valid ONNX graph: {first}") from None
 
 
 def export_torch(config: ExportConfig, ctx: StageContext) -> tuple[onnx.ModelProto, dict[str, Any]]:

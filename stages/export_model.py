@@ -189,3 +189,13 @@ def check_declared_shapes(model: onnx.ModelProto) -> list[str]:
     except DataError as exc:
         raise ModelError(str(exc)) from None
     return sorted(set(named))
+
+
+def model_size_on_disk(path: Path) -> int | None:
+    """Bytes of an ONNX file plus the external data it refers to, without loading the weights; None when the file
+    cannot be read (the export stage then says why)."""
+    try:
+        model = load_onnx(path, external_data=False)
+        return path.stat().st_size + sum(piece.length for piece in external_slices(model, path.parent))
+    except (ModelError, OSError):
+        return None

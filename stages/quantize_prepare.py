@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stages.external_data import needs_external_data
 from stages.quantize_bias import vector_gemm_biases
 
 if TYPE_CHECKING:
@@ -108,12 +109,12 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     model, lifted = lift_constants(onnx.load(str(source)))
     model, opset_note = _at_least_opset(model)
     lifted_path = work_dir / "lifted.onnx"
-    onnx.save(model, str(lifted_path), save_as_external_data=model.ByteSize() > 1_800_000_000)
+    onnx.save(model, str(lifted_path), save_as_external_data=needs_external_data(model))
     target, how = _preprocess(lifted_path, work_dir)
     prepared = onnx.load(str(target))
     named = name_unnamed_nodes(prepared)
     biases = vector_gemm_biases(prepared)  # after pre-processing: it fuses MatMul + Add into Gemm
-    onnx.save(prepared, str(target), save_as_external_data=prepared.ByteSize() > 1_800_000_000)
+    onnx.save(prepared, str(target), save_as_external_data=needs_external_data(prepared))
     findings: dict[str, Any] = {"preprocess": how, "constants_lifted": lifted, "nodes_named": named, **biases}
     if opset_note:
         findings["opset"] = opset_note
