@@ -32,6 +32,7 @@ def save_onnx(model: onnx.ModelProto, path: Path, *, location: str | None = None
     """
     import onnx
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     if needs_external_data(model, threshold):
         data_name = location or f"{path.name}.data"
         (path.parent / data_name).unlink(missing_ok=True)  # onnx appends to an existing data file
@@ -39,6 +40,13 @@ def save_onnx(model: onnx.ModelProto, path: Path, *, location: str | None = None
                         location=data_name, size_threshold=1024)
     else:
         onnx.save_model(model, str(path))
+
+
+def load_graph_only(path: Path) -> onnx.ModelProto:
+    """A saved model without its external data (its weights stay in the file; the proto refers to them)."""
+    import onnx
+
+    return onnx.load(str(path), load_external_data=False)
 
 
 def file_size_with_data(path: Path) -> int:

@@ -24,6 +24,7 @@ import numpy as np
 
 from pipeline.errors import StageError
 from stages import quantize_lower_ops, quantize_lower_patterns, quantize_lower_qdq
+from stages.external_data import save_onnx
 from stages.quantize_grid import Refused
 from stages.quantize_lower_base import STANDARD_DOMAINS, ActivationCheck, GraphEditor, Rule
 
@@ -211,7 +212,7 @@ def _probe(model: onnx.ModelProto, checks: list[ActivationCheck], work_dir: Path
         if name not in present:
             probe.graph.output.append(onnx.ValueInfoProto(name=name))
     path = work_dir / "lowered_probe.onnx"
-    onnx.save(probe, str(path))
+    save_onnx(probe, path)  # with external data above protobuf's 2 GB limit
     options = ort.SessionOptions()
     options.log_severity_level = 3
     try:

@@ -20,13 +20,14 @@ pieces (``stages.optimizer_pieces``: its time grows with the square of the
 node count); a round whose folding and rewrites changed nothing since
 onnxoptimizer's last fixed point ends the loop without calling it again.
 
-Deliberate limit: a simplified model above 1.8 GB is not checked, because a
-ModelProto that large cannot be serialised for ONNX Runtime (folding still
-works, in pieces small enough for it).
+A simplified model above protobuf's 2 GB limit is saved with one external data
+file and checked from that file (the runner stores that file as it is); folding
+works in pieces small enough for ONNX Runtime.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections import Counter
@@ -38,8 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from pipeline.context import Artifact, StageContext, StageResult
 from pipeline.errors import StageError
+from stages.external_data import load_graph_only, needs_external_data, save_onnx
 from stages.graph_order import subgraph_initializers_to_constants
-from stages.graph_utils import fingerprint, io_names, model_bytes, op_counts, prune_value_info
+from stages.graph_utils import fingerprint, io_names, op_counts, prune_value_info
 from stages.rewrite_if import PASS_NAME, inline_constant_ifs
 from stages.simplify_check import Comparison, check_equivalence, compare_outputs
 from stages.simplify_interface import interface_types, restore_interface_types
@@ -81,8 +83,6 @@ DEFAULT_PASSES = (
 )
 # onnxoptimizer passes that change a model's inputs/outputs or split it: never part of a simplification.
 INTERFACE_PASSES = frozenset({"rename_input_output", "rewrite_input_dtype", "split_init", "split_predict"})
-LARGE_MODEL_BYTES = int(1.8 * 2**30)
-"""Above this, ONNX Runtime cannot take the model as one serialised ModelProto."""
 MAX_FOLD_ROUNDS = 8
 """Rounds of shape inference and folding within one iteration (each can make more shapes static)."""
 
@@ -254,18 +254,22 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
                          f"{interface} to {io_names(model)}")
     _valid_structure(model, types, progress, ctx)
     started = time.perf_counter()
-    if model_bytes(model) > LARGE_MODEL_BYTES:
-        check: dict[str, Any] = {"unchecked": "the simplified model is above 1.8 GB: it cannot be serialised for "
-                                 "ONNX Runtime; this version does not check it"}
-    elif config.check_n == 0:
-        check = {"unchecked": "check_n is 0"}
+    saved = None
+    if needs_external_data(model):  # above protobuf's limit: ONNX Runtime takes it from a file with its data
+        saved = ctx.work_dir / "simplified.onnx"
+        save_onnx(model, saved, location="simplified.onnx.data")
+        # protobuf frees a message's bytes only with the whole message: drop it, keep the graph alone
+        model = load_graph_only(saved)
+        gc.collect()  # the old message may sit in a reference cycle: free its weights now, before the check
+    if config.check_n == 0:
+        check: dict[str, Any] = {"unchecked": "check_n is 0"}
     else:
-        check = check_equivalence(artifact.path, model, config, ctx)
+        check = check_equivalence(artifact.path, model, config, ctx, saved=saved)
     progress.seconds["check"] += time.perf_counter() - started
     findings = _findings(nodes_before, model, config, progress, check)
     log.info("simplify: %d -> %d nodes in %d iteration(s); %d tensor(s) folded", findings["node_count_before"],
              findings["node_count_after"], progress.iterations, progress.folded_tensors)
-    return StageResult(model=model, changed=fingerprint(model) != before, findings=findings)
+    return StageResult(model=model, changed=fingerprint(model) != before, findings=findings, path=saved)
 
 
 def _valid_structure(model: onnx.ModelProto, types: dict[str, Any], progress: _Progress, ctx: StageContext) -> None:

@@ -25,9 +25,9 @@ def infer_shapes(model: onnx.ModelProto, work_dir: Path, progress: Any) -> onnx.
     from stages.optimizer import light_copy
 
     prune_value_info(model)
-    if model_bytes(model) > INFER_BY_PATH_BYTES:
-        return _infer_shapes_by_path(model, work_dir, progress)
     light = light_copy(model, value_info=False).model
+    if model_bytes(light) > INFER_BY_PATH_BYTES:  # even without its large weights (many small tensors)
+        return _infer_shapes_by_path(model, work_dir, progress)
     for data_prop in (True, False):
         try:
             inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=data_prop)
