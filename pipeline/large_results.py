@@ -9,13 +9,14 @@ the proto, and the proto in memory drops its weights as onnx writes them.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.context import StageResult
-from stages.external_data import needs_external_data, save_onnx
+from stages.external_data import load_graph_only, needs_external_data, save_onnx
 
 if TYPE_CHECKING:
     import onnx
@@ -38,7 +39,11 @@ def spill_large_result(result: StageResult, folder: Path, data_name: str) -> Sta
         return result
     save_onnx(result.model, path, location=data_name)
     log.info("large result saved to %s with external data %s", path, data_name)
-    return dataclasses.replace(result, path=path)
+    # protobuf frees a message's bytes only with the whole message: keep the graph alone from here on
+    graph_only = dataclasses.replace(result, model=load_graph_only(path), path=path)
+    del result
+    gc.collect()
+    return graph_only
 
 
 def resave_graph(result: StageResult) -> None:
