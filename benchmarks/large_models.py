@@ -291,6 +291,7 @@ def main() -> None:
     cap = int(args.cap_gb * 1e9) if args.cap_gb else int(min(0.8 * available, 18e9))
     print(f"memory available {available / 1e9:.1f} GB; a stage is killed above {cap / 1e9:.1f} GB", file=sys.stderr)
     rows = measure(args.sizes, args.stages, args.work, cap, args.timeout, args.keep)
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (machine shared)")
     print(HEADER)
     print("|" + "|".join("-" * (len(part)) for part in HEADER.split("|")[1:-1]) + "|---|")
     for row in rows:

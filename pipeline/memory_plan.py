@@ -25,9 +25,10 @@ log = logging.getLogger(__name__)
 
 MEMORY_ENV = "QDEPLOY_AVAILABLE_MEMORY"
 STAGE_FACTORS: dict[str, float] = {
-    "export": 2.5, "simplify": 3.0, "fp16": 3.0, "quantize": 4.0, "validate": 3.0, "benchmark": 3.0,
+    "export": 2.0, "simplify": 3.0, "fp16": 5.0, "quantize": 5.0, "validate": 2.5, "benchmark": 2.5,
 }
-"""Peak resident memory of each stage as a multiple of the model's bytes (measured, rounded up)."""
+"""Peak resident memory of each stage as a multiple of the model's bytes: the largest measured on models of 0.5
+to 2.2 GB (docs/large-models.md), rounded up."""
 FIXED_OVERHEAD = 600_000_000
 """Python, onnx, ONNX Runtime and OpenVINO loaded: what a stage takes before the model."""
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

@@ -109,18 +109,21 @@ def _free_disk(folder: Path) -> int:
     return shutil.disk_usage(folder).free
 
 
-LARGE_GB = 2.2
-DISK_NEEDED = int(LARGE_GB * 1e9 * 5.5)
-"""Source, exported, simplified, fp16 and int8 entries, published copies (hard links where possible), temporaries."""
+LARGE_GB = 2.16
+"""Just above protobuf's 2 GiB (2.147e9 bytes): the smallest model that needs external data everywhere."""
+DISK_NEEDED = int(LARGE_GB * 1e9 * 6.5)
+"""Source, exported, simplified and fp16 cache entries, their published copies, a stage's temporaries."""
 
 
 @pytest.mark.slow
-def test_a_model_above_2_gb_goes_through_simplify_fp16_and_int8_on_both_runtimes(tmp_path: Path) -> None:
+def test_a_model_above_2_gb_goes_through_simplify_and_fp16_on_both_runtimes(tmp_path: Path) -> None:
+    """int8 (dynamic) of this model takes about 6 minutes on 2 cores, so it is measured by
+    benchmarks/large_models.py (docs/large-models.md) and exercised here only through the fast test above."""
     free = _free_disk(tmp_path)
     if free < DISK_NEEDED:
         pytest.skip(f"needs about {DISK_NEEDED / 1e9:.0f} GB of free disk in {tmp_path}, {free / 1e9:.1f} GB free")
     dim = dim_for(LARGE_GB, 2)
-    variants = {"simplify": ["simplify"], "fp16": ["fp16"], "dynamic": [{"quantize": {"mode": "dynamic"}}]}
+    variants = {"simplify": ["simplify"], "fp16": ["fp16"]}
     recipe = _recipe(tmp_path / "model", dim=dim, variants=variants)
     assert (tmp_path / "model" / "model.onnx.data").stat().st_size > 2**31  # above protobuf's limit
     out = tmp_path / "run"
