@@ -192,7 +192,8 @@ def check_recipe_inputs_fit(inputs: list[InputSpec]) -> None:
 def source_files(config: ExportConfig, ctx: StageContext) -> list[Path]:
     """Files whose contents decide the export (they enter its cache key)."""
     if config.onnx is not None:
-        return [check_regular_file(ctx.resolve(config.onnx), "model file")]  # hashed next: never a FIFO or device
+        model_file = check_regular_file(ctx.resolve(config.onnx), "model file")  # hashed next: never a FIFO or device
+        return [model_file, *_external_data_sources(model_file)]
     assert config.torch is not None
     files = []
     module_part = config.torch.factory.rsplit(":", 1)[0]
@@ -201,6 +202,17 @@ def source_files(config: ExportConfig, ctx: StageContext) -> list[Path]:
     if config.torch.weights:
         files.append(check_regular_file(ctx.resolve(config.torch.weights), "weights file"))
     return files
+
+
+def _external_data_sources(model_file: Path) -> list[Path]:
+    """The external data files an ONNX model reads (new weights in the same graph file make a new export); none
+    when the model cannot be read: the export stage then says why."""
+    try:
+        model = load_onnx(model_file, external_data=False)
+        files = sorted({piece.file for piece in external_slices(model, model_file.parent)})
+    except ModelError:
+        return []
+    return [check_regular_file(path, "external data file") for path in files]
 
 
 def size_cap(config: ExportConfig) -> int:

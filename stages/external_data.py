@@ -48,9 +48,3 @@ def load_graph_only(path: Path) -> onnx.ModelProto:
 
     return onnx.load(str(path), load_external_data=False)
 
-
-def file_size_with_data(path: Path) -> int:
-    """Bytes of a model file and every external data file it names."""
-    from pipeline.store import external_data_files
-
-    return path.stat().st_size + sum(data.stat().st_size for data in external_data_files(path) if data.is_file())

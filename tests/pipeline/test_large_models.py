@@ -75,6 +75,21 @@ def test_every_stage_writes_and_reads_large_models_through_files(tmp_path: Path)
     assert findings["check"]["samples"] > 0  # checked from its file, not "unchecked"
 
 
+def test_new_weights_in_the_external_data_file_make_a_new_export(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path / "model", dim=64, variants={"simplify": ["simplify"]})
+    out = tmp_path / "run"
+
+    def simplified_sha() -> str:
+        result = run_cli("run", str(recipe), "--out", str(out), "-q")
+        assert result.returncode == 0, result.stderr[-3000:]
+        report = json.loads((out / "report.json").read_text())
+        return next(row["sha256"] for row in report["artifacts"] if row["name"] == "simplify")
+
+    first = simplified_sha()
+    make_model(tmp_path / "model", dim=64, layers=2, seed=1)  # the same graph file, other weights
+    assert simplified_sha() != first  # the export's cache key covers the data file, not only model.onnx
+
+
 def test_parse_bytes_reads_units_and_refuses_nonsense() -> None:
     assert parse_bytes("8G") == 8 << 30 and parse_bytes("512M") == 512 << 20 and parse_bytes("1000") == 1000
     assert parse_bytes("1.5GiB") == int(1.5 * (1 << 30))
