@@ -85,14 +85,15 @@ def make_model(out_dir: Path, *, dim: int, layers: int = 2, seed: int = 0, opset
     return path
 
 
-def recipe_text(model: Path, variants: dict[str, list], targets: list[str], *, benchmark: bool = False) -> str:
+def recipe_text(model: Path, variants: dict[str, list], targets: list[str], *, benchmark: bool = False,
+                validate_extra: str = "") -> str:
     """A recipe for a model of ``make_model``: random calibration and validation inputs, the given variants."""
     import json
 
     lines = "\n".join(f"  {name}: {json.dumps(chain)}" for name, chain in variants.items())
     return (f"name: large-{model.parent.name}\nmodel:\n  onnx: {model.name}\n"
             "data:\n  calib: {reader: random, samples: 4, seed: 1}\n  val: {reader: random, samples: 2, seed: 2}\n"
-            f"variants:\n{lines}\ntargets: {json.dumps(targets)}\nvalidate: {{data: val, samples: 2}}\n"
+            f"variants:\n{lines}\ntargets: {json.dumps(targets)}\nvalidate: {{data: val, samples: 2{validate_extra}}}\n"
             f"benchmark: {{enabled: {str(benchmark).lower()}}}\n")
 
 

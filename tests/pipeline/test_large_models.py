@@ -30,10 +30,10 @@ VARIANTS = {
 TARGETS = ["ort:cpu", "openvino:cpu"]
 
 
-def _recipe(folder: Path, dim: int, variants: dict = VARIANTS) -> Path:
+def _recipe(folder: Path, dim: int, variants: dict = VARIANTS, validate_extra: str = "") -> Path:
     model = make_model(folder, dim=dim, layers=2)
     recipe = folder / "recipe.yaml"
-    recipe.write_text(recipe_text(model, variants, TARGETS))
+    recipe.write_text(recipe_text(model, variants, TARGETS, validate_extra=validate_extra))
     return recipe
 
 
@@ -139,7 +139,8 @@ def test_a_model_above_2_gb_goes_through_simplify_and_fp16_on_both_runtimes(tmp_
         pytest.skip(f"needs about {DISK_NEEDED / 1e9:.0f} GB of free disk in {tmp_path}, {free / 1e9:.1f} GB free")
     dim = dim_for(LARGE_GB, 2)
     variants = {"simplify": ["simplify"], "fp16": ["fp16"]}
-    recipe = _recipe(tmp_path / "model", dim=dim, variants=variants)
+    # reference:cpu (numpy float16, ~3 minutes on this model) is left out: the two runtimes are what is checked
+    recipe = _recipe(tmp_path / "model", dim=dim, variants=variants, validate_extra=", fp16_reference: never")
     assert (tmp_path / "model" / "model.onnx.data").stat().st_size > 2**31  # above protobuf's limit
     out = tmp_path / "run"
     result = run_cli("run", str(recipe), "--out", str(out), "-q", timeout=1200)
