@@ -291,8 +291,18 @@ def entry_problem(entry: Path, meta: dict[str, Any]) -> str | None:
 
 
 def _move_saved(saved: Path, model_path: Path) -> None:
-    """Move a saved model and its external data files into a staging folder (renamed when on one file system)."""
-    for data in external_data_files(saved):
+    """Move a saved model and its external data files into a staging folder (renamed when on one file system);
+    one below the external-data threshold is written as one file (an artifact's form depends on its size only)."""
+    import onnx
+
+    from stages.external_data import PROTOBUF_SAFE_BYTES, save_onnx
+
+    data_files = external_data_files(saved)
+    total = saved.stat().st_size + sum(data.stat().st_size for data in data_files)
+    if data_files and total <= min(EXTERNAL_DATA_THRESHOLD, PROTOBUF_SAFE_BYTES):
+        save_onnx(onnx.load(str(saved)), model_path, threshold=min(EXTERNAL_DATA_THRESHOLD, PROTOBUF_SAFE_BYTES))
+        return
+    for data in data_files:
         shutil.move(str(data), str(model_path.parent / data.name))
     shutil.move(str(saved), str(model_path))
 

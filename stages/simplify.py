@@ -39,9 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from pipeline.context import Artifact, StageContext, StageResult
 from pipeline.errors import StageError
-from stages.external_data import load_graph_only, needs_external_data, save_onnx
+from stages.external_data import load_graph_only, save_onnx
 from stages.graph_order import subgraph_initializers_to_constants
-from stages.graph_utils import fingerprint, io_names, op_counts, prune_value_info
+from stages.graph_utils import fingerprint, io_names, model_bytes, op_counts, prune_value_info
 from stages.rewrite_if import PASS_NAME, inline_constant_ifs
 from stages.simplify_check import Comparison, check_equivalence, compare_outputs
 from stages.simplify_interface import interface_types, restore_interface_types
@@ -83,6 +83,9 @@ DEFAULT_PASSES = (
 )
 # onnxoptimizer passes that change a model's inputs/outputs or split it: never part of a simplification.
 INTERFACE_PASSES = frozenset({"rename_input_output", "rewrite_input_dtype", "split_init", "split_predict"})
+CHECK_FROM_FILE_BYTES = 256_000_000
+"""Above this the simplified model is saved with external data and checked from that file (a serialised copy in
+memory would be one more copy of the weights); the store writes it as one file again below 1.8 GB."""
 MAX_FOLD_ROUNDS = 8
 """Rounds of shape inference and folding within one iteration (each can make more shapes static)."""
 
@@ -255,9 +258,9 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     _valid_structure(model, types, progress, ctx)
     started = time.perf_counter()
     saved = None
-    if needs_external_data(model):  # above protobuf's limit: ONNX Runtime takes it from a file with its data
+    if model_bytes(model) > CHECK_FROM_FILE_BYTES:  # ONNX Runtime takes it from a file: no serialised copy
         saved = ctx.work_dir / "simplified.onnx"
-        save_onnx(model, saved, location="simplified.onnx.data")
+        save_onnx(model, saved, location="simplified.onnx.data", threshold=0)
         # protobuf frees a message's bytes only with the whole message: drop it, keep the graph alone
         model = load_graph_only(saved)
         gc.collect()  # the old message may sit in a reference cycle: free its weights now, before the check

@@ -19,8 +19,9 @@ from pipeline.memory_plan import FIXED_OVERHEAD, STAGE_FACTORS, MemoryTooSmallEr
 from tests.helpers.large_models import dim_for, make_model, recipe_text
 from tests.robustness.helpers import assert_published_consistent, run_cli
 
-EVERY_MODEL_IS_LARGE = ("import stages.external_data, pipeline.store\nstages.external_data.PROTOBUF_SAFE_BYTES = 1000\n"
-                        "pipeline.store.EXTERNAL_DATA_THRESHOLD = 1000\n")
+EVERY_MODEL_IS_LARGE = ("import stages.external_data, stages.simplify, pipeline.store\n"
+                        "stages.external_data.PROTOBUF_SAFE_BYTES = 1000\n"
+                        "pipeline.store.EXTERNAL_DATA_THRESHOLD = 1000\nstages.simplify.CHECK_FROM_FILE_BYTES = 1000\n")
 VARIANTS = {
     "simplify": ["simplify"],
     "fp16": ["fp16"],

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from pipeline.context import Artifact, StageContext, StageResult
 from pipeline.errors import StageError
-from stages import folding, simplify_shapes
+from stages import folding, simplify, simplify_shapes
 from stages.simplify import SimplifyConfig, compare_outputs, run
 from tests.conftest import tiny_cnn
 
@@ -401,9 +401,7 @@ def test_large_models_infer_shapes_through_a_file(tmp_path: Path, ctx: StageCont
 
 def test_models_above_the_protobuf_limit_fold_in_pieces_and_are_checked_from_a_file(
         tmp_path: Path, ctx: StageContext, monkeypatch: pytest.MonkeyPatch) -> None:
-    from stages import external_data
-
-    monkeypatch.setattr(external_data, "PROTOBUF_SAFE_BYTES", 0)  # every model counts as one above 2 GB
+    monkeypatch.setattr(simplify, "CHECK_FROM_FILE_BYTES", 0)  # every model counts as a large one
     monkeypatch.setattr(folding, "MAX_EVAL_BYTES", 400)  # the conv weight (432 bytes) is too large to evaluate
     model = _conv_bn()
     model.graph.node.extend([helper.make_node("Constant", [], ["k"], value_float=2.0),
