@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -89,6 +90,22 @@ def test_new_weights_in_the_external_data_file_make_a_new_export(tmp_path: Path)
     first = simplified_sha()
     make_model(tmp_path / "model", dim=64, layers=2, seed=1)  # the same graph file, other weights
     assert simplified_sha() != first  # the export's cache key covers the data file, not only model.onnx
+
+
+def test_a_one_file_model_written_tensor_by_tensor_parses_as_the_same_model(tmp_path: Path) -> None:
+    from stages import external_data
+    from tests.conftest import tiny_cnn
+
+    model = tiny_cnn()
+    model.metadata_props.add(key="source", value="test")
+    path = tmp_path / "streamed.onnx"
+    external_data._save_streamed(model, path)
+    assert onnx.load(str(path)) == model  # every field, the initializers in their order
+    onnx.checker.check_model(str(path), full_check=True)
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"input": x})
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x})
+    np.testing.assert_array_equal(got[0], want[0])
 
 
 def test_parse_bytes_reads_units_and_refuses_nonsense() -> None:
