@@ -118,7 +118,7 @@ def _same_interface(reference: Any, candidate: Any, stage: str, variant: str) ->
 def _check_saved(result: StageResult, stage: str, variant: str) -> None:
     """A large export skipped onnx's in-memory checker (protobuf's 2 GB limit): check its saved file instead."""
     from pipeline.errors import ModelError
-    from stages.export import check_saved_model
+    from stages.external_data import check_saved_model
 
     if result.path is not None:
         try:

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 MEMORY_ENV = "QDEPLOY_AVAILABLE_MEMORY"
 STAGE_FACTORS: dict[str, float] = {
-    "export": 2.0, "simplify": 3.0, "fp16": 5.5, "quantize": 5.5, "validate": 3.5, "benchmark": 3.5,
+    "export": 2.0, "simplify": 4.0, "fp16": 5.5, "quantize": 5.5, "validate": 3.5, "benchmark": 3.5,
 }
 """Peak resident memory of each stage as a multiple of the model's bytes: the largest measured on models of 0.5
 to 2.2 GB (docs/large-models.md), rounded up."""

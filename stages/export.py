@@ -24,6 +24,7 @@ from stages.export_model import (
     check_declared_shapes,
     check_feedable_inputs,
     check_has_outputs,
+    external_data_sources,
     external_slices,
     load_onnx,
 )
@@ -193,7 +194,7 @@ def source_files(config: ExportConfig, ctx: StageContext) -> list[Path]:
     """Files whose contents decide the export (they enter its cache key)."""
     if config.onnx is not None:
         model_file = check_regular_file(ctx.resolve(config.onnx), "model file")  # hashed next: never a FIFO or device
-        return [model_file, *_external_data_sources(model_file)]
+        return [model_file, *external_data_sources(model_file)]
     assert config.torch is not None
     files = []
     module_part = config.torch.factory.rsplit(":", 1)[0]
@@ -202,17 +203,6 @@ def source_files(config: ExportConfig, ctx: StageContext) -> list[Path]:
     if config.torch.weights:
         files.append(check_regular_file(ctx.resolve(config.torch.weights), "weights file"))
     return files
-
-
-def _external_data_sources(model_file: Path) -> list[Path]:
-    """The external data files an ONNX model reads (new weights in the same graph file make a new export); none
-    when the model cannot be read: the export stage then says why."""
-    try:
-        model = load_onnx(model_file, external_data=False)
-        files = sorted({piece.file for piece in external_slices(model, model_file.parent)})
-    except ModelError:
-        return []
-    return [check_regular_file(path, "external data file") for path in files]
 
 
 def size_cap(config: ExportConfig) -> int:
@@ -395,17 +385,6 @@ def check_model(model: onnx.ModelProto) -> None:
     except UnicodeDecodeError as exc:  # a damaged file whose names or strings are not UTF-8
         raise ModelError(f"the model holds text that is not UTF-8 ({exc.reason} at byte {exc.start}); "
                          "the file is damaged or not an ONNX model") from None
-
-
-def check_saved_model(path: Path) -> None:
-    """onnx's checker through a file: the form that works above 2 GB (external data read tensor by tensor)."""
-    import onnx
-
-    try:
-        onnx.checker.check_model(str(path))
-    except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        raise ModelError(f"the model is not a valid ONNX graph: {first}") from None
 
 
 def export_torch(config: ExportConfig, ctx: StageContext) -> tuple[onnx.ModelProto, dict[str, Any]]:

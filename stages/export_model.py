@@ -199,3 +199,14 @@ def model_size_on_disk(path: Path) -> int | None:
         return path.stat().st_size + sum(piece.length for piece in external_slices(model, path.parent))
     except (ModelError, OSError):
         return None
+
+
+def external_data_sources(model_file: Path) -> list[Path]:
+    """The external data files an ONNX model reads (new weights in the same graph file make a new export); none
+    when the model cannot be read: the export stage then says why."""
+    try:
+        model = load_onnx(model_file, external_data=False)
+        files = sorted({piece.file for piece in external_slices(model, model_file.parent)})
+    except ModelError:
+        return []
+    return [check_regular_file(path, "external data file") for path in files]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.errors import ModelError
 from stages.graph_utils import model_bytes
 
 if TYPE_CHECKING:
@@ -107,3 +108,13 @@ def load_graph_only(path: Path) -> onnx.ModelProto:
 
     return onnx.load(str(path), load_external_data=False)
 
+
+def check_saved_model(path: Path) -> None:
+    """onnx's checker through a file: the form that works above 2 GB (external data read tensor by tensor)."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise ModelError(f"the model is not a valid ONNX graph: {first}") from None
