@@ -195,10 +195,17 @@ def model_size_on_disk(path: Path) -> int | None:
     """Bytes of an ONNX file plus the external data it refers to, without loading the weights; None when the file
     cannot be read (the export stage then says why)."""
     try:
+        size = path.stat().st_size
+        if size > PARSE_FOR_SIZE_BELOW:  # its weights are in the file itself: reading it would cost their memory
+            return size
         model = load_onnx(path, external_data=False)
-        return path.stat().st_size + sum(piece.length for piece in external_slices(model, path.parent))
+        return size + sum(piece.length for piece in external_slices(model, path.parent))
     except (ModelError, OSError):
         return None
+
+
+PARSE_FOR_SIZE_BELOW = 64_000_000
+"""A model file above this holds its weights itself; below, it is parsed to add its external data files."""
 
 
 def external_data_sources(model_file: Path) -> list[Path]:
