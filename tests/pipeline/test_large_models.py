@@ -169,4 +169,5 @@ def test_a_model_above_2_gb_goes_through_simplify_and_fp16_on_both_runtimes(tmp_
         assert result.returncode == 0, result.stderr[-3000:]
         _check_published(out, tmp_path / "model", dim, list(variants), external_above=EXTERNAL_DATA_THRESHOLD)
     finally:  # about 11 GB: pytest keeps its last temporary folders, the disk must not
-        shutil.rmtree(tmp_path, ignore_errors=True)
+        for folder in ("model", "run"):
+            shutil.rmtree(tmp_path / folder, ignore_errors=True)
