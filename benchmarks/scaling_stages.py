@@ -11,6 +11,7 @@ from pathlib import Path
 import onnx
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
+from qdeploy.graph.external_data import needs_external_data
 from qdeploy.pipeline.recipe import Recipe
 
 _STAGES_OF = {"export": ("export",), "simplify": ("export", "simplify"), "fp16": ("export", "simplify", "fp16"),
@@ -36,7 +37,7 @@ def run_stage(stage: str, folder: Path) -> int:
         return _validate(folder, ctx)
     result = _transform(stage, folder, ctx)
     onnx.save(result.model, str(folder / f"{stage}.onnx"),
-              save_as_external_data=result.model.ByteSize() > 1_800_000_000)
+              save_as_external_data=needs_external_data(result.model))
     return len(result.model.graph.node)
 
 

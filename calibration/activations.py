@@ -18,6 +18,7 @@ import numpy as np
 from qdeploy.calibration.ranges import DEFAULT_BINS, TensorStats
 
 __all__ = ["FeedSource", "Feeds", "collect_statistics", "float_tensors_of"]
+from qdeploy.graph.external_data import needs_external_data
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def _probe_session(model_path: Path, tensors: list[str], work_dir: Path) -> tupl
         if name not in present:
             model.graph.output.append(onnx.ValueInfoProto(name=name))
     probe = work_dir / "calibration_probe.onnx"
-    onnx.save(model, str(probe), save_as_external_data=model.ByteSize() > 1_800_000_000)
+    onnx.save(model, str(probe), save_as_external_data=needs_external_data(model))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.log_severity_level = 3

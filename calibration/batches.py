@@ -169,7 +169,11 @@ def _unbatched_bytes(sample: Feed, axes: BatchAxes) -> int:
 
 
 def available_memory_bytes() -> int | None:
-    """Memory the kernel says is available now (MemAvailable); None where unknown."""
+    """Memory the kernel says is available now (MemAvailable, or QDEPLOY_AVAILABLE_MEMORY); None where unknown."""
+    from qdeploy.core.memory import memory_override
+
+    if (override := memory_override()) is not None:
+        return override
     try:
         with open("/proc/meminfo", encoding="ascii") as handle:
             for line in handle:

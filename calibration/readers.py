@@ -80,15 +80,10 @@ Ranges = dict[str, tuple[float | None, float | None]]
 
 
 def available_memory() -> int:
-    """Bytes of memory available now (MemAvailable), or the machine's physical memory where that is unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii", errors="replace") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """Bytes of memory available now (MemAvailable, or QDEPLOY_AVAILABLE_MEMORY where set)."""
+    from qdeploy.core.memory import available_memory as available
+
+    return available()
 
 
 def sample_memory_cap() -> int:

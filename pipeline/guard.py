@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import StageError
+from qdeploy.pipeline.large_results import resave_graph
 
 if TYPE_CHECKING:
     import onnx
@@ -48,10 +49,15 @@ CHECK_KEYS = ("check", "verification", "fidelity")
 def guard_artifact(parent: Artifact | None, result: StageResult, stage: str, ctx: StageContext) -> dict[str, Any]:
     """StageError unless ``result.model`` may be published; what was verified (also added to the findings)."""
     if parent is None:  # export: nothing to compare against; it must load where it can
+        _check_saved(result, stage, ctx.variant)
         return {}
     verdict: dict[str, Any] = _graph_order(result.model, stage, ctx.variant)
+    if verdict:
+        resave_graph(result)
     reference, reference_error = _session_of_path(parent.path)
-    candidate, candidate_error = _session_of_model(result.model, ctx.work_dir)
+    reference = _interface_only(reference)  # one session in memory at a time: large models hold their weights
+    candidate, candidate_error = (_session_of_path(result.path) if result.path is not None
+                                  else _session_of_model(result.model, ctx.work_dir))
     if reference is None:
         verdict["loads"] = f"not checked: the input model does not load in ONNX Runtime either ({reference_error})"
     elif candidate is None:
@@ -109,6 +115,35 @@ def _same_interface(reference: Any, candidate: Any, stage: str, variant: str) ->
                    if old != new and (old, new) not in allowed]
         if changed:
             raise StageError(stage, variant, f"the new model changed the types of its {kind}: {', '.join(changed)}")
+
+
+def _check_saved(result: StageResult, stage: str, variant: str) -> None:
+    """A large export skipped onnx's in-memory checker (protobuf's 2 GB limit): check its saved file instead."""
+    from qdeploy.core.errors import ModelError
+    from qdeploy.graph.external_data import check_saved_model
+
+    if result.path is not None:
+        try:
+            check_saved_model(result.path)
+        except ModelError as exc:
+            raise StageError(stage, variant, str(exc)) from None
+
+
+class _Interface:
+    """A session's inputs and outputs, kept after the session (and its weights) are freed."""
+
+    def __init__(self, session: Any) -> None:
+        self._inputs, self._outputs = session.get_inputs(), session.get_outputs()
+
+    def get_inputs(self) -> list[Any]:
+        return self._inputs
+
+    def get_outputs(self) -> list[Any]:
+        return self._outputs
+
+
+def _interface_only(session: Any) -> _Interface | None:
+    return None if session is None else _Interface(session)
 
 
 def _session_of_path(path: Path) -> tuple[Any, str | None]:

@@ -33,6 +33,8 @@ from qdeploy.core.errors import QdeployError, QdeployInputError, RunLockedError,
 from qdeploy.pipeline import registry
 from qdeploy.pipeline.guard import guard_artifact
 from qdeploy.pipeline.identity import model_signature
+from qdeploy.pipeline.large_results import spill_large_result
+from qdeploy.pipeline.memory_plan import check_recipe_fits
 from qdeploy.pipeline.progress import Progress
 from qdeploy.pipeline.published import (
     begin_generation,
@@ -158,6 +160,7 @@ def build_phase(plan: RunPlan, progress: Progress | None = None) -> BuildOutcome
     A variant's failure is recorded in the outcome; a failed export (every variant starts from it) raises.
     The artifacts go to a new generation of the published folder that stays invisible until ``finish_run``.
     """
+    check_recipe_fits(plan.recipe, plan.variants)  # before anything is written: refuse what cannot fit
     generation = begin_generation(plan.out_dir)
     try:
         with tempfile.TemporaryDirectory(prefix="qdeploy-") as work:
@@ -381,8 +384,10 @@ def _transform(state: _RunState, key: str, info: registry.StageInfo, parent: Art
         return cached
     started = time.perf_counter()
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    spill = state.work_root / f"spill-{key[:12]}"
     try:
         result: StageResult = info.function()(parent, config, ctx)
+        result = spill_large_result(result, spill, f"{key[:16]}.weights")  # weights to disk: one copy, not two
         guard_artifact(parent, result, info.name, ctx)  # never store what ONNX Runtime cannot load
     finally:
         shutil.rmtree(ctx.work_dir, ignore_errors=True)
@@ -393,7 +398,11 @@ def _transform(state: _RunState, key: str, info: registry.StageInfo, parent: Art
         "libraries": versions, "findings": result.findings, "changed": result.changed, "seconds": seconds,
         "first_built_for": ctx.variant,
     }
-    artifact = dataclasses.replace(state.store.put(key, result.model, meta), cached=False)
+    try:
+        stored = state.store.put(key, result.model, meta, saved=result.path)
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
+    artifact = dataclasses.replace(stored, cached=False)
     state.built[key] = artifact
     evicted = state.store.evictions.get(key)
     state.cache_notes[key] = f"rebuilt: evicted ({evicted})" if evicted else "built"

@@ -36,7 +36,6 @@ from qdeploy.core.files import (
     file_record,
     fsync_dir,
     process_alive,
-    save_model,
     sha256_file,
     write_json_synced,
 )
@@ -51,6 +50,8 @@ log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.onnx"
 META_FILE = "meta.json"
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+"""Models above this many bytes are saved with external data (protobuf's hard limit is 2 GiB)."""
 STALE_STAGING_SECONDS = 24 * 3600
 
 
@@ -139,15 +140,21 @@ class ArtifactStore:
             return  # gone already (another run evicted it)
         shutil.rmtree(graveyard, ignore_errors=True)
 
-    def put(self, key: str, model: onnx.ModelProto, meta: dict[str, Any]) -> Artifact:
-        """Write a model and its sidecar as one entry, atomically; a sound entry that already exists wins."""
+    def put(self, key: str, model: onnx.ModelProto, meta: dict[str, Any], *, saved: Path | None = None) -> Artifact:
+        """Write a model and its sidecar as one entry, atomically; a sound entry that already exists wins.
+
+        ``saved``: the model is already on disk there with its external data files beside it (a large model):
+        those files are moved into the entry instead of the proto being saved again."""
         final = self.entry_dir(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{key[:12]}-{_owner_tag()}-", dir=final.parent))
         with disk_full_is_clear(f"cache entry {final}"):
             try:
                 model_path = staging / MODEL_FILE
-                save_model(model, model_path, external_name=f"{key[:16]}.weights")
+                if saved is not None:
+                    _move_saved(saved, model_path)
+                else:
+                    save_model(model, model_path, external_name=f"{key[:16]}.weights")
                 data_files = external_data_files(model_path)
                 files = {path.name: file_record(path) for path in (model_path, *data_files)}
                 meta = {**meta, "key": key, "sha256": files[MODEL_FILE]["sha256"], "files": files,
@@ -212,6 +219,31 @@ def entry_problem(entry: Path, meta: dict[str, Any]) -> str | None:
         if sha256_file(path) != record.get("sha256"):
             return f"{name}: hash mismatch"
     return None
+
+
+def _move_saved(saved: Path, model_path: Path) -> None:
+    """Move a saved model and its external data files into a staging folder (renamed when on one file system);
+    one below the external-data threshold is written as one file (an artifact's form depends on its size only)."""
+    import onnx
+
+    from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES, save_onnx
+
+    data_files = external_data_files(saved)
+    total = saved.stat().st_size + sum(data.stat().st_size for data in data_files)
+    if data_files and total <= min(EXTERNAL_DATA_THRESHOLD, PROTOBUF_SAFE_BYTES):
+        save_onnx(onnx.load(str(saved)), model_path, threshold=min(EXTERNAL_DATA_THRESHOLD, PROTOBUF_SAFE_BYTES))
+        return
+    for data in data_files:
+        shutil.move(str(data), str(model_path.parent / data.name))
+    shutil.move(str(saved), str(model_path))
+
+
+def save_model(model: onnx.ModelProto, path: Path, *, external_name: str) -> None:
+    """Save a model; large ones with their tensors in one external data file beside it."""
+    from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES, save_onnx
+
+    # sized from tensor shapes: ByteSize fails above 2 GB
+    save_onnx(model, path, location=external_name, threshold=min(EXTERNAL_DATA_THRESHOLD, PROTOBUF_SAFE_BYTES))
 
 
 def _artifact_from_meta(entry: Path, meta: dict[str, Any], *, cached: bool) -> Artifact:

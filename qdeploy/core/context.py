@@ -68,6 +68,8 @@ class StageResult:
     model: onnx.ModelProto
     changed: bool = True
     findings: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+    """Where ``model`` is already saved with its external data (large models: the proto holds no weights)."""
 
 
 class DatasetInfo(Protocol):

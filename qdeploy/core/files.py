@@ -22,12 +22,10 @@ from qdeploy.core.errors import DiskFullError
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["EXTERNAL_DATA_THRESHOLD", "TMP_PREFIX", "all_tensors", "disk_full_is_clear", "external_data_files",
-           "file_record", "fsync_dir", "process_alive", "save_model", "sha256_file", "sweep_stale_files",
+__all__ = ["TMP_PREFIX", "all_tensors", "disk_full_is_clear", "external_data_files",
+           "file_record", "fsync_dir", "process_alive", "sha256_file", "sweep_stale_files",
            "write_json_atomic", "write_json_synced", "write_text_atomic"]
 
-EXTERNAL_DATA_THRESHOLD = 1_800_000_000
-"""Models above this many bytes are saved with external data (protobuf's hard limit is 2 GiB)."""
 TMP_PREFIX = ".tmp-"
 _CHUNK = 1 << 20
 
@@ -104,17 +102,6 @@ def all_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
     from onnx.external_data_helper import _get_all_tensors
 
     return list(_get_all_tensors(model))
-
-
-def save_model(model: onnx.ModelProto, path: Path, *, external_name: str) -> None:
-    """Save a model; large ones with their tensors in one external data file beside it."""
-    import onnx
-
-    if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=external_name, size_threshold=1024)
-    else:
-        onnx.save_model(model, str(path))
 
 
 def write_json_synced(path: Path, data: dict[str, Any]) -> None:

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import DataError, ModelError, StageError
 from qdeploy.core.userfiles import check_regular_file
+from qdeploy.graph.external_data import needs_external_data
 from qdeploy.stages.export._model import (
     check_declared_shapes,
     check_feedable_inputs,
     check_has_outputs,
+    external_data_sources,
     external_slices,
     load_onnx,
 )
@@ -111,7 +113,8 @@ def check_recipe_inputs_fit(inputs: list[InputSpec]) -> None:
 def source_files(config: ExportConfig, ctx: StageContext) -> list[Path]:
     """Files whose contents decide the export (they enter its cache key)."""
     if config.onnx is not None:
-        return [check_regular_file(ctx.resolve(config.onnx), "model file")]  # hashed next: never a FIFO or device
+        model_file = check_regular_file(ctx.resolve(config.onnx), "model file")  # hashed next: never a FIFO or device
+        return [model_file, *external_data_sources(model_file)]
     assert config.torch is not None
     files = []
     module_part = config.torch.factory.rsplit(":", 1)[0]
@@ -292,8 +295,8 @@ def check_model(model: onnx.ModelProto) -> None:
     if default_opset(model) > supported:
         raise ModelError(f"the model uses opset {default_opset(model)}; the installed onnx {onnx.__version__} knows "
                          f"opsets up to {supported}: set model.opset to {supported} or lower, or upgrade onnx")
-    if model.ByteSize() > 1_800_000_000:
-        return  # the in-memory checker refuses >2 GB protos; the stages after check through files
+    if needs_external_data(model):
+        return  # the in-memory checker refuses >2 GB protos: the runner checks the saved file (check_saved_model)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:

@@ -189,3 +189,31 @@ def check_declared_shapes(model: onnx.ModelProto) -> list[str]:
     except DataError as exc:
         raise ModelError(str(exc)) from None
     return sorted(set(named))
+
+
+def model_size_on_disk(path: Path) -> int | None:
+    """Bytes of an ONNX file plus the external data it refers to, without loading the weights; None when the file
+    cannot be read (the export stage then says why)."""
+    try:
+        size = path.stat().st_size
+        if size > PARSE_FOR_SIZE_BELOW:  # its weights are in the file itself: reading it would cost their memory
+            return size
+        model = load_onnx(path, external_data=False)
+        return size + sum(piece.length for piece in external_slices(model, path.parent))
+    except (ModelError, OSError):
+        return None
+
+
+PARSE_FOR_SIZE_BELOW = 64_000_000
+"""A model file above this holds its weights itself; below, it is parsed to add its external data files."""
+
+
+def external_data_sources(model_file: Path) -> list[Path]:
+    """The external data files an ONNX model reads (new weights in the same graph file make a new export); none
+    when the model cannot be read: the export stage then says why."""
+    try:
+        model = load_onnx(model_file, external_data=False)
+        files = sorted({piece.file for piece in external_slices(model, model_file.parent)})
+    except ModelError:
+        return []
+    return [check_regular_file(path, "external data file") for path in files]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.graph.external_data import save_onnx
 from qdeploy.stages.fp16._emulate import GATES_INPUT, gated_twin
 from qdeploy.stages.fp16._graph import FLOAT, subgraphs
 
@@ -127,11 +128,10 @@ class _Trials:
 
     def __init__(self, twin: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], reference: Outputs,
                  tolerance: Tolerance, work_dir: Path) -> None:
-        import onnx
         import onnxruntime as ort
 
         path = work_dir / "fp16_budget.onnx"
-        onnx.save(twin, str(path))
+        save_onnx(twin, path)  # with external data above protobuf's 2 GB limit
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

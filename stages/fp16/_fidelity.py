@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.graph.external_data import save_onnx
 from qdeploy.stages.fp16._emulate import emulation_twin
 
 if TYPE_CHECKING:
@@ -45,12 +46,11 @@ class EmulatedRun:
 def run_emulated(model: onnx.ModelProto, feeds: Feeds, stats: dict[str, TensorStats],
                  work_dir: Path) -> EmulatedRun:
     import numpy as np
-    import onnx
     import onnxruntime as ort
 
     twin = emulation_twin(model, expose=True)
     path = work_dir / "fp16_emulated.onnx"
-    onnx.save(twin, str(path))
+    save_onnx(twin, path)  # with external data above protobuf's 2 GB limit
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -31,14 +31,9 @@ def load_typed(model_path: Path, size_bytes: int, work_dir: Path) -> onnx.ModelP
     """The model with an element type for every tensor it uses; ModelError naming any that stays untyped."""
     import onnx
 
-    if size_bytes >= INFERENCE_BY_PATH_BYTES:
+    model = onnx.load(str(model_path))
+    if not _infer_light(model, model_path):
         model = _infer_by_path(model_path, work_dir)
-    else:
-        model = onnx.load(str(model_path))
-        try:
-            model = onnx.shape_inference.infer_shapes(model)
-        except Exception as exc:  # best effort: what stays untyped is reported below
-            log.warning("%s: shape inference failed before fp16 conversion: %s", model_path.name, exc)
     type_subgraphs(model)
     untyped = untyped_tensors(model)
     if untyped:
@@ -47,6 +42,30 @@ def load_typed(model_path: Path, size_bytes: int, work_dir: Path) -> onnx.ModelP
     if untyped:
         raise ModelError(_untyped_message(model_path, model, untyped))
     return model
+
+
+def _infer_light(model: onnx.ModelProto, model_path: Path) -> bool:
+    """Shape inference on a copy without the large weights (it reads their shapes, not their bytes): its types
+    come back into ``model``'s value_info, so the weights are never serialised.  False when even the light copy
+    is too large for protobuf (the caller infers through files)."""
+    import onnx
+
+    from qdeploy.graph.light import light_copy, take_value_info
+    from qdeploy.graph.utils import model_bytes
+
+    light = light_copy(model).model
+    if model_bytes(light) >= INFERENCE_BY_PATH_BYTES:
+        return False
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light)
+    except Exception as exc:  # best effort: what stays untyped is reported below
+        log.warning("%s: shape inference failed before fp16 conversion: %s", model_path.name, exc)
+        return True
+    take_value_info(model.graph, inferred.graph)
+    for value, typed in zip(model.graph.output, inferred.graph.output, strict=True):
+        if not value.type.tensor_type.elem_type and typed.type.tensor_type.elem_type:
+            value.type.CopyFrom(typed.type)
+    return True
 
 
 def _infer_by_path(model_path: Path, work_dir: Path) -> onnx.ModelProto:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdeploy.core.compare import Comparison, compare_outputs
+from qdeploy.graph.external_data import needs_external_data
 
 if TYPE_CHECKING:
     import onnx
@@ -112,7 +113,7 @@ class Evaluator:
         started = time.perf_counter()
         self.count += 1
         path = self.work_dir / "budget_candidate.onnx"
-        onnx.save(model, str(path), save_as_external_data=model.ByteSize() > 1_800_000_000)
+        onnx.save(model, str(path), save_as_external_data=needs_external_data(model))
         session = ort_session(str(path))
         measured = Measured(_run(session, self.search_feeds[:samples]),
                             _run(session, self.held_feeds) if held else None)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdeploy.graph.external_data import needs_external_data
 from qdeploy.stages.quantize._budget_eval import Evaluator, Feeds, error_ratio, ort_session
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def local_errors(float_model: onnx.ModelProto, quantized: onnx.ModelProto, candi
     path = work_dir / "budget_rank_probe.onnx"
     import onnx
 
-    onnx.save(probe, str(path), save_as_external_data=probe.ByteSize() > 1_800_000_000)
+    onnx.save(probe, str(path), save_as_external_data=needs_external_data(probe))
     session = ort_session(str(path))
     names = [name for pair in pairs.values() for name in pair]
     signal = dict.fromkeys(pairs, 0.0)

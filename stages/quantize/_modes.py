@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import StageError
+from qdeploy.graph.external_data import save_onnx
 from qdeploy.stages.quantize._common import check_runs, quantized_node_counts, resolve_reduce_range
 from qdeploy.stages.quantize._verify import compute_nodes, int8_kernels
 from qdeploy.stages.quantize.config import STAGE, CalibrationRef, QuantizeConfig
@@ -67,7 +68,7 @@ def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext)
                                         activations_seven_bit=findings["reduce_range"]["seven_bit"] == "activations"))
     ctx.on_progress("counting int8 kernels")
     findings["int8_kernels"] = int8_kernels(output, model, list(config.verify_targets), ctx.work_dir)
-    return StageResult(model=model, changed=True, findings=findings)
+    return StageResult(model=model, changed=True, findings=findings, path=_saved_path(model, output))
 
 
 def saturation_findings(model: onnx.ModelProto, targets: tuple[str, ...], *, weights_from_model: bool,
@@ -201,11 +202,17 @@ def lower(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> Stag
     findings["quantized_nodes"] = quantized_node_counts(lowered)
     findings.update(saturation_findings(lowered, ctx.targets, weights_from_model=True))
     findings["int8_kernels"] = int8_kernels(output, lowered, list(config.verify_targets), ctx.work_dir)
-    return StageResult(model=lowered, changed=bool(findings["lowered"]), findings=findings)
+    return StageResult(model=lowered, changed=bool(findings["lowered"]), findings=findings,
+                       path=_saved_path(lowered, output))
 
 
 def _save(model: onnx.ModelProto, path: Path) -> Path:
-    import onnx
-
-    onnx.save(model, str(path), save_as_external_data=model.ByteSize() > 1_800_000_000)
+    save_onnx(model, path)  # a large model's weights move to the data file: the proto no longer holds them
     return path
+
+
+def _saved_path(model: onnx.ModelProto, path: Path) -> Path | None:
+    """The saved file when the model's weights now live in its external data (the runner adopts it)."""
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    return path if any(uses_external_data(tensor) for tensor in _get_all_tensors(model)) else None

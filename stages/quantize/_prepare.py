@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import re
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.graph.external_data import needs_external_data, save_onnx
 from qdeploy.stages.quantize._bias import vector_gemm_biases
 
 if TYPE_CHECKING:
@@ -108,12 +110,15 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     model, lifted = lift_constants(onnx.load(str(source)))
     model, opset_note = _at_least_opset(model)
     lifted_path = work_dir / "lifted.onnx"
-    onnx.save(model, str(lifted_path), save_as_external_data=model.ByteSize() > 1_800_000_000)
-    target, how = _preprocess(lifted_path, work_dir)
+    large = needs_external_data(model)
+    save_onnx(model, lifted_path)
+    del model
+    gc.collect()  # protobuf frees a message's weights only with the message: one copy in memory at a time
+    target, how = _preprocess(lifted_path, work_dir, large=large)
     prepared = onnx.load(str(target))
     named = name_unnamed_nodes(prepared)
     biases = vector_gemm_biases(prepared)  # after pre-processing: it fuses MatMul + Add into Gemm
-    onnx.save(prepared, str(target), save_as_external_data=prepared.ByteSize() > 1_800_000_000)
+    save_onnx(prepared, target, location=f"{target.name}.data")
     findings: dict[str, Any] = {"preprocess": how, "constants_lifted": lifted, "nodes_named": named, **biases}
     if opset_note:
         findings["opset"] = opset_note
@@ -142,20 +147,23 @@ def _at_least_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
         return model, f"stays {opset}: conversion to {MIN_OPSET} failed ({type(exc).__name__}: {exc})"
 
 
-def _preprocess(source: Path, work_dir: Path) -> tuple[Path, str]:
-    """ORT's quantization pre-processing (shape inference, basic fusions); onnx shape inference if it fails."""
+def _preprocess(source: Path, work_dir: Path, *, large: bool = False) -> tuple[Path, str]:
+    """ORT's quantization pre-processing (shape inference, basic fusions); onnx shape inference if it fails.
+    ``large``: the model is above protobuf's 2 GB limit, so ORT's tool writes it with one external data file."""
     import onnx
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     source, target = source.resolve(), (work_dir / "preprocessed.onnx").resolve()
+    external = {"save_as_external_data": True, "all_tensors_to_one_file": True,
+                "external_data_location": f"{target.name}.data"} if large else {}
     try:
         with _inside(work_dir):
-            quant_pre_process(str(source), str(target))
+            quant_pre_process(str(source), str(target), **external)
         return target, "quant_pre_process"
     except Exception as exc:  # ORT's symbolic shape inference fails on some graphs (Reshape of computed shapes)
         first = f"{type(exc).__name__}: {exc}".rstrip(": ")
     try:
-        quant_pre_process(str(source), str(target), skip_symbolic_shape=True)
+        quant_pre_process(str(source), str(target), skip_symbolic_shape=True, **external)
         return target, f"quant_pre_process without symbolic shape inference (it failed: {first})"
     except Exception as exc:
         log.warning("quant_pre_process failed (%s); using onnx shape inference only", exc)

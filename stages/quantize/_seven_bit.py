@@ -20,6 +20,7 @@ import numpy as np
 
 from qdeploy.core.compare import compare_outputs
 from qdeploy.core.tolerance import Tolerance
+from qdeploy.graph.external_data import needs_external_data
 
 if TYPE_CHECKING:
     import onnx
@@ -67,7 +68,7 @@ def _outputs(path: Path, feeds: list[Feeds]) -> list[dict[str, np.ndarray]]:
 def _save(model: onnx.ModelProto, path: Path) -> None:
     import onnx
 
-    onnx.save(model, str(path), save_as_external_data=model.ByteSize() > 1_800_000_000)
+    onnx.save(model, str(path), save_as_external_data=needs_external_data(model))
 
 
 def _snr(measured: dict[str, Any] | None) -> float:

@@ -20,13 +20,14 @@ pieces (``qdeploy.stages.simplify._optimizer_pieces``: its time grows with the s
 node count); a round whose folding and rewrites changed nothing since
 onnxoptimizer's last fixed point ends the loop without calling it again.
 
-Deliberate limit: a simplified model above 1.8 GB is not checked, because a
-ModelProto that large cannot be serialised for ONNX Runtime (folding still
-works, in pieces small enough for it).
+A simplified model above protobuf's 2 GB limit is saved with one external data
+file and checked from that file (the runner stores that file as it is); folding
+works in pieces small enough for ONNX Runtime.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections import Counter
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
+from qdeploy.graph.external_data import load_graph_only, save_onnx
 from qdeploy.graph.order import subgraph_initializers_to_constants
 from qdeploy.graph.utils import fingerprint, io_names, model_bytes, op_counts, prune_value_info
 from qdeploy.stages.simplify._check import Comparison, check_equivalence, compare_outputs
@@ -43,9 +45,9 @@ from qdeploy.stages.simplify._interface import interface_types, restore_interfac
 from qdeploy.stages.simplify._rewrite_if import PASS_NAME, inline_constant_ifs
 from qdeploy.stages.simplify._shapes import infer_shapes
 from qdeploy.stages.simplify.config import (  # noqa: F401
+    CHECK_FROM_FILE_BYTES,
     DEFAULT_PASSES,
     INTERFACE_PASSES,
-    LARGE_MODEL_BYTES,
     MAX_FOLD_ROUNDS,
     STAGE,
     SimplifyConfig,
@@ -132,18 +134,22 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
                          f"{interface} to {io_names(model)}")
     _valid_structure(model, types, progress, ctx)
     started = time.perf_counter()
-    if model_bytes(model) > LARGE_MODEL_BYTES:
-        check: dict[str, Any] = {"unchecked": "the simplified model is above 1.8 GB: it cannot be serialised for "
-                                 "ONNX Runtime; this version does not check it"}
-    elif config.check_n == 0:
-        check = {"unchecked": "check_n is 0"}
+    saved = None
+    if model_bytes(model) > CHECK_FROM_FILE_BYTES:  # ONNX Runtime takes it from a file: no serialised copy
+        saved = ctx.work_dir / "simplified.onnx"
+        save_onnx(model, saved, location="simplified.onnx.data", threshold=0)
+        # protobuf frees a message's bytes only with the whole message: drop it, keep the graph alone
+        model = load_graph_only(saved)
+        gc.collect()  # the old message may sit in a reference cycle: free its weights now, before the check
+    if config.check_n == 0:
+        check: dict[str, Any] = {"unchecked": "check_n is 0"}
     else:
-        check = check_equivalence(artifact.path, model, config, ctx)
+        check = check_equivalence(artifact.path, model, config, ctx, saved=saved)
     progress.seconds["check"] += time.perf_counter() - started
     findings = _findings(nodes_before, model, config, progress, check)
     log.info("simplify: %d -> %d nodes in %d iteration(s); %d tensor(s) folded", findings["node_count_before"],
              findings["node_count_after"], progress.iterations, progress.folded_tensors)
-    return StageResult(model=model, changed=fingerprint(model) != before, findings=findings)
+    return StageResult(model=model, changed=fingerprint(model) != before, findings=findings, path=saved)
 
 
 def _valid_structure(model: onnx.ModelProto, types: dict[str, Any], progress: _Progress, ctx: StageContext) -> None:

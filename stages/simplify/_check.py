@@ -90,12 +90,13 @@ fusion taken in one model but not the other would differ by a quantization step,
 
 
 def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyConfig,
-                      ctx: StageContext) -> dict[str, Any]:
+                      ctx: StageContext, *, saved: Path | None = None) -> dict[str, Any]:
     """Run original and simplified models on the same inputs; StageError when they disagree.
 
     The simplified model must load in ONNX Runtime with the original's input and output types whenever the
     original loads.  When the outputs cannot be compared (inputs a check cannot build, an original that fails
     on them, the memory bound), the findings say "unchecked" and why: that is never a pass.
+    ``saved``: where the simplified model is saved with external data (a model above 2 GB loads from there).
     """
     from qdeploy.stages.simplify._check_inputs import bounded_memory, unfeedable_inputs
 
@@ -105,14 +106,17 @@ def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyCo
         reference = _session(str(original), level)
     except Exception as exc:  # custom ops or a runtime too old: nothing to compare against
         return {"unchecked": f"the original model does not load in ONNX Runtime (custom ops?): {_short(exc)}"}
-    candidate = _candidate(model, level, ctx)
-    same_interface(reference, candidate, STAGE, ctx.variant)
     unfeedable = unfeedable_inputs(model)
-    if unfeedable:
-        return {"unchecked": f"check inputs cannot be built for {', '.join(unfeedable)}; the simplified model "
-                             "loads in ONNX Runtime with the original's input and output types"}
     with bounded_memory():
-        feeds, failure = _feeds_the_original_accepts(reference, original, model, config, ctx)
+        feeds, failure = (None, "") if unfeedable else _feeds_the_original_accepts(reference, original, model,
+                                                                                   config, ctx)
+        # one session holds the weights at a time: the original's outputs are computed before the candidate loads
+        reference = _Interface(reference)
+        candidate = _candidate(str(saved) if saved is not None else model.SerializeToString(), level, ctx)
+        same_interface(reference, candidate, STAGE, ctx.variant)
+        if unfeedable:
+            return {"unchecked": f"check inputs cannot be built for {', '.join(unfeedable)}; the simplified model "
+                                 "loads in ONNX Runtime with the original's input and output types"}
         if feeds is None:
             return {"unchecked": f"the original model fails on the check inputs: {failure}; the simplified model "
                                  "loads in ONNX Runtime with the original's input and output types"}
@@ -126,9 +130,22 @@ def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyCo
             "input_shapes": shapes, "inputs": feeds.source}
 
 
-def _candidate(model: onnx.ModelProto, level: str, ctx: StageContext) -> Any:
+class _Interface:
+    """A session's inputs and outputs, kept after the session (and its weights) are freed."""
+
+    def __init__(self, session: Any) -> None:
+        self._inputs, self._outputs = session.get_inputs(), session.get_outputs()
+
+    def get_inputs(self) -> list[Any]:
+        return self._inputs
+
+    def get_outputs(self) -> list[Any]:
+        return self._outputs
+
+
+def _candidate(model: str | bytes, level: str, ctx: StageContext) -> Any:
     try:
-        return _session(model.SerializeToString(), level)
+        return _session(model, level)
     except Exception as exc:
         raise StageError(STAGE, ctx.variant, f"the simplified model does not load in ONNX Runtime "
                          f"while the original does: {_short(exc)}") from exc

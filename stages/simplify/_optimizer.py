@@ -12,11 +12,12 @@ under a new name (fuse_bn_into_conv does).  Any other pass gets the full model.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from qdeploy.stages.simplify._light import light_copy, restore
+from qdeploy.graph.light import light_copy, restore
 
 if TYPE_CHECKING:
     import onnx
@@ -86,16 +87,17 @@ def _duplicates(graph: onnx.GraphProto) -> dict[str, str]:
     candidates = [init for init in graph.initializer if init.name not in protected and init.data_location == 0
                   and init.data_type != 8]  # strings are left alone
     shapes = Counter((init.data_type, tuple(init.dims)) for init in candidates)
-    first: dict[tuple[int, tuple[int, ...], bytes], str] = {}
+    first: dict[tuple[int, tuple[int, ...], bytes], onnx.TensorProto] = {}
     renames = {}
     for init in candidates:
         if shapes[(init.data_type, tuple(init.dims))] < 2:
             continue  # a tensor of a unique type and shape has no duplicate: its bytes need not be read
-        key = (init.data_type, tuple(init.dims), _payload(init))
-        if key in first:
-            renames[init.name] = first[key]
-        else:
-            first[key] = init.name
+        # keyed by a digest, not the bytes: holding every payload would be a second copy of the weights
+        key = (init.data_type, tuple(init.dims), hashlib.sha256(_payload(init)).digest())
+        if key in first and _payload(first[key]) == _payload(init):
+            renames[init.name] = first[key].name
+        elif key not in first:
+            first[key] = init
     return renames
 
 

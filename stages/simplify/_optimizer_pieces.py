@@ -126,7 +126,7 @@ def _optimize_piece(model: onnx.ModelProto, piece: list[onnx.NodeProto], index: 
     """The optimized piece, or None (the piece stays as it is) when onnxoptimizer fails on it."""
     import onnxoptimizer
 
-    from qdeploy.stages.simplify._light import light_copy, restore
+    from qdeploy.graph.light import light_copy, restore
 
     piece_model = _piece_model(model, piece, index, names)
     before = _all_names(piece_model.graph)

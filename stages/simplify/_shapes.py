@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.graph.light import take_value_info
 from qdeploy.graph.utils import model_bytes, prune_value_info
 
 if TYPE_CHECKING:
@@ -22,39 +23,22 @@ def infer_shapes(model: onnx.ModelProto, work_dir: Path, progress: Any) -> onnx.
     """
     import onnx
 
-    from qdeploy.stages.simplify._light import light_copy
+    from qdeploy.graph.light import light_copy
 
     prune_value_info(model)
-    if model_bytes(model) > INFER_BY_PATH_BYTES:
-        return _infer_shapes_by_path(model, work_dir, progress)
     light = light_copy(model, value_info=False).model
+    if model_bytes(light) > INFER_BY_PATH_BYTES:  # even without its large weights (many small tensors)
+        return _infer_shapes_by_path(model, work_dir, progress)
     for data_prop in (True, False):
         try:
             inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=data_prop)
         except Exception as exc:  # inference is best effort; folding works with what it knows
             failure = exc
             continue
-        _take_value_info(model.graph, inferred.graph)
+        take_value_info(model.graph, inferred.graph)
         return model
     progress.note(f"shape inference failed: {_short(failure)}")
     return model
-
-
-def _take_value_info(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> None:
-    """Copy the inferred value_info of a graph and of its subgraphs (same nodes, same order) into ``graph``."""
-    from qdeploy.graph.utils import subgraphs
-
-    del graph.value_info[:]
-    graph.value_info.extend(inferred.value_info)
-    for index, node in enumerate(graph.node):
-        inner = subgraphs(node)
-        if not inner:
-            continue
-        twin = inferred.node[index]
-        if node.output != twin.output:
-            return  # inference does not reorder nodes; if it ever does, keep what is there
-        for sub, sub_twin in zip(inner, subgraphs(twin), strict=True):
-            _take_value_info(sub, sub_twin)
 
 
 def _infer_shapes_by_path(model: onnx.ModelProto, work_dir: Path, progress: Any) -> onnx.ModelProto:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-__all__ = ["DEFAULT_PASSES", "INTERFACE_PASSES", "LARGE_MODEL_BYTES", "MAX_FOLD_ROUNDS", "STAGE", "SimplifyConfig"]
+__all__ = ["CHECK_FROM_FILE_BYTES", "DEFAULT_PASSES", "INTERFACE_PASSES", "MAX_FOLD_ROUNDS", "STAGE", "SimplifyConfig"]
 
 
 STAGE = "simplify"
@@ -33,8 +33,9 @@ DEFAULT_PASSES = (
 )
 # onnxoptimizer passes that change a model's inputs/outputs or split it: never part of a simplification.
 INTERFACE_PASSES = frozenset({"rename_input_output", "rewrite_input_dtype", "split_init", "split_predict"})
-LARGE_MODEL_BYTES = int(1.8 * 2**30)
-"""Above this, ONNX Runtime cannot take the model as one serialised ModelProto."""
+CHECK_FROM_FILE_BYTES = 256_000_000
+"""Above this the simplified model is saved with external data and checked from that file (a serialised copy in
+memory would be one more copy of the weights); the store writes it as one file again below 1.8 GB."""
 MAX_FOLD_ROUNDS = 8
 """Rounds of shape inference and folding within one iteration (each can make more shapes static)."""
 

@@ -182,7 +182,7 @@ def _instrumented(model: onnx.ModelProto, tensors: list[str], path: Path) -> Pat
     """A copy of the model with these tensors added as graph outputs (untyped: runtimes infer them)."""
     import onnx
 
-    from qdeploy.core.files import save_model
+    from qdeploy.graph.external_data import save_onnx
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
@@ -190,7 +190,7 @@ def _instrumented(model: onnx.ModelProto, tensors: list[str], path: Path) -> Pat
     for name in dict.fromkeys(tensors):
         if name not in present:
             copy.graph.output.append(onnx.ValueInfoProto(name=name))
-    save_model(copy, path, external_name=f"{path.stem}.data")
+    save_onnx(copy, path, location=f"{path.stem}.data")
     return path
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdeploy.core.errors import StageError
+from qdeploy.graph.external_data import save_onnx
 from qdeploy.stages.quantize.lower import _ops as quantize_lower_ops
 from qdeploy.stages.quantize.lower import _patterns as quantize_lower_patterns
 from qdeploy.stages.quantize.lower import _qdq as quantize_lower_qdq
@@ -216,7 +217,7 @@ def _probe(model: onnx.ModelProto, checks: list[ActivationCheck], work_dir: Path
         if name not in present:
             probe.graph.output.append(onnx.ValueInfoProto(name=name))
     path = work_dir / "lowered_probe.onnx"
-    onnx.save(probe, str(path))
+    save_onnx(probe, path)  # with external data above protobuf's 2 GB limit
     options = ort.SessionOptions()
     options.log_severity_level = 3
     try:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["STRIP_MIN_BYTES", "Light", "light_copy", "restore"]
+__all__ = ["STRIP_MIN_BYTES", "Light", "light_copy", "restore", "take_value_info"]
 
 STRIP_MIN_BYTES = 1024
 _KEPT_TYPES = frozenset({6, 7, 9, 8, 12, 13})  # int32, int64, bool, string, uint32, uint64: shapes, indices, axes
@@ -90,3 +90,20 @@ def restore(model: onnx.ModelProto, light: Light) -> list[str]:
             del init.dims[:]
             init.dims.extend(dims)
     return leftover
+
+
+def take_value_info(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> None:
+    """Copy the inferred value_info of a graph and of its subgraphs (same nodes, same order) into ``graph``."""
+    from qdeploy.graph.utils import subgraphs
+
+    del graph.value_info[:]
+    graph.value_info.extend(inferred.value_info)
+    for index, node in enumerate(graph.node):
+        inner = subgraphs(node)
+        if not inner:
+            continue
+        twin = inferred.node[index]
+        if node.output != twin.output:
+            return  # inference does not reorder nodes; if it ever does, keep what is there
+        for sub, sub_twin in zip(inner, subgraphs(twin), strict=True):
+            take_value_info(sub, sub_twin)

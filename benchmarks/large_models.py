@@ -1,0 +1,311 @@
+"""Peak resident memory of each stage on models of 0.5 to 4 GB with external data, one child process per stage.
+
+    python benchmarks/large_models.py --sizes 0.5 1 2.2 4 [--stages export simplify fp16 ptq dynamic validate]
+                                      [--work /tmp/qdeploy-large] [--cap-gb 16] [--keep] [--json out.json]
+
+The sibling of ``benchmarks/scaling.py`` (time against node count) for size in bytes.  For each size (GB of
+float32 weights, ``tests/helpers/large_models.py``: two d x d MatMuls with a Relu between)
+the harness writes a recipe beside the model and runs each stage the way ``qdeploy run`` does
+(``qdeploy.pipeline.runner``: cache key, the stage, the guard, ``ArtifactStore.put``), each in its own child process:
+
+- ``export``: the export stage on the ONNX file (external data beside it);
+- ``simplify``, ``fp16``, ``ptq``, ``dynamic``: one variant each, straight from the exported model (so a failing
+  simplify does not hide what fp16 or quantize do);
+- ``validate:<variant>``: the validate stage on the exported model and that variant, on ort:cpu and openvino:cpu.
+
+Each child's peak resident memory comes from ``os.wait4`` (``ru_maxrss``: the kernel's high-water mark of the
+child, file-backed pages of memory-mapped weights included) and from the child's own ``/proc/self/status``
+(``VmHWM``, and the anonymous part sampled by a watchdog thread).  The parent also polls the child's ``VmRSS``
+and kills it above ``--cap-gb`` (the machine is shared: a stage that would take the whole machine is stopped and
+reported as "killed at the cap", never left to the kernel's OOM killer).  A stage whose parent failed is
+"skipped".  The table gives, per stage: status, seconds, peak RSS in GB and as a multiple of the model's size,
+the peak of anonymous memory, and the first words of the error.  The goal (issue 19) is a peak under 2.5x the
+model's size at every stage; ``pipeline/memory_plan.py`` holds the factors a run checks before it starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+VARIANTS: dict[str, list[Any]] = {
+    "simplify": ["simplify"],
+    "fp16": ["fp16"],
+    "ptq": [{"quantize": {"mode": "ptq", "calibration": {"data": "calib", "samples": 4}}}],
+    "dynamic": [{"quantize": {"mode": "dynamic"}}],
+}
+ALL_STAGES = ["export", "simplify", "fp16", "ptq", "dynamic", "validate"]
+TARGETS = ["ort:cpu", "openvino:cpu"]
+
+
+
+
+# ---------------------------------------------------------------- child side
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+class _AnonPeak:
+    """Samples RssAnon every 50 ms: the part of the peak that is not memory-mapped files."""
+
+    def __init__(self) -> None:
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_kb = max(self.peak_kb, _status_kb("RssAnon"))
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak_kb, _status_kb("RssAnon"))
+
+
+def _state(recipe_path: Path, cache: Path, work: Path) -> Any:
+    from qdeploy.pipeline.loader import load_recipe
+    from qdeploy.pipeline.progress import Progress
+    from qdeploy.pipeline.runner import _RunState
+    from qdeploy.pipeline.store import ArtifactStore
+
+    recipe = load_recipe(recipe_path)
+    return _RunState(recipe, ArtifactStore(cache), True, Progress(0, enabled=False), work)
+
+
+def _ctx(state: Any, variant: str) -> Any:
+    from qdeploy.pipeline.runner import _context
+
+    return _context(state, variant, variant)
+
+
+def child(stage: str, recipe_path: Path, cache: Path, result_path: Path) -> None:
+    """Run one stage as the runner does; write a JSON result (status, error, peaks, artifact size)."""
+    import logging
+    import tempfile
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    anon = _AnonPeak()
+    result: dict[str, Any] = {"stage": stage}
+    started = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(prefix="qdeploy-harness-") as work:
+            state = _state(recipe_path, cache, Path(work))
+            from qdeploy.pipeline.runner import _build_export, _build_step
+
+            baseline = _status_kb("VmRSS")
+            exported = _build_export(state)
+            artifact = exported
+            if stage in VARIANTS:
+                artifact = _build_step(state, stage, state.recipe.variants[stage][0], exported)
+            elif stage.startswith("validate:"):
+                result["rows"] = _validate(state, exported, stage.split(":", 1)[1])
+            result.update(status="ok", size_bytes=artifact.size_bytes, baseline_kb=baseline,
+                          external=[name for name, _, _ in artifact.external_data], cached=artifact.cached)
+    except BaseException as exc:  # the table reports it
+        result.update(status="failed", error=f"{type(exc).__name__}: {exc}"[:600],
+                      trace=traceback.format_exc()[-3000:])
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    result["anon_peak_kb"] = anon.stop()
+    result["vmhwm_kb"] = _status_kb("VmHWM")
+    result_path.write_text(json.dumps(result, default=str))
+
+
+def _validate(state: Any, exported: Any, variant: str) -> list[dict[str, Any]]:
+    from qdeploy.pipeline.runner import _build_step, _evaluate
+
+    artifact = _build_step(state, variant, state.recipe.variants[variant][0], exported)
+    if not artifact.cached:
+        raise RuntimeError(f"variant {variant} was not built by its own stage run first")
+    rows = _evaluate(state, "validate", {"exported": exported, variant: artifact}, TARGETS)
+    keep = ("variant", "target", "status", "reason", "cosine", "max_abs_err")
+    return [{key: row.get(key) for key in keep if key in row} for row in rows]
+
+
+# ---------------------------------------------------------------- parent side
+
+
+def run_child(stage: str, recipe: Path, cache: Path, cap_bytes: int, timeout: float) -> dict[str, Any]:
+    result_path = recipe.parent / f"result-{stage.replace(':', '_')}.json"
+    result_path.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, __file__, "--child", stage, "--recipe", str(recipe),
+                                "--cache", str(cache), "--result", str(result_path)], env=env)
+    polled_peak, killed = 0, ""
+    started = time.monotonic()
+    while True:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            break
+        rss = _rss_of(process.pid)
+        polled_peak = max(polled_peak, rss)
+        if rss > cap_bytes and not killed:
+            killed = f"killed at the cap: {rss / 1e9:.1f} GB resident after {time.monotonic() - started:.0f} s"
+            os.kill(process.pid, signal.SIGKILL)
+        elif time.monotonic() - started > timeout and not killed:
+            killed = f"killed after the timeout of {timeout:.0f} s"
+            os.kill(process.pid, signal.SIGKILL)
+        time.sleep(0.1)
+    result = json.loads(result_path.read_text()) if result_path.is_file() else {"stage": stage}
+    result["maxrss_kb"] = usage.ru_maxrss
+    result["polled_peak_kb"] = polled_peak // 1024
+    if killed:
+        result.update(status="killed", error=killed)
+    elif "status" not in result:
+        result.update(status="crashed", error=f"exit status {status}")
+    result.setdefault("seconds", round(time.monotonic() - started, 1))
+    return result
+
+
+def _rss_of(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _model_for(size_gb: float, work: Path) -> Path:
+    from tests.helpers.large_models import dim_for, make_model, recipe_text
+
+    folder = work / f"g{size_gb:g}"
+    model = folder / "model.onnx"
+    if not model.is_file():
+        make_model(folder, dim=dim_for(size_gb, 2), layers=2)
+    (folder / "recipe.yaml").write_text(recipe_text(model, VARIANTS, TARGETS))
+    return model
+
+
+def _stage_list(stages: list[str]) -> list[str]:
+    ordered = []
+    for stage in stages:
+        if stage == "validate":
+            ordered += [f"validate:{name}" for name in VARIANTS if name in stages]
+        else:
+            ordered.append(stage)
+    return ordered
+
+
+def _free_disk_gb(path: Path) -> float:
+    usage = shutil.disk_usage(path)
+    return usage.free / 1e9
+
+
+def measure(sizes: list[float], stages: list[str], work: Path, cap_bytes: int, timeout: float,
+            keep: bool) -> list[dict[str, Any]]:
+    rows = []
+    work.mkdir(parents=True, exist_ok=True)
+    for size in sizes:
+        need = 4.5 * size + 2
+        if _free_disk_gb(work) < need:
+            rows.append({"size_gb": size, "stage": "*", "status": "skipped",
+                         "error": f"{_free_disk_gb(work):.0f} GB free on disk, about {need:.0f} GB needed"})
+            continue
+        model = _model_for(size, work)
+        model_bytes = model.stat().st_size + (model.parent / "model.onnx.data").stat().st_size
+        cache = model.parent / "cache"
+        failed: set[str] = set()
+        for stage in _stage_list(stages):
+            parent = "export" if not stage.startswith("validate:") else stage.split(":", 1)[1]
+            if parent in failed or (stage != "export" and "export" in failed):
+                rows.append({"size_gb": size, "stage": stage, "status": "skipped", "error": f"{parent} failed",
+                             "model_bytes": model_bytes})
+                continue
+            print(f"[{size:g} GB] {stage} ...", file=sys.stderr, flush=True)
+            result = run_child(stage, model.parent / "recipe.yaml", cache, cap_bytes, timeout)
+            result.update(size_gb=size, model_bytes=model_bytes)
+            if result["status"] != "ok":
+                failed.add(stage)
+            rows.append(result)
+            print(format_row(result), file=sys.stderr, flush=True)
+        if not keep:
+            shutil.rmtree(model.parent, ignore_errors=True)
+    return rows
+
+
+HEADER = (f"| {'model':>6} | {'stage':<22} | {'status':<8} | {'s':>6} | {'peak RSS GB':>11} | {'x model':>7} | "
+          f"{'anon GB':>7} | note")
+
+
+def format_row(row: dict[str, Any]) -> str:
+    peak = max(row.get("maxrss_kb", 0), row.get("vmhwm_kb", 0), row.get("polled_peak_kb", 0)) * 1024
+    size = row.get("model_bytes") or 1
+    note = row.get("error", "")
+    if row.get("status") == "ok" and row.get("rows"):
+        note = "; ".join(f"{r.get('variant')}@{r.get('target')}: {r.get('status')}"
+                         + (f" cos {r['cosine']:.5f}" if isinstance(r.get("cosine"), float) else "")
+                         + (f" ({str(r.get('reason'))[:60]})" if r.get("status") not in ("passed", "pass")
+                            and r.get("reason") else "")
+                         for r in row["rows"])
+    elif row.get("status") == "ok":
+        note = f"artifact {row.get('size_bytes', 0) / 1e9:.2f} GB" + (
+            f", external data {row['external']}" if row.get("external") else ", no external data")
+    return (f"| {row.get('size_gb', 0):>4g}GB | {row['stage']:<22} | {row['status']:<8} | "
+            f"{row.get('seconds', 0):>6} | {peak / 1e9:>11.2f} | {peak / size:>7.2f} | "
+            f"{row.get('anon_peak_kb', 0) * 1024 / 1e9:>7.2f} | {' '.join(str(note).split())[:160]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=float, nargs="+", default=[0.5, 1, 2.2, 4])
+    parser.add_argument("--stages", nargs="+", default=["export", "simplify", "fp16", "ptq", "dynamic", "validate"],
+                        choices=ALL_STAGES)
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "qdeploy-large-models")
+    parser.add_argument("--cap-gb", type=float, default=None, help="kill a stage above this RSS "
+                        "(default: 80%% of the memory available at the start, at most 18 GB)")
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--keep", action="store_true", help="keep models and caches")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--recipe", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.recipe, args.cache, args.result)
+        return
+    available = _available_bytes()
+    cap = int(args.cap_gb * 1e9) if args.cap_gb else int(min(0.8 * available, 18e9))
+    print(f"memory available {available / 1e9:.1f} GB; a stage is killed above {cap / 1e9:.1f} GB", file=sys.stderr)
+    rows = measure(args.sizes, args.stages, args.work, cap, args.timeout, args.keep)
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (machine shared)")
+    print(HEADER)
+    print("|" + "|".join("-" * (len(part)) for part in HEADER.split("|")[1:-1]) + "|---|")
+    for row in rows:
+        print(format_row(row))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1, default=str))
+
+
+def _available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+if __name__ == "__main__":
+    main()

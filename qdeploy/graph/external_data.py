@@ -1,0 +1,123 @@
+"""Models above protobuf's 2 GB limit: deciding when to write external data, without serialising the model.
+
+``ModelProto.ByteSize()`` serialises the whole message (a copy of every weight) and raises ``EncodeError`` above
+2 GiB, so no decision about a large model may call it.  ``needs_external_data`` sums the tensors from their
+shapes (``graph_utils.model_bytes``) instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.core.errors import ModelError
+from qdeploy.graph.utils import model_bytes
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["PROTOBUF_SAFE_BYTES", "STREAM_ABOVE_BYTES", "check_saved_model", "load_graph_only", "needs_external_data",
+           "save_onnx"]
+
+PROTOBUF_SAFE_BYTES = 1_800_000_000
+"""Above this a model is written as ``.onnx`` plus one data file (protobuf's hard limit is 2 GiB)."""
+
+
+def needs_external_data(model: onnx.ModelProto, threshold: int | None = None) -> bool:
+    """True when the model is too large to be one protobuf file (above ``threshold`` bytes when given)."""
+    return model_bytes(model) > (PROTOBUF_SAFE_BYTES if threshold is None else threshold)
+
+
+def save_onnx(model: onnx.ModelProto, path: Path, *, location: str | None = None, threshold: int | None = None) -> None:
+    """Save a model; a large one with all its tensors in one data file beside it (``<name>.data`` by default).
+
+    onnx moves the weights of a large model out of ``model`` into the file as it writes (the proto then refers to
+    the file): one copy of the weights, never two.
+    """
+    import onnx
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if needs_external_data(model, threshold):
+        data_name = location or f"{path.name}.data"
+        (path.parent / data_name).unlink(missing_ok=True)  # onnx appends to an existing data file
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024)
+    elif model_bytes(model) > STREAM_ABOVE_BYTES:
+        _save_streamed(model, path)
+    else:
+        onnx.save_model(model, str(path))
+
+
+STREAM_ABOVE_BYTES = 64_000_000
+"""One-file models above this are written tensor by tensor (``_save_streamed``)."""
+_MODEL_GRAPH_TAG = b"\x3a"  # ModelProto.graph: field 7, length-delimited
+_GRAPH_INITIALIZER_TAG = b"\x2a"  # GraphProto.initializer: field 5, length-delimited
+
+
+def _save_streamed(model: onnx.ModelProto, path: Path) -> None:
+    """Write a one-file model without serialising it whole (``SerializeToString`` makes a second copy of every
+    weight): the model without its initializers, then each initializer as its own ``graph { initializer }``
+    record.  Protobuf merges repeated records of a message field, so every reader parses the same model, with
+    the initializers in their order."""
+    head = _without_initializers(model)
+    with path.open("wb") as stream:
+        stream.write(head.SerializeToString())
+        for tensor in model.graph.initializer:
+            data = tensor.SerializeToString()  # one tensor at a time, written without concatenating
+            length = _varint(len(data))
+            stream.write(_MODEL_GRAPH_TAG + _varint(len(_GRAPH_INITIALIZER_TAG) + len(length) + len(data)))
+            stream.write(_GRAPH_INITIALIZER_TAG + length)
+            stream.write(data)
+            del data
+
+
+def _without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of the model whose main graph has no initializers (nothing else is large)."""
+    import onnx
+
+    head = onnx.ModelProto()
+    _copy_fields(model, head, skip="graph")
+    _copy_fields(model.graph, head.graph, skip="initializer")
+    return head
+
+
+def _copy_fields(source: Any, target: Any, *, skip: str) -> None:
+    for field, value in source.ListFields():
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            getattr(target, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def load_graph_only(path: Path) -> onnx.ModelProto:
+    """A saved model without its external data (its weights stay in the file; the proto refers to them)."""
+    import onnx
+
+    return onnx.load(str(path), load_external_data=False)
+
+
+def check_saved_model(path: Path) -> None:
+    """onnx's checker through a file: the form that works above 2 GB (external data read tensor by tensor)."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise ModelError(f"the model is not a valid ONNX graph: {first}") from None
