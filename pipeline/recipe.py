@@ -19,7 +19,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_vali
 from qdeploy.calibration import data_context
 from qdeploy.calibration.spec import DatasetSpec
 from qdeploy.core.context import StageContext
-from qdeploy.core.tolerance import StrictModel
+from qdeploy.core.tolerance import StrictModel, Tolerance
 from qdeploy.pipeline import registry
 from qdeploy.stages.benchmark.config import BenchmarkConfig
 from qdeploy.stages.export.config import ExportConfig
@@ -263,6 +263,16 @@ class Recipe(StrictModel):
             return (self.base_dir / path).resolve()
         except (RuntimeError, OSError):  # a symlink loop: left for the file checks to name
             return Path(os.path.abspath(self.base_dir / path))
+
+    def declared_tolerances(self) -> dict[str, Tolerance]:
+        """Variant -> the tolerance its last step with an accuracy budget (quantize or fp16 ``tolerance``) was
+        built to: what validation holds that variant to."""
+        declared = {}
+        for variant, steps in self.variants.items():
+            budgets = [step.config["tolerance"] for step in steps if step.config.get("tolerance") is not None]
+            if budgets:
+                declared[variant] = Tolerance.model_validate(budgets[-1])
+        return declared
 
     def input_ranges(self) -> dict[str, tuple[float | None, float | None]]:
         """Input name -> (low, high) declared in model.inputs for seeded random values."""

@@ -491,6 +491,7 @@ def _evaluate(state: _RunState, stage: str, artifacts: dict[str, Artifact], targ
     config = state.recipe.validate_ if stage == "validate" else state.recipe.benchmark
     state.progress.phase(stage)
     ctx = _context(state, "*", stage)
-    results = info.function()(artifacts, targets, config, ctx)
+    extra = {"declared": state.recipe.declared_tolerances()} if stage == "validate" else {}
+    results = info.function()(artifacts, targets, config, ctx, **extra)
     state.progress.done()
     return results

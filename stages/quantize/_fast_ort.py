@@ -36,6 +36,8 @@ from onnxruntime.quantization.onnx_model import ONNXModel
 from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
 from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
 
+from qdeploy.graph.utils import subgraph_references
+
 _ORIGINAL_FIND_BY_NAME = quant_utils.find_by_name
 
 
@@ -426,9 +428,20 @@ class FastQDQQuantizer(QDQQuantizer):
         self._indexed_model = value if isinstance(value, IndexedONNXModel) else IndexedONNXModel(value.model)
 
     def quantize_model(self) -> onnx.ModelProto:
+        self._read_by_subgraphs = subgraph_references(self.model.model.graph)
         result = super().quantize_model()
         self.model.compact()
         return result
+
+    def try_replacing_upstream_output(self, upstream_output_name: str, output_name: str) -> bool:
+        """ORT removes a Relu or Clip after a quantized node and gives the node the activation's output name
+        (the uint8 range clips in its place), counting only the main graph's readers.  An If or Loop body that
+        reads the activation's output from the outer scope would then read the value before the Relu, with
+        nothing clipping it (silero-vad's LSTM branch: cosine 0.56 with every node float): keep the activation
+        when a subgraph reads either name."""
+        if {upstream_output_name, output_name} & self._read_by_subgraphs:
+            return False
+        return bool(super().try_replacing_upstream_output(upstream_output_name, output_name))
 
 
 class FastONNXQuantizer(ONNXQuantizer):

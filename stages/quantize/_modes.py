@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,10 +45,12 @@ def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext)
         raise StageError(STAGE, ctx.variant, f"per-channel weights need opset {MIN_OPSET}; the model's opset "
                                              f"{findings.get('opset')}: set model.opset: {MIN_OPSET} in the "
                                              "recipe or per_channel: false")
-    build, built_findings = _builder(artifact, prepared.path, excluded, config, ctx)
+    budget_feeds = _budget_feeds(artifact, config, ctx) if config.tolerance is not None else []
+    unseen = _unseen_by_calibration(config, len(budget_feeds))
+    build, built_findings = _builder(artifact, prepared.path, excluded, config, ctx, skip=unseen)
     findings.update(built_findings)
     if config.tolerance is not None:
-        model, kept, findings["budget"] = _with_budget(artifact, prepared.path, build, config, ctx)
+        model, kept, findings["budget"] = _with_budget(prepared.path, build, config, ctx, budget_feeds, unseen)
     else:
         ctx.on_progress("writing the quantized model")
         model, kept = build([]), []
@@ -96,8 +99,9 @@ def saturation_findings(model: onnx.ModelProto, targets: tuple[str, ...], *, wei
 
 
 def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: QuantizeConfig,
-             ctx: StageContext) -> tuple[Any, dict[str, Any]]:
-    """The model builder of the mode (calibrating first for ptq) and what it found."""
+             ctx: StageContext, skip: frozenset[int] = frozenset()) -> tuple[Any, dict[str, Any]]:
+    """The model builder of the mode (calibrating first for ptq, on the calibration samples whose positions
+    are not in ``skip``) and what it found."""
     from qdeploy.stages.quantize._ptq import DynamicBuilder, StaticBuilder, calibrate
 
     op_types = _op_types(config)
@@ -111,7 +115,8 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: Qu
     ctx.on_progress(f"calibrating ({config.method})")
 
     def feeds() -> Any:
-        return ctx.samples(calibration.data, artifact.path, calibration.samples)
+        samples = ctx.samples(calibration.data, artifact.path, calibration.samples + len(skip))
+        return islice((sample for index, sample in enumerate(samples) if index not in skip), calibration.samples)
 
     ranges, found = calibrate(prepared, op_types, feeds, ctx.work_dir, config.method, config.percentile)
     if found["calibration_samples"] == 0:
@@ -138,7 +143,8 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: Qu
     method = {"method": config.method} | ({"percentile": config.percentile} if config.method == "percentile" else {})
     reduce_range = {**_reduce_range_finding(config, seven_bit, why), **compared}
     return build, {**method, "op_types": op_types, "reduce_range": reduce_range,
-                   "calibration_data": calibration.data or "random", **found}
+                   "calibration_data": calibration.data or "random", **found,
+                   **({"calibration_skipped": sorted(skip)} if skip else {})}
 
 
 def _mark_seven_bit(model: onnx.ModelProto, seven_bit: str) -> None:
@@ -166,18 +172,46 @@ def _op_types(config: QuantizeConfig) -> list[str]:
     return [op for op in chosen if op not in config.exclude_op_types]
 
 
-def _with_budget(artifact: Artifact, prepared: Path, build: Any, config: QuantizeConfig,
-                 ctx: StageContext) -> tuple[onnx.ModelProto, list[str], dict[str, Any]]:
-    from qdeploy.stages.quantize._budget import meet_budget
+def _budget_data(config: QuantizeConfig) -> str | None:
+    return config.budget.data or (config.calibration.data if config.calibration else None)
 
-    assert config.tolerance is not None
-    dataset = config.budget.data or (config.calibration.data if config.calibration else None)
+
+def _budget_shares_calibration(config: QuantizeConfig) -> bool:
+    """Whether the budget measures on the data that ptq calibrates on."""
+    calibration = config.calibration or CalibrationRef()
+    return config.mode == "ptq" and _budget_data(config) == calibration.data
+
+
+def _budget_feeds(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> list[Any]:
+    dataset = _budget_data(config)
     feeds = list(ctx.samples(dataset, artifact.path, config.budget.samples))
     if not feeds:
         raise StageError(STAGE, ctx.variant, f"budget dataset '{dataset or 'random'}' yielded no samples")
+    return feeds
+
+
+def _unseen_by_calibration(config: QuantizeConfig, budget_samples: int) -> frozenset[int]:
+    """Positions of the budget's held-back samples in the calibration data, when both read the same dataset.
+
+    The held-back samples confirm that the budget holds on data the search never saw; calibration must not see
+    them either, or their error is as optimistic as the search samples' (ranges fitted to them) and the margin
+    to unseen data is never measured."""
+    from qdeploy.stages.quantize._budget import held_back_count
+
+    if not _budget_shares_calibration(config) or budget_samples == 0:
+        return frozenset()
+    return frozenset(range(budget_samples - held_back_count(budget_samples), budget_samples))
+
+
+def _with_budget(prepared: Path, build: Any, config: QuantizeConfig, ctx: StageContext, feeds: list[Any],
+                 unseen: frozenset[int]) -> tuple[onnx.ModelProto, list[str], dict[str, Any]]:
+    from qdeploy.stages.quantize._budget import meet_budget
+
+    assert config.tolerance is not None
     result = meet_budget(build, prepared, feeds, config.tolerance, ctx.work_dir,
                          max_float_nodes=config.budget.max_float_nodes, on_progress=ctx.on_progress)
-    result.findings["data"] = dataset or "random"
+    result.findings["data"] = _budget_data(config) or "random"
+    result.findings["held_back_unseen_by_calibration"] = bool(unseen) or not _budget_shares_calibration(config)
     return result.model, result.kept, result.findings
 
 

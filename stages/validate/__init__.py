@@ -32,21 +32,34 @@ if TYPE_CHECKING:
     from qdeploy.stages.validate._localize import Localizer
 
 
-__all__ = ["REFERENCE_TARGET", "Outcome", "ValidateConfig", "check_config", "feed_caster", "noise_floor_summary",
-           "output_tolerances", "reference_source", "run", "tolerance_for"]
+__all__ = [
+    "DECLARED_BASIS",
+    "REFERENCE_TARGET",
+    "Outcome",
+    "ValidateConfig",
+    "check_config",
+    "feed_caster",
+    "noise_floor_summary",
+    "output_tolerances",
+    "reference_source",
+    "run",
+    "tolerance_for",
+]
 
 log = logging.getLogger(__name__)
 
 
 
-def tolerance_for(config: ValidateConfig, precision: str) -> Tolerance:
-    """The recipe's tolerance, or the default of the artifact's precision."""
-    return config.tolerance or DEFAULT_TOLERANCES[precision]
+def tolerance_for(config: ValidateConfig, precision: str, declared: Tolerance | None = None) -> Tolerance:
+    """The variant's declared tolerance (its stage's accuracy budget), else the recipe's validate.tolerance, else
+    the default of the artifact's precision."""
+    return declared or config.tolerance or DEFAULT_TOLERANCES[precision]
 
 
-def output_tolerances(config: ValidateConfig, precision: str) -> dict[str, Tolerance]:
+def output_tolerances(config: ValidateConfig, precision: str,
+                      declared: Tolerance | None = None) -> dict[str, Tolerance]:
     """Per-output limits: each entry of validate.outputs laid over the base tolerance, field by field."""
-    base = tolerance_for(config, precision)
+    base = tolerance_for(config, precision, declared)
     return {name: base.model_copy(update={key: getattr(override, key) for key in override.model_fields_set})
             for name, override in config.outputs.items()}
 
@@ -88,6 +101,8 @@ class _Run:
     localizer: Localizer | None
     batches: BatchedFeeds = field(default_factory=BatchedFeeds)
     """Feeds stacked to the benchmark's batch sizes, after the samples in ``feeds`` (``_batches``)."""
+    declared: dict[str, Tolerance] = field(default_factory=dict)
+    """Variant -> the tolerance its recipe steps declared (a quantize or fp16 accuracy budget)."""
 
     @property
     def base_samples(self) -> int:
@@ -95,8 +110,11 @@ class _Run:
 
 
 def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConfig,
-        ctx: StageContext) -> list[dict[str, Any]]:
-    """Validation results, one per (variant, target), in the report's contract."""
+        ctx: StageContext, declared: dict[str, Tolerance] | None = None) -> list[dict[str, Any]]:
+    """Validation results, one per (variant, target), in the report's contract.
+
+    ``declared``: variant -> the tolerance its own steps were built to (an accuracy budget); that variant is
+    held to it, as the recipe asked, rather than to validate.tolerance or its precision's default."""
     from qdeploy.stages.validate._floor import flag_unattainable
     from qdeploy.stages.validate._reference import ReferenceMissing, reference_source
 
@@ -117,7 +135,7 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConf
     warnings = [RANDOM_DATA_WARNING] if _is_random(config, ctx) else []
     shared = _Run(config, feeds + batches.feeds, source.path, reference_outputs + batches.outputs, execution,
                   warnings + batches.warnings, _task_metric(config, ctx, source, reference_outputs),
-                  _localizer(config, source.path), batches)
+                  _localizer(config, source.path), batches, dict(declared or {}))
     outcomes = []
     for name, artifact in artifacts.items():
         for target in targets:
@@ -138,6 +156,7 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConf
 
 
 TRUE_FP16_TARGET = "reference:cpu"
+DECLARED_BASIS = "held to the tolerance its own accuracy budget was built to (the variant's steps in the recipe)"
 GPU_TARGETS = ("ort:cuda", "ort:tensorrt", "openvino:gpu")
 
 
@@ -225,10 +244,14 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
     except Exception as exc:
         log.debug("validation of %s on %s failed", name, target, exc_info=True)
         return Outcome(_result(name, target, "error", f"{type(exc).__name__}: {exc}", shared.warnings))
-    basis, held = tolerance_precision(precision, path) if shared.config.tolerance is None else (precision, "")
-    tolerance = tolerance_for(shared.config, basis)
+    declared = shared.declared.get(name)
+    if declared is not None:
+        basis, held = precision, DECLARED_BASIS
+    else:
+        basis, held = tolerance_precision(precision, path) if shared.config.tolerance is None else (precision, "")
+    tolerance = tolerance_for(shared.config, basis, declared)
     notes = [*shared.warnings, *_execution_warnings(executed, precision), *([held] if held else [])]
-    per_output = output_tolerances(shared.config, basis)
+    per_output = output_tolerances(shared.config, basis, declared)
     comparison = compare_outputs(shared.reference_outputs, outputs, tolerance, per_output)
     row = _result(name, target, "passed" if comparison.passed else "failed", "; ".join(comparison.reasons),
                   [*notes, *comparison.notes])

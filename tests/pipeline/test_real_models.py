@@ -33,8 +33,9 @@ RUNTIME_LIMITS = {("silero-vad", "openvino:cpu"): "OpenVINO cannot convert a Con
                                                   "(the exported model too)"}
 """(model, target) pairs the runtime itself cannot run: asserted as 'failed' rows that say so, left out elsewhere."""
 # The failure class these models still show; each marks the cases it breaks.
-BUDGET = ("int8 with tolerance cosine_min 0.98 misses it on the validation samples: the budget searches and "
-          "confirms on the recipe's 4 calibration samples, too few to hold on other samples")
+BUDGET = ("int8 with tolerance cosine_min 0.98 misses it on the validation samples: the budget holds on each of "
+          "its own samples (the held-back ones included, unseen by calibration), but one of the 2 validation "
+          "images is an outlier (fully quantized: cosine 0.92 against >= 0.977 on 16 calibration images)")
 
 
 def run_of(name: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
@@ -159,7 +160,7 @@ def test_fp16_variant_passes_under_true_float16_arithmetic(name: str,
 QUANTIZABLE = [name for name in CORPUS if name != "ddddocr-ocr-int8"]
 
 
-@pytest.mark.parametrize("name", cases({"pp-ocr-det": BUDGET, "pp-ocr-rec": BUDGET, "silero-vad": BUDGET},
+@pytest.mark.parametrize("name", cases({"pp-ocr-det": BUDGET},
                                        QUANTIZABLE))
 def test_int8_variant_meets_its_tolerance_on_both_runtimes(name: str,
                                                            tmp_path_factory: pytest.TempPathFactory) -> None:

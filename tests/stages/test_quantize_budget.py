@@ -214,3 +214,46 @@ def test_every_candidate_kept_float_gives_back_the_float_model(tmp_path: Path, o
     onnx.checker.check_model(everything)
     for feed in feeds:
         np.testing.assert_array_equal(run_ort(everything, feed)[0], run_ort(prepared, feed)[0])
+
+
+def _outlier_last(folder: Path, count: int) -> Path:
+    """``count`` samples of x in [-1, 1], the last one scaled to +-50 (a sample unlike the others)."""
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    for index in range(count):
+        x = rng.uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)
+        np.save(folder / f"{index}.npy", x * (50.0 if index == count - 1 else 1.0))
+    return folder
+
+
+def _input_scale(model: onnx.ModelProto) -> float:
+    """The scale of the QuantizeLinear that reads the graph input x."""
+    node = next(node for node in model.graph.node if node.op_type == "QuantizeLinear" and node.input[0] == "x")
+    scale = next(item for item in model.graph.initializer if item.name == node.input[1])
+    return float(onnx.numpy_helper.to_array(scale))
+
+
+def test_held_back_budget_samples_are_left_out_of_calibration(tmp_path: Path) -> None:
+    """The held-back samples must be unseen by calibration too: ranges fitted to them make their error as small
+    as the search samples', and the budget then holds on them but not on the validation samples (PP-OCRv4 rec:
+    held-back cosine 0.995, validation 0.977).  The held-back sample here is the outlier: calibrated on, it
+    would stretch the input's range 50 times."""
+    data = _outlier_last(tmp_path / "calib", 4)
+    config = QuantizeConfig(calibration={"data": "calib", "samples": 4}, method="minmax",
+                            tolerance={"cosine_min": 0.9}, budget={"samples": 4}, verify_targets=[])
+    result = quantize.run(save_artifact(tmp_path, tiny_conv()), config, stage_context(tmp_path, {"calib": data}))
+    budget = result.findings["budget"]
+    assert budget["held_back_samples"] == 1 and budget["held_back_unseen_by_calibration"] is True
+    assert result.findings["calibration_skipped"] == [3] and result.findings["calibration_samples"] == 3
+    assert _input_scale(result.model) < 0.05  # the range of the three samples in [-1, 1] (on 7 or 8 bits), not +-50
+
+
+def test_a_separate_budget_dataset_leaves_calibration_whole(tmp_path: Path) -> None:
+    folders = {"calib": _outlier_last(tmp_path / "calib", 4), "budget": _outlier_last(tmp_path / "budget", 4)}
+    config = QuantizeConfig(calibration={"data": "calib", "samples": 4}, method="minmax",
+                            tolerance={"cosine_min": 0.5}, budget={"data": "budget", "samples": 4},
+                            verify_targets=[])
+    result = quantize.run(save_artifact(tmp_path, tiny_conv()), config, stage_context(tmp_path, folders))
+    assert "calibration_skipped" not in result.findings and result.findings["calibration_samples"] == 4
+    assert result.findings["budget"]["held_back_unseen_by_calibration"] is True
+    assert _input_scale(result.model) > 0.3  # the outlier (+-50) was calibrated on
