@@ -7,7 +7,9 @@
 - ``dynamic``: int8 weights, activations quantized at run time (transformer
   encoders on CPU).
 - ``lower``: fake quantization from quantization-aware training lowered to
-  exact QuantizeLinear/DequantizeLinear (``stages/lowering.py``).
+  exact QuantizeLinear/DequantizeLinear (``stages/quantize/lower``).
+- ``weight_only``: int4/int8 MatMul and embedding weights in blocks, float
+  activations (``_weight_only.py``): decoders and LLMs, no calibration.
 
 With ``tolerance`` (ptq, dynamic), the stage keeps the quantized nodes that hurt
 accuracy most in float until the tolerance holds against float32 on the budget
@@ -59,6 +61,8 @@ def run(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageR
     already = count_quantized_nodes(model)
     if already:
         raise _refuse_already_quantized(model, already, ctx)
+    if config.mode == "weight_only":
+        return quantize_modes.weight_only(artifact, config, ctx)
     try:
         return quantize_modes.post_training(artifact, config, ctx)
     except QuantizerFailure as exc:

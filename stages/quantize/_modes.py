@@ -215,6 +215,39 @@ def _with_budget(prepared: Path, build: Any, config: QuantizeConfig, ctx: StageC
     return result.model, result.kept, result.findings
 
 
+def weight_only(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
+    """mode weight_only: block-quantized MatMul/Gather weights written file to file, loaded by ORT before use."""
+    import onnx
+
+    from qdeploy.core.context import StageResult
+    from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES
+    from qdeploy.stages.quantize._weight_only import quantize_file
+
+    ctx.on_progress(f"weight-only int{config.bits} ({config.weight_format})")
+    output = ctx.work_dir / "weight_only.onnx"
+    report = quantize_file(artifact.path, output, config)
+    if not report.quantized:
+        kept = "; ".join(f"{node}: {why}" for node, why in list(report.kept_float.items())[:5])
+        raise StageError(STAGE, ctx.variant, "mode weight_only found no MatMul with a constant 2-D float weight "
+                                             "and no Gather of a constant 2-D float table to quantize"
+                                             + (f" (kept float: {kept})" if kept else "")
+                                             + "; it is meant for transformer and LLM weights: use ptq or dynamic "
+                                               "for this model")
+    check_runs(output, config, ctx)
+    large = report.bytes_out >= PROTOBUF_SAFE_BYTES
+    model = onnx.load(str(output), load_external_data=not large)
+    bits: dict[str, int] = {}
+    for entry in report.quantized.values():
+        key = f"{entry['op']} int{entry['bits']}"
+        bits[key] = bits.get(key, 0) + 1
+    findings = {"mode": "weight_only", "bits": config.bits, "group_size": config.group_size,
+                "symmetric": config.symmetric_weights, "weight_format": config.weight_format,
+                "accuracy_level": config.accuracy_level if config.weight_format == "matmulnbits" else None,
+                "quantized_weights": bits, "kept_float": report.kept_float,
+                "bytes": {"before": artifact.size_bytes, "after": report.bytes_out}}
+    return StageResult(model=model, changed=True, findings=findings, path=output if large else None)
+
+
 def lower(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
     """mode lower: rewrite fake quantization into Q/DQ, verify it on data, count int8 kernels."""
     from qdeploy.core.context import StageResult

@@ -45,10 +45,12 @@ class QuantizeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["ptq", "dynamic", "lower"] = Field(
+    mode: Literal["ptq", "dynamic", "lower", "weight_only"] = Field(
         default="ptq", description="'ptq': static QDQ with calibrated activation ranges; 'dynamic': weights "
                                    "quantized ahead, activations at run time; 'lower': fake-quant ops of a QAT "
-                                   "model lowered to exact QuantizeLinear/DequantizeLinear.")
+                                   "model lowered to exact QuantizeLinear/DequantizeLinear; 'weight_only': int4 or "
+                                   "int8 MatMul and embedding weights in blocks, activations float (decoders, "
+                                   "LLMs), no calibration.")
     calibration: CalibrationRef | None = Field(
         default=None, description="Calibration data of ptq (seeded random data, 32 samples, when absent); in "
                                   "mode lower, the data the lowered model is verified on.")
@@ -89,9 +91,35 @@ class QuantizeConfig(BaseModel):
                                     "the recipe's targets and weights are int8, ptq builds both 7-bit forms and "
                                     "keeps the one closer to float32 on calibration data, dynamic uses 7-bit "
                                     "weights; whatever CPU builds the artifact.")
+    bits: Literal[4, 8] = Field(default=4, description="Bits per weight (mode weight_only).")
+    group_size: int = Field(default=128, description="Weights per scale along the reduction axis (mode "
+                                                     "weight_only): a power of two, at least 16.")
+    lm_head: Literal["same", "int8", "float"] = Field(
+        default="int8", description="The LM head (a MatMul whose output becomes a graph output through shape-only "
+                                    "ops) in mode weight_only: the same bits as the rest, int8 (NNCF's default "
+                                    "backup precision), or left float.")
+    embeddings: Literal["same", "int8", "float"] = Field(
+        default="same", description="Gather tables (embeddings) in mode weight_only: the same bits, int8, or float.")
+    weight_format: Literal["matmulnbits", "dequantize_linear"] = Field(
+        default="matmulnbits", description="Form of weight_only's weights: 'matmulnbits' (com.microsoft "
+                                           "MatMulNBits/GatherBlockQuantized; ONNX Runtime and OpenVINO both run it "
+                                           "with compressed weights) or 'dequantize_linear' (standard opset-21 "
+                                           "blocked DequantizeLinear before each MatMul/Gather).")
+    accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
+        default=4, description="MatMulNBits compute type on ONNX Runtime (weight_only): 4 quantizes activations "
+                               "per block at run time (the fast CPU path), 0 dequantizes weights to float "
+                               "(slower than float32 on CPUs), 1 fp32, 2 fp16, 3 bf16.")
     verify_targets: list[Literal["ort:cpu", "openvino:cpu"]] = Field(
         default_factory=lambda: list(VERIFY_TARGETS),
         description="Targets on which the stage counts the ops that really run int8 kernels.")
+
+    @field_validator("group_size")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"group_size {value} must be a power of two, at least 16 (MatMulNBits, "
+                             "GatherBlockQuantized and OpenVINO's grouped weights need that)")
+        return value
 
     @field_validator("exclude_patterns")
     @classmethod
@@ -108,8 +136,15 @@ class QuantizeConfig(BaseModel):
         if self.activation_type == "int8" and self.weight_type == "uint8":
             raise ValueError("activation_type int8 with weight_type uint8 is not supported by ONNX Runtime; "
                              "use uint8 activations with int8 weights (x86) or int8 for both")
-        if self.mode != "ptq":
-            # compared with the defaults, not model_fields_set: a dumped config is validated again by the runner
+        # compared with the defaults, not model_fields_set: a dumped config is validated again by the runner
+        if self.mode == "weight_only":
+            self._only_defaults(_NOT_WEIGHT_ONLY)
+            if self.op_types is not None and not set(self.op_types) <= {"MatMul", "Gather"}:
+                raise ValueError(f"mode 'weight_only' quantizes MatMul and Gather weights only; op_types "
+                                 f"{sorted(set(self.op_types) - {'MatMul', 'Gather'})} cannot be")
+        else:
+            self._only_defaults(_WEIGHT_ONLY)
+        if self.mode in ("dynamic", "lower"):
             self._only_defaults(_PTQ_ONLY if self.mode == "dynamic" else (_PTQ_ONLY - {"calibration"}) | _NOT_LOWER)
         if self.reduce_range == "activations" and (self.mode != "ptq" or self.activation_type != "uint8"):
             raise ValueError("reduce_range 'activations' needs mode ptq with activation_type uint8 (int8 "
@@ -137,10 +172,14 @@ class QuantizeConfig(BaseModel):
                           if getattr(self, name) != (fields[name].default_factory() if fields[name].default_factory
                                                      else fields[name].default))
         if explicit:
-            hint = "mode 'ptq'" if self.mode == "dynamic" else "mode 'ptq' or 'dynamic'"
+            hint = {"dynamic": "mode 'ptq'", "lower": "mode 'ptq' or 'dynamic'",
+                    "weight_only": "mode 'ptq' or 'dynamic'"}.get(self.mode, "mode 'weight_only'")
             raise ValueError(f"mode '{self.mode}' does not use {explicit}; remove them or use {hint}")
 
 
 _PTQ_ONLY = frozenset({"calibration", "method", "percentile", "activation_type", "symmetric_activations", "op_set"})
 _NOT_LOWER = frozenset({"per_channel", "weight_type", "symmetric_weights", "op_types", "exclude_nodes",
                         "exclude_op_types", "exclude_patterns", "tolerance", "budget", "reduce_range"})
+_WEIGHT_ONLY = frozenset({"bits", "group_size", "lm_head", "embeddings", "weight_format", "accuracy_level"})
+_NOT_WEIGHT_ONLY = _PTQ_ONLY | frozenset({"per_channel", "weight_type", "exclude_op_types", "exclude_patterns",
+                                          "tolerance", "budget", "reduce_range"})

@@ -30,6 +30,7 @@ VARIANTS = {
     "fp16": ["fp16"],
     "ptq": [{"quantize": {"mode": "ptq", "calibration": {"data": "calib", "samples": 4}}}],
     "dynamic": [{"quantize": {"mode": "dynamic"}}],
+    "weight_only": [{"quantize": {"mode": "weight_only", "bits": 8}}],
 }
 TARGETS = ["ort:cpu", "openvino:cpu"]
 
@@ -153,14 +154,14 @@ DISK_NEEDED = int(LARGE_GB * 1e9 * 6.5)
 
 
 @pytest.mark.slow
-def test_a_model_above_2_gb_goes_through_simplify_and_fp16_on_both_runtimes(tmp_path: Path) -> None:
+def test_a_model_above_2_gb_goes_through_simplify_fp16_and_weight_only_on_both_runtimes(tmp_path: Path) -> None:
     """int8 (dynamic) of this model takes about 6 minutes on 2 cores, so it is measured by
     benchmarks/large_models.py (docs/large-models.md) and exercised here only through the fast test above."""
     free = _free_disk(tmp_path)
     if free < DISK_NEEDED:
         pytest.skip(f"needs about {DISK_NEEDED / 1e9:.0f} GB of free disk in {tmp_path}, {free / 1e9:.1f} GB free")
     dim = dim_for(LARGE_GB, 2)
-    variants = {"simplify": ["simplify"], "fp16": ["fp16"]}
+    variants = {"simplify": ["simplify"], "fp16": ["fp16"], "weight_only": VARIANTS["weight_only"]}
     # reference:cpu (numpy float16, ~3 minutes on this model) is left out: the two runtimes are what is checked
     try:
         recipe = _recipe(tmp_path / "model", dim=dim, variants=variants, validate_extra=", fp16_reference: never")
