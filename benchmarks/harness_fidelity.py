@@ -30,7 +30,10 @@ import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from qdeploy.core.rows import BenchmarkRow
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -81,7 +84,7 @@ def run_benchmark_app(model: Path, threads: int, warmup: int, iterations: int, w
             "min": float(results["min latency"])}
 
 
-def run_qdeploy(model: Path, threads: int, warmup: int, iterations: int) -> dict[str, Any]:
+def run_qdeploy(model: Path, threads: int, warmup: int, iterations: int) -> BenchmarkRow:
     """qdeploy's benchmark stage on one artifact, one round, on openvino:cpu."""
     from qdeploy.core.context import Artifact
     from qdeploy.stages.benchmark import BenchmarkConfig
@@ -92,8 +95,8 @@ def run_qdeploy(model: Path, threads: int, warmup: int, iterations: int) -> dict
     config = BenchmarkConfig(warmup=warmup, iterations=iterations, rounds=1, threads=threads)
     ctx = SimpleNamespace(on_progress=lambda message: None)
     [row] = benchmark({"model": artifact}, ["openvino:cpu"], config, ctx)  # type: ignore[arg-type]
-    if row["status"] != "ok":
-        raise SystemExit(f"qdeploy benchmark of {model} failed: {row['reason']}")
+    if row.status != "ok":
+        raise SystemExit(f"qdeploy benchmark of {model} failed: {row.reason}")
     return row
 
 
@@ -117,8 +120,8 @@ def measure(models: dict[str, Path], args: argparse.Namespace, work: Path) -> li
             loads.append(loadavg())
             app.append(run_benchmark_app(model, args.threads, args.warmup, args.iterations, work)["p50"])
             row = run_qdeploy(model, args.threads, args.warmup, args.iterations)
-            ours.append(row["latency_ms"]["p50"])
-            settings = row.get("settings") or {}
+            ours.append(row.p50)
+            settings = row.settings or {}
         ratios = [mine / theirs for mine, theirs in zip(ours, app, strict=True)]
         rows.append({"artifact": name, "benchmark_app_ms": statistics.median(app),
                      "qdeploy_ms": statistics.median(ours),

@@ -18,12 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from qdeploy.core.errors import QdeployInputError
+from qdeploy.core.rows import BenchmarkRow, ValidationRow
 from qdeploy.pipeline.identity import differences, model_mismatch
 
 __all__ = ["HIGHER_IS_BETTER", "Change", "Comparison", "NotComparableError", "Thresholds", "compare_reports",
            "failure_changes", "format_comparison", "gate_changes", "latency_changes", "load_report", "metric_changes",
-           "not_comparable", "parse_metric_drops"]
+           "not_comparable", "parse_metric_drops", "typed_rows"]
 
 HIGHER_IS_BETTER = {"cosine": True, "snr_db": True, "top1_agreement": True, "top5_agreement": True,
                     "task_metric": True, "max_abs_err": False, "mean_abs_err": False, "max_rel_err": False}
@@ -106,19 +109,32 @@ def compare_reports(before: dict[str, Any], after: dict[str, Any], thresholds: T
         raise NotComparableError("runs A and B are not comparable: " + "; ".join(refusals)
                                  + ". Pass --allow-mismatch to compare them anyway")
     comparison = Comparison(warnings=[*refusals, *differences(before, after)])
-    comparison.changes += latency_changes(before["benchmarks"], after["benchmarks"], limits.max_latency_regression)
-    comparison.changes += metric_changes(before["validation"], after["validation"], limits.max_metric_drop)
+    (timed_a, checks_a), (timed_b, checks_b) = typed_rows(before, "A"), typed_rows(after, "B")
+    comparison.changes += latency_changes(timed_a, timed_b, limits.max_latency_regression)
+    comparison.changes += metric_changes(checks_a, checks_b, limits.max_metric_drop)
     comparison.changes += gate_changes(before["gates"], after["gates"])
     comparison.changes += failure_changes(before.get("failures", []), after.get("failures", []))
     return comparison
 
 
+def typed_rows(report: dict[str, Any], label: str) -> tuple[list[BenchmarkRow], list[ValidationRow]]:
+    """A report's benchmark and validation rows, parsed; a row that is not one is an input error (exit 2)."""
+    try:
+        return ([BenchmarkRow.from_json(row) for row in report["benchmarks"]],
+                [ValidationRow.from_json(row) for row in report["validation"]])
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise QdeployInputError(f"run {label}: report.json has a row qdeploy cannot read ({where}: {first['msg']}); "
+                                "was it written by another version of qdeploy?") from None
+
+
 def not_comparable(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """Why comparing the two runs would compare apples with oranges: a different model, or nothing shared."""
     reasons = model_mismatch(before, after)
-    shared_benchmarks = {_bench_key(row) for row in before["benchmarks"]} & {_bench_key(r) for r in after["benchmarks"]}
-    shared_checks = ({(r["variant"], r["target"]) for r in before["validation"]}
-                     & {(r["variant"], r["target"]) for r in after["validation"]})
+    (timed_a, checks_a), (timed_b, checks_b) = typed_rows(before, "A"), typed_rows(after, "B")
+    shared_benchmarks = {_bench_key(row) for row in timed_a} & {_bench_key(row) for row in timed_b}
+    shared_checks = {(r.variant, r.target) for r in checks_a} & {(r.variant, r.target) for r in checks_b}
     if not shared_benchmarks and not shared_checks and (before["benchmarks"] or before["validation"]):
         reasons.append("they share no variant and target: nothing to compare")
     return reasons
@@ -128,21 +144,21 @@ def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _bench_key(row: dict[str, Any]) -> tuple[str, str, int]:
-    return row["variant"], row["target"], row.get("batch_size", 1)
+def _bench_key(row: BenchmarkRow) -> tuple[str, str, int]:
+    return row.variant, row.target, row.batch_size
 
 
-def latency_changes(before: list[dict[str, Any]], after: list[dict[str, Any]],
+def latency_changes(before: list[BenchmarkRow], after: list[BenchmarkRow],
                     max_regression: float | None) -> list[Change]:
     """Median latency ratio B/A of every row measured in both runs; a row measured in one run only."""
-    old = {_bench_key(row): row for row in before if row.get("status") == "ok" and row.get("latency_ms")}
-    new = {_bench_key(row): row for row in after if row.get("status") == "ok" and row.get("latency_ms")}
+    old = {_bench_key(row): row for row in before if row.status == "ok" and row.latency_ms}
+    new = {_bench_key(row): row for row in after if row.status == "ok" and row.latency_ms}
     changes = []
     for key in sorted(old.keys() | new.keys()):
         subject = f"{key[0]} on {key[1]}, batch {key[2]}"
         if key not in new or key not in old:
-            status_after = next((r.get("status") for r in after if _bench_key(r) == key), "absent")
-            status_before = next((r.get("status") for r in before if _bench_key(r) == key), "absent")
+            status_after = next((r.status for r in after if _bench_key(r) == key), "absent")
+            status_before = next((r.status for r in before if _bench_key(r) == key), "absent")
             lost = key in old  # measured in A, not in B: a value went missing
             changes.append(Change("missing", f"benchmark {subject}", status_before, status_after,
                                   "measured in A only" if lost else "measured in B only",
@@ -152,18 +168,19 @@ def latency_changes(before: list[dict[str, Any]], after: list[dict[str, Any]],
     return changes
 
 
-def _latency_change(subject: str, old: dict[str, Any], new: dict[str, Any], max_regression: float | None) -> Change:
-    a, b = old["latency_ms"].get("p50"), new["latency_ms"].get("p50")
+def _latency_change(subject: str, old: BenchmarkRow, new: BenchmarkRow, max_regression: float | None) -> Change:
+    a, b = old.p50, new.p50
     if not _finite(a) or not _finite(b) or a <= 0 or b <= 0:
         return Change("latency", subject, a, b, "a median latency is not a positive number", regression=_finite(a))
     ratio = b / a
-    overlap = _intervals_overlap(old["latency_ms"].get("ci95_p50"), new["latency_ms"].get("ci95_p50"))
+    assert old.latency_ms is not None and new.latency_ms is not None  # only measured rows are compared
+    overlap = _intervals_overlap(old.latency_ms.ci95_p50, new.latency_ms.ci95_p50)
     notes = [f"ratio {ratio:.3f}"]
-    if old.get("speedup") is not None and new.get("speedup") is not None:
-        notes.append(f"speedup vs reference {old['speedup']:.3g}x -> {new['speedup']:.3g}x")
+    if old.speedup is not None and new.speedup is not None:
+        notes.append(f"speedup vs reference {old.speedup:.3g}x -> {new.speedup:.3g}x")
     if overlap:
         notes.append("95% intervals overlap")
-    if old.get("noisy") or new.get("noisy"):
+    if old.noisy or new.noisy:
         notes.append("noisy")
     regression = max_regression is not None and ratio > 1.0 + max_regression
     return Change("latency", subject, a, b, "; ".join(notes), regression)
@@ -173,21 +190,21 @@ def _intervals_overlap(first: list[float] | None, second: list[float] | None) ->
     return bool(first and second) and first[0] <= second[1] and second[0] <= first[1]
 
 
-def metric_changes(before: list[dict[str, Any]], after: list[dict[str, Any]],
+def metric_changes(before: list[ValidationRow], after: list[ValidationRow],
                    max_drop: dict[str, float]) -> list[Change]:
     """Fidelity metrics that moved, and validation statuses that flipped."""
-    old = {(row["variant"], row["target"]): row for row in before}
-    new = {(row["variant"], row["target"]): row for row in after}
+    old = {(row.variant, row.target): row for row in before}
+    new = {(row.variant, row.target): row for row in after}
     changes = []
     for key in sorted(old.keys() & new.keys()):
         subject = f"{key[0]} on {key[1]}"
-        was, now = old[key].get("status"), new[key].get("status")
+        was, now = old[key].status, new[key].status
         if was != now:
             changes.append(Change("status", f"validation {subject}", was, now,
                                   regression=now in _BAD_STATUSES and was not in _BAD_STATUSES))
-        metrics_a, metrics_b = old[key].get("metrics") or {}, new[key].get("metrics") or {}
+        metrics_a, metrics_b = old[key].metrics, new[key].metrics
         for metric, higher_better in HIGHER_IS_BETTER.items():
-            a, b = metrics_a.get(metric), metrics_b.get(metric)
+            a, b = metrics_a.value(metric), metrics_b.value(metric)
             if _finite(a) and not _finite(b):
                 changes.append(Change("metric", f"{metric} of {subject}", a, b,
                                       "missing in B" if b is None else "not a number in B", regression=True))
@@ -200,9 +217,9 @@ def metric_changes(before: list[dict[str, Any]], after: list[dict[str, Any]],
                                   f"{'worse' if worse_by > 0 else 'better'} by {abs(worse_by):.4g}",
                                   regression=limit is not None and worse_by > limit))
     for key in sorted(old.keys() ^ new.keys()):
-        lost = key in old and old[key].get("status") in ("passed", "failed")  # A measured it, B did not
+        lost = key in old and old[key].measured  # A measured it, B did not
         changes.append(Change("missing", f"validation {key[0]} on {key[1]}",
-                              old.get(key, {}).get("status", "absent"), new.get(key, {}).get("status", "absent"),
+                              old[key].status if key in old else "absent", new[key].status if key in new else "absent",
                               "validated in A only" if key in old else "validated in B only", regression=lost))
     return changes
 

@@ -3,77 +3,82 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeVar
 
+from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
 from qdeploy.pipeline.recipe import GateSpec
 
 __all__ = ["evaluate_gates", "find_benchmark", "gates_hold", "run_passes", "speedup", "unmeasured",
            "validations_hold"]
 
+_Timed = TypeVar("_Timed", BenchmarkRow, ThroughputRow)
+
 _VALIDATION_METRICS = ("cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement", "task_metric")
 
 
-def speedup(benchmarks: list[dict[str, Any]], variant: str, target: str, batch: int, reference: str) -> float | None:
+def speedup(benchmarks: list[BenchmarkRow], variant: str, target: str, batch: int, reference: str) -> float | None:
     """Reference p50 over variant p50 on the same target and batch, from the medians of shared rounds."""
     row = find_benchmark(benchmarks, variant, target, batch)
     ref = find_benchmark(benchmarks, reference, target, batch)
-    if row is None or ref is None or row["status"] != "ok" or ref["status"] != "ok":
+    if row is None or ref is None or row.status != "ok" or ref.status != "ok":
         return None
-    ratios = [r / v for r, v in zip(ref.get("round_p50_ms", []), row.get("round_p50_ms", []), strict=False) if v > 0]
+    ratios = [r / v for r, v in zip(ref.round_p50_ms, row.round_p50_ms, strict=False) if v > 0]
     if ratios:
         ratios.sort()
         return ratios[len(ratios) // 2]  # drift hits both runs of a round alike
-    return ref["latency_ms"]["p50"] / row["latency_ms"]["p50"]
+    if ref.p50 is None or not row.p50:
+        return None
+    return ref.p50 / row.p50
 
 
-def find_benchmark(benchmarks: list[dict[str, Any]], variant: str, target: str, batch: int) -> dict[str, Any] | None:
+def find_benchmark(benchmarks: list[_Timed], variant: str, target: str, batch: int) -> _Timed | None:
     return next((row for row in benchmarks
-                 if row["variant"] == variant and row["target"] == target and row["batch_size"] == batch), None)
+                 if row.variant == variant and row.target == target and row.batch_size == batch), None)
 
 
-def _measured(gate: GateSpec, validation: list[dict[str, Any]], benchmarks: list[dict[str, Any]],
+def _measured(gate: GateSpec, validation: list[ValidationRow], benchmarks: list[BenchmarkRow],
               reference: str, sizes: dict[str, int],
-              throughput: list[dict[str, Any]] | None = None) -> tuple[float | None, str]:
+              throughput: list[ThroughputRow] | None = None) -> tuple[float | None, str]:
     if gate.metric == "inferences_per_s":  # throughput mode: many requests in flight
-        row = find_benchmark(throughput or [], gate.variant, gate.target, gate.batch_size)
-        if row is None or row["status"] != "ok":
+        timed = find_benchmark(throughput or [], gate.variant, gate.target, gate.batch_size)
+        if timed is None or timed.status != "ok":
             return None, f"no throughput measurement of {gate.variant} on {gate.target}" + (
-                f": {row['reason']}" if row else " (benchmark.mode throughput or both measures it)")
-        return row["inferences_per_s"], ""
+                f": {timed.reason}" if timed else " (benchmark.mode throughput or both measures it)")
+        return timed.inferences_per_s, ""
     if gate.metric == "size_bytes":
         size = sizes.get(gate.variant)
         return (float(size), "") if size is not None else (None, f"variant {gate.variant} has no artifact")
     if gate.metric in _VALIDATION_METRICS:
-        row = next((r for r in validation if r["variant"] == gate.variant and r["target"] == gate.target), None)
-        if row is None or not row.get("metrics"):
-            return None, f"no validation of {gate.variant} on {gate.target}" + (f": {row['reason']}" if row else "")
-        value = row["metrics"].get(gate.metric)
-        return value, "" if value is not None else _unmeasured(gate.metric, row)
+        check = next((r for r in validation if r.variant == gate.variant and r.target == gate.target), None)
+        if check is None or not check.metrics.measured:
+            return None, f"no validation of {gate.variant} on {gate.target}" + (f": {check.reason}" if check else "")
+        value = check.metrics.value(gate.metric)
+        return value, "" if value is not None else _unmeasured(gate.metric, check)
     if gate.metric == "speedup":
         value = speedup(benchmarks, gate.variant, gate.target, gate.batch_size, reference)
         return value, "" if value is not None else f"no benchmark of {gate.variant} and {reference} on {gate.target}"
     row = find_benchmark(benchmarks, gate.variant, gate.target, gate.batch_size)
-    if row is None or row["status"] != "ok":
-        return None, f"no benchmark of {gate.variant} on {gate.target}" + (f": {row['reason']}" if row else "")
+    if row is None or row.status != "ok":
+        return None, f"no benchmark of {gate.variant} on {gate.target}" + (f": {row.reason}" if row else "")
     if gate.metric == "latency_ms":
-        return row["latency_ms"]["p50"], ""
-    return row["throughput_per_s"], ""
+        return row.p50, ""
+    return row.throughput_per_s, ""
 
 
-def _unmeasured(metric: str, row: dict[str, Any]) -> str:
+def _unmeasured(metric: str, row: ValidationRow) -> str:
     """Why a validation metric has no value on a row that was validated."""
     if metric == "task_metric":
-        if "task_metric" not in row["metrics"]:
+        if not row.metrics.has("task_metric"):
             return "task_metric needs validate.metric in the recipe ('file.py:function')"
-        why = next((w for w in row.get("warnings", []) if w.startswith("validate.metric")), "")
+        why = next((w for w in row.warnings if w.startswith("validate.metric")), "")
         return f"the task metric gave no value{': ' + why if why else ''}"
     return f"{metric} is not measured for this output"
 
 
-def evaluate_gates(gates: list[GateSpec], validation: list[dict[str, Any]], benchmarks: list[dict[str, Any]],
+def evaluate_gates(gates: list[GateSpec], validation: list[ValidationRow], benchmarks: list[BenchmarkRow],
                    reference: str, failures: list[dict[str, Any]], sizes: dict[str, int],
                    selected: tuple[list[str], list[str]] | None = None,
-                   throughput: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+                   throughput: list[ThroughputRow] | None = None) -> list[dict[str, Any]]:
     """Each gate with its measured value; a gate that cannot be measured fails, saying why.
 
     A gate on a variant or target left out of this run (--variant/--target) is skipped: `passed` is None.
@@ -100,12 +105,12 @@ def _row(gate: GateSpec, value: float | None) -> dict[str, Any]:
             "batch_size": gate.batch_size, "value": value}
 
 
-def validations_hold(validation: list[dict[str, Any]]) -> bool:
+def validations_hold(validation: list[ValidationRow]) -> bool:
     """No (variant, target) pair failed its tolerances; errored rows are judged by ``unmeasured``."""
-    return not any(row["status"] == "failed" for row in validation)
+    return not any(row.status == "failed" for row in validation)
 
 
-def run_passes(gates: list[dict[str, Any]], validation: list[dict[str, Any]], failures: list[dict[str, Any]],
+def run_passes(gates: list[dict[str, Any]], validation: list[ValidationRow], failures: list[dict[str, Any]],
                missing: list[dict[str, Any]]) -> bool:
     """The run's verdict: every variant built, every gate and validation held, and everything the recipe asked
     to measure was measured (or the recipe allows that it was not)."""
@@ -113,7 +118,7 @@ def run_passes(gates: list[dict[str, Any]], validation: list[dict[str, Any]], fa
             and all(row["allowed"] for row in missing))
 
 
-def unmeasured(validation: list[dict[str, Any]], benchmarks: list[dict[str, Any]],
+def unmeasured(validation: list[ValidationRow], benchmarks: list[BenchmarkRow],
                expected: tuple[list[str], list[str], list[int]], allowed: list[str]) -> list[dict[str, Any]]:
     """What the recipe asked to measure and could not be: errored rows, a latency that is not a number, rows
     that are missing.  ``expected`` is (variants, targets, batch sizes; none when benchmarks are off).
@@ -123,29 +128,25 @@ def unmeasured(validation: list[dict[str, Any]], benchmarks: list[dict[str, Any]
     """
     variants, targets, batches = expected
     found = [*_errored("validate", validation), *_errored("benchmark", benchmarks)]
-    seen = {(row["variant"], row["target"]) for row in validation}
+    seen = {(row.variant, row.target) for row in validation}
     found += [_entry("validate", variant, target, None, "no validation result")
               for variant in variants for target in targets if (variant, target) not in seen]
-    timed = {(row["variant"], row["target"], row.get("batch_size")) for row in benchmarks}
+    timed = {(row.variant, row.target, row.batch_size) for row in benchmarks}
     found += [_entry("benchmark", variant, target, batch, "no benchmark result")
               for target in targets for batch in batches for variant in variants
               if (variant, target, batch) not in timed]
     return [{**row, "allowed": row["kind"] in allowed} for row in found]
 
 
-def _errored(kind: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _errored(kind: str, rows: list[ValidationRow] | list[BenchmarkRow]) -> list[dict[str, Any]]:
     found = []
     for row in rows:
-        batch = row.get("batch_size")
-        if row.get("status") == "error":
-            found.append(_entry(kind, row["variant"], row["target"], batch, row.get("reason") or "error"))
-        elif kind == "benchmark" and row.get("status") == "ok" and not _finite(_p50(row)):
-            found.append(_entry(kind, row["variant"], row["target"], batch, "median latency is not a number"))
+        batch = row.batch_size if isinstance(row, BenchmarkRow) else None
+        if row.status == "error":
+            found.append(_entry(kind, row.variant, row.target, batch, row.reason or "error"))
+        elif isinstance(row, BenchmarkRow) and row.status == "ok" and not _finite(row.p50):
+            found.append(_entry(kind, row.variant, row.target, batch, "median latency is not a number"))
     return found
-
-
-def _p50(row: dict[str, Any]) -> Any:
-    return (row.get("latency_ms") or {}).get("p50")
 
 
 def _finite(value: Any) -> bool:

@@ -30,6 +30,7 @@ from typing import Any
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import QdeployError, QdeployInputError, RunLockedError, StageError
+from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
 from qdeploy.pipeline import registry
 from qdeploy.pipeline.guard import guard_artifact
 from qdeploy.pipeline.identity import model_signature
@@ -180,19 +181,19 @@ def build_phase(plan: RunPlan, progress: Progress | None = None) -> BuildOutcome
 
 
 def validate_phase(plan: RunPlan, outcome: BuildOutcome, targets: list[str] | None = None,
-                   progress: Progress | None = None) -> list[dict[str, Any]]:
+                   progress: Progress | None = None) -> list[ValidationRow]:
     """Validation rows of the evaluated artifacts on ``targets`` (default: the plan's)."""
     return _evaluate_phase(plan, outcome, "validate", targets, progress)
 
 
 def benchmark_phase(plan: RunPlan, outcome: BuildOutcome, targets: list[str] | None = None,
-                    progress: Progress | None = None) -> list[dict[str, Any]]:
+                    progress: Progress | None = None) -> list[BenchmarkRow | ThroughputRow]:
     """Benchmark rows of the evaluated artifacts on ``targets`` (default: the plan's); give it the machine alone."""
     return _evaluate_phase(plan, outcome, "benchmark", targets, progress)
 
 
-def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[dict[str, Any]],
-               benchmarks: list[dict[str, Any]], *, seconds: float) -> RunResult:
+def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[ValidationRow],
+               benchmarks: list[BenchmarkRow | ThroughputRow], *, seconds: float) -> RunResult:
     """Gates, the reports, and the exit status they imply; publishes artifacts and reports in one switch."""
     from qdeploy.pipeline.gates import evaluate_gates, unmeasured
     from qdeploy.pipeline.report import write_reports
@@ -248,7 +249,7 @@ def _silent() -> Progress:
 
 
 def _evaluate_phase(plan: RunPlan, outcome: BuildOutcome, stage: str, targets: list[str] | None,
-                    progress: Progress | None) -> list[dict[str, Any]]:
+                    progress: Progress | None) -> list[Any]:
     chosen = [target for target in plan.targets if targets is None or target in targets]
     with tempfile.TemporaryDirectory(prefix="qdeploy-") as work:
         state = _RunState(plan.recipe, ArtifactStore(plan.cache_dir), plan.use_cache, progress or _silent(),
@@ -256,7 +257,7 @@ def _evaluate_phase(plan: RunPlan, outcome: BuildOutcome, stage: str, targets: l
         return _evaluate(state, stage, outcome.evaluated, chosen)
 
 
-def _exit_code(outcome: BuildOutcome, gates: list[dict[str, Any]], validation: list[dict[str, Any]],
+def _exit_code(outcome: BuildOutcome, gates: list[dict[str, Any]], validation: list[ValidationRow],
                missing: list[dict[str, Any]]) -> int:
     """2 for bad input; 1 when a variant failed to build, a gate failed, a validation failed, or a measurement
     the recipe asked for could not be made (unless the recipe allows that)."""
@@ -486,7 +487,7 @@ def _evaluation_set(state: _RunState, variants: list[str], exported: Artifact) -
     return {reference: state.artifacts[reference], **evaluated}
 
 
-def _evaluate(state: _RunState, stage: str, artifacts: dict[str, Artifact], targets: list[str]) -> list[dict[str, Any]]:
+def _evaluate(state: _RunState, stage: str, artifacts: dict[str, Artifact], targets: list[str]) -> list[Any]:
     info = registry.stage(stage)
     config = state.recipe.validate_ if stage == "validate" else state.recipe.benchmark
     state.progress.phase(stage)

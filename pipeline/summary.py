@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow, rows_to_json
 from qdeploy.pipeline.envinfo import environment
 from qdeploy.pipeline.gates import find_benchmark, run_passes, speedup
 from qdeploy.pipeline.identity import recipe_fingerprint
@@ -23,11 +24,11 @@ SCHEMA_VERSION = 2
 """2: `verdict` and `throughput` added."""
 
 
-def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: list[dict[str, Any]],
-                 benchmarks: list[dict[str, Any]], gates: list[dict[str, Any]], failures: list[dict[str, Any]],
+def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: list[ValidationRow],
+                 benchmarks: list[BenchmarkRow], gates: list[dict[str, Any]], failures: list[dict[str, Any]],
                  *, seconds: float, unmeasured: list[dict[str, Any]] | None = None,
                  model: dict[str, Any] | None = None,
-                 throughput: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 throughput: list[ThroughputRow] | None = None) -> dict[str, Any]:
     """The report as a JSON-serialisable dict (docs/report.md).
 
     ``unmeasured``: what the recipe asked to measure and could not be (``qdeploy.pipeline.gates.unmeasured``);
@@ -36,11 +37,12 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
     rows so that nothing that reads latency (gates, speedups, compare) mistakes one for the other.
     """
     reference = recipe.reference_variant
-    for row in benchmarks:
-        row["speedup"] = speedup(benchmarks, row["variant"], row["target"], row["batch_size"], reference)
-        row["speedup_range"] = speedup_range(benchmarks, row, reference)
+    timed = [row.replace(speedup=speedup(benchmarks, row.variant, row.target, row.batch_size, reference),
+                         speedup_range=speedup_range(benchmarks, row, reference)) for row in benchmarks]
+    rates = []
     for row in throughput or []:
-        row["speedup"], row["speedup_range"] = throughput_speedup(throughput or [], row, reference)
+        ratio, spread = throughput_speedup(throughput or [], row, reference)
+        rates.append(row.replace(speedup=ratio, speedup_range=spread))
     report = {
         "schema_version": SCHEMA_VERSION,
         "recipe": {"name": recipe.name, "path": str(recipe.source) if recipe.source else None,
@@ -55,23 +57,22 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
         "failures": failures,
         "unmeasured": unmeasured or [],
         "artifacts": artifacts,
-        "validation": validation,
+        "validation": rows_to_json(validation),
         "noise_floor": noise_floor_summary(validation),
-        "benchmarks": benchmarks,
-        "throughput": throughput or [],
+        "benchmarks": rows_to_json(timed),
+        "throughput": rows_to_json(rates),
     }
     report["verdict"] = verdict_section(report)
     return report
 
 
-def speedup_range(benchmarks: list[dict[str, Any]], row: dict[str, Any], reference: str) -> list[float] | None:
+def speedup_range(benchmarks: list[BenchmarkRow], row: BenchmarkRow, reference: str) -> list[float] | None:
     """[lowest, highest] of the per-round speedups against the reference on the same target and batch.
 
     When the range holds 1.0 the rounds disagree on which of the two is faster.
     """
-    ref = find_benchmark(benchmarks, reference, row["target"], row["batch_size"])
-    if ref is None or row.get("status") != "ok" or ref.get("status") != "ok":
+    ref = find_benchmark(benchmarks, reference, row.target, row.batch_size)
+    if ref is None or row.status != "ok" or ref.status != "ok":
         return None
-    ratios = [r / v for r, v in zip(ref.get("round_p50_ms") or [], row.get("round_p50_ms") or [], strict=False)
-              if v > 0]
+    ratios = [r / v for r, v in zip(ref.round_p50_ms, row.round_p50_ms, strict=False) if v > 0]
     return [min(ratios), max(ratios)] if ratios else None

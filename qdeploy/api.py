@@ -24,9 +24,11 @@ from typing import Any
 
 from qdeploy.core.context import artifact_precision
 from qdeploy.core.errors import RecipeError
+from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
 from qdeploy.pipeline.recipe import Recipe
 
-__all__ = ["ArtifactInfo", "Recipe", "RunResult", "compare", "load_recipe", "open_run", "run", "sweep"]
+__all__ = ["ArtifactInfo", "BenchmarkRow", "Recipe", "RunResult", "ThroughputRow", "ValidationRow", "compare",
+           "load_recipe", "open_run", "run", "sweep"]
 
 RecipeSource = str | Path | dict[str, Any] | Recipe
 
@@ -57,12 +59,19 @@ class RunResult:
         return bool(self.report["passed"])
 
     @property
-    def validation(self) -> list[dict[str, Any]]:
-        return list(self.report["validation"])
+    def validation(self) -> list[ValidationRow]:
+        """report.json's ``validation`` rows, typed (``row.to_json()`` gives the dict back)."""
+        return [ValidationRow.from_json(row) for row in self.report["validation"]]
 
     @property
-    def benchmarks(self) -> list[dict[str, Any]]:
-        return list(self.report["benchmarks"])
+    def benchmarks(self) -> list[BenchmarkRow]:
+        """report.json's ``benchmarks`` (latency) rows, typed."""
+        return [BenchmarkRow.from_json(row) for row in self.report["benchmarks"]]
+
+    @property
+    def throughput(self) -> list[ThroughputRow]:
+        """report.json's ``throughput`` rows (benchmark.mode throughput or both), typed."""
+        return [ThroughputRow.from_json(row) for row in self.report.get("throughput") or []]
 
     def __repr__(self) -> str:
         return (f"RunResult({self.report['recipe']['name']!r}, passed={self.passed}, "

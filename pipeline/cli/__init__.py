@@ -72,6 +72,7 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from qdeploy.core.rows import ThroughputRow
     from qdeploy.pipeline.report.format import fmt_number, fmt_speedup
     from qdeploy.pipeline.report.verdict import verdict_lines
     from qdeploy.pipeline.report.view import (
@@ -103,16 +104,15 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
         console.print("* noisy: the 95% interval of the median is wider than 10% of it", highlight=False)
     if missing:
         console.print(unavailable_line(missing), style="dim", highlight=False)
-    shown = [row for row in report.get("throughput") or [] if row["target"] not in missing]
+    shown = [row for row in map(ThroughputRow.from_json, report.get("throughput") or []) if row.target not in missing]
     if shown:
         rates = Table(title="throughput (p50: latency at that load)", box=box.SIMPLE_HEAD)
         for column in ("variant", "target", "inf/s", "vs ref", "in flight", "p50 ms", "status"):
             rates.add_column(column, no_wrap=column in ("variant", "target"), overflow="fold")
         for row in shown:
-            rates.add_row(row["variant"], row["target"], fmt_number(row["inferences_per_s"]),
-                          fmt_speedup(row.get("speedup"), row.get("speedup_range")),
-                          fmt_number(row["requests_in_flight"]),
-                          fmt_number((row.get("latency_ms") or {}).get("p50")), row["status"])
+            rates.add_row(row.variant, row.target, fmt_number(row.inferences_per_s),
+                          fmt_speedup(row.speedup, row.speedup_range), fmt_number(row.requests_in_flight),
+                          fmt_number(row.latency_ms.p50 if row.latency_ms else None), row.status)
         console.print(rates)
     for headline, details in verdict_lines(report.get("verdict")):
         if not headline.startswith("Not available"):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from qdeploy.core.errors import QdeployError
+from qdeploy.core.rows import BenchmarkRow, ValidationRow
 from qdeploy.pipeline.package import check as package_check
 from qdeploy.pipeline.package.data import CheckData, save_samples
 
@@ -58,8 +59,8 @@ class PackageSource:
     target: str
     model_path: Path
     """The artifact's ONNX file (external data files beside it)."""
-    validation: dict[str, Any]
-    benchmark: dict[str, Any] | None
+    validation: ValidationRow
+    benchmark: BenchmarkRow | None
     report: dict[str, Any]
     external_data: list[str] = field(default_factory=list)
 
@@ -76,24 +77,21 @@ def source_from_report(report: dict[str, Any], variant: str, target: str, model_
     """The artifact's rows of the report; a PackageError (exit 2) when it did not pass validation there."""
     if not packable(target):
         raise PackageError(f"target {target}: packages are made for ort:* and openvino:* targets", input_error=True)
-    validation = _row(report.get("validation", []), variant, target)
+    validation = next((row for row in map(ValidationRow.from_json, report.get("validation", []))
+                       if row.variant == variant and row.target == target), None)
     if validation is None:
         raise PackageError(f"the run did not validate variant '{variant}' on {target}", input_error=True)
-    if validation.get("status") != "passed":
-        raise PackageError(f"variant '{variant}' on {target} did not pass validation ({validation.get('status')}: "
-                           f"{validation.get('reason') or 'no reason recorded'}); it is never packaged",
+    if validation.status != "passed":
+        raise PackageError(f"variant '{variant}' on {target} did not pass validation ({validation.status}: "
+                           f"{validation.reason or 'no reason recorded'}); it is never packaged",
                            input_error=True)
     if not model_path.is_file():
         raise PackageError(f"variant '{variant}' has no published artifact ({model_path} is missing)", input_error=True)
     artifact = next((row for row in report.get("artifacts", []) if row.get("name") == variant), {})
-    bench = next((row for row in report.get("benchmarks", []) if row.get("variant") == variant
-                  and row.get("target") == target and row.get("status") == "ok"), None)
+    bench = next((row for row in map(BenchmarkRow.from_json, report.get("benchmarks", []))
+                  if row.variant == variant and row.target == target and row.status == "ok"), None)
     return PackageSource(variant, target, model_path, validation, bench, report,
                          [entry["file"] for entry in artifact.get("external_data") or []])
-
-
-def _row(rows: list[dict[str, Any]], variant: str, target: str) -> dict[str, Any] | None:
-    return next((row for row in rows if row.get("variant") == variant and row.get("target") == target), None)
 
 
 def build_package(source: PackageSource, out_dir: Path, check: CheckData, *, ort_optimized: bool = False) -> Path:
@@ -119,7 +117,7 @@ def build_package(source: PackageSource, out_dir: Path, check: CheckData, *, ort
 def _write_contents(source: PackageSource, folder: Path, check: CheckData, ort_optimized: bool) -> None:
     runtime = RUNTIMES[source.target.split(":", 1)[0]]
     if runtime == "openvino":
-        model = write_openvino(source.model_path, folder, compress_to_fp16=source.validation.get("precision") == "fp16")
+        model = write_openvino(source.model_path, folder, compress_to_fp16=source.validation.precision == "fp16")
     else:
         model = write_ort(source.model_path, source.external_data, folder, optimized=ort_optimized)
     settings = runtime_settings(source)
@@ -165,33 +163,32 @@ def runtime_settings(source: PackageSource) -> dict[str, Any]:
     """How to load the package: what validation ran, read back, never a runtime default that could differ on
     another CPU (OpenVINO would pick bf16 on CPUs that have it unless told the precision that was validated)."""
     runtime, device = source.target.split(":", 1)
-    execution = source.validation.get("execution") or {}
-    bench = source.benchmark or {}
-    threads = bench.get("threads")
+    execution = source.validation.execution or {}
+    bench_settings = source.benchmark.settings if source.benchmark else None
+    threads = source.benchmark.threads if source.benchmark else None
     if runtime == "openvino":
-        properties: dict[str, Any] = {"PERFORMANCE_HINT": (bench.get("settings") or {}).get("PERFORMANCE_HINT",
-                                                                                           "LATENCY")}
+        properties: dict[str, Any] = {"PERFORMANCE_HINT": (bench_settings or {}).get("PERFORMANCE_HINT", "LATENCY")}
         if execution.get("precision"):
             properties["INFERENCE_PRECISION_HINT"] = execution["precision"]
         if isinstance(threads, int):
             properties["INFERENCE_NUM_THREADS"] = threads
         return {"runtime": "openvino", "device": device.upper(), "properties": properties,
-                "validated_with": execution.get("precision"), "benchmarked_with": bench.get("settings")}
+                "validated_with": execution.get("precision"), "benchmarked_with": bench_settings}
     from qdeploy.targets import get_target
 
     adapter = get_target(source.target)
     # the adapter's own rule, with validation's pinning (float32 artifacts pinned to float32 math)
-    provider_options, _ = adapter._provider_options(source.validation.get("precision") == "fp32")
+    provider_options, _ = adapter._provider_options(source.validation.precision == "fp32")
     return {"runtime": "onnxruntime", "providers": adapter.providers, "provider_options": provider_options,
             "session_options": {"graph_optimization_level": "ORT_ENABLE_ALL",
                                 "intra_op_num_threads": threads if isinstance(threads, int) else 0,
                                 "execution_mode": "ORT_SEQUENTIAL"},
-            "validated_with": execution.get("providers"), "benchmarked_with": bench.get("settings")}
+            "validated_with": execution.get("providers"), "benchmarked_with": bench_settings}
 
 
-def _write_check(folder: Path, check: CheckData, validation: dict[str, Any]) -> dict[str, Any]:
-    tolerances = {out["name"]: out.get("tolerance") or validation.get("tolerance") or {}
-                  for out in validation.get("outputs") or [] if out.get("name")}
+def _write_check(folder: Path, check: CheckData, validation: ValidationRow) -> dict[str, Any]:
+    tolerances = {out["name"]: out.get("tolerance") or validation.tolerance or {}
+                  for out in validation.outputs or [] if out.get("name")}
     record: dict[str, Any] = {"samples": check.samples, "compares_with": check.source, "tolerances": tolerances,
                               "note": "the limits validation held this artifact to, here over the check samples"}
     if not check.samples:
@@ -213,21 +210,28 @@ def manifest_body(source: PackageSource, model: dict[str, Any], settings: dict[s
     signature = model_signature(source.model_path)
     return {
         "format_version": FORMAT_VERSION, "target": source.target, "variant": source.variant,
-        "precision": validation.get("precision"), "runtime": settings["runtime"],
+        "precision": validation.precision, "runtime": settings["runtime"],
         "runtime_version": versions.get(settings["runtime"]), "qdeploy_version": versions.get("qdeploy"),
         "made_by": {"recipe": (report.get("recipe") or {}).get("name"), "run_created": report.get("created"),
                     "artifact": {"file": f"artifacts/{source.variant}.onnx", "sha256": sha256_file(source.model_path)},
                     "cpu": (environment.get("cpu") or {}).get("model"),
                     "int8_path": (environment.get("int8_path") or {}).get("kind"), "versions": versions},
         "model": model, "inputs": signature["inputs"], "outputs": signature["outputs"], "load": settings,
-        "validation": {key: validation.get(key) for key in ("status", "metrics", "tolerance", "samples",
-                                                             "effective_precision", "warnings")},
-        "latency": None if bench is None else {key: bench.get(key) for key in (
-            "latency_ms", "throughput_per_s", "batch_size", "noisy", "mode", "speedup", "speedup_range", "threads")},
+        "validation": {"status": validation.status, "metrics": validation.metrics.to_json(),
+                       "tolerance": validation.tolerance, "samples": validation.samples,
+                       "effective_precision": validation.effective_precision, "warnings": validation.warnings},
+        "latency": None if bench is None else _latency_record(bench),
         "check": check, "snippet": snippet(settings["runtime"], signature["inputs"], signature["outputs"]),
         "portability": "int8 results depend on the CPU's int8 path (made_by.int8_path); run check.py on the "
                        "serving machine before trusting these numbers there",
     }
+
+
+def _latency_record(bench: BenchmarkRow) -> dict[str, Any]:
+    return {"latency_ms": bench.latency_ms.to_json() if bench.latency_ms else None,
+            "throughput_per_s": bench.throughput_per_s, "batch_size": bench.batch_size, "noisy": bench.noisy,
+            "mode": bench.mode, "speedup": bench.speedup, "speedup_range": bench.speedup_range,
+            "threads": bench.threads}
 
 
 def write_manifest(folder: Path, body: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from qdeploy.core.rows import ValidationRow
 from qdeploy.pipeline.package import PackageError, build_package, packable, package_name, source_from_report
 from qdeploy.pipeline.package.data import CHECK_FILE, CheckData, compute_check_data, read_check_data, write_check_data
 
@@ -33,12 +34,16 @@ def chosen_pairs(report: dict[str, Any], targets: list[str] | None = None,
     if which == "verdict" and isinstance(verdict, dict):
         return [(pick["variant"], target) for target, pick in verdict.items() if target in wanted
                 and isinstance(pick, dict) and pick.get("variant") in published]
-    return [(row["variant"], row["target"]) for row in report.get("validation", [])
-            if row.get("status") == "passed" and row.get("target") in wanted and row.get("variant") in published]
+    return [(row.variant, row.target) for row in _validation(report)
+            if row.status == "passed" and row.target in wanted and row.variant in published]
+
+
+def _validation(report: dict[str, Any]) -> list[ValidationRow]:
+    return [ValidationRow.from_json(row) for row in report.get("validation", [])]
 
 
 def _report_targets(report: dict[str, Any]) -> list[str]:
-    return list(dict.fromkeys(row["target"] for row in report.get("validation", [])))
+    return list(dict.fromkeys(row.target for row in _validation(report)))
 
 
 def write_run_packages(report: dict[str, Any], recipe: Any, evaluated: dict[str, Any], generation: Path,

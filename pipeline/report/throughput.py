@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import statistics
-from typing import Any
+
+from qdeploy.core.rows import ThroughputRow
 
 __all__ = ["throughput_speedup"]
 
 
-def throughput_speedup(rows: list[dict[str, Any]], row: dict[str, Any],
+def throughput_speedup(rows: list[ThroughputRow], row: ThroughputRow,
                        reference: str) -> tuple[float | None, list[float] | None]:
     """(median, [lowest, highest]) of the per-round ratios of the row's inferences/s to the reference's on the
     same target and batch; rounds are interleaved, so drift of the machine hits both alike."""
-    ref = next((other for other in rows if other["variant"] == reference and other["target"] == row["target"]
-                and other.get("batch_size") == row.get("batch_size")), None)
-    if ref is None or row.get("status") != "ok" or ref.get("status") != "ok":
+    ref = next((other for other in rows if other.variant == reference and other.target == row.target
+                and other.batch_size == row.batch_size), None)
+    if ref is None or row.status != "ok" or ref.status != "ok":
         return None, None
-    ratios = [mine / theirs for mine, theirs in zip(row.get("round_inferences_per_s") or [],
-                                                     ref.get("round_inferences_per_s") or [], strict=False)
-              if theirs > 0]
+    ratios = [mine / theirs for mine, theirs in zip(row.round_inferences_per_s, ref.round_inferences_per_s,
+                                                     strict=False) if theirs > 0]
     if not ratios:
         return None, None
     return statistics.median(ratios), [min(ratios), max(ratios)]

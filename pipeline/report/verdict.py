@@ -1,4 +1,5 @@
-"""What to ship, per target: a pure function of the report's rows (validation, benchmarks, gates, failures).
+"""What to ship, per target: a pure function of the report's rows (validation, benchmarks, gates, failures); the
+validation and benchmark rows are parsed into their typed models (``qdeploy.core.rows``) first.
 
 Rules (docs/verdict-and-throughput.md says them for users):
 - targets are the recipe's, minus fidelity-only ones (reference:cpu); a target whose every validation row is
@@ -22,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
 from qdeploy.pipeline.report.format import fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
 
 __all__ = ["FIDELITY_KEYS", "FIDELITY_ONLY", "MIN_ROUNDS_FOR_SIGN", "Choice", "TargetVerdict", "describe",
@@ -71,12 +73,21 @@ class TargetVerdict:
 class _Rows:
     """The report's rows on one target, keyed by variant."""
 
-    checks: dict[str, dict[str, Any]]
-    latency: dict[str, dict[str, Any]]
-    throughput: dict[str, dict[str, Any]]
+    checks: dict[str, ValidationRow]
+    latency: dict[str, BenchmarkRow]
+    throughput: dict[str, ThroughputRow]
     sizes: dict[str, int | None]
     failed_builds: dict[str, dict[str, Any]]
     gates: list[dict[str, Any]]
+
+
+def _validation(report: dict[str, Any]) -> list[ValidationRow]:
+    return [ValidationRow.from_json(row) for row in report.get("validation") or []]
+
+
+def _timed(report: dict[str, Any], key: str) -> list[BenchmarkRow] | list[ThroughputRow]:
+    model = ThroughputRow if key == "throughput" else BenchmarkRow
+    return [model.from_json(row) for row in report.get(key) or []]
 
 
 def verdict_section(report: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +102,7 @@ def ranking(report: dict[str, Any]) -> tuple[str, int | None]:
     """What ranks the candidates ('latency', 'throughput', or 'size' when nothing was benchmarked) and at which
     batch size (the smallest measured)."""
     for by, key in (("latency", "benchmarks"), ("throughput", "throughput")):
-        batches = [row["batch_size"] for row in report.get(key) or [] if row.get("status") == "ok"]
+        batches = [row.batch_size for row in _timed(report, key) if row.status == "ok"]
         if batches:
             return by, min(batches)
     return "size", None
@@ -101,12 +112,13 @@ def split_targets(report: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     """Targets with a verdict, and those whose every validation row is unavailable, with the reason."""
     targets: list[str] = []
     unavailable: dict[str, str] = {}
-    for target in dict.fromkeys(row["target"] for row in report.get("validation", [])):
+    validation = _validation(report)
+    for target in dict.fromkeys(row.target for row in validation):
         if target in FIDELITY_ONLY:
             continue
-        rows = [row for row in report["validation"] if row["target"] == target]
-        if all(row.get("status") == "unavailable" for row in rows):
-            unavailable[target] = str(rows[0].get("reason") or "not available on this machine")
+        rows = [row for row in validation if row.target == target]
+        if all(row.status == "unavailable" for row in rows):
+            unavailable[target] = rows[0].reason or "not available on this machine"
         else:
             targets.append(target)
     return targets, unavailable
@@ -144,13 +156,12 @@ def target_verdict(report: dict[str, Any], target: str, by: str, batch: int | No
 
 
 def _rows(report: dict[str, Any], target: str, batch: int | None) -> _Rows:
-    def on_target(key: str) -> dict[str, dict[str, Any]]:
-        return {row["variant"]: row for row in report.get(key) or []
-                if row["target"] == target and row.get("batch_size") == batch}
+    def on_target(key: str) -> dict[str, Any]:
+        return {row.variant: row for row in _timed(report, key) if row.target == target and row.batch_size == batch}
 
     gates = [gate for gate in report.get("gates", []) if not gate.get("skipped")
              and (gate["target"] == target or gate["metric"] == "size_bytes")]
-    return _Rows(checks={row["variant"]: row for row in report.get("validation", []) if row["target"] == target},
+    return _Rows(checks={row.variant: row for row in _validation(report) if row.target == target},
                  latency=on_target("benchmarks"), throughput=on_target("throughput"),
                  sizes={row["name"]: row.get("size_bytes") for row in report.get("artifacts", [])},
                  failed_builds={row["variant"]: row for row in report.get("failures", [])}, gates=gates)
@@ -163,51 +174,48 @@ def rejection(variant: str, rows: _Rows, by: str) -> str:
     check = rows.checks.get(variant)
     if check is None:
         return "not validated on this target"
-    if check.get("status") != "passed":
-        return f"validation {check.get('status')}: {check.get('reason') or 'outside its tolerance'}"
+    if check.status != "passed":
+        return f"validation {check.status}: {check.reason or 'outside its tolerance'}"
     failed = [g for g in rows.gates if g["variant"] == variant and not g.get("passed")]
     if failed:
         return "gate failed: " + "; ".join(f"{g['metric']} {fmt_number(g.get('value'))}" for g in failed)
     if by == "size":
         return ""
     bench = (rows.latency if by == "latency" else rows.throughput).get(variant)
-    if bench is None or bench.get("status") != "ok":
-        status = bench.get("status") if bench else "missing"
-        return f"benchmark {status}" + (f": {bench['reason']}" if bench and bench.get("reason") else "")
+    if bench is None or bench.status != "ok":
+        status = bench.status if bench else "missing"
+        return f"benchmark {status}" + (f": {bench.reason}" if bench and bench.reason else "")
     if not _finite(_score(bench, by)):
         return "its benchmark gave no finite number"
     return ""
 
 
-def _score(bench: dict[str, Any], by: str) -> Any:
-    if by == "latency":
-        return (bench.get("latency_ms") or {}).get("p50")
-    rate = bench.get("inferences_per_s")
+def _score(bench: BenchmarkRow | ThroughputRow, by: str) -> Any:
+    if isinstance(bench, BenchmarkRow):
+        return bench.p50
+    rate = bench.inferences_per_s
     return -rate if _finite(rate) else None
 
 
 def _choice(variant: str, rows: _Rows, by: str) -> Choice:
-    fidelity = {key: value for key, value in ((rows.checks[variant].get("metrics") or {}).items())
-                if key in FIDELITY_KEYS}
+    metrics = rows.checks[variant].metrics
+    fidelity = {key: metrics.value(key) for key in FIDELITY_KEYS if metrics.has(key)}
     choice = Choice(variant, 0.0, [], None, rows.sizes.get(variant), fidelity)
     bench, rate = rows.latency.get(variant), rows.throughput.get(variant)
-    if bench and bench.get("status") == "ok":
-        latency = bench.get("latency_ms") or {}
-        choice.latency = {"latency_ms": latency.get("p50"), "ci95_ms": latency.get("ci95_p50"),
-                          "speedup": bench.get("speedup"), "speedup_range": bench.get("speedup_range"),
-                          "noisy": bench.get("noisy")}
-    if rate and rate.get("status") == "ok":
-        choice.throughput = {"inferences_per_s": rate.get("inferences_per_s"),
-                             "requests_in_flight": rate.get("requests_in_flight"),
-                             "latency_at_load_ms": (rate.get("latency_ms") or {}).get("p50"),
-                             "throughput_speedup": rate.get("speedup")}
-    if by == "latency":
+    if bench and bench.status == "ok":
+        choice.latency = {"latency_ms": bench.p50, "ci95_ms": bench.latency_ms.ci95_p50 if bench.latency_ms else None,
+                          "speedup": bench.speedup, "speedup_range": bench.speedup_range, "noisy": bench.noisy}
+    if rate and rate.status == "ok":
+        choice.throughput = {"inferences_per_s": rate.inferences_per_s, "requests_in_flight": rate.requests_in_flight,
+                             "latency_at_load_ms": rate.latency_ms.p50 if rate.latency_ms else None,
+                             "throughput_speedup": rate.speedup}
+    if by == "latency" and bench is not None:
         choice.score = float(choice.latency["latency_ms"])
-        choice.round_scores = [float(v) for v in bench.get("round_p50_ms") or []]  # type: ignore[union-attr]
+        choice.round_scores = [float(v) for v in bench.round_p50_ms]
         choice.interval = choice.latency.get("ci95_ms")
-    elif by == "throughput":
+    elif by == "throughput" and rate is not None:
         choice.score = -float(choice.throughput["inferences_per_s"])
-        rounds = [-float(v) for v in rate.get("round_inferences_per_s") or []]  # type: ignore[union-attr]
+        rounds = [-float(v) for v in rate.round_inferences_per_s]
         choice.round_scores, choice.interval = rounds, [min(rounds), max(rounds)] if rounds else None
     return choice
 

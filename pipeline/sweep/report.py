@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.files import write_json_atomic, write_text_atomic
+from qdeploy.core.rows import BenchmarkRow, ValidationRow
 
 if TYPE_CHECKING:
     from qdeploy.pipeline.sweep.jobs import Job
@@ -78,14 +79,14 @@ def _matrix_rows(job: Job) -> list[dict[str, Any]]:
         return [_row(job.entry.name, None, None, status=job.status, reason=job.reason)]
     report = job.result.report
     rows = []
-    for check in report["validation"]:
-        variant, target = check["variant"], check["target"]
-        bench = _first_benchmark(report["benchmarks"], variant, target)
-        rows.append(_row(
-            job.entry.name, variant, target, status=check["status"], reason=check.get("reason") or None,
-            cosine=(check.get("metrics") or {}).get("cosine"), benchmark=bench.get("status"),
-            batch_size=bench.get("batch_size"), p50_ms=(bench.get("latency_ms") or {}).get("p50"),
-            speedup=bench.get("speedup"), gates=_gate_verdict(report["gates"], variant, target)))
+    benchmarks = [BenchmarkRow.from_json(row) for row in report["benchmarks"]]
+    for check in (ValidationRow.from_json(row) for row in report["validation"]):
+        variant, target = check.variant, check.target
+        bench = _first_benchmark(benchmarks, variant, target)
+        timed = {} if bench is None else {"benchmark": bench.status, "batch_size": bench.batch_size,
+                                          "p50_ms": bench.p50, "speedup": bench.speedup}
+        rows.append(_row(job.entry.name, variant, target, status=check.status, reason=check.reason or None,
+                         cosine=check.metrics.cosine, **timed, gates=_gate_verdict(report["gates"], variant, target)))
     targets = job.plan.targets if job.plan is not None else []
     for failure in report["failures"]:
         rows += [_row(job.entry.name, failure["variant"], target, status="failed",
@@ -100,9 +101,9 @@ def _row(recipe: str, variant: str | None, target: str | None, **values: Any) ->
     return {**base, **values}
 
 
-def _first_benchmark(benchmarks: list[dict[str, Any]], variant: str, target: str) -> dict[str, Any]:
-    rows = [row for row in benchmarks if row["variant"] == variant and row["target"] == target]
-    return min(rows, key=lambda row: row["batch_size"]) if rows else {}
+def _first_benchmark(benchmarks: list[BenchmarkRow], variant: str, target: str) -> BenchmarkRow | None:
+    rows = [row for row in benchmarks if row.variant == variant and row.target == target]
+    return min(rows, key=lambda row: row.batch_size) if rows else None
 
 
 def _gate_verdict(gates: list[dict[str, Any]], variant: str, target: str) -> str | None:

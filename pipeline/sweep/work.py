@@ -21,9 +21,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from qdeploy.core.errors import QdeployError, QdeployInputError, StageError
+from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
+
+_Row = TypeVar("_Row", ValidationRow, BenchmarkRow | ThroughputRow)
 
 __all__ = ["KINDS", "WorkItem", "WorkKind", "WorkReply", "default_lock_path", "execute", "machine_lock", "merge_rows"]
 
@@ -119,18 +122,17 @@ def _run_phase(item: WorkItem, payload: tuple[Any, ...]) -> WorkReply:
         return WorkReply(error=f"{type(exc).__name__}: {exc}")
 
 
-def merge_rows(parts: list[list[dict[str, Any]]], variants: list[str], targets: list[str],
-               batches: list[int]) -> list[dict[str, Any]]:
+def merge_rows(parts: list[list[_Row]], variants: list[str], targets: list[str], batches: list[int]) -> list[_Row]:
     """Rows of evaluation items split by target, in the order one whole phase gives them.
 
     Validation rows come per variant, then target; benchmark rows per target, then batch, then variant.
     """
-    def order(row: dict[str, Any]) -> tuple[int, ...]:
-        variant = variants.index(row["variant"]) if row["variant"] in variants else len(variants)
-        target = targets.index(row["target"]) if row["target"] in targets else len(targets)
-        if "batch_size" not in row:
+    def order(row: _Row) -> tuple[int, ...]:
+        variant = variants.index(row.variant) if row.variant in variants else len(variants)
+        target = targets.index(row.target) if row.target in targets else len(targets)
+        if isinstance(row, ValidationRow):
             return (variant, target)
-        batch = batches.index(row["batch_size"]) if row["batch_size"] in batches else len(batches)
+        batch = batches.index(row.batch_size) if row.batch_size in batches else len(batches)
         return (target, batch, variant)
 
     return sorted((row for part in parts for row in part), key=order)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdeploy.core.errors import TargetUnavailable
+from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, StopRecord, ThroughputRow
 from qdeploy.stages.benchmark._data import BenchData, explain_failure, output_shape_notes, read_data
 from qdeploy.stages.benchmark._runtime import MemoryProbe, bind_inputs
 from qdeploy.stages.benchmark._throughput import empty_row, split_modes, throughput_rows, unmeasured_throughput
@@ -71,7 +72,7 @@ class _Loaded:
 
 
 def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkConfig,
-        ctx: StageContext) -> list[dict[str, Any]]:
+        ctx: StageContext) -> list[BenchmarkRow | ThroughputRow]:
     """Benchmark results, one per (variant, target, batch size), in the report's contract."""
     from qdeploy.targets import get_target
 
@@ -83,7 +84,7 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkCon
         except Exception as exc:  # bad data is every row's error, said once per row, not a crash
             log.debug("reading benchmark data failed", exc_info=True)
             data_error = f"benchmark data: {type(exc).__name__}: {exc}"
-    results = []
+    results: list[BenchmarkRow | ThroughputRow] = []
     for target in targets:
         adapter = get_target(target)
         available, reason = adapter.availability()
@@ -102,10 +103,10 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkCon
     return results
 
 
-def _every_mode(artifacts: dict[str, Artifact], target: str, batch: int, config: BenchmarkConfig, status: str,
-                reason: str) -> list[dict[str, Any]]:
+def _every_mode(artifacts: dict[str, Artifact], target: str, batch: int, config: BenchmarkConfig,
+                status: BenchmarkStatus, reason: str) -> list[BenchmarkRow | ThroughputRow]:
     """The same status for every artifact in each mode the recipe asked for."""
-    rows = []
+    rows: list[BenchmarkRow | ThroughputRow] = []
     if config.mode in ("latency", "both"):
         rows += [_result(name, target, batch, status, reason) for name in artifacts]
     if config.mode in ("throughput", "both"):
@@ -114,9 +115,9 @@ def _every_mode(artifacts: dict[str, Artifact], target: str, batch: int, config:
 
 
 def _benchmark_target(artifacts: dict[str, Artifact], target: str, batch: int, config: BenchmarkConfig,
-                      ctx: StageContext, data: BenchData) -> list[dict[str, Any]]:
+                      ctx: StageContext, data: BenchData) -> list[BenchmarkRow]:
     loaded: dict[str, _Loaded] = {}
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, BenchmarkRow] = {}
     for name, artifact in artifacts.items():
         ctx.on_progress(f"{name} · {target} · batch {batch}: loading and warming up")
         try:
@@ -132,14 +133,12 @@ def _benchmark_target(artifacts: dict[str, Artifact], target: str, batch: int, c
         if name in failed:
             results[name] = _result(name, target, batch, "error", failed[name])
             continue
-        result = _result(name, target, batch, "ok", "")
-        result.update(item.setup)
-        result.update(summarize(timings[name], batch))
-        result["stopped_early"] = _stop_record(item, result["runs"], config) if item.stopped else None
-        if item.stopped:
-            result["notes"].append(result["stopped_early"]["reason"])
-        result["execution"] = item.session.executed.to_dict()
-        results[name] = result
+        measured = summarize(timings[name], batch)
+        stopped = _stop_record(item, measured["runs"], config) if item.stopped else None
+        notes = [*item.setup["notes"], *([stopped.reason] if stopped else [])]
+        results[name] = BenchmarkRow(variant=name, target=target, batch_size=batch, status="ok", reason="",
+                                     **{**item.setup, **measured, "notes": notes}, stopped_early=stopped,
+                                     execution=item.session.executed.to_dict())
     return [results[name] for name in artifacts]
 
 
@@ -235,13 +234,13 @@ def _interleaved_rounds(loaded: dict[str, _Loaded], config: BenchmarkConfig, ctx
     return timings, failed
 
 
-def _stop_record(item: _Loaded, runs: int, config: BenchmarkConfig) -> dict[str, Any]:
+def _stop_record(item: _Loaded, runs: int, config: BenchmarkConfig) -> StopRecord:
     planned = config.timed_runs
     of = f" of {planned} planned" if planned is not None else ""
-    return {"reason": f"stopped early: the row's time budget (max_seconds {config.row_budget:g} s) was spent after "
-                      f"{item.setup['warmup']} warm-up and {runs}{of} timed runs",
-            "max_seconds": config.row_budget, "runs": runs, "planned_runs": planned,
-            "warmup_runs": item.setup["warmup"], "seconds_spent": item.spent}
+    return StopRecord(reason=f"stopped early: the row's time budget (max_seconds {config.row_budget:g} s) was spent "
+                             f"after {item.setup['warmup']} warm-up and {runs}{of} timed runs",
+                      max_seconds=config.row_budget, runs=runs, planned_runs=planned,
+                      warmup_runs=item.setup["warmup"], seconds_spent=item.spent)
 
 
 def time_runs(call: Callable[[], Any], count: int, seconds: float = math.inf) -> list[float]:
@@ -316,7 +315,5 @@ def _setting_notes(target: str, settings: dict[str, Any]) -> list[str]:
     return []
 
 
-def _result(variant: str, target: str, batch: int, status: str, reason: str) -> dict[str, Any]:
-    return {"variant": variant, "target": target, "batch_size": batch, "status": status, "reason": reason,
-            "latency_ms": None, "throughput_per_s": None, "runs": 0, "session_create_ms": None,
-            "first_run_ms": None, "round_p50_ms": [], "noisy": None, "memory": None, "notes": []}
+def _result(variant: str, target: str, batch: int, status: BenchmarkStatus, reason: str) -> BenchmarkRow:
+    return BenchmarkRow(variant=variant, target=target, batch_size=batch, status=status, reason=reason)

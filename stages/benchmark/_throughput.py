@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdeploy.core.errors import TargetUnavailable
+from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, ThroughputRow
 from qdeploy.stages.benchmark._data import BenchData, explain_failure
 
 if TYPE_CHECKING:
@@ -27,19 +28,19 @@ from qdeploy.stages.benchmark.config import ThroughputConfig
 
 log = logging.getLogger(__name__)
 
-def split_modes(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split_modes(rows: list[BenchmarkRow | ThroughputRow]) -> tuple[list[BenchmarkRow], list[ThroughputRow]]:
     """(latency rows, throughput rows) of the benchmark stage's result."""
-    return ([row for row in rows if row.get("mode") != "throughput"],
-            [row for row in rows if row.get("mode") == "throughput"])
+    return ([row for row in rows if isinstance(row, BenchmarkRow)],
+            [row for row in rows if isinstance(row, ThroughputRow)])
 
 
 def throughput_rows(artifacts: dict[str, Artifact], target: str, batch: int, config: ThroughputConfig,
-                    rounds: int, ctx: StageContext, data: BenchData) -> list[dict[str, Any]]:
+                    rounds: int, ctx: StageContext, data: BenchData) -> list[ThroughputRow]:
     """One throughput row per artifact on one target and batch size."""
     from qdeploy.targets.pool import open_pool
 
     pools: dict[str, RequestPool] = {}
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, ThroughputRow] = {}
     try:
         for name, artifact in artifacts.items():
             ctx.on_progress(f"{name} · {target} · batch {batch}: throughput, opening requests and warming up")
@@ -61,7 +62,7 @@ def throughput_rows(artifacts: dict[str, Artifact], target: str, batch: int, con
 
 
 def _rounds(pools: dict[str, RequestPool], target: str, batch: int, seconds: float, rounds: int,
-            ctx: StageContext) -> dict[str, dict[str, Any]]:
+            ctx: StageContext) -> dict[str, ThroughputRow]:
     """Interleaved rounds: in each, every pool runs for `seconds` in turn."""
     measured: dict[str, list[tuple[int, float, list[float]]]] = {name: [] for name in pools}
     failed: dict[str, str] = {}
@@ -80,8 +81,8 @@ def _rounds(pools: dict[str, RequestPool], target: str, batch: int, seconds: flo
         if name in failed:
             rows[name] = empty_row(name, target, batch, "error", failed[name])
         else:
-            rows[name] = {**empty_row(name, target, batch, "ok", ""), **summarize(measured[name], batch),
-                          **_pool_record(pool)}
+            rows[name] = ThroughputRow(variant=name, target=target, batch_size=batch, status="ok", reason="",
+                                       **summarize(measured[name], batch), **_pool_record(pool))
     return rows
 
 
@@ -114,21 +115,19 @@ def _spread(values: list[float]) -> float | None:
     return (max(values) - min(values)) / median if median > 0 else None
 
 
-def empty_row(variant: str, target: str, batch: int, status: str, reason: str) -> dict[str, Any]:
-    return {"variant": variant, "target": target, "batch_size": batch, "mode": "throughput", "status": status,
-            "reason": reason, "inferences_per_s": None, "round_inferences_per_s": [], "requests_in_flight": None,
-            "streams": None, "threads_per_request": None, "latency_ms": None, "notes": []}
+def empty_row(variant: str, target: str, batch: int, status: BenchmarkStatus, reason: str) -> ThroughputRow:
+    return ThroughputRow(variant=variant, target=target, batch_size=batch, status=status, reason=reason)
 
 
-def unmeasured_throughput(rows: list[dict[str, Any]], expected: tuple[list[str], list[str], list[int]],
+def unmeasured_throughput(rows: list[ThroughputRow], expected: tuple[list[str], list[str], list[int]],
                           allowed: list[str]) -> list[dict[str, Any]]:
     """Throughput the recipe asked for and did not get (errored or missing rows), as
     ``qdeploy.pipeline.gates.unmeasured``
     entries of kind 'benchmark'; unavailable targets are never among them."""
     variants, targets, batches = expected
-    found = [(row["variant"], row["target"], row["batch_size"], f"throughput: {row.get('reason') or 'error'}")
-             for row in rows if row.get("status") == "error"]
-    have = {(row["variant"], row["target"], row["batch_size"]) for row in rows}
+    found = [(row.variant, row.target, row.batch_size, f"throughput: {row.reason or 'error'}")
+             for row in rows if row.status == "error"]
+    have = {(row.variant, row.target, row.batch_size) for row in rows}
     found += [(variant, target, batch, "throughput: no result") for target in targets for batch in batches
               for variant in variants if (variant, target, batch) not in have]
     return [{"kind": "benchmark", "variant": variant, "target": target, "reason": reason, "batch_size": batch,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdeploy.core.rows import ValidationMetrics, ValidationRow, ValidationStatus
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
 from qdeploy.stages.validate._batches import BatchedFeeds, reference_batches, run_feeds, wanted_batch_sizes
 from qdeploy.stages.validate._common import Feeds, Outcome, Outputs, feed_caster
@@ -110,7 +111,7 @@ class _Run:
 
 
 def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConfig,
-        ctx: StageContext, declared: dict[str, Tolerance] | None = None) -> list[dict[str, Any]]:
+        ctx: StageContext, declared: dict[str, Tolerance] | None = None) -> list[ValidationRow]:
     """Validation results, one per (variant, target), in the report's contract.
 
     ``declared``: variant -> the tolerance its own steps were built to (an accuracy budget); that variant is
@@ -141,14 +142,14 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConf
         for target in targets:
             ctx.on_progress(f"validate {name} on {target}")
             outcome = _validate_pair(shared, name, artifact.path, artifact.precision, target)
-            outcome.row["noise_floor"] = name == source.variant and target != REFERENCE_TARGET
+            outcome.row = outcome.row.replace(noise_floor=name == source.variant and target != REFERENCE_TARGET)
             outcomes.append(outcome)
     if source.variant is None:  # reference_model: its own rows on the other targets measure the floor
         for target in targets:
             if target != REFERENCE_TARGET:
                 ctx.on_progress(f"validate {REFERENCE_MODEL_ROW} on {target}")
                 outcome = _validate_pair(shared, REFERENCE_MODEL_ROW, source.path, "fp32", target)
-                outcome.row["noise_floor"] = True
+                outcome.row = outcome.row.replace(noise_floor=True)
                 outcomes.append(outcome)
     outcomes += _true_fp16_checks(shared, artifacts, targets, ctx)
     flag_unattainable(outcomes, shared.reference_outputs, source.label)
@@ -182,8 +183,8 @@ def _true_fp16_checks(shared: _Run, artifacts: dict[str, Artifact], targets: lis
     for name, artifact in fp16.items():
         ctx.on_progress(f"validate {name} on {TRUE_FP16_TARGET} (true float16 arithmetic)")
         outcome = _validate_pair(capped, name, artifact.path, artifact.precision, TRUE_FP16_TARGET)
-        outcome.row["added"] = "fp16 true-precision check: no GPU target of the recipe is available here"
-        outcome.row["noise_floor"] = False
+        outcome.row = outcome.row.replace(
+            added="fp16 true-precision check: no GPU target of the recipe is available here", noise_floor=False)
         outcomes.append(outcome)
     return outcomes
 
@@ -255,8 +256,8 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
     comparison = compare_outputs(shared.reference_outputs, outputs, tolerance, per_output)
     row = _result(name, target, "passed" if comparison.passed else "failed", "; ".join(comparison.reasons),
                   [*notes, *comparison.notes])
-    row.update(
-        metrics=comparison.worst(),
+    row = row.replace(
+        metrics=ValidationMetrics(**comparison.worst()),
         outputs=[output.to_dict() for output in comparison.outputs],
         tolerance=tolerance.model_dump(exclude_none=True),
         tolerance_basis=held or None,
@@ -266,13 +267,14 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
         samples=shared.base_samples,
         batch_sizes_validated=shared.batches.sizes,
     )
-    _add_task_metric(shared, row, outputs[:shared.base_samples])
+    row = _add_task_metric(shared, row, outputs[:shared.base_samples])
     if not comparison.passed and precision == "int8":
-        _add_saturation_reason(row, path, target)
+        row = _add_saturation_reason(row, path, target)
     if not comparison.passed and shared.localizer is not None:
         failing = [out for out in comparison.outputs if not out.passed and out.shape_mismatch is None]
         if failing:
-            _add_divergence(shared, row, path, target, precision, outputs, per_output.get(failing[0].name, tolerance))
+            row = _add_divergence(shared, row, path, target, precision, outputs,
+                                  per_output.get(failing[0].name, tolerance))
     return Outcome(row, outputs, tolerance, per_output)
 
 
@@ -286,30 +288,29 @@ def _run_model(target: str, path: Path, feeds: Feeds, *, pin_f32: bool,
         return outputs, session.executed.to_dict()
 
 
-def _add_saturation_reason(row: dict[str, Any], path: Path, target: str) -> None:
+def _add_saturation_reason(row: ValidationRow, path: Path, target: str) -> ValidationRow:
     """On a CPU without VNNI, a diverging int8 artifact with full-range operands may be saturating: say so."""
     import onnx
 
     from qdeploy.targets.int8_path import int8_path, saturation_note, saturation_risk
 
     note = saturation_note(int8_path(), target, saturation_risk(onnx.load(str(path), load_external_data=False)))
-    if note:
-        row["reason"] = f"{row['reason']}; {note}"
+    return row.replace(reason=f"{row.reason}; {note}") if note else row
 
 
-def _add_task_metric(shared: _Run, row: dict[str, Any], outputs: Outputs) -> None:
+def _add_task_metric(shared: _Run, row: ValidationRow, outputs: Outputs) -> ValidationRow:
     if shared.task is None:
-        return
+        return row
     from qdeploy.stages.validate._task import evaluate
 
     value, failure = evaluate(shared.task.function, shared.task.spec, outputs, shared.task.labels)
-    row["metrics"]["task_metric"] = value
-    row["task_metric_reference"] = shared.task.reference_value
-    row["warnings"] += [w for w in (shared.task.warning, failure) if w and w not in row["warnings"]]
+    warnings = row.warnings + [w for w in (shared.task.warning, failure) if w and w not in row.warnings]
+    return row.replace(metrics=row.metrics.replace(task_metric=value),
+                       task_metric_reference=shared.task.reference_value, warnings=warnings)
 
 
-def _add_divergence(shared: _Run, row: dict[str, Any], path: Path, target: str, precision: str, outputs: Outputs,
-                    limits: Tolerance) -> None:
+def _add_divergence(shared: _Run, row: ValidationRow, path: Path, target: str, precision: str, outputs: Outputs,
+                    limits: Tolerance) -> ValidationRow:
     """Name the first node whose output breaks the limits (cosine/SNR: scale-free on every tensor)."""
     from qdeploy.stages.validate._localize import INSTRUMENTED_NOTE, scale_free
 
@@ -320,14 +321,13 @@ def _add_divergence(shared: _Run, row: dict[str, Any], path: Path, target: str, 
         divergence, why = shared.localizer.locate(path, target, {i: shared.feeds[i] for i in indices},
                                                   tolerance=tolerance, pin_f32=precision == "fp32")
     except Exception as exc:  # localization is a diagnosis: its failure must not hide the row's verdict
-        log.debug("localizing %s on %s failed", row["variant"], target, exc_info=True)
+        log.debug("localizing %s on %s failed", row.variant, target, exc_info=True)
         divergence, why = None, f"{type(exc).__name__}: {exc}"
     if divergence is None:
-        row["warnings"].append(f"diverging node not located: {why}")
-        return
-    row["divergence"] = {**divergence.to_dict(), "target": target, "samples": indices,
-                         "tolerance": tolerance.model_dump(exclude_none=True), "note": INSTRUMENTED_NOTE}
-    row["reason"] = f"{row['reason']}; {divergence.summary()}"
+        return row.replace(warnings=[*row.warnings, f"diverging node not located: {why}"])
+    return row.replace(divergence={**divergence.to_dict(), "target": target, "samples": indices,
+                                   "tolerance": tolerance.model_dump(exclude_none=True), "note": INSTRUMENTED_NOTE},
+                       reason=f"{row.reason}; {divergence.summary()}")
 
 
 def worst_samples(reference: Outputs, candidate: Outputs, count: int) -> list[int]:
@@ -378,7 +378,6 @@ def _execution_warnings(executed: dict[str, Any], precision: str) -> list[str]:
     return warnings
 
 
-def _result(variant: str, target: str, status: str, reason: str, warnings: list[str] | None = None) -> dict[str, Any]:
-    return {"variant": variant, "target": target, "status": status, "reason": reason, "metrics": {},
-            "effective_precision": None, "warnings": list(warnings or []), "divergence": None,
-            "unattainable": [], "noise_floor": False}
+def _result(variant: str, target: str, status: ValidationStatus, reason: str,
+            warnings: list[str] | None = None) -> ValidationRow:
+    return ValidationRow(variant=variant, target=target, status=status, reason=reason, warnings=list(warnings or []))

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from qdeploy.core.rows import ValidationRow
 from qdeploy.core.tolerance import Tolerance
 
 __all__ = ["Feeds", "Outcome", "Outputs", "feed_caster"]
@@ -21,7 +21,7 @@ Outputs = list[dict[str, np.ndarray]]
 class Outcome:
     """One validation row, and what the noise floor needs of it."""
 
-    row: dict[str, Any]
+    row: ValidationRow
     outputs: Outputs | None = None
     tolerance: Tolerance | None = None
     per_output: dict[str, Tolerance] = field(default_factory=dict)

@@ -14,13 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from qdeploy.core.rows import ValidationRow
     from qdeploy.stages.validate._common import Outcome, Outputs
 
 
 def floor_outputs(outcomes: list[Outcome]) -> dict[str, Outputs]:
     """Target -> the reference's outputs there, for the floor rows that ran."""
-    return {o.row["target"]: o.outputs for o in outcomes
-            if o.row.get("noise_floor") and o.outputs is not None and o.row["status"] in ("passed", "failed")}
+    return {o.row.target: o.outputs for o in outcomes
+            if o.row.noise_floor and o.outputs is not None and o.row.measured}
 
 
 def flag_unattainable(outcomes: list[Outcome], reference_outputs: Outputs, reference_label: str) -> None:
@@ -30,24 +31,25 @@ def flag_unattainable(outcomes: list[Outcome], reference_outputs: Outputs, refer
     floors = floor_outputs(outcomes)
     for outcome in outcomes:
         row = outcome.row
-        floor = floors.get(row["target"])
-        if row.get("noise_floor") or floor is None or outcome.tolerance is None:
+        floor = floors.get(row.target)
+        if row.noise_floor or floor is None or outcome.tolerance is None:
             continue
         comparison = compare_outputs(reference_outputs, floor, outcome.tolerance, outcome.per_output)
-        row["unattainable"] = [f"{reason}, already for the reference {reference_label} itself on {row['target']} "
-                               f"(noise floor against ort:cpu)" for reason in comparison.reasons]
+        outcome.row = row.replace(unattainable=[
+            f"{reason}, already for the reference {reference_label} itself on {row.target} "
+            f"(noise floor against ort:cpu)" for reason in comparison.reasons])
 
 
-def noise_floor_summary(validation: list[dict[str, Any]]) -> dict[str, Any] | None:
+def noise_floor_summary(validation: list[ValidationRow]) -> dict[str, Any] | None:
     """The floor for the report's top level: per target, the reference's own disagreement with ort:cpu.
 
     ``{"against": "ort:cpu", "variant": <the floor rows' variant>, "targets": {target: {max_abs_err,
     mean_abs_err, cosine, snr_db, status}}}``, or None when no floor row was measured (one target only).
     """
-    rows = [row for row in validation if row.get("noise_floor") and row.get("metrics")]
+    rows = [row for row in validation if row.noise_floor and row.metrics.measured]
     if not rows:
         return None
-    keys = ("max_abs_err", "mean_abs_err", "cosine", "snr_db")
-    return {"against": "ort:cpu", "variant": rows[0]["variant"],
-            "targets": {row["target"]: {**{key: row["metrics"].get(key) for key in keys}, "status": row["status"]}
+    return {"against": "ort:cpu", "variant": rows[0].variant,
+            "targets": {row.target: {"max_abs_err": row.metrics.max_abs_err, "mean_abs_err": row.metrics.mean_abs_err,
+                                     "cosine": row.metrics.cosine, "snr_db": row.metrics.snr_db, "status": row.status}
                         for row in rows}}

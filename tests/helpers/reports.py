@@ -13,6 +13,12 @@ def bench_row(variant: str, target: str, p50: float, rounds: list[float], **extr
             "memory": {"peak_growth_mb": 3.5, "method": "test"}, **extra}
 
 
+def rate_latency(p50: float, p99: float | None = None) -> dict[str, float]:
+    """The latency statistics of a throughput row (no std, no interval)."""
+    top = p50 if p99 is None else p99
+    return {"p50": p50, "p90": top, "p99": top, "mean": p50, "min": p50, "max": top}
+
+
 def check_row(variant: str, target: str, cosine: float, snr: float, status: str = "passed", **extra: Any) -> dict:
     return {"variant": variant, "target": target, "status": status, "reason": "" if status == "passed" else "bad",
             "metrics": {"cosine": cosine, "snr_db": snr, "max_abs_err": 1 - cosine, "top1_agreement": 1.0},
@@ -38,7 +44,7 @@ def synthetic_report() -> dict[str, Any]:
                            "cosine": 0.97},
                unattainable=["atol 1e-6 is below the reference's own noise floor"]),
         check_row("slow", "ort:cpu", 0.99, 20.0),
-        {"variant": "fp32", "target": "ort:cuda", "status": "unavailable", "reason": "no CUDA", "metrics": None},
+        {"variant": "fp32", "target": "ort:cuda", "status": "unavailable", "reason": "no CUDA", "metrics": {}},
     ]
     artifacts = [
         {"name": name, "path": f"/runs/x/artifacts/{name}.onnx", "sidecar": "", "sha256": "ab" * 32,

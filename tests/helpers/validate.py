@@ -12,6 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.core.context import Artifact, StageContext
+from qdeploy.core.rows import ValidationRow
 from qdeploy.pipeline.loader import load_recipe
 from tests.helpers.models import write_recipe
 
@@ -93,5 +94,7 @@ def context(folder: Path, body: str = RECIPE) -> StageContext:
     return recipe.stage_context("*", folder / "work")
 
 
-def by_pair(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(row["variant"], row["target"]): row for row in rows}
+def by_pair(rows: list[ValidationRow] | list[dict[str, Any]]) -> dict[tuple[str, str], ValidationRow]:
+    """Validation rows by (variant, target); report.json's dicts are parsed into rows first."""
+    typed = [row if isinstance(row, ValidationRow) else ValidationRow.from_json(row) for row in rows]
+    return {(row.variant, row.target): row for row in typed}

@@ -212,3 +212,18 @@ def test_cli_refuses_different_models_with_exit_2(tmp_path: Path) -> None:
     assert refused.exit_code == 2 and "not comparable" in refused.output and "model inputs differ" in refused.output
     forced = runner.invoke(app, ["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--allow-mismatch"])
     assert forced.exit_code == 0 and "WARNING" in forced.output
+
+
+def test_a_row_qdeploy_cannot_read_is_an_input_error_naming_the_run_and_field(tmp_path: Path) -> None:
+    before, after = _later(lambda report: _row(report, "validation", "int8").update(status="passd"))
+    with pytest.raises(QdeployInputError, match=r"run B: report.json has a row qdeploy cannot read \(status"):
+        compare_reports(before, after)
+    before, after = _later(lambda report: _row(report, "benchmarks", "fp16")["latency_ms"].pop("p50"))
+    with pytest.raises(QdeployInputError, match=r"run B: .*latency_ms\.p50"):
+        compare_reports(before, after)
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    for folder, report in ((run_a, before), (run_b, after)):
+        folder.mkdir()
+        (folder / "report.json").write_text(json.dumps(report))
+    result = CliRunner().invoke(app, ["compare", str(run_a), str(run_b)])
+    assert result.exit_code == 2 and "Traceback" not in result.output and "run B" in result.output

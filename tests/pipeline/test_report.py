@@ -6,6 +6,7 @@ import copy
 
 import pytest
 
+from qdeploy.core.rows import BenchmarkRow
 from qdeploy.pipeline.report import render_markdown
 from qdeploy.pipeline.report.view import (
     TradeoffPoint,
@@ -21,9 +22,10 @@ from tests.helpers.reports import bench_row, synthetic_report
 
 
 def test_speedup_range_is_the_spread_of_per_round_ratios() -> None:
-    rows = [bench_row("ref", "ort:cpu", 4.0, [4.0, 6.0, 5.0]), bench_row("v", "ort:cpu", 2.0, [2.0, 2.0, 4.0])]
+    rows = [BenchmarkRow.from_json(bench_row("ref", "ort:cpu", 4.0, [4.0, 6.0, 5.0])),
+            BenchmarkRow.from_json(bench_row("v", "ort:cpu", 2.0, [2.0, 2.0, 4.0]))]
     assert speedup_range(rows, rows[1], "ref") == pytest.approx([1.25, 3.0])
-    rows[0]["status"] = "error"
+    rows[0] = rows[0].replace(status="error")
     assert speedup_range(rows, rows[1], "ref") is None
 
 

@@ -181,10 +181,9 @@ def test_evaluation_split_by_target_merges_into_the_whole_phase_order(tmp_path: 
     parts = [validate_phase(plan, outcome, targets=["openvino:cpu"]),
              validate_phase(plan, outcome, targets=["ort:cpu"])]
     merged = merge_rows(parts, list(outcome.evaluated), plan.targets, [1])
-    assert [(r["variant"], r["target"], r["status"]) for r in merged] == \
-        [(r["variant"], r["target"], r["status"]) for r in whole]
+    assert [(r.variant, r.target, r.status) for r in merged] == [(r.variant, r.target, r.status) for r in whole]
     assert len(whole) == 5  # 2 variants x 2 targets, and fp16's true-precision check on reference:cpu
-    assert [r["target"] for r in merged].count("reference:cpu") == 1
+    assert [r.target for r in merged].count("reference:cpu") == 1
 
 
 class InlineExecutor:

@@ -15,7 +15,7 @@ from qdeploy.pipeline.report.html import render_html
 from qdeploy.pipeline.report.tables import matrix_lines
 from qdeploy.pipeline.report.verdict import verdict_lines, verdict_section
 from qdeploy.pipeline.report.view import tradeoff_points
-from tests.helpers.reports import bench_row, check_row, synthetic_report
+from tests.helpers.reports import bench_row, check_row, rate_latency, synthetic_report
 
 
 def _two_targets() -> dict[str, Any]:
@@ -117,7 +117,7 @@ def test_throughput_ranks_when_only_throughput_was_measured() -> None:
     report["benchmarks"] = []
     report["throughput"] = [
         {"variant": v, "target": "openvino:cpu", "batch_size": 1, "status": "ok", "inferences_per_s": ips,
-         "round_inferences_per_s": rounds, "requests_in_flight": 2, "latency_ms": {"p50": 4.0}}
+         "round_inferences_per_s": rounds, "requests_in_flight": 2, "latency_ms": rate_latency(4.0)}
         for v, ips, rounds in (("fp32", 200.0, [200, 198, 201]), ("int8", 450.0, [450, 440, 460]),
                                ("fp16", 199.0, [199, 210, 190]))]
     section = verdict_section(report)
@@ -131,7 +131,7 @@ def test_unavailable_targets_collapse_into_one_line() -> None:
     report = synthetic_report()
     report["validation"].append({"variant": "fp16", "target": "openvino:gpu", "status": "unavailable",
                                  "reason": "target openvino:gpu requested; this machine's OpenVINO has devices CPU",
-                                 "metrics": None})
+                                 "metrics": {}})
     section = verdict_section(report)
     assert list(section["unavailable"]) == ["ort:cuda", "openvino:gpu"] and "ort:cuda" not in section["targets"]
     table = matrix_lines(report)
@@ -198,7 +198,7 @@ def test_throughput_rows_are_tabled_in_markdown_and_html() -> None:
     report["throughput"] = [
         {"variant": "fp32", "target": "openvino:cpu", "batch_size": 1, "status": "ok", "mode": "throughput",
          "inferences_per_s": 187.04, "round_inferences_per_s": [187.0], "requests_in_flight": 2, "streams": 2,
-         "threads_per_request": 1, "latency_ms": {"p50": 5.333, "p99": 9.1}, "speedup": 1.0,
+         "threads_per_request": 1, "latency_ms": rate_latency(5.333, 9.1), "speedup": 1.0,
          "speedup_range": [1.0, 1.0], "call": "AsyncInferQueue", "settings": {"PERFORMANCE_HINT": "THROUGHPUT"}},
         {"variant": "int8", "target": "ort:cuda", "batch_size": 1, "status": "unavailable", "mode": "throughput",
          "reason": "no CUDA", "inferences_per_s": None}]

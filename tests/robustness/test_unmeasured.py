@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from qdeploy.core.rows import BenchmarkRow, ValidationRow
 from qdeploy.pipeline.gates import run_passes, unmeasured
 from tests.robustness.helpers import assert_clean_input_error, recipe_with_model, run_cli
 
@@ -71,15 +72,16 @@ def test_allow_unmeasured_is_validated(tmp_path: Path) -> None:
     assert_clean_input_error(run_cli("check", str(recipe)), "allow_unmeasured")
 
 
-def _bench(variant: str, target: str, batch: int, status: str, p50: float | None = 1.0) -> dict:
-    return {"variant": variant, "target": target, "batch_size": batch, "status": status, "reason": status,
-            "latency_ms": {"p50": p50} if p50 is not None else None}
+def _bench(variant: str, target: str, batch: int, status: str, p50: float | None = 1.0) -> BenchmarkRow:
+    stats = {key: p50 for key in ("p50", "p90", "p99", "mean", "min", "max")}
+    return BenchmarkRow(variant=variant, target=target, batch_size=batch, status=status, reason=status,
+                        latency_ms=stats if p50 is not None else None)
 
 
 def test_unmeasured_rows_errors_nan_and_missing() -> None:
-    validation = [{"variant": "a", "target": "ort:cpu", "status": "passed", "reason": ""},
-                  {"variant": "b", "target": "ort:cpu", "status": "error", "reason": "MemoryError"},
-                  {"variant": "a", "target": "ort:cuda", "status": "unavailable", "reason": "no GPU"}]
+    validation = [ValidationRow(variant="a", target="ort:cpu", status="passed"),
+                  ValidationRow(variant="b", target="ort:cpu", status="error", reason="MemoryError"),
+                  ValidationRow(variant="a", target="ort:cuda", status="unavailable", reason="no GPU")]
     benchmarks = [_bench("a", "ort:cpu", 1, "ok"), _bench("b", "ort:cpu", 1, "ok", float("nan")),
                   _bench("a", "ort:cuda", 1, "unavailable", None), _bench("b", "ort:cuda", 1, "unavailable", None)]
     found = unmeasured(validation, benchmarks, (["a", "b"], ["ort:cpu", "ort:cuda"], [1]), allowed=["validate"])

@@ -92,19 +92,19 @@ def test_runs_every_artifact_interleaved_with_bound_inputs(two_artifacts: dict[s
     seen: list[str] = []
     ctx = data_context("*", Path("work"), on_progress=seen.append)
     rows = benchmark.run(two_artifacts, ["ort:cpu", "openvino:cpu"], config, ctx)
-    assert [(r["variant"], r["target"]) for r in rows] == [
+    assert [(r.variant, r.target) for r in rows] == [
         ("small", "ort:cpu"), ("large", "ort:cpu"), ("small", "openvino:cpu"), ("large", "openvino:cpu")]
     for row in rows:
-        assert row["status"] == "ok", row["reason"]
-        assert row["runs"] == 6 and row["round_runs"] == [2, 2, 2] and len(row["round_p50_ms"]) == 3
-        assert row["warmup"] == 2 and row["threads"] == 1 and row["mode"].startswith("sync")
-        assert row["session_create_ms"] > 0 and row["first_run_ms"] > 0
-        assert row["memory"] is None or row["memory"]["peak_growth_mb"] >= 0
+        assert row.status == "ok", row.reason
+        assert row.runs == 6 and row.round_runs == [2, 2, 2] and len(row.round_p50_ms) == 3
+        assert row.warmup == 2 and row.threads == 1 and row.mode.startswith("sync")
+        assert row.session_create_ms > 0 and row.first_run_ms > 0
+        assert row.memory is None or row.memory["peak_growth_mb"] >= 0
     ort_row, ov_row = rows[0], rows[2]
-    assert ort_row["timed_call"] == TIMED_CALLS["onnxruntime"] and ov_row["timed_call"] == TIMED_CALLS["openvino"]
-    assert ort_row["settings"]["intra_op_num_threads"] == 1
-    assert ov_row["settings"]["INFERENCE_NUM_THREADS"] == 1
-    assert ov_row["settings"]["PERFORMANCE_HINT"] == "LATENCY" and ov_row["settings"]["NUM_STREAMS"] == 1
+    assert ort_row.timed_call == TIMED_CALLS["onnxruntime"] and ov_row.timed_call == TIMED_CALLS["openvino"]
+    assert ort_row.settings["intra_op_num_threads"] == 1
+    assert ov_row.settings["INFERENCE_NUM_THREADS"] == 1
+    assert ov_row.settings["PERFORMANCE_HINT"] == "LATENCY" and ov_row.settings["NUM_STREAMS"] == 1
     # rounds alternate the artifacts: small, large, small, large, ...
     rounds = [message.split(" · ")[0] for message in seen if "round" in message][:4]
     assert rounds == ["small", "large", "small", "large"]
@@ -114,20 +114,20 @@ def test_time_budget_and_warmup_by_time(two_artifacts: dict[str, Artifact]) -> N
     config = BenchmarkConfig(warmup_seconds=0.02, duration_seconds=0.06, rounds=2)
     rows = benchmark.run({"small": two_artifacts["small"]}, ["ort:cpu"], config, CTX)
     [row] = rows
-    assert row["status"] == "ok"
-    assert row["measure"]["by"] == "time" and row["measure"]["duration_seconds"] == 0.06
-    assert len(row["round_runs"]) == 2 and all(count >= 1 for count in row["round_runs"])
-    assert row["runs"] == sum(row["round_runs"]) > 2  # a sub-millisecond model runs many times in 30 ms
-    assert row["warmup"] >= 1 and row["warmup_ms"] >= 20
+    assert row.status == "ok"
+    assert row.measure["by"] == "time" and row.measure["duration_seconds"] == 0.06
+    assert len(row.round_runs) == 2 and all(count >= 1 for count in row.round_runs)
+    assert row.runs == sum(row.round_runs) > 2  # a sub-millisecond model runs many times in 30 ms
+    assert row.warmup >= 1 and row.warmup_ms >= 20
 
 
 def test_targets_without_a_benchmark_give_unavailable_rows(two_artifacts: dict[str, Artifact]) -> None:
     config = BenchmarkConfig(warmup=0, iterations=1, rounds=1)
     rows = benchmark.run(two_artifacts, ["ort:cuda", "reference:cpu"], config, CTX)
-    assert {row["status"] for row in rows} == {"unavailable"}
-    assert all(row["reason"] for row in rows)
-    assert any("fidelity checks only" in row["reason"] for row in rows if row["target"] == "reference:cpu")
-    assert all(row["latency_ms"] is None and row["round_p50_ms"] == [] for row in rows)
+    assert {row.status for row in rows} == {"unavailable"}
+    assert all(row.reason for row in rows)
+    assert any("fidelity checks only" in row.reason for row in rows if row.target == "reference:cpu")
+    assert all(row.latency_ms is None and row.round_p50_ms == [] for row in rows)
 
 
 def test_a_failure_while_timed_spares_the_other_artifacts(two_artifacts: dict[str, Artifact],
@@ -148,9 +148,9 @@ def test_a_failure_while_timed_spares_the_other_artifacts(two_artifacts: dict[st
 
     monkeypatch.setattr(benchmark, "bind_inputs", bind)
     config = BenchmarkConfig(warmup=2, iterations=4, rounds=2)
-    rows = {row["variant"]: row for row in benchmark.run(two_artifacts, ["ort:cpu"], config, CTX)}  # type: ignore
-    assert rows["small"]["status"] == "ok" and rows["small"]["runs"] == 4
-    assert rows["large"]["status"] == "error" and "device lost" in rows["large"]["reason"]
+    rows = {row.variant: row for row in benchmark.run(two_artifacts, ["ort:cpu"], config, CTX)}  # type: ignore
+    assert rows["small"].status == "ok" and rows["small"].runs == 4
+    assert rows["large"].status == "error" and "device lost" in rows["large"].reason
 
 
 def _after(call: Any, good: int, then: Any) -> Any:

@@ -108,12 +108,12 @@ def test_validation_names_a_batch_the_artifact_cannot_take(tmp_path: Path) -> No
         benchmark: {batch_sizes: [1, 8]}
         """))
     ctx = recipe.stage_context("*", tmp_path / "work")
-    rows = {row["variant"]: row for row in validate.run(artifacts, ["ort:cpu", "openvino:cpu"], recipe.validate_, ctx)
-            if row["target"] == "ort:cpu"}
-    assert rows["ref"]["status"] == "passed" and rows["ref"]["batch_sizes_validated"] == [8]
-    assert rows["baked"]["status"] == "error"  # batch 1 alone would pass: the samples are of batch 1
-    assert rows["baked"]["reason"].startswith("BatchRunError: at batch 8 (the 2 samples at their own size ran): ")
-    assert "Reshape" in rows["baked"]["reason"]
+    rows = {row.variant: row for row in validate.run(artifacts, ["ort:cpu", "openvino:cpu"], recipe.validate_, ctx)
+            if row.target == "ort:cpu"}
+    assert rows["ref"].status == "passed" and rows["ref"].batch_sizes_validated == [8]
+    assert rows["baked"].status == "error"  # batch 1 alone would pass: the samples are of batch 1
+    assert rows["baked"].reason.startswith("BatchRunError: at batch 8 (the 2 samples at their own size ran): ")
+    assert "Reshape" in rows["baked"].reason
 
 
 def test_a_batch_the_reference_cannot_take_is_not_validated_and_rows_say_so(tmp_path: Path) -> None:
@@ -129,9 +129,9 @@ def test_a_batch_the_reference_cannot_take_is_not_validated_and_rows_say_so(tmp_
         """))
     ctx = recipe.stage_context("*", tmp_path / "work")
     [row] = validate.run({"exported": artifact}, ["ort:cpu"], recipe.validate_, ctx)
-    assert row["status"] == "passed" and row["batch_sizes_validated"] == []
+    assert row.status == "passed" and row.batch_sizes_validated == []
     assert any(w.startswith("batch 4 not validated: batch 4 cannot be fed: no input has a dynamic batch")
-               for w in row["warnings"])
+               for w in row.warnings)
 
 
 def _model_with_inputs(tmp_path: Path, inputs: dict[str, list[int | str]]) -> Path:

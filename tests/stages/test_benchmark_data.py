@@ -98,20 +98,20 @@ def test_token_type_ids_come_from_the_data_not_from_0_to_99(tmp_path: Path) -> N
     config = BenchmarkConfig(batch_sizes=[1, 4], **QUICK)
     rows = benchmark.run({"m": _artifact(path)}, TARGETS, config, ctx)
     for row in rows:
-        assert row["status"] == "ok", row["reason"]
-        assert row["data"]["source"] == "dataset 'val' (validate.data)"
-    batch4 = next(row for row in rows if row["batch_size"] == 4)
-    assert batch4["data"]["shapes"] == {"input_ids": [4, 6], "token_type_ids": [4, 6]}
-    assert batch4["data"]["distinct_rows"] == 3 and batch4["data"]["repeated"] is True
+        assert row.status == "ok", row.reason
+        assert row.data["source"] == "dataset 'val' (validate.data)"
+    batch4 = next(row for row in rows if row.batch_size == 4)
+    assert batch4.data["shapes"] == {"input_ids": [4, 6], "token_type_ids": [4, 6]}
+    assert batch4.data["distinct_rows"] == 3 and batch4.data["repeated"] is True
 
 
 def test_integer_inputs_without_data_get_zeros_not_random_ids(tmp_path: Path) -> None:
     path = _save(token_type_model(), tmp_path / "model.onnx")
     rows = benchmark.run({"m": _artifact(path)}, ["ort:cpu"], BenchmarkConfig(**QUICK), _ctx(tmp_path))
     [row] = rows
-    assert row["status"] == "ok", row["reason"]
-    assert row["data"]["source"].startswith("seeded random data")
-    assert any("token_type_ids' fed zeros" in note for note in row["notes"])
+    assert row.status == "ok", row.reason
+    assert row.data["source"].startswith("seeded random data")
+    assert any("token_type_ids' fed zeros" in note for note in row.notes)
 
 
 def test_a_pooling_model_with_a_dynamic_width_runs_at_the_datas_size(tmp_path: Path) -> None:
@@ -120,15 +120,15 @@ def test_a_pooling_model_with_a_dynamic_width_runs_at_the_datas_size(tmp_path: P
     _write_npz(tmp_path / "val", [{"x": rng.standard_normal((1, 3, 12, 20)).astype(np.float32)} for _ in range(2)])
     ctx = _ctx(tmp_path, "data: {val: {reader: npy, path: val}}", "validate: {data: val}")
     rows = benchmark.run({"m": _artifact(path)}, TARGETS, BenchmarkConfig(batch_sizes=[1, 3], **QUICK), ctx)
-    assert [row["status"] for row in rows] == ["ok"] * 4, [row["reason"] for row in rows]
-    assert rows[1]["data"]["shapes"] == {"x": [3, 3, 12, 20]}
+    assert [row.status for row in rows] == ["ok"] * 4, [row.reason for row in rows]
+    assert rows[1].data["shapes"] == {"x": [3, 3, 12, 20]}
 
 
 def test_random_data_that_breaks_a_model_says_why(tmp_path: Path) -> None:
     path = _save(pooling_model(), tmp_path / "model.onnx")
     [row] = benchmark.run({"m": _artifact(path)}, ["ort:cpu"], BenchmarkConfig(**QUICK), _ctx(tmp_path))
-    assert row["status"] == "error"
-    assert "dynamic axes [2, 3] set to 1 in random data" in row["reason"] and "validate.data" in row["reason"]
+    assert row.status == "error"
+    assert "dynamic axes [2, 3] set to 1 in random data" in row.reason and "validate.data" in row.reason
 
 
 def test_a_wrong_declared_output_rank_still_benchmarks_and_is_noted(tmp_path: Path) -> None:
@@ -140,9 +140,9 @@ def test_a_wrong_declared_output_rank_still_benchmarks_and_is_noted(tmp_path: Pa
     path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "model.onnx")
     rows = benchmark.run({"m": _artifact(path)}, TARGETS, BenchmarkConfig(batch_sizes=[1, 2], **QUICK), _ctx(tmp_path))
     for row in rows:
-        assert row["status"] == "ok", row["reason"]
-        assert row["output_shapes"] == {"y": {"declared": [1, 4], "actual": [row["batch_size"], 2, 2]}}
-        assert any("output 'y' is declared [1, 4] but the model produces" in note for note in row["notes"])
+        assert row.status == "ok", row.reason
+        assert row.output_shapes == {"y": {"declared": [1, 4], "actual": [row.batch_size, 2, 2]}}
+        assert any("output 'y' is declared [1, 4] but the model produces" in note for note in row.notes)
 
 
 def test_a_static_output_batch_declared_by_the_exporter_still_benchmarks(tmp_path: Path) -> None:
@@ -150,13 +150,13 @@ def test_a_static_output_batch_declared_by_the_exporter_still_benchmarks(tmp_pat
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"  # the input is dynamic, the output not
     path = _save(model, tmp_path / "model.onnx")
     rows = benchmark.run({"m": _artifact(path)}, TARGETS, BenchmarkConfig(batch_sizes=[1, 8], **QUICK), _ctx(tmp_path))
-    assert all(row["status"] == "ok" for row in rows), [row["reason"] for row in rows]
-    calls = {(row["target"], row["batch_size"]): row["timed_call"] for row in rows}
+    assert all(row.status == "ok" for row in rows), [row.reason for row in rows]
+    calls = {(row.target, row.batch_size): row.timed_call for row in rows}
     assert calls[("ort:cpu", 1)] == TIMED_CALLS["onnxruntime"]  # the declaration holds at batch 1
     assert calls[("ort:cpu", 8)] == TIMED_CALLS["onnxruntime-rebound"]  # bound, yet never held to [1, 10]
     assert calls[("openvino:cpu", 8)] == TIMED_CALLS["openvino"]
-    batch8 = [row for row in rows if row["batch_size"] == 8]
-    assert all(row["output_shapes"] == {"logits": {"declared": [1, 10], "actual": [8, 10]}} for row in batch8)
+    batch8 = [row for row in rows if row.batch_size == 8]
+    assert all(row.output_shapes == {"logits": {"declared": [1, 10], "actual": [8, 10]}} for row in batch8)
 
 
 def test_an_output_listed_twice_benchmarks(tmp_path: Path) -> None:
@@ -166,17 +166,17 @@ def test_an_output_listed_twice_benchmarks(tmp_path: Path) -> None:
     path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "model.onnx")
     rows = benchmark.run({"m": _artifact(path)}, TARGETS, BenchmarkConfig(**QUICK), _ctx(tmp_path))
     for row in rows:
-        assert row["status"] == "ok", row["reason"]
-        assert row["timed_call"] in (TIMED_CALLS["onnxruntime"], TIMED_CALLS["openvino"])  # the bound call held
+        assert row.status == "ok", row.reason
+        assert row.timed_call in (TIMED_CALLS["onnxruntime"], TIMED_CALLS["openvino"])  # the bound call held
 
 
 def test_a_static_batch_gives_a_clear_error_row_at_other_sizes(tmp_path: Path) -> None:
     path = _save(tiny_cnn(), tmp_path / "model.onnx")  # input [1, 3, 16, 16]
     rows = benchmark.run({"m": _artifact(path)}, ["ort:cpu"], BenchmarkConfig(batch_sizes=[1, 8], **QUICK),
                          _ctx(tmp_path))
-    assert [row["status"] for row in rows] == ["ok", "error"]
+    assert [row.status for row in rows] == ["ok", "error"]
     assert "batch 8 cannot be fed: no input has a dynamic batch dimension (inputs: 'input' [1, 3, 16, 16])" in \
-        rows[1]["reason"] and "model.inputs" in rows[1]["reason"]
+        rows[1].reason and "model.inputs" in rows[1].reason
 
 
 def test_a_batch_too_large_for_memory_is_refused_before_it_is_built(tmp_path: Path,
@@ -185,9 +185,9 @@ def test_a_batch_too_large_for_memory_is_refused_before_it_is_built(tmp_path: Pa
     monkeypatch.setattr(benchmark_data, "available_memory_bytes", lambda: 64 * 1024)
     rows = benchmark.run({"m": _artifact(path)}, ["ort:cpu"], BenchmarkConfig(batch_sizes=[1, 4096], **QUICK),
                          _ctx(tmp_path))
-    assert rows[0]["status"] == "ok"
-    assert rows[1]["status"] == "error"
-    assert rows[1]["reason"].startswith("batch 4096 needs 0.1 MiB for its inputs alone; 0.0 MiB of this")
+    assert rows[0].status == "ok"
+    assert rows[1].status == "error"
+    assert rows[1].reason.startswith("batch 4096 needs 0.1 MiB for its inputs alone; 0.0 MiB of this")
 
 
 def test_an_out_of_memory_failure_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,7 +199,7 @@ def test_an_out_of_memory_failure_says_so(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(OrtSession, "run", allocation_fails)
     [row] = benchmark.run({"m": _artifact(path)}, ["ort:cpu"], BenchmarkConfig(**QUICK), _ctx(tmp_path))
-    assert row["status"] == "error" and row["reason"].startswith("batch 1 does not fit in memory")
+    assert row.status == "error" and row.reason.startswith("batch 1 does not fit in memory")
 
 
 def test_numeric_fields_are_bounded_and_max_seconds_fits_the_time_budget() -> None:
@@ -218,10 +218,10 @@ def test_max_seconds_stops_a_long_run_early_and_says_so(tmp_path: Path) -> None:
     started = time.perf_counter()
     [row] = benchmark.run({"m": _artifact(path)}, ["ort:cpu"], config, _ctx(tmp_path))
     assert time.perf_counter() - started < 10
-    assert row["status"] == "ok"
-    stop = row["stopped_early"]
-    assert stop is not None and stop["planned_runs"] == 10_000_000 and stop["runs"] == row["runs"] < 10_000_000
-    assert row["runs"] > 10 and stop["seconds_spent"] == pytest.approx(0.3, abs=0.2)
-    assert "stopped early" in stop["reason"] and stop["reason"] in row["notes"]
+    assert row.status == "ok"
+    stop = row.stopped_early
+    assert stop is not None and stop.planned_runs == 10_000_000 and stop.runs == row.runs < 10_000_000
+    assert row.runs > 10 and stop.seconds_spent == pytest.approx(0.3, abs=0.2)
+    assert "stopped early" in stop.reason and stop.reason in row.notes
     unbounded = benchmark.run({"m": _artifact(path)}, ["ort:cpu"], BenchmarkConfig(**QUICK), _ctx(tmp_path))
-    assert unbounded[0]["stopped_early"] is None and unbounded[0]["runs"] == 3
+    assert unbounded[0].stopped_early is None and unbounded[0].runs == 3

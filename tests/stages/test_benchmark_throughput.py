@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from qdeploy.calibration import data_context
 from qdeploy.core.context import Artifact
+from qdeploy.core.rows import BenchmarkRow, ThroughputRow
 from qdeploy.pipeline.gates import evaluate_gates
 from qdeploy.pipeline.recipe import GateSpec
 from qdeploy.pipeline.report.throughput import throughput_speedup
@@ -86,33 +87,35 @@ def test_stage_writes_throughput_rows_interleaved_beside_latency_rows(two_artifa
                          data_context("*", Path("work"), on_progress=seen.append))
     latency, throughput = split_modes(rows)
     assert len(latency) == len(throughput) == 6
+    assert all(isinstance(row, ThroughputRow) for row in throughput)
+    assert all(isinstance(row, BenchmarkRow) for row in latency)
     for row in throughput:
-        if row["target"] == "ort:cuda":
-            assert row["status"] == "unavailable" and row["inferences_per_s"] is None
+        if row.target == "ort:cuda":
+            assert row.status == "unavailable" and row.inferences_per_s is None
             continue
-        assert row["status"] == "ok", row["reason"]
-        assert row["inferences_per_s"] > 0 and len(row["round_inferences_per_s"]) == 2
-        assert row["requests_in_flight"] >= 1 and row["latency_ms"]["p50"] > 0 and row["call"]
+        assert row.status == "ok", row.reason
+        assert row.inferences_per_s > 0 and len(row.round_inferences_per_s) == 2
+        assert row.requests_in_flight >= 1 and row.latency_ms.p50 > 0 and row.call
     rounds = [message.split(" · ")[0] for message in seen if "throughput round" in message][:4]
     assert rounds == ["small", "large", "small", "large"]  # interleaved as the latency rounds are
     only = benchmark.run(two_artifacts, ["ort:cpu"], BenchmarkConfig(mode="throughput", rounds=1,
                                                                      throughput={"seconds": 0.05}), CTX)
-    assert {row["mode"] for row in only} == {"throughput"}
+    assert {row.mode for row in only} == {"throughput"}
 
 
 def test_summary_and_per_round_ratio_to_the_reference() -> None:
     summary = summarize([(10, 0.5, [2.0] * 10), (30, 0.5, [1.0] * 30)], batch=2)
     assert summary["inferences_per_s"] == pytest.approx(80.0) and summary["round_inferences_per_s"] == [40.0, 120.0]
     assert summary["inferences"] == 80 and summary["latency_ms"]["p50"] == 1.0
-    rows = [{"variant": "fp32", "target": "t", "batch_size": 1, "status": "ok", "round_inferences_per_s": [100, 50]},
-            {"variant": "int8", "target": "t", "batch_size": 1, "status": "ok", "round_inferences_per_s": [210, 90]}]
+    rows = [ThroughputRow(variant="fp32", target="t", batch_size=1, status="ok", round_inferences_per_s=[100, 50]),
+            ThroughputRow(variant="int8", target="t", batch_size=1, status="ok", round_inferences_per_s=[210, 90])]
     ratio, low_high = throughput_speedup(rows, rows[1], "fp32")
     assert ratio == pytest.approx(1.95) and low_high == pytest.approx([1.8, 2.1])
 
 
 def test_gates_on_inferences_per_s_read_throughput_rows_only() -> None:
     gate = GateSpec(variant="int8", target="t", metric="inferences_per_s", min=100)
-    throughput = [{"variant": "int8", "target": "t", "batch_size": 1, "status": "ok", "inferences_per_s": 150.0}]
+    throughput = [ThroughputRow(variant="int8", target="t", batch_size=1, status="ok", inferences_per_s=150.0)]
     [result] = evaluate_gates([gate], [], [], "fp32", [], {}, throughput=throughput)
     assert result["passed"] and result["value"] == 150.0
     [missing] = evaluate_gates([gate], [], [], "fp32", [], {})
@@ -120,8 +123,8 @@ def test_gates_on_inferences_per_s_read_throughput_rows_only() -> None:
 
 
 def test_unmeasured_throughput_names_errors_and_gaps_never_unavailable_targets() -> None:
-    rows = [{"variant": "a", "target": "t", "batch_size": 1, "status": "error", "reason": "boom"},
-            {"variant": "b", "target": "t", "batch_size": 1, "status": "unavailable", "reason": "no"}]
+    rows = [ThroughputRow(variant="a", target="t", batch_size=1, status="error", reason="boom"),
+            ThroughputRow(variant="b", target="t", batch_size=1, status="unavailable", reason="no")]
     found = unmeasured_throughput(rows, (["a", "b", "c"], ["t"], [1]), allowed=[])
     assert [(row["variant"], row["reason"]) for row in found] == [("a", "throughput: boom"),
                                                                   ("c", "throughput: no result")]
@@ -157,5 +160,5 @@ def test_benchmarks_pin_f32_as_validation_does(two_artifacts: dict[str, Artifact
                  "large": dataclasses.replace(two_artifacts["large"], stages=("simplify", "fp16"))}
     config = BenchmarkConfig(mode="both", iterations=1, rounds=1, warmup=0, throughput={"seconds": 0.02})
     rows = benchmark.run(artifacts, ["ort:cpu"], config, CTX)
-    assert all(row["status"] == "ok" for row in rows), [row["reason"] for row in rows]
+    assert all(row.status == "ok" for row in rows), [row.reason for row in rows]
     assert set(pins) == {("small", True), ("large", False)} and len(pins) == 4

@@ -136,9 +136,9 @@ def test_diverging_int8_on_a_cpu_without_vnni_names_saturation(tmp_path: Path, m
     monkeypatch.setenv("QDEPLOY_CPU_FLAGS", flags)
     config = ValidateConfig(samples=2, localize=False, tolerance={"cosine_min": 0.99999999})
     rows = validate.run(artifacts, ["ort:cpu"], config, context(tmp_path))
-    row = next(row for row in rows if row["variant"] == "int8")
-    assert row["status"] == "failed"
-    assert ("saturating int16" in row["reason"] and "quantize.reduce_range" in row["reason"]) is named
+    row = next(row for row in rows if row.variant == "int8")
+    assert row.status == "failed"
+    assert ("saturating int16" in row.reason and "quantize.reduce_range" in row.reason) is named
 
 
 def test_recipe_targets_decide_auto_and_enter_the_cache_key(tmp_path: Path) -> None:

@@ -61,20 +61,20 @@ def test_correct_artifact_passes_everywhere_and_says_what_ran(tmp_path: Path) ->
     rows = by_pair(validate.run(artifacts, targets, ValidateConfig(samples=3), context(tmp_path)))
     assert len(rows) == 6
     for (variant, target), row in rows.items():
-        assert row["status"] == "passed", row
-        assert row["divergence"] is None and row["unattainable"] == [] and row["samples"] == 3
-        assert row["noise_floor"] is (variant == "exported" and target != "ort:cpu")
-        assert validate.RANDOM_DATA_WARNING in row["warnings"]
-        assert row["outputs"][0]["passed"] is True
-        assert row["outputs"][0]["tolerance"] == DEFAULT_TOLERANCES["fp32"].model_dump(exclude_none=True)
+        assert row.status == "passed", row
+        assert row.divergence is None and row.unattainable == [] and row.samples == 3
+        assert row.noise_floor is (variant == "exported" and target != "ort:cpu")
+        assert validate.RANDOM_DATA_WARNING in row.warnings
+        assert row.outputs[0]["passed"] is True
+        assert row.outputs[0]["tolerance"] == DEFAULT_TOLERANCES["fp32"].model_dump(exclude_none=True)
     ort = rows[("copy", "ort:cpu")]
-    assert ort["execution"]["providers"] == ["CPUExecutionProvider"]
-    assert ort["execution"]["node_counts"]["CPUExecutionProvider"] >= 5
-    assert sum(ort["execution"]["precisions"].values()) == ort["execution"]["node_counts"]["CPUExecutionProvider"]
-    assert rows[("copy", "openvino:cpu")]["execution"]["precision"] == "f32"
-    assert "f32 inference precision" in rows[("copy", "openvino:cpu")]["effective_precision"]
-    assert rows[("copy", "reference:cpu")]["execution"]["precision"] == "declared"
-    json.dumps(list(rows.values()), allow_nan=False)
+    assert ort.execution["providers"] == ["CPUExecutionProvider"]
+    assert ort.execution["node_counts"]["CPUExecutionProvider"] >= 5
+    assert sum(ort.execution["precisions"].values()) == ort.execution["node_counts"]["CPUExecutionProvider"]
+    assert rows[("copy", "openvino:cpu")].execution["precision"] == "f32"
+    assert "f32 inference precision" in rows[("copy", "openvino:cpu")].effective_precision
+    assert rows[("copy", "reference:cpu")].execution["precision"] == "declared"
+    json.dumps([row.to_json() for row in rows.values()], allow_nan=False)
 
 
 @pytest.mark.parametrize(("weight", "node", "position"), [("w2", "mm2", 2), ("w4", "mm4", 4)])
@@ -86,12 +86,12 @@ def test_perturbed_weight_fails_and_names_its_node(tmp_path: Path, target: str, 
                  "broken": artifact(tmp_path / "broken.onnx", perturbed(model, weight))}
     rows = by_pair(validate.run(artifacts, [target], ValidateConfig(samples=4), context(tmp_path)))
     row = rows[("broken", target)]
-    assert row["status"] == "failed"
-    divergence = row["divergence"]
+    assert row.status == "failed"
+    divergence = row.divergence
     assert (divergence["node"], divergence["op_type"], divergence["tensor"]) == (node, "MatMul", f"h{position}")
     assert divergence["compared"] == 2 * position - 1  # every earlier MatMul and Relu output agreed
     assert divergence["target"] == target and divergence["max_abs_err"] > 0
-    assert f"first diverging node '{node}' (MatMul), tensor 'h{position}'" in row["reason"]
+    assert f"first diverging node '{node}' (MatMul), tensor 'h{position}'" in row.reason
     assert len(divergence["samples"]) == 2
 
 
@@ -109,14 +109,14 @@ def test_fp16_overflow_fails_with_nan_inf_named_where_precision_is_declared(tmp_
         warnings.simplefilter("ignore", RuntimeWarning)  # numpy's float16 overflow, the very point of the test
         rows = by_pair(validate.run(artifacts, ["ort:cpu", "reference:cpu"], ValidateConfig(samples=6), ctx))
     row = rows[("fp16", "reference:cpu")]
-    assert row["status"] == "failed"
-    assert "NaN/Inf" in row["reason"] and row["metrics"]["nonfinite"] > 0
-    assert row["divergence"]["node"] == "square" and row["divergence"]["tensor"] == "sq"
-    assert row["divergence"]["nonfinite"] > 0 and "NaN/Inf" in row["divergence"]["reason"]
-    assert "declared precision" in row["effective_precision"]
+    assert row.status == "failed"
+    assert "NaN/Inf" in row.reason and row.metrics.nonfinite > 0
+    assert row.divergence["node"] == "square" and row.divergence["tensor"] == "sq"
+    assert row.divergence["nonfinite"] > 0 and "NaN/Inf" in row.divergence["reason"]
+    assert "declared precision" in row.effective_precision
     ort = rows[("fp16", "ort:cpu")]  # ORT's CPU provider computes what it lacks fp16 kernels for in float32
-    float32_kernels = ort["execution"]["precisions"].get("FP32", 0)
-    assert any("fp16 overflow and rounding are not exercised" in w for w in ort["warnings"]) == (float32_kernels > 0)
+    float32_kernels = ort.execution["precisions"].get("FP32", 0)
+    assert any("fp16 overflow and rounding are not exercised" in w for w in ort.warnings) == (float32_kernels > 0)
 
 
 def test_missing_gpu_targets_are_unavailable_not_cpu_results(tmp_path: Path) -> None:
@@ -129,11 +129,11 @@ def test_missing_gpu_targets_are_unavailable_not_cpu_results(tmp_path: Path) -> 
     artifacts = {"exported": artifact(tmp_path / "ref.onnx", chain_model())}
     targets = ["ort:cuda", "ort:tensorrt", "openvino:gpu"]
     rows = validate.run(artifacts, targets, ValidateConfig(samples=1), context(tmp_path))
-    assert [row["target"] for row in rows] == targets
+    assert [row.target for row in rows] == targets
     for row in rows:
-        assert row["status"] == "unavailable"
-        assert row["reason"].startswith(f"target {row['target']} requested; this machine's")
-        assert row["metrics"] == {} and "execution" not in row and "outputs" not in row
+        assert row.status == "unavailable"
+        assert row.reason.startswith(f"target {row.target} requested; this machine's")
+        assert not row.metrics.measured and not row.has("execution") and not row.has("outputs")
 
 
 def test_gpu_provider_that_falls_back_to_cpu_fails_that_target(tmp_path: Path,
@@ -150,10 +150,10 @@ def test_gpu_provider_that_falls_back_to_cpu_fails_that_target(tmp_path: Path,
         rows = by_pair(validate.run(artifacts, ["ort:cpu", "ort:cuda"], ValidateConfig(samples=1),
                                     context(tmp_path)))
     row = rows[("exported", "ort:cuda")]
-    assert row["status"] == "failed"
-    assert "silently fell back to CPUExecutionProvider" in row["reason"]
-    assert row["metrics"] == {} and "execution" not in row  # no CPU numbers under the GPU's name
-    assert rows[("exported", "ort:cpu")]["status"] == "passed"
+    assert row.status == "failed"
+    assert "silently fell back to CPUExecutionProvider" in row.reason
+    assert not row.metrics.measured and not row.has("execution")  # no CPU numbers under the GPU's name
+    assert rows[("exported", "ort:cpu")].status == "passed"
 
 
 class _RecordingCore:
@@ -184,8 +184,8 @@ def test_openvino_pins_f32_for_float32_artifacts_only(tmp_path: Path, monkeypatc
     rows = by_pair(validate.run(artifacts, ["openvino:cpu"], ValidateConfig(samples=2), context(tmp_path)))
     assert recorder.configs == [{"INFERENCE_PRECISION_HINT": "f32"}, {}]  # fp32 pinned; fp16 as the device runs it
     pinned = rows[("exported", "openvino:cpu")]
-    assert pinned["execution"]["precision"] == "f32" and "BF16" not in pinned["execution"]["precisions"]
-    assert rows[("fp16", "openvino:cpu")]["execution"]["precision"] in ("f32", "bf16", "f16")  # read back
+    assert pinned.execution["precision"] == "f32" and "BF16" not in pinned.execution["precisions"]
+    assert rows[("fp16", "openvino:cpu")].execution["precision"] in ("f32", "bf16", "f16")  # read back
 
 
 def test_ops_openvino_does_not_support_are_warned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -195,8 +195,8 @@ def test_ops_openvino_does_not_support_are_warned(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(targets_openvino, "_ov_core", lambda: recorder)
     artifacts = {"exported": artifact(tmp_path / "ref.onnx", chain_model())}
     row = validate.run(artifacts, ["openvino:cpu"], ValidateConfig(samples=1), context(tmp_path))[0]
-    assert row["execution"]["unsupported_ops"] == ["mm3 (MatMul)"]
-    assert any(w.startswith("query_model: 1 ops unsupported on CPU: mm3 (MatMul)") for w in row["warnings"])
+    assert row.execution["unsupported_ops"] == ["mm3 (MatMul)"]
+    assert any(w.startswith("query_model: 1 ops unsupported on CPU: mm3 (MatMul)") for w in row.warnings)
 
 
 # --- tolerances
@@ -218,14 +218,14 @@ def test_per_output_tolerances_override_field_by_field(tmp_path: Path) -> None:
     artifacts = {"exported": artifact(tmp_path / "ref.onnx", two_outputs(1.0)),
                  "off": artifact(tmp_path / "off.onnx", two_outputs(1.01))}  # b off by 1%: SNR 40 dB
     strict = validate.run(artifacts, ["ort:cpu"], ValidateConfig(samples=2), context(tmp_path))
-    assert by_pair(strict)[("off", "ort:cpu")]["reason"].startswith("output 'b': snr_db 40")
+    assert by_pair(strict)[("off", "ort:cpu")].reason.startswith("output 'b': snr_db 40")
     config = ValidateConfig(samples=2, outputs={"b": Tolerance(snr_db_min=30)})
     row = by_pair(validate.run(artifacts, ["ort:cpu"], config, context(tmp_path)))[("off", "ort:cpu")]
-    assert row["status"] == "passed", row["reason"]
-    tolerances = {out["name"]: out["tolerance"] for out in row["outputs"]}
+    assert row.status == "passed", row.reason
+    tolerances = {out["name"]: out["tolerance"] for out in row.outputs}
     assert tolerances == {"a": {"cosine_min": 0.9999, "snr_db_min": 60.0},
                           "b": {"cosine_min": 0.9999, "snr_db_min": 30.0}}
-    assert row["tolerance"] == {"cosine_min": 0.9999, "snr_db_min": 60.0}
+    assert row.tolerance == {"cosine_min": 0.9999, "snr_db_min": 60.0}
 
 
 def test_output_tolerances_merge_rules() -> None:
@@ -253,21 +253,21 @@ def test_tolerances_below_the_noise_floor_are_flagged_unattainable(tmp_path: Pat
     config = ValidateConfig(samples=2, tolerance=Tolerance(atol=0.0), localize=False)
     rows = by_pair(validate.run(artifacts, ["ort:cpu", "openvino:cpu"], config, context(tmp_path)))
     floor = rows[("exported", "openvino:cpu")]
-    assert floor["noise_floor"] is True and rows[("exported", "ort:cpu")]["noise_floor"] is False
+    assert floor.noise_floor is True and rows[("exported", "ort:cpu")].noise_floor is False
     summary = noise_floor_summary(list(rows.values()))
     assert summary is not None and summary["variant"] == "exported" and list(summary["targets"]) == ["openvino:cpu"]
-    assert summary["targets"]["openvino:cpu"]["max_abs_err"] == floor["metrics"]["max_abs_err"]
+    assert summary["targets"]["openvino:cpu"]["max_abs_err"] == floor.metrics.max_abs_err
     assert noise_floor_summary([rows[("copy", "ort:cpu")], rows[("exported", "ort:cpu")]]) is None
-    if floor["metrics"]["max_abs_err"] == 0.0:
+    if floor.metrics.max_abs_err == 0.0:
         pytest.skip("OpenVINO and ORT agree bit for bit on this machine: no floor to exceed")
-    flagged = rows[("copy", "openvino:cpu")]["unattainable"]
+    flagged = rows[("copy", "openvino:cpu")].unattainable
     assert len(flagged) == 1
-    assert flagged[0].startswith(f"output 'logits': max_abs_err {floor['metrics']['max_abs_err']:.4g} > atol 0")
+    assert flagged[0].startswith(f"output 'logits': max_abs_err {floor.metrics.max_abs_err:.4g} > atol 0")
     assert "noise floor" in flagged[0] and "variant 'exported'" in flagged[0]
-    assert rows[("copy", "ort:cpu")]["unattainable"] == []  # same runtime as the reference: no floor to meet
+    assert rows[("copy", "ort:cpu")].unattainable == []  # same runtime as the reference: no floor to meet
     loose = ValidateConfig(samples=2, tolerance=Tolerance(atol=1.0))
     assert by_pair(validate.run(artifacts, ["ort:cpu", "openvino:cpu"], loose, context(tmp_path)))[
-        ("copy", "openvino:cpu")]["unattainable"] == []
+        ("copy", "openvino:cpu")].unattainable == []
 
 
 # --- reference_model
@@ -290,11 +290,11 @@ def test_reference_model_serves_as_the_reference_end_to_end(tmp_path: Path) -> N
     rows = by_pair(report["validation"])
     for target in ("ort:cpu", "openvino:cpu"):
         for variant in ("exported", "fp32"):
-            assert rows[(variant, target)]["status"] == "failed"
-            assert rows[(variant, target)]["divergence"]["node"] == "mm3"
-            assert rows[(variant, target)]["noise_floor"] is False
+            assert rows[(variant, target)].status == "failed"
+            assert rows[(variant, target)].divergence["node"] == "mm3"
+            assert rows[(variant, target)].noise_floor is False
     floor = rows[(validate.REFERENCE_MODEL_ROW, "openvino:cpu")]
-    assert floor["noise_floor"] is True and floor["status"] == "passed"
+    assert floor.noise_floor is True and floor.status == "passed"
     assert (validate.REFERENCE_MODEL_ROW, "ort:cpu") not in rows
 
 
@@ -314,8 +314,8 @@ def test_reference_model_that_does_not_match_is_a_recipe_error(tmp_path: Path) -
 def test_missing_reference_variant_gives_error_rows(tmp_path: Path) -> None:
     artifacts = {"v": artifact(tmp_path / "v.onnx", chain_model())}
     rows = validate.run(artifacts, ["ort:cpu", "openvino:cpu"], ValidateConfig(), context(tmp_path))
-    assert [row["status"] for row in rows] == ["error", "error"]
-    assert all("reference variant 'exported' was not built" in row["reason"] for row in rows)
+    assert [row.status for row in rows] == ["error", "error"]
+    assert all("reference variant 'exported' was not built" in row.reason for row in rows)
 
 
 def test_worst_samples_put_nan_first_then_the_largest_relative_error() -> None:

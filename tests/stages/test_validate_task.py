@@ -93,10 +93,11 @@ def test_a_failing_metric_is_a_warning_and_fails_its_gate(tmp_path: Path) -> Non
 
 
 def test_gate_on_task_metric_without_a_metric_says_what_is_missing() -> None:
+    from qdeploy.core.rows import ValidationRow
     from qdeploy.pipeline.gates import evaluate_gates
     from qdeploy.pipeline.recipe import GateSpec
 
-    row = {"variant": "v", "target": "ort:cpu", "status": "passed", "reason": "", "metrics": {"cosine": 1.0}}
+    row = ValidationRow(variant="v", target="ort:cpu", status="passed", metrics={"cosine": 1.0})
     gate = GateSpec(variant="v", target="ort:cpu", metric="task_metric", min=0.5)
     result = evaluate_gates([gate], [row], [], "v", [], {})[0]
     assert result["passed"] is False

@@ -26,22 +26,22 @@ def test_pre_quantized_fp32_variant_gets_the_int8_tolerance_and_the_reason(tmp_p
     rows = _rows(tmp_path, model, ValidateConfig(samples=3))
     int8 = DEFAULT_TOLERANCES["int8"].model_dump(exclude_none=True)
     for (variant, target), row in rows.items():
-        assert row["tolerance"] == int8, (variant, target)
-        assert "ConvInteger x1" in row["tolerance_basis"] and "DynamicQuantizeLSTM x1" in row["tolerance_basis"]
-        assert row["tolerance_basis"] in row["warnings"]  # the report lists a row's warnings
+        assert row.tolerance == int8, (variant, target)
+        assert "ConvInteger x1" in row.tolerance_basis and "DynamicQuantizeLSTM x1" in row.tolerance_basis
+        assert row.tolerance_basis in row.warnings  # the report lists a row's warnings
     openvino = rows[("simplified", "openvino:cpu")]  # the runtimes round the integer ops differently...
-    assert openvino["metrics"]["snr_db"] < DEFAULT_TOLERANCES["fp32"].snr_db_min
-    assert openvino["status"] == "passed"  # ...which is no failure of a variant that changed nothing
+    assert openvino.metrics.snr_db < DEFAULT_TOLERANCES["fp32"].snr_db_min
+    assert openvino.status == "passed"  # ...which is no failure of a variant that changed nothing
 
 
 def test_float_models_and_written_tolerances_are_unchanged(tmp_path: Path) -> None:
     rows = _rows(tmp_path, chain_model(), ValidateConfig(samples=2))
-    assert all(row["tolerance"] == DEFAULT_TOLERANCES["fp32"].model_dump(exclude_none=True)
-               and row["tolerance_basis"] is None for row in rows.values())
+    assert all(row.tolerance == DEFAULT_TOLERANCES["fp32"].model_dump(exclude_none=True)
+               and row.tolerance_basis is None for row in rows.values())
     written = {"cosine_min": 0.5}
     quantized = prequantized_model(_mkdir(tmp_path / "q"))
     rows = _rows(tmp_path / "q", quantized, ValidateConfig(samples=2, tolerance=written))
-    assert all(row["tolerance"] == written and row["tolerance_basis"] is None for row in rows.values())
+    assert all(row.tolerance == written and row.tolerance_basis is None for row in rows.values())
 
 
 def _mkdir(path: Path) -> Path:

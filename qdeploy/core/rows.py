@@ -1,0 +1,252 @@
+"""Typed result rows: one validation (variant x target) and one benchmark (variant x target x batch size).
+
+The stages build these; the runner, gates, summary, sweeps, packages and the API read their attributes.  Each row
+serializes with ``to_json()`` to exactly the keys report.json has always had, and ``from_json()`` parses such a dict
+back (a report read from disk, a result handed between processes).
+
+Some keys of report.json are written on every row (``reason``, ``metrics``...), others only on rows that were
+measured (``outputs``, ``timed_call``...).  A field named in a model's ``OPTIONAL`` is written only when it was set,
+by the constructor, ``replace`` or the parsed dict, so that absent stays absent and null stays null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["BenchmarkRow", "BenchmarkStatus", "LatencyStats", "ResultRow", "StopRecord", "ThroughputRow",
+           "ValidationMetrics", "ValidationRow", "ValidationStatus", "benchmark_row_from_json", "rows_to_json"]
+
+ValidationStatus = Literal["passed", "failed", "unavailable", "error"]
+BenchmarkStatus = Literal["ok", "unavailable", "error"]
+
+
+def _plain(value: Any) -> Any:
+    """A row's value as JSON-ready data: nested rows serialized, containers copied."""
+    if isinstance(value, ResultRow):
+        return value.to_json()
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+class ResultRow(BaseModel):
+    """Base of the result rows: unknown fields are errors, fields are read-only, optional keys stay absent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
+    """Fields written to JSON only when set (report.json leaves them out on rows that were not measured)."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        unknown = cls.OPTIONAL - set(cls.model_fields)
+        if unknown:
+            raise TypeError(f"{cls.__name__}.OPTIONAL names no field: {sorted(unknown)}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as report.json writes it."""
+        return {name: _plain(getattr(self, name)) for name in type(self).model_fields
+                if name not in self.OPTIONAL or name in self.model_fields_set}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        """Parse a row as report.json writes it; a key the model does not know is an error."""
+        return cls.model_validate(dict(data))
+
+    def has(self, name: str) -> bool:
+        """Whether a field is present in the JSON form (always true for fields that are not optional)."""
+        if name not in type(self).model_fields:
+            raise AttributeError(f"{type(self).__name__} has no field '{name}'")
+        return name not in self.OPTIONAL or name in self.model_fields_set
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed, validated like a new row (an unknown field is an error)."""
+        data = {name: getattr(self, name) for name in self.model_fields_set}
+        return type(self).model_validate({**data, **changes})
+
+
+class ValidationMetrics(ResultRow):
+    """The worst value of each metric over a pair's outputs; empty when the pair was not measured."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({
+        "cosine", "snr_db", "max_abs_err", "mean_abs_err", "max_rel_err", "within_tol", "top1_agreement",
+        "top5_agreement", "nonfinite", "task_metric"})
+
+    max_abs_err: float | None = None
+    mean_abs_err: float | None = None
+    max_rel_err: float | None = None
+    cosine: float | None = None
+    snr_db: float | None = None
+    within_tol: float | None = None
+    top1_agreement: float | None = None
+    top5_agreement: float | None = None
+    nonfinite: int | None = None
+    task_metric: float | None = None
+    """The recipe's validate.metric on this pair's outputs (present only when the recipe sets one)."""
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.model_fields_set)
+
+    def value(self, name: str) -> float | None:
+        """One metric by its report name (a gate's ``metric``); an unknown name is an error."""
+        if name not in type(self).model_fields:
+            raise AttributeError(f"no validation metric '{name}'")
+        return getattr(self, name)
+
+
+class ValidationRow(ResultRow):
+    """One artifact on one target against the reference outputs."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({
+        "outputs", "tolerance", "tolerance_basis", "precision", "execution", "samples",
+        "batch_sizes_validated", "task_metric_reference", "added"})
+
+    variant: str
+    target: str
+    status: ValidationStatus
+    reason: str = ""
+    metrics: ValidationMetrics = Field(default_factory=ValidationMetrics)
+    effective_precision: str | None = None
+    warnings: list[str] = Field(default_factory=list)
+    divergence: dict[str, Any] | None = None
+    """The first node whose output breaks the limits (validate.localize), or None."""
+    unattainable: list[str] = Field(default_factory=list)
+    noise_floor: bool = False
+    """True on the rows that run the reference itself on another target: they measure the noise floor."""
+    # measured rows only
+    outputs: list[dict[str, Any]] | None = None
+    tolerance: dict[str, Any] | None = None
+    tolerance_basis: str | None = None
+    precision: str | None = None
+    execution: dict[str, Any] | None = None
+    samples: int | None = None
+    batch_sizes_validated: list[int] | None = None
+    task_metric_reference: float | None = None
+    added: str | None = None
+    """Why qdeploy added this row to the recipe's matrix (the fp16 true-precision check)."""
+
+    @property
+    def measured(self) -> bool:
+        """Whether the outputs were compared (passed or failed), not unavailable or errored."""
+        return self.status in ("passed", "failed")
+
+
+class LatencyStats(ResultRow):
+    """Latency statistics in milliseconds (throughput rows have no std and no interval)."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"std", "ci95_p50"})
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+    min: float
+    max: float
+    std: float | None = None
+    ci95_p50: list[float] | None = None
+
+
+class StopRecord(ResultRow):
+    """Why a benchmark row stopped before its planned runs: its time budget was spent."""
+
+    reason: str
+    max_seconds: float
+    runs: int
+    planned_runs: int | None
+    warmup_runs: int
+    seconds_spent: float
+
+
+class BenchmarkRow(ResultRow):
+    """Latency of one artifact on one target and batch size, one request at a time."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({
+        "warmup", "warmup_ms", "threads", "mode", "timed_call", "measure", "settings", "data", "output_shapes",
+        "round_runs", "ci95_rel_width", "stopped_early", "execution", "speedup", "speedup_range"})
+
+    variant: str
+    target: str
+    batch_size: int
+    status: BenchmarkStatus
+    reason: str = ""
+    latency_ms: LatencyStats | None = None
+    throughput_per_s: float | None = None
+    runs: int = 0
+    session_create_ms: float | None = None
+    first_run_ms: float | None = None
+    round_p50_ms: list[float] = Field(default_factory=list)
+    noisy: bool | None = None
+    memory: dict[str, Any] | None = None
+    notes: list[str] = Field(default_factory=list)
+    # measured rows only
+    warmup: int | None = None
+    warmup_ms: float | None = None
+    threads: int | None = None
+    mode: str | None = None
+    timed_call: str | None = None
+    measure: dict[str, Any] | None = None
+    settings: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None
+    output_shapes: dict[str, Any] | None = None
+    round_runs: list[int] | None = None
+    ci95_rel_width: float | None = None
+    stopped_early: StopRecord | None = None
+    execution: dict[str, Any] | None = None
+    # added by the report (qdeploy.pipeline.summary): against the reference variant on the same target and batch
+    speedup: float | None = None
+    speedup_range: list[float] | None = None
+
+    @property
+    def p50(self) -> float | None:
+        return self.latency_ms.p50 if self.latency_ms is not None else None
+
+
+class ThroughputRow(ResultRow):
+    """Inferences per second of one artifact on one target and batch size, many requests in flight."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({
+        "inferences", "requests_run", "seconds", "round_spread", "call", "settings", "speedup", "speedup_range"})
+
+    variant: str
+    target: str
+    batch_size: int
+    mode: Literal["throughput"] = "throughput"
+    status: BenchmarkStatus
+    reason: str = ""
+    inferences_per_s: float | None = None
+    round_inferences_per_s: list[float] = Field(default_factory=list)
+    requests_in_flight: int | None = None
+    streams: int | None = None
+    threads_per_request: int | None = None
+    latency_ms: LatencyStats | None = None
+    notes: list[str] = Field(default_factory=list)
+    # measured rows only
+    inferences: int | None = None
+    requests_run: int | None = None
+    seconds: float | None = None
+    round_spread: float | None = None
+    call: str | None = None
+    settings: dict[str, Any] | None = None
+    speedup: float | None = None
+    speedup_range: list[float] | None = None
+
+
+def benchmark_row_from_json(data: Mapping[str, Any]) -> BenchmarkRow | ThroughputRow:
+    """A benchmark stage row of either mode, told apart by ``mode``."""
+    if data.get("mode") == "throughput":
+        return ThroughputRow.from_json(data)
+    return BenchmarkRow.from_json(data)
+
+
+def rows_to_json(rows: list[Any]) -> list[dict[str, Any]]:
+    return [row.to_json() for row in rows]
