@@ -1,0 +1,295 @@
+"""Weight-only int4/int8 on a GPT-style decoder: qdeploy's ``mode: weight_only`` against ONNX Runtime's
+``MatMulNBitsQuantizer`` and NNCF's ``compress_weights``, with qdeploy's fp32/fp16/int8-dynamic, on ONNX Runtime
+and OpenVINO, in one run.
+
+    python benchmarks/weight_only.py [--work /tmp/qdeploy-wo] [--layers 6] [--hidden 512] [--vocab 32000]
+                                     [--rounds 5] [--iterations 4] [--threads 1]
+
+The decoder is ``tests/helpers/decoder.py`` (transformers Llama config, seeded random weights, past key/values as
+optimum writes them).  Columns: size (model + data files), build seconds, prefill latency (32 tokens, no past)
+and one decode step (1 token after 32 cached; fed the fp32 model's real past), each the median over
+``--rounds`` interleaved rounds (every artifact takes its turn each round) of ``--iterations`` timed calls,
+CPU time per call with ``--threads`` threads (robust to other jobs on a shared machine); cosine of the logits
+against fp32; and what the runtime keeps: ORT's optimized-graph weight ops, OpenVINO's compiled
+FullyConnected weight types.  NNCF writes OpenVINO IR, so its rows are OpenVINO only; it is imported lazily
+and reported as not installed when absent (``pip install nncf``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.helpers.decoder import export, feeds, io_names, write_prompts
+
+PROMPT, PAST = 32, 32
+
+
+@dataclass
+class Artifact:
+    name: str
+    engine: str
+    path: Path
+    build_s: float
+    runtimes: tuple[str, ...] = ("ort", "openvino")
+
+
+def size_of(path: Path) -> int:
+    """The model file plus the files beside it that share its name (external data, an IR's .bin)."""
+    return path.stat().st_size + sum(other.stat().st_size for other in path.parent.iterdir()
+                                     if other != path and other.name.startswith((path.name + ".", path.stem + "."))
+                                     and other.suffix in (".data", ".bin", ".weights"))
+
+
+QDEPLOY_VARIANTS = {
+    "fp16": "[simplify, {fp16: {keep_io_types: true}}]",
+    "int8 dynamic": "[simplify, {quantize: {mode: dynamic}}]",
+    "int4 weight_only": "[simplify, {quantize: {mode: weight_only, bits: 4}}]",
+    "int4 weight_only asym": "[simplify, {quantize: {mode: weight_only, bits: 4, symmetric_weights: false}}]",
+    "int8 weight_only": "[simplify, {quantize: {mode: weight_only, bits: 8}}]",
+    "int4 weight_only DQ": "[simplify, {quantize: {mode: weight_only, bits: 4, weight_format: dequantize_linear}}]",
+}
+
+
+def build_qdeploy(source: Path, folder: Path, config: Any) -> list[Artifact]:
+    """qdeploy's variants through its runner, as a user's recipe builds them (validation and benchmark off)."""
+    from qdeploy.pipeline.loader import load_recipe
+    from qdeploy.pipeline.runner import RunOptions, run_recipe
+
+    names = {label: label.replace(" ", "_") for label in QDEPLOY_VARIANTS}
+    variants = "\n".join(f"  {names[label]}: {steps}" for label, steps in QDEPLOY_VARIANTS.items())
+    recipe = folder / "recipe.yaml"
+    write_prompts(folder / "prompts", config, 4, prompt=16, seed=3)  # token ids inside the vocabulary
+    recipe.write_text(f"name: wo\nmodel: {{onnx: {source}}}\ndata: {{prompts: {{reader: npy, path: prompts}}}}\n"
+                      f"variants:\n{variants}\ntargets: [ort:cpu]\nvalidate: {{data: prompts, samples: 1}}\n"
+                      "benchmark: {enabled: false}\nreport: {formats: [json]}\n")
+    result = run_recipe(load_recipe(recipe), RunOptions(out_dir=folder / "run", show_progress=False))
+    seconds = {row["name"]: row.get("seconds", 0.0) for row in result.report["artifacts"]}
+    built = []
+    for label, name in names.items():
+        path = folder / "run" / "artifacts" / f"{name}.onnx"
+        if path.exists():
+            built.append(Artifact(label, "qdeploy", path, seconds.get(name, 0.0)))
+        else:
+            print(f"qdeploy {label} was not built: {result.report.get('failures')}", file=sys.stderr)
+    return built
+
+
+def build_ort_tool(source: Path, out: Path, *, accuracy_level: int | None, gather: bool) -> Path:
+    """ORT's MatMulNBitsQuantizer (RTN, int4 symmetric, block 128) as its users call it."""
+    import onnx
+    from onnxruntime.quantization import matmul_nbits_quantizer as mnq
+
+    ops = ("MatMul", "Gather") if gather else ("MatMul",)
+    config = mnq.DefaultWeightOnlyQuantConfig(block_size=128, is_symmetric=True, bits=4,
+                                              accuracy_level=accuracy_level, op_types_to_quantize=ops)
+    quantizer = mnq.MatMulNBitsQuantizer(onnx.load(str(source)), algo_config=config)
+    quantizer.process()
+    onnx.save_model(quantizer.model.model, str(out), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=out.name + ".data", size_threshold=1024)
+    return out
+
+
+def build_nncf(source: Path, out: Path, mode: str) -> Path:
+    """NNCF's compress_weights on the OpenVINO model read from the fp32 ONNX file (defaults: group 128, ratio 1
+    for int4 with the embedding and LM head in int8), saved as OpenVINO IR."""
+    import nncf
+    import openvino as ov
+
+    compressed = nncf.compress_weights(ov.Core().read_model(str(source)), mode=getattr(nncf.CompressWeightsMode, mode))
+    ov.save_model(compressed, str(out))
+    return out
+
+
+def _timed_build(build: Callable[[], Path]) -> tuple[Path | None, float, str]:
+    started = time.perf_counter()
+    try:
+        return build(), time.perf_counter() - started, ""
+    except ImportError as exc:
+        return None, 0.0, f"not installed ({exc.name})"
+    except Exception as exc:
+        return None, 0.0, f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+
+
+def build_peers(source: Path, folder: Path) -> tuple[list[Artifact], list[str]]:
+    plans: list[tuple[str, str, Callable[[], Path], tuple[str, ...]]] = [
+        ("int4 sym", "ORT MatMulNBitsQuantizer, MatMul+Gather",
+         lambda: build_ort_tool(source, folder / "ort_gather.onnx", accuracy_level=None, gather=True),
+         ("ort", "openvino")),
+        ("int4 sym", "ORT MatMulNBitsQuantizer, MatMul (defaults)",
+         lambda: build_ort_tool(source, folder / "ort_matmul.onnx", accuracy_level=None, gather=False),
+         ("ort", "openvino")),
+        ("int4 sym", "ORT MatMulNBitsQuantizer, MatMul, accuracy_level 4",
+         lambda: build_ort_tool(source, folder / "ort_matmul_l4.onnx", accuracy_level=4, gather=False),
+         ("ort", "openvino")),
+        ("int4 sym", "NNCF compress_weights INT4_SYM", lambda: build_nncf(source, folder / "nncf_int4.xml",
+                                                                           "INT4_SYM"), ("openvino",)),
+        ("int8 asym", "NNCF compress_weights INT8_ASYM", lambda: build_nncf(source, folder / "nncf_int8.xml",
+                                                                             "INT8_ASYM"), ("openvino",)),
+    ]
+    built, problems = [], []
+    for name, engine, build, runtimes in plans:
+        path, seconds, problem = _timed_build(build)
+        if path is None:
+            problems.append(f"{engine}: {problem}")
+        else:
+            built.append(Artifact(name, engine, path, seconds, runtimes))
+    return built, problems
+
+
+class Runner:
+    """One artifact loaded on one runtime: a call on feeds, and what the runtime keeps of the weights."""
+
+    def __init__(self, artifact: Artifact, runtime: str, threads: int) -> None:
+        self.artifact, self.runtime = artifact, runtime
+        if runtime == "ort":
+            import onnxruntime as ort
+
+            options = ort.SessionOptions()
+            options.intra_op_num_threads, options.log_severity_level = threads, 3
+            options.optimized_model_filepath = str(artifact.path.with_name(artifact.path.stem + ".ort-opt.onnx"))
+            self.session = ort.InferenceSession(str(artifact.path), options, providers=["CPUExecutionProvider"])
+            self.names = {value.name for value in self.session.get_inputs()}
+            self.kept = _ort_kept(Path(options.optimized_model_filepath))
+        else:
+            import openvino as ov
+
+            self.compiled = ov.Core().compile_model(str(artifact.path), "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                                                "INFERENCE_NUM_THREADS": threads})
+            self.kept = _ov_kept(self.compiled)
+
+    def __call__(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        if self.runtime == "ort":
+            return self.session.run(["logits"], {k: v for k, v in feed.items() if k in self.names})[0]
+        return self.compiled(feed)["logits"]
+
+
+def _ort_kept(optimized: Path) -> str:
+    import onnx
+
+    model = onnx.load(str(optimized), load_external_data=False)
+    counts = Counter(node.op_type for node in model.graph.node
+                     if node.op_type in ("MatMulNBits", "MatMulInteger", "MatMul", "GatherBlockQuantized",
+                                         "DynamicQuantizeMatMul", "FusedMatMul", "DequantizeLinear", "Gather"))
+    for leftover in optimized.parent.glob(optimized.name + "*"):
+        leftover.unlink()
+    return ", ".join(f"{op} {n}" for op, n in sorted(counts.items()))
+
+
+def _ov_kept(compiled: Any) -> str:
+    counts: Counter[str] = Counter()
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
+        if kind in ("FullyConnected", "MatMul") and op.get_input_size() > 1:
+            counts[f"FC {op.input(1).get_source_output().get_node().get_output_element_type(0).get_type_name()}"] += 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a64 @ b64 / (np.linalg.norm(a64) * np.linalg.norm(b64)))
+
+
+def _cpu_ms(call: Callable[[], Any], iterations: int) -> float:
+    started = time.process_time()
+    for _ in range(iterations):
+        call()
+    return (time.process_time() - started) / iterations * 1e3
+
+
+def measure(runners: list[Runner], inputs: dict[str, dict[str, np.ndarray]], reference: dict[str, np.ndarray],
+            rounds: int, iterations: int) -> list[dict[str, Any]]:
+    """Every runner in turn, ``rounds`` times; the median of its round medians per phase."""
+    times: dict[int, dict[str, list[float]]] = {id(r): {"prefill": [], "decode": []} for r in runners}
+    for runner in runners:  # warm-up
+        for feed in inputs.values():
+            runner(feed)
+    for _ in range(rounds):
+        for runner in runners:
+            for phase, feed in inputs.items():
+                times[id(runner)][phase].append(_cpu_ms(lambda: runner(feed), iterations))  # noqa: B023
+    rows = []
+    for runner in runners:
+        art = runner.artifact
+        rows.append({"variant": art.name, "engine": art.engine, "runtime": runner.runtime,
+                     "size_mb": size_of(art.path) / 1e6, "build_s": art.build_s, "kept": runner.kept,
+                     **{f"{phase}_ms": statistics.median(times[id(runner)][phase]) for phase in inputs},
+                     **{f"cos_{phase}": cosine(reference[phase], runner(feed)) for phase, feed in inputs.items()}})
+    return rows
+
+
+def _inputs(source: Path, config: Any) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """Prefill and decode-step feeds (the decode step gets the fp32 model's real past), and the fp32 logits."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
+    _, outputs = io_names(config.num_hidden_layers)
+    prefill = feeds(config, prompt=PROMPT, past=0, seed=7)
+    results = dict(zip(outputs, session.run(None, prefill), strict=True))
+    decode = feeds(config, prompt=1, past=PAST, seed=8, past_values=results)
+    return {"prefill": prefill, "decode": decode}, {"prefill": results["logits"],
+                                                    "decode": session.run(["logits"], decode)[0]}
+
+
+def table(rows: list[dict[str, Any]], fp32: dict[str, dict[str, float]]) -> str:
+    lines = ["| variant | engine | runtime | size MB | build s | prefill ms (x fp32) | decode ms (x fp32) | "
+             "cos prefill | cos decode | weights the runtime keeps |", "|" + "---|" * 10]
+    for row in rows:
+        base = fp32.get(row["runtime"], {})
+        speed = {phase: base.get(phase, 0.0) / row[f"{phase}_ms"] if row[f"{phase}_ms"] else 0.0
+                 for phase in ("prefill", "decode")}
+        lines.append(f"| {row['variant']} | {row['engine']} | {row['runtime']} | {row['size_mb']:.1f} | "
+                     f"{row['build_s']:.1f} | {row['prefill_ms']:.1f} ({speed['prefill']:.2f}x) | "
+                     f"{row['decode_ms']:.2f} ({speed['decode']:.2f}x) | {row['cos_prefill']:.4f} | "
+                     f"{row['cos_decode']:.4f} | {row['kept']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/qdeploy-wo"))
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    source, config = export(args.work / "decoder.onnx", layers=args.layers, hidden=args.hidden, vocab=args.vocab)
+    artifacts = [Artifact("fp32", "exported (torch.onnx)", source, 0.0), *build_qdeploy(source, args.work, config)]
+    peers, problems = build_peers(source, args.work)
+    runners = []
+    for art in artifacts + peers:
+        for runtime in art.runtimes:
+            try:
+                runners.append(Runner(art, runtime, args.threads))
+            except Exception as exc:  # a tool's artifact the runtime cannot load is a finding, not a crash
+                problems.append(f"{art.engine} {art.name} on {runtime}: {type(exc).__name__}: "
+                                f"{' '.join(str(exc).split())[:200]}")
+    inputs, reference = _inputs(source, config)
+    load_before = os.getloadavg()[0]
+    rows = measure(runners, inputs, reference, args.rounds, args.iterations)
+    fp32 = {row["runtime"]: {p: row[f"{p}_ms"] for p in inputs} for row in rows if row["variant"] == "fp32"}
+    print(table(rows, fp32))
+    print(f"\n{args.layers} layers, hidden {args.hidden}, vocab {args.vocab}; {args.threads} thread(s), CPU ms per "
+          f"call; 1-minute load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+    for problem in problems:
+        print(f"not measured: {problem}")
+
+
+if __name__ == "__main__":
+    main()
