@@ -14,7 +14,8 @@ Rules (docs/verdict-and-throughput.md says them for users):
 - the pick is the smallest artifact of the tie set (then the higher fidelity, then the better median); the
   runner-up is the best other member of the tie set; every other variant is listed with its reason;
 - with benchmarks off, the pick is the smallest artifact that passed, said to be unranked by speed.
-A failed, errored or unavailable row is never a candidate.
+A failed, errored or unavailable row is never a candidate, nor an artifact that every benchmark round measured
+slower than the float reference on that target (its speedup range is below 1).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class _Rows:
     sizes: dict[str, int | None]
     failed_builds: dict[str, dict[str, Any]]
     gates: list[dict[str, Any]]
+    reference: str | None = None
 
 
 def _validation(report: dict[str, Any]) -> list[ValidationRow]:
@@ -164,7 +166,8 @@ def _rows(report: dict[str, Any], target: str, batch: int | None) -> _Rows:
     return _Rows(checks={row.variant: row for row in _validation(report) if row.target == target},
                  latency=on_target("benchmarks"), throughput=on_target("throughput"),
                  sizes={row["name"]: row.get("size_bytes") for row in report.get("artifacts", [])},
-                 failed_builds={row["variant"]: row for row in report.get("failures", [])}, gates=gates)
+                 failed_builds={row["variant"]: row for row in report.get("failures", [])}, gates=gates,
+                 reference=(report.get("reference") or {}).get("variant"))
 
 
 def rejection(variant: str, rows: _Rows, by: str) -> str:
@@ -187,7 +190,18 @@ def rejection(variant: str, rows: _Rows, by: str) -> str:
         return f"benchmark {status}" + (f": {bench.reason}" if bench and bench.reason else "")
     if not _finite(_score(bench, by)):
         return "its benchmark gave no finite number"
-    return ""
+    return _slower_than_reference(variant, bench, rows.reference)
+
+
+def _slower_than_reference(variant: str, bench: BenchmarkRow | ThroughputRow, reference: str | None) -> str:
+    """A converted artifact that every round measured slower than the float reference on this target is never
+    recommended there, whatever else it wins (size, a tie with a slower pick): quantizing to lose speed is not a
+    deployment.  '' when it is not, or when the rounds cannot tell."""
+    spread = bench.speedup_range
+    if variant == reference or bench.speedup is None or not spread or max(spread) >= 1.0:
+        return ""
+    return (f"slower than the float reference {reference or ''} on this target: {fmt_speedup(bench.speedup, spread)}"
+            " in every round; not recommended here").replace("  ", " ")
 
 
 def _score(bench: BenchmarkRow | ThroughputRow, by: str) -> Any:

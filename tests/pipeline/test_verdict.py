@@ -207,3 +207,40 @@ def test_throughput_rows_are_tabled_in_markdown_and_html() -> None:
     assert "- openvino:cpu: AsyncInferQueue; PERFORMANCE_HINT=THROUGHPUT" in text and "int8 | ort:cuda" not in text
     page = render_html(report)
     assert "<h2>Throughput, many requests in flight</h2>" in page and "2 × 1" in page
+
+
+def _slower_than_float_on_openvino() -> dict[str, Any]:
+    """On openvino:cpu the fp32 reference fails a gate, and int8 (the smallest) and fp16 tie with each other but
+    every round measured both slower than fp32 (an elementwise model: nothing for int8 kernels to speed up)."""
+    report = _two_targets()
+    report["benchmarks"] = [row for row in report["benchmarks"] if row["target"] != "openvino:cpu"]
+    for variant, p50, rounds, spread in (("fp32", 8.0, [8.0, 8.1, 7.9, 8.0, 8.2], [1.0, 1.0]),
+                                         ("fp16", 10.1, [10.1, 10.3, 10.0, 9.9, 10.2], [0.77, 0.81]),
+                                         ("int8", 10.0, [10.0, 10.2, 10.1, 10.0, 10.3], [0.78, 0.82])):
+        report["benchmarks"].append(bench_row(variant, "openvino:cpu", p50, rounds, speedup=8.0 / p50,
+                                              speedup_range=spread))
+    report["gates"] = [{"variant": "fp32", "target": "openvino:cpu", "metric": "latency_ms_p50", "value": 8.0,
+                        "max": 5.0, "passed": False, "batch_size": 1}]
+    return report
+
+
+def test_an_artifact_slower_than_float_in_every_round_is_never_recommended() -> None:
+    """Before, the tie between int8 and fp16 went to the smaller int8: an artifact 0.8x the float model's speed
+    was recommended for deployment on that target."""
+    verdict = _target(_slower_than_float_on_openvino(), "openvino:cpu")
+    assert verdict["status"] == "none" and verdict["variant"] is None
+    for variant in ("int8", "fp16"):
+        reason = verdict["rejected"][variant]
+        assert reason.startswith("slower than the float reference fp32 on this target: 0.")
+        assert reason.endswith("x in every round; not recommended here")
+    lines = dict(verdict_lines(verdict_section(_slower_than_float_on_openvino())))
+    details = next(detail for headline, detail in lines.items() if headline.startswith("openvino:cpu"))
+    assert any("not int8: slower than the float reference fp32" in line for line in details)
+
+
+def test_a_converted_artifact_the_rounds_cannot_tell_from_float_stays_a_candidate() -> None:
+    report = _slower_than_float_on_openvino()
+    for row in report["benchmarks"]:
+        if row["target"] == "openvino:cpu" and row["variant"] == "int8":
+            row["speedup_range"] = [0.95, 1.03]  # some round had it as fast as fp32
+    assert _target(report, "openvino:cpu")["variant"] == "int8"
