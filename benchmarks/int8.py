@@ -1,4 +1,4 @@
-"""qdeploy's int8 artifacts against ONNX Runtime's ``quantize_static`` defaults: latency and fidelity.
+"""qdeploy's int8 artifacts against ONNX Runtime's ``quantize_static`` defaults and NNCF: latency and fidelity.
 
     python benchmarks/int8.py [--models demo resnet18 encoder pp-ocr-det pp-ocr-rec] [--iterations 20]
                               [--rounds 5] [--threads 1]
@@ -16,7 +16,13 @@ Artifacts per model:
   activations and weights, per-tensor, MinMax, every op type it knows);
 - ``qdeploy``: the quantize stage with its defaults (op set 'balanced', uint8 activations, int8
   per-channel weights, minmax), calibrated on the same samples;
-- ``qdeploy+budget`` (encoder): the same with ``tolerance: {cosine_min: 0.98}`` on the calibration data.
+- ``qdeploy+budget`` (encoder): the same with ``tolerance: {cosine_min: 0.98}`` on the calibration data;
+- ``nncf`` / ``nncf-transformer`` (encoder): NNCF's ``nncf.quantize`` on the ONNX model, defaults and
+  ``model_type=TRANSFORMER`` (``benchmarks/int8_peers.py``; missing rows say NNCF is not installed).
+
+Then the machine's ceiling: a large MatMul in fp32 and int8 on each runtime (``--ceiling-size``), and per
+model and runtime qdeploy's speedup over fp32, its share of the ceiling's int8 gain, and the goal against the
+fastest peer (at most 1.05x its latency at a cosine no lower than its minus 0.002).
 
 Latency through qdeploy's target adapters (``ort:cpu``, ``openvino:cpu`` pinned to f32), artifacts
 taking turns in ``--rounds`` rounds of ``--iterations`` timed runs after warm-up; the median of the
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -43,6 +50,7 @@ import onnx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.int8_peers import ceiling, ceiling_lines, nncf_artifacts  # noqa: E402
 from qdeploy.calibration import data_context  # noqa: E402
 from qdeploy.core.compare import compare_outputs  # noqa: E402
 from qdeploy.core.context import Artifact  # noqa: E402
@@ -267,6 +275,14 @@ def qdeploy(case: Case, folder: Path, label: str, config: QuantizeConfig) -> Row
     return row
 
 
+def nncf_rows(case: Case, folder: Path) -> list[Row]:
+    """NNCF's nncf.quantize (defaults; and model_type TRANSFORMER for the encoder) on the same calibration."""
+    built, note = nncf_artifacts(case.path, case.calib, folder, transformer=case.budget)
+    if note:
+        log.info("%s: %s", case.name, note)
+    return [Row(case.name, label, path, seconds) for label, path, seconds in built]
+
+
 def qdeploy_rows(case: Case, folder: Path) -> list[Row]:
     calibration = {"data": "calib", "samples": len(case.calib)}
     rows = [qdeploy(case, folder, "qdeploy", QuantizeConfig(calibration=calibration))]
@@ -349,6 +365,37 @@ def _kernels(counted: dict[str, Any] | None) -> str:
     return f"{counted['int8']}/{counted['quantizable']}"
 
 
+PEERS = ("ort-default", "nncf", "nncf-transformer")
+
+
+def peer_goals(rows: list[Row], gains: dict[str, dict[str, float]]) -> list[str]:
+    """Per model and runtime: qdeploy against the fastest peer (goal: at most 1.05x its latency at a cosine no
+    lower than its minus 0.002), against fp32 (never slower), and its int8 gain as a share of the ceiling's."""
+    by = {(row.model, row.artifact): row for row in rows}
+    lines = []
+    for model in dict.fromkeys(row.model for row in rows):
+        ours, base = by.get((model, "qdeploy")), by[(model, "fp32")]
+        if ours is None:
+            continue
+        for target in TARGETS:
+            peers = [by[(model, p)] for p in PEERS if (model, p) in by and target in by[(model, p)].latency]
+            if target not in ours.latency or target not in base.latency:
+                continue
+            speedup = base.latency[target] / ours.latency[target]
+            line = f"- {model} on {target}: {speedup:.2f}x fp32 ({'not ' if speedup < 1 else ''}faster than fp32)"
+            if target in gains:
+                line += f"; {speedup / gains[target]['gain']:.0%} of the ceiling's int8 gain"
+            if peers:
+                best = min(peers, key=lambda row: row.latency[target])
+                ratio = ours.latency[target] / best.latency[target]
+                close = ours.cosine is not None and best.cosine is not None and ours.cosine >= best.cosine - 0.002
+                met = ratio <= 1.05 and close
+                line += (f"; {ratio:.2f}x the fastest peer's latency ({best.artifact}), cosine "
+                         f"{ours.cosine:.4f} vs {best.cosine:.4f}: goal {'met' if met else 'missed'}")
+            lines.append(line)
+    return lines
+
+
 def goals(rows: list[Row]) -> list[str]:
     by = {(row.model, row.artifact): row for row in rows}
     lines = []
@@ -376,6 +423,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (runtime default when absent)")
+    parser.add_argument("--ceiling-size", type=int, default=1024, help="the ceiling MatMul's size (0: skip it)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("qdeploy.stages", "qdeploy.calibration", "root"):  # ORT's quantizer warns through the root logger
@@ -389,14 +437,19 @@ def main() -> None:
             if case is None:
                 continue
             log.info("%s: quantizing", name)
-            model_rows = [Row(name, "fp32", case.path, 0.0), ort_default(case, folder), *qdeploy_rows(case, folder)]
+            model_rows = [Row(name, "fp32", case.path, 0.0), ort_default(case, folder), *nncf_rows(case, folder),
+                          *qdeploy_rows(case, folder)]
             fidelity(model_rows, case)
             log.info("%s: timing", name)
             latency(model_rows, case.evaluation[0], args.iterations, args.rounds, args.threads)
             rows += model_rows
             log.info("\n".join(table(model_rows)))
+    gains = ceiling(TARGETS, size=args.ceiling_size, threads=args.threads or 1) if args.ceiling_size else {}
     print("\n".join(table(rows)))
-    print("\n".join(["", *goals(rows)]))
+    if gains:
+        print("\n".join(["", *ceiling_lines(gains, args.ceiling_size, args.threads or 1)]))
+    print("\n".join(["", *goals(rows), *peer_goals(rows, gains)]))
+    print(f"\n1-minute load average at the end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -167,6 +167,8 @@ def find_targets(model: onnx.ModelProto, config: QuantizeConfig, report: WeightO
         if not _float_2d(inits.get(weight)):
             continue
         why = _kept_because(node, weight, config, read_inside)
+        if inits[weight].data_type == TensorProto.FLOAT16:  # MatMulNBits' scales would have to be float16 too
+            why = why or "float16 weight: put weight_only before fp16 in the variant's steps"
         policy = "same"
         if not why:
             policy = config.embeddings if kind == "gather" else (

@@ -114,3 +114,22 @@ def test_lm_head_and_embedding_policies(tmp_path: Path) -> None:
 def test_settings_that_do_not_fit_the_mode_are_refused_by_name(settings: dict, field: str) -> None:
     with pytest.raises(ValidationError, match=field):
         QuantizeConfig(**settings)
+
+
+def test_a_model_with_nothing_to_quantize_fails_the_variant_with_the_reason(tmp_path: Path) -> None:
+    """float16 weights (weight_only placed after fp16) and convolutional models are refused in words."""
+    from qdeploy.core.errors import StageError
+    from qdeploy.stages import quantize
+    from tests.helpers.quantize import save_artifact, stage_context, tiny_conv
+
+    table = np.random.default_rng(0).standard_normal((VOCAB, K)).astype(np.float16)
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["h"], name="embed")], "g",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
+                              [helper.make_tensor_value_info("h", TensorProto.FLOAT16, [1, 5, K])],
+                              [numpy_helper.from_array(table, "table")])
+    half = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    config = QuantizeConfig(mode="weight_only")
+    with pytest.raises(StageError, match="embed: float16 weight: put weight_only before fp16"):
+        quantize.run(save_artifact(tmp_path, half), config, stage_context(tmp_path))
+    with pytest.raises(StageError, match="use ptq or dynamic"):
+        quantize.run(save_artifact(tmp_path, tiny_conv()), config, stage_context(tmp_path))
