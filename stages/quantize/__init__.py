@@ -63,6 +63,8 @@ def run(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageR
         raise _refuse_already_quantized(model, already, ctx)
     if config.mode == "weight_only":
         return quantize_modes.weight_only(artifact, config, ctx)
+    if config.engine == "nncf":
+        return quantize_modes.nncf_ptq(artifact, config, ctx)
     try:
         return quantize_modes.post_training(artifact, config, ctx)
     except QuantizerFailure as exc:

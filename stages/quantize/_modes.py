@@ -215,6 +215,24 @@ def _with_budget(prepared: Path, build: Any, config: QuantizeConfig, ctx: StageC
     return result.model, result.kept, result.findings
 
 
+def nncf_ptq(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
+    """engine nncf: NNCF builds the QDQ model (``_nncf.py``); the same checks and counts as qdeploy's own."""
+    from qdeploy.core.context import StageResult
+    from qdeploy.stages.quantize._nncf import quantize_with_nncf
+
+    model, findings = quantize_with_nncf(artifact, config, ctx)
+    findings = {"mode": "ptq", **findings}
+    _mark_seven_bit(model, findings["reduce_range"]["seven_bit"])
+    output = _save(model, ctx.work_dir / "quantized.onnx")
+    check_runs(output, config, ctx)
+    findings.update({"quantized_nodes": quantized_node_counts(model), "excluded": sorted(config.exclude_nodes),
+                     "compute_nodes": compute_nodes(model)})
+    findings.update(saturation_findings(model, ctx.targets, weights_from_model=False))
+    ctx.on_progress("counting int8 kernels")
+    findings["int8_kernels"] = int8_kernels(output, model, list(config.verify_targets), ctx.work_dir)
+    return StageResult(model=model, changed=True, findings=findings, path=_saved_path(model, output))
+
+
 def weight_only(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
     """mode weight_only: block-quantized MatMul/Gather weights written file to file, loaded by ORT before use."""
     import onnx

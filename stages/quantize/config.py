@@ -91,6 +91,13 @@ class QuantizeConfig(BaseModel):
                                     "the recipe's targets and weights are int8, ptq builds both 7-bit forms and "
                                     "keeps the one closer to float32 on calibration data, dynamic uses 7-bit "
                                     "weights; whatever CPU builds the artifact.")
+    engine: Literal["qdeploy", "nncf"] = Field(
+        default="qdeploy", description="Who builds the ptq model: qdeploy (ONNX Runtime's QDQ quantizer with "
+                                       "qdeploy's calibration and placement) or NNCF's nncf.quantize (OpenVINO's "
+                                       "tool; optional: pip install 'qdeploy[nncf]'), calibrated on the same data; "
+                                       "either way qdeploy checks, validates and benchmarks the artifact.")
+    nncf_model_type: Literal["transformer"] | None = Field(
+        default=None, description="engine nncf: NNCF's model_type (transformer: its placement for attention models).")
     bits: Literal[4, 8] = Field(default=4, description="Bits per weight (mode weight_only).")
     group_size: int = Field(default=128, description="Weights per scale along the reduction axis (mode "
                                                      "weight_only): a power of two, at least 16.")
@@ -144,6 +151,12 @@ class QuantizeConfig(BaseModel):
                                  f"{sorted(set(self.op_types) - {'MatMul', 'Gather'})} cannot be")
         else:
             self._only_defaults(_WEIGHT_ONLY)
+        if self.engine == "nncf":
+            if self.mode != "ptq":
+                raise ValueError(f"engine 'nncf' builds mode 'ptq' only, not '{self.mode}'")
+            self._only_defaults(_NOT_NNCF, hint="engine 'qdeploy'")
+        else:
+            self._only_defaults(frozenset({"nncf_model_type"}), hint="engine 'nncf'")
         if self.mode in ("dynamic", "lower"):
             self._only_defaults(_PTQ_ONLY if self.mode == "dynamic" else (_PTQ_ONLY - {"calibration"}) | _NOT_LOWER)
         if self.reduce_range == "activations" and (self.mode != "ptq" or self.activation_type != "uint8"):
@@ -166,12 +179,14 @@ class QuantizeConfig(BaseModel):
                 raise ValueError("op_types is empty: name op types to quantize, or leave it out for ORT's default")
         return self
 
-    def _only_defaults(self, names: frozenset[str]) -> None:
+    def _only_defaults(self, names: frozenset[str], hint: str | None = None) -> None:
         fields = type(self).model_fields
         explicit = sorted(name for name in names
                           if getattr(self, name) != (fields[name].default_factory() if fields[name].default_factory
                                                      else fields[name].default))
         if explicit:
+            if hint is not None:
+                raise ValueError(f"engine '{self.engine}' does not use {explicit}; remove them or use {hint}")
             hint = {"dynamic": "mode 'ptq'", "lower": "mode 'ptq' or 'dynamic'",
                     "weight_only": "mode 'ptq' or 'dynamic'"}.get(self.mode, "mode 'weight_only'")
             raise ValueError(f"mode '{self.mode}' does not use {explicit}; remove them or use {hint}")
@@ -183,3 +198,6 @@ _NOT_LOWER = frozenset({"per_channel", "weight_type", "symmetric_weights", "op_t
 _WEIGHT_ONLY = frozenset({"bits", "group_size", "lm_head", "embeddings", "weight_format", "accuracy_level"})
 _NOT_WEIGHT_ONLY = _PTQ_ONLY | frozenset({"per_channel", "weight_type", "exclude_op_types", "exclude_patterns",
                                           "tolerance", "budget", "reduce_range"})
+_NOT_NNCF = frozenset({"method", "percentile", "per_channel", "activation_type", "weight_type",
+                       "symmetric_activations", "symmetric_weights", "op_set", "op_types", "tolerance", "budget"})
+"""Settings NNCF decides itself (its preset and range estimators) or qdeploy cannot give it."""

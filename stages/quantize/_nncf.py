@@ -1,0 +1,73 @@
+"""``quantize: {engine: nncf}``: NNCF's ``nncf.quantize`` builds the int8 model; qdeploy does the rest.
+
+NNCF (OpenVINO's post-training quantization tool) places Q/DQ the way OpenVINO's low-precision transformations
+want them (symmetric activations where the range allows, Add/Mul/Concat handled for OpenVINO's fusions) and
+applies fast bias correction.  With this engine qdeploy calibrates NNCF on the recipe's data, maps
+``reduce_range`` to NNCF's ``overflow_fix`` (7-bit weights for x86 CPUs without VNNI), checks the model loads,
+counts the int8 kernels each target really runs, and validates and benchmarks it like any artifact; the verdict
+then picks, per target, the fastest artifact that passes (``docs/quantize.md``: NNCF is the faster graph on
+OpenVINO for some models, qdeploy's own on ONNX Runtime).  NNCF is optional: ``pip install 'qdeploy[nncf]'``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.core.errors import StageError
+from qdeploy.stages.quantize._common import resolve_reduce_range
+from qdeploy.stages.quantize.config import STAGE, CalibrationRef
+
+if TYPE_CHECKING:
+    import onnx
+
+    from qdeploy.core.context import Artifact, StageContext
+    from qdeploy.stages.quantize.config import QuantizeConfig
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'qdeploy[nncf]' (or pip install nncf)"
+
+
+def _nncf() -> Any:
+    try:
+        import nncf
+    except ImportError:
+        return None
+    nncf.set_log_level(logging.ERROR)  # its progress bars and INFO lines are not qdeploy's progress display
+    return nncf
+
+
+def quantize_with_nncf(artifact: Artifact, config: QuantizeConfig,
+                       ctx: StageContext) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """NNCF's int8 model of the artifact, calibrated on the recipe's data, and what was done."""
+    import onnx
+
+    nncf = _nncf()
+    if nncf is None:
+        raise StageError(STAGE, ctx.variant, f"quantize.engine 'nncf' needs NNCF, which is not installed: "
+                                             f"{INSTALL_HINT}; or leave engine at 'qdeploy'")
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
+
+    calibration = config.calibration or CalibrationRef()
+    ctx.on_progress("calibrating (NNCF)")
+    samples = list(ctx.samples(calibration.data, artifact.path, calibration.samples))
+    if not samples:
+        raise StageError(STAGE, ctx.variant, f"calibration dataset '{calibration.data or 'random'}' yielded no samples")
+    seven_bit, why = resolve_reduce_range(config, ctx.targets)
+    overflow_fix = OverflowFix.DISABLE if seven_bit == "none" else OverflowFix.ENABLE
+    ignored = nncf.IgnoredScope(names=list(config.exclude_nodes), patterns=list(config.exclude_patterns),
+                                types=list(config.exclude_op_types), validate=False)
+    model_type = nncf.ModelType.TRANSFORMER if config.nncf_model_type == "transformer" else None
+    try:
+        quantized = nncf.quantize(onnx.load(str(artifact.path)), nncf.Dataset(samples), subset_size=len(samples),
+                                  model_type=model_type, ignored_scope=ignored,
+                                  advanced_parameters=AdvancedQuantizationParameters(overflow_fix=overflow_fix))
+    except Exception as exc:  # NNCF's own failure on this model, said as such
+        raise StageError(STAGE, ctx.variant, f"NNCF could not quantize the model: {type(exc).__name__}: "
+                                             f"{' '.join(str(exc).split())[:300]}") from exc
+    findings = {"engine": "nncf", "nncf_version": nncf.__version__, "calibration_data": calibration.data or "random",
+                "calibration_samples": len(samples), "model_type": config.nncf_model_type or "default",
+                "reduce_range": {"setting": config.reduce_range, "seven_bit": "none" if seven_bit == "none"
+                                 else "weights", "why": why, "nncf_overflow_fix": overflow_fix.value}}
+    return quantized, findings
