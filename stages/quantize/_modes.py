@@ -28,7 +28,6 @@ def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext)
     """ptq or dynamic: prepare, calibrate (ptq), build, meet the budget when one is set, verify kernels."""
     import onnx
 
-    from qdeploy.core.context import StageResult
     from qdeploy.stages.quantize._prepare import MIN_OPSET, default_opset, drop_unused_opsets, excluded_nodes, prepare
 
     ctx.on_progress("preparing the float model")
@@ -55,20 +54,29 @@ def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext)
         ctx.on_progress("writing the quantized model")
         model, kept = build([]), []
     drop_unused_opsets(model)
-    _mark_seven_bit(model, findings["reduce_range"]["seven_bit"])
-    output = _save(model, ctx.work_dir / "quantized.onnx")
-    check_runs(output, config, ctx)
     findings.update({
-        "quantized_nodes": quantized_node_counts(model),
         "excluded": sorted({*excluded, *kept}),
         "activation_type": config.activation_type if config.mode == "ptq" else "uint8 (dynamic)",
         "weight_type": config.weight_type,
         "per_channel": config.per_channel,
         "symmetric": {"activations": config.symmetric_activations, "weights": config.symmetric_weights},
-        "compute_nodes": compute_nodes(model),
     })
+    return _checked(model, findings, config, ctx)
+
+
+def _checked(model: onnx.ModelProto, findings: dict[str, Any], config: QuantizeConfig,
+             ctx: StageContext) -> StageResult:
+    """The quantized model marked with its 7-bit operand, saved, loaded in ONNX Runtime, its int8 kernels counted
+    per target; what any ptq or dynamic build (qdeploy's or NNCF's) ends with."""
+    from qdeploy.core.context import StageResult
+
+    seven_bit = findings["reduce_range"]["seven_bit"]
+    _mark_seven_bit(model, seven_bit)
+    output = _save(model, ctx.work_dir / "quantized.onnx")
+    check_runs(output, config, ctx)
+    findings.update({"quantized_nodes": quantized_node_counts(model), "compute_nodes": compute_nodes(model)})
     findings.update(saturation_findings(model, ctx.targets, weights_from_model=False,
-                                        activations_seven_bit=findings["reduce_range"]["seven_bit"] == "activations"))
+                                        activations_seven_bit=seven_bit == "activations"))
     ctx.on_progress("counting int8 kernels")
     findings["int8_kernels"] = int8_kernels(output, model, list(config.verify_targets), ctx.work_dir)
     return StageResult(model=model, changed=True, findings=findings, path=_saved_path(model, output))
@@ -217,20 +225,10 @@ def _with_budget(prepared: Path, build: Any, config: QuantizeConfig, ctx: StageC
 
 def nncf_ptq(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
     """engine nncf: NNCF builds the QDQ model (``_nncf.py``); the same checks and counts as qdeploy's own."""
-    from qdeploy.core.context import StageResult
     from qdeploy.stages.quantize._nncf import quantize_with_nncf
 
     model, findings = quantize_with_nncf(artifact, config, ctx)
-    findings = {"mode": "ptq", **findings}
-    _mark_seven_bit(model, findings["reduce_range"]["seven_bit"])
-    output = _save(model, ctx.work_dir / "quantized.onnx")
-    check_runs(output, config, ctx)
-    findings.update({"quantized_nodes": quantized_node_counts(model), "excluded": sorted(config.exclude_nodes),
-                     "compute_nodes": compute_nodes(model)})
-    findings.update(saturation_findings(model, ctx.targets, weights_from_model=False))
-    ctx.on_progress("counting int8 kernels")
-    findings["int8_kernels"] = int8_kernels(output, model, list(config.verify_targets), ctx.work_dir)
-    return StageResult(model=model, changed=True, findings=findings, path=_saved_path(model, output))
+    return _checked(model, {"mode": "ptq", **findings, "excluded": sorted(config.exclude_nodes)}, config, ctx)
 
 
 def weight_only(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
