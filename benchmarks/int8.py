@@ -16,6 +16,9 @@ Artifacts per model:
   activations and weights, per-tensor, MinMax, every op type it knows);
 - ``qdeploy``: the quantize stage with its defaults (op set 'balanced', uint8 activations, int8
   per-channel weights, minmax), calibrated on the same samples;
+- ``qdeploy@openvino``: the same shaped for OpenVINO (``runtime: openvino``, what ``per_runtime`` builds for
+  ``openvino:*`` targets); the goals judge ``qdeploy`` on ONNX Runtime and this one on OpenVINO;
+  ``qdeploy@openvino-sym`` (``--openvino-symmetric``) the same with symmetric int8 activations;
 - ``qdeploy+budget`` (encoder): the same with ``tolerance: {cosine_min: 0.98}`` on the calibration data;
 - ``nncf`` / ``nncf-transformer`` (encoder): NNCF's ``nncf.quantize`` on the ONNX model, defaults and
   ``model_type=TRANSFORMER`` (``benchmarks/int8_peers.py``; missing rows say NNCF is not installed).
@@ -283,9 +286,13 @@ def nncf_rows(case: Case, folder: Path) -> list[Row]:
     return [Row(case.name, label, path, seconds) for label, path, seconds in built]
 
 
-def qdeploy_rows(case: Case, folder: Path) -> list[Row]:
+def qdeploy_rows(case: Case, folder: Path, openvino_symmetric: bool = False) -> list[Row]:
     calibration = {"data": "calib", "samples": len(case.calib)}
-    rows = [qdeploy(case, folder, "qdeploy", QuantizeConfig(calibration=calibration))]
+    rows = [qdeploy(case, folder, "qdeploy", QuantizeConfig(calibration=calibration)),
+            qdeploy(case, folder, "qdeploy@openvino", QuantizeConfig(calibration=calibration, runtime="openvino"))]
+    if openvino_symmetric:
+        rows.append(qdeploy(case, folder, "qdeploy@openvino-sym", QuantizeConfig(
+            calibration=calibration, runtime="openvino", activation_type="int8", symmetric_activations=True)))
     if case.budget:
         config = QuantizeConfig(calibration=calibration, tolerance={"cosine_min": 0.98},
                                 budget={"samples": 8})
@@ -366,6 +373,9 @@ def _kernels(counted: dict[str, Any] | None) -> str:
 
 
 PEERS = ("ort-default", "nncf", "nncf-transformer")
+OURS = {"ort:cpu": "qdeploy", "openvino:cpu": "qdeploy@openvino"}
+"""qdeploy's artifact for each target: what ``quantize: {per_runtime: true}`` builds (``int8@ort`` is the
+default graph)."""
 
 
 def peer_goals(rows: list[Row], gains: dict[str, dict[str, float]]) -> list[str]:
@@ -374,15 +384,17 @@ def peer_goals(rows: list[Row], gains: dict[str, dict[str, float]]) -> list[str]
     by = {(row.model, row.artifact): row for row in rows}
     lines = []
     for model in dict.fromkeys(row.model for row in rows):
-        ours, base = by.get((model, "qdeploy")), by[(model, "fp32")]
-        if ours is None:
-            continue
+        base = by[(model, "fp32")]
         for target in TARGETS:
+            ours = by.get((model, OURS[target])) or by.get((model, "qdeploy"))  # per_runtime's build for target
+            if ours is None:
+                continue
             peers = [by[(model, p)] for p in PEERS if (model, p) in by and target in by[(model, p)].latency]
             if target not in ours.latency or target not in base.latency:
                 continue
             speedup = base.latency[target] / ours.latency[target]
-            line = f"- {model} on {target}: {speedup:.2f}x fp32 ({'not ' if speedup < 1 else ''}faster than fp32)"
+            faster = "faster" if speedup >= 1 else "not faster"
+            line = f"- {model} on {target}: {ours.artifact} {speedup:.2f}x fp32 ({faster} than fp32)"
             if target in gains:
                 line += f"; {speedup / gains[target]['gain']:.0%} of the ceiling's int8 gain"
             if peers:
@@ -423,6 +435,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (runtime default when absent)")
+    parser.add_argument("--openvino-symmetric", action="store_true",
+                        help="also qdeploy@openvino-sym: the OpenVINO graph with symmetric int8 activations")
     parser.add_argument("--ceiling-size", type=int, default=1024, help="the ceiling MatMul's size (0: skip it)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -438,7 +452,7 @@ def main() -> None:
                 continue
             log.info("%s: quantizing", name)
             model_rows = [Row(name, "fp32", case.path, 0.0), ort_default(case, folder), *nncf_rows(case, folder),
-                          *qdeploy_rows(case, folder)]
+                          *qdeploy_rows(case, folder, args.openvino_symmetric)]
             fidelity(model_rows, case)
             log.info("%s: timing", name)
             latency(model_rows, case.evaluation[0], args.iterations, args.rounds, args.threads)

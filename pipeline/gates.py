@@ -6,6 +6,7 @@ import math
 from typing import Any, TypeVar
 
 from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
+from qdeploy.core.runtimes import built_for
 from qdeploy.pipeline.recipe import GateSpec
 
 __all__ = ["evaluate_gates", "find_benchmark", "gates_hold", "run_passes", "speedup", "unmeasured",
@@ -130,11 +131,12 @@ def unmeasured(validation: list[ValidationRow], benchmarks: list[BenchmarkRow],
     found = [*_errored("validate", validation), *_errored("benchmark", benchmarks)]
     seen = {(row.variant, row.target) for row in validation}
     found += [_entry("validate", variant, target, None, "no validation result")
-              for variant in variants for target in targets if (variant, target) not in seen]
+              for variant in variants for target in targets
+              if (variant, target) not in seen and built_for(variant, target)]
     timed = {(row.variant, row.target, row.batch_size) for row in benchmarks}
     found += [_entry("benchmark", variant, target, batch, "no benchmark result")
               for target in targets for batch in batches for variant in variants
-              if (variant, target, batch) not in timed]
+              if (variant, target, batch) not in timed and built_for(variant, target)]
     return [{**row, "allowed": row["kind"] in allowed} for row in found]
 
 

@@ -19,6 +19,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_vali
 from qdeploy.calibration import data_context
 from qdeploy.calibration.spec import DatasetSpec
 from qdeploy.core.context import StageContext
+from qdeploy.core.runtimes import RUNTIMES, built_for, runtime_of_target, runtime_of_variant, split_name
 from qdeploy.core.tolerance import StrictModel, Tolerance
 from qdeploy.pipeline import registry
 from qdeploy.stages.benchmark.config import BenchmarkConfig
@@ -156,6 +157,45 @@ def _parse_steps(name: str, steps: list[Any]) -> list[VariantStep]:
     return parsed
 
 
+_VARIANT_NAME = rf"[A-Za-z0-9][A-Za-z0-9_.-]*(@({'|'.join(RUNTIMES)}))?"
+
+
+def _split_per_runtime(variants: dict[str, list[VariantStep]],
+                       targets: list[str]) -> tuple[dict[str, list[VariantStep]], dict[str, list[str]]]:
+    """Variants with a ``per_runtime`` step become one variant per runtime among ``targets``
+    (``int8`` -> ``int8@ort``, ``int8@openvino``), that step's config specialised by its stage for the runtime.
+    Returns the new variants and what each split variant became."""
+    runtimes = [runtime for runtime in RUNTIMES if any(runtime_of_target(t) == runtime for t in targets)]
+    result: dict[str, list[VariantStep]] = {}
+    split: dict[str, list[str]] = {}
+    for name, steps in variants.items():
+        where = [index for index, step in enumerate(steps) if step.config.get("per_runtime")]
+        if not where:
+            result[name] = steps
+            continue
+        if runtime_of_variant(name):
+            raise ValueError(f"variant '{name}' is already built for one runtime; per_runtime splits a variant "
+                             "per runtime: remove it, or the '@' suffix")
+        if not runtimes:
+            raise ValueError(f"variant '{name}' has per_runtime, but the recipe's targets {targets} hold no "
+                             f"{' or '.join(RUNTIMES)} target to build for")
+        split[name] = []
+        for runtime in runtimes:
+            specialised = [_for_runtime(step, runtime) if index in where else step
+                           for index, step in enumerate(steps)]
+            result[split_name(name, runtime)] = specialised
+            split[name].append(split_name(name, runtime))
+    clashes = sorted(made for names in split.values() for made in names if made in variants)
+    if clashes:
+        raise ValueError(f"variants {clashes} are both written in the recipe and made by per_runtime; rename one")
+    return result, split
+
+
+def _for_runtime(step: VariantStep, runtime: str) -> VariantStep:
+    config = registry.transform_stage(step.stage).config_class().model_validate(step.config)
+    return VariantStep(stage=step.stage, config=config.for_runtime(runtime).model_dump(mode="json"))
+
+
 class Recipe(StrictModel):
     """A whole qdeploy recipe."""
 
@@ -188,8 +228,9 @@ class Recipe(StrictModel):
             raise ValueError("variants must be a non-empty mapping of name -> list of stages")
         parsed = {}
         for name, steps in value.items():
-            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(name)):
-                raise ValueError(f"variant name '{name}' may hold letters, digits, '_', '.', '-'")
+            if not re.fullmatch(_VARIANT_NAME, str(name)):
+                raise ValueError(f"variant name '{name}' may hold letters, digits, '_', '.', '-', and end in "
+                                 f"'@<runtime>' ({', '.join(RUNTIMES)}) for a variant built for one runtime")
             if name == EXPORTED:
                 raise ValueError(f"variant name '{EXPORTED}' is reserved for the exported model itself")
             if steps is None:
@@ -215,6 +256,8 @@ class Recipe(StrictModel):
 
     @model_validator(mode="after")
     def _cross_references(self) -> Recipe:
+        self.variants, split = _split_per_runtime(self.variants, self.targets)
+        self._check_runtime_variants(split)
         if self.validate_.data is not None and self.validate_.data not in self.data:
             raise ValueError(f"validate.data names dataset '{self.validate_.data}'; defined: {sorted(self.data)}")
         if self.benchmark.data is not None and self.benchmark.data not in self.data:
@@ -238,6 +281,27 @@ class Recipe(StrictModel):
                             f"defined: {sorted(self.data)}"
                         )
         return self
+
+    def _check_runtime_variants(self, split: dict[str, list[str]]) -> None:
+        """Names that point at a split variant, or pair a runtime's variant with another runtime's target."""
+        for variant in self.variants:
+            runtime = runtime_of_variant(variant)
+            if runtime and not any(runtime_of_target(target) == runtime for target in self.targets):
+                raise ValueError(f"variant '{variant}' is built for {runtime}, but the recipe's targets "
+                                 f"{self.targets} hold no {runtime} target: add one (e.g. {runtime}:cpu)")
+        if self.validate_.reference and runtime_of_variant(self.validate_.reference):
+            raise ValueError(f"validate.reference names '{self.validate_.reference}', built for one runtime; the "
+                             "reference must run on every target")
+        if self.validate_.reference in split:
+            raise ValueError(f"validate.reference names '{self.validate_.reference}', which per_runtime splits "
+                             f"into {split[self.validate_.reference]}; the reference must run on every target")
+        for index, gate in enumerate(self.gates):
+            if gate.variant in split:
+                raise ValueError(f"gates[{index}] names variant '{gate.variant}', which per_runtime splits into "
+                                 f"{split[gate.variant]}: name the one for {gate.target}")
+            if not built_for(gate.variant, gate.target):
+                raise ValueError(f"gates[{index}]: variant '{gate.variant}' is built for "
+                                 f"{runtime_of_variant(gate.variant)} and never runs on {gate.target}")
 
     @property
     def reference_variant(self) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import QdeployError, QdeployInputError, RunLockedError, StageError
 from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
+from qdeploy.core.runtimes import built_for, runtime_of_target, runtime_of_variant
 from qdeploy.pipeline import registry
 from qdeploy.pipeline.guard import guard_artifact
 from qdeploy.pipeline.identity import model_signature
@@ -271,11 +272,14 @@ def _exit_code(outcome: BuildOutcome, gates: list[dict[str, Any]], validation: l
 def _selected_variants(recipe: Recipe, wanted: list[str] | None) -> list[str]:
     if not wanted:
         return list(recipe.variants)
-    unknown = [name for name in wanted if name not in recipe.variants]
-    if unknown:
-        raise QdeployInputError(f"--variant {', '.join(unknown)}: not in the recipe; its variants are "
-                                f"{', '.join(recipe.variants)}")
-    return list(dict.fromkeys(wanted))
+    chosen = []
+    for name in wanted:  # 'int8' also names the builds per_runtime made of it (int8@ort, int8@openvino)
+        found = [name] if name in recipe.variants else [v for v in recipe.variants if v.rpartition("@")[0] == name]
+        if not found:
+            raise QdeployInputError(f"--variant {name}: not in the recipe; its variants are "
+                                    f"{', '.join(recipe.variants)}")
+        chosen += found
+    return list(dict.fromkeys(chosen))
 
 
 def _selected_targets(recipe: Recipe, wanted: list[str] | None) -> list[str]:
@@ -493,6 +497,23 @@ def _evaluate(state: _RunState, stage: str, artifacts: dict[str, Artifact], targ
     state.progress.phase(stage)
     ctx = _context(state, "*", stage)
     extra = {"declared": state.recipe.declared_tolerances()} if stage == "validate" else {}
-    results = info.function()(artifacts, targets, config, ctx, **extra)
+    results = []
+    for group_targets, group in _runtime_groups(artifacts, targets):
+        results += info.function()(group, group_targets, config, ctx, **extra)
     state.progress.done()
     return results
+
+
+def _runtime_groups(artifacts: dict[str, Artifact],
+                    targets: list[str]) -> list[tuple[list[str], dict[str, Artifact]]]:
+    """(targets, artifacts evaluated on them): one group, unless a variant is built for one runtime; then one
+    group per runtime, so that such a variant meets only its own runtime's targets."""
+    if not any(runtime_of_variant(name) for name in artifacts):
+        return [(targets, artifacts)]
+    runtimes = list(dict.fromkeys(runtime_of_target(target) for target in targets))
+    groups = []
+    for runtime in runtimes:
+        chosen = [target for target in targets if runtime_of_target(target) == runtime]
+        groups.append((chosen, {name: artifact for name, artifact in artifacts.items()
+                                if built_for(name, chosen[0])}))
+    return groups

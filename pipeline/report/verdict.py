@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
+from qdeploy.core.runtimes import built_for
 from qdeploy.pipeline.report.format import fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
 
 __all__ = ["FIDELITY_KEYS", "FIDELITY_ONLY", "MIN_ROUNDS_FOR_SIGN", "Choice", "TargetVerdict", "describe",
@@ -131,6 +132,8 @@ def target_verdict(report: dict[str, Any], target: str, by: str, batch: int | No
     verdict = TargetVerdict(target)
     candidates = []
     for variant in dict.fromkeys([*rows.sizes, *rows.checks, *rows.failed_builds]):
+        if not built_for(variant, target):  # int8@ort on openvino:cpu: never a candidate there, nothing to say
+            continue
         reason = rejection(variant, rows, by)
         if reason:
             verdict.rejected[variant] = reason

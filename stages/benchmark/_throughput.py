@@ -18,6 +18,7 @@ import numpy as np
 
 from qdeploy.core.errors import TargetUnavailable
 from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, ThroughputRow
+from qdeploy.core.runtimes import built_for
 from qdeploy.stages.benchmark._data import BenchData, explain_failure
 
 if TYPE_CHECKING:
@@ -129,6 +130,6 @@ def unmeasured_throughput(rows: list[ThroughputRow], expected: tuple[list[str], 
              for row in rows if row.status == "error"]
     have = {(row.variant, row.target, row.batch_size) for row in rows}
     found += [(variant, target, batch, "throughput: no result") for target in targets for batch in batches
-              for variant in variants if (variant, target, batch) not in have]
+              for variant in variants if (variant, target, batch) not in have and built_for(variant, target)]
     return [{"kind": "benchmark", "variant": variant, "target": target, "reason": reason, "batch_size": batch,
              "allowed": "benchmark" in allowed} for variant, target, batch, reason in found]

@@ -135,7 +135,8 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: Qu
         return StaticBuilder(prepared, ranges, excluded, per_channel=config.per_channel,
                              activation_type=config.activation_type, weight_type=config.weight_type,
                              symmetric_activations=config.symmetric_activations,
-                             symmetric_weights=config.symmetric_weights, op_types=op_types, seven_bit=form)
+                             symmetric_weights=config.symmetric_weights, op_types=op_types, seven_bit=form,
+                             runtime=config.runtime)
 
     compared: dict[str, Any] = {}
     if seven_bit == "choose":

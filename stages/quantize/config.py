@@ -119,6 +119,14 @@ class QuantizeConfig(BaseModel):
     verify_targets: list[Literal["ort:cpu", "openvino:cpu"]] = Field(
         default_factory=lambda: list(VERIFY_TARGETS),
         description="Targets on which the stage counts the ops that really run int8 kernels.")
+    per_runtime: bool = Field(
+        default=False, description="ptq: build one artifact per runtime among the recipe's targets, the variant "
+                                   "'v' becoming 'v@ort' and 'v@openvino', each with the placement that runtime "
+                                   "runs fastest and validated and benchmarked on its own runtime's targets "
+                                   "(docs/quantize.md).")
+    runtime: Literal["ort", "openvino"] | None = Field(
+        default=None, description="ptq: the runtime the graph is shaped for (set by per_runtime); none: one graph "
+                                  "for both.")
 
     @field_validator("group_size")
     @classmethod
@@ -151,6 +159,10 @@ class QuantizeConfig(BaseModel):
                                  f"{sorted(set(self.op_types) - {'MatMul', 'Gather'})} cannot be")
         else:
             self._only_defaults(_WEIGHT_ONLY)
+        if (self.per_runtime or self.runtime) and (self.mode != "ptq" or self.engine != "qdeploy"):
+            raise ValueError("per_runtime and runtime shape qdeploy's ptq graph; mode weight_only builds one graph "
+                             "both runtimes run compressed, dynamic and lower graphs do not depend on the runtime, "
+                             "and engine nncf shapes its graph for OpenVINO itself")
         if self.engine == "nncf":
             if self.mode != "ptq":
                 raise ValueError(f"engine 'nncf' builds mode 'ptq' only, not '{self.mode}'")
@@ -178,6 +190,12 @@ class QuantizeConfig(BaseModel):
             if not self.op_types:
                 raise ValueError("op_types is empty: name op types to quantize, or leave it out for ORT's default")
         return self
+
+    def for_runtime(self, runtime: str) -> QuantizeConfig:
+        """This config's build for one runtime (``per_runtime``'s split): shaped and verified for it only."""
+        verify = [target for target in self.verify_targets if target.startswith(f"{runtime}:")]
+        return type(self).model_validate({**self.model_dump(), "per_runtime": False, "runtime": runtime,
+                                          "verify_targets": verify or [f"{runtime}:cpu"]})
 
     def _only_defaults(self, names: frozenset[str], hint: str | None = None) -> None:
         fields = type(self).model_fields
