@@ -23,30 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.int8 import Case, encoder  # noqa: E402
-from qdeploy.calibration import data_context  # noqa: E402
-from qdeploy.calibration.spec import DatasetSpec  # noqa: E402
-from qdeploy.core.context import Artifact  # noqa: E402
-from qdeploy.stages import quantize  # noqa: E402
+from benchmarks.int8 import encoder, qdeploy  # noqa: E402
 from qdeploy.stages.quantize import QuantizeConfig  # noqa: E402
-
-
-def build(case: Case, folder: Path, label: str, config: QuantizeConfig) -> tuple[float, dict]:
-    """Seconds of the quantize stage and its findings."""
-    import numpy as np
-
-    data = folder / "calib"
-    data.mkdir(exist_ok=True)
-    for index, sample in enumerate(case.calib):
-        np.savez(data / f"{index:03d}.npz", **sample)
-    work = folder / f"{label}-work"
-    work.mkdir(exist_ok=True)
-    artifact = Artifact(path=case.path, sidecar=case.path.with_suffix(".json"), key="k", sha256="s",
-                        size_bytes=case.path.stat().st_size, stages=("export",), parent=None)
-    context = data_context(label, work, datasets={"calib": DatasetSpec(reader="npy", path=str(data))})
-    started = time.perf_counter()
-    result = quantize.run(artifact, config, context)
-    return time.perf_counter() - started, result.findings
 
 
 def fp32_ms(path: Path, sample: dict) -> float:
@@ -64,10 +42,10 @@ def measure(size: str, folder: Path, tokens: int, samples: int) -> str:
     layers, d = (int(part) for part in size.split("x"))
     case = encoder(folder, d=d, heads=max(1, d // 64), layers=layers, tokens=tokens)
     calibration = {"data": "calib", "samples": len(case.calib)}
-    plain_s, _ = build(case, folder, "plain", QuantizeConfig(calibration=calibration))
-    budget_s, findings = build(case, folder, "budget", QuantizeConfig(
+    plain = qdeploy(case, folder, "plain", QuantizeConfig(calibration=calibration))
+    budget = qdeploy(case, folder, "budget", QuantizeConfig(
         calibration=calibration, tolerance={"cosine_min": 0.98}, budget={"samples": samples}))
-    found = findings.get("budget", {})
+    plain_s, budget_s, found = plain.seconds, budget.seconds, budget.findings.get("budget", {})
     return (f"| {size} | {case.path.stat().st_size / 1e6:.0f} | {fp32_ms(case.path, case.evaluation[0]):.0f} | "
             f"{found.get('candidates', '-')} | {found.get('evaluations', '-')} | {plain_s:.0f} | "
             f"{budget_s:.0f} | {len(found.get('kept_float', []))} | {found.get('met')} |")

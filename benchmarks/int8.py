@@ -89,6 +89,8 @@ class Row:
     latency: dict[str, float] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
     kernels: dict[str, Any] = field(default_factory=dict)
+    findings: dict[str, Any] = field(default_factory=dict)
+    """The quantize stage's findings (qdeploy's rows)."""
 
 
 # ---- models and data ------------------------------------------------------------------------------------
@@ -270,7 +272,8 @@ def qdeploy(case: Case, folder: Path, label: str, config: QuantizeConfig) -> Row
     seconds = time.perf_counter() - started
     output = folder / f"{case.name}-{label}.onnx"
     onnx.save(result.model, str(output))
-    row = Row(case.name, label, output, seconds, kernels=result.findings.get("int8_kernels", {}))
+    row = Row(case.name, label, output, seconds, kernels=result.findings.get("int8_kernels", {}),
+              findings=result.findings)
     if "budget" in result.findings:
         budget = result.findings["budget"]
         log.info("%s budget: met %s, %d kept float, %d evaluations", case.name, budget["met"],
