@@ -29,5 +29,7 @@ class Tolerance(StrictModel):
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "fp32": Tolerance(cosine_min=0.9999, snr_db_min=60.0),
     "fp16": Tolerance(cosine_min=0.999, snr_db_min=30.0),
+    # bfloat16 keeps 8 significant bits to float16's 11: each rounding is 8x (18 dB) coarser
+    "bf16": Tolerance(cosine_min=0.995, snr_db_min=20.0),
     "int8": Tolerance(cosine_min=0.98, snr_db_min=15.0),
 }

@@ -188,6 +188,35 @@ def test_openvino_pins_f32_for_float32_artifacts_only(tmp_path: Path, monkeypatc
     assert rows[("fp16", "openvino:cpu")].execution["precision"] in ("f32", "bf16", "f16")  # read back
 
 
+@pytest.mark.parametrize(("ran", "status"), [("bf16", "passed"), ("f32", "failed")])
+def test_a_float16_graph_openvino_ran_in_bfloat16_is_held_to_the_bf16_tolerance(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ran: str, status: str) -> None:
+    """On a bf16 CPU OpenVINO runs an fp16 artifact in bfloat16 (its default there): 8 significant bits, where the
+    fp16 default tolerance (30 dB) assumes 11. Outputs 25 dB from the reference pass as bf16, fail as anything else."""
+    real = validate._run_model
+
+    def run_at_25_db(target: str, path: Path, feeds: Any, *, pin_f32: bool, **more: Any) -> Any:
+        outputs, executed = real(target, path, feeds, pin_f32=pin_f32, **more)
+        if target != "openvino:cpu" or pin_f32:
+            return outputs, executed
+        rng = np.random.default_rng(0)
+        noisy = [{name: value + rng.standard_normal(value.shape).astype(value.dtype)
+                  * np.sqrt(np.mean(value.astype(np.float64) ** 2)) * 10 ** (-25 / 20) for name, value in out.items()}
+                 for out in outputs]
+        return noisy, {**executed, "precision": ran}
+
+    monkeypatch.setattr(validate, "_run_model", run_at_25_db)
+    model = chain_model()
+    artifacts = {"exported": artifact(tmp_path / "ref.onnx", model),
+                 "fp16": artifact(tmp_path / "fp16.onnx", to_fp16(model), ("export", "fp16"))}
+    row = by_pair(validate.run(artifacts, ["openvino:cpu"], ValidateConfig(samples=4), context(tmp_path)))[
+        ("fp16", "openvino:cpu")]
+    assert row.status == status, row.reason
+    expected = DEFAULT_TOLERANCES["bf16" if ran == "bf16" else "fp16"]
+    assert row.tolerance == expected.model_dump(exclude_none=True)
+    assert (row.tolerance_basis or "").startswith("held to the bf16 default tolerance") == (ran == "bf16")
+
+
 def test_ops_openvino_does_not_support_are_warned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import qdeploy.targets.openvino as targets_openvino
 
