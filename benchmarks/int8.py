@@ -20,6 +20,7 @@ Artifacts per model:
   ``openvino:*`` targets); the goals judge ``qdeploy`` on ONNX Runtime and this one on OpenVINO;
   ``qdeploy@openvino-sym`` (``--openvino-symmetric``) the same with symmetric int8 activations;
 - ``qdeploy+budget`` (encoder): the same with ``tolerance: {cosine_min: 0.98}`` on the calibration data;
+- ``qdeploy+smooth`` (encoder): the same with ``smooth_quant: 0.8`` (SmoothQuant);
 - ``nncf`` / ``nncf-transformer`` (encoder): NNCF's ``nncf.quantize`` on the ONNX model, defaults and
   ``model_type=TRANSFORMER`` (``benchmarks/int8_peers.py``; missing rows say NNCF is not installed).
 
@@ -300,6 +301,8 @@ def qdeploy_rows(case: Case, folder: Path, openvino_symmetric: bool = False) -> 
         config = QuantizeConfig(calibration=calibration, tolerance={"cosine_min": 0.98},
                                 budget={"samples": 8})
         rows.append(qdeploy(case, folder, "qdeploy+budget", config))
+        rows.append(qdeploy(case, folder, "qdeploy+smooth", QuantizeConfig(calibration=calibration,
+                                                                          smooth_quant=0.8)))
     return rows
 
 

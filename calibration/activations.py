@@ -17,7 +17,7 @@ import numpy as np
 
 from qdeploy.calibration.ranges import DEFAULT_BINS, TensorStats
 
-__all__ = ["FeedSource", "Feeds", "collect_statistics", "float_tensors_of"]
+__all__ = ["FeedSource", "Feeds", "channel_absmax", "collect_statistics", "float_tensors_of"]
 from qdeploy.graph.external_data import needs_external_data
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,26 @@ def collect_statistics(model_path: Path, tensors: list[str], feeds: FeedSource, 
                 stats[name].update_histogram(value, bins)
     log.debug("activation statistics of %d tensors over %d samples", len(tensors), samples)
     return stats, samples
+
+
+def channel_absmax(model_path: Path, tensors: list[str], feeds: FeedSource,
+                   work_dir: Path) -> tuple[dict[str, np.ndarray], int]:
+    """Per channel (the last axis) largest |value| of each named tensor over the feeds, and the samples used:
+    what activation smoothing (SmoothQuant) divides by."""
+    session, outputs = _probe_session(model_path, tensors, work_dir)
+    found: dict[str, np.ndarray] = {}
+    samples = 0
+    for feed in feeds():
+        values = session.run(outputs, feed) if outputs else []  # type: ignore[attr-defined]
+        pairs = [*zip(outputs, values, strict=True), *((name, feed[name]) for name in tensors if name in feed)]
+        for name, value in pairs:
+            array = np.abs(np.asarray(value, dtype=np.float32))
+            if array.ndim == 0 or not array.size:
+                continue
+            peak = array.reshape(-1, array.shape[-1]).max(axis=0)
+            found[name] = peak if name not in found else np.maximum(found[name], peak)
+        samples += 1
+    return found, samples
 
 
 def _probe_session(model_path: Path, tensors: list[str], work_dir: Path) -> tuple[object, list[str]]:

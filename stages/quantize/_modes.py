@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,10 +47,18 @@ def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext)
                                              "recipe or per_channel: false")
     budget_feeds = _budget_feeds(artifact, config, ctx) if config.tolerance is not None else []
     unseen = _unseen_by_calibration(config, len(budget_feeds))
-    build, built_findings = _builder(artifact, prepared.path, excluded, config, ctx, skip=unseen)
+    float_path = prepared.path
+    if config.mode == "ptq" and config.smooth_quant is not None:
+        from qdeploy.stages.quantize._smooth import smooth
+
+        ctx.on_progress("smoothing activations (SmoothQuant)")
+        float_path, findings["smooth_quant"] = smooth(prepared.path, _calibration_feeds(artifact, config, ctx, unseen),
+                                                      config.smooth_quant, _op_types(config), set(excluded),
+                                                      ctx.work_dir)
+    build, built_findings = _builder(artifact, float_path, excluded, config, ctx, skip=unseen)
     findings.update(built_findings)
     if config.tolerance is not None:
-        model, kept, findings["budget"] = _with_budget(prepared.path, build, config, ctx, budget_feeds, unseen)
+        model, kept, findings["budget"] = _with_budget(float_path, build, config, ctx, budget_feeds, unseen)
     else:
         ctx.on_progress("writing the quantized model")
         model, kept = build([]), []
@@ -106,6 +115,18 @@ def saturation_findings(model: onnx.ModelProto, targets: tuple[str, ...], *, wei
     return found
 
 
+def _calibration_feeds(artifact: Artifact, config: QuantizeConfig, ctx: StageContext,
+                       skip: frozenset[int]) -> Callable[[], Any]:
+    """A fresh iterator over the calibration samples (those whose positions are not in ``skip``) per call."""
+    calibration = config.calibration or CalibrationRef()
+
+    def feeds() -> Any:
+        samples = ctx.samples(calibration.data, artifact.path, calibration.samples + len(skip))
+        return islice((sample for index, sample in enumerate(samples) if index not in skip), calibration.samples)
+
+    return feeds
+
+
 def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: QuantizeConfig,
              ctx: StageContext, skip: frozenset[int] = frozenset()) -> tuple[Any, dict[str, Any]]:
     """The model builder of the mode (calibrating first for ptq, on the calibration samples whose positions
@@ -121,11 +142,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: Qu
             {"op_types": op_types, "reduce_range": _reduce_range_finding(config, seven_bit, why)}
     calibration = config.calibration or CalibrationRef()
     ctx.on_progress(f"calibrating ({config.method})")
-
-    def feeds() -> Any:
-        samples = ctx.samples(calibration.data, artifact.path, calibration.samples + len(skip))
-        return islice((sample for index, sample in enumerate(samples) if index not in skip), calibration.samples)
-
+    feeds = _calibration_feeds(artifact, config, ctx, skip)
     ranges, found = calibrate(prepared, op_types, feeds, ctx.work_dir, config.method, config.percentile)
     if found["calibration_samples"] == 0:
         raise StageError(STAGE, ctx.variant, f"calibration dataset '{calibration.data or 'random'}' yielded no samples")

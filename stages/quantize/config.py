@@ -119,6 +119,12 @@ class QuantizeConfig(BaseModel):
     verify_targets: list[Literal["ort:cpu", "openvino:cpu"]] = Field(
         default_factory=lambda: list(VERIFY_TARGETS),
         description="Targets on which the stage counts the ops that really run int8 kernels.")
+    smooth_quant: float | None = Field(
+        default=None, gt=0.0, lt=1.0,
+        description="ptq: SmoothQuant's migration strength alpha (0.5 is the paper's default): divide each "
+                    "MatMul/Gemm activation by per-channel s = max|x|^alpha / max|W|^(1-alpha), measured on the "
+                    "calibration data, and multiply the constant weight by s, so that transformers' outlier "
+                    "channels stop dominating the activation's int8 scale; none: no smoothing.")
     per_runtime: bool = Field(
         default=False, description="ptq: build one artifact per runtime among the recipe's targets, the variant "
                                    "'v' becoming 'v@ort' and 'v@openvino', each with the placement that runtime "
@@ -210,12 +216,14 @@ class QuantizeConfig(BaseModel):
             raise ValueError(f"mode '{self.mode}' does not use {explicit}; remove them or use {hint}")
 
 
-_PTQ_ONLY = frozenset({"calibration", "method", "percentile", "activation_type", "symmetric_activations", "op_set"})
+_PTQ_ONLY = frozenset({"calibration", "method", "percentile", "activation_type", "symmetric_activations", "op_set",
+                       "smooth_quant"})
 _NOT_LOWER = frozenset({"per_channel", "weight_type", "symmetric_weights", "op_types", "exclude_nodes",
                         "exclude_op_types", "exclude_patterns", "tolerance", "budget", "reduce_range"})
 _WEIGHT_ONLY = frozenset({"bits", "group_size", "lm_head", "embeddings", "weight_format", "accuracy_level"})
 _NOT_WEIGHT_ONLY = _PTQ_ONLY | frozenset({"per_channel", "weight_type", "exclude_op_types", "exclude_patterns",
                                           "tolerance", "budget", "reduce_range"})
 _NOT_NNCF = frozenset({"method", "percentile", "per_channel", "activation_type", "weight_type",
-                       "symmetric_activations", "symmetric_weights", "op_set", "op_types", "tolerance", "budget"})
+                       "symmetric_activations", "symmetric_weights", "op_set", "op_types", "tolerance", "budget",
+                       "smooth_quant"})
 """Settings NNCF decides itself (its preset and range estimators) or qdeploy cannot give it."""
