@@ -8,10 +8,11 @@ rebuilding repeated fields.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "delete_indices",
     "delete_where",
     "fingerprint",
+    "float32_chunks",
     "graph_inputs",
     "graph_key",
     "has_subgraph",
@@ -51,6 +53,22 @@ def tensor_nbytes(tensor: onnx.TensorProto) -> int:
 GRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 """The standard ops with graph attributes; other standard ops have none, custom ones may."""
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
+
+
+CHUNK_VALUES = 1 << 22
+"""Values per piece that ``float32_chunks`` hands out (16 MB of float32)."""
+
+
+def float32_chunks(tensor: onnx.TensorProto) -> Iterator[np.ndarray]:
+    """A float32 tensor's values, flat, in pieces of at most ``CHUNK_VALUES``: views of its raw bytes, so a
+    scan of a large weight holds one copy of it, not the several that whole-array numpy expressions make."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    raw = tensor.raw_data
+    values = np.frombuffer(raw, dtype="<f4") if raw else numpy_helper.to_array(tensor).reshape(-1)
+    for start in range(0, values.size, CHUNK_VALUES):
+        yield values[start:start + CHUNK_VALUES]
 
 
 def has_subgraph(node: onnx.NodeProto) -> bool:

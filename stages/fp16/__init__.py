@@ -108,6 +108,7 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
                                        config.min_positive_val, config.max_finite_val)
     findings["repair"] = _repair_findings(session.repair)
     findings["cast_nodes"] = sum(node.op_type == "Cast" for node, _ in walk_nodes(converted.graph))
+    del session, model  # the float32 weights are not needed by the checks: large models need the memory back
     findings["checker"] = check(converted, ctx.work_dir, ctx.variant, big=big,
                                 onnxruntime_check=config.onnxruntime_check)
     findings["seconds"] = round(time.perf_counter() - started, 3)

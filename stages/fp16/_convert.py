@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import StageError
+from qdeploy.graph.utils import float32_chunks
 from qdeploy.stages.fp16._graph import FLOAT, FLOAT16, walk_graphs, walk_nodes
 
 if TYPE_CHECKING:
@@ -129,7 +130,8 @@ def _converted_constants(original: onnx.ModelProto, converted: onnx.ModelProto, 
         for init in graph.initializer:
             source = sources.get(copies.get(init.name, init.name))
             if init.data_type == FLOAT16 and source is not None and source.data_type == FLOAT:
-                yield source.name, numpy_helper.to_array(source)
+                for chunk in float32_chunks(source):  # a large weight in pieces, the same name each time
+                    yield source.name, chunk
     for node, _ in walk_nodes(original.graph):
         if node.name in float32_nodes:
             continue
@@ -160,6 +162,9 @@ def check(model: onnx.ModelProto, work_dir: Path, variant: str, *, big: bool, on
     """onnx.checker with full checks (strict type inference), then an ORT CPU session; StageError if one fails."""
     import onnx
 
+    from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, save_onnx
+    from qdeploy.graph.utils import model_bytes
+
     source: onnx.ModelProto | str = model
     if big:  # protobuf cannot serialise it in one piece: check through a file with external data
         from onnx.external_data_helper import load_external_data_for_model
@@ -167,6 +172,10 @@ def check(model: onnx.ModelProto, work_dir: Path, variant: str, *, big: bool, on
         path = work_dir / "fp16_check.onnx"
         onnx.save(model, str(path), save_as_external_data=True, location="fp16_check.data")
         load_external_data_for_model(model, str(work_dir))  # saving moved the tensors out of the model
+        source = str(path)
+    elif model_bytes(model) > STREAM_ABOVE_BYTES:  # written tensor by tensor, then read by each checker in turn:
+        path = work_dir / "fp16_check.onnx"     # no whole-model byte strings held beside the model
+        save_onnx(model, path)
         source = str(path)
     try:
         onnx.checker.check_model(source, full_check=True)

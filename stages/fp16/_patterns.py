@@ -188,10 +188,10 @@ def out_of_range_constants(model: onnx.ModelProto, max_finite_val: float) -> dic
 
     big: dict[str, float] = {}
     for name, values in _float_constants(model):
-        magnitude = np.abs(values[np.isfinite(values)])
+        magnitude = np.abs(values)  # NaN and inf fail both comparisons below
         real = magnitude[(magnitude > max_finite_val) & (magnitude < INFINITY_STAND_IN)]
         if real.size:
-            big[name] = float(real.max())
+            big[name] = max(big.get(name, 0.0), float(real.max()))
     found: dict[str, str] = {}
     for node, _ in walk_nodes(model.graph):
         for name in (*node.input, *(node.output if node.op_type == "Constant" else ())):
@@ -202,14 +202,18 @@ def out_of_range_constants(model: onnx.ModelProto, max_finite_val: float) -> dic
 
 
 def _float_constants(model: onnx.ModelProto) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, values) of every float32 initializer and Constant node of every graph."""
+    """(name, values) of every float32 initializer and Constant node of every graph; a large initializer comes in
+    pieces (``float32_chunks``), the same name once per piece."""
     import numpy as np
     from onnx import numpy_helper
+
+    from qdeploy.graph.utils import float32_chunks
 
     for graph in walk_graphs(model.graph):
         for init in graph.initializer:
             if init.data_type == FLOAT:
-                yield init.name, numpy_helper.to_array(init)
+                for chunk in float32_chunks(init):
+                    yield init.name, chunk
         for node in graph.node:
             if node.op_type != "Constant" or not node.output:
                 continue

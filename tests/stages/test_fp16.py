@@ -66,7 +66,13 @@ def tiny_conv() -> onnx.ModelProto:
 # ---- tests ------------------------------------------------------------------------------------
 
 
-def test_clamping_is_counted_and_uses_float16_limits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk", [None, 2])  # 2: the weight is scanned in pieces, as large ones are
+def test_clamping_is_counted_and_uses_float16_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     chunk: int | None) -> None:
+    import qdeploy.graph.utils as graph_utils
+
+    if chunk:
+        monkeypatch.setattr(graph_utils, "CHUNK_VALUES", chunk)
     values = np.array([1e6, -1e6, 1e-9, 0.5, 0.0], np.float32)
     model = make_model([helper.make_node("Mul", ["x", "c"], ["y"], name="mul")], [const("c", values)],
                        [tensor("x", [1, 5])], [tensor("y", [1, 5])])

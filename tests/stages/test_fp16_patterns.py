@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.stages.fp16._patterns import integer_accumulators, normalizations, out_of_range_constants
 from qdeploy.stages.fp16._types import all_types
@@ -184,3 +184,16 @@ def test_infinity_stand_ins_are_clamped_without_keeping_anything_float32() -> No
     inits = [const("mask", [0.0, -3.4028235e38]), const("low", -1e30), const("high", 3.4e38)]
     model = make_model(nodes, inits, [tensor("x", [2])], [tensor("y", [2])])
     assert out_of_range_constants(model, 65504.0) == {}
+
+
+def test_an_out_of_range_value_in_any_piece_of_a_large_weight_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    import qdeploy.graph.utils as graph_utils
+
+    monkeypatch.setattr(graph_utils, "CHUNK_VALUES", 3)  # pieces [1, 2, 3] [4, 9.1e4, 6] [7e4]
+    values = np.array([1, 2, 3, 4, 9.1e4, 6, 7e4], np.float32)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["y"], name="mul")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [7])], [numpy_helper.from_array(values, "w")]))
+    found = out_of_range_constants(model, 65504.0)
+    assert list(found) == ["mul"] and "9.1e+04" in found["mul"]  # the largest over every piece, not the last
