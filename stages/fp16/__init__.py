@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Any
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
-from qdeploy.stages.fp16._convert import STAGE, already_float16, check, convert, count_clamping, float16_clamper
+from qdeploy.stages.fp16._convert import (
+    STAGE,
+    already_float16,
+    check,
+    convert,
+    count_clamping,
+    float16_clamper,
+    written_for_check,
+)
 from qdeploy.stages.fp16._graph import name_nodes_uniquely, subgraphs, walk_nodes
 from qdeploy.stages.fp16._patterns import integer_accumulators, normalizations, out_of_range_constants
 from qdeploy.stages.fp16._repair import Plan, TypeRepair
@@ -109,8 +117,8 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
     findings["repair"] = _repair_findings(session.repair)
     findings["cast_nodes"] = sum(node.op_type == "Cast" for node, _ in walk_nodes(converted.graph))
     del session, model  # the float32 weights are not needed by the checks: large models need the memory back
-    findings["checker"] = check(converted, ctx.work_dir, ctx.variant, big=big,
-                                onnxruntime_check=config.onnxruntime_check)
+    converted, source = written_for_check(converted, ctx.work_dir, big=big)
+    findings["checker"] = check(converted, source, ctx.variant, onnxruntime_check=config.onnxruntime_check)
     findings["seconds"] = round(time.perf_counter() - started, 3)
     return StageResult(model=converted, changed=True, findings=findings)
 

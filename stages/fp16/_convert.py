@@ -158,27 +158,35 @@ def clamped(array: np.ndarray, min_positive_val: float, max_finite_val: float) -
     return int(big.size + tiny.size), max(changes, default=0.0)
 
 
-def check(model: onnx.ModelProto, work_dir: Path, variant: str, *, big: bool, onnxruntime_check: bool) -> str:
-    """onnx.checker with full checks (strict type inference), then an ORT CPU session; StageError if one fails."""
+def written_for_check(model: onnx.ModelProto, work_dir: Path, *, big: bool) -> tuple[onnx.ModelProto, str | None]:
+    """A large model saved for ``check`` and read back; (the model to publish, its file, None when small).
+
+    Read back, it is a fresh message holding only the float16 weights, where the converted one still holds the
+    float32 bytes the conversion replaced (protobuf frees them only with the whole message): the caller drops
+    the converted one.
+    """
     import onnx
 
     from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, save_onnx
     from qdeploy.graph.utils import model_bytes
 
-    source: onnx.ModelProto | str = model
+    path = work_dir / "fp16_check.onnx"
     if big:  # protobuf cannot serialise it in one piece: check through a file with external data
-        from onnx.external_data_helper import load_external_data_for_model
-
-        path = work_dir / "fp16_check.onnx"
         onnx.save(model, str(path), save_as_external_data=True, location="fp16_check.data")
-        load_external_data_for_model(model, str(work_dir))  # saving moved the tensors out of the model
-        source = str(path)
-    elif model_bytes(model) > STREAM_ABOVE_BYTES:  # written tensor by tensor, then read by each checker in turn:
-        path = work_dir / "fp16_check.onnx"     # no whole-model byte strings held beside the model
+    elif model_bytes(model) > STREAM_ABOVE_BYTES:  # written tensor by tensor, then read by each checker in turn
         save_onnx(model, path)
-        source = str(path)
+    else:
+        return model, None
+    return onnx.load(str(path)), str(path)
+
+
+def check(model: onnx.ModelProto, source: str | None, variant: str, *, onnxruntime_check: bool) -> str:
+    """onnx.checker with full checks (strict type inference), then an ORT CPU session, of ``model`` or of its file
+    ``source`` when it has one; StageError if one fails."""
+    import onnx
+
     try:
-        onnx.checker.check_model(source, full_check=True)
+        onnx.checker.check_model(source or model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise StageError(STAGE, variant, f"the fp16 model fails onnx.checker (full check): {exc}") from exc
     if not onnxruntime_check:
@@ -186,7 +194,7 @@ def check(model: onnx.ModelProto, work_dir: Path, variant: str, *, big: bool, on
     import onnxruntime as ort
 
     try:  # default session options on purpose: ORT's graph optimisations are where mixed precision breaks
-        ort.InferenceSession(source if isinstance(source, str) else model.SerializeToString(),
+        ort.InferenceSession(source or model.SerializeToString(),
                              providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise StageError(STAGE, variant, f"the fp16 model does not load in ONNX Runtime: {exc}") from exc
