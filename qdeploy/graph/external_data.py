@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import onnx
 
 __all__ = ["PROTOBUF_SAFE_BYTES", "STREAM_ABOVE_BYTES", "check_saved_model", "load_graph_only", "needs_external_data",
-           "save_onnx"]
+           "save_exposing", "save_onnx"]
 
 PROTOBUF_SAFE_BYTES = 1_800_000_000
 """Above this a model is written as ``.onnx`` plus one data file (protobuf's hard limit is 2 GiB)."""
@@ -54,12 +54,26 @@ _MODEL_GRAPH_TAG = b"\x3a"  # ModelProto.graph: field 7, length-delimited
 _GRAPH_INITIALIZER_TAG = b"\x2a"  # GraphProto.initializer: field 5, length-delimited
 
 
+def save_exposing(model: onnx.ModelProto, path: Path, outputs: list[onnx.ValueInfoProto]) -> None:
+    """Write a one-file probe of ``model``: its graph with ``outputs`` added to the graph outputs and no
+    value_info, its weights streamed from ``model`` itself (neither copied nor serialised whole).  ``model`` is
+    left as it is."""
+    head = _without_initializers(model)
+    del head.graph.value_info[:]  # a probe needs no shape hints; its outputs carry their types
+    head.graph.output.extend(outputs)
+    _write_streamed(head, model, path)
+
+
 def _save_streamed(model: onnx.ModelProto, path: Path) -> None:
     """Write a one-file model without serialising it whole (``SerializeToString`` makes a second copy of every
     weight): the model without its initializers, then each initializer as its own ``graph { initializer }``
     record.  Protobuf merges repeated records of a message field, so every reader parses the same model, with
     the initializers in their order."""
-    head = _without_initializers(model)
+    _write_streamed(_without_initializers(model), model, path)
+
+
+def _write_streamed(head: onnx.ModelProto, model: onnx.ModelProto, path: Path) -> None:
+    """``head`` (a model without initializers), then ``model``'s initializers one record each."""
     with path.open("wb") as stream:
         stream.write(head.SerializeToString())
         for tensor in model.graph.initializer:

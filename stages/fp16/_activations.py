@@ -65,18 +65,15 @@ def run_float32(model: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]], 
                 big: bool = False) -> Float32Run:
     """Run the float32 model in ORT (no graph optimisation) with every main-graph float tensor exposed."""
     import numpy as np
-    import onnx
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    del probe.graph.value_info[:]  # a probe needs no shape hints; outputs below carry the types
     outputs = [value.name for value in model.graph.output]
     exposed = set(outputs)
+    extra = []
     for value in model.graph.value_info:
         if value.type.tensor_type.elem_type == FLOAT and value.name not in exposed:
-            probe.graph.output.append(value)
+            extra.append(value)
             exposed.add(value.name)
-    session = _session(probe, work_dir / "fp16_probe.onnx", big)
+    session = _session(model, extra, work_dir / "fp16_probe.onnx", big)
     names = [out.name for out in session.get_outputs()]
     stats: dict[str, TensorStats] = {}
     results = []
@@ -102,11 +99,22 @@ def _update(stats: dict[str, TensorStats], name: str, array: np.ndarray) -> None
     stats[name] = TensorStats(abs_max=abs_max, max=top, shape=tuple(array.shape), nonfinite=nonfinite)
 
 
-def _session(model: onnx.ModelProto, path: Path, big: bool) -> Any:
+def _session(model: onnx.ModelProto, extra: list[onnx.ValueInfoProto], path: Path, big: bool) -> Any:
+    """An ORT session of ``model`` with ``extra`` exposed as outputs, read from a probe file."""
     import onnx
     import onnxruntime as ort
 
-    onnx.save(model, str(path), save_as_external_data=big, location=path.name + ".data")
+    from qdeploy.graph.external_data import save_exposing
+
+    if big:  # external data moves the weights out of the model it saves: save a copy
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        del probe.graph.value_info[:]
+        probe.graph.output.extend(extra)
+        onnx.save(probe, str(path), save_as_external_data=True, location=path.name + ".data")
+        del probe
+    else:  # the weights streamed from the model itself: neither copied nor serialised whole
+        save_exposing(model, path, extra)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -81,7 +81,11 @@ def convert(model: onnx.ModelProto, *, min_positive_val: float, max_finite_val: 
             )
         except Exception as exc:
             raise StageError(STAGE, variant, f"onnxconverter-common failed: {exc}") from exc
-    return converted
+    # protobuf frees the float32 bytes the converter replaced only with the whole message: a copy holds only the
+    # float16 ones (on a 0.5 GB model, 0.5 GB less through the emulation, the counts and the checks)
+    compact = onnx.ModelProto()
+    compact.CopyFrom(converted)
+    return compact
 
 
 def already_float16(model: onnx.ModelProto) -> list[str]:

@@ -51,6 +51,7 @@ def run_emulated(model: onnx.ModelProto, feeds: Feeds, stats: dict[str, TensorSt
     twin = emulation_twin(model, expose=True)
     path = work_dir / "fp16_emulated.onnx"
     save_onnx(twin, path)  # with external data above protobuf's 2 GB limit
+    del twin  # its float32 weights are in the file now: ORT reads them from there, one copy in memory, not two
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
