@@ -31,7 +31,7 @@ from typing import Any
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import QdeployError, QdeployInputError, RunLockedError, StageError
 from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
-from qdeploy.core.runtimes import built_for, runtime_of_target, runtime_of_variant
+from qdeploy.core.runtimes import runtime_groups
 from qdeploy.pipeline import registry
 from qdeploy.pipeline.guard import guard_artifact
 from qdeploy.pipeline.identity import model_signature
@@ -47,6 +47,7 @@ from qdeploy.pipeline.published import (
     write_checksums,
 )
 from qdeploy.pipeline.recipe import EXPORTED, Recipe, VariantStep
+from qdeploy.pipeline.selection import selected_targets, selected_variants
 from qdeploy.pipeline.store import ArtifactStore, cache_key, library_versions, sha256_file
 
 __all__ = ["BuildOutcome", "RunOptions", "RunPlan", "RunResult", "benchmark_phase", "build_phase", "default_out_dir",
@@ -146,8 +147,8 @@ def plan_run(recipe: Recipe, options: RunOptions) -> RunPlan:
     """Check the --variant/--target selection and resolve the folders; creates the output folder."""
     out_dir = (options.out_dir or default_out_dir(recipe)).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    return RunPlan(recipe=recipe, variants=_selected_variants(recipe, options.variants),
-                   targets=_selected_targets(recipe, options.targets), out_dir=out_dir,
+    return RunPlan(recipe=recipe, variants=selected_variants(recipe, options.variants),
+                   targets=selected_targets(recipe, options.targets), out_dir=out_dir,
                    cache_dir=(options.cache_dir or out_dir / "cache").resolve(), use_cache=options.use_cache)
 
 
@@ -267,29 +268,6 @@ def _exit_code(outcome: BuildOutcome, gates: list[dict[str, Any]], validation: l
     if outcome.input_error:
         return 2
     return 0 if run_passes(gates, validation, outcome.failures, missing) else 1
-
-
-def _selected_variants(recipe: Recipe, wanted: list[str] | None) -> list[str]:
-    if not wanted:
-        return list(recipe.variants)
-    chosen = []
-    for name in wanted:  # 'int8' also names the builds per_runtime made of it (int8@ort, int8@openvino)
-        found = [name] if name in recipe.variants else [v for v in recipe.variants if v.rpartition("@")[0] == name]
-        if not found:
-            raise QdeployInputError(f"--variant {name}: not in the recipe; its variants are "
-                                    f"{', '.join(recipe.variants)}")
-        chosen += found
-    return list(dict.fromkeys(chosen))
-
-
-def _selected_targets(recipe: Recipe, wanted: list[str] | None) -> list[str]:
-    if not wanted:
-        return list(recipe.targets)
-    unknown = [name for name in wanted if name not in recipe.targets]
-    if unknown:
-        raise QdeployInputError(f"--target {', '.join(unknown)}: not in the recipe; its targets are "
-                                f"{', '.join(recipe.targets)}")
-    return list(dict.fromkeys(wanted))
 
 
 @contextmanager
@@ -498,22 +476,7 @@ def _evaluate(state: _RunState, stage: str, artifacts: dict[str, Artifact], targ
     ctx = _context(state, "*", stage)
     extra = {"declared": state.recipe.declared_tolerances()} if stage == "validate" else {}
     results = []
-    for group_targets, group in _runtime_groups(artifacts, targets):
+    for group_targets, group in runtime_groups(artifacts, targets):
         results += info.function()(group, group_targets, config, ctx, **extra)
     state.progress.done()
     return results
-
-
-def _runtime_groups(artifacts: dict[str, Artifact],
-                    targets: list[str]) -> list[tuple[list[str], dict[str, Artifact]]]:
-    """(targets, artifacts evaluated on them): one group, unless a variant is built for one runtime; then one
-    group per runtime, so that such a variant meets only its own runtime's targets."""
-    if not any(runtime_of_variant(name) for name in artifacts):
-        return [(targets, artifacts)]
-    runtimes = list(dict.fromkeys(runtime_of_target(target) for target in targets))
-    groups = []
-    for runtime in runtimes:
-        chosen = [target for target in targets if runtime_of_target(target) == runtime]
-        groups.append((chosen, {name: artifact for name, artifact in artifacts.items()
-                                if built_for(name, chosen[0])}))
-    return groups

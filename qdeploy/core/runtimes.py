@@ -7,7 +7,12 @@ gates and the "unmeasured" check pair such a variant with its own runtime's targ
 
 from __future__ import annotations
 
-__all__ = ["RUNTIMES", "built_for", "runtime_of_target", "runtime_of_variant", "split_name"]
+from typing import TypeVar
+
+__all__ = ["RUNTIMES", "built_for", "runtime_groups", "runtime_of_target", "runtime_of_variant", "split_name",
+           "variants_named"]
+
+_Item = TypeVar("_Item")
 
 RUNTIMES = ("ort", "openvino")
 """Runtime families a variant can be built for (the part of a target before ':')."""
@@ -33,3 +38,21 @@ def built_for(variant: str, target: str) -> bool:
 def split_name(variant: str, runtime: str) -> str:
     """The name of ``variant``'s build for ``runtime``."""
     return f"{variant}@{runtime}"
+
+
+def variants_named(name: str, variants: list[str]) -> list[str]:
+    """The variants a user's ``name`` selects: itself, or the builds ``per_runtime`` made of it."""
+    return [name] if name in variants else [v for v in variants if runtime_of_variant(v) and
+                                            v.rpartition("@")[0] == name]
+
+
+def runtime_groups(artifacts: dict[str, _Item], targets: list[str]) -> list[tuple[list[str], dict[str, _Item]]]:
+    """(targets, artifacts evaluated on them): one group, unless a variant is built for one runtime; then one
+    group per runtime, so that such a variant meets only its own runtime's targets."""
+    if not any(runtime_of_variant(name) for name in artifacts):
+        return [(targets, artifacts)]
+    groups = []
+    for runtime in dict.fromkeys(runtime_of_target(target) for target in targets):
+        chosen = [target for target in targets if runtime_of_target(target) == runtime]
+        groups.append((chosen, {name: item for name, item in artifacts.items() if built_for(name, chosen[0])}))
+    return groups
