@@ -163,12 +163,9 @@ def clamped(array: np.ndarray, min_positive_val: float, max_finite_val: float) -
 
 
 def written_for_check(model: onnx.ModelProto, work_dir: Path, *, big: bool) -> tuple[onnx.ModelProto, str | None]:
-    """A large model saved for ``check`` and read back; (the model to publish, its file, None when small).
-
-    Read back, it is a fresh message holding only the float16 weights, where the converted one still holds the
-    float32 bytes the conversion replaced (protobuf frees them only with the whole message): the caller drops
-    the converted one.
-    """
+    """A large model saved for ``check``; (the model to publish, read back from that file, and the file; the model
+    itself and None when small).  Saving with external data moves the weights out of the message, hence the
+    read back; the caller drops the message it passed."""
     import onnx
 
     from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, save_onnx
