@@ -11,7 +11,6 @@ into the quantization of that input.  The float model stays the same function, u
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +23,6 @@ from qdeploy.graph.external_data import save_onnx
 
 if TYPE_CHECKING:
     import onnx
-
-log = logging.getLogger(__name__)
 
 _MIN_SCALE = 1e-5
 
@@ -50,10 +47,14 @@ def smooth(prepared: Path, feeds: FeedSource, alpha: float, op_types: list[str],
         return prepared, {"alpha": alpha, "smoothed_tensors": 0,
                           "note": "no MatMul/Gemm with a constant 2-D weight reads a float activation"}
     peaks, samples = channel_absmax(prepared, list(readers), feeds, work_dir)
-    weights = {init.name: init for init in model.graph.initializer}
+    from onnx import numpy_helper
+
+    tensors = {init.name: init for init in model.graph.initializer}
     smoothed: dict[str, dict[str, Any]] = {}
     for tensor, group in readers.items():
-        scale = _scale(peaks.get(tensor), [_weight_peaks(weights[r.weight], r.in_axis) for r in group], alpha)
+        weights = {r.weight: numpy_helper.to_array(tensors[r.weight]).astype(np.float32) for r in group}
+        peaks_of = [np.abs(weights[r.weight]).max(axis=1 - r.in_axis) for r in group]
+        scale = _scale(peaks.get(tensor), peaks_of, alpha)
         if scale is None:
             continue
         _apply(model, tensor, group, scale, weights)
@@ -84,13 +85,6 @@ def _readers(model: onnx.ModelProto, op_types: list[str], excluded: set[str]) ->
     return dict(found)
 
 
-def _weight_peaks(weight: onnx.TensorProto, in_axis: int) -> np.ndarray:
-    from onnx import numpy_helper
-
-    values = np.abs(numpy_helper.to_array(weight))
-    return values.max(axis=1 - in_axis)
-
-
 def _scale(activation: np.ndarray | None, weights: list[np.ndarray], alpha: float) -> np.ndarray | None:
     """``s_j = max|x_j|^alpha / max|W_j|^(1-alpha)`` over the group's weights; None when unusable."""
     if activation is None or any(w.shape != activation.shape for w in weights):
@@ -103,7 +97,7 @@ def _scale(activation: np.ndarray | None, weights: list[np.ndarray], alpha: floa
 
 
 def _apply(model: onnx.ModelProto, tensor: str, group: list[_Reader], scale: np.ndarray,
-           weights: dict[str, onnx.TensorProto]) -> None:
+           weights: dict[str, np.ndarray]) -> None:
     """Insert ``x / s`` once, read by every node of the group, and scale each weight's input axis by ``s``."""
     import onnx
     from onnx import helper, numpy_helper
@@ -120,11 +114,9 @@ def _apply(model: onnx.ModelProto, tensor: str, group: list[_Reader], scale: np.
     if typed is not None:  # calibration picks tensors by their declared float type
         model.graph.value_info.append(onnx.ValueInfoProto(name=divided, type=typed.type))
     for reader in group:
-        source = weights[reader.weight]
-        values = numpy_helper.to_array(source).astype(np.float32)
         shape = (-1, 1) if reader.in_axis == 0 else (1, -1)
         name = f"{reader.node.name or reader.weight}_smoothed_weight".replace("/", "_").strip("_")
-        model.graph.initializer.append(numpy_helper.from_array(values * scale.reshape(shape), name))
+        model.graph.initializer.append(numpy_helper.from_array(weights[reader.weight] * scale.reshape(shape), name))
         reader.node.input[0], reader.node.input[1] = divided, name
 
 
