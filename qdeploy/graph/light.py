@@ -2,6 +2,9 @@
 
 onnxoptimizer (``_optimizer``, ``_optimizer_pieces``) and shape inference (``_shapes``) copy the whole model;
 with a light copy they copy kilobytes instead of the weights.
+
+Edits protobuf directly: it swaps tensors, not nodes, in copies made for onnxoptimizer and shape inference,
+which take protobuf (``qdeploy.graph.edit`` is the editor for node structure).
 """
 
 from __future__ import annotations

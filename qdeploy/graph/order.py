@@ -6,6 +6,9 @@ it in this graph, or is a graph input, an initializer, or visible from the
 graphs around it.  Passes that rewrite subgraphs (onnxoptimizer inlining a
 branch, folding inside a body) can break that; ``scope_problems`` finds it,
 ``sort_topologically`` repairs what is only an order problem.
+
+Works on the protobuf node lists, not onnx-ir (``qdeploy.graph.edit``): its job is to find and repair graphs
+that read names before producing them, which onnx-ir's value graph cannot represent.
 """
 
 from __future__ import annotations

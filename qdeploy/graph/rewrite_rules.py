@@ -2,7 +2,8 @@
 
 Each rule is one function: it looks at its anchor node and what surrounds it,
 returns None when the pattern is not there, a reason when it is there but
-cannot be rewritten safely, or the ``Replacement``.
+cannot be rewritten safely, or the ``Replacement``.  Rules read and build
+through ``qdeploy.graph.edit.GraphEditor`` (onnx-ir nodes and values).
 """
 
 from __future__ import annotations
@@ -10,50 +11,51 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.graph.rewrite_base import FLOAT_TYPES, GraphView, Replacement, rewrite
+from qdeploy.graph.rewrite_base import FLOAT_TYPES, Replacement, rewrite
 
 if TYPE_CHECKING:
     import numpy as np
-    import onnx
+    import onnx_ir as ir
+
+    from qdeploy.graph.edit import GraphEditor
 
 __all__ = ["ConvParts", "fuse_conv_batchnorm", "fuse_conv_scale_bias", "fuse_convtranspose_batchnorm",
            "fuse_convtranspose_scale_bias", "fuse_reshape_chain", "gelu_to_erf", "hardswish_to_hardsigmoid",
            "layernorm_to_primitives", "prelu_to_relu"]
 
+STANDARD_DOMAINS = ("", "ai.onnx")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Helpers shared by the rules
 
 
-def _node(view: GraphView, op: str, inputs: list[str], outputs: list[str], base: str, **attrs: Any) -> onnx.NodeProto:
-    from onnx import helper
-
-    return helper.make_node(op, inputs, outputs, name=view.fresh(base), **attrs)
+def _input(node: ir.Node, index: int) -> ir.Value | None:
+    return node.inputs[index] if index < len(node.inputs) else None
 
 
-def _tensor(view: GraphView, array: np.ndarray, base: str) -> onnx.TensorProto:
-    from onnx import numpy_helper
-
-    return numpy_helper.from_array(array, view.fresh(base))
-
-
-def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
-    from onnx import helper
-
-    for attr in node.attribute:
-        if attr.name == name:
-            value = helper.get_attribute_value(attr)
-            return value.decode() if isinstance(value, bytes) else value
-    return default
+def _attr(node: ir.Node, name: str, default: Any) -> Any:
+    attr = node.attributes.get(name)
+    if attr is None:
+        return default
+    value = attr.value
+    return value.decode() if isinstance(value, bytes) else value
 
 
-def _float_dtype(view: GraphView, name: str) -> np.dtype | None:
+def _float_dtype(edit: GraphEditor, value: ir.Value | None) -> np.dtype | None:
     """The numpy dtype of a float initializer, or None."""
     from onnx import helper
 
-    elem = view.constant_type(name)
+    elem = edit.weight_type(value)
     return helper.tensor_dtype_to_np_dtype(elem) if elem in FLOAT_TYPES else None
+
+
+def _base(node: ir.Node) -> str:
+    return node.name or node.outputs[0].name or node.op_type
+
+
+def _out(node: ir.Node) -> ir.Value:
+    return node.outputs[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -64,16 +66,16 @@ ConvParts = tuple["np.ndarray", "np.ndarray | None", int]
 """(weight, bias or None, output-channel axis of the weight) of a conv with constant weights."""
 
 
-def _conv_parts(view: GraphView, conv: onnx.NodeProto) -> ConvParts | str:
+def _conv_parts(edit: GraphEditor, conv: ir.Node) -> ConvParts | str:
     """(weight, bias or None, output-channel axis of the weight) of a Conv/ConvTranspose with constant weights."""
-    if len(conv.input) < 2 or _float_dtype(view, conv.input[1]) is None:
+    if _float_dtype(edit, _input(conv, 1)) is None:
         return "the weight is not a float initializer"
-    weight = view.constant(conv.input[1])
+    weight = edit.weight(conv.inputs[1])
     bias = None
-    if len(conv.input) > 2 and conv.input[2]:
-        if _float_dtype(view, conv.input[2]) is None:
+    if _input(conv, 2) is not None:
+        if _float_dtype(edit, conv.inputs[2]) is None:
             return "the bias is not a float initializer"
-        bias = view.constant(conv.input[2])
+        bias = edit.weight(conv.inputs[2])
     if conv.op_type == "ConvTranspose" and _attr(conv, "group", 1) != 1:
         return "grouped ConvTranspose is not fused"
     assert weight is not None
@@ -94,10 +96,11 @@ def _channel_vector(value: np.ndarray, channels: int, rank: int) -> np.ndarray |
     return np.broadcast_to(value.reshape(-1), (channels,)).astype(np.float64)
 
 
-def _fused_conv(view: GraphView, conv: onnx.NodeProto, after: onnx.NodeProto, scale: np.ndarray,
+def _fused_conv(edit: GraphEditor, conv: ir.Node, after: ir.Node, scale: np.ndarray,
                 shift: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, axis: int) -> Replacement:
     """Conv with weight*scale and bias*scale+shift, producing ``after``'s output."""
     import numpy as np
+    import onnx_ir as ir
 
     # A float32 product rounded once equals the float64 product rounded to float32: no need for float64 here.
     scale = scale.astype(weight.dtype)
@@ -105,31 +108,22 @@ def _fused_conv(view: GraphView, conv: onnx.NodeProto, after: onnx.NodeProto, sc
     shape[axis] = -1
     new_weight = weight * scale.reshape(shape)
     new_bias = (np.zeros_like(scale) if bias is None else bias * scale) + shift.astype(weight.dtype)
-    w_init = _tensor(view, new_weight, f"{conv.input[1]}_fused")
-    b_init = _tensor(view, new_bias, f"{conv.name or conv.output[0]}_bias_fused")
-    fused = _copy_node(conv)
-    del fused.input[:]
-    fused.input.extend([conv.input[0], w_init.name, b_init.name])
-    del fused.output[:]
-    fused.output.append(after.output[0])
-    return Replacement(remove=[conv, after], add=[fused], initializers=[w_init, b_init])
+    w_init = edit.initializer(f"{conv.inputs[1].name}_fused", new_weight)
+    b_init = edit.initializer(f"{_base(conv)}_bias_fused", new_bias)
+    attributes = [ir.Attr(attr.name, attr.type, attr.value) for attr in conv.attributes.values()]
+    fused = ir.Node(conv.domain, conv.op_type, [conv.inputs[0], w_init, b_init], attributes,
+                    name=conv.name)  # the conv keeps its name: it is the same layer
+    fused.outputs[0].name = edit.fresh_name(f"{_base(conv)}_fused_output")
+    return Replacement(remove=[conv, after], add=[fused], replaces=_out(after))
 
 
-def _copy_node(node: onnx.NodeProto) -> onnx.NodeProto:
-    import onnx
-
-    copy = onnx.NodeProto()
-    copy.CopyFrom(node)
-    return copy
-
-
-def _conv_and_next(view: GraphView, conv: onnx.NodeProto,
-                   ops: tuple[str, ...]) -> tuple[onnx.NodeProto, ConvParts] | str | None:
+def _conv_and_next(edit: GraphEditor, conv: ir.Node,
+                   ops: tuple[str, ...]) -> tuple[ir.Node, ConvParts] | str | None:
     """(the single consumer of the conv's output when it is one of ``ops``, the conv's constant parts) or None/why."""
-    after = view.sole_consumer(conv.output[0])
-    if after is None or after.op_type not in ops or after.domain not in ("", "ai.onnx"):
+    after = edit.sole_consumer(_out(conv))
+    if after is None or after.op_type not in ops or after.domain not in STANDARD_DOMAINS:
         return None
-    parts = _conv_parts(view, conv)
+    parts = _conv_parts(edit, conv)
     if isinstance(parts, str):
         return parts
     return after, parts
@@ -137,28 +131,29 @@ def _conv_and_next(view: GraphView, conv: onnx.NodeProto,
 
 @rewrite("fuse_conv_scale_bias", anchor="Conv", default=True, computes_constants=True,
          description="Fold Mul/Div/Add/Sub by a per-channel or scalar constant after a Conv into its weights.")
-def fuse_conv_scale_bias(view: GraphView, conv: onnx.NodeProto) -> Replacement | str | None:
-    return _fuse_affine(view, conv)
+def fuse_conv_scale_bias(edit: GraphEditor, conv: ir.Node) -> Replacement | str | None:
+    return _fuse_affine(edit, conv)
 
 
 @rewrite("fuse_convtranspose_scale_bias", anchor="ConvTranspose", default=True, computes_constants=True,
          description="Fold Mul/Div/Add/Sub by a per-channel or scalar constant after a ConvTranspose into it.")
-def fuse_convtranspose_scale_bias(view: GraphView, conv: onnx.NodeProto) -> Replacement | str | None:
-    return _fuse_affine(view, conv)
+def fuse_convtranspose_scale_bias(edit: GraphEditor, conv: ir.Node) -> Replacement | str | None:
+    return _fuse_affine(edit, conv)
 
 
-def _fuse_affine(view: GraphView, conv: onnx.NodeProto) -> Replacement | str | None:
+def _fuse_affine(edit: GraphEditor, conv: ir.Node) -> Replacement | str | None:
     import numpy as np
 
-    found = _conv_and_next(view, conv, ("Mul", "Div", "Add", "Sub"))
+    found = _conv_and_next(edit, conv, ("Mul", "Div", "Add", "Sub"))
     if not isinstance(found, tuple):
         return found
     after, (weight, bias, axis) = found
-    other = [name for name in after.input if name != conv.output[0]]
-    if len(other) != 1 or (after.op_type in ("Div", "Sub") and after.input[0] != conv.output[0]):
+    conv_out = _out(conv)
+    other = [value for value in after.inputs if value is not conv_out]
+    if len(other) != 1 or (after.op_type in ("Div", "Sub") and after.inputs[0] is not conv_out):
         return None  # x*x, or c/x, c-x: not affine in the conv's output
-    value = view.constant(other[0])
-    if value is None or view.constant_type(other[0]) != view.constant_type(conv.input[1]):
+    value = edit.weight(other[0])
+    if value is None or edit.weight_type(other[0]) != edit.weight_type(conv.inputs[1]):
         return None
     channels = weight.shape[axis]
     vector = _channel_vector(value, channels, len(weight.shape))
@@ -169,38 +164,38 @@ def _fuse_affine(view: GraphView, conv: onnx.NodeProto) -> Replacement | str | N
     ones, zeros = np.ones(channels), np.zeros(channels)
     scale, shift = {"Mul": (vector, zeros), "Div": (1.0 / np.where(vector == 0, 1, vector), zeros),
                     "Add": (ones, vector), "Sub": (ones, -vector)}[after.op_type]
-    return _fused_conv(view, conv, after, scale, shift, weight, bias, axis)
+    return _fused_conv(edit, conv, after, scale, shift, weight, bias, axis)
 
 
 @rewrite("fuse_conv_batchnorm", anchor="Conv", default=True, computes_constants=True,
          description="Fold an inference BatchNormalization after a Conv into its weights (skip_fuse_bn keeps it).")
-def fuse_conv_batchnorm(view: GraphView, conv: onnx.NodeProto) -> Replacement | str | None:
-    return _fuse_batchnorm(view, conv)
+def fuse_conv_batchnorm(edit: GraphEditor, conv: ir.Node) -> Replacement | str | None:
+    return _fuse_batchnorm(edit, conv)
 
 
 @rewrite("fuse_convtranspose_batchnorm", anchor="ConvTranspose", default=True, computes_constants=True,
          description="Fold an inference BatchNormalization after a ConvTranspose into its weights.")
-def fuse_convtranspose_batchnorm(view: GraphView, conv: onnx.NodeProto) -> Replacement | str | None:
-    return _fuse_batchnorm(view, conv)
+def fuse_convtranspose_batchnorm(edit: GraphEditor, conv: ir.Node) -> Replacement | str | None:
+    return _fuse_batchnorm(edit, conv)
 
 
-def _fuse_batchnorm(view: GraphView, conv: onnx.NodeProto) -> Replacement | str | None:
+def _fuse_batchnorm(edit: GraphEditor, conv: ir.Node) -> Replacement | str | None:
     import numpy as np
 
-    found = _conv_and_next(view, conv, ("BatchNormalization",))
+    found = _conv_and_next(edit, conv, ("BatchNormalization",))
     if not isinstance(found, tuple):
         return found
     bn, (weight, bias, axis) = found
-    if (len(bn.output) > 1 and any(bn.output[1:])) or _attr(bn, "training_mode", 0):
+    if any(out.name for out in bn.outputs[1:]) or _attr(bn, "training_mode", 0):
         return "BatchNormalization in training mode"
-    params = [view.constant(name) for name in bn.input[1:5]]
+    params = [edit.weight(value) for value in bn.inputs[1:5]]
     if len(params) != 4 or any(value is None for value in params):
         return "BatchNormalization parameters are not initializers"
     gamma, beta, mean, var = (np.asarray(value, np.float64).reshape(-1) for value in params)  # type: ignore[arg-type]
     if gamma.shape != (weight.shape[axis],):
         return f"BatchNormalization has {gamma.shape[0]} channels, the conv {weight.shape[axis]}"
     scale = gamma / np.sqrt(var + float(_attr(bn, "epsilon", 1e-5)))
-    return _fused_conv(view, conv, bn, scale, beta - mean * scale, weight, bias, axis)
+    return _fused_conv(edit, conv, bn, scale, beta - mean * scale, weight, bias, axis)
 
 
 _SHAPE_ONLY = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")
@@ -208,28 +203,27 @@ _SHAPE_ONLY = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")
 
 @rewrite("fuse_reshape_chain", anchor=_SHAPE_ONLY, default=True,
          description="Two consecutive Reshape/Squeeze/Unsqueeze/Flatten with a static final shape -> one Reshape.")
-def fuse_reshape_chain(view: GraphView, node: onnx.NodeProto) -> Replacement | str | None:
+def fuse_reshape_chain(edit: GraphEditor, node: ir.Node) -> Replacement | str | None:
     import numpy as np
 
-    after = view.sole_consumer(node.output[0])
-    if after is None or after.op_type not in _SHAPE_ONLY or after.domain not in ("", "ai.onnx") \
-            or after.input[0] != node.output[0]:
+    after = edit.sole_consumer(_out(node))
+    if after is None or after.op_type not in _SHAPE_ONLY or after.domain not in STANDARD_DOMAINS \
+            or after.inputs[0] is not _out(node):
         return None
-    dims = _static_dims(view, after.output[0])
+    dims = _static_dims(_out(after))
     if dims is None:
         return None  # the final shape is not known: the pair stays as it is
-    base = after.name or after.output[0]
-    shape = _tensor(view, np.array(dims, np.int64), f"{base}_shape")
-    fused = _node(view, "Reshape", [node.input[0], shape.name], [after.output[0]], f"{base}_fused")
-    return Replacement(remove=[node, after], add=[fused], initializers=[shape])
+    base = _base(after)
+    shape = edit.initializer(f"{base}_shape", np.array(dims, np.int64))
+    fused = edit.node("Reshape", [node.inputs[0], shape], f"{base}_fused")
+    return Replacement(remove=[node, after], add=[fused], replaces=_out(after))
 
 
-def _static_dims(view: GraphView, name: str) -> list[int] | None:
-    value = view.value_info(name)
-    if value is None or not value.type.tensor_type.HasField("shape"):
+def _static_dims(value: ir.Value) -> list[int] | None:
+    shape = value.shape
+    if shape is None or not all(isinstance(dim, int) for dim in shape):
         return None
-    dims = value.type.tensor_type.shape.dim
-    return [dim.dim_value for dim in dims] if all(dim.HasField("dim_value") for dim in dims) else None
+    return [int(dim) for dim in shape]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -238,123 +232,95 @@ def _static_dims(view: GraphView, name: str) -> list[int] | None:
 
 @rewrite("prelu_to_relu", anchor="PRelu",
          description="PRelu(x, s) -> r + s*(x - r) with r = Relu(x): exact, for targets without PRelu.")
-def prelu_to_relu(view: GraphView, node: onnx.NodeProto) -> Replacement | str | None:
-    x, slope = node.input[0], node.input[1]
-    base = node.name or node.output[0]
-    relu, negative, scaled = (view.fresh(f"{base}_{part}") for part in ("relu", "neg_part", "scaled"))
-    return Replacement(remove=[node], add=[
-        _node(view, "Relu", [x], [relu], f"{base}_relu"),
-        _node(view, "Sub", [x, relu], [negative], f"{base}_sub"),  # min(x, 0), exactly
-        _node(view, "Mul", [negative, slope], [scaled], f"{base}_mul"),
-        _node(view, "Add", [relu, scaled], [node.output[0]], f"{base}_add"),
-    ])
+def prelu_to_relu(edit: GraphEditor, node: ir.Node) -> Replacement | str | None:
+    x, slope = node.inputs[0], node.inputs[1]
+    base = _base(node)
+    relu = edit.node("Relu", [x], f"{base}_relu")
+    negative = edit.node("Sub", [x, _out(relu)], f"{base}_sub")  # min(x, 0), exactly
+    scaled = edit.node("Mul", [_out(negative), slope], f"{base}_mul")
+    total = edit.node("Add", [_out(relu), _out(scaled)], f"{base}_add")
+    return Replacement(remove=[node], add=[relu, negative, scaled, total], replaces=_out(node))
 
 
 @rewrite("hardswish_to_hardsigmoid", anchor="HardSwish",
          description="HardSwish(x) -> x * HardSigmoid(x, 1/6, 0.5), its definition, for runtimes before opset 14.")
-def hardswish_to_hardsigmoid(view: GraphView, node: onnx.NodeProto) -> Replacement | str | None:
-    base = node.name or node.output[0]
-    gate = view.fresh(f"{base}_gate")
-    return Replacement(remove=[node], add=[
-        _node(view, "HardSigmoid", [node.input[0]], [gate], f"{base}_hardsigmoid", alpha=1.0 / 6, beta=0.5),
-        _node(view, "Mul", [node.input[0], gate], [node.output[0]], f"{base}_mul"),
-    ])
+def hardswish_to_hardsigmoid(edit: GraphEditor, node: ir.Node) -> Replacement | str | None:
+    base = _base(node)
+    gate = edit.node("HardSigmoid", [node.inputs[0]], f"{base}_hardsigmoid", alpha=1.0 / 6, beta=0.5)
+    product = edit.node("Mul", [node.inputs[0], _out(gate)], f"{base}_mul")
+    return Replacement(remove=[node], add=[gate, product], replaces=_out(node))
 
 
 @rewrite("gelu_to_erf", anchor="Gelu",
          description="Gelu (opset 20) -> 0.5*x*(1+Erf(x/sqrt 2)), or its tanh form when approximate='tanh'.")
-def gelu_to_erf(view: GraphView, node: onnx.NodeProto) -> Replacement | str | None:
+def gelu_to_erf(edit: GraphEditor, node: ir.Node) -> Replacement | str | None:
     import numpy as np
 
-    x, base = node.input[0], node.name or node.output[0]
-    tensor_type = _value_type(view, x)
-    if tensor_type not in (None, 1):
+    x, base = node.inputs[0], _base(node)
+    if _value_type(edit, x) not in (None, 1):
         return "only float32 Gelu is decomposed"
-    consts = {key: _tensor(view, np.array(value, np.float32), f"{base}_{key}") for key, value in
-              (("half", 0.5), ("one", 1.0), ("inv_sqrt2", 1 / math.sqrt(2.0)), ("k", math.sqrt(2 / math.pi)),
-               ("cubic", 0.044715), ("three", 3.0))}
-    name = {key: view.fresh(f"{base}_{key}") for key in ("scaled", "inner", "plus_one", "half_x", "cube", "cube_k",
-                                                          "sum", "arg")}
+
+    def const(key: str, value: float) -> ir.Value:
+        return edit.initializer(f"{base}_{key}", np.array(value, np.float32))
+
     if _attr(node, "approximate", "none") == "tanh":
-        nodes = [
-            _node(view, "Pow", [x, consts["three"].name], [name["cube"]], f"{base}_pow"),
-            _node(view, "Mul", [name["cube"], consts["cubic"].name], [name["cube_k"]], f"{base}_mul_cubic"),
-            _node(view, "Add", [x, name["cube_k"]], [name["sum"]], f"{base}_add_cubic"),
-            _node(view, "Mul", [name["sum"], consts["k"].name], [name["arg"]], f"{base}_mul_k"),
-            _node(view, "Tanh", [name["arg"]], [name["inner"]], f"{base}_tanh"),
-        ]
+        cube = edit.node("Pow", [x, const("three", 3.0)], f"{base}_pow")
+        cube_k = edit.node("Mul", [_out(cube), const("cubic", 0.044715)], f"{base}_mul_cubic")
+        total = edit.node("Add", [x, _out(cube_k)], f"{base}_add_cubic")
+        arg = edit.node("Mul", [_out(total), const("k", math.sqrt(2 / math.pi))], f"{base}_mul_k")
+        inner = edit.node("Tanh", [_out(arg)], f"{base}_tanh")
+        nodes = [cube, cube_k, total, arg, inner]
     else:
-        nodes = [
-            _node(view, "Mul", [x, consts["inv_sqrt2"].name], [name["scaled"]], f"{base}_scale"),
-            _node(view, "Erf", [name["scaled"]], [name["inner"]], f"{base}_erf"),
-        ]
-    nodes += [
-        _node(view, "Add", [name["inner"], consts["one"].name], [name["plus_one"]], f"{base}_add_one"),
-        _node(view, "Mul", [x, consts["half"].name], [name["half_x"]], f"{base}_half"),
-        _node(view, "Mul", [name["half_x"], name["plus_one"]], [node.output[0]], f"{base}_mul"),
-    ]
-    used = {value for added in nodes for value in added.input}
-    return Replacement(remove=[node], add=nodes, initializers=[t for t in consts.values() if t.name in used])
+        scaled = edit.node("Mul", [x, const("inv_sqrt2", 1 / math.sqrt(2.0))], f"{base}_scale")
+        inner = edit.node("Erf", [_out(scaled)], f"{base}_erf")
+        nodes = [scaled, inner]
+    plus_one = edit.node("Add", [_out(inner), const("one", 1.0)], f"{base}_add_one")
+    half_x = edit.node("Mul", [x, const("half", 0.5)], f"{base}_half")
+    product = edit.node("Mul", [_out(half_x), _out(plus_one)], f"{base}_mul")
+    return Replacement(remove=[node], add=[*nodes, plus_one, half_x, product], replaces=_out(node))
 
 
-def _value_type(view: GraphView, name: str) -> int | None:
+def _value_type(edit: GraphEditor, value: ir.Value) -> int | None:
     """Element type of a tensor when inference or the graph declares it."""
-    value = view.value_info(name)
-    if value is not None and value.type.tensor_type.elem_type:
-        return value.type.tensor_type.elem_type
-    return view.constant_type(name)
+    if value.dtype is not None and int(value.dtype):
+        return int(value.dtype)
+    return edit.weight_type(value)
 
 
 @rewrite("layernorm_to_primitives", anchor="LayerNormalization",
          description="LayerNormalization (opset 17) -> ReduceMean/Sub/Mul/Sqrt/Div/Mul/Add, for older runtimes.")
-def layernorm_to_primitives(view: GraphView, node: onnx.NodeProto) -> Replacement | str | None:
+def layernorm_to_primitives(edit: GraphEditor, node: ir.Node) -> Replacement | str | None:
     import numpy as np
 
-    if len(node.output) > 1 and any(node.output[1:]):
+    if any(out.name for out in node.outputs[1:]):
         return "the Mean/InvStdDev outputs are used"
-    if _value_type(view, node.input[0]) not in (None, 1):
+    x = node.inputs[0]
+    if _value_type(edit, x) not in (None, 1):
         return "only float32 LayerNormalization is decomposed"
-    rank = _rank(view, node.input[0])
+    rank = len(x.shape) if x.shape is not None else None
     axis = int(_attr(node, "axis", -1))
     if axis < 0 and rank is None:
         return "the input's rank is unknown, so a negative axis cannot be expanded"
-    axes = list(range(axis if axis >= 0 else axis + (rank or 0), rank)) if rank is not None else None
-    if axes is None:
+    if rank is None:
         return "the input's rank is unknown"
-    base, x = node.name or node.output[0], node.input[0]
-    eps = _tensor(view, np.array(float(_attr(node, "epsilon", 1e-5)), np.float32), f"{base}_eps")
-    names = {key: view.fresh(f"{base}_{key}") for key in ("mean", "centred", "square", "var", "var_eps", "std",
-                                                          "normed", "scaled")}
-    inits = [eps]
+    axes = list(range(axis if axis >= 0 else axis + rank, rank))
+    base = _base(node)
+    eps = edit.initializer(f"{base}_eps", np.array(float(_attr(node, "epsilon", 1e-5)), np.float32))
     reduce_extra: dict[str, Any] = {}
-    reduce_inputs: list[str] = []
-    if view.opset >= 18:
-        axes_init = _tensor(view, np.array(axes, np.int64), f"{base}_axes")
-        inits.append(axes_init)
-        reduce_inputs = [axes_init.name]
+    reduce_inputs: list[ir.Value] = []
+    if edit.opset >= 18:
+        reduce_inputs = [edit.initializer(f"{base}_axes", np.array(axes, np.int64))]
     else:
         reduce_extra = {"axes": axes}
-    has_bias = len(node.input) > 2 and bool(node.input[2])
-    nodes = [
-        _node(view, "ReduceMean", [x, *reduce_inputs], [names["mean"]], f"{base}_mean", keepdims=1, **reduce_extra),
-        _node(view, "Sub", [x, names["mean"]], [names["centred"]], f"{base}_sub"),
-        _node(view, "Mul", [names["centred"], names["centred"]], [names["square"]], f"{base}_square"),
-        _node(view, "ReduceMean", [names["square"], *reduce_inputs], [names["var"]], f"{base}_var", keepdims=1,
-              **reduce_extra),
-        _node(view, "Add", [names["var"], eps.name], [names["var_eps"]], f"{base}_add_eps"),
-        _node(view, "Sqrt", [names["var_eps"]], [names["std"]], f"{base}_sqrt"),
-        _node(view, "Div", [names["centred"], names["std"]], [names["normed"]], f"{base}_div"),
-        _node(view, "Mul", [names["normed"], node.input[1]], [names["scaled"] if has_bias else node.output[0]],
-              f"{base}_scale"),
-    ]
-    if has_bias:
-        nodes.append(_node(view, "Add", [names["scaled"], node.input[2]], [node.output[0]], f"{base}_bias"))
-    return Replacement(remove=[node], add=nodes, initializers=inits)
-
-
-def _rank(view: GraphView, name: str) -> int | None:
-    value = view.value_info(name)
-    if value is not None and value.type.tensor_type.HasField("shape"):
-        return len(value.type.tensor_type.shape.dim)
-    init = view.initializers.get(name)
-    return None if init is None else len(init.dims)
+    mean = edit.node("ReduceMean", [x, *reduce_inputs], f"{base}_mean", keepdims=1, **reduce_extra)
+    centred = edit.node("Sub", [x, _out(mean)], f"{base}_sub")
+    square = edit.node("Mul", [_out(centred), _out(centred)], f"{base}_square")
+    var = edit.node("ReduceMean", [_out(square), *reduce_inputs], f"{base}_var", keepdims=1, **reduce_extra)
+    var_eps = edit.node("Add", [_out(var), eps], f"{base}_add_eps")
+    std = edit.node("Sqrt", [_out(var_eps)], f"{base}_sqrt")
+    normed = edit.node("Div", [_out(centred), _out(std)], f"{base}_div")
+    scaled = edit.node("Mul", [_out(normed), node.inputs[1]], f"{base}_scale")
+    nodes = [mean, centred, square, var, var_eps, std, normed, scaled]
+    if _input(node, 2) is not None:
+        nodes.append(edit.node("Add", [_out(scaled), node.inputs[2]], f"{base}_bias"))
+    return Replacement(remove=[node], add=nodes, replaces=_out(node))

@@ -15,10 +15,12 @@ consumers and graph outputs are untouched).  Two kinds exist:
 
 The rules themselves live in ``qdeploy.graph.rewrite_rules``; this module is the
 entry point: the registered rules by name and the loop that applies them (``qdeploy.graph.rewrite_base``
-holds the registry and the graph view they edit through).
+holds the registry).
 
-Rewrites edit the top-level graph through ``GraphView`` (producers, consumers,
-constants, fresh names), never by protobuf index.
+Rewrites edit the top-level graph through ``qdeploy.graph.edit`` (onnx-ir:
+producers, uses, constants, fresh names), the editor fake-quant lowering uses
+too, never by protobuf index; the edits are written back into the model's
+own message.
 """
 
 from __future__ import annotations
@@ -29,14 +31,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.graph import rewrite_rules  # noqa: F401  (its ``@rewrite`` decorators fill the registry)
-from qdeploy.graph.rewrite_base import REGISTRY, GraphView, Replacement, Rewrite, rewrite
+from qdeploy.graph.edit import STANDARD_DOMAINS, GraphEditor, editing
+from qdeploy.graph.rewrite_base import REGISTRY, Replacement, Rewrite, rewrite
 
 if TYPE_CHECKING:
     import onnx
+    import onnx_ir as ir
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GraphView", "Replacement", "Rewrite", "RewriteReport", "apply_rewrites", "available", "default_names",
+__all__ = ["GraphEditor", "Replacement", "Rewrite", "RewriteReport", "apply_rewrites", "available", "default_names",
            "rewrite"]
 
 def available() -> dict[str, Rewrite]:
@@ -73,42 +77,47 @@ def apply_rewrites(model: onnx.ModelProto, names: list[str], report: RewriteRepo
         for anchor in rules[name].anchors:
             by_anchor.setdefault(anchor, []).append(rules[name])
     if not by_anchor or not any(node.op_type in by_anchor for node in model.graph.node):
-        return 0
-    view = GraphView(model)
+        return 0  # nothing to match: no onnx-ir view to build
+    with editing(model) as edit:
+        return _apply(edit, by_anchor, report)
+
+
+def _apply(edit: GraphEditor, by_anchor: dict[str, list[Rewrite]], report: RewriteReport) -> int:
+    """Rounds over the graph until none rewrites anything; returns how many matches were rewritten."""
     total = 0
-    fresh: set[str] | None = None
-    for _ in range(len(model.graph.node) + 1):  # every round rewrites at least one node
-        replacements = _apply_round(view, by_anchor, report, fresh)
-        total += len(replacements)
-        if not replacements:
+    todo = list(edit.graph)
+    for _ in range(len(todo) + 1):  # every round rewrites at least one node
+        added = _apply_round(edit, todo, by_anchor, report)
+        total += len(added)
+        if not added:
             break
         # A rewrite changes nothing around the nodes it does not touch: the next round looks at the new ones only.
-        fresh = {name for repl in replacements for node in repl.add for name in node.output}
+        todo = [node for node in added if node.graph is edit.graph]
     return total
 
 
-def _apply_round(view: GraphView, by_anchor: dict[str, list[Rewrite]], report: RewriteReport,
-                 fresh: set[str] | None) -> list[Replacement]:
-    """One pass over the graph (or over the nodes producing ``fresh`` names); the replacements it applied."""
-    replacements: list[Replacement] = []
-    claimed: set[int] = set()
-    for node in list(view.graph.node):
-        if node.op_type not in by_anchor or node.domain not in ("", "ai.onnx") or id(node) in claimed:
-            continue
-        if fresh is not None and not fresh.intersection(node.output):
-            continue
+def _apply_round(edit: GraphEditor, todo: list[ir.Node], by_anchor: dict[str, list[Rewrite]],
+                 report: RewriteReport) -> list[ir.Node]:
+    """One pass over ``todo``, each match replaced at once; the nodes the replacements added."""
+    added: list[ir.Node] = []
+    for node in todo:
+        if node.graph is not edit.graph or node.op_type not in by_anchor or node.domain not in STANDARD_DOMAINS:
+            continue  # removed by an earlier match of this pass, or not an anchor
         for rule in by_anchor[node.op_type]:
-            outcome = rule.fn(view, node)
+            outcome = rule.fn(edit, node)
             if isinstance(outcome, str):
                 refusals = report.refused.setdefault(rule.name, {})
                 if len(refusals) < MAX_REFUSALS_REPORTED:
-                    refusals[node.name or node.output[0]] = outcome
+                    refusals[node.name or node.outputs[0].name or node.op_type] = outcome
                 continue
-            if outcome is None or any(id(old) in claimed for old in outcome.remove):
+            if outcome is None:
                 continue
-            claimed.update(id(old) for old in outcome.remove)
-            replacements.append(outcome)
+            _replace(edit, outcome)
+            added.extend(outcome.add)
             report.applied[rule.name] += 1
             break
-    view.apply(replacements)
-    return replacements
+    return added
+
+
+def _replace(edit: GraphEditor, replacement: Replacement) -> None:
+    edit.replace(replacement.remove, replacement.add, replacement.replaces, replacement.add[-1].outputs[0])

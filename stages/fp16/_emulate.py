@@ -12,6 +12,9 @@ GPU kernels do with float32 accumulation.
   float16 rounding is switched on or off by a boolean graph input, so one
   session answers every "which nodes stay float32" trial (budget mode).
   Subgraph bodies (If/Loop/Scan) are not rounded inside: their node is gated as a unit.
+
+Edits protobuf directly: the twins are built from the converter's protobuf output, tensor by tensor, with the
+same scope maps as ``_graph``; moving the fp16 stage onto ``qdeploy.graph.edit`` is not done.
 """
 
 from __future__ import annotations

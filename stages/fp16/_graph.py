@@ -3,6 +3,9 @@
 Pure protobuf edits, no numerics.  Names are treated as unique across the whole
 model (ONNX's SSA rule, subgraphs included), so one map from tensor name to its
 producer, owner graph and type serves every scope.
+
+Edits protobuf directly, as onnxconverter-common (whose output it repairs) does; moving the fp16 stage onto
+``qdeploy.graph.edit`` is not done.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ input needs:
 - a Cast for a tensor is placed in the graph that owns the tensor, also when a
   subgraph (If/Loop/Scan) is the one that reads it;
 - attributes that fix an output type (Cast `to`, `dtype`) follow the node.
+
+Edits protobuf directly, in the converter's own output message (see ``_graph``).
 """
 
 from __future__ import annotations

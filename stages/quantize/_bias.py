@@ -12,6 +12,8 @@ numpy's "truth value of an array ... is ambiguous"; a scalar one fails on
   vector (beta folded in), which is exact;
 - a C that varies along M is moved out of the Gemm into an Add after it (beta
   folded in), also exact: the Gemm is quantized, the Add stays float.
+
+Edits protobuf directly: it prepares the message handed to ORT's quantizer, which works on protobuf.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@
   keep the local order.
 
 The ranking is by alone damage, then local error.
+
+Edits protobuf directly: the models it builds are ORT quantizer outputs, one per trial, built in linear time.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ when an edit since the last run can have left an initializer unused.  ORT's
 when it is handed the indexed initializer list (any other list: ORT's own
 function).  The result is compared node for node with ORT's own output in
 ``tests/stages/test_scaling_shapes.py``.
+
+Edits protobuf directly: it is ORT's own quantizer, whose ``ONNXModel`` is protobuf-based.
 """
 
 from __future__ import annotations

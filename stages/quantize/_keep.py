@@ -16,6 +16,8 @@ tensor of the float model that the DequantizeLinear stands for:
 
 Data-movement nodes whose consumers all run float follow them.  Every step is
 linear in the model's size (the budget builds many models).
+
+Edits protobuf directly: its input is ORT's quantizer output and the budget builds many such models.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ Gemm ``y = x W`` with a constant ``W``, ``y = (x / s) (diag(s) W)`` for any posi
 per output channel, absorbs the difference.  The division is a Mul by ``1/s`` inserted before the MatMul (one
 per activation tensor, shared by every MatMul/Gemm reading it, which must then share ``s``); runtimes fold it
 into the quantization of that input.  The float model stays the same function, up to float rounding.
+
+Edits protobuf directly: a weight pass, one tensor at a time (no second copy of the weights); it adds one Mul
+per activation and changes no other node.
 """
 
 from __future__ import annotations

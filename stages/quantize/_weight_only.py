@@ -18,6 +18,9 @@ Two forms of the same values (``weight_format``):
 Memory: the graph is loaded with ``load_external_data=False``; each weight is read through a read-only memory
 map of its data file, quantized in slices and appended to the output's one data file; weights left float are
 copied file to file in 64 MB pieces.  The peak is the graph plus one slice, not the model.
+
+Edits protobuf directly: it streams weights file to file, which the graph-only message allows; its node
+edits are one-for-one swaps (MatMul -> MatMulNBits).
 """
 
 from __future__ import annotations

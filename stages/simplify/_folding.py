@@ -12,6 +12,9 @@ Subgraphs (If/Loop/Scan bodies) are folded the same way when asked: a node
 inside one folds when its inputs are constants of its own graph or of the
 graphs around it; its value becomes an initializer of that subgraph; a
 subgraph's outputs stay computed by their nodes.
+
+Edits protobuf directly: ONNX Runtime evaluates the message and its results replace nodes in the same message,
+with no other copy of the weights (``qdeploy.graph.edit`` is the editor for pattern rewrites).
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ as pads or axes), so large float initializers travel as short tags, one per
 distinct content (so that eliminate_duplicate_initializer still merges equal
 weights), and get their bytes back afterwards, also where a pass copied them
 under a new name (fuse_bn_into_conv does).  Any other pass gets the full model.
+
+Edits protobuf directly: onnxoptimizer's interface is protobuf.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ pieces (a fusion of the last node of one with the first of the next), and
 common subexpressions in different pieces; the simplify loop's next round
 cuts elsewhere only if the node count changed, so such leftovers are rare and
 harmless.
+
+Edits protobuf directly: onnxoptimizer's interface is protobuf.
 """
 
 from __future__ import annotations

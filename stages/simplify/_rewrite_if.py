@@ -7,6 +7,9 @@ reading names nobody produces).  The branch's nodes take the If's place; each
 If output gets an Identity from the branch output (onnxoptimizer's
 eliminate_identity removes those that can go); the branch's initializers
 become Constant nodes, since the enclosing graph may be a subgraph too.
+
+Edits protobuf directly: it runs between onnxoptimizer calls on the message they share and moves whole
+subgraphs across scopes; moving it onto ``qdeploy.graph.edit`` is not done.
 """
 
 from __future__ import annotations

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdeploy.core.errors import StageError
+from qdeploy.graph.edit import STANDARD_DOMAINS
 from qdeploy.graph.external_data import save_onnx
 from qdeploy.stages.quantize.lower import _ops as quantize_lower_ops
 from qdeploy.stages.quantize.lower import _patterns as quantize_lower_patterns
 from qdeploy.stages.quantize.lower import _qdq as quantize_lower_qdq
-from qdeploy.stages.quantize.lower._base import STANDARD_DOMAINS, ActivationCheck, GraphEditor, Rule
+from qdeploy.stages.quantize.lower._base import ActivationCheck, LoweringEditor, Rule
 from qdeploy.stages.quantize.lower._grid import Refused
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def lower_model(model: onnx.ModelProto, variant: str,
     refused: list[dict[str, Any]] = []
     checks: list[ActivationCheck] = []
     for graph in _graphs(ir_model.graph):
-        editor = GraphEditor(graph)
+        editor = LoweringEditor(graph)
         for rule in rules:
             _apply(rule, editor, sites, refused)
         if graph is ir_model.graph:
@@ -123,7 +124,7 @@ def _graphs(graph: ir.Graph) -> Iterator[ir.Graph]:
                     yield from _graphs(subgraph)
 
 
-def _apply(rule: Rule, editor: GraphEditor, sites: list[dict[str, Any]], refused: list[dict[str, Any]]) -> None:
+def _apply(rule: Rule, editor: LoweringEditor, sites: list[dict[str, Any]], refused: list[dict[str, Any]]) -> None:
     for node in list(editor.graph):
         if node.graph is not editor.graph:  # removed by an earlier match of this rule
             continue

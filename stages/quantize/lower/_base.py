@@ -3,8 +3,9 @@
 A rule is a ``pattern`` (a node -> a ``Match`` or None), an optional ``check``
 (a match -> the reason it is refused, or None) and a ``replacement`` (a match
 and the graph editor -> the record of what it did).  Rules read and edit the
-graph through onnx_ir (producers, uses, replace-all-uses), never through
-protobuf indices.  ``lowering.py`` assembles the rules and applies them.
+graph through ``qdeploy.graph.edit.GraphEditor`` (onnx-ir: producers, uses,
+replace-all-uses), the editor graph rewrites use too, never through protobuf
+indices.  The package (``qdeploy.stages.quantize.lower``) assembles the rules and applies them.
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdeploy.graph.edit import GraphEditor
 from qdeploy.stages.quantize.lower._grid import AffineFakeQuant, Reference, exact_qdq, fold_weight, max_difference
 
 if TYPE_CHECKING:
     import onnx_ir as ir
-
-STANDARD_DOMAINS = ("", "ai.onnx")
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Rule:
 
     name: str
     pattern: Callable[[ir.Node], Match | None]
-    replacement: Callable[[Match, GraphEditor], dict[str, Any]]
+    replacement: Callable[[Match, LoweringEditor], dict[str, Any]]
     check: Callable[[Match], str | None] = accept
 
 
@@ -74,16 +74,6 @@ def missing_constants(match: Match, names: tuple[str, ...]) -> str | None:
     return None
 
 
-def constant_array(value: ir.Value | None) -> np.ndarray | None:
-    """The value's array when it is an initializer or a Constant node's output, else None."""
-    import onnx_ir as ir
-
-    if value is None:
-        return None
-    tensor = ir.convenience.get_const_tensor(value)
-    return None if tensor is None else np.asarray(tensor.numpy())
-
-
 def single_use(value: ir.Value) -> bool:
     """The value feeds exactly one node input and is not a graph output."""
     return len(value.uses()) == 1 and not value.is_graph_output()
@@ -93,45 +83,16 @@ def only_consumer(value: ir.Value) -> ir.Node | None:
     return value.uses()[0].node if single_use(value) else None
 
 
-class GraphEditor:
-    """Edits of one graph that rules share: constants, new initializers, Q/DQ emission, replacement."""
+class LoweringEditor(GraphEditor):
+    """The shared graph editor (``qdeploy.graph.edit``) plus what lowering adds: Q/DQ emission, data checks."""
 
     def __init__(self, graph: ir.Graph) -> None:
-        self.graph = graph
+        super().__init__(graph)
         self.checks: list[ActivationCheck] = []
-        self._names = {value.name for value in graph.initializers.values()}
-        self._names |= {value.name for value in graph.inputs}
-        self._names |= {out.name for node in graph for out in node.outputs}
 
-    def constant(self, value: ir.Value | None) -> np.ndarray | None:
-        return constant_array(value)
-
-    def fresh_name(self, hint: str) -> str:
-        name, index = hint, 1
-        while name in self._names:
-            index += 1
-            name = f"{hint}_{index}"
-        self._names.add(name)
-        return name
-
-    def initializer(self, hint: str, array: np.ndarray) -> ir.Value:
-        import onnx_ir as ir
-
-        name = self.fresh_name(hint)
-        value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(
-            array.dtype)), const_value=ir.tensor(array, name=name))
-        self.graph.register_initializer(value)
-        return value
-
-    def replace(self, match: Match, new_nodes: list[ir.Node], new_value: ir.Value) -> None:
+    def replace_match(self, match: Match, new_nodes: list[ir.Node], new_value: ir.Value) -> None:
         """Put new_nodes in place of the matched nodes; new_value takes over the matched output's uses and name."""
-        import onnx_ir as ir
-
-        anchor = max(match.nodes, key=self._position)
-        ir.convenience.replace_nodes_and_values(self.graph, anchor, match.nodes, new_nodes, [match.y], [new_value])
-
-    def _position(self, node: ir.Node) -> int:
-        return self.graph.index(node)
+        self.replace(match.nodes, new_nodes, match.y, new_value)
 
     def lower_fake_quant(self, match: Match, rule: str, fake_quant: AffineFakeQuant,
                          reference: Reference) -> dict[str, Any]:
@@ -147,13 +108,13 @@ class GraphEditor:
             inputs = [self.initializer(f"{base}_quantized", data), self.initializer(f"{base}_scale", scale),
                       self.initializer(f"{base}_zero_point", zero)]
             dq = self._node("DequantizeLinear", inputs, qdq.axis, weight.ndim, f"{base}_DequantizeLinear")
-            self.replace(match, [dq], dq.outputs[0])
+            self.replace_match(match, [dq], dq.outputs[0])
             record.update(kind="weight", dtype="int8", symmetric=bool(np.all(zero == 0)),
                           notes=[note for note in qdq.notes if not note.startswith("narrow range")])
         else:
             difference = max_difference(reference, fake_quant, qdq)
             nodes = self._qdq_nodes(match.x, qdq, base)
-            self.replace(match, nodes, nodes[-1].outputs[0])
+            self.replace_match(match, nodes, nodes[-1].outputs[0])
             self.checks.append(ActivationCheck(match.x.name or "", match.y.name or "", reference, qdq.step,
                                                difference, rule))
             record.update(kind="activation", dtype=str(qdq.dtype))

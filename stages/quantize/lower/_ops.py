@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdeploy.stages.quantize.lower._base import GraphEditor, Match, Rule, constant_array, missing_constants
+from qdeploy.graph.edit import constant_array
+from qdeploy.stages.quantize.lower._base import LoweringEditor, Match, Rule, missing_constants
 from qdeploy.stages.quantize.lower._grid import AffineFakeQuant
 from qdeploy.stages.quantize.lower._reference import (
     observer_params,
@@ -76,7 +77,7 @@ def openvino_affine(constants: dict[str, np.ndarray | None], levels: int) -> Aff
     return AffineFakeQuant(s_in=s_in, z_in=-il / s_in, s_out=s_out, z_out=-ol / s_out, qmin=0, qmax=levels - 1)
 
 
-def openvino_replacement(match: Match, editor: GraphEditor) -> dict[str, Any]:
+def openvino_replacement(match: Match, editor: LoweringEditor) -> dict[str, Any]:
     levels = match.attributes["levels"]
     constants = match.constants
     reference = partial(openvino_fake_quantize, input_low=constants["input_low"], input_high=constants["input_high"],
@@ -144,7 +145,7 @@ def oneflow_affine(scale: np.ndarray, zero: np.ndarray, settings: dict[str, Any]
     return AffineFakeQuant(scale, rounded, scale, rounded, 0, 2 ** bits - 1)
 
 
-def oneflow_replacement(match: Match, editor: GraphEditor) -> dict[str, Any]:
+def oneflow_replacement(match: Match, editor: LoweringEditor) -> dict[str, Any]:
     rank = len(match.x.shape) if match.x.shape is not None else None
     scale = _along_first_axis(match.constants["scale"], rank)  # type: ignore[arg-type]
     raw_zero = match.constants.get("zero_point")
@@ -176,7 +177,7 @@ def observer_check(match: Match) -> str | None:
     return missing_constants(match, ("moving_max", "moving_min"))
 
 
-def observer_replacement(match: Match, editor: GraphEditor) -> dict[str, Any]:
+def observer_replacement(match: Match, editor: LoweringEditor) -> dict[str, Any]:
     """The observer's (scale, zero_point) computed now and stored as initializers."""
     settings = match.attributes
     node = match.nodes[0]

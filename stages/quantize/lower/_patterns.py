@@ -15,12 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdeploy.graph.edit import STANDARD_DOMAINS, constant_array
 from qdeploy.stages.quantize.lower._base import (
-    STANDARD_DOMAINS,
-    GraphEditor,
+    LoweringEditor,
     Match,
     Rule,
-    constant_array,
     missing_constants,
     only_consumer,
     single_use,
@@ -163,7 +162,7 @@ def decomposed_affine(match: Match) -> AffineFakeQuant:
                            qmax=round(float(constants["clip_high"])))  # type: ignore[arg-type]
 
 
-def decomposed_replacement(match: Match, editor: GraphEditor) -> dict[str, Any]:
+def decomposed_replacement(match: Match, editor: LoweringEditor) -> dict[str, Any]:
     constants = match.constants
     reference = partial(decomposed_fake_quant, pre_scale=constants["pre_scale"], divide=match.attributes["divide"],
                         zero_before=constants["zero_before"], zero_after=constants["zero_after"],

@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdeploy.graph.edit import STANDARD_DOMAINS, constant_array
 from qdeploy.stages.quantize.lower._base import (
-    STANDARD_DOMAINS,
-    GraphEditor,
+    LoweringEditor,
     Match,
     Rule,
-    constant_array,
     missing_constants,
 )
 from qdeploy.stages.quantize.lower._reference import quantize_linear
@@ -55,7 +54,7 @@ def weight_qdq_check(match: Match) -> str | None:
     return None
 
 
-def weight_qdq_replacement(match: Match, editor: GraphEditor) -> dict[str, Any]:
+def weight_qdq_replacement(match: Match, editor: LoweringEditor) -> dict[str, Any]:
     weight, scale, zero = (np.asarray(match.constants[name]) for name in ("weight", "scale", "zero_point"))
     axis = match.attributes["axis"] % max(weight.ndim, 1)
     shape = [-1 if index == axis else 1 for index in range(weight.ndim)]
