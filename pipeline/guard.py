@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import StageError
 from qdeploy.pipeline.large_results import resave_graph
+from qdeploy.targets.onnxruntime import SessionInterface
 
 if TYPE_CHECKING:
     import onnx
@@ -129,21 +130,8 @@ def _check_saved(result: StageResult, stage: str, variant: str) -> None:
             raise StageError(stage, variant, str(exc)) from None
 
 
-class _Interface:
-    """A session's inputs and outputs, kept after the session (and its weights) are freed."""
-
-    def __init__(self, session: Any) -> None:
-        self._inputs, self._outputs = session.get_inputs(), session.get_outputs()
-
-    def get_inputs(self) -> list[Any]:
-        return self._inputs
-
-    def get_outputs(self) -> list[Any]:
-        return self._outputs
-
-
-def _interface_only(session: Any) -> _Interface | None:
-    return None if session is None else _Interface(session)
+def _interface_only(session: Any) -> SessionInterface | None:
+    return None if session is None else SessionInterface(session)
 
 
 def _session_of_path(path: Path) -> tuple[Any, str | None]:

@@ -1,7 +1,9 @@
 """Light copies of a model: large float initializers travel as short tags and get their bytes back afterwards.
 
 onnxoptimizer (``_optimizer``, ``_optimizer_pieces``) and shape inference (``_shapes``) copy the whole model;
-with a light copy they copy kilobytes instead of the weights.
+with a light copy they copy kilobytes instead of the weights.  ``restore`` puts the bytes back into the copy
+(a second copy of each weight); ``restore_into`` does the opposite: the original model takes the copy's graph
+and keeps its own tensor messages, so no weight is copied (the simplify loop holds one model, not two).
 
 Edits protobuf directly: it swaps tensors, not nodes, in copies made for onnxoptimizer and shape inference,
 which take protobuf (``qdeploy.graph.edit`` is the editor for node structure).
@@ -16,7 +18,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["STRIP_MIN_BYTES", "Light", "light_copy", "restore", "take_value_info"]
+__all__ = ["STRIP_MIN_BYTES", "Light", "light_bytes", "light_copy", "restore", "restore_into", "take_value_info",
+           "unknown_tags"]
 
 STRIP_MIN_BYTES = 1024
 _KEPT_TYPES = frozenset({6, 7, 9, 8, 12, 13})  # int32, int64, bool, string, uint32, uint64: shapes, indices, axes
@@ -93,6 +96,76 @@ def restore(model: onnx.ModelProto, light: Light) -> list[str]:
             del init.dims[:]
             init.dims.extend(dims)
     return leftover
+
+
+def light_bytes(light: Light) -> int:
+    """The light copy's serialised size (``model_bytes`` counts a tag at the size of the tensor it stands for)."""
+    from qdeploy.graph.utils import model_bytes, tensor_nbytes
+
+    stripped = sum(tensor_nbytes(tensor) for tensor in light.originals.values())
+    return model_bytes(light.model) - stripped + len(light.originals) * (len(_TAG) + 8)
+
+
+def _tag_of(init: onnx.TensorProto) -> bytes | None:
+    if init.data_type in _KEPT_TYPES or not init.HasField("raw_data"):
+        return None
+    raw = init.raw_data
+    return raw if raw.startswith(_TAG) else None
+
+
+def unknown_tags(model: onnx.ModelProto, light: Light) -> list[str]:
+    """Initializers of ``model`` (made from ``light``) holding a tag that cannot be given its tensor back."""
+    unknown = []
+    for init in model.graph.initializer:
+        tag = _tag_of(init)
+        original = None if tag is None else light.originals.get(tag)
+        if tag is not None and (original is None or math.prod(init.dims) != math.prod(original.dims)):
+            unknown.append(init.name)
+    return unknown
+
+
+def restore_into(model: onnx.ModelProto, optimized: onnx.ModelProto, light: Light) -> None:
+    """Make ``model`` (the one ``light`` was copied from) hold ``optimized``'s graph, keeping its own tensors.
+
+    A tagged tensor back under its own name stays where it is in ``model`` (reshaped when a pass changed its
+    dims), as does any initializer that came back unchanged; tensors a pass made or changed are added, copies
+    of a tagged tensor under a new name are copied, and what ``optimized`` dropped goes.  Call it only when
+    ``unknown_tags(optimized, light)`` is empty.
+    """
+    import onnx
+
+    from qdeploy.graph.utils import delete_where
+
+    graph = model.graph
+    current = {init.name: init for init in graph.initializer}
+    kept: dict[str, list[int]] = {}
+    added: list[onnx.TensorProto] = []
+    for init in optimized.graph.initializer:
+        tag = _tag_of(init)
+        original = light.originals[tag] if tag is not None else None
+        same = init.name in current and (original.name == init.name if original is not None
+                                          else current[init.name] == init)
+        if same:  # the model's own message stays
+            kept[init.name] = list(init.dims)
+        elif original is not None:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(original)
+            copy.name = init.name
+            del copy.dims[:]
+            copy.dims.extend(init.dims)
+            added.append(copy)
+        else:
+            added.append(init)
+    delete_where(graph.initializer, lambda init: init.name not in kept)
+    for init in graph.initializer:
+        if list(init.dims) != kept[init.name]:
+            del init.dims[:]
+            init.dims.extend(kept[init.name])
+    graph.initializer.extend(added)
+    for field_name in ("node", "input", "output", "value_info", "sparse_initializer"):
+        target = getattr(graph, field_name)
+        del target[:]
+        target.extend(getattr(optimized.graph, field_name))
 
 
 def take_value_info(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> None:

@@ -50,11 +50,11 @@ def _infer_light(model: onnx.ModelProto, model_path: Path) -> bool:
     is too large for protobuf (the caller infers through files)."""
     import onnx
 
-    from qdeploy.graph.light import light_copy, take_value_info
-    from qdeploy.graph.utils import model_bytes
+    from qdeploy.graph.light import light_bytes, light_copy, take_value_info
 
-    light = light_copy(model).model
-    if model_bytes(light) >= INFERENCE_BY_PATH_BYTES:
+    stripped = light_copy(model)
+    light = stripped.model
+    if light_bytes(stripped) >= INFERENCE_BY_PATH_BYTES:
         return False
     try:
         inferred = onnx.shape_inference.infer_shapes(light)

@@ -250,10 +250,11 @@ def _optimize(model: onnx.ModelProto, passes: list[str], progress: _Progress) ->
             progress.note(f"{inlined} If node(s) with a constant condition replaced by their branch")
             progress.optimizer_delta.update({"If": -inlined})
     try:
-        optimized = optimize(model, [name for name in passes if name != PASS_NAME])
+        result = optimize(model, [name for name in passes if name != PASS_NAME])
     except Exception as exc:  # a crash of the optimizer must not lose the folding done so far
         progress.note(f"onnxoptimizer failed, its passes were not applied: {_short(exc)}")
         return model
+    optimized = result.model  # light (weights as tags) until accepted: the checks read structure only
     if io_names(optimized) != io_names(model):
         progress.note("onnxoptimizer changed the model's inputs/outputs; its result was discarded")
         return model
@@ -263,7 +264,7 @@ def _optimize(model: onnx.ModelProto, passes: list[str], progress: _Progress) ->
         return model
     progress.optimizer_delta.update(op_counts(optimized))
     progress.optimizer_delta.subtract(op_counts(model))
-    return optimized
+    return result.into(model)
 
 
 def _optimizer_damage(optimized: onnx.ModelProto, types: dict[str, Any], progress: _Progress) -> str:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.context import StageContext
 from qdeploy.core.errors import StageError
+from qdeploy.targets.onnxruntime import SessionInterface
 
 if TYPE_CHECKING:
     import numpy as np
@@ -111,7 +112,7 @@ def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyCo
         feeds, failure = (None, "") if unfeedable else _feeds_the_original_accepts(reference, original, model,
                                                                                    config, ctx)
         # one session holds the weights at a time: the original's outputs are computed before the candidate loads
-        reference = _Interface(reference)
+        reference = SessionInterface(reference)
         candidate = _candidate(str(saved) if saved is not None else model.SerializeToString(), level, ctx)
         same_interface(reference, candidate, STAGE, ctx.variant)
         if unfeedable:
@@ -128,19 +129,6 @@ def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyCo
     shapes = {name: list(array.shape) for name, array in feeds[0][0].items()}
     return {"samples": len(feeds), "max_abs_err": worst, "atol": config.check_atol, "rtol": config.check_rtol,
             "input_shapes": shapes, "inputs": feeds.source}
-
-
-class _Interface:
-    """A session's inputs and outputs, kept after the session (and its weights) are freed."""
-
-    def __init__(self, session: Any) -> None:
-        self._inputs, self._outputs = session.get_inputs(), session.get_outputs()
-
-    def get_inputs(self) -> list[Any]:
-        return self._inputs
-
-    def get_outputs(self) -> list[Any]:
-        return self._outputs
 
 
 def _candidate(model: str | bytes, level: str, ctx: StageContext) -> Any:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from qdeploy.graph.light import light_copy, restore
+from qdeploy.graph.light import Light, light_copy, restore_into, unknown_tags
 
 if TYPE_CHECKING:
     import onnx
@@ -37,31 +38,51 @@ LIGHT_SAFE_PASSES = frozenset({
     "fuse_consecutive_unsqueezes", "fuse_transpose_into_gemm", "eliminate_nop_flatten",
 })
 """Passes that read no float tensor's values (checked in onnxoptimizer 0.4's sources)."""
-def optimize(model: onnx.ModelProto, passes: list[str]) -> onnx.ModelProto:
-    """onnxoptimizer's ``passes`` to a fixed point on a light copy; the full model's tensors put back after.
+@dataclass
+class Optimized:
+    """onnxoptimizer's result, before the caller accepts it: a light model (tags for weights) or a full one."""
 
-    ``model`` is left as it was, except that duplicate initializers are merged first when the passes include
-    eliminate_duplicate_initializer (which compares tensor values that tags lack).  Raises what onnxoptimizer
-    raises.
+    model: onnx.ModelProto
+    light: Light | None = None
+    """Set when ``model`` is light: ``into`` then moves its graph into the full model instead of the weights
+    into it (one model's weights in memory, not two)."""
+    dedupe: bool = False
+
+    def into(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """The accepted result as a full model: ``model`` itself, rewritten, when the run was light."""
+        if self.light is None:
+            return self.model
+        restore_into(model, self.model, self.light)
+        if self.dedupe:
+            dedupe_initializers(model)  # the copies a pass made (fuse_bn_into_conv's constants)
+        return model
+
+
+def optimize(model: onnx.ModelProto, passes: list[str]) -> Optimized:
+    """onnxoptimizer's ``passes`` to a fixed point, on a light copy when they read no float values.
+
+    ``model`` is left as it was (``Optimized.into`` applies the result), except that duplicate initializers
+    are merged first when the passes include eliminate_duplicate_initializer (which compares tensor values that
+    tags lack).  Raises what onnxoptimizer raises.
     """
     import onnxoptimizer
 
     if not set(passes) <= LIGHT_SAFE_PASSES:
-        return onnxoptimizer.optimize(model, passes, fixed_point=True)
-    if "eliminate_duplicate_initializer" in passes:
+        return Optimized(onnxoptimizer.optimize(model, passes, fixed_point=True))
+    dedupe = "eliminate_duplicate_initializer" in passes
+    if dedupe:
         dedupe_initializers(model)
-    if len(model.graph.node) > PIECES_ABOVE:
-        return _in_pieces(model, passes)
     light = light_copy(model)
-    optimized = onnxoptimizer.optimize(light.model, [name for name in passes
-                                                     if name != "eliminate_duplicate_initializer"], fixed_point=True)
-    leftover = restore(optimized, light)
+    light_passes = [name for name in passes if name != "eliminate_duplicate_initializer"]
+    if len(light.model.graph.node) > PIECES_ABOVE:
+        optimized = _in_pieces(light.model, light_passes)
+    else:
+        optimized = onnxoptimizer.optimize(light.model, light_passes, fixed_point=True)
+    leftover = unknown_tags(optimized, light)
     if leftover:  # a pass moved a tagged tensor somewhere unexpected: run again on the full model
         log.debug("tagged tensors %s were not restored; optimizing the full model", leftover[:5])
-        return onnxoptimizer.optimize(model, passes, fixed_point=True)
-    if "eliminate_duplicate_initializer" in passes:
-        dedupe_initializers(optimized)  # the copies a pass made (fuse_bn_into_conv's constants)
-    return optimized
+        return Optimized(onnxoptimizer.optimize(model, passes, fixed_point=True))
+    return Optimized(optimized, light, dedupe)
 
 
 PIECES_ABOVE = 1000
@@ -72,13 +93,11 @@ def _in_pieces(model: onnx.ModelProto, passes: list[str]) -> onnx.ModelProto:
     from qdeploy.graph.utils import delete_where, names_read
     from qdeploy.stages.simplify._optimizer_pieces import optimize_in_pieces
 
-    optimized = optimize_in_pieces(model, [name for name in passes if name != "eliminate_duplicate_initializer"])
+    optimized = optimize_in_pieces(model, passes)
     graph = optimized.graph
     if "eliminate_unused_initializer" in passes:
         read = names_read(list(graph.node), graph) | {value.name for value in graph.input}
         delete_where(graph.initializer, lambda init: init.name not in read)
-    if "eliminate_duplicate_initializer" in passes:
-        dedupe_initializers(optimized)
     return optimized
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.graph.light import take_value_info
-from qdeploy.graph.utils import model_bytes, prune_value_info
+from qdeploy.graph.utils import prune_value_info
 
 if TYPE_CHECKING:
     import onnx
@@ -23,11 +23,12 @@ def infer_shapes(model: onnx.ModelProto, work_dir: Path, progress: Any) -> onnx.
     """
     import onnx
 
-    from qdeploy.graph.light import light_copy
+    from qdeploy.graph.light import light_bytes, light_copy
 
     prune_value_info(model)
-    light = light_copy(model, value_info=False).model
-    if model_bytes(light) > INFER_BY_PATH_BYTES:  # even without its large weights (many small tensors)
+    stripped = light_copy(model, value_info=False)
+    light = stripped.model
+    if light_bytes(stripped) > INFER_BY_PATH_BYTES:  # even without its large weights (many small tensors)
         return _infer_shapes_by_path(model, work_dir, progress)
     for data_prop in (True, False):
         try:

@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.core.context import StageContext
+from qdeploy.graph.light import light_bytes, light_copy, restore
 from qdeploy.stages.simplify import DEFAULT_PASSES
 from qdeploy.stages.simplify import _optimizer as optimizer
 from qdeploy.stages.simplify._check_inputs import safe_integer_ranges
@@ -127,9 +128,15 @@ def test_light_onnxoptimizer_run_gives_the_full_runs_model() -> None:
     passes = list(DEFAULT_PASSES)
     full = onnxoptimizer.optimize(model, passes, fixed_point=True)
     before = model.SerializeToString()
-    light = optimizer.optimize(model, passes)
+    result = optimizer.optimize(model, passes)
+    assert result.light is not None and result.model.ByteSize() < model.ByteSize() / 4  # ran without the weights
+    assert model.SerializeToString() != before  # duplicates merged in the input, which is otherwise as it was
+    weights = {init.name: init.raw_data for init in model.graph.initializer}
+    light = result.into(model)
+    assert light is model  # the full model takes the optimized graph: its weights are not copied
     assert "dup" not in {init.name for init in light.graph.initializer}  # duplicates merged
-    assert model.SerializeToString() != before  # ... in the input too, which is otherwise as it was
+    kept = {init.name: init.raw_data for init in light.graph.initializer if init.name in weights}
+    assert kept and all(weights[name] == raw for name, raw in kept.items())
     assert [node.op_type for node in light.graph.node] == [node.op_type for node in full.graph.node]
     feeds = {"input": RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)}
     for want, got in zip(_run(full, feeds), _run(light, feeds), strict=True):
@@ -138,9 +145,10 @@ def test_light_onnxoptimizer_run_gives_the_full_runs_model() -> None:
 
 def test_light_copy_leaves_the_bytes_behind_and_restore_brings_them_back() -> None:
     model = tiny_cnn(channels=64)
-    light = optimizer.light_copy(model)
+    light = light_copy(model)
     assert light.model.ByteSize() < model.ByteSize() / 4
-    assert optimizer.restore(light.model, light) == []
+    assert abs(light_bytes(light) - light.model.ByteSize()) < 512  # what a size check must see, not the tags' dims
+    assert restore(light.model, light) == []
     assert {init.name: numpy_helper.to_array(init).tobytes() for init in light.model.graph.initializer} == \
         {init.name: numpy_helper.to_array(init).tobytes() for init in model.graph.initializer}
 

@@ -140,7 +140,9 @@ def test_the_check_memory_bound_turns_a_runaway_allocation_into_an_error() -> No
 
 def test_an_optimizer_result_that_breaks_a_subgraph_is_discarded(tmp_path: Path, ctx: StageContext,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    def breaking(model: onnx.ModelProto, passes: list[str]) -> onnx.ModelProto:
+    from qdeploy.stages.simplify._optimizer import Optimized
+
+    def breaking(model: onnx.ModelProto, passes: list[str]) -> Optimized:
         broken = onnx.ModelProto()
         broken.CopyFrom(model)
         body = broken.graph.node[-1].attribute[0].g  # the Loop body: its first node goes to the end
@@ -149,7 +151,7 @@ def test_an_optimizer_result_that_breaks_a_subgraph_is_discarded(tmp_path: Path,
         del body.node[0]
         body.node.append(first)
         body.node[-1].output[0] = "renamed"  # not just an order problem: a read of a name nobody produces
-        return broken
+        return Optimized(broken)
 
     monkeypatch.setattr("qdeploy.stages.simplify._optimizer.optimize", breaking)
     model = loop_with_outer_reads_model()
