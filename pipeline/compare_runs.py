@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,12 +23,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from qdeploy.core.errors import QdeployInputError
-from qdeploy.core.rows import BenchmarkRow, ValidationRow
+from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ValidationRow
 from qdeploy.pipeline.identity import differences, model_mismatch
 
 __all__ = ["HIGHER_IS_BETTER", "Change", "Comparison", "NotComparableError", "Thresholds", "compare_reports",
            "failure_changes", "format_comparison", "gate_changes", "latency_changes", "load_report", "metric_changes",
-           "not_comparable", "parse_metric_drops", "typed_rows"]
+           "not_comparable", "parse_metric_drops", "typed_records", "typed_rows"]
 
 HIGHER_IS_BETTER = {"cosine": True, "snr_db": True, "top1_agreement": True, "top5_agreement": True,
                     "task_metric": True, "max_abs_err": False, "mean_abs_err": False, "max_rel_err": False}
@@ -112,16 +114,31 @@ def compare_reports(before: dict[str, Any], after: dict[str, Any], thresholds: T
     (timed_a, checks_a), (timed_b, checks_b) = typed_rows(before, "A"), typed_rows(after, "B")
     comparison.changes += latency_changes(timed_a, timed_b, limits.max_latency_regression)
     comparison.changes += metric_changes(checks_a, checks_b, limits.max_metric_drop)
-    comparison.changes += gate_changes(before["gates"], after["gates"])
-    comparison.changes += failure_changes(before.get("failures", []), after.get("failures", []))
+    (gates_a, failures_a), (gates_b, failures_b) = typed_records(before, "A"), typed_records(after, "B")
+    comparison.changes += gate_changes(gates_a, gates_b)
+    comparison.changes += failure_changes(failures_a, failures_b)
     return comparison
 
 
 def typed_rows(report: dict[str, Any], label: str) -> tuple[list[BenchmarkRow], list[ValidationRow]]:
     """A report's benchmark and validation rows, parsed; a row that is not one is an input error (exit 2)."""
-    try:
+    with _readable(label):
         return ([BenchmarkRow.from_json(row) for row in report["benchmarks"]],
                 [ValidationRow.from_json(row) for row in report["validation"]])
+
+
+def typed_records(report: dict[str, Any], label: str) -> tuple[list[GateResult], list[BuildFailure]]:
+    """A report's gates and build failures, parsed; one that is not is an input error (exit 2)."""
+    with _readable(label):
+        return ([GateResult.from_json(gate) for gate in report["gates"]],
+                [BuildFailure.from_json(failure) for failure in report.get("failures", [])])
+
+
+@contextmanager
+def _readable(label: str) -> Iterator[None]:
+    """A row of run ``label`` that its model rejects becomes an input error that names the field."""
+    try:
+        yield
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
@@ -224,20 +241,19 @@ def metric_changes(before: list[ValidationRow], after: list[ValidationRow],
     return changes
 
 
-def _gate_key(gate: dict[str, Any]) -> tuple[Any, ...]:
-    return (gate["variant"], gate["target"], gate["metric"], gate.get("batch_size", 1), gate.get("min"),
-            gate.get("max"))
+def _gate_key(gate: GateResult) -> tuple[Any, ...]:
+    return gate.variant, gate.target, gate.metric, gate.batch_size, gate.min, gate.max
 
 
-def _gate_state(gate: dict[str, Any] | None) -> str:
+def _gate_state(gate: GateResult | None) -> str:
     if gate is None:
         return "absent"
-    if gate.get("skipped"):
+    if gate.skipped:
         return "skipped"
-    return "pass" if gate.get("passed") else "fail"
+    return "pass" if gate.passed else "fail"
 
 
-def gate_changes(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[Change]:
+def gate_changes(before: list[GateResult], after: list[GateResult]) -> list[Change]:
     """Gates whose verdict differs; one that passed in A and fails in B is a regression."""
     old = {_gate_key(gate): gate for gate in before}
     new = {_gate_key(gate): gate for gate in after}
@@ -248,21 +264,21 @@ def gate_changes(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> l
             continue
         bound = " and ".join(part for part in (f">= {key[4]}" if key[4] is not None else "",
                                                f"<= {key[5]}" if key[5] is not None else "") if part)
-        value_a = (old.get(key) or {}).get("value")
-        value_b = (new.get(key) or {}).get("value")
+        value_a = old[key].value if key in old else None
+        value_b = new[key].value if key in new else None
         changes.append(Change("gate", f"{key[0]} on {key[1]}: {key[2]} {bound}", was, now,
                               f"value {_show(value_a)} -> {_show(value_b)}",
                               regression=was == "pass" and now == "fail"))
     return changes
 
 
-def failure_changes(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[Change]:
+def failure_changes(before: list[BuildFailure], after: list[BuildFailure]) -> list[Change]:
     """Variants that built in A and fail to build in B (a regression), or the reverse."""
-    old = {failure["variant"]: failure for failure in before}
-    new = {failure["variant"]: failure for failure in after}
-    changes = [Change("status", f"build of variant {name}", "built", f"failed in {new[name]['stage']}",
-                      new[name].get("reason", ""), regression=True) for name in sorted(new.keys() - old.keys())]
-    changes += [Change("status", f"build of variant {name}", f"failed in {old[name]['stage']}", "built")
+    old = {failure.variant: failure for failure in before}
+    new = {failure.variant: failure for failure in after}
+    changes = [Change("status", f"build of variant {name}", "built", f"failed in {new[name].stage}",
+                      new[name].reason, regression=True) for name in sorted(new.keys() - old.keys())]
+    changes += [Change("status", f"build of variant {name}", f"failed in {old[name].stage}", "built")
                 for name in sorted(old.keys() - new.keys())]
     return changes
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import math
 from typing import Any, TypeVar
 
-from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
+from qdeploy.core.rows import (
+    BenchmarkRow,
+    BuildFailure,
+    GateResult,
+    ThroughputRow,
+    UnmeasuredEntry,
+    UnmeasuredKind,
+    ValidationRow,
+)
 from qdeploy.core.runtimes import built_for
 from qdeploy.pipeline.recipe import GateSpec
 
@@ -77,9 +85,9 @@ def _unmeasured(metric: str, row: ValidationRow) -> str:
 
 
 def evaluate_gates(gates: list[GateSpec], validation: list[ValidationRow], benchmarks: list[BenchmarkRow],
-                   reference: str, failures: list[dict[str, Any]], sizes: dict[str, int],
+                   reference: str, failures: list[BuildFailure], sizes: dict[str, int],
                    selected: tuple[list[str], list[str]] | None = None,
-                   throughput: list[ThroughputRow] | None = None) -> list[dict[str, Any]]:
+                   throughput: list[ThroughputRow] | None = None) -> list[GateResult]:
     """Each gate with its measured value; a gate that cannot be measured fails, saying why.
 
     A gate on a variant or target left out of this run (--variant/--target) is skipped: `passed` is None.
@@ -87,23 +95,23 @@ def evaluate_gates(gates: list[GateSpec], validation: list[ValidationRow], bench
     results = []
     for gate in gates:
         if selected and (gate.variant not in [*selected[0], reference] or gate.target not in selected[1]):
-            results.append({**_row(gate, None), "passed": None, "skipped": True,
-                            "reason": "its variant or target is not part of this run (--variant/--target)"})
+            results.append(_result(gate, None, None, skipped=True,
+                                   reason="its variant or target is not part of this run (--variant/--target)"))
             continue
-        failed_build = next((f for f in failures if f["variant"] == gate.variant), None)
+        failed_build = next((f for f in failures if f.variant == gate.variant), None)
         if failed_build:
-            value, why = None, f"variant {gate.variant} failed in stage {failed_build['stage']}"
+            value, why = None, f"variant {gate.variant} failed in stage {failed_build.stage}"
         else:
             value, why = _measured(gate, validation, benchmarks, reference, sizes, throughput)
         passed = value is not None and value == value and (gate.min is None or value >= gate.min) and (
             gate.max is None or value <= gate.max)
-        results.append({**_row(gate, value), "passed": passed, "skipped": False, "reason": why})
+        results.append(_result(gate, value, passed, skipped=False, reason=why))
     return results
 
 
-def _row(gate: GateSpec, value: float | None) -> dict[str, Any]:
-    return {"variant": gate.variant, "target": gate.target, "metric": gate.metric, "min": gate.min, "max": gate.max,
-            "batch_size": gate.batch_size, "value": value}
+def _result(gate: GateSpec, value: float | None, passed: bool | None, *, skipped: bool, reason: str) -> GateResult:
+    return GateResult(variant=gate.variant, target=gate.target, metric=gate.metric, min=gate.min, max=gate.max,
+                      batch_size=gate.batch_size, value=value, passed=passed, skipped=skipped, reason=reason)
 
 
 def validations_hold(validation: list[ValidationRow]) -> bool:
@@ -111,16 +119,16 @@ def validations_hold(validation: list[ValidationRow]) -> bool:
     return not any(row.status == "failed" for row in validation)
 
 
-def run_passes(gates: list[dict[str, Any]], validation: list[ValidationRow], failures: list[dict[str, Any]],
-               missing: list[dict[str, Any]]) -> bool:
+def run_passes(gates: list[GateResult], validation: list[ValidationRow], failures: list[BuildFailure],
+               missing: list[UnmeasuredEntry]) -> bool:
     """The run's verdict: every variant built, every gate and validation held, and everything the recipe asked
     to measure was measured (or the recipe allows that it was not)."""
     return (not failures and gates_hold(gates) and validations_hold(validation)
-            and all(row["allowed"] for row in missing))
+            and all(row.allowed for row in missing))
 
 
 def unmeasured(validation: list[ValidationRow], benchmarks: list[BenchmarkRow],
-               expected: tuple[list[str], list[str], list[int]], allowed: list[str]) -> list[dict[str, Any]]:
+               expected: tuple[list[str], list[str], list[int]], allowed: list[str]) -> list[UnmeasuredEntry]:
     """What the recipe asked to measure and could not be: errored rows, a latency that is not a number, rows
     that are missing.  ``expected`` is (variants, targets, batch sizes; none when benchmarks are off).
 
@@ -128,26 +136,28 @@ def unmeasured(validation: list[ValidationRow], benchmarks: list[BenchmarkRow],
     says whether the recipe allows it (``report.allow_unmeasured``).
     """
     variants, targets, batches = expected
-    found = [*_errored("validate", validation), *_errored("benchmark", benchmarks)]
+    found = [*_errored("validate", validation, allowed), *_errored("benchmark", benchmarks, allowed)]
     seen = {(row.variant, row.target) for row in validation}
-    found += [_entry("validate", variant, target, None, "no validation result")
+    found += [UnmeasuredEntry.of("validate", variant, target, None, "no validation result", allowed)
               for variant in variants for target in targets
               if (variant, target) not in seen and built_for(variant, target)]
     timed = {(row.variant, row.target, row.batch_size) for row in benchmarks}
-    found += [_entry("benchmark", variant, target, batch, "no benchmark result")
+    found += [UnmeasuredEntry.of("benchmark", variant, target, batch, "no benchmark result", allowed)
               for target in targets for batch in batches for variant in variants
               if (variant, target, batch) not in timed and built_for(variant, target)]
-    return [{**row, "allowed": row["kind"] in allowed} for row in found]
+    return found
 
 
-def _errored(kind: str, rows: list[ValidationRow] | list[BenchmarkRow]) -> list[dict[str, Any]]:
+def _errored(kind: UnmeasuredKind, rows: list[ValidationRow] | list[BenchmarkRow],
+             allowed: list[str]) -> list[UnmeasuredEntry]:
     found = []
     for row in rows:
         batch = row.batch_size if isinstance(row, BenchmarkRow) else None
         if row.status == "error":
-            found.append(_entry(kind, row.variant, row.target, batch, row.reason or "error"))
+            found.append(UnmeasuredEntry.of(kind, row.variant, row.target, batch, row.reason or "error", allowed))
         elif isinstance(row, BenchmarkRow) and row.status == "ok" and not _finite(row.p50):
-            found.append(_entry(kind, row.variant, row.target, batch, "median latency is not a number"))
+            found.append(UnmeasuredEntry.of(kind, row.variant, row.target, batch, "median latency is not a number",
+                                            allowed))
     return found
 
 
@@ -155,11 +165,6 @@ def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
-def _entry(kind: str, variant: str, target: str, batch: int | None, reason: str) -> dict[str, Any]:
-    entry = {"kind": kind, "variant": variant, "target": target, "reason": reason}
-    return {**entry, "batch_size": batch} if kind == "benchmark" else entry
-
-
-def gates_hold(gates: list[dict[str, Any]]) -> bool:
+def gates_hold(gates: list[GateResult]) -> bool:
     """Every gate that was evaluated passed (skipped gates do not count)."""
-    return all(gate["passed"] for gate in gates if not gate.get("skipped"))
+    return all(gate.passed for gate in gates if not gate.skipped)

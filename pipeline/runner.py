@@ -30,7 +30,7 @@ from typing import Any
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import QdeployError, QdeployInputError, RunLockedError, StageError
-from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
+from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ThroughputRow, UnmeasuredEntry, ValidationRow
 from qdeploy.core.runtimes import runtime_groups
 from qdeploy.pipeline import registry
 from qdeploy.pipeline.guard import guard_artifact
@@ -98,7 +98,7 @@ class BuildOutcome:
     """Final artifact of each variant that was built."""
     built: dict[str, Artifact]
     """Every artifact of this run by cache key (lineage walks it)."""
-    failures: list[dict[str, Any]]
+    failures: list[BuildFailure]
     input_error: bool
     published: list[dict[str, Any]]
     """The report's artifact rows."""
@@ -117,7 +117,7 @@ class _RunState:
     work_root: Path
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     """Final artifact of each variant that was built."""
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[BuildFailure] = field(default_factory=list)
     built: dict[str, Artifact] = field(default_factory=dict)
     """Every artifact of this run by cache key, so a shared prefix is taken once."""
     input_error: bool = False
@@ -259,8 +259,8 @@ def _evaluate_phase(plan: RunPlan, outcome: BuildOutcome, stage: str, targets: l
         return _evaluate(state, stage, outcome.evaluated, chosen)
 
 
-def _exit_code(outcome: BuildOutcome, gates: list[dict[str, Any]], validation: list[ValidationRow],
-               missing: list[dict[str, Any]]) -> int:
+def _exit_code(outcome: BuildOutcome, gates: list[GateResult], validation: list[ValidationRow],
+               missing: list[UnmeasuredEntry]) -> int:
     """2 for bad input; 1 when a variant failed to build, a gate failed, a validation failed, or a measurement
     the recipe asked for could not be made (unless the recipe allows that)."""
     from qdeploy.pipeline.gates import run_passes
@@ -333,8 +333,8 @@ def _record_failure(state: _RunState, variant: str, stage: str, exc: QdeployErro
     reason = exc.reason if isinstance(exc, StageError) else str(exc)
     log.error("variant %s: stage %s failed: %s", variant, stage, reason)
     state.input_error |= isinstance(exc, QdeployInputError)
-    state.failures.append({"variant": variant, "stage": stage, "reason": reason,
-                           "kind": "input" if isinstance(exc, QdeployInputError) else "stage"})
+    state.failures.append(BuildFailure(variant=variant, stage=stage, reason=reason,
+                                       kind="input" if isinstance(exc, QdeployInputError) else "stage"))
 
 
 def _build_step(state: _RunState, variant: str, step: VariantStep, parent: Artifact) -> Artifact:

@@ -8,7 +8,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow, rows_to_json
+from qdeploy.core.rows import (
+    BenchmarkRow,
+    BuildFailure,
+    GateResult,
+    ThroughputRow,
+    UnmeasuredEntry,
+    ValidationRow,
+    rows_to_json,
+)
 from qdeploy.pipeline.envinfo import environment
 from qdeploy.pipeline.gates import find_benchmark, run_passes, speedup
 from qdeploy.pipeline.identity import recipe_fingerprint
@@ -25,8 +33,8 @@ SCHEMA_VERSION = 2
 
 
 def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: list[ValidationRow],
-                 benchmarks: list[BenchmarkRow], gates: list[dict[str, Any]], failures: list[dict[str, Any]],
-                 *, seconds: float, unmeasured: list[dict[str, Any]] | None = None,
+                 benchmarks: list[BenchmarkRow], gates: list[GateResult], failures: list[BuildFailure],
+                 *, seconds: float, unmeasured: list[UnmeasuredEntry] | None = None,
                  model: dict[str, Any] | None = None,
                  throughput: list[ThroughputRow] | None = None) -> dict[str, Any]:
     """The report as a JSON-serialisable dict (docs/report.md).
@@ -53,9 +61,9 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
         "environment": environment(),
         "reference": {"variant": reference, "target": REFERENCE_TARGET},
         "passed": run_passes(gates, validation, failures, unmeasured or []),
-        "gates": gates,
-        "failures": failures,
-        "unmeasured": unmeasured or [],
+        "gates": rows_to_json(gates),
+        "failures": rows_to_json(failures),
+        "unmeasured": rows_to_json(unmeasured or []),
         "artifacts": artifacts,
         "validation": rows_to_json(validation),
         "noise_floor": noise_floor_summary(validation),

@@ -15,16 +15,16 @@ from __future__ import annotations
 from importlib import import_module, metadata
 from typing import Any
 
-__all__ = ["ArtifactInfo", "BenchmarkRow", "Recipe", "RunResult", "ThroughputRow", "ValidationRow", "__version__",
-           "compare", "load_recipe", "open_run", "run", "sweep"]
+__all__ = ["ArtifactInfo", "BenchmarkRow", "BuildFailure", "GateResult", "Recipe", "RunResult", "ThroughputRow",
+           "UnmeasuredEntry", "ValidationRow", "__version__", "compare", "load_recipe", "open_run", "run", "sweep"]
 
 try:
     __version__ = metadata.version("qdeploy")
 except metadata.PackageNotFoundError:  # a checkout that was never installed
     __version__ = "0+unknown"
 
-_API = {"ArtifactInfo", "BenchmarkRow", "Recipe", "RunResult", "ThroughputRow", "ValidationRow", "compare",
-        "load_recipe", "open_run", "run", "sweep"}
+_API = {"ArtifactInfo", "BenchmarkRow", "BuildFailure", "GateResult", "Recipe", "RunResult", "ThroughputRow",
+        "UnmeasuredEntry", "ValidationRow", "compare", "load_recipe", "open_run", "run", "sweep"}
 
 
 def __getattr__(name: str) -> Any:

@@ -24,11 +24,18 @@ from typing import Any
 
 from qdeploy.core.context import artifact_precision
 from qdeploy.core.errors import RecipeError
-from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
+from qdeploy.core.rows import (
+    BenchmarkRow,
+    BuildFailure,
+    GateResult,
+    ThroughputRow,
+    UnmeasuredEntry,
+    ValidationRow,
+)
 from qdeploy.pipeline.recipe import Recipe
 
-__all__ = ["ArtifactInfo", "BenchmarkRow", "Recipe", "RunResult", "ThroughputRow", "ValidationRow", "compare",
-           "load_recipe", "open_run", "run", "sweep"]
+__all__ = ["ArtifactInfo", "BenchmarkRow", "BuildFailure", "GateResult", "Recipe", "RunResult", "ThroughputRow",
+           "UnmeasuredEntry", "ValidationRow", "compare", "load_recipe", "open_run", "run", "sweep"]
 
 RecipeSource = str | Path | dict[str, Any] | Recipe
 
@@ -72,6 +79,21 @@ class RunResult:
     def throughput(self) -> list[ThroughputRow]:
         """report.json's ``throughput`` rows (benchmark.mode throughput or both), typed."""
         return [ThroughputRow.from_json(row) for row in self.report.get("throughput") or []]
+
+    @property
+    def gates(self) -> list[GateResult]:
+        """report.json's ``gates``, typed: each gate with its value, passed (None when skipped) and reason."""
+        return [GateResult.from_json(row) for row in self.report["gates"]]
+
+    @property
+    def failures(self) -> list[BuildFailure]:
+        """report.json's ``failures``, typed: the variants that did not build, with the stage and why."""
+        return [BuildFailure.from_json(row) for row in self.report["failures"]]
+
+    @property
+    def unmeasured(self) -> list[UnmeasuredEntry]:
+        """report.json's ``unmeasured``, typed: what the recipe asked to measure and could not be."""
+        return [UnmeasuredEntry.from_json(row) for row in self.report.get("unmeasured") or []]
 
     def __repr__(self) -> str:
         return (f"RunResult({self.report['recipe']['name']!r}, passed={self.passed}, "

@@ -1,5 +1,5 @@
 """What to ship, per target: a pure function of the report's rows (validation, benchmarks, gates, failures); the
-validation and benchmark rows are parsed into their typed models (``qdeploy.core.rows``) first.
+rows and records are parsed into their typed models (``qdeploy.core.rows``) first.
 
 Rules (docs/verdict-and-throughput.md says them for users):
 - targets are the recipe's, minus fidelity-only ones (reference:cpu); a target whose every validation row is
@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
+from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ThroughputRow, ValidationRow
 from qdeploy.core.runtimes import built_for
 from qdeploy.pipeline.report.format import fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
 
@@ -79,8 +79,8 @@ class _Rows:
     latency: dict[str, BenchmarkRow]
     throughput: dict[str, ThroughputRow]
     sizes: dict[str, int | None]
-    failed_builds: dict[str, dict[str, Any]]
-    gates: list[dict[str, Any]]
+    failed_builds: dict[str, BuildFailure]
+    gates: list[GateResult]
     reference: str | None = None
 
 
@@ -164,27 +164,28 @@ def _rows(report: dict[str, Any], target: str, batch: int | None) -> _Rows:
     def on_target(key: str) -> dict[str, Any]:
         return {row.variant: row for row in _timed(report, key) if row.target == target and row.batch_size == batch}
 
-    gates = [gate for gate in report.get("gates", []) if not gate.get("skipped")
-             and (gate["target"] == target or gate["metric"] == "size_bytes")]
+    gates = [gate for gate in map(GateResult.from_json, report.get("gates", [])) if not gate.skipped
+             and (gate.target == target or gate.metric == "size_bytes")]
+    failures = map(BuildFailure.from_json, report.get("failures", []))
     return _Rows(checks={row.variant: row for row in _validation(report) if row.target == target},
                  latency=on_target("benchmarks"), throughput=on_target("throughput"),
                  sizes={row["name"]: row.get("size_bytes") for row in report.get("artifacts", [])},
-                 failed_builds={row["variant"]: row for row in report.get("failures", [])}, gates=gates,
+                 failed_builds={row.variant: row for row in failures}, gates=gates,
                  reference=(report.get("reference") or {}).get("variant"))
 
 
 def rejection(variant: str, rows: _Rows, by: str) -> str:
     """Why a variant may not be shipped on the target; '' when it may."""
     if variant in rows.failed_builds:
-        return f"failed to build in stage {rows.failed_builds[variant]['stage']}"
+        return f"failed to build in stage {rows.failed_builds[variant].stage}"
     check = rows.checks.get(variant)
     if check is None:
         return "not validated on this target"
     if check.status != "passed":
         return f"validation {check.status}: {check.reason or 'outside its tolerance'}"
-    failed = [g for g in rows.gates if g["variant"] == variant and not g.get("passed")]
+    failed = [g for g in rows.gates if g.variant == variant and not g.passed]
     if failed:
-        return "gate failed: " + "; ".join(f"{g['metric']} {fmt_number(g.get('value'))}" for g in failed)
+        return "gate failed: " + "; ".join(f"{g.metric} {fmt_number(g.value)}" for g in failed)
     if by == "size":
         return ""
     bench = (rows.latency if by == "latency" else rows.throughput).get(variant)

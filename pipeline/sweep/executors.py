@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from qdeploy.core.errors import QdeployError
+from qdeploy.core.rows import BuildFailure, GateResult
 from qdeploy.pipeline.runner import RunOptions, RunResult, locked_out_dir, plan_run
 from qdeploy.pipeline.sweep import SweepEntry, SweepPlan
 from qdeploy.pipeline.sweep.jobs import Job
@@ -254,11 +255,12 @@ class Scheduler:
 def _result_reason(result: RunResult) -> str | None:
     """Why a finished recipe did not pass: its failures and missed gates, briefly."""
     report = result.report
-    reasons = [f"variant {failure['variant']} failed at {failure['stage']}: {failure['reason']}"
-               for failure in report.get("failures", [])]
-    reasons += [f"gate {gate['variant']} on {gate['target']}: {gate['metric']} = {gate['value']} "
-                f"(min {gate['min']}, max {gate['max']}) {gate.get('reason') or ''}".rstrip()
-                for gate in report.get("gates", []) if gate.get("passed") is False]
+    failures = [BuildFailure.from_json(failure) for failure in report.get("failures", [])]
+    gates = [GateResult.from_json(gate) for gate in report.get("gates", [])]
+    reasons = [f"variant {failure.variant} failed at {failure.stage}: {failure.reason}" for failure in failures]
+    reasons += [f"gate {gate.variant} on {gate.target}: {gate.metric} = {gate.value} "
+                f"(min {gate.min}, max {gate.max}) {gate.reason or ''}".rstrip()
+                for gate in gates if gate.passed is False]
     return "; ".join(reasons) or None
 
 

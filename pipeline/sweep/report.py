@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.files import write_json_atomic, write_text_atomic
-from qdeploy.core.rows import BenchmarkRow, ValidationRow
+from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ValidationRow
 
 if TYPE_CHECKING:
     from qdeploy.pipeline.sweep.jobs import Job
@@ -62,15 +62,23 @@ def _recipe_row(job: Job, out_dir: Path) -> dict[str, Any]:
         path = job.folder / f"report.{kind}"
         if job.result is not None and path.is_file():
             links[kind] = os.path.relpath(path, out_dir)
-    gates = job.result.report["gates"] if job.result is not None else []
+    gates = _gates(job.result.report) if job.result is not None else []
     return {
         "name": job.entry.name, "origin": job.entry.origin, "status": job.status, "reason": job.reason,
         "exit_code": job.result.exit_code if job.result is not None else (2 if job.status == "invalid" else 1),
         "folder": os.path.relpath(job.folder, out_dir), "reports": links,
         "seconds": job.result.report["seconds"] if job.result is not None else None,
-        "gates": {"passed": sum(g["passed"] is True for g in gates), "failed": sum(g["passed"] is False for g in gates),
-                  "skipped": sum(g["passed"] is None for g in gates)},
+        "gates": {"passed": sum(g.passed is True for g in gates), "failed": sum(g.passed is False for g in gates),
+                  "skipped": sum(g.passed is None for g in gates)},
     }
+
+
+def _gates(report: dict[str, Any]) -> list[GateResult]:
+    return [GateResult.from_json(gate) for gate in report["gates"]]
+
+
+def _build_failures(report: dict[str, Any]) -> list[BuildFailure]:
+    return [BuildFailure.from_json(failure) for failure in report["failures"]]
 
 
 def _matrix_rows(job: Job) -> list[dict[str, Any]]:
@@ -79,6 +87,7 @@ def _matrix_rows(job: Job) -> list[dict[str, Any]]:
         return [_row(job.entry.name, None, None, status=job.status, reason=job.reason)]
     report = job.result.report
     rows = []
+    gates = _gates(report)
     benchmarks = [BenchmarkRow.from_json(row) for row in report["benchmarks"]]
     for check in (ValidationRow.from_json(row) for row in report["validation"]):
         variant, target = check.variant, check.target
@@ -86,12 +95,12 @@ def _matrix_rows(job: Job) -> list[dict[str, Any]]:
         timed = {} if bench is None else {"benchmark": bench.status, "batch_size": bench.batch_size,
                                           "p50_ms": bench.p50, "speedup": bench.speedup}
         rows.append(_row(job.entry.name, variant, target, status=check.status, reason=check.reason or None,
-                         cosine=check.metrics.cosine, **timed, gates=_gate_verdict(report["gates"], variant, target)))
+                         cosine=check.metrics.cosine, **timed, gates=_gate_verdict(gates, variant, target)))
     targets = job.plan.targets if job.plan is not None else []
-    for failure in report["failures"]:
-        rows += [_row(job.entry.name, failure["variant"], target, status="failed",
-                      reason=f"stage {failure['stage']}: {failure['reason']}",
-                      gates=_gate_verdict(report["gates"], failure["variant"], target)) for target in targets]
+    for failure in _build_failures(report):
+        rows += [_row(job.entry.name, failure.variant, target, status="failed",
+                      reason=f"stage {failure.stage}: {failure.reason}",
+                      gates=_gate_verdict(gates, failure.variant, target)) for target in targets]
     return rows
 
 
@@ -106,9 +115,9 @@ def _first_benchmark(benchmarks: list[BenchmarkRow], variant: str, target: str) 
     return min(rows, key=lambda row: row.batch_size) if rows else None
 
 
-def _gate_verdict(gates: list[dict[str, Any]], variant: str, target: str) -> str | None:
-    verdicts = [gate["passed"] for gate in gates if gate["variant"] == variant and gate["target"] == target
-                and gate["passed"] is not None]
+def _gate_verdict(gates: list[GateResult], variant: str, target: str) -> str | None:
+    verdicts = [gate.passed for gate in gates if gate.variant == variant and gate.target == target
+                and gate.passed is not None]
     if not verdicts:
         return None
     return "PASS" if all(verdicts) else "FAIL"
@@ -119,12 +128,12 @@ def _failures(job: Job) -> list[dict[str, Any]]:
         return [{"recipe": job.entry.name, "variant": None, "stage": None, "status": job.status,
                  "reason": job.reason}]
     report = job.result.report
-    failures = [{"recipe": job.entry.name, "variant": f["variant"], "stage": f["stage"], "status": "failed",
-                 "reason": f["reason"]} for f in report["failures"]]
-    failures += [{"recipe": job.entry.name, "variant": g["variant"], "stage": "gate", "status": "failed",
-                  "reason": f"{g['metric']} on {g['target']} = {g['value']} (min {g['min']}, max {g['max']}) "
-                            f"{g.get('reason') or ''}".rstrip()}
-                 for g in report["gates"] if g["passed"] is False]
+    failures = [{"recipe": job.entry.name, "variant": f.variant, "stage": f.stage, "status": "failed",
+                 "reason": f.reason} for f in _build_failures(report)]
+    failures += [{"recipe": job.entry.name, "variant": g.variant, "stage": "gate", "status": "failed",
+                  "reason": f"{g.metric} on {g.target} = {g.value} (min {g.min}, max {g.max}) "
+                            f"{g.reason or ''}".rstrip()}
+                 for g in _gates(report) if g.passed is False]
     return failures
 
 

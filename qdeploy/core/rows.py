@@ -1,4 +1,5 @@
-"""Typed result rows: one validation (variant x target) and one benchmark (variant x target x batch size).
+"""Typed result rows: one validation (variant x target) and one benchmark (variant x target x batch size); and the
+records a run's verdict is made of: a gate's result, a variant's failed build, a measurement that was not made.
 
 The stages build these; the runner, gates, summary, sweeps, packages and the API read their attributes.  Each row
 serializes with ``to_json()`` to exactly the keys report.json has always had, and ``from_json()`` parses such a dict
@@ -11,7 +12,7 @@ by the constructor, ``replace`` or the parsed dict, so that absent stays absent 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,11 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["BenchmarkRow", "BenchmarkStatus", "LatencyStats", "ResultRow", "StopRecord", "ThroughputRow",
-           "ValidationMetrics", "ValidationRow", "ValidationStatus", "benchmark_row_from_json", "rows_to_json"]
+__all__ = ["BenchmarkRow", "BenchmarkStatus", "BuildFailure", "FailureKind", "GateResult", "LatencyStats", "ResultRow",
+           "StopRecord", "ThroughputRow", "UnmeasuredEntry", "UnmeasuredKind", "ValidationMetrics", "ValidationRow",
+           "ValidationStatus", "benchmark_row_from_json", "rows_to_json"]
 
 ValidationStatus = Literal["passed", "failed", "unavailable", "error"]
 BenchmarkStatus = Literal["ok", "unavailable", "error"]
+FailureKind = Literal["input", "stage"]
+UnmeasuredKind = Literal["validate", "benchmark"]
 
 
 def _plain(value: Any) -> Any:
@@ -239,6 +243,56 @@ class ThroughputRow(ResultRow):
     settings: dict[str, Any] | None = None
     speedup: float | None = None
     speedup_range: list[float] | None = None
+
+
+class GateResult(ResultRow):
+    """One of the recipe's gates against its measurement; a gate the run left out (--variant/--target) is skipped."""
+
+    variant: str
+    target: str
+    metric: str
+    min: float | None
+    max: float | None
+    batch_size: int
+    value: float | None
+    """The measured value; None when it could not be measured (``reason`` says why) or the gate was skipped."""
+    passed: bool | None
+    """None exactly when ``skipped``."""
+    skipped: bool
+    reason: str
+
+
+class BuildFailure(ResultRow):
+    """A variant whose build stopped at a stage: it has no artifact, so no validation or benchmark rows either."""
+
+    variant: str
+    stage: str
+    reason: str
+    kind: FailureKind
+    """'input': the recipe or its data is wrong (the run exits 2); 'stage': the stage failed on this model."""
+
+
+class UnmeasuredEntry(ResultRow):
+    """A measurement the recipe asked for and did not get: an errored row, a latency that is not a number, a
+    missing row.  A target this machine lacks is never one (its rows are unavailable, not unmeasured)."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"batch_size"})
+
+    kind: UnmeasuredKind
+    variant: str
+    target: str
+    reason: str
+    batch_size: int | None = None
+    """Benchmark entries only: validation is not per batch size."""
+    allowed: bool
+    """The recipe lets the run pass without it (``report.allow_unmeasured`` names its kind)."""
+
+    @classmethod
+    def of(cls, kind: UnmeasuredKind, variant: str, target: str, batch: int | None, reason: str,
+           allowed: Collection[str]) -> Self:
+        """An entry, allowed when ``allowed`` (the recipe's allow_unmeasured) names its kind."""
+        sized = {"batch_size": batch} if kind == "benchmark" else {}
+        return cls(kind=kind, variant=variant, target=target, reason=reason, **sized, allowed=kind in allowed)
 
 
 def benchmark_row_from_json(data: Mapping[str, Any]) -> BenchmarkRow | ThroughputRow:

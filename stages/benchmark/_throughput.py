@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdeploy.core.errors import TargetUnavailable
-from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, ThroughputRow
+from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, ThroughputRow, UnmeasuredEntry
 from qdeploy.core.runtimes import built_for
 from qdeploy.stages.benchmark._data import BenchData, explain_failure
 
@@ -121,7 +121,7 @@ def empty_row(variant: str, target: str, batch: int, status: BenchmarkStatus, re
 
 
 def unmeasured_throughput(rows: list[ThroughputRow], expected: tuple[list[str], list[str], list[int]],
-                          allowed: list[str]) -> list[dict[str, Any]]:
+                          allowed: list[str]) -> list[UnmeasuredEntry]:
     """Throughput the recipe asked for and did not get (errored or missing rows), as
     ``qdeploy.pipeline.gates.unmeasured``
     entries of kind 'benchmark'; unavailable targets are never among them."""
@@ -131,5 +131,5 @@ def unmeasured_throughput(rows: list[ThroughputRow], expected: tuple[list[str], 
     have = {(row.variant, row.target, row.batch_size) for row in rows}
     found += [(variant, target, batch, "throughput: no result") for target in targets for batch in batches
               for variant in variants if (variant, target, batch) not in have and built_for(variant, target)]
-    return [{"kind": "benchmark", "variant": variant, "target": target, "reason": reason, "batch_size": batch,
-             "allowed": "benchmark" in allowed} for variant, target, batch, reason in found]
+    return [UnmeasuredEntry.of("benchmark", variant, target, batch, reason, allowed)
+            for variant, target, batch, reason in found]

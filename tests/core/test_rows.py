@@ -102,6 +102,6 @@ def test_gates_read_the_typed_rows() -> None:
              GateSpec(variant="fp16", target="ort:cpu", metric="cosine", min=0.98),
              GateSpec(variant="int8", target="ort:cpu", metric="task_metric", min=0.5)]
     cosine, errored, task = evaluate_gates(gates, validation, [], "fp32", [], {})
-    assert cosine["value"] == 0.97 and cosine["passed"] is False
-    assert errored["value"] is None and errored["reason"] == "no validation of fp16 on ort:cpu: boom"
-    assert task["reason"].startswith("task_metric needs validate.metric")
+    assert cosine.value == 0.97 and cosine.passed is False
+    assert errored.value is None and errored.reason == "no validation of fp16 on ort:cpu: boom"
+    assert task.reason.startswith("task_metric needs validate.metric")

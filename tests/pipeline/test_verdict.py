@@ -66,14 +66,14 @@ def test_a_failed_fast_artifact_is_never_chosen() -> None:
 def test_a_failed_gate_or_a_failed_build_rules_an_artifact_out() -> None:
     report = _two_targets()
     report["gates"] = [{"variant": "int8", "target": "openvino:cpu", "metric": "cosine", "min": 0.9999,
-                        "max": None, "batch_size": 1, "value": 0.999, "passed": False, "skipped": False}]
+                        "max": None, "batch_size": 1, "value": 0.999, "passed": False, "skipped": False, "reason": ""}]
     ov = _target(report, "openvino:cpu")
     assert ov["variant"] != "int8" and ov["rejected"]["int8"].startswith("gate failed: cosine 0.999")
     assert _target(report, "ort:cpu")["variant"] == "int8"  # a gate on another target does not count here
     report["gates"][0]["metric"] = "size_bytes"  # ... unless it is a size gate: the file is the same everywhere
     assert _target(report, "ort:cpu")["variant"] != "int8"
     report["gates"] = []
-    report["failures"] = [{"variant": "int8", "stage": "quantize", "reason": "x"}]
+    report["failures"] = [{"variant": "int8", "stage": "quantize", "reason": "x", "kind": "stage"}]
     assert _target(report, "openvino:cpu")["rejected"]["int8"] == "failed to build in stage quantize"
 
 
@@ -219,8 +219,8 @@ def _slower_than_float_on_openvino() -> dict[str, Any]:
                                          ("int8", 10.0, [10.0, 10.2, 10.1, 10.0, 10.3], [0.78, 0.82])):
         report["benchmarks"].append(bench_row(variant, "openvino:cpu", p50, rounds, speedup=8.0 / p50,
                                               speedup_range=spread))
-    report["gates"] = [{"variant": "fp32", "target": "openvino:cpu", "metric": "latency_ms_p50", "value": 8.0,
-                        "max": 5.0, "passed": False, "batch_size": 1}]
+    report["gates"] = [{"variant": "fp32", "target": "openvino:cpu", "metric": "latency_ms", "min": None, "max": 5.0,
+                        "batch_size": 1, "value": 8.0, "passed": False, "skipped": False, "reason": ""}]
     return report
 
 

@@ -85,10 +85,10 @@ def test_unmeasured_rows_errors_nan_and_missing() -> None:
     benchmarks = [_bench("a", "ort:cpu", 1, "ok"), _bench("b", "ort:cpu", 1, "ok", float("nan")),
                   _bench("a", "ort:cuda", 1, "unavailable", None), _bench("b", "ort:cuda", 1, "unavailable", None)]
     found = unmeasured(validation, benchmarks, (["a", "b"], ["ort:cpu", "ort:cuda"], [1]), allowed=["validate"])
-    assert [(row["kind"], row["variant"], row["target"], row["reason"], row["allowed"]) for row in found] == [
+    assert [(row.kind, row.variant, row.target, row.reason, row.allowed) for row in found] == [
         ("validate", "b", "ort:cpu", "MemoryError", True),
         ("benchmark", "b", "ort:cpu", "median latency is not a number", False),
         ("validate", "b", "ort:cuda", "no validation result", True),
     ]
     assert not run_passes([], validation, [], found)
-    assert run_passes([], validation, [], [row for row in found if row["allowed"]])
+    assert run_passes([], validation, [], [row for row in found if row.allowed])

@@ -117,18 +117,17 @@ def test_gates_on_inferences_per_s_read_throughput_rows_only() -> None:
     gate = GateSpec(variant="int8", target="t", metric="inferences_per_s", min=100)
     throughput = [ThroughputRow(variant="int8", target="t", batch_size=1, status="ok", inferences_per_s=150.0)]
     [result] = evaluate_gates([gate], [], [], "fp32", [], {}, throughput=throughput)
-    assert result["passed"] and result["value"] == 150.0
+    assert result.passed and result.value == 150.0
     [missing] = evaluate_gates([gate], [], [], "fp32", [], {})
-    assert not missing["passed"] and "benchmark.mode throughput or both" in missing["reason"]
+    assert not missing.passed and "benchmark.mode throughput or both" in missing.reason
 
 
 def test_unmeasured_throughput_names_errors_and_gaps_never_unavailable_targets() -> None:
     rows = [ThroughputRow(variant="a", target="t", batch_size=1, status="error", reason="boom"),
             ThroughputRow(variant="b", target="t", batch_size=1, status="unavailable", reason="no")]
     found = unmeasured_throughput(rows, (["a", "b", "c"], ["t"], [1]), allowed=[])
-    assert [(row["variant"], row["reason"]) for row in found] == [("a", "throughput: boom"),
-                                                                  ("c", "throughput: no result")]
-    assert all(row["kind"] == "benchmark" and not row["allowed"] for row in found)
+    assert [(row.variant, row.reason) for row in found] == [("a", "throughput: boom"), ("c", "throughput: no result")]
+    assert all(row.kind == "benchmark" and not row.allowed for row in found)
 
 
 def test_benchmarks_pin_f32_as_validation_does(two_artifacts: dict[str, Artifact],

@@ -100,8 +100,8 @@ def test_gate_on_task_metric_without_a_metric_says_what_is_missing() -> None:
     row = ValidationRow(variant="v", target="ort:cpu", status="passed", metrics={"cosine": 1.0})
     gate = GateSpec(variant="v", target="ort:cpu", metric="task_metric", min=0.5)
     result = evaluate_gates([gate], [row], [], "v", [], {})[0]
-    assert result["passed"] is False
-    assert result["reason"] == "task_metric needs validate.metric in the recipe ('file.py:function')"
+    assert result.passed is False
+    assert result.reason == "task_metric needs validate.metric in the recipe ('file.py:function')"
 
 
 def test_metric_references_are_checked_without_running_them(tmp_path: Path) -> None:
