@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["STRIP_MIN_BYTES", "Light", "light_bytes", "light_copy", "restore", "restore_into", "take_value_info",
-           "unknown_tags"]
+__all__ = ["STRIP_MIN_BYTES", "Light", "light_bytes", "light_copy", "restore", "restore_into", "tag_of",
+           "take_value_info", "unknown_tags"]
 
 STRIP_MIN_BYTES = 1024
 _KEPT_TYPES = frozenset({6, 7, 9, 8, 12, 13})  # int32, int64, bool, string, uint32, uint64: shapes, indices, axes
@@ -106,7 +106,8 @@ def light_bytes(light: Light) -> int:
     return model_bytes(light.model) - stripped + len(light.originals) * (len(_TAG) + 8)
 
 
-def _tag_of(init: onnx.TensorProto) -> bytes | None:
+def tag_of(init: onnx.TensorProto) -> bytes | None:
+    """The tag a light copy's initializer holds in place of its bytes; None for a real tensor."""
     if init.data_type in _KEPT_TYPES or not init.HasField("raw_data"):
         return None
     raw = init.raw_data
@@ -117,7 +118,7 @@ def unknown_tags(model: onnx.ModelProto, light: Light) -> list[str]:
     """Initializers of ``model`` (made from ``light``) holding a tag that cannot be given its tensor back."""
     unknown = []
     for init in model.graph.initializer:
-        tag = _tag_of(init)
+        tag = tag_of(init)
         original = None if tag is None else light.originals.get(tag)
         if tag is not None and (original is None or math.prod(init.dims) != math.prod(original.dims)):
             unknown.append(init.name)
@@ -141,7 +142,7 @@ def restore_into(model: onnx.ModelProto, optimized: onnx.ModelProto, light: Ligh
     kept: dict[str, list[int]] = {}
     added: list[onnx.TensorProto] = []
     for init in optimized.graph.initializer:
-        tag = _tag_of(init)
+        tag = tag_of(init)
         original = light.originals[tag] if tag is not None else None
         same = init.name in current and (original.name == init.name if original is not None
                                           else current[init.name] == init)

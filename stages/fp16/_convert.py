@@ -5,12 +5,19 @@ replaced during the call by qdeploy's own (applied afterwards by
 qdeploy.stages.fp16._repair): its topological sort, which is quadratic in the node count
 and ignores subgraph references, and its Cast-pair removal, which keys nodes by
 name and raises on some graphs.  Everything else is the converter's.
+
+The converter gets a light copy of the model (``qdeploy.graph.light``: large weights as tags), so it never
+copies the weights; it decides which initializers become float16 (those no blocked node reads), and the
+tagged ones it chose are converted here from the float32 model, in pieces, with the converter's own clamping
+function.  That replaces a float32 copy of the model plus the converter's whole-array temporaries (an int64
+index array per weight) by one float16 copy of the weights.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -30,7 +37,7 @@ log = logging.getLogger(__name__)
 STAGE = "fp16"
 MAX_LISTED_INITIALIZERS = 50
 REPLACED_STEPS = ("sort_topology", "remove_unnecessary_cast_node")
-_CONVERTER_LOCK = threading.Lock()
+_CONVERTER_LOCK = threading.RLock()  # re-entered: the two patches of one call nest
 
 
 def float16_clamper(min_positive_val: float, max_finite_val: float) -> Callable[[np.ndarray], np.ndarray]:
@@ -65,27 +72,81 @@ def _own_cleanup_steps() -> Iterator[None]:
 
 def convert(model: onnx.ModelProto, *, min_positive_val: float, max_finite_val: float, keep_io_types: bool,
             op_block_list: list[str], node_block_list: list[str], variant: str) -> onnx.ModelProto:
-    """onnxconverter-common's conversion of a copy of the model; its per-value warnings are counted, not printed."""
-    import onnx
+    """onnxconverter-common's conversion of a light copy of the model, its large weights converted here after;
+    ``model`` is left as it was.  The converter's per-value warnings are counted, not printed."""
     from onnxconverter_common.float16 import convert_float_to_float16
 
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    with warnings.catch_warnings(), _own_cleanup_steps():
+    from qdeploy.graph.light import light_copy
+
+    light = light_copy(model)
+    with warnings.catch_warnings(), _own_cleanup_steps(), _tags_marked_not_converted():
         warnings.simplefilter("ignore")  # one warning per clamped tensor: counted in findings instead
         try:
             converted = convert_float_to_float16(
-                work, min_positive_val=min_positive_val, max_finite_val=max_finite_val,
+                light.model, min_positive_val=min_positive_val, max_finite_val=max_finite_val,
                 keep_io_types=keep_io_types, disable_shape_infer=True,
                 op_block_list=op_block_list, node_block_list=node_block_list,
             )
         except Exception as exc:
             raise StageError(STAGE, variant, f"onnxconverter-common failed: {exc}") from exc
-    # protobuf frees the float32 bytes the converter replaced only with the whole message: a copy holds only the
-    # float16 ones (on a 0.5 GB model, 0.5 GB less through the emulation, the counts and the checks)
-    compact = onnx.ModelProto()
-    compact.CopyFrom(converted)
-    return compact
+    _fill_tags(converted, light.originals, float16_clamper(min_positive_val, max_finite_val))
+    return converted
+
+
+@contextlib.contextmanager
+def _tags_marked_not_converted() -> Iterator[None]:
+    """During the call, the converter's tensor conversion only retypes a tagged tensor (``_fill_tags`` converts
+    its values); other tensors go through the converter's own function."""
+    import onnxconverter_common.float16 as converter
+
+    from qdeploy.graph.light import tag_of
+
+    original = converter.convert_tensor_float_to_float16
+
+    def convert_tensor(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if tensor.data_type == FLOAT and tag_of(tensor) is not None:
+            tensor.data_type = FLOAT16
+            return tensor
+        return original(tensor, *args, **kwargs)
+
+    with _CONVERTER_LOCK:
+        converter.convert_tensor_float_to_float16 = convert_tensor
+        try:
+            yield
+        finally:
+            converter.convert_tensor_float_to_float16 = original
+
+
+def _fill_tags(converted: onnx.ModelProto, originals: dict[bytes, onnx.TensorProto],
+               to_float16: Callable[[np.ndarray], np.ndarray]) -> None:
+    """Give each tagged initializer its values: float16 ones where the converter chose float16, else the original."""
+    from qdeploy.graph.light import tag_of
+
+    for init in converted.graph.initializer:
+        tag = tag_of(init)
+        if tag is None:
+            continue
+        original = originals[tag]
+        if init.data_type == FLOAT16:
+            init.raw_data = _float16_bytes(original, to_float16)
+        else:
+            name, dims = init.name, list(init.dims)
+            init.CopyFrom(original)
+            init.name = name
+            del init.dims[:]
+            init.dims.extend(dims)
+
+
+def _float16_bytes(tensor: onnx.TensorProto, to_float16: Callable[[np.ndarray], np.ndarray]) -> bytes:
+    """A float32 tensor's values as clamped float16 bytes, converted piece by piece (clamping is elementwise)."""
+    import numpy as np
+
+    out = np.empty(math.prod(tensor.dims), np.float16)
+    start = 0
+    for chunk in float32_chunks(tensor):
+        out[start:start + chunk.size] = to_float16(chunk)
+        start += chunk.size
+    return out.tobytes()
 
 
 def already_float16(model: onnx.ModelProto) -> list[str]:

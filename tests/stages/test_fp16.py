@@ -165,3 +165,40 @@ def test_config_survives_a_json_round_trip() -> None:
 def test_bad_config_is_rejected(bad: dict) -> None:
     with pytest.raises(ValidationError):
         Fp16Config(**bad)
+
+
+def test_the_light_conversion_gives_the_converters_own_tensors() -> None:
+    """Large weights skip the converter (tags) and are converted in pieces: same bytes as the converter's output,
+    clamping included, float32 kept where a blocked node reads the weight, and the input model untouched."""
+    from onnxconverter_common.float16 import convert_float_to_float16
+
+    from qdeploy.stages.fp16._convert import _own_cleanup_steps, convert
+
+    rng = np.random.default_rng(3)
+    big = rng.standard_normal((64, 64)).astype(np.float32)
+    big.flat[:4] = [1e-9, -1e-9, 1e6, -1e6]  # clamped to min_positive_val / max_finite_val
+    inits = [numpy_helper.from_array(big, "w"), numpy_helper.from_array(big * 2, "w_blocked"),
+             numpy_helper.from_array(np.ones(4, np.float32), "small")]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+         helper.make_node("MatMul", ["a", "w_blocked"], ["b"], name="mm_blocked"),
+         helper.make_node("Add", ["b", "small"], ["y"], name="add")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    before = model.SerializeToString()
+    settings = {"min_positive_val": 1e-7, "max_finite_val": 1e4, "keep_io_types": True, "op_block_list": [],
+                "node_block_list": ["mm_blocked"]}
+
+    ours = convert(model, variant="v", **settings)
+    reference = onnx.ModelProto()
+    reference.CopyFrom(model)
+    with _own_cleanup_steps(), pytest.warns(UserWarning):
+        reference = convert_float_to_float16(reference, disable_shape_infer=True, **settings)
+
+    assert model.SerializeToString() == before
+    got = {init.name: init for init in ours.graph.initializer}
+    assert got["w"].data_type == TensorProto.FLOAT16 and got["w_blocked"].data_type == TensorProto.FLOAT
+    for want in reference.graph.initializer:
+        assert got[want.name] == want, want.name
+    assert list(numpy_helper.to_array(got["w"]).flat[:4]) == [1e-7, -1e-7, 1e4, -1e4]
