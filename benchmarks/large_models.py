@@ -139,8 +139,9 @@ def _validate(state: Any, exported: Any, variant: str) -> list[dict[str, Any]]:
     if not artifact.cached:
         raise RuntimeError(f"variant {variant} was not built by its own stage run first")
     rows = _evaluate(state, "validate", {"exported": exported, variant: artifact}, TARGETS)
-    keep = ("variant", "target", "status", "reason", "cosine", "max_abs_err")
-    return [{key: row.get(key) for key in keep if key in row} for row in rows]
+    keep = ("variant", "target", "status", "reason", "metrics")
+    plain = [row.to_json() for row in rows]  # typed ValidationRows
+    return [{key: row.get(key) for key in keep if key in row} for row in plain]
 
 
 # ---------------------------------------------------------------- parent side

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import ModelError
-from qdeploy.graph.utils import model_bytes
+from qdeploy.graph.utils import model_bytes, tensor_nbytes
 
 if TYPE_CHECKING:
     import onnx
@@ -54,14 +54,48 @@ _MODEL_GRAPH_TAG = b"\x3a"  # ModelProto.graph: field 7, length-delimited
 _GRAPH_INITIALIZER_TAG = b"\x2a"  # GraphProto.initializer: field 5, length-delimited
 
 
-def save_exposing(model: onnx.ModelProto, path: Path, outputs: list[onnx.ValueInfoProto]) -> None:
-    """Write a one-file probe of ``model``: its graph with ``outputs`` added to the graph outputs and no
-    value_info, its weights streamed from ``model`` itself (neither copied nor serialised whole).  ``model`` is
-    left as it is."""
+def save_exposing(model: onnx.ModelProto, path: Path, outputs: list[onnx.ValueInfoProto], *,
+                  external: bool = False) -> None:
+    """Write a probe of ``model``: its graph with ``outputs`` added to the graph outputs and no value_info, its
+    weights streamed from ``model`` itself (neither copied nor serialised whole).  ``model`` is left as it is.
+
+    ``external``: the weights go to one data file beside it (``<name>.data``), as a model above 2 GB needs.
+    """
     head = _without_initializers(model)
     del head.graph.value_info[:]  # a probe needs no shape hints; its outputs carry their types
     head.graph.output.extend(outputs)
-    _write_streamed(head, model, path)
+    if external:
+        _write_external(head, model, path)
+    else:
+        _write_streamed(head, model, path)
+
+
+EXTERNAL_MIN_BYTES = 1024
+"""Tensors from this size go to the data file in ``_write_external`` (onnx's own default threshold)."""
+
+
+def _write_external(head: onnx.ModelProto, model: onnx.ModelProto, path: Path) -> None:
+    """``head`` with ``model``'s initializers, the large ones as references into ``<name>.data``, written one
+    tensor at a time."""
+    import onnx
+
+    location = f"{path.name}.data"
+    with (path.parent / location).open("wb") as data:
+        for tensor in model.graph.initializer:
+            if not tensor.HasField("raw_data") or tensor_nbytes(tensor) < EXTERNAL_MIN_BYTES:
+                head.graph.initializer.append(tensor)
+                continue
+            reference = head.graph.initializer.add()
+            reference.name, reference.data_type = tensor.name, tensor.data_type
+            reference.dims.extend(tensor.dims)
+            reference.data_location = onnx.TensorProto.EXTERNAL
+            raw = tensor.raw_data  # one tensor's bytes at a time
+            for key, value in (("location", location), ("offset", str(data.tell())), ("length", str(len(raw)))):
+                entry = reference.external_data.add()
+                entry.key, entry.value = key, value
+            data.write(raw)
+            del raw
+    path.write_bytes(head.SerializeToString())
 
 
 def _save_streamed(model: onnx.ModelProto, path: Path) -> None:

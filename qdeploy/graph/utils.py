@@ -60,15 +60,19 @@ CHUNK_VALUES = 1 << 22
 
 
 def float32_chunks(tensor: onnx.TensorProto) -> Iterator[np.ndarray]:
-    """A float32 tensor's values, flat, in pieces of at most ``CHUNK_VALUES``: views of its raw bytes, so a
-    scan of a large weight holds one copy of it, not the several that whole-array numpy expressions make."""
+    """A float32 tensor's values, flat, in pieces of at most ``CHUNK_VALUES``, so a scan of a large weight holds
+    one copy of it, not the several that whole-array numpy expressions make.
+
+    Each piece is a copy, not a view of the tensor's bytes: a caller's variable holding the last piece of one
+    tensor would otherwise keep all its bytes alive while the next tensor's are read (two weights in memory).
+    """
     import numpy as np
     from onnx import numpy_helper
 
     raw = tensor.raw_data
     values = np.frombuffer(raw, dtype="<f4") if raw else numpy_helper.to_array(tensor).reshape(-1)
     for start in range(0, values.size, CHUNK_VALUES):
-        yield values[start:start + CHUNK_VALUES]
+        yield values[start:start + CHUNK_VALUES].copy()
 
 
 def has_subgraph(node: onnx.NodeProto) -> bool:

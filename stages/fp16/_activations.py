@@ -101,22 +101,18 @@ def _update(stats: dict[str, TensorStats], name: str, array: np.ndarray) -> None
 
 def _session(model: onnx.ModelProto, extra: list[onnx.ValueInfoProto], path: Path, big: bool) -> Any:
     """An ORT session of ``model`` with ``extra`` exposed as outputs, read from a probe file."""
-    import onnx
     import onnxruntime as ort
 
     from qdeploy.graph.external_data import save_exposing
 
-    if big:  # external data moves the weights out of the model it saves: save a copy
-        probe = onnx.ModelProto()
-        probe.CopyFrom(model)
-        del probe.graph.value_info[:]
-        probe.graph.output.extend(extra)
-        onnx.save(probe, str(path), save_as_external_data=True, location=path.name + ".data")
-        del probe
-    else:  # the weights streamed from the model itself: neither copied nor serialised whole
-        save_exposing(model, path, extra)
+    # the weights streamed from the model itself: neither copied nor serialised whole (a big model's go to a
+    # data file beside the probe: protobuf cannot hold more than 2 GB in one file)
+    save_exposing(model, path, extra, external=big)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    # no prepacked copy of each weight beside the loaded one: a handful of runs does not pay for the memory
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    options.enable_cpu_mem_arena = False  # the arena keeps its largest blocks (power-of-two sized) to the end
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

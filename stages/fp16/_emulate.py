@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.utils import subgraphs
 from qdeploy.stages.fp16._graph import FLOAT, FLOAT16, rename_uses, walk_graphs
 from qdeploy.stages.fp16._rules import DTYPE_ATTRIBUTES
 from qdeploy.stages.fp16._types import scope_types
@@ -38,11 +39,16 @@ NO_ROUNDING_OPS = frozenset({"Constant", "ConstantOfShape"})
 
 
 def emulation_twin(model: onnx.ModelProto, expose: bool = False) -> onnx.ModelProto:
-    """A float32 copy of an fp16 artifact that rounds each of its float16 tensors to float16."""
-    import onnx
+    """A float32 copy of an fp16 artifact that rounds each of its float16 tensors to float16.
 
-    twin = onnx.ModelProto()
-    twin.CopyFrom(model)
+    Its large top-level float16 weights stay float16, each read through a Cast to float32 (exact), and are
+    copied once, at the end: the twin of a 2 GB artifact holds 1 GB of float16, not 2 GB of float32 beside
+    the artifact's own float16 bytes.
+    """
+    from qdeploy.graph.light import light_copy, restore
+
+    light = light_copy(model)
+    twin = light.model
     graphs = list(walk_graphs(twin.graph))
     for graph in reversed(graphs):  # bodies first: rewriting a graph's node list copies the bodies inside it
         _emulate_graph(graph, top=graph is twin.graph)
@@ -50,6 +56,7 @@ def emulation_twin(model: onnx.ModelProto, expose: bool = False) -> onnx.ModelPr
         listed = {value.name for value in twin.graph.output}
         twin.graph.output.extend(value for value in twin.graph.value_info
                                  if value.type.tensor_type.elem_type == FLOAT and value.name not in listed)
+    restore(twin, light)  # the tagged float16 weights get their bytes back
     return twin
 
 
@@ -57,11 +64,15 @@ def _emulate_graph(graph: onnx.GraphProto, top: bool) -> None:
     from onnx import numpy_helper
 
     types = scope_types(graph)
+    read_through_cast = _weights_read_through_casts(graph) if top else []
     for init in graph.initializer:
-        if init.data_type == FLOAT16:
+        if init.data_type == FLOAT16 and init.name not in read_through_cast:
             init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype("float32"), init.name))
+    upcasts = _upcasts(graph, read_through_cast)
     ordered: list[onnx.NodeProto] = []  # each rounding right after its producer: every graph stays sorted
     for node in list(graph.node):
+        # a weight's Cast right before its first reader: ORT frees its float32 copy after its last one
+        ordered.extend(upcasts.pop(name) for name in _reads(node) if name in upcasts)
         ordered.append(node)
         _tensor_attributes_to_float32(node)
         attr_name = DTYPE_ATTRIBUTES.get(node.op_type)
@@ -74,7 +85,7 @@ def _emulate_graph(graph: onnx.GraphProto, top: bool) -> None:
             if out and types.get(out) == FLOAT16:  # the node computes in float32; its result is rounded
                 node.output[index] = f"{out}__emulated_raw"
                 ordered.extend(_round_nodes(node.output[index], out))
-    leading: list[onnx.NodeProto] = []
+    leading = list(upcasts.values())  # read by no node: kept, harmless
     for value in graph.input:
         if value.type.tensor_type.elem_type == FLOAT16:
             value.type.tensor_type.elem_type = FLOAT
@@ -87,6 +98,39 @@ def _emulate_graph(graph: onnx.GraphProto, top: bool) -> None:
     for value in (*graph.value_info, *graph.output):
         if value.type.tensor_type.elem_type == FLOAT16:
             value.type.tensor_type.elem_type = FLOAT
+
+
+def _weights_read_through_casts(graph: onnx.GraphProto) -> list[str]:
+    """Top-level float16 weights a light copy holds as tags (the large ones) that only nodes read."""
+    from qdeploy.graph.light import tag_of
+
+    interface = {value.name for value in (*graph.input, *graph.output)}
+    return [init.name for init in graph.initializer
+            if init.data_type == FLOAT16 and init.name not in interface and tag_of(init) is not None]
+
+
+def _upcasts(graph: onnx.GraphProto, weights: list[str]) -> dict[str, onnx.NodeProto]:
+    """A Cast to float32 per float16 weight, by the name its readers (nested graphs included) now read."""
+    from onnx import helper
+
+    renamed = {name: f"{name}__emulated_f32" for name in weights}
+    if not renamed:
+        return {}
+    for inner in walk_graphs(graph):
+        for node in inner.node:
+            for index, name in enumerate(node.input):
+                if name in renamed:
+                    node.input[index] = renamed[name]
+    return {target: helper.make_node("Cast", [name], [target], name=f"{target}_cast", to=FLOAT)
+            for name, target in renamed.items()}
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """The names a node reads, its subgraphs' reads of outer names included."""
+    names = list(node.input)
+    for body in subgraphs(node):
+        names.extend(name for inner in walk_graphs(body) for n in inner.node for name in n.input)
+    return names
 
 
 def _round_nodes(source: str, target: str) -> list[onnx.NodeProto]:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.graph.external_data import save_onnx
+from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, save_exposing
+from qdeploy.graph.utils import model_bytes
 from qdeploy.stages.fp16._emulate import emulation_twin
 
 if TYPE_CHECKING:
@@ -50,10 +51,14 @@ def run_emulated(model: onnx.ModelProto, feeds: Feeds, stats: dict[str, TensorSt
 
     twin = emulation_twin(model, expose=True)
     path = work_dir / "fp16_emulated.onnx"
-    save_onnx(twin, path)  # with external data above protobuf's 2 GB limit
-    del twin  # its float32 weights are in the file now: ORT reads them from there, one copy in memory, not two
+    # a large twin's weights go to a data file one tensor at a time; ORT maps that file instead of parsing a copy
+    save_exposing(twin, path, [], external=model_bytes(twin) > STREAM_ABOVE_BYTES)
+    del twin
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    # no prepacked copy of each weight beside the loaded one: a handful of runs does not pay for the memory
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    options.enable_cpu_mem_arena = False  # the arena keeps its largest blocks (power-of-two sized) to the end
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [value.name for value in session.get_outputs()]
     graph_outputs = [value.name for value in model.graph.output]

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import helper
 
 from qdeploy.stages.fp16._convert import float16_clamper
@@ -56,3 +57,25 @@ def test_gated_twin_spans_float32_to_float16(tmp_path: Path) -> None:
     artifact = run_stage(tmp_path, _elementwise()).model
     np.testing.assert_array_equal(on, _run(emulation_twin(artifact), x)[0])  # all on: the emulated artifact
     assert all_types(twin)[GATES_INPUT] == onnx.TensorProto.BOOL
+
+
+def test_a_large_weight_stays_float16_in_the_twin_and_computes_the_same(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large float16 weights are read through a Cast (the twin holds them once, as float16): same outputs, bit for
+    bit, as a twin that stores them upcast to float32."""
+    weight = np.random.default_rng(5).standard_normal((64, 64)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+             helper.make_node("Relu", ["m"], ["y"], name="relu")]
+    model = make_model(nodes, [const("w", weight)], [tensor("x", [4, 64])], [tensor("y", [4, 64])])
+    converted = run_stage(tmp_path, model).model
+    x = {"x": np.random.default_rng(6).standard_normal((4, 64)).astype(np.float32)}
+
+    twin = emulation_twin(converted, expose=True)
+    weights = {init.name: init for init in twin.graph.initializer}
+    assert weights["w"].data_type == onnx.TensorProto.FLOAT16
+    assert any(node.op_type == "Cast" and node.input == ["w"] for node in twin.graph.node)
+    monkeypatch.setattr("qdeploy.graph.light.STRIP_MIN_BYTES", 1 << 40)  # nothing is large: every weight upcast
+    upcast = emulation_twin(converted, expose=True)
+    assert {init.name: init.data_type for init in upcast.graph.initializer}["w"] == onnx.TensorProto.FLOAT
+    for got, want in zip(_run(twin, x), _run(upcast, x), strict=True):
+        np.testing.assert_array_equal(got, want)
