@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import onnx
     import onnx_ir as ir
 
-__all__ = ["GraphEditor", "constant_array", "editing", "write_back"]
+__all__ = ["GraphEditor", "attribute", "constant_array", "editing", "write_back"]
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 
@@ -42,6 +42,15 @@ def constant_array(value: ir.Value | None) -> np.ndarray | None:
         return None
     tensor = ir.convenience.get_const_tensor(value)
     return None if tensor is None else np.asarray(tensor.numpy())
+
+
+def attribute(node: ir.Node, name: str, default: Any) -> Any:
+    """A node attribute's value (strings decoded), or ``default`` when the node lacks it."""
+    attr = node.attributes.get(name)
+    if attr is None:
+        return default
+    value = attr.value
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class GraphEditor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.graph.edit import attribute
 from qdeploy.graph.rewrite_base import FLOAT_TYPES, Replacement, rewrite
 
 if TYPE_CHECKING:
@@ -32,14 +33,6 @@ STANDARD_DOMAINS = ("", "ai.onnx")
 
 def _input(node: ir.Node, index: int) -> ir.Value | None:
     return node.inputs[index] if index < len(node.inputs) else None
-
-
-def _attr(node: ir.Node, name: str, default: Any) -> Any:
-    attr = node.attributes.get(name)
-    if attr is None:
-        return default
-    value = attr.value
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _float_dtype(edit: GraphEditor, value: ir.Value | None) -> np.dtype | None:
@@ -76,7 +69,7 @@ def _conv_parts(edit: GraphEditor, conv: ir.Node) -> ConvParts | str:
         if _float_dtype(edit, conv.inputs[2]) is None:
             return "the bias is not a float initializer"
         bias = edit.weight(conv.inputs[2])
-    if conv.op_type == "ConvTranspose" and _attr(conv, "group", 1) != 1:
+    if conv.op_type == "ConvTranspose" and attribute(conv, "group", 1) != 1:
         return "grouped ConvTranspose is not fused"
     assert weight is not None
     return weight, bias, 0 if conv.op_type == "Conv" else 1
@@ -186,7 +179,7 @@ def _fuse_batchnorm(edit: GraphEditor, conv: ir.Node) -> Replacement | str | Non
     if not isinstance(found, tuple):
         return found
     bn, (weight, bias, axis) = found
-    if any(out.name for out in bn.outputs[1:]) or _attr(bn, "training_mode", 0):
+    if any(out.name for out in bn.outputs[1:]) or attribute(bn, "training_mode", 0):
         return "BatchNormalization in training mode"
     params = [edit.weight(value) for value in bn.inputs[1:5]]
     if len(params) != 4 or any(value is None for value in params):
@@ -194,7 +187,7 @@ def _fuse_batchnorm(edit: GraphEditor, conv: ir.Node) -> Replacement | str | Non
     gamma, beta, mean, var = (np.asarray(value, np.float64).reshape(-1) for value in params)  # type: ignore[arg-type]
     if gamma.shape != (weight.shape[axis],):
         return f"BatchNormalization has {gamma.shape[0]} channels, the conv {weight.shape[axis]}"
-    scale = gamma / np.sqrt(var + float(_attr(bn, "epsilon", 1e-5)))
+    scale = gamma / np.sqrt(var + float(attribute(bn, "epsilon", 1e-5)))
     return _fused_conv(edit, conv, bn, scale, beta - mean * scale, weight, bias, axis)
 
 
@@ -263,7 +256,7 @@ def gelu_to_erf(edit: GraphEditor, node: ir.Node) -> Replacement | str | None:
     def const(key: str, value: float) -> ir.Value:
         return edit.initializer(f"{base}_{key}", np.array(value, np.float32))
 
-    if _attr(node, "approximate", "none") == "tanh":
+    if attribute(node, "approximate", "none") == "tanh":
         cube = edit.node("Pow", [x, const("three", 3.0)], f"{base}_pow")
         cube_k = edit.node("Mul", [_out(cube), const("cubic", 0.044715)], f"{base}_mul_cubic")
         total = edit.node("Add", [x, _out(cube_k)], f"{base}_add_cubic")
@@ -298,14 +291,14 @@ def layernorm_to_primitives(edit: GraphEditor, node: ir.Node) -> Replacement | s
     if _value_type(edit, x) not in (None, 1):
         return "only float32 LayerNormalization is decomposed"
     rank = len(x.shape) if x.shape is not None else None
-    axis = int(_attr(node, "axis", -1))
+    axis = int(attribute(node, "axis", -1))
     if axis < 0 and rank is None:
         return "the input's rank is unknown, so a negative axis cannot be expanded"
     if rank is None:
         return "the input's rank is unknown"
     axes = list(range(axis if axis >= 0 else axis + rank, rank))
     base = _base(node)
-    eps = edit.initializer(f"{base}_eps", np.array(float(_attr(node, "epsilon", 1e-5)), np.float32))
+    eps = edit.initializer(f"{base}_eps", np.array(float(attribute(node, "epsilon", 1e-5)), np.float32))
     reduce_extra: dict[str, Any] = {}
     reduce_inputs: list[ir.Value] = []
     if edit.opset >= 18:

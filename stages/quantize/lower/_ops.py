@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdeploy.graph.edit import constant_array
+from qdeploy.graph.edit import attribute, constant_array
 from qdeploy.stages.quantize.lower._base import LoweringEditor, Match, Rule, missing_constants
 from qdeploy.stages.quantize.lower._grid import AffineFakeQuant
 from qdeploy.stages.quantize.lower._reference import (
@@ -30,14 +30,6 @@ _SCHEMES = ("symmetric", "affine")
 _FORMULAS = ("google", "cambricon")
 
 
-def _attribute(node: ir.Node, name: str, default: Any) -> Any:
-    attr = node.attributes.get(name)
-    if attr is None:
-        return default
-    value = attr.value
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _constants(node: ir.Node, names: tuple[str, ...]) -> dict[str, np.ndarray | None]:
     return {name: constant_array(node.inputs[index] if index < len(node.inputs) else None)
             for index, name in enumerate(names)}
@@ -52,7 +44,7 @@ def openvino_pattern(node: ir.Node) -> Match | None:
     if node.op_type != "FakeQuantize" or len(node.inputs) != 5 or node.inputs[0] is None:
         return None
     return Match([node], node.inputs[0], node.outputs[0], _constants(node, _FQ_INPUTS),
-                 {"levels": int(_attribute(node, "levels", 256))})
+                 {"levels": int(attribute(node, "levels", 256))})
 
 
 def openvino_check(match: Match) -> str | None:
@@ -88,9 +80,9 @@ def openvino_replacement(match: Match, editor: LoweringEditor) -> dict[str, Any]
 # ---- OneFlow fake_quantization and its observers ----------------------------------------------------
 
 def _oneflow_settings(node: ir.Node) -> dict[str, Any]:
-    return {"bits": int(_attribute(node, "quantization_bit", 8)),
-            "scheme": str(_attribute(node, "quantization_scheme", "symmetric")),
-            "formula": str(_attribute(node, "quantization_formula", "google"))}
+    return {"bits": int(attribute(node, "quantization_bit", 8)),
+            "scheme": str(attribute(node, "quantization_scheme", "symmetric")),
+            "formula": str(attribute(node, "quantization_formula", "google"))}
 
 
 def _settings_refusal(settings: dict[str, Any]) -> str | None:
@@ -161,8 +153,8 @@ def observer_pattern(node: ir.Node) -> Match | None:
         return None
     names = ("x",) if node.op_type == "min_max_observer" else ("x", "train_step", "moving_max", "moving_min")
     settings = {**_oneflow_settings(node), "op": node.op_type,
-                "per_layer": bool(_attribute(node, "per_layer_quantization", 1)),
-                "training": bool(_attribute(node, "training", 0))}
+                "per_layer": bool(attribute(node, "per_layer_quantization", 1)),
+                "training": bool(attribute(node, "training", 0))}
     return Match([node], node.inputs[0], node.outputs[0], _constants(node, names), settings)
 
 
