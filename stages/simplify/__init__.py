@@ -114,6 +114,7 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     from qdeploy.stages.simplify._folding import constants_to_initializers, has_subgraph, sync_legacy_inputs
 
     model = artifact.load()
+    reference = _reference_from_file(model, artifact.path, config, ctx.work_dir)
     before = fingerprint(model)
     nodes_before = op_counts(model)
     interface = io_names(model)
@@ -144,12 +145,28 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     if config.check_n == 0:
         check: dict[str, Any] = {"unchecked": "check_n is 0"}
     else:
-        check = check_equivalence(artifact.path, model, config, ctx, saved=saved)
+        check = check_equivalence(reference, model, config, ctx, saved=saved)
+    if reference != artifact.path:
+        for leftover in (reference, reference.with_name(reference.name + ".data")):
+            leftover.unlink(missing_ok=True)
     progress.seconds["check"] += time.perf_counter() - started
     findings = _findings(nodes_before, model, config, progress, check)
     log.info("simplify: %d -> %d nodes in %d iteration(s); %d tensor(s) folded", findings["node_count_before"],
              findings["node_count_after"], progress.iterations, progress.folded_tensors)
     return StageResult(model=model, changed=fingerprint(model) != before, findings=findings, path=saved)
+
+
+def _reference_from_file(model: onnx.ModelProto, path: Path, config: SimplifyConfig, work_dir: Path) -> Path:
+    """The original model as the check's reference loads it: a large one-file model rewritten with its weights in
+    a data file beside it (ONNX Runtime maps that file, where parsing a one-file model holds its bytes twice)."""
+    from qdeploy.graph.external_data import save_exposing
+
+    if config.check_n == 0 or path.stat().st_size <= CHECK_FROM_FILE_BYTES:
+        return path
+    reference = work_dir / "original.onnx"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    save_exposing(model, reference, [], external=True)  # tensor by tensor: no copy of the model
+    return reference
 
 
 def _valid_structure(model: onnx.ModelProto, types: dict[str, Any], progress: _Progress, ctx: StageContext) -> None:

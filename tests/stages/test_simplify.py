@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -402,7 +403,18 @@ def test_models_above_the_protobuf_limit_fold_in_pieces_and_are_checked_from_a_f
                              helper.make_node("Transpose", ["w"], ["wt"]), helper.make_node("Relu", ["wt"], ["z2"])])
     model.graph.output[0].name = "z"
     model.graph.output.append(_vi("z2", [3, 3, 3, 4]))
+    references: list[tuple[Path, bool]] = []
+    check = simplify.check_equivalence
+
+    def spy(reference: Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        references.append((reference, reference.with_name(reference.name + ".data").is_file()))
+        return check(reference, *args, **kwargs)
+
+    monkeypatch.setattr(simplify, "check_equivalence", spy)
     result = simplify_model(model, tmp_path, ctx, skip_fuse_bn=True)
+    # the one-file original was checked from a copy whose weights ONNX Runtime maps from a data file
+    assert references == [(ctx.work_dir / "original.onnx", True)]
+    assert not (ctx.work_dir / "original.onnx").exists()  # and that copy is gone
     assert _ops(result.model) == ["Conv", "BatchNormalization", "Mul", "Transpose", "Relu"]  # k*k folded
     assert result.findings["fold_failed_ops"] == ["Transpose"]
     assert "unchecked" not in result.findings["check"] and result.findings["check"]["samples"] > 0
