@@ -91,7 +91,6 @@ class StaticBuilder:
                  per_channel: bool, activation_type: str, weight_type: str, symmetric_activations: bool,
                  symmetric_weights: bool, op_types: list[str], seven_bit: str = "none",
                  runtime: str | None = None) -> None:
-        import onnx
         from onnxruntime.quantization import QuantType
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
         from onnxruntime.quantization.quant_utils import load_model_with_shape_infer, update_opset_version
@@ -100,7 +99,8 @@ class StaticBuilder:
             FastQDQQuantizer as QDQQuantizer,  # ORT's, without its O(n^2) steps
         )
 
-        self._float = onnx.load(str(prepared))
+        self._prepared = prepared
+        self._float: onnx.ModelProto | None = None  # read when a node is first kept float, not before
         weights, activations = (getattr(QuantType, _TYPES[kind]) for kind in (weight_type, activation_type))
         model = update_opset_version(load_model_with_shape_infer(prepared), weights, activations)
         tensors = TensorsData(CalibrationMethod.MinMax, {
@@ -114,7 +114,15 @@ class StaticBuilder:
         with quiet(), ort_quantizer_step("ONNX Runtime's QDQ quantizer"):
             quantizer.quantize_model()
         quantizer.model.topological_sort()  # as ORT's quantize_static does when saving: Q/DQ are appended last
-        self._quantized = quantizer.model.model
+        # protobuf frees the float weights the quantizer replaced only with the whole message: keep a copy
+        self._quantized = _compact(quantizer.model.model)
+
+    def _float_model(self) -> onnx.ModelProto:
+        import onnx
+
+        if self._float is None:
+            self._float = onnx.load(str(self._prepared))
+        return self._float
 
     def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]:
         """Quantized nodes that add rounding of their own (data movement does not): name -> op type."""
@@ -123,8 +131,16 @@ class StaticBuilder:
     def __call__(self, kept: list[str]) -> onnx.ModelProto:
         model = copy.deepcopy(self._quantized)
         if kept:
-            keep_float(model, self._float, set(kept))
+            keep_float(model, self._float_model(), set(kept))
         return model
+
+
+def _compact(model: onnx.ModelProto) -> onnx.ModelProto:
+    import onnx
+
+    copy_ = onnx.ModelProto()
+    copy_.CopyFrom(model)
+    return copy_
 
 
 def _seven_bit_activations_quantizer() -> type:
