@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.graph.edit import attribute
+from qdeploy.graph.edit import STANDARD_DOMAINS, attribute
 from qdeploy.graph.rewrite_base import FLOAT_TYPES, Replacement, rewrite
 
 if TYPE_CHECKING:
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 __all__ = ["ConvParts", "fuse_conv_batchnorm", "fuse_conv_scale_bias", "fuse_convtranspose_batchnorm",
            "fuse_convtranspose_scale_bias", "fuse_reshape_chain", "gelu_to_erf", "hardswish_to_hardsigmoid",
            "layernorm_to_primitives", "prelu_to_relu"]
-
-STANDARD_DOMAINS = ("", "ai.onnx")
 
 
 # ---------------------------------------------------------------------------------------------------------------
