@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx
 
+    from qdeploy.graph.light import Light
+
 log = logging.getLogger(__name__)
 
 GATES_INPUT = "__fp16_gates"
@@ -49,6 +51,7 @@ def emulation_twin(model: onnx.ModelProto, expose: bool = False) -> onnx.ModelPr
 
     light = light_copy(model)
     twin = light.model
+    _restore_interface(twin, light)
     graphs = list(walk_graphs(twin.graph))
     for graph in reversed(graphs):  # bodies first: rewriting a graph's node list copies the bodies inside it
         _emulate_graph(graph, top=graph is twin.graph)
@@ -98,6 +101,18 @@ def _emulate_graph(graph: onnx.GraphProto, top: bool) -> None:
     for value in (*graph.value_info, *graph.output):
         if value.type.tensor_type.elem_type == FLOAT16:
             value.type.tensor_type.elem_type = FLOAT
+
+
+def _restore_interface(twin: onnx.ModelProto, light: Light) -> None:
+    """Initializers that are also graph inputs or outputs (IR < 4 lists weights as inputs) get their bytes back
+    at once: they are upcast like small ones, which reads their values."""
+    from qdeploy.graph.light import tag_of
+
+    interface = {value.name for value in (*twin.graph.input, *twin.graph.output)}
+    for init in twin.graph.initializer:
+        tag = tag_of(init)
+        if tag is not None and init.name in interface:
+            init.CopyFrom(light.originals[tag])
 
 
 def _weights_read_through_casts(graph: onnx.GraphProto) -> list[str]:

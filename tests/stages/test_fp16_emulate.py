@@ -79,3 +79,21 @@ def test_a_large_weight_stays_float16_in_the_twin_and_computes_the_same(tmp_path
     assert {init.name: init.data_type for init in upcast.graph.initializer}["w"] == onnx.TensorProto.FLOAT
     for got, want in zip(_run(twin, x), _run(upcast, x), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_large_weight_listed_as_a_graph_input_is_emulated_too(tmp_path: Path) -> None:
+    """IR < 4 models list their weights as graph inputs: such a weight is upcast like a small one."""
+    weight = np.random.default_rng(7).standard_normal((64, 64)).astype(np.float16)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    half = onnx.TensorProto.FLOAT16
+    inputs = [tensor("x", [4, 64], half), tensor("w", [64, 64], half)]
+    model = make_model(nodes, [const("w", weight, np.float16)], inputs, [tensor("y", [4, 64], half)])
+    model.ir_version = 3
+
+    twin = emulation_twin(model)
+
+    assert {init.name: init.data_type for init in twin.graph.initializer}["w"] == onnx.TensorProto.FLOAT
+    x = np.random.default_rng(8).standard_normal((4, 64)).astype(np.float32)
+    got = _run(twin, {"x": x})[0]
+    want = (x.astype(np.float16).astype(np.float32) @ weight.astype(np.float32)).astype(np.float16)
+    np.testing.assert_allclose(got, want.astype(np.float32), rtol=2e-3, atol=2e-3)
