@@ -161,7 +161,7 @@ def editing(model: onnx.ModelProto) -> Iterator[GraphEditor]:
     ir_model = ir.serde.deserialize_model(model)
     originals = _originals(ir_model.graph, model.graph)
     yield GraphEditor(ir_model.graph, ir_model.opset_imports.get("", 0))
-    write_back(ir_model.graph, model.graph, originals)
+    write_back(ir_model.graph, model.graph, originals, legacy_inputs=model.ir_version < 4)
 
 
 def _originals(graph: ir.Graph, proto: onnx.GraphProto) -> dict[int, onnx.NodeProto]:
@@ -173,9 +173,14 @@ def _originals(graph: ir.Graph, proto: onnx.GraphProto) -> dict[int, onnx.NodePr
     return {id(node): message for node, message in zip(nodes, proto.node, strict=True)}
 
 
-def write_back(graph: ir.Graph, proto: onnx.GraphProto, originals: dict[int, onnx.NodeProto]) -> None:
-    """Make ``proto`` hold ``graph``'s nodes and initializers, reusing the messages of untouched nodes."""
+def write_back(graph: ir.Graph, proto: onnx.GraphProto, originals: dict[int, onnx.NodeProto], *,
+               legacy_inputs: bool = False) -> None:
+    """Make ``proto`` hold ``graph``'s nodes and initializers, reusing the messages of untouched nodes.
+
+    ``legacy_inputs``: the model's IR is below 4, where every initializer must also be a graph input.
+    """
     import onnx_ir as ir
+    from onnx import helper
 
     from qdeploy.graph.utils import delete_where
 
@@ -194,7 +199,10 @@ def write_back(graph: ir.Graph, proto: onnx.GraphProto, originals: dict[int, onn
         delete_where(proto.initializer, lambda init: init.name not in kept)
     for name, value in graph.initializers.items():
         if name not in present and value.const_value is not None:
-            proto.initializer.append(ir.serde.serialize_tensor(value.const_value))
+            tensor = proto.initializer.add()
+            tensor.CopyFrom(ir.serde.serialize_tensor(value.const_value))
+            if legacy_inputs:
+                proto.input.append(helper.make_tensor_value_info(name, tensor.data_type, list(tensor.dims)))
 
 
 def _unchanged(node: ir.Node, message: onnx.NodeProto) -> bool:

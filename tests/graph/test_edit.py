@@ -126,3 +126,23 @@ def test_editing_a_large_model_copies_no_weights(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert float(done.stdout.split()[-1]) < 96, "the edit session copied the 256 MB weight"
+
+
+def test_a_new_weight_of_an_ir3_model_is_also_a_graph_input() -> None:
+    """Below IR 4 every initializer must be listed as a graph input: the checker refuses the model otherwise."""
+    inits = [numpy_helper.from_array(np.array([1, -1], np.int64), "s1"),
+             numpy_helper.from_array(np.array([1, 4, -1], np.int64), "s2")]
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["a"]), helper.make_node("Reshape", ["a", "s2"], ["y"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 4]),
+              *(helper.make_tensor_value_info(init.name, TensorProto.INT64, list(init.dims)) for init in inits)]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 3
+    model = onnx.shape_inference.infer_shapes(model)
+
+    assert apply_rewrites(model, ["fuse_reshape_chain"], RewriteReport()) == 1
+
+    onnx.checker.check_model(model)
+    new = {init.name for init in model.graph.initializer} - {"s1", "s2"}
+    assert new and new <= {value.name for value in model.graph.input}
