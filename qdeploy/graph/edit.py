@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdeploy.graph.utils import subgraphs
+
 if TYPE_CHECKING:
     import onnx
     import onnx_ir as ir
@@ -150,16 +152,19 @@ class GraphEditor:
 
 
 @contextmanager
-def editing(model: onnx.ModelProto) -> Iterator[GraphEditor]:
+def editing(model: onnx.ModelProto, *, nested: bool = False) -> Iterator[GraphEditor]:
     """An editor on ``model``'s top-level graph; on leaving, the edits are written back into ``model``.
 
     Weights are not copied: onnx-ir's tensors read the message's own ``TensorProto``s.  On an exception
-    nothing is written back.
+    nothing is written back.  ``nested``: the caller edits subgraphs too, so every top-level node holding one
+    is written back whole (its bodies are copied; top-level weights still are not).
     """
     import onnx_ir as ir
 
     ir_model = ir.serde.deserialize_model(model)
     originals = _originals(ir_model.graph, model.graph)
+    if nested:
+        originals = {key: message for key, message in originals.items() if not subgraphs(message)}
     yield GraphEditor(ir_model.graph, ir_model.opset_imports.get("", 0))
     write_back(ir_model.graph, model.graph, originals, legacy_inputs=model.ir_version < 4)
 

@@ -8,97 +8,117 @@ If output gets an Identity from the branch output (onnxoptimizer's
 eliminate_identity removes those that can go); the branch's initializers
 become Constant nodes, since the enclosing graph may be a subgraph too.
 
-Edits protobuf directly: it runs between onnxoptimizer calls on the message they share and moves whole
-subgraphs across scopes; moving it onto ``qdeploy.graph.edit`` is not done.
+It edits through ``qdeploy.graph.edit`` (onnx-ir): a branch's nodes move with the values they read, outer-scope
+reads included, so no name has to be resolved by hand.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.edit import STANDARD_DOMAINS, editing
 from qdeploy.graph.utils import subgraphs
 
 if TYPE_CHECKING:
-    import numpy as np
     import onnx
+    import onnx_ir as ir
 
 PASS_NAME = "eliminate_if_with_const_cond"
 
 
 def inline_constant_ifs(model: onnx.ModelProto) -> int:
     """Replace every If with a constant condition, in every graph, by its taken branch; how many."""
-    overridable = {value.name for value in model.graph.input} if model.ir_version >= 4 else set()
-    constants = {init.name: init for init in model.graph.initializer if init.name not in overridable}
-    return _inline_in(model.graph, constants)
+    if not _has_if(model.graph):
+        return 0  # nothing to inline: no onnx-ir view to build
+    with editing(model, nested=True) as edit:
+        return _inline_in(edit.graph)
 
 
-def _inline_in(graph: onnx.GraphProto, outer: dict[str, onnx.TensorProto]) -> int:
-    from qdeploy.stages.simplify._folding import constant_node_tensors
+def _has_if(graph: onnx.GraphProto) -> bool:
+    return any(node.op_type == "If" or any(_has_if(body) for body in subgraphs(node)) for node in graph.node)
 
-    visible = {name: tensor for name, tensor in outer.items() if name not in {v.name for v in graph.input}}
-    visible.update((init.name, init) for init in graph.initializer)
-    visible.update(constant_node_tensors(graph))
+
+def _inline_in(graph: ir.Graph) -> int:
     count = 0
-    nodes = list(graph.node)
-    replaced: list[onnx.NodeProto] = []
-    for node in nodes:
-        condition = _condition(node, visible)
+    for node in list(graph):
+        condition = _condition(node)
         if condition is None:
-            replaced.append(node)
             continue
-        branch = next(attr.g for attr in node.attribute if attr.name == ("then_branch" if condition else
-                                                                          "else_branch"))
-        replaced.extend(_branch_nodes(node, branch))
+        _inline(graph, node, node.attributes["then_branch" if condition else "else_branch"].as_graph())
         count += 1
     if count:
-        _unique_names(replaced)
-        del graph.node[:]
-        graph.node.extend(replaced)
-        visible.update(constant_node_tensors(graph))
-    for node in graph.node:
-        for sub in subgraphs(node):
-            count += _inline_in(sub, visible)
+        _unique_names(graph)
+    for node in graph:
+        for body in _bodies(node):
+            count += _inline_in(body)
     return count
 
 
-def _condition(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> bool | None:
-    """The constant value of an If's condition; None when it is not an If or not constant."""
-    if node.op_type != "If" or node.domain not in ("", "ai.onnx") or not node.input:
+def _bodies(node: ir.Node) -> list[ir.Graph]:
+    import onnx_ir as ir
+
+    found: list[ir.Graph] = []
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            found.append(attr.as_graph())
+        elif attr.type == ir.AttributeType.GRAPHS:
+            found.extend(attr.as_graphs())
+    return found
+
+
+def _condition(node: ir.Node) -> bool | None:
+    """The constant value of an If's condition; None when it is not an If or not constant.
+
+    Constant means an initializer no graph input overrides, or a Constant node's output, in this graph or
+    one around it (onnx-ir's values are shared across scopes, so a shadowing input is another value).
+    """
+    import onnx_ir as ir
+
+    if node.op_type != "If" or node.domain not in STANDARD_DOMAINS or not node.inputs or node.inputs[0] is None:
         return None
-    tensor = constants.get(node.input[0])
+    value = node.inputs[0]
+    if value.is_graph_input():
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
     if tensor is None:
         return None
-    value = _value(tensor)
-    if value is None or value.size != 1:
-        return None
-    return bool(value.reshape(-1)[0])
-
-
-def _value(tensor: onnx.TensorProto) -> np.ndarray | None:
-    from onnx import numpy_helper
-
     try:
-        return numpy_helper.to_array(tensor)
+        array = tensor.numpy()
     except Exception:  # an external or odd tensor: not a condition we can read
         return None
+    return None if array.size != 1 else bool(array.reshape(-1)[0])
 
 
-def _branch_nodes(node: onnx.NodeProto, branch: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """The branch's constants and nodes, then an Identity per If output."""
-    from onnx import helper
+def _inline(graph: ir.Graph, node: ir.Node, branch: ir.Graph) -> None:
+    """The branch's constants and nodes, then an Identity per If output, in the If's place."""
+    import onnx_ir as ir
 
-    constants = [helper.make_node("Constant", [], [init.name], name=f"{init.name}_constant", value=init)
-                 for init in branch.initializer]
-    identities = [helper.make_node("Identity", [source.name], [target], name=f"{target}_from_branch")
-                  for source, target in zip(branch.output, node.output, strict=False) if target]
-    return [*constants, *branch.node, *identities]
+    constants = []
+    for name, value in list(branch.initializers.items()):
+        constant = ir.node("Constant", [], {"value": value.const_value}, name=f"{name}_constant")
+        ir.convenience.replace_all_uses_with(value, constant.outputs[0], replace_graph_outputs=True)
+        constant.outputs[0].name = name
+        constants.append(constant)
+    branch.initializers.clear()
+    moved = list(branch)
+    branch.remove(moved)
+    graph.insert_before(node, [*constants, *moved])
+    for source, target in zip(branch.outputs, node.outputs, strict=False):
+        if not target.name:
+            continue
+        identity = ir.node("Identity", [source], name=f"{target.name}_from_branch")
+        graph.insert_before(node, identity)
+        name = target.name
+        ir.convenience.replace_all_uses_with(target, identity.outputs[0], replace_graph_outputs=True)
+        identity.outputs[0].name = name
+    graph.remove(node, safe=True)
 
 
-def _unique_names(nodes: list[onnx.NodeProto]) -> None:
+def _unique_names(graph: ir.Graph) -> None:
     """Node names unique within the graph (ONNX Runtime refuses two nodes of one name; exporters name the nodes
     of each branch on their own, so an inlined branch may repeat a name of its new graph)."""
     seen: set[str] = set()
-    for node in nodes:
+    for node in graph:
         if not node.name:
             continue
         name, suffix = node.name, 0

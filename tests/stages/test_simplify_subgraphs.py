@@ -211,3 +211,40 @@ def test_a_check_past_its_memory_bound_is_unchecked_not_a_crash(tmp_path: Path, 
     monkeypatch.setattr(simplify_check, "compare_outputs", no_memory)
     result = simplify_model(loop_with_outer_reads_model(), tmp_path, ctx)  # old code: the MemoryError escaped
     assert "memory bound" in result.findings["check"]["unchecked"]
+
+
+def test_constant_ifs_are_inlined_with_their_constants_and_nested_reads() -> None:
+    """Outer If on an initializer, inner If on an outer Constant node, a branch initializer and a body that reads
+    the branch's own value: both Ifs go, the result is valid and computes the same."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qdeploy.stages.simplify._rewrite_if import inline_constant_ifs
+
+    def vi(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 3])
+
+    inner_then = helper.make_graph([helper.make_node("Mul", ["t", "t"], ["u_then"], name="same")], "inner_then", [],
+                                   [vi("u_then")])
+    inner_else = helper.make_graph([helper.make_node("Neg", ["t"], ["u_else"], name="same")], "inner_else", [],
+                                   [vi("u_else")])
+    then = helper.make_graph(
+        [helper.make_node("Add", ["x", "c"], ["t"], name="same"),
+         helper.make_node("If", ["flag2"], ["u"], name="inner", then_branch=inner_then, else_branch=inner_else)],
+        "then", [], [vi("u")], [numpy_helper.from_array(np.full((2, 3), 0.5, np.float32), "c")])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["v"])], "else", [], [vi("v")])
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["flag2"], name="flag2_node", value=numpy_helper.from_array(np.array(False))),
+         helper.make_node("If", ["flag"], ["y"], name="same", then_branch=then, else_branch=other)],
+        "g", [vi("x")], [vi("y")], [numpy_helper.from_array(np.array(True), "flag")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+    expected = _session(model).run(None, {"x": x})[0]
+
+    assert inline_constant_ifs(model) == 1  # the outer one; the inner one moved up with its branch: next pass
+    assert inline_constant_ifs(model) == 1  # next call: now in the main graph, its condition a Constant node
+    onnx.checker.check_model(model, full_check=True)
+    assert "If" not in [node.op_type for node in model.graph.node]
+    names = [node.name for node in model.graph.node if node.name]
+    assert len(names) == len(set(names))
+    np.testing.assert_array_equal(_session(model).run(None, {"x": x})[0], expected)
+    np.testing.assert_array_equal(expected, -(x + 0.5))
