@@ -59,6 +59,9 @@ def run_emulated(model: onnx.ModelProto, feeds: Feeds, stats: dict[str, TensorSt
     # no prepacked copy of each weight beside the loaded one: a handful of runs does not pay for the memory
     options.add_session_config_entry("session.disable_prepacking", "1")
     options.enable_cpu_mem_arena = False  # the arena keeps its largest blocks (power-of-two sized) to the end
+    # in the model's order: the default order runs every weight's Cast (no inputs to wait for) first, so every
+    # float32 copy would be alive at once; this one keeps each Cast before its reader
+    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [value.name for value in session.get_outputs()]
     graph_outputs = [value.name for value in model.graph.output]
