@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdeploy.graph.utils import subgraphs
+from qdeploy.graph.utils import delete_where, subgraphs
 
 if TYPE_CHECKING:
     import onnx
@@ -55,6 +55,13 @@ def attribute(node: ir.Node, name: str, default: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _weight_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The tensor of an initializer no graph input overrides (IR < 4 lets inputs replace initializers)."""
+    if value is None or not value.is_initializer() or value.is_graph_input():
+        return None
+    return value.const_value
+
+
 class GraphEditor:
     """Reads and edits of one onnx-ir graph: constants, fresh names, new initializers and nodes, replacement."""
 
@@ -74,16 +81,14 @@ class GraphEditor:
 
     def weight(self, value: ir.Value | None) -> np.ndarray | None:
         """The array of an initializer that no graph input can override; None for anything computed or fed."""
-        if value is None or not value.is_initializer() or value.is_graph_input() or value.const_value is None:
-            return None
-        return np.asarray(value.const_value.numpy())
+        tensor = _weight_tensor(value)
+        return None if tensor is None else np.asarray(tensor.numpy())
 
     @staticmethod
     def weight_type(value: ir.Value | None) -> int | None:
         """The ONNX element type of a non-overridable initializer, or None."""
-        if value is None or not value.is_initializer() or value.is_graph_input() or value.const_value is None:
-            return None
-        return int(value.const_value.dtype)
+        tensor = _weight_tensor(value)
+        return None if tensor is None else int(tensor.dtype)
 
     def sole_consumer(self, value: ir.Value) -> ir.Node | None:
         """The one node of this graph reading ``value``, when nothing else (graph output, subgraph) reads it."""
@@ -186,8 +191,6 @@ def write_back(graph: ir.Graph, proto: onnx.GraphProto, originals: dict[int, onn
     """
     import onnx_ir as ir
     from onnx import helper
-
-    from qdeploy.graph.utils import delete_where
 
     outputs = [value.name for value in graph.outputs]
     if outputs != [value.name for value in proto.output]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["STRIP_MIN_BYTES", "Light", "light_bytes", "light_copy", "restore", "restore_into", "tag_of",
+__all__ = ["STRIP_MIN_BYTES", "Light", "light_bytes", "light_copy", "put_back", "restore", "restore_into", "tag_of",
            "take_value_info", "unknown_tags"]
 
 STRIP_MIN_BYTES = 1024
@@ -77,25 +77,36 @@ def restore(model: onnx.ModelProto, light: Light) -> list[str]:
         return []
     leftover = []
     for init in model.graph.initializer:
-        if init.name in light.copied or init.data_type in _KEPT_TYPES or not init.HasField("raw_data"):
+        if init.name in light.copied:
             continue
-        raw = init.raw_data  # a tag, or a small tensor a pass made: cheap to read
-        if not raw.startswith(_TAG):
-            continue
-        original = light.originals.get(raw)
+        tag, original = _original_of(init, light)
+        if tag is None:
+            continue  # a real tensor (a small one a pass made)
         if original is None:
             leftover.append(init.name)
             continue
-        name, dims = init.name, list(init.dims)
-        if math.prod(dims) != math.prod(original.dims):
-            leftover.append(init.name)  # a pass reshaped it into another size: not a tensor we know
-            continue
-        init.CopyFrom(original)
-        init.name = name
-        if dims != list(original.dims):
-            del init.dims[:]
-            init.dims.extend(dims)
+        put_back(init, original)
     return leftover
+
+
+def put_back(target: onnx.TensorProto, original: onnx.TensorProto) -> None:
+    """``original``'s type and values in ``target``, which keeps its name and its dims (a pass may reshape)."""
+    name, dims = target.name, list(target.dims)
+    target.CopyFrom(original)
+    target.name = name
+    if dims != list(original.dims):
+        del target.dims[:]
+        target.dims.extend(dims)
+
+
+def _original_of(init: onnx.TensorProto, light: Light) -> tuple[bytes | None, onnx.TensorProto | None]:
+    """(the tag ``init`` holds or None, the tensor it stands for or None when the tag is unknown or a pass
+    reshaped it into another size)."""
+    tag = tag_of(init)
+    original = None if tag is None else light.originals.get(tag)
+    if original is not None and math.prod(init.dims) != math.prod(original.dims):
+        original = None
+    return tag, original
 
 
 def light_bytes(light: Light) -> int:
@@ -118,9 +129,8 @@ def unknown_tags(model: onnx.ModelProto, light: Light) -> list[str]:
     """Initializers of ``model`` (made from ``light``) holding a tag that cannot be given its tensor back."""
     unknown = []
     for init in model.graph.initializer:
-        tag = tag_of(init)
-        original = None if tag is None else light.originals.get(tag)
-        if tag is not None and (original is None or math.prod(init.dims) != math.prod(original.dims)):
+        tag, original = _original_of(init, light)
+        if tag is not None and original is None:
             unknown.append(init.name)
     return unknown
 
@@ -133,7 +143,6 @@ def restore_into(model: onnx.ModelProto, optimized: onnx.ModelProto, light: Ligh
     of a tagged tensor under a new name are copied, and what ``optimized`` dropped goes.  Call it only when
     ``unknown_tags(optimized, light)`` is empty.
     """
-    import onnx
 
     from qdeploy.graph.utils import delete_where
 
@@ -148,13 +157,9 @@ def restore_into(model: onnx.ModelProto, optimized: onnx.ModelProto, light: Ligh
                                           else current[init.name] == init)
         if same:  # the model's own message stays
             kept[init.name] = list(init.dims)
-        elif original is not None:
-            copy = onnx.TensorProto()
-            copy.CopyFrom(original)
-            copy.name = init.name
-            del copy.dims[:]
-            copy.dims.extend(init.dims)
-            added.append(copy)
+        elif original is not None:  # a copy of a tagged tensor under a new name
+            put_back(init, original)
+            added.append(init)
         else:
             added.append(init)
     delete_where(graph.initializer, lambda init: init.name not in kept)

@@ -101,18 +101,30 @@ def _update(stats: dict[str, TensorStats], name: str, array: np.ndarray) -> None
 
 def _session(model: onnx.ModelProto, extra: list[onnx.ValueInfoProto], path: Path, big: bool) -> Any:
     """An ORT session of ``model`` with ``extra`` exposed as outputs, read from a probe file."""
-    import onnxruntime as ort
-
     from qdeploy.graph.external_data import save_exposing
 
     # the weights streamed from the model itself: neither copied nor serialised whole (a big model's go to a
     # data file beside the probe: protobuf cannot hold more than 2 GB in one file)
     save_exposing(model, path, extra, external=big)
+    return probe_session(path)
+
+
+def probe_session(path: Path, *, in_order: bool = False) -> Any:
+    """An ONNX Runtime session for analysis runs (a handful of samples, every tensor exposed): unoptimized, and
+    holding no more memory than the model needs.
+
+    ``in_order``: run the nodes in the model's order; ONNX Runtime's default order runs nodes without inputs to
+    wait for (a weight's Cast) first, so their results would all be alive at once.
+    """
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     # no prepacked copy of each weight beside the loaded one: a handful of runs does not pay for the memory
     options.add_session_config_entry("session.disable_prepacking", "1")
     options.enable_cpu_mem_arena = False  # the arena keeps its largest blocks (power-of-two sized) to the end
+    if in_order:
+        options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

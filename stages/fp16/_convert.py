@@ -120,7 +120,7 @@ def _tags_marked_not_converted() -> Iterator[None]:
 def _fill_tags(converted: onnx.ModelProto, originals: dict[bytes, onnx.TensorProto],
                to_float16: Callable[[np.ndarray], np.ndarray]) -> None:
     """Give each tagged initializer its values: float16 ones where the converter chose float16, else the original."""
-    from qdeploy.graph.light import tag_of
+    from qdeploy.graph.light import put_back, tag_of
 
     for init in converted.graph.initializer:
         tag = tag_of(init)
@@ -130,11 +130,7 @@ def _fill_tags(converted: onnx.ModelProto, originals: dict[bytes, onnx.TensorPro
         if init.data_type == FLOAT16:
             init.raw_data = _float16_bytes(original, to_float16)
         else:
-            name, dims = init.name, list(init.dims)
-            init.CopyFrom(original)
-            init.name = name
-            del init.dims[:]
-            init.dims.extend(dims)
+            put_back(init, original)
 
 
 def _float16_bytes(tensor: onnx.TensorProto, to_float16: Callable[[np.ndarray], np.ndarray]) -> bytes:

@@ -106,13 +106,13 @@ def _emulate_graph(graph: onnx.GraphProto, top: bool) -> None:
 def _restore_interface(twin: onnx.ModelProto, light: Light) -> None:
     """Initializers that are also graph inputs or outputs (IR < 4 lists weights as inputs) get their bytes back
     at once: they are upcast like small ones, which reads their values."""
-    from qdeploy.graph.light import tag_of
+    from qdeploy.graph.light import put_back, tag_of
 
     interface = {value.name for value in (*twin.graph.input, *twin.graph.output)}
     for init in twin.graph.initializer:
         tag = tag_of(init)
         if tag is not None and init.name in interface:
-            init.CopyFrom(light.originals[tag])
+            put_back(init, light.originals[tag])
 
 
 def _weights_read_through_casts(graph: onnx.GraphProto) -> list[str]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, save_exposing
 from qdeploy.graph.utils import model_bytes
+from qdeploy.stages.fp16._activations import probe_session
 from qdeploy.stages.fp16._emulate import emulation_twin
 
 if TYPE_CHECKING:
@@ -47,22 +48,13 @@ class EmulatedRun:
 def run_emulated(model: onnx.ModelProto, feeds: Feeds, stats: dict[str, TensorStats],
                  work_dir: Path) -> EmulatedRun:
     import numpy as np
-    import onnxruntime as ort
 
     twin = emulation_twin(model, expose=True)
     path = work_dir / "fp16_emulated.onnx"
     # a large twin's weights go to a data file one tensor at a time; ORT maps that file instead of parsing a copy
     save_exposing(twin, path, [], external=model_bytes(twin) > STREAM_ABOVE_BYTES)
     del twin
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    # no prepacked copy of each weight beside the loaded one: a handful of runs does not pay for the memory
-    options.add_session_config_entry("session.disable_prepacking", "1")
-    options.enable_cpu_mem_arena = False  # the arena keeps its largest blocks (power-of-two sized) to the end
-    # in the model's order: the default order runs every weight's Cast (no inputs to wait for) first, so every
-    # float32 copy would be alive at once; this one keeps each Cast before its reader
-    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = probe_session(path, in_order=True)  # each weight's Cast runs just before its reader
     names = [value.name for value in session.get_outputs()]
     graph_outputs = [value.name for value in model.graph.output]
     outputs, nonfinite = [], set()
