@@ -9,6 +9,7 @@ range of the first pass (exact bins, no re-binning as the range grows).
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -16,9 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from qdeploy.calibration.ranges import DEFAULT_BINS, TensorStats
+from qdeploy.core.onnx_wire import load_model
+from qdeploy.graph.external_data import save_exposing
 
 __all__ = ["FeedSource", "Feeds", "channel_absmax", "collect_statistics", "float_tensors_of"]
-from qdeploy.graph.external_data import needs_external_data
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +33,8 @@ _FLOAT_ELEM_TYPES = (1, 10)  # float, float16
 
 def float_tensors_of(model_path: Path, op_types: Iterable[str] | None = None) -> list[str]:
     """Float tensors (not initializers) that are inputs or outputs of the main graph's nodes of op_types."""
-    import onnx
 
-    model = onnx.load(str(model_path), load_external_data=False)
+    model = load_model(model_path, load_external_data=False)
     graph = model.graph
     types = {value.name: value.type.tensor_type.elem_type
              for value in (*graph.value_info, *graph.input, *graph.output) if value.type.HasField("tensor_type")}
@@ -94,13 +95,14 @@ def _probe_session(model_path: Path, tensors: list[str], work_dir: Path) -> tupl
     import onnx
     import onnxruntime as ort
 
-    model = onnx.load(str(model_path))
+    model = load_model(model_path)
     present = {value.name for value in (*model.graph.output, *model.graph.input)}
-    for name in tensors:
-        if name not in present:
-            model.graph.output.append(onnx.ValueInfoProto(name=name))
     probe = work_dir / "calibration_probe.onnx"
-    onnx.save(model, str(probe), save_as_external_data=needs_external_data(model))
+    # streamed, weights to a data file: neither serialised whole nor held here while ONNX Runtime loads them
+    save_exposing(model, probe, [onnx.ValueInfoProto(name=name) for name in tensors if name not in present],
+                  external=True, keep_value_info=True)
+    del model
+    gc.collect()
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.log_severity_level = 3

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from qdeploy.core.onnx_wire import load_model
+
 __all__ = ["Batch", "BatchAxes", "BatchError", "Feed", "available_memory_bytes", "batch_axes",
            "explain_batch_failure", "make_batch"]
 
@@ -64,9 +66,8 @@ def _show(dims: list[int | str | None]) -> str:
 
 def batch_axes(model_path: Path) -> BatchAxes:
     """The batch axis of each real input of an ONNX model, from its declared dimensions."""
-    import onnx
 
-    model = onnx.load(str(model_path), load_external_data=False)
+    model = load_model(model_path, load_external_data=False)
     initializers = {init.name for init in model.graph.initializer}
     dims: dict[str, list[int | str | None]] = {}
     for value in model.graph.input:

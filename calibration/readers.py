@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 
 from qdeploy.core.errors import DataError
+from qdeploy.core.onnx_wire import load_model
 from qdeploy.core.userfiles import files_in_folder, open_regular_file
 
 if TYPE_CHECKING:
@@ -56,9 +57,8 @@ class InputInfo:
 
 def model_inputs(model_path: Path) -> list[InputInfo]:
     """The real inputs of an ONNX model (initializers listed as inputs excluded)."""
-    import onnx
 
-    return inputs_of(onnx.load(str(model_path), load_external_data=False))
+    return inputs_of(load_model(model_path, load_external_data=False))
 
 
 def inputs_of(model: onnx.ModelProto) -> list[InputInfo]:

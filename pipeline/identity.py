@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.utils import graph_inputs
 
 if TYPE_CHECKING:
@@ -22,9 +23,8 @@ ENVIRONMENT_FIELDS = (("cpu", "model"), ("cpu", "cores"), ("cpu", "flags"), ("py
 
 def model_signature(path: Path) -> dict[str, Any]:
     """Inputs and outputs of a model (name, element type, shape with symbolic dimensions as names)."""
-    import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
+    model = load_model(path, load_external_data=False)
     return {"inputs": [_value_info(v) for v in graph_inputs(model.graph)],
             "outputs": [_value_info(v) for v in model.graph.output]}
 

@@ -39,6 +39,7 @@ from qdeploy.core.files import (
     sha256_file,
     write_json_synced,
 )
+from qdeploy.core.onnx_wire import load_model
 
 if TYPE_CHECKING:
     import onnx
@@ -224,14 +225,12 @@ def entry_problem(entry: Path, meta: dict[str, Any]) -> str | None:
 def _move_saved(saved: Path, model_path: Path) -> None:
     """Move a saved model and its external data files into a staging folder (renamed when on one file system);
     one below the external-data threshold is written as one file (an artifact's form depends on its size only)."""
-    import onnx
-
     from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES, save_onnx
 
     data_files = external_data_files(saved)
     total = saved.stat().st_size + sum(data.stat().st_size for data in data_files)
     if data_files and total <= min(EXTERNAL_DATA_THRESHOLD, PROTOBUF_SAFE_BYTES):
-        save_onnx(onnx.load(str(saved)), model_path, threshold=min(EXTERNAL_DATA_THRESHOLD, PROTOBUF_SAFE_BYTES))
+        save_onnx(load_model(saved), model_path, threshold=min(EXTERNAL_DATA_THRESHOLD, PROTOBUF_SAFE_BYTES))
         return
     for data in data_files:
         shutil.move(str(data), str(model_path.parent / data.name))

@@ -56,9 +56,11 @@ class Artifact:
         return artifact_precision(self.stages)
 
     def load(self, *, load_external_data: bool = True) -> onnx.ModelProto:
-        import onnx
+        """The model; without ``load_external_data``, large weights stay references into the files
+        (``qdeploy.core.onnx_wire``: a one-file model's too, so that reading its graph costs no weights)."""
+        from qdeploy.core.onnx_wire import load_model
 
-        return onnx.load(str(self.path), load_external_data=load_external_data)
+        return load_model(self.path, load_external_data=load_external_data)
 
 
 @dataclass

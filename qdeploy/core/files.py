@@ -85,15 +85,17 @@ def file_record(path: Path) -> dict[str, Any]:
 
 
 def external_data_files(path: Path) -> list[Path]:
-    """External data files a model references, resolved beside it."""
+    """External data files a model references, resolved beside it (its weights are not read)."""
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
+    from qdeploy.core.onnx_wire import load_model
+
+    model = load_model(path, load_external_data=False)
     locations = set()
     for tensor in all_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             for entry in tensor.external_data:
-                if entry.key == "location":
+                if entry.key == "location" and entry.value != path.name:  # not the model file's own weights
                     locations.add(entry.value)
     return [path.parent / location for location in sorted(locations)]
 

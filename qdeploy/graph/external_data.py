@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import ModelError
+from qdeploy.core.onnx_wire import encode_varint
 from qdeploy.graph.utils import model_bytes, tensor_nbytes
 
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["PROTOBUF_SAFE_BYTES", "STREAM_ABOVE_BYTES", "check_saved_model", "load_graph_only", "needs_external_data",
-           "save_exposing", "save_onnx"]
+__all__ = ["PROTOBUF_SAFE_BYTES", "STREAM_ABOVE_BYTES", "check_saved_model", "check_without_weights",
+           "load_graph_only", "needs_external_data", "save_exposing", "save_onnx", "save_with_data_file"]
 
 PROTOBUF_SAFE_BYTES = 1_800_000_000
 """Above this a model is written as ``.onnx`` plus one data file (protobuf's hard limit is 2 GiB)."""
@@ -55,14 +56,16 @@ _GRAPH_INITIALIZER_TAG = b"\x2a"  # GraphProto.initializer: field 5, length-deli
 
 
 def save_exposing(model: onnx.ModelProto, path: Path, outputs: list[onnx.ValueInfoProto], *,
-                  external: bool = False) -> None:
-    """Write a probe of ``model``: its graph with ``outputs`` added to the graph outputs and no value_info, its
-    weights streamed from ``model`` itself (neither copied nor serialised whole).  ``model`` is left as it is.
+                  external: bool = False, keep_value_info: bool = False) -> None:
+    """Write a probe of ``model``: its graph with ``outputs`` added to the graph outputs and no value_info (unless
+    ``keep_value_info``), its weights streamed from ``model`` itself (neither copied nor serialised whole).
+    ``model`` is left as it is.
 
     ``external``: the weights go to one data file beside it (``<name>.data``), as a model above 2 GB needs.
     """
     head = _without_initializers(model)
-    del head.graph.value_info[:]  # a probe needs no shape hints; its outputs carry their types
+    if not keep_value_info:
+        del head.graph.value_info[:]  # a probe needs no shape hints; its outputs carry their types
     head.graph.output.extend(outputs)
     if external:
         _write_external(head, model, path)
@@ -77,7 +80,6 @@ EXTERNAL_MIN_BYTES = 1024
 def _write_external(head: onnx.ModelProto, model: onnx.ModelProto, path: Path) -> None:
     """``head`` with ``model``'s initializers, the large ones as references into ``<name>.data``, written one
     tensor at a time."""
-    import onnx
 
     location = f"{path.name}.data"
     with (path.parent / location).open("wb") as data:
@@ -88,14 +90,17 @@ def _write_external(head: onnx.ModelProto, model: onnx.ModelProto, path: Path) -
             reference = head.graph.initializer.add()
             reference.name, reference.data_type = tensor.name, tensor.data_type
             reference.dims.extend(tensor.dims)
-            reference.data_location = onnx.TensorProto.EXTERNAL
             raw = tensor.raw_data  # one tensor's bytes at a time
-            for key, value in (("location", location), ("offset", str(data.tell())), ("length", str(len(raw)))):
-                entry = reference.external_data.add()
-                entry.key, entry.value = key, value
+            _refer(reference, location, data.tell(), len(raw))
             data.write(raw)
             del raw
     path.write_bytes(head.SerializeToString())
+
+
+def save_with_data_file(model: onnx.ModelProto, path: Path) -> None:
+    """Write ``model`` (value_info included) with its tensors from 1 KB in one data file ``<name>.data``, one
+    tensor at a time; ``model`` is left as it is (onnx's own writer moves the weights out of the message)."""
+    _write_external(_without_initializers(model), model, path)
 
 
 def _save_streamed(model: onnx.ModelProto, path: Path) -> None:
@@ -112,8 +117,8 @@ def _write_streamed(head: onnx.ModelProto, model: onnx.ModelProto, path: Path) -
         stream.write(head.SerializeToString())
         for tensor in model.graph.initializer:
             data = tensor.SerializeToString()  # one tensor at a time, written without concatenating
-            length = _varint(len(data))
-            stream.write(_MODEL_GRAPH_TAG + _varint(len(_GRAPH_INITIALIZER_TAG) + len(length) + len(data)))
+            length = encode_varint(len(data))
+            stream.write(_MODEL_GRAPH_TAG + encode_varint(len(_GRAPH_INITIALIZER_TAG) + len(length) + len(data)))
             stream.write(_GRAPH_INITIALIZER_TAG + length)
             stream.write(data)
             del data
@@ -141,18 +146,6 @@ def _copy_fields(source: Any, target: Any, *, skip: str) -> None:
             setattr(target, field.name, value)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def load_graph_only(path: Path) -> onnx.ModelProto:
     """A saved model without its external data (its weights stay in the file; the proto refers to them)."""
     import onnx
@@ -169,3 +162,42 @@ def check_saved_model(path: Path) -> None:
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         raise ModelError(f"the model is not a valid ONNX graph: {first}") from None
+
+
+def check_without_weights(model: onnx.ModelProto) -> None:
+    """onnx's checker on a model whose weights it never copies: in memory, ``check_model`` serialises the whole
+    model and parses it again in C++ (two more copies of every weight).  Here it checks, through a file, a light
+    copy whose large tensors refer to a sparse data file of the right size (no bytes on disk or in memory);
+    each large tensor's own byte count is compared with its type and shape here, one tensor at a time."""
+    import tempfile
+
+    from qdeploy.graph.light import light_copy
+
+    light = light_copy(model)
+    with tempfile.TemporaryDirectory(prefix="qdeploy-check-") as folder:
+        offset = 0
+        for stand_in in light.model.graph.initializer:
+            original = light.originals.get(stand_in.raw_data) if stand_in.name not in light.copied else None
+            if original is None:
+                continue
+            expected = tensor_nbytes(stand_in)
+            if len(original.raw_data) != expected:  # what the checker would have said of the full tensor
+                raise ModelError(f"the model is not a valid ONNX graph: initializer {stand_in.name!r} holds "
+                                 f"{len(original.raw_data)} bytes; its type and shape need {expected}")
+            _refer(stand_in, "weights.bin", offset, expected)
+            offset += expected
+        with (Path(folder) / "weights.bin").open("wb") as data:
+            data.truncate(offset)  # sparse: the checker looks at the size only
+        path = Path(folder) / "model.onnx"
+        path.write_bytes(light.model.SerializeToString())
+        check_saved_model(path)
+
+
+def _refer(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    import onnx
+
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value

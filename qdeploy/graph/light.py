@@ -37,8 +37,9 @@ class Light:
     """Initializers copied whole (their bytes are never read back)."""
 
 
-def light_copy(model: onnx.ModelProto, *, value_info: bool = True) -> Light:
-    """A copy of ``model`` without the bytes of its large top-level initializers (never read, so never copied).
+def light_copy(model: onnx.ModelProto, *, value_info: bool = True, min_bytes: int | None = None) -> Light:
+    """A copy of ``model`` without the bytes of its top-level initializers from ``min_bytes`` (``STRIP_MIN_BYTES``
+    by default; never read, so never copied).
 
     ``value_info`` false leaves the top-level value_info out too (shape inference makes it anew).
     """
@@ -46,6 +47,7 @@ def light_copy(model: onnx.ModelProto, *, value_info: bool = True) -> Light:
 
     from qdeploy.graph.utils import tensor_nbytes
 
+    threshold = STRIP_MIN_BYTES if min_bytes is None else min_bytes
     graph = model.graph
     copy = onnx.ModelProto()
     copy.ir_version = model.ir_version
@@ -57,7 +59,7 @@ def light_copy(model: onnx.ModelProto, *, value_info: bool = True) -> Light:
         getattr(target, field_name).extend(getattr(graph, field_name))
     light = Light(copy)
     for init in graph.initializer:
-        if init.data_type in _KEPT_TYPES or init.data_location != 0 or tensor_nbytes(init) < STRIP_MIN_BYTES:
+        if init.data_type in _KEPT_TYPES or init.data_location != 0 or tensor_nbytes(init) < threshold:
             target.initializer.append(init)
             light.copied.add(init.name)
             continue

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from qdeploy.core.errors import DataError, ModelError, TargetUnavailable
+from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.utils import graph_inputs
 from qdeploy.targets.bound import BoundCall
 
@@ -138,10 +139,9 @@ def check_feeds(target: str, input_names: list[str], feeds: dict[str, np.ndarray
 
 def onnx_io_names(model_path: Path) -> tuple[list[str], list[str]]:
     """Real input names (initializers excluded) and output names as the ONNX graph declares them."""
-    import onnx
 
     try:
-        model = onnx.load(str(model_path), load_external_data=False)
+        model = load_model(model_path, load_external_data=False)
     except Exception as exc:
         raise ModelError(f"{Path(model_path).name}: not a readable ONNX model: {short_message(exc)}") from None
     inputs = [value.name for value in graph_inputs(model.graph)]

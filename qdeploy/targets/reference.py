@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from qdeploy.core.errors import ModelError
+from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.utils import graph_inputs
 from qdeploy.targets.base import ExecutionInfo, Session, TargetAdapter, check_feeds, short_message
 from qdeploy.targets.evaluator import EvaluatorCannotRun, build_evaluator, run_evaluator
@@ -33,10 +34,9 @@ class ReferenceTarget(TargetAdapter):
 
     def load(self, model_path: Path, *, threads: int | None = None, pin_f32: bool = True) -> Session:
         self._require_available(model_path)
-        import onnx
 
         try:
-            model = onnx.load(str(model_path))
+            model = load_model(model_path)
             evaluator = build_evaluator(model)
         except EvaluatorCannotRun:
             raise

@@ -24,6 +24,7 @@ from qdeploy.calibration.batches import (
     explain_batch_failure,
     make_batch,
 )
+from qdeploy.core.onnx_wire import load_model
 
 if TYPE_CHECKING:
     from qdeploy.core.context import StageContext
@@ -104,9 +105,8 @@ def _random_data(ctx: StageContext, model_path: Path, source: str, count: int) -
 
 def output_shape_notes(model_path: Path, outputs: dict[str, np.ndarray]) -> tuple[dict[str, Any], list[str]]:
     """Outputs whose real shape contradicts the declared one (rank, or a static dimension), and notes on them."""
-    import onnx
 
-    model = onnx.load(str(model_path), load_external_data=False)
+    model = load_model(model_path, load_external_data=False)
     mismatches: dict[str, Any] = {}
     for value in model.graph.output:
         if value.name not in outputs or not value.type.tensor_type.HasField("shape"):

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import DataError, ModelError, StageError
 from qdeploy.core.userfiles import check_regular_file
-from qdeploy.graph.external_data import needs_external_data
+from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, check_without_weights, needs_external_data
+from qdeploy.graph.utils import model_bytes
 from qdeploy.stages.export._model import (
     check_declared_shapes,
     check_feedable_inputs,
@@ -297,6 +298,9 @@ def check_model(model: onnx.ModelProto) -> None:
                          f"opsets up to {supported}: set model.opset to {supported} or lower, or upgrade onnx")
     if needs_external_data(model):
         return  # the in-memory checker refuses >2 GB protos: the runner checks the saved file (check_saved_model)
+    if model_bytes(model) > STREAM_ABOVE_BYTES:
+        check_without_weights(model)  # in memory, the checker would hold two more copies of every weight
+        return
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:

@@ -20,8 +20,11 @@ onnxconverter-common converts; around it this stage
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
@@ -37,6 +40,7 @@ from qdeploy.stages.fp16._convert import (
     written_for_check,
 )
 from qdeploy.stages.fp16._graph import name_nodes_uniquely, subgraphs, walk_nodes
+from qdeploy.stages.fp16._offload import offload, reload, worth_offloading
 from qdeploy.stages.fp16._patterns import integer_accumulators, normalizations, out_of_range_constants
 from qdeploy.stages.fp16._repair import Plan, TypeRepair
 from qdeploy.stages.fp16._rules import Float32Needs, float32_needs
@@ -98,6 +102,7 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
                                 "schema_float32_inputs": [reason for node, reason in needs.input_reasons.items()
                                                           if node not in fixed], **patterns}
     session = _Session(model, config, ctx, needs, types, big)
+    del model  # the session holds it (and may swap its weights out to disk: no second holder may keep them)
     data = _data(config, ctx)
     if data is not None:
         session.analyse(artifact, fixed, data)
@@ -112,11 +117,12 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
     converted = session.converted
     findings.update(session.findings)
     findings["node_block_list"] = sorted(session.blocked - op_blocked)
-    findings["clamp"] = count_clamping(model, converted, session.repair.initializer_copies, session.float32_scope,
+    findings["clamp"] = count_clamping(session.model, converted, session.repair.initializer_copies,
+                                       session.float32_scope,
                                        config.min_positive_val, config.max_finite_val)
     findings["repair"] = _repair_findings(session.repair)
     findings["cast_nodes"] = sum(node.op_type == "Cast" for node, _ in walk_nodes(converted.graph))
-    del session, model  # the float32 weights are not needed by the checks: large models need the memory back
+    del session  # the float32 weights are not needed by the checks: large models need the memory back
     converted, source = written_for_check(converted, ctx.work_dir, big=big)
     findings["checker"] = check(converted, source, ctx.variant, onnxruntime_check=config.onnxruntime_check)
     findings["seconds"] = round(time.perf_counter() - started, 3)
@@ -201,7 +207,8 @@ class _Session:
 
         self.ctx.on_progress("fp16: activation ranges")
         self.feeds = list(self.ctx.samples(data.data, artifact.path, data.samples))
-        self.float32 = run_float32(self.model, self.feeds, self.ctx.work_dir, big=self.big)
+        with self._float32_weights_on_disk():  # the probe, written beside them, reads them from there
+            self.float32 = run_float32(self.model, self.feeds, self.ctx.work_dir, big=self.big)
         limit_note = {"safety_margin": self.config.safety_margin, "max_finite_val": self.config.max_finite_val}
         self.kept = overflowing_nodes(self.model, self.float32.stats, self.config.max_finite_val,
                                       self.config.safety_margin, fixed)
@@ -213,6 +220,19 @@ class _Session:
                      len(self.kept))
         if self.config.mode == "auto":
             self._budget(fixed | {entry["node"] for entry in self.kept})
+
+    @contextlib.contextmanager
+    def _float32_weights_on_disk(self) -> Iterator[None]:
+        """While an ORT session holds its own weights, the float32 model's wait on disk (``_offload``)."""
+        if not worth_offloading(self.model):
+            yield
+            return
+        self.model, offloaded = offload(self.model, self.ctx.work_dir)
+        gc.collect()  # the full message may sit in a reference cycle: free its weights before the session
+        try:
+            yield
+        finally:
+            reload(self.model, offloaded)
 
     def keep_for_tolerance(self, fixed: set[str]) -> None:
         """The emulated check missed the tolerance: budget mode's search for further float32 nodes, then again."""
@@ -264,7 +284,8 @@ class _Session:
         for _ in range(MAX_SAFETY_ROUNDS):
             self.ctx.on_progress("fp16: float16 emulation")
             started = time.perf_counter()
-            emulated = run_emulated(self.converted, self.feeds, self.float32.stats, self.ctx.work_dir)
+            with self._float32_weights_on_disk():
+                emulated = run_emulated(self.converted, self.feeds, self.float32.stats, self.ctx.work_dir)
             births = overflow_births(self.converted, emulated.nonfinite, originals, self.blocked,
                                      self.float32.stats)
             if not births:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import StageError
+from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.utils import float32_chunks
 from qdeploy.stages.fp16._graph import FLOAT, FLOAT16, walk_graphs, walk_nodes
 
@@ -235,7 +236,7 @@ def written_for_check(model: onnx.ModelProto, work_dir: Path, *, big: bool) -> t
         save_onnx(model, path)
     else:
         return model, None
-    return onnx.load(str(path)), str(path)
+    return load_model(path), str(path)
 
 
 def check(model: onnx.ModelProto, source: str | None, variant: str, *, onnxruntime_check: bool) -> str:

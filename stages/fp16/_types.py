@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qdeploy.core.errors import ModelError
+from qdeploy.core.onnx_wire import load_model
 from qdeploy.stages.fp16._graph import outer_references, subgraphs, walk_graphs
 
 if TYPE_CHECKING:
@@ -29,9 +30,8 @@ MAX_NAMED = 8
 
 def load_typed(model_path: Path, size_bytes: int, work_dir: Path) -> onnx.ModelProto:
     """The model with an element type for every tensor it uses; ModelError naming any that stays untyped."""
-    import onnx
 
-    model = onnx.load(str(model_path))
+    model = load_model(model_path)
     if not _infer_light(model, model_path):
         model = _infer_by_path(model_path, work_dir)
     type_subgraphs(model)

@@ -57,10 +57,7 @@ def run(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageR
 
     if config.mode == "lower":
         return quantize_modes.lower(artifact, config, ctx)
-    model = artifact.load(load_external_data=False)
-    already = count_quantized_nodes(model)
-    if already:
-        raise _refuse_already_quantized(model, already, ctx)
+    _refuse_if_quantized(artifact, ctx)
     if config.mode == "weight_only":
         return quantize_modes.weight_only(artifact, config, ctx)
     if config.engine == "nncf":
@@ -69,6 +66,13 @@ def run(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageR
         return quantize_modes.post_training(artifact, config, ctx)
     except QuantizerFailure as exc:
         raise StageError(STAGE, ctx.variant, str(exc)) from exc
+
+
+def _refuse_if_quantized(artifact: Artifact, ctx: StageContext) -> None:
+    model = artifact.load(load_external_data=False)  # the graph: a one-file model's weights stay in the file
+    already = count_quantized_nodes(model)
+    if already:
+        raise _refuse_already_quantized(model, already, ctx)
 
 
 def _refuse_already_quantized(model: onnx.ModelProto, count: int, ctx: StageContext) -> StageError:

@@ -475,12 +475,21 @@ _DYNAMIC_LOCK = threading.Lock()
 
 @contextlib.contextmanager
 def fast_quantize_dynamic() -> Iterator[None]:
-    """ORT's ``quantize_dynamic`` builds its quantizer by name: within this block it builds the indexed one."""
+    """ORT's ``quantize_dynamic`` builds its quantizer and loads its model by name: within this block it builds
+    the indexed quantizer and infers shapes on light copies."""
+    from qdeploy.stages.quantize._preprocess import load_with_shapes, with_shapes
+
     ort_quantize = importlib.import_module("onnxruntime.quantization.quantize")  # the package hides it by a function
+    ort_quantizer = importlib.import_module("onnxruntime.quantization.onnx_quantizer")
+    # its shape inference reloads the whole model twice; ours infers on a light copy (``_preprocess``)
+    swaps = [(ort_quantize, "ONNXQuantizer", FastONNXQuantizer), (ort_quantize, "load_model_with_shape_infer",
+             load_with_shapes), (ort_quantizer, "save_and_reload_model_with_shape_infer", with_shapes)]
     with _DYNAMIC_LOCK:
-        original = ort_quantize.ONNXQuantizer
-        ort_quantize.ONNXQuantizer = FastONNXQuantizer  # type: ignore[misc]
+        originals = [getattr(module, name) for module, name, _ in swaps]
+        for module, name, replacement in swaps:
+            setattr(module, name, replacement)
         try:
             yield
         finally:
-            ort_quantize.ONNXQuantizer = original  # type: ignore[misc]
+            for (module, name, _), original in zip(swaps, originals, strict=True):
+                setattr(module, name, original)

@@ -27,21 +27,19 @@ VERIFY_SAMPLES = 8
 
 def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
     """ptq or dynamic: prepare, calibrate (ptq), build, meet the budget when one is set, verify kernels."""
-    import onnx
 
-    from qdeploy.stages.quantize._prepare import MIN_OPSET, default_opset, drop_unused_opsets, excluded_nodes, prepare
+    from qdeploy.stages.quantize._prepare import MIN_OPSET, drop_unused_opsets, excluded_nodes, prepare
 
     ctx.on_progress("preparing the float model")
     prepared = prepare(artifact.path, ctx.work_dir)
-    prepared_model = onnx.load(str(prepared.path), load_external_data=False)
-    excluded, unknown = excluded_nodes(artifact.load(load_external_data=False), prepared_model,
-                                       config.exclude_nodes, config.exclude_patterns, config.exclude_op_types)
+    excluded, unknown = excluded_nodes(prepared, config.exclude_nodes, config.exclude_patterns,
+                                       config.exclude_op_types)
     if unknown:
-        some = sorted(node.name for node in prepared_model.graph.node)[:20]
+        some = sorted(prepared.nodes)[:20]
         raise StageError(STAGE, ctx.variant, f"exclude_nodes names {unknown} that are not in the model; "
                                              f"some of its nodes: {some}")
     findings: dict[str, Any] = {"mode": config.mode, **prepared.findings}
-    if config.per_channel and default_opset(prepared_model) < MIN_OPSET:
+    if config.per_channel and prepared.opset < MIN_OPSET:
         raise StageError(STAGE, ctx.variant, f"per-channel weights need opset {MIN_OPSET}; the model's opset "
                                              f"{findings.get('opset')}: set model.opset: {MIN_OPSET} in the "
                                              "recipe or per_channel: false")

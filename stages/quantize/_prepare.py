@@ -2,27 +2,26 @@
 
 - Weights held in Constant nodes (Paddle exports) become initializers: ORT's
   quantizer only quantizes initializers, and would leave such weights float.
-- ORT's pre-processing (symbolic shape inference, basic fusions) runs, with
-  plain onnx shape inference as the fallback.
+- ORT's pre-processing (symbolic shape inference, basic fusions, onnx shape
+  inference) runs, each step on what it needs (``_preprocess``).
 - Every node gets a name, so that it can be excluded and reported.
 - Nodes holding subgraphs (If/Loop/Scan) are listed: their bodies stay float.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
-import os
 import re
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.graph.external_data import needs_external_data, save_onnx
+from qdeploy.core.onnx_wire import load_model
+from qdeploy.graph.external_data import save_onnx, save_with_data_file
 from qdeploy.stages.quantize._bias import vector_gemm_biases
+from qdeploy.stages.quantize._preprocess import onnx_shapes, optimize_file, symbolic_shapes, tag_pre_processed
 
 if TYPE_CHECKING:
     import onnx
@@ -43,10 +42,16 @@ _SUBGRAPH_OPS = ("If", "Loop", "Scan")
 
 @dataclass(frozen=True)
 class Prepared:
-    """The float model ORT's quantizer reads, and what preparing it did."""
+    """The float model ORT's quantizer reads, and what preparing it did.  Its node names and opset come with it,
+    so that nobody parses a one-file model again to read them."""
 
     path: Path
     findings: dict[str, Any]
+    nodes: dict[str, str]
+    """Main-graph node name -> op type, after pre-processing."""
+    original_nodes: frozenset[str]
+    """Main-graph node names of the model before pre-processing (it may fuse some away)."""
+    opset: int
 
 
 def is_quantized_op(node: onnx.NodeProto) -> bool:
@@ -104,29 +109,40 @@ MIN_OPSET = 13
 
 
 def prepare(source: Path, work_dir: Path) -> Prepared:
-    """Lift constants, raise the opset to 13, pre-process and name the nodes; written under work_dir."""
-    import onnx
+    """Lift constants, raise the opset to 13, pre-process as ORT's ``quant_pre_process`` does (symbolic shape
+    inference, basic optimizations, onnx shape inference) and name the nodes; written under work_dir.  One copy
+    of the weights at a time (``_preprocess``)."""
 
-    model, lifted = lift_constants(onnx.load(str(source)))
+    model = load_model(source)
+    original_nodes = frozenset(node.name for node in model.graph.node)
+    model, lifted = lift_constants(model)
     model, opset_note = _at_least_opset(model)
-    lifted_path = work_dir / "lifted.onnx"
-    large = needs_external_data(model)
-    save_onnx(model, lifted_path)
+    notes = [symbolic_shapes(model, work_dir)]
+    unoptimized = work_dir / "optimizer_input.onnx"
+    save_with_data_file(model, unoptimized)
     del model
     gc.collect()  # protobuf frees a message's weights only with the message: one copy in memory at a time
-    target, how = _preprocess(lifted_path, work_dir, large=large)
-    prepared = onnx.load(str(target))
-    named = name_unnamed_nodes(prepared)
-    biases = vector_gemm_biases(prepared)  # after pre-processing: it fuses MatMul + Add into Gemm
-    save_onnx(prepared, target, location=f"{target.name}.data")
-    findings: dict[str, Any] = {"preprocess": how, "constants_lifted": lifted, "nodes_named": named, **biases}
+    model, optimized = optimize_file(unoptimized, work_dir)
+    notes += [optimized, onnx_shapes(model)]
+    tag_pre_processed(model)
+    named = name_unnamed_nodes(model)
+    biases = vector_gemm_biases(model)  # after pre-processing: it fuses MatMul + Add into Gemm
+    target = work_dir / "preprocessed.onnx"
+    save_onnx(model, target, location=f"{target.name}.data")
+    failed = "; ".join(note for note in notes if note)
+    findings: dict[str, Any] = {"preprocess": f"partly: {failed}" if failed else "complete",
+                                "constants_lifted": lifted, "nodes_named": named, **biases}
     if opset_note:
         findings["opset"] = opset_note
-    subgraphs = subgraph_nodes(prepared)
+    subgraphs = subgraph_nodes(model)
     if subgraphs:
         findings["subgraphs_left_float"] = subgraphs
         log.warning("%d nodes hold subgraphs; their bodies stay float", len(subgraphs))
-    return Prepared(target, findings)
+    nodes = {node.name: node.op_type for node in model.graph.node}
+    opset = default_opset(model)
+    del model
+    gc.collect()  # the quantizer loads it again; ORT's objects leave cycles holding parts of it
+    return Prepared(target, findings, nodes, original_nodes, opset)
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -145,43 +161,6 @@ def _at_least_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     except Exception as exc:  # the builder refuses per-channel weights on the old opset, with this reason
         log.warning("converting opset %d to %d failed: %s", opset, MIN_OPSET, exc)
         return model, f"stays {opset}: conversion to {MIN_OPSET} failed ({type(exc).__name__}: {exc})"
-
-
-def _preprocess(source: Path, work_dir: Path, *, large: bool = False) -> tuple[Path, str]:
-    """ORT's quantization pre-processing (shape inference, basic fusions); onnx shape inference if it fails.
-    ``large``: the model is above protobuf's 2 GB limit, so ORT's tool writes it with one external data file."""
-    import onnx
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    source, target = source.resolve(), (work_dir / "preprocessed.onnx").resolve()
-    external = {"save_as_external_data": True, "all_tensors_to_one_file": True,
-                "external_data_location": f"{target.name}.data"} if large else {}
-    try:
-        with _inside(work_dir):
-            quant_pre_process(str(source), str(target), **external)
-        return target, "quant_pre_process"
-    except Exception as exc:  # ORT's symbolic shape inference fails on some graphs (Reshape of computed shapes)
-        first = f"{type(exc).__name__}: {exc}".rstrip(": ")
-    try:
-        quant_pre_process(str(source), str(target), skip_symbolic_shape=True, **external)
-        return target, f"quant_pre_process without symbolic shape inference (it failed: {first})"
-    except Exception as exc:
-        log.warning("quant_pre_process failed (%s); using onnx shape inference only", exc)
-        onnx.shape_inference.infer_shapes_path(str(source), str(target))
-        return target, f"onnx shape inference (quant_pre_process failed: {type(exc).__name__}: {exc})"
-
-
-@contextlib.contextmanager
-def _inside(folder: Path) -> Iterator[None]:
-    """Run with folder as the working directory: ORT's symbolic shape inference, when it fails, dumps
-    sym_shape_infer_temp.onnx and its external data into the working directory (the stage's scratch folder
-    is removed afterwards; the user's folder must not collect them)."""
-    previous = Path.cwd()
-    os.chdir(folder)
-    try:
-        yield
-    finally:
-        os.chdir(previous)
 
 
 def name_unnamed_nodes(model: onnx.ModelProto) -> int:
@@ -213,24 +192,23 @@ def subgraph_nodes(model: onnx.ModelProto) -> list[dict[str, Any]]:
     return found
 
 
-def excluded_nodes(original: onnx.ModelProto, prepared: onnx.ModelProto, names: list[str], patterns: list[str],
+def excluded_nodes(prepared: Prepared, names: list[str], patterns: list[str],
                    op_types: list[str]) -> tuple[list[str], list[str]]:
     """Node names to keep float (by name, regex on the name, op type) and the names asked for that do not exist.
 
     A name may be missing from the prepared model when pre-processing fused its node away; that is
     logged, not an error, when the original model had it.
     """
-    present = {node.name for node in prepared.graph.node}
-    original_names = {node.name for node in original.graph.node}
-    unknown = [name for name in names if name not in present and name not in original_names]
-    fused = [name for name in names if name not in present and name in original_names]
+    present = prepared.nodes
+    unknown = [name for name in names if name not in present and name not in prepared.original_nodes]
+    fused = [name for name in names if name not in present and name in prepared.original_nodes]
     if fused:
         log.warning("exclude_nodes %s were fused away by pre-processing", fused)
     compiled = [re.compile(pattern) for pattern in patterns]
     chosen = {name for name in names if name in present}
     excluded_types = set(op_types)
-    chosen |= {node.name for node in prepared.graph.node
-               if node.op_type in excluded_types or any(regex.search(node.name) for regex in compiled)}
+    chosen |= {name for name, op_type in present.items()
+               if op_type in excluded_types or any(regex.search(name) for regex in compiled)}
     return sorted(chosen), unknown
 
 

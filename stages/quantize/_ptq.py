@@ -25,8 +25,10 @@ import numpy as np
 
 from qdeploy.calibration.activations import FeedSource, collect_statistics, float_tensors_of
 from qdeploy.calibration.ranges import HISTOGRAM_METHODS, estimate_range
+from qdeploy.core.onnx_wire import load_model
 from qdeploy.stages.quantize._guard import ort_quantizer_step
 from qdeploy.stages.quantize._keep import MOVER_OPS, keep_float, quantized_node_names
+from qdeploy.stages.quantize._preprocess import load_with_shapes
 
 if TYPE_CHECKING:
     import onnx
@@ -93,7 +95,7 @@ class StaticBuilder:
                  runtime: str | None = None) -> None:
         from onnxruntime.quantization import QuantType
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-        from onnxruntime.quantization.quant_utils import load_model_with_shape_infer, update_opset_version
+        from onnxruntime.quantization.quant_utils import update_opset_version
 
         from qdeploy.stages.quantize._fast_ort import (
             FastQDQQuantizer as QDQQuantizer,  # ORT's, without its O(n^2) steps
@@ -102,7 +104,7 @@ class StaticBuilder:
         self._prepared = prepared
         self._float: onnx.ModelProto | None = None  # read when a node is first kept float, not before
         weights, activations = (getattr(QuantType, _TYPES[kind]) for kind in (weight_type, activation_type))
-        model = update_opset_version(load_model_with_shape_infer(prepared), weights, activations)
+        model = update_opset_version(load_with_shapes(prepared), weights, activations)
         tensors = TensorsData(CalibrationMethod.MinMax, {
             name: TensorData(lowest=np.float32(low), highest=np.float32(high)) for name, (low, high) in ranges.items()})
         extra = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": symmetric_weights,
@@ -118,10 +120,9 @@ class StaticBuilder:
         self._quantized = _compact(quantizer.model.model)
 
     def _float_model(self) -> onnx.ModelProto:
-        import onnx
 
         if self._float is None:
-            self._float = onnx.load(str(self._prepared))
+            self._float = load_model(self._prepared)
         return self._float
 
     def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]:
@@ -175,7 +176,6 @@ class DynamicBuilder:
 
     def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]:
         """Float-model nodes that quantize_dynamic quantized (it renames node X to X_quant)."""
-        import onnx
 
         bases = set()  # every prefix of a node name that ends where "_quant" starts
         for node in quantized.graph.node:
@@ -183,11 +183,10 @@ class DynamicBuilder:
             while start > 0:
                 bases.add(node.name[:start])
                 start = node.name.find("_quant", start + 1)
-        return {node.name: node.op_type for node in onnx.load(str(self._prepared), load_external_data=False).graph.node
+        return {node.name: node.op_type for node in load_model(self._prepared, load_external_data=False).graph.node
                 if node.name in bases}
 
     def __call__(self, kept: list[str]) -> onnx.ModelProto:
-        import onnx
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         from qdeploy.stages.quantize._fast_ort import fast_quantize_dynamic
@@ -200,7 +199,7 @@ class DynamicBuilder:
                              per_channel=self._settings["per_channel"], reduce_range=self._settings["reduce_range"],
                              nodes_to_exclude=[*self._excluded, *kept],
                              op_types_to_quantize=self._settings["op_types"])
-        model = onnx.load(str(output))
+        model = load_model(output)
         output.unlink()
         return model
 

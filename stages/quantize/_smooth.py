@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdeploy.calibration.activations import FeedSource, channel_absmax
+from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import save_onnx
 
 if TYPE_CHECKING:
@@ -42,9 +43,8 @@ class _Reader:
 def smooth(prepared: Path, feeds: FeedSource, alpha: float, op_types: list[str], excluded: set[str],
            work_dir: Path) -> tuple[Path, dict[str, Any]]:
     """The prepared model with its MatMul/Gemm activations smoothed, saved beside it, and what was done."""
-    import onnx
 
-    model = onnx.load(str(prepared))
+    model = load_model(prepared)
     readers = _readers(model, op_types, excluded)
     if not readers:
         return prepared, {"alpha": alpha, "smoothed_tensors": 0,

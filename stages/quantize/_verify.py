@@ -28,6 +28,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.core.onnx_wire import load_model
+
 if TYPE_CHECKING:
     import onnx
 
@@ -90,7 +92,6 @@ def int8_kernels(model_path: Path, model: onnx.ModelProto, targets: list[str], w
 
 
 def _ort_counts(model_path: Path, work_dir: Path) -> dict[str, Any]:
-    import onnx
     import onnxruntime as ort
 
     optimized = work_dir / "ort_optimized.onnx"
@@ -98,7 +99,7 @@ def _ort_counts(model_path: Path, work_dir: Path) -> dict[str, Any]:
     options.optimized_model_filepath = str(optimized)
     options.log_severity_level = 3
     ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-    ops = Counter(node.op_type for node in onnx.load(str(optimized), load_external_data=False).graph.node)
+    ops = Counter(node.op_type for node in load_model(optimized, load_external_data=False).graph.node)
     optimized.unlink(missing_ok=True)
     kernels = {op: n for op, n in sorted(ops.items()) if op in INTEGER_COMPUTE_OPS}
     float_compute = {op: n for op, n in sorted(ops.items()) if op in COMPUTE_OPS or op in ("FusedConv", "FusedGemm",

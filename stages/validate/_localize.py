@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdeploy.core.onnx_wire import load_model
+
 if TYPE_CHECKING:
     import onnx
 
@@ -146,10 +148,9 @@ class Localizer:
     def locate(self, candidate_path: Path, target: str, feeds: dict[int, dict[str, np.ndarray]], *,
                tolerance: Tolerance, pin_f32: bool) -> tuple[Divergence | None, str]:
         """The first diverging node on these samples (index -> feed), or None and why not."""
-        import onnx
 
         reference = self._reference_model()
-        candidate = onnx.load(str(candidate_path))
+        candidate = load_model(candidate_path)
         pairs = match_tensors(reference, candidate)
         if not pairs:
             return None, "no intermediate tensor of the artifact shares a name with the reference"
@@ -161,10 +162,9 @@ class Localizer:
         return _first_divergence(pairs, reference_outputs, candidate_outputs, tolerance)
 
     def _reference_model(self) -> onnx.ModelProto:
-        import onnx
 
         if self._reference is None:
-            self._reference = onnx.load(str(self.reference_path))
+            self._reference = load_model(self.reference_path)
         return self._reference
 
     def _reference_outputs(self, feeds: dict[int, dict[str, np.ndarray]], work: Path) -> list[dict[str, np.ndarray]]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qdeploy.core.errors import ModelError, RecipeError
+from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.utils import graph_inputs
 
 if TYPE_CHECKING:
@@ -93,10 +94,9 @@ Signature = dict[str, tuple[str, tuple[int | None, ...] | None]]
 
 def _signature(path: Path) -> tuple[Signature, Signature]:
     """(inputs, outputs): name -> (element kind, dims or None when unknown); initializers are no inputs."""
-    import onnx
 
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = load_model(path, load_external_data=False)
     except Exception as exc:
         raise ModelError(f"{path.name}: not a readable ONNX model: {' '.join(str(exc).split())[:300]}") from None
     inputs = {value.name: _describe(value) for value in graph_inputs(model.graph)}

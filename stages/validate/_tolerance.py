@@ -17,6 +17,8 @@ import logging
 from collections import Counter
 from pathlib import Path
 
+from qdeploy.core.onnx_wire import load_model
+
 log = logging.getLogger(__name__)
 
 INTEGER_OP_TYPES = frozenset({
@@ -46,10 +48,9 @@ def tolerance_precision(precision: str, path: Path) -> tuple[str, str]:
 
 @functools.lru_cache(maxsize=64)
 def _integer_ops_cached(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, int], ...]:
-    import onnx
 
     try:
-        model = onnx.load(path, load_external_data=False)
+        model = load_model(Path(path), load_external_data=False)
     except Exception as exc:  # the runtimes will say what is wrong with the file; the fp32 default applies
         log.debug("cannot read %s for its op types: %s", path, exc)
         return ()

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qdeploy.graph.external_data import save_exposing
+from qdeploy.core.errors import ModelError
+from qdeploy.graph.external_data import check_without_weights, save_exposing
 
 
 @pytest.mark.parametrize("external", [False, True])
@@ -33,3 +35,37 @@ def test_a_probe_exposes_inner_tensors_and_leaves_the_model_alone(tmp_path: Path
     y, m = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["y", "m"], {"x": x})
     np.testing.assert_allclose(m, x @ weight, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(y, x @ weight + 1, rtol=1e-5, atol=1e-5)
+
+
+def _matmul_model(rows: int = 64) -> onnx.ModelProto:
+    weight = np.random.default_rng(0).standard_normal((rows, 32)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, rows])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])],
+                              [numpy_helper.from_array(weight, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_light_checker_passes_a_sound_model_and_leaves_it_alone() -> None:
+    model = _matmul_model()
+    before = model.SerializeToString()
+
+    check_without_weights(model)
+
+    assert model.SerializeToString() == before
+
+
+def test_the_light_checker_finds_what_onnxs_checker_finds() -> None:
+    broken = _matmul_model()
+    broken.graph.node[0].input[0] = "nowhere"  # a node reading a name nothing defines
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(broken)
+    with pytest.raises(ModelError, match="not a valid ONNX graph"):
+        check_without_weights(broken)
+
+
+def test_the_light_checker_measures_each_weight_against_its_shape() -> None:
+    short = _matmul_model()
+    short.graph.initializer[0].raw_data = short.graph.initializer[0].raw_data[:-4]  # one float missing
+    with pytest.raises(ModelError, match="initializer 'w' holds 8188 bytes; its type and shape need 8192"):
+        check_without_weights(short)
