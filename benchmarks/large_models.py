@@ -1,6 +1,6 @@
 """Peak resident memory of each stage on models of 0.5 to 4 GB with external data, one child process per stage.
 
-    python benchmarks/large_models.py --sizes 0.5 1 2.2 4 [--stages export simplify fp16 ptq dynamic validate]
+    python benchmarks/large_models.py --sizes 0.5 1 2.2 4 [--stages export simplify fp16 ptq dynamic int4 validate]
                                       [--work /tmp/qdeploy-large] [--cap-gb 16] [--keep] [--json out.json]
 
 The sibling of ``benchmarks/scaling.py`` (time against node count) for size in bytes.  For each size (GB of
@@ -9,8 +9,8 @@ the harness writes a recipe beside the model and runs each stage the way ``qdepl
 (``qdeploy.pipeline.runner``: cache key, the stage, the guard, ``ArtifactStore.put``), each in its own child process:
 
 - ``export``: the export stage on the ONNX file (external data beside it);
-- ``simplify``, ``fp16``, ``ptq``, ``dynamic``: one variant each, straight from the exported model (so a failing
-  simplify does not hide what fp16 or quantize do);
+- ``simplify``, ``fp16``, ``ptq``, ``dynamic``, ``int4`` (weight-only, group 128): one variant each, straight
+  from the exported model (so a failing simplify does not hide what fp16 or quantize do);
 - ``validate:<variant>``: the validate stage on the exported model and that variant, on ort:cpu and openvino:cpu.
 
 Each child's peak resident memory comes from ``os.wait4`` (``ru_maxrss``: the kernel's high-water mark of the
@@ -47,8 +47,9 @@ VARIANTS: dict[str, list[Any]] = {
     "fp16": ["fp16"],
     "ptq": [{"quantize": {"mode": "ptq", "calibration": {"data": "calib", "samples": 4}}}],
     "dynamic": [{"quantize": {"mode": "dynamic"}}],
+    "int4": [{"quantize": {"mode": "weight_only", "bits": 4, "group_size": 128}}],
 }
-ALL_STAGES = ["export", "simplify", "fp16", "ptq", "dynamic", "validate"]
+ALL_STAGES = ["export", "simplify", "fp16", "ptq", "dynamic", "int4", "validate"]
 TARGETS = ["ort:cpu", "openvino:cpu"]
 
 
@@ -272,7 +273,8 @@ def format_row(row: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=float, nargs="+", default=[0.5, 1, 2.2, 4])
-    parser.add_argument("--stages", nargs="+", default=["export", "simplify", "fp16", "ptq", "dynamic", "validate"],
+    parser.add_argument("--stages", nargs="+", default=["export", "simplify", "fp16", "ptq", "dynamic", "int4",
+                                                          "validate"],
                         choices=ALL_STAGES)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "qdeploy-large-models")
     parser.add_argument("--cap-gb", type=float, default=None, help="kill a stage above this RSS "

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.onnx_wire import load_model
-from qdeploy.graph.external_data import save_onnx, save_with_data_file
+from qdeploy.graph.external_data import save_with_data_file
 from qdeploy.stages.quantize._bias import vector_gemm_biases
 from qdeploy.stages.quantize._preprocess import onnx_shapes, optimize_file, symbolic_shapes, tag_pre_processed
 
@@ -128,7 +128,7 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     named = name_unnamed_nodes(model)
     biases = vector_gemm_biases(model)  # after pre-processing: it fuses MatMul + Add into Gemm
     target = work_dir / "preprocessed.onnx"
-    save_onnx(model, target, location=f"{target.name}.data")
+    save_with_data_file(model, target)  # weights to preprocessed.onnx.data one at a time: read back the same way
     failed = "; ".join(note for note in notes if note)
     findings: dict[str, Any] = {"preprocess": f"partly: {failed}" if failed else "complete",
                                 "constants_lifted": lifted, "nodes_named": named, **biases}

@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.light import light_copy, take_value_info
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["onnx_shapes", "optimize_file", "symbolic_shapes", "tag_pre_processed"]
+__all__ = ["load_remaining_weights", "load_with_shapes", "onnx_shapes", "optimize_file", "symbolic_shapes",
+           "tag_pre_processed", "weights_read_on_demand", "with_shapes"]
 
 
 SYMBOLIC_STAND_IN_BYTES = 1 << 20
@@ -142,10 +144,9 @@ def _inside(folder: Path) -> Iterator[None]:
 def load_with_shapes(path: Path) -> onnx.ModelProto:
     """What ORT's ``load_model_with_shape_infer`` returns (the model, onnx's shapes, the tag that tells its
     quantizers shapes were inferred), with inference on a light copy instead of onnx's ``infer_shapes_path``,
-    which parses and writes the whole model once more."""
-    import onnx
-
-    return with_shapes(onnx.load(str(path)))
+    which parses and writes the whole model once more.  The weights stay references into their files: read
+    them within ``weights_read_on_demand`` and finish with ``load_remaining_weights``."""
+    return with_shapes(load_model(Path(path), load_external_data=False))
 
 
 def with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -158,3 +159,45 @@ def with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         raise RuntimeError(note)  # ORT's own version raises too; the quantizer step names it
     add_infer_metadata(model)
     return model
+
+
+_READER_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def weights_read_on_demand(folder: Path) -> Iterator[None]:
+    """ORT's quantizers read every weight through ``onnx.numpy_helper.to_array``.  Given a graph-only model (its
+    weights external references into files in ``folder``), within this block that call reads an external tensor
+    into a copy, so the model's message never takes the bytes: one float weight in memory at a time, where the
+    quantizer would hold them all beside their quantized forms.  Other threads get onnx's own function."""
+    import onnx
+    import onnx.numpy_helper as helper
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    original = helper.to_array
+    owner = threading.get_ident()
+
+    def to_array(tensor: onnx.TensorProto, base_dir: str = "") -> Any:
+        if threading.get_ident() != owner or tensor.data_location != onnx.TensorProto.EXTERNAL:
+            return original(tensor, base_dir)
+        loaded = onnx.TensorProto()
+        loaded.CopyFrom(tensor)  # the reference only: no weight bytes yet
+        load_external_data_for_tensor(loaded, str(folder))
+        return original(loaded)
+
+    with _READER_LOCK:
+        helper.to_array = to_array
+        try:
+            yield
+        finally:
+            helper.to_array = original
+
+
+def load_remaining_weights(model: onnx.ModelProto, folder: Path) -> None:
+    """The weights a quantizer left float (biases, excluded nodes' weights) read into ``model`` from ``folder``."""
+    import onnx
+
+    external = [tensor for tensor in model.graph.initializer if tensor.data_location == onnx.TensorProto.EXTERNAL]
+    onnx.load_external_data_for_model(model, str(folder))
+    for tensor in external:  # onnx marks what it read DEFAULT; a tensor loaded whole has no mark
+        tensor.ClearField("data_location")

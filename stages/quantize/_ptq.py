@@ -28,7 +28,7 @@ from qdeploy.calibration.ranges import HISTOGRAM_METHODS, estimate_range
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.stages.quantize._guard import ort_quantizer_step
 from qdeploy.stages.quantize._keep import MOVER_OPS, keep_float, quantized_node_names
-from qdeploy.stages.quantize._preprocess import load_with_shapes
+from qdeploy.stages.quantize._preprocess import load_remaining_weights, load_with_shapes, weights_read_on_demand
 
 if TYPE_CHECKING:
     import onnx
@@ -113,14 +113,15 @@ class StaticBuilder:
         quantizer_class = _seven_bit_activations_quantizer() if seven_bit == "activations" else QDQQuantizer
         quantizer = quantizer_class(model, per_channel, seven_bit == "weights", weights, activations, tensors, [],
                                     list(excluded), op_types, extra)
-        with quiet(), ort_quantizer_step("ONNX Runtime's QDQ quantizer"):
+        # the float weights are read one at a time from the prepared model's files, never held all at once
+        with quiet(), ort_quantizer_step("ONNX Runtime's QDQ quantizer"), weights_read_on_demand(prepared.parent):
             quantizer.quantize_model()
         quantizer.model.topological_sort()  # as ORT's quantize_static does when saving: Q/DQ are appended last
-        # protobuf frees the float weights the quantizer replaced only with the whole message: keep a copy
+        # protobuf frees what the quantizer replaced only with the whole message: keep a copy
         self._quantized = _compact(quantizer.model.model)
+        load_remaining_weights(self._quantized, prepared.parent)
 
     def _float_model(self) -> onnx.ModelProto:
-
         if self._float is None:
             self._float = load_model(self._prepared)
         return self._float
@@ -193,7 +194,8 @@ class DynamicBuilder:
 
         self._count += 1
         output = self._work_dir / f"dynamic_{self._count}.onnx"
-        with quiet(), ort_quantizer_step("ONNX Runtime's quantize_dynamic"), fast_quantize_dynamic():
+        with quiet(), ort_quantizer_step("ONNX Runtime's quantize_dynamic"), fast_quantize_dynamic(), \
+                weights_read_on_demand(self._prepared.parent):
             quantize_dynamic(str(self._prepared), str(output),
                              weight_type=getattr(QuantType, _TYPES[self._settings["weight_type"]]),
                              per_channel=self._settings["per_channel"], reduce_range=self._settings["reduce_range"],

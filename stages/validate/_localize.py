@@ -148,7 +148,6 @@ class Localizer:
     def locate(self, candidate_path: Path, target: str, feeds: dict[int, dict[str, np.ndarray]], *,
                tolerance: Tolerance, pin_f32: bool) -> tuple[Divergence | None, str]:
         """The first diverging node on these samples (index -> feed), or None and why not."""
-
         reference = self._reference_model()
         candidate = load_model(candidate_path)
         pairs = match_tensors(reference, candidate)
@@ -162,7 +161,6 @@ class Localizer:
         return _first_divergence(pairs, reference_outputs, candidate_outputs, tolerance)
 
     def _reference_model(self) -> onnx.ModelProto:
-
         if self._reference is None:
             self._reference = load_model(self.reference_path)
         return self._reference

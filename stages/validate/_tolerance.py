@@ -48,7 +48,6 @@ def tolerance_precision(precision: str, path: Path) -> tuple[str, str]:
 
 @functools.lru_cache(maxsize=64)
 def _integer_ops_cached(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, int], ...]:
-
     try:
         model = load_model(Path(path), load_external_data=False)
     except Exception as exc:  # the runtimes will say what is wrong with the file; the fp32 default applies

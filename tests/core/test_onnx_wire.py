@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qdeploy.core import onnx_wire
 from qdeploy.core.files import external_data_files
 from qdeploy.graph.external_data import save_onnx
+from tests.helpers.peak import peak_mib
 
 
 def _model(rng: np.random.Generator) -> onnx.ModelProto:
@@ -102,8 +100,6 @@ def test_a_damaged_file_is_refused_not_read_as_a_model(tmp_path: Path) -> None:
 def test_loading_a_one_file_model_holds_one_copy_of_its_weights(tmp_path: Path) -> None:
     """onnx.load holds the file's bytes and the parsed model (two copies) at its peak; this holds one, plus one
     tensor while it is read."""
-    if not Path("/proc/self/clear_refs").exists():
-        pytest.skip("peak memory is read from /proc (Linux only)")
     weights = [numpy_helper.from_array(np.full((2048, 4096), k, np.float32), f"w{k}") for k in range(8)]  # 8 x 32 MB
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
@@ -111,23 +107,9 @@ def test_loading_a_one_file_model_holds_one_copy_of_its_weights(tmp_path: Path) 
     path = tmp_path / "model.onnx"
     onnx.save(helper.make_model(graph), str(path))
     del weights, graph
-    script = tmp_path / "peak.py"
-    script.write_text(textwrap.dedent(f"""
-        from pathlib import Path
-        import onnx
-        from qdeploy.core import onnx_wire
-
-        def rss(field):
-            for line in open("/proc/self/status"):
-                if line.startswith(field):
-                    return int(line.split()[1]) * 1024
-
-        open("/proc/self/clear_refs", "w").write("5")
-        start = rss("VmRSS")
+    setup = "from pathlib import Path\nfrom qdeploy.core import onnx_wire\n"
+    measured = f"""
         model = onnx_wire.load_model(Path({str(path)!r}))
         assert len(model.graph.initializer[7].raw_data) == 2048 * 4096 * 4
-        print((rss("VmHWM") - start) / 2**20)
-    """))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert float(done.stdout.split()[-1]) < 256 + 100, "the load held a second copy of the 256 MB of weights"
+    """
+    assert peak_mib(tmp_path, setup, measured) < 256 + 100, "the load held a second copy of the 256 MB of weights"

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.graph.edit import editing
 from qdeploy.graph.rewrites import RewriteReport, apply_rewrites
+from tests.helpers.peak import peak_mib
 
 RNG = np.random.default_rng(0)
 
@@ -95,16 +93,10 @@ def test_an_edit_that_fails_leaves_the_model_as_it_was() -> None:
 
 def test_editing_a_large_model_copies_no_weights(tmp_path: Path) -> None:
     """A 256 MB weight next to the rewritten nodes: the session's peak stays far below one more copy of it."""
-    script = tmp_path / "peak.py"
-    script.write_text(textwrap.dedent("""
+    setup = """
         import numpy as np
         from onnx import TensorProto, helper, numpy_helper
         from qdeploy.graph.rewrites import RewriteReport, apply_rewrites
-
-        def rss(field):
-            for line in open("/proc/self/status"):
-                if line.startswith(field):
-                    return int(line.split()[1]) * 1024
 
         big = numpy_helper.from_array(np.ones((8192, 8192), np.float32), "big")
         model = helper.make_model(helper.make_graph(
@@ -116,16 +108,11 @@ def test_editing_a_large_model_copies_no_weights(tmp_path: Path) -> None:
              numpy_helper.from_array(np.array([1, 8192], np.int64), "s2")]))
         model.graph.value_info.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 8192]))
         del big
-        open("/proc/self/clear_refs", "w").write("5")  # reset the peak to what is resident now
-        start = rss("VmRSS")
+    """
+    measured = """
         assert apply_rewrites(model, ["fuse_reshape_chain"], RewriteReport()) == 1
-        print((rss("VmHWM") - start) / 2**20)
-    """))
-    if not Path("/proc/self/clear_refs").exists():
-        pytest.skip("peak memory is read from /proc (Linux only)")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert float(done.stdout.split()[-1]) < 96, "the edit session copied the 256 MB weight"
+    """
+    assert peak_mib(tmp_path, setup, measured, timeout=120) < 96, "the edit session copied the 256 MB weight"
 
 
 def test_a_new_weight_of_an_ir3_model_is_also_a_graph_input() -> None:

@@ -14,6 +14,7 @@ from qdeploy.stages.fp16._convert import float16_clamper
 from qdeploy.stages.fp16._emulate import GATES_INPUT, emulation_twin, gated_twin
 from qdeploy.stages.fp16._types import all_types
 from tests.helpers.fp16 import const, make_model, run_ort, run_reference, run_stage, tensor
+from tests.helpers.peak import peak_mib
 
 
 def _elementwise() -> onnx.ModelProto:
@@ -102,42 +103,27 @@ def test_a_large_weight_listed_as_a_graph_input_is_emulated_too(tmp_path: Path) 
 def test_the_emulation_holds_one_float32_weight_at_a_time(tmp_path: Path) -> None:
     """Three 32 MB float16 weights: the emulated run's peak stays below the float16 weights plus two float32
     copies (ONNX Runtime's default order ran every weight's Cast first: all three float32 copies at once)."""
-    import subprocess
-    import sys
-    import textwrap
-
-    if not Path("/proc/self/clear_refs").exists():
-        pytest.skip("peak memory is read from /proc (Linux only)")
-    script = tmp_path / "peak.py"
-    script.write_text(textwrap.dedent(f"""
+    setup = """
         import numpy as np
         from pathlib import Path
         from onnx import TensorProto, helper, numpy_helper
         from qdeploy.stages.fp16._fidelity import run_emulated
 
-        def rss(field):
-            for line in open("/proc/self/status"):
-                if line.startswith(field):
-                    return int(line.split()[1]) * 1024
-
         d = 4096
-        weights = [numpy_helper.from_array(np.full((d, d), 0.001, np.float16), f"w{{i}}") for i in range(3)]
+        weights = [numpy_helper.from_array(np.full((d, d), 0.001, np.float16), f"w{i}") for i in range(3)]
         nodes, x = [], "x"
         for i in range(3):
-            nodes.append(helper.make_node("MatMul", [x, f"w{{i}}"], [f"m{{i}}"], name=f"mm{{i}}"))
-            x = f"m{{i}}"
+            nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"], name=f"mm{i}"))
+            x = f"m{i}"
         half = TensorProto.FLOAT16
         model = helper.make_model(helper.make_graph(
             nodes, "g", [helper.make_tensor_value_info("x", half, [1, d])],
             [helper.make_tensor_value_info(x, half, [1, d])], weights), opset_imports=[helper.make_opsetid("", 17)])
         del weights
-        feeds = [{{"x": np.ones((1, d), np.float32)}}]
-        open("/proc/self/clear_refs", "w").write("5")
-        start = rss("VmRSS")
+        feeds = [{"x": np.ones((1, d), np.float32)}]
+    """
+    measured = f"""
         run_emulated(model, feeds, {{}}, Path({str(tmp_path)!r}))
-        print((rss("VmHWM") - start) / 2**20)
-    """))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    """
     # float16 weights 96 MB (a copy for the twin) + float32 copies 64 MB each: three at once would be ~290 MB
-    assert float(done.stdout.split()[-1]) < 250
+    assert peak_mib(tmp_path, setup, measured, timeout=120) < 250

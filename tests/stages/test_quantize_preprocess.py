@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import onnx
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.stages.quantize._prepare import prepare
+from tests.helpers.peak import peak_mib
 
 
 def _conv_bn_matmul_add(rng: np.random.Generator) -> onnx.ModelProto:
@@ -82,8 +79,6 @@ def test_preparing_a_large_model_holds_one_copy_of_its_weights(tmp_path: Path) -
     """Two 128 MB MatMul weights (256 MB).  Measured above the interpreter's own memory (the libraries it imports
     on the way, sympy included, count): ORT's quant_pre_process 1510 MB, this 760 MB (onnx's loader holds one
     weight twice while it reads it; ORT holds the model while it optimizes it)."""
-    if not Path("/proc/self/clear_refs").exists():
-        pytest.skip("peak memory is read from /proc (Linux only)")
     dim = 5792  # 5792^2 floats: 128 MB a weight
     weights = [numpy_helper.from_array(np.full((dim, dim), 0.5 + k, np.float32), f"w{k}") for k in range(2)]
     graph = helper.make_graph(
@@ -95,26 +90,12 @@ def test_preparing_a_large_model_holds_one_copy_of_its_weights(tmp_path: Path) -
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
     del weights, graph
     (tmp_path / "work").mkdir()
-    script = tmp_path / "peak.py"
-    script.write_text(textwrap.dedent(f"""
-        from pathlib import Path
-        import onnxruntime
-        from qdeploy.stages.quantize._prepare import prepare
-
-        def rss(field):
-            for line in open("/proc/self/status"):
-                if line.startswith(field):
-                    return int(line.split()[1]) * 1024
-
-        open("/proc/self/clear_refs", "w").write("5")
-        start = rss("VmRSS")
+    setup = "from pathlib import Path\nimport onnxruntime\nfrom qdeploy.stages.quantize._prepare import prepare\n"
+    measured = f"""
         prepared = prepare(Path({str(source)!r}), Path({str(tmp_path / "work")!r}))
         assert prepared.findings["preprocess"] == "complete", prepared.findings
-        print((rss("VmHWM") - start) / 2**20)
-    """))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert float(done.stdout.split()[-1]) < 1100, "pre-processing held as many copies as quant_pre_process"
+    """
+    assert peak_mib(tmp_path, setup, measured) < 1100, "pre-processing held as many copies as quant_pre_process"
 
 
 def test_a_constant_inside_a_nested_branch_survives_onnx_runtimes_optimizer(tmp_path: Path) -> None:
