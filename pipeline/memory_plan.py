@@ -28,10 +28,11 @@ from qdeploy.core.memory import MEMORY_ENV, available_memory, memory_override, p
 log = logging.getLogger(__name__)
 
 STAGE_FACTORS: dict[str, float] = {
-    "export": 2.0, "simplify": 2.0, "fp16": 2.5, "quantize": 5.5, "validate": 3.5, "benchmark": 3.5,
+    "export": 2.0, "simplify": 2.0, "fp16": 2.0, "quantize": 3.0, "validate": 3.5, "benchmark": 3.5,
 }
-"""Peak resident memory of each stage as a multiple of the model's bytes: the largest measured on models of 0.5
-to 2.2 GB (docs/large-models.md), rounded up."""
+"""Peak resident memory of each stage above ``FIXED_OVERHEAD`` as a multiple of the model's bytes: the largest
+measured on models of 0.5 to 2.2 GB (docs/large-models.md), rounded up (quantize: dynamic's OpenVINO kernel
+count, 2.5; validate: a dynamic artifact on OpenVINO, 2.8; benchmark: not measured at size, as validate)."""
 FIXED_OVERHEAD = 600_000_000
 """Python, onnx, ONNX Runtime and OpenVINO loaded: what a stage takes before the model."""
 

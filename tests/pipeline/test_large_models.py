@@ -125,12 +125,12 @@ def test_check_fits_names_the_stage_the_estimate_and_what_is_available(monkeypat
     need = int(STAGE_FACTORS["quantize"] * size) + FIXED_OVERHEAD
     monkeypatch.setenv("QDEPLOY_AVAILABLE_MEMORY", str(need - 1))
     with pytest.raises(MemoryTooSmallError) as caught:
-        check_fits(Path("big.onnx"), size, ["export", "simplify", "quantize", "validate"])
+        check_fits(Path("big.onnx"), size, ["export", "simplify", "fp16", "quantize"])
     message = str(caught.value)
     assert "big.onnx" in message and "'quantize'" in message and f"{need / 1e9:.1f} GB" in message
     assert "QDEPLOY_AVAILABLE_MEMORY" in message and caught.value.exit_code == 2
     monkeypatch.setenv("QDEPLOY_AVAILABLE_MEMORY", str(need))
-    check_fits(Path("big.onnx"), size, ["export", "simplify", "quantize", "validate"])  # fits exactly
+    check_fits(Path("big.onnx"), size, ["export", "simplify", "fp16", "quantize"])  # fits exactly
 
 
 def test_a_run_too_big_for_the_memory_is_refused_before_anything_is_written(tmp_path: Path) -> None:

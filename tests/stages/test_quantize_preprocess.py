@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.stages.quantize._prepare import prepare
@@ -129,3 +130,42 @@ def test_a_constant_inside_a_nested_branch_survives_onnx_runtimes_optimizer(tmp_
         expected = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, feed)[0]
         got = ort.InferenceSession(str(prepared.path), providers=["CPUExecutionProvider"]).run(None, feed)[0]
         np.testing.assert_allclose(got, expected)
+
+
+@pytest.mark.parametrize("mode", ["ptq", "dynamic"])
+def test_quantizing_from_the_data_file_builds_the_same_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            mode: str) -> None:
+    """ORT's quantizers read each float weight from the prepared model's data file when they need it: the model
+    they build is the one they build from a model holding every weight."""
+    from onnxruntime.quantization.quant_utils import add_infer_metadata
+
+    from qdeploy.core.onnx_wire import load_model
+    from qdeploy.stages.quantize import _preprocess, _ptq
+
+    source = tmp_path / "model.onnx"
+    onnx.save(_conv_bn_matmul_add(np.random.default_rng(2)), str(source))
+    prepared = prepare(source, tmp_path).path
+    feeds = [{"x": np.random.default_rng(k).standard_normal((2, 3, 8, 8)).astype(np.float32)} for k in range(3)]
+    op_types = _ptq.default_op_types(mode, "int8")
+
+    def build() -> bytes:
+        if mode == "dynamic":
+            return _ptq.DynamicBuilder(prepared, [], tmp_path, per_channel=True, weight_type="int8",
+                                       op_types=op_types)([]).SerializeToString()
+        ranges, _ = _ptq.calibrate(prepared, op_types, lambda: iter(feeds), tmp_path, "minmax", 99.99)
+        return _ptq.StaticBuilder(prepared, ranges, [], per_channel=True, activation_type="uint8",
+                                  weight_type="int8", symmetric_activations=False, symmetric_weights=True,
+                                  op_types=op_types)([]).SerializeToString()
+
+    on_demand = build()
+    assert len(on_demand) > 4 * 512 * 10 // 4  # the int8 weights are in it
+
+    def whole(path: Path) -> onnx.ModelProto:
+        model = load_model(Path(path))
+        _preprocess.onnx_shapes(model)
+        add_infer_metadata(model)
+        return model
+
+    monkeypatch.setattr(_ptq, "load_with_shapes", whole)
+    monkeypatch.setattr(_preprocess, "load_with_shapes", whole)
+    assert build() == on_demand
