@@ -9,6 +9,7 @@ range of the first pass (exact bins, no re-binning as the range grows).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 from collections.abc import Callable, Iterable, Iterator
@@ -29,6 +30,7 @@ FeedSource = Callable[[], Iterator[Feeds]]
 """Returns a fresh iterator over the calibration feeds each time it is called (one call per pass)."""
 
 _FLOAT_ELEM_TYPES = (1, 10)  # float, float16
+PROBE = "calibration_probe.onnx"
 
 
 def float_tensors_of(model_path: Path, op_types: Iterable[str] | None = None) -> list[str]:
@@ -67,6 +69,8 @@ def collect_statistics(model_path: Path, tensors: list[str], feeds: FeedSource, 
             for name, value in _run(session, outputs, from_feed, feed):
                 stats[name].update_histogram(value, bins)
     log.debug("activation statistics of %d tensors over %d samples", len(tensors), samples)
+    del session
+    _remove_probe(work_dir)
     return stats, samples
 
 
@@ -87,7 +91,16 @@ def channel_absmax(model_path: Path, tensors: list[str], feeds: FeedSource,
             peak = array.reshape(-1, array.shape[-1]).max(axis=0)
             found[name] = peak if name not in found else np.maximum(found[name], peak)
         samples += 1
+    del session
+    _remove_probe(work_dir)
     return found, samples
+
+
+def _remove_probe(work_dir: Path) -> None:
+    """The probe and its data file (a copy of the model's weights on disk) once its session is done."""
+    for name in (PROBE, f"{PROBE}.data"):
+        with contextlib.suppress(OSError):
+            (work_dir / name).unlink(missing_ok=True)
 
 
 def _probe_session(model_path: Path, tensors: list[str], work_dir: Path) -> tuple[object, list[str]]:
@@ -97,7 +110,7 @@ def _probe_session(model_path: Path, tensors: list[str], work_dir: Path) -> tupl
 
     model = load_model(model_path)
     present = {value.name for value in (*model.graph.output, *model.graph.input)}
-    probe = work_dir / "calibration_probe.onnx"
+    probe = work_dir / PROBE
     # streamed, weights to a data file: neither serialised whole nor held here while ONNX Runtime loads them
     save_exposing(model, probe, [onnx.ValueInfoProto(name=name) for name in tensors if name not in present],
                   external=True, keep_value_info=True)

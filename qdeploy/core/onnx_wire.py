@@ -160,9 +160,20 @@ def load_model(path: Path, *, load_external_data: bool = True) -> onnx.ModelProt
     except (WireFormatError, ValueError, OSError):  # let onnx read it and say what is wrong
         return onnx.load(str(path), load_external_data=load_external_data)
     if load_external_data:
-        inline = [tensor for tensor in model.graph.initializer
-                  if any(entry.key == "location" and entry.value == path.name for entry in tensor.external_data)]
-        onnx.load_external_data_for_model(model, str(path.parent))
-        for tensor in inline:  # onnx sets data_location to DEFAULT where the file had none
-            tensor.ClearField("data_location")
+        _read_own_weights(model, path)
+        onnx.load_external_data_for_model(model, str(path.parent))  # a data file's tensors, if any
     return model
+
+
+def _read_own_weights(model: onnx.ModelProto, path: Path) -> None:
+    """The initializers ``graph_only_bytes`` turned into references to the model file, read back one at a time
+    (here, not through onnx, which refuses a model file reached through a symbolic link as a data file)."""
+    with path.open("rb") as stream:
+        for tensor in model.graph.initializer:
+            entries = {entry.key: entry.value for entry in tensor.external_data}
+            if entries.get("location") != path.name:
+                continue
+            stream.seek(int(entries["offset"]))
+            tensor.raw_data = stream.read(int(entries["length"]))
+            del tensor.external_data[:]
+            tensor.ClearField("data_location")

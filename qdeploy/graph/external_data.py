@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     import onnx
 
 __all__ = ["PROTOBUF_SAFE_BYTES", "STREAM_ABOVE_BYTES", "check_saved_model", "check_without_weights",
-           "load_graph_only", "needs_external_data", "save_exposing", "save_onnx", "save_with_data_file"]
+           "copy_exposing", "load_graph_only", "needs_external_data", "save_exposing", "save_onnx",
+           "save_with_data_file"]
 
 PROTOBUF_SAFE_BYTES = 1_800_000_000
 """Above this a model is written as ``.onnx`` plus one data file (protobuf's hard limit is 2 GiB)."""
@@ -201,3 +202,47 @@ def _refer(tensor: onnx.TensorProto, location: str, offset: int, length: int) ->
     for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
         entry = tensor.external_data.add()
         entry.key, entry.value = key, value
+
+
+COPY_CHUNK_BYTES = 16 << 20
+
+
+def copy_exposing(source: Path, path: Path, outputs: list[onnx.ValueInfoProto]) -> None:
+    """Write the model saved at ``source`` with ``outputs`` added to its graph outputs, its large weights copied
+    file to file into ``<name>.data`` in 16 MB pieces: the weights are never in memory (the graph is)."""
+    from qdeploy.core.onnx_wire import load_model
+
+    model = load_model(source, load_external_data=False)  # a one-file model's weights refer to the file too
+    head = _without_initializers(model)
+    head.graph.output.extend(outputs)
+    location = f"{path.name}.data"
+    with (path.parent / location).open("wb") as data:
+        for tensor in model.graph.initializer:
+            entries = {entry.key: entry.value for entry in tensor.external_data}
+            if "location" not in entries:  # in the proto (small)
+                head.graph.initializer.append(tensor)
+                continue
+            reference = head.graph.initializer.add()
+            reference.name, reference.data_type = tensor.name, tensor.data_type
+            reference.dims.extend(tensor.dims)
+            length = _copy_bytes(source.parent / entries["location"], int(entries.get("offset", 0)),
+                                 entries.get("length"), data)
+            _refer(reference, location, data.tell() - length, length)
+    path.write_bytes(head.SerializeToString())
+
+
+def _copy_bytes(source: Path, offset: int, length: str | None, target: Any) -> int:
+    """Copy ``length`` bytes (to the end when None) of ``source`` from ``offset`` into the open ``target``."""
+    copied = 0
+    with source.open("rb") as stream:
+        stream.seek(offset)
+        remaining = int(length) if length is not None else None
+        while remaining is None or remaining > 0:
+            piece = stream.read(COPY_CHUNK_BYTES if remaining is None else min(COPY_CHUNK_BYTES, remaining))
+            if not piece:
+                break
+            target.write(piece)
+            copied += len(piece)
+            if remaining is not None:
+                remaining -= len(piece)
+    return copied

@@ -12,6 +12,10 @@ order, and what each reads:
 
 The result is tagged as pre-processed the way ORT's tool tags it (its quantizer warns on a model without the tag).
 Each step that fails is skipped and said so, as ``quant_pre_process`` does for its optimizer.
+
+ORT's quantizers then get the same treatment: ``load_with_shapes`` and ``with_shapes`` stand in for their shape
+inference (which deep-copies, saves and reloads the whole model), and within ``weights_read_on_demand`` they
+quantize a graph whose float weights stay in the prepared model's data file, each read when it is quantized.
 """
 
 from __future__ import annotations
@@ -103,7 +107,15 @@ def optimize_file(source: Path, work_dir: Path) -> tuple[onnx.ModelProto, str]:
         return load_model(source), f"ONNX Runtime's basic optimizations failed ({type(exc).__name__}: {exc})"
     optimized = load_model(target)
     _drop_initializers_nodes_define(optimized.graph)
+    for leftover in (source, target):  # read whole: their data files are a copy of the model each, on disk
+        _remove_with_data(leftover)
     return optimized, ""
+
+
+def _remove_with_data(path: Path) -> None:
+    for leftover in (path, path.with_name(f"{path.name}.data")):
+        with contextlib.suppress(OSError):
+            leftover.unlink(missing_ok=True)
 
 
 def _drop_initializers_nodes_define(graph: onnx.GraphProto) -> None:

@@ -149,20 +149,20 @@ class Localizer:
                tolerance: Tolerance, pin_f32: bool) -> tuple[Divergence | None, str]:
         """The first diverging node on these samples (index -> feed), or None and why not."""
         reference = self._reference_model()
-        candidate = load_model(candidate_path)
+        candidate = load_model(candidate_path, load_external_data=False)  # the graph: names are what is matched
         pairs = match_tensors(reference, candidate)
         if not pairs:
             return None, "no intermediate tensor of the artifact shares a name with the reference"
         with tempfile.TemporaryDirectory(prefix="qdeploy-localize-") as work:
             wanted = [pair.candidate for pair in pairs]
-            path = _instrumented(candidate, wanted, Path(work) / "candidate.onnx")
+            path = _instrumented(candidate_path, wanted, Path(work) / "candidate.onnx")
             candidate_outputs = _run(path, target, [feeds[i] for i in sorted(feeds)], pin_f32=pin_f32)
             reference_outputs = self._reference_outputs(feeds, Path(work))
         return _first_divergence(pairs, reference_outputs, candidate_outputs, tolerance)
 
     def _reference_model(self) -> onnx.ModelProto:
         if self._reference is None:
-            self._reference = load_model(self.reference_path)
+            self._reference = load_model(self.reference_path, load_external_data=False)
         return self._reference
 
     def _reference_outputs(self, feeds: dict[int, dict[str, np.ndarray]], work: Path) -> list[dict[str, np.ndarray]]:
@@ -170,25 +170,22 @@ class Localizer:
         if missing:
             model = self._reference_model()
             names = [out for node in model.graph.node for out in node.output if out]
-            path = _instrumented(model, names, work / "reference.onnx")
+            path = _instrumented(self.reference_path, names, work / "reference.onnx")
             outputs = _run(path, self.reference_target, [feeds[i] for i in missing], pin_f32=True)
             self._cache.update(zip(missing, outputs, strict=True))
         return [self._cache[index] for index in sorted(feeds)]
 
 
-def _instrumented(model: onnx.ModelProto, tensors: list[str], path: Path) -> Path:
-    """A copy of the model with these tensors added as graph outputs (untyped: runtimes infer them)."""
+def _instrumented(source: Path, tensors: list[str], path: Path) -> Path:
+    """A copy of the model saved at ``source`` with these tensors added as graph outputs (untyped: runtimes infer
+    them), its weights copied file to file (neither model is held whole in memory)."""
     import onnx
 
-    from qdeploy.graph.external_data import save_onnx
+    from qdeploy.graph.external_data import copy_exposing
 
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    present = {value.name for value in copy.graph.output}
-    for name in dict.fromkeys(tensors):
-        if name not in present:
-            copy.graph.output.append(onnx.ValueInfoProto(name=name))
-    save_onnx(copy, path, location=f"{path.stem}.data")
+    present = {value.name for value in load_model(source, load_external_data=False).graph.output}
+    copy_exposing(source, path, [onnx.ValueInfoProto(name=name) for name in dict.fromkeys(tensors)
+                                 if name not in present])
     return path
 
 

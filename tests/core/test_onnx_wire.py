@@ -113,3 +113,13 @@ def test_loading_a_one_file_model_holds_one_copy_of_its_weights(tmp_path: Path) 
         assert len(model.graph.initializer[7].raw_data) == 2048 * 4096 * 4
     """
     assert peak_mib(tmp_path, setup, measured) < 256 + 100, "the load held a second copy of the 256 MB of weights"
+
+
+def test_a_model_reached_through_a_symbolic_link_loads(tmp_path: Path) -> None:
+    (tmp_path / "store").mkdir()
+    real = tmp_path / "store" / "blob"
+    onnx.save(_model(np.random.default_rng(5)), str(real))
+    link = tmp_path / "model.onnx"
+    link.symlink_to(real)
+
+    assert onnx_wire.load_model(link).SerializeToString() == onnx.load(str(real)).SerializeToString()

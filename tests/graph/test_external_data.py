@@ -69,3 +69,47 @@ def test_the_light_checker_measures_each_weight_against_its_shape() -> None:
     short.graph.initializer[0].raw_data = short.graph.initializer[0].raw_data[:-4]  # one float missing
     with pytest.raises(ModelError, match="initializer 'w' holds 8188 bytes; its type and shape need 8192"):
         check_without_weights(short)
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_an_instrumented_copy_is_written_file_to_file(tmp_path: Path, external: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from qdeploy.core import onnx_wire
+    from qdeploy.graph.external_data import copy_exposing, save_onnx
+
+    monkeypatch.setattr(onnx_wire, "LOAD_MAPPED_ABOVE", 0)  # a small one-file model takes the large-model route
+    weight = np.random.default_rng(3).standard_normal((32, 32)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])], [numpy_helper.from_array(weight, "w")])
+    source = tmp_path / "src" / "model.onnx"
+    source.parent.mkdir()
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    save_onnx(model, source, threshold=0 if external else None)
+    path = tmp_path / "copy.onnx"
+
+    copy_exposing(source, path, [onnx.ValueInfoProto(name="m")])
+
+    assert (tmp_path / "copy.onnx.data").stat().st_size == weight.nbytes and path.stat().st_size < weight.nbytes
+    x = np.random.default_rng(4).standard_normal((2, 32)).astype(np.float32)
+    y, m = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["y", "m"], {"x": x})
+    np.testing.assert_allclose(m, x @ weight, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, np.maximum(x @ weight, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_an_instrumented_copy_of_a_large_model_holds_no_weights(tmp_path: Path) -> None:
+    from tests.helpers.peak import peak_mib
+
+    weights = [numpy_helper.from_array(np.full((4096, 4096), k, np.float32), f"w{k}") for k in range(4)]  # 256 MB
+    nodes = [helper.make_node("MatMul", ["x" if k == 0 else f"h{k - 1}", f"w{k}"], [f"h{k}"]) for k in range(4)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4096])],
+                              [helper.make_tensor_value_info("h3", TensorProto.FLOAT, [1, 4096])], weights)
+    source = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
+    del weights, graph
+    setup = "from pathlib import Path\nimport onnx\nfrom qdeploy.graph.external_data import copy_exposing\n"
+    measured = f"""
+        copy_exposing(Path({str(source)!r}), Path({str(tmp_path / "copy.onnx")!r}), [onnx.ValueInfoProto(name="h1")])
+    """
+    assert peak_mib(tmp_path, setup, measured) < 64, "the copy held the weights in memory"
