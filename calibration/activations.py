@@ -9,7 +9,6 @@ range of the first pass (exact bins, no re-binning as the range grows).
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 from collections.abc import Callable, Iterable, Iterator
@@ -19,7 +18,7 @@ import numpy as np
 
 from qdeploy.calibration.ranges import DEFAULT_BINS, TensorStats
 from qdeploy.core.onnx_wire import load_model
-from qdeploy.graph.external_data import save_exposing
+from qdeploy.graph.external_data import remove_saved, save_exposing
 
 __all__ = ["FeedSource", "Feeds", "channel_absmax", "collect_statistics", "float_tensors_of"]
 
@@ -70,7 +69,7 @@ def collect_statistics(model_path: Path, tensors: list[str], feeds: FeedSource, 
                 stats[name].update_histogram(value, bins)
     log.debug("activation statistics of %d tensors over %d samples", len(tensors), samples)
     del session
-    _remove_probe(work_dir)
+    remove_saved(work_dir / PROBE)  # its data file is a copy of the weights on disk
     return stats, samples
 
 
@@ -92,15 +91,8 @@ def channel_absmax(model_path: Path, tensors: list[str], feeds: FeedSource,
             found[name] = peak if name not in found else np.maximum(found[name], peak)
         samples += 1
     del session
-    _remove_probe(work_dir)
+    remove_saved(work_dir / PROBE)  # its data file is a copy of the weights on disk
     return found, samples
-
-
-def _remove_probe(work_dir: Path) -> None:
-    """The probe and its data file (a copy of the model's weights on disk) once its session is done."""
-    for name in (PROBE, f"{PROBE}.data"):
-        with contextlib.suppress(OSError):
-            (work_dir / name).unlink(missing_ok=True)
 
 
 def _probe_session(model_path: Path, tensors: list[str], work_dir: Path) -> tuple[object, list[str]]:

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     import onnx
 
 __all__ = ["PROTOBUF_SAFE_BYTES", "STREAM_ABOVE_BYTES", "check_saved_model", "check_without_weights",
-           "copy_exposing", "load_graph_only", "needs_external_data", "save_exposing", "save_onnx",
-           "save_with_data_file"]
+           "copy_exposing", "load_graph_only", "load_weights_from", "needs_external_data", "remove_saved",
+           "save_exposing", "save_onnx", "save_with_data_file"]
 
 PROTOBUF_SAFE_BYTES = 1_800_000_000
 """Above this a model is written as ``.onnx`` plus one data file (protobuf's hard limit is 2 GiB)."""
@@ -246,3 +246,23 @@ def _copy_bytes(source: Path, offset: int, length: str | None, target: Any) -> i
             if remaining is not None:
                 remaining -= len(piece)
     return copied
+
+
+def load_weights_from(model: onnx.ModelProto, folder: Path) -> None:
+    """Read ``model``'s external tensors from their files in ``folder``, one at a time; each ends as a plain load
+    leaves a tensor (onnx marks what it read ``data_location: DEFAULT``; a tensor loaded whole has no mark)."""
+    import onnx
+
+    external = [tensor for tensor in model.graph.initializer if tensor.data_location == onnx.TensorProto.EXTERNAL]
+    onnx.load_external_data_for_model(model, str(folder))
+    for tensor in external:
+        tensor.ClearField("data_location")
+
+
+def remove_saved(path: Path) -> None:
+    """A saved model and its ``<name>.data`` file removed (scratch copies of the weights on disk)."""
+    import contextlib
+
+    for leftover in (path, path.with_name(f"{path.name}.data")):
+        with contextlib.suppress(OSError):
+            leftover.unlink(missing_ok=True)

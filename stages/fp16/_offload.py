@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qdeploy.graph.external_data import save_with_data_file
+from qdeploy.graph.external_data import load_weights_from, remove_saved, save_with_data_file
 from qdeploy.graph.utils import model_bytes
 
 if TYPE_CHECKING:
@@ -53,9 +53,8 @@ def reload(model: onnx.ModelProto, offloaded: Offloaded) -> None:
     """The offloaded weights read back into ``model`` one tensor at a time; the files removed."""
     import onnx
 
-    onnx.load_external_data_for_model(model, str(offloaded.folder))
-    for tensor in model.graph.initializer:  # onnx marks each tensor it read DEFAULT; the original had no mark
-        if tensor.name not in offloaded.explicit_location and tensor.HasField("data_location"):
-            tensor.ClearField("data_location")
-    for leftover in (offloaded.folder / _FILE, offloaded.folder / f"{_FILE}.data"):
-        leftover.unlink(missing_ok=True)
+    load_weights_from(model, offloaded.folder)
+    for tensor in model.graph.initializer:  # the model as it was: marked where it was marked
+        if tensor.name in offloaded.explicit_location:
+            tensor.data_location = onnx.TensorProto.DEFAULT
+    remove_saved(offloaded.folder / _FILE)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.graph.external_data import remove_saved
 from qdeploy.graph.light import light_copy, take_value_info
 from qdeploy.graph.utils import subgraphs
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["load_remaining_weights", "load_with_shapes", "onnx_shapes", "optimize_file", "symbolic_shapes",
+__all__ = ["load_with_shapes", "onnx_shapes", "optimize_file", "symbolic_shapes",
            "tag_pre_processed", "weights_read_on_demand", "with_shapes"]
 
 
@@ -108,14 +109,8 @@ def optimize_file(source: Path, work_dir: Path) -> tuple[onnx.ModelProto, str]:
     optimized = load_model(target)
     _drop_initializers_nodes_define(optimized.graph)
     for leftover in (source, target):  # read whole: their data files are a copy of the model each, on disk
-        _remove_with_data(leftover)
+        remove_saved(leftover)
     return optimized, ""
-
-
-def _remove_with_data(path: Path) -> None:
-    for leftover in (path, path.with_name(f"{path.name}.data")):
-        with contextlib.suppress(OSError):
-            leftover.unlink(missing_ok=True)
 
 
 def _drop_initializers_nodes_define(graph: onnx.GraphProto) -> None:
@@ -157,7 +152,7 @@ def load_with_shapes(path: Path) -> onnx.ModelProto:
     """What ORT's ``load_model_with_shape_infer`` returns (the model, onnx's shapes, the tag that tells its
     quantizers shapes were inferred), with inference on a light copy instead of onnx's ``infer_shapes_path``,
     which parses and writes the whole model once more.  The weights stay references into their files: read
-    them within ``weights_read_on_demand`` and finish with ``load_remaining_weights``."""
+    them within ``weights_read_on_demand``, then the ones left float with ``load_weights_from``."""
     return with_shapes(load_model(Path(path), load_external_data=False))
 
 
@@ -203,13 +198,3 @@ def weights_read_on_demand(folder: Path) -> Iterator[None]:
             yield
         finally:
             helper.to_array = original
-
-
-def load_remaining_weights(model: onnx.ModelProto, folder: Path) -> None:
-    """The weights a quantizer left float (biases, excluded nodes' weights) read into ``model`` from ``folder``."""
-    import onnx
-
-    external = [tensor for tensor in model.graph.initializer if tensor.data_location == onnx.TensorProto.EXTERNAL]
-    onnx.load_external_data_for_model(model, str(folder))
-    for tensor in external:  # onnx marks what it read DEFAULT; a tensor loaded whole has no mark
-        tensor.ClearField("data_location")

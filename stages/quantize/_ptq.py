@@ -26,9 +26,10 @@ import numpy as np
 from qdeploy.calibration.activations import FeedSource, collect_statistics, float_tensors_of
 from qdeploy.calibration.ranges import HISTOGRAM_METHODS, estimate_range
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.graph.external_data import load_weights_from
 from qdeploy.stages.quantize._guard import ort_quantizer_step
 from qdeploy.stages.quantize._keep import MOVER_OPS, keep_float, quantized_node_names
-from qdeploy.stages.quantize._preprocess import load_remaining_weights, load_with_shapes, weights_read_on_demand
+from qdeploy.stages.quantize._preprocess import load_with_shapes, weights_read_on_demand
 
 if TYPE_CHECKING:
     import onnx
@@ -119,7 +120,7 @@ class StaticBuilder:
         quantizer.model.topological_sort()  # as ORT's quantize_static does when saving: Q/DQ are appended last
         # protobuf frees what the quantizer replaced only with the whole message: keep a copy
         self._quantized = _compact(quantizer.model.model)
-        load_remaining_weights(self._quantized, prepared.parent)
+        load_weights_from(self._quantized, prepared.parent)  # what it left float (biases, excluded weights)
 
     def _float_model(self) -> onnx.ModelProto:
         if self._float is None:
