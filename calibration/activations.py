@@ -9,7 +9,6 @@ range of the first pass (exact bins, no re-binning as the range grows).
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import numpy as np
 
 from qdeploy.calibration.ranges import DEFAULT_BINS, TensorStats
 from qdeploy.core.onnx_wire import load_model
-from qdeploy.graph.external_data import remove_saved, save_exposing
+from qdeploy.graph.external_data import copy_exposing, remove_saved
 
 __all__ = ["FeedSource", "Feeds", "channel_absmax", "collect_statistics", "float_tensors_of"]
 
@@ -100,14 +99,10 @@ def _probe_session(model_path: Path, tensors: list[str], work_dir: Path) -> tupl
     import onnx
     import onnxruntime as ort
 
-    model = load_model(model_path)
-    present = {value.name for value in (*model.graph.output, *model.graph.input)}
+    inputs = {value.name for value in load_model(model_path, load_external_data=False).graph.input}
     probe = work_dir / PROBE
-    # streamed, weights to a data file: neither serialised whole nor held here while ONNX Runtime loads them
-    save_exposing(model, probe, [onnx.ValueInfoProto(name=name) for name in tensors if name not in present],
-                  external=True, keep_value_info=True)
-    del model
-    gc.collect()
+    # weights copied file to file: never in memory here while ONNX Runtime loads them
+    copy_exposing(model_path, probe, [onnx.ValueInfoProto(name=name) for name in tensors if name not in inputs])
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.log_severity_level = 3

@@ -57,16 +57,14 @@ _GRAPH_INITIALIZER_TAG = b"\x2a"  # GraphProto.initializer: field 5, length-deli
 
 
 def save_exposing(model: onnx.ModelProto, path: Path, outputs: list[onnx.ValueInfoProto], *,
-                  external: bool = False, keep_value_info: bool = False) -> None:
-    """Write a probe of ``model``: its graph with ``outputs`` added to the graph outputs and no value_info (unless
-    ``keep_value_info``), its weights streamed from ``model`` itself (neither copied nor serialised whole).
-    ``model`` is left as it is.
+                  external: bool = False) -> None:
+    """Write a probe of ``model``: its graph with ``outputs`` added to the graph outputs and no value_info, its
+    weights streamed from ``model`` itself (neither copied nor serialised whole).  ``model`` is left as it is.
 
     ``external``: the weights go to one data file beside it (``<name>.data``), as a model above 2 GB needs.
     """
     head = _without_initializers(model)
-    if not keep_value_info:
-        del head.graph.value_info[:]  # a probe needs no shape hints; its outputs carry their types
+    del head.graph.value_info[:]  # a probe needs no shape hints; its outputs carry their types
     head.graph.output.extend(outputs)
     if external:
         _write_external(head, model, path)
@@ -88,11 +86,8 @@ def _write_external(head: onnx.ModelProto, model: onnx.ModelProto, path: Path) -
             if not tensor.HasField("raw_data") or tensor_nbytes(tensor) < EXTERNAL_MIN_BYTES:
                 head.graph.initializer.append(tensor)
                 continue
-            reference = head.graph.initializer.add()
-            reference.name, reference.data_type = tensor.name, tensor.data_type
-            reference.dims.extend(tensor.dims)
             raw = tensor.raw_data  # one tensor's bytes at a time
-            _refer(reference, location, data.tell(), len(raw))
+            _refer(_stand_in(head, tensor), location, data.tell(), len(raw))
             data.write(raw)
             del raw
     path.write_bytes(head.SerializeToString())
@@ -149,9 +144,9 @@ def _copy_fields(source: Any, target: Any, *, skip: str) -> None:
 
 def load_graph_only(path: Path) -> onnx.ModelProto:
     """A saved model without its external data (its weights stay in the file; the proto refers to them)."""
-    import onnx
+    from qdeploy.core.onnx_wire import load_model
 
-    return onnx.load(str(path), load_external_data=False)
+    return load_model(path, load_external_data=False)
 
 
 def check_saved_model(path: Path) -> None:
@@ -172,15 +167,16 @@ def check_without_weights(model: onnx.ModelProto) -> None:
     each large tensor's own byte count is compared with its type and shape here, one tensor at a time."""
     import tempfile
 
-    from qdeploy.graph.light import light_copy
+    from qdeploy.graph.light import light_copy, tag_of
 
     light = light_copy(model)
     with tempfile.TemporaryDirectory(prefix="qdeploy-check-") as folder:
         offset = 0
         for stand_in in light.model.graph.initializer:
-            original = light.originals.get(stand_in.raw_data) if stand_in.name not in light.copied else None
-            if original is None:
+            tag = tag_of(stand_in)
+            if tag is None:
                 continue
+            original = light.originals[tag]
             expected = tensor_nbytes(stand_in)
             if len(original.raw_data) != expected:  # what the checker would have said of the full tensor
                 raise ModelError(f"the model is not a valid ONNX graph: initializer {stand_in.name!r} holds "
@@ -192,6 +188,14 @@ def check_without_weights(model: onnx.ModelProto) -> None:
         path = Path(folder) / "model.onnx"
         path.write_bytes(light.model.SerializeToString())
         check_saved_model(path)
+
+
+def _stand_in(head: onnx.ModelProto, tensor: onnx.TensorProto) -> onnx.TensorProto:
+    """A new initializer of ``head`` with ``tensor``'s name, type and shape, no data yet."""
+    stand_in = head.graph.initializer.add()
+    stand_in.name, stand_in.data_type = tensor.name, tensor.data_type
+    stand_in.dims.extend(tensor.dims)
+    return stand_in
 
 
 def _refer(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
@@ -208,13 +212,15 @@ COPY_CHUNK_BYTES = 16 << 20
 
 
 def copy_exposing(source: Path, path: Path, outputs: list[onnx.ValueInfoProto]) -> None:
-    """Write the model saved at ``source`` with ``outputs`` added to its graph outputs, its large weights copied
-    file to file into ``<name>.data`` in 16 MB pieces: the weights are never in memory (the graph is)."""
+    """Write the model saved at ``source`` with ``outputs`` added to its graph outputs (those it has already are
+    left as they are), its large weights copied file to file into ``<name>.data`` in 16 MB pieces: the weights
+    are never in memory (the graph is)."""
     from qdeploy.core.onnx_wire import load_model
 
     model = load_model(source, load_external_data=False)  # a one-file model's weights refer to the file too
     head = _without_initializers(model)
-    head.graph.output.extend(outputs)
+    present = {value.name for value in head.graph.output}
+    head.graph.output.extend(value for value in outputs if value.name not in present)
     location = f"{path.name}.data"
     with (path.parent / location).open("wb") as data:
         for tensor in model.graph.initializer:
@@ -222,12 +228,9 @@ def copy_exposing(source: Path, path: Path, outputs: list[onnx.ValueInfoProto]) 
             if "location" not in entries:  # in the proto (small)
                 head.graph.initializer.append(tensor)
                 continue
-            reference = head.graph.initializer.add()
-            reference.name, reference.data_type = tensor.name, tensor.data_type
-            reference.dims.extend(tensor.dims)
             length = _copy_bytes(source.parent / entries["location"], int(entries.get("offset", 0)),
                                  entries.get("length"), data)
-            _refer(reference, location, data.tell() - length, length)
+            _refer(_stand_in(head, tensor), location, data.tell() - length, length)
     path.write_bytes(head.SerializeToString())
 
 

@@ -183,9 +183,7 @@ def _instrumented(source: Path, tensors: list[str], path: Path) -> Path:
 
     from qdeploy.graph.external_data import copy_exposing
 
-    present = {value.name for value in load_model(source, load_external_data=False).graph.output}
-    copy_exposing(source, path, [onnx.ValueInfoProto(name=name) for name in dict.fromkeys(tensors)
-                                 if name not in present])
+    copy_exposing(source, path, [onnx.ValueInfoProto(name=name) for name in dict.fromkeys(tensors)])
     return path
 
 
