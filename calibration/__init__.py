@@ -4,8 +4,11 @@ batches, and the activation statistics calibration gathers from them."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from qdeploy.calibration.samples import iter_samples
 from qdeploy.calibration.spec import DatasetSpec
@@ -15,8 +18,11 @@ __all__ = ["DatasetSpec", "data_context", "iter_samples"]
 
 
 def data_context(variant: str, work_dir: Path, *, datasets: Mapping[str, DatasetSpec] | None = None,
-                 resolve: Any = Path, input_ranges: InputRanges | None = None, **fields: Any) -> StageContext:
+                 resolve: Any = Path, input_ranges: InputRanges | None = None,
+                 frozen: Mapping[str, np.ndarray] | None = None, **fields: Any) -> StageContext:
     """A stage context that reads datasets with qdeploy's readers (what ``Recipe.stage_context`` builds from a
-    recipe; tests and scripts build one directly).  ``fields``: the other ``StageContext`` fields."""
+    recipe; tests and scripts build one directly).  ``frozen``: inputs the recipe froze (model.inputs[].value) and
+    their values: a sample may hold them only at that value.  ``fields``: the other ``StageContext`` fields."""
+    reader = partial(iter_samples, frozen=dict(frozen)) if frozen else iter_samples
     return StageContext(variant=variant, work_dir=work_dir, datasets=dict(datasets or {}), resolver=resolve,
-                        input_ranges=dict(input_ranges or {}), sample_reader=iter_samples, **fields)
+                        input_ranges=dict(input_ranges or {}), sample_reader=reader, **fields)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -139,8 +139,8 @@ def _random_array(info: InputInfo, rng: np.random.Generator, low: float | None, 
     return rng.standard_normal(size=shape).astype(info.dtype)
 
 
-def npy_samples(folder: Path, inputs: list[InputInfo], *, limit: int | None = None,
-                dataset_name: str = "") -> Iterator[dict[str, np.ndarray]]:
+def npy_samples(folder: Path, inputs: list[InputInfo], *, limit: int | None = None, dataset_name: str = "",
+                frozen: Mapping[str, np.ndarray] | None = None) -> Iterator[dict[str, np.ndarray]]:
     """Feeds from a folder of .npz (keyed by input name) or .npy (one-input models) files, in name order."""
     label = f"dataset '{dataset_name}' ({folder})" if dataset_name else str(folder)
     if not folder.is_dir():
@@ -152,14 +152,15 @@ def npy_samples(folder: Path, inputs: list[InputInfo], *, limit: int | None = No
         raise DataError(f"{label}: .npy samples serve one-input models only; this model has inputs "
                         f"{[i.name for i in inputs]}: use .npz files keyed by input name")
     for path in files[:limit] if limit else files:
-        yield _load_sample(path, inputs)
+        yield _load_sample(path, inputs, frozen or {})
 
 
 def is_npy_sample(path: Path) -> bool:
     return path.suffix in (".npy", ".npz")
 
 
-def _load_sample(path: Path, inputs: list[InputInfo]) -> dict[str, np.ndarray]:
+def _load_sample(path: Path, inputs: list[InputInfo],
+                 frozen: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     try:
         with open_regular_file(path, "sample") as stream:
             raw = _read_npy(stream, path, inputs[0].name) if path.suffix == ".npy" else _read_npz(stream, path)
@@ -167,12 +168,28 @@ def _load_sample(path: Path, inputs: list[InputInfo]) -> dict[str, np.ndarray]:
         raise DataError(f"{path}: cannot read sample: {exc}") from None
     except MemoryError:
         raise DataError(f"{path}: the sample does not fit in memory") from None
+    check_frozen_keys(raw, frozen or {}, path)
     feeds = {}
     for info in inputs:
         if info.name not in raw:
             raise DataError(f"{path}: no array for model input '{info.name}'; the file holds {sorted(raw)}")
         feeds[info.name] = fit_to_input(raw[info.name], info, path)
     return feeds
+
+
+def check_frozen_keys(raw: Mapping[str, np.ndarray], frozen: Mapping[str, np.ndarray], path: Path) -> None:
+    """A sample may hold an input the recipe froze only at the frozen value (then it is ignored): at another value
+    it was recorded for a model the exported one no longer is."""
+    for name, want in frozen.items():
+        if name not in raw:
+            continue
+        got = np.asarray(raw[name])
+        same = got.size == want.size and got.dtype.kind in "biuf" and np.array_equal(got.reshape(want.shape), want)
+        if not same:
+            shown = got.tolist() if got.size <= 8 else f"an array of shape {list(got.shape)}"
+            raise DataError(f"{path}: '{name}' holds {shown}, but the recipe freezes input '{name}' to "
+                            f"{want.tolist() if want.size <= 8 else 'another value'} (model.inputs): this sample was "
+                            f"recorded for another value; remove '{name}' from it or freeze the value it holds")
 
 
 def _read_npy(stream: BinaryIO, path: Path, name: str) -> dict[str, np.ndarray]:

@@ -19,9 +19,12 @@ __all__ = ["iter_samples"]
 
 def iter_samples(spec: DatasetSpec | None, model_path: Path, *, resolve: Callable[[str], Path] = Path,
                  ranges: Mapping[str, tuple[float | None, float | None]] | None = None, limit: int | None = None,
-                 dataset_name: str | None = None) -> Iterator[dict[str, np.ndarray]]:
+                 dataset_name: str | None = None,
+                 frozen: Mapping[str, np.ndarray] | None = None) -> Iterator[dict[str, np.ndarray]]:
     """Feeds from a dataset (its path resolved by ``resolve``), or seeded random data shaped from the model when
-    spec is None (``ranges``: input name -> (low, high) of the random values)."""
+    spec is None (``ranges``: input name -> (low, high) of the random values).  Feeds hold the model's inputs
+    only: an input the recipe froze (``frozen``: name -> value) is no longer one, and a sample that holds it at
+    another value is refused (it was recorded for another model)."""
     inputs = model_inputs(model_path)
     ranges = dict(ranges or {})
     if spec is None or spec.reader == "random":
@@ -34,4 +37,4 @@ def iter_samples(spec: DatasetSpec | None, model_path: Path, *, resolve: Callabl
     if spec.reader == "images":
         yield from image_samples(folder, inputs, spec, limit=count, dataset_name=dataset_name or "")
         return
-    yield from npy_samples(folder, inputs, limit=count, dataset_name=dataset_name or "")
+    yield from npy_samples(folder, inputs, limit=count, dataset_name=dataset_name or "", frozen=frozen)

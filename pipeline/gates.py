@@ -17,8 +17,8 @@ from qdeploy.core.rows import (
 from qdeploy.core.runtimes import built_for
 from qdeploy.pipeline.recipe import GateSpec
 
-__all__ = ["evaluate_gates", "find_benchmark", "gates_hold", "run_passes", "speedup", "unmeasured",
-           "validations_hold"]
+__all__ = ["evaluate_gates", "excuse_unreadable", "find_benchmark", "gates_hold", "run_passes", "speedup",
+           "unmeasured", "validations_hold"]
 
 _Timed = TypeVar("_Timed", BenchmarkRow, ThroughputRow)
 
@@ -115,8 +115,17 @@ def _result(gate: GateSpec, value: float | None, passed: bool | None, *, skipped
 
 
 def validations_hold(validation: list[ValidationRow]) -> bool:
-    """No (variant, target) pair failed its tolerances; errored rows are judged by ``unmeasured``."""
-    return not any(row.status == "failed" for row in validation)
+    """No (variant, target) pair failed its tolerances; errored rows are judged by ``unmeasured``.  A row whose
+    target cannot read the original model (``unreadable``) is not a regression of its variant: it fails only
+    through a gate that names its target (such a gate has nothing to measure)."""
+    return not any(row.status == "failed" and not row.unreadable for row in validation)
+
+
+def excuse_unreadable(missing: list[UnmeasuredEntry], validation: list[ValidationRow]) -> list[UnmeasuredEntry]:
+    """Leave out the measurements a target could not make because it cannot read the original model: the
+    report's ``unreadable_targets`` says so once for the target, and a gate on it fails by itself."""
+    unreadable = {(row.variant, row.target) for row in validation if row.unreadable}
+    return [entry for entry in missing if (entry.variant, entry.target) not in unreadable]
 
 
 def run_passes(gates: list[GateResult], validation: list[ValidationRow], failures: list[BuildFailure],

@@ -225,6 +225,8 @@ def _check_paths(recipe: Recipe, root: yaml.Node, file: str) -> None:
         factory_file = recipe.model.torch.factory.rsplit(":", 1)[0]
         if factory_file.endswith(".py"):
             checks.append((("model", "torch", "factory"), factory_file, "factory file"))
+    checks += [(("model", "inputs", index, "value"), spec.value, f"value file of input '{spec.name}'")
+               for index, spec in enumerate(recipe.model.inputs) if isinstance(spec.value, str)]
     checks.append((("validate", "reference_model"), recipe.validate_.reference_model, "reference model"))
     metric_file = (recipe.validate_.metric or "").rsplit(":", 1)[0]
     if metric_file.endswith(".py"):

@@ -347,7 +347,8 @@ class Recipe(StrictModel):
         """What a stage may see of this recipe: datasets, paths, targets, the reference; ``fields``: the other
         ``StageContext`` fields (progress)."""
         return data_context(variant, work_dir, datasets=self.data, resolve=self.resolve,
-                            input_ranges=self.input_ranges(), targets=tuple(self.targets),
+                            input_ranges=self.input_ranges(), frozen=self.model.frozen_values(self.resolve),
+                            targets=tuple(self.targets),
                             default_dataset=self.validate_.data, reference_variant=self.reference_variant,
                             batch_sizes=tuple(self.benchmark.batch_sizes) if self.benchmark.enabled else (),
                             **fields)

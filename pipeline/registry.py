@@ -75,7 +75,8 @@ _STAGES: dict[str, StageInfo] = {
                   libraries=("onnx", "onnxruntime", "onnxoptimizer")),
         StageInfo("fp16", "transform", "qdeploy.stages.fp16", "Fp16Config",
                   libraries=("onnx", "onnxruntime", "onnxconverter-common"),
-                  dataset_fields=("calibration.data",), default_dataset_reader="reads_default_dataset"),
+                  dataset_fields=("calibration.data",), default_dataset_reader="reads_default_dataset",
+                  uses_targets=True),  # the budget's artifact is confirmed on each target
         StageInfo("quantize", "transform", "qdeploy.stages.quantize", "QuantizeConfig",
                   libraries=("onnx", "onnxruntime", "onnx-ir", "openvino"),
                   dataset_fields=("calibration.data", "budget.data"), uses_targets=True),

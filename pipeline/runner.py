@@ -139,7 +139,8 @@ def run_recipe(recipe: Recipe, options: RunOptions | None = None) -> RunResult:
         with Progress(progress_total(plan), enabled=options.show_progress) as progress:
             outcome = build_phase(plan, progress)
             validation = validate_phase(plan, outcome, progress=progress)
-            benchmarks = benchmark_phase(plan, outcome, progress=progress) if recipe.benchmark.enabled else []
+            benchmarks = benchmark_phase(plan, outcome, progress=progress, validation=validation) \
+                if recipe.benchmark.enabled else []
         return finish_run(plan, outcome, validation, benchmarks, seconds=time.perf_counter() - started)
 
 
@@ -189,15 +190,20 @@ def validate_phase(plan: RunPlan, outcome: BuildOutcome, targets: list[str] | No
 
 
 def benchmark_phase(plan: RunPlan, outcome: BuildOutcome, targets: list[str] | None = None,
-                    progress: Progress | None = None) -> list[BenchmarkRow | ThroughputRow]:
-    """Benchmark rows of the evaluated artifacts on ``targets`` (default: the plan's); give it the machine alone."""
-    return _evaluate_phase(plan, outcome, "benchmark", targets, progress)
+                    progress: Progress | None = None,
+                    validation: list[ValidationRow] | None = None) -> list[BenchmarkRow | ThroughputRow]:
+    """Benchmark rows of the evaluated artifacts on ``targets`` (default: the plan's); give it the machine alone.
+    With ``validation``, a pair validation ships at a pinned precision is timed at that precision."""
+    from qdeploy.stages.benchmark import shipped_precisions
+
+    return _evaluate_phase(plan, outcome, "benchmark", targets, progress,
+                           {"shipped": shipped_precisions(validation)} if validation else {})
 
 
 def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[ValidationRow],
                benchmarks: list[BenchmarkRow | ThroughputRow], *, seconds: float) -> RunResult:
     """Gates, the reports, and the exit status they imply; publishes artifacts and reports in one switch."""
-    from qdeploy.pipeline.gates import evaluate_gates, unmeasured
+    from qdeploy.pipeline.gates import evaluate_gates, excuse_unreadable, unmeasured
     from qdeploy.pipeline.report import write_reports
     from qdeploy.pipeline.summary import build_report
     from qdeploy.stages.benchmark import split_modes, unmeasured_throughput
@@ -211,6 +217,7 @@ def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[Validation
                          allowed=recipe.report.allow_unmeasured)
     missing += unmeasured_throughput(throughput, _expected(plan, outcome, "throughput"),
                                      allowed=recipe.report.allow_unmeasured)
+    missing = excuse_unreadable(missing, validation)
     report = build_report(recipe, outcome.published, validation, benchmarks, gates, outcome.failures,
                           seconds=seconds, unmeasured=missing, model=_model_identity(outcome), throughput=throughput)
     generation = outcome.generation or begin_generation(plan.out_dir)
@@ -251,12 +258,12 @@ def _silent() -> Progress:
 
 
 def _evaluate_phase(plan: RunPlan, outcome: BuildOutcome, stage: str, targets: list[str] | None,
-                    progress: Progress | None) -> list[Any]:
+                    progress: Progress | None, extra: dict[str, Any] | None = None) -> list[Any]:
     chosen = [target for target in plan.targets if targets is None or target in targets]
     with tempfile.TemporaryDirectory(prefix="qdeploy-") as work:
         state = _RunState(plan.recipe, ArtifactStore(plan.cache_dir), plan.use_cache, progress or _silent(),
                           Path(work))
-        return _evaluate(state, stage, outcome.evaluated, chosen)
+        return _evaluate(state, stage, outcome.evaluated, chosen, extra)
 
 
 def _exit_code(outcome: BuildOutcome, gates: list[GateResult], validation: list[ValidationRow],
@@ -469,12 +476,13 @@ def _evaluation_set(state: _RunState, variants: list[str], exported: Artifact) -
     return {reference: state.artifacts[reference], **evaluated}
 
 
-def _evaluate(state: _RunState, stage: str, artifacts: dict[str, Artifact], targets: list[str]) -> list[Any]:
+def _evaluate(state: _RunState, stage: str, artifacts: dict[str, Artifact], targets: list[str],
+              extra: dict[str, Any] | None = None) -> list[Any]:
     info = registry.stage(stage)
     config = state.recipe.validate_ if stage == "validate" else state.recipe.benchmark
     state.progress.phase(stage)
     ctx = _context(state, "*", stage)
-    extra = {"declared": state.recipe.declared_tolerances()} if stage == "validate" else {}
+    extra = {"declared": state.recipe.declared_tolerances()} if stage == "validate" else dict(extra or {})
     results = []
     for group_targets, group in runtime_groups(artifacts, targets):
         results += info.function()(group, group_targets, config, ctx, **extra)

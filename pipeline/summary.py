@@ -23,7 +23,7 @@ from qdeploy.pipeline.identity import recipe_fingerprint
 from qdeploy.pipeline.recipe import Recipe
 from qdeploy.pipeline.report.throughput import throughput_speedup
 from qdeploy.pipeline.report.verdict import verdict_section
-from qdeploy.stages.validate import noise_floor_summary
+from qdeploy.stages.validate import noise_floor_summary, unreadable_targets
 from qdeploy.stages.validate.config import REFERENCE_TARGET
 
 __all__ = ["SCHEMA_VERSION", "build_report", "speedup_range"]
@@ -67,6 +67,7 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
         "artifacts": artifacts,
         "validation": rows_to_json(validation),
         "noise_floor": noise_floor_summary(validation),
+        "unreadable_targets": unreadable_targets(validation),
         "benchmarks": rows_to_json(timed),
         "throughput": rows_to_json(rates),
     }

@@ -74,6 +74,7 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
 
     from qdeploy.core.rows import ThroughputRow
     from qdeploy.pipeline.report.format import fmt_number, fmt_speedup
+    from qdeploy.pipeline.report.precision import speedup_sides
     from qdeploy.pipeline.report.verdict import verdict_lines
     from qdeploy.pipeline.report.view import (
         fmt,
@@ -89,14 +90,15 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
     rows = [row for row in matrix(report) if row.target not in missing]
     batches = len({row.batch for row in rows if row.batch is not None}) > 1
     table = Table(title=f"qdeploy: {report['recipe']['name']}", box=box.SIMPLE_HEAD)
-    columns = ("variant", "target", *(("batch",) if batches else ()), "p50 ms", "speedup", "cosine", "SNR dB",
-               "status")
+    columns = ("variant", "target", "precision ran", *(("batch",) if batches else ()), "p50 ms", "speedup",
+               "cosine", "SNR dB", "status")
     for column in columns:
         table.add_column(column, no_wrap=column in ("variant", "target", "status"), overflow="fold")
     for row in rows:
         p50 = fmt(row.latency.get("p50")) + ("*" if row.bench.get("noisy") else "")
-        speed = fmt_speedup(row.speedup, row.bench.get("speedup_range"))
-        cells = [row.variant, row.target, *((fmt(row.batch),) if batches else ()), p50, speed,
+        sides = speedup_sides(report, row.bench)
+        speed = fmt_speedup(row.speedup, row.bench.get("speedup_range")) + (f": {sides}" if sides else "")
+        cells = [row.variant, row.target, row.precision_ran, *((fmt(row.batch),) if batches else ()), p50, speed,
                  fmt(row.metrics.get("cosine"), 6), fmt(row.metrics.get("snr_db"), 4), row.status]
         table.add_row(*cells, style="dim" if row.status == "unavailable" else None)
     console.print(table)

@@ -4,8 +4,9 @@ A package (``<target as runtime-device>-<variant>/``)::
 
     model.xml + model.bin    openvino:*  openvino.save_model(read_model(onnx)); fp16 weights only for fp16 variants
     model.onnx (+ data)      ort:*       the validated ONNX file byte for byte [+ model.extended.onnx, opt-in]
-    runtime.json             how validation loaded it: OpenVINO device and compile properties read back, or ORT
-                             providers, provider options and session options
+    runtime.json             how validation loaded it: OpenVINO device and compile properties read back (with
+                             INFERENCE_PRECISION_HINT pinned to the precision validated, and ``precision_pinned``
+                             saying why when the device default missed), or ORT providers and options
     check/inputs.npz         a few validation samples, and check/reference.npz the run's reference outputs on them
     check.py                 stdlib + numpy + the runtime: sha256 of every file, load, compare within tolerance
     manifest.json            sha256 and size of every file, inputs/outputs, versions, validation metrics, latency,
@@ -168,12 +169,14 @@ def runtime_settings(source: PackageSource) -> dict[str, Any]:
     threads = source.benchmark.threads if source.benchmark else None
     if runtime == "openvino":
         properties: dict[str, Any] = {"PERFORMANCE_HINT": (bench_settings or {}).get("PERFORMANCE_HINT", "LATENCY")}
-        if execution.get("precision"):
-            properties["INFERENCE_PRECISION_HINT"] = execution["precision"]
+        pinned = source.validation.deploy_precision
+        if pinned or execution.get("precision"):
+            properties["INFERENCE_PRECISION_HINT"] = pinned or execution["precision"]
         if isinstance(threads, int):
             properties["INFERENCE_NUM_THREADS"] = threads
         return {"runtime": "openvino", "device": device.upper(), "properties": properties,
-                "validated_with": execution.get("precision"), "benchmarked_with": bench_settings}
+                "validated_with": execution.get("precision"), "benchmarked_with": bench_settings,
+                **_pinned_record(source.validation)}
     from qdeploy.targets import get_target
 
     adapter = get_target(source.target)
@@ -184,6 +187,18 @@ def runtime_settings(source: PackageSource) -> dict[str, Any]:
                                 "intra_op_num_threads": threads if isinstance(threads, int) else 0,
                                 "execution_mode": "ORT_SEQUENTIAL"},
             "validated_with": execution.get("providers"), "benchmarked_with": bench_settings}
+
+
+def _pinned_record(validation: ValidationRow) -> dict[str, Any]:
+    """Why runtime.json pins a precision the device would not pick: its default missed the tolerance."""
+    if not validation.deploy_precision:
+        return {}
+    default = (validation.precision_attempts or [{}])[0]
+    return {"precision_pinned": {
+        "INFERENCE_PRECISION_HINT": validation.deploy_precision,
+        "why": f"the device default ({default.get('ran')}) missed the validation tolerance "
+               f"({default.get('reason') or 'failed'}); {validation.deploy_precision} pinned holds",
+        "attempts": validation.precision_attempts}}
 
 
 def _write_check(folder: Path, check: CheckData, validation: ValidationRow) -> dict[str, Any]:
@@ -219,7 +234,8 @@ def manifest_body(source: PackageSource, model: dict[str, Any], settings: dict[s
         "model": model, "inputs": signature["inputs"], "outputs": signature["outputs"], "load": settings,
         "validation": {"status": validation.status, "metrics": validation.metrics.to_json(),
                        "tolerance": validation.tolerance, "samples": validation.samples,
-                       "effective_precision": validation.effective_precision, "warnings": validation.warnings},
+                       "effective_precision": validation.effective_precision, "warnings": validation.warnings,
+                       **({"deploy_precision": validation.deploy_precision} if validation.deploy_precision else {})},
         "latency": None if bench is None else _latency_record(bench),
         "check": check, "snippet": snippet(settings["runtime"], signature["inputs"], signature["outputs"]),
         "portability": "int8 results depend on the CPU's int8 path (made_by.int8_path); run check.py on the "

@@ -87,13 +87,20 @@ def openvino_runner(folder: Path, runtime: dict[str, Any], model_file: str, outp
     # By the ONNX names of the manifest: save_model may give a port a second name, and get_any_name() then
     # returns that one (an fp16 IR's 'logits' port also answers to 'head/gemm_cast_to_logits').
     ports = {name: compiled.output(name) for name in outputs}
-    precision = compiled.get_property("INFERENCE_PRECISION_HINT")
+    hint = compiled.get_property("INFERENCE_PRECISION_HINT")
+    precision = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
+    pinned = (runtime.get("properties") or {}).get("INFERENCE_PRECISION_HINT")
 
     def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         result = compiled(feed)
         return {name: np.array(result[port]) for name, port in ports.items()}
 
-    return run, f"openvino {ov.get_version()} on {runtime['device']}, inference precision {precision}"
+    said = f"openvino {ov.get_version()} on {runtime['device']}, inference precision {precision}"
+    if pinned and pinned != precision:  # OpenVINO ignores a hint the device cannot run: say it, the outputs decide
+        said += f" (runtime.json pins {pinned}, which this device does not run)"
+    elif pinned:
+        said += " (pinned by runtime.json)"
+    return run, said
 
 
 def ort_runner(folder: Path, runtime: dict[str, Any], model_file: str, outputs: list[str]) -> tuple[Runner, str]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from qdeploy.pipeline.report._html_parts import status_badge
 from qdeploy.pipeline.report.format import fmt_number, fmt_speedup
+from qdeploy.pipeline.report.precision import speedup_sides
 from qdeploy.pipeline.report.tables import report_verdict
 from qdeploy.pipeline.report.verdict import describe, in_recipe_order, short_reason
 from qdeploy.pipeline.report.view import unavailable_targets
@@ -44,6 +45,10 @@ def verdict_html(report: dict[str, Any]) -> str:
         else:
             cards.append(f"<div class=\"ship none\"><div class=\"pick\"><code>{_e(target)}</code>: nothing to "
                          f"ship: {_e(verdict['why'])}</div>{listing}</div>")
+    unreadable = section.get("unreadable") or {}  # the target cannot read the original model: said once
+    cards += [f"<div class=\"ship none\"><div class=\"pick\"><code>{_e(target)}</code>: "
+              f"{'the original model is unreadable here' if target in section['targets'] else 'nothing to ship'}, "
+              f"not a failure of a variant: {_e(why)}</div></div>" for target, why in unreadable.items()]
     lacks = unavailable_html(section.get("unavailable") or {})
     if not cards and not lacks:
         return ""
@@ -76,7 +81,8 @@ def throughput_html(report: dict[str, Any]) -> str:
         latency = row.get("latency_ms") or {}
         cells = [_e(row["variant"]), _e(row["target"]), _e(fmt_number(row.get("batch_size"))),
                  _e(fmt_number(row.get("inferences_per_s"))),
-                 _e(fmt_speedup(row.get("speedup"), row.get("speedup_range"))),
+                 _e(" ".join(filter(None, (fmt_speedup(row.get("speedup"), row.get("speedup_range")),
+                                           speedup_sides(report, row, "throughput"))))),
                  _e(fmt_number(row.get("requests_in_flight"))),
                  _e(f"{fmt_number(row.get('streams'))} × {fmt_number(row.get('threads_per_request'))}"),
                  _e(fmt_number(latency.get("p50"))), _e(fmt_number(latency.get("p99"))),

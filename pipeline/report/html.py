@@ -13,6 +13,7 @@ from qdeploy.pipeline.report._html_parts import findings_html, status_badge
 from qdeploy.pipeline.report._html_verdict import VERDICT_CSS, throughput_html, unavailable_html, verdict_html
 from qdeploy.pipeline.report.charts import colors_for, latency_bars_svg, tradeoff_svg
 from qdeploy.pipeline.report.format import fmt_cosine, fmt_snr, fmt_speedup
+from qdeploy.pipeline.report.precision import speedup_sides
 from qdeploy.pipeline.report.view import (
     MatrixRow,
     benchmark_settings,
@@ -148,8 +149,9 @@ def _problems(report: dict[str, Any]) -> str:
     return f"<div class=\"problems{'' if hard else ' soft'}\"><strong>{title}</strong><ul>{items}</ul></div>"
 
 
-TABLE_HEAD = ("variant", "batch", "p50 ms [95% CI]", "p90 ms", "p99 ms", "speedup [rounds]", "serial rate /s",
-              "size MB", "peak mem MB", "cosine", "SNR dB", "max abs err", "top-1", "validation", "benchmark")
+TABLE_HEAD = ("variant", "precision ran", "batch", "p50 ms [95% CI]", "p90 ms", "p99 ms", "speedup [rounds]",
+              "serial rate /s", "size MB", "peak mem MB", "cosine", "SNR dB", "max abs err", "top-1", "validation",
+              "benchmark")
 
 
 def _table(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]) -> str:
@@ -160,7 +162,8 @@ def _table(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]
     missing = unavailable_targets(report)
     for target in dict.fromkeys(row.target for row in rows if row.target not in missing):
         body.append(f"<tr class=\"group\"><td colspan=\"{len(names)}\">{_e(target)}</td></tr>")
-        body += [_table_row(row, colors, task) for row in rows if row.target == target]
+        body += [_table_row(row, colors, task, speedup_sides(report, row.bench)) for row in rows
+                 if row.target == target]
     reference = _e((report.get("reference") or {}).get("variant"))
     return ("<h2>Latency and accuracy, variant × target</h2>"
             f"<div class=\"scroll\"><table class=\"matrix\"><thead><tr>{head}</tr></thead>"
@@ -173,7 +176,7 @@ def _table(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]
             "first run and warm-up.</p>")
 
 
-def _table_row(row: MatrixRow, colors: dict[str, str], task: bool) -> str:
+def _table_row(row: MatrixRow, colors: dict[str, str], task: bool, sides: str = "") -> str:
     latency, metrics = row.latency, row.metrics
     ci = latency.get("ci95_p50")
     p50 = _e(fmt(latency.get("p50")))
@@ -186,9 +189,12 @@ def _table_row(row: MatrixRow, colors: dict[str, str], task: bool) -> str:
     if row.speedup is not None and low_high and low_high != [1.0, 1.0]:
         speed = _e("≈1x") if row.speedup_undecided else speed
         speed += f"<br><span class=\"ci\">[{low_high[0]:.2f}–{low_high[1]:.2f}]</span>"
+    if sides:
+        speed += f"<br><span class=\"ci\">{_e(sides)}</span>"
     swatch = f"<span class=\"swatch\" style=\"background:{colors.get(row.variant, '#999')}\"></span>"
     cells = [
-        f"<td>{swatch}{_e(row.variant)}</td>", _num(row.batch), f"<td class=\"num\">{p50}</td>",
+        f"<td>{swatch}{_e(row.variant)}</td>", f"<td>{_e(row.precision_ran)}</td>", _num(row.batch),
+        f"<td class=\"num\">{p50}</td>",
         _num(latency.get("p90")), _num(latency.get("p99")), f"<td class=\"num\">{speed}</td>",
         _num(row.bench.get("throughput_per_s")), _num(row.size_bytes / 1e6 if row.size_bytes else None),
         _num(row.peak_memory_mb), _text(fmt_cosine(metrics.get("cosine"))),

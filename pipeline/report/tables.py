@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from qdeploy.pipeline.report.format import fmt_cosine, fmt_ms, fmt_number, fmt_snr, fmt_speedup
+from qdeploy.pipeline.report.precision import speedup_sides
 from qdeploy.pipeline.report.verdict import verdict_lines, verdict_section
 from qdeploy.pipeline.report.view import matrix, tradeoff_points, unavailable_line, unavailable_targets
 
@@ -41,9 +42,9 @@ def verdict_markdown(report: dict[str, Any]) -> list[str]:
 
 def matrix_lines(report: dict[str, Any]) -> list[str]:
     """The latency and accuracy table; rows of targets this machine lacks collapse into one line below it."""
-    lines = ["| variant | target | batch | p50 ms [95% CI] | p90 ms | p99 ms | speedup | serial rate /s | size MB "
-             "| peak mem MB | cosine | SNR dB | max abs err | validation | benchmark |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| variant | target | precision ran | batch | p50 ms [95% CI] | p90 ms | p99 ms | speedup | "
+             "serial rate /s | size MB | peak mem MB | cosine | SNR dB | max abs err | validation | benchmark |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     missing = unavailable_targets(report)
     for row in matrix(report):
         if row.target in missing:
@@ -54,9 +55,9 @@ def matrix_lines(report: dict[str, Any]) -> list[str]:
         noisy = " (noisy)" if row.bench.get("noisy") else ""
         metrics = row.metrics
         lines.append(
-            f"| {row.variant} | {row.target} | {fmt_number(row.batch)} | {p50}{noisy} | "
+            f"| {row.variant} | {row.target} | {row.precision_ran} | {fmt_number(row.batch)} | {p50}{noisy} | "
             f"{fmt_number(latency.get('p90'))} | {fmt_number(latency.get('p99'))} | "
-            f"{fmt_speedup(row.speedup, row.bench.get('speedup_range'))} | "
+            f"{_speedup_cell(report, row.bench, fmt_speedup(row.speedup, row.bench.get('speedup_range')))} | "
             f"{fmt_number(row.bench.get('throughput_per_s'))} | {fmt_number(_mb(row.size_bytes))} | "
             f"{fmt_number(row.peak_memory_mb)} | {fmt_cosine(metrics.get('cosine'))} | "
             f"{_snr_cell(metrics.get('snr_db'))} | {fmt_number(metrics.get('max_abs_err'))} | "
@@ -78,7 +79,8 @@ def throughput_lines(report: dict[str, Any]) -> list[str]:
         latency = row.get("latency_ms") or {}
         lines.append(
             f"| {row['variant']} | {row['target']} | {fmt_number(row.get('batch_size'))} | "
-            f"{fmt_number(row.get('inferences_per_s'))} | {fmt_speedup(row.get('speedup'), row.get('speedup_range'))} "
+            f"{fmt_number(row.get('inferences_per_s'))} | "
+            f"{_speedup_cell(report, row, fmt_speedup(row.get('speedup'), row.get('speedup_range')), 'throughput')} "
             f"| {fmt_number(row.get('requests_in_flight'))} | {fmt_number(row.get('streams'))} × "
             f"{fmt_number(row.get('threads_per_request'))} | {fmt_number(latency.get('p50'))} | "
             f"{fmt_number(latency.get('p99'))} | {row['status']}{': ' + row['reason'] if row.get('reason') else ''} |")
@@ -114,6 +116,12 @@ def _fidelity_text(value: float, capped: bool, label: str) -> str:
     if capped:
         return "identical outputs"
     return fmt_snr(value) if label.startswith("SNR") else fmt_number(value, 4)
+
+
+def _speedup_cell(report: dict[str, Any], row: dict[str, Any], text: str, key: str = "benchmarks") -> str:
+    """The speedup and the precisions it compares: '1.8x: int8 (bf16 float parts) vs fp32 (f32)'."""
+    sides = speedup_sides(report, row, key)
+    return f"{text}: {sides}" if sides else text
 
 
 def _snr_cell(value: Any) -> str:

@@ -13,7 +13,9 @@ Rules (docs/verdict-and-throughput.md says them for users):
   intervals of the medians overlap;
 - the pick is the smallest artifact of the tie set (then the higher fidelity, then the better median); the
   runner-up is the best other member of the tie set; every other variant is listed with its reason;
-- with benchmarks off, the pick is the smallest artifact that passed, said to be unranked by speed.
+- with benchmarks off, the pick is the smallest artifact that passed, said to be unranked by speed;
+- a validation row that missed at the device's default precision and passed pinned (``deploy_precision``) is a
+  candidate with that pinned setting, and the verdict says so.
 A failed, errored or unavailable row is never a candidate, nor an artifact that every benchmark round measured
 slower than the float reference on that target (its speedup range is below 1).
 """
@@ -49,10 +51,13 @@ class Choice:
     fidelity: dict[str, Any]
     latency: dict[str, Any] = field(default_factory=dict)
     throughput: dict[str, Any] = field(default_factory=dict)
+    deploy_precision: str | None = None
+    """The INFERENCE_PRECISION_HINT it ships with where the device default missed its tolerance."""
 
     def as_dict(self) -> dict[str, Any]:
+        pinned = {"deploy_precision": self.deploy_precision} if self.deploy_precision else {}
         return {"variant": self.variant, **self.latency, **self.throughput, "fidelity": self.fidelity,
-                "size_bytes": self.size_bytes}
+                "size_bytes": self.size_bytes, **pinned}
 
 
 @dataclass
@@ -94,11 +99,19 @@ def _timed(report: dict[str, Any], key: str) -> list[BenchmarkRow] | list[Throug
 
 
 def verdict_section(report: dict[str, Any]) -> dict[str, Any]:
-    """The report.json ``verdict``: per available target what to ship, and the targets this machine lacks."""
+    """The report.json ``verdict``: per available target what to ship, the targets this machine lacks, and the
+    targets that cannot read the original model (``unreadable``: said once; nothing to ship there unless a variant
+    reads there after all)."""
     by, batch = ranking(report)
     targets, unavailable = split_targets(report)
+    unreadable = {target: why for target, why in (report.get("unreadable_targets") or {}).items()
+                  if target in targets}
+    # a variant the target reads after all (simplify folded what the runtime could not) keeps its verdict there
+    readable = {row.target for row in _validation(report) if not row.unreadable and row.status != "unavailable"}
+    targets = [target for target in targets if target not in unreadable or target in readable]
     found = {target: target_verdict(report, target, by, batch).as_dict() for target in targets}
-    return {"by": by, "batch_size": batch, "targets": found, "order": targets, "unavailable": unavailable}
+    return {"by": by, "batch_size": batch, "targets": found, "order": targets, "unavailable": unavailable,
+            "unreadable": unreadable}
 
 
 def ranking(report: dict[str, Any]) -> tuple[str, int | None]:
@@ -218,7 +231,8 @@ def _score(bench: BenchmarkRow | ThroughputRow, by: str) -> Any:
 def _choice(variant: str, rows: _Rows, by: str) -> Choice:
     metrics = rows.checks[variant].metrics
     fidelity = {key: metrics.value(key) for key in FIDELITY_KEYS if metrics.has(key)}
-    choice = Choice(variant, 0.0, [], None, rows.sizes.get(variant), fidelity)
+    choice = Choice(variant, 0.0, [], None, rows.sizes.get(variant), fidelity,
+                    deploy_precision=rows.checks[variant].deploy_precision)
     bench, rate = rows.latency.get(variant), rows.throughput.get(variant)
     if bench and bench.status == "ok":
         choice.latency = {"latency_ms": bench.p50, "ci95_ms": bench.latency_ms.ci95_p50 if bench.latency_ms else None,
@@ -303,6 +317,10 @@ def verdict_lines(section: dict[str, Any] | None) -> list[tuple[str, list[str]]]
             runner = verdict["runner_up"]
             details.append(f"runner-up {runner['variant']}: {describe(runner)}")
         entries.append((headline, details + _rejected_lines(verdict)))
+    for target, why in (section.get("unreadable") or {}).items():
+        shipped = target in (section.get("targets") or {})
+        entries.append((f"{target}: {'the original model is unreadable here' if shipped else 'nothing to ship'}, "
+                        f"not a failure of a variant: {why}", []))
     unavailable = section.get("unavailable") or {}
     if unavailable:
         reasons = "; ".join(dict.fromkeys(short_reason(reason) for reason in unavailable.values()))
@@ -331,6 +349,9 @@ def describe(choice: dict[str, Any]) -> str:
                      f"in flight ({fmt_ms(choice.get('latency_at_load_ms'))} at that load)")
     parts.append(fmt_fidelity(choice.get("fidelity") or {}))
     parts.append(fmt_mb(choice.get("size_bytes")))
+    if choice.get("deploy_precision"):
+        parts.append(f"with INFERENCE_PRECISION_HINT {choice['deploy_precision']} pinned (the device default missed "
+                     "its tolerance; the package's runtime.json pins it)")
     return ", ".join(parts)
 
 

@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from qdeploy.pipeline.report.precision import attempts_line, ran_label, same_setting, settings_by_row
+
 __all__ = ["FIDELITY_METRICS", "HIGHLIGHT_WORDS", "MatrixRow", "TradeoffPoint", "benchmark_settings",
            "fidelity_metric", "fmt", "gate_bound", "gate_label", "gate_verdict", "has_task_metric", "highlights",
            "lineage_chain", "mark_pareto_front", "matrix", "problems", "summarize_value", "tradeoff_points",
@@ -45,10 +47,12 @@ class MatrixRow:
 
     @property
     def validation_status(self) -> str:
-        return self.check.get("status", "–")
+        return "unreadable" if self.check.get("unreadable") else self.check.get("status", "–")
 
     @property
     def benchmark_status(self) -> str:
+        if self.check.get("unreadable") and self.bench.get("status") == "error":
+            return "unreadable"  # the target cannot read the original model: said once, not per row
         return self.bench.get("status", "–")
 
     @property
@@ -62,13 +66,25 @@ class MatrixRow:
         return bool(low_high) and low_high[0] < 1.0 < low_high[1]
 
     @property
+    def precision_ran(self) -> str:
+        """The precision this row's numbers ran at, from its own rows: the benchmark's, and the validation's too
+        where they differ (a pin validation ships that this benchmark did not time)."""
+        timed, checked = ran_label(self.bench) if self.bench else "–", ran_label(self.check) if self.check else "–"
+        if checked == "–" or (timed != "–" and not same_setting(self.bench, self.check)):
+            return timed if checked == "–" else f"validated {checked}; timed {timed}"
+        return checked
+
+    @property
     def peak_memory_mb(self) -> float | None:
         return (self.bench.get("memory") or {}).get("peak_growth_mb")
 
     @property
     def status(self) -> str:
-        """One word for the row: failed, error, unavailable, ok."""
+        """One word for the row: unreadable (the target cannot read the original model), failed, error,
+        unavailable, ok."""
         states = {self.validation_status, self.benchmark_status}
+        if "unreadable" in states:
+            return "unreadable"
         for word in ("failed", "error", "unavailable"):
             if word in states:
                 return word
@@ -231,9 +247,15 @@ def problems(report: dict[str, Any]) -> list[str]:
              for failure in report.get("failures", [])]
     grouped: dict[tuple[str, str, str], list[str]] = {}
     missing = unavailable_targets(report)  # said once, in the line that collapses their rows
+    unreadable = report.get("unreadable_targets") or {}
+    lines += [f"{why} (so no variant runs on {target}: not a failure of a variant)"
+              for target, why in unreadable.items()]
+    not_run = {(row["variant"], row["target"]) for row in report.get("validation", []) if row.get("unreadable")}
     for row in report.get("validation", []) + report.get("benchmarks", []) + (report.get("throughput") or []):
         if row.get("status") in ("passed", "ok") or not row.get("reason") or row["target"] in missing:
             continue
+        if (row["variant"], row["target"]) in not_run and row["target"] in unreadable:
+            continue  # said once above
         variants = grouped.setdefault((row["target"], row["status"], row["reason"]), [])
         if row["variant"] not in variants:
             variants.append(row["variant"])
@@ -261,6 +283,8 @@ def validation_notes(row: dict[str, Any]) -> list[str]:
             f"first diverging node {divergence.get('node', '?')} ({divergence.get('op_type', '?')}), tensor "
             f"{divergence.get('tensor', '?')}: max abs err {fmt(divergence.get('max_abs_err'))}, "
             f"cosine {fmt(divergence.get('cosine'), 6)}")
+    attempts = attempts_line(row)
+    notes += [attempts] if attempts else []
     notes += [f"unattainable: {item}" for item in row.get("unattainable") or []]
     notes += [str(item) for item in row.get("warnings") or []]
     return notes
@@ -310,22 +334,26 @@ def lineage_chain(artifact: dict[str, Any]) -> str:
 
 
 def benchmark_settings(report: dict[str, Any]) -> list[str]:
-    """How the numbers were measured, one line per target (from its first measured row)."""
+    """How the numbers were measured, one line per target: the plan from its first measured row, the runtime
+    settings every row shares, and per row those that differ (the inference precision, above all)."""
     lines = []
-    seen = set()
-    for row in report.get("benchmarks", []):
-        if row.get("status") != "ok" or row["target"] in seen:
-            continue
-        seen.add(row["target"])
+    measured = [row for row in report.get("benchmarks", []) if row.get("status") == "ok"]
+    for target in dict.fromkeys(row["target"] for row in measured):
+        rows = [row for row in measured if row["target"] == target]
+        row = rows[0]
         measure = row.get("measure") or {}
         warm = f"{measure['warmup_seconds']} s" if measure.get("warmup") == "time" else \
             f"{fmt(row.get('warmup'))} runs"
         timed = f"{measure['duration_seconds']} s per artifact" if measure.get("by") == "time" else \
             f"{row.get('runs')} runs"
-        settings = ", ".join(f"{key}={value}" for key, value in (row.get("settings") or {}).items())
-        lines.append(f"{row['target']}: {row.get('mode', 'sync')}; warm-up {warm}; measured {timed} in "
+        shared, differing = settings_by_row(rows)
+        settings = ", ".join(f"{key}={value}" for key, value in shared.items())
+        lines.append(f"{target}: {row.get('mode', 'sync')}; warm-up {warm}; measured {timed} in "
                      f"{measure.get('rounds', len(row.get('round_p50_ms') or []))} interleaved rounds; threads "
                      f"{row.get('threads') or 'runtime default'}" + (f"; {settings}" if settings else ""))
+        lines += [f"{target}: {key} per row: {', '.join(values)}" for key, values in differing.items()]
+        ran = list(dict.fromkeys(f"{item['variant']} {ran_label(item)}" for item in rows))
+        lines.append(f"{target}: inference precision that ran, per row: {', '.join(ran)}")
     return lines + _benchmark_data_lines(report)
 
 

@@ -110,7 +110,8 @@ def _run_phase(item: WorkItem, payload: tuple[Any, ...]) -> WorkReply:
         if item.kind == "validate":
             return WorkReply(value=runner.validate_phase(*payload, targets=targets))
         if item.kind == "benchmark":
-            return WorkReply(value=runner.benchmark_phase(*payload, targets=targets))
+            plan, outcome, validation = payload
+            return WorkReply(value=runner.benchmark_phase(plan, outcome, targets=targets, validation=validation))
         plan, outcome, validation, benchmarks, seconds = payload
         return WorkReply(value=runner.finish_run(plan, outcome, validation, benchmarks, seconds=seconds))
     except QdeployError as exc:

@@ -113,7 +113,8 @@ class ValidationRow(ResultRow):
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({
         "outputs", "tolerance", "tolerance_basis", "precision", "execution", "samples",
-        "batch_sizes_validated", "task_metric_reference", "added"})
+        "batch_sizes_validated", "task_metric_reference", "added", "precision_hint", "precision_attempts",
+        "deploy_precision", "unreadable"})
 
     variant: str
     target: str
@@ -138,6 +139,19 @@ class ValidationRow(ResultRow):
     task_metric_reference: float | None = None
     added: str | None = None
     """Why qdeploy added this row to the recipe's matrix (the fp16 true-precision check)."""
+    precision_hint: str | None = None
+    """OpenVINO rows: the INFERENCE_PRECISION_HINT this row's numbers ran with ('f32', 'f16', 'bf16'); None: the
+    device's default.  ``execution['precision']`` is what OpenVINO really compiled."""
+    precision_attempts: list[dict[str, Any]] | None = None
+    """OpenVINO rows the device default failed on a reduced-precision CPU: each setting tried, in order ('default'
+    first, then pinned precisions), what ran, whether it passed, its metrics and its reason."""
+    deploy_precision: str | None = None
+    """Set when the device default missed the tolerance and this pinned precision holds: the row's numbers are the
+    pinned run's, and the package pins INFERENCE_PRECISION_HINT to it."""
+    unreadable: bool | None = None
+    """True when the target cannot read or compile this artifact because it cannot read the original model either
+    (the reference variant's row on that target, whose reason says why, once): not a failure of this variant, and
+    never a pass.  report.json's ``unreadable_targets`` names each such target once."""
 
     @property
     def measured(self) -> bool:
@@ -176,7 +190,7 @@ class BenchmarkRow(ResultRow):
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({
         "warmup", "warmup_ms", "threads", "mode", "timed_call", "measure", "settings", "data", "output_shapes",
-        "round_runs", "ci95_rel_width", "stopped_early", "execution", "speedup", "speedup_range"})
+        "round_runs", "ci95_rel_width", "stopped_early", "execution", "speedup", "speedup_range", "precision_hint"})
 
     variant: str
     target: str
@@ -206,6 +220,8 @@ class BenchmarkRow(ResultRow):
     ci95_rel_width: float | None = None
     stopped_early: StopRecord | None = None
     execution: dict[str, Any] | None = None
+    precision_hint: str | None = None
+    """OpenVINO rows: the INFERENCE_PRECISION_HINT the timed runs used (None: the device default)."""
     # added by the report (qdeploy.pipeline.summary): against the reference variant on the same target and batch
     speedup: float | None = None
     speedup_range: list[float] | None = None
@@ -219,7 +235,8 @@ class ThroughputRow(ResultRow):
     """Inferences per second of one artifact on one target and batch size, many requests in flight."""
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({
-        "inferences", "requests_run", "seconds", "round_spread", "call", "settings", "speedup", "speedup_range"})
+        "inferences", "requests_run", "seconds", "round_spread", "call", "settings", "speedup", "speedup_range",
+        "precision_hint"})
 
     variant: str
     target: str
@@ -241,6 +258,8 @@ class ThroughputRow(ResultRow):
     round_spread: float | None = None
     call: str | None = None
     settings: dict[str, Any] | None = None
+    precision_hint: str | None = None
+    """OpenVINO rows: the INFERENCE_PRECISION_HINT the requests used (None: the device default)."""
     speedup: float | None = None
     speedup_range: list[float] | None = None
 

@@ -16,6 +16,8 @@ labelled float32).  The OpenVINO adapter lives in ``qdeploy.targets.openvino``.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from qdeploy.targets.base import (
     ExecutionInfo,
     Session,
@@ -26,13 +28,15 @@ from qdeploy.targets.base import (
     short_message,
 )
 from qdeploy.targets.bound import BoundCall, OrtBoundCall
+from qdeploy.targets.cpu_facts import default_hint
 from qdeploy.targets.onnxruntime import OrtSession, OrtTarget
 from qdeploy.targets.openvino import OpenVinoSession, OpenVinoTarget
 from qdeploy.targets.reference import ReferenceSession, ReferenceTarget
 
 __all__ = ["KNOWN_TARGETS", "BoundCall", "ExecutionInfo", "OpenVinoSession", "OpenVinoTarget", "OrtBoundCall",
            "OrtSession", "OrtTarget", "ReferenceSession", "ReferenceTarget", "Session", "TargetAdapter",
-           "TargetFellBack", "available_targets", "check_feeds", "get_target", "onnx_io_names", "short_message"]
+           "TargetFellBack", "available_targets", "check_feeds", "get_target", "load_as_deployed", "onnx_io_names",
+           "short_message"]
 
 KNOWN_TARGETS: tuple[str, ...] = (
     "ort:cpu", "ort:cuda", "ort:tensorrt", "ort:openvino",
@@ -60,3 +64,13 @@ def available_targets() -> dict[str, str]:
     return result
 
 
+
+
+def load_as_deployed(target: str, path: Path, hint: str | None = None) -> Session:
+    """A reduced-precision (fp16, int8) artifact loaded on ``target`` as validation and deployment run it: at the
+    device's default precision (bfloat16 float parts on an OpenVINO CPU with AVX512-BF16; the injected CPU's
+    default under $QDEPLOY_CPU_FLAGS), or pinned to ``hint`` (OpenVINO's INFERENCE_PRECISION_HINT)."""
+    hint = hint or default_hint(target)[0]
+    if hint is not None:
+        return get_target(target).load(path, pin_f32=False, precision=hint)
+    return get_target(target).load(path, pin_f32=False)

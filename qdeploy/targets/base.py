@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,7 +20,7 @@ __all__ = ["ExecutionInfo", "Session", "TargetAdapter", "TargetFellBack", "check
 
 log = logging.getLogger(__name__)
 
-_MAX_MESSAGE = 400
+_MAX_MESSAGE = 700
 
 
 
@@ -123,10 +124,19 @@ class TargetAdapter:
             raise ModelError(f"model file not found: {model_path}")
 
 
+_SOURCE_LOCATIONS = re.compile(r"(Exception from|[Cc]heck '[^']*' failed at|failed at) \S+\.(?:cpp|hpp|h|cc):\d+:\s*")
+"""Where in a runtime's C++ sources an error was raised (OpenVINO prefixes every level with one): noise to a user,
+and it pushes the cause ("The input data tensor's rank has to be known") past any length limit."""
+
+
 def short_message(exc: BaseException) -> str:
-    """An exception's message on one line, cut to a readable length."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
+    """An exception's message on one line without C++ source locations; a long one keeps its start and its end
+    (where runtimes put the cause and their summary)."""
+    text = _SOURCE_LOCATIONS.sub("", " ".join(str(exc).split())).strip() or type(exc).__name__
+    if len(text) <= _MAX_MESSAGE:
+        return text
+    half = (_MAX_MESSAGE - 5) // 2
+    return f"{text[:half]} ... {text[-half:]}"
 
 
 def check_feeds(target: str, input_names: list[str], feeds: dict[str, np.ndarray]) -> None:

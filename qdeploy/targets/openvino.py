@@ -1,10 +1,13 @@
 """The OpenVINO target adapter (``openvino:cpu``, ``openvino:gpu``, ``openvino:npu``).
 
 OpenVINO reads the ONNX file itself; ``query_model`` is asked which ops the
-device supports before compiling, and float32 artifacts are compiled with
-INFERENCE_PRECISION_HINT=f32 (``pin_f32``): the CPU plugin would otherwise run
-them in bfloat16 on CPUs that support it.  The precision that really ran is
-read back from the compiled model and from its runtime model's layers.
+device supports before compiling.  The inference precision is a setting:
+``precision`` pins INFERENCE_PRECISION_HINT ('f32', 'f16', 'bf16'); without it,
+``pin_f32`` (the default, what float32 artifacts get) pins f32, and
+``pin_f32=False`` leaves the device default (bfloat16 on CPUs with AVX512-BF16
+or AMX: see ``qdeploy.targets.cpu_facts``).  OpenVINO ignores a hint the device
+cannot honour, so the precision that really ran is read back from the compiled
+model and from its runtime model's layers, and a hint that did not hold is noted.
 """
 
 from __future__ import annotations
@@ -28,12 +31,15 @@ from qdeploy.targets.base import (
 )
 from qdeploy.targets.bound import BoundCall
 
-__all__ = ["OpenVinoBoundCall", "OpenVinoSession", "OpenVinoTarget"]
+__all__ = ["PINNABLE", "OpenVinoBoundCall", "OpenVinoSession", "OpenVinoTarget"]
 
 log = logging.getLogger(__name__)
 
 _OV_PRECISION_NAMES = {"f32": "FP32", "f16": "FP16", "bf16": "BF16", "f64": "FP64"}
 _OV_BOOKKEEPING_LAYERS = frozenset({"Input", "Output", "Const"})
+PINNABLE = ("f32", "f16", "bf16")
+"""INFERENCE_PRECISION_HINT values ``load(precision=...)`` pins."""
+_OV_SHORT = {"float32": "f32", "f32": "f32", "bfloat16": "bf16", "bf16": "bf16", "float16": "f16", "f16": "f16"}
 
 
 @functools.cache
@@ -65,7 +71,11 @@ class OpenVinoTarget(TargetAdapter):
         existing = ", ".join(devices) or "none"
         return False, f"target {self.name} requested; this machine's OpenVINO has devices {existing}"
 
-    def load(self, model_path: Path, *, threads: int | None = None, pin_f32: bool = True) -> Session:
+    def load(self, model_path: Path, *, threads: int | None = None, pin_f32: bool = True,
+             precision: str | None = None) -> Session:
+        """Compile for the device.  ``precision`` ('f32', 'f16', 'bf16') pins INFERENCE_PRECISION_HINT and wins over
+        ``pin_f32``; with neither, the device's default precision runs.  ``session.requested_precision`` is the hint
+        asked for (None: the default), ``session.executed.precision`` what OpenVINO compiled."""
         self._require_available(model_path)
         core = _ov_core()
         input_names, output_names = onnx_io_names(model_path)
@@ -74,7 +84,7 @@ class OpenVinoTarget(TargetAdapter):
         except Exception as exc:
             raise ModelError(f"{Path(model_path).name}: OpenVINO cannot read the model: {short_message(exc)}") from None
         support_note, unsupported = self._query_support(model)
-        config, notes = self._compile_config(threads, pin_f32)
+        config, notes = self._compile_config(threads, pin_f32, precision)
         try:
             compiled = core.compile_model(model, self.ov_device, config)
         except Exception as exc:
@@ -82,6 +92,8 @@ class OpenVinoTarget(TargetAdapter):
                              f"({support_note}): {short_message(exc)}") from None
         session = OpenVinoSession(self.name, compiled, input_names, output_names, [support_note, *notes])
         session.executed.unsupported_ops = unsupported
+        session.requested_precision = config.get("INFERENCE_PRECISION_HINT")
+        _note_ignored_hint(self.name, session.requested_precision, session.executed)
         return session
 
     def _query_support(self, model: Any) -> tuple[str, list[str]]:
@@ -100,8 +112,11 @@ class OpenVinoTarget(TargetAdapter):
         log.warning("target %s: %s", self.name, note)
         return note, unsupported
 
-    def _compile_config(self, threads: int | None, pin_f32: bool) -> tuple[dict[str, Any], list[str]]:
+    def _compile_config(self, threads: int | None, pin_f32: bool,
+                        precision: str | None = None) -> tuple[dict[str, Any], list[str]]:
         """Compile properties the device supports, and notes on what could not be set."""
+        if precision is not None and precision not in PINNABLE:
+            raise ValueError(f"target {self.name}: inference precision '{precision}' is not one of {PINNABLE}")
         try:
             supported = set(_ov_core().get_property(self.ov_device, "SUPPORTED_PROPERTIES"))
         except Exception:
@@ -109,8 +124,8 @@ class OpenVinoTarget(TargetAdapter):
         config: dict[str, Any] = {}
         notes: list[str] = []
         wanted: dict[str, Any] = {}
-        if pin_f32:
-            wanted["INFERENCE_PRECISION_HINT"] = "f32"
+        if precision is not None or pin_f32:
+            wanted["INFERENCE_PRECISION_HINT"] = precision or "f32"
         if threads:
             wanted["INFERENCE_NUM_THREADS"] = int(threads)
         for key, value in wanted.items():
@@ -124,6 +139,9 @@ class OpenVinoTarget(TargetAdapter):
 
 class OpenVinoSession(Session):
     """A compiled OpenVINO model with one InferRequest; outputs keyed by ONNX output names."""
+
+    requested_precision: str | None = None
+    """The INFERENCE_PRECISION_HINT asked for; None: the device's default."""
 
     def __init__(self, target: str, compiled: Any, input_names: list[str], output_names: list[str],
                  notes: list[str]) -> None:
@@ -149,6 +167,11 @@ class OpenVinoSession(Session):
         check_feeds(self.target, self.input_names, feeds)
         return OpenVinoBoundCall(self._request, {self._input_ports[name]: feeds[name] for name in self.input_names},
                                  self._output_ports)
+
+    @property
+    def compiled_model(self) -> Any:
+        """OpenVINO's CompiledModel: its runtime model names the original layers each executed layer fused."""
+        return self._compiled
 
     def runtime_settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = {}
@@ -183,6 +206,16 @@ class OpenVinoBoundCall(BoundCall):
 
     def outputs(self) -> dict[str, np.ndarray]:
         return {name: np.array(self._request.get_output_tensor(index).data) for name, index in self._ports.items()}
+
+
+def _note_ignored_hint(target: str, requested: str | None, executed: ExecutionInfo) -> None:
+    """OpenVINO compiles at another precision, silently, when the device cannot run the one asked for."""
+    if requested is None or executed.precision is None or _OV_SHORT.get(executed.precision) == requested:
+        return
+    note = (f"INFERENCE_PRECISION_HINT {requested} asked; OpenVINO compiled {executed.precision}: the device cannot "
+            f"run {requested} (OpenVINO ignores a hint it cannot honour)")
+    log.warning("target %s: %s", target, note)
+    executed.notes.append(note)
 
 
 def _plain(value: Any) -> Any:

@@ -65,8 +65,9 @@ def physical_cores() -> int:
 
 
 def open_pool(target: str, model_path: Path, feeds: dict[str, np.ndarray], requests: int | None,
-              pin_f32: bool = True) -> RequestPool:
-    """A pool of `requests` requests (None: the runtime's own suggestion) with `feeds` bound once."""
+              pin_f32: bool = True, precision: str | None = None) -> RequestPool:
+    """A pool of `requests` requests (None: the runtime's own suggestion) with `feeds` bound once; ``precision``
+    (OpenVINO only) pins INFERENCE_PRECISION_HINT as ``OpenVinoTarget.load`` does."""
     adapter = get_target(target)
     ok, reason = adapter.availability()
     if not ok:
@@ -78,7 +79,7 @@ def open_pool(target: str, model_path: Path, feeds: dict[str, np.ndarray], reque
     from qdeploy.targets.openvino import OpenVinoTarget
 
     assert isinstance(adapter, OpenVinoTarget)
-    return OpenVinoPool(adapter, model_path, feeds, requests, pin_f32)
+    return OpenVinoPool(adapter, model_path, feeds, requests, pin_f32, precision)
 
 
 class OpenVinoPool(RequestPool):
@@ -87,14 +88,14 @@ class OpenVinoPool(RequestPool):
     call = "AsyncInferQueue.start_async() on input tensors set once per request (benchmark_app's async loop)"
 
     def __init__(self, adapter: Any, model_path: Path, feeds: dict[str, np.ndarray], requests: int | None,
-                 pin_f32: bool) -> None:
+                 pin_f32: bool, precision: str | None = None) -> None:
         import openvino
 
         from qdeploy.targets.openvino import _match_ports, _ov_core, _plain, onnx_io_names
 
         input_names, _ = onnx_io_names(model_path)
         check_feeds(adapter.name, input_names, feeds)
-        config, self._notes = adapter._compile_config(None, pin_f32)
+        config, self._notes = adapter._compile_config(None, pin_f32, precision)
         config["PERFORMANCE_HINT"] = "THROUGHPUT"
         try:
             self._compiled = _ov_core().compile_model(str(model_path), adapter.ov_device, config)

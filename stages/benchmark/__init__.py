@@ -37,6 +37,7 @@ import numpy as np
 from qdeploy.core.errors import TargetUnavailable
 from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, StopRecord, ThroughputRow
 from qdeploy.stages.benchmark._data import BenchData, explain_failure, output_shape_notes, read_data
+from qdeploy.stages.benchmark._precision import Shipped, load_options, precision_record, shipped_precisions
 from qdeploy.stages.benchmark._runtime import MemoryProbe, bind_inputs
 from qdeploy.stages.benchmark._throughput import empty_row, split_modes, throughput_rows, unmeasured_throughput
 from qdeploy.stages.benchmark.config import (  # noqa: F401
@@ -54,8 +55,8 @@ if TYPE_CHECKING:
     from qdeploy.core.context import Artifact, StageContext
     from qdeploy.targets import Session
 
-__all__ = ["BenchmarkConfig", "median_confidence_interval", "run", "split_modes", "summarize", "time_for", "time_runs",
-           "unmeasured_throughput"]
+__all__ = ["BenchmarkConfig", "median_confidence_interval", "run", "shipped_precisions", "split_modes", "summarize",
+           "time_for", "time_runs", "unmeasured_throughput"]
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,11 @@ class _Loaded:
 
 
 def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkConfig,
-        ctx: StageContext) -> list[BenchmarkRow | ThroughputRow]:
-    """Benchmark results, one per (variant, target, batch size), in the report's contract."""
+        ctx: StageContext, shipped: Shipped | None = None) -> list[BenchmarkRow | ThroughputRow]:
+    """Benchmark results, one per (variant, target, batch size), in the report's contract.
+
+    ``shipped``: (variant, target) -> the inference precision validation ships it with where the device default
+    missed (``_precision.shipped_precisions``); those rows time that pinned setting."""
     from qdeploy.targets import get_target
 
     data: BenchData | None = None
@@ -96,10 +100,10 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkCon
                 results += _every_mode(artifacts, target, batch, config, "error", data_error)
             else:
                 if config.mode in ("latency", "both"):
-                    results += _benchmark_target(artifacts, target, batch, config, ctx, data)
+                    results += _benchmark_target(artifacts, target, batch, config, ctx, data, shipped)
                 if config.mode in ("throughput", "both"):
                     results += throughput_rows(artifacts, target, batch, config.throughput_settings,
-                                               len(config.round_plan()), ctx, data)
+                                               len(config.round_plan()), ctx, data, shipped)
     return results
 
 
@@ -115,13 +119,13 @@ def _every_mode(artifacts: dict[str, Artifact], target: str, batch: int, config:
 
 
 def _benchmark_target(artifacts: dict[str, Artifact], target: str, batch: int, config: BenchmarkConfig,
-                      ctx: StageContext, data: BenchData) -> list[BenchmarkRow]:
+                      ctx: StageContext, data: BenchData, shipped: Shipped | None = None) -> list[BenchmarkRow]:
     loaded: dict[str, _Loaded] = {}
     results: dict[str, BenchmarkRow] = {}
     for name, artifact in artifacts.items():
         ctx.on_progress(f"{name} · {target} · batch {batch}: loading and warming up")
         try:
-            loaded[name] = _prepare(artifact, target, batch, config, data)
+            loaded[name] = _prepare(artifact, target, batch, config, data, (name, shipped))
         except TargetUnavailable as exc:
             results[name] = _result(name, target, batch, "unavailable", str(exc))
         except Exception as exc:
@@ -142,16 +146,21 @@ def _benchmark_target(artifacts: dict[str, Artifact], target: str, batch: int, c
     return [results[name] for name in artifacts]
 
 
-def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfig, data: BenchData) -> _Loaded:
-    """Load, run once and warm up one artifact; time the first two apart and probe the memory they take."""
+def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfig, data: BenchData,
+             shipped: tuple[str, Shipped | None] | None = None) -> _Loaded:
+    """Load, run once and warm up one artifact; time the first two apart and probe the memory they take.
+    ``shipped``: (the variant's name, the shipped pins) — the row runs the precision its artifact ships with."""
     from qdeploy.targets import get_target
 
     fed = data.batch_for(artifact.path, batch)  # prepared once, outside any timed region
     gc.collect()
     probe = MemoryProbe()
     start = time.perf_counter()
-    # pinned as validation pins (float32 artifacts only): the verdict joins the two, so they measure one config
-    session = get_target(target).load(artifact.path, threads=config.threads, pin_f32=artifact.precision == "fp32")
+    # pinned as validation ships it (float32 artifacts; a pin that held where the default missed): the verdict
+    # joins the two, so they measure one config
+    name, pins = shipped or ("", None)
+    session = get_target(target).load(artifact.path, threads=config.threads,
+                                      **load_options(name, artifact, target, pins))
     created = time.perf_counter()
     try:
         expected = session.run(fed.feed)
@@ -165,6 +174,7 @@ def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfi
         raise
     settings = session.runtime_settings()
     mismatches, shape_notes = output_shape_notes(artifact.path, expected)
+    hint, pin_notes = precision_record(name, artifact, target, pins)
     setup = {
         "session_create_ms": (created - start) * 1e3,
         "first_run_ms": (first - created) * 1e3,
@@ -178,7 +188,8 @@ def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfi
         "memory": probe.finish(),
         "data": fed.info,
         "output_shapes": mismatches,
-        "notes": [*_setting_notes(target, settings), *shape_notes, *fed.info["notes"]],
+        "notes": [*pin_notes, *_setting_notes(target, settings), *shape_notes, *fed.info["notes"]],
+        **hint,
     }
     loaded = _Loaded(session, call, setup, spent=warmed - bound)
     loaded.stopped = loaded.spent >= config.row_budget

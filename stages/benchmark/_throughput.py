@@ -20,6 +20,7 @@ from qdeploy.core.errors import TargetUnavailable
 from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, ThroughputRow, UnmeasuredEntry
 from qdeploy.core.runtimes import built_for
 from qdeploy.stages.benchmark._data import BenchData, explain_failure
+from qdeploy.stages.benchmark._precision import Shipped, load_options, precision_record
 
 if TYPE_CHECKING:
     from qdeploy.core.context import Artifact, StageContext
@@ -36,8 +37,9 @@ def split_modes(rows: list[BenchmarkRow | ThroughputRow]) -> tuple[list[Benchmar
 
 
 def throughput_rows(artifacts: dict[str, Artifact], target: str, batch: int, config: ThroughputConfig,
-                    rounds: int, ctx: StageContext, data: BenchData) -> list[ThroughputRow]:
-    """One throughput row per artifact on one target and batch size."""
+                    rounds: int, ctx: StageContext, data: BenchData,
+                    shipped: Shipped | None = None) -> list[ThroughputRow]:
+    """One throughput row per artifact on one target and batch size, each at the precision it ships with."""
     from qdeploy.targets.pool import open_pool
 
     pools: dict[str, RequestPool] = {}
@@ -47,7 +49,7 @@ def throughput_rows(artifacts: dict[str, Artifact], target: str, batch: int, con
             ctx.on_progress(f"{name} · {target} · batch {batch}: throughput, opening requests and warming up")
             try:
                 pools[name] = open_pool(target, artifact.path, data.batch_for(artifact.path, batch).feed,
-                                        config.fixed_requests, pin_f32=artifact.precision == "fp32")
+                                        config.fixed_requests, **load_options(name, artifact, target, shipped))
                 if config.warmup_seconds:
                     pools[name].run_for(config.warmup_seconds)
             except TargetUnavailable as exc:
@@ -56,6 +58,8 @@ def throughput_rows(artifacts: dict[str, Artifact], target: str, batch: int, con
                 log.debug("throughput of %s on %s failed", name, target, exc_info=True)
                 rows[name] = empty_row(name, target, batch, "error", explain_failure(exc, batch, data))
         rows.update(_rounds(pools, target, batch, config.seconds / rounds, rounds, ctx))
+        for name in pools:
+            rows[name] = _with_precision(rows[name], name, artifacts[name], target, shipped)
     finally:
         for pool in pools.values():
             pool.close()
@@ -85,6 +89,15 @@ def _rounds(pools: dict[str, RequestPool], target: str, batch: int, seconds: flo
             rows[name] = ThroughputRow(variant=name, target=target, batch_size=batch, status="ok", reason="",
                                        **summarize(measured[name], batch), **_pool_record(pool))
     return rows
+
+
+def _with_precision(row: ThroughputRow, name: str, artifact: Artifact, target: str,
+                    shipped: Shipped | None) -> ThroughputRow:
+    """A measured row says which INFERENCE_PRECISION_HINT its requests used."""
+    if row.status != "ok":
+        return row
+    hint, notes = precision_record(name, artifact, target, shipped)
+    return row.replace(**hint, notes=[*notes, *row.notes]) if hint or notes else row
 
 
 def _pool_record(pool: RequestPool) -> dict[str, Any]:

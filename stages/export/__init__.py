@@ -55,20 +55,25 @@ def run(artifact: Artifact | None, config: ExportConfig, ctx: StageContext) -> S
         findings.update(torch_findings)
     source = config.onnx or (config.torch.factory if config.torch else "")
     try:
-        model = _prepare(model, config, findings)
+        model = _prepare(model, config, findings, ctx.resolve)
     except ModelError as exc:
         raise ModelError(f"model {source}: {exc}") from None
     return StageResult(model=model, changed=True, findings=findings)
 
 
-def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, Any], *,
-             validate_graph: bool = True) -> onnx.ModelProto:
-    """Shape overrides, opset conversion and the checks every later stage relies on."""
+def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, Any], resolve: Callable[[str], Path],
+             *, validate_graph: bool = True) -> onnx.ModelProto:
+    """Shape overrides, frozen inputs, opset conversion and the checks every later stage relies on."""
+    from qdeploy.stages.export._freeze import freeze_inputs
+    from qdeploy.stages.export._values import frozen_arrays
+
     findings["opset_in"] = default_opset(model)
     check_has_outputs(model)
     check_feedable_inputs(model)
     if config.inputs and config.torch is None:  # a torch export took its shapes (and dynamic axes) already
+        frozen = frozen_arrays(config.inputs, model, resolve)  # checked against the model's declarations first
         findings["output_shapes_reinferred"] = apply_input_overrides(model, config.inputs)
+        findings.update(freeze_inputs(model, frozen))
     if config.opset is not None and config.opset != default_opset(model):
         model = convert_opset(model, config.opset, findings)
     findings["opset"] = default_opset(model)
@@ -91,7 +96,7 @@ def inspect_source(config: ExportConfig, resolve: Callable[[str], Path]) -> None
     path = resolve(config.onnx)
     model = load_onnx(path, max_bytes=size_cap(config), external_data=False)
     try:  # onnx's checker needs the external data in memory: without it, the checks before it still run
-        _prepare(model, config.model_copy(update={"opset": None}), {},
+        _prepare(model, config.model_copy(update={"opset": None}), {}, resolve,
                  validate_graph=not external_slices(model, path.parent))
     except ModelError as exc:
         raise ModelError(f"model {config.onnx}: {exc}") from None
@@ -112,10 +117,12 @@ def check_recipe_inputs_fit(inputs: list[InputSpec]) -> None:
 
 
 def source_files(config: ExportConfig, ctx: StageContext) -> list[Path]:
-    """Files whose contents decide the export (they enter its cache key)."""
+    """Files whose contents decide the export (they enter its cache key): frozen inputs' .npy values included."""
     if config.onnx is not None:
         model_file = check_regular_file(ctx.resolve(config.onnx), "model file")  # hashed next: never a FIFO or device
-        return [model_file, *external_data_sources(model_file)]
+        values = [check_regular_file(ctx.resolve(spec.value), f"value file of input '{spec.name}'")
+                  for spec in config.inputs if isinstance(spec.value, str)]
+        return [model_file, *external_data_sources(model_file), *values]
     assert config.torch is not None
     files = []
     module_part = config.torch.factory.rsplit(":", 1)[0]
@@ -210,9 +217,11 @@ def apply_input_overrides(model: onnx.ModelProto, inputs: list[InputSpec]) -> di
             raise ModelError(f"model.inputs names '{spec.name}'; the model's inputs are {sorted(by_name)}")
         tensor_type = by_name[spec.name].type.tensor_type
         declared = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).name if tensor_type.elem_type else None
-        if declared and declared != spec.dtype:
+        # a frozen input takes the model's type unless the recipe says one (its value is cast to it)
+        said = spec.value is None or "dtype" in spec.model_fields_set
+        if declared and said and declared != spec.dtype:
             raise ModelError(f"model.inputs '{spec.name}' says dtype {spec.dtype}; the model declares {declared}")
-        if spec.shape is None:
+        if spec.shape is None or spec.value is not None:  # a frozen input's shape is its value's
             continue
         if tensor_type.HasField("shape") and len(tensor_type.shape.dim) not in (0, len(spec.shape)):
             raise ModelError(f"model.inputs '{spec.name}' has rank {len(spec.shape)}; "
@@ -224,7 +233,7 @@ def apply_input_overrides(model: onnx.ModelProto, inputs: list[InputSpec]) -> di
                 entry.dim_value = dim
             else:
                 entry.dim_param = dim
-    overridden = any(spec.shape is not None for spec in inputs)
+    overridden = any(spec.shape is not None and spec.value is None for spec in inputs)
     return reinfer_output_shapes(model) if overridden else {}
 
 

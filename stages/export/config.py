@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from qdeploy.core.tolerance import StrictModel
+from qdeploy.stages.export._values import FrozenValue, check_frozen_spec, read_value
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    import numpy as np
 
 __all__ = ["DEFAULT_TORCH_OPSET", "DTYPES", "MAX_DIM", "ExportConfig", "InputSpec", "TorchSource"]
 
@@ -26,9 +33,17 @@ class InputSpec(StrictModel):
         default=None,
         description="Dimensions; an integer fixes a dimension, a string names a symbolic one.",
     )
-    dtype: Literal[DTYPES] = Field(default="float32", description="Element type of the input.")  # type: ignore[valid-type]
+    dtype: Literal[DTYPES] = Field(  # type: ignore[valid-type]
+        default="float32",
+        description="Element type of the input; a frozen input (value) takes the model's type when it is left out.")
     low: float | None = Field(default=None, description="Lowest value of random data for this input.")
     high: float | None = Field(default=None, description="Highest value of random data for this input.")
+    value: FrozenValue | None = Field(
+        default=None,
+        description="Freeze this input to a constant (ONNX models): a number, a nested list of numbers, or a .npy "
+                    "file relative to the recipe. The input leaves the model's interface; what depends on it is "
+                    "folded and an If it decides is inlined (docs/export-and-simplify.md).",
+    )
 
     @field_validator("shape")
     @classmethod
@@ -45,6 +60,8 @@ class InputSpec(StrictModel):
             raise ValueError("low and high are finite numbers")
         if self.low is not None and self.high is not None and self.low > self.high:
             raise ValueError(f"low {self.low} is above high {self.high}; swap them")
+        if self.value is not None:
+            check_frozen_spec(self)
         return self
 
 
@@ -86,9 +103,18 @@ class ExportConfig(StrictModel):
             raise ValueError("model needs exactly one of 'onnx' or 'torch'")
         if self.torch is not None and not self.inputs:
             raise ValueError("a torch model needs 'inputs' with name, shape and dtype")
+        frozen = [spec.name for spec in self.inputs if spec.value is not None]
+        if self.torch is not None and frozen:
+            raise ValueError(f"model.inputs {frozen}: 'value' freezes inputs of ONNX models only; for a torch "
+                             "model, bind the argument in the factory (a wrapper module whose forward passes it)")
         if self.torch is not None and any(spec.shape is None for spec in self.inputs):
             raise ValueError("every input of a torch model needs a 'shape'")
         names = [spec.name for spec in self.inputs]
         if len(set(names)) != len(names):
             raise ValueError(f"input names repeat: {names}")
         return self
+
+    def frozen_values(self, resolve: Callable[[str], Path]) -> dict[str, np.ndarray]:
+        """Input name -> the value the recipe freezes it to, as the recipe gives it (the export stage casts it to
+        the model's type): what the data readers compare a sample's key of that name with."""
+        return {spec.name: read_value(spec, resolve) for spec in self.inputs if spec.value is not None}

@@ -14,8 +14,9 @@ onnxconverter-common converts; around it this stage
   a copy per precision of shared constants, Casts in the graph that owns the tensor,
   no redundant Cast pairs, topological order, unique names;
 - checks the artifact's fidelity with float16 arithmetic emulated on ORT (or onnx's
-  reference evaluator), blocking nodes that still overflow, then runs onnx.checker
-  (full) and loads it in ORT.
+  reference evaluator), blocking nodes that still overflow; in mode 'fixed' a check that misses the
+  tolerance, or meets it by less than `headroom_db` (qdeploy.stages.fp16._headroom), is repaired by the
+  budget's search aiming at the tolerance with headroom; then runs onnx.checker (full) and loads it in ORT.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
+from qdeploy.stages.fp16._budget_targets import confirm_budget
 from qdeploy.stages.fp16._convert import (
     STAGE,
     already_float16,
@@ -112,8 +114,10 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
     session.convert(fixed)
     if data is not None and config.fidelity_check != "off":
         session.safety_rounds(fixed)
-        if config.mode == "fixed" and config.repair and not session.findings["fidelity"]["emulated"]["passed"]:
+        if config.mode == "fixed" and config.repair and not session.within_headroom():
             session.keep_for_tolerance(fixed)
+    if "budget" in session.findings and ctx.targets:
+        confirm_budget(session, fixed)  # held where it will be validated, not only in the emulation
     converted = session.converted
     findings.update(session.findings)
     findings["node_block_list"] = sorted(session.blocked - op_blocked)
@@ -194,12 +198,24 @@ class _Session:
         self.blocked: set[str] = set()
         self.float32_scope: set[str] = set()
         self.findings: dict[str, Any] = {}
+        self.target_reasons: list[str] = []  # what the last emulated check missed of the target (with headroom)
         self.converted: onnx.ModelProto
         self.repair: Any = None
 
     @property
     def tolerance(self) -> Tolerance:
         return self.config.tolerance or DEFAULT_TOLERANCES["fp16"]
+
+    @property
+    def target(self) -> Tolerance:
+        """What the check and the repair aim at in mode 'fixed': the tolerance with headroom (``_headroom``)."""
+        from qdeploy.stages.fp16._headroom import with_headroom
+
+        return with_headroom(self.tolerance, self.config.headroom_db)
+
+    def within_headroom(self) -> bool:
+        """Whether the last emulated check met the target (the verdict stays on the tolerance)."""
+        return bool(self.findings["fidelity"]["emulated"]["passed"]) and not self.target_reasons
 
     def analyse(self, artifact: Artifact, fixed: set[str], data: Fp16Data) -> None:
         """Run float32 on the data; keep overflowing nodes; in auto mode, also the budget's choice."""
@@ -235,27 +251,36 @@ class _Session:
             reload(self.model, offloaded)
 
     def keep_for_tolerance(self, fixed: set[str]) -> None:
-        """The emulated check missed the tolerance: budget mode's search for further float32 nodes, then again."""
-        missed = self.findings["fidelity"]["emulated"]["reasons"]
-        log.info("variant %s: float16 emulation misses the tolerance (%s); searching nodes to keep in float32",
-                 self.ctx.variant, "; ".join(missed))
-        self._budget(fixed | {entry["node"] for entry in self.kept}, limit=REPAIR_SAMPLES)
-        self.findings["budget"]["trigger"] = f"repair: the float16 emulation check missed ({'; '.join(missed)})"
+        """The emulated check missed the tolerance or its headroom: budget mode's search for further float32
+        nodes that meet the target (the tolerance with headroom), then the checks again."""
+        emulated = self.findings["fidelity"]["emulated"]
+        missed = emulated["reasons"] or self.target_reasons
+        what = "check missed" if emulated["reasons"] else f"check missed its {self.config.headroom_db:g} dB headroom"
+        log.info("variant %s: float16 emulation %s (%s); searching nodes to keep in float32",
+                 self.ctx.variant, what, "; ".join(missed))
+        self._budget(fixed | {entry["node"] for entry in self.kept}, limit=REPAIR_SAMPLES, tolerance=self.target,
+                     every_draw=True)
+        self.findings["budget"]["trigger"] = f"repair: the float16 emulation {what} ({'; '.join(missed)})"
         self.convert(fixed)
         self.safety_rounds(fixed)
 
-    def _budget(self, float32: set[str], limit: int | None = None) -> None:
+    def _budget(self, float32: set[str], limit: int | None = None, tolerance: Tolerance | None = None,
+                every_draw: bool = False) -> None:
+        """Budget mode's search; ``every_draw``: each sample must meet ``tolerance`` on its own (``_draws``)."""
         from qdeploy.stages.fp16._budget import choose_float32_nodes, node_groups
+        from qdeploy.stages.fp16._draws import choose_for_every_draw
 
         assert self.float32 is not None
         self.ctx.on_progress("fp16: per-node sensitivity")
         groups = node_groups(self.model, _with_nested(self.model, float32), self.types)
-        result = choose_float32_nodes(
-            self.model, groups, self.needs.inputs, self.feeds[:limit], self.float32.outputs[:limit], self.tolerance,
+        tolerance = tolerance or self.tolerance
+        result = (choose_for_every_draw if every_draw else choose_float32_nodes)(
+            self.model, groups, self.needs.inputs, self.feeds[:limit], self.float32.outputs[:limit], tolerance,
             keep_io_types=self.config.keep_io_types, to_float16=self.to_float16, work_dir=self.ctx.work_dir)
         self.kept.extend({"node": name, "op_type": self._op_type(name), "reason": "budget: sensitivity"}
                          for name in result.float32_nodes)
-        self.findings["budget"] = {"tolerance": self.tolerance.model_dump(exclude_none=True), **result.findings}
+        self.findings["budget"] = {"tolerance": tolerance.model_dump(exclude_none=True), **result.findings}
+        self.budget_groups, self.budget_result = groups, result  # for confirm_budget, when a target misses
 
     def _op_type(self, name: str) -> str:
         return next((node.op_type for node, _ in walk_nodes(self.model.graph) if node.name == name), "?")
@@ -277,7 +302,9 @@ class _Session:
 
     def safety_rounds(self, fixed: set[str]) -> None:
         """Emulate the artifact in float16; keep nodes where Inf/NaN is born, reconvert; then report fidelity."""
+        from qdeploy.stages.fp16._draws import missed_by_samples, sample_snrs
         from qdeploy.stages.fp16._fidelity import EMULATED, overflow_births, reference_check, run_emulated, summary
+        from qdeploy.stages.fp16._headroom import headroom_findings
 
         assert self.float32 is not None
         originals = {node.name for node, _ in walk_nodes(self.model.graph)}
@@ -299,6 +326,10 @@ class _Session:
                              f"{MAX_SAFETY_ROUNDS} rounds of keeping nodes in float32; last kept: {self.kept[-3:]}")
         fidelity = {"emulated": summary(EMULATED, self.float32.outputs, emulated.outputs, self.tolerance,
                                         time.perf_counter() - started)}
+        self.target_reasons = missed_by_samples(self.float32.outputs, emulated.outputs, self.target)
+        fidelity["emulated"]["headroom"] = headroom_findings(self.config.headroom_db, self.target,
+                                                             fidelity["emulated"]["passed"] and not self.target_reasons,
+                                                             sample_snrs(self.float32.outputs, emulated.outputs))
         broken = sorted(emulated.nonfinite & {value.name for value in self.converted.graph.output})
         if broken:
             raise StageError(STAGE, self.ctx.variant, f"under float16 emulation the outputs {broken} hold Inf/NaN "

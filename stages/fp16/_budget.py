@@ -47,6 +47,10 @@ class BudgetResult:
 
     float32_nodes: list[str]
     findings: dict[str, Any] = field(default_factory=dict)
+    ladder: list[list[str]] = field(default_factory=list)
+    """Every node group, most sensitive first: what a target that misses keeps float32 next."""
+    chosen: int = 0
+    """How many groups of ``ladder`` the emulated search kept in float32."""
 
 
 def node_groups(model: onnx.ModelProto, fixed_float32: set[str], types: dict[str, int]) -> list[list[str]]:
@@ -89,8 +93,7 @@ def choose_float32_nodes(model: onnx.ModelProto, groups: list[list[str]], float3
     if all_fp16.passed or not groups:
         findings.update(trials=trials.count, met=all_fp16.passed, float32_nodes=[], seconds=_since(started))
         return BudgetResult([], findings)
-    sensitivity = [trials.loss(np.eye(len(groups), dtype=bool)[index]) for index in range(len(groups))]
-    order = sorted(range(len(groups)), key=lambda index: -sensitivity[index])
+    sensitivity, order = _sensitivity(trials, len(groups))
     count, chosen = _fewest(order, trials, len(groups))
     kept = [name for index in order[:count] for name in groups[index]]
     findings.update(
@@ -99,7 +102,26 @@ def choose_float32_nodes(model: onnx.ModelProto, groups: list[list[str]], float3
                        for index in order[:count]],
     )
     log.info("fp16 budget: %d of %d node groups stay float32 after %d trials", count, len(groups), trials.count)
-    return BudgetResult(kept, findings)
+    return BudgetResult(kept, findings, [groups[index] for index in order], count)
+
+
+def rank_groups(model: onnx.ModelProto, groups: list[list[str]], float32_inputs: dict[str, set[int]],
+                feeds: list[dict[str, np.ndarray]], reference: Outputs, tolerance: Tolerance, *, keep_io_types: bool,
+                to_float16: Callable[[np.ndarray], np.ndarray], work_dir: Path) -> list[list[str]]:
+    """The groups, most sensitive first (one emulated trial each): what a target that misses keeps float32
+    first when the emulated search kept none and so measured no order."""
+    gate_of = {name: index for index, group in enumerate(groups) for name in group}
+    trials = _Trials(gated_twin(model, gate_of, float32_inputs, keep_io_types, to_float16), feeds, reference,
+                     tolerance, work_dir)
+    return [groups[index] for index in _sensitivity(trials, len(groups))[1]]
+
+
+def _sensitivity(trials: _Trials, count: int) -> tuple[list[float], list[int]]:
+    """Per group, the loss with only it in float16; and the groups' order, most sensitive first."""
+    import numpy as np
+
+    sensitivity = [trials.loss(np.eye(count, dtype=bool)[index]) for index in range(count)]
+    return sensitivity, sorted(range(count), key=lambda index: -sensitivity[index])
 
 
 def _fewest(order: list[int], trials: _Trials, total: int) -> tuple[int, Any]:

@@ -5,7 +5,9 @@ the Casts between neighbours, so an overflow inside such a chain never shows.
 These models make every float16 value visible instead: every tensor that is
 float16 in the artifact is rounded to float16 (Cast to float16 and back, which
 gives Inf past 65504 exactly as float16 does) while ops compute in float32, as
-GPU kernels do with float32 accumulation.
+GPU kernels do with float32 accumulation. A float16 Conv's or Gemm's product is
+rounded before its bias is added, as float16 arithmetic without a fused bias does
+(``_bias``): where the bias cancels most of the product, that rounding dominates.
 
 - ``emulation_twin(fp16_model)``: the artifact itself, emulated; used to check it.
 - ``gated_twin(fp32_model, gates)``: the float32 model where each gated node's
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from qdeploy.graph.utils import subgraphs
+from qdeploy.stages.fp16._bias import split_biases
 from qdeploy.stages.fp16._graph import FLOAT, FLOAT16, rename_uses, walk_graphs
 from qdeploy.stages.fp16._rules import DTYPE_ATTRIBUTES
 from qdeploy.stages.fp16._types import scope_types
@@ -67,6 +70,7 @@ def _emulate_graph(graph: onnx.GraphProto, top: bool) -> None:
     from onnx import numpy_helper
 
     types = scope_types(graph)
+    split_biases(graph, types, FLOAT16)  # the product is rounded before its bias, as float16 arithmetic does
     read_through_cast = _weights_read_through_casts(graph) if top else []
     for init in graph.initializer:
         if init.data_type == FLOAT16 and init.name not in read_through_cast:
@@ -181,6 +185,8 @@ def gated_twin(model: onnx.ModelProto, gate_of: dict[str, int], float32_inputs: 
     twin = onnx.ModelProto()
     twin.CopyFrom(model)
     graph = twin.graph
+    split = split_biases(graph, scope_types(graph), FLOAT, names=set(gate_of))  # the bias Add: the node's gate
+    gate_of = {**gate_of, **{add: gate_of[node] for add, node in split.items()}}
     builder = _GatedBuilder(graph, gate_of, float32_inputs, keep_io_types, to_float16)
     builder.build()
     count = max(gate_of.values(), default=-1) + 1

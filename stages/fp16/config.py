@@ -41,6 +41,13 @@ class Fp16Config(BaseModel):
                                   "keep float32 the fewest further nodes that meet it, as mode 'auto' does (on up "
                                   "to 8 samples; one emulated run per node group, minutes on a large model); "
                                   "false: report the miss only.")
+    headroom_db: float = Field(
+        default=6.0, ge=0.0, description="With data, in mode 'fixed': the repair runs unless the float16 emulation "
+                                         "check meets 'tolerance' made this many dB stricter (SNR + db; 1 - cosine, "
+                                         "atol and rtol by the same error power) on the samples pooled and on each "
+                                         "alone, and aims at that: float16 error changes from draw to draw and true "
+                                         "float16 arithmetic is worse than the emulation. The verdict stays "
+                                         "'tolerance'; 0: aim at the tolerance itself.")
     keep_io_types: bool = Field(default=True, description="Keep float32 graph inputs and outputs (Casts inside).")
     min_positive_val: float = Field(
         default=5.96e-08, description="Nonzero constants smaller in magnitude are raised to this (float16's "

@@ -21,6 +21,14 @@ the search has not seen.
    between search and held-back samples and the search goes on from where
    it stood (at most ``ROUNDS`` rounds).
 
+6. The result is run on every target the variant is validated on
+   (``targets``, ``_budget_targets``): each says confirmed, missed or
+   unavailable.  When one misses, the search (steps 3-5, same ranking) runs
+   again with every trial measured on the targets that missed and on ort:cpu
+   when it is one of them, until the tolerance holds there or no kept set
+   does (then the model of the last search that held is written, marked
+   failing on that target).
+
 When even every candidate kept float misses (or ``max_float_nodes`` stops the
 search), the best model found is returned and marked as failing its budget,
 with every trial in ``tried``.
@@ -37,7 +45,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -46,6 +54,14 @@ import numpy as np
 
 from qdeploy.stages.quantize._budget_eval import Evaluator, Feeds, Measured, error_ratio, summary
 from qdeploy.stages.quantize._budget_rank import Ranked, rank_candidates
+from qdeploy.stages.quantize._budget_targets import (
+    MISSED,
+    SEARCH_TARGET,
+    Combined,
+    CombinedMeasured,
+    TargetChecks,
+    TargetPlan,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -89,12 +105,12 @@ class BudgetResult:
 class _Search:
     """The search's state: ranked candidates, measured trials, the error fraction, and what was tried."""
 
-    def __init__(self, build: Builder, evaluate: Evaluator, ranked: list[str], fraction: float,
+    def __init__(self, build: Builder, evaluate: Evaluator | Combined, ranked: list[str], fraction: float,
                  on_progress: Callable[[str], None]) -> None:
         self.build, self.evaluate, self.ranked = build, evaluate, ranked
         self.fraction = fraction
         self.on_progress = on_progress
-        self.measured: dict[frozenset[str], Measured] = {}
+        self.measured: dict[frozenset[str], Measured | CombinedMeasured] = {}
         self.tried: list[dict[str, Any]] = []
         self.needed: set[str] = set()
         self.recorded: set[tuple[frozenset[str], float]] = set()
@@ -163,47 +179,99 @@ class _Search:
 
 
 def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance: Tolerance, work_dir: Path, *,
-                max_float_nodes: int | None, on_progress: Callable[[str], None] = lambda message: None) -> BudgetResult:
-    """The quantized model that holds the tolerance on held-back samples with few nodes kept in float (see the
-    module doc); ``build(kept)`` returns the model with those nodes kept in float."""
+                max_float_nodes: int | None, targets: Sequence[TargetPlan] = (),
+                on_progress: Callable[[str], None] = lambda message: None) -> BudgetResult:
+    """The quantized model that holds the tolerance on held-back samples with few nodes kept in float, on every
+    target in ``targets`` (see the module doc); ``build(kept)`` returns the model with those nodes kept in float."""
     import onnx
 
     started = time.perf_counter()
     held_count = held_back_count(len(feeds))
     search_feeds, held_feeds = feeds[:len(feeds) - held_count], feeds[len(feeds) - held_count:]
     evaluate = Evaluator(float_model, search_feeds, held_feeds, tolerance, work_dir)
+    checks = TargetChecks(evaluate, targets, on_progress)
     full_model = build([])
     full = evaluate.measure(full_model, held=True)
+    checks.remember([], full, evaluate)
     findings: dict[str, Any] = {
         "tolerance": tolerance.model_dump(exclude_none=True), "samples": len(feeds),
         "search_samples": len(search_feeds), "held_back_samples": held_count, "initial": _both(evaluate, full)}
+    active: Evaluator | Combined = evaluate
     if all(part["passed"] for part in findings["initial"].values()):
-        findings.update(met=True, kept_float=[], final=findings["initial"], evaluations=evaluate.count,
-                        seconds=round(time.perf_counter() - started, 3))
-        return BudgetResult(full_model, [], findings)
+        missed = checks.confirm(full_model, [])
+        if not missed:
+            findings.update(met=True, kept_float=[], final=findings["initial"])
+            return BudgetResult(full_model, [], _closed(findings, checks, held_count, started))
+        active = checks.search_set(missed)
     candidates = build.candidates(full_model)
     ranked, ranking = rank_candidates(build, evaluate, candidates, onnx.load(str(float_model)), full_model,
                                       work_dir, on_progress)
-    search = _Search(build, evaluate, [item.name for item in ranked], _first_fraction(evaluate, full, held_count),
-                     on_progress)
-    search.measured[frozenset()] = full
     limit = len(ranked) if max_float_nodes is None else min(len(ranked), max_float_nodes)
-    kept, met, margin = _rounds(search, limit, len(candidates))
-    final = build(kept)
-    measured = search.measured.get(frozenset(kept))
-    if measured is None or measured.held is None:
-        measured = evaluate.measure(final, held=True)
-    findings.update(met=met, final=_both(evaluate, measured), candidates=len(candidates), ranking=ranking,
-                    margin=margin,
-                    kept_float=_kept_records(kept, ranked, candidates, search.needed),
-                    requantized=sum(1 for entry in search.tried if entry["phase"] == "re-quantize" and entry["passed"]),
-                    tried=search.tried, evaluations=evaluate.count, seconds=round(time.perf_counter() - started, 3),
-                    evaluation_seconds=round(evaluate.seconds, 3))
-    findings["confirmed"] = _confirmation(held_count, findings["final"])
-    if not met:
-        findings["note"] = _miss_note(kept, ranked, limit, findings)
+    phases: list[dict[str, Any]] = []
+    tried: list[dict[str, Any]] = []
+    needed: set[str] = set()
+    held_before = ([], full, evaluate, {}) if active is not evaluate else None  # the last search that held
+    while True:
+        search = _Search(build, active, [item.name for item in ranked], 1.0, on_progress)
+        search.measured[frozenset()] = _full_on(active, checks, full_model, full)
+        search.fraction = _first_fraction(active, search.measured[frozenset()], held_count)
+        kept, met, margin = _rounds(search, limit, len(candidates))
+        for entry in search.tried:
+            entry["on"] = active.label
+        tried += search.tried
+        needed |= search.needed
+        final = build(kept)
+        measured = search.measured.get(frozenset(kept))
+        if measured is None or not measured.held_part:
+            measured = active.measure(final, held=True)
+        checks.remember(kept, measured, active)
+        missed = checks.confirm(final, kept)
+        phases.append({"searched_on": active.label, "met_there": met, "kept_float": len(kept), "margin": margin,
+                       "missed_on": missed})
+        searched = set(active.evaluators) if isinstance(active, Combined) else set()
+        if not met and held_before is not None:
+            # no kept set holds on the target that missed: keeping more float there buys nothing; write the
+            # model that holds where it held, marked failing on that target
+            kept, measured, active, margin = held_before
+            final = build(kept)
+            missed = checks.confirm(final, kept)
+            phases[-1]["written"] = f"the model of the search on {active.label}, which held there"
+            break
+        if met:
+            held_before = (kept, measured, active, margin)
+        new = [name for name in missed if name not in searched]
+        if not new or (not met and SEARCH_TARGET in checks.evaluators):
+            break  # every miss was searched for, or the search missed on a target the variant is validated on
+        active = checks.search_set(sorted(searched | set(missed)))
+    findings.update(met=met and checks.all_confirmed() is not False,
+                    final=_both(active, measured), candidates=len(candidates), ranking=ranking, margin=margin,
+                    phases=phases, kept_float=_kept_records(kept, ranked, candidates, needed),
+                    requantized=sum(1 for entry in tried if entry["phase"] == "re-quantize" and entry["passed"]),
+                    tried=tried)
+    findings = _closed(findings, checks, held_count, started)
+    if not findings["met"]:
+        findings["note"] = _miss_note(kept, ranked, limit, findings, checks)
         log.warning("quantize: accuracy budget not met: %s", findings["note"])
     return BudgetResult(final, sorted(kept), findings)
+
+
+def _full_on(active: Evaluator | Combined, checks: TargetChecks, full_model: onnx.ModelProto,
+             full: Measured) -> Measured | CombinedMeasured:
+    """The fully quantized model measured on the search's runtimes, from what was measured already."""
+    if not isinstance(active, Combined):
+        return full
+    return CombinedMeasured({name: checks.measured(name, full_model, []) for name in active.evaluators})
+
+
+def _closed(findings: dict[str, Any], checks: TargetChecks, held_count: int, started: float) -> dict[str, Any]:
+    """The findings with what each target says, what each runtime cost, and the totals."""
+    runtimes = checks.cost()
+    findings.update(targets=checks.verdicts(), runtimes=runtimes,
+                    evaluations=sum(entry["evaluations"] for entry in runtimes.values()),
+                    evaluation_seconds=round(sum(entry["seconds"] for entry in runtimes.values()), 3),
+                    seconds=round(time.perf_counter() - started, 3))
+    findings["confirmed"] = f"{_confirmation(held_count, findings['final'])}; {checks.sentence()}"
+    return findings
 
 
 def _kept_records(kept: list[str], ranked: list[Ranked], candidates: dict[str, str],
@@ -237,7 +305,7 @@ def _rounds(search: _Search, limit: int, candidates: int) -> tuple[list[str], bo
         best = search.prune(search.ranked[:count], prune_evaluations(candidates))
         measured = search.evaluate.measure(search.build(best), held=True)
         search.measured[frozenset(best)] = measured
-        held = search.evaluate.on_held(measured) if measured.held else None
+        held = search.evaluate.on_held(measured) if measured.held_part else None
         search.tried.append({"phase": "confirm on held-back samples", "float_nodes": len(best),
                              "passed": held.passed if held else None})
         if held is None or held.passed:
@@ -251,7 +319,7 @@ def _rounds(search: _Search, limit: int, candidates: int) -> tuple[list[str], bo
     return best, False, margin
 
 
-def _first_fraction(evaluate: Evaluator, full: Measured, held_count: int) -> float:
+def _first_fraction(evaluate: Evaluator | Combined, full: Measured | CombinedMeasured, held_count: int) -> float:
     """The first round's error fraction: a margin of two standard errors of the held-back samples' mean error,
     from the spread of the per-sample errors of the fully quantized model on the search samples."""
     ratios = np.array([r for r in evaluate.per_sample_ratios(full) if math.isfinite(r)])
@@ -261,9 +329,9 @@ def _first_fraction(evaluate: Evaluator, full: Measured, held_count: int) -> flo
     return float(np.clip(1.0 / (1.0 + 2.0 * spread / math.sqrt(max(held_count, 1))), MIN_FRACTION, MAX_FRACTION))
 
 
-def _both(evaluate: Evaluator, measured: Measured) -> dict[str, Any]:
+def _both(evaluate: Evaluator | Combined, measured: Measured | CombinedMeasured) -> dict[str, Any]:
     both = {"search": summary(evaluate.on_search(measured), evaluate.tolerance)}
-    if measured.held:
+    if measured.held_part:
         both["held_back"] = summary(evaluate.on_held(measured), evaluate.tolerance)
     return both
 
@@ -276,18 +344,31 @@ def _confirmation(held_count: int, final: dict[str, Any]) -> str:
             f"(worst cosine {held['cosine']:.4g})")
 
 
-def _miss_note(kept: list[str], ranked: list[Ranked], limit: int, findings: dict[str, Any]) -> str:
+def _miss_note(kept: list[str], ranked: list[Ranked], limit: int, findings: dict[str, Any],
+               checks: TargetChecks) -> str:
+    last = findings["phases"][-1]["searched_on"]
     everything = any(entry.get("float_nodes") == len(ranked) and entry["phase"] == "prefix" and not entry["passed"]
-                     for entry in findings["tried"])
+                     and entry["on"] == last for entry in findings["tried"])
     if limit < len(ranked):
         reason = f"max_float_nodes ({limit}) was reached"
     elif everything:
         reason = ("even with every candidate kept float the tolerance misses: the error comes from what is not a "
-                  "candidate (data movement, the float model's own numerics); see 'tried'")
+                  "candidate (data movement, the float parts' numerics on that runtime); see 'tried'")
     else:
         reason = f"no ranked prefix held it after {findings['margin'].get('rounds', ROUNDS)} round(s) (see 'tried')"
-    return (f"budget not met with {len(kept)} of the {len(ranked)} candidates kept float: {reason}; the best model "
-            "found is written and marked as failing its budget")
+    missed = {name: record for name, record in checks.records.items() if record["status"] == MISSED}
+    if missed and findings["phases"][-1]["met_there"] is False:
+        reason += f", searching with the measurements of {last}"
+    for record in missed.values():
+        record.setdefault("reason", reason)
+    where = f" (misses on {', '.join(f'{name}{_ran(record)}' for name, record in missed.items())})" if missed else ""
+    written = findings["phases"][-1].get("written", "the best model found")
+    return (f"budget not met{where} with {len(kept)} of the {len(ranked)} candidates kept float: {reason}; {written} "
+            "is written and marked as failing its budget")
+
+
+def _ran(record: dict[str, Any]) -> str:
+    return f", which ran {record['precision']}" if record.get("precision") else ""
 
 
 def _rounded(value: float) -> float | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -85,25 +86,64 @@ def summary(comparison: Comparison, tolerance: Tolerance) -> dict[str, Any]:
 
 @dataclass
 class Measured:
-    """A candidate's outputs on the search samples (and on the held-back ones when asked)."""
+    """A candidate's outputs on the search samples (and on the held-back ones when asked); ``failure``: why the
+    runtime could not run it (its outputs are then empty and every comparison fails)."""
 
     search: Outputs
     held: Outputs | None = None
+    failure: str | None = None
+    unavailable: bool = False
+    """The failure is the target's own limit (``CannotRun.unavailable``)."""
+
+    @property
+    def held_part(self) -> bool:
+        """Whether the held-back samples were measured (or their run failed)."""
+        return self.held is not None and (bool(self.held) or self.failure is not None)
+
+
+class CannotRun(Exception):
+    """A runtime cannot load or run a candidate (OpenVINO refusing a graph): a failed measurement, not a crash;
+    ``unavailable``: the target cannot run it for its own limits (onnx.reference lacking a kernel), which
+    measures nothing of the candidate."""
+
+    def __init__(self, message: str, *, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
+
+
+Runner = Callable[[Path, list[list[Feeds]]], list[Outputs]]
+"""Loads a model file once and runs it on each list of feeds: ONNX Runtime's CPU session for the search, a
+target's own session for confirming on it (``_budget_targets``)."""
+
+
+def ort_runner(path: Path, batches: list[list[Feeds]]) -> list[Outputs]:
+    """The search's runtime: ONNX Runtime's CPU provider, as the ort:cpu target runs a model."""
+    session = ort_session(str(path))
+    return [_run(session, feeds) for feeds in batches]
 
 
 class Evaluator:
-    """Runs candidate models in ONNX Runtime (as the ort:cpu target does) on the budget samples and compares them
-    with the float model's outputs; counts evaluations and the seconds they take."""
+    """Runs candidate models on one runtime (by default ONNX Runtime, as the ort:cpu target does) on the budget
+    samples and compares them with the float model's outputs; counts evaluations and the seconds they take."""
 
     def __init__(self, float_model: Path, search: list[Feeds], held: list[Feeds], tolerance: Tolerance,
-                 work_dir: Path) -> None:
+                 work_dir: Path, *, runner: Runner = ort_runner, reference: Measured | None = None,
+                 label: str = "ort:cpu") -> None:
         self.search_feeds, self.held_feeds = search, held
         self.tolerance = tolerance
         self.work_dir = work_dir
-        session = ort_session(str(float_model))
-        self.reference = Measured(_run(session, search), _run(session, held))
+        self.runner, self.label = runner, label
+        if reference is None:  # float32 on ONNX Runtime, as validation's reference runs
+            reference = Measured(*ort_runner(float_model, [search, held]))
+        self.reference = reference
+        self.float_model = float_model
         self.count = 0
         self.seconds = 0.0
+
+    def on_runtime(self, runner: Runner, label: str) -> Evaluator:
+        """An evaluator of the same samples, reference and tolerance that runs candidates with ``runner``."""
+        return Evaluator(self.float_model, self.search_feeds, self.held_feeds, self.tolerance, self.work_dir,
+                         runner=runner, reference=self.reference, label=label)
 
     def measure(self, model: onnx.ModelProto, *, held: bool = False, samples: int | None = None) -> Measured:
         """One evaluation: the model's outputs on the (first ``samples``) search samples, and on the held-back
@@ -114,22 +154,32 @@ class Evaluator:
         self.count += 1
         path = self.work_dir / "budget_candidate.onnx"
         onnx.save(model, str(path), save_as_external_data=needs_external_data(model))
-        session = ort_session(str(path))
-        measured = Measured(_run(session, self.search_feeds[:samples]),
-                            _run(session, self.held_feeds) if held else None)
+        batches = [self.search_feeds[:samples], *([self.held_feeds] if held else [])]
+        try:
+            outputs = self.runner(path, batches)
+            measured = Measured(outputs[0], outputs[1] if held else None)
+        except CannotRun as exc:
+            log.info("accuracy budget: %s", exc)
+            measured = Measured([], [] if held else None, failure=str(exc), unavailable=exc.unavailable)
         self.seconds += time.perf_counter() - started
         return measured
 
     def on_search(self, measured: Measured, fraction: float = 1.0) -> Comparison:
         """Compared on the search samples with the tolerance tightened to ``fraction`` of its errors."""
         tolerance = self.tolerance if fraction >= 1.0 else tightened(self.tolerance, fraction)
+        if measured.failure is not None:
+            return Comparison([], False, [measured.failure])
         return worst_of(self.reference.search[:len(measured.search)], measured.search, tolerance)
 
     def on_held(self, measured: Measured) -> Comparison:
         assert measured.held is not None
+        if measured.failure is not None:
+            return Comparison([], False, [measured.failure])
         return worst_of(self.reference.held or [], measured.held, self.tolerance)
 
     def per_sample_ratios(self, measured: Measured) -> list[float]:
+        if measured.failure is not None:
+            return [math.inf] * len(self.reference.search)
         return [error_ratio(compare_outputs([ref], [got], self.tolerance), self.tolerance)
                 for ref, got in zip(self.reference.search, measured.search, strict=True)]
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from qdeploy.core.errors import StageError
 from qdeploy.graph.external_data import save_onnx
 from qdeploy.stages.quantize._common import check_runs, quantized_node_counts, resolve_reduce_range
+from qdeploy.stages.quantize._unshare import unshare_qdq_parameters
 from qdeploy.stages.quantize._verify import compute_nodes, int8_kernels
 from qdeploy.stages.quantize.config import STAGE, CalibrationRef, QuantizeConfig
 
@@ -230,10 +231,12 @@ def _unseen_by_calibration(config: QuantizeConfig, budget_samples: int) -> froze
 def _with_budget(prepared: Path, build: Any, config: QuantizeConfig, ctx: StageContext, feeds: list[Any],
                  unseen: frozenset[int]) -> tuple[onnx.ModelProto, list[str], dict[str, Any]]:
     from qdeploy.stages.quantize._budget import meet_budget
+    from qdeploy.stages.quantize._budget_targets import plan_targets
 
     assert config.tolerance is not None
     result = meet_budget(build, prepared, feeds, config.tolerance, ctx.work_dir,
-                         max_float_nodes=config.budget.max_float_nodes, on_progress=ctx.on_progress)
+                         max_float_nodes=config.budget.max_float_nodes, on_progress=ctx.on_progress,
+                         targets=plan_targets(ctx.targets, config.runtime))  # confirmed where it is validated
     result.findings["data"] = _budget_data(config) or "random"
     result.findings["held_back_unseen_by_calibration"] = bool(unseen) or not _budget_shares_calibration(config)
     return result.model, result.kept, result.findings
@@ -290,6 +293,8 @@ def lower(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> Stag
     findings = {"mode": "lower", **findings}
     if not findings["lowered"]:
         findings["note"] = "no fake quantization found; the model is unchanged"
+    else:  # as for ptq: OpenVINO rewrites a zero point shared by several dequantizations for all its readers
+        findings["qdq_parameters_unshared"] = unshare_qdq_parameters(lowered)
     output = _save(lowered, ctx.work_dir / "lowered.onnx")
     check_runs(output, config, ctx)
     dataset = config.calibration.data if config.calibration else None

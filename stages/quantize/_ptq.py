@@ -30,6 +30,7 @@ from qdeploy.graph.external_data import load_weights_from
 from qdeploy.stages.quantize._guard import ort_quantizer_step
 from qdeploy.stages.quantize._keep import MOVER_OPS, keep_float, quantized_node_names
 from qdeploy.stages.quantize._preprocess import load_with_shapes, weights_read_on_demand
+from qdeploy.stages.quantize._unshare import unshare_qdq_parameters
 
 if TYPE_CHECKING:
     import onnx
@@ -120,6 +121,8 @@ class StaticBuilder:
         quantizer.model.topological_sort()  # as ORT's quantize_static does when saving: Q/DQ are appended last
         # protobuf frees what the quantizer replaced only with the whole message: keep a copy
         self._quantized = _compact(quantizer.model.model)
+        # OpenVINO rewrites a zero point shared along a Gather/Pad/Transpose chain for all its readers at once
+        unshare_qdq_parameters(self._quantized)
         load_weights_from(self._quantized, prepared.parent)  # what it left float (biases, excluded weights)
 
     def _float_model(self) -> onnx.ModelProto:

@@ -26,6 +26,7 @@ from qdeploy.stages.validate._batches import BatchedFeeds, reference_batches, ru
 from qdeploy.stages.validate._common import Feeds, Outcome, Outputs, feed_caster
 from qdeploy.stages.validate._floor import noise_floor_summary
 from qdeploy.stages.validate._reference import reference_source
+from qdeploy.stages.validate._unreadable import condense_unreadable, unreadable_targets
 from qdeploy.stages.validate.config import RANDOM_DATA_WARNING, REFERENCE_MODEL_ROW, REFERENCE_TARGET, ValidateConfig
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ __all__ = [
     "reference_source",
     "run",
     "tolerance_for",
+    "unreadable_targets",
 ]
 
 log = logging.getLogger(__name__)
@@ -153,7 +155,7 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConf
                 outcomes.append(outcome)
     outcomes += _true_fp16_checks(shared, artifacts, targets, ctx)
     flag_unattainable(outcomes, shared.reference_outputs, source.label)
-    return [outcome.row for outcome in outcomes]
+    return condense_unreadable([outcome.row for outcome in outcomes])
 
 
 TRUE_FP16_TARGET = "reference:cpu"
@@ -225,6 +227,29 @@ def _localizer(config: ValidateConfig, reference_path: Path) -> Localizer | None
 
 
 def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: str) -> Outcome:
+    """One row: the artifact at the target's default precision, and where a reduced default misses its tolerance,
+    pinned precisions that may hold (``_precision``); a row that still fails is localized."""
+    from qdeploy.stages.validate._precision import default_hint, with_pinned_fallback
+
+    hint, why = default_hint(target, precision)
+    outcome = _compare_pair(shared, name, path, precision, target, hint, pinned=False)
+    outcome = with_pinned_fallback(outcome, target, precision, lambda pinned: _compare_pair(
+        shared, name, path, precision, target, pinned, pinned=True))
+    if why and outcome.row.measured:  # where the default's facts came from, on whichever attempt the row keeps
+        outcome.row = outcome.row.replace(warnings=[*outcome.row.warnings, why])
+    row = outcome.row
+    failing = [out for out in row.outputs or [] if not out.get("passed") and out.get("shape_mismatch") is None]
+    if row.status == "failed" and shared.localizer is not None and failing and outcome.outputs is not None:
+        limits = outcome.per_output.get(failing[0]["name"], outcome.tolerance)
+        assert limits is not None
+        outcome.row = _add_divergence(shared, row, path, target, precision, outcome.outputs, limits)
+    return outcome
+
+
+def _compare_pair(shared: _Run, name: str, path: Path, precision: str, target: str, hint: str | None, *,
+                  pinned: bool) -> Outcome:
+    """The artifact run on the target with INFERENCE_PRECISION_HINT ``hint`` (OpenVINO; None: the device default,
+    f32 for float32 artifacts) and compared with the reference.  ``pinned``: the hint is a deployment setting."""
     from qdeploy.core.compare import compare_outputs
     from qdeploy.core.errors import ModelError, TargetUnavailable
     from qdeploy.stages.validate._tolerance import tolerance_precision
@@ -238,13 +263,15 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
         if path == shared.reference_path and target == REFERENCE_TARGET:
             outputs, executed = shared.reference_outputs, shared.reference_execution  # the same run
         else:
-            outputs, executed = _run_model(target, path, shared.feeds, pin_f32=pin_f32, batches=shared.batches)
+            outputs, executed = _run_model(target, path, shared.feeds, pin_f32=pin_f32 or hint == "f32",
+                                           batches=shared.batches, precision=hint)
     except TargetFellBack as exc:  # the target exists but ran elsewhere: a failure of that target
         return Outcome(_result(name, target, "failed", str(exc), shared.warnings))
     except TargetUnavailable as exc:
         return Outcome(_result(name, target, "unavailable", str(exc), shared.warnings))
     except ModelError as exc:  # the runtime cannot read or compile this artifact: it cannot be deployed there
-        return Outcome(_result(name, target, "failed", f"{target} cannot run this artifact: {exc}", shared.warnings))
+        row = _result(name, target, "failed", f"{target} cannot run this artifact: {exc}", shared.warnings)
+        return Outcome(row.replace(unreadable=True))  # _unreadable keeps the mark where the original fails too
     except Exception as exc:
         log.debug("validation of %s on %s failed", name, target, exc_info=True)
         return Outcome(_result(name, target, "error", f"{type(exc).__name__}: {exc}", shared.warnings))
@@ -271,24 +298,27 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
         execution=executed,
         samples=shared.base_samples,
         batch_sizes_validated=shared.batches.sizes,
+        **_hint_field(target, "f32" if pin_f32 else hint if pinned else None),
     )
     row = _add_task_metric(shared, row, outputs[:shared.base_samples])
     if not comparison.passed and precision == "int8":
         row = _add_saturation_reason(row, path, target)
-    if not comparison.passed and shared.localizer is not None:
-        failing = [out for out in comparison.outputs if not out.passed and out.shape_mismatch is None]
-        if failing:
-            row = _add_divergence(shared, row, path, target, precision, outputs,
-                                  per_output.get(failing[0].name, tolerance))
     return Outcome(row, outputs, tolerance, per_output)
 
 
+def _hint_field(target: str, hint: str | None) -> dict[str, str | None]:
+    """OpenVINO rows say which INFERENCE_PRECISION_HINT their numbers ran with (None: the device default)."""
+    return {"precision_hint": hint} if target.startswith("openvino:") else {}
+
+
 def _run_model(target: str, path: Path, feeds: Feeds, *, pin_f32: bool,
-               batches: BatchedFeeds | None = None) -> tuple[Outputs, dict[str, Any]]:
+               batches: BatchedFeeds | None = None, precision: str | None = None) -> tuple[Outputs, dict[str, Any]]:
+    """Outputs and what ran; ``precision`` (OpenVINO only) pins INFERENCE_PRECISION_HINT, winning over pin_f32."""
     from qdeploy.targets import get_target
 
     caster = feed_caster(path)
-    with get_target(target).load(path, pin_f32=pin_f32) as session:
+    pinned = {"precision": precision} if precision is not None else {}
+    with get_target(target).load(path, pin_f32=pin_f32, **pinned) as session:
         outputs = run_feeds(session, [caster(feed) for feed in feeds], batches)
         return outputs, session.executed.to_dict()
 
@@ -316,23 +346,27 @@ def _add_task_metric(shared: _Run, row: ValidationRow, outputs: Outputs) -> Vali
 
 def _add_divergence(shared: _Run, row: ValidationRow, path: Path, target: str, precision: str, outputs: Outputs,
                     limits: Tolerance) -> ValidationRow:
-    """Name the first node whose output breaks the limits (cosine/SNR: scale-free on every tensor)."""
-    from qdeploy.stages.validate._localize import INSTRUMENTED_NOTE, scale_free
+    """Name the first node whose output breaks the limits (cosine/SNR: scale-free on every tensor); where exposing
+    the intermediates hides the error, or names a node that diverges on ort:cpu too, on prefixes compiled whole."""
+    from qdeploy.stages.validate._localize import scale_free
+    from qdeploy.stages.validate._localize_fused import describe_layer, refine
 
     assert shared.localizer is not None
     indices = worst_samples(shared.reference_outputs, outputs, shared.config.localize_samples)
     tolerance = scale_free(limits, DEFAULT_TOLERANCES[precision])
+    samples, pin_f32 = {i: shared.feeds[i] for i in indices}, precision == "fp32"
     try:
-        divergence, why = shared.localizer.locate(path, target, {i: shared.feeds[i] for i in indices},
-                                                  tolerance=tolerance, pin_f32=precision == "fp32")
+        located, why = shared.localizer.locate(path, target, samples, tolerance=tolerance, pin_f32=pin_f32)
+        divergence, found, why = refine(shared.localizer, path, target, samples, located, why, tolerance=tolerance,
+                                        pin_f32=pin_f32)
     except Exception as exc:  # localization is a diagnosis: its failure must not hide the row's verdict
         log.debug("localizing %s on %s failed", row.variant, target, exc_info=True)
-        divergence, why = None, f"{type(exc).__name__}: {exc}"
+        divergence, found, why = None, {}, f"{type(exc).__name__}: {exc}"
     if divergence is None:
         return row.replace(warnings=[*row.warnings, f"diverging node not located: {why}"])
     return row.replace(divergence={**divergence.to_dict(), "target": target, "samples": indices,
-                                   "tolerance": tolerance.model_dump(exclude_none=True), "note": INSTRUMENTED_NOTE},
-                       reason=f"{row.reason}; {divergence.summary()}")
+                                   "tolerance": tolerance.model_dump(exclude_none=True), **found},
+                       reason=f"{row.reason}; {divergence.summary()}{describe_layer(found.get('fused_layer'))}")
 
 
 def worst_samples(reference: Outputs, candidate: Outputs, count: int) -> list[int]:

@@ -20,7 +20,9 @@ Matching through the lineage:
 
 Exposing intermediates stops a runtime from fusing across them (ORT then runs
 DequantizeLinear -> Conv -> QuantizeLinear in float instead of QLinearConv),
-so the numbers located are those of the instrumented graph; the report says so.
+so the numbers located are those of the instrumented graph; the report says so.  Where that hides the error
+(nothing located, or a node that diverges on ONNX Runtime too), ``_localize_fused`` compiles prefix
+sub-models whole instead.
 """
 
 from __future__ import annotations
@@ -159,6 +161,14 @@ class Localizer:
             candidate_outputs = _run(path, target, [feeds[i] for i in sorted(feeds)], pin_f32=pin_f32)
             reference_outputs = self._reference_outputs(feeds, Path(work))
         return _first_divergence(pairs, reference_outputs, candidate_outputs, tolerance)
+
+    def reference_model(self) -> onnx.ModelProto:
+        """The reference's graph (no weights), read once."""
+        return self._reference_model()
+
+    def reference_outputs(self, feeds: dict[int, dict[str, np.ndarray]], work: Path) -> list[dict[str, np.ndarray]]:
+        """Every tensor of the reference on these samples (index -> feed), in index order; cached per sample."""
+        return self._reference_outputs(feeds, work)
 
     def _reference_model(self) -> onnx.ModelProto:
         if self._reference is None:

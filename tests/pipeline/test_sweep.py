@@ -264,3 +264,33 @@ def test_scheduler_isolates_failures_and_sets_the_exit_status(tmp_path: Path, ti
     assert "[ok](ok/report.md)" in (out / "sweep.md").read_text()
     link = saved["recipes"][0]["reports"].get("html") or "ok/report.md"
     assert f'href="{link}"' in (out / "sweep.html").read_text() and (out / link).is_file()
+
+
+def test_a_sweep_times_a_pair_at_the_precision_its_validation_ships(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """As `qdeploy run` does: an fp16 artifact that misses at the bf16 default and holds pinned to f32 is
+    benchmarked pinned, not at the default validation rejected."""
+    from qdeploy.targets.int8_path import FLAGS_ENV
+    from tests.helpers.precision import BF16_CPU, offset_model, openvino_runs_bf16_here
+
+    if not openvino_runs_bf16_here():
+        pytest.skip("this machine's OpenVINO cannot run bfloat16: the default would hold at f32 already")
+    monkeypatch.setenv(FLAGS_ENV, BF16_CPU)
+    onnx.save(offset_model(), tmp_path / "offset.onnx")
+    recipe = write_recipe(tmp_path, """
+        name: pinned
+        model: {onnx: offset.onnx, inputs: [{name: x, shape: [2, 16]}]}
+        variants: {fp32: [], fp16: [{fp16: {keep_io_types: true}}]}
+        targets: [openvino:cpu]
+        validate: {reference: fp32, samples: 2, tolerance: {cosine_min: 0.999}}
+        benchmark: {iterations: 2, warmup: 0, rounds: 1}
+        """, "pinned.yaml")
+    plan = load_sweep([recipe])
+    job = Job(entry=plan.entries[0], folder=tmp_path / "out" / "pinned")
+    job.plan = plan_run(job.entry.recipe, RunOptions(out_dir=job.folder, cache_dir=tmp_path / "cache"))
+    Scheduler([job], InlineExecutor()).run()
+    assert job.result is not None, job.reason
+    rows = {(row["variant"], row["target"]): row for row in job.result.report["benchmarks"]}
+    validated = {(row["variant"], row["target"]): row for row in job.result.report["validation"]}
+    assert validated[("fp16", "openvino:cpu")].get("deploy_precision") == "f32"
+    assert rows[("fp16", "openvino:cpu")]["precision_hint"] == "f32"

@@ -283,3 +283,19 @@ def test_reference_target_runs_qdq_models_below_opset_19(tmp_path: Path) -> None
     expected = get_target("ort:cpu").load(path).run({"x": x})["y"]
     np.testing.assert_array_equal(expected, [-1.5, -0.5, 0.0, 1.5, 126.0])  # uint8 clips below zero point 3
     np.testing.assert_array_equal(get_target("reference:cpu").load(path).run({"x": x})["y"], expected)
+
+
+def test_runtime_errors_keep_their_cause_not_their_cpp_source_locations() -> None:
+    """OpenVINO prefixes each level of an error with where its C++ raised it; the one-line message drops those and
+    keeps the cause (issue 27: silero-vad's "rank has to be known" was cut off) and, when long, the summary."""
+    from qdeploy.targets.base import short_message
+
+    cause = "The input data tensor's rank has to be known (static)"
+    raw = ("Exception from src/inference/src/cpp/core.cpp:84:\nCheck 'false' failed at "
+           "src/frontends/common_translators/src/unconverted_ops_report.cpp:151:\nFrontEnd API failed with "
+           "OpConversionFailure: Model wasn't fully converted. -- Conv-15 with a message: failed at "
+           f"src/frontends/onnx/frontend/src/op/conv.cpp:38: {cause} " + "x" * 250 + " Summary: Conv-15")
+    message = short_message(RuntimeError(raw))
+    assert cause in message and ".cpp" not in message and message.endswith("Summary: Conv-15")
+    long = short_message(RuntimeError("start " + "y" * 5000 + " the end"))
+    assert long.startswith("start") and long.endswith("the end") and " ... " in long and len(long) <= 700

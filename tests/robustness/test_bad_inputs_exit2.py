@@ -211,7 +211,7 @@ def test_minus_one_is_a_dynamic_dimension_and_export_names_it() -> None:
     from qdeploy.stages.export import ExportConfig, _prepare
 
     findings: dict[str, object] = {}
-    model = _prepare(_single_input_model(shape=[-1, 4]), ExportConfig(onnx="m.onnx"), findings)
+    model = _prepare(_single_input_model(shape=[-1, 4]), ExportConfig(onnx="m.onnx"), findings, Path)
     dims = model.graph.input[0].type.tensor_type.shape.dim
     assert (dims[0].dim_param, dims[1].dim_value) == ("x_dim0", 4)
     assert findings["minus_one_dims_named"] == ["x"]

@@ -259,3 +259,22 @@ def test_fake_quantize_with_run_time_ranges_is_refused(tmp_path: Path) -> None:
                        {"x": SHAPE}, ["y"], domains=(OV_DOMAIN,))
     with pytest.raises(StageError, match=r"fq \(org.openvinotoolkit::FakeQuantize\)"):
         lower(tmp_path, model)
+
+
+def test_lowered_qdq_pairs_own_their_scale_and_zero_point(tmp_path: Path) -> None:
+    """Two fake-quant sites reading one scale and zero point (as a QAT export shares them along a padded chain)
+    lower to Q/DQ nodes that each read constants of their own: OpenVINO's PadTransformation rewrites a shared
+    zero-point constant for all its readers at once (docs/quantize.md, "Padded sequences on OpenVINO")."""
+    scale = 0.04
+    nodes = [*decomposed_nodes("x", "y1", scale="s", divide=True, clip=("lo", "hi"), zero="zp"),
+             helper.make_node("Pad", ["y1", "pads"], ["p"], mode="constant"),
+             *decomposed_nodes("p", "y", scale="s", divide=True, clip=("lo", "hi"), zero="zp")]
+    inits = [init("s", scale), init("lo", 0.0), init("hi", 255.0), init("zp", 128.0),
+             numpy_helper.from_array(np.array([0, 0, 0, 2, 0, 0, 0, 0], np.int64), "pads")]
+    result = lower(tmp_path, make_model(nodes, inits, {"x": SHAPE}, ["y"]))
+    qdq = [node for node in result.model.graph.node if node.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert len(qdq) == 4
+    parameters = [name for node in qdq for name in node.input[1:]]
+    assert len(parameters) == len(set(parameters)), parameters
+    x = covering_inputs(-128 * scale, 127 * scale)[0]
+    assert_within(run_openvino(result.model, {"x": x}, tmp_path)[0], run_ort(result.model, {"x": x})[0], 1e-6)

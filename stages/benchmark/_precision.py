@@ -1,0 +1,51 @@
+"""The inference precision a benchmark row runs with: the setting its artifact is shipped with on that target.
+
+Float32 artifacts are pinned to f32 on OpenVINO, as validation pins them; fp16 and int8 artifacts run at the
+device default (bfloat16 on CPUs with AVX512-BF16 or AMX), unless validation found that default missing the
+tolerance and a pinned precision holding (``ValidationRow.deploy_precision``): the benchmark then times that
+pinned setting, the one the package ships, and the row says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.core.rows import ValidationRow
+
+if TYPE_CHECKING:
+    from qdeploy.core.context import Artifact
+
+__all__ = ["Shipped", "load_options", "precision_record", "shipped_precisions"]
+
+Shipped = dict[tuple[str, str], str]
+"""(variant, target) -> the INFERENCE_PRECISION_HINT validation ships it with, where the default missed."""
+
+
+def shipped_precisions(rows: Iterable[ValidationRow]) -> Shipped:
+    """The pinned precisions validation ships, by (variant, target)."""
+    return {(row.variant, row.target): row.deploy_precision for row in rows if row.deploy_precision}
+
+
+def _hint(name: str, artifact: Artifact, target: str, shipped: Shipped | None) -> str | None:
+    if not target.startswith("openvino:"):
+        return None
+    return (shipped or {}).get((name, target)) or ("f32" if artifact.precision == "fp32" else None)
+
+
+def load_options(name: str, artifact: Artifact, target: str, shipped: Shipped | None) -> dict[str, Any]:
+    """Keyword arguments of ``load``/``open_pool``: validation's pinning, and the shipped pin where there is one."""
+    pinned = (shipped or {}).get((name, target)) if target.startswith("openvino:") else None
+    return {"pin_f32": artifact.precision == "fp32", **({"precision": pinned} if pinned else {})}
+
+
+def precision_record(name: str, artifact: Artifact, target: str, shipped: Shipped | None) -> tuple[dict[str, Any],
+                                                                                                     list[str]]:
+    """The row's ``precision_hint`` field (OpenVINO rows only) and a note when it is a shipped pin."""
+    if not target.startswith("openvino:"):
+        return {}, []
+    hint = _hint(name, artifact, target, shipped)
+    pinned = (shipped or {}).get((name, target))
+    notes = [f"timed with INFERENCE_PRECISION_HINT {pinned} pinned: the setting validation ships for this artifact "
+             f"on {target} (the device default missed its tolerance)"] if pinned else []
+    return {"precision_hint": hint}, notes

@@ -1,0 +1,91 @@
+"""Execution precision as a validated deployment setting (OpenVINO).
+
+On CPUs with AVX512-BF16 or AMX, OpenVINO runs the float parts of fp16 and int8 artifacts in bfloat16 unless
+INFERENCE_PRECISION_HINT says otherwise.  Validation first measures that default, as a user who changes nothing
+gets it.  When the default runs below float32 and misses the tolerance, the same artifact is tried pinned to f16
+(where the device has it: 11 significant bits to bfloat16's 8, and faster than f32) and then to f32.  The first
+pinned setting that holds becomes the row's deployment setting (``deploy_precision``): the row's numbers are that
+run's, the package pins INFERENCE_PRECISION_HINT to it, and ``precision_attempts`` keeps every attempt, the
+failing default first, so nothing pretends the default passed.
+
+``$QDEPLOY_CPU_FLAGS`` describes another CPU (``qdeploy.targets.cpu_facts``): the default attempt then asks
+OpenVINO for that CPU's default explicitly.  OpenVINO ignores a hint the machine cannot run (a bf16 hint on an
+AVX2 CPU compiles in f32); the row then records the precision that really ran, and the note says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from qdeploy.core.rows import ValidationRow
+from qdeploy.stages.validate._common import Outcome
+from qdeploy.targets.cpu_facts import default_hint as device_default_hint
+from qdeploy.targets.cpu_facts import pins_after, short_precision
+
+__all__ = ["REDUCED_ARTIFACTS", "attempt_record", "default_hint", "pinned_candidates", "ran_short",
+           "with_pinned_fallback"]
+
+log = logging.getLogger(__name__)
+
+REDUCED_ARTIFACTS = ("fp16", "int8")
+"""Artifacts OpenVINO runs at the device default (float32 artifacts are always pinned to f32)."""
+
+Attempt = Callable[[str], Outcome]
+"""Runs and compares the artifact pinned to one INFERENCE_PRECISION_HINT."""
+
+
+def ran_short(executed: dict[str, Any] | None) -> str | None:
+    """The inference precision OpenVINO read back ('f32', 'bf16', 'f16'), or None when unknown."""
+    return short_precision((executed or {}).get("precision"))
+
+
+def _applies(target: str, precision: str) -> bool:
+    return target.startswith("openvino:") and precision in REDUCED_ARTIFACTS
+
+
+def default_hint(target: str, precision: str) -> tuple[str | None, str]:
+    """The hint of the default attempt and a note (``qdeploy.targets.cpu_facts.default_hint``); float32 artifacts
+    and other runtimes have none."""
+    return device_default_hint(target) if _applies(target, precision) else (None, "")
+
+
+def pinned_candidates(target: str, executed: dict[str, Any] | None) -> list[str]:
+    """Pinned precisions worth trying after the default ran as ``executed`` says
+    (``qdeploy.targets.cpu_facts.pins_after``)."""
+    return pins_after(target, (executed or {}).get("precision"))
+
+
+def attempt_record(setting: str, row: ValidationRow) -> dict[str, Any]:
+    """One attempt as the row keeps it: the setting ('default' or the pinned hint), what ran, its verdict."""
+    return {"setting": setting, "ran": ran_short(row.execution), "status": row.status,
+            "passed": row.status == "passed", "metrics": row.metrics.to_json(), "reason": row.reason,
+            "tolerance": row.tolerance}
+
+
+def with_pinned_fallback(first: Outcome, target: str, precision: str, attempt: Attempt) -> Outcome:
+    """``first`` (the default) when it passed or cannot be helped by a pin; else the first pinned setting that
+    holds, or ``first`` with every attempt recorded and the reason saying the pins missed too."""
+    row = first.row
+    if row.status != "failed" or row.execution is None or not _applies(target, precision):
+        return first
+    candidates = pinned_candidates(target, row.execution)
+    if not candidates:
+        return first
+    default_ran = ran_short(row.execution)
+    records = [attempt_record("default", row)]
+    for hint in candidates:
+        outcome = attempt(hint)
+        records.append(attempt_record(hint, outcome.row))
+        if outcome.row.status == "passed" and ran_short(outcome.row.execution) == hint:
+            note = (f"misses its tolerance at the device default ({default_ran}: {row.reason}); holds with "
+                    f"INFERENCE_PRECISION_HINT {hint} pinned, the setting shipped (precision_attempts lists both)")
+            log.info("%s on %s: %s", row.variant, target, note)
+            outcome.row = outcome.row.replace(precision_attempts=records, deploy_precision=hint,
+                                              warnings=[*outcome.row.warnings, note])
+            return outcome
+    tried = ", ".join(f"{record['setting']} ({record['ran']}): {record['status']}" for record in records[1:])
+    first.row = row.replace(precision_attempts=records,
+                            reason=f"{row.reason}; pinned precisions miss too: {tried}")
+    return first
