@@ -25,6 +25,7 @@ from qdeploy.pipeline import registry
 from qdeploy.stages.benchmark.config import BenchmarkConfig
 from qdeploy.stages.export.config import ExportConfig
 from qdeploy.stages.validate.config import ValidateConfig
+from qdeploy.targets import TRUE_FP16_TARGET, true_fp16_check
 
 __all__ = ["EXPORTED", "MAX_GATE_BATCH", "ONCE_PER_VARIANT", "GateMetric", "GateSpec", "Recipe", "ReportSpec",
            "StepError", "VariantStep"]
@@ -343,12 +344,21 @@ class Recipe(StrictModel):
         return {spec.name: (spec.low, spec.high) for spec in self.model.inputs
                 if spec.low is not None or spec.high is not None}
 
-    def stage_context(self, variant: str, work_dir: Path, **fields: Any) -> StageContext:
-        """What a stage may see of this recipe: datasets, paths, targets, the reference; ``fields``: the other
-        ``StageContext`` fields (progress)."""
+    def validated_targets(self, *, true_fp16: bool = False) -> tuple[str, ...]:
+        """The recipe's targets, and with ``true_fp16`` reference:cpu where validation checks fp16 artifacts
+        there too (``qdeploy.targets.true_fp16_check``): where an fp16 budget's promise is confirmed."""
+        targets = tuple(self.targets)
+        if true_fp16 and true_fp16_check(targets, self.validate_.fp16_reference):
+            return (*targets, TRUE_FP16_TARGET)
+        return targets
+
+    def stage_context(self, variant: str, work_dir: Path, targets: tuple[str, ...] | None = None,
+                      **fields: Any) -> StageContext:
+        """What a stage may see of this recipe: datasets, paths, targets (default: the recipe's), the reference;
+        ``fields``: the other ``StageContext`` fields (progress)."""
         return data_context(variant, work_dir, datasets=self.data, resolve=self.resolve,
                             input_ranges=self.input_ranges(), frozen=self.model.frozen_values(self.resolve),
-                            targets=tuple(self.targets),
+                            targets=tuple(self.targets) if targets is None else targets,
                             default_dataset=self.validate_.data, reference_variant=self.reference_variant,
                             batch_sizes=tuple(self.benchmark.batch_sizes) if self.benchmark.enabled else (),
                             **fields)

@@ -34,6 +34,9 @@ class StageInfo:
     """Dotted config paths that name datasets of the recipe (e.g. 'calibration.data')."""
     uses_targets: bool = False
     """The artifact depends on the recipe's targets (they enter the cache key and the stage's context)."""
+    true_fp16_checked: bool = False
+    """Validation also runs this stage's artifacts on reference:cpu (true float16) where the recipe has no GPU: with
+    ``uses_targets``, that check counts among the targets the stage is given (``Recipe.validated_targets``)."""
     default_dataset_reader: str | None = None
     """Function of the stage module, (validated config) -> bool: whether the stage then reads the run's default
     dataset (validate.data), which then enters its cache key."""
@@ -76,7 +79,7 @@ _STAGES: dict[str, StageInfo] = {
         StageInfo("fp16", "transform", "qdeploy.stages.fp16", "Fp16Config",
                   libraries=("onnx", "onnxruntime", "onnxconverter-common"),
                   dataset_fields=("calibration.data",), default_dataset_reader="reads_default_dataset",
-                  uses_targets=True),  # the budget's artifact is confirmed on each target
+                  uses_targets=True, true_fp16_checked=True),  # the budget's artifact is confirmed on each target
         StageInfo("quantize", "transform", "qdeploy.stages.quantize", "QuantizeConfig",
                   libraries=("onnx", "onnxruntime", "onnx-ir", "openvino"),
                   dataset_fields=("calibration.data", "budget.data"), uses_targets=True),

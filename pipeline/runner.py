@@ -356,7 +356,8 @@ def _build_step(state: _RunState, variant: str, step: VariantStep, parent: Artif
         "stage": step.stage, "config": step.config, "versions": versions, "parent_sha256": parent.sha256,
         "parent_external_data": [list(item) for item in parent.external_data],
         "data": _data_fingerprint(state.recipe, datasets),
-        **({"targets": sorted(state.recipe.targets)} if info.uses_targets else {}),
+        **({"targets": sorted(state.recipe.validated_targets(true_fp16=info.true_fp16_checked))}
+           if info.uses_targets else {}),
     })
     ctx = _context(state, variant, step.stage)
     return _transform(state, key, info, parent, config, ctx, versions, stages=(*parent.stages, step.stage))
@@ -417,7 +418,8 @@ def _data_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, Any]:
 
 def _context(state: _RunState, variant: str, stage: str) -> StageContext:
     work = state.work_root / f"{variant}-{stage}"
-    return state.recipe.stage_context(variant, work, on_progress=state.progress.detail)
+    targets = state.recipe.validated_targets(true_fp16=registry.stage(stage).true_fp16_checked)
+    return state.recipe.stage_context(variant, work, on_progress=state.progress.detail, targets=targets)
 
 
 def _publish(state: _RunState, out_dir: Path, generation: Path) -> list[dict[str, Any]]:

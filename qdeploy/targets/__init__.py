@@ -33,16 +33,48 @@ from qdeploy.targets.onnxruntime import OrtSession, OrtTarget
 from qdeploy.targets.openvino import OpenVinoSession, OpenVinoTarget
 from qdeploy.targets.reference import ReferenceSession, ReferenceTarget
 
-__all__ = ["KNOWN_TARGETS", "BoundCall", "ExecutionInfo", "OpenVinoSession", "OpenVinoTarget", "OrtBoundCall",
-           "OrtSession", "OrtTarget", "ReferenceSession", "ReferenceTarget", "Session", "TargetAdapter",
-           "TargetFellBack", "available_targets", "check_feeds", "get_target", "load_as_deployed", "onnx_io_names",
-           "short_message"]
+__all__ = [
+    "KNOWN_TARGETS",
+    "TRUE_FP16_TARGET",
+    "BoundCall",
+    "ExecutionInfo",
+    "OpenVinoSession",
+    "OpenVinoTarget",
+    "OrtBoundCall",
+    "OrtSession",
+    "OrtTarget",
+    "ReferenceSession",
+    "ReferenceTarget",
+    "Session",
+    "TargetAdapter",
+    "TargetFellBack",
+    "available_targets",
+    "check_feeds",
+    "get_target",
+    "load_as_deployed",
+    "onnx_io_names",
+    "short_message",
+    "true_fp16_check",
+]
 
 KNOWN_TARGETS: tuple[str, ...] = (
     "ort:cpu", "ort:cuda", "ort:tensorrt", "ort:openvino",
     "openvino:cpu", "openvino:gpu", "openvino:npu",
     "reference:cpu",
 )
+
+TRUE_FP16_TARGET = "reference:cpu"
+"""Where float16 arithmetic really happens on a machine without a GPU (CPU providers compute fp16 in float32)."""
+GPU_TARGETS = ("ort:cuda", "ort:tensorrt", "openvino:gpu")
+
+
+def true_fp16_check(targets: tuple[str, ...] | list[str], mode: str) -> bool:
+    """Whether validation also runs fp16 artifacts on ``reference:cpu`` (validate.fp16_reference ``mode``):
+    'always'; 'auto' when the recipe has no GPU target available here; never when the recipe names it already."""
+    if mode == "never" or TRUE_FP16_TARGET in targets:
+        return False
+    return mode == "always" or not any(t in GPU_TARGETS and get_target(t).availability()[0] for t in targets)
+
 
 def get_target(name: str) -> TargetAdapter:
     """The adapter of a target name; ValueError naming the known targets for an unknown one."""

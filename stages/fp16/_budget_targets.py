@@ -4,7 +4,9 @@ Budget mode searches on an emulation of float16 (one gated ONNX Runtime model, `
 artifact is then run on each target of the recipe through that target's adapter at the precision validation
 runs an fp16 artifact (the device's default: bfloat16 float parts on an OpenVINO CPU with AVX512-BF16; ONNX
 Runtime's CPU casts around the ops it has no float16 kernel for), on the budget's samples, against float32 with
-the real tolerance.  Each target ends ``confirmed``, ``missed`` (with its metrics) or ``unavailable`` (the
+the real tolerance.  Where validation also checks fp16 artifacts on reference:cpu (true float16 arithmetic, when
+the recipe has no GPU: ``qdeploy.targets.true_fp16_check``), that check is one of the targets, on its first
+``REFERENCE_SAMPLES`` samples.  Each target ends ``confirmed``, ``missed`` (with its metrics) or ``unavailable`` (the
 reason; never a CPU standing in for a GPU).  When a target misses, the groups the emulation ranked next are kept
 float32 too, by bisection measured on that target (and on ort:cpu when the recipe has it, so a kept set still
 holds where it held), until the tolerance holds there or every group is float32 and it still misses: then the
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.compare import Comparison, compare_outputs
 from qdeploy.graph.external_data import save_onnx
-from qdeploy.targets import load_as_deployed
+from qdeploy.targets import TRUE_FP16_TARGET, load_as_deployed
 from qdeploy.targets.cpu_facts import pins_after, short_precision
 
 if TYPE_CHECKING:
@@ -35,6 +37,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONFIRMED, MISSED, UNAVAILABLE = "confirmed", "missed", "unavailable"
+REFERENCE_SAMPLES = 2
+"""Samples run on reference:cpu (true float16, onnx's evaluator: seconds per sample), as validation's
+``fp16_reference_samples`` default."""
 SEARCH_TARGET = "ort:cpu"
 Outputs = list[dict[str, "np.ndarray"]]
 
@@ -93,8 +98,9 @@ class TargetRuns:
         try:
             with (load(name, path, hint) if hint else load(name, path)) as session:
                 self.records.setdefault(name, {})["pinned" if hint else "precision"] = session.executed.precision
-                outputs = [session.run(feed) for feed in self.feeds]
-            comparison = compare_outputs(self.reference, outputs, self.tolerance)
+                count = REFERENCE_SAMPLES if name == TRUE_FP16_TARGET else len(self.feeds)
+                outputs = [session.run(feed) for feed in self.feeds[:count]]
+            comparison = compare_outputs(self.reference[:count], outputs, self.tolerance)
         except Exception as exc:  # a runtime refusing or failing the artifact is that target's measured failure
             comparison = Comparison([], False, [f"{name} cannot run the artifact: {short_message(exc)}"])
             if isinstance(exc, TargetUnavailable) and not isinstance(exc, TargetFellBack):

@@ -28,6 +28,7 @@ from qdeploy.stages.validate._floor import noise_floor_summary
 from qdeploy.stages.validate._reference import reference_source
 from qdeploy.stages.validate._unreadable import condense_unreadable, unreadable_targets
 from qdeploy.stages.validate.config import RANDOM_DATA_WARNING, REFERENCE_MODEL_ROW, REFERENCE_TARGET, ValidateConfig
+from qdeploy.targets import TRUE_FP16_TARGET
 
 if TYPE_CHECKING:
     from qdeploy.core.context import Artifact, StageContext
@@ -158,28 +159,22 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConf
     return condense_unreadable([outcome.row for outcome in outcomes])
 
 
-TRUE_FP16_TARGET = "reference:cpu"
 BF16_BASIS = ("held to the bf16 default tolerance, not the fp16 one: {target} ran this float16 graph in bfloat16, "
               "its default on this CPU (INFERENCE_PRECISION_HINT f32 where you deploy it gives float32's arithmetic; "
               "the reference:cpu row checks true float16)")
 DECLARED_BASIS = "held to the tolerance its own accuracy budget was built to (the variant's steps in the recipe)"
-GPU_TARGETS = ("ort:cuda", "ort:tensorrt", "openvino:gpu")
 
 
 def _true_fp16_checks(shared: _Run, artifacts: dict[str, Artifact], targets: list[str],
                       ctx: StageContext) -> list[Outcome]:
     """fp16 artifacts on reference:cpu, where float16 arithmetic really happens, when no GPU would show it."""
-    from qdeploy.targets import get_target
+    from qdeploy.targets import true_fp16_check
 
     fp16 = {name: artifact for name, artifact in artifacts.items() if artifact.precision == "fp16"}
-    mode = shared.config.fp16_reference
     recipe_targets = ctx.targets
     # a scheduler may validate the targets in groups: the group holding the recipe's first target owns these rows
     owner = recipe_targets[0] in targets if recipe_targets else True
-    if not fp16 or mode == "never" or TRUE_FP16_TARGET in recipe_targets or not owner:
-        return []
-    gpus = [t for t in recipe_targets if t in GPU_TARGETS and get_target(t).availability()[0]]
-    if mode == "auto" and gpus:
+    if not fp16 or not owner or not true_fp16_check(recipe_targets, shared.config.fp16_reference):
         return []
     count = min(shared.config.fp16_reference_samples, shared.base_samples)
     capped = dataclasses.replace(shared, feeds=shared.feeds[:count], reference_outputs=shared.reference_outputs[:count],
