@@ -36,6 +36,7 @@ from qdeploy.stages.fp16._convert import (
     STAGE,
     already_float16,
     check,
+    constant_outputs_behind_identity,
     convert,
     count_clamping,
     float16_clamper,
@@ -92,6 +93,7 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
     _refuse_float16(model, ctx)
     name_nodes_uniquely(model)
     _check_node_names(model, config.node_block_list, ctx)
+    constant_outputs = constant_outputs_behind_identity(model)  # kept float32 where the outputs stay float32
     types = all_types(model)
     needs = float32_needs(model, types)
     op_block = effective_op_block_list(config.op_block_list)
@@ -99,6 +101,7 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
     op_blocked = _op_blocked(model, op_block)
     fixed = op_blocked | set(config.node_block_list) | set(needs.nodes) | {n for found in patterns.values()
                                                                            for n in found}
+    fixed |= set(constant_outputs) if config.keep_io_types else set()
     findings: dict[str, Any] = {"keep_io_types": config.keep_io_types, "op_block_list": op_block,
                                 "schema_float32_nodes": needs.nodes,
                                 "schema_float32_inputs": [reason for node, reason in needs.input_reasons.items()

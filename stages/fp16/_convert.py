@@ -94,6 +94,37 @@ def convert(model: onnx.ModelProto, *, min_positive_val: float, max_finite_val: 
     return converted
 
 
+def constant_outputs_behind_identity(model: onnx.ModelProto) -> list[str]:
+    """A graph output that is an initializer (folding made it a constant) has no node for the converter to put a
+    Cast after: it would turn the tensor float16 under an output still declared float32, which onnx.checker
+    refuses.  Each such output is produced by an Identity of the renamed initializer instead; the Identity
+    nodes' names are returned (blocked with keep_io_types, so the constant and the output stay float32)."""
+    from onnx import TensorProto, helper
+
+    initializers = {init.name: init for init in model.graph.initializer}
+    taken = {*initializers, *(out for node in model.graph.node for out in node.output),
+             *(node.name for node in model.graph.node)}
+    added = []
+    for output in model.graph.output:
+        init = initializers.get(output.name)
+        if init is None or init.data_type != TensorProto.FLOAT:
+            continue
+        source, node = _fresh(f"{output.name}_constant", taken), _fresh(f"{output.name}_as_output", taken)
+        init.name = source
+        model.graph.node.append(helper.make_node("Identity", [source], [output.name], name=node))
+        added.append(node)
+    return added
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name, suffix = base, 1
+    while name in taken:
+        suffix += 1
+        name = f"{base}_{suffix}"
+    taken.add(name)
+    return name
+
+
 @contextlib.contextmanager
 def _tags_marked_not_converted() -> Iterator[None]:
     """During the call, the converter's tensor conversion only retypes a tagged tensor (``_fill_tags`` converts

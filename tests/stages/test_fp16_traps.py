@@ -304,3 +304,22 @@ def test_large_models_are_typed_through_a_file_path(tmp_path: Path, monkeypatch:
     assert seen == [str(path)]
     assert {i.name: i.data_type for i in result.model.graph.initializer} == {"W": TensorProto.FLOAT16}
     _assert_sound(tmp_path, model, result.model, {"x": _x([1, 64], -1, 1)}, atol=5e-2)
+
+
+@pytest.mark.parametrize("keep_io_types", [True, False])
+def test_an_output_that_folding_made_a_constant_converts(tmp_path: Path, keep_io_types: bool) -> None:
+    """simplify folds Constant -> Mul -> output into an initializer that is itself a graph output: no node for the
+    converter to cast after, so it turned the tensor float16 under a float32 output and onnx.checker refused the
+    model ("Inferred elem type differs ... (10) vs (1)"); frozen inputs make such outputs common."""
+    values = np.array([1.5, -2.25, 3.0], np.float32)
+    model = make_model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [const("c", values)],
+                       [tensor("x", [1, 4])], [tensor("y", [1, 4]), tensor("c", [3])])
+    model.ir_version = 10  # as simplify writes it (the checker let IR 8 through)
+    result = run_stage(tmp_path, model, keep_io_types=keep_io_types)
+    declared = {out.name: out.type.tensor_type.elem_type for out in result.model.graph.output}
+    expected = TensorProto.FLOAT if keep_io_types else TensorProto.FLOAT16
+    assert declared == {"y": expected, "c": expected}
+    x = np.array([[-1.0, 0.5, 2.0, -3.0]], np.float32)
+    y, c = run_ort(result.model, {"x": x.astype(np.float32 if keep_io_types else np.float16)})
+    np.testing.assert_array_equal(c, values.astype(c.dtype))
+    np.testing.assert_array_equal(y, np.maximum(x, 0).astype(y.dtype))
