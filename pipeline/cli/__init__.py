@@ -67,6 +67,10 @@ def run(
     raise typer.Exit(_guarded(body, verbose))
 
 
+PLAIN_WIDTH = 220
+"""Columns of the summary when stdout is no terminal (a CI log): wide enough that no row folds."""
+
+
 def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
     from rich import box
     from rich.console import Console
@@ -86,6 +90,8 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
     )
 
     console = Console()
+    if not console.is_terminal:  # CI logs: rows on one line each, never numbers folded at 80 columns
+        console = Console(width=max(console.width, PLAIN_WIDTH))
     missing = unavailable_targets(report)
     rows = [row for row in matrix(report) if row.target not in missing]
     batches = len({row.batch for row in rows if row.batch is not None}) > 1

@@ -82,3 +82,17 @@ def test_terminal_says_per_row_what_ran(capsys: pytest.CaptureFixture[str], monk
     for variant, label in LABELS.items():
         assert label in rows[variant], rows
     assert "int8 (bf16 float parts) vs fp32 (f32)" in printed
+
+
+def test_terminal_rows_stay_on_one_line_in_a_ci_log(capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a terminal (CI logs) Rich would fold the table at 80 columns, splitting labels and numbers."""
+    from qdeploy.pipeline.cli import _print_summary
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    _print_summary(mixed_precision_report(), Path("out"))
+    printed = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in printed.splitlines() if TARGET in line and line.split()}
+    for variant, label in LABELS.items():
+        assert label in rows[variant], printed
+    assert any("int8 (bf16 float parts) vs fp32 (f32)" in line for line in rows.values()), printed
