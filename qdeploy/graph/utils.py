@@ -23,6 +23,7 @@ __all__ = [
     "delete_where",
     "fingerprint",
     "float32_chunks",
+    "fresh_name",
     "graph_inputs",
     "graph_key",
     "has_subgraph",
@@ -125,6 +126,17 @@ def names_read(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> set[str]:
     read |= {out.name for out in graph.output}
     read |= subgraph_references(graph)
     return read
+
+
+def fresh_name(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_2``, ``base_3``... : the first not in ``taken``, which then holds it (names of tensors,
+    initializers or nodes that a pass adds must not collide with any the graph has)."""
+    name, suffix = base, 1
+    while name in taken:
+        suffix += 1
+        name = f"{base}_{suffix}"
+    taken.add(name)
+    return name
 
 
 def model_bytes(model: onnx.ModelProto) -> int:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import StageError
 from qdeploy.core.onnx_wire import load_model
-from qdeploy.graph.utils import float32_chunks
+from qdeploy.graph.utils import float32_chunks, fresh_name
 from qdeploy.stages.fp16._graph import FLOAT, FLOAT16, walk_graphs, walk_nodes
 
 if TYPE_CHECKING:
@@ -109,20 +109,11 @@ def constant_outputs_behind_identity(model: onnx.ModelProto) -> list[str]:
         init = initializers.get(output.name)
         if init is None or init.data_type != TensorProto.FLOAT:
             continue
-        source, node = _fresh(f"{output.name}_constant", taken), _fresh(f"{output.name}_as_output", taken)
+        source, node = fresh_name(f"{output.name}_constant", taken), fresh_name(f"{output.name}_as_output", taken)
         init.name = source
         model.graph.node.append(helper.make_node("Identity", [source], [output.name], name=node))
         added.append(node)
     return added
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, suffix = base, 1
-    while name in taken:
-        suffix += 1
-        name = f"{base}_{suffix}"
-    taken.add(name)
-    return name
 
 
 @contextlib.contextmanager

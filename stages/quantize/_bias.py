@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from qdeploy.graph.utils import fresh_name
+
 if TYPE_CHECKING:
     import onnx
 
@@ -75,7 +77,7 @@ def _rewrite_gemm(graph: onnx.GraphProto, node: onnx.NodeProto, initializers: di
     vector = _as_vector(values, columns)
     scaled = (vector if vector is not None else values) * np.asarray(beta, dtype=values.dtype)
     old = node.input[2]
-    name = _fresh(f"{old}_{'vector' if vector is not None else 'added'}", taken)
+    name = fresh_name(f"{old}_{'vector' if vector is not None else 'added'}", taken)
     graph.initializer.append(numpy_helper.from_array(scaled.astype(values.dtype), name))
     initializers[name] = graph.initializer[-1]
     _set_beta_one(node)
@@ -96,8 +98,8 @@ def _move_bias_to_add(node: onnx.NodeProto, bias: str, taken: set[str]) -> onnx.
     """Gemm(A, B, C) -> Add(Gemm(A, B), C); returns the Add, which goes right after the Gemm."""
     from onnx import helper
 
-    product = _fresh(f"{node.output[0]}_product", taken)
-    add = helper.make_node("Add", [product, bias], [node.output[0]], name=_fresh(f"{node.name}_bias", taken))
+    product = fresh_name(f"{node.output[0]}_product", taken)
+    add = helper.make_node("Add", [product, bias], [node.output[0]], name=fresh_name(f"{node.name}_bias", taken))
     del node.input[2]
     node.output[0] = product
     return add
@@ -114,14 +116,6 @@ def _attribute(node: onnx.NodeProto, name: str, default: float) -> float:
 
     found = next((attr for attr in node.attribute if attr.name == name), None)
     return helper.get_attribute_value(found) if found is not None else default
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name = base
-    while name in taken:
-        name += "_"
-    taken.add(name)
-    return name
 
 
 def _drop_unread(model: onnx.ModelProto, names: set[str]) -> None:

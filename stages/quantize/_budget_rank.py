@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdeploy.graph.external_data import needs_external_data
+from qdeploy.graph.utils import fresh_name
 from qdeploy.stages.quantize._budget_eval import Evaluator, Feeds, error_ratio, ort_session
 
 if TYPE_CHECKING:
@@ -139,11 +140,11 @@ def _shadowed(float_model: onnx.ModelProto, quantized: onnx.ModelProto,
             continue
         shadow = onnx.NodeProto()
         shadow.CopyFrom(node)
-        shadow.name = _fresh(f"{node.name}__float_shadow", taken)
+        shadow.name = fresh_name(f"{node.name}__float_shadow", taken)
         del shadow.input[:]
         shadow.input.extend(inputs)  # type: ignore[arg-type]
         for index, output in enumerate(node.output):
-            shadow.output[index] = _fresh(f"{output}__float_shadow", taken) if output else ""
+            shadow.output[index] = fresh_name(f"{output}__float_shadow", taken) if output else ""
             if output in available:
                 pairs[output] = (output, shadow.output[index])
         graph.node.append(shadow)
@@ -167,15 +168,7 @@ def _shadow_input(name: str, available: set[str], present: dict[str, onnx.Tensor
         return name
     copied = graph.initializer.add()
     copied.CopyFrom(weight)
-    copied.name = _fresh(f"{name}__float_shadow", taken)
+    copied.name = fresh_name(f"{name}__float_shadow", taken)
     present[copied.name] = copied
     float_inits[copied.name] = copied
     return copied.name
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name = base
-    while name in taken:
-        name += "_"
-    taken.add(name)
-    return name

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.utils import fresh_name
+
 if TYPE_CHECKING:
     import onnx
 
@@ -56,7 +58,7 @@ def unshare_qdq_parameters(model: onnx.ModelProto) -> int:
             if name not in claimed:  # the first reader keeps the original
                 claimed.add(name)
                 continue
-            node.input[index] = _copy(graph, initializers[name], _fresh(f"{name}_{node.name or copies}", taken))
+            node.input[index] = _copy(graph, initializers[name], fresh_name(f"{name}_{node.name or copies}", taken))
             copies += 1
     return copies
 
@@ -65,13 +67,4 @@ def _copy(graph: onnx.GraphProto, source: onnx.TensorProto, name: str) -> str:
     copied = graph.initializer.add()
     copied.CopyFrom(source)
     copied.name = name
-    return name
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, suffix = base, 1
-    while name in taken:
-        suffix += 1
-        name = f"{base}_{suffix}"
-    taken.add(name)
     return name
