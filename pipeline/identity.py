@@ -8,17 +8,34 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.core.files import sha256_file
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.utils import graph_inputs
 
 if TYPE_CHECKING:
     from qdeploy.pipeline.recipe import Recipe
 
-__all__ = ["ENVIRONMENT_FIELDS", "RECIPE_SECTIONS", "differences", "model_mismatch", "model_signature",
-           "recipe_fingerprint"]
+__all__ = ["ENVIRONMENT_FIELDS", "RECIPE_SECTIONS", "dataset_fingerprint", "differences", "model_mismatch",
+           "model_signature", "recipe_fingerprint"]
 
 RECIPE_SECTIONS = ("model", "data", "variants", "targets", "validate", "benchmark", "gates")
 ENVIRONMENT_FIELDS = (("cpu", "model"), ("cpu", "cores"), ("cpu", "flags"), ("python",), ("platform",))
+
+
+def dataset_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, Any]:
+    """What a stage's datasets are, for its cache key: their spec and, for folders, each file's name and the
+    sha256 of its content.  Never size and mtime: samples rewritten with other values but the same size and
+    mtime would reuse an artifact calibrated on the old ones."""
+    fingerprint: dict[str, Any] = {}
+    for name in datasets:
+        spec = recipe.data[name]
+        files: list[Any] = []
+        if spec.path:
+            folder = recipe.resolve(spec.path)
+            files = sorted((p.name, sha256_file(p)) for p in folder.iterdir() if p.is_file()) \
+                if folder.is_dir() else []
+        fingerprint[name] = {"spec": spec.model_dump(mode="json"), "files": files}
+    return fingerprint
 
 
 def model_signature(path: Path) -> dict[str, Any]:

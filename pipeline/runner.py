@@ -34,7 +34,7 @@ from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, Throughput
 from qdeploy.core.runtimes import runtime_groups
 from qdeploy.pipeline import registry
 from qdeploy.pipeline.guard import guard_artifact
-from qdeploy.pipeline.identity import model_signature
+from qdeploy.pipeline.identity import dataset_fingerprint, model_signature
 from qdeploy.pipeline.large_results import spill_large_result
 from qdeploy.pipeline.memory_plan import check_recipe_fits
 from qdeploy.pipeline.progress import Progress
@@ -355,7 +355,7 @@ def _build_step(state: _RunState, variant: str, step: VariantStep, parent: Artif
     key = cache_key({
         "stage": step.stage, "config": step.config, "versions": versions, "parent_sha256": parent.sha256,
         "parent_external_data": [list(item) for item in parent.external_data],
-        "data": _data_fingerprint(state.recipe, datasets),
+        "data": dataset_fingerprint(state.recipe, datasets),
         **({"targets": sorted(state.recipe.validated_targets(true_fp16=info.true_fp16_checked))}
            if info.uses_targets else {}),
     })
@@ -400,20 +400,6 @@ def _transform(state: _RunState, key: str, info: registry.StageInfo, parent: Art
     log.log(logging.WARNING if evicted else logging.INFO, "%s of %s: %s in %.2fs (%s)", info.name, ctx.variant,
             state.cache_notes[key], seconds, key[:12])
     return artifact
-
-
-def _data_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, Any]:
-    """What a stage's datasets are: their spec, and for folders each file's name, size and mtime."""
-    fingerprint: dict[str, Any] = {}
-    for name in datasets:
-        spec = recipe.data[name]
-        files: list[Any] = []
-        if spec.path:
-            folder = recipe.resolve(spec.path)
-            files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()
-                           if p.is_file()) if folder.is_dir() else []
-        fingerprint[name] = {"spec": spec.model_dump(mode="json"), "files": files}
-    return fingerprint
 
 
 def _context(state: _RunState, variant: str, stage: str) -> StageContext:

@@ -163,3 +163,32 @@ def test_a_sound_entry_is_read_back_unchanged(tmp_path: Path) -> None:
     meta = json.loads((entry / META_FILE).read_text())
     assert meta["files"] == {MODEL_FILE: {"sha256": sha256_of(entry / MODEL_FILE),
                                           "size_bytes": (entry / MODEL_FILE).stat().st_size}}
+
+
+def test_samples_rewritten_with_the_same_size_and_mtime_rebuild_what_they_calibrated(tmp_path: Path) -> None:
+    """A dataset is fingerprinted by content: other values under the same names, sizes and mtimes must not reuse
+    the int8 artifact calibrated on the old ones (it did: the cache key held name, size and mtime only)."""
+    import os
+
+    import numpy as np
+
+    from qdeploy.pipeline.loader import load_recipe
+    from qdeploy.pipeline.runner import RunOptions, run_recipe
+
+    body = BODY.replace("calib: {reader: random, samples: 4}", "calib: {reader: npy, path: calib}")
+    recipe = recipe_with_model(tmp_path, tiny_cnn(), body=body)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(4):
+        np.save(calib / f"s{index}.npy", rng.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32))
+    options = RunOptions(out_dir=tmp_path / "out", show_progress=False)
+    first = {a["name"]: a for a in run_recipe(load_recipe(recipe), options).report["artifacts"]}
+    for path in sorted(calib.iterdir()):
+        stat = path.stat()
+        np.save(path, rng.uniform(-50, 50, (1, 3, 16, 16)).astype(np.float32))  # same header, same size
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    second = {a["name"]: a for a in run_recipe(load_recipe(recipe), options).report["artifacts"]}
+    assert second["fp32"]["cached"] and second["fp32"]["sha256"] == first["fp32"]["sha256"]  # reads no data
+    assert not second["int8"]["cached"] and second["int8"]["sha256"] != first["int8"]["sha256"]
