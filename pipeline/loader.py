@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,8 @@ from qdeploy.core.errors import RecipeError, UserFileError
 from qdeploy.core.userfiles import check_regular_file, files_in_folder, read_text
 from qdeploy.pipeline.recipe import Recipe, StepError
 
-__all__ = ["MAX_RECIPE_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_VALUES", "Loc", "load_recipe", "node_line", "parse_recipe",
-           "parse_yaml", "read_yaml_text", "recipe_python_references"]
+__all__ = ["MAX_RECIPE_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_VALUES", "Loc", "document_loc", "load_recipe", "node_line",
+           "parse_recipe", "parse_yaml", "read_yaml_text", "recipe_python_references"]
 
 Loc = tuple[str | int, ...]
 
@@ -187,6 +188,31 @@ def node_line(root: yaml.Node, loc: Loc) -> int | None:
     return line
 
 
+def document_loc(root: yaml.Node | None, loc: Loc) -> Loc:
+    """``loc`` without pydantic's own steps (validator and union tags such as 'function-after[...]'): a step is
+    kept when the document has it at that place, so a user's key may hold '[' too.  Past the document's end
+    (a missing field), the rest is kept but for pydantic's tags."""
+    kept: list[str | int] = []
+    node: yaml.Node | None = root
+    for index, part in enumerate(loc):
+        _, value = _child(node, part)
+        if value is not None:
+            kept.append(part)
+            node = value
+        elif not _pydantic_tag(part) and (index == len(loc) - 1 or isinstance(node, yaml.MappingNode)):
+            kept.append(part)  # the unknown or missing field itself, named by the user or by the schema
+    return tuple(kept)
+
+
+_PYDANTIC_TAG = re.compile(r"(?:function-\w+|tagged-union|lax-or-strict|json-or-python|nullable|list|dict|union|tuple"
+                           r"|set)\[.*\]", re.DOTALL)
+"""Steps pydantic puts into an error's location for its validators and unions, never keys of a document."""
+
+
+def _pydantic_tag(part: str | int) -> bool:
+    return isinstance(part, str) and _PYDANTIC_TAG.fullmatch(part) is not None
+
+
 def _is_leaf(node: yaml.Node) -> bool:
     return isinstance(node, yaml.ScalarNode)
 
@@ -195,7 +221,7 @@ def _recipe_error(exc: ValidationError, root: yaml.Node, file: str) -> RecipeErr
     # a misspelt key shows as an unknown key plus a missing one: the unknown key is the cause, report it first
     errors = sorted(exc.errors(), key=lambda error: error["type"] != "extra_forbidden")
     first = errors[0]
-    loc: Loc = tuple(part for part in first["loc"] if not (isinstance(part, str) and "[" in part))
+    loc = document_loc(root, tuple(first["loc"]))
     message = first["msg"]
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, StepError):

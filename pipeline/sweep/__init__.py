@@ -203,7 +203,7 @@ def load_sweep(paths: list[Path], name: str | None = None) -> SweepPlan:
 
 def parse_sweep_file(path: Path) -> SweepFile:
     """Validate a sweep file; RecipeError names the file, line and field of the first problem."""
-    from qdeploy.pipeline.loader import node_line, parse_yaml, read_yaml_text
+    from qdeploy.pipeline.loader import document_loc, node_line, parse_yaml, read_yaml_text
 
     file = str(path)
     root, data = parse_yaml(read_yaml_text(path, "sweep"), file)
@@ -212,10 +212,10 @@ def parse_sweep_file(path: Path) -> SweepFile:
     except ValidationError as exc:
         # a misspelt key shows as an unknown key plus a missing one: the unknown key is the cause
         error = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
-        loc = tuple(part for part in error["loc"] if not (isinstance(part, str) and "[" in part))
+        loc = document_loc(root, tuple(error["loc"]))
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            message = f"unknown field '{loc[-1]}' of the sweep file"
+            message = f"unknown field '{error['loc'][-1]}' of the sweep file"
         line = node_line(root, loc) if root is not None else None
         raise RecipeError(message, file=file, line=line, field=".".join(map(str, loc)) or None) from None
 

@@ -60,6 +60,9 @@ def test_stage_by_name_and_empty_variant(tmp_path: Path, tiny_model_path: Path) 
         (BASE.replace("  fp32: [simplify]\n", "  fp32: [simplify]\n  fp32: []\n"), 8, "key 'fp32' repeats"),
         (BASE.replace("tiny.onnx", "missing.onnx"), 3, "does not exist"),
         ("name: t\nmodel: [unclosed\n", 3, "YAML syntax error"),
+        # keys holding '[' are the user's, not pydantic's validator tags (an IndexError, then the wrong field)
+        (BASE + "'x[1]': 3\n", 10, "unknown field 'x[1]'"),
+        (BASE.replace("  onnx: tiny.onnx\n", "  onnx: tiny.onnx\n  'in[': 2\n"), 4, "unknown field 'in['"),
     ],
 )
 def test_bad_recipes_name_line_and_problem(tmp_path: Path, tiny_model_path: Path, text: str, line: int | None,

@@ -82,6 +82,7 @@ def test_a_matrix_recipe_with_a_bad_path_is_invalid_the_others_stay(tmp_path: Pa
 
 @pytest.mark.parametrize(("old", "new", "field", "words"), [
     ("variant_sets:", "variant_set:", "matrix.variant_set", "unknown field 'variant_set'"),
+    ("variant_sets:", "'v[0]': 1\n      variant_sets:", "matrix.v[0]", "unknown field 'v[0]'"),  # was IndexError
     ("      recipe:", "      recipe:\n        name: x", "matrix.recipe", "may not set name"),
     ("fp: {fp32", "f p: {fp32", "matrix.variant_sets", "variant set name 'f p'"),
 ])
