@@ -63,6 +63,22 @@ def _kind_problem(mode: int) -> str | None:
     return "is not a regular file; name a file"
 
 
+_KERNEL_FILE_SYSTEMS = ("/proc/", "/sys/")
+"""Where the kernel serves files that claim to be regular but are not data: /proc/kmsg blocks a read for ever."""
+
+
+def _pseudo_file_problem(fd: int, path: Path) -> str | None:
+    """Why an opened 'regular' file is a kernel pseudo-file (by where the descriptor really leads); None if not."""
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc: the path is all there is to go by
+        real = os.path.realpath(path)
+    if real.startswith(_KERNEL_FILE_SYSTEMS):
+        return (f"is a kernel pseudo-file ({real}), not data: reading it may wait for ever or change between "
+                "reads; name a file")
+    return None
+
+
 def _stat(path: Path, what: str) -> os.stat_result:
     """os.stat with every failure named; a dangling symlink says where it points."""
     try:
@@ -104,7 +120,7 @@ def open_regular_file(path: Path, what: str) -> BinaryIO:
         _stat(path, what)  # names a missing file, a dangling link or a loop precisely
         raise UserFileError(what, path, os_error_problem(exc)) from None
     try:
-        problem = _kind_problem(os.fstat(fd).st_mode)
+        problem = _kind_problem(os.fstat(fd).st_mode) or _pseudo_file_problem(fd, path)
         if problem:
             raise UserFileError(what, path, problem)
         os.set_blocking(fd, True)

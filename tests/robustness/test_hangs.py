@@ -152,3 +152,14 @@ def test_a_huge_recipe_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
         stream.write(("# " + "x" * 98 + "\n") * 20_000)  # 2 MB of comments (50 MB took 78 s)
     result, _ = _timed_cli("check", str(recipe))
     assert_clean_input_error(result, str(recipe), "2.0 MB", "at most 1 MB")
+
+
+@pytest.mark.parametrize("path", ["/proc/kmsg", "/proc/self/status", "/sys/kernel/mm/transparent_hugepage/enabled"])
+def test_a_kernel_pseudo_file_is_refused_before_any_read(path: str) -> None:
+    """/proc and /sys files claim to be regular files; /proc/kmsg blocks a read for ever (`qdeploy check` hung)."""
+    from qdeploy.core.userfiles import open_regular_file
+
+    if not Path(path).exists():
+        pytest.skip(f"{path} does not exist on this machine")
+    error = _returns_within(10, lambda: open_regular_file(Path(path), "recipe file").close())
+    assert isinstance(error, QdeployInputError) and "kernel pseudo-file" in str(error), error
