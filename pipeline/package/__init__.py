@@ -102,7 +102,8 @@ def build_package(source: PackageSource, out_dir: Path, check: CheckData, *, ort
     """
     final = out_dir / package_name(source.target, source.variant)
     out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=out_dir))
+    remove_abandoned_staging(out_dir)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}{STAGING_MARK}{os.getpid()}-", dir=out_dir))
     os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700; a package is meant to be shared
     try:
         _write_contents(source, staging, check, ort_optimized)
@@ -113,6 +114,36 @@ def build_package(source: PackageSource, out_dir: Path, check: CheckData, *, ort
         raise
     log.info("package %s written", final)
     return final
+
+
+STAGING_MARK = ".tmp-"
+"""A package is written in ``.<name>.tmp-<pid>-<random>`` beside its final folder, then renamed."""
+
+
+def remove_abandoned_staging(out_dir: Path) -> list[Path]:
+    """Staging folders a killed ``qdeploy package`` left behind (its process is gone); a live one's is kept."""
+    removed = []
+    for entry in out_dir.iterdir():
+        if not (entry.name.startswith(".") and STAGING_MARK in entry.name and entry.is_dir()
+                and not entry.is_symlink()):
+            continue
+        owner = entry.name.rsplit(STAGING_MARK, 1)[1].split("-", 1)[0]
+        if owner.isdigit() and _alive(int(owner)):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+        log.info("removed %s, left by a package run that did not finish", entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def _write_contents(source: PackageSource, folder: Path, check: CheckData, ort_optimized: bool) -> None:

@@ -4,6 +4,7 @@ imported, and checked against the run's reference outputs; a changed byte is cau
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -280,3 +281,20 @@ def test_packages_can_be_turned_off_and_their_link_goes(run_dir: Path, tmp_path:
                         RunOptions(out_dir=out, show_progress=False))
     assert second.report["packages"] == {"enabled": False, "written": [], "failed": []}
     assert not (out / "packages").exists() and not (out / "packages").is_symlink()
+
+
+def test_staging_folders_of_a_killed_package_run_are_removed_by_the_next(tmp_path: Path) -> None:
+    """A killed `qdeploy package` left `.<name>.tmp-*` folders that no later run removed; one whose process still
+    runs (another package run writing beside it) is left alone."""
+    import subprocess
+
+    from qdeploy.pipeline.package import remove_abandoned_staging
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    abandoned = [tmp_path / f".ort-cpu-int8.tmp-{dead.pid}-x1y2", tmp_path / ".ort-cpu-int8.tmp-q8w9e0"]  # old form
+    live = tmp_path / f".ort-cpu-fp32.tmp-{os.getpid()}-a1b2"
+    for folder in (*abandoned, live, tmp_path / "ort-cpu-int8"):
+        (folder / "check").mkdir(parents=True)
+    assert sorted(remove_abandoned_staging(tmp_path)) == sorted(abandoned)
+    assert live.is_dir() and (tmp_path / "ort-cpu-int8").is_dir() and not any(f.exists() for f in abandoned)
