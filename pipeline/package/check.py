@@ -42,11 +42,32 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def outside(folder: Path, name: str) -> str | None:
+    """Why a file name of the manifest does not stay inside the package folder (absolute, '..', a symbolic link
+    on the way out); None when it does.  A manifest is data: it never makes the check read or run another file."""
+    parts = Path(name).parts
+    if not name or Path(name).is_absolute() or ".." in parts:
+        return f"{name!r}: not a path inside the package folder"
+    path, root = folder / name, folder.resolve()
+    for depth in range(1, len(parts) + 1):
+        if (folder / Path(*parts[:depth])).is_symlink():
+            return f"{name}: a symbolic link, which a package never holds"
+    if root != path.resolve() and root not in path.resolve().parents:
+        return f"{name}: leads outside the package folder"
+    return None
+
+
 def verify_files(folder: Path, manifest: dict[str, Any]) -> list[str]:
     """One problem per file that is missing or whose sha256 or size differs from the manifest; files that are
-    in the folder but not in the manifest are problems too (a package is exactly what its manifest lists)."""
-    problems = []
+    in the folder but not in the manifest are problems too (a package is exactly what its manifest lists).
+    Every name the manifest uses (files, model, check data) must stay inside the folder."""
     listed = manifest.get("files") or {}
+    named = list(dict.fromkeys([*listed, *_named_by(manifest)]))
+    problems = [problem for problem in map(lambda name: outside(folder, name), named) if problem]
+    if problems:
+        return problems  # nothing outside the folder is read, hashed or run
+    problems += [f"{name}: named by the manifest but not among its files" for name in _named_by(manifest)
+                 if name not in listed]
     for name, record in sorted(listed.items()):
         path = folder / name
         if not path.is_file():
@@ -59,6 +80,12 @@ def verify_files(folder: Path, manifest: dict[str, Any]) -> list[str]:
                    if p.is_file() and p.name != MANIFEST and "__pycache__" not in p.parts)
     problems += [f"{name}: not in the manifest" for name in extra if name not in listed]
     return problems
+
+
+def _named_by(manifest: dict[str, Any]) -> list[str]:
+    """The files the check opens: the model files and the check data."""
+    check = manifest.get("check") or {}
+    return [*model_files(manifest), *(check[key] for key in ("inputs", "reference") if check.get(key))]
 
 
 def load_samples(path: Path) -> list[dict[str, np.ndarray]]:
@@ -191,8 +218,13 @@ def check_outputs(folder: Path, run: Runner, manifest: dict[str, Any], say: Call
     feeds = load_samples(folder / check["inputs"])
     references = load_samples(folder / check["reference"])
     results = [run(cast_feed(feed, manifest["inputs"])) for feed in feeds]
+    tolerances = check.get("tolerances") or {}
+    empty = [name for name, limits in tolerances.items() if not limits]
+    if not tolerances or empty:  # a check that compares nothing has not passed
+        return [f"no tolerance to hold {'the outputs' if not tolerances else ', '.join(empty)} to: the manifest "
+                "names none, so nothing would be compared"]
     problems = []
-    for name, limits in check["tolerances"].items():
+    for name, limits in tolerances.items():
         found, broken = output_metrics([r[name] for r in references], [r[name] for r in results], limits)
         if found:
             say(f"  output {name}: cosine {found['cosine']:.6f}, SNR {found['snr_db']:.1f} dB, max abs err "
@@ -202,8 +234,9 @@ def check_outputs(folder: Path, run: Runner, manifest: dict[str, Any], say: Call
 
 
 def model_files(manifest: dict[str, Any]) -> list[str]:
-    model = manifest["model"]
-    return [model["file"]] + ([model["optimized"]["file"]] if model.get("optimized") else [])
+    model = manifest.get("model") or {}
+    return [*([model["file"]] if model.get("file") else []),
+            *([model["optimized"]["file"]] if model.get("optimized") else [])]
 
 
 def check_package(folder: Path, say: Callable[[str], None] = print) -> dict[str, list[str]]:

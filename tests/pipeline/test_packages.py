@@ -298,3 +298,45 @@ def test_staging_folders_of_a_killed_package_run_are_removed_by_the_next(tmp_pat
         (folder / "check").mkdir(parents=True)
     assert sorted(remove_abandoned_staging(tmp_path)) == sorted(abandoned)
     assert live.is_dir() and (tmp_path / "ort-cpu-int8").is_dir() and not any(f.exists() for f in abandoned)
+
+
+def _edited(folder: Path, edit: Any) -> dict[str, Any]:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    edit(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+def test_a_manifest_cannot_send_the_check_outside_its_folder(run_dir: Path, tmp_path: Path) -> None:
+    """check.py followed '../' names: it ran a model outside the package and printed PASS, and hashed
+    /etc/hostname.  Every name must stay inside the folder, or nothing is read, hashed or run."""
+    folder = copy_package(run_dir, "ort-cpu-fp32", tmp_path)
+    shutil.copy(folder / "model.onnx", tmp_path / "elsewhere.onnx")
+
+    def move_model(manifest: dict[str, Any]) -> None:
+        record = manifest["files"].pop("model.onnx")
+        manifest["files"]["../elsewhere.onnx"] = record
+        manifest["model"]["file"] = "../elsewhere.onnx"
+
+    (folder / "model.onnx").unlink()
+    problems = package_check.verify_files(folder, _edited(folder, move_model))
+    assert problems == ["'../elsewhere.onnx': not a path inside the package folder"]
+    done = without_qdeploy(folder)
+    assert done.returncode == 1 and "PASS" not in done.stdout.splitlines()[-1]
+
+    manifest = _edited(folder, lambda m: m["files"].update({"/etc/hostname": {"sha256": "0", "size_bytes": 1}}))
+    assert "'/etc/hostname': not a path inside the package folder" in package_check.verify_files(folder, manifest)
+    (folder / "link.onnx").symlink_to(tmp_path / "elsewhere.onnx")
+    manifest = _edited(folder, lambda m: m["files"].update({"link.onnx": {"sha256": "0", "size_bytes": 1}}))
+    assert "link.onnx: a symbolic link, which a package never holds" in package_check.verify_files(folder, manifest)
+
+
+def test_an_empty_tolerance_set_fails_the_check(run_dir: Path, tmp_path: Path) -> None:
+    folder = copy_package(run_dir, "ort-cpu-fp32", tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["check"]["tolerances"] = {}
+    del manifest["files"]
+    write_manifest(folder, manifest)
+    done = without_qdeploy(folder)
+    assert done.returncode == 1, done.stdout
+    assert "no tolerance to hold the outputs to" in done.stdout
