@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from qdeploy.core.errors import QdeployInputError
-from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ValidationRow
+from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ValidationRow, readable_report
 from qdeploy.pipeline.identity import differences, model_mismatch
 
 __all__ = ["HIGHER_IS_BETTER", "Change", "Comparison", "NotComparableError", "Thresholds", "compare_reports",
@@ -122,28 +118,16 @@ def compare_reports(before: dict[str, Any], after: dict[str, Any], thresholds: T
 
 def typed_rows(report: dict[str, Any], label: str) -> tuple[list[BenchmarkRow], list[ValidationRow]]:
     """A report's benchmark and validation rows, parsed; a row that is not one is an input error (exit 2)."""
-    with _readable(label):
+    with readable_report(f"run {label}"):
         return ([BenchmarkRow.from_json(row) for row in report["benchmarks"]],
                 [ValidationRow.from_json(row) for row in report["validation"]])
 
 
 def typed_records(report: dict[str, Any], label: str) -> tuple[list[GateResult], list[BuildFailure]]:
     """A report's gates and build failures, parsed; one that is not is an input error (exit 2)."""
-    with _readable(label):
+    with readable_report(f"run {label}"):
         return ([GateResult.from_json(gate) for gate in report["gates"]],
                 [BuildFailure.from_json(failure) for failure in report.get("failures", [])])
-
-
-@contextmanager
-def _readable(label: str) -> Iterator[None]:
-    """A row of run ``label`` that its model rejects becomes an input error that names the field."""
-    try:
-        yield
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise QdeployInputError(f"run {label}: report.json has a row qdeploy cannot read ({where}: {first['msg']}); "
-                                "was it written by another version of qdeploy?") from None
 
 
 def not_comparable(before: dict[str, Any], after: dict[str, Any]) -> list[str]:

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from qdeploy.core.rows import ValidationRow
+from qdeploy.core.rows import BenchmarkRow, ValidationRow, readable_report
 from qdeploy.pipeline.package import PackageError, build_package, packable, package_name, source_from_report
 from qdeploy.pipeline.package.data import CHECK_FILE, CheckData, compute_check_data, read_check_data, write_check_data
 
@@ -109,7 +109,31 @@ def package_from_run(run_dir: Path, target: str, variants: list[str] | None, out
         raise PackageError(f"{run_dir}: no report.json there; give the output folder of a qdeploy run",
                            input_error=True)
     run_dir = report_path.parent
-    report = json.loads(report_path.read_text())
+    label = str(report_path)
+    try:
+        report = json.loads(report_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PackageError(f"{label}: not a report qdeploy wrote ({exc}); run qdeploy run again",
+                           input_error=True) from None
+    if not isinstance(report, dict):
+        raise PackageError(f"{label}: not a report qdeploy wrote (a JSON {type(report).__name__}, not an object)",
+                           input_error=True)
+    with readable_report(label):  # every row this command reads, parsed before any is used
+        _parse_rows(report)
+    return _package_report(report, run_dir, target, variants, out_dir, ort_optimized)
+
+
+def _parse_rows(report: dict[str, Any]) -> None:
+    """Parse the rows packaging reads; a malformed one raises here, where it is named as the user's input."""
+    _validation(report)
+    for row in report.get("benchmarks", []):
+        BenchmarkRow.from_json(row)
+    for row in report.get("artifacts", []):
+        dict(row)
+
+
+def _package_report(report: dict[str, Any], run_dir: Path, target: str, variants: list[str] | None, out_dir: Path,
+                    ort_optimized: bool) -> list[Path]:
     targets = _report_targets(report)
     if target not in targets:
         raise PackageError(f"--target {target}: the run validated {', '.join(targets) or 'no target'}",

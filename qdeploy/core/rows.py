@@ -12,17 +12,20 @@ by the constructor, ``replace`` or the parsed dict, so that absent stays absent 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from qdeploy.core.errors import QdeployInputError
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = ["BenchmarkRow", "BenchmarkStatus", "BuildFailure", "FailureKind", "GateResult", "LatencyStats", "ResultRow",
            "StopRecord", "ThroughputRow", "UnmeasuredEntry", "UnmeasuredKind", "ValidationMetrics", "ValidationRow",
-           "ValidationStatus", "benchmark_row_from_json", "rows_to_json"]
+           "ValidationStatus", "benchmark_row_from_json", "readable_report", "rows_to_json"]
 
 ValidationStatus = Literal["passed", "failed", "unavailable", "error"]
 BenchmarkStatus = Literal["ok", "unavailable", "error"]
@@ -323,3 +326,19 @@ def benchmark_row_from_json(data: Mapping[str, Any]) -> BenchmarkRow | Throughpu
 
 def rows_to_json(rows: list[Any]) -> list[dict[str, Any]]:
     return [row.to_json() for row in rows]
+
+
+@contextmanager
+def readable_report(label: str) -> Iterator[None]:
+    """Rows of report ``label`` that their models reject (or that are not objects at all) become an input error
+    naming the field (exit 2), never a traceback: a report.json is a file a user may have edited."""
+    try:
+        yield
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise QdeployInputError(f"{label}: report.json has a row qdeploy cannot read ({where}: {first['msg']}); "
+                                "was it written by another version of qdeploy?") from None
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        raise QdeployInputError(f"{label}: report.json is not shaped as qdeploy writes it "
+                                f"({type(exc).__name__}: {exc}); was it edited?") from None

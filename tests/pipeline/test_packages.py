@@ -340,3 +340,19 @@ def test_an_empty_tolerance_set_fails_the_check(run_dir: Path, tmp_path: Path) -
     done = without_qdeploy(folder)
     assert done.returncode == 1, done.stdout
     assert "no tolerance to hold the outputs to" in done.stdout
+
+
+@pytest.mark.parametrize(("edit", "words"), [
+    (lambda report: report["validation"][0].update(metrics=[1, 2]), "metrics: Input should be a valid dictionary"),
+    (lambda report: report.update(validation="many"), "not shaped as qdeploy writes it"),
+    (lambda report: [1, 2], "a JSON list, not an object"),
+])
+def test_a_malformed_report_is_an_input_error_not_an_internal_one(run_dir: Path, tmp_path: Path, edit: Any,
+                                                                   words: str) -> None:
+    copy = Path(shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("cache", "packages")))
+    report = json.loads((copy / "report.json").read_text())
+    edited = edit(report)
+    (copy / "report.json").write_text(json.dumps(report if edited is None else edited))
+    done = qdeploy("package", str(copy), "--target", "ort:cpu", "--out", str(tmp_path / "dist"))
+    assert done.returncode == 2 and words in done.stderr and "internal error" not in done.stderr, done.stderr
+    assert not (tmp_path / "dist").exists() or not any((tmp_path / "dist").iterdir())
