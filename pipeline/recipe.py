@@ -27,8 +27,18 @@ from qdeploy.stages.export.config import ExportConfig
 from qdeploy.stages.validate.config import ValidateConfig
 from qdeploy.targets import TRUE_FP16_TARGET, true_fp16_check
 
-__all__ = ["EXPORTED", "MAX_GATE_BATCH", "ONCE_PER_VARIANT", "GateMetric", "GateSpec", "Recipe", "ReportSpec",
-           "StepError", "VariantStep"]
+__all__ = [
+    "EXPORTED",
+    "MAX_GATE_BATCH",
+    "ONCE_PER_VARIANT",
+    "SAFE_NAME",
+    "GateMetric",
+    "GateSpec",
+    "Recipe",
+    "ReportSpec",
+    "StepError",
+    "VariantStep",
+]
 
 EXPORTED = "exported"
 """Name of the implicit variant that is the exported model as it is (the default reference)."""
@@ -43,6 +53,10 @@ GateMetric = Literal[
     "speedup", "latency_ms", "throughput_per_s", "inferences_per_s", "size_bytes",
     "cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement", "task_metric",
 ]
+
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""A recipe's name: it names the run's folder (runs/<name>), so never a path."""
 
 
 class GateSpec(StrictModel):
@@ -218,7 +232,7 @@ class Recipe(StrictModel):
     @field_validator("name")
     @classmethod
     def _safe_name(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
+        if not SAFE_NAME.fullmatch(value):
             raise ValueError("name may hold letters, digits, '_', '.', '-' and must start with a letter or digit")
         return value
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from qdeploy.core.context import artifact_precision
-from qdeploy.core.errors import RecipeError
+from qdeploy.core.errors import QdeployInputError, RecipeError
 from qdeploy.core.rows import (
     BenchmarkRow,
     BuildFailure,
@@ -31,8 +30,9 @@ from qdeploy.core.rows import (
     ThroughputRow,
     UnmeasuredEntry,
     ValidationRow,
+    readable_report,
 )
-from qdeploy.pipeline.recipe import Recipe
+from qdeploy.pipeline.recipe import SAFE_NAME, Recipe
 
 __all__ = ["ArtifactInfo", "BenchmarkRow", "BuildFailure", "GateResult", "Recipe", "RunResult", "ThroughputRow",
            "UnmeasuredEntry", "ValidationRow", "compare", "load_recipe", "open_run", "run", "sweep"]
@@ -166,7 +166,11 @@ def _with_in_memory_model(recipe: RecipeSource, model: Any, base_dir: str | Path
     if section.get("onnx") or section.get("torch"):
         raise RecipeError("the model is given twice: as run(model=...) and in the recipe's model section; "
                           "drop one", field="model")
-    cache = Path(cache_dir) if cache_dir else Path(out or Path("runs") / str(data.get("name", "run"))) / "cache"
+    name = data.get("name", "run")
+    if not isinstance(name, str) or not SAFE_NAME.fullmatch(name):  # before anything is written under runs/<name>
+        raise RecipeError(f"name {name!r} may hold letters, digits, '_', '.', '-' and must start with a letter or "
+                          "digit (it names the run's folder)", field="name")
+    cache = Path(cache_dir) if cache_dir else Path(out or Path("runs") / name) / "cache"
     section["onnx"] = str(write_model_source(model, section, cache.resolve()))
     return _parse_dict(data, base_dir)
 
@@ -214,10 +218,13 @@ def _typed(report: dict[str, Any], out_dir: Path, exit_code: int) -> RunResult:
 
 def open_run(folder: str | Path) -> RunResult:
     """A finished run folder (or its report.json) as a RunResult, without running anything."""
+    from qdeploy.pipeline.compare_runs import load_report
+
     path = Path(folder)
     report_path = path / "report.json" if path.is_dir() else path
-    report = json.loads(report_path.read_text())
-    return _typed(report, report_path.parent, 0 if report["passed"] else 1)
+    report = load_report(path)  # QdeployInputError (exit 2's error) for a missing or unreadable report
+    with readable_report(str(report_path)):
+        return _typed(report, report_path.parent, 0 if report["passed"] else 1)
 
 
 def compare(run_a: str | Path | RunResult, run_b: str | Path | RunResult, *,
@@ -233,12 +240,18 @@ def compare(run_a: str | Path | RunResult, run_b: str | Path | RunResult, *,
     return compare_reports(report_of(run_a), report_of(run_b), thresholds, allow_mismatch=allow_mismatch)
 
 
-def sweep(paths: list[str | Path], *, out: str | Path | None = None, executor: str = "local",
+def sweep(paths: str | Path | list[str | Path], *, out: str | Path | None = None, executor: str = "local",
           workers: int | None = None, cache_dir: str | Path | None = None, use_cache: bool = True) -> Any:
     """``qdeploy sweep`` as a function, on recipe and sweep files."""
     from qdeploy.pipeline.sweep import load_sweep
     from qdeploy.pipeline.sweep.executors import SweepOptions, run_sweep
 
+    if isinstance(paths, str | Path):  # one file, not a sequence of its characters
+        paths = [paths]
+    if executor not in ("local", "ray"):
+        raise QdeployInputError(f"executor {executor!r}: choose 'local' or 'ray'")
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise QdeployInputError(f"workers {workers!r}: a whole number of at least 1, or None for one per core")
     plan = load_sweep([Path(p) for p in paths])
     out_dir = Path(out) if out is not None else Path("runs") / plan.name
     options = SweepOptions(out_dir=out_dir, cache_dir=Path(cache_dir) if cache_dir else None, use_cache=use_cache,

@@ -80,3 +80,48 @@ def test_import_qdeploy_is_cheap_and_the_api_is_its_surface() -> None:
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert loaded.stdout.strip() == "[]"
     assert {"run", "load_recipe", "Recipe", "compare", "sweep", "RunResult"} <= set(dir(qdeploy))
+
+
+@pytest.mark.parametrize("name", ["../escape", "/tmp/qdeploy-api-absolute", "a/b"])
+def test_a_run_name_that_is_a_path_is_refused_before_anything_is_written(tmp_path: Path, name: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """run(dict, model=proto) wrote <name>/cache/sources/... before the name was validated: outside the folder."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    with pytest.raises(RecipeError, match="field 'name'"):
+        qdeploy.run({"name": name, "variants": {"a": []}}, model=tiny_cnn())
+    assert not any(tmp_path.rglob("model.onnx")) and not Path("/tmp/qdeploy-api-absolute").exists()
+
+
+def test_open_run_and_sweep_raise_qdeploys_own_errors(tmp_path: Path) -> None:
+    from qdeploy.core.errors import QdeployInputError
+
+    for folder in (tmp_path / "nowhere", tmp_path):
+        with pytest.raises(QdeployInputError, match=r"no report\.json there"):
+            qdeploy.open_run(folder)
+    (tmp_path / "report.json").write_text("{not json")
+    with pytest.raises(QdeployInputError, match=r"not a readable report\.json"):
+        qdeploy.open_run(tmp_path)
+    (tmp_path / "report.json").write_text(json.dumps({"benchmarks": [], "validation": [], "gates": []}))
+    with pytest.raises(QdeployInputError, match="not shaped as qdeploy writes it"):
+        qdeploy.open_run(tmp_path)  # no 'passed', no 'artifacts': was a KeyError
+    with pytest.raises(QdeployInputError, match="choose 'local' or 'ray'"):
+        qdeploy.sweep([tmp_path / "r.yaml"], executor="bogus")
+    with pytest.raises(QdeployInputError, match="at least 1"):
+        qdeploy.sweep([tmp_path / "r.yaml"], workers=-3)
+
+
+def test_sweep_takes_one_path_as_one_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sweep("file.yaml") iterated the string's characters."""
+    from qdeploy.pipeline import sweep as sweep_module
+
+    seen: list[list[Path]] = []
+
+    def load_sweep(paths: list[Path]) -> Any:
+        seen.append(paths)
+        raise RecipeError("stop here")
+
+    monkeypatch.setattr(sweep_module, "load_sweep", load_sweep)
+    with pytest.raises(RecipeError):
+        qdeploy.sweep(str(tmp_path / "file.yaml"))
+    assert seen == [[tmp_path / "file.yaml"]]
