@@ -116,6 +116,10 @@ class MatrixSpec(StrictModel):
         return {target.replace(":", "-"): [target] for target in self.targets}
 
 
+MAX_RECIPES = 1000
+"""Default cap on a matrix's expansion: an 8 KB sweep file could ask for 100,000 recipes (minutes, gigabytes)."""
+
+
 class SweepFile(StrictModel):
     """A whole sweep file."""
 
@@ -123,6 +127,28 @@ class SweepFile(StrictModel):
     recipes: list[str] = Field(default_factory=list,
                                description="Recipe files or glob patterns, relative to the sweep file.")
     matrix: MatrixSpec | None = Field(default=None, description="A matrix expanded into recipes.")
+    max_recipes: int = Field(default=MAX_RECIPES, ge=1,
+                             description="Most recipes the matrix may expand into (models x variant sets x target "
+                                         "sets); raise it deliberately for a larger sweep.")
+
+    @field_validator("recipes")
+    @classmethod
+    def _globs_stay_here(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            wild = glob.has_magic(pattern)
+            if wild and (Path(pattern).is_absolute() or ".." in Path(pattern).parts):
+                raise ValueError(f"recipes entry '{pattern}': a pattern matches files under the sweep file's folder "
+                                 "only; name a file outside it by its own path, one entry each")
+        return patterns
+
+    @model_validator(mode="after")
+    def _bounded(self) -> SweepFile:
+        if self.matrix is not None:
+            count = len(self.matrix.models) * len(self.matrix.variant_sets) * len(self.matrix.target_sets())
+            if count > self.max_recipes:
+                raise ValueError(f"the matrix expands into {count} recipes, more than max_recipes "
+                                 f"({self.max_recipes}); trim it, or set max_recipes to at least {count}")
+        return self
 
     @field_validator("sweep")
     @classmethod

@@ -85,6 +85,10 @@ def test_a_matrix_recipe_with_a_bad_path_is_invalid_the_others_stay(tmp_path: Pa
     ("variant_sets:", "'v[0]': 1\n      variant_sets:", "matrix.v[0]", "unknown field 'v[0]'"),  # was IndexError
     ("      recipe:", "      recipe:\n        name: x", "matrix.recipe", "may not set name"),
     ("fp: {fp32", "f p: {fp32", "matrix.variant_sets", "variant set name 'f p'"),
+    # bounded: a matrix over its cap (8 recipes here), globs that would walk the file system
+    ("sweep: release", "sweep: release\n    max_recipes: 7", None, "expands into 8 recipes, more than max_recipes (7)"),
+    ("sweep: release", "sweep: release\n    recipes: ['/**/*.yaml']", "recipes", "under the sweep file's folder"),
+    ("sweep: release", "sweep: release\n    recipes: ['../*.yaml']", "recipes", "name a file outside it"),
 ])
 def test_sweep_file_errors_name_the_line_and_field(tmp_path: Path, old: str, new: str, field: str,
                                                    words: str) -> None:
