@@ -55,8 +55,11 @@ def check_metric(spec: str, resolve: Callable[[str], Path]) -> None:
         raise RecipeError(f"file '{module_part}' does not exist (resolved to {path})", field=_FIELD)
     try:
         tree = ast.parse(path.read_text(), filename=str(path))
-    except (SyntaxError, UnicodeDecodeError) as exc:
+    except (SyntaxError, UnicodeDecodeError, ValueError) as exc:
         raise RecipeError(f"{path} cannot be parsed: {exc}", field=_FIELD) from None
+    except (RecursionError, MemoryError):  # an expression too deep or too long for Python's own parser
+        raise RecipeError(f"{path} cannot be parsed: an expression is nested too deeply (or is too long) for "
+                          "Python's parser; split it into smaller statements", field=_FIELD) from None
     defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
     defined |= {target.id for node in tree.body if isinstance(node, ast.Assign)
                 for target in node.targets if isinstance(target, ast.Name)}

@@ -146,3 +146,12 @@ def test_stack_and_evaluate() -> None:
     assert evaluate(lambda o, labels: o["y"].mean(), "m.py:f", outputs, None) == (2.0, "")
     value, why = evaluate(lambda o, labels: float("nan"), "m.py:f", outputs, None)
     assert value is None and why == "validate.metric 'm.py:f' returned nan, not a finite number"
+
+
+def test_a_metric_file_too_deep_for_pythons_parser_is_a_recipe_error(tmp_path: Path) -> None:
+    """A 200,000-term expression made `check` die of a RecursionError ("internal error")."""
+    from qdeploy.stages.validate._task import check_metric
+
+    (tmp_path / "metrics.py").write_text("def accuracy(outputs, labels):\n    return " + "+".join(["1"] * 200_000))
+    with pytest.raises(RecipeError, match="nested too deeply"):
+        check_metric("metrics.py:accuracy", lambda name: tmp_path / name)
