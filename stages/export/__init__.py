@@ -61,8 +61,8 @@ def run(artifact: Artifact | None, config: ExportConfig, ctx: StageContext) -> S
     return StageResult(model=model, changed=True, findings=findings)
 
 
-def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, Any], resolve: Callable[[str], Path],
-             *, validate_graph: bool = True) -> onnx.ModelProto:
+def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, Any],
+             resolve: Callable[[str], Path] = Path, *, validate_graph: bool = True) -> onnx.ModelProto:
     """Shape overrides, frozen inputs, opset conversion and the checks every later stage relies on."""
     from qdeploy.stages.export._freeze import freeze_inputs
     from qdeploy.stages.export._values import frozen_arrays
