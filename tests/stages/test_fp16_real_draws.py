@@ -4,7 +4,8 @@ every draw of inputs from its calibration range, not only on the draw it was bui
 Fed uniform noise the detector's probabilities stay in the sigmoid's tail, where float16's absolute errors
 upstream become relative errors of the few largest outputs: the SNR changes with the draw by several dB.
 Before the fix the build passed its 4 calibration draws at 30.7 dB (emulated) and kept nothing float32; five
-other draws scored 17.2 to 31.1 dB under true float16. Slow (the repair searches ~330 node groups once per calibration draw: about a minute with 2).
+other draws scored 17.2 to 31.1 dB under true float16. Slow (the repair searches ~330 node groups once per
+calibration draw: about a minute with 2).
 """
 
 from __future__ import annotations
