@@ -84,16 +84,20 @@ def get_target(name: str) -> TargetAdapter:
     return {"ort": OrtTarget, "openvino": OpenVinoTarget, "reference": ReferenceTarget}[runtime](name)
 
 
+def availability_of(name: str) -> tuple[bool, str]:
+    """(True, "") when target ``name`` can run here, else (False, the reason); an unknown name is a reason too.
+    Never raises."""
+    try:
+        return get_target(name).availability()
+    except ValueError as exc:  # an unknown target name
+        return False, str(exc)
+    except Exception as exc:  # availability must never raise; belt and braces for `qdeploy doctor`
+        return False, f"target {name}: availability check failed: {short_message(exc)}"
+
+
 def available_targets() -> dict[str, str]:
     """Every known target -> "" when available here, else the reason it is not."""
-    result = {}
-    for name in KNOWN_TARGETS:
-        try:
-            ok, reason = get_target(name).availability()
-        except Exception as exc:  # availability must never raise; belt and braces for `qdeploy doctor`
-            ok, reason = False, f"target {name}: availability check failed: {short_message(exc)}"
-        result[name] = "" if ok else reason
-    return result
+    return {name: "" if ok else reason for name, (ok, reason) in ((n, availability_of(n)) for n in KNOWN_TARGETS)}
 
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.compare import Comparison, compare_outputs
 from qdeploy.graph.external_data import save_onnx
-from qdeploy.targets import TRUE_FP16_TARGET, load_as_deployed
+from qdeploy.targets import TRUE_FP16_TARGET, availability_of, load_as_deployed
 from qdeploy.targets.cpu_facts import pins_after, short_precision
 
 if TYPE_CHECKING:
@@ -67,13 +67,8 @@ class TargetRuns:
     available: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        from qdeploy.targets import get_target
-
         for name in self.targets:
-            try:
-                ok, reason = get_target(name).availability()
-            except ValueError as exc:
-                ok, reason = False, str(exc)
+            ok, reason = availability_of(name)
             if ok:
                 self.available.append(name)
                 self.cost[name] = {"evaluations": 0, "seconds": 0.0}

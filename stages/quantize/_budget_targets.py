@@ -32,7 +32,7 @@ from qdeploy.stages.quantize._budget_eval import (
     ort_runner,
     summary,
 )
-from qdeploy.targets import load_as_deployed
+from qdeploy.targets import availability_of, load_as_deployed
 from qdeploy.targets.cpu_facts import pins_after, short_precision
 
 if TYPE_CHECKING:
@@ -101,8 +101,6 @@ def plan_targets(targets: Sequence[str], runtime: str | None) -> list[TargetPlan
     """The recipe's targets that validation runs a variant built for ``runtime`` on (every target when None),
     each with a runner or the reason it has none.  By the config's runtime, not the variant's name: the artifact
     is cached by its config, and a build for every runtime is confirmed on every target."""
-    from qdeploy.targets import get_target
-
     plans = []
     for name in targets:
         if runtime is not None and runtime_of_target(name) != runtime:
@@ -110,10 +108,7 @@ def plan_targets(targets: Sequence[str], runtime: str | None) -> list[TargetPlan
         if name == SEARCH_TARGET:
             plans.append(TargetPlan(name, ort_runner))
             continue
-        try:
-            available, reason = get_target(name).availability()
-        except ValueError as exc:
-            available, reason = False, str(exc)
+        available, reason = availability_of(name)
         plans.append(TargetPlan(name, TargetRunner(name) if available else None, reason))
     return plans
 

@@ -127,3 +127,27 @@ def prequantized_model(path: Path, depth: int = 256) -> onnx.ModelProto:
     onnx.save(model, str(path / "float.onnx"))
     quantize_dynamic(str(path / "float.onnx"), str(path / "quantized.onnx"), weight_type=QuantType.QUInt8)
     return onnx.load(str(path / "quantized.onnx"))
+
+
+OFFSET_WIDTH = 256
+
+
+def offset_budget_model() -> onnx.ModelProto:
+    """A benign branch first in graph order, then (x + 1000) - 1000: float16 keeps 0.5 steps near 1000."""
+    rng = np.random.default_rng(0)
+    inits = [const("w", rng.uniform(0.5, 1.5, OFFSET_WIDTH)), const("thousand", 1000.0), const("ten", 10.0)]
+    nodes = [helper.make_node("Tanh", ["x"], ["t1"], name="tanh"),
+             helper.make_node("Mul", ["t1", "w"], ["t2"], name="scale"),
+             helper.make_node("Relu", ["t2"], ["t3"], name="relu"),
+             helper.make_node("Sigmoid", ["t3"], ["t4"], name="sigmoid"),
+             helper.make_node("Add", ["t4", "t1"], ["a"], name="mix"),
+             helper.make_node("Add", ["x", "thousand"], ["b1"], name="shift_up"),
+             helper.make_node("Sub", ["b1", "thousand"], ["b2"], name="shift_down"),
+             helper.make_node("Mul", ["b2", "ten"], ["b3"], name="amplify"),
+             helper.make_node("Add", ["a", "b3"], ["y"], name="out")]
+    return make_model(nodes, inits, [tensor("x", [1, OFFSET_WIDTH])], [tensor("y", [1, OFFSET_WIDTH])])
+
+
+def offset_budget_samples(count: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(5)
+    return [{"x": rng.uniform(-1, 1, (1, OFFSET_WIDTH)).astype(np.float32)} for _ in range(count)]

@@ -11,31 +11,18 @@ from onnx import helper
 
 from qdeploy.stages import fp16
 from qdeploy.stages.fp16 import _budget as fp16_budget
-from tests.helpers.fp16 import const, make_model, run_ort, run_reference, run_stage, tensor
+from tests.helpers.fp16 import (
+    const,
+    make_model,
+    offset_budget_model,
+    offset_budget_samples,
+    run_ort,
+    run_reference,
+    run_stage,
+    tensor,
+)
 
-N = 256
 BENIGN = ["tanh", "scale", "relu", "sigmoid", "mix"]
-
-
-def _model() -> onnx.ModelProto:
-    """A benign branch first in graph order, then (x + 1000) - 1000: float16 keeps 0.5 steps near 1000."""
-    rng = np.random.default_rng(0)
-    inits = [const("w", rng.uniform(0.5, 1.5, N)), const("thousand", 1000.0), const("ten", 10.0)]
-    nodes = [helper.make_node("Tanh", ["x"], ["t1"], name="tanh"),
-             helper.make_node("Mul", ["t1", "w"], ["t2"], name="scale"),
-             helper.make_node("Relu", ["t2"], ["t3"], name="relu"),
-             helper.make_node("Sigmoid", ["t3"], ["t4"], name="sigmoid"),
-             helper.make_node("Add", ["t4", "t1"], ["a"], name="mix"),
-             helper.make_node("Add", ["x", "thousand"], ["b1"], name="shift_up"),
-             helper.make_node("Sub", ["b1", "thousand"], ["b2"], name="shift_down"),
-             helper.make_node("Mul", ["b2", "ten"], ["b3"], name="amplify"),
-             helper.make_node("Add", ["a", "b3"], ["y"], name="out")]
-    return make_model(nodes, inits, [tensor("x", [1, N])], [tensor("y", [1, N])])
-
-
-def _samples(count: int) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(5)
-    return [{"x": rng.uniform(-1, 1, (1, N)).astype(np.float32)} for _ in range(count)]
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -49,8 +36,8 @@ def test_budget_keeps_only_the_sensitive_nodes_whatever_their_graph_position(tmp
     real_twin, real_convert = fp16_budget.gated_twin, fp16.convert
     monkeypatch.setattr(fp16_budget, "gated_twin", lambda *a, **k: built.append(1) or real_twin(*a, **k))
     monkeypatch.setattr(fp16, "convert", lambda *a, **k: conversions.append(1) or real_convert(*a, **k))
-    model = _model()
-    result = run_stage(tmp_path, model, {"val": _samples(6)}, mode="auto", calibration={"data": "val"},
+    model = offset_budget_model()
+    result = run_stage(tmp_path, model, {"val": offset_budget_samples(6)}, mode="auto", calibration={"data": "val"},
                        tolerance={"cosine_min": 0.9999})
 
     budget = result.findings["budget"]
@@ -65,15 +52,15 @@ def test_budget_keeps_only_the_sensitive_nodes_whatever_their_graph_position(tmp
     assert kept == {"shift_up": "budget: sensitivity", "shift_down": "budget: sensitivity"}
     assert not set(BENIGN) & set(kept)
 
-    x = _samples(7)[-1]
+    x = offset_budget_samples(7)[-1]
     expected = run_ort(model, x)[0]
     assert _cosine(run_reference(result.model, x)[0], expected) >= 0.9999  # true float16 arithmetic
     assert result.findings["fidelity"]["emulated"]["passed"]
 
 
 def test_budget_blocks_nothing_when_float16_already_meets_the_tolerance(tmp_path: Path) -> None:
-    result = run_stage(tmp_path, _model(), {"val": _samples(3)}, mode="auto", calibration={"data": "val"},
-                       tolerance={"cosine_min": 0.5})
+    result = run_stage(tmp_path, offset_budget_model(), {"val": offset_budget_samples(3)}, mode="auto",
+                       calibration={"data": "val"}, tolerance={"cosine_min": 0.5})
     assert result.findings["budget"]["float32_nodes"] == []
     assert result.findings["budget"]["trials"] == 1
     assert result.findings["kept_in_fp32"] == []

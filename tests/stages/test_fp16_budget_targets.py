@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from qdeploy.core.compare import compare_outputs
 from qdeploy.core.tolerance import Tolerance
@@ -22,31 +22,9 @@ from qdeploy.stages import fp16
 from qdeploy.stages.fp16 import _budget_targets as fp16_targets
 from qdeploy.stages.fp16.config import Fp16Config
 from qdeploy.targets.base import ExecutionInfo
-from tests.helpers.fp16 import artifact, const, context, make_model, run_ort, tensor
+from tests.helpers.fp16 import artifact, context, offset_budget_model, offset_budget_samples, run_ort
 
-N = 256
 BROKEN = "sigmoid"
-
-
-def _model() -> onnx.ModelProto:
-    """A benign branch and (x + 1000) - 1000, which float16 breaks (test_fp16_budget's model)."""
-    rng = np.random.default_rng(0)
-    inits = [const("w", rng.uniform(0.5, 1.5, N)), const("thousand", 1000.0), const("ten", 10.0)]
-    nodes = [helper.make_node("Tanh", ["x"], ["t1"], name="tanh"),
-             helper.make_node("Mul", ["t1", "w"], ["t2"], name="scale"),
-             helper.make_node("Relu", ["t2"], ["t3"], name="relu"),
-             helper.make_node("Sigmoid", ["t3"], ["t4"], name="sigmoid"),
-             helper.make_node("Add", ["t4", "t1"], ["a"], name="mix"),
-             helper.make_node("Add", ["x", "thousand"], ["b1"], name="shift_up"),
-             helper.make_node("Sub", ["b1", "thousand"], ["b2"], name="shift_down"),
-             helper.make_node("Mul", ["b2", "ten"], ["b3"], name="amplify"),
-             helper.make_node("Add", ["a", "b3"], ["y"], name="out")]
-    return make_model(nodes, inits, [tensor("x", [1, N])], [tensor("y", [1, N])])
-
-
-def _samples(count: int) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(5)
-    return [{"x": rng.uniform(-1, 1, (1, N)).astype(np.float32)} for _ in range(count)]
 
 
 def runs_in_float16(model: onnx.ModelProto, node: str) -> bool:
@@ -78,9 +56,9 @@ class FakeSession:
 
 
 def run_budget(tmp_path: Path, targets: tuple[str, ...], tolerance: dict) -> Any:
-    ctx = dataclasses.replace(context(tmp_path, {"val": _samples(6)}), targets=targets)
+    ctx = dataclasses.replace(context(tmp_path, {"val": offset_budget_samples(6)}), targets=targets)
     config = Fp16Config(mode="auto", calibration={"data": "val"}, tolerance=tolerance)
-    return fp16.run(artifact(tmp_path, _model()), config, ctx)
+    return fp16.run(artifact(tmp_path, offset_budget_model()), config, ctx)
 
 
 def test_a_target_that_misses_keeps_further_groups_float32_until_it_holds_there(
@@ -123,10 +101,10 @@ def test_what_the_fp16_sidecar_says_of_openvino_is_what_validation_measures_ther
     assert record["status"] in ("confirmed", "missed") and record["precision"]
     path = tmp_path / "fp16.onnx"
     onnx.save(result.model, str(path))
-    feeds = _samples(6)
+    feeds = offset_budget_samples(6)
     with fp16_targets.load_as_validated("openvino:cpu", path, record.get("deploy_precision")) as session:
         got = [session.run(feed) for feed in feeds]
-    expected = [{"y": run_ort(_model(), feed)[0]} for feed in feeds]
+    expected = [{"y": run_ort(offset_budget_model(), feed)[0]} for feed in feeds]
     holds = compare_outputs(expected, got, Tolerance(cosine_min=0.9999)).passed
     assert (record["status"] == "confirmed") == holds
 
