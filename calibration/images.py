@@ -23,7 +23,7 @@ from qdeploy.core.userfiles import files_in_folder, open_regular_file
 if TYPE_CHECKING:
     from qdeploy.calibration.spec import DatasetSpec
 
-__all__ = ["IMAGE_SUFFIXES", "image_samples", "is_image"]
+__all__ = ["IMAGE_SUFFIXES", "check_image_input", "image_samples", "is_image"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,13 @@ def image_samples(folder: Path, inputs: list[InputInfo], spec: DatasetSpec, *, l
     _check_channels(info, spec, label)
     for path in files[:limit] if limit else files:
         yield {info.name: fit_to_input(_load(path, spec, height, width, info), info, path)}
+
+
+def check_image_input(inputs: list[InputInfo], spec: DatasetSpec, label: str) -> None:
+    """What the reader refuses before it opens an image: the input images feed, its size and its channels."""
+    info = _target_input(inputs, spec, label)
+    _target_size(info, spec, label)
+    _check_channels(info, spec, label)
 
 
 def is_image(path: Path) -> bool:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_RANDOM_SAMPLES", "FEEDABLE_TYPES", "SAMPLE_MEMORY_SHARE", "InputInfo", "Ranges",
            "available_memory", "check_sample_fits", "fit_to_input", "inputs_of", "is_npy_sample", "model_inputs",
-           "npy_samples", "random_samples", "sample_memory_cap"]
+           "npy_samples", "random_samples", "read_npy_header", "sample_memory_cap", "sample_mismatch"]
 
 
 log = logging.getLogger(__name__)
@@ -193,7 +193,7 @@ def check_frozen_keys(raw: Mapping[str, np.ndarray], frozen: Mapping[str, np.nda
 
 
 def _read_npy(stream: BinaryIO, path: Path, name: str) -> dict[str, np.ndarray]:
-    _check_npy_claim(stream, path, os.fstat(stream.fileno()).st_size, path.name)
+    read_npy_header(stream, path, os.fstat(stream.fileno()).st_size, path.name)
     stream.seek(0)
     return {name: np.load(stream, allow_pickle=False)}
 
@@ -203,7 +203,7 @@ def _read_npz(stream: BinaryIO, path: Path) -> dict[str, np.ndarray]:
         for member in archive.zip.infolist():
             if member.filename.endswith(".npy"):
                 with archive.zip.open(member) as inner:
-                    _check_npy_claim(inner, path, member.file_size, member.filename)
+                    read_npy_header(inner, path, member.file_size, member.filename)
         raw = {key: archive[key] for key in archive.files}
     bad = [key for key, value in raw.items() if not isinstance(value, np.ndarray)]
     if bad:
@@ -211,8 +211,9 @@ def _read_npz(stream: BinaryIO, path: Path) -> dict[str, np.ndarray]:
     return raw
 
 
-def _check_npy_claim(stream: BinaryIO, path: Path, size: int, member: str) -> None:
-    """Refuse an array whose header claims more bytes than its file holds, or than memory allows, before reading."""
+def read_npy_header(stream: BinaryIO, path: Path, size: int, member: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Refuse an array whose header claims more bytes than its file holds, or than memory allows, before reading;
+    the shape and dtype its header declares."""
     from numpy.lib import format as npy
 
     version = npy.read_magic(stream)
@@ -223,7 +224,7 @@ def _check_npy_claim(stream: BinaryIO, path: Path, size: int, member: str) -> No
     else:  # 3.0, UTF-8 header; numpy has no public reader for it
         shape, _, dtype = npy._read_array_header(stream, version)
     if dtype.hasobject:
-        return  # np.load refuses pickled arrays itself, with its own message
+        return shape, dtype  # np.load refuses pickled arrays itself, with its own message
     claimed = math.prod(shape) * dtype.itemsize
     held = size - stream.tell()
     if claimed > held:
@@ -232,22 +233,33 @@ def _check_npy_claim(stream: BinaryIO, path: Path, size: int, member: str) -> No
     if claimed > sample_memory_cap():
         raise DataError(f"{path}: '{member}' is {list(shape)} {dtype} ({_fmt_bytes(claimed)}), more than one sample "
                         f"may take ({_fmt_bytes(sample_memory_cap())}, a quarter of the memory available now)")
+    return shape, dtype
 
 
 def fit_to_input(array: np.ndarray, info: InputInfo, path: Path) -> np.ndarray:
     """The array checked against the model input (shape, kind of dtype, finite) and cast to its dtype."""
+    problem = sample_mismatch(array.shape, array.dtype, info)
+    if problem is not None:
+        raise DataError(f"{path}: {problem}")
     if len(array.shape) == len(info.shape) - 1:
         array = array[np.newaxis]  # a sample without its batch dimension
-    if len(array.shape) != len(info.shape) or any(
-        want is not None and got != want for got, want in zip(array.shape, info.shape, strict=True)
-    ):
-        raise DataError(f"{path}: input '{info.name}' has shape {list(array.shape)}; "
-                        f"the model expects {[d if d is not None else '?' for d in info.shape]}")
     if array.dtype != info.dtype:
-        same_kind = np.issubdtype(array.dtype, np.floating) == np.issubdtype(info.dtype, np.floating)
-        if not same_kind:
-            raise DataError(f"{path}: input '{info.name}' is {array.dtype}; the model expects {info.dtype}")
         array = array.astype(info.dtype)
     if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
         raise DataError(f"{path}: input '{info.name}' holds NaN or Inf values")
     return np.ascontiguousarray(array).reshape(array.shape)  # ascontiguousarray alone makes a 0-d input (1,)
+
+
+def sample_mismatch(shape: tuple[int, ...], dtype: np.dtype, info: InputInfo) -> str | None:
+    """Why an array of this shape and dtype cannot feed the input, None when it can: a sample may lack the batch
+    dimension, and a float array feeds any float input (an integer one any integer or bool input)."""
+    if len(shape) == len(info.shape) - 1:
+        shape = (1, *shape)  # a sample without its batch dimension
+    if len(shape) != len(info.shape) or any(
+        want is not None and got != want for got, want in zip(shape, info.shape, strict=True)
+    ):
+        return (f"input '{info.name}' has shape {list(shape)}; "
+                f"the model expects {[d if d is not None else '?' for d in info.shape]}")
+    if np.issubdtype(dtype, np.floating) != np.issubdtype(info.dtype, np.floating):
+        return f"input '{info.name}' is {dtype}; the model expects {info.dtype}"
+    return None

@@ -7,24 +7,27 @@ batch size; rows present in one run only are listed, never guessed at.
 A comparison is only as good as its likeness: two runs of different models (their inputs or outputs differ),
 or with no row in common, are refused (``NotComparableError``, exit 2) unless the caller allows it; every
 other difference of model, recipe or environment is named in ``Comparison.warnings``.  A value that run A
-measured and run B did not (missing, errored, NaN) is a regression whatever the thresholds.
+measured and run B did not (missing, errored, NaN) is a regression whatever the thresholds.  A latency change
+within the noise either run measured for that row (its 95% interval, the spread of its rounds) is never one.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qdeploy.core.errors import QdeployInputError
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ValidationRow, readable_report
-from qdeploy.pipeline.identity import differences, model_mismatch
+from qdeploy.core.values import is_finite_number
+from qdeploy.pipeline.identity import differences, model_mismatch, recipe_content_note
+from qdeploy.pipeline.verify import verify_published
 
 __all__ = ["HIGHER_IS_BETTER", "Change", "Comparison", "NotComparableError", "Thresholds", "compare_reports",
-           "failure_changes", "format_comparison", "gate_changes", "latency_changes", "load_report", "metric_changes",
-           "not_comparable", "parse_metric_drops", "typed_records", "typed_rows"]
+           "failure_changes", "format_comparison", "format_regressions", "gate_changes", "latency_changes",
+           "latency_noise", "load_report", "metric_changes", "not_comparable", "parse_metric_drops",
+           "threshold_line", "typed_records", "typed_rows"]
 
 HIGHER_IS_BETTER = {"cosine": True, "snr_db": True, "top1_agreement": True, "top5_agreement": True,
                     "task_metric": True, "max_abs_err": False, "mean_abs_err": False, "max_rel_err": False}
@@ -54,6 +57,8 @@ class Change:
     after: Any
     detail: str = ""
     regression: bool = False
+    within_noise: bool = False
+    """A latency change that the noise of either run covers: never a regression, whatever the thresholds."""
 
 
 class NotComparableError(QdeployInputError):
@@ -67,6 +72,10 @@ class Comparison:
     changes: list[Change] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     """How the two runs differ besides their measurements (model, recipe, environment): read with care."""
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    """The limits the changes were judged by (none set: only what is a regression whatever the thresholds)."""
+    notes: list[str] = field(default_factory=list)
+    """What the comparison could not do as it would for two current reports (an older report's missing field)."""
 
     @property
     def regressions(self) -> list[Change]:
@@ -87,7 +96,8 @@ def load_report(path: Path) -> dict[str, Any]:
                if not isinstance(report, dict) or not isinstance(report.get(key), list)]
     if missing:
         raise QdeployInputError(f"{file}: not a qdeploy report (missing {', '.join(missing)})")
-    return report
+    # a run folder's published files must be the ones its report describes; a lone report.json is numbers only
+    return verify_published(file, report, require_artifacts=False)
 
 
 def compare_reports(before: dict[str, Any], after: dict[str, Any], thresholds: Thresholds | None = None, *,
@@ -106,7 +116,9 @@ def compare_reports(before: dict[str, Any], after: dict[str, Any], thresholds: T
     if refusals and not allow_mismatch:
         raise NotComparableError("runs A and B are not comparable: " + "; ".join(refusals)
                                  + ". Pass --allow-mismatch to compare them anyway")
-    comparison = Comparison(warnings=[*refusals, *differences(before, after)])
+    note = recipe_content_note(before, after)
+    comparison = Comparison(warnings=[*refusals, *differences(before, after)], thresholds=limits,
+                            notes=[note] if note else [])
     (timed_a, checks_a), (timed_b, checks_b) = typed_rows(before, "A"), typed_rows(after, "B")
     comparison.changes += latency_changes(timed_a, timed_b, limits.max_latency_regression)
     comparison.changes += metric_changes(checks_a, checks_b, limits.max_metric_drop)
@@ -141,10 +153,6 @@ def not_comparable(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return reasons
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _bench_key(row: BenchmarkRow) -> tuple[str, str, int]:
     return row.variant, row.target, row.batch_size
 
@@ -171,20 +179,59 @@ def latency_changes(before: list[BenchmarkRow], after: list[BenchmarkRow],
 
 def _latency_change(subject: str, old: BenchmarkRow, new: BenchmarkRow, max_regression: float | None) -> Change:
     a, b = old.p50, new.p50
-    if not _finite(a) or not _finite(b) or a <= 0 or b <= 0:
-        return Change("latency", subject, a, b, "a median latency is not a positive number", regression=_finite(a))
+    if not is_finite_number(a) or not is_finite_number(b) or a <= 0 or b <= 0:
+        return Change("latency", subject, a, b, "a median latency is not a positive number",
+                      regression=is_finite_number(a))
     ratio = b / a
-    assert old.latency_ms is not None and new.latency_ms is not None  # only measured rows are compared
-    overlap = _intervals_overlap(old.latency_ms.ci95_p50, new.latency_ms.ci95_p50)
     notes = [f"ratio {ratio:.3f}"]
     if old.speedup is not None and new.speedup is not None:
         notes.append(f"speedup vs reference {old.speedup:.3g}x -> {new.speedup:.3g}x")
-    if overlap:
-        notes.append("95% intervals overlap")
+    noise = _noise_reason(old, new)
+    beyond = max_regression is not None and ratio > 1.0 + max_regression
+    if noise:
+        notes.append(f"within noise: {noise}" + (f"; beyond the {1.0 + max_regression:.4g}x threshold but not a "
+                                                  "regression" if beyond else ""))
+    elif latency_noise(old) is None and latency_noise(new) is None:
+        notes.append("no noise measure recorded")
+    else:
+        notes.append("beyond the noise either run measured")
     if old.noisy or new.noisy:
-        notes.append("noisy")
-    regression = max_regression is not None and ratio > 1.0 + max_regression
-    return Change("latency", subject, a, b, "; ".join(notes), regression)
+        notes.append("noisy: a 95% interval wider than 10% of its median")
+    return Change("latency", subject, a, b, "; ".join(notes), regression=beyond and not noise,
+                  within_noise=bool(noise))
+
+
+def latency_noise(row: BenchmarkRow) -> float | None:
+    """How far (ms) a row's median may move by chance, as its run measured it: the larger of its 95% interval's
+    reach from the median and the spread of its per-round medians; None when the row records neither."""
+    measures = _noise_measures(row)
+    return max(measures)[0] if measures else None
+
+
+def _noise_measures(row: BenchmarkRow) -> list[tuple[float, str]]:
+    measures = []
+    stats = row.latency_ms
+    if stats is not None and stats.ci95_p50 and len(stats.ci95_p50) == 2:
+        reach = max(stats.p50 - stats.ci95_p50[0], stats.ci95_p50[1] - stats.p50)
+        measures.append((reach, "95% interval of the median reaches"))
+    rounds = [value for value in row.round_p50_ms if is_finite_number(value)]
+    if len(rounds) >= 2:  # rounds are separated in time: their spread is the drift a later run also sees
+        measures.append((max(rounds) - min(rounds), "per-round medians spread"))
+    return measures
+
+
+def _noise_reason(old: BenchmarkRow, new: BenchmarkRow) -> str:
+    """Why the change from `old` to `new` is within the noise of either run; '' when it is not."""
+    assert old.latency_ms is not None and new.latency_ms is not None  # only measured rows are compared
+    if _intervals_overlap(old.latency_ms.ci95_p50, new.latency_ms.ci95_p50):
+        return "the 95% intervals of the medians overlap"
+    change = abs(new.latency_ms.p50 - old.latency_ms.p50)
+    for label, row in (("A", old), ("B", new)):
+        measures = _noise_measures(row)
+        if measures and change <= max(measures)[0]:
+            noise, what = max(measures)
+            return f"a change of {change:.3g} ms, no more than run {label}'s {what} ({noise:.3g} ms)"
+    return ""
 
 
 def _intervals_overlap(first: list[float] | None, second: list[float] | None) -> bool:
@@ -206,11 +253,11 @@ def metric_changes(before: list[ValidationRow], after: list[ValidationRow],
         metrics_a, metrics_b = old[key].metrics, new[key].metrics
         for metric, higher_better in HIGHER_IS_BETTER.items():
             a, b = metrics_a.value(metric), metrics_b.value(metric)
-            if _finite(a) and not _finite(b):
+            if is_finite_number(a) and not is_finite_number(b):
                 changes.append(Change("metric", f"{metric} of {subject}", a, b,
                                       "missing in B" if b is None else "not a number in B", regression=True))
                 continue
-            if not _finite(a) or not _finite(b) or a == b:
+            if not is_finite_number(a) or not is_finite_number(b) or a == b:
                 continue
             worse_by = (a - b) if higher_better else (b - a)
             limit = max_drop.get(metric)
@@ -267,12 +314,28 @@ def failure_changes(before: list[BuildFailure], after: list[BuildFailure]) -> li
     return changes
 
 
+def threshold_line(limits: Thresholds) -> str:
+    """Which thresholds the changes were judged by, and what is judged without any."""
+    parts = []
+    if limits.max_latency_regression is not None:
+        parts.append(f"median latency of B at most {1.0 + limits.max_latency_regression:.4g}x A's")
+    parts += [f"{metric} worse by at most {drop:.4g}" for metric, drop in limits.max_metric_drop.items()]
+    if not parts:
+        return ("no thresholds set: differences shown, nothing judged (a gate or validation that now fails, a "
+                "build that breaks or a value B lost is a regression whatever the thresholds)")
+    unjudged = [*(["latency"] if limits.max_latency_regression is None else []),
+                *(["fidelity metrics"] if not limits.max_metric_drop else ["other metrics"])]
+    return f"thresholds: {'; '.join(parts)} ({' and '.join(unjudged)}: no threshold, not judged)"
+
+
 def format_comparison(comparison: Comparison, name_a: str, name_b: str) -> str:
-    """A plain-text summary: one line per change, regressions marked, and a verdict."""
-    lines = [f"A = {name_a}", f"B = {name_b}", ""]
+    """A plain-text summary: the thresholds, one line per change, regressions marked, and a verdict."""
+    lines = [f"A = {name_a}", f"B = {name_b}", threshold_line(comparison.thresholds), ""]
     if comparison.warnings:
         lines += ["WARNING: the runs differ in more than their measurements; read the changes with care:",
                   *[f"  ! {warning}" for warning in comparison.warnings], ""]
+    if comparison.notes:
+        lines += [*[f"note: {note}" for note in comparison.notes], ""]
     titles = {"latency": "Median latency (ms), A -> B", "metric": "Fidelity metrics, A -> B",
               "gate": "Gates that flipped", "status": "Statuses that changed", "missing": "In one run only"}
     for kind, title in titles.items():
@@ -280,15 +343,49 @@ def format_comparison(comparison: Comparison, name_a: str, name_b: str) -> str:
         if not group:
             continue
         lines.append(title)
-        for change in group:
-            mark = "REGRESSION " if change.regression else ""
-            detail = f"  ({change.detail})" if change.detail else ""
-            lines.append(f"  {mark}{change.subject}: {_show(change.before)} -> {_show(change.after)}{detail}")
+        lines += [f"  {_change_line(change)}" for change in group]
         lines.append("")
-    regressions = comparison.regressions
-    lines.append(f"{len(regressions)} regression(s) beyond the thresholds" if regressions else
-                 "no regression beyond the thresholds")
+    lines.append(_verdict_line(comparison))
     return "\n".join(lines)
+
+
+def format_regressions(comparison: Comparison, name_a: str, name_b: str) -> str:
+    """What `compare -q` prints: the regressed rows and the verdict (a CI log names what regressed); '' when
+    nothing regressed."""
+    if not comparison.regressions:
+        return ""
+    lines = [f"compare {name_a} -> {name_b}: {threshold_line(comparison.thresholds)}",
+             *[f"  {_change_line(change, kind=True)}" for change in comparison.regressions]]
+    if comparison.warnings:
+        lines.append(f"  ({len(comparison.warnings)} warning(s) on how the runs differ: run without -q to read them)")
+    lines.append(_verdict_line(comparison))
+    return "\n".join(lines)
+
+
+_KIND_LABELS = {"latency": "median latency (ms) of ", "gate": "gate "}
+"""What a change's subject does not say itself, for lines printed without their section's title."""
+
+
+def _change_line(change: Change, *, kind: bool = False) -> str:
+    mark = "REGRESSION " if change.regression else ""
+    label = _KIND_LABELS.get(change.kind, "") if kind else ""
+    detail = f"  ({change.detail})" if change.detail else ""
+    return f"{mark}{label}{change.subject}: {_show(change.before)} -> {_show(change.after)}{detail}"
+
+
+def _verdict_line(comparison: Comparison) -> str:
+    limits, regressions = comparison.thresholds, comparison.regressions
+    judged = limits.max_latency_regression is not None or bool(limits.max_metric_drop)
+    limit = limits.max_latency_regression
+    noise = [change for change in comparison.changes if change.within_noise and limit is not None
+             and change.after / change.before > 1.0 + limit]  # within noise: both are positive medians
+    spared = f"; {len(noise)} latency change(s) beyond the threshold are within noise, not regressions" \
+        if noise else ""
+    if regressions:
+        return f"{len(regressions)} regression(s){spared}"
+    if not judged:
+        return "no thresholds set: differences shown, nothing judged; no gate, validation, build or value regressed"
+    return f"no regression beyond the thresholds{spared}"
 
 
 def _show(value: Any) -> str:

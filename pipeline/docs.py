@@ -65,16 +65,29 @@ def recipe_reference() -> str:
         ("benchmark", registry.stage("benchmark").config_class()), ("gates[]", GateSpec), ("report", ReportSpec),
         ("report.packages", PackagesSpec),
     ]
-    sections += [(f"variant stage `{name}`", registry.stage(name).config_class())
-                 for name in registry.VARIANT_STAGES]
     lines: list[str] = []
     for title, model in sections:
         lines += model_table(title, model)
+    for name in registry.VARIANT_STAGES:
+        lines += _stage_tables(name, registry.stage(name).config_class())
     lines += ["**Default tolerances** (used when `validate.tolerance` is not set), by the artifact's precision:", "",
               "| precision | limits |", "|---|---|"]
     for precision, tolerance in DEFAULT_TOLERANCES.items():
         lines.append(f"| {precision} | `{json.dumps(tolerance.model_dump(exclude_none=True))}` |")
     return "\n".join(lines) + "\n"
+
+
+def _stage_tables(name: str, config: Any) -> list[str]:
+    """A stage's table; one per mode for a stage whose settings are a union of one model per mode (``members``,
+    e.g. quantize's), each listing only the fields its mode takes."""
+    members: tuple[type[BaseModel], ...] = getattr(config, "members", ())
+    if not members:
+        return model_table(f"variant stage `{name}`", config)
+    lines = [f"**variant stage `{name}`**: `mode` picks the settings below (`ptq` when absent; for ptq, `engine` "
+             "too); a field of another mode is refused, naming the mode it applies to.", ""]
+    for member in members:
+        lines += model_table(f"variant stage `{name}`, mode {getattr(member, 'label', member.__name__)}", member)
+    return lines
 
 
 def with_reference(page: str) -> str:

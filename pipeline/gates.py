@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import math
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from qdeploy.core.rows import (
     BenchmarkRow,
@@ -15,6 +14,7 @@ from qdeploy.core.rows import (
     ValidationRow,
 )
 from qdeploy.core.runtimes import built_for
+from qdeploy.core.values import is_finite_number
 from qdeploy.pipeline.recipe import GateSpec
 
 __all__ = ["evaluate_gates", "excuse_unreadable", "find_benchmark", "gates_hold", "run_passes", "speedup",
@@ -164,14 +164,10 @@ def _errored(kind: UnmeasuredKind, rows: list[ValidationRow] | list[BenchmarkRow
         batch = row.batch_size if isinstance(row, BenchmarkRow) else None
         if row.status == "error":
             found.append(UnmeasuredEntry.of(kind, row.variant, row.target, batch, row.reason or "error", allowed))
-        elif isinstance(row, BenchmarkRow) and row.status == "ok" and not _finite(row.p50):
+        elif isinstance(row, BenchmarkRow) and row.status == "ok" and not is_finite_number(row.p50):
             found.append(UnmeasuredEntry.of(kind, row.variant, row.target, batch, "median latency is not a number",
                                             allowed))
     return found
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
 
 
 def gates_hold(gates: list[GateResult]) -> bool:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import StageError
+from qdeploy.core.values import one_line
 from qdeploy.pipeline.large_results import resave_graph
 from qdeploy.targets.onnxruntime import SessionInterface
 
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
     from qdeploy.core.context import Artifact, StageContext, StageResult
 
-__all__ = ["CHECK_KEYS", "PRECISION_CHANGES", "SERIALISE_LIMIT", "guard_artifact"]
+__all__ = ["PRECISION_CHANGES", "SERIALISE_LIMIT", "guard_artifact"]
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,6 @@ SERIALISE_LIMIT = int(1.8 * 2**30)
 """Above this the model goes to ONNX Runtime through a file (protobuf cannot serialise 2 GB)."""
 PRECISION_CHANGES = {"fp16": {("tensor(float)", "tensor(float16)")}}
 """Stage -> (input model's type, new model's type) pairs that stage may introduce on graph inputs/outputs."""
-CHECK_KEYS = ("check", "verification", "fidelity")
-"""Findings where stages record their own comparison."""
 
 
 def guard_artifact(parent: Artifact | None, result: StageResult, stage: str, ctx: StageContext) -> dict[str, Any]:
@@ -67,12 +66,12 @@ def guard_artifact(parent: Artifact | None, result: StageResult, stage: str, ctx
     else:
         _same_interface(reference, candidate, stage, ctx.variant)
         verdict["loads"] = "onnxruntime CPUExecutionProvider, with the input model's input and output types"
-    unchecked = _unchecked_reason(result.findings, reference_error)
+    unchecked = _unchecked_reason(result, reference_error)
     verdict["checked"] = unchecked is None
     if unchecked is not None:
         verdict["unchecked"] = unchecked
         log.warning("%s of %s is unchecked: %s", stage, ctx.variant, unchecked)
-    result.findings["guard"] = verdict
+    result.guard = verdict
     return verdict
 
 
@@ -91,17 +90,12 @@ def _graph_order(model: onnx.ModelProto, stage: str, variant: str) -> dict[str, 
     return {"reordered": "nodes were out of topological order (subgraph reads included); put back in order"}
 
 
-def _unchecked_reason(findings: dict[str, Any], reference_error: str | None) -> str | None:
+def _unchecked_reason(result: StageResult, reference_error: str | None) -> str | None:
     """Why the stage's own comparison did not run, or None when it ran (or the stage has none to run)."""
-    for key in CHECK_KEYS:
-        record = findings.get(key)
-        if isinstance(record, dict):
-            for word in ("unchecked", "skipped"):
-                if record.get(word):
-                    return str(record[word])
-    if reference_error is not None:
+    unchecked = result.unchecked()
+    if unchecked is None and reference_error is not None:
         return f"the input model does not load in ONNX Runtime: {reference_error}"
-    return None
+    return unchecked
 
 
 def _same_interface(reference: Any, candidate: Any, stage: str, variant: str) -> None:
@@ -138,7 +132,7 @@ def _session_of_path(path: Path) -> tuple[Any, str | None]:
     try:
         return _session(str(path)), None
     except Exception as exc:  # custom ops, a runtime too old: reported, not raised
-        return None, _short(exc)
+        return None, one_line(exc, 400)
 
 
 def _session_of_model(model: onnx.ModelProto, work_dir: Path) -> tuple[Any, str | None]:
@@ -149,7 +143,7 @@ def _session_of_model(model: onnx.ModelProto, work_dir: Path) -> tuple[Any, str 
             return _session(model.SerializeToString()), None
         return _session(_saved(model, work_dir)), None
     except Exception as exc:
-        return None, _short(exc)
+        return None, one_line(exc, 400)
 
 
 def _saved(model: onnx.ModelProto, work_dir: Path) -> str:
@@ -172,7 +166,3 @@ def _session(model: str | bytes) -> Any:
     options.log_severity_level = 3
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
-
-def _short(exc: BaseException, limit: int = 400) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[:limit] + "..."

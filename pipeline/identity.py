@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from qdeploy.pipeline.recipe import Recipe
 
 __all__ = ["ENVIRONMENT_FIELDS", "RECIPE_SECTIONS", "dataset_fingerprint", "differences", "model_mismatch",
-           "model_signature", "recipe_fingerprint"]
+           "model_signature", "recipe_content", "recipe_content_note", "recipe_fingerprint"]
 
 RECIPE_SECTIONS = ("model", "data", "variants", "targets", "validate", "benchmark", "gates")
 ENVIRONMENT_FIELDS = (("cpu", "model"), ("cpu", "cores"), ("cpu", "flags"), ("python",), ("platform",))
@@ -64,6 +64,64 @@ def recipe_fingerprint(recipe: Recipe) -> dict[str, str]:
     return {section: _digest(dumped.get(section)) for section in RECIPE_SECTIONS}
 
 
+def recipe_content(recipe: Recipe) -> dict[str, str]:
+    """A short hash of each section that names files (model, data, validate), with every path replaced by what
+    it points at: a file's sha256, a folder's file names and sha256s.  Paths are written relative to the
+    recipe, so their text says nothing of the files: a recipe moved to another folder that reads the same
+    files has the same content, and one whose files changed under the same path text has not."""
+    dumped = recipe.model_dump(mode="json", by_alias=True)
+    for loc, value in _path_fields(recipe):
+        section = dumped
+        for key in loc[:-1]:
+            section = section[key]
+        section[loc[-1]] = _content_of(recipe, value, code=loc[-1] in ("factory", "metric"))
+    return {section: _digest(dumped.get(section)) for section in _CONTENT_SECTIONS}
+
+
+_CONTENT_SECTIONS = ("model", "data", "validate")
+"""The recipe sections whose fields name files (the loader checks the same fields, pipeline/loader.py)."""
+
+
+def _path_fields(recipe: Recipe) -> list[tuple[tuple[Any, ...], str]]:
+    model, validate = recipe.model, recipe.validate_
+    fields: list[tuple[tuple[Any, ...], Any]] = [(("model", "onnx"), model.onnx)]
+    if model.torch is not None:
+        fields += [(("model", "torch", "factory"), model.torch.factory),
+                   (("model", "torch", "weights"), model.torch.weights)]
+    fields += [(("model", "inputs", index, "value"), spec.value) for index, spec in enumerate(model.inputs)]
+    fields += [(("data", name, "path"), spec.path) for name, spec in recipe.data.items()]
+    fields += [(("validate", "reference_model"), validate.reference_model), (("validate", "metric"), validate.metric)]
+    return [(loc, value) for loc, value in fields if isinstance(value, str)]  # a frozen number is no path
+
+
+def _content_of(recipe: Recipe, value: str, *, code: bool) -> Any:
+    """What a recipe path points at; 'file.py:function' keeps its function, 'package.module:function' is its
+    own identity (an installed package is not the recipe's to hash)."""
+    if code:
+        module, _, function = value.rpartition(":")
+        return [_content_of(recipe, module, code=False), function] if module.endswith(".py") else value
+    path = recipe.resolve(value)
+    try:
+        if path.is_dir():
+            return sorted((item.name, sha256_file(item)) for item in path.iterdir() if item.is_file())
+        return sha256_file(path)
+    except OSError:  # gone or unreadable since the run read it: its place is all that can be said
+        return f"unreadable {path}"
+
+
+def recipe_content_note(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """Why the recipes' files were compared by their path text ('' when both reports record their content)."""
+    recipes = [report.get("recipe") or {} for report in (before, after)]
+    if not all(isinstance(recipe.get("sections"), dict) for recipe in recipes):
+        return ""  # no recipe record at all: differences() says so
+    older = [label for label, recipe in zip("AB", recipes, strict=True) if not isinstance(recipe.get("content"), dict)]
+    if not older:
+        return ""
+    which = "report A does" if older == ["A"] else "report B does" if older == ["B"] else "neither report does"
+    return (f"{which} not record what its recipe's paths point at (written by an older qdeploy): model, data "
+            "and validate are compared by their path text, so a moved recipe shows as differing in them")
+
+
 def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -108,6 +166,9 @@ def _recipe_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         notes.append(f"recipe name differs: {a.get('name')!r} vs {b.get('name')!r}")
     sections_a, sections_b = a.get("sections"), b.get("sections")
     if isinstance(sections_a, dict) and isinstance(sections_b, dict):
+        content_a, content_b = a.get("content"), b.get("content")
+        if isinstance(content_a, dict) and isinstance(content_b, dict):  # by what paths point at, not their text
+            sections_a, sections_b = {**sections_a, **content_a}, {**sections_b, **content_b}
         changed = [name for name in RECIPE_SECTIONS if sections_a.get(name) != sections_b.get(name)]
         if changed:
             notes.append(f"recipe differs in: {', '.join(changed)}")

@@ -17,8 +17,8 @@ from qdeploy.core.errors import RecipeError, UserFileError
 from qdeploy.core.userfiles import check_regular_file, files_in_folder, read_text
 from qdeploy.pipeline.recipe import Recipe, StepError
 
-__all__ = ["MAX_RECIPE_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_VALUES", "Loc", "document_loc", "load_recipe", "node_line",
-           "parse_recipe", "parse_yaml", "read_yaml_text", "recipe_python_references"]
+__all__ = ["MAX_RECIPE_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_VALUES", "Loc", "check_recipe_files", "document_loc",
+           "load_recipe", "node_line", "parse_recipe", "parse_yaml", "read_yaml_text", "recipe_python_references"]
 
 Loc = tuple[str | int, ...]
 
@@ -58,7 +58,7 @@ def parse_recipe(text: str, *, source: Path | None = None) -> Recipe:
     except ValidationError as exc:
         raise _recipe_error(exc, root, file) from None
     recipe._source = source.resolve() if source else None
-    _check_paths(recipe, root, file)
+    check_recipe_files(recipe, root, file)
     return recipe
 
 
@@ -174,7 +174,7 @@ def _child(node: yaml.Node | None, key: str | int) -> tuple[yaml.Node | None, ya
     return None, None
 
 
-def node_line(root: yaml.Node, loc: Loc) -> int | None:
+def node_line(root: yaml.Node | None, loc: Loc) -> int | None:
     """Line of the deepest node of ``loc`` that exists in the YAML tree."""
     node: yaml.Node | None = root
     line = _line(root)
@@ -243,8 +243,9 @@ def _recipe_error(exc: ValidationError, root: yaml.Node, file: str) -> RecipeErr
     return RecipeError(message, file=file, line=node_line(root, loc), field=field)
 
 
-def _check_paths(recipe: Recipe, root: yaml.Node, file: str) -> None:
-    """Every file the recipe names is a regular file, every data folder a folder of regular files inside it."""
+def check_recipe_files(recipe: Recipe, root: yaml.Node | None, file: str) -> None:
+    """Every file the recipe names is a regular file, every data folder a folder of regular files inside it, the
+    factory defines its name; ``root`` (the recipe's YAML, None for a recipe made of a sweep's matrix) gives lines."""
     checks: list[tuple[Loc, str | None, str]] = [(("model", "onnx"), recipe.model.onnx, "model file")]
     if recipe.model.torch is not None:
         checks.append((("model", "torch", "weights"), recipe.model.torch.weights, "weights file"))
@@ -268,7 +269,7 @@ def _check_paths(recipe: Recipe, root: yaml.Node, file: str) -> None:
     _check_stage_configs(recipe, root, file)
 
 
-def _check_user_path(recipe: Recipe, value: str, check: Callable[[Path], object], loc: Loc, root: yaml.Node,
+def _check_user_path(recipe: Recipe, value: str, check: Callable[[Path], object], loc: Loc, root: yaml.Node | None,
                      file: str) -> None:
     path = recipe.resolve(value)
     try:
@@ -279,11 +280,14 @@ def _check_user_path(recipe: Recipe, value: str, check: Callable[[Path], object]
         raise RecipeError(message, file=file, line=node_line(root, loc), field=".".join(map(str, loc))) from None
 
 
-def _check_stage_configs(recipe: Recipe, root: yaml.Node, file: str) -> None:
+def _check_stage_configs(recipe: Recipe, root: yaml.Node | None, file: str) -> None:
     """Checks a stage can make of its own section before anything runs (no user code is executed)."""
+    from qdeploy.stages.export import check_factory
     from qdeploy.stages.validate import check_config
 
     try:
+        if recipe.model.torch is not None:  # parsed, never imported: `check` runs no user code
+            check_factory(recipe.model.torch.factory, recipe.resolve)
         check_config(recipe.validate_, recipe.resolve)
     except RecipeError as exc:
         field = exc.field or "validate"

@@ -54,7 +54,7 @@ def build_plan(recipe: Recipe) -> Plan:
         prefix: Prefix = ()
         nodes[()].variants.append(variant)
         for step in steps:
-            prefix = (*prefix, (step.stage, json.dumps(step.config, sort_keys=True)))
+            prefix = (*prefix, (step.stage, json.dumps(step.config.model_dump(mode="json"), sort_keys=True)))
             nodes.setdefault(prefix, PlanNode(prefix)).variants.append(variant)
         chains[variant] = prefix
     return Plan(list(nodes.values()), chains, list(recipe.targets), recipe.reference_variant)

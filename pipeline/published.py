@@ -4,10 +4,11 @@ An output folder looks like this::
 
     OUT/.published/<generation>/artifacts/   <variant>.onnx, <variant>.json, external data, SHA256SUMS
     OUT/.published/<generation>/report.json  (and report.md, report.html)
+    OUT/.published/<generation>/recipe.snapshot.json  the recipe as validated (section hashes in report.json)
     OUT/.published/current     -> <generation>                 the one switch
     OUT/artifacts              -> .published/current/artifacts  fixed links: the paths users and tools know
     OUT/packages               -> .published/current/packages   (when the run wrote packages)
-    OUT/report.json            -> .published/current/report.json (report.md, report.html alike)
+    OUT/report.json            -> .published/current/report.json (report.md, report.html, recipe.snapshot.json)
 
 A run builds its whole set in a fresh generation folder that nothing reads, writes its reports there, and
 then switches ``current`` with one rename(2) of a symbolic link.  So at every instant ``OUT/report.json``
@@ -31,8 +32,9 @@ from qdeploy.core.context import Artifact
 from qdeploy.core.files import disk_full_is_clear, fsync_dir, process_alive, sha256_file, write_json_synced
 from qdeploy.pipeline.store import MODEL_FILE, STALE_STAGING_SECONDS, CacheChangedError
 
-__all__ = ["ARTIFACTS", "CHECKSUMS", "CURRENT", "PUBLISHED", "REPORT_FILES", "begin_generation", "commit_generation",
-           "discard_generation", "publish_artifact", "stable_path", "write_checksums"]
+__all__ = ["ARTIFACTS", "CHECKSUMS", "CURRENT", "PUBLISHED", "RECIPE_SNAPSHOT", "REPORT_FILES", "begin_generation",
+           "commit_generation", "discard_generation", "publish_artifact", "stable_path", "write_checksums",
+           "write_recipe_snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ ARTIFACTS = "artifacts"
 REPORT_FILES = ("report.json", "report.md", "report.html")
 PACKAGES = "packages"
 CHECKSUMS = "SHA256SUMS"
+RECIPE_SNAPSHOT = "recipe.snapshot.json"
+"""The run's validated recipe (``Recipe.model_dump``): what a package's tolerances are read from."""
 _HOST = socket.gethostname().replace("-", "_")
 _TMP_LINK = ".tmp-link-"
 
@@ -102,15 +106,25 @@ def publish_artifact(artifact: Artifact, generation: Path, name: str,
 
 
 def write_checksums(generation: Path) -> None:
-    """artifacts/SHA256SUMS in the format of ``sha256sum``: ``cd artifacts && sha256sum -c SHA256SUMS``."""
+    """artifacts/SHA256SUMS in the format of ``sha256sum``: ``cd artifacts && sha256sum -c SHA256SUMS``.
+
+    Everything published is listed: each model, its external data and its sidecar ``<variant>.json`` (the
+    sidecar is hashed here, after it was written; report.json records the same hash as ``sidecar_sha256``)."""
     folder = generation / ARTIFACTS
     if not folder.is_dir():
         return
-    lines = []
+    digests: dict[str, str] = {}
     for sidecar in sorted(folder.glob("*.json")):
-        for file, record in sorted(json.loads(sidecar.read_text()).get("files", {}).items()):
-            lines.append(f"{record['sha256']}  {file}\n")
-    (folder / CHECKSUMS).write_text("".join(dict.fromkeys(lines)))
+        for file, record in json.loads(sidecar.read_text()).get("files", {}).items():
+            digests[file] = record["sha256"]
+        digests[sidecar.name] = sha256_file(sidecar)
+    (folder / CHECKSUMS).write_text("".join(f"{digest}  {name}\n" for name, digest in sorted(digests.items())))
+
+
+def write_recipe_snapshot(generation: Path, recipe: dict[str, Any]) -> None:
+    """The run's recipe as validated, beside its report: a package reads its tolerances from here, and each
+    section's hash must equal the one report.json records (``recipe.sections``)."""
+    write_json_synced(generation / RECIPE_SNAPSHOT, recipe)
 
 
 def commit_generation(out_dir: Path, generation: Path) -> None:
@@ -119,12 +133,13 @@ def commit_generation(out_dir: Path, generation: Path) -> None:
     _fsync_files(generation)
     previous = _current_generation(root)
     retired = _retire_plain_files(out_dir, root)
-    present = [name for name in (ARTIFACTS, PACKAGES, *REPORT_FILES) if (generation / name).exists()]
+    names = (ARTIFACTS, PACKAGES, *REPORT_FILES, RECIPE_SNAPSHOT)
+    present = [name for name in names if (generation / name).exists()]
     for name in present:
         _ensure_link(out_dir / name, Path(PUBLISHED) / CURRENT / name)
     _replace_link(root / CURRENT, Path(generation.name))  # the switch
     fsync_dir(root)
-    for name in (PACKAGES, *REPORT_FILES):
+    for name in (PACKAGES, *REPORT_FILES, RECIPE_SNAPSHOT):
         if name not in present and (out_dir / name).is_symlink():
             (out_dir / name).unlink()  # a format (or packages) this run did not write: its link would dangle
     for old in [previous, *retired]:

@@ -14,7 +14,16 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from qdeploy.calibration import data_context
 from qdeploy.calibration.spec import DatasetSpec
@@ -109,10 +118,16 @@ class ReportSpec(StrictModel):
 
 
 class VariantStep(StrictModel):
-    """One transform stage of a variant, with its validated config."""
+    """One transform stage of a variant, with its config parsed once into the stage's model."""
 
     stage: str
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: BaseModel
+
+    @field_serializer("config")
+    def _dumped(self, config: BaseModel) -> dict[str, Any]:
+        """The config as its stage's model dumps it: what cache keys, the plan and the recipe's fingerprint hash
+        (the same bytes as when steps held that dump)."""
+        return config.model_dump(mode="json")
 
 
 class StepError(ValueError):
@@ -139,8 +154,7 @@ def _parse_step(raw: Any) -> VariantStep:
     else:
         raise ValueError("a step is a stage name or a one-key mapping {stage: config}")
     info = registry.transform_stage(name)
-    validated = info.config_class().model_validate(config)
-    return VariantStep(stage=name, config=validated.model_dump(mode="json"))
+    return VariantStep(stage=name, config=info.config_class().model_validate(config))
 
 
 def _parse_variant(name: str, steps: list[Any]) -> list[VariantStep]:
@@ -184,7 +198,7 @@ def _split_per_runtime(variants: dict[str, list[VariantStep]],
     result: dict[str, list[VariantStep]] = {}
     split: dict[str, list[str]] = {}
     for name, steps in variants.items():
-        where = [index for index, step in enumerate(steps) if step.config.get("per_runtime")]
+        where = [index for index, step in enumerate(steps) if getattr(step.config, "per_runtime", False)]
         if not where:
             result[name] = steps
             continue
@@ -207,8 +221,7 @@ def _split_per_runtime(variants: dict[str, list[VariantStep]],
 
 
 def _for_runtime(step: VariantStep, runtime: str) -> VariantStep:
-    config = registry.transform_stage(step.stage).config_class().model_validate(step.config)
-    return VariantStep(stage=step.stage, config=config.for_runtime(runtime).model_dump(mode="json"))
+    return VariantStep(stage=step.stage, config=step.config.for_runtime(runtime))  # type: ignore[attr-defined]
 
 
 class Recipe(StrictModel):
@@ -348,9 +361,9 @@ class Recipe(StrictModel):
         built to: what validation holds that variant to."""
         declared = {}
         for variant, steps in self.variants.items():
-            budgets = [step.config["tolerance"] for step in steps if step.config.get("tolerance") is not None]
+            budgets = [budget for step in steps if (budget := getattr(step.config, "tolerance", None)) is not None]
             if budgets:
-                declared[variant] = Tolerance.model_validate(budgets[-1])
+                declared[variant] = budgets[-1]
         return declared
 
     def input_ranges(self) -> dict[str, tuple[float | None, float | None]]:

@@ -51,13 +51,13 @@ class StageInfo:
     def function(self) -> Callable[..., Any]:
         return getattr(self.load_module(), self.entry)
 
-    def datasets_used(self, config: dict[str, Any]) -> list[str]:
-        """Dataset names that a validated config of this stage refers to."""
+    def datasets_used(self, config: BaseModel) -> list[str]:
+        """Dataset names that a validated config of this stage refers to (fields a mode lacks name none)."""
         names = []
         for dotted in self.dataset_fields:
             value: Any = config
             for key in dotted.split("."):
-                value = value.get(key) if isinstance(value, dict) else None
+                value = getattr(value, key, None)
             if isinstance(value, str):
                 names.append(value)
         return names

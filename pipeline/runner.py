@@ -33,6 +33,7 @@ from qdeploy.core.errors import QdeployError, QdeployInputError, RunLockedError,
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ThroughputRow, UnmeasuredEntry, ValidationRow
 from qdeploy.core.runtimes import runtime_groups
 from qdeploy.pipeline import registry
+from qdeploy.pipeline.dedup import evaluate_once, mark_same_files
 from qdeploy.pipeline.guard import guard_artifact
 from qdeploy.pipeline.identity import dataset_fingerprint, model_signature
 from qdeploy.pipeline.large_results import spill_large_result
@@ -106,6 +107,8 @@ class BuildOutcome:
     """Artifacts that validation and benchmarks cover: the reference first, then the selected variants."""
     generation: Path | None = None
     """The unpublished folder holding this run's artifacts; ``finish_run`` adds the reports and switches to it."""
+    same_file: dict[str, str] = field(default_factory=dict)
+    """Variant -> the earlier variant whose file it is (same sha256): evaluated once (``qdeploy.pipeline.dedup``)."""
 
 
 @dataclass
@@ -174,13 +177,14 @@ def build_phase(plan: RunPlan, progress: Progress | None = None) -> BuildOutcome
             for variant in plan.variants:
                 _build_variant(state, variant, exported)
             published = _publish(state, plan.out_dir, generation)
+            same_file = mark_same_files(published, generation, plan.recipe.reference_variant)
             evaluated = _evaluation_set(state, plan.variants, exported)
     except BaseException:
         discard_generation(generation)
         raise
     return BuildOutcome(exported=exported, artifacts=state.artifacts, built=state.built, failures=state.failures,
                         input_error=state.input_error, published=published, evaluated=evaluated,
-                        generation=generation)
+                        generation=generation, same_file=same_file)
 
 
 def validate_phase(plan: RunPlan, outcome: BuildOutcome, targets: list[str] | None = None,
@@ -263,7 +267,9 @@ def _evaluate_phase(plan: RunPlan, outcome: BuildOutcome, stage: str, targets: l
     with tempfile.TemporaryDirectory(prefix="qdeploy-") as work:
         state = _RunState(plan.recipe, ArtifactStore(plan.cache_dir), plan.use_cache, progress or _silent(),
                           Path(work))
-        return _evaluate(state, stage, outcome.evaluated, chosen, extra)
+        declared = plan.recipe.declared_tolerances() if stage == "validate" else None
+        return evaluate_once(outcome.same_file, outcome.evaluated,
+                             lambda artifacts: _evaluate(state, stage, artifacts, chosen, extra), declared)
 
 
 def _exit_code(outcome: BuildOutcome, gates: list[GateResult], validation: list[ValidationRow],
@@ -346,14 +352,15 @@ def _record_failure(state: _RunState, variant: str, stage: str, exc: QdeployErro
 
 def _build_step(state: _RunState, variant: str, step: VariantStep, parent: Artifact) -> Artifact:
     info = registry.stage(step.stage)
-    config = info.config_class().model_validate(step.config)
+    config = step.config  # parsed once, by the recipe
     versions = library_versions(("qdeploy", *info.libraries))
-    datasets = info.datasets_used(step.config)
+    datasets = info.datasets_used(config)
     default = state.recipe.validate_.data
     if default is not None and default not in datasets and info.reads_default_dataset(config):
         datasets.append(default)
-    key = cache_key({
-        "stage": step.stage, "config": step.config, "versions": versions, "parent_sha256": parent.sha256,
+    key = cache_key({  # the config as dumped from its model: the bytes the keys always hashed
+        "stage": step.stage, "config": config.model_dump(mode="json"), "versions": versions,
+        "parent_sha256": parent.sha256,
         "parent_external_data": [list(item) for item in parent.external_data],
         "data": dataset_fingerprint(state.recipe, datasets),
         **({"targets": sorted(state.recipe.validated_targets(true_fp16=info.true_fp16_checked))}
@@ -386,7 +393,7 @@ def _transform(state: _RunState, key: str, info: registry.StageInfo, parent: Art
     meta = {
         "stage": info.name, "stages": list(stages), "parent": parent.key if parent else None,
         "parent_sha256": parent.sha256 if parent else None, "config": config.model_dump(mode="json"),
-        "libraries": versions, "findings": result.findings, "changed": result.changed, "seconds": seconds,
+        "libraries": versions, "findings": result.report(), "changed": result.changed, "seconds": seconds,
         "first_built_for": ctx.variant,
     }
     try:
@@ -420,6 +427,7 @@ def _publish(state: _RunState, out_dir: Path, generation: Path) -> list[dict[str
         rows.append({
             "name": name, "path": str(stable_path(out_dir, generation, path)),
             "sidecar": str(stable_path(out_dir, generation, sidecar)), "sha256": artifact.sha256,
+            "sidecar_sha256": sha256_file(sidecar),  # the published sidecar, as written: SHA256SUMS lists it too
             "external_data": external, "size_bytes": artifact.size_bytes, "parent": artifact.parent,
             "stages": list(artifact.stages), "cached": artifact.cached, "cache": _cache_note(state, artifact),
             "seconds": artifact.seconds, "key": artifact.key, "lineage": lineage,

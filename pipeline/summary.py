@@ -19,7 +19,7 @@ from qdeploy.core.rows import (
 )
 from qdeploy.pipeline.envinfo import environment
 from qdeploy.pipeline.gates import find_benchmark, run_passes, speedup
-from qdeploy.pipeline.identity import recipe_fingerprint
+from qdeploy.pipeline.identity import recipe_content, recipe_fingerprint
 from qdeploy.pipeline.recipe import Recipe
 from qdeploy.pipeline.report.throughput import throughput_speedup
 from qdeploy.pipeline.report.verdict import verdict_section
@@ -54,7 +54,7 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
     report = {
         "schema_version": SCHEMA_VERSION,
         "recipe": {"name": recipe.name, "path": str(recipe.source) if recipe.source else None,
-                   "sections": recipe_fingerprint(recipe)},
+                   "sections": recipe_fingerprint(recipe), "content": recipe_content(recipe)},
         "model": model,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": seconds,

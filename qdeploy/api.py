@@ -101,24 +101,60 @@ class RunResult:
 
 
 def load_recipe(source: RecipeSource, *, base_dir: str | Path | None = None) -> Recipe:
-    """A validated recipe from a YAML file, a dict (relative paths against ``base_dir``, default the current
-    folder) or a Recipe (a copy).  A dict goes through the same loader as a file: same checks, same messages."""
+    """A validated recipe from a YAML file, a dict or a Recipe (a copy).
+
+    A dict goes through the same checks as a file; its relative paths (model, data, factories) resolve against
+    ``base_dir``, default the current folder (a file's resolve against the file's folder).  A dict has no file
+    and no lines: its errors name the field, "recipe (dict): field 'quantize.mode': ...".  Path objects in it
+    are taken as text."""
     from qdeploy.pipeline.loader import load_recipe as load_file
 
     if isinstance(source, Recipe):
         return source.model_copy(deep=True)
     if isinstance(source, dict):
         return _parse_dict(copy.deepcopy(source), base_dir)
+    if not isinstance(source, str | os.PathLike):
+        raise RecipeError(f"a recipe is a YAML file's path, a dict or a Recipe, not a {type(source).__name__}",
+                          file="recipe")
     return load_file(Path(source))
 
 
-def _parse_dict(data: dict[str, Any], base_dir: str | Path | None) -> Recipe:
+DICT_RECIPE = "recipe (dict)"
+"""What errors of a recipe given as a dict name instead of a file: it has no file and no lines."""
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _parse_dict(data: dict[str, Any], base_dir: str | Path | None, file: str = DICT_RECIPE) -> Recipe:
     import yaml
 
     from qdeploy.pipeline.loader import parse_recipe
 
-    origin = Path(base_dir or Path.cwd()).resolve() / "<dict recipe>"
-    return parse_recipe(yaml.safe_dump(data, sort_keys=False), source=origin)
+    folder = Path(base_dir or Path.cwd()).resolve()
+    text = yaml.safe_dump(_plain(data, ()), sort_keys=False)
+    try:  # the file loader's checks and messages, on the dict dumped as YAML: anchored at base_dir
+        return parse_recipe(text, source=folder / "<dict recipe>")
+    except RecipeError as exc:  # the dump's file and lines are no place the user wrote: the field path is
+        hint = " (a dict recipe's relative paths resolve against base_dir=, default the current folder)" \
+            if file == DICT_RECIPE and "(resolved to " in exc.detail else ""
+        raise RecipeError(exc.detail + hint, file=file, field=exc.field) from None
+
+
+def _plain(value: Any, loc: tuple[Any, ...]) -> Any:
+    """The dict's values as YAML's plain data (Path -> text, tuple -> list); a RecipeError naming the field of
+    any other kind of value."""
+    if type(value) in _PLAIN:
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, dict):
+        return {key: _plain(item, (*loc, key)) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item, (*loc, index)) for index, item in enumerate(value)]
+    for kind in (bool, int, float, str):  # subclasses (numpy's float64, a str enum): their plain value
+        if isinstance(value, kind):
+            return kind(value)
+    raise RecipeError(f"a value of type {type(value).__name__}; a recipe holds text, numbers, booleans, lists, dicts",
+                      file=DICT_RECIPE, field=".".join(map(str, loc)) or None)
 
 
 def run(recipe: RecipeSource, model: Any = None, *, out: str | Path | None = None,
@@ -128,6 +164,9 @@ def run(recipe: RecipeSource, model: Any = None, *, out: str | Path | None = Non
 
     ``model``: an ``onnx.ModelProto`` or a torch ``nn.Module`` used instead of the recipe's ``model.onnx`` /
     ``model.torch`` (the recipe names neither; a torch module needs ``model.inputs`` with shapes).
+    ``base_dir``: the folder a dict recipe's relative paths (model, data, factories) resolve against, default the
+    current folder (a recipe file's resolve against the file's folder).  Errors in a dict recipe name its field
+    ("recipe (dict): field 'quantize.mode': ..."), as ``load_recipe`` does.
     """
     from qdeploy.core.userfiles import writable_folder
     from qdeploy.pipeline.runner import RunOptions, default_out_dir, run_recipe
@@ -147,9 +186,11 @@ def run(recipe: RecipeSource, model: Any = None, *, out: str | Path | None = Non
 def _with_in_memory_model(recipe: RecipeSource, model: Any, base_dir: str | Path | None,
                           cache_dir: str | Path | None, out: str | Path | None) -> Recipe:
     """The recipe with ``model.onnx`` pointing at the in-memory model, written by content under the cache."""
+    file = DICT_RECIPE
     if isinstance(recipe, Recipe):
         data = recipe.model_dump(mode="json", by_alias=True, exclude_unset=True)
         base_dir = base_dir or recipe.base_dir
+        file = str(recipe.source or "recipe")
     elif isinstance(recipe, dict):
         data = copy.deepcopy(recipe)
     else:
@@ -160,19 +201,20 @@ def _with_in_memory_model(recipe: RecipeSource, model: Any, base_dir: str | Path
         path = Path(recipe)
         data = yaml.safe_load(read_yaml_text(path, "recipe"))
         base_dir = base_dir or path.resolve().parent
+        file = str(path)
     section = data.setdefault("model", {}) if isinstance(data, dict) else None
     if not isinstance(section, dict):
-        raise RecipeError("the recipe must be a mapping with a 'model' section", field="model")
+        raise RecipeError("the recipe must be a mapping with a 'model' section", file=file, field="model")
     if section.get("onnx") or section.get("torch"):
         raise RecipeError("the model is given twice: as run(model=...) and in the recipe's model section; "
-                          "drop one", field="model")
+                          "drop one", file=file, field="model")
     name = data.get("name", "run")
     if not isinstance(name, str) or not SAFE_NAME.fullmatch(name):  # before anything is written under runs/<name>
         raise RecipeError(f"name {name!r} may hold letters, digits, '_', '.', '-' and must start with a letter or "
-                          "digit (it names the run's folder)", field="name")
+                          "digit (it names the run's folder)", file=file, field="name")
     cache = Path(cache_dir) if cache_dir else Path(out or Path("runs") / name) / "cache"
     section["onnx"] = str(write_model_source(model, section, cache.resolve()))
-    return _parse_dict(data, base_dir)
+    return _parse_dict(data, base_dir, file)
 
 
 def write_model_source(model: Any, section: dict[str, Any], cache: Path) -> Path:
@@ -211,18 +253,24 @@ def _export_module(module: Any, section: dict[str, Any]) -> Any:
 
 def _typed(report: dict[str, Any], out_dir: Path, exit_code: int) -> RunResult:
     artifacts = {row["name"]: ArtifactInfo(row["name"], Path(row["path"]), row["sha256"], row["size_bytes"],
-                                           artifact_precision(row["stages"]), tuple(row["stages"]))
+                                           artifact_precision(row["stages"], Path(row["path"])),
+                                           tuple(row["stages"]))
                  for row in report["artifacts"]}
     return RunResult(report, out_dir, exit_code, artifacts)
 
 
 def open_run(folder: str | Path) -> RunResult:
-    """A finished run folder (or its report.json) as a RunResult, without running anything."""
+    """A finished run folder (or its report.json) as a RunResult, without running anything.
+
+    Every published file report.json names is checked against the sha256 it records and artifacts/SHA256SUMS
+    first: a changed or missing one raises QdeployInputError naming it."""
     from qdeploy.pipeline.compare_runs import load_report
+    from qdeploy.pipeline.verify import verify_published
 
     path = Path(folder)
     report_path = path / "report.json" if path.is_dir() else path
     report = load_report(path)  # QdeployInputError (exit 2's error) for a missing or unreadable report
+    verify_published(report_path, report)
     with readable_report(str(report_path)):
         return _typed(report, report_path.parent, 0 if report["passed"] else 1)
 

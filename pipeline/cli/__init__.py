@@ -67,83 +67,10 @@ def run(
     raise typer.Exit(_guarded(body, verbose))
 
 
-PLAIN_WIDTH = 220
-"""Columns of the summary when stdout is no terminal (a CI log): wide enough that no row folds."""
-
-
 def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
+    from qdeploy.pipeline.cli.summary import print_summary
 
-    from qdeploy.core.rows import ThroughputRow
-    from qdeploy.pipeline.report.format import fmt_number, fmt_speedup
-    from qdeploy.pipeline.report.precision import speedup_sides
-    from qdeploy.pipeline.report.verdict import verdict_lines
-    from qdeploy.pipeline.report.view import (
-        fmt,
-        gate_label,
-        gate_verdict,
-        matrix,
-        unavailable_line,
-        unavailable_targets,
-    )
-
-    console = Console()
-    if not console.is_terminal:  # CI logs: rows on one line each, never numbers folded at 80 columns
-        console = Console(width=max(console.width, PLAIN_WIDTH))
-    missing = unavailable_targets(report)
-    rows = [row for row in matrix(report) if row.target not in missing]
-    batches = len({row.batch for row in rows if row.batch is not None}) > 1
-    table = Table(title=f"qdeploy: {report['recipe']['name']}", box=box.SIMPLE_HEAD)
-    columns = ("variant", "target", "precision ran", *(("batch",) if batches else ()), "p50 ms", "speedup",
-               "cosine", "SNR dB", "status")
-    for column in columns:
-        table.add_column(column, no_wrap=column in ("variant", "target", "status"), overflow="fold")
-    for row in rows:
-        p50 = fmt(row.latency.get("p50")) + ("*" if row.bench.get("noisy") else "")
-        sides = speedup_sides(report, row.bench)
-        speed = fmt_speedup(row.speedup, row.bench.get("speedup_range")) + (f": {sides}" if sides else "")
-        cells = [row.variant, row.target, row.precision_ran, *((fmt(row.batch),) if batches else ()), p50, speed,
-                 fmt(row.metrics.get("cosine"), 6), fmt(row.metrics.get("snr_db"), 4), row.status]
-        table.add_row(*cells, style="dim" if row.status == "unavailable" else None)
-    console.print(table)
-    if any(row.bench.get("noisy") for row in rows):
-        console.print("* noisy: the 95% interval of the median is wider than 10% of it", highlight=False)
-    if missing:
-        console.print(unavailable_line(missing), style="dim", highlight=False)
-    shown = [row for row in map(ThroughputRow.from_json, report.get("throughput") or []) if row.target not in missing]
-    if shown:
-        rates = Table(title="throughput (p50: latency at that load)", box=box.SIMPLE_HEAD)
-        for column in ("variant", "target", "inf/s", "vs ref", "in flight", "p50 ms", "status"):
-            rates.add_column(column, no_wrap=column in ("variant", "target"), overflow="fold")
-        for row in shown:
-            rates.add_row(row.variant, row.target, fmt_number(row.inferences_per_s),
-                          fmt_speedup(row.speedup, row.speedup_range), fmt_number(row.requests_in_flight),
-                          fmt_number(row.latency_ms.p50 if row.latency_ms else None), row.status)
-        console.print(rates)
-    for headline, details in verdict_lines(report.get("verdict")):
-        if not headline.startswith("Not available"):
-            console.print(headline, highlight=False)
-            for detail in details[:1]:  # the runner-up or the first reason; the rest is in report.md
-                console.print(f"  {detail}", style="dim", highlight=False)
-    styles = {"PASS": "[green]PASS[/green]", "FAIL": "[red]FAIL[/red]", "SKIP": "[yellow]SKIP[/yellow]"}
-    for gate in report["gates"]:
-        reason = f" {gate['reason']}" if gate.get("reason") else ""
-        console.print(f"{styles[gate_verdict(gate)]} gate {gate_label(gate)}: {fmt(gate['value'], 4)}{reason}",
-                      markup=True, highlight=False)
-    for failure in report["failures"]:
-        console.print(f"[red]FAILED[/red] variant {failure['variant']} at stage {failure['stage']}: "
-                      f"{failure['reason']}", markup=True)
-    packages = report.get("packages") or {}
-    for failed in packages.get("failed", []):
-        console.print(f"[yellow]no package[/yellow] for {failed['variant']} on {failed['target']}: {failed['reason']}",
-                      markup=True, highlight=False)
-    if packages.get("written"):
-        console.print(f"packages: {len(packages['written'])} in {out_dir / 'packages'} (docs/packages.md)",
-                      highlight=False)
-    written = [name for name in ("report.html", "report.md", "report.json") if (out_dir / name).is_file()]
-    console.print(f"report: {', '.join(str(out_dir / name) for name in written)}", highlight=False)
+    print_summary(report, out_dir)  # its own module (qdeploy.pipeline.cli.summary): the table, verdict, gates
 
 
 @app.command(short_help="What changed between two runs; exit 1 on a regression.")
@@ -163,11 +90,13 @@ def compare(
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
-    """What changed from run A to run B; exit 1 on a regression beyond the thresholds, 2 on bad input.
+    """What changed from run A to run B; exit 1 on a regression, 2 on bad input.
 
-    A gate that passed in A and fails in B, a validation that passed and now fails, a variant that no
-    longer builds, and a value A measured that B did not (missing, errored, NaN) are regressions whatever the
-    thresholds.  Runs of different models are refused; other differences (recipe, environment) are warned.
+    Without thresholds, latency and metric changes are shown, not judged.  A gate that passed in A and fails
+    in B, a validation that passed and now fails, a variant that no longer builds, and a value A measured that
+    B did not (missing, errored, NaN) are regressions whatever the thresholds.  A latency change within the
+    noise either run measured is never one.  Runs of different models are refused; other differences (recipe,
+    environment) are warned.  With -q, only the regressions are printed.
     """
     _setup_logging(quiet, verbose)
 
@@ -176,6 +105,7 @@ def compare(
             Thresholds,
             compare_reports,
             format_comparison,
+            format_regressions,
             load_report,
             parse_metric_drops,
         )
@@ -183,10 +113,11 @@ def compare(
         thresholds = Thresholds(max_latency_regression, parse_metric_drops(max_metric_drop or []))
         comparison = compare_reports(load_report(run_a), load_report(run_b), thresholds,
                                      allow_mismatch=allow_mismatch)
-        for warning in comparison.warnings:
-            log.warning("compare: %s", warning)
+        # the warnings are part of the comparison's text, never logged as well (they printed twice)
         if not quiet:
             typer.echo(format_comparison(comparison, str(run_a), str(run_b)))
+        elif comparison.regressions:  # -q still says which rows regressed: a CI log must name them
+            typer.echo(format_regressions(comparison, str(run_a), str(run_b)))
         return 1 if comparison.regressions else 0
 
     raise typer.Exit(_guarded(body, verbose))
@@ -200,10 +131,10 @@ def check(recipe: RecipePath, quiet: Quiet = False, verbose: Verbose = False) ->
     def body() -> None:
         from qdeploy.pipeline.loader import load_recipe
         from qdeploy.pipeline.plan import describe_plan
-        from qdeploy.stages.export import inspect_source
+        from qdeploy.pipeline.preflight import check_before_run
 
         loaded = load_recipe(recipe)
-        inspect_source(loaded.model, loaded.resolve)
+        check_before_run(loaded)  # the model and the datasets, as the run would read them
         typer.echo(describe_plan(loaded))
 
     _guarded(body, verbose)
@@ -221,30 +152,34 @@ def schema() -> None:
 def doctor(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.",
                                                   show_default="off")] = False) -> None:
     """Library versions (and how they differ from the tested ones), available targets and CPU features."""
-    from qdeploy.pipeline.envinfo import environment
-    from qdeploy.pipeline.tested_versions import difference_lines, tested_versions_record
 
-    env = environment()
-    if as_json:
-        tested = {**env["tested_versions"], "runtimes": tested_versions_record()}
-        typer.echo(json.dumps({**env, "tested_versions": tested}, indent=2))
-        return
-    typer.echo(f"python {env['python']} on {env['platform']}")
-    for name, version in env["versions"].items():
-        typer.echo(f"  {name:22s} {version}")
-    for line in difference_lines():
-        typer.echo(line)
-    cpu = env["cpu"]
-    typer.echo(f"cpu: {cpu['model']} ({cpu['cores']} cores)")
-    typer.echo("  " + ", ".join(f"{flag}={'yes' if present else 'no'}" for flag, present in cpu["flags"].items()))
-    int8 = env["int8_path"]
-    source = "" if int8["flags_source"] == "/proc/cpuinfo" else f" [flags from {int8['flags_source']}]"
-    typer.echo(f"int8 path: {int8['kind']}{source}: {int8['meaning']}")
-    for name, line in int8["targets"].items():
-        typer.echo(f"  {name:16s} {line}")
-    typer.echo("targets:")
-    for name, state in env["targets"].items():
-        typer.echo(f"  {name:16s} {state}")
+    def body() -> None:
+        from qdeploy.pipeline.envinfo import environment
+        from qdeploy.pipeline.tested_versions import difference_lines, tested_versions_record
+
+        env = environment()
+        if as_json:
+            tested = {**env["tested_versions"], "runtimes": tested_versions_record()}
+            typer.echo(json.dumps({**env, "tested_versions": tested}, indent=2))
+            return
+        typer.echo(f"python {env['python']} on {env['platform']}")
+        for name, version in env["versions"].items():
+            typer.echo(f"  {name:22s} {version}")
+        for line in difference_lines():
+            typer.echo(line)
+        cpu = env["cpu"]
+        typer.echo(f"cpu: {cpu['model']} ({cpu['cores']} cores)")
+        typer.echo("  " + ", ".join(f"{flag}={'yes' if present else 'no'}" for flag, present in cpu["flags"].items()))
+        int8 = env["int8_path"]
+        source = "" if int8["flags_source"] == "/proc/cpuinfo" else f" [flags from {int8['flags_source']}]"
+        typer.echo(f"int8 path: {int8['kind']}{source}: {int8['meaning']}")
+        for name, line in int8["targets"].items():
+            typer.echo(f"  {name:16s} {line}")
+        typer.echo("targets:")
+        for name, state in env["targets"].items():
+            typer.echo(f"  {name:16s} {state}")
+
+    _guarded(body, False)  # a closed or full stdout is a clean error, not a traceback
 
 
 _register_sweep(app)  # `qdeploy sweep`; `check` takes sweep files

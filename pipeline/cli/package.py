@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-__all__ = ["package", "register"]
+__all__ = ["nothing_to_package", "package", "register"]
 
 
 def package(
@@ -39,8 +40,12 @@ def package(
 
     def body() -> None:
         from qdeploy.core.userfiles import writable_folder
+        from qdeploy.pipeline.package import PackageError
         from qdeploy.pipeline.package.publish import package_from_run
 
+        why_not = None if variant else nothing_to_package(run, target)
+        if why_not:
+            raise PackageError(why_not, input_error=True)
         folders = package_from_run(run, target, variant, writable_folder(out, "--out folder"),
                                    ort_optimized=ort_optimized)
         if not quiet:
@@ -48,6 +53,41 @@ def package(
                 typer.echo(f"package: {folder}  (check: cd {folder} && python check.py)")
 
     _guarded(body, verbose)
+
+
+def nothing_to_package(run: Path, target: str) -> str | None:
+    """Why the run has nothing to package for ``target`` without --variant, naming each of its rows' status and
+    reason there (docs/packages.md); None when it has something, or when its report.json cannot be read here:
+    ``package_from_run`` then says what is wrong with it."""
+    from qdeploy.core.rows import ValidationRow
+    from qdeploy.pipeline.package.publish import chosen_pairs
+
+    try:
+        report = json.loads((run / "report.json" if run.is_dir() else run).read_text())
+        rows = [row for row in map(ValidationRow.from_json, report.get("validation", [])) if row.target == target]
+        if not rows or chosen_pairs(report, [target]):
+            return None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # a report package_from_run refuses itself
+        return None
+    verdict = ((report.get("verdict") or {}).get("targets") or {}).get(target)
+    ships = _verdict_note(verdict)
+    return f"nothing to package for {target} in {run}: {ships}{_row_states(rows)}"
+
+
+def _verdict_note(verdict: Any) -> str:
+    if not isinstance(verdict, dict) or verdict.get("status") == "ship":
+        return ""
+    why = verdict.get("why") or "no reason recorded"
+    return f"the verdict ships nothing there ({why}; --variant NAME packages a variant that passed); "
+
+
+def _row_states(rows: list[Any]) -> str:
+    """'fp32, fp16, int8 unavailable (target ort:cuda is not available here; ...)', one group per status+reason."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for row in rows:
+        groups.setdefault((str(row.status), row.reason), []).append(row.variant)
+    return "; ".join(f"{', '.join(variants)} {status}" + (f" ({reason})" if reason else "")
+                     for (status, reason), variants in groups.items())
 
 
 def register(app: typer.Typer) -> None:

@@ -93,10 +93,12 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
 
 
 def check_sweep(path: Path) -> int:
-    """Print the expanded plan of a sweep file; 2 when any of its recipes is invalid."""
-    from qdeploy.pipeline.sweep import describe_sweep, load_sweep
+    """Print the expanded plan of a sweep file; 2 when any of its recipes is invalid (as loaded, or as `check` finds a
+    recipe's model and datasets)."""
+    from qdeploy.pipeline.sweep import check_entries, describe_sweep, load_sweep
 
     plan = load_sweep([path])
+    check_entries(plan)
     typer.echo(describe_sweep(plan))
     return 2 if plan.invalid else 0
 

@@ -64,6 +64,11 @@ class PackageSource:
     benchmark: BenchmarkRow | None
     report: dict[str, Any]
     external_data: list[str] = field(default_factory=list)
+    tolerances: dict[str, dict[str, float]] | None = None
+    """Output -> limits, computed from the run's recipe (``provenance.recipe_tolerances``); None: the row's."""
+    tolerances_from: str | None = None
+    run: dict[str, Any] | None = None
+    """The run this package comes from: its folder and the sha256 of its report.json (``made_by.run``)."""
 
 
 def package_name(target: str, variant: str) -> str:
@@ -154,7 +159,7 @@ def _write_contents(source: PackageSource, folder: Path, check: CheckData, ort_o
         model = write_ort(source.model_path, source.external_data, folder, optimized=ort_optimized)
     settings = runtime_settings(source)
     (folder / "runtime.json").write_text(json.dumps(settings, indent=1) + "\n")
-    check_record = _write_check(folder, check, source.validation)
+    check_record = _write_check(folder, check, source)
     shutil.copyfile(package_check.__file__, folder / "check.py")
     write_manifest(folder, manifest_body(source, model, settings, check_record))
 
@@ -232,10 +237,12 @@ def _pinned_record(validation: ValidationRow) -> dict[str, Any]:
         "attempts": validation.precision_attempts}}
 
 
-def _write_check(folder: Path, check: CheckData, validation: ValidationRow) -> dict[str, Any]:
-    tolerances = {out["name"]: out.get("tolerance") or validation.tolerance or {}
-                  for out in validation.outputs or [] if out.get("name")}
+def _write_check(folder: Path, check: CheckData, source: PackageSource) -> dict[str, Any]:
+    from qdeploy.pipeline.package.provenance import FROM_REPORT, recorded_tolerances
+
+    tolerances = recorded_tolerances(source.validation) if source.tolerances is None else source.tolerances
     record: dict[str, Any] = {"samples": check.samples, "compares_with": check.source, "tolerances": tolerances,
+                              "tolerances_from": source.tolerances_from or FROM_REPORT,
                               "note": "the limits validation held this artifact to, here over the check samples"}
     if not check.samples:
         return {**record, "samples": 0, "left_out": check.left_out or "no check data"}
@@ -259,6 +266,7 @@ def manifest_body(source: PackageSource, model: dict[str, Any], settings: dict[s
         "precision": validation.precision, "runtime": settings["runtime"],
         "runtime_version": versions.get(settings["runtime"]), "qdeploy_version": versions.get("qdeploy"),
         "made_by": {"recipe": (report.get("recipe") or {}).get("name"), "run_created": report.get("created"),
+                    "run": source.run,
                     "artifact": {"file": f"artifacts/{source.variant}.onnx", "sha256": sha256_file(source.model_path)},
                     "cpu": (environment.get("cpu") or {}).get("model"),
                     "int8_path": (environment.get("int8_path") or {}).get("kind"), "versions": versions},

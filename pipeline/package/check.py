@@ -4,7 +4,7 @@ validated against.
 
 This file is copied into every package as ``check.py``.  It needs only the Python standard library, numpy and
 the package's runtime (openvino or onnxruntime), never qdeploy: keep it so (a test runs it where qdeploy cannot
-be imported).  The metrics follow qdeploy's validation (pipeline/compare.py; a test holds the two together).
+be imported).  The metrics follow qdeploy's validation (qdeploy/core/compare.py; a test holds the two together).
 
     python check.py                      # exit 0: every check passed; 1: a check failed (it says which)
     python check.py --require-no-qdeploy # also fail when qdeploy is importable (proves independence)
@@ -26,7 +26,7 @@ import numpy as np
 
 __all__ = ["MANIFEST", "NUMPY_TYPES", "QDEPLOY_MODULES", "SNR_CAP_DB", "Runner", "cast_feed", "check_outputs",
            "check_package", "load_samples", "main", "model_files", "openvino_runner", "ort_runner", "output_metrics",
-           "sha256_file", "verify_files"]
+           "precision_word", "sha256_file", "verify_files"]
 
 QDEPLOY_MODULES = ("qdeploy", "pipeline", "stages", "calibration")
 SNR_CAP_DB = 200.0
@@ -107,6 +107,17 @@ def cast_feed(feed: dict[str, np.ndarray], inputs: list[dict[str, Any]]) -> dict
     return {name: value.astype(types[name]) if types.get(name) else value for name, value in feed.items()}
 
 
+PRECISION_WORDS = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64"}
+
+
+def precision_word(hint: Any) -> str:
+    """OpenVINO's inference precision as the word runtime.json uses ('bf16', 'f32'): its Type prints as
+    "<Type: 'bfloat16'>", and get_type_name is missing in some versions."""
+    method = getattr(hint, "get_type_name", None) or getattr(hint, "to_string", None)
+    word = str(method() if callable(method) else hint).strip().strip("<>").removeprefix("Type:").strip(" '\"")
+    return PRECISION_WORDS.get(word.lower(), word)
+
+
 def openvino_runner(folder: Path, runtime: dict[str, Any], model_file: str, outputs: list[str]) -> tuple[Runner, str]:
     import openvino as ov
 
@@ -114,8 +125,7 @@ def openvino_runner(folder: Path, runtime: dict[str, Any], model_file: str, outp
     # By the ONNX names of the manifest: save_model may give a port a second name, and get_any_name() then
     # returns that one (an fp16 IR's 'logits' port also answers to 'head/gemm_cast_to_logits').
     ports = {name: compiled.output(name) for name in outputs}
-    hint = compiled.get_property("INFERENCE_PRECISION_HINT")
-    precision = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
+    precision = precision_word(compiled.get_property("INFERENCE_PRECISION_HINT"))
     pinned = (runtime.get("properties") or {}).get("INFERENCE_PRECISION_HINT")
 
     def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

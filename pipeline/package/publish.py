@@ -4,24 +4,32 @@
 a report without a verdict packages every artifact whose validation passed on that target.  The packages go
 into the run's unpublished generation (``OUT/packages/`` once published), so they switch together with the
 artifacts and reports they were made from.  ``qdeploy package RUN --target T`` packages a finished run again,
-after checking its artifacts against ``artifacts/SHA256SUMS``.
+after checking its artifacts, sidecars and recipe snapshot against the hashes report.json and
+``artifacts/SHA256SUMS`` record (``qdeploy.pipeline.verify``); its tolerances are computed again from the recipe.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from qdeploy.core.rows import BenchmarkRow, ValidationRow, readable_report
-from qdeploy.pipeline.package import PackageError, build_package, packable, package_name, source_from_report
+from qdeploy.pipeline.package import (
+    PackageError,
+    PackageSource,
+    build_package,
+    packable,
+    package_name,
+    source_from_report,
+)
 from qdeploy.pipeline.package.data import CHECK_FILE, CheckData, compute_check_data, read_check_data, write_check_data
 
 log = logging.getLogger(__name__)
 
 PACKAGES = "packages"
-CHECKSUMS = "SHA256SUMS"
 
 
 def chosen_pairs(report: dict[str, Any], targets: list[str] | None = None,
@@ -53,10 +61,14 @@ def write_run_packages(report: dict[str, Any], recipe: Any, evaluated: dict[str,
     A package that fails its own check is not written and is listed under 'failed'; it never fails the run
     (gates decide that), but the report and the log say why.
     """
+    from qdeploy.pipeline.published import write_recipe_snapshot
+    from qdeploy.pipeline.store import sha256_file
+
+    snapshot = recipe.model_dump(mode="json", by_alias=True)
+    write_recipe_snapshot(generation, snapshot)  # what `qdeploy package` later reads tolerances from
     spec = recipe.report.packages
     if not spec.enabled:
         return {"enabled": False, "written": [], "failed": []}
-    from qdeploy.pipeline.store import sha256_file
 
     artifacts = generation / "artifacts"
     check = compute_check_data(recipe, evaluated, spec.check_samples)
@@ -65,7 +77,8 @@ def write_run_packages(report: dict[str, Any], recipe: Any, evaluated: dict[str,
     written, failed = [], []
     for variant, target in chosen_pairs(report, targets, spec.which):
         try:
-            source = source_from_report(report, variant, target, artifacts / f"{variant}.onnx")
+            source = _traced(source_from_report(report, variant, target, artifacts / f"{variant}.onnx"), snapshot,
+                             {"folder": str(stable_root), "report_sha256": None, "why": RUN_TIME_PACKAGE})
             folder = build_package(source, generation / PACKAGES, check, ort_optimized=spec.ort_optimized)
         except Exception as exc:  # one package's failure must not lose the run's reports
             log.warning("no package for %s on %s: %s", variant, target, exc)
@@ -73,6 +86,7 @@ def write_run_packages(report: dict[str, Any], recipe: Any, evaluated: dict[str,
             continue
         written.append({"variant": variant, "target": target,
                         "path": str(stable_root / PACKAGES / folder.name),
+                        "manifest_sha256": sha256_file(folder / "manifest.json"),
                         "checked": bool(check.samples), "unchecked_reason": check.left_out or None})
     by_verdict = spec.which == "verdict" and (report.get("verdict") or {}).get("targets")
     return {"enabled": True, "chosen_by": "verdict" if by_verdict else
@@ -82,23 +96,20 @@ def write_run_packages(report: dict[str, Any], recipe: Any, evaluated: dict[str,
                            "sha256": sha256_file(generation / PACKAGES / CHECK_FILE)}}
 
 
-def verify_run_artifacts(run_dir: Path) -> list[str]:
-    """Files of OUT/artifacts that differ from (or are missing against) its SHA256SUMS."""
-    from qdeploy.pipeline.store import sha256_file
+RUN_TIME_PACKAGE = ("made by the run itself, before its report.json existed: report.json's packages.written "
+                    "records this manifest's sha256 instead")
 
-    folder = run_dir / "artifacts"
-    sums = folder / CHECKSUMS
-    if not sums.is_file():
-        return [f"{sums} is missing: the run's artifacts cannot be verified"]
-    problems = []
-    for line in sums.read_text().splitlines():
-        digest, _, name = line.partition("  ")
-        path = folder / name
-        if not path.is_file():
-            problems.append(f"artifacts/{name} is missing")
-        elif sha256_file(path) != digest:
-            problems.append(f"artifacts/{name} changed since the run (sha256 differs from SHA256SUMS)")
-    return problems
+
+def _traced(source: PackageSource, snapshot: dict[str, Any] | None, run: dict[str, Any]) -> PackageSource:
+    """The source with the run it comes from and its tolerances computed from the run's recipe (or, for a run
+    that stored no recipe snapshot, report.json's, said so in the manifest)."""
+    from qdeploy.pipeline.package.provenance import FROM_RECIPE, recipe_tolerances
+
+    source.run = run
+    if snapshot is not None:
+        source.tolerances = recipe_tolerances(snapshot, source.validation, source.model_path)
+        source.tolerances_from = FROM_RECIPE
+    return source
 
 
 def package_from_run(run_dir: Path, target: str, variants: list[str] | None, out_dir: Path, *,
@@ -108,10 +119,10 @@ def package_from_run(run_dir: Path, target: str, variants: list[str] | None, out
     if not report_path.is_file():
         raise PackageError(f"{run_dir}: no report.json there; give the output folder of a qdeploy run",
                            input_error=True)
-    run_dir = report_path.parent
     label = str(report_path)
     try:
-        report = json.loads(report_path.read_text())
+        data = report_path.read_bytes()
+        report = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PackageError(f"{label}: not a report qdeploy wrote ({exc}); run qdeploy run again",
                            input_error=True) from None
@@ -120,7 +131,9 @@ def package_from_run(run_dir: Path, target: str, variants: list[str] | None, out
                            input_error=True)
     with readable_report(label):  # every row this command reads, parsed before any is used
         _parse_rows(report)
-    return _package_report(report, run_dir, target, variants, out_dir, ort_optimized)
+    run = {"folder": str(report_path.parent.resolve()), "report": report_path.name,
+           "report_sha256": hashlib.sha256(data).hexdigest()}
+    return _package_report(report, report_path, run, target, variants, out_dir, ort_optimized)
 
 
 def _parse_rows(report: dict[str, Any]) -> None:
@@ -132,22 +145,29 @@ def _parse_rows(report: dict[str, Any]) -> None:
         dict(row)
 
 
-def _package_report(report: dict[str, Any], run_dir: Path, target: str, variants: list[str] | None, out_dir: Path,
-                    ort_optimized: bool) -> list[Path]:
+def _package_report(report: dict[str, Any], report_path: Path, run: dict[str, Any], target: str,
+                    variants: list[str] | None, out_dir: Path, ort_optimized: bool) -> list[Path]:
+    from qdeploy.pipeline.verify import recipe_snapshot, verify_published
+
+    run_dir = report_path.parent
     targets = _report_targets(report)
     if target not in targets:
         raise PackageError(f"--target {target}: the run validated {', '.join(targets) or 'no target'}",
                            input_error=True)
-    problems = verify_run_artifacts(run_dir)
-    if problems:
-        raise PackageError(f"{run_dir}: {'; '.join(problems)}; run qdeploy run again", input_error=True)
+    verify_published(report_path, report)  # every file report.json names, as it records it, before any is read
     chosen = variants or [variant for variant, pair_target in chosen_pairs(report, [target])]
     if not chosen:
         raise PackageError(f"no artifact passed validation on {target} in {run_dir}; nothing to package",
                            input_error=True)
     check = stored_check_data(run_dir, report)
-    return [build_package(source_from_report(report, variant, target, run_dir / "artifacts" / f"{variant}.onnx"),
-                          out_dir, check, ort_optimized=ort_optimized) for variant in dict.fromkeys(chosen)]
+    snapshot = recipe_snapshot(report_path, report)
+    if snapshot is None and any("sidecar_sha256" in row for row in report.get("artifacts", [])):
+        raise PackageError(f"{run_dir}: recipe.snapshot.json is missing; this qdeploy wrote the run with one and a "
+                           "package's tolerances are read from it. Give the whole run folder, or run the recipe "
+                           "again", input_error=True)
+    sources = [_traced(source_from_report(report, variant, target, run_dir / "artifacts" / f"{variant}.onnx"),
+                       snapshot, run) for variant in dict.fromkeys(chosen)]  # all refused before one is written
+    return [build_package(source, out_dir, check, ort_optimized=ort_optimized) for source in sources]
 
 
 def stored_check_data(run_dir: Path, report: dict[str, Any]) -> CheckData:
@@ -165,4 +185,4 @@ def stored_check_data(run_dir: Path, report: dict[str, Any]) -> CheckData:
     return read_check_data(path)
 
 
-__all__ = ["chosen_pairs", "package_from_run", "package_name", "verify_run_artifacts", "write_run_packages"]
+__all__ = ["chosen_pairs", "package_from_run", "package_name", "stored_check_data", "write_run_packages"]

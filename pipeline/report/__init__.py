@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from qdeploy.core.files import write_json_atomic, write_text_atomic
+from qdeploy.pipeline.report.format import fmt_mb, fmt_number
+from qdeploy.pipeline.report.sections import noise_floor_lines, package_lines
 from qdeploy.pipeline.report.tables import matrix_lines, throughput_lines, tradeoff_lines, verdict_markdown
 from qdeploy.pipeline.report.view import (
     benchmark_settings,
-    fmt,
     gate_label,
     gate_verdict,
     highlights,
@@ -46,7 +47,7 @@ def _gate_rows(report: dict[str, Any]) -> list[str]:
         verdict = gate_verdict(gate)
         shown = {"PASS": "PASS", "SKIP": "skipped", "FAIL": "**FAIL**"}[verdict]
         reason = f" {gate['reason']}" if gate.get("reason") else ""
-        lines.append(f"| {gate_label(gate)} | {fmt(gate['value'], 4)} | {shown}{reason} |")
+        lines.append(f"| {gate_label(gate)} | {fmt_number(gate['value'], 4, style='value')} | {shown}{reason} |")
     return lines
 
 
@@ -55,7 +56,7 @@ def _artifact_lines(report: dict[str, Any]) -> list[str]:
     for artifact in report["artifacts"]:
         cache = f"; cache: {artifact['cache']}" if artifact.get("cache", "hit") not in ("hit", "built") else ""
         lines.append(f"- **{artifact['name']}**: {lineage_chain(artifact)}; sha256 `{artifact['sha256']}`, "
-                     f"{artifact['size_bytes'] / 1e6:.2f} MB{cache}")
+                     f"{fmt_mb(artifact['size_bytes'])}{cache}")
         lines += [f"  - external data `{data['file']}`: sha256 `{data['sha256']}`"
                   for data in artifact.get("external_data", [])]
         for step in artifact.get("lineage", []):
@@ -68,16 +69,7 @@ def _validation_lines(report: dict[str, Any]) -> list[str]:
     for row in report["validation"]:
         lines += [f"- {row['variant']} on {row['target']}: {note}" for note in validation_notes(row)]
     lines = list(dict.fromkeys(lines))
-    noise = report.get("noise_floor")
-    if noise:
-        lines.append(f"- noise floor of the reference: {_inline(noise)}")
-    return lines
-
-
-def _inline(value: Any) -> str:
-    if isinstance(value, dict):
-        return ", ".join(f"{key} {fmt(item, 4)}" for key, item in value.items())
-    return fmt(value, 4)
+    return lines + [f"- {line}" for line in noise_floor_lines(report.get("noise_floor"))]
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -110,6 +102,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         parts += ["", "## Failures, unavailable targets and warnings", "", *[f"- {line}" for line in reasons],
                   *notes]
     parts += ["", "## Artifacts", "", *_artifact_lines(report)]
+    if packaged := package_lines(report):
+        parts += ["", "## Packages", "", *[f"- {line}" for line in packaged]]
     cpu = env["cpu"]
     flags = ", ".join(flag for flag, present in cpu["flags"].items() if present) or "none"
     versions = ", ".join(f"{name} {version}" for name, version in env["versions"].items())

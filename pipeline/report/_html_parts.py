@@ -7,10 +7,9 @@ the rest behind a collapsed <details>, nested dicts nest.
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
-from qdeploy.pipeline.report.view import fmt
+from qdeploy.pipeline.report.format import escape_html, fmt_number
 
 LIST_SHOWN = 24
 """Items of a list shown before the rest goes behind a collapsed <details>."""
@@ -18,25 +17,22 @@ TABLE_MAX_COLUMNS = 8
 MAX_DEPTH = 6
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
 
 def status_badge(status: str) -> str:
     word = str(status).lower()
     css = word if word in ("pass", "fail", "skip", "passed", "failed", "ok", "error", "unavailable") else "none"
-    return f"<span class=\"badge {css}\">{_e(status)}</span>"
+    return f"<span class=\"badge {css}\">{escape_html(status)}</span>"
 
 
 def findings_html(value: Any, depth: int = 0) -> str:
     """Any JSON value as readable HTML."""
     if depth > MAX_DEPTH:
-        return f"<code>{_e(_short_json(value))}</code>"
+        return f"<code>{escape_html(_short_json(value))}</code>"
     if isinstance(value, dict):
         return _dict_html(value, depth)
     if isinstance(value, list):
         return _list_html(value, depth)
-    return _e(fmt(value, 6))
+    return escape_html(fmt_number(value, 6, style="value"))
 
 
 def _dict_html(value: dict[str, Any], depth: int) -> str:
@@ -46,10 +42,10 @@ def _dict_html(value: dict[str, Any], depth: int) -> str:
     nested = []
     for key, item in value.items():
         if (isinstance(item, dict) and item) or (isinstance(item, list) and item and _is_records(item)):
-            nested.append(f"<details><summary>{_e(key)} ({len(item)})</summary>{findings_html(item, depth + 1)}"
-                          "</details>")
+            nested.append(f"<details><summary>{escape_html(key)} ({len(item)})</summary>"
+                          f"{findings_html(item, depth + 1)}</details>")
         else:
-            terms.append(f"<dt>{_e(key)}</dt><dd>{findings_html(item, depth + 1)}</dd>")
+            terms.append(f"<dt>{escape_html(key)}</dt><dd>{findings_html(item, depth + 1)}</dd>")
     listing = f"<dl class=\"findings\">{''.join(terms)}</dl>" if terms else ""
     return listing + "".join(nested)
 
@@ -72,7 +68,7 @@ def _list_html(items: list[Any], depth: int) -> str:
 
 def _inline(item: Any, depth: int) -> str:
     if isinstance(item, str):
-        return f"<code>{_e(item)}</code>"
+        return f"<code>{escape_html(item)}</code>"
     return findings_html(item, depth + 1)
 
 
@@ -82,7 +78,7 @@ def _records_html(records: list[dict[str, Any]], depth: int) -> str:
     scalar = all(not isinstance(record.get(key), dict | list) or not record.get(key)
                  for record in records for key in columns)
     if scalar and len(columns) <= TABLE_MAX_COLUMNS:
-        head = "".join(f"<th>{_e(column)}</th>" for column in columns)
+        head = "".join(f"<th>{escape_html(column)}</th>" for column in columns)
         rows = "".join("<tr>" + "".join(f"<td>{findings_html(record.get(column), depth + 1)}</td>"
                                         for column in columns) + "</tr>" for record in records[:200])
         more = f"<p class=\"note\">{len(records) - 200} more rows in report.json</p>" if len(records) > 200 else ""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 from qdeploy.pipeline.report._html_parts import status_badge
-from qdeploy.pipeline.report.format import fmt_number, fmt_speedup
+from qdeploy.pipeline.report.format import escape_html, fmt_number, fmt_speedup
 from qdeploy.pipeline.report.precision import speedup_sides
 from qdeploy.pipeline.report.tables import report_verdict
-from qdeploy.pipeline.report.verdict import describe, in_recipe_order, short_reason
+from qdeploy.pipeline.report.verdict import describe, in_recipe_order, package_of, ran_phrase, short_reason
 from qdeploy.pipeline.report.view import unavailable_targets
 
 VERDICT_CSS = """
@@ -17,13 +16,11 @@ VERDICT_CSS = """
         margin: 8px 0; }
 .ship.none { border-left-color: var(--off); }
 .ship .pick { font-size: 15px; } .ship .pick strong.variant { font-size: 16px; }
+.ship .ran { color: var(--muted); } .ship .package { font-family: monospace; font-size: 12px; }
 .ship ul { margin: 4px 0 0; padding-left: 20px; color: var(--muted); }
 p.lacks { color: var(--off); margin: 6px 0; }
 """
 
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def verdict_html(report: dict[str, Any]) -> str:
@@ -34,28 +31,35 @@ def verdict_html(report: dict[str, Any]) -> str:
         details = []
         if verdict.get("runner_up"):
             runner = verdict["runner_up"]
-            details.append(f"runner-up <strong>{_e(runner['variant'])}</strong>: {_e(describe(runner))}")
-        details += [f"not {_e(variant)}: {_e(reason)}" for variant, reason in (verdict.get("rejected") or {}).items()]
+            details.append(f"runner-up <strong>{escape_html(runner['variant'])}</strong>"
+                           f"{escape_html(ran_phrase(runner))}: {escape_html(describe(runner))}")
+        details += [f"not {escape_html(variant)}: {escape_html(reason)}"
+                    for variant, reason in (verdict.get("rejected") or {}).items()]
         listing = f"<ul>{''.join(f'<li>{item}</li>' for item in details)}</ul>" if details else ""
         if verdict["status"] == "ship":
-            pick = (f"<div class=\"pick\"><code>{_e(target)}</code>: ship <strong class=\"variant\">"
-                    f"{_e(verdict['variant'])}</strong>: {_e(describe(verdict))}</div>"
-                    f"<div class=\"note\">{_e(verdict['why'])}</div>")
-            cards.append(f"<div class=\"ship\">{pick}{listing}</div>")
+            package = package_of(report.get("packages"), target, verdict["variant"])
+            pick = (f"<div class=\"pick\"><code>{escape_html(target)}</code>: ship <strong class=\"variant\">"
+                    f"{escape_html(verdict['variant'])}</strong>"
+                    f"<span class=\"ran\">{escape_html(ran_phrase(verdict))}</span>: "
+                    f"{escape_html(describe(verdict))}</div><div class=\"note\">{escape_html(verdict['why'])}</div>"
+                    + (f"<div class=\"package\">{escape_html(package)}</div>" if package else ""))
+            cards.append(f"<div class=\"ship\" data-target=\"{escape_html(target)}\">{pick}{listing}</div>")
         else:
-            cards.append(f"<div class=\"ship none\"><div class=\"pick\"><code>{_e(target)}</code>: nothing to "
-                         f"ship: {_e(verdict['why'])}</div>{listing}</div>")
+            cards.append(f"<div class=\"ship none\"><div class=\"pick\"><code>{escape_html(target)}</code>: nothing to "
+                         f"ship: {escape_html(verdict['why'])}</div>{listing}</div>")
     unreadable = section.get("unreadable") or {}  # the target cannot read the original model: said once
-    cards += [f"<div class=\"ship none\"><div class=\"pick\"><code>{_e(target)}</code>: "
+    cards += [f"<div class=\"ship none\"><div class=\"pick\"><code>{escape_html(target)}</code>: "
               f"{'the original model is unreadable here' if target in section['targets'] else 'nothing to ship'}, "
-              f"not a failure of a variant: {_e(why)}</div></div>" for target, why in unreadable.items()]
+              f"not a failure of a variant: {escape_html(why)}</div></div>" for target, why in unreadable.items()]
     lacks = unavailable_html(section.get("unavailable") or {})
     if not cards and not lacks:
         return ""
     by = {"latency": "median latency", "throughput": "inferences per second", "size": "size (nothing was "
           "benchmarked)"}[section["by"]]
     return (f"<h2>What to ship</h2><p class=\"note\">Per target, the fastest artifact whose validation passed and "
-            f"whose gates hold (ranked by {by}); among artifacts the benchmark cannot tell apart, the smallest. "
+            f"whose gates hold (ranked by {by}); among artifacts the benchmark cannot tell apart, the smallest (as "
+            "printed), then the simpler. In brackets, how it ran: the artifact's precision, the precision or kernels "
+            "that ran and where. "
             f"Failed, errored and unavailable rows are never recommended.</p>{''.join(cards)}{lacks}")
 
 
@@ -63,8 +67,8 @@ def unavailable_html(missing: dict[str, str]) -> str:
     if not missing:
         return ""
     reasons = "; ".join(dict.fromkeys(short_reason(reason) for reason in missing.values()))
-    names = ", ".join(f"<code>{_e(name)}</code>" for name in missing)
-    return f"<p class=\"lacks\">Not available on this machine: {names} ({_e(reasons)}).</p>"
+    names = ", ".join(f"<code>{escape_html(name)}</code>" for name in missing)
+    return f"<p class=\"lacks\">Not available on this machine: {names} ({escape_html(reasons)}).</p>"
 
 
 def throughput_html(report: dict[str, Any]) -> str:
@@ -79,14 +83,15 @@ def throughput_html(report: dict[str, Any]) -> str:
     body = []
     for row in rows:
         latency = row.get("latency_ms") or {}
-        cells = [_e(row["variant"]), _e(row["target"]), _e(fmt_number(row.get("batch_size"))),
-                 _e(fmt_number(row.get("inferences_per_s"))),
-                 _e(" ".join(filter(None, (fmt_speedup(row.get("speedup"), row.get("speedup_range")),
+        cells = [escape_html(row["variant"]), escape_html(row["target"]),
+                 escape_html(fmt_number(row.get("batch_size"))),
+                 escape_html(fmt_number(row.get("inferences_per_s"))),
+                 escape_html(" ".join(filter(None, (fmt_speedup(row.get("speedup"), row.get("speedup_range")),
                                            speedup_sides(report, row, "throughput"))))),
-                 _e(fmt_number(row.get("requests_in_flight"))),
-                 _e(f"{fmt_number(row.get('streams'))} × {fmt_number(row.get('threads_per_request'))}"),
-                 _e(fmt_number(latency.get("p50"))), _e(fmt_number(latency.get("p99"))),
-                 status_badge(row.get("status", "?")) + (f" <span class=\"note\">{_e(row['reason'])}</span>"
+                 escape_html(fmt_number(row.get("requests_in_flight"))),
+                 escape_html(f"{fmt_number(row.get('streams'))} × {fmt_number(row.get('threads_per_request'))}"),
+                 escape_html(fmt_number(latency.get("p50"))), escape_html(fmt_number(latency.get("p99"))),
+                 status_badge(row.get("status", "?")) + (f" <span class=\"note\">{escape_html(row['reason'])}</span>"
                                                           if row.get("reason") else "")]
         body.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
     return ("<h2>Throughput, many requests in flight</h2><div class=\"scroll\"><table class=\"matrix\"><thead><tr>"

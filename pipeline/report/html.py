@@ -6,18 +6,17 @@ how latency was measured, each artifact's lineage and findings (collapsed), and 
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 from qdeploy.pipeline.report._html_parts import findings_html, status_badge
 from qdeploy.pipeline.report._html_verdict import VERDICT_CSS, throughput_html, unavailable_html, verdict_html
 from qdeploy.pipeline.report.charts import colors_for, latency_bars_svg, tradeoff_svg
-from qdeploy.pipeline.report.format import fmt_cosine, fmt_snr, fmt_speedup
+from qdeploy.pipeline.report.format import escape_html, fmt_cosine, fmt_number, fmt_snr_cell, fmt_speedup
 from qdeploy.pipeline.report.precision import speedup_sides
+from qdeploy.pipeline.report.sections import noise_floor_lines, package_lines
 from qdeploy.pipeline.report.view import (
     MatrixRow,
     benchmark_settings,
-    fmt,
     gate_label,
     gate_verdict,
     has_task_metric,
@@ -82,9 +81,6 @@ ul.hl { margin: 4px 0; padding-left: 20px; }
 """
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
 
 def render_html(report: dict[str, Any]) -> str:
     """The whole page as one string."""
@@ -93,9 +89,9 @@ def render_html(report: dict[str, Any]) -> str:
     sections = [
         _header(report), verdict_html(report), _unmeasured(report), _gates(report), _problems(report),
         _table(report, rows, colors), throughput_html(report), _charts(report, rows, colors),
-        _validation(report), _settings(report), _artifacts(report), _environment(report),
+        _validation(report), _settings(report), _artifacts(report), _packages(report), _environment(report),
     ]
-    title = _e(f"qdeploy report: {report['recipe']['name']}")
+    title = escape_html(f"qdeploy report: {report['recipe']['name']}")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{title}</title><style>{CSS}{VERDICT_CSS}</style></head><body>\n"
@@ -107,11 +103,12 @@ def _header(report: dict[str, Any]) -> str:
     verdict = "PASSED: every gate holds" if passed else "FAILED"
     reference = report.get("reference") or {}
     source = report["recipe"].get("path") or "(recipe given in code)"
-    return (f"<h1>qdeploy report: {_e(report['recipe']['name'])}</h1>"
-            f"<p class=\"sub\">recipe <code>{_e(source)}</code> · created {_e(report.get('created', '?'))} · run took "
-            f"{fmt(report.get('seconds'))} s · reference <code>{_e(reference.get('variant'))}</code> on "
-            f"<code>{_e(reference.get('target'))}</code></p>"
-            f"<div class=\"verdict {'pass' if passed else 'fail'}\">{_e(verdict)}</div>")
+    return (f"<h1>qdeploy report: {escape_html(report['recipe']['name'])}</h1>"
+            f"<p class=\"sub\">recipe <code>{escape_html(source)}</code> · created "
+            f"{escape_html(report.get('created', '?'))} · run took {fmt_number(report.get('seconds'), style='value')} s"
+            f" · reference <code>{escape_html(reference.get('variant'))}</code> on "
+            f"<code>{escape_html(reference.get('target'))}</code></p>"
+            f"<div class=\"verdict {'pass' if passed else 'fail'}\">{escape_html(verdict)}</div>")
 
 
 def _unmeasured(report: dict[str, Any]) -> str:
@@ -119,7 +116,7 @@ def _unmeasured(report: dict[str, Any]) -> str:
     if not lines:
         return ""
     hard = any(not row.get("allowed") for row in report.get("unmeasured") or [])
-    items = "".join(f"<li>{_e(line)}</li>" for line in lines)
+    items = "".join(f"<li>{escape_html(line)}</li>" for line in lines)
     return (f"<div class=\"problems{'' if hard else ' soft'}\"><strong>Asked for but not measured</strong>"
             f"<ul>{items}</ul></div>")
 
@@ -131,9 +128,9 @@ def _gates(report: dict[str, Any]) -> str:
     body = []
     for gate in gates:
         verdict = gate_verdict(gate)
-        body.append(f"<tr><td>{status_badge(verdict)}</td><td>{_e(gate_label(gate))}</td>"
-                    f"<td class=\"num\">{_e(fmt(gate.get('value'), 4))}</td>"
-                    f"<td>{_e(gate.get('reason') or '')}</td></tr>")
+        body.append(f"<tr><td>{status_badge(verdict)}</td><td>{escape_html(gate_label(gate))}</td>"
+                    f"<td class=\"num\">{escape_html(fmt_number(gate.get('value'), 4, style='value'))}</td>"
+                    f"<td>{escape_html(gate.get('reason') or '')}</td></tr>")
     return ("<h2>Gates</h2><table><thead><tr><th>verdict</th><th>gate</th><th>measured</th><th>reason</th></tr>"
             f"</thead><tbody>{''.join(body)}</tbody></table>")
 
@@ -144,7 +141,7 @@ def _problems(report: dict[str, Any]) -> str:
         return ""
     hard = bool(report.get("failures")) or any(r.get("status") in ("failed", "error")
                                                 for r in report.get("validation", []) + report.get("benchmarks", []))
-    items = "".join(f"<li>{_e(line)}</li>" for line in lines)
+    items = "".join(f"<li>{escape_html(line)}</li>" for line in lines)
     title = "Failures and unavailable targets" if hard else "Unavailable targets"
     return f"<div class=\"problems{'' if hard else ' soft'}\"><strong>{title}</strong><ul>{items}</ul></div>"
 
@@ -157,14 +154,14 @@ TABLE_HEAD = ("variant", "precision ran", "batch", "p50 ms [95% CI]", "p90 ms", 
 def _table(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]) -> str:
     task = has_task_metric(report)
     names = (*TABLE_HEAD[:-2], "task metric", *TABLE_HEAD[-2:]) if task else TABLE_HEAD
-    head = "".join(f"<th>{_e(name)}</th>" for name in names)
+    head = "".join(f"<th>{escape_html(name)}</th>" for name in names)
     body = []
     missing = unavailable_targets(report)
     for target in dict.fromkeys(row.target for row in rows if row.target not in missing):
-        body.append(f"<tr class=\"group\"><td colspan=\"{len(names)}\">{_e(target)}</td></tr>")
+        body.append(f"<tr class=\"group\"><td colspan=\"{len(names)}\">{escape_html(target)}</td></tr>")
         body += [_table_row(row, colors, task, speedup_sides(report, row.bench)) for row in rows
                  if row.target == target]
-    reference = _e((report.get("reference") or {}).get("variant"))
+    reference = escape_html((report.get("reference") or {}).get("variant"))
     return ("<h2>Latency and accuracy, variant × target</h2>"
             f"<div class=\"scroll\"><table class=\"matrix\"><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table></div>{unavailable_html(missing)}"
@@ -179,26 +176,27 @@ def _table(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]
 def _table_row(row: MatrixRow, colors: dict[str, str], task: bool, sides: str = "") -> str:
     latency, metrics = row.latency, row.metrics
     ci = latency.get("ci95_p50")
-    p50 = _e(fmt(latency.get("p50")))
+    p50 = escape_html(fmt_number(latency.get("p50"), style="value"))
     if ci:
-        p50 += f"<br><span class=\"ci\">[{_e(fmt(ci[0]))}–{_e(fmt(ci[1]))}]</span>"
+        low, high = (escape_html(fmt_number(end, style="value")) for end in ci[:2])
+        p50 += f"<br><span class=\"ci\">[{low}–{high}]</span>"
     if row.bench.get("noisy"):
         p50 += " <span class=\"badge noisy\">noisy</span>"
     low_high = row.bench.get("speedup_range")
-    speed = _e(fmt_speedup(row.speedup, None if row.speedup_undecided else low_high))
+    speed = escape_html(fmt_speedup(row.speedup, None if row.speedup_undecided else low_high))
     if row.speedup is not None and low_high and low_high != [1.0, 1.0]:
-        speed = _e("≈1x") if row.speedup_undecided else speed
+        speed = escape_html("≈1x") if row.speedup_undecided else speed
         speed += f"<br><span class=\"ci\">[{low_high[0]:.2f}–{low_high[1]:.2f}]</span>"
     if sides:
-        speed += f"<br><span class=\"ci\">{_e(sides)}</span>"
+        speed += f"<br><span class=\"ci\">{escape_html(sides)}</span>"
     swatch = f"<span class=\"swatch\" style=\"background:{colors.get(row.variant, '#999')}\"></span>"
     cells = [
-        f"<td>{swatch}{_e(row.variant)}</td>", f"<td>{_e(row.precision_ran)}</td>", _num(row.batch),
+        f"<td>{swatch}{escape_html(row.variant)}</td>", f"<td>{escape_html(row.precision_ran)}</td>", _num(row.batch),
         f"<td class=\"num\">{p50}</td>",
         _num(latency.get("p90")), _num(latency.get("p99")), f"<td class=\"num\">{speed}</td>",
         _num(row.bench.get("throughput_per_s")), _num(row.size_bytes / 1e6 if row.size_bytes else None),
         _num(row.peak_memory_mb), _text(fmt_cosine(metrics.get("cosine"))),
-        _text(fmt_snr(metrics.get("snr_db")).removesuffix(" dB")),
+        _text(fmt_snr_cell(metrics.get("snr_db"))),
         _num(metrics.get("max_abs_err")), _num(metrics.get("top1_agreement")),
         *([_num(metrics.get("task_metric"), 4)] if task else []),
         f"<td>{status_badge(row.validation_status) if row.check else '–'}</td>",
@@ -209,11 +207,11 @@ def _table_row(row: MatrixRow, colors: dict[str, str], task: bool, sides: str = 
 
 
 def _num(value: Any, digits: int = 3) -> str:
-    return f"<td class=\"num\">{_e(fmt(value, digits))}</td>"
+    return f"<td class=\"num\">{escape_html(fmt_number(value, digits, style='value'))}</td>"
 
 
 def _text(value: str) -> str:
-    return f"<td class=\"num\">{_e(value)}</td>"
+    return f"<td class=\"num\">{escape_html(value)}</td>"
 
 
 def _charts(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]) -> str:
@@ -229,7 +227,7 @@ def _charts(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str
     capped = " ≥ marks identical outputs (SNR at its 200 dB cap), drawn 10 dB above the highest measured SNR " \
              "so the cap does not flatten the axis." if any(p.capped for p in points) else ""
     caption = f"<p class=\"note\">Pareto front per target, artifacts that passed validation only (nothing " \
-              f"else on that target is both faster and closer to the reference): {_e(fronts)}.{capped}</p>" \
+              f"else on that target is both faster and closer to the reference): {escape_html(fronts)}.{capped}</p>" \
         if fronts else ""
     charts = "".join(f"<div class=\"chart\">{svg}</div>" for svg in (bars, scatter) if svg)
     return f"<h2>Charts</h2><div class=\"charts\">{charts}</div>{caption}"
@@ -240,11 +238,12 @@ def _validation(report: dict[str, Any]) -> str:
     for row in report.get("validation", []):
         notes = validation_notes(row)
         if notes:
-            inner = "".join(f"<li>{_e(note)}</li>" for note in dict.fromkeys(notes))
-            items.append(f"<li><strong>{_e(row['variant'])} on {_e(row['target'])}</strong> "
+            inner = "".join(f"<li>{escape_html(note)}</li>" for note in dict.fromkeys(notes))
+            items.append(f"<li><strong>{escape_html(row['variant'])} on {escape_html(row['target'])}</strong> "
                          f"{status_badge(row.get('status', '?'))}<ul>{inner}</ul></li>")
-    noise = report.get("noise_floor")
-    noise_html = f"<h3>Noise floor of the reference</h3>{findings_html(noise)}" if noise else ""
+    floor = "".join(f"<li>{escape_html(line.removeprefix('noise floor of the reference: '))}</li>"
+                    for line in noise_floor_lines(report.get("noise_floor")))
+    noise_html = f"<h3>Noise floor of the reference</h3><ul class=\"plain\">{floor}</ul>" if floor else ""
     if not items and not noise_html:
         return ""
     listing = f"<ul class=\"plain\">{''.join(items)}</ul>" if items else ""
@@ -255,10 +254,19 @@ def _settings(report: dict[str, Any]) -> str:
     lines = benchmark_settings(report)
     if not lines:
         return ""
-    items = "".join(f"<li>{_e(line)}</li>" for line in lines)
+    items = "".join(f"<li>{escape_html(line)}</li>" for line in lines)
     return (f"<h2>How latency was measured</h2><ul class=\"plain\">{items}</ul><p class=\"note\">Only inference is "
             "timed: inputs are prepared once, session creation and the first run are reported apart "
             "(see report.json: session_create_ms, first_run_ms).</p>")
+
+
+def _packages(report: dict[str, Any]) -> str:
+    """The packages the run wrote, from report.json's ``packages``."""
+    lines = package_lines(report)
+    if not lines:
+        return ""
+    items = "".join(f"<li>{escape_html(line).replace('`', '')}</li>" for line in lines)
+    return f"<h2>Packages</h2><ul class=\"plain\">{items}</ul>"
 
 
 def _artifacts(report: dict[str, Any]) -> str:
@@ -266,19 +274,21 @@ def _artifacts(report: dict[str, Any]) -> str:
     for artifact in report.get("artifacts", []):
         steps = artifact.get("lineage", [])
         chain = "<span class=\"arrow\">→</span>".join(
-            f"<span class=\"step\">{_e(step['stage'])}{' (cached)' if step.get('cached') else ''} "
-            f"<span class=\"ci\">{_e(fmt(step.get('seconds')))} s</span></span>" for step in steps)
+            f"<span class=\"step\">{escape_html(step['stage'])}{' (cached)' if step.get('cached') else ''} "
+            f"<span class=\"ci\">{escape_html(fmt_number(step.get('seconds'), style='value'))} s</span></span>"
+            for step in steps)
         lines = [f"{step['stage']}: {line}" for step in steps for line in highlights(step.get("findings"))]
-        summary_lines = "".join(f"<li>{_e(line)}</li>" for line in lines)
+        summary_lines = "".join(f"<li>{escape_html(line)}</li>" for line in lines)
         details = "".join(
-            f"<details><summary>{_e(step['stage'])}: findings</summary>{findings_html(step.get('findings'))}"
+            f"<details><summary>{escape_html(step['stage'])}: findings</summary>{findings_html(step.get('findings'))}"
             f"<details><summary>config</summary>{findings_html(step.get('config'))}</details></details>"
             for step in steps)
         cards.append(
-            f"<details><summary>{_e(artifact['name'])} · {_e(lineage_chain(artifact))} · "
-            f"{fmt(artifact.get('size_bytes', 0) / 1e6)} MB</summary>"
-            f"<p class=\"chain\">{chain}</p><p class=\"note\">sha256 <code>{_e(artifact.get('sha256', ''))}</code>"
-            f"<br>file <code>{_e(artifact.get('path', ''))}</code>{_cache_and_data(artifact)}</p>"
+            f"<details><summary>{escape_html(artifact['name'])} · {escape_html(lineage_chain(artifact))} · "
+            f"{fmt_number(artifact.get('size_bytes', 0) / 1e6, style='value')} MB</summary>"
+            f"<p class=\"chain\">{chain}</p><p class=\"note\">sha256 "
+            f"<code>{escape_html(artifact.get('sha256', ''))}</code>"
+            f"<br>file <code>{escape_html(artifact.get('path', ''))}</code>{_cache_and_data(artifact)}</p>"
             + (f"<ul class=\"hl\">{summary_lines}</ul>" if summary_lines else "") + details + "</details>")
     if not cards:
         return ""
@@ -289,10 +299,10 @@ def _artifacts(report: dict[str, Any]) -> str:
 
 def _cache_and_data(artifact: dict[str, Any]) -> str:
     """External data files with their own sha256, and a cache entry that had to be rebuilt."""
-    parts = [f"<br>external data <code>{_e(data.get('file'))}</code> sha256 <code>{_e(data.get('sha256'))}</code>"
-             for data in artifact.get("external_data") or []]
+    parts = [f"<br>external data <code>{escape_html(data.get('file'))}</code> sha256 "
+             f"<code>{escape_html(data.get('sha256'))}</code>" for data in artifact.get("external_data") or []]
     if artifact.get("cache") not in (None, "hit", "built"):
-        parts.append(f"<br>cache: {_e(artifact['cache'])}")
+        parts.append(f"<br>cache: {escape_html(artifact['cache'])}")
     return "".join(parts)
 
 
@@ -300,12 +310,13 @@ def _environment(report: dict[str, Any]) -> str:
     env = report.get("environment") or {}
     cpu = env.get("cpu") or {}
     flags = ", ".join(flag for flag, present in (cpu.get("flags") or {}).items() if present) or "none"
-    versions = "".join(f"<tr><td>{_e(name)}</td><td>{_e(version)}</td></tr>"
+    versions = "".join(f"<tr><td>{escape_html(name)}</td><td>{escape_html(version)}</td></tr>"
                        for name, version in (env.get("versions") or {}).items())
-    targets = "".join(f"<tr><td>{_e(name)}</td><td>{_e(state)}</td></tr>"
+    targets = "".join(f"<tr><td>{escape_html(name)}</td><td>{escape_html(state)}</td></tr>"
                       for name, state in (env.get("targets") or {}).items())
-    return (f"<h2>Environment</h2><p>CPU <strong>{_e(cpu.get('model', '?'))}</strong>, {_e(cpu.get('cores', '?'))} "
-            f"cores; flags: {_e(flags)}<br>Python {_e(env.get('python', '?'))} on {_e(env.get('platform', '?'))}</p>"
+    return (f"<h2>Environment</h2><p>CPU <strong>{escape_html(cpu.get('model', '?'))}</strong>, "
+            f"{escape_html(cpu.get('cores', '?'))} cores; flags: {escape_html(flags)}<br>Python "
+            f"{escape_html(env.get('python', '?'))} on {escape_html(env.get('platform', '?'))}</p>"
             "<details><summary>library versions and targets</summary><table><tbody>"
             f"{versions}</tbody></table><table><thead><tr><th>target</th><th>state</th></tr></thead><tbody>{targets}"
             "</tbody></table></details>")

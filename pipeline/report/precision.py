@@ -12,7 +12,8 @@ from typing import Any
 
 from qdeploy.pipeline.report.format import fmt_fidelity
 
-__all__ = ["attempts_line", "ran_label", "ran_short", "same_setting", "settings_by_row", "speedup_sides"]
+__all__ = ["attempts_line", "execution_phrase", "execution_record", "ran_label", "ran_short", "same_setting",
+           "settings_by_row", "speedup_sides"]
 
 _SHORT = {"float32": "f32", "f32": "f32", "bfloat16": "bf16", "bf16": "bf16", "float16": "f16", "f16": "f16"}
 
@@ -119,3 +120,60 @@ def settings_by_row(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[st
         else:
             differing[key] = list(dict.fromkeys(f"{variant} {value}" for variant, value in values))
     return shared, differing
+
+
+_FLOAT32 = frozenset({"FP32", "FLOAT", "FLOAT32", "F32"})
+
+
+def execution_record(precision: str | None, timed: dict[str, Any] | None,
+                     checked: dict[str, Any] | None) -> dict[str, Any]:
+    """What a deployer needs to reproduce one (variant, target): the artifact's precision, the precision that ran
+    (from the timed row; the validation row where nothing was timed), the runtime and its providers or device,
+    the kernel element types, and whether only float32 kernels ran for a reduced-precision artifact.  {} for a
+    row without an execution record."""
+    row = timed if timed and timed.get("execution") else checked
+    execution = (row or {}).get("execution") or {}
+    if not execution:
+        return {}
+    kernels = {str(kind).upper(): count for kind, count in (execution.get("precisions") or {}).items()}
+    record: dict[str, Any] = {
+        "precision": precision, "ran": ran_label(row or {}), "runtime": execution.get("runtime"),
+        "providers": list(execution.get("providers") or []), "kernels": kernels,
+        "float32_only": bool(kernels) and set(kernels) <= _FLOAT32 and precision not in (None, "fp32")}
+    if execution.get("runtime") == "onnxruntime" and len(execution.get("node_counts") or {}) > 1:
+        record["provider_kernels"] = dict(execution["node_counts"])  # a fallback: kernels per provider
+    if timed and checked and checked.get("execution") and timed is row and not same_setting(timed, checked):
+        record["validated"] = ran_label(checked)  # a pin validation ships that this benchmark did not time
+    return record
+
+
+def execution_phrase(record: dict[str, Any]) -> str:
+    """'fp16 artifact, but onnxruntime ran all 8 of its kernels in float32 on CPUExecutionProvider', 'int8
+    artifact, float parts at bf16 (device default), OpenVINO CPU'; '' for an empty record."""
+    if not record:
+        return ""
+    precision = record.get("precision") or "?"
+    kernels: dict[str, int] = record.get("kernels") or {}
+    where = _providers(record)
+    runtime = record.get("runtime")
+    if runtime == "onnxruntime":
+        if record.get("float32_only"):
+            text = (f"{precision} artifact, but onnxruntime ran all {sum(kernels.values())} of its kernels in "
+                    f"float32 on {where}: its numbers are float32 arithmetic's, not {precision}'s")
+        else:
+            mix = " + ".join(f"{count} {kind.lower()}" for kind, count in
+                             sorted(kernels.items(), key=lambda item: -item[1]))
+            text = f"{precision} artifact, onnxruntime ran {mix or 'its'} kernels on {where}"
+    elif runtime == "openvino":
+        part = " with float parts" if precision not in ("fp32", "fp16", "bf16", "?") else ""
+        text = f"{precision} artifact{part} at {record.get('ran')} on OpenVINO {where}"
+    else:
+        text = f"{precision} artifact, {record.get('ran')} ({runtime or where})"
+    return text + (f"; validated at {record['validated']}" if record.get("validated") else "")
+
+
+def _providers(record: dict[str, Any]) -> str:
+    split = record.get("provider_kernels")
+    if split:
+        return " + ".join(f"{name} ({count} kernels)" for name, count in split.items())
+    return ", ".join(record.get("providers") or []) or "its default device"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from qdeploy.pipeline.report.format import fmt_cosine, fmt_ms, fmt_number, fmt_snr, fmt_speedup
+from qdeploy.pipeline.report.format import fmt_cosine, fmt_ms, fmt_number, fmt_snr, fmt_snr_cell, fmt_speedup
 from qdeploy.pipeline.report.precision import speedup_sides
 from qdeploy.pipeline.report.verdict import verdict_lines, verdict_section
 from qdeploy.pipeline.report.view import matrix, tradeoff_points, unavailable_line, unavailable_targets
@@ -16,14 +16,27 @@ __all__ = ["matrix_lines", "report_verdict", "throughput_lines", "tradeoff_lines
 
 
 def report_verdict(report: dict[str, Any]) -> dict[str, Any]:
-    """The report's verdict; computed here for a report written before it had one."""
-    return report.get("verdict") or verdict_section(report)
+    """The report's verdict; computed here for a report written before it had one.  A verdict written before it
+    carried what ran (``execution``) keeps its picks and gains that record, derived from the same rows."""
+    section = report.get("verdict")
+    if not section:
+        return verdict_section(report)
+    targets = section.get("targets") or {}
+    if all(verdict.get("execution") for verdict in targets.values() if verdict.get("status") == "ship"):
+        return section
+    fresh = verdict_section(report)["targets"]
+    completed = {}
+    for target, verdict in targets.items():
+        again = fresh.get(target) or {}
+        same = again.get("variant") == verdict.get("variant") and again.get("execution")
+        completed[target] = {**verdict, "execution": again["execution"]} if same else verdict
+    return {**section, "targets": completed}
 
 
 def verdict_markdown(report: dict[str, Any]) -> list[str]:
     """'## What to ship': per target the pick, why, the runner-up and why not the others."""
     section = report_verdict(report)
-    entries = verdict_lines(section)
+    entries = verdict_lines(section, report.get("packages"))
     if not entries:
         return []
     by = {"latency": "median latency at batch", "throughput": "inferences per second at batch",
@@ -31,10 +44,11 @@ def verdict_markdown(report: dict[str, Any]) -> list[str]:
     batch = f" {section['batch_size']}" if section.get("batch_size") is not None else ""
     lines = ["## What to ship", "",
              f"Per target, the fastest artifact whose validation passed and whose gates hold (ranked by {by}{batch}); "
-             "among artifacts the benchmark cannot tell apart, the smallest.", ""]
+             "among artifacts the benchmark cannot tell apart, the smallest (as printed), then the simpler. In "
+             "brackets, how it ran: the artifact's precision, the precision or kernels that ran and where.", ""]
     for headline, details in entries:
         target, _, rest = headline.partition(": ")
-        rest = re.sub(r"^ship (\S+):", r"ship **\1**:", rest)
+        rest = re.sub(r"^ship (\S+)", r"ship **\1**", rest)
         lines.append(f"- **{target}**: {rest}" if not headline.startswith("Not available") else f"- {headline}.")
         lines += [f"  - {detail}" for detail in details]
     return lines
@@ -60,7 +74,7 @@ def matrix_lines(report: dict[str, Any]) -> list[str]:
             f"{_speedup_cell(report, row.bench, fmt_speedup(row.speedup, row.bench.get('speedup_range')))} | "
             f"{fmt_number(row.bench.get('throughput_per_s'))} | {fmt_number(_mb(row.size_bytes))} | "
             f"{fmt_number(row.peak_memory_mb)} | {fmt_cosine(metrics.get('cosine'))} | "
-            f"{_snr_cell(metrics.get('snr_db'))} | {fmt_number(metrics.get('max_abs_err'))} | "
+            f"{fmt_snr_cell(metrics.get('snr_db'))} | {fmt_number(metrics.get('max_abs_err'))} | "
             f"{row.validation_status} | {row.benchmark_status} |")
     line = unavailable_line(missing)
     return lines + (["", line] if line else [])
@@ -122,11 +136,6 @@ def _speedup_cell(report: dict[str, Any], row: dict[str, Any], text: str, key: s
     """The speedup and the precisions it compares: '1.8x: int8 (bf16 float parts) vs fp32 (f32)'."""
     sides = speedup_sides(report, row, key)
     return f"{text}: {sides}" if sides else text
-
-
-def _snr_cell(value: Any) -> str:
-    text = fmt_snr(value)
-    return text.removesuffix(" dB")
 
 
 def _mb(size: Any) -> float | None:

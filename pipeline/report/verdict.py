@@ -11,8 +11,12 @@ Rules (docs/verdict-and-throughput.md says them for users):
   measured; the tie set is the best candidate plus every candidate the benchmark cannot tell from it: with 3 or
   more paired interleaved rounds, some round had it at least as good (a sign test), with fewer, the 95%
   intervals of the medians overlap;
-- the pick is the smallest artifact of the tie set (then the higher fidelity, then the better median); the
-  runner-up is the best other member of the tie set; every other variant is listed with its reason;
+- the pick is the smallest artifact of the tie set, sizes compared as printed (a difference below the printed
+  precision is no difference), then the simpler (fewer stages), then the higher fidelity, then the better
+  median; the runner-up is the best other member of the tie set; every other variant is listed with its reason;
+- the pick and the runner-up carry their ``execution``: the artifact's precision, the precision that ran, the
+  runtime, providers and kernel element types, and whether only float32 kernels ran for a reduced-precision
+  artifact (``qdeploy.pipeline.report.precision.execution_record``);
 - with benchmarks off, the pick is the smallest artifact that passed, said to be unranked by speed;
 - a validation row that missed at the device's default precision and passed pinned (``deploy_precision``) is a
   candidate with that pinned setting, and the verdict says so.
@@ -28,11 +32,13 @@ from typing import Any
 
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ThroughputRow, ValidationRow
 from qdeploy.core.runtimes import built_for
+from qdeploy.core.values import is_finite_number
 from qdeploy.pipeline.report.format import fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
+from qdeploy.pipeline.report.precision import execution_phrase, execution_record
 
 __all__ = ["FIDELITY_KEYS", "FIDELITY_ONLY", "MIN_ROUNDS_FOR_SIGN", "Choice", "TargetVerdict", "describe",
-           "in_recipe_order", "indistinguishable", "ranking", "rejection", "short_reason", "split_targets",
-           "target_verdict", "verdict_lines", "verdict_section"]
+           "in_recipe_order", "indistinguishable", "package_of", "ran_phrase", "ranking", "rejection",
+           "short_reason", "split_targets", "target_verdict", "verdict_lines", "verdict_section"]
 
 FIDELITY_ONLY = ("reference:cpu",)
 MIN_ROUNDS_FOR_SIGN = 3
@@ -53,11 +59,17 @@ class Choice:
     throughput: dict[str, Any] = field(default_factory=dict)
     deploy_precision: str | None = None
     """The INFERENCE_PRECISION_HINT it ships with where the device default missed its tolerance."""
+    execution: dict[str, Any] = field(default_factory=dict)
+    """What ran: ``precision.execution_record`` of its timed (else validation) row."""
+    stages: int = 0
+    """Stages of its lineage: of two artifacts the same size, the one with fewer is the simpler."""
+    sha256: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         pinned = {"deploy_precision": self.deploy_precision} if self.deploy_precision else {}
+        ran = {"execution": self.execution} if self.execution else {}
         return {"variant": self.variant, **self.latency, **self.throughput, "fidelity": self.fidelity,
-                "size_bytes": self.size_bytes, **pinned}
+                "size_bytes": self.size_bytes, **pinned, **ran}
 
 
 @dataclass
@@ -87,6 +99,9 @@ class _Rows:
     failed_builds: dict[str, BuildFailure]
     gates: list[GateResult]
     reference: str | None = None
+    raw: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per variant its rows as report.json has them ('check', 'timed'), for the execution record."""
+    artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _validation(report: dict[str, Any]) -> list[ValidationRow]:
@@ -157,15 +172,17 @@ def target_verdict(report: dict[str, Any], target: str, by: str, batch: int | No
         return verdict
     best = min(candidates, key=lambda c: c.score)
     ties = [c for c in candidates if c is best or indistinguishable(c, best)]
-    pick = min(ties, key=lambda c: (c.size_bytes if c.size_bytes is not None else math.inf, -_fidelity_rank(c),
-                                    c.score))
+    files: dict[Any, Choice] = {}
+    for choice in ties:  # two variants that wrote one file: the first in the recipe stands for both
+        files.setdefault((choice.sha256, choice.size_bytes) if choice.sha256 else id(choice), choice)
+    pick = min(files.values(), key=_tie_key)
     others = sorted((c for c in ties if c is not pick), key=lambda c: c.score)
     verdict.status, verdict.pick = "ship", pick
     verdict.runner_up = others[0] if others else None
     for choice in candidates:
         if choice in ties and choice is not pick and choice is not verdict.runner_up:
-            verdict.rejected[choice.variant] = f"within the benchmark's noise of {best.variant}, but not smaller " \
-                                               f"than {pick.variant} and not the runner-up"
+            verdict.rejected[choice.variant] = f"within the benchmark's noise of {best.variant}, but " \
+                                               f"{pick.variant} is {_preference(pick, choice)}; not the runner-up"
         elif choice not in ties:
             verdict.rejected[choice.variant] = f"{_worse(by)}: {_measure(choice, by)} against " \
                                                f"{_measure(best, by)} ({best.variant}), every round agrees"
@@ -180,7 +197,15 @@ def _rows(report: dict[str, Any], target: str, batch: int | None) -> _Rows:
     gates = [gate for gate in map(GateResult.from_json, report.get("gates", [])) if not gate.skipped
              and (gate.target == target or gate.metric == "size_bytes")]
     failures = map(BuildFailure.from_json, report.get("failures", []))
-    return _Rows(checks={row.variant: row for row in _validation(report) if row.target == target},
+    raw: dict[str, dict[str, Any]] = {}
+    for row in report.get("validation") or []:
+        if row.get("target") == target:
+            raw.setdefault(row["variant"], {})["check"] = row
+    for row in [*(report.get("throughput") or []), *(report.get("benchmarks") or [])]:  # latency rows win
+        if row.get("target") == target and row.get("batch_size") == batch:
+            raw.setdefault(row["variant"], {})["timed"] = row
+    return _Rows(raw=raw, artifacts={row["name"]: row for row in report.get("artifacts", [])},
+                 checks={row.variant: row for row in _validation(report) if row.target == target},
                  latency=on_target("benchmarks"), throughput=on_target("throughput"),
                  sizes={row["name"]: row.get("size_bytes") for row in report.get("artifacts", [])},
                  failed_builds={row.variant: row for row in failures}, gates=gates,
@@ -205,7 +230,7 @@ def rejection(variant: str, rows: _Rows, by: str) -> str:
     if bench is None or bench.status != "ok":
         status = bench.status if bench else "missing"
         return f"benchmark {status}" + (f": {bench.reason}" if bench and bench.reason else "")
-    if not _finite(_score(bench, by)):
+    if not is_finite_number(_score(bench, by)):
         return "its benchmark gave no finite number"
     return _slower_than_reference(variant, bench, rows.reference)
 
@@ -225,14 +250,18 @@ def _score(bench: BenchmarkRow | ThroughputRow, by: str) -> Any:
     if isinstance(bench, BenchmarkRow):
         return bench.p50
     rate = bench.inferences_per_s
-    return -rate if _finite(rate) else None
+    return -rate if is_finite_number(rate) else None
 
 
 def _choice(variant: str, rows: _Rows, by: str) -> Choice:
     metrics = rows.checks[variant].metrics
     fidelity = {key: metrics.value(key) for key in FIDELITY_KEYS if metrics.has(key)}
+    raw, artifact = rows.raw.get(variant, {}), rows.artifacts.get(variant, {})
     choice = Choice(variant, 0.0, [], None, rows.sizes.get(variant), fidelity,
-                    deploy_precision=rows.checks[variant].deploy_precision)
+                    deploy_precision=rows.checks[variant].deploy_precision,
+                    execution=execution_record(rows.checks[variant].precision, raw.get("timed"), raw.get("check")),
+                    stages=len(artifact.get("lineage") or artifact.get("stages") or []),
+                    sha256=artifact.get("sha256"))
     bench, rate = rows.latency.get(variant), rows.throughput.get(variant)
     if bench and bench.status == "ok":
         choice.latency = {"latency_ms": bench.p50, "ci95_ms": bench.latency_ms.ci95_p50 if bench.latency_ms else None,
@@ -263,10 +292,35 @@ def indistinguishable(candidate: Choice, best: Choice) -> bool:
     return candidate.score == best.score
 
 
+def _tie_key(choice: Choice) -> tuple[float, int, float, float]:
+    """Among artifacts the benchmark cannot tell apart: the smaller as printed, the simpler, the closer, the
+    faster."""
+    return _printed_mb(choice), choice.stages, -_fidelity_rank(choice), choice.score
+
+
+def _printed_mb(choice: Choice) -> float:
+    """The size as the report prints it: two sizes that print alike are the same size to the reader."""
+    return float(fmt_number(choice.size_bytes / 1e6)) if is_finite_number(choice.size_bytes) else math.inf
+
+
+def _preference(pick: Choice, other: Choice) -> str:
+    """Why `pick` goes before `other`, both within the benchmark's noise: 'smaller (0.500 MB against 2.00 MB)'."""
+    if pick.sha256 and (pick.sha256, pick.size_bytes) == (other.sha256, other.size_bytes):
+        return f"the same file as {other.variant} (same sha256), first in the recipe"
+    if _printed_mb(pick) != _printed_mb(other):
+        return f"smaller ({fmt_mb(pick.size_bytes)} against {fmt_mb(other.size_bytes)})"
+    size = f"the same size to the printed precision ({fmt_mb(pick.size_bytes)})"
+    if pick.stages != other.stages:
+        return f"{size} and simpler ({pick.stages} stages against {other.stages})"
+    if _fidelity_rank(pick) != _fidelity_rank(other):
+        return f"{size}, as simple ({pick.stages} stages) and closer to the reference"
+    return f"{size}, as simple and as close to the reference, and its median is lower"
+
+
 def _fidelity_rank(choice: Choice) -> float:
     for key in ("task_metric", "snr_db", "cosine"):
         value = choice.fidelity.get(key)
-        if _finite(value):
+        if is_finite_number(value):
             return float(value)
     return -math.inf
 
@@ -291,19 +345,18 @@ def _why(pick: Choice, best: Choice, runner_up: Choice | None, by: str) -> str:
             if by == "latency" and pick.latency.get("speedup") is not None else ")")
     if pick is best:
         return (f"{word} artifact that passed ({_measure(pick, by)}); {runner_up.variant} is within the "
-                f"benchmark's noise ({_measure(runner_up, by)}) and not smaller")
+                f"benchmark's noise ({_measure(runner_up, by)}), and {pick.variant} is "
+                f"{_preference(pick, runner_up)}")
     return (f"ties with {best.variant} within the benchmark's noise ({_measure(pick, by)} against "
-            f"{_measure(best, by)}) and is smaller ({fmt_mb(pick.size_bytes)} against {fmt_mb(best.size_bytes)})")
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            f"{_measure(best, by)}) and is {_preference(pick, best)}")
 
 
 # ------------------------------------------------------------------------------------------------ display
-def verdict_lines(section: dict[str, Any] | None) -> list[tuple[str, list[str]]]:
-    """The verdict for people: per target a headline and its detail lines (runner-up, why not the others);
-    the targets this machine lacks in one entry.  The Markdown, HTML and CLI writers all show these."""
+def verdict_lines(section: dict[str, Any] | None,
+                  packages: dict[str, Any] | None = None) -> list[tuple[str, list[str]]]:
+    """The verdict for people: per target a headline (the pick, how it ran, its numbers, why, the package the run
+    wrote of it: report.json's ``packages``) and its detail lines (runner-up, why not the others); the targets
+    this machine lacks in one entry.  The Markdown, HTML and CLI writers all show these."""
     if not section:
         return []
     entries = []
@@ -311,11 +364,13 @@ def verdict_lines(section: dict[str, Any] | None) -> list[tuple[str, list[str]]]
         if verdict["status"] != "ship":
             entries.append((f"{target}: nothing to ship: {verdict['why']}", _rejected_lines(verdict)))
             continue
-        headline = f"{target}: ship {verdict['variant']}: {describe(verdict)}; {verdict['why']}"
+        package = package_of(packages, target, verdict["variant"])
+        headline = (f"{target}: ship {verdict['variant']}{ran_phrase(verdict)}: {describe(verdict)}; "
+                    f"{verdict['why']}" + (f"; {package}" if package else ""))
         details = []
         if verdict.get("runner_up"):
             runner = verdict["runner_up"]
-            details.append(f"runner-up {runner['variant']}: {describe(runner)}")
+            details.append(f"runner-up {runner['variant']}{ran_phrase(runner)}: {describe(runner)}")
         entries.append((headline, details + _rejected_lines(verdict)))
     for target, why in (section.get("unreadable") or {}).items():
         shipped = target in (section.get("targets") or {})
@@ -333,6 +388,30 @@ def in_recipe_order(section: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]
     targets = section.get("targets") or {}
     order = [name for name in section.get("order") or [] if name in targets]
     return [(name, targets[name]) for name in [*order, *(name for name in targets if name not in order)]]
+
+
+def ran_phrase(choice: dict[str, Any]) -> str:
+    """' (fp16 artifact, but onnxruntime ran all 8 of its kernels in float32 on CPUExecutionProvider: ...)';
+    '' for a verdict written before it carried ``execution``."""
+    text = execution_phrase(choice.get("execution") or {})
+    return f" ({text})" if text else ""
+
+
+def package_of(packages: dict[str, Any] | None, target: str, variant: str) -> str:
+    """'package packages/ort-cpu-int8 (checked)' for the package the run wrote of (variant, target), the reason
+    where it wrote none; '' when the run wrote no packages."""
+    from pathlib import PurePath
+
+    for written in (packages or {}).get("written") or []:
+        if written.get("target") == target and written.get("variant") == variant:
+            path = PurePath(str(written.get("path")))
+            checked = "checked" if written.get("checked") else \
+                f"not checked: {written.get('unchecked_reason') or 'no reason given'}"
+            return f"package {path.parent.name}/{path.name} ({checked})"
+    for failed in (packages or {}).get("failed") or []:
+        if failed.get("target") == target and failed.get("variant") == variant:
+            return f"no package: {failed.get('reason')}"
+    return ""
 
 
 def describe(choice: dict[str, Any]) -> str:

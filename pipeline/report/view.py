@@ -9,10 +9,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from qdeploy.pipeline.report.format import fmt_number
 from qdeploy.pipeline.report.precision import attempts_line, ran_label, same_setting, settings_by_row
 
 __all__ = ["FIDELITY_METRICS", "HIGHLIGHT_WORDS", "MatrixRow", "TradeoffPoint", "benchmark_settings",
-           "fidelity_metric", "fmt", "gate_bound", "gate_label", "gate_verdict", "has_task_metric", "highlights",
+           "fidelity_metric", "gate_bound", "gate_label", "gate_verdict", "has_task_metric", "highlights",
            "lineage_chain", "mark_pareto_front", "matrix", "problems", "summarize_value", "tradeoff_points",
            "unmeasured_lines", "validation_notes"]
 
@@ -91,25 +92,6 @@ class MatrixRow:
         return "ok"
 
 
-def fmt(value: Any, digits: int = 3) -> str:
-    """A number for people: a few significant digits, '–' for nothing."""
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "∞" if value > 0 else "-∞"
-        if 1e3 <= abs(value) < 1e6:
-            return f"{value:.0f}"
-        if 0.0 < abs(1.0 - value) < 10.0 ** -digits:  # a cosine of 0.9999999 must not read as 1
-            digits = min(9, 2 - math.floor(math.log10(abs(1.0 - value))))
-        return f"{value:.{digits}g}" if abs(value) < 1e6 else f"{value:.3e}"
-    return str(value)
-
-
 def matrix(report: dict[str, Any]) -> list[MatrixRow]:
     """Every benchmarked (variant, target, batch), plus validated pairs that have no benchmark row."""
     sizes = {row["name"]: row.get("size_bytes") for row in report.get("artifacts", [])}
@@ -132,8 +114,8 @@ def has_task_metric(report: dict[str, Any]) -> bool:
 
 
 def gate_bound(gate: dict[str, Any]) -> str:
-    parts = [f">= {fmt(gate['min'], 4)}" if gate.get("min") is not None else "",
-             f"<= {fmt(gate['max'], 4)}" if gate.get("max") is not None else ""]
+    parts = [f">= {fmt_number(gate['min'], 4, style='value')}" if gate.get("min") is not None else "",
+             f"<= {fmt_number(gate['max'], 4, style='value')}" if gate.get("max") is not None else ""]
     return " and ".join(part for part in parts if part)
 
 
@@ -281,8 +263,8 @@ def validation_notes(row: dict[str, Any]) -> list[str]:
     if isinstance(divergence, dict) and divergence:
         notes.append(
             f"first diverging node {divergence.get('node', '?')} ({divergence.get('op_type', '?')}), tensor "
-            f"{divergence.get('tensor', '?')}: max abs err {fmt(divergence.get('max_abs_err'))}, "
-            f"cosine {fmt(divergence.get('cosine'), 6)}")
+            f"{divergence.get('tensor', '?')}: max abs err {fmt_number(divergence.get('max_abs_err'), style='value')}, "
+            f"cosine {fmt_number(divergence.get('cosine'), 6, style='value')}")
     attempts = attempts_line(row)
     notes += [attempts] if attempts else []
     notes += [f"unattainable: {item}" for item in row.get("unattainable") or []]
@@ -325,7 +307,7 @@ def summarize_value(value: Any, limit: int = 8) -> str:
         items = list(value.items())
         shown = ", ".join(f"{key}={summarize_value(item, limit)}" for key, item in items[:limit])
         return "{" + shown + (f", … (+{len(items) - limit} more)" if len(items) > limit else "") + "}"
-    return fmt(value, 4)
+    return fmt_number(value, 4, style="value")
 
 
 def lineage_chain(artifact: dict[str, Any]) -> str:
@@ -334,27 +316,40 @@ def lineage_chain(artifact: dict[str, Any]) -> str:
 
 
 def benchmark_settings(report: dict[str, Any]) -> list[str]:
-    """How the numbers were measured, one line per target: the plan from its first measured row, the runtime
-    settings every row shares, and per row those that differ (the inference precision, above all)."""
+    """How the numbers were measured, per target, each statement from the rows it describes: the plan (mode,
+    warm-up, runs, rounds, threads) said once where every row shares it, else per group of rows that share it;
+    the runtime settings every row shares; per row those that differ (the inference precision, above all)."""
     lines = []
     measured = [row for row in report.get("benchmarks", []) if row.get("status") == "ok"]
     for target in dict.fromkeys(row["target"] for row in measured):
         rows = [row for row in measured if row["target"] == target]
-        row = rows[0]
-        measure = row.get("measure") or {}
-        warm = f"{measure['warmup_seconds']} s" if measure.get("warmup") == "time" else \
-            f"{fmt(row.get('warmup'))} runs"
-        timed = f"{measure['duration_seconds']} s per artifact" if measure.get("by") == "time" else \
-            f"{row.get('runs')} runs"
+        plans: dict[str, list[str]] = {}
+        for row in rows:
+            variants = plans.setdefault(_plan(row), [])
+            variants += [row["variant"]] if row["variant"] not in variants else []
         shared, differing = settings_by_row(rows)
         settings = ", ".join(f"{key}={value}" for key, value in shared.items())
-        lines.append(f"{target}: {row.get('mode', 'sync')}; warm-up {warm}; measured {timed} in "
-                     f"{measure.get('rounds', len(row.get('round_p50_ms') or []))} interleaved rounds; threads "
-                     f"{row.get('threads') or 'runtime default'}" + (f"; {settings}" if settings else ""))
+        if len(plans) == 1:
+            lines.append(f"{target}: {next(iter(plans))}" + (f"; {settings}" if settings else ""))
+        else:
+            lines += [f"{target}, {', '.join(variants)}: {plan}" for plan, variants in plans.items()]
+            lines += [f"{target}: every row: {settings}"] if settings else []
         lines += [f"{target}: {key} per row: {', '.join(values)}" for key, values in differing.items()]
-        ran = list(dict.fromkeys(f"{item['variant']} {ran_label(item)}" for item in rows))
-        lines.append(f"{target}: inference precision that ran, per row: {', '.join(ran)}")
+        ran = list(dict.fromkeys(f"{item['variant']}: {ran_label(item)}" for item in rows))
+        lines.append(f"{target}: inference precision that ran, per row: {'; '.join(ran)}")
     return lines + _benchmark_data_lines(report)
+
+
+def _plan(row: dict[str, Any]) -> str:
+    """The measurement plan of one benchmark row, in words."""
+    measure = row.get("measure") or {}
+    warm = (f"{measure['warmup_seconds']} s" if measure.get("warmup") == "time"
+            else f"{fmt_number(row.get('warmup'), style='value')} runs")
+    timed = f"{measure['duration_seconds']} s per artifact" if measure.get("by") == "time" else \
+        f"{row.get('runs')} runs"
+    return (f"{row.get('mode', 'sync')}; warm-up {warm}; measured {timed} in "
+            f"{measure.get('rounds', len(row.get('round_p50_ms') or []))} interleaved rounds; threads "
+            f"{row.get('threads') or 'runtime default'}")
 
 
 def _benchmark_data_lines(report: dict[str, Any]) -> list[str]:

@@ -35,8 +35,8 @@ from qdeploy.core.errors import QdeployError, RecipeError
 from qdeploy.core.tolerance import StrictModel
 from qdeploy.pipeline.recipe import EXPORTED, Recipe, StepError
 
-__all__ = ["SWEEP_KEYS", "MatrixModel", "MatrixSpec", "SweepEntry", "SweepFile", "SweepPlan", "describe_sweep",
-           "expand_matrix", "is_sweep_file", "load_sweep", "parse_sweep_file"]
+__all__ = ["SWEEP_KEYS", "MatrixModel", "MatrixSpec", "SweepEntry", "SweepFile", "SweepPlan", "check_entries",
+           "describe_sweep", "expand_matrix", "is_sweep_file", "load_sweep", "parse_sweep_file"]
 
 log = logging.getLogger(__name__)
 
@@ -303,21 +303,27 @@ def expand_matrix(matrix: MatrixSpec, sweep_path: Path) -> list[SweepEntry]:
 def _matrix_recipe(matrix: MatrixSpec, model: MatrixModel, name: str, variants: dict[str, Any],
                    targets: list[str], sweep_path: Path) -> Recipe:
     shared = dict(matrix.recipe)
-    kept = set(variants) | {EXPORTED}
-    gates = [gate for gate in shared.pop("gates", []) or []
-             if not isinstance(gate, dict) or (gate.get("variant") in kept and gate.get("target") in targets)]
-    body = {**shared, "name": name, "model": model.model, "data": {**(shared.get("data") or {}), **model.data},
-            "variants": variants, "targets": targets, "gates": gates}
+    gates, data = shared.pop("gates", None) or [], shared.get("data") or {}
+    if isinstance(gates, list):  # other shapes of gates and data go to validation as they are: it names the field
+        gates = [gate for gate in gates if _gate_of(gate, set(variants) | {EXPORTED}, targets)]
+    body = {**shared, "name": name, "model": model.model, "data": {**data, **model.data} if isinstance(data, dict)
+            else data, "variants": variants, "targets": targets, "gates": gates}
     where = f"recipe {name} of the matrix"
     try:
         recipe = Recipe.model_validate(body)
     except ValidationError as exc:
         raise RecipeError(f"{where}: {_validation_message(exc)}", file=str(sweep_path)) from None
     recipe._source = sweep_path.resolve()
-    missing = _missing_path(recipe)
-    if missing:
-        raise RecipeError(f"{where}: {missing}", file=str(sweep_path))
+    _check_files(recipe, where, sweep_path)
     return recipe
+
+
+def _gate_of(gate: Any, variants: set[str], targets: list[str]) -> bool:
+    """Whether a shared gate belongs to this recipe.  A gate whose variant is no name (a list, a mapping) stays, so
+    that validation names its field: as a set member it would raise TypeError (an internal error)."""
+    if not isinstance(gate, dict) or not isinstance(gate.get("variant"), str | None):
+        return True
+    return gate.get("variant") in variants and gate.get("target") in targets
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -332,19 +338,42 @@ def _validation_message(exc: ValidationError) -> str:
     return f"field '{loc}': {message}" if loc else message
 
 
-def _missing_path(recipe: Recipe) -> str | None:
-    """The first file or folder the recipe names that does not exist."""
-    named: list[tuple[str, str | None]] = [("model.onnx", recipe.model.onnx)]
-    if recipe.model.torch is not None:
-        named.append(("model.torch.weights", recipe.model.torch.weights))
-        factory_file = recipe.model.torch.factory.rsplit(":", 1)[0]
-        if factory_file.endswith(".py"):
-            named.append(("model.torch.factory", factory_file))
-    named += [(f"data.{name}.path", spec.path) for name, spec in recipe.data.items()]
-    for where, value in named:
-        if value is not None and not recipe.resolve(value).exists():
-            return f"field '{where}': path '{value}' does not exist (resolved to {recipe.resolve(value)})"
-    return None
+def _check_files(recipe: Recipe, where: str, sweep_path: Path) -> None:
+    """The file checks of a recipe file's loading (regular files only, data folders that stay inside themselves, the
+    factory's name), for a recipe the matrix made: a /dev/zero model or a FIFO is refused here as there."""
+    from qdeploy.pipeline.loader import check_recipe_files
+
+    try:
+        check_recipe_files(recipe, None, str(sweep_path))
+    except RecipeError as exc:
+        field = f"field '{exc.field}': " if exc.field else ""
+        raise RecipeError(f"{where}: {field}{exc.detail}", file=str(sweep_path)) from None
+
+
+def check_entries(plan: SweepPlan) -> None:
+    """What `qdeploy check` verifies of a recipe beyond loading it (the model, the datasets against its inputs), for
+    each valid entry: one the run would refuse becomes invalid, with the reason.  Entries that share a model and
+    datasets (a matrix's variant and target sets) are checked once."""
+    import json
+
+    from qdeploy.core.errors import QdeployInputError
+    from qdeploy.pipeline.preflight import check_before_run, datasets_read
+
+    seen: dict[str, str | None] = {}
+    for entry in plan.entries:
+        recipe = entry.recipe
+        if recipe is None:
+            continue
+        key = json.dumps([str(recipe.base_dir), recipe.model.model_dump(mode="json"),
+                          {name: recipe.data[name].model_dump(mode="json") for name in datasets_read(recipe)}])
+        if key not in seen:
+            try:
+                check_before_run(recipe)
+                seen[key] = None
+            except QdeployInputError as exc:
+                seen[key] = str(exc)
+        if seen[key] is not None:
+            entry.recipe, entry.error = None, f"{entry.origin}: {seen[key]}"
 
 
 def _unique_names(entries: list[SweepEntry]) -> None:

@@ -1,7 +1,9 @@
 """The sweep report: sweep.json (for machines), sweep.md and sweep.html (for people).
 
-One row per recipe, variant and target (validation, latency, speedup, gates), the failures with their reasons,
-links to each recipe's own report, and the timeline of work items (kind, recipe, start, end, node, pid).
+What to ship per recipe and target (each recipe's own verdict: the pick, how it ran, why, its package), one row
+per recipe, variant and available target (validation, latency, speedup, gates; the targets this machine lacks in
+one line with the recipes that asked for them), the failures with their reasons, links to each recipe's own
+report, and the timeline of work items (kind, recipe, start, end, node, pid).
 Exit status of the sweep: 2 when any recipe is invalid, else 1 when any failed (a gate, a stage, a crash),
 else 0.
 """
@@ -16,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.files import write_json_atomic, write_text_atomic
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ValidationRow
+from qdeploy.pipeline.report.precision import execution_phrase
+from qdeploy.pipeline.report.tables import report_verdict
+from qdeploy.pipeline.report.verdict import describe, in_recipe_order, package_of, short_reason
 
 if TYPE_CHECKING:
     from qdeploy.pipeline.sweep.jobs import Job
@@ -49,6 +54,8 @@ def build_sweep_report(name: str, jobs: list[Job], timeline: list[dict[str, Any]
         "passed": all(status == "passed" for status in statuses),
         "counts": {status: statuses.count(status) for status in STATUSES} | {"recipes": len(statuses)},
         "recipes": recipes,
+        "verdicts": [entry for job in jobs for entry in _verdicts(job)],
+        "unavailable": _unavailable(jobs),
         "rows": [row for job in jobs for row in _matrix_rows(job)],
         "failures": [failure for job in jobs for failure in _failures(job)],
         "timeline": [{**record, "start": round(record["start"] - started, 4), "end": round(record["end"] - started, 4)}
@@ -81,22 +88,55 @@ def _build_failures(report: dict[str, Any]) -> list[BuildFailure]:
     return [BuildFailure.from_json(failure) for failure in report["failures"]]
 
 
+def _verdicts(job: Job) -> list[dict[str, Any]]:
+    """The recipe's verdict per target, as its own report says it: the pick, how it ran, why, its package."""
+    if job.result is None:
+        return []
+    report = job.result.report
+    entries = []
+    for target, verdict in in_recipe_order(report_verdict(report)):
+        entry = {"recipe": job.entry.name, "target": target, "status": verdict["status"],
+                 "variant": verdict.get("variant"), "why": verdict.get("why") or "", "ran": "", "numbers": "",
+                 "package": ""}
+        if verdict["status"] == "ship":
+            entry.update(ran=execution_phrase(verdict.get("execution") or {}), numbers=describe(verdict),
+                         package=package_of(report.get("packages"), target, verdict["variant"]))
+        entries.append(entry)
+    return entries
+
+
+def _unavailable(jobs: list[Job]) -> list[dict[str, Any]]:
+    """The targets this machine lacks, each once, with its reason and the recipes that asked for it."""
+    found: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        if job.result is None:
+            continue
+        for target, reason in (report_verdict(job.result.report).get("unavailable") or {}).items():
+            entry = found.setdefault(target, {"target": target, "reason": short_reason(reason), "recipes": []})
+            entry["recipes"].append(job.entry.name)
+    return list(found.values())
+
+
 def _matrix_rows(job: Job) -> list[dict[str, Any]]:
-    """One row per variant and target of a finished recipe; one row saying why for a recipe that did not finish."""
+    """One row per variant and available target of a finished recipe (the targets this machine lacks are said
+    once, in ``unavailable``); one row saying why for a recipe that did not finish."""
     if job.result is None:
         return [_row(job.entry.name, None, None, status=job.status, reason=job.reason)]
     report = job.result.report
     rows = []
     gates = _gates(report)
     benchmarks = [BenchmarkRow.from_json(row) for row in report["benchmarks"]]
+    missing = report_verdict(report).get("unavailable") or {}
     for check in (ValidationRow.from_json(row) for row in report["validation"]):
         variant, target = check.variant, check.target
+        if target in missing:
+            continue
         bench = _first_benchmark(benchmarks, variant, target)
         timed = {} if bench is None else {"benchmark": bench.status, "batch_size": bench.batch_size,
                                           "p50_ms": bench.p50, "speedup": bench.speedup}
         rows.append(_row(job.entry.name, variant, target, status=check.status, reason=check.reason or None,
                          cosine=check.metrics.cosine, **timed, gates=_gate_verdict(gates, variant, target)))
-    targets = job.plan.targets if job.plan is not None else []
+    targets = [target for target in (job.plan.targets if job.plan is not None else []) if target not in missing]
     for failure in _build_failures(report):
         rows += [_row(job.entry.name, failure.variant, target, status="failed",
                       reason=f"stage {failure.stage}: {failure.reason}",
@@ -197,8 +237,12 @@ def render_sweep_markdown(report: dict[str, Any]) -> str:
              f"{counts['recipes']} recipes: {counts['passed']} passed, {counts['failed']} failed, "
              f"{counts['invalid']} invalid, {counts['error']} errors; exit status {report['exit_code']}. "
              f"Executor: {report['executor']['kind']}; took {report['seconds']:.1f} s.",
-             "", "## Recipes", "", *_md_table(RECIPE_HEADER, recipe_rows),
-             "", "## Variants and targets", "", *_md_table(MATRIX_HEADER, [_matrix_cells(r) for r in report["rows"]])]
+             "", "## Recipes", "", *_md_table(RECIPE_HEADER, recipe_rows)]
+    if report.get("verdicts"):
+        parts += ["", "## What to ship", "", "Per recipe and target, the recipe's own verdict (its report.md says why "
+                  "not the others).", "", *[f"- {line}" for line in _verdict_lines(report)]]
+    parts += ["", "## Variants and targets", "", *_md_table(MATRIX_HEADER, [_matrix_cells(r) for r in report["rows"]]),
+              *(["", line] if (line := _unavailable_line(report)) else [])]
     if report["failures"]:
         parts += ["", "## Failures", ""]
         parts += [f"- {f['recipe']}" + (f" / {f['variant']}" if f["variant"] else "") +
@@ -207,6 +251,35 @@ def render_sweep_markdown(report: dict[str, Any]) -> str:
     parts += ["", "## Timeline", "", "Seconds from the start of the sweep; benchmarks ran alone on their node.", "",
               *_md_table(TIMELINE_HEADER, [_timeline_cells(r) for r in report["timeline"]]), ""]
     return "\n".join(parts)
+
+
+def _verdict_lines(report: dict[str, Any]) -> list[str]:
+    """'recipe on target: ship int8 (how it ran): numbers; why; package ...' or '... nothing to ship: why'."""
+    lines = []
+    for entry in report.get("verdicts") or []:
+        head = f"{entry['recipe']} on {entry['target']}: "
+        if entry["status"] != "ship":
+            lines.append(head + f"nothing to ship: {entry['why']}")
+            continue
+        ran = f" ({entry['ran']})" if entry.get("ran") else ""
+        lines.append(head + f"ship {entry['variant']}{ran}: {entry['numbers']}; {entry['why']}"
+                     + (f"; {entry['package']}" if entry.get("package") else ""))
+    return lines
+
+
+def _unavailable_line(report: dict[str, Any]) -> str:
+    """The targets this machine lacks, in one line: their rows are not repeated per variant.  Targets lacking for
+    the same recipes are said together; the recipes that asked for each are named."""
+    missing = report.get("unavailable") or []
+    if not missing:
+        return ""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for entry in missing:
+        groups.setdefault(tuple(entry["recipes"]), []).append(entry)
+    parts = [f"{', '.join(entry['target'] for entry in entries)} "
+             f"({'; '.join(dict.fromkeys(entry['reason'] for entry in entries))}; asked for by {', '.join(recipes)})"
+             for recipes, entries in groups.items()]
+    return f"Not available on this machine: {'; '.join(parts)}."
 
 
 def _html_table(header: list[str], rows: list[list[str]], links: list[str | None] | None = None) -> str:
@@ -258,7 +331,11 @@ def render_sweep_html(report: dict[str, Any]) -> str:
         f"invalid, {counts['error']} errors; exit status {report['exit_code']}; executor "
         f"{html.escape(report['executor']['kind'])}; {report['seconds']:.1f} s.</p>",
         "<h2>Recipes</h2>", _html_table(RECIPE_HEADER, [_recipe_cells(r) for r in recipes], links),
+        *(["<h2>What to ship</h2>", "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in
+                                                      _verdict_lines(report)) + "</ul>"]
+          if report.get("verdicts") else []),
         "<h2>Variants and targets</h2>", _html_table(MATRIX_HEADER, [_matrix_cells(r) for r in report["rows"]]),
+        *([f"<p>{html.escape(line)}</p>"] if (line := _unavailable_line(report)) else []),
         *(["<h2>Failures</h2>", f"<ul>{failures}</ul>"] if failures else []),
         "<h2>Timeline</h2>", _timeline_svg(report["timeline"], report["seconds"]),
         _html_table(TIMELINE_HEADER, [_timeline_cells(r) for r in report["timeline"]]),

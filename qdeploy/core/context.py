@@ -7,11 +7,14 @@ writes it atomically, records the sidecar and caches it.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from qdeploy.core.findings import Findings, unchecked_record
 
 if TYPE_CHECKING:
     import numpy as np
@@ -23,13 +26,52 @@ __all__ = ["Artifact", "DatasetInfo", "InputRanges", "SampleReader", "StageConte
 log = logging.getLogger(__name__)
 
 
-def artifact_precision(stages: tuple[str, ...] | list[str]) -> str:
-    """The precision a chain of stages produces: int8, fp16 or fp32."""
+def artifact_precision(stages: tuple[str, ...] | list[str], path: Path | None = None) -> str:
+    """The precision a chain of stages produces: int4, int8, fp16 or fp32.
+
+    A quantized artifact is int4 when its weights are 4-bit (weight-only MatMulNBits/GatherBlockQuantized with
+    ``bits`` 4, or a DequantizeLinear of int4/uint4 weights); telling that needs the file (``path``): without
+    it, quantized reads int8."""
     if "quantize" in stages:
-        return "int8"
+        return "int4" if path is not None and _four_bit_weights(path) else "int8"
     if "fp16" in stages:
         return "fp16"
     return "fp32"
+
+
+_FOUR_BIT_OPS = frozenset({"MatMulNBits", "GatherBlockQuantized", "MatMulBnb4"})
+
+
+def _four_bit_weights(path: Path) -> bool:
+    try:
+        stat = path.stat()
+    except OSError:
+        return False
+    return _four_bit_cached(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _four_bit_cached(path: str, mtime_ns: int, size: int) -> bool:
+    """Whether the graph holds 4-bit weights; reads the graph only (the weights stay on disk)."""
+    from onnx import TensorProto
+
+    from qdeploy.core.onnx_wire import load_model
+
+    try:
+        graph = load_model(Path(path), load_external_data=False).graph
+    except Exception as exc:  # the runtimes will say what is wrong with the file
+        log.debug("cannot read %s for its weight bits: %s", path, exc)
+        return False
+    four_bit_types = {TensorProto.INT4, TensorProto.UINT4}
+    types = {init.name: init.data_type for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type in _FOUR_BIT_OPS:
+            bits = next((attr.i for attr in node.attribute if attr.name == "bits"), 4)  # both default to 4
+            if bits == 4:
+                return True
+        elif node.op_type == "DequantizeLinear" and types.get(node.input[0]) in four_bit_types:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -53,7 +95,7 @@ class Artifact:
 
     @property
     def precision(self) -> str:
-        return artifact_precision(self.stages)
+        return artifact_precision(self.stages, self.path)
 
     def load(self, *, load_external_data: bool = True) -> onnx.ModelProto:
         """The model; without ``load_external_data``, large weights stay references into the files
@@ -69,9 +111,23 @@ class StageResult:
 
     model: onnx.ModelProto
     changed: bool = True
-    findings: dict[str, Any] = field(default_factory=dict)
+    findings: Findings | dict[str, Any] = field(default_factory=Findings)
+    """The stage's typed findings (a plain dict from stages not yet converted: quantize)."""
     path: Path | None = None
     """Where ``model`` is already saved with its external data (large models: the proto holds no weights)."""
+    guard: dict[str, Any] | None = None
+    """What the runner's last check verified (``qdeploy.pipeline.guard``); the report lists it in the findings."""
+
+    def report(self) -> dict[str, Any]:
+        """The findings as report.json and the sidecar hold them, the guard's record included."""
+        found = self.findings.to_report() if isinstance(self.findings, Findings) else dict(self.findings)
+        return found if self.guard is None else {**found, "guard": self.guard}
+
+    def unchecked(self) -> str | None:
+        """Why the stage's own comparison did not run; None when it ran or the stage has none."""
+        if isinstance(self.findings, Findings):
+            return self.findings.unchecked()
+        return unchecked_record(self.findings)
 
 
 class DatasetInfo(Protocol):

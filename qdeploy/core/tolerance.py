@@ -32,4 +32,7 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     # bfloat16 keeps 8 significant bits to float16's 11: each rounding is 8x (18 dB) coarser
     "bf16": Tolerance(cosine_min=0.995, snr_db_min=20.0),
     "int8": Tolerance(cosine_min=0.98, snr_db_min=15.0),
+    # int4 weights (weight-only, activations float): the int8 limits, which int4 artifacts were held to before
+    # they were told apart from int8 ones
+    "int4": Tolerance(cosine_min=0.98, snr_db_min=15.0),
 }

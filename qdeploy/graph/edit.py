@@ -12,9 +12,10 @@ initializers are added or deleted one by one.  A full ``ir.to_proto`` would copy
 2 GB model is 2 GB more resident memory for a rewrite of a few nodes.
 
 Some modules still edit protobuf directly, and say why in their docstrings: constant folding swaps ONNX
-Runtime's results into the message it ran, fp16 conversion is onnxconverter-common's protobuf walk, and the
+Runtime's results into the message it ran, fp16 conversion is onnxconverter-common's protobuf walk and the fp16
+repair and emulation twins rewrite nearly every node (a session would read and write back all of them), and the
 weight passes (weight-only, SmoothQuant, clamping) rewrite initializers one tensor at a time to keep memory
-bounded.  They change tensors or whole tensor lists, not the node structure that rules match.
+bounded.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdeploy.graph.utils import delete_where, subgraphs
+from qdeploy.graph.utils import delete_where, fresh_name, subgraphs
 
 if TYPE_CHECKING:
     import onnx
@@ -101,12 +102,7 @@ class GraphEditor:
 
     def fresh_name(self, hint: str) -> str:
         """A tensor or node name used nowhere in the graph."""
-        name, index = hint, 1
-        while name in self._names:
-            index += 1
-            name = f"{hint}_{index}"
-        self._names.add(name)
-        return name
+        return fresh_name(hint, self._names)
 
     def initializer(self, hint: str, array: np.ndarray) -> ir.Value:
         """A new initializer holding ``array``, under a fresh name."""

@@ -8,7 +8,9 @@ branch, folding inside a body) can break that; ``scope_problems`` finds it,
 ``sort_topologically`` repairs what is only an order problem.
 
 Works on the protobuf node lists, not onnx-ir (``qdeploy.graph.edit``): its job is to find and repair graphs
-that read names before producing them, which onnx-ir's value graph cannot represent.
+that read names before producing them, and a sort only moves messages (no node changes), which an edit
+session would add a whole deserialise and write-back to.  ``sort_topologically`` is the one topological sort
+of the project: simplify, the guard and the fp16 repair (``strict``) all call it.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from qdeploy.graph.utils import subgraphs
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["MAX_PROBLEMS", "drop_unread_constants", "outer_reads", "scope_problems", "sort_topologically",
-           "subgraph_initializers_to_constants", "unread_subgraph_constants"]
+__all__ = ["MAX_PROBLEMS", "drop_unread_constants", "outer_reads", "outer_references", "scope_problems",
+           "sort_topologically", "subgraph_initializers_to_constants", "unread_subgraph_constants"]
 
 MAX_PROBLEMS = 5
 
@@ -53,12 +55,14 @@ def outer_reads(node: onnx.NodeProto) -> set[str]:
     """Names a node's subgraphs read that none of them defines: the node's implicit inputs."""
     reads: set[str] = set()
     for sub in subgraphs(node):
-        reads |= _free_names(sub)
+        reads |= outer_references(sub)
     return reads
 
 
-def _free_names(graph: onnx.GraphProto) -> set[str]:
+def outer_references(graph: onnx.GraphProto) -> set[str]:
+    """Names a (sub)graph, or anything nested in it, reads without defining them: its implicit inputs."""
     local = {value.name for value in graph.input} | {init.name for init in graph.initializer}
+    local |= {init.values.name for init in graph.sparse_initializer}
     local |= {name for node in graph.node for name in node.output}
     reads = {name for node in graph.node for name in node.input}
     reads |= {value.name for value in graph.output}
@@ -67,17 +71,19 @@ def _free_names(graph: onnx.GraphProto) -> set[str]:
     return {name for name in reads if name and name not in local}
 
 
-def sort_topologically(graph: onnx.GraphProto) -> bool:
+def sort_topologically(graph: onnx.GraphProto, *, strict: bool = False) -> bool:
     """Put the nodes of ``graph`` and of all its subgraphs in a stable topological order; whether any moved.
 
-    A node waits for the producers of its inputs and of the outer-scope names its subgraphs read.  Nodes in
-    a cycle or waiting for a name nobody produces keep their relative order at the end (``scope_problems``
-    then names them).
+    A node waits for the producers of its inputs and of the outer-scope names its subgraphs read (a name no
+    node produces is an input, an initializer or an outer name: nothing to wait for).  Among ready nodes the
+    one that came first stays first.  Nodes in a cycle keep their relative order at the end (``scope_problems``
+    then names them); with ``strict`` (a pass that made the graph itself and must not leave one), a cycle
+    raises ValueError naming its nodes instead.
     """
     changed = False
     for node in graph.node:
         for sub in subgraphs(node):
-            changed |= sort_topologically(sub)
+            changed |= sort_topologically(sub, strict=strict)
     nodes = list(graph.node)
     producer = {name: index for index, node in enumerate(nodes) for name in node.output if name}
     waits: list[set[int]] = []
@@ -85,7 +91,10 @@ def sort_topologically(graph: onnx.GraphProto) -> bool:
         needs = {producer[name] for name in (*node.input, *outer_reads(node)) if name in producer}
         needs.discard(index)
         waits.append(needs)
-    order = _kahn(waits)
+    order, resolved = _kahn(waits)
+    if strict and resolved < len(nodes):
+        stuck = [nodes[index].name or nodes[index].op_type for index in order[resolved:]][:MAX_PROBLEMS]
+        raise ValueError(f"graph '{graph.name}' has a cycle through nodes {stuck}")
     if order == list(range(len(nodes))):
         return changed
     copies = [nodes[index] for index in order]
@@ -94,8 +103,9 @@ def sort_topologically(graph: onnx.GraphProto) -> bool:
     return True
 
 
-def _kahn(waits: list[set[int]]) -> list[int]:
-    """Indices in dependency order, the smallest ready index first (stable); unresolvable ones appended in order."""
+def _kahn(waits: list[set[int]]) -> tuple[list[int], int]:
+    """Indices in dependency order, the smallest ready index first (stable), then the unresolvable ones in their
+    order; and how many were resolved."""
     import heapq
 
     blocked = [len(needs) for needs in waits]
@@ -113,9 +123,9 @@ def _kahn(waits: list[set[int]]) -> list[int]:
             blocked[follower] -= 1
             if blocked[follower] == 0:
                 heapq.heappush(ready, follower)
-    placed = set(order)
+    placed, resolved = set(order), len(order)
     order.extend(index for index in range(len(waits)) if index not in placed)
-    return order
+    return order, resolved
 
 
 def subgraph_initializers_to_constants(graph: onnx.GraphProto) -> int:

@@ -31,7 +31,8 @@ __all__ = [
     "model_bytes",
     "names_read",
     "op_counts",
-    "prune_value_info",
+    "prune_unproduced_value_info",
+    "prune_unused_value_info_recursive",
     "subgraph_references",
     "subgraphs",
     "tensor_nbytes",
@@ -128,10 +129,10 @@ def names_read(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> set[str]:
     return read
 
 
-def fresh_name(base: str, taken: set[str]) -> str:
-    """``base``, or ``base_2``, ``base_3``... : the first not in ``taken``, which then holds it (names of tensors,
-    initializers or nodes that a pass adds must not collide with any the graph has)."""
-    name, suffix = base, 1
+def fresh_name(base: str, taken: set[str], *, first: int = 2) -> str:
+    """``base``, or ``base_2``, ``base_3``... (from ``base_<first>``): the first not in ``taken``, which then holds
+    it (names of tensors, initializers or nodes that a pass adds must not collide with any the graph has)."""
+    name, suffix = base, first - 1
     while name in taken:
         suffix += 1
         name = f"{base}_{suffix}"
@@ -198,8 +199,25 @@ def attribute_key(attr: onnx.AttributeProto) -> Any:
     return attr.SerializeToString()
 
 
-def prune_value_info(model: onnx.ModelProto) -> None:
-    """Drop top-level value_info of names no node produces any more (folded or removed)."""
+def prune_unproduced_value_info(model: onnx.ModelProto) -> None:
+    """Drop the top-level graph's value_info of names no node produces (folded or removed nodes' outputs, and
+    graph inputs and initializers, whose types are declared elsewhere).  Subgraphs are left alone.
+
+    ``prune_unused_value_info_recursive`` keeps what a node reads too, and walks every subgraph.
+    """
     graph = model.graph
     produced = {name for node in graph.node for name in node.output}
     delete_where(graph.value_info, lambda value: value.name not in produced)
+
+
+def prune_unused_value_info_recursive(graph: onnx.GraphProto) -> None:
+    """Drop value_info of names no node of its graph produces or reads, in ``graph`` and every graph below it.
+
+    For a pass that renamed or removed tensors anywhere in the model (the fp16 repair): an entry a node still
+    reads (a graph input's or an initializer's) stays.
+    """
+    used = {name for node in graph.node for name in (*node.output, *node.input) if name}
+    delete_where(graph.value_info, lambda value: value.name not in used)
+    for node in graph.node:
+        for sub in subgraphs(node):
+            prune_unused_value_info_recursive(sub)

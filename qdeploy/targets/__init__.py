@@ -24,6 +24,7 @@ from qdeploy.targets.base import (
     TargetAdapter,
     TargetFellBack,
     check_feeds,
+    not_here,
     onnx_io_names,
     short_message,
 )
@@ -96,8 +97,10 @@ def availability_of(name: str) -> tuple[bool, str]:
 
 
 def available_targets() -> dict[str, str]:
-    """Every known target -> "" when available here, else the reason it is not."""
-    return {name: "" if ok else reason for name, (ok, reason) in ((n, availability_of(n)) for n in KNOWN_TARGETS)}
+    """Every known target -> "" when available here, else the reason it is not, without the target's name (the
+    listing names it: `qdeploy doctor`, report.json's environment)."""
+    return {name: "" if ok else reason.removeprefix(not_here(name, "")) for name, (ok, reason) in
+            ((n, availability_of(n)) for n in KNOWN_TARGETS)}
 
 
 

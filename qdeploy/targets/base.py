@@ -15,8 +15,8 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.utils import graph_inputs
 from qdeploy.targets.bound import BoundCall
 
-__all__ = ["ExecutionInfo", "Session", "TargetAdapter", "TargetFellBack", "check_feeds", "onnx_io_names",
-           "short_message"]
+__all__ = ["ExecutionInfo", "Session", "TargetAdapter", "TargetFellBack", "check_feeds", "not_here",
+           "onnx_io_names", "short_message"]
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,12 @@ class TargetAdapter:
 _SOURCE_LOCATIONS = re.compile(r"(Exception from|[Cc]heck '[^']*' failed at|failed at) \S+\.(?:cpp|hpp|h|cc):\d+:\s*")
 """Where in a runtime's C++ sources an error was raised (OpenVINO prefixes every level with one): noise to a user,
 and it pushes the cause ("The input data tensor's rank has to be known") past any length limit."""
+
+
+def not_here(target: str, cause: str) -> str:
+    """Why ``target`` cannot run on this machine, true whoever asks: a recipe that names it, or `qdeploy doctor`
+    listing every known target (never "requested").  The reports show the part after "; " (verdict.short_reason)."""
+    return f"target {target} is not available here; {cause}"
 
 
 def short_message(exc: BaseException) -> str:

@@ -1,7 +1,7 @@
 """Bound calls: a model call with its inputs bound once, what a benchmark times (``Session.bind``).
 
 The default ``BoundCall`` goes through ``Session.run``; ``OrtBoundCall`` uses ONNX Runtime's IOBinding.
-OpenVINO's lives beside its adapter (pipeline/targets_openvino.py).
+OpenVINO's lives beside its adapter (qdeploy/targets/openvino.py).
 """
 
 from __future__ import annotations

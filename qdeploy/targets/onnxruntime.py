@@ -22,11 +22,18 @@ from qdeploy.targets.base import (
     TargetAdapter,
     TargetFellBack,
     check_feeds,
+    not_here,
     short_message,
 )
 from qdeploy.targets.bound import BoundCall, OrtBoundCall
 
-__all__ = ["OrtSession", "OrtTarget", "Port", "SessionInterface"]
+__all__ = ["OrtSession", "OrtTarget", "Port", "SessionInterface", "nvidia_gpu_present"]
+
+
+def nvidia_gpu_present() -> bool:
+    """Whether the NVIDIA driver shows a GPU (its device node or /proc entry), without loading any library."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return Path("/dev/nvidia0").exists() or (gpus.is_dir() and any(gpus.iterdir()))
 
 
 @dataclass(frozen=True)
@@ -82,15 +89,20 @@ class OrtTarget(TargetAdapter):
         try:
             import onnxruntime
         except ImportError:
-            return False, (f"target {self.name} requested; onnxruntime is not installed "
-                           "(pip install onnxruntime, or onnxruntime-gpu for CUDA/TensorRT)")
+            return False, not_here(self.name, "onnxruntime is not installed (pip install onnxruntime, or "
+                                               "onnxruntime-gpu for CUDA/TensorRT)")
         try:
             existing = [p for p in onnxruntime.get_available_providers() if p not in _HIDDEN_PROVIDERS]
         except Exception as exc:
-            return False, f"target {self.name} requested; onnxruntime cannot list its providers: {short_message(exc)}"
+            return False, not_here(self.name, f"onnxruntime cannot list its providers: {short_message(exc)}")
         if self.providers[0] in existing:
             return True, ""
-        return False, f"target {self.name} requested; this machine's onnxruntime has {', '.join(existing)}"
+        cause = f"this machine's onnxruntime has {', '.join(existing)}"
+        if self.device in ("cuda", "tensorrt") and nvidia_gpu_present():
+            # the usual case on a GPU machine: the CPU wheel of onnxruntime is installed, not onnxruntime-gpu
+            cause += ("; an NVIDIA GPU is present, so this is a CPU-only onnxruntime build: "
+                      "pip install onnxruntime-gpu (in place of onnxruntime)")
+        return False, not_here(self.name, cause)
 
     def load(self, model_path: Path, *, threads: int | None = None, pin_f32: bool = True) -> Session:
         self._require_available(model_path)

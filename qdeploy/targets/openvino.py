@@ -26,6 +26,7 @@ from qdeploy.targets.base import (
     Session,
     TargetAdapter,
     check_feeds,
+    not_here,
     onnx_io_names,
     short_message,
 )
@@ -63,13 +64,13 @@ class OpenVinoTarget(TargetAdapter):
         try:
             devices = list(_ov_core().available_devices)
         except ImportError:
-            return False, f"target {self.name} requested; openvino is not installed (pip install openvino)"
+            return False, not_here(self.name, "openvino is not installed (pip install openvino)")
         except Exception as exc:
-            return False, f"target {self.name} requested; OpenVINO cannot list its devices: {short_message(exc)}"
+            return False, not_here(self.name, f"OpenVINO cannot list its devices: {short_message(exc)}")
         if any(d == self.ov_device or d.startswith(self.ov_device + ".") for d in devices):
             return True, ""
         existing = ", ".join(devices) or "none"
-        return False, f"target {self.name} requested; this machine's OpenVINO has devices {existing}"
+        return False, not_here(self.name, f"this machine's OpenVINO has devices {existing}")
 
     def load(self, model_path: Path, *, threads: int | None = None, pin_f32: bool = True,
              precision: str | None = None) -> Session:

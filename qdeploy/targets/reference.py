@@ -12,7 +12,7 @@ import numpy as np
 from qdeploy.core.errors import ModelError
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.utils import graph_inputs
-from qdeploy.targets.base import ExecutionInfo, Session, TargetAdapter, check_feeds, short_message
+from qdeploy.targets.base import ExecutionInfo, Session, TargetAdapter, check_feeds, not_here, short_message
 from qdeploy.targets.evaluator import EvaluatorCannotRun, build_evaluator, run_evaluator
 
 __all__ = ["ReferenceSession", "ReferenceTarget"]
@@ -29,7 +29,7 @@ class ReferenceTarget(TargetAdapter):
         try:
             import onnx.reference  # noqa: F401  (present or not is the answer)
         except ImportError as exc:
-            return False, f"target {self.name} requested; onnx.reference cannot be imported: {short_message(exc)}"
+            return False, not_here(self.name, f"onnx.reference cannot be imported: {short_message(exc)}")
         return True, ""
 
     def load(self, model_path: Path, *, threads: int | None = None, pin_f32: bool = True) -> Session:

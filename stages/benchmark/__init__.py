@@ -3,11 +3,11 @@
 What is timed is inference alone: session creation and the first run are
 reported apart, inputs are prepared and bound to the runtime once outside the
 timed region (``timed_call`` says which call is timed; see
-stages/benchmark_runtime.py), and runs of the artifacts on one target are
+stages/benchmark/_runtime.py), and runs of the artifacts on one target are
 interleaved in rounds so that drift of the machine hits them alike (speedups
 are then taken within each round).
 
-What is fed is the recipe's data stacked to each batch size (stages/benchmark_data.py, docs/benchmarks.md);
+What is fed is the recipe's data stacked to each batch size (stages/benchmark/_data.py, docs/benchmarks.md);
 each row (one artifact, target and batch size) has a time budget, ``max_seconds``, and says when it stopped
 early.
 

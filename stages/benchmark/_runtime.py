@@ -1,7 +1,7 @@
 """What the benchmark stage needs of a loaded session beyond ``Session.run``: the call to time with its
 inputs bound once, and the memory the session takes.
 
-The target adapters (pipeline/targets.py) expose ``Session.run(feeds)``, which converts and copies the
+The target adapters (qdeploy/targets/) expose ``Session.run(feeds)``, which converts and copies the
 feeds and the outputs on every call, and ``Session.bind(feeds)``, which binds the inputs once as OpenVINO's
 benchmark_app and ONNX Runtime's perf test do: OpenVINO ``InferRequest.infer()`` on input tensors set once,
 ONNX Runtime ``run_with_iobinding`` on inputs bound once (outputs come back to host memory each run,

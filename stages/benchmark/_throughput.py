@@ -1,9 +1,9 @@
 """Throughput mode of the benchmark stage: inferences per second with many requests in flight.
 
-Every artifact on a target gets a request pool (pipeline/targets_pool.py: OpenVINO's THROUGHPUT hint and
+Every artifact on a target gets a request pool (qdeploy/targets/pool.py: OpenVINO's THROUGHPUT hint and
 AsyncInferQueue, ONNX Runtime's concurrent callers over one session), is warmed up, and is then run in rounds
 interleaved with the other artifacts, as the latency mode does, so that drift of a shared machine hits them
-alike; ratios to the reference are taken per round (pipeline/throughput_report.py).  A row reports the
+alike; ratios to the reference are taken per round (pipeline/report/throughput.py).  A row reports the
 inferences per second over all rounds, each round's rate, the requests in flight, streams and threads per
 request, and the latency of each request at that load.
 """

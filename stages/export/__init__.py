@@ -8,16 +8,17 @@ section.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.core.errors import DataError, ModelError, StageError
+from qdeploy.core.errors import DataError, ModelError
 from qdeploy.core.userfiles import check_regular_file
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, check_without_weights, needs_external_data
 from qdeploy.graph.utils import model_bytes
+from qdeploy.stages.export._factory import check_factory
+from qdeploy.stages.export._inference import check_inferred_types, check_loads_in_onnxruntime
 from qdeploy.stages.export._model import (
     check_declared_shapes,
     check_feedable_inputs,
@@ -32,18 +33,20 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx
 
+    from qdeploy.calibration.readers import InputInfo
     from qdeploy.core.context import Artifact, StageContext, StageResult
 
-__all__ = ["LOWERABLE_OPS", "RUNTIME_DOMAINS", "apply_input_overrides", "build_torch_module", "check_input_ranks",
-           "check_known_ops", "check_model", "check_recipe_inputs_fit", "convert_opset", "decompose_for_opset",
-           "default_opset", "example_inputs", "export_module", "export_torch", "inspect_source", "run", "size_cap",
-           "source_files", "torch_dynamic_axes"]
+__all__ = ["LOWERABLE_OPS", "RUNTIME_DOMAINS", "apply_input_overrides", "build_torch_module", "check_factory",
+           "check_input_ranks", "check_known_ops", "check_model", "check_recipe_inputs_fit", "convert_opset",
+           "decompose_for_opset", "default_opset", "example_inputs", "export_module", "export_torch", "inspect_source",
+           "run", "size_cap", "source_files", "torch_dynamic_axes"]
 
 log = logging.getLogger(__name__)
 
 def run(artifact: Artifact | None, config: ExportConfig, ctx: StageContext) -> StageResult:
     """The exported model: loaded or exported, shapes overridden, converted to the asked opset, checked."""
     from qdeploy.core.context import StageResult
+    from qdeploy.stages.export.findings import ExportFindings
 
     findings: dict[str, Any] = {}
     if config.onnx is not None:
@@ -58,12 +61,14 @@ def run(artifact: Artifact | None, config: ExportConfig, ctx: StageContext) -> S
         model = _prepare(model, config, findings, ctx.resolve)
     except ModelError as exc:
         raise ModelError(f"model {source}: {exc}") from None
-    return StageResult(model=model, changed=True, findings=findings)
+    return StageResult(model=model, changed=True, findings=ExportFindings.model_validate(findings))
 
 
 def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, Any],
-             resolve: Callable[[str], Path] = Path, *, validate_graph: bool = True) -> onnx.ModelProto:
-    """Shape overrides, frozen inputs, opset conversion and the checks every later stage relies on."""
+             resolve: Callable[[str], Path] = Path, *, validate_graph: bool = True,
+             confirm_runtime: bool = True) -> onnx.ModelProto:
+    """Shape overrides, frozen inputs, opset conversion and the checks every later stage relies on; with
+    ``confirm_runtime``, ONNX Runtime must load the result (when it is in memory with its weights)."""
     from qdeploy.stages.export._freeze import freeze_inputs
     from qdeploy.stages.export._values import frozen_arrays
 
@@ -82,36 +87,49 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, A
     if made_symbolic:
         findings["minus_one_dims_named"] = made_symbolic
     findings["custom_ops"] = check_known_ops(model)
-    if validate_graph:
-        check_model(model)
+    check_model(model, with_checker=validate_graph)
+    if validate_graph and confirm_runtime and not findings["custom_ops"]:
+        check_loads_in_onnxruntime(model)  # what the run's reference needs; custom fake-quant ops wait for lowering
     return model
 
 
-def inspect_source(config: ExportConfig, resolve: Callable[[str], Path]) -> None:
+def inspect_source(config: ExportConfig, resolve: Callable[[str], Path]) -> list[InputInfo]:
     """What `qdeploy check` can know of the model without running anything: the file, its external data's
-    places, its interface after the recipe's overrides, its ops; or, for torch, the size of the declared inputs."""
+    places, its interface after the recipe's overrides, its ops and types; or, for torch, the size of the declared
+    inputs.  Returns the inputs the exported model will have (what datasets must fit)."""
+    from qdeploy.calibration.readers import inputs_of
+
     if config.onnx is None:
         check_recipe_inputs_fit(config.inputs)
-        return
+        return _declared_inputs(config.inputs)
     path = resolve(config.onnx)
     model = load_onnx(path, max_bytes=size_cap(config), external_data=False)
     try:  # onnx's checker needs the external data in memory: without it, the checks before it still run
-        _prepare(model, config.model_copy(update={"opset": None}), {}, resolve,
-                 validate_graph=not external_slices(model, path.parent))
+        opset_kept = config.opset is None or config.opset == default_opset(model)
+        model = _prepare(model, config.model_copy(update={"opset": None}), {}, resolve,
+                         validate_graph=not external_slices(model, path.parent),
+                         confirm_runtime=opset_kept)  # a converted model is only known to the run
     except ModelError as exc:
         raise ModelError(f"model {config.onnx}: {exc}") from None
+    return inputs_of(model)
+
+
+def _declared_inputs(inputs: list[InputSpec]) -> list[InputInfo]:
+    """The recipe's input specs as the readers see inputs (named dimensions unknown)."""
+    import numpy as np
+
+    from qdeploy.calibration.readers import InputInfo
+
+    return [InputInfo(spec.name, tuple(d if isinstance(d, int) else None for d in spec.shape or ()),
+                      np.dtype(spec.dtype)) for spec in inputs]
 
 
 def check_recipe_inputs_fit(inputs: list[InputSpec]) -> None:
     """One sample of the recipe's declared inputs (named dimensions as 1) must fit in memory."""
-    import numpy as np
+    from qdeploy.calibration.readers import check_sample_fits
 
-    from qdeploy.calibration.readers import InputInfo, check_sample_fits
-
-    infos = [InputInfo(spec.name, tuple(d if isinstance(d, int) else None for d in spec.shape or ()),
-                       np.dtype(spec.dtype)) for spec in inputs]
     try:
-        check_sample_fits(infos, "model.inputs")
+        check_sample_fits(_declared_inputs(inputs), "model.inputs")
     except DataError as exc:
         raise ModelError(str(exc)) from None
 
@@ -298,18 +316,30 @@ def _conversion_failure(model: onnx.ModelProto, opset: int, exc: Exception) -> s
             f"choose an opset the ops support, or re-export the model at that opset")
 
 
-def check_model(model: onnx.ModelProto) -> None:
+def check_model(model: onnx.ModelProto, *, with_checker: bool = True) -> None:
+    """The opset known to onnx, onnx's checker (``with_checker``: it needs the weights in memory), then strict type
+    and shape inference (never the weights)."""
     import onnx
 
     supported = onnx.defs.onnx_opset_version()
     if default_opset(model) > supported:
         raise ModelError(f"the model uses opset {default_opset(model)}; the installed onnx {onnx.__version__} knows "
                          f"opsets up to {supported}: set model.opset to {supported} or lower, or upgrade onnx")
-    if needs_external_data(model):
-        return  # the in-memory checker refuses >2 GB protos: the runner checks the saved file (check_saved_model)
-    if model_bytes(model) > STREAM_ABOVE_BYTES:
+    if not with_checker:
+        pass
+    elif needs_external_data(model):
+        pass  # the in-memory checker refuses >2 GB protos: the runner checks the saved file (check_saved_model)
+    elif model_bytes(model) > STREAM_ABOVE_BYTES:
         check_without_weights(model)  # in memory, the checker would hold two more copies of every weight
-        return
+    else:
+        _check_in_memory(model)
+    # the checker passes graphs ONNX Runtime refuses (types that do not match their ops): full_check's inference
+    check_inferred_types(model)
+
+
+def _check_in_memory(model: onnx.ModelProto) -> None:
+    import onnx
+
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
@@ -329,27 +359,20 @@ def export_torch(config: ExportConfig, ctx: StageContext) -> tuple[onnx.ModelPro
 def export_module(module: Any, config: ExportConfig, work_dir: Path,
                   variant: str = "exported") -> tuple[onnx.ModelProto, dict[str, Any]]:
     """Export an nn.Module with the config's inputs (names, shapes, symbolic axes, opset) and compare the
-    export with PyTorch's own outputs.  ``config.torch`` sets the exporter (TorchScript when absent)."""
+    export with PyTorch's own outputs.  ``config.torch`` sets the exporter (``auto`` when absent)."""
     torch = _import_torch()
     source = config.torch or TorchSource(factory="<in-memory>:module")
     example = tuple(torch.from_numpy(array) for array in example_inputs(config.inputs).values())
     path = work_dir / "exported.onnx"
     names = [spec.name for spec in config.inputs]
-    opset = config.opset or DEFAULT_TORCH_OPSET
     dynamic_axes = torch_dynamic_axes(config.model_copy(update={"torch": source})) or None
-    if source.exporter == "dynamo" and importlib.util.find_spec("onnxscript") is None:
-        raise ModelError("model.torch.exporter 'dynamo' needs onnxscript: pip install 'qdeploy[torch]' "
-                         "(or pip install onnxscript), or use the 'torchscript' exporter")
-    try:
-        # Not under no_grad: there, nn.TransformerEncoderLayer takes a fused fast path no exporter knows.
-        torch.onnx.export(module, example, str(path), input_names=names, opset_version=opset,
-                          dynamic_axes=dynamic_axes, dynamo=source.exporter == "dynamo")
-    except Exception as exc:
-        raise StageError("export", variant, f"torch.onnx.export failed: {type(exc).__name__}: {exc}") from None
+    from qdeploy.stages.export._exporter import export_with_torch
+
+    exported = export_with_torch(torch, module, example, path, names=names, opset=config.opset,
+                                 dynamic_axes=dynamic_axes, exporter=source.exporter, variant=variant)
     model = load_onnx(path)
     max_err = _compare_with_torch(module, example, path)
-    return model, {"source": "torch", "exporter": source.exporter, "torch_version": torch.__version__,
-                   "max_abs_err_vs_torch": max_err}
+    return model, {"source": "torch", **exported, "torch_version": torch.__version__, "max_abs_err_vs_torch": max_err}
 
 
 def torch_dynamic_axes(config: ExportConfig) -> dict[str, dict[int, str]]:

@@ -16,11 +16,14 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-__all__ = ["DEFAULT_TORCH_OPSET", "DTYPES", "MAX_DIM", "ExportConfig", "InputSpec", "TorchSource"]
+__all__ = ["DEFAULT_TORCH_OPSET", "DTYPES", "DYNAMO_OPSET", "MAX_DIM", "ExportConfig", "InputSpec", "TorchSource"]
 
 
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
 DEFAULT_TORCH_OPSET = 17
+DYNAMO_OPSET = 18
+"""The lowest opset torch's dynamo exporter writes: asked for less, it converts down, and keeps 18 where that fails;
+the opset of a dynamo export where the recipe sets none (the TorchScript exporter's is DEFAULT_TORCH_OPSET)."""
 MAX_DIM = 2**31 - 1
 """Largest fixed dimension of an input (runtimes index with 32-bit integers in places)."""
 
@@ -70,8 +73,11 @@ class TorchSource(StrictModel):
 
     factory: str = Field(description="'path/to/file.py:callable' or 'package.module:callable' returning an nn.Module.")
     weights: str | None = Field(default=None, description="Optional state_dict file, loaded with weights_only=True.")
-    exporter: Literal["torchscript", "dynamo"] = Field(
-        default="torchscript", description="torch.onnx exporter: TorchScript-based or torch.export-based."
+    exporter: Literal["auto", "torchscript", "dynamo"] = Field(
+        default="auto", description="torch.onnx exporter: 'auto' takes the one the installed torch recommends (the "
+                                    "torch.export-based 'dynamo' from torch 2.9) and falls back to 'torchscript' "
+                                    "where it cannot export the model (finding exporter_fallback says why); or "
+                                    "'torchscript' or 'dynamo' alone."
     )
     dynamic: dict[str, dict[int, str]] = Field(
         default_factory=dict, description="Symbolic axes per input name, e.g. {input: {0: batch}}."

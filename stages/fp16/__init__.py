@@ -56,6 +56,7 @@ from qdeploy.stages.fp16.config import (  # noqa: F401
     Fp16Data,
     effective_op_block_list,
 )
+from qdeploy.stages.fp16.findings import Fp16Findings
 
 if TYPE_CHECKING:
     import numpy as np
@@ -102,38 +103,40 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
     fixed = op_blocked | set(config.node_block_list) | set(needs.nodes) | {n for found in patterns.values()
                                                                            for n in found}
     fixed |= set(constant_outputs) if config.keep_io_types else set()
-    findings: dict[str, Any] = {"keep_io_types": config.keep_io_types, "op_block_list": op_block,
-                                "schema_float32_nodes": needs.nodes,
-                                "schema_float32_inputs": [reason for node, reason in needs.input_reasons.items()
-                                                          if node not in fixed], **patterns}
+    schema_inputs = [reason for node, reason in needs.input_reasons.items() if node not in fixed]
     session = _Session(model, config, ctx, needs, types, big)
     del model  # the session holds it (and may swap its weights out to disk: no second holder may keep them)
     data = _data(config, ctx)
     if data is not None:
         session.analyse(artifact, fixed, data)
-    else:
-        findings["activation_analysis"] = ("not run: no calibration data in the fp16 config and no validation "
-                                           "dataset in the recipe (or use_validation_data: false)")
     session.convert(fixed)
     if data is not None and config.fidelity_check != "off":
         session.safety_rounds(fixed)
         if config.mode == "fixed" and config.repair and not session.within_headroom():
             session.keep_for_tolerance(fixed)
-    if "budget" in session.findings and ctx.targets:
+    if session.budget is not None and ctx.targets:
         confirm_budget(session, fixed)  # held where it will be validated, not only in the emulation
     converted = session.converted
-    findings.update(session.findings)
-    findings["node_block_list"] = sorted(session.blocked - op_blocked)
-    findings["clamp"] = count_clamping(session.model, converted, session.repair.initializer_copies,
-                                       session.float32_scope,
-                                       config.min_positive_val, config.max_finite_val)
-    findings["repair"] = _repair_findings(session.repair)
-    findings["cast_nodes"] = sum(node.op_type == "Cast" for node, _ in walk_nodes(converted.graph))
+    clamp = count_clamping(session.model, converted, session.repair.initializer_copies, session.float32_scope,
+                           config.min_positive_val, config.max_finite_val)
+    found = {"activation_analysis": session.activation_analysis, "kept_in_fp32": session.kept,
+             "budget": session.budget, "fidelity": session.fidelity,
+             "node_block_list": sorted(session.blocked - op_blocked), "clamp": clamp,
+             "repair": _repair_findings(session.repair)}
     del session  # the float32 weights are not needed by the checks: large models need the memory back
+    cast_nodes = sum(node.op_type == "Cast" for node, _ in walk_nodes(converted.graph))
     converted, source = written_for_check(converted, ctx.work_dir, big=big)
-    findings["checker"] = check(converted, source, ctx.variant, onnxruntime_check=config.onnxruntime_check)
-    findings["seconds"] = round(time.perf_counter() - started, 3)
+    checker = check(converted, source, ctx.variant, onnxruntime_check=config.onnxruntime_check)
+    findings = Fp16Findings(keep_io_types=config.keep_io_types, op_block_list=op_block,
+                            schema_float32_nodes=needs.nodes, schema_float32_inputs=schema_inputs, **patterns,
+                            **found, cast_nodes=cast_nodes, checker=checker,
+                            seconds=round(time.perf_counter() - started, 3))
     return StageResult(model=converted, changed=True, findings=findings)
+
+
+NO_DATA = ("not run: no calibration data in the fp16 config and no validation dataset in the recipe (or "
+           "use_validation_data: false)")
+"""The activation analysis without data."""
 
 
 def _static_patterns(model: onnx.ModelProto, config: Fp16Config, types: dict[str, int]) -> dict[str, dict[str, str]]:
@@ -200,7 +203,13 @@ class _Session:
         self.kept: list[dict[str, Any]] = []
         self.blocked: set[str] = set()
         self.float32_scope: set[str] = set()
-        self.findings: dict[str, Any] = {}
+        self.activation_analysis: str | dict[str, Any] = NO_DATA
+        self.budget: dict[str, Any] | None = None
+        """The budget search's record (report-only), once one ran."""
+        self.fidelity: dict[str, Any] | None = None
+        """The last checks' records (report-only), once they ran."""
+        self.emulated_reasons: list[str] = []  # what the last emulated check missed of the tolerance
+        self.emulated_passed = False
         self.target_reasons: list[str] = []  # what the last emulated check missed of the target (with headroom)
         self.converted: onnx.ModelProto
         self.repair: Any = None
@@ -218,7 +227,7 @@ class _Session:
 
     def within_headroom(self) -> bool:
         """Whether the last emulated check met the target (the verdict stays on the tolerance)."""
-        return bool(self.findings["fidelity"]["emulated"]["passed"]) and not self.target_reasons
+        return self.emulated_passed and not self.target_reasons
 
     def analyse(self, artifact: Artifact, fixed: set[str], data: Fp16Data) -> None:
         """Run float32 on the data; keep overflowing nodes; in auto mode, also the budget's choice."""
@@ -232,8 +241,8 @@ class _Session:
         self.kept = overflowing_nodes(self.model, self.float32.stats, self.config.max_finite_val,
                                       self.config.safety_margin, fixed)
         source = "calibration" if self.config.calibration is not None else "validate.data (default)"
-        self.findings["activation_analysis"] = {"data": data.data or "seeded random", "source": source,
-                                                "samples": len(self.feeds), **limit_note}
+        self.activation_analysis = {"data": data.data or "seeded random", "source": source,
+                                    "samples": len(self.feeds), **limit_note}
         if self.kept:
             log.info("variant %s: %d nodes stay float32 for their activation ranges", self.ctx.variant,
                      len(self.kept))
@@ -256,14 +265,14 @@ class _Session:
     def keep_for_tolerance(self, fixed: set[str]) -> None:
         """The emulated check missed the tolerance or its headroom: budget mode's search for further float32
         nodes that meet the target (the tolerance with headroom), then the checks again."""
-        emulated = self.findings["fidelity"]["emulated"]
-        missed = emulated["reasons"] or self.target_reasons
-        what = "check missed" if emulated["reasons"] else f"check missed its {self.config.headroom_db:g} dB headroom"
+        missed = self.emulated_reasons or self.target_reasons
+        what = "check missed" if self.emulated_reasons else f"check missed its {self.config.headroom_db:g} dB headroom"
         log.info("variant %s: float16 emulation %s (%s); searching nodes to keep in float32",
                  self.ctx.variant, what, "; ".join(missed))
         self._budget(fixed | {entry["node"] for entry in self.kept}, limit=REPAIR_SAMPLES, tolerance=self.target,
                      every_draw=True)
-        self.findings["budget"]["trigger"] = f"repair: the float16 emulation {what} ({'; '.join(missed)})"
+        assert self.budget is not None  # _budget wrote it
+        self.budget["trigger"] = f"repair: the float16 emulation {what} ({'; '.join(missed)})"
         self.convert(fixed)
         self.safety_rounds(fixed)
 
@@ -282,7 +291,7 @@ class _Session:
             keep_io_types=self.config.keep_io_types, to_float16=self.to_float16, work_dir=self.ctx.work_dir)
         self.kept.extend({"node": name, "op_type": self._op_type(name), "reason": "budget: sensitivity"}
                          for name in result.float32_nodes)
-        self.findings["budget"] = {"tolerance": tolerance.model_dump(exclude_none=True), **result.findings}
+        self.budget = {"tolerance": tolerance.model_dump(exclude_none=True), **result.findings}
         self.budget_groups, self.budget_result = groups, result  # for confirm_budget, when a target misses
 
     def _op_type(self, name: str) -> str:
@@ -301,12 +310,18 @@ class _Session:
                     keep_io_types=self.config.keep_io_types)
         self.repair = TypeRepair(self.model, plan, self.to_float16, self.types).apply(converted)
         self.converted = converted
-        self.findings["kept_in_fp32"] = self.kept
 
     def safety_rounds(self, fixed: set[str]) -> None:
         """Emulate the artifact in float16; keep nodes where Inf/NaN is born, reconvert; then report fidelity."""
+        from qdeploy.core.compare import compare_outputs
         from qdeploy.stages.fp16._draws import missed_by_samples, sample_snrs
-        from qdeploy.stages.fp16._fidelity import EMULATED, overflow_births, reference_check, run_emulated, summary
+        from qdeploy.stages.fp16._fidelity import (
+            EMULATED,
+            comparison_record,
+            overflow_births,
+            reference_check,
+            run_emulated,
+        )
         from qdeploy.stages.fp16._headroom import headroom_findings
 
         assert self.float32 is not None
@@ -327,12 +342,13 @@ class _Session:
         else:
             raise StageError(STAGE, self.ctx.variant, "float16 emulation still overflows after "
                              f"{MAX_SAFETY_ROUNDS} rounds of keeping nodes in float32; last kept: {self.kept[-3:]}")
-        fidelity = {"emulated": summary(EMULATED, self.float32.outputs, emulated.outputs, self.tolerance,
-                                        time.perf_counter() - started)}
+        comparison = compare_outputs(self.float32.outputs, emulated.outputs, self.tolerance)
+        self.emulated_passed, self.emulated_reasons = comparison.passed, comparison.reasons
         self.target_reasons = missed_by_samples(self.float32.outputs, emulated.outputs, self.target)
-        fidelity["emulated"]["headroom"] = headroom_findings(self.config.headroom_db, self.target,
-                                                             fidelity["emulated"]["passed"] and not self.target_reasons,
-                                                             sample_snrs(self.float32.outputs, emulated.outputs))
+        record = comparison_record(EMULATED, comparison, len(emulated.outputs), time.perf_counter() - started)
+        record["headroom"] = headroom_findings(self.config.headroom_db, self.target, self.within_headroom(),
+                                               sample_snrs(self.float32.outputs, emulated.outputs))
+        fidelity = {"emulated": record}
         broken = sorted(emulated.nonfinite & {value.name for value in self.converted.graph.output})
         if broken:
             raise StageError(STAGE, self.ctx.variant, f"under float16 emulation the outputs {broken} hold Inf/NaN "
@@ -343,5 +359,5 @@ class _Session:
             self.ctx.on_progress("fp16: reference evaluator")
             fidelity["reference"] = reference_check(self.converted, self.feeds, self.float32.outputs,
                                                     self.tolerance)
-        self.findings["fidelity"] = fidelity
+        self.fidelity = fidelity
 

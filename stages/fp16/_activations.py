@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.core.values import finite_or
 from qdeploy.stages.fp16._graph import FLOAT
 
 if TYPE_CHECKING:
@@ -200,13 +202,9 @@ def _worst_of(node: onnx.NodeProto, names: list[str], stats: dict[str, TensorSta
 
 
 def _entry(node: onnx.NodeProto, tensor: str, value: float, predicted: float, reason: str) -> dict[str, Any]:
+    # JSON has no inf: an overflowing prediction is reported as the largest float
     return {"node": node.name, "op_type": node.op_type, "reason": reason, "tensor": tensor,
-            "abs_max": _finite(value), "predicted": _finite(predicted)}
-
-
-def _finite(value: float) -> float:
-    """JSON has no inf: overflowing predictions are reported as the largest float."""
-    return value if math.isfinite(value) else 1.7976931348623157e308
+            "abs_max": finite_or(value, sys.float_info.max), "predicted": finite_or(predicted, sys.float_info.max)}
 
 
 def _power(base: float, exponent: float) -> float:

@@ -13,6 +13,11 @@ float16 gives 22.8; split, both say 22.8.
 Both twins split such a node into the product (the node itself, without its bias), a Reshape of the bias for
 broadcasting, and an Add; the product is then rounded like any float16 tensor (in the gated twin, under the
 node's own gate).
+
+Edits protobuf directly, not through ``qdeploy.graph.edit``: it is one step of the twin builders
+(``_emulate``), on their protobuf copy, graph by graph (subgraphs too); a session per graph would read and write
+back each graph around a few nodes.  It keeps a rule's shape all the same: the pattern and check are
+``_weight_rank`` (a Conv or Gemm with a bias of known broadcast rank), the rewrite is the loop's body.
 """
 
 from __future__ import annotations

@@ -240,7 +240,7 @@ def confirm_budget(session: Any, fixed: set[str]) -> None:
                            session.float32.outputs, session.tolerance, keep_io_types=session.config.keep_io_types,
                            to_float16=session.to_float16, work_dir=session.ctx.work_dir), 0
 
-    budget = session.findings["budget"]
+    budget = session.budget
     found = hold_on_targets(runs, session.converted, convert, ladder)
     emulated = budget.get("met")
     budget.update(found, met_emulated=emulated, met=bool(emulated) and not found.get("note"))

@@ -11,6 +11,10 @@ copies the weights; it decides which initializers become float16 (those no block
 tagged ones it chose are converted here from the float32 model, in pieces, with the converter's own clamping
 function.  That replaces a float32 copy of the model plus the converter's whole-array temporaries (an int64
 index array per weight) by one float16 copy of the weights.
+
+Edits protobuf directly, not through ``qdeploy.graph.edit``: the converter takes and returns protobuf, tags
+included, and ``constant_outputs_behind_identity`` renames an initializer, which an edit session's write-back
+does by deleting it and adding a serialised copy (its bytes copied).
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@ rounded before its bias is added, as float16 arithmetic without a fused bias doe
   session answers every "which nodes stay float32" trial (budget mode).
   Subgraph bodies (If/Loop/Scan) are not rounded inside: their node is gated as a unit.
 
-Edits protobuf directly: the twins are built from the converter's protobuf output, tensor by tensor, with the
-same scope maps as ``_graph``; moving the fp16 stage onto ``qdeploy.graph.edit`` is not done.
+Edits protobuf directly, not through ``qdeploy.graph.edit``: a twin is a throwaway model for ONNX Runtime
+that rewrites every float16 edge of every graph (each float16 output renamed and two Casts added), on a light
+copy whose large weights are tags ``qdeploy.graph.light.restore`` fills in message by message.  An edit session
+would read and write back every node of a model nobody keeps (costs in ``_graph``).
 """
 
 from __future__ import annotations

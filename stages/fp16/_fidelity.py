@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx
 
+    from qdeploy.core.compare import Comparison
     from qdeploy.core.tolerance import Tolerance
     from qdeploy.stages.fp16._activations import TensorStats
 
@@ -113,8 +114,12 @@ def summary(method: str, reference: list[dict[str, np.ndarray]], outputs: list[d
     """A comparison against the float32 outputs, in findings form."""
     from qdeploy.core.compare import compare_outputs
 
-    comparison = compare_outputs(reference, outputs, tolerance)
-    return {"method": method, "samples": len(outputs), "passed": comparison.passed,
+    return comparison_record(method, compare_outputs(reference, outputs, tolerance), len(outputs), seconds)
+
+
+def comparison_record(method: str, comparison: Comparison, samples: int, seconds: float) -> dict[str, Any]:
+    """A comparison already made, in findings form."""
+    return {"method": method, "samples": samples, "passed": comparison.passed,
             "reasons": comparison.reasons, "worst": comparison.worst(), "seconds": round(seconds, 3)}
 
 

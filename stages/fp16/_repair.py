@@ -15,7 +15,11 @@ input needs:
   subgraph (If/Loop/Scan) is the one that reads it;
 - attributes that fix an output type (Cast `to`, `dtype`) follow the node.
 
-Edits protobuf directly, in the converter's own output message (see ``_graph``).
+Edits protobuf directly, in the converter's own output message, not through ``qdeploy.graph.edit``: it
+visits every node of every graph and re-points its float inputs, with one name map across scopes, and puts
+Casts and copies into the subgraph that owns a tensor.  Through an edit session every node it changed would be
+written back, each subgraph it touches re-serialised whole with its node (costs in ``_graph``).  The order at the end is
+``qdeploy.graph.order.sort_topologically`` (strict: a cycle here is a bug, not a model to report on).
 """
 
 from __future__ import annotations
@@ -25,16 +29,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.order import sort_topologically
+from qdeploy.graph.utils import prune_unused_value_info_recursive
 from qdeploy.stages.fp16._graph import (
     FLOAT,
     FLOAT16,
     name_nodes_uniquely,
-    prune_value_info,
     remove_dead_casts,
     remove_unused_initializers,
     rename_tensor,
     subgraphs,
-    topological_sort,
     walk_graphs,
     walk_nodes,
 )
@@ -108,7 +112,7 @@ class TypeRepair:
         for graph in walk_graphs(model.graph):
             remove_unused_initializers(graph, replaced - {value.name for value in graph.input})
         self._write_value_info(model.graph)
-        topological_sort(model.graph)
+        sort_topologically(model.graph, strict=True)  # the repair appended its Casts last
         name_nodes_uniquely(model)
         return self.report
 
@@ -298,8 +302,8 @@ class TypeRepair:
         """value_info agrees with the precision of every float tensor; new Casts get entries."""
         from onnx import helper
 
+        prune_unused_value_info_recursive(top)
         for graph in walk_graphs(top):
-            prune_value_info(graph)
             declared = {value.name: value for value in graph.value_info}
             produced = [out for node in graph.node for out in node.output if out]
             outputs = {value.name for value in graph.output}

@@ -132,6 +132,7 @@ def fix_output_type_attributes(node: onnx.NodeProto, to_float16: Callable[[np.nd
     """Make attributes that fix a converted node's float32 output type say float16; True if one changed.
 
     Call it only for converted nodes whose first output was float32; `to_float16` clamps like the converter.
+    Edits the protobuf node in place: it is one step of ``_repair``'s protobuf pass (why protobuf: ``_graph``).
     """
     from onnx import helper, numpy_helper
 

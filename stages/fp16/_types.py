@@ -6,6 +6,9 @@ inference (through a file path for models near or over 2 GB), the same inference
 run on each subgraph with its outer-scope names as inputs (onnx does not keep
 subgraph value_info), ONNX Runtime's view of tensors onnx cannot type (contrib
 ops), and a ModelError naming whatever is still untyped.
+
+Edits protobuf directly: it writes value_info and graph outputs (types, not the node structure that
+``qdeploy.graph.edit`` is for) into the model shape inference and ONNX Runtime read as protobuf.
 """
 
 from __future__ import annotations

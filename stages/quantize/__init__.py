@@ -13,7 +13,7 @@
 
 With ``tolerance`` (ptq, dynamic), the stage keeps the quantized nodes that hurt
 accuracy most in float until the tolerance holds against float32 on the budget
-data (``stages/quantize_budget.py``).  Every mode reports, per target, how many
+data (``stages/quantize/_budget.py``).  Every mode reports, per target, how many
 quantizable ops really run int8 kernels (``int8_kernels``).  A model that is
 already quantized is refused (ptq, dynamic), never quantized twice.
 """
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
-from qdeploy.stages.quantize._common import SevenBit, check_runs, quantized_node_counts, resolve_reduce_range  # noqa: F401
+from qdeploy.stages.quantize._common import quantized_node_counts, resolve_reduce_range
 from qdeploy.stages.quantize._guard import QuantizerFailure
 from qdeploy.stages.quantize._prepare import (
     count_quantized_nodes,
@@ -33,14 +33,16 @@ from qdeploy.stages.quantize._prepare import (
     quantized_ops,
     weight_qdq_pairs,
 )
-from qdeploy.stages.quantize.config import (  # noqa: F401
-    _FLOAT_TYPES,
-    _NOT_LOWER,
-    _PTQ_ONLY,
+from qdeploy.stages.quantize.config import (
     STAGE,
-    BudgetSettings,
     CalibrationRef,
+    DynamicConfig,
+    LowerConfig,
+    ModeConfig,
+    NncfPtqConfig,
+    PtqConfig,
     QuantizeConfig,
+    WeightOnlyConfig,
 )
 
 if TYPE_CHECKING:
@@ -48,19 +50,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CalibrationRef", "QuantizeConfig", "count_quantized_nodes", "name_unnamed_nodes",
-           "quantized_node_counts", "run"]
+__all__ = ["CalibrationRef", "DynamicConfig", "LowerConfig", "NncfPtqConfig", "PtqConfig", "QuantizeConfig",
+           "WeightOnlyConfig", "count_quantized_nodes", "name_unnamed_nodes", "quantized_node_counts",
+           "resolve_reduce_range", "run"]
 
-def run(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
-    """Quantize (or lower) the artifact's model; returns the new model and what was done."""
+
+def run(artifact: Artifact, config: ModeConfig, ctx: StageContext) -> StageResult:
+    """Quantize (or lower) the artifact's model with the model of the step's mode; returns the new model and what
+    was done."""
     from qdeploy.stages.quantize import _modes as quantize_modes
 
-    if config.mode == "lower":
+    if isinstance(config, LowerConfig):
         return quantize_modes.lower(artifact, config, ctx)
     _refuse_if_quantized(artifact, ctx)
-    if config.mode == "weight_only":
+    if isinstance(config, WeightOnlyConfig):
         return quantize_modes.weight_only(artifact, config, ctx)
-    if config.engine == "nncf":
+    if isinstance(config, NncfPtqConfig):
         return quantize_modes.nncf_ptq(artifact, config, ctx)
     try:
         return quantize_modes.post_training(artifact, config, ctx)

@@ -95,6 +95,42 @@ class Builder(Protocol):
 
 
 @dataclass
+class _Trial:
+    """One model the search measured: what the report's ``tried`` lists, kept typed for the search's own use."""
+
+    phase: str
+    float_nodes: int
+    passed: bool | None
+    fraction: float | None = None
+    """The error fraction the search held it to; None for a confirmation on the held-back samples."""
+    ratio: float | None = None
+    on: str = ""
+
+    def finding(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"phase": self.phase, "float_nodes": self.float_nodes}
+        if self.fraction is not None:
+            entry.update(error_fraction=round(self.fraction, 4), search_error_ratio=self.ratio)
+        return {**entry, "passed": self.passed, "on": self.on}
+
+
+@dataclass
+class _Phase:
+    """One search, on one set of runtimes: where it searched, whether it held there, what it kept and missed."""
+
+    searched_on: str
+    met_there: bool
+    kept_float: int
+    margin: dict[str, Any]
+    missed_on: list[str]
+    written: str | None = None
+
+    def finding(self) -> dict[str, Any]:
+        entry = {"searched_on": self.searched_on, "met_there": self.met_there, "kept_float": self.kept_float,
+                 "margin": self.margin, "missed_on": self.missed_on}
+        return {**entry, "written": self.written} if self.written is not None else entry
+
+
+@dataclass
 class BudgetResult:
     model: onnx.ModelProto
     kept: list[str]
@@ -111,7 +147,7 @@ class _Search:
         self.fraction = fraction
         self.on_progress = on_progress
         self.measured: dict[frozenset[str], Measured | CombinedMeasured] = {}
-        self.tried: list[dict[str, Any]] = []
+        self.tried: list[_Trial] = []
         self.needed: set[str] = set()
         self.recorded: set[tuple[frozenset[str], float]] = set()
         """Nodes that broke the tolerance when quantized again on their own."""
@@ -127,9 +163,8 @@ class _Search:
             return comparison.passed
         self.recorded.add((key, self.fraction))
         ratio = error_ratio(self.evaluate.on_search(self.measured[key]), self.evaluate.tolerance)
-        self.tried.append({"phase": phase, "float_nodes": len(kept), "error_fraction": round(self.fraction, 4),
-                           "search_error_ratio": None if math.isinf(ratio) else round(ratio, 4),
-                           "passed": comparison.passed})
+        self.tried.append(_Trial(phase, len(kept), comparison.passed, fraction=self.fraction,
+                                 ratio=None if math.isinf(ratio) else round(ratio, 4)))
         return comparison.passed
 
     def shortest_prefix(self, failing: int, limit: int) -> tuple[int, int | None]:
@@ -197,18 +232,19 @@ def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance
         "tolerance": tolerance.model_dump(exclude_none=True), "samples": len(feeds),
         "search_samples": len(search_feeds), "held_back_samples": held_count, "initial": _both(evaluate, full)}
     active: Evaluator | Combined = evaluate
-    if all(part["passed"] for part in findings["initial"].values()):
+    if _holds(evaluate, full):
         missed = checks.confirm(full_model, [])
         if not missed:
             findings.update(met=True, kept_float=[], final=findings["initial"])
-            return BudgetResult(full_model, [], _closed(findings, checks, held_count, started))
+            confirmation = _confirmation(held_count, evaluate, full)
+            return BudgetResult(full_model, [], _closed(findings, checks, confirmation, started))
         active = checks.search_set(missed)
     candidates = build.candidates(full_model)
     ranked, ranking = rank_candidates(build, evaluate, candidates, onnx.load(str(float_model)), full_model,
                                       work_dir, on_progress)
     limit = len(ranked) if max_float_nodes is None else min(len(ranked), max_float_nodes)
-    phases: list[dict[str, Any]] = []
-    tried: list[dict[str, Any]] = []
+    phases: list[_Phase] = []
+    tried: list[_Trial] = []
     needed: set[str] = set()
     held_before = ([], full, evaluate, {}) if active is not evaluate else None  # the last search that held
     while True:
@@ -216,8 +252,8 @@ def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance
         search.measured[frozenset()] = _full_on(active, checks, full_model, full)
         search.fraction = _first_fraction(active, search.measured[frozenset()], held_count)
         kept, met, margin = _rounds(search, limit, len(candidates))
-        for entry in search.tried:
-            entry["on"] = active.label
+        for trial in search.tried:
+            trial.on = active.label
         tried += search.tried
         needed |= search.needed
         final = build(kept)
@@ -226,8 +262,7 @@ def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance
             measured = active.measure(final, held=True)
         checks.remember(kept, measured, active)
         missed = checks.confirm(final, kept)
-        phases.append({"searched_on": active.label, "met_there": met, "kept_float": len(kept), "margin": margin,
-                       "missed_on": missed})
+        phases.append(_Phase(active.label, met, len(kept), margin, missed))
         searched = set(active.evaluators) if isinstance(active, Combined) else set()
         if not met and held_before is not None:
             # no kept set holds on the target that missed: keeping more float there buys nothing; write the
@@ -235,7 +270,7 @@ def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance
             kept, measured, active, margin = held_before
             final = build(kept)
             missed = checks.confirm(final, kept)
-            phases[-1]["written"] = f"the model of the search on {active.label}, which held there"
+            phases[-1].written = f"the model of the search on {active.label}, which held there"
             break
         if met:
             held_before = (kept, measured, active, margin)
@@ -243,15 +278,17 @@ def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance
         if not new or (not met and SEARCH_TARGET in checks.evaluators):
             break  # every miss was searched for, or the search missed on a target the variant is validated on
         active = checks.search_set(sorted(searched | set(missed)))
-    findings.update(met=met and checks.all_confirmed() is not False,
-                    final=_both(active, measured), candidates=len(candidates), ranking=ranking, margin=margin,
-                    phases=phases, kept_float=_kept_records(kept, ranked, candidates, needed),
-                    requantized=sum(1 for entry in tried if entry["phase"] == "re-quantize" and entry["passed"]),
-                    tried=tried)
-    findings = _closed(findings, checks, held_count, started)
-    if not findings["met"]:
-        findings["note"] = _miss_note(kept, ranked, limit, findings, checks)
-        log.warning("quantize: accuracy budget not met: %s", findings["note"])
+    met = met and checks.all_confirmed() is not False
+    findings.update(met=met, final=_both(active, measured), candidates=len(candidates), ranking=ranking, margin=margin,
+                    phases=[phase.finding() for phase in phases],
+                    kept_float=_kept_records(kept, ranked, candidates, needed),
+                    requantized=sum(1 for trial in tried if trial.phase == "re-quantize" and trial.passed),
+                    tried=[trial.finding() for trial in tried])
+    findings = _closed(findings, checks, _confirmation(held_count, active, measured), started)
+    if not met:
+        note = _miss_note(kept, ranked, limit, phases, tried, checks)
+        findings["note"] = note
+        log.warning("quantize: accuracy budget not met: %s", note)
     return BudgetResult(final, sorted(kept), findings)
 
 
@@ -263,14 +300,14 @@ def _full_on(active: Evaluator | Combined, checks: TargetChecks, full_model: onn
     return CombinedMeasured({name: checks.measured(name, full_model, []) for name in active.evaluators})
 
 
-def _closed(findings: dict[str, Any], checks: TargetChecks, held_count: int, started: float) -> dict[str, Any]:
+def _closed(findings: dict[str, Any], checks: TargetChecks, confirmation: str, started: float) -> dict[str, Any]:
     """The findings with what each target says, what each runtime cost, and the totals."""
     runtimes = checks.cost()
     findings.update(targets=checks.verdicts(), runtimes=runtimes,
                     evaluations=sum(entry["evaluations"] for entry in runtimes.values()),
                     evaluation_seconds=round(sum(entry["seconds"] for entry in runtimes.values()), 3),
                     seconds=round(time.perf_counter() - started, 3))
-    findings["confirmed"] = f"{_confirmation(held_count, findings['final'])}; {checks.sentence()}"
+    findings["confirmed"] = f"{confirmation}; {checks.sentence()}"
     return findings
 
 
@@ -306,8 +343,7 @@ def _rounds(search: _Search, limit: int, candidates: int) -> tuple[list[str], bo
         measured = search.evaluate.measure(search.build(best), held=True)
         search.measured[frozenset(best)] = measured
         held = search.evaluate.on_held(measured) if measured.held_part else None
-        search.tried.append({"phase": "confirm on held-back samples", "float_nodes": len(best),
-                             "passed": held.passed if held else None})
+        search.tried.append(_Trial("confirm on held-back samples", len(best), held.passed if held else None))
         if held is None or held.passed:
             return best, search.evaluate.on_search(measured, search.fraction).passed, margin
         gap = error_ratio(held, search.evaluate.tolerance) / max(search.ratio(best), 1e-12)
@@ -329,6 +365,11 @@ def _first_fraction(evaluate: Evaluator | Combined, full: Measured | CombinedMea
     return float(np.clip(1.0 / (1.0 + 2.0 * spread / math.sqrt(max(held_count, 1))), MIN_FRACTION, MAX_FRACTION))
 
 
+def _holds(evaluate: Evaluator | Combined, measured: Measured | CombinedMeasured) -> bool:
+    """Whether the model holds the tolerance on the search samples and, when measured there, the held-back ones."""
+    return evaluate.on_search(measured).passed and (not measured.held_part or evaluate.on_held(measured).passed)
+
+
 def _both(evaluate: Evaluator | Combined, measured: Measured | CombinedMeasured) -> dict[str, Any]:
     both = {"search": summary(evaluate.on_search(measured), evaluate.tolerance)}
     if measured.held_part:
@@ -336,33 +377,33 @@ def _both(evaluate: Evaluator | Combined, measured: Measured | CombinedMeasured)
     return both
 
 
-def _confirmation(held_count: int, final: dict[str, Any]) -> str:
+def _confirmation(held_count: int, evaluate: Evaluator | Combined, measured: Measured | CombinedMeasured) -> str:
     if held_count == 0:
         return "unchecked: a single budget sample, none could be held back; give budget.samples >= 2"
-    held = final["held_back"]
-    return (f"the tolerance {'holds' if held['passed'] else 'misses'} on {held_count} held-back sample(s) "
-            f"(worst cosine {held['cosine']:.4g})")
+    held = evaluate.on_held(measured)
+    return (f"the tolerance {'holds' if held.passed else 'misses'} on {held_count} held-back sample(s) "
+            f"(worst cosine {held.worst().get('cosine'):.4g})")
 
 
-def _miss_note(kept: list[str], ranked: list[Ranked], limit: int, findings: dict[str, Any],
+def _miss_note(kept: list[str], ranked: list[Ranked], limit: int, phases: list[_Phase], tried: list[_Trial],
                checks: TargetChecks) -> str:
-    last = findings["phases"][-1]["searched_on"]
-    everything = any(entry.get("float_nodes") == len(ranked) and entry["phase"] == "prefix" and not entry["passed"]
-                     and entry["on"] == last for entry in findings["tried"])
+    last = phases[-1].searched_on
+    everything = any(trial.float_nodes == len(ranked) and trial.phase == "prefix" and not trial.passed
+                     and trial.on == last for trial in tried)
     if limit < len(ranked):
         reason = f"max_float_nodes ({limit}) was reached"
     elif everything:
         reason = ("even with every candidate kept float the tolerance misses: the error comes from what is not a "
                   "candidate (data movement, the float parts' numerics on that runtime); see 'tried'")
     else:
-        reason = f"no ranked prefix held it after {findings['margin'].get('rounds', ROUNDS)} round(s) (see 'tried')"
+        reason = f"no ranked prefix held it after {phases[-1].margin.get('rounds', ROUNDS)} round(s) (see 'tried')"
     missed = {name: record for name, record in checks.records.items() if record["status"] == MISSED}
-    if missed and findings["phases"][-1]["met_there"] is False:
+    if missed and phases[-1].met_there is False:
         reason += f", searching with the measurements of {last}"
     for record in missed.values():
         record.setdefault("reason", reason)
     where = f" (misses on {', '.join(f'{name}{_ran(record)}' for name, record in missed.items())})" if missed else ""
-    written = findings["phases"][-1].get("written", "the best model found")
+    written = phases[-1].written or "the best model found"
     return (f"budget not met{where} with {len(kept)} of the {len(ranked)} candidates kept float: {reason}; {written} "
             "is written and marked as failing its budget")
 

@@ -11,11 +11,7 @@ from qdeploy.core.errors import StageError
 from qdeploy.stages.quantize._prepare import (
     QUANTIZED_OP_TYPES,
 )
-from qdeploy.stages.quantize.config import (
-    _FLOAT_TYPES,
-    STAGE,
-    QuantizeConfig,
-)
+from qdeploy.stages.quantize.config import STAGE, DynamicConfig, ModeConfig, NncfPtqConfig, PtqConfig
 
 if TYPE_CHECKING:
     import onnx
@@ -26,7 +22,8 @@ __all__ = ["SevenBit", "check_runs", "quantized_node_counts", "resolve_reduce_ra
 SevenBit = Literal["none", "weights", "activations", "choose"]
 
 
-def resolve_reduce_range(config: QuantizeConfig, targets: tuple[str, ...]) -> tuple[SevenBit, str]:
+def resolve_reduce_range(config: PtqConfig | DynamicConfig | NncfPtqConfig,
+                         targets: tuple[str, ...]) -> tuple[SevenBit, str]:
     """Which operand gets 7 bits ('choose': measure both), and why; from the recipe's targets, never the build CPU."""
     from qdeploy.targets.int8_path import CPU_TARGETS
 
@@ -38,35 +35,77 @@ def resolve_reduce_range(config: QuantizeConfig, targets: tuple[str, ...]) -> tu
     return ("weights" if setting else "none"), "set in the recipe"
 
 
-def _auto_reduce_range(config: QuantizeConfig, targets: tuple[str, ...], cpu: list[str]) -> tuple[SevenBit, str]:
-    if config.weight_type == "uint8":
+def _auto_reduce_range(config: PtqConfig | DynamicConfig | NncfPtqConfig, targets: tuple[str, ...],
+                       cpu: list[str]) -> tuple[SevenBit, str]:
+    if not isinstance(config, NncfPtqConfig) and config.weight_type == "uint8":
         return "none", "auto: uint8 weights (U8U8 kernels) do not saturate"
     if targets and not cpu:
         return "none", f"auto: no CPU target among {', '.join(targets)}"
     why = (f"auto: built for {', '.join(cpu) if cpu else 'unknown targets'}; x86 CPUs without VNNI saturate "
            "full-range int8, 7-bit operands are exact on every x86 CPU")
-    if config.mode == "ptq" and config.activation_type == "uint8":
+    if isinstance(config, PtqConfig) and config.activation_type == "uint8":
         return "choose", why
     return "weights", why
 
 
+# Which float ops run in integer once their inputs are dequantized, after ONNX Runtime's QDQ node groups
+# (qdq_selector_action_transformer.cc): op -> (inputs that must come from a DequantizeLinear, whether every reader
+# of the output must be a QuantizeLinear).  Other ops (Tanh, Relu, LayerNormalization...) run in float on the
+# dequantized values: a Tanh between two quantized Convs reads a DequantizeLinear and is still float.
+_EVERY_INPUT = None
+_QDQ_GROUPS: dict[str, tuple[tuple[int, ...] | None, bool]] = {
+    **{op: ((0, 1), False) for op in ("MatMul", "Gemm")},  # no Q after: MatMulIntegerToFloat / QGemm, float out
+    "Conv": ((0, 1), False),  # ORT wants a Q after it for QLinearConv; OpenVINO runs it int8 without
+    **{op: ((0,), True) for op in ("AveragePool", "GlobalAveragePool", "LeakyRelu", "Sigmoid", "Softmax",
+                                   "Gather", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "Resize",
+                                   "Split")},
+    **{op: ((0, 1), True) for op in ("Add", "Mul")},
+    "Where": ((1, 2), True),
+    "Concat": (_EVERY_INPUT, True),
+    "ArgMax": ((0,), False),
+}
+_QDQ_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+
+
 def quantized_node_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """Per op type, the nodes that run quantized: integer ops, or nodes fed by a DequantizeLinear whose
-    constant inputs are not left in float (an excluded Conv fed by a quantized activation does not count)."""
-    dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
-    float_constants = {init.name for init in model.graph.initializer if init.data_type in _FLOAT_TYPES}
-    float_constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
+    """Per op type, the nodes that run in integer: integer ops (QLinear*, MatMulInteger, ConvInteger,
+    MatMulNBits...), and float ops of a QDQ node group: an integer-capable op whose quantized inputs all come from
+    a DequantizeLinear (and whose output goes only to QuantizeLinear where the runtime needs that).  An excluded
+    Conv with float weights, or a Sigmoid/Tanh reading a dequantized tensor in float, does not count."""
+    graph = model.graph
+    dequantized = {out for node in graph.node if node.op_type == "DequantizeLinear" for out in node.output}
+    readers: dict[str, list[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node.op_type)
+    graph_outputs = {value.name for value in graph.output}
     counts: Counter[str] = Counter()
-    for node in model.graph.node:
-        if node.op_type in {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}:
+    for node in graph.node:
+        if node.op_type in _QDQ_OPS:
             continue
-        fed = any(name in dequantized for name in node.input)
-        if node.op_type in QUANTIZED_OP_TYPES or (fed and not float_constants & set(node.input)):
+        if node.op_type in QUANTIZED_OP_TYPES or node.op_type.startswith(("QLinear", "QOrdered")) or \
+                _in_qdq_group(node, dequantized, readers, graph_outputs):
             counts[node.op_type] += 1
     return dict(sorted(counts.items()))
 
 
-def check_runs(output: Path, config: QuantizeConfig, ctx: StageContext) -> None:
+def _in_qdq_group(node: onnx.NodeProto, dequantized: set[str], readers: dict[str, list[str]],
+                  graph_outputs: set[str]) -> bool:
+    if node.op_type not in _QDQ_GROUPS:
+        return False
+    positions, needs_q_after = _QDQ_GROUPS[node.op_type]
+    inputs = [name for name in node.input if name] if positions is None else \
+        [node.input[i] for i in positions if i < len(node.input) and node.input[i]]
+    if not inputs or not all(name in dequantized for name in inputs):
+        return False
+    if not needs_q_after:
+        return True
+    outputs = [name for name in node.output if name]
+    return bool(outputs) and all(name not in graph_outputs and readers.get(name)
+                                 and all(op == "QuantizeLinear" for op in readers[name]) for name in outputs)
+
+
+def check_runs(output: Path, config: ModeConfig, ctx: StageContext) -> None:
     """The quantized model must load in ONNX Runtime's CPU provider."""
     import onnxruntime as ort
 
@@ -76,7 +115,7 @@ def check_runs(output: Path, config: QuantizeConfig, ctx: StageContext) -> None:
         ort.InferenceSession(str(output), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
         hint = ""
-        if config.mode == "dynamic" and "ConvInteger" in str(exc):
+        if isinstance(config, DynamicConfig) and "ConvInteger" in str(exc):
             hint = "; this ONNX Runtime lacks a ConvInteger kernel for these types: try weight_type uint8 or " \
                    "op_types [MatMul, Gemm]"
         raise StageError(STAGE, ctx.variant, f"the quantized model does not load in ONNX Runtime: {exc}{hint}") from exc

@@ -1,19 +1,28 @@
-"""The quantize stage's modes, run by ``stages/quantize.py``: post-training (ptq, dynamic) and lowering."""
+"""The quantize stage's modes, run by ``stages/quantize/__init__.py``: post-training (ptq, dynamic) and lowering."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import StageError
 from qdeploy.graph.external_data import save_onnx
-from qdeploy.stages.quantize._common import check_runs, quantized_node_counts, resolve_reduce_range
+from qdeploy.stages.quantize._common import SevenBit, check_runs, quantized_node_counts, resolve_reduce_range
 from qdeploy.stages.quantize._unshare import unshare_qdq_parameters
 from qdeploy.stages.quantize._verify import compute_nodes, int8_kernels
-from qdeploy.stages.quantize.config import STAGE, CalibrationRef, QuantizeConfig
+from qdeploy.stages.quantize.config import (
+    STAGE,
+    CalibrationRef,
+    DynamicConfig,
+    LowerConfig,
+    NncfPtqConfig,
+    PtqConfig,
+    WeightOnlyConfig,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -25,8 +34,20 @@ log = logging.getLogger(__name__)
 VERIFY_SAMPLES = 8
 """Samples the lowered model is verified on when the recipe names no calibration data."""
 
+Integer = PtqConfig | DynamicConfig
+"""The modes qdeploy builds with ONNX Runtime's quantizer (engine qdeploy)."""
 
-def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
+
+@dataclass(frozen=True)
+class _Built:
+    """A mode's model builder, the operand it puts on 7 bits, and what building found (for the report only)."""
+
+    build: Any
+    seven_bit: SevenBit
+    findings: dict[str, Any]
+
+
+def post_training(artifact: Artifact, config: Integer, ctx: StageContext) -> StageResult:
     """ptq or dynamic: prepare, calibrate (ptq), build, meet the budget when one is set, verify kernels."""
 
     from qdeploy.stages.quantize._prepare import MIN_OPSET, drop_unused_opsets, excluded_nodes, prepare
@@ -42,43 +63,43 @@ def post_training(artifact: Artifact, config: QuantizeConfig, ctx: StageContext)
     findings: dict[str, Any] = {"mode": config.mode, **prepared.findings}
     if config.per_channel and prepared.opset < MIN_OPSET:
         raise StageError(STAGE, ctx.variant, f"per-channel weights need opset {MIN_OPSET}; the model's opset "
-                                             f"{findings.get('opset')}: set model.opset: {MIN_OPSET} in the "
+                                             f"{prepared.opset}: set model.opset: {MIN_OPSET} in the "
                                              "recipe or per_channel: false")
     budget_feeds = _budget_feeds(artifact, config, ctx) if config.tolerance is not None else []
     unseen = _unseen_by_calibration(config, len(budget_feeds))
     float_path = prepared.path
-    if config.mode == "ptq" and config.smooth_quant is not None:
+    if isinstance(config, PtqConfig) and config.smooth_quant is not None:
         from qdeploy.stages.quantize._smooth import smooth
 
         ctx.on_progress("smoothing activations (SmoothQuant)")
         float_path, findings["smooth_quant"] = smooth(prepared.path, _calibration_feeds(artifact, config, ctx, unseen),
                                                       config.smooth_quant, _op_types(config), set(excluded),
                                                       ctx.work_dir)
-    build, built_findings = _builder(artifact, float_path, excluded, config, ctx, skip=unseen)
-    findings.update(built_findings)
+    built = _builder(artifact, float_path, excluded, config, ctx, skip=unseen)
+    findings.update(built.findings)
     if config.tolerance is not None:
-        model, kept, findings["budget"] = _with_budget(float_path, build, config, ctx, budget_feeds, unseen)
+        model, kept, findings["budget"] = _with_budget(float_path, built.build, config, ctx, budget_feeds, unseen)
     else:
         ctx.on_progress("writing the quantized model")
-        model, kept = build([]), []
+        model, kept = built.build([]), []
     drop_unused_opsets(model)
     findings.update({
         "excluded": sorted({*excluded, *kept}),
-        "activation_type": config.activation_type if config.mode == "ptq" else "uint8 (dynamic)",
+        "activation_type": config.activation_type if isinstance(config, PtqConfig) else "uint8 (dynamic)",
         "weight_type": config.weight_type,
         "per_channel": config.per_channel,
-        "symmetric": {"activations": config.symmetric_activations, "weights": config.symmetric_weights},
+        "symmetric": {"activations": isinstance(config, PtqConfig) and config.symmetric_activations,
+                      "weights": config.symmetric_weights},
     })
-    return _checked(model, findings, config, ctx)
+    return _checked(model, built.seven_bit, findings, config, ctx)
 
 
-def _checked(model: onnx.ModelProto, findings: dict[str, Any], config: QuantizeConfig,
-             ctx: StageContext) -> StageResult:
+def _checked(model: onnx.ModelProto, seven_bit: SevenBit, findings: dict[str, Any],
+             config: Integer | NncfPtqConfig, ctx: StageContext) -> StageResult:
     """The quantized model marked with its 7-bit operand, saved, loaded in ONNX Runtime, its int8 kernels counted
     per target; what any ptq or dynamic build (qdeploy's or NNCF's) ends with."""
     from qdeploy.core.context import StageResult
 
-    seven_bit = findings["reduce_range"]["seven_bit"]
     _mark_seven_bit(model, seven_bit)
     output = _save(model, ctx.work_dir / "quantized.onnx")
     check_runs(output, config, ctx)
@@ -114,7 +135,7 @@ def saturation_findings(model: onnx.ModelProto, targets: tuple[str, ...], *, wei
     return found
 
 
-def _calibration_feeds(artifact: Artifact, config: QuantizeConfig, ctx: StageContext,
+def _calibration_feeds(artifact: Artifact, config: PtqConfig, ctx: StageContext,
                        skip: frozenset[int]) -> Callable[[], Any]:
     """A fresh iterator over the calibration samples (those whose positions are not in ``skip``) per call."""
     calibration = config.calibration or CalibrationRef()
@@ -126,24 +147,24 @@ def _calibration_feeds(artifact: Artifact, config: QuantizeConfig, ctx: StageCon
     return feeds
 
 
-def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: QuantizeConfig,
-             ctx: StageContext, skip: frozenset[int] = frozenset()) -> tuple[Any, dict[str, Any]]:
+def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: Integer,
+             ctx: StageContext, skip: frozenset[int] = frozenset()) -> _Built:
     """The model builder of the mode (calibrating first for ptq, on the calibration samples whose positions
     are not in ``skip``) and what it found."""
     from qdeploy.stages.quantize._ptq import DynamicBuilder, StaticBuilder, calibrate
 
     op_types = _op_types(config)
     seven_bit, why = resolve_reduce_range(config, ctx.targets)
-    if config.mode == "dynamic":
-        return DynamicBuilder(prepared, excluded, ctx.work_dir, per_channel=config.per_channel,
-                              weight_type=config.weight_type, op_types=op_types,
-                              reduce_range=seven_bit == "weights"), \
-            {"op_types": op_types, "reduce_range": _reduce_range_finding(config, seven_bit, why)}
+    if isinstance(config, DynamicConfig):
+        return _Built(DynamicBuilder(prepared, excluded, ctx.work_dir, per_channel=config.per_channel,
+                                     weight_type=config.weight_type, op_types=op_types,
+                                     reduce_range=seven_bit == "weights"),
+                      seven_bit, {"op_types": op_types, "reduce_range": _reduce_range_finding(config, seven_bit, why)})
     calibration = config.calibration or CalibrationRef()
     ctx.on_progress(f"calibrating ({config.method})")
     feeds = _calibration_feeds(artifact, config, ctx, skip)
-    ranges, found = calibrate(prepared, op_types, feeds, ctx.work_dir, config.method, config.percentile)
-    if found["calibration_samples"] == 0:
+    ranges, calibrated = calibrate(prepared, op_types, feeds, ctx.work_dir, config.method, config.percentile)
+    if calibrated.samples == 0:
         raise StageError(STAGE, ctx.variant, f"calibration dataset '{calibration.data or 'random'}' yielded no samples")
     ctx.on_progress("quantizing")
 
@@ -154,22 +175,23 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: Qu
                              symmetric_weights=config.symmetric_weights, op_types=op_types, seven_bit=form,
                              runtime=config.runtime)
 
-    compared: dict[str, Any] = {}
+    compared: dict[str, Any] = {}  # the report's record of the 7-bit choice
     if seven_bit == "choose":
         from qdeploy.stages.quantize._seven_bit import CHOICE_SAMPLES, choose_seven_bit
 
         ctx.on_progress("comparing 7-bit weights with 7-bit activations")
         builders = {form: static(form) for form in ("weights", "activations")}
         samples = list(ctx.samples(calibration.data, artifact.path, min(calibration.samples, CHOICE_SAMPLES)))
-        seven_bit, compared = choose_seven_bit(builders, prepared, samples, ctx.work_dir)
+        chosen, compared = choose_seven_bit(builders, prepared, samples, ctx.work_dir)
+        seven_bit = "activations" if chosen == "activations" else "weights"
         build = builders[seven_bit]
     else:
         build = static(seven_bit)
     method = {"method": config.method} | ({"percentile": config.percentile} if config.method == "percentile" else {})
     reduce_range = {**_reduce_range_finding(config, seven_bit, why), **compared}
-    return build, {**method, "op_types": op_types, "reduce_range": reduce_range,
-                   "calibration_data": calibration.data or "random", **found,
-                   **({"calibration_skipped": sorted(skip)} if skip else {})}
+    return _Built(build, seven_bit, {**method, "op_types": op_types, "reduce_range": reduce_range,
+                                     "calibration_data": calibration.data or "random", **calibrated.findings(),
+                                     **({"calibration_skipped": sorted(skip)} if skip else {})})
 
 
 def _mark_seven_bit(model: onnx.ModelProto, seven_bit: str) -> None:
@@ -183,31 +205,35 @@ def _mark_seven_bit(model: onnx.ModelProto, seven_bit: str) -> None:
     entry.value = seven_bit
 
 
-def _reduce_range_finding(config: QuantizeConfig, seven_bit: str, why: str) -> dict[str, Any]:
+def _reduce_range_finding(config: Integer, seven_bit: str, why: str) -> dict[str, Any]:
     """What the sidecar says of the 7-bit choice: the setting, the operand on 7 bits, and why."""
     return {"setting": config.reduce_range, "seven_bit": seven_bit, "why": why}
 
 
-def _op_types(config: QuantizeConfig) -> list[str]:
+def _op_types(config: Integer) -> list[str]:
     """Op types to quantize: the config's, or the op set's (dynamic: ORT's integer ops), minus excluded types."""
     from qdeploy.stages.quantize._ptq import default_op_types
 
+    op_set = config.op_set if isinstance(config, PtqConfig) else "balanced"
     chosen = config.op_types if config.op_types is not None else default_op_types(config.mode, config.weight_type,
-                                                                                   config.op_set)
+                                                                                   op_set)
     return [op for op in chosen if op not in config.exclude_op_types]
 
 
-def _budget_data(config: QuantizeConfig) -> str | None:
-    return config.budget.data or (config.calibration.data if config.calibration else None)
+def _budget_data(config: Integer) -> str | None:
+    calibration = config.calibration if isinstance(config, PtqConfig) else None
+    return config.budget.data or (calibration.data if calibration else None)
 
 
-def _budget_shares_calibration(config: QuantizeConfig) -> bool:
+def _budget_shares_calibration(config: Integer) -> bool:
     """Whether the budget measures on the data that ptq calibrates on."""
+    if not isinstance(config, PtqConfig):
+        return False
     calibration = config.calibration or CalibrationRef()
-    return config.mode == "ptq" and _budget_data(config) == calibration.data
+    return _budget_data(config) == calibration.data
 
 
-def _budget_feeds(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> list[Any]:
+def _budget_feeds(artifact: Artifact, config: Integer, ctx: StageContext) -> list[Any]:
     dataset = _budget_data(config)
     feeds = list(ctx.samples(dataset, artifact.path, config.budget.samples))
     if not feeds:
@@ -215,7 +241,7 @@ def _budget_feeds(artifact: Artifact, config: QuantizeConfig, ctx: StageContext)
     return feeds
 
 
-def _unseen_by_calibration(config: QuantizeConfig, budget_samples: int) -> frozenset[int]:
+def _unseen_by_calibration(config: Integer, budget_samples: int) -> frozenset[int]:
     """Positions of the budget's held-back samples in the calibration data, when both read the same dataset.
 
     The held-back samples confirm that the budget holds on data the search never saw; calibration must not see
@@ -228,7 +254,7 @@ def _unseen_by_calibration(config: QuantizeConfig, budget_samples: int) -> froze
     return frozenset(range(budget_samples - held_back_count(budget_samples), budget_samples))
 
 
-def _with_budget(prepared: Path, build: Any, config: QuantizeConfig, ctx: StageContext, feeds: list[Any],
+def _with_budget(prepared: Path, build: Any, config: Integer, ctx: StageContext, feeds: list[Any],
                  unseen: frozenset[int]) -> tuple[onnx.ModelProto, list[str], dict[str, Any]]:
     from qdeploy.stages.quantize._budget import meet_budget
     from qdeploy.stages.quantize._budget_targets import plan_targets
@@ -236,21 +262,22 @@ def _with_budget(prepared: Path, build: Any, config: QuantizeConfig, ctx: StageC
     assert config.tolerance is not None
     result = meet_budget(build, prepared, feeds, config.tolerance, ctx.work_dir,
                          max_float_nodes=config.budget.max_float_nodes, on_progress=ctx.on_progress,
-                         targets=plan_targets(ctx.targets, config.runtime))  # confirmed where it is validated
+                         targets=plan_targets(ctx.targets, config.runtime if isinstance(config, PtqConfig) else None))
     result.findings["data"] = _budget_data(config) or "random"
     result.findings["held_back_unseen_by_calibration"] = bool(unseen) or not _budget_shares_calibration(config)
     return result.model, result.kept, result.findings
 
 
-def nncf_ptq(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
+def nncf_ptq(artifact: Artifact, config: NncfPtqConfig, ctx: StageContext) -> StageResult:
     """engine nncf: NNCF builds the QDQ model (``_nncf.py``); the same checks and counts as qdeploy's own."""
     from qdeploy.stages.quantize._nncf import quantize_with_nncf
 
-    model, findings = quantize_with_nncf(artifact, config, ctx)
-    return _checked(model, {"mode": "ptq", **findings, "excluded": sorted(config.exclude_nodes)}, config, ctx)
+    model, seven_bit, findings = quantize_with_nncf(artifact, config, ctx)
+    return _checked(model, seven_bit, {"mode": "ptq", **findings, "excluded": sorted(config.exclude_nodes)}, config,
+                    ctx)
 
 
-def weight_only(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
+def weight_only(artifact: Artifact, config: WeightOnlyConfig, ctx: StageContext) -> StageResult:
     """mode weight_only: block-quantized MatMul/Gather weights written file to file, loaded by ORT before use."""
     import onnx
 
@@ -283,15 +310,16 @@ def weight_only(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -
     return StageResult(model=model, changed=True, findings=findings, path=output if large else None)
 
 
-def lower(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> StageResult:
+def lower(artifact: Artifact, config: LowerConfig, ctx: StageContext) -> StageResult:
     """mode lower: rewrite fake quantization into Q/DQ, verify it on data, count int8 kernels."""
     from qdeploy.core.context import StageResult
     from qdeploy.stages.quantize.lower import lower_model, verify_on_data
 
     ctx.on_progress("lowering fake quantization")
-    lowered, checks, findings = lower_model(artifact.load(), ctx.variant)
-    findings = {"mode": "lower", **findings}
-    if not findings["lowered"]:
+    result = lower_model(artifact.load(), ctx.variant)
+    lowered = result.model
+    findings = {"mode": "lower", **result.findings}
+    if not result.sites:
         findings["note"] = "no fake quantization found; the model is unchanged"
     else:  # as for ptq: OpenVINO rewrites a zero point shared by several dequantizations for all its readers
         findings["qdq_parameters_unshared"] = unshare_qdq_parameters(lowered)
@@ -300,13 +328,13 @@ def lower(artifact: Artifact, config: QuantizeConfig, ctx: StageContext) -> Stag
     dataset = config.calibration.data if config.calibration else None
     limit = config.calibration.samples if config.calibration else VERIFY_SAMPLES
     ctx.on_progress("verifying the lowered model against the fake-quant reference")
-    findings["verification"] = verify_on_data(lowered, checks, ctx.samples(dataset, artifact.path, limit),
-                                              ctx.work_dir, ctx.variant)
-    findings["verification"]["data"] = dataset or "random"
+    verification = verify_on_data(lowered, result.checks, ctx.samples(dataset, artifact.path, limit), ctx.work_dir,
+                                  ctx.variant)
+    findings["verification"] = {**verification, "data": dataset or "random"}
     findings["quantized_nodes"] = quantized_node_counts(lowered)
     findings.update(saturation_findings(lowered, ctx.targets, weights_from_model=True))
     findings["int8_kernels"] = int8_kernels(output, lowered, list(config.verify_targets), ctx.work_dir)
-    return StageResult(model=lowered, changed=bool(findings["lowered"]), findings=findings,
+    return StageResult(model=lowered, changed=result.sites > 0, findings=findings,
                        path=_saved_path(lowered, output))
 
 

@@ -15,14 +15,14 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import StageError
-from qdeploy.stages.quantize._common import resolve_reduce_range
+from qdeploy.stages.quantize._common import SevenBit, resolve_reduce_range
 from qdeploy.stages.quantize.config import STAGE, CalibrationRef
 
 if TYPE_CHECKING:
     import onnx
 
     from qdeploy.core.context import Artifact, StageContext
-    from qdeploy.stages.quantize.config import QuantizeConfig
+    from qdeploy.stages.quantize.config import NncfPtqConfig
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,10 @@ def _nncf() -> Any:
     return nncf
 
 
-def quantize_with_nncf(artifact: Artifact, config: QuantizeConfig,
-                       ctx: StageContext) -> tuple[onnx.ModelProto, dict[str, Any]]:
-    """NNCF's int8 model of the artifact, calibrated on the recipe's data, and what was done."""
+def quantize_with_nncf(artifact: Artifact, config: NncfPtqConfig,
+                       ctx: StageContext) -> tuple[onnx.ModelProto, SevenBit, dict[str, Any]]:
+    """NNCF's int8 model of the artifact, calibrated on the recipe's data, the operand on 7 bits (overflow_fix:
+    the weights, or none), and what was done."""
     import onnx
 
     nncf = _nncf()
@@ -54,7 +55,8 @@ def quantize_with_nncf(artifact: Artifact, config: QuantizeConfig,
     samples = list(ctx.samples(calibration.data, artifact.path, calibration.samples))
     if not samples:
         raise StageError(STAGE, ctx.variant, f"calibration dataset '{calibration.data or 'random'}' yielded no samples")
-    seven_bit, why = resolve_reduce_range(config, ctx.targets)
+    wanted, why = resolve_reduce_range(config, ctx.targets)
+    seven_bit: SevenBit = "none" if wanted == "none" else "weights"  # overflow_fix narrows the weights only
     overflow_fix = OverflowFix.DISABLE if seven_bit == "none" else OverflowFix.ENABLE
     ignored = nncf.IgnoredScope(names=list(config.exclude_nodes), patterns=list(config.exclude_patterns),
                                 types=list(config.exclude_op_types), validate=False)
@@ -68,6 +70,6 @@ def quantize_with_nncf(artifact: Artifact, config: QuantizeConfig,
                                              f"{' '.join(str(exc).split())[:300]}") from exc
     findings = {"engine": "nncf", "nncf_version": nncf.__version__, "calibration_data": calibration.data or "random",
                 "calibration_samples": len(samples), "model_type": config.nncf_model_type or "default",
-                "reduce_range": {"setting": config.reduce_range, "seven_bit": "none" if seven_bit == "none"
-                                 else "weights", "why": why, "nncf_overflow_fix": overflow_fix.value}}
-    return quantized, findings
+                "reduce_range": {"setting": config.reduce_range, "seven_bit": seven_bit, "why": why,
+                                 "nncf_overflow_fix": overflow_fix.value}}
+    return quantized, seven_bit, findings

@@ -3,7 +3,7 @@
 Static (``ptq``): activation ranges come from ``qdeploy.calibration.activations`` and
 ``qdeploy.calibration.ranges`` (minmax, percentile, entropy, mse; streamed, one or two
 passes), and ONNX Runtime's ``QDQQuantizer`` writes the QDQ model from them (on an indexed graph,
-``stages/quantize_fast_ort.py``: its own helpers make it quadratic in the node count).
+``stages/quantize/_fast_ort.py``: its own helpers make it quadratic in the node count).
 Calibrating once and building many times is what lets the accuracy budget try
 several sets of float nodes cheaply.  Dynamic: ``quantize_dynamic``.
 
@@ -18,6 +18,7 @@ import copy
 import io
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,15 +72,28 @@ def default_op_types(mode: str, weight_type: str, op_set: str = "balanced") -> l
     return sorted(set(IntegerOpsRegistry) - skipped)
 
 
+@dataclass(frozen=True)
+class Calibrated:
+    """What calibration did: samples read, tensors calibrated, ranges the method clipped inside the observed ones."""
+
+    samples: int
+    tensors: int
+    clipped: int
+
+    def findings(self) -> dict[str, int]:
+        return {"calibration_samples": self.samples, "calibrated_tensors": self.tensors,
+                "ranges_clipped": self.clipped}
+
+
 def calibrate(prepared: Path, op_types: list[str], feeds: FeedSource, work_dir: Path, method: str,
-              percentile: float) -> tuple[dict[str, tuple[float, float]], dict[str, Any]]:
+              percentile: float) -> tuple[dict[str, tuple[float, float]], Calibrated]:
     """Activation ranges of every float tensor around the op types to quantize, and what calibration did."""
     tensors = float_tensors_of(prepared, op_types)
     stats, samples = collect_statistics(prepared, tensors, feeds, work_dir, histogram=method in HISTOGRAM_METHODS)
     ranges = {name: estimate_range(item, method, percentile=percentile) for name, item in stats.items()}
     clipped = sum(1 for name, (low, high) in ranges.items()
                   if stats[name].count and (low > stats[name].minimum or high < stats[name].maximum))
-    return ranges, {"calibration_samples": samples, "calibrated_tensors": len(tensors), "ranges_clipped": clipped}
+    return ranges, Calibrated(samples=samples, tensors=len(tensors), clipped=clipped)
 
 
 class StaticBuilder:

@@ -1,6 +1,6 @@
 """int8 that computes exactly on every x86 CPU: which operand gives up one bit.
 
-Without VNNI, x86 int8 kernels sum uint8 x int8 pairs into a saturating int16 (``pipeline/int8_path.py``) unless
+Without VNNI, x86 int8 kernels sum uint8 x int8 pairs into a saturating int16 (``qdeploy/targets/int8_path.py``) unless
 one operand stays within 7 bits.  7-bit weights (ONNX Runtime's ``reduce_range``, what oneDNN itself does on
 such CPUs) and 7-bit uint8 activations (PyTorch fbgemm's ``reduce_range``) both avoid it; which one costs less
 accuracy depends on the model: weights with outlier channels lose more from a coarser weight grid, wide

@@ -40,7 +40,7 @@ from qdeploy.graph.utils import subgraph_references
 from qdeploy.stages.quantize._weight_pack import dividing_group, grouped_tensors, matmulnbits_tensors
 
 if TYPE_CHECKING:
-    from qdeploy.stages.quantize.config import QuantizeConfig
+    from qdeploy.stages.quantize.config import WeightOnlyConfig
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def _float_2d(init: TensorProto | None) -> bool:
     return init is not None and init.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16) and len(init.dims) == 2
 
 
-def find_targets(model: onnx.ModelProto, config: QuantizeConfig, report: WeightOnlyReport) -> list[_Target]:
+def find_targets(model: onnx.ModelProto, config: WeightOnlyConfig, report: WeightOnlyReport) -> list[_Target]:
     """MatMul/Gather nodes whose weights are quantized, with their bits; what stays float is reported."""
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
@@ -186,7 +186,7 @@ def find_targets(model: onnx.ModelProto, config: QuantizeConfig, report: WeightO
     return targets
 
 
-def _kept_because(node: onnx.NodeProto, weight: str, config: QuantizeConfig, read_inside: set[str]) -> str:
+def _kept_because(node: onnx.NodeProto, weight: str, config: WeightOnlyConfig, read_inside: set[str]) -> str:
     if node.name in config.exclude_nodes:
         return "in exclude_nodes"
     if node.op_type == "Gather" and next((a.i for a in node.attribute if a.name == "axis"), 0) != 0:
@@ -201,10 +201,10 @@ def _add(graph: onnx.GraphProto, tensor: TensorProto) -> str:
     return tensor.name
 
 
-Lowering = Callable[[_Target, _Weights, _DataFile, "QuantizeConfig", onnx.GraphProto], list[onnx.NodeProto]]
+Lowering = Callable[[_Target, _Weights, _DataFile, "WeightOnlyConfig", onnx.GraphProto], list[onnx.NodeProto]]
 
 
-def _matmulnbits(target: _Target, weights: _Weights, out: _DataFile, config: QuantizeConfig,
+def _matmulnbits(target: _Target, weights: _Weights, out: _DataFile, config: WeightOnlyConfig,
                  graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     array = weights.array(target.weight)
     rows, cols = array.shape
@@ -225,7 +225,7 @@ def _matmulnbits(target: _Target, weights: _Weights, out: _DataFile, config: Qua
                              domain="com.microsoft", **attrs)]
 
 
-def _gather_block_quantized(target: _Target, weights: _Weights, out: _DataFile, config: QuantizeConfig,
+def _gather_block_quantized(target: _Target, weights: _Weights, out: _DataFile, config: WeightOnlyConfig,
                             graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """GatherBlockQuantized: int4 (signed, symmetric) or uint4 (asymmetric) data [V, H]; 8 bits as uint8 data
     with zero points (the op has no signed 8-bit form)."""
@@ -245,7 +245,7 @@ def _gather_block_quantized(target: _Target, weights: _Weights, out: _DataFile, 
                              quantize_axis=1)]
 
 
-def _dequantize_linear(target: _Target, weights: _Weights, out: _DataFile, config: QuantizeConfig,
+def _dequantize_linear(target: _Target, weights: _Weights, out: _DataFile, config: WeightOnlyConfig,
                        graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """The opset-21 form: DequantizeLinear(q, scale, zero_point, axis, block_size) feeding the MatMul/Gather."""
     array = weights.array(target.weight)
@@ -269,13 +269,13 @@ def _dequantize_linear(target: _Target, weights: _Weights, out: _DataFile, confi
                              block_size=group), rewired]
 
 
-def _lowering(config: QuantizeConfig, kind: str) -> Lowering:
+def _lowering(config: WeightOnlyConfig, kind: str) -> Lowering:
     if config.weight_format == "dequantize_linear":
         return _dequantize_linear
     return _matmulnbits if kind == "matmul" else _gather_block_quantized
 
 
-def quantize_file(source: Path, target: Path, config: QuantizeConfig) -> WeightOnlyReport:
+def quantize_file(source: Path, target: Path, config: WeightOnlyConfig) -> WeightOnlyReport:
     """Quantize ``source`` (external data beside it, or inline) into ``target`` + ``target.data``."""
     model = onnx.load(str(source), load_external_data=False)
     if config.weight_format == "dequantize_linear":

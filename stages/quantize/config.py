@@ -1,138 +1,238 @@
-"""Settings of the quantize stage (a variant step's ``quantize`` settings); the recipe imports this module only."""
+"""Settings of the quantize stage (a variant step's ``quantize`` settings); the recipe imports this module only.
+
+One model per mode, chosen by ``mode`` (ptq when absent) as a discriminated union, ptq's by ``engine`` too:
+``PtqConfig`` (engine qdeploy), ``NncfPtqConfig`` (engine nncf), ``DynamicConfig``, ``LowerConfig`` and
+``WeightOnlyConfig``.  Each model holds only the fields its mode reads and forbids the others, naming the mode a
+field applies to instead.  ``QuantizeConfig`` is what the registry, the recipe and the JSON schema use:
+``QuantizeConfig.model_validate(settings)`` (or ``QuantizeConfig(**settings)``) returns the mode's model.
+"""
 
 from __future__ import annotations
 
-import re
-from typing import Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails
 
-from qdeploy.core.tolerance import Tolerance
+from qdeploy.stages.quantize._config_fields import (
+    VERIFY_TARGETS,
+    Budget,
+    BudgetSettings,
+    BudgetTolerance,
+    Calibration,
+    CalibrationRef,
+    ExcludeNodes,
+    ExcludeOpTypes,
+    ExcludePatterns,
+    OpTypes,
+    PerChannel,
+    ReduceRange,
+    SymmetricWeights,
+    VerifyTargets,
+    WeightType,
+)
 
-__all__ = ["STAGE", "VERIFY_TARGETS", "BudgetSettings", "CalibrationRef", "QuantizeConfig"]
-
+__all__ = ["MODES", "STAGE", "VERIFY_TARGETS", "BudgetSettings", "CalibrationRef", "DynamicConfig", "LowerConfig",
+           "ModeConfig", "NncfPtqConfig", "PtqConfig", "QuantizeConfig", "WeightOnlyConfig"]
 
 STAGE = "quantize"
-VERIFY_TARGETS = ("ort:cpu", "openvino:cpu")
-"""Targets a quantized artifact is loaded on before it is published (``verify_targets``'s default)."""
-_FLOAT_TYPES = (1, 10, 11, 16)  # onnx float, float16, double, bfloat16
+MODES = ("ptq", "dynamic", "lower", "weight_only")
+ENGINES = ("qdeploy", "nncf")
 
 
-class CalibrationRef(BaseModel):
-    """Which data a stage calibrates on: a dataset of the recipe, or seeded random data."""
+class _NotForMode(ValueError):
+    """A field of another mode: ``QuantizeConfig`` reports it at the field."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    data: str | None = Field(default=None, description="Dataset name from the recipe's 'data'; seeded random data "
-                                                       "shaped from the model when absent.")
-    samples: int = Field(default=32, ge=1, description="How many samples to calibrate on at most.")
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
-class BudgetSettings(BaseModel):
-    """Where and how far the accuracy budget searches."""
+class _ModeSettings(BaseModel):
+    """What every mode's model shares: its tag, and the refusal of another mode's fields by name."""
 
     model_config = ConfigDict(extra="forbid")
 
-    data: str | None = Field(default=None, description="Dataset the budget is measured on; the calibration data "
-                                                       "(or seeded random data) when absent.")
-    samples: int = Field(default=16, ge=1, description="How many samples of that dataset to measure on.")
-    max_float_nodes: int | None = Field(default=None, ge=1, description="Most quantized nodes kept in float; no "
-                                                                        "limit when absent.")
+    label: ClassVar[str]
+    """How errors name the model: its mode, and ptq's engine where it has one."""
+    mode: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_other_modes(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in data:
+                if isinstance(key, str) and key not in cls.model_fields:
+                    elsewhere = [member for member in _MEMBERS if key in member.model_fields]
+                    if elsewhere:  # a known field in the wrong mode; an unknown one is pydantic's extra_forbidden
+                        raise _NotForMode(key, f"quantize.{cls.label} does not take '{key}' (it applies to "
+                                               f"{_where(elsewhere, cls)}){_WHY.get(key, '')}")
+        return data
 
 
-class QuantizeConfig(BaseModel):
-    """Settings of the quantize stage."""
+class PtqConfig(_ModeSettings):
+    """mode ptq, engine qdeploy: static QDQ with activation ranges calibrated by qdeploy."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    mode: Literal["ptq", "dynamic", "lower", "weight_only"] = Field(
-        default="ptq", description="'ptq': static QDQ with calibrated activation ranges; 'dynamic': weights "
-                                   "quantized ahead, activations at run time; 'lower': fake-quant ops of a QAT "
-                                   "model lowered to exact QuantizeLinear/DequantizeLinear; 'weight_only': int4 or "
-                                   "int8 MatMul and embedding weights in blocks, activations float (decoders, "
-                                   "LLMs), no calibration.")
-    calibration: CalibrationRef | None = Field(
-        default=None, description="Calibration data of ptq (seeded random data, 32 samples, when absent); in "
-                                  "mode lower, the data the lowered model is verified on.")
+    label: ClassVar[str] = "ptq"
+    mode: Literal["ptq"] = Field(default="ptq", description="'ptq' (the default): static QDQ with calibrated "
+                                                            "activation ranges.")
+    calibration: Calibration = Field(default=None, description="Calibration data (seeded random data, 32 samples, "
+                                                               "when absent).")
     method: Literal["minmax", "percentile", "entropy", "mse"] = Field(
-        default="minmax", description="How activation ranges are estimated from the calibration data (ptq).")
+        default="minmax", description="How activation ranges are estimated from the calibration data.")
     percentile: float = Field(default=99.999, gt=50.0, le=100.0,
                               description="Percentile of method 'percentile' (both tails for signed data).")
-    per_channel: bool = Field(default=True, description="Quantize weights per output channel.")
+    per_channel: PerChannel = True
     activation_type: Literal["uint8", "int8"] = Field(
-        default="uint8", description="Activation type of ptq; uint8 with int8 weights is what ORT fuses on x86.")
-    weight_type: Literal["int8", "uint8"] = Field(default="int8", description="Weight type.")
-    symmetric_activations: bool = Field(default=False, description="Symmetric activation ranges (ptq).")
-    symmetric_weights: bool = Field(default=True, description="Symmetric weight ranges (zero point 0); OpenVINO "
-                                                              "runs int8 convolutions only with symmetric weights.")
+        default="uint8", description="Activation type; uint8 with int8 weights is what ORT fuses on x86.")
+    weight_type: WeightType = "int8"
+    symmetric_activations: bool = Field(default=False, description="Symmetric activation ranges.")
+    symmetric_weights: SymmetricWeights = True
     op_set: Literal["balanced", "onnxruntime"] = Field(
-        default="balanced", description="Op types ptq quantizes when op_types is absent: 'balanced' (compute, "
+        default="balanced", description="Op types to quantize when op_types is absent: 'balanced' (compute, "
                                         "pooling, data movement; fast on ONNX Runtime and OpenVINO) or "
                                         "'onnxruntime' (ORT's full QDQ set, elementwise ops too: fastest on ORT "
                                         "for some models, slow on OpenVINO).")
-    op_types: list[str] | None = Field(
-        default=None, description="Op types to quantize, instead of op_set (dynamic: ORT's integer ops when "
-                                  "absent, Conv left out with int8 weights: ORT has no int8-weight ConvInteger).")
-    exclude_nodes: list[str] = Field(default_factory=list, description="Node names to leave in float.")
-    exclude_op_types: list[str] = Field(default_factory=list, description="Op types whose nodes stay in float.")
-    exclude_patterns: list[str] = Field(default_factory=list, description="Regular expressions; nodes whose name "
-                                                                          "contains a match stay in float.")
-    tolerance: Tolerance | None = Field(
-        default=None, description="Accuracy budget against float32 (ptq, dynamic): the most harmful quantized "
-                                  "nodes stay float until it holds.")
-    budget: BudgetSettings = Field(default_factory=BudgetSettings, description="Data and limits of the accuracy "
-                                                                               "budget's search.")
-    reduce_range: bool | Literal["auto", "weights", "activations"] = Field(
-        default="auto", description="Give up one bit so int8 computes exactly on x86 CPUs without VNNI, whose "
-                                    "int8 kernels (vpmaddubsw) saturate with full-range values: 'weights' (or "
-                                    "true) 7-bit weights, ONNX Runtime's reduce_range; 'activations' 7-bit uint8 "
-                                    "activations (ptq, uint8 activations); false: full range, exact only on VNNI "
-                                    "CPUs. 'auto': when a CPU target (ort:cpu, openvino:cpu, ort:openvino) is among "
-                                    "the recipe's targets and weights are int8, ptq builds both 7-bit forms and "
-                                    "keeps the one closer to float32 on calibration data, dynamic uses 7-bit "
-                                    "weights; whatever CPU builds the artifact.")
-    engine: Literal["qdeploy", "nncf"] = Field(
+    op_types: OpTypes = None
+    exclude_nodes: ExcludeNodes
+    exclude_op_types: ExcludeOpTypes
+    exclude_patterns: ExcludePatterns
+    tolerance: BudgetTolerance = None
+    budget: Budget
+    reduce_range: ReduceRange = "auto"
+    engine: Literal["qdeploy"] = Field(
         default="qdeploy", description="Who builds the ptq model: qdeploy (ONNX Runtime's QDQ quantizer with "
-                                       "qdeploy's calibration and placement) or NNCF's nncf.quantize (OpenVINO's "
-                                       "tool; optional: pip install 'qdeploy[nncf]'), calibrated on the same data; "
-                                       "either way qdeploy checks, validates and benchmarks the artifact.")
-    nncf_model_type: Literal["transformer"] | None = Field(
-        default=None, description="engine nncf: NNCF's model_type (transformer: its placement for attention models).")
-    bits: Literal[4, 8] = Field(default=4, description="Bits per weight (mode weight_only).")
-    group_size: int = Field(default=128, description="Weights per scale along the reduction axis (mode "
-                                                     "weight_only): a power of two, at least 16.")
-    lm_head: Literal["same", "int8", "float"] = Field(
-        default="int8", description="The LM head (a MatMul whose output becomes a graph output through shape-only "
-                                    "ops) in mode weight_only: the same bits as the rest, int8 (NNCF's default "
-                                    "backup precision), or left float.")
-    embeddings: Literal["same", "int8", "float"] = Field(
-        default="same", description="Gather tables (embeddings) in mode weight_only: the same bits, int8, or float.")
-    weight_format: Literal["matmulnbits", "dequantize_linear"] = Field(
-        default="matmulnbits", description="Form of weight_only's weights: 'matmulnbits' (com.microsoft "
-                                           "MatMulNBits/GatherBlockQuantized; ONNX Runtime and OpenVINO both run it "
-                                           "with compressed weights) or 'dequantize_linear' (standard opset-21 "
-                                           "blocked DequantizeLinear before each MatMul/Gather).")
-    accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
-        default=4, description="MatMulNBits compute type on ONNX Runtime (weight_only): 4 quantizes activations "
-                               "per block at run time (the fast CPU path), 0 dequantizes weights to float "
-                               "(slower than float32 on CPUs), 1 fp32, 2 fp16, 3 bf16.")
-    verify_targets: list[Literal["ort:cpu", "openvino:cpu"]] = Field(
-        default_factory=lambda: list(VERIFY_TARGETS),
-        description="Targets on which the stage counts the ops that really run int8 kernels.")
+                                       "qdeploy's calibration and placement); 'nncf': see mode ptq with engine nncf.")
+    verify_targets: VerifyTargets
     smooth_quant: float | None = Field(
         default=None, gt=0.0, lt=1.0,
-        description="ptq: SmoothQuant's migration strength alpha (0.5 is the paper's default): divide each "
+        description="SmoothQuant's migration strength alpha (0.5 is the paper's default): divide each "
                     "MatMul/Gemm activation by per-channel s = max|x|^alpha / max|W|^(1-alpha), measured on the "
                     "calibration data, and multiply the constant weight by s, so that transformers' outlier "
                     "channels stop dominating the activation's int8 scale; none: no smoothing.")
     per_runtime: bool = Field(
-        default=False, description="ptq: build one artifact per runtime among the recipe's targets, the variant "
+        default=False, description="Build one artifact per runtime among the recipe's targets, the variant "
                                    "'v' becoming 'v@ort' and 'v@openvino', each with the placement that runtime "
                                    "runs fastest and validated and benchmarked on its own runtime's targets "
                                    "(docs/quantize.md).")
     runtime: Literal["ort", "openvino"] | None = Field(
-        default=None, description="ptq: the runtime the graph is shaped for (set by per_runtime); none: one graph "
+        default=None, description="The runtime the graph is shaped for (set by per_runtime); none: one graph "
                                   "for both.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PtqConfig:
+        _check_budget_and_op_types(self)
+        if self.activation_type == "int8" and self.weight_type == "uint8":
+            raise ValueError("activation_type int8 with weight_type uint8 is not supported by ONNX Runtime; "
+                             "use uint8 activations with int8 weights (x86) or int8 for both")
+        if self.reduce_range == "activations" and self.activation_type != "uint8":
+            raise ValueError(_ACTIVATIONS_NEED_UINT8)
+        if self.method != "percentile" and self.percentile != type(self).model_fields["percentile"].default:
+            raise ValueError("percentile applies to method 'percentile' only")
+        if self.op_types is not None and self.op_set != "balanced":
+            raise ValueError("give op_set or op_types, not both")
+        return self
+
+    def for_runtime(self, runtime: str) -> PtqConfig:
+        """This config's build for one runtime (``per_runtime``'s split): shaped and verified for it only."""
+        verify = [target for target in self.verify_targets if target.startswith(f"{runtime}:")]
+        return type(self).model_validate({**self.model_dump(), "per_runtime": False, "runtime": runtime,
+                                          "verify_targets": verify or [f"{runtime}:cpu"]})
+
+
+class NncfPtqConfig(_ModeSettings):
+    """mode ptq, engine nncf: NNCF's nncf.quantize builds the QDQ model (its preset and range estimators decide
+    what qdeploy's ptq settings would); qdeploy calibrates it on the same data, checks, validates and benchmarks."""
+
+    label: ClassVar[str] = "ptq with engine nncf"
+    mode: Literal["ptq"] = Field(default="ptq", description="'ptq'.")
+    engine: Literal["nncf"] = Field(description="'nncf': NNCF's nncf.quantize (OpenVINO's tool; optional: pip "
+                                                "install 'qdeploy[nncf]') builds the ptq model.")
+    calibration: Calibration = Field(default=None, description="Calibration data (seeded random data, 32 samples, "
+                                                               "when absent).")
+    exclude_nodes: ExcludeNodes
+    exclude_op_types: ExcludeOpTypes
+    exclude_patterns: ExcludePatterns
+    reduce_range: ReduceRange = "auto"
+    nncf_model_type: Literal["transformer"] | None = Field(
+        default=None, description="NNCF's model_type (transformer: its placement for attention models).")
+    verify_targets: VerifyTargets
+
+
+class DynamicConfig(_ModeSettings):
+    """mode dynamic: weights quantized ahead, activations at run time (transformer encoders on CPU)."""
+
+    label: ClassVar[str] = "dynamic"
+    mode: Literal["dynamic"] = Field(description="'dynamic': weights quantized ahead, activations at run time.")
+    per_channel: PerChannel = True
+    weight_type: WeightType = "int8"
+    symmetric_weights: SymmetricWeights = True
+    op_types: OpTypes = None
+    exclude_nodes: ExcludeNodes
+    exclude_op_types: ExcludeOpTypes
+    exclude_patterns: ExcludePatterns
+    tolerance: BudgetTolerance = None
+    budget: Budget
+    reduce_range: ReduceRange = "auto"
+    verify_targets: VerifyTargets
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DynamicConfig:
+        _check_budget_and_op_types(self)
+        if self.reduce_range == "activations":
+            raise ValueError(_ACTIVATIONS_NEED_UINT8)
+        return self
+
+
+class LowerConfig(_ModeSettings):
+    """mode lower: fake-quant ops of a QAT model lowered to exact QuantizeLinear/DequantizeLinear."""
+
+    label: ClassVar[str] = "lower"
+    mode: Literal["lower"] = Field(description="'lower': fake-quant ops of a QAT model lowered to exact "
+                                               "QuantizeLinear/DequantizeLinear.")
+    calibration: Calibration = Field(default=None, description="The data the lowered model is verified on (8 "
+                                                               "samples of seeded random data when absent).")
+    verify_targets: VerifyTargets
+
+
+class WeightOnlyConfig(_ModeSettings):
+    """mode weight_only: int4 or int8 MatMul and embedding weights in blocks, activations float, no calibration."""
+
+    label: ClassVar[str] = "weight_only"
+    mode: Literal["weight_only"] = Field(description="'weight_only': int4 or int8 MatMul and embedding weights in "
+                                                     "blocks, activations float (decoders, LLMs), no calibration.")
+    bits: Literal[4, 8] = Field(default=4, description="Bits per weight.")
+    group_size: int = Field(default=128, description="Weights per scale along the reduction axis: a power of two, "
+                                                     "at least 16.")
+    symmetric_weights: SymmetricWeights = True
+    lm_head: Literal["same", "int8", "float"] = Field(
+        default="int8", description="The LM head (a MatMul whose output becomes a graph output through shape-only "
+                                    "ops): the same bits as the rest, int8 (NNCF's default backup precision), or "
+                                    "left float.")
+    embeddings: Literal["same", "int8", "float"] = Field(
+        default="same", description="Gather tables (embeddings): the same bits, int8, or float.")
+    weight_format: Literal["matmulnbits", "dequantize_linear"] = Field(
+        default="matmulnbits", description="Form of the weights: 'matmulnbits' (com.microsoft "
+                                           "MatMulNBits/GatherBlockQuantized; ONNX Runtime and OpenVINO both run it "
+                                           "with compressed weights) or 'dequantize_linear' (standard opset-21 "
+                                           "blocked DequantizeLinear before each MatMul/Gather).")
+    accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
+        default=4, description="MatMulNBits compute type on ONNX Runtime: 4 quantizes activations per block at run "
+                               "time (the fast CPU path), 0 dequantizes weights to float (slower than float32 on "
+                               "CPUs), 1 fp32, 2 fp16, 3 bf16.")
+    op_types: OpTypes = None
+    exclude_nodes: ExcludeNodes
+    verify_targets: VerifyTargets
 
     @field_validator("group_size")
     @classmethod
@@ -142,88 +242,115 @@ class QuantizeConfig(BaseModel):
                              "GatherBlockQuantized and OpenVINO's grouped weights need that)")
         return value
 
-    @field_validator("exclude_patterns")
+    @field_validator("op_types")
     @classmethod
-    def _patterns_compile(cls, patterns: list[str]) -> list[str]:
-        for pattern in patterns:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"exclude_patterns: '{pattern}' is not a regular expression: {exc}") from None
-        return patterns
-
-    @model_validator(mode="after")
-    def _consistent(self) -> QuantizeConfig:
-        if self.activation_type == "int8" and self.weight_type == "uint8":
-            raise ValueError("activation_type int8 with weight_type uint8 is not supported by ONNX Runtime; "
-                             "use uint8 activations with int8 weights (x86) or int8 for both")
-        # compared with the defaults, not model_fields_set: a dumped config is validated again by the runner
-        if self.mode == "weight_only":
-            self._only_defaults(_NOT_WEIGHT_ONLY)
-            if self.op_types is not None and not set(self.op_types) <= {"MatMul", "Gather"}:
-                raise ValueError(f"mode 'weight_only' quantizes MatMul and Gather weights only; op_types "
-                                 f"{sorted(set(self.op_types) - {'MatMul', 'Gather'})} cannot be")
-        else:
-            self._only_defaults(_WEIGHT_ONLY)
-        if (self.per_runtime or self.runtime) and (self.mode != "ptq" or self.engine != "qdeploy"):
-            raise ValueError("per_runtime and runtime shape qdeploy's ptq graph; mode weight_only builds one graph "
-                             "both runtimes run compressed, dynamic and lower graphs do not depend on the runtime, "
-                             "and engine nncf shapes its graph for OpenVINO itself")
-        if self.engine == "nncf":
-            if self.mode != "ptq":
-                raise ValueError(f"engine 'nncf' builds mode 'ptq' only, not '{self.mode}'")
-            self._only_defaults(_NOT_NNCF, hint="engine 'qdeploy'")
-        else:
-            self._only_defaults(frozenset({"nncf_model_type"}), hint="engine 'nncf'")
-        if self.mode in ("dynamic", "lower"):
-            self._only_defaults(_PTQ_ONLY if self.mode == "dynamic" else (_PTQ_ONLY - {"calibration"}) | _NOT_LOWER)
-        if self.reduce_range == "activations" and (self.mode != "ptq" or self.activation_type != "uint8"):
-            raise ValueError("reduce_range 'activations' needs mode ptq with activation_type uint8 (int8 "
-                             "activations are shifted to uint8 by ONNX Runtime and would still saturate); use "
-                             "'weights'")
-        if self.method != "percentile" and self.percentile != type(self).model_fields["percentile"].default:
-            raise ValueError("percentile applies to method 'percentile' only")
-        if self.budget != BudgetSettings() and self.tolerance is None:
-            raise ValueError("budget settings need a 'tolerance' to meet")
-        if self.tolerance is not None and not self.tolerance.model_dump(exclude_none=True):
-            raise ValueError("tolerance sets no limit: give cosine_min, top1_agreement_min or snr_db_min")
-        if self.op_types is not None and self.op_set != "balanced":
-            raise ValueError("give op_set or op_types, not both")
-        if self.op_types is not None:
-            overlap = sorted(set(self.op_types) & set(self.exclude_op_types))
-            if overlap:
-                raise ValueError(f"op types {overlap} are both in op_types and exclude_op_types")
-            if not self.op_types:
-                raise ValueError("op_types is empty: name op types to quantize, or leave it out for ORT's default")
-        return self
-
-    def for_runtime(self, runtime: str) -> QuantizeConfig:
-        """This config's build for one runtime (``per_runtime``'s split): shaped and verified for it only."""
-        verify = [target for target in self.verify_targets if target.startswith(f"{runtime}:")]
-        return type(self).model_validate({**self.model_dump(), "per_runtime": False, "runtime": runtime,
-                                          "verify_targets": verify or [f"{runtime}:cpu"]})
-
-    def _only_defaults(self, names: frozenset[str], hint: str | None = None) -> None:
-        fields = type(self).model_fields
-        explicit = sorted(name for name in names
-                          if getattr(self, name) != (fields[name].default_factory() if fields[name].default_factory
-                                                     else fields[name].default))
-        if explicit:
-            if hint is not None:
-                raise ValueError(f"engine '{self.engine}' does not use {explicit}; remove them or use {hint}")
-            hint = {"dynamic": "mode 'ptq'", "lower": "mode 'ptq' or 'dynamic'",
-                    "weight_only": "mode 'ptq' or 'dynamic'"}.get(self.mode, "mode 'weight_only'")
-            raise ValueError(f"mode '{self.mode}' does not use {explicit}; remove them or use {hint}")
+    def _matmul_and_gather(cls, op_types: list[str] | None) -> list[str] | None:
+        if op_types is not None and not set(op_types) <= {"MatMul", "Gather"}:
+            raise ValueError(f"mode 'weight_only' quantizes MatMul and Gather weights only; op_types "
+                             f"{sorted(set(op_types) - {'MatMul', 'Gather'})} cannot be")
+        return op_types
 
 
-_PTQ_ONLY = frozenset({"calibration", "method", "percentile", "activation_type", "symmetric_activations", "op_set",
-                       "smooth_quant"})
-_NOT_LOWER = frozenset({"per_channel", "weight_type", "symmetric_weights", "op_types", "exclude_nodes",
-                        "exclude_op_types", "exclude_patterns", "tolerance", "budget", "reduce_range"})
-_WEIGHT_ONLY = frozenset({"bits", "group_size", "lm_head", "embeddings", "weight_format", "accuracy_level"})
-_NOT_WEIGHT_ONLY = _PTQ_ONLY | frozenset({"per_channel", "weight_type", "exclude_op_types", "exclude_patterns",
-                                          "tolerance", "budget", "reduce_range"})
-_NOT_NNCF = frozenset({"method", "percentile", "per_channel", "activation_type", "weight_type",
-                       "symmetric_activations", "symmetric_weights", "op_set", "op_types", "tolerance", "budget",
-                       "smooth_quant"})
-"""Settings NNCF decides itself (its preset and range estimators) or qdeploy cannot give it."""
+def _check_budget_and_op_types(config: PtqConfig | DynamicConfig) -> None:
+    """What ptq and dynamic (qdeploy's quantizer) check alike: a budget has a tolerance that limits something, and
+    no op type is both quantized and excluded."""
+    if config.budget != BudgetSettings() and config.tolerance is None:
+        raise ValueError("budget settings need a 'tolerance' to meet")
+    if config.tolerance is not None and not config.tolerance.model_dump(exclude_none=True):
+        raise ValueError("tolerance sets no limit: give cosine_min, top1_agreement_min or snr_db_min")
+    if config.op_types is not None:
+        overlap = sorted(set(config.op_types) & set(config.exclude_op_types))
+        if overlap:
+            raise ValueError(f"op types {overlap} are both in op_types and exclude_op_types")
+
+
+_ACTIVATIONS_NEED_UINT8 = ("reduce_range 'activations' needs mode ptq with activation_type uint8 (int8 activations "
+                           "are shifted to uint8 by ONNX Runtime and would still saturate); use 'weights'")
+_MEMBERS: tuple[type[_ModeSettings], ...] = (PtqConfig, NncfPtqConfig, DynamicConfig, LowerConfig, WeightOnlyConfig)
+_WHY = {name: ": per_runtime and runtime shape qdeploy's ptq graph; mode weight_only builds one graph both runtimes "
+              "run compressed, dynamic and lower graphs do not depend on the runtime, and engine nncf shapes its "
+              "graph for OpenVINO itself" for name in ("per_runtime", "runtime")}
+"""Why a field is refused outside its mode, where the mode names alone do not say it."""
+
+
+def _where(members: list[type[_ModeSettings]], asking: type[_ModeSettings]) -> str:
+    """'mode ptq', 'modes ptq and dynamic', 'mode ptq with engine nncf'...: where a field applies."""
+    labels = [member.label for member in members]
+    if "ptq" in labels and NncfPtqConfig.label in labels:
+        labels.remove(NncfPtqConfig.label)  # both engines: the mode says it
+    elif labels == ["ptq"] and asking is NncfPtqConfig:
+        labels = ["ptq with engine qdeploy"]
+    if len(labels) == 1:
+        return f"mode {labels[0]}"
+    return f"modes {', '.join(labels[:-1])} and {labels[-1]}"
+
+
+def _tag(data: Any) -> str:
+    """The union member of some settings: ``mode`` (ptq when absent), and for ptq ``engine`` (qdeploy when absent)."""
+    if isinstance(data, _ModeSettings):
+        return "ptq/nncf" if isinstance(data, NncfPtqConfig) else data.mode
+    if not isinstance(data, dict):
+        return "ptq"  # not settings at all: ptq's model says what it wants
+    mode, engine = data.get("mode", "ptq"), data.get("engine", "qdeploy")
+    if mode != "ptq":
+        return str(mode)
+    return "ptq" if engine == "qdeploy" else f"ptq/{engine}"
+
+
+ModeConfig = Annotated[
+    Union[Annotated[PtqConfig, Tag("ptq")], Annotated[NncfPtqConfig, Tag("ptq/nncf")],  # noqa: UP007
+          Annotated[DynamicConfig, Tag("dynamic")], Annotated[LowerConfig, Tag("lower")],
+          Annotated[WeightOnlyConfig, Tag("weight_only")]],
+    Discriminator(_tag),
+]
+"""The settings of one quantize step: the model of its mode."""
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(ModeConfig)
+_TAGS = frozenset({"ptq", "ptq/nncf", "dynamic", "lower", "weight_only"})
+
+
+class QuantizeConfig:
+    """The quantize stage's settings, as the registry, the recipe and ``qdeploy schema`` see them: validating
+    returns the model of the settings' mode (``ModeConfig``), errors located at the recipe's keys (never at the
+    union's tag), the schema is one ``oneOf`` branch per mode."""
+
+    def __new__(cls, **settings: Any) -> PtqConfig | NncfPtqConfig | DynamicConfig | LowerConfig | WeightOnlyConfig:  # type: ignore[misc]
+        return cls.model_validate(settings)
+
+    @classmethod
+    def model_validate(cls, data: Any) -> PtqConfig | NncfPtqConfig | DynamicConfig | LowerConfig | WeightOnlyConfig:
+        try:
+            return _ADAPTER.validate_python(data)
+        except ValidationError as exc:
+            raise ValidationError.from_exception_data(cls.__name__, [_at_recipe_key(error, data)
+                                                                  for error in exc.errors()]) from None
+
+    @classmethod
+    def model_json_schema(cls, **kwargs: Any) -> dict[str, Any]:
+        return _ADAPTER.json_schema(**kwargs)
+
+    members: ClassVar[tuple[type[BaseModel], ...]] = _MEMBERS
+    """The models of the modes, as the docs list them."""
+
+
+def _at_recipe_key(error: Any, data: Any) -> InitErrorDetails:
+    """``error`` located where the user wrote the value: without the union's tag, a field of another mode at the
+    field, an unknown mode or engine as a literal error at that key."""
+    loc = tuple(error["loc"])
+    if loc and loc[0] in _TAGS:
+        loc = loc[1:]
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, _NotForMode):
+        loc = (*loc, cause.field)
+    if error["type"] == "union_tag_invalid" and isinstance(data, dict):
+        key = "mode" if data.get("mode", "ptq") != "ptq" else "engine"
+        expected = MODES if key == "mode" else ENGINES
+        return InitErrorDetails(type="literal_error", loc=(*loc, key), input=data.get(key),
+                                ctx={"expected": _listed(expected)})
+    return InitErrorDetails(type=error["type"], loc=loc, input=error["input"], ctx=error.get("ctx") or {})
+
+
+
+def _listed(values: tuple[str, ...]) -> str:
+    """"'a', 'b' or 'c'", as pydantic lists a literal's values."""
+    quoted = [f"'{value}'" for value in values]
+    return f"{', '.join(quoted[:-1])} or {quoted[-1]}"

@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
+from qdeploy.core.values import one_line
 from qdeploy.graph.external_data import load_graph_only, save_onnx
 from qdeploy.graph.order import subgraph_initializers_to_constants
-from qdeploy.graph.utils import fingerprint, io_names, model_bytes, op_counts, prune_value_info
+from qdeploy.graph.utils import fingerprint, io_names, model_bytes, op_counts, prune_unproduced_value_info
 from qdeploy.stages.simplify._check import Comparison, check_equivalence, compare_outputs
 from qdeploy.stages.simplify._interface import interface_types, restore_interface_types
 from qdeploy.stages.simplify._rewrite_if import PASS_NAME, inline_constant_ifs
@@ -53,6 +54,7 @@ from qdeploy.stages.simplify.config import (  # noqa: F401
     SimplifyConfig,
     _default_rewrites,
 )
+from qdeploy.stages.simplify.findings import SimplifyFindings
 
 if TYPE_CHECKING:
     import onnx
@@ -129,7 +131,7 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     model = _simplify(model, config, ctx.work_dir, progress)
     progress.constants_converted += constants_to_initializers(model.graph)
     sync_legacy_inputs(model, drop_unused="eliminate_unused_initializer" in config.passes())
-    prune_value_info(model)
+    prune_unproduced_value_info(model)
     if io_names(model) != interface:
         raise StageError(STAGE, ctx.variant, f"simplification changed the model's inputs/outputs from "
                          f"{interface} to {io_names(model)}")
@@ -151,8 +153,8 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
             leftover.unlink(missing_ok=True)
     progress.seconds["check"] += time.perf_counter() - started
     findings = _findings(nodes_before, model, config, progress, check)
-    log.info("simplify: %d -> %d nodes in %d iteration(s); %d tensor(s) folded", findings["node_count_before"],
-             findings["node_count_after"], progress.iterations, progress.folded_tensors)
+    log.info("simplify: %d -> %d nodes in %d iteration(s); %d tensor(s) folded", findings.node_count_before,
+             findings.node_count_after, progress.iterations, progress.folded_tensors)
     return StageResult(model=model, changed=fingerprint(model) != before, findings=findings, path=saved)
 
 
@@ -269,7 +271,7 @@ def _optimize(model: onnx.ModelProto, passes: list[str], progress: _Progress) ->
     try:
         result = optimize(model, [name for name in passes if name != PASS_NAME])
     except Exception as exc:  # a crash of the optimizer must not lose the folding done so far
-        progress.note(f"onnxoptimizer failed, its passes were not applied: {_short(exc)}")
+        progress.note(f"onnxoptimizer failed, its passes were not applied: {one_line(exc)}")
         return model
     optimized = result.model  # light (weights as tags) until accepted: the checks read structure only
     if io_names(optimized) != io_names(model):
@@ -301,7 +303,7 @@ def _optimizer_damage(optimized: onnx.ModelProto, types: dict[str, Any], progres
 
 
 def _findings(nodes_before: dict[str, int], model: onnx.ModelProto, config: SimplifyConfig, progress: _Progress,
-              check: dict[str, Any]) -> dict[str, Any]:
+              check: dict[str, Any]) -> SimplifyFindings:
     from qdeploy.stages.simplify._optimizer import likely_passes
 
     nodes_after = op_counts(model)
@@ -311,32 +313,27 @@ def _findings(nodes_before: dict[str, int], model: onnx.ModelProto, config: Simp
     changed = (["fold_constants"] if progress.folded_nodes else []) + \
         (["constants_to_initializers"] if progress.constants_converted else []) + \
         [name for name, count in rewrites["applied"].items() if count] + likely_passes(config.passes(), delta)
-    return {
-        "nodes_before": nodes_before,
-        "nodes_after": nodes_after,
-        "node_count_before": sum(nodes_before.values()),
-        "node_count_after": sum(nodes_after.values()),
-        "folded_tensors": progress.folded_tensors,
-        "folded_nodes": progress.folded_nodes,
-        "folded": dict(sorted(progress.folded.items())[:MAX_LISTED]),
-        "constants_converted": progress.constants_converted,
-        "fold_skipped": sorted(progress.skipped.values(), key=lambda entry: entry["tensor"]),
-        "fold_failed_ops": sorted(progress.failed_ops),
-        "passes": config.passes(),
-        "rewrites": rewrites,
-        "optimizer": {"calls": progress.optimizer_calls, **delta},
-        "passes_changed": changed,
-        "iterations": progress.iterations,
-        "seconds": {phase: round(value, 4) for phase, value in sorted(progress.seconds.items())},
-        "check": check,
-        "notes": list(progress.notes),
-    }
-
+    return SimplifyFindings(
+        nodes_before=nodes_before,
+        nodes_after=nodes_after,
+        node_count_before=sum(nodes_before.values()),
+        node_count_after=sum(nodes_after.values()),
+        folded_tensors=progress.folded_tensors,
+        folded_nodes=progress.folded_nodes,
+        folded=dict(sorted(progress.folded.items())[:MAX_LISTED]),
+        constants_converted=progress.constants_converted,
+        fold_skipped=sorted(progress.skipped.values(), key=lambda entry: entry["tensor"]),
+        fold_failed_ops=sorted(progress.failed_ops),
+        passes=config.passes(),
+        rewrites=rewrites,
+        optimizer={"calls": progress.optimizer_calls, **delta},
+        passes_changed=changed,
+        iterations=progress.iterations,
+        seconds={phase: round(value, 4) for phase, value in sorted(progress.seconds.items())},
+        check=check,
+        notes=list(progress.notes),
+    )
 
 MAX_LISTED = 200
 """Folded tensors listed by name (with their bytes) in the findings; the count covers all."""
 
-
-def _short(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[:limit] + "..."

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.context import StageContext
 from qdeploy.core.errors import StageError
+from qdeploy.core.values import one_line
 from qdeploy.targets.onnxruntime import SessionInterface
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyCo
     try:
         reference = _session(str(original), level)
     except Exception as exc:  # custom ops or a runtime too old: nothing to compare against
-        return {"unchecked": f"the original model does not load in ONNX Runtime (custom ops?): {_short(exc)}"}
+        return {"unchecked": f"the original model does not load in ONNX Runtime (custom ops?): {one_line(exc)}"}
     unfeedable = unfeedable_inputs(model)
     with bounded_memory():
         feeds, failure = (None, "") if unfeedable else _feeds_the_original_accepts(reference, original, model,
@@ -136,7 +137,7 @@ def _candidate(model: str | bytes, level: str, ctx: StageContext) -> Any:
         return _session(model, level)
     except Exception as exc:
         raise StageError(STAGE, ctx.variant, f"the simplified model does not load in ONNX Runtime "
-                         f"while the original does: {_short(exc)}") from exc
+                         f"while the original does: {one_line(exc)}") from exc
 
 
 def same_interface(reference: Any, candidate: Any, stage: str, variant: str) -> None:
@@ -156,9 +157,9 @@ def _compare_all(candidate: Any, feeds: Feeds, config: SimplifyConfig, ctx: Stag
             comparison = compare_outputs(expected, actual, atol=config.check_atol, rtol=config.check_rtol)
         except Exception as exc:
             if _is_memory(exc):
-                raise _MemoryBound(_short(exc)) from exc
+                raise _MemoryBound(one_line(exc)) from exc
             raise StageError(STAGE, ctx.variant, f"the simplified model fails on check sample {index} "
-                             f"where the original runs: {_short(exc)}") from exc
+                             f"where the original runs: {one_line(exc)}") from exc
         if not comparison.passed:
             raise StageError(STAGE, ctx.variant, f"simplified model disagrees with the original on check sample "
                              f"{index} ({feeds.source}): {comparison.reason}")
@@ -194,7 +195,7 @@ def _feeds_the_original_accepts(reference: Any, original: Path, model: onnx.Mode
         try:
             return _with_outputs(reference, real, "the recipe's validation data"), ""
         except Exception as exc:  # fall back to random inputs
-            failure = f"on the recipe's validation data: {_short(exc)}; "
+            failure = f"on the recipe's validation data: {one_line(exc)}; "
     infos = model_inputs(original)
     ranges = {**safe_integer_ranges(model), **_input_ranges(ctx)}
     choices = {name: values for name, values in compared_values(model).items() if name not in _input_ranges(ctx)}
@@ -205,7 +206,7 @@ def _feeds_the_original_accepts(reference: Any, original: Path, model: onnx.Mode
             samples = with_compared_values(random_samples(concrete, config.check_n, seed=0, ranges=ranges), choices)
             return _with_outputs(reference, samples, "seeded random"), ""
         except Exception as exc:  # random feeds may be invalid for this model at this size
-            failure += _short(exc)
+            failure += one_line(exc)
             if _is_memory(exc):
                 return None, f"the check went past its memory bound: {failure}"
     return None, failure
@@ -250,7 +251,3 @@ def _outputs(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
 def _input_ranges(ctx: StageContext) -> dict[str, tuple[float | None, float | None]]:
     return {name: (low, high) for name, (low, high) in ctx.input_ranges.items() if low is not None or high is not None}
 
-
-def _short(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[:limit] + "..."

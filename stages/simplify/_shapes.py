@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.core.values import one_line
 from qdeploy.graph.light import take_value_info
-from qdeploy.graph.utils import prune_value_info
+from qdeploy.graph.utils import prune_unproduced_value_info
 
 if TYPE_CHECKING:
     import onnx
@@ -25,7 +26,7 @@ def infer_shapes(model: onnx.ModelProto, work_dir: Path, progress: Any) -> onnx.
 
     from qdeploy.graph.light import light_bytes, light_copy
 
-    prune_value_info(model)
+    prune_unproduced_value_info(model)
     stripped = light_copy(model, value_info=False)
     light = stripped.model
     if light_bytes(stripped) > INFER_BY_PATH_BYTES:  # even without its large weights (many small tensors)
@@ -38,7 +39,7 @@ def infer_shapes(model: onnx.ModelProto, work_dir: Path, progress: Any) -> onnx.
             continue
         take_value_info(model.graph, inferred.graph)
         return model
-    progress.note(f"shape inference failed: {_short(failure)}")
+    progress.note(f"shape inference failed: {one_line(failure)}")
     return model
 
 
@@ -53,13 +54,9 @@ def _infer_shapes_by_path(model: onnx.ModelProto, work_dir: Path, progress: Any)
         onnx.shape_inference.infer_shapes_path(str(source), str(target), strict_mode=False, data_prop=True)
         return onnx.load(str(target))
     except Exception as exc:  # inference is best effort
-        progress.note(f"shape inference failed: {_short(exc)}")
+        progress.note(f"shape inference failed: {one_line(exc)}")
         return onnx.load(str(source))
     finally:
         for path in (source, target, data):
             path.unlink(missing_ok=True)
 
-
-def _short(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[:limit] + "..."

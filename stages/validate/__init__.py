@@ -119,6 +119,39 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConf
 
     ``declared``: variant -> the tolerance its own steps were built to (an accuracy budget); that variant is
     held to it, as the recipe asked, rather than to validate.tolerance or its precision's default."""
+    try:
+        return _validate_all(artifacts, targets, config, ctx, declared)
+    except FileNotFoundError as exc:  # the cache (or the run folder) was deleted while the run used it
+        raise _vanished(exc, artifacts) from None
+
+
+def _vanished(exc: FileNotFoundError, artifacts: dict[str, Artifact]) -> Exception:
+    """A clear input error (exit 2) for a model file deleted during validation; any other missing file stays what
+    it is (a bug of qdeploy's own)."""
+    from qdeploy.core.errors import QdeployInputError
+
+    gone = Path(str(exc.filename)) if exc.filename else None
+    # an artifact's own file, or any file once the artifacts themselves are gone (the whole cache deleted)
+    deleted = gone is not None and not gone.exists() and any(
+        gone.parent == artifact.path.parent or not artifact.path.exists() for artifact in artifacts.values())
+    if not deleted:
+        return exc
+    return QdeployInputError(f"{gone} was deleted while the run used it: its folder ({gone.parent}) was removed or "
+                             "cleaned during the run (a cache shared with another job, a cleanup?); run again, and "
+                             "keep the cache folder while a run uses it")
+
+
+def _require(path: Path) -> None:
+    """An artifact must still be there: a runtime would report a deleted file as some unreadable model instead."""
+    import errno
+    import os
+
+    if not path.exists():
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+
+
+def _validate_all(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConfig, ctx: StageContext,
+                  declared: dict[str, Tolerance] | None) -> list[ValidationRow]:
     from qdeploy.stages.validate._floor import flag_unattainable
     from qdeploy.stages.validate._reference import ReferenceMissing, reference_source
 
@@ -226,6 +259,7 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
     pinned precisions that may hold (``_precision``); a row that still fails is localized."""
     from qdeploy.stages.validate._precision import default_hint, with_pinned_fallback
 
+    _require(path)
     hint, why = default_hint(target, precision)
     outcome = _compare_pair(shared, name, path, precision, target, hint, pinned=False)
     outcome = with_pinned_fallback(outcome, target, precision, lambda pinned: _compare_pair(

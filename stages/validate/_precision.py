@@ -29,7 +29,7 @@ __all__ = ["REDUCED_ARTIFACTS", "attempt_record", "default_hint", "pinned_candid
 
 log = logging.getLogger(__name__)
 
-REDUCED_ARTIFACTS = ("fp16", "int8")
+REDUCED_ARTIFACTS = ("fp16", "int8", "int4")
 """Artifacts OpenVINO runs at the device default (float32 artifacts are always pinned to f32)."""
 
 Attempt = Callable[[str], Outcome]

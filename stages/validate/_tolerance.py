@@ -36,7 +36,7 @@ def is_integer_op(op_type: str) -> bool:
 
 def tolerance_precision(precision: str, path: Path) -> tuple[str, str]:
     """(the precision whose default tolerance applies, why when it is not the artifact's own)."""
-    if precision == "int8":
+    if precision in ("int8", "int4"):  # integer artifacts have their own defaults
         return precision, ""
     found = integer_ops(path)
     if not found:

@@ -31,9 +31,9 @@ class ValidateConfig(StrictModel):
                     "and outputs must match the artifacts'. 'reference' then only names the speedup baseline.",
     )
     tolerance: Tolerance | None = Field(
-        default=None, description="Limits for every variant; defaults per precision (fp32, fp16, int8) otherwise. A "
-                                   "variant whose quantize or fp16 step has an accuracy budget ('tolerance') is held "
-                                   "to that tolerance instead."
+        default=None, description="Limits for every variant; defaults per precision (fp32, fp16, int8, int4) "
+                                   "otherwise. A variant whose quantize or fp16 step has an accuracy budget "
+                                   "('tolerance') is held to that tolerance instead."
     )
     outputs: dict[str, Tolerance] = Field(
         default_factory=dict,

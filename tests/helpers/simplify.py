@@ -18,5 +18,5 @@ def simplify_model(model: onnx.ModelProto, tmp_path: Path, ctx: StageContext, **
                         parent=None)
     result = run(artifact, SimplifyConfig(**config), ctx)
     onnx.checker.check_model(result.model)
-    json.dumps(result.findings)  # the sidecar must be able to hold them
+    json.dumps(result.report())  # the sidecar must be able to hold them
     return result

@@ -69,7 +69,7 @@ def test_a_graph_out_of_order_because_of_a_subgraph_read_is_put_back_in_order(tm
     result = StageResult(model=model)
     verdict = guard_artifact(_artifact(ordered, tmp_path), result, "quantize", ctx)
     assert [node.op_type for node in result.model.graph.node] == ["Relu", "If"]
-    assert "reordered" in verdict and result.findings["guard"] == verdict
+    assert "reordered" in verdict and result.guard == verdict
 
 
 def test_a_stage_that_could_not_check_is_reported_unchecked(tmp_path: Path, ctx: StageContext) -> None:

@@ -32,8 +32,8 @@ def test_demo_recipe_loads_with_defaults_filled() -> None:
     assert recipe.name == "demo-cnn"
     assert list(recipe.variants) == ["fp32", "fp16", "int8"]
     fp16_step = recipe.variants["fp16"][1]
-    assert fp16_step.stage == "fp16" and fp16_step.config["keep_io_types"] is True
-    assert fp16_step.config["max_finite_val"] == 65504.0  # the stage's default is filled in, not left implicit
+    assert fp16_step.stage == "fp16" and fp16_step.config.keep_io_types is True
+    assert fp16_step.config.max_finite_val == 65504.0  # the stage's default is filled in, not left implicit
     assert recipe.reference_variant == "fp32"
     assert recipe.resolve(recipe.model.onnx).is_file()
 

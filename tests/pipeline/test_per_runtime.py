@@ -28,9 +28,9 @@ def test_per_runtime_splits_a_variant_into_one_build_per_runtime_of_the_targets(
     assert list(recipe.variants) == ["int8@ort", "int8@openvino"]
     for runtime in ("ort", "openvino"):
         config = recipe.variants[f"int8@{runtime}"][0].config
-        assert config["runtime"] == runtime and config["per_runtime"] is False
-        assert config["verify_targets"] == [f"{runtime}:cpu"]
-        assert config["reduce_range"] == "weights"  # the user's settings carry over
+        assert config.runtime == runtime and config.per_runtime is False
+        assert list(config.verify_targets) == [f"{runtime}:cpu"]
+        assert config.reduce_range == "weights"  # the user's settings carry over
     assert list(_recipe(SPLIT, ["ort:cpu"]).variants) == ["int8@ort"]  # only the runtimes the recipe targets
 
 

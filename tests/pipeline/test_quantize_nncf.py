@@ -67,10 +67,12 @@ def test_without_nncf_the_stage_says_how_to_install_it(tmp_path: Path, monkeypat
 
 
 @pytest.mark.parametrize(("settings", "words"), [
-    ({"engine": "nncf", "method": "entropy"}, "engine 'nncf' does not use ['method']"),
-    ({"engine": "nncf", "tolerance": {"cosine_min": 0.99}}, "engine 'nncf' does not use ['tolerance']"),
-    ({"engine": "nncf", "mode": "dynamic"}, "engine 'nncf' builds mode 'ptq' only"),
-    ({"nncf_model_type": "transformer"}, "engine 'qdeploy' does not use ['nncf_model_type']"),
+    ({"engine": "nncf", "method": "entropy"},
+     "quantize.ptq with engine nncf does not take 'method' (it applies to mode ptq with engine qdeploy)"),
+    ({"engine": "nncf", "tolerance": {"cosine_min": 0.99}}, "quantize.ptq with engine nncf does not take 'tolerance'"),
+    ({"engine": "nncf", "mode": "dynamic"}, "quantize.dynamic does not take 'engine' (it applies to mode ptq)"),
+    ({"nncf_model_type": "transformer"},
+     "quantize.ptq does not take 'nncf_model_type' (it applies to mode ptq with engine nncf)"),
 ])
 def test_settings_nncf_does_not_take_are_refused(settings: dict, words: str) -> None:
     from pydantic import ValidationError

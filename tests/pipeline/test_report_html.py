@@ -13,6 +13,7 @@ import pytest
 from qdeploy.pipeline.report import write_reports
 from qdeploy.pipeline.report.charts import inline_svg
 from qdeploy.pipeline.report.html import render_html
+from tests.helpers.demo_report import mixed_rows_report
 from tests.helpers.reports import synthetic_report
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -123,6 +124,49 @@ def test_page_renders_in_headless_chromium(tmp_path: Path) -> None:
         assert ImageStat.Stat(top).stddev[0] > 20  # the verdict and gates are at the top
         colors = image.convert("RGB").resize((320, 500)).getcolors(maxcolors=320 * 500)
         assert colors is not None and len(colors) > 50  # charts and badges in colour, not a text dump
+
+
+def _headless(tmp_path: Path, *flags: str) -> list[str]:
+    return [str(_chromium()), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}", *flags]
+
+
+VERDICT_RAN = {  # per target of mixed_rows_report: the pick and how it ran, as the page must show it
+    "ort:cpu": "ship fp16 (fp16 artifact, but onnxruntime ran all 13 of its kernels in float32 on CPUExecutionProvider",
+    "openvino:cpu": "ship int8 (int8 artifact with float parts at bf16 (device default) on OpenVINO CPU)",
+    "ort:cuda": "ship fp16 (fp16 artifact, onnxruntime ran 11 fp16 + 2 fp32 kernels on CUDAExecutionProvider",
+}
+
+
+@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_the_verdict_names_the_precision_per_target_as_chromium_renders_it(tmp_path: Path) -> None:
+    """Chromium's DOM of the page, as text: each target's verdict names the precision that ran there."""
+    from PIL import Image, ImageStat
+
+    page = tmp_path / "report.html"
+    page.write_text(render_html(mixed_rows_report()))
+    done = subprocess.run(_headless(tmp_path, "--dump-dom", page.as_uri()), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert "What to ship" in done.stdout, done.stderr[-2000:]
+    block = done.stdout.split("<h2>What to ship</h2>", 1)[1].split("<h2>", 1)[0]
+    cards = {target: html_text(card) for card in block.split('<div class="ship" data-target="')[1:]
+             for target in [card.split('"', 1)[0]]}
+    assert set(cards) == set(VERDICT_RAN)
+    for target, ran in VERDICT_RAN.items():
+        assert f"{target}: {ran}" in cards[target], cards[target]
+    shot = tmp_path / "verdict.png"
+    subprocess.run(_headless(tmp_path, f"--screenshot={shot}", "--window-size=1280,900", page.as_uri()),
+                   capture_output=True, timeout=120, check=False)
+    with Image.open(shot) as image:
+        assert ImageStat.Stat(image.convert("L").crop((0, 0, 1280, 600))).stddev[0] > 20  # the verdict, not blank
+
+
+def html_text(fragment: str) -> str:
+    """The text a reader sees of an HTML fragment: tags dropped, entities decoded, spaces joined."""
+    import html
+
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", "", fragment))).strip()
 
 
 @pytest.mark.slow

@@ -128,10 +128,10 @@ def test_missing_targets_are_unavailable_with_a_reason(mlp_path: Path, name: str
         pytest.skip(f"{name} exists on this machine")
     ok, reason = get_target(name).availability()
     assert ok is False
-    assert reason.startswith(f"target {name} requested; this machine's")
+    assert reason.startswith(f"target {name} is not available here; this machine's")  # never "requested"
     assert exists in reason
     assert "AzureExecutionProvider" not in reason
-    assert available_targets()[name] == reason
+    assert available_targets()[name] == reason.split("; ", 1)[1]  # doctor's listing names the target itself
     with pytest.raises(TargetUnavailable, match=name):
         get_target(name).load(mlp_path)
 

@@ -71,8 +71,9 @@ def test_doctor_warns_when_installed_versions_differ(tmp_path: Path) -> None:
                              text=True, env=env, timeout=120)
     record = json.loads(as_json.stdout)["tested_versions"]
     assert record["runtimes"]["onnxruntime"] == {"tested": "0.0.1", "installed": installed}
-    assert record["match"] is False and record["differ"] == {"onnxruntime": {"installed": installed,
-                                                                             "tested": "0.0.1"}}
+    # only the changed pin is asserted: other libraries may differ from constraints.txt on this machine
+    assert record["match"] is False
+    assert record["differ"]["onnxruntime"] == {"installed": installed, "tested": "0.0.1"}
 
 
 def test_the_report_environment_says_whether_runtimes_are_the_tested_ones(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,6 +81,6 @@ def test_the_report_environment_says_whether_runtimes_are_the_tested_ones(monkey
 
     monkeypatch.setattr(tested_versions, "TESTED", {**TESTED, "numpy": "0.0.1"})
     recorded = environment.__wrapped__()["tested_versions"]
-    assert recorded == {"match": False, "differ": {"numpy": {"installed": metadata.version("numpy"),
-                                                             "tested": "0.0.1"}}}
+    assert recorded["match"] is False
+    assert recorded["differ"]["numpy"] == {"installed": metadata.version("numpy"), "tested": "0.0.1"}
 

@@ -75,7 +75,7 @@ def test_an_opset_9_model_converts_to_17_and_computes_the_same(tmp_path: Path) -
     model = _opset9_model()
     onnx.save(model, tmp_path / "old.onnx")
     result = _export(tmp_path, onnx=str(tmp_path / "old.onnx"), opset=17)
-    assert result.findings["opset_in"] == 9 and result.findings["opset"] == 17
+    assert result.findings.opset_in == 9 and result.findings.opset == 17
     assert "Upsample" not in [node.op_type for node in result.model.graph.node]  # became Resize
     feeds = {"x": RNG.standard_normal((1, 3, 4, 4)).astype(np.float32)}
     np.testing.assert_allclose(_run(result.model, feeds)[0], _run(model, feeds)[0], rtol=1e-6, atol=1e-6)
@@ -88,7 +88,7 @@ def test_an_opset_7_model_loads_as_it_is(tmp_path: Path) -> None:
                              for init in model.graph.initializer)
     onnx.save(model, tmp_path / "m7.onnx")
     result = _export(tmp_path, onnx=str(tmp_path / "m7.onnx"))
-    assert result.findings["opset"] == 7
+    assert result.findings.opset == 7
 
 
 def test_a_conversion_failure_names_the_op_and_its_node(tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ def test_going_down_an_opset_decomposes_ops_that_do_not_exist_yet(tmp_path: Path
     model.ir_version = 9
     onnx.save(model, tmp_path / "gelu.onnx")
     result = _export(tmp_path, onnx=str(tmp_path / "gelu.onnx"), opset=17)
-    assert result.findings["decomposed_for_opset"] == {"gelu_to_erf": 1}
+    assert result.findings.decomposed_for_opset == {"gelu_to_erf": 1}
     feeds = {"x": RNG.standard_normal((4, 8)).astype(np.float32)}
     np.testing.assert_allclose(_run(result.model, feeds)[0], _run(model, feeds)[0], rtol=1e-5, atol=1e-6)
 
@@ -172,8 +172,8 @@ def test_torch_factory_from_a_file_with_dynamic_batch_and_weights(tmp_path: Path
     result = _export(tmp_path, torch={"factory": f"{net}:build", "weights": str(tmp_path / "weights.pt"),
                                       "dynamic": {"x": {0: "batch"}}},
                      inputs=[{"name": "x", "shape": [1, 3, 16, 16]}])
-    findings = result.findings
-    assert findings["source"] == "torch" and findings["exporter"] == "torchscript"
+    findings = result.findings.to_report()
+    assert findings["source"] == "torch" and findings["exporter"] in ("torchscript", "dynamo")  # auto's pick
     assert 0 <= findings["max_abs_err_vs_torch"] < 1e-4
     assert result.model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
     x = RNG.standard_normal((3, 3, 16, 16)).astype(np.float32)  # another batch size works
@@ -189,7 +189,7 @@ def test_torch_factory_as_module_and_callable(tmp_path: Path, monkeypatch: pytes
     monkeypatch.syspath_prepend(str(tmp_path))
     result = _export(tmp_path, torch={"factory": "qdeploy_test_net_module:build"},
                      inputs=[{"name": "x", "shape": [1, 3, 8, 8]}], opset=13)
-    assert result.findings["opset"] == 13 and result.findings["max_abs_err_vs_torch"] < 1e-4
+    assert result.findings.opset == 13 and result.findings.max_abs_err_vs_torch < 1e-4
     with pytest.raises(ModelError, match="has no callable 'missing'"):
         _export(tmp_path, torch={"factory": "qdeploy_test_net_module:missing"},
                 inputs=[{"name": "x", "shape": [1, 3, 8, 8]}])
@@ -227,5 +227,5 @@ def test_the_dynamo_exporter_is_selectable(tmp_path: Path) -> None:
     net = _write_net(tmp_path)
     result = _export(tmp_path, torch={"factory": f"{net}:build", "exporter": "dynamo"},
                      inputs=[{"name": "x", "shape": [2, 3, 8, 8]}])
-    assert result.findings["exporter"] == "dynamo" and result.findings["max_abs_err_vs_torch"] < 1e-4
+    assert result.findings.exporter == "dynamo" and result.findings.max_abs_err_vs_torch < 1e-4
     assert [value.name for value in result.model.graph.input] == ["x"]

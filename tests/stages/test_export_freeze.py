@@ -48,7 +48,7 @@ def test_a_frozen_input_is_a_constant_and_its_if_is_inlined(tmp_path: Path, valu
     assert [value.name for value in model.graph.input] == ["audio"]
     ops = [node.op_type for node in model.graph.node]
     assert "If" not in ops and "Equal" not in ops and "Unsqueeze" not in ops, ops  # the 16 kHz branch, inlined
-    findings = result.findings
+    findings = result.findings.to_report()
     assert findings["frozen_inputs"] == {"sr": {"value": RATE, "dtype": "int64"}}
     assert findings["ifs_inlined"] == ["by_rate"]
     assert findings["nodes_folded"] == 3  # Equal, and the Cast and Mul of sr * 0; the Add reads the audio: it stays

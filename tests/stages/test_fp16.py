@@ -78,7 +78,7 @@ def test_clamping_is_counted_and_uses_float16_limits(tmp_path: Path, monkeypatch
                        [tensor("x", [1, 5])], [tensor("y", [1, 5])])
     result = run_stage(tmp_path, model, out_of_range_constants="clamp")
 
-    clamp = result.findings["clamp"]
+    clamp = result.findings.clamp
     assert clamp["clamped_values"] == 3
     assert clamp["initializers"] == {"c": 3}
     assert clamp["max_finite_val"] == 65504.0
@@ -95,7 +95,7 @@ def test_clamping_counts_a_constant_node_and_ignores_float32_nodes(tmp_path: Pat
     nodes = [big, helper.make_node("Mul", ["x", "k"], ["m"], name="mul"),
              helper.make_node("Mul", ["m", "c"], ["y"], name="mul_kept")]
     model = make_model(nodes, [const("c", [1e6, 1.0])], [tensor("x", [2])], [tensor("y", [2])])
-    clamp = run_stage(tmp_path, model, node_block_list=["mul_kept"], out_of_range_constants="clamp").findings["clamp"]
+    clamp = run_stage(tmp_path, model, node_block_list=["mul_kept"], out_of_range_constants="clamp").findings.clamp
     assert clamp["initializers"] == {"k": 1}  # c feeds only a float32 node: kept, not clamped
 
 
@@ -114,10 +114,10 @@ def test_keep_io_types_keeps_float32_io(tmp_path: Path) -> None:
 def test_converted_conv_matches_fp32_in_ort_and_in_float16_arithmetic(tmp_path: Path) -> None:
     model = tiny_conv()
     result = run_stage(tmp_path, model)
-    assert result.changed and result.findings["cast_nodes"] == 2
-    assert result.findings["clamp"]["clamped_values"] == 0
-    assert "Resize" in result.findings["op_block_list"]
-    assert result.findings["activation_analysis"].startswith("not run")
+    assert result.changed and result.findings.cast_nodes == 2
+    assert result.findings.clamp["clamped_values"] == 0
+    assert "Resize" in result.findings.op_block_list
+    assert result.findings.activation_analysis.startswith("not run")
     x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
     expected = run_ort(model, {"x": x})[0]
     for got in (run_ort(result.model, {"x": x})[0], run_reference(result.model, {"x": x})[0]):
@@ -141,9 +141,9 @@ def test_sidecar_findings_are_json_serialisable(tmp_path: Path) -> None:
 
     sample = {"x": np.random.default_rng(2).standard_normal((1, 3, 8, 8)).astype(np.float32)}
     result = run_stage(tmp_path, tiny_conv(), {"calib": [sample] * 2}, calibration={"data": "calib"})
-    text = json.dumps(result.findings, allow_nan=False)
+    text = json.dumps(result.report(), allow_nan=False)
     assert "fidelity" in json.loads(text)
-    assert result.findings["fidelity"]["emulated"]["passed"] is True
+    assert result.findings.fidelity["emulated"]["passed"] is True
 
 
 def test_config_survives_a_json_round_trip() -> None:

@@ -40,7 +40,7 @@ def test_budget_keeps_only_the_sensitive_nodes_whatever_their_graph_position(tmp
     result = run_stage(tmp_path, model, {"val": offset_budget_samples(6)}, mode="auto", calibration={"data": "val"},
                        tolerance={"cosine_min": 0.9999})
 
-    budget = result.findings["budget"]
+    budget = result.findings.budget
     assert budget["met"] is True
     assert budget["metrics_all_float16"]["cosine"] < 0.9999  # plain float16 misses the tolerance
     chosen = [name for group in budget["float32_nodes"] for name in group["nodes"]]
@@ -48,22 +48,22 @@ def test_budget_keeps_only_the_sensitive_nodes_whatever_their_graph_position(tmp
     assert all(group["sensitivity"] > 0.01 for group in budget["float32_nodes"])
     assert budget["trials"] > budget["groups"]  # one sensitivity trial per group, plus the search
     assert len(built) == 1 and len(conversions) == 1  # every trial reused one gated model; one conversion
-    kept = {entry["node"]: entry["reason"] for entry in result.findings["kept_in_fp32"]}
+    kept = {entry["node"]: entry["reason"] for entry in result.findings.kept_in_fp32}
     assert kept == {"shift_up": "budget: sensitivity", "shift_down": "budget: sensitivity"}
     assert not set(BENIGN) & set(kept)
 
     x = offset_budget_samples(7)[-1]
     expected = run_ort(model, x)[0]
     assert _cosine(run_reference(result.model, x)[0], expected) >= 0.9999  # true float16 arithmetic
-    assert result.findings["fidelity"]["emulated"]["passed"]
+    assert result.findings.fidelity["emulated"]["passed"]
 
 
 def test_budget_blocks_nothing_when_float16_already_meets_the_tolerance(tmp_path: Path) -> None:
     result = run_stage(tmp_path, offset_budget_model(), {"val": offset_budget_samples(3)}, mode="auto",
                        calibration={"data": "val"}, tolerance={"cosine_min": 0.5})
-    assert result.findings["budget"]["float32_nodes"] == []
-    assert result.findings["budget"]["trials"] == 1
-    assert result.findings["kept_in_fp32"] == []
+    assert result.findings.budget["float32_nodes"] == []
+    assert result.findings.budget["trials"] == 1
+    assert result.findings.kept_in_fp32 == []
 
 
 def test_data_movement_nodes_share_their_producers_group() -> None:

@@ -68,9 +68,9 @@ def test_a_target_that_misses_keeps_further_groups_float32_until_it_holds_there(
     monkeypatch.setattr(fp16_targets, "load_as_validated", lambda name, path: (
         FakeSession(path, loads) if name == "openvino:cpu" else real(name, path)))
     result = run_budget(tmp_path, ("ort:cpu", "openvino:cpu"), {"cosine_min": 0.9999})
-    budget = result.findings["budget"]
+    budget = result.findings.budget
     assert budget["met_emulated"] is True and loads[0] is True  # the emulation's choice breaks on the target
-    kept = {entry["node"]: entry["reason"] for entry in result.findings["kept_in_fp32"]}
+    kept = {entry["node"]: entry["reason"] for entry in result.findings.kept_in_fp32}
     assert kept[BROKEN] == "budget: missed on a target" and kept["shift_up"] == "budget: sensitivity"
     assert not runs_in_float16(result.model, BROKEN) and False in loads  # the written artifact is one that held
     assert budget["targets"]["openvino:cpu"]["status"] == "confirmed"
@@ -86,7 +86,7 @@ def test_a_target_wrong_whatever_is_kept_is_reported_missed(tmp_path: Path, monk
             return {"y": -run_ort(self.model, feed)[0]}
 
     monkeypatch.setattr(fp16_targets, "load_as_validated", lambda name, path: AlwaysBroken(path, []))
-    budget = run_budget(tmp_path, ("openvino:cpu", "ort:cuda"), {"cosine_min": 0.9999}).findings["budget"]
+    budget = run_budget(tmp_path, ("openvino:cpu", "ort:cuda"), {"cosine_min": 0.9999}).findings.budget
     assert budget["met"] is False and "budget not met on openvino:cpu" in budget["note"]
     record = budget["targets"]["openvino:cpu"]
     assert record["status"] == "missed" and record["cosine"] < 0 and "every node group float32" in record["reason"]
@@ -96,7 +96,7 @@ def test_a_target_wrong_whatever_is_kept_is_reported_missed(tmp_path: Path, monk
 def test_what_the_fp16_sidecar_says_of_openvino_is_what_validation_measures_there(tmp_path: Path) -> None:
     pytest.importorskip("openvino")
     result = run_budget(tmp_path, ("ort:cpu", "openvino:cpu"), {"cosine_min": 0.9999})
-    budget = result.findings["budget"]
+    budget = result.findings.budget
     record = budget["targets"]["openvino:cpu"]
     assert record["status"] in ("confirmed", "missed") and record["precision"]
     path = tmp_path / "fp16.onnx"
@@ -129,8 +129,8 @@ def test_a_target_missing_at_its_bf16_default_is_confirmed_pinned_to_f32(
 
     monkeypatch.setattr(fp16_targets, "load_as_validated", load)
     result = run_budget(tmp_path, ("openvino:cpu",), {"cosine_min": 0.9999})
-    record = result.findings["budget"]["targets"]["openvino:cpu"]
+    record = result.findings.budget["targets"]["openvino:cpu"]
     assert record["status"] == "confirmed" and record["deploy_precision"] == "f32" and record["precision"] == "f32"
     assert record["default"]["status"] == "missed" and record["default"]["precision"] == "bf16"
-    assert hints == [None, "f32"] and result.findings["budget"]["met"] is True
-    assert not any(entry["reason"] == "budget: missed on a target" for entry in result.findings["kept_in_fp32"])
+    assert hints == [None, "f32"] and result.findings.budget["met"] is True
+    assert not any(entry["reason"] == "budget: missed on a target" for entry in result.findings.kept_in_fp32)

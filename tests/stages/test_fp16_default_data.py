@@ -43,13 +43,13 @@ def _with_default(ctx: StageContext, dataset: str | None) -> StageContext:
 def test_validation_data_drives_activation_analysis_when_the_config_names_none(tmp_path: Path) -> None:
     ctx = _with_default(context(tmp_path, {"val": _samples()}), "val")
     result = fp16.run(artifact(tmp_path, _overflowing_model()), Fp16Config(), ctx)
-    analysis = result.findings["activation_analysis"]
+    analysis = result.findings.activation_analysis
     assert analysis["data"] == "val" and analysis["source"] == "validate.data (default)" and analysis["samples"] == 3
-    assert {entry["node"] for entry in result.findings["kept_in_fp32"]} == {"scale_up", "scale_down"}
-    assert result.findings["fidelity"]["emulated"]["passed"] is True
+    assert {entry["node"] for entry in result.findings.kept_in_fp32} == {"scale_up", "scale_down"}
+    assert result.findings.fidelity["emulated"]["passed"] is True
 
     off = fp16.run(artifact(tmp_path, _overflowing_model()), Fp16Config(use_validation_data=False), ctx)
-    assert off.findings["activation_analysis"].startswith("not run") and off.findings["kept_in_fp32"] == []
+    assert off.findings.activation_analysis.startswith("not run") and off.findings.kept_in_fp32 == []
     assert not fp16.reads_default_dataset(Fp16Config(use_validation_data=False))
     assert not fp16.reads_default_dataset(Fp16Config(calibration={"data": "val"}))
 
@@ -107,12 +107,12 @@ def test_a_missed_emulation_check_is_repaired_by_default_by_keeping_the_fewest_n
     ctx = _with_default(context(tmp_path, {"val": samples}), "val")
 
     reported = fp16.run(artifact(tmp_path, _cancelling_model()), Fp16Config(repair=False), ctx)
-    assert reported.findings["kept_in_fp32"] == []  # nothing overflows...
-    assert reported.findings["fidelity"]["emulated"]["passed"] is False  # ...yet float16 loses x
+    assert reported.findings.kept_in_fp32 == []  # nothing overflows...
+    assert reported.findings.fidelity["emulated"]["passed"] is False  # ...yet float16 loses x
 
     repaired = fp16.run(artifact(tmp_path, _cancelling_model()), Fp16Config(), ctx)
-    budget = repaired.findings["budget"]
+    budget = repaired.findings.budget
     assert budget["trigger"].startswith("repair: the float16 emulation check missed") and budget["met"] is True
-    kept = {entry["node"] for entry in repaired.findings["kept_in_fp32"]}
+    kept = {entry["node"] for entry in repaired.findings.kept_in_fp32}
     assert "shift" in kept and "scale" not in kept  # the cancellation, not the harmless Mul
-    assert repaired.findings["fidelity"]["emulated"]["passed"] is True
+    assert repaired.findings.fidelity["emulated"]["passed"] is True

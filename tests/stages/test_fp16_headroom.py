@@ -70,19 +70,19 @@ def test_a_calibration_draw_that_passes_by_less_than_the_headroom_is_repaired_fo
     others = {seed: _draw(seed, 0.0, 1.0, (1, 64)) for seed in (0, 2, 7)}
 
     unrepaired = _stage(tmp_path / "a", model, calibration, repair=False)
-    assert unrepaired.findings["fidelity"]["emulated"]["passed"] is True  # the calibration draw passes...
-    assert 30.0 < unrepaired.findings["fidelity"]["emulated"]["worst"]["snr_db"] < 36.0  # ...by less than 6 dB
-    assert "budget" not in unrepaired.findings
+    assert unrepaired.findings.fidelity["emulated"]["passed"] is True  # the calibration draw passes...
+    assert 30.0 < unrepaired.findings.fidelity["emulated"]["worst"]["snr_db"] < 36.0  # ...by less than 6 dB
+    assert unrepaired.findings.budget is None
     assert min(_on_reference(model, unrepaired.model, feeds) for feeds in others.values()) < 30.0  # others miss
 
     result = _stage(tmp_path / "b", model, calibration)
     for seed, feeds in others.items():
         assert _on_reference(model, result.model, feeds) >= 30.0, seed
-    emulated = result.findings["fidelity"]["emulated"]
+    emulated = result.findings.fidelity["emulated"]
     assert emulated["headroom"]["db"] == 6.0 and emulated["headroom"]["met"] is True
     assert emulated["headroom"]["target"]["snr_db_min"] == 36.0
-    assert "6 dB headroom" in result.findings["budget"]["trigger"]
-    assert "gain" in {entry["node"] for entry in result.findings["kept_in_fp32"]}  # the rounding that matters
+    assert "6 dB headroom" in result.findings.budget["trigger"]
+    assert "gain" in {entry["node"] for entry in result.findings.kept_in_fp32}  # the rounding that matters
 
 
 def _offset_and_back() -> onnx.ModelProto:
@@ -102,9 +102,9 @@ def test_a_calibration_sample_the_pooled_snr_hides_is_repaired(tmp_path: Path) -
 
     result = _stage(tmp_path / "a", model, calibration)
     assert _on_reference(model, result.model, quiet) >= 30.0
-    assert "shift" in {entry["node"] for entry in result.findings["kept_in_fp32"]}
-    assert "sample 1:" in result.findings["budget"]["trigger"]
-    assert result.findings["budget"]["searched"].startswith("each sample on its own")
+    assert "shift" in {entry["node"] for entry in result.findings.kept_in_fp32}
+    assert "sample 1:" in result.findings.budget["trigger"]
+    assert result.findings.budget["searched"].startswith("each sample on its own")
 
 
 def _cancelling_gemm() -> onnx.ModelProto:
@@ -122,14 +122,14 @@ def test_the_emulation_rounds_a_product_before_its_bias_as_true_float16_does(tmp
     calibration = [{"x": _exact(feed["x"])} for feed in _draw(1, 8.0, 9.0, (1, 64))]
     unseen = [{"x": _exact(feed["x"])} for feed in _draw(3, 8.0, 9.0, (1, 64))]
     plain = _stage(tmp_path / "a", model, calibration, repair=False)
-    emulated = plain.findings["fidelity"]["emulated"]["worst"]["snr_db"]
+    emulated = plain.findings.fidelity["emulated"]["worst"]["snr_db"]
     true_float16 = _on_reference(model, plain.model, calibration)
     assert true_float16 < 30.0  # the float16 Gemm loses the result under true float16 arithmetic...
     assert abs(emulated - true_float16) < 3.0  # ...and the emulation says so (it said > 60 dB before)
-    assert plain.findings["fidelity"]["emulated"]["passed"] is False
+    assert plain.findings.fidelity["emulated"]["passed"] is False
 
     repaired = _stage(tmp_path / "b", model, calibration)
-    assert "dense" in {entry["node"] for entry in repaired.findings["kept_in_fp32"]}
+    assert "dense" in {entry["node"] for entry in repaired.findings.kept_in_fp32}
     assert _on_reference(model, repaired.model, unseen) >= 30.0
 
 

@@ -70,12 +70,12 @@ def test_transformer_encoder_from_pytorch_is_valid_on_every_target(tmp_path: Pat
     rng = np.random.default_rng(0)
     samples = [{"x": rng.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(4)]
     result = run_stage(tmp_path, model, {"calib": samples}, calibration={"data": "calib"})
-    assert result.findings["checker"].startswith("onnx.checker full_check passed")
-    assert result.findings["fidelity"]["emulated"]["passed"]
+    assert result.findings.checker.startswith("onnx.checker full_check passed")
+    assert result.findings.fidelity["emulated"]["passed"]
     with pytest.raises(Exception, match="Type Error"):  # plain onnxconverter-common: a Cast to float stays
         run_target("ort:cpu", plain_convert(model), {"x": samples[0]["x"]}, tmp_path)
     layer_norms = [n for n in result.model.graph.node if n.op_type == "LayerNormalization"]
-    assert layer_norms and all(n.name not in result.findings["node_block_list"] for n in layer_norms)
+    assert layer_norms and all(n.name not in result.findings.node_block_list for n in layer_norms)
     feeds = [{"x": rng.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(2)]
     for target, comparison in _validate(model, result.model, feeds, ("ort:cpu", "openvino:cpu", "reference:cpu"),
                                         tmp_path).items():
@@ -88,11 +88,11 @@ def test_transformer_encoder_budget_mode_meets_a_tight_tolerance(tmp_path: Path,
     samples = [{"x": rng.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(3)]
     result = run_stage(tmp_path, encoder, {"val": samples}, mode="auto", calibration={"data": "val"},
                        tolerance={"snr_db_min": 70.0})
-    budget = result.findings["budget"]
+    budget = result.findings.budget
     assert budget["metrics_all_float16"]["snr_db"] < 70.0 and budget["met"] is True
     kept = sum(len(group["nodes"]) for group in budget["float32_nodes"])
     assert 0 < kept < len(encoder.graph.node) // 4  # some nodes, far from all
-    assert result.findings["fidelity"]["emulated"]["worst"]["snr_db"] >= 70.0
+    assert result.findings.fidelity["emulated"]["worst"]["snr_db"] >= 70.0
 
 
 def _pp_ocr_rec() -> Path:
@@ -118,7 +118,7 @@ def test_pp_ocr_recognition_model_is_valid_on_ort_and_openvino(tmp_path: Path) -
     model = onnx.load(str(path))
     samples = [{"x": _text_line(seed)} for seed in range(2)]
     result = run_stage(tmp_path, model, {"calib": samples}, calibration={"data": "calib", "samples": 2})
-    assert result.findings["fidelity"]["emulated"]["passed"]
+    assert result.findings.fidelity["emulated"]["passed"]
     feeds = [{"x": _text_line(seed)} for seed in (10, 11)]
     comparisons = _validate(model, result.model, feeds, ("ort:cpu", "openvino:cpu"), tmp_path)
     for target, comparison in comparisons.items():
@@ -147,9 +147,9 @@ def test_pp_ocr_detection_default_fp16_build_passes_true_float16_arithmetic(tmp_
     ctx = data_context("fp16", tmp_path / "work", datasets=specs, resolve=lambda p: tmp_path / p,
                        default_dataset="val")
     result = fp16.run(artifact_at(source), Fp16Config(), ctx)
-    assert result.findings["activation_analysis"]["source"] == "validate.data (default)"
-    assert "p2o.BatchNormalization.1" in result.findings["constant_range_float32_nodes"]
-    assert result.findings["fidelity"]["emulated"]["passed"]
+    assert result.findings.activation_analysis["source"] == "validate.data (default)"
+    assert "p2o.BatchNormalization.1" in result.findings.constant_range_float32_nodes
+    assert result.findings.fidelity["emulated"]["passed"]
 
     feeds = list(iter_samples(specs["unseen"], source, resolve=lambda p: tmp_path / p, dataset_name="unseen"))
     model = onnx.load(str(source))

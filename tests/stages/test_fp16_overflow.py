@@ -64,7 +64,7 @@ def test_unnormalized_attention_passes_on_ort_cpu_but_not_in_float16_and_qdeploy
         assert np.isnan(run_target("reference:cpu", plain, x, tmp_path)[0]).any()  # true float16: NaN
 
     result = run_stage(tmp_path, model, {"calib": samples}, calibration={"data": "calib"})
-    kept = {entry["node"]: entry for entry in result.findings["kept_in_fp32"]}
+    kept = {entry["node"]: entry for entry in result.findings.kept_in_fp32}
     assert set(kept) == {"scores", "softmax"}
     assert kept["scores"]["reason"] == "unnormalized attention scores"
     assert kept["scores"]["tensor"] == "s" and kept["scores"]["abs_max"] > 65504
@@ -72,15 +72,15 @@ def test_unnormalized_attention_passes_on_ort_cpu_but_not_in_float16_and_qdeploy
     for target in ("ort:cpu", "reference:cpu", "openvino:cpu"):
         got = run_target(target, result.model, x, tmp_path)[0]
         assert np.isfinite(got).all() and _cosine(got, expected) > 0.999, target
-    emulated = result.findings["fidelity"]["emulated"]
+    emulated = result.findings.fidelity["emulated"]
     assert emulated["passed"] and emulated["worst"]["nonfinite"] == 0
 
 
 def test_scaled_attention_within_range_stays_float16(tmp_path: Path) -> None:
     samples = [{"x": _hidden_states(seed, scale=0.05)} for seed in range(4)]
     result = run_stage(tmp_path, _attention(scale_scores=True), {"calib": samples}, calibration={"data": "calib"})
-    assert result.findings["kept_in_fp32"] == []
-    assert result.findings["fidelity"]["emulated"]["passed"]
+    assert result.findings.kept_in_fp32 == []
+    assert result.findings.fidelity["emulated"]["passed"]
 
 
 def _decomposed_layer_norm() -> onnx.ModelProto:
@@ -116,7 +116,7 @@ def test_layer_norm_pow_overflow_is_kept_in_float32_and_listed(tmp_path: Path) -
     samples = [{"x": _hidden_states(seed)} for seed in range(4)]
     result = run_stage(tmp_path, model, {"calib": samples}, calibration={"data": "calib", "samples": 4},
                        keep_layer_norms_float32=False)  # the measured ranges decide here
-    kept = {entry["node"]: entry for entry in result.findings["kept_in_fp32"]}
+    kept = {entry["node"]: entry for entry in result.findings.kept_in_fp32}
     assert {"square", "variance"} <= set(kept)
     assert kept["square"]["reason"] == "Pow" and kept["square"]["tensor"] == "centered"
     assert kept["square"]["predicted"] == pytest.approx((kept["square"]["abs_max"] / 0.5) ** 2)
@@ -135,7 +135,7 @@ def test_decomposed_layer_norm_stays_float32_so_onnxruntime_can_load_it(tmp_path
     with pytest.raises(Exception, match="LayerNormalization"):
         ort.InferenceSession(plain_convert(model).SerializeToString(), providers=["CPUExecutionProvider"])
     result = run_stage(tmp_path, model)  # no data needed
-    norms = result.findings["normalization_float32_nodes"]
+    norms = result.findings.normalization_float32_nodes
     assert set(norms) == {"mean", "center", "square", "variance", "add_eps", "std", "normalize", "gamma", "beta"}
     assert "proj" not in norms
     x = {"x": _hidden_states(21)}
@@ -154,7 +154,7 @@ def test_cancellation_found_only_by_float16_emulation_is_kept_in_float32(tmp_pat
     assert np.isinf(run_reference(plain_convert(model, max_finite_val=65504.0), x)[0]).all()
 
     result = run_stage(tmp_path, model, {"calib": [x, x]}, calibration={"data": "calib"})
-    reasons = {entry["node"]: entry["reason"] for entry in result.findings["kept_in_fp32"]}
+    reasons = {entry["node"]: entry["reason"] for entry in result.findings.kept_in_fp32}
     assert set(reasons) == {"sub", "reciprocal"}
     assert all("float16 emulation" in reason for reason in reasons.values())
     got = run_reference(result.model, x)[0]
@@ -170,7 +170,7 @@ def test_old_style_linear_overflow_keeps_the_chain(tmp_path: Path) -> None:
     x = {"x": np.linspace(90, 110, 4, dtype=np.float32).reshape(1, 4)}
     assert np.isinf(run_reference(plain_convert(model, max_finite_val=65504.0), x)[0]).all()
     result = run_stage(tmp_path, model, {"calib": [x]}, calibration={"data": "calib"})
-    kept = {entry["node"]: entry for entry in result.findings["kept_in_fp32"]}
+    kept = {entry["node"]: entry for entry in result.findings.kept_in_fp32}
     assert set(kept) == {"scale_up", "relu", "scale_down"}
     assert kept["scale_up"]["tensor"] == "up" and 9e4 < kept["scale_up"]["abs_max"] <= 1.1e5
     for run in (run_ort, run_reference):

@@ -68,11 +68,11 @@ def test_rms_norm_with_large_activations_stays_float32_and_is_right_in_true_floa
     expected = run_ort(model, x)[0]
 
     result = run_stage(tmp_path, model)  # no data: the pattern alone decides
-    kept = result.findings["normalization_float32_nodes"]
+    kept = result.findings.normalization_float32_nodes
     members = {"square", "mean_square", "add_eps", "rms", "normalize", "weight"} | (
         {"inverse"} if apply == "reciprocal" else set())
     assert set(kept) == members and "RMSNorm" in kept["normalize"]
-    assert "proj" not in result.findings["node_block_list"]  # the projection stays float16
+    assert "proj" not in result.findings.node_block_list  # the projection stays float16
     got = run_reference(result.model, x)[0]  # every op in its declared precision
     assert np.isfinite(got).all() and np.abs(got).max() > 0.1
     assert _cosine(got, expected) > 0.999
@@ -115,10 +115,10 @@ def test_pre_quantized_model_keeps_float32_where_its_schemas_and_accumulators_ne
     samples = [{"img": (rng.standard_normal((1, 1, 6, 8)) * 4).astype(np.float32)} for _ in range(3)]
 
     result = run_stage(tmp_path, model)  # before: "Type 'tensor(float16)' of input parameter ... is invalid"
-    assert result.findings["checker"].endswith("loads in onnxruntime CPUExecutionProvider")
+    assert result.findings.checker.endswith("loads in onnxruntime CPUExecutionProvider")
     lstm = next(node.name for node in model.graph.node if node.op_type == "DynamicQuantizeLSTM")
-    assert "DynamicQuantizeLSTM" in result.findings["schema_float32_nodes"][lstm]  # from ONNX Runtime's schema
-    accumulators = result.findings["integer_accumulator_float32_nodes"]
+    assert "DynamicQuantizeLSTM" in result.findings.schema_float32_nodes[lstm]  # from ONNX Runtime's schema
+    accumulators = result.findings.integer_accumulator_float32_nodes
     assert {model_op(model, name) for name in accumulators} == {"Cast", "Mul"}
     casts = [name for name in accumulators if model_op(model, name) == "Cast"]
     for sample in samples:
@@ -127,7 +127,7 @@ def test_pre_quantized_model_keeps_float32_where_its_schemas_and_accumulators_ne
         assert np.isfinite(got).all() and _cosine(got, expected) > 0.999  # ...and are cast to float32 here
 
     checked = run_stage(tmp_path, model, {"cal": samples}, calibration={"data": "cal"}, fidelity_check="reference")
-    reference = checked.findings["fidelity"]["reference"]  # onnx.reference has no com.microsoft kernels
+    reference = checked.findings.fidelity["reference"]  # onnx.reference has no com.microsoft kernels
     assert reference["status"] == "unavailable" and reference["op_type"] == "DynamicQuantizeLSTM"
 
 
@@ -169,12 +169,12 @@ def test_constants_beyond_float16_range_keep_their_readers_float32_instead_of_be
     expected = run_ort(model, x)[0]
 
     result = run_stage(tmp_path, model)
-    assert set(result.findings["constant_range_float32_nodes"]) == {"bn"}
-    assert result.findings["clamp"]["clamped_values"] == 0
+    assert set(result.findings.constant_range_float32_nodes) == {"bn"}
+    assert result.findings.clamp["clamped_values"] == 0
     assert _cosine(run_reference(result.model, x)[0], expected) > 0.9999
 
     clamped = run_stage(tmp_path, model, out_of_range_constants="clamp")  # onnxconverter-common's behaviour
-    assert clamped.findings["clamp"]["clamped_values"] == 4
+    assert clamped.findings.clamp["clamped_values"] == 4
     assert _cosine(run_ort(clamped.model, x)[0], expected) < 0.99  # variance 1e8 -> 65504: 40x too steep
 
 

@@ -47,6 +47,6 @@ def test_pp_ocr_detection_default_fp16_holds_under_true_float16_on_every_uniform
         scores[seed] = comparison.worst()["snr_db"]
         assert comparison.passed, (seed, comparison.reasons)
     assert min(scores.values()) >= 30.0, scores
-    emulated = result.findings["fidelity"]["emulated"]
+    emulated = result.findings.fidelity["emulated"]
     assert emulated["headroom"]["met"] is True and emulated["worst"]["snr_db"] >= 36.0
-    assert result.findings["budget"]["trigger"].startswith("repair: the float16 emulation")
+    assert result.findings.budget["trigger"].startswith("repair: the float16 emulation")

@@ -58,7 +58,7 @@ def test_fp16_with_data_converts_bodies_and_checks_them(make: object, tmp_path: 
     artifact = Artifact(path=path, sidecar=tmp_path / "m.json", key="k", sha256="", size_bytes=path.stat().st_size,
                         stages=("export",), parent=None)
     result = run(artifact, Fp16Config(calibration={"data": "d"}), ctx)  # old code: Scan's emulation did not load
-    assert result.findings["fidelity"]["emulated"]["passed"] is True
+    assert result.findings.fidelity["emulated"]["passed"] is True
     onnx.checker.check_model(result.model, full_check=True)
     assert scope_problems(result.model.graph) == []
     got = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)

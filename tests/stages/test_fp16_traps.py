@@ -15,7 +15,6 @@ from qdeploy.core.errors import ModelError
 from qdeploy.stages import fp16
 from qdeploy.stages.fp16 import Fp16Config
 from qdeploy.stages.fp16 import _types as fp16_types
-from qdeploy.stages.fp16._graph import topological_sort
 from tests.helpers.fp16 import (
     artifact,
     broken_reason,
@@ -71,7 +70,7 @@ def test_cast_to_float_inside_the_graph_becomes_a_cast_to_float16(tmp_path: Path
     result = run_stage(tmp_path, model)
     cast = next(node for node in result.model.graph.node if node.name == "cast")
     assert cast.attribute[0].i == TensorProto.FLOAT16
-    assert result.findings["repair"]["type_attributes_rewritten"] == ["cast"]
+    assert result.findings.repair["type_attributes_rewritten"] == ["cast"]
     _assert_sound(tmp_path, model, result.model, {"x": _x([2, 3])})
 
 
@@ -87,7 +86,7 @@ def test_attributes_that_fix_a_float_output_type_follow_the_node(tmp_path: Path,
     model = make_model(nodes, [], [tensor("x", [3, 3])], [tensor("y", [3, 3])])
     _assert_plain_breaks(model)
     result = run_stage(tmp_path, model)
-    assert result.findings["repair"]["type_attributes_rewritten"] == ["made"]
+    assert result.findings.repair["type_attributes_rewritten"] == ["made"]
     _assert_sound(tmp_path, model, result.model, {"x": _x([3, 3])})
 
 
@@ -112,7 +111,7 @@ def test_resize_scales_stay_float32_when_resize_itself_is_converted(tmp_path: Pa
     inits = {init.name: init.data_type for init in result.model.graph.initializer}
     assert inits[resize.input[2]] == TensorProto.FLOAT
     assert resize.input[0] != "x"  # the data input runs in float16 (after a Cast)
-    assert "resize (Resize, opset 17)" in result.findings["schema_float32_inputs"][0]
+    assert "resize (Resize, opset 17)" in result.findings.schema_float32_inputs[0]
     _assert_sound(tmp_path, model, result.model, {"x": _x([1, 1, 2, 2])})
 
 
@@ -123,7 +122,7 @@ def test_range_stays_float32_when_not_in_the_block_list(tmp_path: Path) -> None:
     model = make_model(nodes, [const("zero", 0.0), const("one", 1.0)], [tensor("x", [4])], [tensor("y", [1])])
     _assert_plain_breaks(model, op_block_list=[])
     result = run_stage(tmp_path, model, op_block_list=[])
-    assert "range" in result.findings["schema_float32_nodes"]
+    assert "range" in result.findings.schema_float32_nodes
     x = np.array([1.0, 5.0, 2.0, 3.0], np.float32)
     _assert_sound(tmp_path, model, result.model, {"x": x}, openvino=True)
 
@@ -140,7 +139,7 @@ def test_qdq_scales_stay_float32_below_opset_19(tmp_path: Path) -> None:
     model = _qdq(13)
     _assert_plain_breaks(model)
     result = run_stage(tmp_path, model)
-    assert "dq" in result.findings["schema_float32_nodes"]
+    assert "dq" in result.findings.schema_float32_nodes
     assert {i.name: i.data_type for i in result.model.graph.initializer}["scale"] == TensorProto.FLOAT
     # onnx's reference evaluator has no DequantizeLinear-13 implementation
     _assert_sound(tmp_path, model, result.model, {"x": _x([4])}, reference=False)
@@ -148,7 +147,7 @@ def test_qdq_scales_stay_float32_below_opset_19(tmp_path: Path) -> None:
 
 def test_qdq_at_opset_19_is_converted_with_a_float16_scale(tmp_path: Path) -> None:
     result = run_stage(tmp_path, _qdq(19))
-    assert result.findings["schema_float32_nodes"] == {}
+    assert result.findings.schema_float32_nodes == {}
     assert {i.name: i.data_type for i in result.model.graph.initializer}["scale"] == TensorProto.FLOAT16
     # float16 input rounding may move a value across one quantization step (0.05, times x <= 2)
     _assert_sound(tmp_path, _qdq(19), result.model, {"x": _x([4])}, atol=0.1, openvino=False)
@@ -162,7 +161,7 @@ def test_initializer_shared_by_float32_and_float16_nodes_gets_a_copy_per_precisi
     result = run_stage(tmp_path, model)
     inits = {init.name: init.data_type for init in result.model.graph.initializer}
     assert inits == {"W": TensorProto.FLOAT, "W__fp16": TensorProto.FLOAT16}
-    assert result.findings["repair"]["initializer_copies"] == {"W__fp16": "W"}
+    assert result.findings.repair["initializer_copies"] == {"W__fp16": "W"}
     _assert_sound(tmp_path, model, result.model, {"x": _x([3, 3])})
 
 
@@ -208,7 +207,7 @@ def test_loop_body_with_a_float32_node_reads_outer_tensors_in_the_right_precisio
     model = _loop_with_outer_references()
     _assert_plain_breaks(model, node_block_list=[blocked])
     result = run_stage(tmp_path, model, node_block_list=[blocked])
-    assert result.findings["repair"]["initializer_copies"] == {"w__fp32": "w"}
+    assert result.findings.repair["initializer_copies"] == {"w__fp32": "w"}
     # onnx's reference evaluator runs this Loop zero times, even on the float32 model: not used here
     _assert_sound(tmp_path, model, result.model, {"x": np.array([1.5, -2.0], np.float32)}, reference=False)
 
@@ -249,17 +248,6 @@ def test_a_graph_output_that_another_node_reads(tmp_path: Path) -> None:
     producers = {out: node for node in result.model.graph.node for out in node.output}
     assert producers[sigmoid.input[0]].name == "relu"  # reads the float16 value, not a Cast of the output
     _assert_sound(tmp_path, model, result.model, {"x": _x([4], -2, 2)})
-
-
-def test_topological_sort_accounts_for_subgraph_references() -> None:
-    branch = helper.make_graph([helper.make_node("Identity", ["late"], ["out"], name="use")], "b", [],
-                               [tensor("out", [1])])
-    graph = helper.make_graph(
-        [helper.make_node("If", ["cond"], ["y"], name="if", then_branch=branch, else_branch=branch),
-         helper.make_node("Relu", ["x"], ["late"], name="made_late")],
-        "g", [tensor("x", [1]), tensor("cond", [], BOOL)], [tensor("y", [1])])
-    topological_sort(graph)
-    assert [node.name for node in graph.node] == ["made_late", "if"]
 
 
 def test_contrib_op_outputs_are_typed_by_onnxruntime(tmp_path: Path) -> None:

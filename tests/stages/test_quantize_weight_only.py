@@ -133,3 +133,21 @@ def test_a_model_with_nothing_to_quantize_fails_the_variant_with_the_reason(tmp_
         quantize.run(save_artifact(tmp_path, half), config, stage_context(tmp_path))
     with pytest.raises(StageError, match="use ptq or dynamic"):
         quantize.run(save_artifact(tmp_path, tiny_conv()), config, stage_context(tmp_path))
+
+
+@pytest.mark.parametrize(("bits", "weight_format", "precision"),
+                         [(4, "matmulnbits", "int4"), (4, "dequantize_linear", "int4"), (8, "matmulnbits", "int8"),
+                          (8, "dequantize_linear", "int8")])
+def test_an_artifact_with_4_bit_weights_is_int4(tmp_path: Path, bits: int, weight_format: str,
+                                                precision: str) -> None:
+    """Its validation and benchmark rows and its report read the artifact's precision: 4-bit weights are int4."""
+    from qdeploy.core.context import Artifact, artifact_precision
+
+    _matmul_gather_model(tmp_path / "float.onnx")
+    config = QuantizeConfig(mode="weight_only", bits=bits, group_size=64, weight_format=weight_format,
+                            lm_head="same")
+    quantize_file(tmp_path / "float.onnx", tmp_path / "wo.onnx", config)
+    artifact = Artifact(path=tmp_path / "wo.onnx", sidecar=tmp_path / "wo.json", key="k", sha256="s",
+                        size_bytes=1, stages=("export", "simplify", "quantize"), parent=None)
+    assert artifact.precision == precision
+    assert artifact_precision(["export", "quantize"]) == "int8"  # without the file: int8, as before

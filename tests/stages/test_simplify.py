@@ -75,11 +75,11 @@ def test_conv_batchnorm_fuses_into_one_conv(tmp_path: Path, ctx: StageContext) -
     assert _ops(result.model) == ["Conv"]
     assert [out.name for out in result.model.graph.output] == ["y"]
     assert result.changed
-    assert result.findings["nodes_before"] == {"BatchNormalization": 1, "Conv": 1}
-    assert result.findings["nodes_after"] == {"Conv": 1}
-    assert result.findings["node_count_after"] == 1
-    assert result.findings["check"]["samples"] == 3
-    assert result.findings["check"]["max_abs_err"] < 1e-4
+    assert result.findings.nodes_before == {"BatchNormalization": 1, "Conv": 1}
+    assert result.findings.nodes_after == {"Conv": 1}
+    assert result.findings.node_count_after == 1
+    assert result.findings.check["samples"] == 3
+    assert result.findings.check["max_abs_err"] < 1e-4
     _assert_same(model, result.model, {"x": _rand(1, 3, 8, 8)}, atol=1e-5, rtol=1e-5)
 
 
@@ -89,8 +89,8 @@ def test_skip_fuse_bn_and_skipped_passes_are_honoured(tmp_path: Path, ctx: Stage
     model.graph.output[0].name = "out"
     result = simplify_model(model, tmp_path, ctx, skip_fuse_bn=True, skipped_passes=["eliminate_identity"])
     assert _ops(result.model) == ["Conv", "BatchNormalization", "Identity"]
-    assert "fuse_bn_into_conv" not in result.findings["passes"]
-    assert "eliminate_identity" not in result.findings["passes"]
+    assert "fuse_bn_into_conv" not in result.findings.passes
+    assert "eliminate_identity" not in result.findings.passes
     assert not result.changed
     fused = simplify_model(model, tmp_path, ctx)
     assert _ops(fused.model) == ["Conv"]
@@ -102,7 +102,7 @@ def test_tiny_cnn_simplifies_and_agrees(tmp_path: Path, ctx: StageContext) -> No
     model = tiny_cnn()
     result = simplify_model(model, tmp_path, ctx)
     assert "BatchNormalization" not in _ops(result.model)
-    assert result.findings["node_count_after"] == result.findings["node_count_before"] - 1
+    assert result.findings.node_count_after == result.findings.node_count_before - 1
     _assert_same(model, result.model, {"input": _rand(1, 3, 16, 16)}, atol=1e-5, rtol=1e-4)
 
 
@@ -124,7 +124,7 @@ def test_shape_chain_on_a_static_input_folds_away(tmp_path: Path, ctx: StageCont
     shape_input = result.model.graph.node[0].input[1]
     target = {init.name: numpy_helper.to_array(init) for init in result.model.graph.initializer}[shape_input]
     np.testing.assert_array_equal(target, [2, -1])
-    assert result.findings["folded_tensors"] >= 1
+    assert result.findings.folded_tensors >= 1
     _assert_same(model, result.model, {"x": _rand(2, 3, 4)}, atol=0, rtol=0)
 
 
@@ -149,7 +149,7 @@ def test_constant_node_weights_become_initializers(tmp_path: Path, ctx: StageCon
     assert "Constant" not in _ops(result.model)
     assert _ops(result.model) == ["Gemm"]  # 2-D MatMul + Add
     assert {"w", "b"} <= {init.name for init in result.model.graph.initializer}
-    assert result.findings["constants_converted"] == 2
+    assert result.findings.constants_converted == 2
     _assert_same(model, result.model, {"x": _rand(2, 4)})
 
 
@@ -174,7 +174,7 @@ def test_fold_size_limit_keeps_large_constant_of_shape(tmp_path: Path, ctx: Stag
     model = _constant_of_shape_model(256)  # 256*256 float32 = 256 KiB
     result = simplify_model(model, tmp_path, ctx, fold_size_limit_mb=limit_mb)
     assert ("ConstantOfShape" not in _ops(result.model)) == folded
-    skipped = result.findings["fold_skipped"]
+    skipped = result.findings.fold_skipped
     if folded:
         assert skipped == []
     else:
@@ -208,7 +208,7 @@ def test_dequantize_linear_of_an_int8_weight_is_kept(tmp_path: Path, ctx: StageC
     assert _ops(result.model) == ["DequantizeLinear", "MatMul", "QuantizeLinear", "DequantizeLinear", "MatMul"]
     types = {init.name: init.data_type for init in result.model.graph.initializer}
     assert types["wq"] == TensorProto.INT8 and "w" not in types
-    assert result.findings["folded_tensors"] == 0
+    assert result.findings.folded_tensors == 0
 
 
 def _if_model() -> onnx.ModelProto:
@@ -225,7 +225,7 @@ def test_if_model_survives_and_computes_the_same(tmp_path: Path, ctx: StageConte
     result = simplify_model(model, tmp_path, ctx)
     assert _ops(result.model) == ["If"]
     assert "w2" in {init.name for init in result.model.graph.initializer}
-    assert any("subgraphs (in If nodes)" in note for note in result.findings["notes"])
+    assert any("subgraphs (in If nodes)" in note for note in result.findings.notes)
     for cond in (True, False):
         _assert_same(model, result.model, {"x": _rand(2), "c": np.array(cond)}, atol=0, rtol=0)
 
@@ -263,15 +263,15 @@ def test_random_ops_are_not_folded(tmp_path: Path, ctx: StageContext) -> None:
     model = _model(nodes, [_vi("x", [3])], [_vi("y", [3])])
     result = simplify_model(model, tmp_path, ctx, check_n=0)
     assert _ops(result.model) == ["RandomUniform", "Add"]
-    assert result.findings["check"] == {"unchecked": "check_n is 0"}
+    assert result.findings.check == {"unchecked": "check_n is 0"}
 
 
 def test_already_simple_model_is_unchanged(tmp_path: Path, ctx: StageContext) -> None:
     model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [3])], [_vi("y", [3])])
     result = simplify_model(model, tmp_path, ctx)
     assert not result.changed
-    assert result.findings["iterations"] == 1
-    assert result.findings["folded_tensors"] == 0
+    assert result.findings.iterations == 1
+    assert result.findings.folded_tensors == 0
 
 
 def test_custom_op_model_skips_the_check_with_a_finding(tmp_path: Path, ctx: StageContext) -> None:
@@ -285,7 +285,7 @@ def test_custom_op_model_skips_the_check_with_a_finding(tmp_path: Path, ctx: Sta
                         parent=None)
     result = run(artifact, SimplifyConfig(), ctx)
     assert _ops(result.model) == ["Mystery"]
-    assert "does not load in ONNX Runtime" in result.findings["check"]["unchecked"]
+    assert "does not load in ONNX Runtime" in result.findings.check["unchecked"]
 
 
 def test_equivalence_check_catches_a_wrong_fold(tmp_path: Path, ctx: StageContext,
@@ -361,11 +361,11 @@ def test_ops_onnxruntime_refuses_fall_back_to_onnx_reference(tmp_path: Path, ctx
     model = _sqrt_model()
     result = simplify_model(model, tmp_path, ctx)
     if reference_works:
-        assert _ops(result.model) == ["Add"] and result.findings["fold_failed_ops"] == []
+        assert _ops(result.model) == ["Add"] and result.findings.fold_failed_ops == []
         values = {init.name: numpy_helper.to_array(init) for init in result.model.graph.initializer}
         np.testing.assert_array_equal(values["r"], [1.0, 2.0, 3.0])
     else:
-        assert _ops(result.model) == ["Sqrt", "Add"] and result.findings["fold_failed_ops"] == ["Sqrt"]
+        assert _ops(result.model) == ["Sqrt", "Add"] and result.findings.fold_failed_ops == ["Sqrt"]
     _assert_same(model, result.model, {"x": _rand(3)}, atol=0, rtol=0)
 
 
@@ -388,7 +388,7 @@ def test_large_models_infer_shapes_through_a_file(tmp_path: Path, ctx: StageCont
     model.graph.output[0].name = "z"
     result = simplify_model(model, tmp_path, ctx)
     assert _ops(result.model) == ["Conv"] or _ops(result.model) == ["Conv", "Reshape"]
-    assert "Shape" not in _ops(result.model) and result.findings["notes"] == []
+    assert "Shape" not in _ops(result.model) and result.findings.notes == []
     assert list(ctx.work_dir.iterdir()) == []  # the temporary files are gone
     _assert_same(model, result.model, {"x": _rand(1, 3, 8, 8)}, atol=1e-5, rtol=1e-5)
 
@@ -416,7 +416,7 @@ def test_models_above_the_protobuf_limit_fold_in_pieces_and_are_checked_from_a_f
     assert references == [(ctx.work_dir / "original.onnx", True)]
     assert not (ctx.work_dir / "original.onnx").exists()  # and that copy is gone
     assert _ops(result.model) == ["Conv", "BatchNormalization", "Mul", "Transpose", "Relu"]  # k*k folded
-    assert result.findings["fold_failed_ops"] == ["Transpose"]
-    assert "unchecked" not in result.findings["check"] and result.findings["check"]["samples"] > 0
+    assert result.findings.fold_failed_ops == ["Transpose"]
+    assert "unchecked" not in result.findings.check and result.findings.check["samples"] > 0
     assert result.path is not None and result.path.is_file()  # what ONNX Runtime checked, stored as it is
     _assert_same(model, onnx.load(str(result.path)), {"x": _rand(1, 3, 8, 8)}, atol=1e-5, rtol=1e-5)

@@ -73,11 +73,11 @@ def test_silero_vad_simplifies_and_converts_to_fp16_with_both_branches_intact(tm
     ctx = recipe.stage_context("v", tmp_path / "work")
     ctx.work_dir.mkdir()
     simplified = _run(simplify, SimplifyConfig(), original, ctx)
-    assert simplified.findings["check"]["inputs"] == "the recipe's validation data"
+    assert simplified.findings.check["inputs"] == "the recipe's validation data"
     path = tmp_path / "simplified.onnx"
     onnx.save(simplified.model, path)
     half = _run(fp16, Fp16Config(calibration={"data": "val"}), path, ctx)
-    assert half.findings["fidelity"]["emulated"]["passed"] is True
+    assert half.findings.fidelity["emulated"]["passed"] is True
     sessions = [ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
                 for model in (onnx.load(original), simplified.model, half.model)]
     for rate in (16000, 8000):

@@ -132,7 +132,7 @@ def test_missing_gpu_targets_are_unavailable_not_cpu_results(tmp_path: Path) -> 
     assert [row.target for row in rows] == targets
     for row in rows:
         assert row.status == "unavailable"
-        assert row.reason.startswith(f"target {row.target} requested; this machine's")
+        assert row.reason.startswith(f"target {row.target} is not available here; this machine's")
         assert not row.metrics.measured and not row.has("execution") and not row.has("outputs")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,8 +38,8 @@ if TYPE_CHECKING:
     import onnx
     import onnx_ir as ir
 
-__all__ = ["DEFAULT_RULES", "MAX_SITES_LISTED", "MIN_OPSET", "STAGE", "lower_model", "unknown_fake_quant_ops",
-           "verify_on_data"]
+__all__ = ["DEFAULT_RULES", "MAX_SITES_LISTED", "MIN_OPSET", "STAGE", "Lowered", "lower_model",
+           "unknown_fake_quant_ops", "verify_on_data"]
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,17 @@ _KNOWN_DOMAINS = (*STANDARD_DOMAINS, "com.microsoft")
 _FAKE_QUANT_WORDS = ("quant", "observer")
 
 
-def lower_model(model: onnx.ModelProto, variant: str,
-                rules: tuple[Rule, ...] = DEFAULT_RULES) -> tuple[onnx.ModelProto, list[ActivationCheck], dict]:
+@dataclass(frozen=True)
+class Lowered:
+    """The lowered model, the activations to verify on data, how many sites were lowered, and the findings."""
+
+    model: onnx.ModelProto
+    checks: list[ActivationCheck]
+    sites: int
+    findings: dict[str, Any]
+
+
+def lower_model(model: onnx.ModelProto, variant: str, rules: tuple[Rule, ...] = DEFAULT_RULES) -> Lowered:
     """Apply the rules; returns the lowered model, the activations to verify on data, and the findings."""
     import onnx_ir as ir
     from onnx_ir.passes.common import RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
@@ -82,7 +92,7 @@ def lower_model(model: onnx.ModelProto, variant: str,
                                          f"{', '.join(rule.name for rule in rules)})")
     RemoveUnusedNodesPass()(ir_model)
     RemoveUnusedOpsetsPass()(ir_model)
-    return ir.to_proto(ir_model), checks, _findings(sites, refused)
+    return Lowered(ir.to_proto(ir_model), checks, len(sites), _findings(sites, refused))
 
 
 def _at_least_opset(model: onnx.ModelProto, variant: str) -> onnx.ModelProto:

@@ -1,0 +1,83 @@
+"""Where a package comes from: the run (its report.json's sha256) and the tolerances of the run's recipe.
+
+A package's check holds each output to the limits validation held it to.  Those limits are not taken from
+report.json's rows (one editable file) but computed again from the run's recipe snapshot, whose section hashes
+report.json records, with validation's own rule (``stages.validate.output_tolerances``); report.json's rows
+must agree, or the package is refused.  Loosening a tolerance therefore takes editing the recipe snapshot AND
+report.json's section hashes AND its rows consistently: this is a check against mistakes and casual edits,
+not a signature (docs/robustness.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qdeploy.core.context import artifact_precision
+from qdeploy.core.errors import QdeployInputError
+from qdeploy.core.rows import ValidationRow
+from qdeploy.core.tolerance import Tolerance
+
+__all__ = ["FROM_RECIPE", "FROM_REPORT", "recipe_tolerances", "recorded_tolerances"]
+
+FROM_RECIPE = "the run's recipe (recipe.snapshot.json; its validate and variants hashes are in report.json)"
+FROM_REPORT = "report.json's validation row (the run stored no recipe snapshot: an older qdeploy made it)"
+
+
+def recorded_tolerances(validation: ValidationRow) -> dict[str, dict[str, float]]:
+    """Output -> the limits report.json's row says validation held it to."""
+    return {out["name"]: out.get("tolerance") or validation.tolerance or {}
+            for out in validation.outputs or [] if out.get("name")}
+
+
+def recipe_tolerances(snapshot: dict[str, Any], validation: ValidationRow,
+                      model_path: Path) -> dict[str, dict[str, float]]:
+    """Output -> the limits the run's recipe gives this (variant, target), computed as validation computes them.
+
+    Raises QdeployInputError (exit 2) when report.json's row records another precision or other limits."""
+    from qdeploy.stages.validate import ValidateConfig, output_tolerances, tolerance_for
+
+    where = f"report.json's validation of '{validation.variant}' on {validation.target}"
+    steps = (snapshot.get("variants") or {}).get(validation.variant)
+    if not isinstance(steps, list):
+        raise QdeployInputError(f"{where}: the run's recipe has no variant '{validation.variant}'; was report.json "
+                           "edited? run the recipe again")
+    precision = artifact_precision([step.get("stage") for step in steps if isinstance(step, dict)], model_path)
+    if validation.precision != precision:
+        raise QdeployInputError(f"{where} says precision {validation.precision}; the run's recipe builds {precision}. "
+                           "Was report.json edited? run the recipe again")
+    config = ValidateConfig.model_validate(snapshot.get("validate") or {})
+    declared = _declared(steps)
+    basis = _basis(config, declared, precision, model_path, validation)
+    base = tolerance_for(config, basis, declared)
+    per_output = output_tolerances(config, basis, declared)
+    expected = {name: per_output.get(name, base).model_dump(exclude_none=True)
+                for name in recorded_tolerances(validation)}
+    recorded = recorded_tolerances(validation)
+    if recorded != expected or validation.tolerance != base.model_dump(exclude_none=True):
+        changed = [name for name in expected if recorded.get(name) != expected[name]] or ["the row's tolerance"]
+        raise QdeployInputError(f"{where}: the tolerance of {', '.join(changed)} ({recorded or validation.tolerance}) "
+                           f"is not the one the run's recipe gives ({expected}); report.json was edited after the "
+                           "run. Run the recipe again, or change the tolerance in the recipe")
+    return expected
+
+
+def _declared(steps: list[Any]) -> Tolerance | None:
+    """The variant's last accuracy budget (``Recipe.declared_tolerances``)."""
+    budgets = [step["config"]["tolerance"] for step in steps
+               if isinstance(step, dict) and (step.get("config") or {}).get("tolerance") is not None]
+    return Tolerance.model_validate(budgets[-1]) if budgets else None
+
+
+def _basis(config: Any, declared: Tolerance | None, precision: str, model_path: Path,
+           validation: ValidationRow) -> str:
+    """Whose default limits apply, by validation's rule (``stages.validate._compare_pair``): the integer ops
+    are read from the artifact itself; only bf16 execution is taken from the row (see its limits in the docs)."""
+    from qdeploy.stages.validate._tolerance import tolerance_precision
+
+    if declared is not None or config.tolerance is not None:
+        return precision
+    basis, _ = tolerance_precision(precision, model_path)
+    if basis == "fp16" and (validation.execution or {}).get("precision") == "bf16":
+        return "bf16"
+    return basis

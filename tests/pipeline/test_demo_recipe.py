@@ -1,0 +1,15 @@
+"""The demo recipe shows what both benchmark modes measure, in a run that stays short (issue 29)."""
+
+from __future__ import annotations
+
+from qdeploy.pipeline.loader import load_recipe
+from tests.helpers.models import REPO
+
+
+def test_the_demo_measures_latency_and_throughput_briefly() -> None:
+    recipe = load_recipe(REPO / "recipes" / "demo.yaml")
+    benchmark = recipe.benchmark
+    assert benchmark.enabled and benchmark.mode == "both"  # a first run shows the throughput table too
+    settings = benchmark.throughput_settings
+    cpu_pairs = len(recipe.variants) * 2  # ort:cpu and openvino:cpu; the GPU targets are unavailable on CPU machines
+    assert cpu_pairs * (settings.seconds + settings.warmup_seconds) <= 20  # throughput adds at most ~20 s

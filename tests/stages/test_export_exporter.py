@@ -1,0 +1,129 @@
+"""model.torch.exporter: 'auto' (the default) takes the exporter the installed torch recommends and falls back to
+TorchScript, saying why, where that one cannot export the model; 'torchscript' and 'dynamo' stay selectable."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from qdeploy.core.context import StageResult
+from qdeploy.pipeline.recipe import Recipe
+from qdeploy.stages import export
+from qdeploy.stages.export.config import TorchSource
+
+pytestmark = pytest.mark.torch
+
+NET = '''
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
+
+
+def build():
+    torch.manual_seed(0)
+    return Net()
+'''
+
+BRANCHY = '''
+import torch
+
+
+class Branchy(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: torch.export cannot capture it, TorchScript traces one branch
+            return x * 2
+        return x - 1
+
+
+def build():
+    return Branchy()
+'''
+
+
+def _write_net(folder: Path) -> Path:
+    path = folder / "net.py"
+    path.write_text(NET)
+    return path
+
+
+def _export(tmp_path: Path, **model: object) -> StageResult:
+    recipe = Recipe(name="t", model=model, variants={"v": []})
+    ctx = recipe.stage_context("exported", tmp_path / "work")
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    return export.run(None, recipe.model, ctx)
+
+
+def test_auto_is_the_default_and_takes_what_torch_recommends(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from qdeploy.stages.export._exporter import recommended_exporter
+
+    assert TorchSource(factory="net.py:build").exporter == "auto"
+    expected, _ = recommended_exporter(torch)
+    net = _write_net(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = _export(tmp_path, torch={"factory": f"{net}:build", "dynamic": {"x": {0: "batch"}}},
+                         inputs=[{"name": "x", "shape": [1, 3, 16, 16]}])
+    findings = result.findings.to_report()
+    assert findings["exporter"] == expected and findings["exporter_setting"] == "auto"
+    assert "exporter_fallback" not in findings and findings["max_abs_err_vs_torch"] < 1e-4
+    if expected == "dynamo":  # torch >= 2.9: no deprecation warning of the legacy exporter on every run
+        assert not [w for w in caught if "legacy TorchScript" in str(w.message)]
+    x = np.random.default_rng(0).standard_normal((3, 3, 16, 16)).astype(np.float32)
+    session = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": x})[0].shape == (3, 4)  # the batch axis is still symbolic
+
+
+def test_auto_falls_back_to_torchscript_and_says_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    torch = pytest.importorskip("torch")
+    from qdeploy.stages.export._exporter import recommended_exporter
+
+    if recommended_exporter(torch)[0] != "dynamo":
+        pytest.skip("this torch recommends the TorchScript exporter: there is nothing to fall back from")
+    factory = tmp_path / "branchy.py"
+    factory.write_text(BRANCHY)
+    with caplog.at_level(logging.WARNING, logger="qdeploy.stages.export._exporter"):
+        result = _export(tmp_path, torch={"factory": f"{factory}:build"}, inputs=[{"name": "x", "shape": [1, 4]}])
+    findings = result.findings.to_report()
+    assert findings["exporter"] == "torchscript" and findings["exporter_setting"] == "auto"
+    assert "dynamo exporter" in findings["exporter_fallback"]
+    assert "data-dependent" in findings["exporter_fallback"]  # the cause torch wraps, not only its wrapper
+    assert "exported with the TorchScript exporter" in findings["exporter_fallback"]
+    assert any("exporter auto" in record.getMessage() for record in caplog.records)
+
+
+def test_an_opset_dynamo_cannot_write_falls_back_too(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from qdeploy.stages.export._exporter import recommended_exporter
+
+    if recommended_exporter(torch)[0] != "dynamo":
+        pytest.skip("this torch recommends the TorchScript exporter")
+    net = _write_net(tmp_path)
+    result = _export(tmp_path, torch={"factory": f"{net}:build"}, inputs=[{"name": "x", "shape": [1, 3, 8, 8]}],
+                     opset=13)
+    assert result.findings.exporter == "torchscript" and result.findings.opset == 13
+    assert "not the requested 13" in result.findings.exporter_fallback
+
+
+def test_torchscript_stays_selectable(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    net = _write_net(tmp_path)
+    result = _export(tmp_path, torch={"factory": f"{net}:build", "exporter": "torchscript"},
+                     inputs=[{"name": "x", "shape": [1, 3, 8, 8]}])
+    assert result.findings.exporter == "torchscript"
+    reported = result.findings.to_report()
+    assert "exporter_fallback" not in reported and "exporter_setting" not in reported
