@@ -273,10 +273,10 @@ def qdeploy(case: Case, folder: Path, label: str, config: QuantizeConfig) -> Row
     seconds = time.perf_counter() - started
     output = folder / f"{case.name}-{label}.onnx"
     onnx.save(result.model, str(output))
-    row = Row(case.name, label, output, seconds, kernels=result.findings.get("int8_kernels", {}),
-              findings=result.findings)
-    if "budget" in result.findings:
-        budget = result.findings["budget"]
+    found = result.report()  # the rows keep the report's form of the findings
+    row = Row(case.name, label, output, seconds, kernels=found.get("int8_kernels", {}), findings=found)
+    if "budget" in found:
+        budget = found["budget"]
         log.info("%s budget: met %s, %d kept float, %d evaluations", case.name, budget["met"],
                  len(budget["kept_float"]), budget["evaluations"])
     return row

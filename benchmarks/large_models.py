@@ -86,12 +86,12 @@ class _AnonPeak:
 
 
 def _state(recipe_path: Path, cache: Path, work: Path) -> Any:
-    from qdeploy.pipeline.loader import load_recipe
+    from qdeploy.pipeline.loader import load_recipe_file
     from qdeploy.pipeline.progress import Progress
     from qdeploy.pipeline.runner import _RunState
     from qdeploy.pipeline.store import ArtifactStore
 
-    recipe = load_recipe(recipe_path)
+    recipe = load_recipe_file(recipe_path)
     return _RunState(recipe, ArtifactStore(cache), True, Progress(0, enabled=False), work)
 
 

@@ -3,7 +3,7 @@ tolerance holds on samples neither the search nor its confirmation saw.
 
     python benchmarks/quantize_budget.py [--models detector encoder pp-ocr-det] [--cosine-min 0.98]
 
-- ``detector``: the binarizing detector of ``tests/stages/test_quantize_budget.py``
+- ``detector``: the binarizing detector of ``tests/stages/quantize/test_quantize_budget.py``
   (48 MatMuls whose errors add up; a Sigmoid(1000 x) head hides each one alone).
 - ``encoder``: a 4-layer PyTorch transformer encoder with outlier LayerNorm
   channels (skipped without torch).
@@ -90,7 +90,7 @@ def row(name: str, folder: Path, cosine_min: float) -> str:
     started = time.perf_counter()
     result = quantize.run(artifact_at(path), config, stage_context(folder, {"data": data}))
     seconds = time.perf_counter() - started
-    found = result.findings["budget"]
+    found = result.report()["budget"]  # the report form of the budget record
     plain = quantize.run(artifact_at(path), QuantizeConfig(calibration=config.calibration, verify_targets=[]),
                          stage_context(folder, {"data": data}))
     initial, final = found["initial"], found["final"]

@@ -40,7 +40,8 @@ sys.path.insert(0, str(REPO))
 
 from qdeploy.core.context import Artifact  # noqa: E402
 from qdeploy.pipeline.recipe import Recipe  # noqa: E402
-from qdeploy.stages.export import InputSpec, apply_input_overrides  # noqa: E402
+from qdeploy.stages.export import apply_input_overrides  # noqa: E402
+from qdeploy.stages.export.config import InputSpec  # noqa: E402
 from qdeploy.stages.simplify import SimplifyConfig, run  # noqa: E402
 
 log = logging.getLogger("benchmarks.simplify")
@@ -187,7 +188,7 @@ def measure(name: str, path: Path, check_n: int, repeat: int, work: Path, timeou
     nodes_before = len(onnx.load(str(path), load_external_data=False).graph.node)
     q_time, q_result = _median_time(_qdeploy(path, check_n, work), repeat)
     sim = _onnxsim(path, check_n, repeat, timeout)
-    findings = q_result.findings  # type: ignore[attr-defined]
+    findings = q_result.report()  # type: ignore[attr-defined]  # as report.json holds them
     row: dict[str, object] = {
         "model": name, "check_n": check_n, "before": nodes_before, "qdeploy_nodes": findings["node_count_after"],
         "qdeploy_s": q_time, "check_err": findings["check"].get("max_abs_err", "-"),

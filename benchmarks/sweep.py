@@ -59,13 +59,13 @@ def write_recipes(folder: Path, count: int) -> list[Path]:
 
 def sequential(paths: list[Path], out: Path) -> tuple[float, int]:
     """Wall seconds and how many recipes passed."""
-    from qdeploy.pipeline.loader import load_recipe
+    from qdeploy.pipeline.loader import load_recipe_file
     from qdeploy.pipeline.runner import RunOptions, run_recipe
 
     started = time.perf_counter()
     passed = 0
     for path in paths:
-        recipe = load_recipe(path)
+        recipe = load_recipe_file(path)
         passed += run_recipe(recipe, RunOptions(out_dir=out / recipe.name, show_progress=False)).exit_code == 0
     return time.perf_counter() - started, passed
 

@@ -65,7 +65,7 @@ QDEPLOY_VARIANTS = {
 
 def build_qdeploy(source: Path, folder: Path, config: Any) -> list[Artifact]:
     """qdeploy's variants through its runner, as a user's recipe builds them (validation and benchmark off)."""
-    from qdeploy.pipeline.loader import load_recipe
+    from qdeploy.pipeline.loader import load_recipe_file
     from qdeploy.pipeline.runner import RunOptions, run_recipe
 
     names = {label: label.replace(" ", "_") for label in QDEPLOY_VARIANTS}
@@ -75,7 +75,7 @@ def build_qdeploy(source: Path, folder: Path, config: Any) -> list[Artifact]:
     recipe.write_text(f"name: wo\nmodel: {{onnx: {source}}}\ndata: {{prompts: {{reader: npy, path: prompts}}}}\n"
                       f"variants:\n{variants}\ntargets: [ort:cpu]\nvalidate: {{data: prompts, samples: 1}}\n"
                       "benchmark: {enabled: false}\nreport: {formats: [json]}\n")
-    result = run_recipe(load_recipe(recipe), RunOptions(out_dir=folder / "run", show_progress=False))
+    result = run_recipe(load_recipe_file(recipe), RunOptions(out_dir=folder / "run", show_progress=False))
     seconds = {row["name"]: row.get("seconds", 0.0) for row in result.report["artifacts"]}
     built = []
     for label, name in names.items():

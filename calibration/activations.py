@@ -15,16 +15,16 @@ from pathlib import Path
 
 import numpy as np
 
+from qdeploy.calibration.batches import Feed
 from qdeploy.calibration.ranges import DEFAULT_BINS, TensorStats
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import copy_exposing, remove_saved
 
-__all__ = ["FeedSource", "Feeds", "channel_absmax", "collect_statistics", "float_tensors_of"]
+__all__ = ["FeedSource", "channel_absmax", "collect_statistics", "float_tensors_of"]
 
 log = logging.getLogger(__name__)
 
-Feeds = dict[str, np.ndarray]
-FeedSource = Callable[[], Iterator[Feeds]]
+FeedSource = Callable[[], Iterator[Feed]]
 """Returns a fresh iterator over the calibration feeds each time it is called (one call per pass)."""
 
 _FLOAT_ELEM_TYPES = (1, 10)  # float, float16
@@ -112,7 +112,7 @@ def _probe_session(model_path: Path, tensors: list[str], work_dir: Path) -> tupl
 
 
 def _run(session: object, outputs: list[str], from_feed: list[str],
-         feed: Feeds) -> Iterator[tuple[str, np.ndarray]]:
+         feed: Feed) -> Iterator[tuple[str, np.ndarray]]:
     """(name, flat float32 values) of every wanted tensor: run outputs, and graph inputs from the feed."""
     values = session.run(outputs, feed) if outputs else []  # type: ignore[attr-defined]
     pairs = [*zip(outputs, values, strict=True), *((name, feed[name]) for name in from_feed if name in feed)]

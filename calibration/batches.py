@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from qdeploy.core.memory import memory_override
 from qdeploy.core.onnx_wire import load_model
 
 __all__ = ["Batch", "BatchAxes", "BatchError", "Feed", "available_memory_bytes", "batch_axes",
@@ -171,8 +172,6 @@ def _unbatched_bytes(sample: Feed, axes: BatchAxes) -> int:
 
 def available_memory_bytes() -> int | None:
     """Memory the kernel says is available now (MemAvailable, or QDEPLOY_AVAILABLE_MEMORY); None where unknown."""
-    from qdeploy.core.memory import memory_override
-
     if (override := memory_override()) is not None:
         return override
     try:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 
 from qdeploy.core.errors import DataError
+from qdeploy.core.memory import available_memory
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.core.userfiles import files_in_folder, open_regular_file
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     import onnx
 
 __all__ = ["DEFAULT_RANDOM_SAMPLES", "FEEDABLE_TYPES", "SAMPLE_MEMORY_SHARE", "InputInfo", "Ranges",
-           "available_memory", "check_sample_fits", "fit_to_input", "inputs_of", "is_npy_sample", "model_inputs",
+           "check_sample_fits", "fit_to_input", "inputs_of", "is_npy_sample", "model_inputs",
            "npy_samples", "random_samples", "read_npy_header", "sample_memory_cap", "sample_mismatch"]
 
 
@@ -77,13 +78,6 @@ def inputs_of(model: onnx.ModelProto) -> list[InputInfo]:
 
 
 Ranges = dict[str, tuple[float | None, float | None]]
-
-
-def available_memory() -> int:
-    """Bytes of memory available now (MemAvailable, or QDEPLOY_AVAILABLE_MEMORY where set)."""
-    from qdeploy.core.memory import available_memory as available
-
-    return available()
 
 
 def sample_memory_cap() -> int:

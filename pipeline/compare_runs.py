@@ -1,12 +1,12 @@
 """What changed between two runs: latency ratios, metric changes, gates and statuses that flipped.
 
 Pure functions over two report.json dicts (``compare_reports``), so CI jobs that prepare deployments release
-after release can fail on a regression (``Comparison.regressions``).  Rows are matched by variant, target and
+after release can fail on a regression (``RunComparison.regressions``).  Rows are matched by variant, target and
 batch size; rows present in one run only are listed, never guessed at.
 
 A comparison is only as good as its likeness: two runs of different models (their inputs or outputs differ),
 or with no row in common, are refused (``NotComparableError``, exit 2) unless the caller allows it; every
-other difference of model, recipe or environment is named in ``Comparison.warnings``.  A value that run A
+other difference of model, recipe or environment is named in ``RunComparison.warnings``.  A value that run A
 measured and run B did not (missing, errored, NaN) is a regression whatever the thresholds.  A latency change
 within the noise either run measured for that row (its 95% interval, the spread of its rounds) is never one.
 """
@@ -21,10 +21,10 @@ from typing import Any
 from qdeploy.core.errors import QdeployInputError
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ValidationRow, readable_report
 from qdeploy.core.values import is_finite_number
-from qdeploy.pipeline.identity import differences, model_mismatch, recipe_content_note
+from qdeploy.pipeline.identity import model_mismatch, recipe_content_note, run_differences
 from qdeploy.pipeline.verify import verify_published
 
-__all__ = ["HIGHER_IS_BETTER", "Change", "Comparison", "NotComparableError", "Thresholds", "compare_reports",
+__all__ = ["HIGHER_IS_BETTER", "Change", "NotComparableError", "RunComparison", "Thresholds", "compare_reports",
            "failure_changes", "format_comparison", "format_regressions", "gate_changes", "latency_changes",
            "latency_noise", "load_report", "metric_changes", "not_comparable", "parse_metric_drops",
            "threshold_line", "typed_records", "typed_rows"]
@@ -66,7 +66,7 @@ class NotComparableError(QdeployInputError):
 
 
 @dataclass
-class Comparison:
+class RunComparison:
     """Every change found; `regressions` decide the exit status."""
 
     changes: list[Change] = field(default_factory=list)
@@ -101,7 +101,7 @@ def load_report(path: Path) -> dict[str, Any]:
 
 
 def compare_reports(before: dict[str, Any], after: dict[str, Any], thresholds: Thresholds | None = None, *,
-                    allow_mismatch: bool = False) -> Comparison:
+                    allow_mismatch: bool = False) -> RunComparison:
     """The changes from run `before` (A) to run `after` (B).
 
     Raises NotComparableError when the runs are of different models or share no row, unless ``allow_mismatch``
@@ -117,7 +117,7 @@ def compare_reports(before: dict[str, Any], after: dict[str, Any], thresholds: T
         raise NotComparableError("runs A and B are not comparable: " + "; ".join(refusals)
                                  + ". Pass --allow-mismatch to compare them anyway")
     note = recipe_content_note(before, after)
-    comparison = Comparison(warnings=[*refusals, *differences(before, after)], thresholds=limits,
+    comparison = RunComparison(warnings=[*refusals, *run_differences(before, after)], thresholds=limits,
                             notes=[note] if note else [])
     (timed_a, checks_a), (timed_b, checks_b) = typed_rows(before, "A"), typed_rows(after, "B")
     comparison.changes += latency_changes(timed_a, timed_b, limits.max_latency_regression)
@@ -328,7 +328,7 @@ def threshold_line(limits: Thresholds) -> str:
     return f"thresholds: {'; '.join(parts)} ({' and '.join(unjudged)}: no threshold, not judged)"
 
 
-def format_comparison(comparison: Comparison, name_a: str, name_b: str) -> str:
+def format_comparison(comparison: RunComparison, name_a: str, name_b: str) -> str:
     """A plain-text summary: the thresholds, one line per change, regressions marked, and a verdict."""
     lines = [f"A = {name_a}", f"B = {name_b}", threshold_line(comparison.thresholds), ""]
     if comparison.warnings:
@@ -349,7 +349,7 @@ def format_comparison(comparison: Comparison, name_a: str, name_b: str) -> str:
     return "\n".join(lines)
 
 
-def format_regressions(comparison: Comparison, name_a: str, name_b: str) -> str:
+def format_regressions(comparison: RunComparison, name_a: str, name_b: str) -> str:
     """What `compare -q` prints: the regressed rows and the verdict (a CI log names what regressed); '' when
     nothing regressed."""
     if not comparison.regressions:
@@ -373,7 +373,7 @@ def _change_line(change: Change, *, kind: bool = False) -> str:
     return f"{mark}{label}{change.subject}: {_show(change.before)} -> {_show(change.after)}{detail}"
 
 
-def _verdict_line(comparison: Comparison) -> str:
+def _verdict_line(comparison: RunComparison) -> str:
     limits, regressions = comparison.thresholds, comparison.regressions
     judged = limits.max_latency_regression is not None or bool(limits.max_metric_drop)
     limit = limits.max_latency_regression

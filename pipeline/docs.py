@@ -59,17 +59,17 @@ def model_table(title: str, model: type[BaseModel], *, skip: tuple[str, ...] = (
 
 def recipe_reference() -> str:
     sections: list[tuple[str, type[BaseModel]]] = [
-        ("recipe (top level)", Recipe), ("model", registry.stage("export").config_class()),
+        ("recipe (top level)", Recipe), ("model", registry.stage("export").config),
         ("model.inputs[]", InputSpec), ("model.torch", TorchSource), ("data.<name>", DatasetSpec),
-        ("validate", registry.stage("validate").config_class()), ("validate.tolerance", Tolerance),
-        ("benchmark", registry.stage("benchmark").config_class()), ("gates[]", GateSpec), ("report", ReportSpec),
+        ("validate", registry.stage("validate").config), ("validate.tolerance", Tolerance),
+        ("benchmark", registry.stage("benchmark").config), ("gates[]", GateSpec), ("report", ReportSpec),
         ("report.packages", PackagesSpec),
     ]
     lines: list[str] = []
     for title, model in sections:
         lines += model_table(title, model)
     for name in registry.VARIANT_STAGES:
-        lines += _stage_tables(name, registry.stage(name).config_class())
+        lines += _stage_tables(name, registry.stage(name).config)
     lines += ["**Default tolerances** (used when `validate.tolerance` is not set), by the artifact's precision:", "",
               "| precision | limits |", "|---|---|"]
     for precision, tolerance in DEFAULT_TOLERANCES.items():

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from qdeploy.pipeline.store import library_versions
+from qdeploy.pipeline.tested_versions import version_differences
+from qdeploy.targets import available_targets
+from qdeploy.targets.int8_path import int8_path, target_int8_paths
 
 __all__ = ["CPU_FLAGS", "LIBRARIES", "cpu_info", "environment"]
 
@@ -40,9 +43,6 @@ def _cores() -> int:
 
 @cache
 def environment() -> dict[str, Any]:
-    from qdeploy.targets import available_targets
-    from qdeploy.targets.int8_path import int8_path, target_int8_paths
-
     targets = available_targets()
     available = [name for name, reason in targets.items() if not reason]
     path = int8_path()
@@ -61,8 +61,6 @@ def environment() -> dict[str, Any]:
 
 def _tested_versions() -> dict[str, Any]:
     """Whether the runtimes are the versions qdeploy was tested with (constraints.txt), and which are not."""
-    from qdeploy.pipeline.tested_versions import differences
-
     untested = {name: {"installed": installed, "tested": tested}
-                for level, name, installed, tested in differences() if level == "warning"}
+                for level, name, installed, tested in version_differences() if level == "warning"}
     return {"match": not untested, "differ": untested}

@@ -11,9 +11,9 @@ stage did, the runner calls ``guard_artifact`` on its result before storing it:
 - its inputs and outputs must keep the input model's names and types, kinds
   included (a ``seq(tensor(float))`` input that lost its type is refused); only
   fp16 may turn float32 inputs/outputs into float16 (``keep_io_types: false``);
-- when the stage's own comparison did not run (its findings say "unchecked" or
-  "skipped", or an input model ONNX Runtime cannot load), the result says
-  ``checked: false`` and why: "unchecked" is never reported as a pass.
+- when the stage's own comparison did not run (its findings' ``unchecked()``
+  gives the reason, or the input model does not load in ONNX Runtime), the
+  result says ``checked: false`` and why: "unchecked" is never reported as a pass.
 
 A failure is a ``StageError`` naming the stage and the reason; the runner records
 it as that variant's failure.  Models above 1.8 GB are loaded from a file with
@@ -26,8 +26,11 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.core.errors import StageError
+from qdeploy.core.errors import ModelError, StageError
 from qdeploy.core.values import one_line
+from qdeploy.graph.external_data import check_saved_model
+from qdeploy.graph.order import scope_problems, sort_topologically
+from qdeploy.graph.utils import model_bytes
 from qdeploy.pipeline.large_results import resave_graph
 from qdeploy.targets.onnxruntime import SessionInterface
 
@@ -78,8 +81,6 @@ def guard_artifact(parent: Artifact | None, result: StageResult, stage: str, ctx
 def _graph_order(model: onnx.ModelProto, stage: str, variant: str) -> dict[str, Any]:
     """Every graph topologically sorted and in scope; a pure order problem is repaired (tools that sort the main
     graph ignore what If/Loop bodies read from it), anything else is a StageError."""
-    from qdeploy.graph.order import scope_problems, sort_topologically
-
     if not scope_problems(model.graph):
         return {}
     sort_topologically(model.graph)
@@ -114,9 +115,6 @@ def _same_interface(reference: Any, candidate: Any, stage: str, variant: str) ->
 
 def _check_saved(result: StageResult, stage: str, variant: str) -> None:
     """A large export skipped onnx's in-memory checker (protobuf's 2 GB limit): check its saved file instead."""
-    from qdeploy.core.errors import ModelError
-    from qdeploy.graph.external_data import check_saved_model
-
     if result.path is not None:
         try:
             check_saved_model(result.path)
@@ -136,8 +134,6 @@ def _session_of_path(path: Path) -> tuple[Any, str | None]:
 
 
 def _session_of_model(model: onnx.ModelProto, work_dir: Path) -> tuple[Any, str | None]:
-    from qdeploy.graph.utils import model_bytes
-
     try:
         if model_bytes(model) <= SERIALISE_LIMIT:
             return _session(model.SerializeToString()), None

@@ -15,8 +15,8 @@ from qdeploy.graph.utils import graph_inputs
 if TYPE_CHECKING:
     from qdeploy.pipeline.recipe import Recipe
 
-__all__ = ["ENVIRONMENT_FIELDS", "RECIPE_SECTIONS", "dataset_fingerprint", "differences", "model_mismatch",
-           "model_signature", "recipe_content", "recipe_content_note", "recipe_fingerprint"]
+__all__ = ["ENVIRONMENT_FIELDS", "RECIPE_SECTIONS", "dataset_fingerprint", "model_mismatch",
+           "model_signature", "recipe_content", "recipe_content_note", "recipe_fingerprint", "run_differences"]
 
 RECIPE_SECTIONS = ("model", "data", "variants", "targets", "validate", "benchmark", "gates")
 ENVIRONMENT_FIELDS = (("cpu", "model"), ("cpu", "cores"), ("cpu", "flags"), ("python",), ("platform",))
@@ -113,7 +113,7 @@ def recipe_content_note(before: dict[str, Any], after: dict[str, Any]) -> str:
     """Why the recipes' files were compared by their path text ('' when both reports record their content)."""
     recipes = [report.get("recipe") or {} for report in (before, after)]
     if not all(isinstance(recipe.get("sections"), dict) for recipe in recipes):
-        return ""  # no recipe record at all: differences() says so
+        return ""  # no recipe record at all: run_differences() says so
     older = [label for label, recipe in zip("AB", recipes, strict=True) if not isinstance(recipe.get("content"), dict)]
     if not older:
         return ""
@@ -145,7 +145,7 @@ def _names(values: Any) -> str:
                            if isinstance(v, dict)) + "]"
 
 
-def differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+def run_differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """Every difference of model, recipe and environment that makes the two runs less than comparable."""
     notes = []
     a_model, b_model = before.get("model"), after.get("model")

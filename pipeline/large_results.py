@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from qdeploy.core.context import StageResult
 from qdeploy.graph.external_data import load_graph_only, needs_external_data, save_onnx
+from qdeploy.pipeline.store import external_data_files
 
 if TYPE_CHECKING:
     import onnx
@@ -68,7 +69,6 @@ def _adopt_saved(result: StageResult, path: Path, data_name: str) -> StageResult
     import onnx
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
-    from qdeploy.pipeline.store import external_data_files
 
     assert result.path is not None
     data_files = external_data_files(result.path)

@@ -16,9 +16,11 @@ from qdeploy.calibration.readers import is_npy_sample
 from qdeploy.core.errors import RecipeError, UserFileError
 from qdeploy.core.userfiles import check_regular_file, files_in_folder, read_text
 from qdeploy.pipeline.recipe import Recipe, StepError
+from qdeploy.stages.export import check_factory
+from qdeploy.stages.validate import check_config
 
 __all__ = ["MAX_RECIPE_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_VALUES", "Loc", "check_recipe_files", "document_loc",
-           "load_recipe", "node_line", "parse_recipe", "parse_yaml", "read_yaml_text", "recipe_python_references"]
+           "load_recipe_file", "node_line", "parse_recipe", "parse_yaml", "read_yaml_text", "recipe_python_references"]
 
 Loc = tuple[str | int, ...]
 
@@ -31,7 +33,7 @@ MAX_YAML_DEPTH = 64
 """Deepest nesting of lists and mappings."""
 
 
-def load_recipe(path: str | Path) -> Recipe:
+def load_recipe_file(path: str | Path) -> Recipe:
     """Parse and validate a recipe file; RecipeError names the file, line and field on any problem."""
     path = Path(path)
     return parse_recipe(read_yaml_text(path, "recipe"), source=path)
@@ -282,9 +284,6 @@ def _check_user_path(recipe: Recipe, value: str, check: Callable[[Path], object]
 
 def _check_stage_configs(recipe: Recipe, root: yaml.Node | None, file: str) -> None:
     """Checks a stage can make of its own section before anything runs (no user code is executed)."""
-    from qdeploy.stages.export import check_factory
-    from qdeploy.stages.validate import check_config
-
     try:
         if recipe.model.torch is not None:  # parsed, never imported: `check` runs no user code
             check_factory(recipe.model.torch.factory, recipe.resolve)

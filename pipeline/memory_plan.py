@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qdeploy.core.errors import QdeployInputError
+from qdeploy.stages.export._model import model_size_on_disk
 
 if TYPE_CHECKING:
     from qdeploy.pipeline.recipe import Recipe
@@ -77,7 +78,6 @@ def check_recipe_fits(recipe: Recipe, variants: list[str]) -> None:
     """The up-front check of a run from an ONNX file (a torch model's size is known only after its export)."""
     if recipe.model.onnx is None:
         return
-    from qdeploy.stages.export._model import model_size_on_disk
 
     path = recipe.resolve(recipe.model.onnx)
     size = model_size_on_disk(path)

@@ -11,6 +11,7 @@ from typing import Any
 
 from qdeploy.pipeline import registry
 from qdeploy.pipeline.recipe import EXPORTED, Recipe
+from qdeploy.targets import get_target
 
 __all__ = ["Plan", "PlanNode", "Prefix", "build_plan", "describe_plan", "recipe_json_schema"]
 
@@ -62,8 +63,8 @@ def build_plan(recipe: Recipe) -> Plan:
 
 def describe_plan(recipe: Recipe) -> str:
     """A human-readable plan: transforms (shared ones once), evaluations, targets here, code the recipe runs."""
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.pipeline.loader import recipe_python_references
-    from qdeploy.targets import get_target
 
     plan = build_plan(recipe)
     source = recipe.model.onnx or (recipe.model.torch.factory if recipe.model.torch else "")
@@ -92,7 +93,7 @@ def describe_plan(recipe: Recipe) -> str:
 def _non_default(node: PlanNode) -> dict[str, Any]:
     if not node.prefix:
         return {}
-    defaults = registry.stage(node.stage).config_class()().model_dump(mode="json")
+    defaults = registry.stage(node.stage).config().model_dump(mode="json")
     return {key: value for key, value in node.config.items() if defaults.get(key) != value}
 
 
@@ -102,7 +103,7 @@ def recipe_json_schema() -> dict[str, Any]:
     defs = schema.setdefault("$defs", {})
     step_forms: list[dict[str, Any]] = [{"type": "string", "enum": list(registry.VARIANT_STAGES)}]
     for name in registry.VARIANT_STAGES:
-        config_schema = registry.stage(name).config_class().model_json_schema(ref_template=f"#/$defs/{name}_{{model}}")
+        config_schema = registry.stage(name).config.model_json_schema(ref_template=f"#/$defs/{name}_{{model}}")
         for def_name, definition in config_schema.pop("$defs", {}).items():
             defs[f"{name}_{def_name}"] = definition
         defs[f"{name}_config"] = config_schema

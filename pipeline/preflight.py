@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from qdeploy.calibration.headers import check_dataset_fits
 from qdeploy.pipeline import registry
+from qdeploy.stages.export import inspect_source
 
 if TYPE_CHECKING:
     from qdeploy.pipeline.recipe import Recipe
@@ -19,9 +21,6 @@ __all__ = ["check_before_run", "datasets_read"]
 
 def check_before_run(recipe: Recipe) -> None:
     """ModelError or DataError (exit 2) for a model or a dataset the run would refuse."""
-    from qdeploy.calibration.headers import check_dataset_fits
-    from qdeploy.stages.export import inspect_source
-
     inputs = inspect_source(recipe.model, recipe.resolve)
     for name in datasets_read(recipe):
         spec = recipe.data[name]

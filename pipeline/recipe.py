@@ -34,7 +34,7 @@ from qdeploy.pipeline import registry
 from qdeploy.stages.benchmark.config import BenchmarkConfig
 from qdeploy.stages.export.config import ExportConfig
 from qdeploy.stages.validate.config import ValidateConfig
-from qdeploy.targets import TRUE_FP16_TARGET, true_fp16_check
+from qdeploy.targets import KNOWN_TARGETS, TRUE_FP16_TARGET, true_fp16_check
 
 __all__ = [
     "EXPORTED",
@@ -154,7 +154,7 @@ def _parse_step(raw: Any) -> VariantStep:
     else:
         raise ValueError("a step is a stage name or a one-key mapping {stage: config}")
     info = registry.transform_stage(name)
-    return VariantStep(stage=name, config=info.config_class().model_validate(config))
+    return VariantStep(stage=name, config=info.config.model_validate(config))
 
 
 def _parse_variant(name: str, steps: list[Any]) -> list[VariantStep]:
@@ -271,8 +271,6 @@ class Recipe(StrictModel):
     @field_validator("targets")
     @classmethod
     def _known_targets(cls, targets: list[str]) -> list[str]:
-        from qdeploy.targets import KNOWN_TARGETS
-
         for target in targets:
             if target not in KNOWN_TARGETS:
                 close = difflib.get_close_matches(target, KNOWN_TARGETS, n=1)

@@ -1,90 +1,100 @@
 """The one registry of qdeploy's stages.
 
-Grep this file to find every stage.  Stage modules are imported only when a
-stage's config is validated or the stage runs, so importing qdeploy stays
-cheap; a stage module imports its heavy libraries inside its functions.
+Grep this file to find every stage.  The registry holds each stage's module, its settings model, and functions of
+a validated config (the datasets it names, whether it reads the run's default dataset), never names to look up.
+A stage module imports its heavy libraries inside its functions, so importing the stages here stays cheap
+(importing a stage's config module imports its package anyway).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Literal
 
 from pydantic import BaseModel
+
+from qdeploy.stages import benchmark, export, fp16, quantize, simplify, validate
+from qdeploy.stages.benchmark.config import BenchmarkConfig
+from qdeploy.stages.export.config import ExportConfig
+from qdeploy.stages.fp16.config import Fp16Config, reads_default_dataset
+from qdeploy.stages.quantize.config import DynamicConfig, LowerConfig, NncfPtqConfig, PtqConfig, QuantizeConfig
+from qdeploy.stages.simplify.config import SimplifyConfig
+from qdeploy.stages.validate.config import ValidateConfig
 
 __all__ = ["VARIANT_STAGES", "StageInfo", "StageKind", "all_stages", "stage", "transform_stage"]
 
 StageKind = Literal["transform", "evaluation"]
 
 
+def _names_none(config: Any) -> list[str]:
+    return []
+
+
+def _reads_none(config: Any) -> bool:
+    return False
+
+
+def _fp16_datasets(config: Fp16Config) -> list[str]:
+    data = config.calibration.data if config.calibration is not None else None
+    return [data] if data is not None else []
+
+
+def _quantize_datasets(config: BaseModel) -> list[str]:
+    """The calibration and budget datasets of the modes that have them (weight_only has neither)."""
+    names = []
+    if isinstance(config, PtqConfig | NncfPtqConfig | LowerConfig) and config.calibration is not None:
+        names.append(config.calibration.data)
+    if isinstance(config, PtqConfig | DynamicConfig):
+        names.append(config.budget.data)
+    return [name for name in names if name is not None]
+
+
 @dataclass(frozen=True)
 class StageInfo:
-    """What the runner needs to know of a stage, without importing it."""
+    """What the runner needs to know of a stage."""
 
     name: str
     kind: StageKind
-    module: str
-    config: str
-    entry: str = "run"
+    module: ModuleType
+    """The stage's package; its ``run`` is looked up when the stage runs (a test may replace it)."""
+    config: type[BaseModel] | type[QuantizeConfig]
+    """The stage's settings: ``config.model_validate(settings)`` gives the validated model the stage takes."""
     libraries: tuple[str, ...] = ()
     """Distributions whose versions enter the stage's cache key."""
-    dataset_fields: tuple[str, ...] = field(default=())
-    """Dotted config paths that name datasets of the recipe (e.g. 'calibration.data')."""
+    datasets_used: Callable[[Any], list[str]] = _names_none
+    """Dataset names of the recipe that a validated config of this stage refers to."""
     uses_targets: bool = False
     """The artifact depends on the recipe's targets (they enter the cache key and the stage's context)."""
     true_fp16_checked: bool = False
     """Validation also runs this stage's artifacts on reference:cpu (true float16) where the recipe has no GPU: with
     ``uses_targets``, that check counts among the targets the stage is given (``Recipe.validated_targets``)."""
-    default_dataset_reader: str | None = None
-    """Function of the stage module, (validated config) -> bool: whether the stage then reads the run's default
-    dataset (validate.data), which then enters its cache key."""
-
-    def load_module(self) -> Any:
-        return importlib.import_module(self.module)
-
-    def config_class(self) -> type[BaseModel]:
-        """The stage's settings, from its leaf ``config`` module (the stage itself is not imported)."""
-        return getattr(importlib.import_module(f"{self.module}.config"), self.config)
+    reads_default_dataset: Callable[[Any], bool] = _reads_none
+    """(validated config) -> whether the stage then reads the run's default dataset (validate.data), which then
+    enters its cache key."""
 
     def function(self) -> Callable[..., Any]:
-        return getattr(self.load_module(), self.entry)
-
-    def datasets_used(self, config: BaseModel) -> list[str]:
-        """Dataset names that a validated config of this stage refers to (fields a mode lacks name none)."""
-        names = []
-        for dotted in self.dataset_fields:
-            value: Any = config
-            for key in dotted.split("."):
-                value = getattr(value, key, None)
-            if isinstance(value, str):
-                names.append(value)
-        return names
-
-    def reads_default_dataset(self, config: BaseModel) -> bool:
-        """Whether the stage, with this validated config, reads the run's default dataset."""
-        if self.default_dataset_reader is None:
-            return False
-        return bool(getattr(self.load_module(), self.default_dataset_reader)(config))
+        """The stage's ``run``."""
+        run: Callable[..., Any] = self.module.run
+        return run
 
 
 _STAGES: dict[str, StageInfo] = {
     info.name: info
     for info in (
-        StageInfo("export", "transform", "qdeploy.stages.export", "ExportConfig",
-                  libraries=("onnx",)),
-        StageInfo("simplify", "transform", "qdeploy.stages.simplify", "SimplifyConfig",
+        StageInfo("export", "transform", export, ExportConfig, libraries=("onnx",)),
+        StageInfo("simplify", "transform", simplify, SimplifyConfig,
                   libraries=("onnx", "onnxruntime", "onnxoptimizer")),
-        StageInfo("fp16", "transform", "qdeploy.stages.fp16", "Fp16Config",
+        StageInfo("fp16", "transform", fp16, Fp16Config,
                   libraries=("onnx", "onnxruntime", "onnxconverter-common"),
-                  dataset_fields=("calibration.data",), default_dataset_reader="reads_default_dataset",
+                  datasets_used=_fp16_datasets, reads_default_dataset=reads_default_dataset,
                   uses_targets=True, true_fp16_checked=True),  # the budget's artifact is confirmed on each target
-        StageInfo("quantize", "transform", "qdeploy.stages.quantize", "QuantizeConfig",
+        StageInfo("quantize", "transform", quantize, QuantizeConfig,
                   libraries=("onnx", "onnxruntime", "onnx-ir", "openvino"),
-                  dataset_fields=("calibration.data", "budget.data"), uses_targets=True),
-        StageInfo("validate", "evaluation", "qdeploy.stages.validate", "ValidateConfig"),
-        StageInfo("benchmark", "evaluation", "qdeploy.stages.benchmark", "BenchmarkConfig"),
+                  datasets_used=_quantize_datasets, uses_targets=True),
+        StageInfo("validate", "evaluation", validate, ValidateConfig),
+        StageInfo("benchmark", "evaluation", benchmark, BenchmarkConfig),
     )
 }
 

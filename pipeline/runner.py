@@ -38,6 +38,7 @@ from qdeploy.pipeline.guard import guard_artifact
 from qdeploy.pipeline.identity import dataset_fingerprint, model_signature
 from qdeploy.pipeline.large_results import spill_large_result
 from qdeploy.pipeline.memory_plan import check_recipe_fits
+from qdeploy.pipeline.package.publish import write_run_packages
 from qdeploy.pipeline.progress import Progress
 from qdeploy.pipeline.published import (
     begin_generation,
@@ -48,10 +49,13 @@ from qdeploy.pipeline.published import (
     write_checksums,
 )
 from qdeploy.pipeline.recipe import EXPORTED, Recipe, VariantStep
+from qdeploy.pipeline.report import write_reports
 from qdeploy.pipeline.selection import selected_targets, selected_variants
 from qdeploy.pipeline.store import ArtifactStore, cache_key, library_versions, sha256_file
+from qdeploy.stages.benchmark import shipped_precisions, split_modes, unmeasured_throughput
+from qdeploy.stages.export import source_files
 
-__all__ = ["BuildOutcome", "RunOptions", "RunPlan", "RunResult", "benchmark_phase", "build_phase", "default_out_dir",
+__all__ = ["BuildOutcome", "RunOptions", "RunOutcome", "RunPlan", "benchmark_phase", "build_phase", "default_out_dir",
            "finish_run", "locked_out_dir", "plan_run", "progress_total", "run_recipe", "validate_phase"]
 
 log = logging.getLogger(__name__)
@@ -70,7 +74,7 @@ class RunOptions:
 
 
 @dataclass
-class RunResult:
+class RunOutcome:
     """The report and the exit status it implies."""
 
     report: dict[str, Any]
@@ -132,7 +136,7 @@ def default_out_dir(recipe: Recipe) -> Path:
     return Path("runs") / recipe.name
 
 
-def run_recipe(recipe: Recipe, options: RunOptions | None = None) -> RunResult:
+def run_recipe(recipe: Recipe, options: RunOptions | None = None) -> RunOutcome:
     """Run a whole recipe and write its report; never raises for a stage failure of one variant."""
     options = options or RunOptions()
     plan = plan_run(recipe, options)
@@ -198,19 +202,16 @@ def benchmark_phase(plan: RunPlan, outcome: BuildOutcome, targets: list[str] | N
                     validation: list[ValidationRow] | None = None) -> list[BenchmarkRow | ThroughputRow]:
     """Benchmark rows of the evaluated artifacts on ``targets`` (default: the plan's); give it the machine alone.
     With ``validation``, a pair validation ships at a pinned precision is timed at that precision."""
-    from qdeploy.stages.benchmark import shipped_precisions
-
     return _evaluate_phase(plan, outcome, "benchmark", targets, progress,
                            {"shipped": shipped_precisions(validation)} if validation else {})
 
 
 def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[ValidationRow],
-               benchmarks: list[BenchmarkRow | ThroughputRow], *, seconds: float) -> RunResult:
+               benchmarks: list[BenchmarkRow | ThroughputRow], *, seconds: float) -> RunOutcome:
     """Gates, the reports, and the exit status they imply; publishes artifacts and reports in one switch."""
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.pipeline.gates import evaluate_gates, excuse_unreadable, unmeasured
-    from qdeploy.pipeline.report import write_reports
     from qdeploy.pipeline.summary import build_report
-    from qdeploy.stages.benchmark import split_modes, unmeasured_throughput
 
     recipe = plan.recipe
     benchmarks, throughput = split_modes(benchmarks)
@@ -232,7 +233,7 @@ def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[Validation
     except BaseException:
         discard_generation(generation)
         raise
-    return RunResult(report=report, out_dir=plan.out_dir, exit_code=_exit_code(outcome, gates, validation, missing))
+    return RunOutcome(report=report, out_dir=plan.out_dir, exit_code=_exit_code(outcome, gates, validation, missing))
 
 
 def _expected(plan: RunPlan, outcome: BuildOutcome, mode: str) -> tuple[list[str], list[str], list[int]]:
@@ -244,8 +245,6 @@ def _expected(plan: RunPlan, outcome: BuildOutcome, mode: str) -> tuple[list[str
 
 def _write_packages(plan: RunPlan, outcome: BuildOutcome, report: dict[str, Any],
                     generation: Path) -> dict[str, Any]:
-    from qdeploy.pipeline.package.publish import write_run_packages
-
     return write_run_packages(report, plan.recipe, outcome.evaluated, generation, plan.targets, plan.out_dir)
 
 
@@ -276,6 +275,7 @@ def _exit_code(outcome: BuildOutcome, gates: list[GateResult], validation: list[
                missing: list[UnmeasuredEntry]) -> int:
     """2 for bad input; 1 when a variant failed to build, a gate failed, a validation failed, or a measurement
     the recipe asked for could not be made (unless the recipe allows that)."""
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.pipeline.gates import run_passes
 
     if outcome.input_error:
@@ -305,8 +305,6 @@ def locked_out_dir(out_dir: Path) -> Iterator[None]:
 
 def _build_export(state: _RunState) -> Artifact:
     """The exported model; a failure here is the whole run's (every variant starts from it)."""
-    from qdeploy.stages.export import source_files
-
     info = registry.stage("export")
     config = state.recipe.model
     ctx = _context(state, EXPORTED, "export")

@@ -40,6 +40,7 @@ from qdeploy.core.files import (
     write_json_synced,
 )
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES, save_onnx
 
 if TYPE_CHECKING:
     import onnx
@@ -225,8 +226,6 @@ def entry_problem(entry: Path, meta: dict[str, Any]) -> str | None:
 def _move_saved(saved: Path, model_path: Path) -> None:
     """Move a saved model and its external data files into a staging folder (renamed when on one file system);
     one below the external-data threshold is written as one file (an artifact's form depends on its size only)."""
-    from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES, save_onnx
-
     data_files = external_data_files(saved)
     total = saved.stat().st_size + sum(data.stat().st_size for data in data_files)
     if data_files and total <= min(EXTERNAL_DATA_THRESHOLD, PROTOBUF_SAFE_BYTES):
@@ -239,7 +238,6 @@ def _move_saved(saved: Path, model_path: Path) -> None:
 
 def save_model(model: onnx.ModelProto, path: Path, *, external_name: str) -> None:
     """Save a model; large ones with their tensors in one external data file beside it."""
-    from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES, save_onnx
 
     # sized from tensor shapes: ByteSize fails above 2 GB
     save_onnx(model, path, location=external_name, threshold=min(EXTERNAL_DATA_THRESHOLD, PROTOBUF_SAFE_BYTES))

@@ -26,9 +26,9 @@ from qdeploy.pipeline.report.verdict import verdict_section
 from qdeploy.stages.validate import noise_floor_summary, unreadable_targets
 from qdeploy.stages.validate.config import REFERENCE_TARGET
 
-__all__ = ["SCHEMA_VERSION", "build_report", "speedup_range"]
+__all__ = ["REPORT_SCHEMA_VERSION", "build_report", "speedup_range"]
 
-SCHEMA_VERSION = 2
+REPORT_SCHEMA_VERSION = 2
 """2: `verdict` and `throughput` added."""
 
 
@@ -52,7 +52,7 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
         ratio, spread = throughput_speedup(throughput or [], row, reference)
         rates.append(row.replace(speedup=ratio, speedup_range=spread))
     report = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": REPORT_SCHEMA_VERSION,
         "recipe": {"name": recipe.name, "path": str(recipe.source) if recipe.source else None,
                    "sections": recipe_fingerprint(recipe), "content": recipe_content(recipe)},
         "model": model,

@@ -12,10 +12,10 @@ import re
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["OPTIONAL", "RUNTIMES", "TESTED", "difference_lines", "differences", "installed_version", "normalize",
-           "plain_version", "read_constraints", "tested_versions_record"]
+__all__ = ["OPTIONAL", "RUNTIME_DISTRIBUTIONS", "TESTED", "difference_lines", "installed_version", "normalize",
+           "plain_version", "read_constraints", "tested_versions_record", "version_differences"]
 
-RUNTIMES = ("onnx", "onnxruntime", "openvino", "onnxconverter-common", "onnxoptimizer", "onnx-ir", "numpy",
+RUNTIME_DISTRIBUTIONS = ("onnx", "onnxruntime", "openvino", "onnxconverter-common", "onnxoptimizer", "onnx-ir", "numpy",
             "protobuf", "pydantic", "torch", "onnxscript")
 """Distributions whose version changes qdeploy's numbers or behaviour: doctor warns on these, notes the rest."""
 OPTIONAL = ("torch", "onnxscript")
@@ -146,7 +146,7 @@ def installed_version(name: str) -> str | None:
         return None
 
 
-def differences(tested: dict[str, str] | None = None) -> list[tuple[str, str, str | None, str]]:
+def version_differences(tested: dict[str, str] | None = None) -> list[tuple[str, str, str | None, str]]:
     """(level, name, installed or None, tested) for each distribution that is not at its tested version.
 
     level is 'warning' for a runtime (its version changes qdeploy's numbers), 'note' for the rest.  A missing
@@ -157,16 +157,16 @@ def differences(tested: dict[str, str] | None = None) -> list[tuple[str, str, st
         installed = installed_version(name)
         if installed == version:
             continue
-        if installed is None and (name not in RUNTIMES or name in OPTIONAL):
+        if installed is None and (name not in RUNTIME_DISTRIBUTIONS or name in OPTIONAL):
             continue
-        found.append(("warning" if name in RUNTIMES else "note", name, installed, version))
+        found.append(("warning" if name in RUNTIME_DISTRIBUTIONS else "note", name, installed, version))
     return found
 
 
 def difference_lines(tested: dict[str, str] | None = None) -> list[str]:
     """Doctor's lines, one per difference."""
     lines = []
-    for level, name, installed, version in differences(tested):
+    for level, name, installed, version in version_differences(tested):
         if installed is None:
             lines.append(f"{level}: {name} is not installed; qdeploy was tested with {version}")
         else:
@@ -179,4 +179,5 @@ def difference_lines(tested: dict[str, str] | None = None) -> list[str]:
 def tested_versions_record(tested: dict[str, str] | None = None) -> dict[str, dict[str, str | None]]:
     """name -> {tested, installed} of every runtime: what `doctor --json` and a report's environment record."""
     pins = TESTED if tested is None else tested
-    return {name: {"tested": pins[name], "installed": installed_version(name)} for name in RUNTIMES if name in pins}
+    return {name: {"tested": pins[name], "installed": installed_version(name)}
+            for name in RUNTIME_DISTRIBUTIONS if name in pins}

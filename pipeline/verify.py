@@ -19,6 +19,7 @@ from qdeploy.core.errors import QdeployInputError
 from qdeploy.core.files import sha256_file
 from qdeploy.core.rows import readable_report
 from qdeploy.pipeline.identity import RECIPE_SECTIONS
+from qdeploy.pipeline.package.check import outside
 from qdeploy.pipeline.published import ARTIFACTS, CHECKSUMS, RECIPE_SNAPSHOT
 
 __all__ = ["recipe_snapshot", "verify_published"]
@@ -80,8 +81,6 @@ def _recorded(report: dict[str, Any]) -> dict[str, str]:
 
 def _digest(folder: Path, name: str, digests: dict[str, str]) -> str | None:
     """sha256 of artifacts/<name> (each file hashed once); None when it is missing or not a plain file inside."""
-    from qdeploy.pipeline.package.check import outside
-
     if name not in digests:
         path = folder / name
         if outside(folder, name) or not path.is_file():

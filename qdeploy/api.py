@@ -32,7 +32,12 @@ from qdeploy.core.rows import (
     ValidationRow,
     readable_report,
 )
+from qdeploy.core.userfiles import writable_folder
+from qdeploy.pipeline.compare_runs import Thresholds, compare_reports, load_report
 from qdeploy.pipeline.recipe import SAFE_NAME, Recipe
+from qdeploy.pipeline.verify import verify_published
+from qdeploy.stages.export import export_module
+from qdeploy.stages.export.config import ExportConfig
 
 __all__ = ["ArtifactInfo", "BenchmarkRow", "BuildFailure", "GateResult", "Recipe", "RunResult", "ThroughputRow",
            "UnmeasuredEntry", "ValidationRow", "compare", "load_recipe", "open_run", "run", "sweep"]
@@ -107,7 +112,8 @@ def load_recipe(source: RecipeSource, *, base_dir: str | Path | None = None) -> 
     ``base_dir``, default the current folder (a file's resolve against the file's folder).  A dict has no file
     and no lines: its errors name the field, "recipe (dict): field 'quantize.mode': ...".  Path objects in it
     are taken as text."""
-    from qdeploy.pipeline.loader import load_recipe as load_file
+    # lazy: pulls onnxruntime (import cost)
+    from qdeploy.pipeline.loader import load_recipe_file
 
     if isinstance(source, Recipe):
         return source.model_copy(deep=True)
@@ -116,7 +122,7 @@ def load_recipe(source: RecipeSource, *, base_dir: str | Path | None = None) -> 
     if not isinstance(source, str | os.PathLike):
         raise RecipeError(f"a recipe is a YAML file's path, a dict or a Recipe, not a {type(source).__name__}",
                           file="recipe")
-    return load_file(Path(source))
+    return load_recipe_file(Path(source))
 
 
 DICT_RECIPE = "recipe (dict)"
@@ -127,6 +133,7 @@ _PLAIN = (str, int, float, bool, type(None))
 def _parse_dict(data: dict[str, Any], base_dir: str | Path | None, file: str = DICT_RECIPE) -> Recipe:
     import yaml
 
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.pipeline.loader import parse_recipe
 
     folder = Path(base_dir or Path.cwd()).resolve()
@@ -168,7 +175,7 @@ def run(recipe: RecipeSource, model: Any = None, *, out: str | Path | None = Non
     current folder (a recipe file's resolve against the file's folder).  Errors in a dict recipe name its field
     ("recipe (dict): field 'quantize.mode': ..."), as ``load_recipe`` does.
     """
-    from qdeploy.core.userfiles import writable_folder
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.pipeline.runner import RunOptions, default_out_dir, run_recipe
 
     if model is not None:
@@ -196,6 +203,7 @@ def _with_in_memory_model(recipe: RecipeSource, model: Any, base_dir: str | Path
     else:
         import yaml
 
+        # lazy: pulls onnxruntime (import cost)
         from qdeploy.pipeline.loader import read_yaml_text
 
         path = Path(recipe)
@@ -237,9 +245,6 @@ def write_model_source(model: Any, section: dict[str, Any], cache: Path) -> Path
 
 
 def _export_module(module: Any, section: dict[str, Any]) -> Any:
-    from qdeploy.stages.export import export_module
-    from qdeploy.stages.export.config import ExportConfig
-
     try:
         config = ExportConfig(**{**section, "onnx": "<in-memory>"})
     except Exception as exc:
@@ -264,9 +269,6 @@ def open_run(folder: str | Path) -> RunResult:
 
     Every published file report.json names is checked against the sha256 it records and artifacts/SHA256SUMS
     first: a changed or missing one raises QdeployInputError naming it."""
-    from qdeploy.pipeline.compare_runs import load_report
-    from qdeploy.pipeline.verify import verify_published
-
     path = Path(folder)
     report_path = path / "report.json" if path.is_dir() else path
     report = load_report(path)  # QdeployInputError (exit 2's error) for a missing or unreadable report
@@ -278,9 +280,7 @@ def open_run(folder: str | Path) -> RunResult:
 def compare(run_a: str | Path | RunResult, run_b: str | Path | RunResult, *,
             max_latency_regression: float | None = None, max_metric_drop: dict[str, float] | None = None,
             allow_mismatch: bool = False) -> Any:
-    """``qdeploy compare`` as a function: a Comparison whose ``regressions`` decide pass or fail."""
-    from qdeploy.pipeline.compare_runs import Thresholds, compare_reports, load_report
-
+    """``qdeploy compare`` as a function: a RunComparison whose ``regressions`` decide pass or fail."""
     def report_of(item: str | Path | RunResult) -> dict[str, Any]:
         return item.report if isinstance(item, RunResult) else load_report(Path(item))
 
@@ -291,6 +291,7 @@ def compare(run_a: str | Path | RunResult, run_b: str | Path | RunResult, *,
 def sweep(paths: str | Path | list[str | Path], *, out: str | Path | None = None, executor: str = "local",
           workers: int | None = None, cache_dir: str | Path | None = None, use_cache: bool = True) -> Any:
     """``qdeploy sweep`` as a function, on recipe and sweep files."""
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.pipeline.sweep import load_sweep
     from qdeploy.pipeline.sweep.executors import SweepOptions, run_sweep
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.helpers.imports import cycles, graph, layer_of, modules
+from tests.helpers.imports import ROOT, cycles, graph, layer_of, modules
 
 
 def test_no_import_circles_between_files() -> None:
@@ -81,3 +81,36 @@ def test_no_test_file_imports_another() -> None:
             if module and module.startswith("tests.") and module.rsplit(".", 1)[-1].startswith(("test_", "conftest")):
                 offenders.append(f"{path.relative_to(tests)} imports {module}")
     assert offenders == []
+
+
+def test_own_imports_sit_at_the_top_of_their_file() -> None:
+    """A file's header says what it depends on: an import of qdeploy's own modules inside a function needs a
+    reason in a comment on its line or just above its group of imports, ``# cycle: ...`` or ``# lazy: ...``."""
+    unexplained = []
+    for path in modules().values():
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines))
+        imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+        import_lines = {line for node in imports for line in range(node.lineno, node.end_lineno + 1)}
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if _imports_own_module(node) and not _has_reason(lines, node, import_lines):
+                    unexplained.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+    assert sorted(set(unexplained)) == []
+
+
+def _imports_own_module(node: ast.AST) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.level > 0 or (node.module or "").split(".")[0] == "qdeploy"
+    return isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "qdeploy" for alias in node.names)
+
+
+def _has_reason(lines: list[str], node: ast.stmt, import_lines: set[int]) -> bool:
+    """A ``# cycle:``/``# lazy:`` comment on the import's lines or on the line above its run of imports."""
+    above = node.lineno - 1
+    while above in import_lines:
+        above -= 1
+    said = lines[above - 1:node.end_lineno] if above >= 1 else lines[:node.end_lineno]
+    return any("# cycle:" in line or "# lazy:" in line for line in said)

@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from qdeploy.pipeline.tested_versions import RUNTIMES, TESTED, plain_version, read_constraints  # noqa: E402
+from qdeploy.pipeline.tested_versions import RUNTIME_DISTRIBUTIONS, TESTED, plain_version, read_constraints  # noqa: E402
 
 EXTRAS = ("torch", "ray", "test")
 CONSTRAINTS = REPO / "constraints.txt"
@@ -54,7 +54,8 @@ def closure(root: str = "qdeploy", extras: tuple[str, ...] = EXTRAS) -> dict[str
 
 
 def ordered(pins: dict[str, str]) -> list[tuple[str, str]]:
-    names = [name for name in RUNTIMES if name in pins] + sorted(name for name in pins if name not in RUNTIMES)
+    runtimes = [name for name in RUNTIME_DISTRIBUTIONS if name in pins]
+    names = runtimes + sorted(name for name in pins if name not in RUNTIME_DISTRIBUTIONS)
     return [(name, pins[name]) for name in names]
 
 

@@ -15,12 +15,15 @@ from typing import Annotated, Any
 
 import typer
 
+from qdeploy.core.userfiles import writable_folder
 from qdeploy.pipeline.cli._common import guarded as _guarded
 from qdeploy.pipeline.cli._common import setup_logging as _setup_logging
-from qdeploy.pipeline.cli.package import register as _register_package
-from qdeploy.pipeline.cli.sweep import register as _register_sweep
+from qdeploy.pipeline.cli.package import register_package_command
+from qdeploy.pipeline.cli.sweep import register_sweep_command
+from qdeploy.pipeline.tested_versions import difference_lines, tested_versions_record
 
-__all__ = ["Quiet", "RecipePath", "Verbose", "check", "compare", "doctor", "main", "run", "schema"]
+__all__ = ["Quiet", "RecipePath", "Verbose", "check_command", "compare_command", "doctor_command", "main",
+           "run_command", "schema_command"]
 
 log = logging.getLogger("qdeploy")
 
@@ -34,8 +37,8 @@ Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log each step; t
 RecipePath = Annotated[Path, typer.Argument(help="Recipe file (YAML).", show_default=False)]
 
 
-@app.command(short_help="Run a recipe: build, validate, benchmark, report.")
-def run(
+@app.command(name="run", short_help="Run a recipe: build, validate, benchmark, report.")
+def run_command(
     recipe: RecipePath,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder.", show_default="runs/<name>/",
                                              metavar="DIR")] = None,
@@ -53,8 +56,8 @@ def run(
     _setup_logging(quiet, verbose)
 
     def body() -> int:
+        # lazy: keeps `qdeploy --help` fast (pulls numpy, onnx, onnxruntime, pydantic, pydantic_core, yaml)
         from qdeploy.api import run as run_recipe
-        from qdeploy.core.userfiles import writable_folder
 
         out_dir = writable_folder(out, "--out folder") if out else None
         cache = writable_folder(cache_dir, "--cache-dir folder") if cache_dir else None
@@ -68,13 +71,14 @@ def run(
 
 
 def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
+    # lazy: keeps `qdeploy --help` fast (pulls numpy, onnx, onnxruntime, pydantic, pydantic_core, yaml)
     from qdeploy.pipeline.cli.summary import print_summary
 
     print_summary(report, out_dir)  # its own module (qdeploy.pipeline.cli.summary): the table, verdict, gates
 
 
-@app.command(short_help="What changed between two runs; exit 1 on a regression.")
-def compare(
+@app.command(name="compare", short_help="What changed between two runs; exit 1 on a regression.")
+def compare_command(
     run_a: Annotated[Path, typer.Argument(help="Earlier run: its folder or its report.json.", show_default=False)],
     run_b: Annotated[Path, typer.Argument(help="Later run: its folder or its report.json.", show_default=False)],
     max_latency_regression: Annotated[float | None, typer.Option(
@@ -101,6 +105,7 @@ def compare(
     _setup_logging(quiet, verbose)
 
     def body() -> int:
+        # lazy: keeps `qdeploy --help` fast (pulls numpy, pydantic)
         from qdeploy.pipeline.compare_runs import (
             Thresholds,
             compare_reports,
@@ -123,39 +128,43 @@ def compare(
     raise typer.Exit(_guarded(body, verbose))
 
 
-@app.command(short_help="Validate a recipe (or sweep) and print the plan.")
-def check(recipe: RecipePath, quiet: Quiet = False, verbose: Verbose = False) -> None:
+@app.command(name="check", short_help="Validate a recipe (or sweep) and print the plan.")
+def check_command(recipe: RecipePath, quiet: Quiet = False, verbose: Verbose = False) -> None:
     """Validate a recipe and its model's file and interface, and print the plan; run nothing."""
     _setup_logging(quiet, verbose)
 
     def body() -> None:
-        from qdeploy.pipeline.loader import load_recipe
+        # lazy: keeps `qdeploy --help` fast (pulls numpy, onnx, onnxruntime, pydantic, pydantic_core, yaml)
+        from qdeploy.pipeline.loader import load_recipe_file
         from qdeploy.pipeline.plan import describe_plan
+
+        # lazy: keeps `qdeploy --help` fast (pulls numpy, onnx, onnxruntime, pydantic, pydantic_core)
         from qdeploy.pipeline.preflight import check_before_run
 
-        loaded = load_recipe(recipe)
+        loaded = load_recipe_file(recipe)
         check_before_run(loaded)  # the model and the datasets, as the run would read them
         typer.echo(describe_plan(loaded))
 
     _guarded(body, verbose)
 
 
-@app.command()
-def schema() -> None:
+@app.command(name="schema")
+def schema_command() -> None:
     """Print the recipe's JSON Schema (for editors)."""
+    # lazy: keeps `qdeploy --help` fast (pulls numpy, onnx, onnxruntime, pydantic, pydantic_core, yaml)
     from qdeploy.pipeline.plan import recipe_json_schema
 
     typer.echo(json.dumps(recipe_json_schema(), indent=2))
 
 
-@app.command(short_help="Versions, tested versions, targets and CPU features.")
-def doctor(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.",
+@app.command(name="doctor", short_help="Versions, tested versions, targets and CPU features.")
+def doctor_command(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.",
                                                   show_default="off")] = False) -> None:
     """Library versions (and how they differ from the tested ones), available targets and CPU features."""
 
     def body() -> None:
+        # lazy: keeps `qdeploy --help` fast (pulls numpy, pydantic)
         from qdeploy.pipeline.envinfo import environment
-        from qdeploy.pipeline.tested_versions import difference_lines, tested_versions_record
 
         env = environment()
         if as_json:
@@ -182,12 +191,13 @@ def doctor(as_json: Annotated[bool, typer.Option("--json", help="Machine-readabl
     _guarded(body, False)  # a closed or full stdout is a clean error, not a traceback
 
 
-_register_sweep(app)  # `qdeploy sweep`; `check` takes sweep files
-_register_package(app)  # `qdeploy package`
+register_sweep_command(app)  # `qdeploy sweep`; `check` takes sweep files
+register_package_command(app)  # `qdeploy package`
 
 
 def _version_callback(value: bool) -> None:
     if value:
+        # lazy: keeps `qdeploy --help` fast (pulls numpy, onnx, onnxruntime, pydantic, pydantic_core, yaml)
         from qdeploy.pipeline.cli.version import version_text
 
         typer.echo(version_text())

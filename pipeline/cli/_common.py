@@ -10,6 +10,9 @@ from typing import TypeVar
 
 import typer
 
+from qdeploy.core.errors import QdeployError, UserFileError
+from qdeploy.core.userfiles import USER_ERRNOS, os_error_problem
+
 __all__ = ["guarded", "setup_logging"]
 
 log = logging.getLogger("qdeploy")
@@ -37,8 +40,6 @@ def setup_logging(quiet: bool, verbose: bool) -> None:
 
 def guarded(action: Callable[[], T], verbose: bool) -> T:
     """Run a command body; QdeployErrors become a message and their exit status."""
-    from qdeploy.core.errors import QdeployError
-
     try:
         return action()
     except QdeployError as exc:
@@ -73,13 +74,8 @@ def _internal_error(exc: Exception) -> None:
 
 
 def _on_a_user_path(exc: OSError) -> bool:
-    from qdeploy.core.userfiles import USER_ERRNOS
-
     return exc.errno in USER_ERRNOS and exc.filename is not None
 
 
 def _user_path_error(exc: OSError) -> Exception:
-    from qdeploy.core.errors import UserFileError
-    from qdeploy.core.userfiles import os_error_problem
-
     return UserFileError("path", exc.filename, os_error_problem(exc))

@@ -8,10 +8,12 @@ from typing import Annotated, Any
 
 import typer
 
-__all__ = ["nothing_to_package", "package", "register"]
+from qdeploy.core.userfiles import writable_folder
+
+__all__ = ["nothing_to_package", "package_command", "register_package_command"]
 
 
-def package(
+def package_command(
     run: Annotated[Path, typer.Argument(help="Output folder of a qdeploy run (or its report.json).",
                                         show_default=False, metavar="RUN")],
     target: Annotated[str, typer.Option("--target", "-t", help="Target to package for, e.g. openvino:cpu.",
@@ -30,16 +32,19 @@ def package(
 ) -> None:
     """Write a package that production code loads without qdeploy, for TARGET, from a finished run.
 
-    Exit 2 when the run's artifacts changed since it (artifacts/SHA256SUMS), the target is not the run's or the
-    variant did not pass validation there; exit 1 when a package fails its own check (nothing is written then).
+    Exit 2 when a published file (artifact, sidecar, recipe snapshot) differs from the sha256 report.json and
+    artifacts/SHA256SUMS record, when report.json's tolerances are not the run's recipe's, when the target is
+    not the run's or the variant did not pass validation there; exit 1 when a package fails its own check
+    (nothing is written then).
     """
+    # lazy: keeps `qdeploy --help` fast (pulls numpy, onnx, onnxruntime, pydantic, pydantic_core, yaml)
     from qdeploy.pipeline.cli._common import guarded as _guarded
     from qdeploy.pipeline.cli._common import setup_logging as _setup_logging
 
     _setup_logging(quiet, verbose)
 
     def body() -> None:
-        from qdeploy.core.userfiles import writable_folder
+        # lazy: keeps `qdeploy --help` fast (pulls numpy, pydantic)
         from qdeploy.pipeline.package import PackageError
         from qdeploy.pipeline.package.publish import package_from_run
 
@@ -59,7 +64,10 @@ def nothing_to_package(run: Path, target: str) -> str | None:
     """Why the run has nothing to package for ``target`` without --variant, naming each of its rows' status and
     reason there (docs/packages.md); None when it has something, or when its report.json cannot be read here:
     ``package_from_run`` then says what is wrong with it."""
+    # lazy: keeps `qdeploy --help` fast (pulls pydantic)
     from qdeploy.core.rows import ValidationRow
+
+    # lazy: keeps `qdeploy --help` fast (pulls numpy, pydantic)
     from qdeploy.pipeline.package.publish import chosen_pairs
 
     try:
@@ -90,6 +98,6 @@ def _row_states(rows: list[Any]) -> str:
                      for (status, reason), variants in groups.items())
 
 
-def register(app: typer.Typer) -> None:
+def register_package_command(app: typer.Typer) -> None:
     app.command(name="package", short_help="Package a run's artifact for a target (no qdeploy needed to load).")(
-        package)
+        package_command)

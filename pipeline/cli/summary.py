@@ -10,6 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from qdeploy.core.rows import ThroughputRow
+from qdeploy.pipeline.report.format import fmt_cosine, fmt_number, fmt_snr_cell, fmt_speedup
+from qdeploy.pipeline.report.precision import speedup_sides
+from qdeploy.pipeline.report.verdict import verdict_lines
+from qdeploy.pipeline.report.view import gate_label, gate_verdict, matrix, unavailable_line, unavailable_targets
+
 __all__ = ["MAX_DETAILS", "PLAIN_WIDTH", "print_summary"]
 
 PLAIN_WIDTH = 100_000
@@ -34,10 +40,6 @@ def _print_tables(console: Any, report: dict[str, Any]) -> None:
     from rich import box
     from rich.table import Table
 
-    from qdeploy.core.rows import ThroughputRow
-    from qdeploy.pipeline.report.format import fmt_number, fmt_speedup
-    from qdeploy.pipeline.report.precision import speedup_sides
-    from qdeploy.pipeline.report.view import matrix, unavailable_line, unavailable_targets
 
     plain = not console.is_terminal
     missing = unavailable_targets(report)
@@ -78,8 +80,6 @@ def _print_tables(console: Any, report: dict[str, Any]) -> None:
 def fidelity_cells(metrics: dict[str, Any]) -> tuple[str, str]:
     """Cosine and SNR as report.md's table words them: '1 − 1e-16', 'identical outputs' at the SNR cap (200 dB
     is the cap, not a measurement), '52.1'."""
-    from qdeploy.pipeline.report.format import fmt_cosine, fmt_snr_cell
-
     return fmt_cosine(metrics.get("cosine")), fmt_snr_cell(metrics.get("snr_db"))
 
 
@@ -102,8 +102,6 @@ def verdict_detail_lines(details: list[str], limit: int = MAX_DETAILS) -> list[s
 
 
 def _print_verdict(console: Any, report: dict[str, Any]) -> None:
-    from qdeploy.pipeline.report.verdict import verdict_lines
-
     for headline, details in verdict_lines(report.get("verdict"), report.get("packages")):
         if headline.startswith("Not available"):  # said once already, under the table
             continue
@@ -115,8 +113,6 @@ def _print_verdict(console: Any, report: dict[str, Any]) -> None:
 def _print_outcome(console: Any, report: dict[str, Any], out_dir: Path) -> None:
     from rich.markup import escape
 
-    from qdeploy.pipeline.report.format import fmt_number
-    from qdeploy.pipeline.report.view import gate_label, gate_verdict
 
     styles = {"PASS": "[green]PASS[/green]", "FAIL": "[red]FAIL[/red]", "SKIP": "[yellow]SKIP[/yellow]"}
     for gate in report["gates"]:

@@ -1,7 +1,7 @@
 """The `qdeploy sweep` command, the sweep side of `qdeploy check`, and the sweep's progress display.
 
-``register(app)`` adds both to the CLI of ``qdeploy.pipeline.cli``: the sweep command, and a ``check`` that prints the
-expanded plan when it is given a sweep file (any other file goes to the recipe check unchanged).
+``register_sweep_command(app)`` adds both to the CLI of ``qdeploy.pipeline.cli``: the sweep command, and a ``check``
+that prints the expanded plan when it is given a sweep file (any other file goes to the recipe check unchanged).
 """
 
 from __future__ import annotations
@@ -14,21 +14,24 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from qdeploy.core.userfiles import writable_folder
+
 if TYPE_CHECKING:
     from qdeploy.pipeline.sweep.executors import Job
     from qdeploy.pipeline.sweep.work import WorkItem
 
-__all__ = ["Executor", "SweepProgress", "check_sweep", "describe_progress", "register", "sweep"]
+__all__ = ["ExecutorOption", "SweepProgress", "check_sweep", "describe_progress", "register_sweep_command",
+           "sweep_command"]
 
-Executor = Annotated[str, typer.Option("--executor", "-e", help="Where work runs: local (this machine) or ray.",
-                                       metavar="local|ray")]
+ExecutorOption = Annotated[str, typer.Option("--executor", "-e", help="Where work runs: local (this machine) or ray.",
+                                             metavar="local|ray")]
 
 
-def sweep(
+def sweep_command(
     paths: Annotated[list[Path], typer.Argument(help="Recipe files and/or sweep files (YAML).", show_default=False)],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Sweep folder.", show_default="runs/<sweep name>/",
                                              metavar="DIR")] = None,
-    executor: Executor = "local",
+    executor: ExecutorOption = "local",
     address: Annotated[str | None, typer.Option(
         "--address", help="Ray cluster: 'auto' (this node's cluster) or ray://HEAD:10001.",
         show_default="none: start Ray here", metavar="ADDRESS")
@@ -48,6 +51,7 @@ def sweep(
                        ] = False,
 ) -> None:
     """Run many recipes as one sweep and write sweep.json, sweep.md and sweep.html (exit 2: a recipe is invalid)."""
+    # lazy: keeps `qdeploy --help` fast (pulls numpy, onnx, onnxruntime, pydantic, pydantic_core, yaml)
     from qdeploy.pipeline.cli._common import guarded, setup_logging
 
     setup_logging(quiet, verbose)
@@ -56,7 +60,7 @@ def sweep(
         raise typer.Exit(2)
 
     def body() -> int:
-        from qdeploy.core.userfiles import writable_folder
+        # lazy: keeps `qdeploy --help` fast (pulls numpy, onnx, onnxruntime, pydantic, pydantic_core, yaml)
         from qdeploy.pipeline.sweep import load_sweep
         from qdeploy.pipeline.sweep.executors import SweepOptions, run_sweep
 
@@ -95,6 +99,7 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
 def check_sweep(path: Path) -> int:
     """Print the expanded plan of a sweep file; 2 when any of its recipes is invalid (as loaded, or as `check` finds a
     recipe's model and datasets)."""
+    # lazy: keeps `qdeploy --help` fast (pulls numpy, onnx, onnxruntime, pydantic, pydantic_core, yaml)
     from qdeploy.pipeline.sweep import check_entries, describe_sweep, load_sweep
 
     plan = load_sweep([path])
@@ -103,9 +108,9 @@ def check_sweep(path: Path) -> int:
     return 2 if plan.invalid else 0
 
 
-def register(app: typer.Typer) -> None:
+def register_sweep_command(app: typer.Typer) -> None:
     """Add `sweep` to the CLI and let `check` take sweep files as well as recipes."""
-    app.command(name="sweep", short_help="Run many recipes as one sweep (locally or on Ray).")(sweep)
+    app.command(name="sweep", short_help="Run many recipes as one sweep (locally or on Ray).")(sweep_command)
     for info in app.registered_commands:
         if info.callback is not None and (info.name or info.callback.__name__) == "check":
             info.callback = _check_accepting_sweeps(info.callback)
@@ -116,6 +121,7 @@ def _check_accepting_sweeps(recipe_check: Any) -> Any:
 
     @functools.wraps(recipe_check)
     def check(*args: Any, **kwargs: Any) -> Any:
+        # lazy: keeps `qdeploy --help` fast (pulls numpy, onnx, onnxruntime, pydantic, pydantic_core, yaml)
         from qdeploy.pipeline.cli._common import guarded, setup_logging
         from qdeploy.pipeline.sweep import is_sweep_file
 

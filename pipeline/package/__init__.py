@@ -29,17 +29,21 @@ from typing import Any
 
 from qdeploy.core.errors import QdeployError
 from qdeploy.core.rows import BenchmarkRow, ValidationRow
+from qdeploy.pipeline.identity import model_signature
 from qdeploy.pipeline.package import check as package_check
 from qdeploy.pipeline.package.data import CheckData, save_samples
+from qdeploy.pipeline.package.provenance import FROM_REPORT, recorded_tolerances
+from qdeploy.pipeline.store import sha256_file
+from qdeploy.targets import get_target
 
-__all__ = ["FORMAT_VERSION", "OPTIMIZED_FILE", "RUNTIMES", "SNIPPETS", "PackageError", "PackageSource",
+__all__ = ["FORMAT_VERSION", "OPTIMIZED_FILE", "PACKAGE_RUNTIMES", "SNIPPETS", "PackageError", "PackageSource",
            "build_package", "manifest_body", "packable", "package_name", "runtime_settings", "snippet",
            "source_from_report", "write_manifest", "write_openvino", "write_ort"]
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-RUNTIMES = {"openvino": "openvino", "ort": "onnxruntime"}
+PACKAGE_RUNTIMES = {"openvino": "openvino", "ort": "onnxruntime"}
 """Target runtimes a package can be made for (reference:cpu is a fidelity check, not a deployment)."""
 OPTIMIZED_FILE = "model.extended.onnx"
 
@@ -76,7 +80,7 @@ def package_name(target: str, variant: str) -> str:
 
 
 def packable(target: str) -> bool:
-    return target.split(":", 1)[0] in RUNTIMES
+    return target.split(":", 1)[0] in PACKAGE_RUNTIMES
 
 
 def source_from_report(report: dict[str, Any], variant: str, target: str, model_path: Path) -> PackageSource:
@@ -152,7 +156,7 @@ def _alive(pid: int) -> bool:
 
 
 def _write_contents(source: PackageSource, folder: Path, check: CheckData, ort_optimized: bool) -> None:
-    runtime = RUNTIMES[source.target.split(":", 1)[0]]
+    runtime = PACKAGE_RUNTIMES[source.target.split(":", 1)[0]]
     if runtime == "openvino":
         model = write_openvino(source.model_path, folder, compress_to_fp16=source.validation.precision == "fp16")
     else:
@@ -213,7 +217,6 @@ def runtime_settings(source: PackageSource) -> dict[str, Any]:
         return {"runtime": "openvino", "device": device.upper(), "properties": properties,
                 "validated_with": execution.get("precision"), "benchmarked_with": bench_settings,
                 **_pinned_record(source.validation)}
-    from qdeploy.targets import get_target
 
     adapter = get_target(source.target)
     # the adapter's own rule, with validation's pinning (float32 artifacts pinned to float32 math)
@@ -238,8 +241,6 @@ def _pinned_record(validation: ValidationRow) -> dict[str, Any]:
 
 
 def _write_check(folder: Path, check: CheckData, source: PackageSource) -> dict[str, Any]:
-    from qdeploy.pipeline.package.provenance import FROM_REPORT, recorded_tolerances
-
     tolerances = recorded_tolerances(source.validation) if source.tolerances is None else source.tolerances
     record: dict[str, Any] = {"samples": check.samples, "compares_with": check.source, "tolerances": tolerances,
                               "tolerances_from": source.tolerances_from or FROM_REPORT,
@@ -254,9 +255,6 @@ def _write_check(folder: Path, check: CheckData, source: PackageSource) -> dict[
 
 def manifest_body(source: PackageSource, model: dict[str, Any], settings: dict[str, Any],
                   check: dict[str, Any]) -> dict[str, Any]:
-    from qdeploy.pipeline.identity import model_signature
-    from qdeploy.pipeline.store import sha256_file
-
     report, validation, bench = source.report, source.validation, source.benchmark
     environment = report.get("environment") or {}
     versions = environment.get("versions") or {}

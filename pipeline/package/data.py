@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdeploy.stages.validate import REFERENCE_TARGET, feed_caster, reference_source
+from qdeploy.targets import get_target
+
 if TYPE_CHECKING:
     from qdeploy.core.context import Artifact
     from qdeploy.pipeline.recipe import Recipe
@@ -50,9 +53,6 @@ class CheckData:
 
 def compute_check_data(recipe: Recipe, evaluated: dict[str, Artifact], samples: int = CHECK_SAMPLES) -> CheckData:
     """The first validation samples and the reference's outputs on them; never raises (the reason is kept)."""
-    from qdeploy.stages.validate import REFERENCE_TARGET, feed_caster, reference_source
-    from qdeploy.targets import get_target
-
     config = recipe.validate_
     try:
         with tempfile.TemporaryDirectory(prefix="qdeploy-check-") as work:

@@ -17,6 +17,8 @@ from qdeploy.core.context import artifact_precision
 from qdeploy.core.errors import QdeployInputError
 from qdeploy.core.rows import ValidationRow
 from qdeploy.core.tolerance import Tolerance
+from qdeploy.stages.validate import ValidateConfig, output_tolerances, tolerance_for
+from qdeploy.stages.validate._tolerance import tolerance_precision
 
 __all__ = ["FROM_RECIPE", "FROM_REPORT", "recipe_tolerances", "recorded_tolerances"]
 
@@ -35,8 +37,6 @@ def recipe_tolerances(snapshot: dict[str, Any], validation: ValidationRow,
     """Output -> the limits the run's recipe gives this (variant, target), computed as validation computes them.
 
     Raises QdeployInputError (exit 2) when report.json's row records another precision or other limits."""
-    from qdeploy.stages.validate import ValidateConfig, output_tolerances, tolerance_for
-
     where = f"report.json's validation of '{validation.variant}' on {validation.target}"
     steps = (snapshot.get("variants") or {}).get(validation.variant)
     if not isinstance(steps, list):
@@ -73,8 +73,6 @@ def _basis(config: Any, declared: Tolerance | None, precision: str, model_path: 
            validation: ValidationRow) -> str:
     """Whose default limits apply, by validation's rule (``stages.validate._compare_pair``): the integer ops
     are read from the artifact itself; only bf16 execution is taken from the row (see its limits in the docs)."""
-    from qdeploy.stages.validate._tolerance import tolerance_precision
-
     if declared is not None or config.tolerance is not None:
         return precision
     basis, _ = tolerance_precision(precision, model_path)

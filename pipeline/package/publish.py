@@ -26,6 +26,10 @@ from qdeploy.pipeline.package import (
     source_from_report,
 )
 from qdeploy.pipeline.package.data import CHECK_FILE, CheckData, compute_check_data, read_check_data, write_check_data
+from qdeploy.pipeline.package.provenance import FROM_RECIPE, recipe_tolerances
+from qdeploy.pipeline.published import write_recipe_snapshot
+from qdeploy.pipeline.store import sha256_file
+from qdeploy.pipeline.verify import recipe_snapshot, verify_published
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +65,6 @@ def write_run_packages(report: dict[str, Any], recipe: Any, evaluated: dict[str,
     A package that fails its own check is not written and is listed under 'failed'; it never fails the run
     (gates decide that), but the report and the log say why.
     """
-    from qdeploy.pipeline.published import write_recipe_snapshot
-    from qdeploy.pipeline.store import sha256_file
-
     snapshot = recipe.model_dump(mode="json", by_alias=True)
     write_recipe_snapshot(generation, snapshot)  # what `qdeploy package` later reads tolerances from
     spec = recipe.report.packages
@@ -103,8 +104,6 @@ RUN_TIME_PACKAGE = ("made by the run itself, before its report.json existed: rep
 def _traced(source: PackageSource, snapshot: dict[str, Any] | None, run: dict[str, Any]) -> PackageSource:
     """The source with the run it comes from and its tolerances computed from the run's recipe (or, for a run
     that stored no recipe snapshot, report.json's, said so in the manifest)."""
-    from qdeploy.pipeline.package.provenance import FROM_RECIPE, recipe_tolerances
-
     source.run = run
     if snapshot is not None:
         source.tolerances = recipe_tolerances(snapshot, source.validation, source.model_path)
@@ -147,8 +146,6 @@ def _parse_rows(report: dict[str, Any]) -> None:
 
 def _package_report(report: dict[str, Any], report_path: Path, run: dict[str, Any], target: str,
                     variants: list[str] | None, out_dir: Path, ort_optimized: bool) -> list[Path]:
-    from qdeploy.pipeline.verify import recipe_snapshot, verify_published
-
     run_dir = report_path.parent
     targets = _report_targets(report)
     if target not in targets:
@@ -173,8 +170,6 @@ def _package_report(report: dict[str, Any], report_path: Path, run: dict[str, An
 def stored_check_data(run_dir: Path, report: dict[str, Any]) -> CheckData:
     """The run's check data, verified against the sha256 its report records; 'unchecked' data when the run
     wrote none (packages off, or an older qdeploy)."""
-    from qdeploy.pipeline.store import sha256_file
-
     record = (report.get("packages") or {}).get("check_data")
     if not record:
         return CheckData(left_out="the run wrote no check data (packages were off, or an older qdeploy ran it)")

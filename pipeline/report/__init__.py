@@ -8,6 +8,7 @@ from typing import Any
 
 from qdeploy.core.files import write_json_atomic, write_text_atomic
 from qdeploy.pipeline.report.format import fmt_mb, fmt_number
+from qdeploy.pipeline.report.html import render_html
 from qdeploy.pipeline.report.sections import noise_floor_lines, package_lines
 from qdeploy.pipeline.report.tables import matrix_lines, throughput_lines, tradeoff_lines, verdict_markdown
 from qdeploy.pipeline.report.view import (
@@ -32,8 +33,6 @@ def write_reports(report: dict[str, Any], out_dir: Path, formats: list[str]) -> 
         written.append(out_dir / "report.md")
         write_text_atomic(written[-1], render_markdown(report))
     if "html" in formats:
-        from qdeploy.pipeline.report.html import render_html
-
         written.append(out_dir / "report.html")
         write_text_atomic(written[-1], render_html(report))
     return written

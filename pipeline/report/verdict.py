@@ -33,7 +33,7 @@ from typing import Any
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ThroughputRow, ValidationRow
 from qdeploy.core.runtimes import built_for
 from qdeploy.core.values import is_finite_number
-from qdeploy.pipeline.report.format import fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
+from qdeploy.pipeline.report.format import fmt_fidelity, fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
 from qdeploy.pipeline.report.precision import execution_phrase, execution_record
 
 __all__ = ["FIDELITY_KEYS", "FIDELITY_ONLY", "MIN_ROUNDS_FOR_SIGN", "Choice", "TargetVerdict", "describe",
@@ -416,8 +416,6 @@ def package_of(packages: dict[str, Any] | None, target: str, variant: str) -> st
 
 def describe(choice: dict[str, Any]) -> str:
     """Latency, speedup, throughput, fidelity and size of one choice, those measured."""
-    from qdeploy.pipeline.report.format import fmt_fidelity
-
     parts = []
     if choice.get("latency_ms") is not None:
         parts.append(fmt_ms(choice["latency_ms"]) + (" (noisy)" if choice.get("noisy") else ""))

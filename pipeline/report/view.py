@@ -9,8 +9,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from qdeploy.core.compare import SNR_CAP_DB
 from qdeploy.pipeline.report.format import fmt_number
 from qdeploy.pipeline.report.precision import attempts_line, ran_label, same_setting, settings_by_row
+from qdeploy.pipeline.report.verdict import short_reason, split_targets
 
 __all__ = ["FIDELITY_METRICS", "HIGHLIGHT_WORDS", "MatrixRow", "TradeoffPoint", "benchmark_settings",
            "fidelity_metric", "gate_bound", "gate_label", "gate_verdict", "has_task_metric", "highlights",
@@ -182,8 +184,6 @@ def tradeoff_points(report: dict[str, Any]) -> tuple[list[TradeoffPoint], str]:
 
 
 def _uncap_snr(points: list[TradeoffPoint]) -> None:
-    from qdeploy.core.compare import SNR_CAP_DB
-
     measured = [p.fidelity for p in points if p.fidelity < SNR_CAP_DB]
     shown = (max(measured) + 10.0) if measured else 60.0
     for point in points:
@@ -205,7 +205,6 @@ def unavailable_targets(report: dict[str, Any]) -> dict[str, str]:
     verdict = report.get("verdict")
     if verdict is not None:
         return dict(verdict.get("unavailable") or {})
-    from qdeploy.pipeline.report.verdict import split_targets
 
     return split_targets(report)[1]
 
@@ -214,7 +213,6 @@ def unavailable_line(missing: dict[str, str]) -> str:
     """'Not available on this machine: ort:cuda, openvino:gpu (this machine's onnxruntime has ...).'"""
     if not missing:
         return ""
-    from qdeploy.pipeline.report.verdict import short_reason
 
     reasons = "; ".join(dict.fromkeys(short_reason(reason) for reason in missing.values()))
     return f"Not available on this machine: {', '.join(missing)} ({reasons})."

@@ -31,9 +31,10 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from qdeploy.core.errors import QdeployError, RecipeError
+from qdeploy.core.errors import QdeployError, QdeployInputError, RecipeError
 from qdeploy.core.tolerance import StrictModel
 from qdeploy.pipeline.recipe import EXPORTED, Recipe, StepError
+from qdeploy.targets import get_target
 
 __all__ = ["SWEEP_KEYS", "MatrixModel", "MatrixSpec", "SweepEntry", "SweepFile", "SweepPlan", "check_entries",
            "describe_sweep", "expand_matrix", "is_sweep_file", "load_sweep", "parse_sweep_file"]
@@ -199,6 +200,7 @@ def _check_name(value: str, what: str) -> str:
 
 def is_sweep_file(path: Path) -> bool:
     """A YAML mapping with a sweep key (sweep, recipes, matrix) and no 'model' key is a sweep file."""
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.pipeline.loader import parse_yaml, read_yaml_text
 
     try:
@@ -229,6 +231,7 @@ def load_sweep(paths: list[Path], name: str | None = None) -> SweepPlan:
 
 def parse_sweep_file(path: Path) -> SweepFile:
     """Validate a sweep file; RecipeError names the file, line and field of the first problem."""
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.pipeline.loader import document_loc, node_line, parse_yaml, read_yaml_text
 
     file = str(path)
@@ -247,7 +250,8 @@ def parse_sweep_file(path: Path) -> SweepFile:
 
 
 def _recipe_entries(paths: list[Path], seen: set[Path]) -> list[SweepEntry]:
-    from qdeploy.pipeline.loader import load_recipe
+    # lazy: pulls onnxruntime (import cost)
+    from qdeploy.pipeline.loader import load_recipe_file
 
     entries = []
     for path in paths:
@@ -260,7 +264,7 @@ def _recipe_entries(paths: list[Path], seen: set[Path]) -> list[SweepEntry]:
                                       error=f"{path} is a sweep file; a sweep file lists recipes, not other sweeps"))
             continue
         try:
-            recipe = load_recipe(path)
+            recipe = load_recipe_file(path)
         except QdeployError as exc:
             entries.append(SweepEntry(name=path.stem, origin=str(path), error=str(exc)))
             continue
@@ -341,6 +345,7 @@ def _validation_message(exc: ValidationError) -> str:
 def _check_files(recipe: Recipe, where: str, sweep_path: Path) -> None:
     """The file checks of a recipe file's loading (regular files only, data folders that stay inside themselves, the
     factory's name), for a recipe the matrix made: a /dev/zero model or a FIFO is refused here as there."""
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.pipeline.loader import check_recipe_files
 
     try:
@@ -356,7 +361,7 @@ def check_entries(plan: SweepPlan) -> None:
     datasets (a matrix's variant and target sets) are checked once."""
     import json
 
-    from qdeploy.core.errors import QdeployInputError
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.pipeline.preflight import check_before_run, datasets_read
 
     seen: dict[str, str | None] = {}
@@ -389,8 +394,6 @@ def _unique_names(entries: list[SweepEntry]) -> None:
 
 def describe_sweep(plan: SweepPlan) -> str:
     """The expanded plan of a sweep: each recipe with its variants, targets and gates, or why it is invalid."""
-    from qdeploy.targets import get_target
-
     valid = [entry for entry in plan.entries if entry.valid]
     lines = [f"sweep {plan.name}: {len(plan.entries)} recipes, {len(valid)} valid, {len(plan.invalid)} invalid", ""]
     targets: dict[str, None] = {}

@@ -25,7 +25,9 @@ from typing import Any, Literal, Protocol
 
 from qdeploy.core.errors import QdeployError
 from qdeploy.core.rows import BuildFailure, GateResult
-from qdeploy.pipeline.runner import RunOptions, RunResult, locked_out_dir, plan_run
+from qdeploy.pipeline.envinfo import cpu_info
+from qdeploy.pipeline.runner import RunOptions, RunOutcome, locked_out_dir, plan_run
+from qdeploy.pipeline.store import ArtifactStore
 from qdeploy.pipeline.sweep import SweepEntry, SweepPlan
 from qdeploy.pipeline.sweep.jobs import Job
 from qdeploy.pipeline.sweep.work import WorkItem, WorkReply, default_lock_path, execute, merge_rows
@@ -88,7 +90,7 @@ class Executor(Protocol):
 def run_sweep(plan: SweepPlan, options: SweepOptions,
               on_change: Callable[[list[Job], list[WorkItem]], None] | None = None) -> SweepResult:
     """Run every valid recipe of the plan, write the sweep report and return it with the sweep's exit status."""
-    from qdeploy.pipeline.store import ArtifactStore
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.pipeline.sweep.report import build_sweep_report, write_sweep_reports
 
     out_dir = options.out_dir.resolve()
@@ -111,6 +113,7 @@ def run_sweep(plan: SweepPlan, options: SweepOptions,
 
 def make_executor(options: SweepOptions) -> Executor:
     if options.executor == "ray":
+        # lazy: pulls onnxruntime (import cost)
         from qdeploy.pipeline.sweep.executors_ray import RayExecutor
 
         return RayExecutor(address=options.address, num_cpus=options.ray_num_cpus)
@@ -254,7 +257,7 @@ class Scheduler:
         return (plan, job.outcome, validation, benchmarks, time.time() - (job.started or time.time()))
 
 
-def _result_reason(result: RunResult) -> str | None:
+def _result_reason(result: RunOutcome) -> str | None:
     """Why a finished recipe did not pass: its failures and missed gates, briefly."""
     report = result.report
     failures = [BuildFailure.from_json(failure) for failure in report.get("failures", [])]
@@ -270,8 +273,6 @@ class LocalExecutor:
     """Worker processes on this machine; benchmarks alone under the machine lock."""
 
     def __init__(self, workers: int | None = None, lock_path: Path | None = None) -> None:
-        from qdeploy.pipeline.envinfo import cpu_info
-
         self.workers = max(1, workers or cpu_info()["cores"])
         self.lock_path = lock_path or default_lock_path()
         self._pool: Any = None

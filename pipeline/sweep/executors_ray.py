@@ -20,6 +20,7 @@ import logging
 import socket
 from typing import Any
 
+from qdeploy.core.errors import QdeployError, QdeployInputError
 from qdeploy.pipeline.sweep.work import WorkItem, WorkReply, execute
 
 __all__ = ["LOCAL_OBJECT_STORE_BYTES", "RayExecutor", "benchmark_node", "cluster_need", "group_targets",
@@ -77,8 +78,6 @@ class RayExecutor:
         try:
             import ray
         except ImportError:
-            from qdeploy.core.errors import QdeployInputError
-
             raise QdeployInputError("--executor ray needs Ray: pip install 'qdeploy[ray]'") from None
         self._ray = ray
         self._started_here = False
@@ -93,8 +92,6 @@ class RayExecutor:
         self.address = address
         self.nodes = _alive_nodes(ray.nodes())
         if not any(node["cpus"] for node in self.nodes):
-            from qdeploy.core.errors import QdeployError
-
             raise QdeployError(f"the Ray cluster at {address or 'this machine'} has no node with CPUs to run on")
         self._task = ray.remote(max_retries=0)(_ray_execute)
         self._refs: dict[Any, tuple[WorkItem, str | None]] = {}

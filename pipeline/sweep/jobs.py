@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from qdeploy.pipeline.runner import BuildOutcome, RunPlan, RunResult
+from qdeploy.pipeline.runner import BuildOutcome, RunOutcome, RunPlan
 from qdeploy.pipeline.sweep import SweepEntry
 
 __all__ = ["Job", "JobStatus"]
@@ -27,7 +27,7 @@ class Job:
     outcome: BuildOutcome | None = None
     validation: list[list[dict[str, Any]]] = field(default_factory=list)
     benchmarks: list[list[dict[str, Any]]] = field(default_factory=list)
-    result: RunResult | None = None
+    result: RunOutcome | None = None
     started: float | None = None
     last_node: str | None = None
 

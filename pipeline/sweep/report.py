@@ -25,10 +25,10 @@ from qdeploy.pipeline.report.verdict import describe, in_recipe_order, package_o
 if TYPE_CHECKING:
     from qdeploy.pipeline.sweep.jobs import Job
 
-__all__ = ["MATRIX_HEADER", "RECIPE_HEADER", "SCHEMA_VERSION", "STATUSES", "TIMELINE_HEADER", "build_sweep_report",
-           "render_sweep_html", "render_sweep_markdown", "sweep_exit_code", "write_sweep_reports"]
+__all__ = ["MATRIX_HEADER", "RECIPE_HEADER", "STATUSES", "SWEEP_SCHEMA_VERSION", "TIMELINE_HEADER",
+           "build_sweep_report", "render_sweep_html", "render_sweep_markdown", "sweep_exit_code", "write_sweep_reports"]
 
-SCHEMA_VERSION = 1
+SWEEP_SCHEMA_VERSION = 1
 STATUSES = ("passed", "failed", "invalid", "error")
 
 
@@ -44,7 +44,7 @@ def build_sweep_report(name: str, jobs: list[Job], timeline: list[dict[str, Any]
     recipes = [_recipe_row(job, out_dir) for job in jobs]
     statuses = [row["status"] for row in recipes]
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": SWEEP_SCHEMA_VERSION,
         "sweep": name,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "started_at": started,

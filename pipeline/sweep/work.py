@@ -101,6 +101,7 @@ def _timed(item: WorkItem, payload: tuple[Any, ...], node: str | None) -> WorkRe
 
 
 def _run_phase(item: WorkItem, payload: tuple[Any, ...]) -> WorkReply:
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.pipeline import runner
 
     targets = list(item.targets) if item.targets is not None else None

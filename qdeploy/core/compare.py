@@ -2,7 +2,7 @@
 
 ``compare_outputs(reference, candidate, tolerance)`` takes two lists of
 per-sample output dicts (same samples, same order) and returns a
-``Comparison`` that knows whether it passed and why not.
+``OutputComparison`` that knows whether it passed and why not.
 
 Metric definitions (all in float64, over every sample of an output concatenated):
 
@@ -54,7 +54,7 @@ import numpy as np
 if TYPE_CHECKING:
     from qdeploy.core.tolerance import Tolerance
 
-__all__ = ["SNR_CAP_DB", "Comparison", "OutputMetrics", "compare_outputs"]
+__all__ = ["SNR_CAP_DB", "OutputComparison", "OutputMetrics", "compare_outputs"]
 
 SNR_CAP_DB = 200.0
 _ISCLOSE_ATOL, _ISCLOSE_RTOL = 1e-8, 1e-5
@@ -87,7 +87,7 @@ class OutputMetrics:
 
 
 @dataclass
-class Comparison:
+class OutputComparison:
     """Every output's metrics, whether the tolerance held, why not, and remarks that do not fail it."""
 
     outputs: list[OutputMetrics]
@@ -115,7 +115,7 @@ class Comparison:
 
 
 def compare_outputs(reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]],
-                    tolerance: Tolerance, per_output: Mapping[str, Tolerance] | None = None) -> Comparison:
+                    tolerance: Tolerance, per_output: Mapping[str, Tolerance] | None = None) -> OutputComparison:
     """Compare per-sample outputs of a candidate with a reference's under a tolerance (per output if given)."""
     per_output = per_output or {}
     reasons: list[str] = []
@@ -137,7 +137,7 @@ def compare_outputs(reference: list[dict[str, np.ndarray]], candidate: list[dict
         outputs.append(metrics)
         reasons.extend(output_reasons)
     notes.extend(_unchecked_top1(outputs, tolerance, per_output))
-    return Comparison(outputs=outputs, passed=not reasons, reasons=reasons, notes=notes)
+    return OutputComparison(outputs=outputs, passed=not reasons, reasons=reasons, notes=notes)
 
 
 def _unchecked_top1(outputs: list[OutputMetrics], tolerance: Tolerance,

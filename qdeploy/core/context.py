@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from qdeploy.core.findings import Findings, unchecked_record
+from qdeploy.core.findings import Findings
+from qdeploy.core.onnx_wire import load_model
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,7 +56,6 @@ def _four_bit_cached(path: str, mtime_ns: int, size: int) -> bool:
     """Whether the graph holds 4-bit weights; reads the graph only (the weights stay on disk)."""
     from onnx import TensorProto
 
-    from qdeploy.core.onnx_wire import load_model
 
     try:
         graph = load_model(Path(path), load_external_data=False).graph
@@ -100,8 +100,6 @@ class Artifact:
     def load(self, *, load_external_data: bool = True) -> onnx.ModelProto:
         """The model; without ``load_external_data``, large weights stay references into the files
         (``qdeploy.core.onnx_wire``: a one-file model's too, so that reading its graph costs no weights)."""
-        from qdeploy.core.onnx_wire import load_model
-
         return load_model(self.path, load_external_data=load_external_data)
 
 
@@ -111,8 +109,8 @@ class StageResult:
 
     model: onnx.ModelProto
     changed: bool = True
-    findings: Findings | dict[str, Any] = field(default_factory=Findings)
-    """The stage's typed findings (a plain dict from stages not yet converted: quantize)."""
+    findings: Findings = field(default_factory=Findings)
+    """The stage's typed findings (the stage's own model of ``qdeploy.core.findings.Findings``)."""
     path: Path | None = None
     """Where ``model`` is already saved with its external data (large models: the proto holds no weights)."""
     guard: dict[str, Any] | None = None
@@ -120,14 +118,12 @@ class StageResult:
 
     def report(self) -> dict[str, Any]:
         """The findings as report.json and the sidecar hold them, the guard's record included."""
-        found = self.findings.to_report() if isinstance(self.findings, Findings) else dict(self.findings)
+        found = self.findings.to_report()
         return found if self.guard is None else {**found, "guard": self.guard}
 
     def unchecked(self) -> str | None:
         """Why the stage's own comparison did not run; None when it ran or the stage has none."""
-        if isinstance(self.findings, Findings):
-            return self.findings.unchecked()
-        return unchecked_record(self.findings)
+        return self.findings.unchecked()
 
 
 class DatasetInfo(Protocol):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import DiskFullError
+from qdeploy.core.onnx_wire import load_model
 
 if TYPE_CHECKING:
     import onnx
@@ -88,7 +89,6 @@ def external_data_files(path: Path) -> list[Path]:
     """External data files a model references, resolved beside it (its weights are not read)."""
     import onnx
 
-    from qdeploy.core.onnx_wire import load_model
 
     model = load_model(path, load_external_data=False)
     locations = set()

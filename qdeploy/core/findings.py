@@ -11,16 +11,12 @@ is None (a key the stage did not write); a required field shows None as null.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.fields import FieldInfo
 
-__all__ = ["Findings", "unchecked_record"]
-
-CHECK_RECORDS = ("check", "verification", "fidelity")
-"""Keys where a stage whose findings are still a plain dict records its own comparison."""
+__all__ = ["Findings"]
 
 
 class Findings(BaseModel):
@@ -29,7 +25,7 @@ class Findings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     def to_report(self) -> dict[str, Any]:
-        """The findings as report.json and the sidecar hold them (same keys as the stage's dict findings were)."""
+        """The findings as report.json and the sidecar hold them: one key per declared field that the stage wrote."""
         dumped = self.model_dump(by_alias=True)
         return {key: value for key, value in dumped.items()
                 if value is not None or not _optional(type(self).model_fields, key)}
@@ -44,15 +40,3 @@ def _optional(fields: dict[str, FieldInfo], key: str) -> bool:
     """Whether a report key is one the stage may leave out: a field that defaults to None."""
     info = next((info for name, info in fields.items() if (info.alias or name) == key), None)
     return info is not None and not info.is_required() and info.default is None
-
-
-def unchecked_record(findings: Mapping[str, Any]) -> str | None:
-    """``Findings.unchecked`` for a stage whose findings are still a dict: an "unchecked" or "skipped" reason in its
-    check, verification or fidelity record."""
-    for key in CHECK_RECORDS:
-        record = findings.get(key)
-        if isinstance(record, dict):
-            for word in ("unchecked", "skipped"):
-                if record.get(word):
-                    return str(record[word])
-    return None

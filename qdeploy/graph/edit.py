@@ -32,9 +32,10 @@ if TYPE_CHECKING:
     import onnx
     import onnx_ir as ir
 
-__all__ = ["GraphEditor", "attribute", "constant_array", "editing", "write_back"]
+__all__ = ["AI_ONNX_DOMAINS", "GraphEditor", "attribute", "constant_array", "editing", "write_back"]
 
-STANDARD_DOMAINS = ("", "ai.onnx")
+AI_ONNX_DOMAINS = ("", "ai.onnx")
+"""The two spellings of the default operator set's domain, ai.onnx (ai.onnx.ml is not in it)."""
 
 
 def constant_array(value: ir.Value | None) -> np.ndarray | None:

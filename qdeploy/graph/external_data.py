@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import ModelError
-from qdeploy.core.onnx_wire import encode_varint
+from qdeploy.core.onnx_wire import encode_varint, load_model
+from qdeploy.graph.light import light_copy, tag_of
 from qdeploy.graph.utils import model_bytes, tensor_nbytes
 
 if TYPE_CHECKING:
@@ -144,8 +145,6 @@ def _copy_fields(source: Any, target: Any, *, skip: str) -> None:
 
 def load_graph_only(path: Path) -> onnx.ModelProto:
     """A saved model without its external data (its weights stay in the file; the proto refers to them)."""
-    from qdeploy.core.onnx_wire import load_model
-
     return load_model(path, load_external_data=False)
 
 
@@ -167,7 +166,6 @@ def check_without_weights(model: onnx.ModelProto) -> None:
     each large tensor's own byte count is compared with its type and shape here, one tensor at a time."""
     import tempfile
 
-    from qdeploy.graph.light import light_copy, tag_of
 
     light = light_copy(model)
     with tempfile.TemporaryDirectory(prefix="qdeploy-check-") as folder:
@@ -215,8 +213,6 @@ def copy_exposing(source: Path, path: Path, outputs: list[onnx.ValueInfoProto]) 
     """Write the model saved at ``source`` with ``outputs`` added to its graph outputs (those it has already are
     left as they are), its large weights copied file to file into ``<name>.data`` in 16 MB pieces: the weights
     are never in memory (the graph is)."""
-    from qdeploy.core.onnx_wire import load_model
-
     model = load_model(source, load_external_data=False)  # a one-file model's weights refer to the file too
     head = _without_initializers(model)
     present = {value.name for value in head.graph.output}

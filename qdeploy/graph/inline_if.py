@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from qdeploy.graph.edit import STANDARD_DOMAINS, editing
+from qdeploy.graph.edit import AI_ONNX_DOMAINS, editing
 from qdeploy.graph.utils import subgraphs
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def _condition(node: ir.Node) -> bool | None:
     """
     import onnx_ir as ir
 
-    if node.op_type != "If" or node.domain not in STANDARD_DOMAINS or not node.inputs or node.inputs[0] is None:
+    if node.op_type != "If" or node.domain not in AI_ONNX_DOMAINS or not node.inputs or node.inputs[0] is None:
         return None
     value = node.inputs[0]
     if value.is_graph_input():

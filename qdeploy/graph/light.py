@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.utils import delete_where, model_bytes, subgraphs, tensor_nbytes
+
 if TYPE_CHECKING:
     import onnx
 
@@ -45,7 +47,6 @@ def light_copy(model: onnx.ModelProto, *, value_info: bool = True, min_bytes: in
     """
     import onnx
 
-    from qdeploy.graph.utils import tensor_nbytes
 
     threshold = STRIP_MIN_BYTES if min_bytes is None else min_bytes
     graph = model.graph
@@ -113,8 +114,6 @@ def _original_of(init: onnx.TensorProto, light: Light) -> tuple[bytes | None, on
 
 def light_bytes(light: Light) -> int:
     """The light copy's serialised size (``model_bytes`` counts a tag at the size of the tensor it stands for)."""
-    from qdeploy.graph.utils import model_bytes, tensor_nbytes
-
     stripped = sum(tensor_nbytes(tensor) for tensor in light.originals.values())
     return model_bytes(light.model) - stripped + len(light.originals) * (len(_TAG) + 8)
 
@@ -146,7 +145,6 @@ def restore_into(model: onnx.ModelProto, optimized: onnx.ModelProto, light: Ligh
     ``unknown_tags(optimized, light)`` is empty.
     """
 
-    from qdeploy.graph.utils import delete_where
 
     graph = model.graph
     current = {init.name: init for init in graph.initializer}
@@ -178,8 +176,6 @@ def restore_into(model: onnx.ModelProto, optimized: onnx.ModelProto, light: Ligh
 
 def take_value_info(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> None:
     """Copy the inferred value_info of a graph and of its subgraphs (same nodes, same order) into ``graph``."""
-    from qdeploy.graph.utils import subgraphs
-
     del graph.value_info[:]
     graph.value_info.extend(inferred.value_info)
     for index, node in enumerate(graph.node):

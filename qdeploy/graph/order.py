@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from qdeploy.graph.utils import subgraphs
+from qdeploy.graph.utils import delete_where, names_read, subgraphs
 
 if TYPE_CHECKING:
     import onnx
@@ -167,8 +167,6 @@ def unread_subgraph_constants(graph: onnx.GraphProto) -> int:
 
 
 def drop_unread_constants(graph: onnx.GraphProto) -> int:
-    from qdeploy.graph.utils import delete_where, names_read
-
     read = names_read(list(graph.node), graph)
     return delete_where(graph.node, lambda node: node.op_type == "Constant" and not node.input
                         and all(name not in read for name in node.output))

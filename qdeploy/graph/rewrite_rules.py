@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.graph.edit import STANDARD_DOMAINS, attribute
+from qdeploy.graph.edit import AI_ONNX_DOMAINS, attribute
 from qdeploy.graph.rewrite_base import FLOAT_TYPES, Replacement, rewrite
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def _conv_and_next(edit: GraphEditor, conv: ir.Node,
                    ops: tuple[str, ...]) -> tuple[ir.Node, ConvParts] | str | None:
     """(the single consumer of the conv's output when it is one of ``ops``, the conv's constant parts) or None/why."""
     after = edit.sole_consumer(_out(conv))
-    if after is None or after.op_type not in ops or after.domain not in STANDARD_DOMAINS:
+    if after is None or after.op_type not in ops or after.domain not in AI_ONNX_DOMAINS:
         return None
     parts = _conv_parts(edit, conv)
     if isinstance(parts, str):
@@ -198,7 +198,7 @@ def fuse_reshape_chain(edit: GraphEditor, node: ir.Node) -> Replacement | str | 
     import numpy as np
 
     after = edit.sole_consumer(_out(node))
-    if after is None or after.op_type not in _SHAPE_ONLY or after.domain not in STANDARD_DOMAINS \
+    if after is None or after.op_type not in _SHAPE_ONLY or after.domain not in AI_ONNX_DOMAINS \
             or after.inputs[0] is not _out(node):
         return None
     dims = _static_dims(_out(after))

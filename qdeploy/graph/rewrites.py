@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.graph import rewrite_rules  # noqa: F401  (its ``@rewrite`` decorators fill the registry)
-from qdeploy.graph.edit import STANDARD_DOMAINS, GraphEditor, editing
+from qdeploy.graph.edit import AI_ONNX_DOMAINS, GraphEditor, editing
 from qdeploy.graph.rewrite_base import REGISTRY, Replacement, Rewrite, rewrite
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def _apply_round(edit: GraphEditor, todo: list[ir.Node], by_anchor: dict[str, li
     """One pass over ``todo``, each match replaced at once; the nodes the replacements added."""
     added: list[ir.Node] = []
     for node in todo:
-        if node.graph is not edit.graph or node.op_type not in by_anchor or node.domain not in STANDARD_DOMAINS:
+        if node.graph is not edit.graph or node.op_type not in by_anchor or node.domain not in AI_ONNX_DOMAINS:
             continue  # removed by an earlier match of this pass, or not an anchor
         for rule in by_anchor[node.op_type]:
             outcome = rule.fn(edit, node)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GRAPH_OPS",
-    "STANDARD_DOMAINS",
+    "ONNX_SPEC_DOMAINS",
     "attribute_key",
     "delete_indices",
     "delete_where",
@@ -54,7 +54,8 @@ def tensor_nbytes(tensor: onnx.TensorProto) -> int:
 
 GRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 """The standard ops with graph attributes; other standard ops have none, custom ones may."""
-STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
+ONNX_SPEC_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
+"""Domains of the ops the ONNX spec defines (ai.onnx and ai.onnx.ml): only GRAPH_OPS among them hold graphs."""
 
 
 CHUNK_VALUES = 1 << 22
@@ -95,7 +96,7 @@ def subgraph_references(graph: onnx.GraphProto) -> set[str]:
 
 def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     """The graphs held by a node's attributes (called for every node, so the common case is cheap)."""
-    if node.op_type not in GRAPH_OPS and node.domain in STANDARD_DOMAINS:
+    if node.op_type not in GRAPH_OPS and node.domain in ONNX_SPEC_DOMAINS:
         return []
     graphs = []
     for attr in node.attribute:

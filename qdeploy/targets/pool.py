@@ -26,6 +26,7 @@ import numpy as np
 
 from qdeploy.core.errors import ModelError, TargetUnavailable
 from qdeploy.targets import OrtBoundCall, OrtTarget, check_feeds, get_target, short_message
+from qdeploy.targets.openvino import OpenVinoTarget, _match_ports, _ov_core, _plain, onnx_io_names
 
 __all__ = ["OpenVinoPool", "OrtPool", "RequestPool", "open_pool", "physical_cores"]
 
@@ -76,7 +77,6 @@ def open_pool(target: str, model_path: Path, feeds: dict[str, np.ndarray], reque
         raise TargetUnavailable(f"target {target} is for fidelity checks only")
     if isinstance(adapter, OrtTarget):
         return OrtPool(adapter, model_path, feeds, requests or physical_cores(), pin_f32)
-    from qdeploy.targets.openvino import OpenVinoTarget
 
     assert isinstance(adapter, OpenVinoTarget)
     return OpenVinoPool(adapter, model_path, feeds, requests, pin_f32, precision)
@@ -91,7 +91,6 @@ class OpenVinoPool(RequestPool):
                  pin_f32: bool, precision: str | None = None) -> None:
         import openvino
 
-        from qdeploy.targets.openvino import _match_ports, _ov_core, _plain, onnx_io_names
 
         input_names, _ = onnx_io_names(model_path)
         check_feeds(adapter.name, input_names, feeds)

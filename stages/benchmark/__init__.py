@@ -34,29 +34,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdeploy import targets as target_registry  # get_target read at call time: tests replace it
 from qdeploy.core.errors import TargetUnavailable
 from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, StopRecord, ThroughputRow
 from qdeploy.stages.benchmark._data import BenchData, explain_failure, output_shape_notes, read_data
 from qdeploy.stages.benchmark._precision import Shipped, load_options, precision_record, shipped_precisions
 from qdeploy.stages.benchmark._runtime import MemoryProbe, bind_inputs
 from qdeploy.stages.benchmark._throughput import empty_row, split_modes, throughput_rows, unmeasured_throughput
-from qdeploy.stages.benchmark.config import (  # noqa: F401
-    DEFAULT_ITERATIONS,
-    DEFAULT_MAX_SECONDS,
-    DEFAULT_WARMUP,
-    MODE,
-    NOISY_SPREAD,
-    BenchmarkConfig,
-    Mode,
-    ThroughputConfig,
-)
+from qdeploy.stages.benchmark.config import MODE, NOISY_SPREAD, BenchmarkConfig
 
 if TYPE_CHECKING:
     from qdeploy.core.context import Artifact, StageContext
     from qdeploy.targets import Session
 
+# what other packages use (the runner: shipped_precisions, split_modes, unmeasured_throughput)
 __all__ = ["BenchmarkConfig", "median_confidence_interval", "run", "shipped_precisions", "split_modes", "summarize",
-           "time_for", "time_runs", "unmeasured_throughput"]
+           "unmeasured_throughput"]
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +71,6 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkCon
 
     ``shipped``: (variant, target) -> the inference precision validation ships it with where the device default
     missed (``_precision.shipped_precisions``); those rows time that pinned setting."""
-    from qdeploy.targets import get_target
-
     data: BenchData | None = None
     data_error = ""
     if artifacts:
@@ -90,7 +81,7 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkCon
             data_error = f"benchmark data: {type(exc).__name__}: {exc}"
     results: list[BenchmarkRow | ThroughputRow] = []
     for target in targets:
-        adapter = get_target(target)
+        adapter = target_registry.get_target(target)
         available, reason = adapter.availability()
         for batch in config.batch_sizes:
             if not available or not adapter.benchmarkable:
@@ -150,8 +141,6 @@ def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfi
              shipped: tuple[str, Shipped | None] | None = None) -> _Loaded:
     """Load, run once and warm up one artifact; time the first two apart and probe the memory they take.
     ``shipped``: (the variant's name, the shipped pins) — the row runs the precision its artifact ships with."""
-    from qdeploy.targets import get_target
-
     fed = data.batch_for(artifact.path, batch)  # prepared once, outside any timed region
     gc.collect()
     probe = MemoryProbe()
@@ -159,7 +148,7 @@ def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfi
     # pinned as validation ships it (float32 artifacts; a pin that held where the default missed): the verdict
     # joins the two, so they measure one config
     name, pins = shipped or ("", None)
-    session = get_target(target).load(artifact.path, threads=config.threads,
+    session = target_registry.get_target(target).load(artifact.path, threads=config.threads,
                                       **load_options(name, artifact, target, pins))
     created = time.perf_counter()
     try:

@@ -24,7 +24,9 @@ from qdeploy.calibration.batches import (
     explain_batch_failure,
     make_batch,
 )
+from qdeploy.calibration.readers import model_inputs, random_samples
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.targets import short_message
 
 if TYPE_CHECKING:
     from qdeploy.core.context import StageContext
@@ -48,8 +50,6 @@ class BenchData:
 
     def batch_for(self, model_path: Path, batch: int) -> Batch:
         """A feed of `batch` rows in the element types this artifact declares; BatchError when it cannot be."""
-        from qdeploy.calibration.readers import model_inputs
-
         dtypes = {info.name: info.dtype for info in model_inputs(model_path)}
         memory = available_memory_bytes()
         built = make_batch(self.samples, batch_axes(model_path), batch,
@@ -84,8 +84,6 @@ def read_data(ctx: StageContext, requested: str | None, model_path: Path, batch_
 
 
 def _random_data(ctx: StageContext, model_path: Path, source: str, count: int) -> BenchData:
-    from qdeploy.calibration.readers import model_inputs, random_samples
-
     inputs = model_inputs(model_path)
     ranges = dict(ctx.input_ranges)
     samples = list(random_samples(inputs, count, seed=0, ranges=ranges))
@@ -126,8 +124,6 @@ def output_shape_notes(model_path: Path, outputs: dict[str, np.ndarray]) -> tupl
 
 def explain_failure(exc: BaseException, batch: int, data: BenchData | None) -> str:
     """Why a row could not be measured, in words a user can act on."""
-    from qdeploy.targets import short_message
-
     if isinstance(exc, BatchError):
         return str(exc)
     known = explain_batch_failure(exc, batch)

@@ -21,12 +21,12 @@ from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, ThroughputRow, Unme
 from qdeploy.core.runtimes import built_for
 from qdeploy.stages.benchmark._data import BenchData, explain_failure
 from qdeploy.stages.benchmark._precision import Shipped, load_options, precision_record
+from qdeploy.stages.benchmark.config import ThroughputConfig
+from qdeploy.targets import pool as request_pool  # open_pool read at call time: tests replace it
 
 if TYPE_CHECKING:
     from qdeploy.core.context import Artifact, StageContext
     from qdeploy.targets.pool import RequestPool
-
-from qdeploy.stages.benchmark.config import ThroughputConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +40,15 @@ def throughput_rows(artifacts: dict[str, Artifact], target: str, batch: int, con
                     rounds: int, ctx: StageContext, data: BenchData,
                     shipped: Shipped | None = None) -> list[ThroughputRow]:
     """One throughput row per artifact on one target and batch size, each at the precision it ships with."""
-    from qdeploy.targets.pool import open_pool
-
     pools: dict[str, RequestPool] = {}
     rows: dict[str, ThroughputRow] = {}
     try:
         for name, artifact in artifacts.items():
             ctx.on_progress(f"{name} · {target} · batch {batch}: throughput, opening requests and warming up")
             try:
-                pools[name] = open_pool(target, artifact.path, data.batch_for(artifact.path, batch).feed,
-                                        config.fixed_requests, **load_options(name, artifact, target, shipped))
+                pools[name] = request_pool.open_pool(target, artifact.path,
+                                                     data.batch_for(artifact.path, batch).feed, config.fixed_requests,
+                                                     **load_options(name, artifact, target, shipped))
                 if config.warmup_seconds:
                     pools[name].run_for(config.warmup_seconds)
             except TargetUnavailable as exc:

@@ -13,11 +13,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.calibration.readers import InputInfo, check_sample_fits, inputs_of, random_samples
+from qdeploy.core.context import StageResult
 from qdeploy.core.errors import DataError, ModelError
+from qdeploy.core.memory import available_memory
+from qdeploy.core.usercode import import_user_module
 from qdeploy.core.userfiles import check_regular_file
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, check_without_weights, needs_external_data
+from qdeploy.graph.rewrites import RewriteReport, apply_rewrites, available
 from qdeploy.graph.utils import model_bytes
+from qdeploy.stages.export._exporter import export_with_torch
 from qdeploy.stages.export._factory import check_factory
+from qdeploy.stages.export._freeze import freeze_inputs
 from qdeploy.stages.export._inference import check_inferred_types, check_loads_in_onnxruntime
 from qdeploy.stages.export._model import (
     check_declared_shapes,
@@ -27,27 +34,25 @@ from qdeploy.stages.export._model import (
     external_slices,
     load_onnx,
 )
-from qdeploy.stages.export.config import DEFAULT_TORCH_OPSET, DTYPES, MAX_DIM, ExportConfig, InputSpec, TorchSource  # noqa: F401
+from qdeploy.stages.export._shapes import reinfer_output_shapes
+from qdeploy.stages.export._values import frozen_arrays
+from qdeploy.stages.export.config import ExportConfig, InputSpec, TorchSource
+from qdeploy.stages.export.findings import ExportFindings
 
 if TYPE_CHECKING:
     import numpy as np
     import onnx
 
-    from qdeploy.calibration.readers import InputInfo
-    from qdeploy.core.context import Artifact, StageContext, StageResult
+    from qdeploy.core.context import Artifact, StageContext
 
-__all__ = ["LOWERABLE_OPS", "RUNTIME_DOMAINS", "apply_input_overrides", "build_torch_module", "check_factory",
-           "check_input_ranks", "check_known_ops", "check_model", "check_recipe_inputs_fit", "convert_opset",
-           "decompose_for_opset", "default_opset", "example_inputs", "export_module", "export_torch", "inspect_source",
-           "run", "size_cap", "source_files", "torch_dynamic_axes"]
+# what other packages use; the rest of this module is the stage's own
+__all__ = ["ExportConfig", "apply_input_overrides", "check_factory", "export_module", "inspect_source", "run",
+           "source_files"]
 
 log = logging.getLogger(__name__)
 
 def run(artifact: Artifact | None, config: ExportConfig, ctx: StageContext) -> StageResult:
     """The exported model: loaded or exported, shapes overridden, converted to the asked opset, checked."""
-    from qdeploy.core.context import StageResult
-    from qdeploy.stages.export.findings import ExportFindings
-
     findings: dict[str, Any] = {}
     if config.onnx is not None:
         model = load_onnx(ctx.resolve(config.onnx), max_bytes=size_cap(config))
@@ -69,9 +74,6 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, A
              confirm_runtime: bool = True) -> onnx.ModelProto:
     """Shape overrides, frozen inputs, opset conversion and the checks every later stage relies on; with
     ``confirm_runtime``, ONNX Runtime must load the result (when it is in memory with its weights)."""
-    from qdeploy.stages.export._freeze import freeze_inputs
-    from qdeploy.stages.export._values import frozen_arrays
-
     findings["opset_in"] = default_opset(model)
     check_has_outputs(model)
     check_feedable_inputs(model)
@@ -97,8 +99,6 @@ def inspect_source(config: ExportConfig, resolve: Callable[[str], Path]) -> list
     """What `qdeploy check` can know of the model without running anything: the file, its external data's
     places, its interface after the recipe's overrides, its ops and types; or, for torch, the size of the declared
     inputs.  Returns the inputs the exported model will have (what datasets must fit)."""
-    from qdeploy.calibration.readers import inputs_of
-
     if config.onnx is None:
         check_recipe_inputs_fit(config.inputs)
         return _declared_inputs(config.inputs)
@@ -118,7 +118,6 @@ def _declared_inputs(inputs: list[InputSpec]) -> list[InputInfo]:
     """The recipe's input specs as the readers see inputs (named dimensions unknown)."""
     import numpy as np
 
-    from qdeploy.calibration.readers import InputInfo
 
     return [InputInfo(spec.name, tuple(d if isinstance(d, int) else None for d in spec.shape or ()),
                       np.dtype(spec.dtype)) for spec in inputs]
@@ -126,8 +125,6 @@ def _declared_inputs(inputs: list[InputSpec]) -> list[InputInfo]:
 
 def check_recipe_inputs_fit(inputs: list[InputSpec]) -> None:
     """One sample of the recipe's declared inputs (named dimensions as 1) must fit in memory."""
-    from qdeploy.calibration.readers import check_sample_fits
-
     try:
         check_sample_fits(_declared_inputs(inputs), "model.inputs")
     except DataError as exc:
@@ -153,8 +150,6 @@ def source_files(config: ExportConfig, ctx: StageContext) -> list[Path]:
 
 def size_cap(config: ExportConfig) -> int:
     """Bytes of model qdeploy will load: the recipe's cap, or 70% of the memory available now."""
-    from qdeploy.calibration.readers import available_memory
-
     if config.max_size_mb is not None:
         return int(config.max_size_mb * 1e6)
     return int(0.7 * available_memory())
@@ -227,7 +222,6 @@ def apply_input_overrides(model: onnx.ModelProto, inputs: list[InputSpec]) -> di
     """Fix or name input dimensions as the recipe says; output shapes are inferred again (those changed returned)."""
     from onnx import helper
 
-    from qdeploy.stages.export._shapes import reinfer_output_shapes
 
     by_name = {value.name: value for value in model.graph.input}
     for spec in inputs:
@@ -275,8 +269,6 @@ def convert_opset(model: onnx.ModelProto, opset: int, findings: dict[str, Any] |
 
 def decompose_for_opset(model: onnx.ModelProto, opset: int) -> dict[str, int]:
     """Apply the decompositions of ops that ``opset`` lacks; {rewrite: nodes rewritten}."""
-    from qdeploy.graph.rewrites import RewriteReport, apply_rewrites, available
-
     present = {node.op_type for node in model.graph.node if node.domain in ("", "ai.onnx")}
     wanted = [name for name, rule in available().items() if not rule.default
               and any(anchor in present and not _exists_at(anchor, opset) for anchor in rule.anchors)]
@@ -366,7 +358,6 @@ def export_module(module: Any, config: ExportConfig, work_dir: Path,
     path = work_dir / "exported.onnx"
     names = [spec.name for spec in config.inputs]
     dynamic_axes = torch_dynamic_axes(config.model_copy(update={"torch": source})) or None
-    from qdeploy.stages.export._exporter import export_with_torch
 
     exported = export_with_torch(torch, module, example, path, names=names, opset=config.opset,
                                  dynamic_axes=dynamic_axes, exporter=source.exporter, variant=variant)
@@ -414,8 +405,6 @@ def build_torch_module(source: TorchSource, ctx: StageContext) -> Any:
 
 
 def _import_factory_module(module_part: str, ctx: StageContext) -> Any:
-    from qdeploy.core.usercode import import_user_module
-
     try:
         path = ctx.resolve(module_part) if module_part.endswith(".py") else None
         return import_user_module(module_part, path, label="factory")
@@ -427,7 +416,6 @@ def example_inputs(inputs: list[InputSpec]) -> dict[str, np.ndarray]:
     """Seeded example inputs from the recipe's specs; named dimensions take 1."""
     import numpy as np
 
-    from qdeploy.calibration.readers import InputInfo, random_samples
 
     infos = [InputInfo(spec.name, tuple(d if isinstance(d, int) else None for d in spec.shape or ()),
                        np.dtype(spec.dtype)) for spec in inputs]

@@ -16,6 +16,10 @@ import re
 from typing import TYPE_CHECKING
 
 from qdeploy.core.errors import ModelError
+from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, needs_external_data
+from qdeploy.graph.light import light_copy
+from qdeploy.graph.utils import model_bytes
+from qdeploy.targets.base import short_message
 
 if TYPE_CHECKING:
     import onnx
@@ -69,10 +73,6 @@ def _runtime_refusal(model: onnx.ModelProto) -> str | None:
     """ONNX Runtime's own reason to refuse the model (None when it loads it): an inference complaint is only a
     refusal when the runtime agrees.  A model too large to hand over in memory, or with external data, cannot be
     tried here: the complaint stands (the export stage loads the saved file in ONNX Runtime anyway)."""
-    from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, needs_external_data
-    from qdeploy.graph.utils import model_bytes
-    from qdeploy.targets.base import short_message
-
     if needs_external_data(model) or model_bytes(model) > STREAM_ABOVE_BYTES or _has_external_tensors(model):
         return f"{_NOT_TRIED}: the model is too large to load here"
     try:
@@ -96,8 +96,6 @@ def _has_external_tensors(model: onnx.ModelProto) -> bool:
 def _types_only(model: onnx.ModelProto) -> onnx.ModelProto:
     """A light copy for inference: no large weights, no declared intermediate shapes, outputs typed but unsized;
     initializers whose data lies in external files become typed inputs (their bytes are never read)."""
-    from qdeploy.graph.light import light_copy
-
     copy = light_copy(model, value_info=False).model
     for value in copy.graph.output:
         if value.type.HasField("tensor_type"):

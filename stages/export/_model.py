@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qdeploy.calibration.readers import FEEDABLE_TYPES, check_sample_fits, inputs_of
 from qdeploy.core.errors import DataError, ModelError, UserFileError
 from qdeploy.core.userfiles import check_regular_file, open_regular_file
 
@@ -145,7 +146,6 @@ def check_feedable_inputs(model: onnx.ModelProto) -> None:
     """Every real input is a tensor of a type qdeploy can build data for (numbers or booleans)."""
     import onnx
 
-    from qdeploy.calibration.readers import FEEDABLE_TYPES
 
     initializers = {init.name for init in model.graph.initializer}
     for value in model.graph.input:
@@ -167,8 +167,6 @@ def check_declared_shapes(model: onnx.ModelProto) -> list[str]:
     """Dimensions of -1 (how some exporters, Paddle's among them, say 'dynamic') become named symbolic ones;
     any other negative dimension is refused; one sample of all inputs (symbolic dimensions as 1) must fit in
     memory.  Returns the inputs whose -1 dimensions were named."""
-    from qdeploy.calibration.readers import check_sample_fits, inputs_of
-
     initializers = {init.name for init in model.graph.initializer}
     named = []
     for value in model.graph.input:

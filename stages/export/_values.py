@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 
 import numpy as np
 
+from qdeploy.core.errors import ModelError, UserFileError
+from qdeploy.core.userfiles import open_regular_file
+
 if TYPE_CHECKING:
     import onnx
 
@@ -99,7 +102,6 @@ def frozen_arrays(inputs: list[InputSpec], model: onnx.ModelProto,
     """Input name -> its frozen value, cast to the model's declared element type and checked against its shape."""
     from onnx import helper
 
-    from qdeploy.core.errors import ModelError
 
     declared = {value.name: value for value in model.graph.input}
     initializers = {init.name for init in model.graph.initializer}
@@ -126,9 +128,6 @@ def frozen_arrays(inputs: list[InputSpec], model: onnx.ModelProto,
 
 def read_value(spec: InputSpec, resolve: Callable[[str], Path]) -> np.ndarray:
     """The spec's value as an array: the literal, or the .npy file (regular, small, not pickled, numbers)."""
-    from qdeploy.core.errors import ModelError, UserFileError
-    from qdeploy.core.userfiles import open_regular_file
-
     if not isinstance(spec.value, str):
         return literal_array(spec)
     path = resolve(spec.value)
@@ -158,8 +157,6 @@ def _small(stream: Any) -> bool:
 
 
 def _check_shape(name: str, array: np.ndarray, shape: onnx.TensorShapeProto) -> None:
-    from qdeploy.core.errors import ModelError
-
     dims = [dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None for dim in shape.dim]
     fits = len(dims) == array.ndim and all(want is None or want == got for want, got in zip(dims, array.shape,
                                                                                              strict=True))

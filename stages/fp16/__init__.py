@@ -28,9 +28,12 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.core.compare import compare_outputs
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
+from qdeploy.stages.fp16._activations import overflowing_nodes, run_float32
+from qdeploy.stages.fp16._budget import choose_float32_nodes, node_groups
 from qdeploy.stages.fp16._budget_targets import confirm_budget
 from qdeploy.stages.fp16._convert import (
     STAGE,
@@ -42,19 +45,22 @@ from qdeploy.stages.fp16._convert import (
     float16_clamper,
     written_for_check,
 )
+from qdeploy.stages.fp16._draws import choose_for_every_draw, missed_by_samples, sample_snrs
+from qdeploy.stages.fp16._fidelity import EMULATED, comparison_record, overflow_births, reference_check, run_emulated
 from qdeploy.stages.fp16._graph import name_nodes_uniquely, subgraphs, walk_nodes
+from qdeploy.stages.fp16._headroom import headroom_findings, with_headroom
 from qdeploy.stages.fp16._offload import offload, reload, worth_offloading
 from qdeploy.stages.fp16._patterns import integer_accumulators, normalizations, out_of_range_constants
 from qdeploy.stages.fp16._repair import Plan, TypeRepair
 from qdeploy.stages.fp16._rules import Float32Needs, float32_needs
 from qdeploy.stages.fp16._types import INFERENCE_BY_PATH_BYTES, all_types, load_typed
-from qdeploy.stages.fp16.config import (  # noqa: F401
-    FLOAT16_MAX,
+from qdeploy.stages.fp16.config import (
     MAX_SAFETY_ROUNDS,
     REPAIR_SAMPLES,
     Fp16Config,
     Fp16Data,
     effective_op_block_list,
+    reads_default_dataset,
 )
 from qdeploy.stages.fp16.findings import Fp16Findings
 
@@ -64,17 +70,9 @@ if TYPE_CHECKING:
 
     from qdeploy.stages.fp16._activations import Float32Run
 
-__all__ = ["reads_default_dataset", "run"]
+__all__ = ["Fp16Config", "run"]
 
 log = logging.getLogger(__name__)
-
-def reads_default_dataset(config: Fp16Config) -> bool:
-    """Whether the stage, with this config, measures on the run's default dataset (validate.data) when it has one.
-
-    The runner asks this (qdeploy.pipeline.registry) to put that dataset into the stage's cache key.
-    """
-    return config.calibration is None and config.use_validation_data
-
 
 def _data(config: Fp16Config, ctx: StageContext) -> Fp16Data | None:
     """The data the stage measures on: its own 'calibration', else the validation dataset, else none."""
@@ -104,26 +102,26 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
                                                                            for n in found}
     fixed |= set(constant_outputs) if config.keep_io_types else set()
     schema_inputs = [reason for node, reason in needs.input_reasons.items() if node not in fixed]
-    session = _Session(model, config, ctx, needs, types, big)
-    del model  # the session holds it (and may swap its weights out to disk: no second holder may keep them)
+    conversion = _Fp16Conversion(model, config, ctx, needs, types, big)
+    del model  # the conversion holds it (and may swap its weights out to disk: no second holder may keep them)
     data = _data(config, ctx)
     if data is not None:
-        session.analyse(artifact, fixed, data)
-    session.convert(fixed)
+        conversion.analyse(artifact, fixed, data)
+    conversion.convert(fixed)
     if data is not None and config.fidelity_check != "off":
-        session.safety_rounds(fixed)
-        if config.mode == "fixed" and config.repair and not session.within_headroom():
-            session.keep_for_tolerance(fixed)
-    if session.budget is not None and ctx.targets:
-        confirm_budget(session, fixed)  # held where it will be validated, not only in the emulation
-    converted = session.converted
-    clamp = count_clamping(session.model, converted, session.repair.initializer_copies, session.float32_scope,
+        conversion.safety_rounds(fixed)
+        if config.mode == "fixed" and config.repair and not conversion.within_headroom():
+            conversion.keep_for_tolerance(fixed)
+    if conversion.budget is not None and ctx.targets:
+        confirm_budget(conversion, fixed)  # held where it will be validated, not only in the emulation
+    converted = conversion.converted
+    clamp = count_clamping(conversion.model, converted, conversion.repair.initializer_copies, conversion.float32_scope,
                            config.min_positive_val, config.max_finite_val)
-    found = {"activation_analysis": session.activation_analysis, "kept_in_fp32": session.kept,
-             "budget": session.budget, "fidelity": session.fidelity,
-             "node_block_list": sorted(session.blocked - op_blocked), "clamp": clamp,
-             "repair": _repair_findings(session.repair)}
-    del session  # the float32 weights are not needed by the checks: large models need the memory back
+    found = {"activation_analysis": conversion.activation_analysis, "kept_in_fp32": conversion.kept,
+             "budget": conversion.budget, "fidelity": conversion.fidelity,
+             "node_block_list": sorted(conversion.blocked - op_blocked), "clamp": clamp,
+             "repair": _repair_findings(conversion.repair)}
+    del conversion  # the float32 weights are not needed by the checks: large models need the memory back
     cast_nodes = sum(node.op_type == "Cast" for node, _ in walk_nodes(converted.graph))
     converted, source = written_for_check(converted, ctx.work_dir, big=big)
     checker = check(converted, source, ctx.variant, onnxruntime_check=config.onnxruntime_check)
@@ -186,7 +184,7 @@ def _repair_findings(report: Any) -> dict[str, Any]:
             "type_attributes_rewritten": report.attributes, "outputs_retyped": report.outputs_retyped}
 
 
-class _Session:
+class _Fp16Conversion:
     """One run of the stage: the typed float32 model, the data, and the conversion as it evolves."""
 
     def __init__(self, model: onnx.ModelProto, config: Fp16Config, ctx: StageContext, needs: Float32Needs,
@@ -221,8 +219,6 @@ class _Session:
     @property
     def target(self) -> Tolerance:
         """What the check and the repair aim at in mode 'fixed': the tolerance with headroom (``_headroom``)."""
-        from qdeploy.stages.fp16._headroom import with_headroom
-
         return with_headroom(self.tolerance, self.config.headroom_db)
 
     def within_headroom(self) -> bool:
@@ -231,8 +227,6 @@ class _Session:
 
     def analyse(self, artifact: Artifact, fixed: set[str], data: Fp16Data) -> None:
         """Run float32 on the data; keep overflowing nodes; in auto mode, also the budget's choice."""
-        from qdeploy.stages.fp16._activations import overflowing_nodes, run_float32
-
         self.ctx.on_progress("fp16: activation ranges")
         self.feeds = list(self.ctx.samples(data.data, artifact.path, data.samples))
         with self._float32_weights_on_disk():  # the probe, written beside them, reads them from there
@@ -279,9 +273,6 @@ class _Session:
     def _budget(self, float32: set[str], limit: int | None = None, tolerance: Tolerance | None = None,
                 every_draw: bool = False) -> None:
         """Budget mode's search; ``every_draw``: each sample must meet ``tolerance`` on its own (``_draws``)."""
-        from qdeploy.stages.fp16._budget import choose_float32_nodes, node_groups
-        from qdeploy.stages.fp16._draws import choose_for_every_draw
-
         assert self.float32 is not None
         self.ctx.on_progress("fp16: per-node sensitivity")
         groups = node_groups(self.model, _with_nested(self.model, float32), self.types)
@@ -313,17 +304,6 @@ class _Session:
 
     def safety_rounds(self, fixed: set[str]) -> None:
         """Emulate the artifact in float16; keep nodes where Inf/NaN is born, reconvert; then report fidelity."""
-        from qdeploy.core.compare import compare_outputs
-        from qdeploy.stages.fp16._draws import missed_by_samples, sample_snrs
-        from qdeploy.stages.fp16._fidelity import (
-            EMULATED,
-            comparison_record,
-            overflow_births,
-            reference_check,
-            run_emulated,
-        )
-        from qdeploy.stages.fp16._headroom import headroom_findings
-
         assert self.float32 is not None
         originals = {node.name for node, _ in walk_nodes(self.model.graph)}
         for _ in range(MAX_SAFETY_ROUNDS):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.values import finite_or
+from qdeploy.graph.external_data import save_exposing
 from qdeploy.stages.fp16._graph import FLOAT
 
 if TYPE_CHECKING:
@@ -103,7 +104,6 @@ def _update(stats: dict[str, TensorStats], name: str, array: np.ndarray) -> None
 
 def _session(model: onnx.ModelProto, extra: list[onnx.ValueInfoProto], path: Path, big: bool) -> Any:
     """An ORT session of ``model`` with ``extra`` exposed as outputs, read from a probe file."""
-    from qdeploy.graph.external_data import save_exposing
 
     # the weights streamed from the model itself: neither copied nor serialised whole (a big model's go to a
     # data file beside the probe: protobuf cannot hold more than 2 GB in one file)

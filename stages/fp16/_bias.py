@@ -7,7 +7,7 @@ rounding, on the larger value, dominates the error. The emulation used to round 
 promised more than true float16 gave: on PP-OCRv4 det fed noise (192x192), the first rounding makes a Conv's
 error up to 2.5x (median 1.4x) the output rounding alone; over 9 draws the emulated output SNR was 6.5 dB
 from the reference evaluator's on average (2.4 dB too optimistic), 3.4 dB with the bias split as below. A
-Gemm whose bias cancels its product (tests/stages/test_fp16_headroom.py) emulated at 74.5 dB where true
+Gemm whose bias cancels its product (tests/stages/fp16/test_fp16_headroom.py) emulated at 74.5 dB where true
 float16 gives 22.8; split, both say 22.8.
 
 Both twins split such a node into the product (the node itself, without its bias), a Reshape of the bias for

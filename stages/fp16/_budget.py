@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.core.compare import compare_outputs
 from qdeploy.graph.external_data import save_onnx
 from qdeploy.stages.fp16._emulate import GATES_INPUT, gated_twin
 from qdeploy.stages.fp16._graph import FLOAT, subgraphs
@@ -169,8 +170,6 @@ class _Trials:
                 for feed in feeds]
 
     def compare(self, gates: np.ndarray) -> Any:
-        from qdeploy.core.compare import compare_outputs
-
         return compare_outputs(self.reference, self.run(gates, self.feeds), self.tolerance)
 
     def loss(self, gates: np.ndarray) -> float:

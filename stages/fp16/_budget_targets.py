@@ -22,9 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.core.compare import Comparison, compare_outputs
+from qdeploy.core.compare import OutputComparison, compare_outputs
+from qdeploy.core.errors import TargetUnavailable
 from qdeploy.graph.external_data import save_onnx
+from qdeploy.stages.fp16._budget import rank_groups
 from qdeploy.targets import TRUE_FP16_TARGET, availability_of, load_as_deployed
+from qdeploy.targets.base import TargetFellBack, short_message
 from qdeploy.targets.cpu_facts import pins_after, short_precision
 
 if TYPE_CHECKING:
@@ -63,7 +66,7 @@ class TargetRuns:
     """How a target loads the artifact; None: ``load_as_validated``."""
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
     cost: dict[str, dict[str, Any]] = field(default_factory=dict)
-    known: dict[tuple[str, int], Comparison] = field(default_factory=dict)
+    known: dict[tuple[str, int], OutputComparison] = field(default_factory=dict)
     available: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -75,17 +78,14 @@ class TargetRuns:
             else:
                 self.records[name] = {"status": UNAVAILABLE, "reason": reason}
 
-    def compare(self, name: str, step: int, model: onnx.ModelProto) -> Comparison:
+    def compare(self, name: str, step: int, model: onnx.ModelProto) -> OutputComparison:
         """The artifact of ladder step ``step`` on target ``name`` against float32 (measured once)."""
         if (name, step) not in self.known:
             self.on_progress(f"fp16 budget: running the artifact on {name}")
             self.known[(name, step)] = self._run(name, model)
         return self.known[(name, step)]
 
-    def _run(self, name: str, model: onnx.ModelProto, hint: str | None = None) -> Comparison:
-        from qdeploy.core.errors import TargetUnavailable
-        from qdeploy.targets.base import TargetFellBack, short_message
-
+    def _run(self, name: str, model: onnx.ModelProto, hint: str | None = None) -> OutputComparison:
         started = time.perf_counter()
         path = self.work_dir / "fp16_budget_target.onnx"
         save_onnx(model, path)
@@ -97,7 +97,7 @@ class TargetRuns:
                 outputs = [session.run(feed) for feed in self.feeds[:count]]
             comparison = compare_outputs(self.reference[:count], outputs, self.tolerance)
         except Exception as exc:  # a runtime refusing or failing the artifact is that target's measured failure
-            comparison = Comparison([], False, [f"{name} cannot run the artifact: {short_message(exc)}"])
+            comparison = OutputComparison([], False, [f"{name} cannot run the artifact: {short_message(exc)}"])
             if isinstance(exc, TargetUnavailable) and not isinstance(exc, TargetFellBack):
                 comparison.notes.append(UNAVAILABLE)  # the target's own limit (onnx.reference): no verdict
         self.cost[name]["evaluations"] += 1
@@ -121,7 +121,7 @@ class TargetRuns:
         return missed
 
     @staticmethod
-    def _record(comparison: Comparison, precision: str | None) -> dict[str, Any]:
+    def _record(comparison: OutputComparison, precision: str | None) -> dict[str, Any]:
         worst = comparison.worst()
         return {"status": CONFIRMED if comparison.passed else MISSED, "precision": precision,
                 **{key: worst.get(key) for key in ("cosine", "snr_db", "max_abs_err")},
@@ -217,31 +217,30 @@ def _bisect(runs: TargetRuns, names: list[str], build: Callable[[int], onnx.Mode
     return passing, True
 
 
-def confirm_budget(session: Any, fixed: set[str]) -> None:
-    """The fp16 stage's hook (``_Session``): its budget's artifact held on the recipe's targets; the findings go
+def confirm_budget(conversion: Any, fixed: set[str]) -> None:
+    """The fp16 stage's hook (``_Fp16Conversion``): its budget's artifact held on the recipe's targets; the findings go
     into ``budget``, the nodes kept for a target into ``kept_in_fp32`` (reason "budget: missed on a target")."""
-    from qdeploy.stages.fp16._budget import rank_groups
-
-    result = session.budget_result
-    runs = TargetRuns(session.ctx.targets, session.feeds, session.float32.outputs, session.tolerance,
-                      session.ctx.work_dir, session.ctx.on_progress)
-    base = list(session.kept)
+    result = conversion.budget_result
+    runs = TargetRuns(conversion.ctx.targets, conversion.feeds, conversion.float32.outputs, conversion.tolerance,
+                      conversion.ctx.work_dir, conversion.ctx.on_progress)
+    base = list(conversion.kept)
 
     def convert(nodes: list[str]) -> onnx.ModelProto:
-        session.kept = base + [{"node": name, "op_type": session._op_type(name),
+        conversion.kept = base + [{"node": name, "op_type": conversion._op_type(name),
                                 "reason": "budget: missed on a target"} for name in nodes]
-        session.convert(fixed)
-        return session.converted
+        conversion.convert(fixed)
+        return conversion.converted
 
     def ladder() -> tuple[list[list[str]], int]:
         if result.ladder:
             return result.ladder, result.chosen
-        return rank_groups(session.model, session.budget_groups, session.needs.inputs, session.feeds,
-                           session.float32.outputs, session.tolerance, keep_io_types=session.config.keep_io_types,
-                           to_float16=session.to_float16, work_dir=session.ctx.work_dir), 0
+        return rank_groups(conversion.model, conversion.budget_groups, conversion.needs.inputs, conversion.feeds,
+                           conversion.float32.outputs, conversion.tolerance,
+                           keep_io_types=conversion.config.keep_io_types, to_float16=conversion.to_float16,
+                           work_dir=conversion.ctx.work_dir), 0
 
-    budget = session.budget
-    found = hold_on_targets(runs, session.converted, convert, ladder)
+    budget = conversion.budget
+    found = hold_on_targets(runs, conversion.converted, convert, ladder)
     emulated = budget.get("met")
     budget.update(found, met_emulated=emulated, met=bool(emulated) and not found.get("note"))
     budget["runtimes"] = {"emulation (ort:cpu, gated float16 twin)": {"evaluations": budget.get("trials"),

@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import StageError
 from qdeploy.core.onnx_wire import load_model
-from qdeploy.graph.utils import float32_chunks, fresh_name
+from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, save_onnx
+from qdeploy.graph.light import light_copy, put_back, tag_of
+from qdeploy.graph.utils import float32_chunks, fresh_name, model_bytes
 from qdeploy.stages.fp16._graph import FLOAT, FLOAT16, walk_graphs, walk_nodes
 
 if TYPE_CHECKING:
@@ -81,7 +83,6 @@ def convert(model: onnx.ModelProto, *, min_positive_val: float, max_finite_val: 
     ``model`` is left as it was.  The converter's per-value warnings are counted, not printed."""
     from onnxconverter_common.float16 import convert_float_to_float16
 
-    from qdeploy.graph.light import light_copy
 
     light = light_copy(model)
     with warnings.catch_warnings(), _own_cleanup_steps(), _tags_marked_not_converted():
@@ -126,7 +127,6 @@ def _tags_marked_not_converted() -> Iterator[None]:
     its values); other tensors go through the converter's own function."""
     import onnxconverter_common.float16 as converter
 
-    from qdeploy.graph.light import tag_of
 
     original = converter.convert_tensor_float_to_float16
 
@@ -147,8 +147,6 @@ def _tags_marked_not_converted() -> Iterator[None]:
 def _fill_tags(converted: onnx.ModelProto, originals: dict[bytes, onnx.TensorProto],
                to_float16: Callable[[np.ndarray], np.ndarray]) -> None:
     """Give each tagged initializer its values: float16 ones where the converter chose float16, else the original."""
-    from qdeploy.graph.light import put_back, tag_of
-
     for init in converted.graph.initializer:
         tag = tag_of(init)
         if tag is None:
@@ -252,8 +250,6 @@ def written_for_check(model: onnx.ModelProto, work_dir: Path, *, big: bool) -> t
     read back; the caller drops the message it passed."""
     import onnx
 
-    from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, save_onnx
-    from qdeploy.graph.utils import model_bytes
 
     path = work_dir / "fp16_check.onnx"
     if big:  # protobuf cannot serialise it in one piece: check through a file with external data

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.core.compare import compare_outputs
+from qdeploy.core.tolerance import Tolerance
+from qdeploy.stages.fp16._budget import BudgetResult, choose_float32_nodes
+
 if TYPE_CHECKING:
     import numpy as np
     import onnx
-
-    from qdeploy.core.tolerance import Tolerance
-    from qdeploy.stages.fp16._budget import BudgetResult
 
 Outputs = list[dict[str, "np.ndarray"]]
 
@@ -27,8 +28,6 @@ __all__ = ["choose_for_every_draw", "missed_by_samples", "sample_snrs"]
 
 def missed_by_samples(reference: Outputs, outputs: Outputs, target: Tolerance) -> list[str]:
     """What the pool and each sample on its own miss of ``target`` (empty: every one meets it)."""
-    from qdeploy.core.compare import compare_outputs
-
     reasons = list(compare_outputs(reference, outputs, target).reasons)
     if len(reference) > 1:
         for index, (want, got) in enumerate(zip(reference, outputs, strict=True)):
@@ -38,9 +37,6 @@ def missed_by_samples(reference: Outputs, outputs: Outputs, target: Tolerance) -
 
 def sample_snrs(reference: Outputs, outputs: Outputs) -> list[float | None]:
     """Each sample's SNR on its own (dB, the worst output), for the findings."""
-    from qdeploy.core.compare import compare_outputs
-    from qdeploy.core.tolerance import Tolerance
-
     snrs = [compare_outputs([want], [got], Tolerance()).worst()["snr_db"]
             for want, got in zip(reference, outputs, strict=True)]
     return [None if snr is None else round(snr, 2) for snr in snrs]
@@ -56,8 +52,6 @@ def choose_for_every_draw(model: onnx.ModelProto, groups: list[list[str]], float
     30.3 dB under true float16 against 36.2.
     The ladder (what a target that misses keeps next, ``_budget_targets``) starts with the union, in the order
     of the sample that needed most, then the remaining groups in that order."""
-    from qdeploy.stages.fp16._budget import BudgetResult, choose_float32_nodes
-
     results = [choose_float32_nodes(model, groups, float32_inputs, [feed], [want], target, **options)
                for feed, want in zip(feeds, reference, strict=True)]
     if len(results) == 1:

@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.light import light_copy, put_back, restore, tag_of
 from qdeploy.graph.utils import subgraphs
 from qdeploy.stages.fp16._bias import split_biases
 from qdeploy.stages.fp16._graph import FLOAT, FLOAT16, rename_uses, walk_graphs
@@ -52,8 +53,6 @@ def emulation_twin(model: onnx.ModelProto, expose: bool = False) -> onnx.ModelPr
     copied once, at the end: the twin of a 2 GB artifact holds 1 GB of float16, not 2 GB of float32 beside
     the artifact's own float16 bytes.
     """
-    from qdeploy.graph.light import light_copy, restore
-
     light = light_copy(model)
     twin = light.model
     _restore_interface(twin, light)
@@ -112,8 +111,6 @@ def _emulate_graph(graph: onnx.GraphProto, top: bool) -> None:
 def _restore_interface(twin: onnx.ModelProto, light: Light) -> None:
     """Initializers that are also graph inputs or outputs (IR < 4 lists weights as inputs) get their bytes back
     at once: they are upcast like small ones, which reads their values."""
-    from qdeploy.graph.light import put_back, tag_of
-
     interface = {value.name for value in (*twin.graph.input, *twin.graph.output)}
     for init in twin.graph.initializer:
         tag = tag_of(init)
@@ -123,8 +120,6 @@ def _restore_interface(twin: onnx.ModelProto, light: Light) -> None:
 
 def _weights_read_through_casts(graph: onnx.GraphProto) -> list[str]:
     """Top-level float16 weights a light copy holds as tags (the large ones) that only nodes read."""
-    from qdeploy.graph.light import tag_of
-
     interface = {value.name for value in (*graph.input, *graph.output)}
     return [init.name for init in graph.initializer
             if init.data_type == FLOAT16 and init.name not in interface and tag_of(init) is not None]

@@ -16,16 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.core.compare import compare_outputs
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, save_exposing
 from qdeploy.graph.utils import model_bytes
 from qdeploy.stages.fp16._activations import probe_session
 from qdeploy.stages.fp16._emulate import emulation_twin
+from qdeploy.targets.evaluator import EvaluatorCannotRun, build_evaluator, run_evaluator
 
 if TYPE_CHECKING:
     import numpy as np
     import onnx
 
-    from qdeploy.core.compare import Comparison
+    from qdeploy.core.compare import OutputComparison
     from qdeploy.core.tolerance import Tolerance
     from qdeploy.stages.fp16._activations import TensorStats
 
@@ -112,12 +114,10 @@ def _original_producer(name: str, producers: dict[str, onnx.NodeProto],
 def summary(method: str, reference: list[dict[str, np.ndarray]], outputs: list[dict[str, np.ndarray]],
             tolerance: Tolerance, seconds: float) -> dict[str, Any]:
     """A comparison against the float32 outputs, in findings form."""
-    from qdeploy.core.compare import compare_outputs
-
     return comparison_record(method, compare_outputs(reference, outputs, tolerance), len(outputs), seconds)
 
 
-def comparison_record(method: str, comparison: Comparison, samples: int, seconds: float) -> dict[str, Any]:
+def comparison_record(method: str, comparison: OutputComparison, samples: int, seconds: float) -> dict[str, Any]:
     """A comparison already made, in findings form."""
     return {"method": method, "samples": samples, "passed": comparison.passed,
             "reasons": comparison.reasons, "worst": comparison.worst(), "seconds": round(seconds, 3)}
@@ -131,7 +131,6 @@ def reference_check(model: onnx.ModelProto, feeds: Feeds, reference: list[dict[s
     """
     import numpy as np
 
-    from qdeploy.targets.evaluator import EvaluatorCannotRun, build_evaluator, run_evaluator
 
     started = time.perf_counter()
     dtypes = {value.name: value.type.tensor_type.elem_type for value in model.graph.input}

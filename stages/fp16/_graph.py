@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from qdeploy.graph.order import outer_references
-from qdeploy.graph.utils import GRAPH_OPS, STANDARD_DOMAINS, delete_where, fresh_name, subgraphs
+from qdeploy.graph.utils import GRAPH_OPS, ONNX_SPEC_DOMAINS, delete_where, fresh_name, subgraphs
 
 if TYPE_CHECKING:
     import onnx
@@ -33,7 +33,7 @@ def walk_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """The graph and every graph nested in it, outer graphs first."""
     yield graph
     for node in graph.node:
-        if node.op_type in GRAPH_OPS or node.domain not in STANDARD_DOMAINS:  # inline fast path of subgraphs()
+        if node.op_type in GRAPH_OPS or node.domain not in ONNX_SPEC_DOMAINS:  # inline fast path of subgraphs()
             for sub in subgraphs(node):
                 yield from walk_graphs(sub)
 

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.utils import float32_chunks
 from qdeploy.stages.fp16._graph import FLOAT, walk_graphs, walk_nodes
 
 if TYPE_CHECKING:
@@ -207,7 +208,6 @@ def _float_constants(model: onnx.ModelProto) -> Iterator[tuple[str, np.ndarray]]
     import numpy as np
     from onnx import numpy_helper
 
-    from qdeploy.graph.utils import float32_chunks
 
     for graph in walk_graphs(model.graph):
         for init in graph.initializer:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from qdeploy.core.errors import ModelError
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.graph.light import light_bytes, light_copy, take_value_info
 from qdeploy.stages.fp16._graph import outer_references, subgraphs, walk_graphs
 
 if TYPE_CHECKING:
@@ -53,7 +54,6 @@ def _infer_light(model: onnx.ModelProto, model_path: Path) -> bool:
     is too large for protobuf (the caller infers through files)."""
     import onnx
 
-    from qdeploy.graph.light import light_bytes, light_copy, take_value_info
 
     stripped = light_copy(model)
     light = stripped.model

@@ -8,7 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from qdeploy.core.tolerance import Tolerance
 
-__all__ = ["FLOAT16_MAX", "MAX_SAFETY_ROUNDS", "REPAIR_SAMPLES", "Fp16Config", "Fp16Data", "effective_op_block_list"]
+__all__ = ["FLOAT16_MAX", "MAX_SAFETY_ROUNDS", "REPAIR_SAMPLES", "Fp16Config", "Fp16Data", "effective_op_block_list",
+           "reads_default_dataset"]
 
 
 FLOAT16_MAX = 65504.0
@@ -105,6 +106,14 @@ class Fp16Config(BaseModel):
             raise ValueError("mode 'auto' measures errors on data: set calibration: {data: <dataset>} "
                              "(the validation dataset is a good choice; data: null uses seeded random inputs)")
         return self
+
+
+def reads_default_dataset(config: Fp16Config) -> bool:
+    """Whether the stage, with this config, measures on the run's default dataset (validate.data) when it has one.
+
+    The runner asks this (qdeploy.pipeline.registry) to put that dataset into the stage's cache key.
+    """
+    return config.calibration is None and config.use_validation_data
 
 
 def effective_op_block_list(op_block_list: list[str] | None) -> list[str]:

@@ -25,22 +25,14 @@ from typing import TYPE_CHECKING
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
-from qdeploy.stages.quantize._common import quantized_node_counts, resolve_reduce_range
 from qdeploy.stages.quantize._guard import QuantizerFailure
-from qdeploy.stages.quantize._prepare import (
-    count_quantized_nodes,
-    name_unnamed_nodes,
-    quantized_ops,
-    weight_qdq_pairs,
-)
+from qdeploy.stages.quantize._prepare import count_quantized_nodes, quantized_ops, weight_qdq_pairs
 from qdeploy.stages.quantize.config import (
     STAGE,
     CalibrationRef,
-    DynamicConfig,
     LowerConfig,
     ModeConfig,
     NncfPtqConfig,
-    PtqConfig,
     QuantizeConfig,
     WeightOnlyConfig,
 )
@@ -50,14 +42,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CalibrationRef", "DynamicConfig", "LowerConfig", "NncfPtqConfig", "PtqConfig", "QuantizeConfig",
-           "WeightOnlyConfig", "count_quantized_nodes", "name_unnamed_nodes", "quantized_node_counts",
-           "resolve_reduce_range", "run"]
+# what other packages use; a mode's own model is in qdeploy.stages.quantize.config
+__all__ = ["CalibrationRef", "QuantizeConfig", "run"]
 
 
 def run(artifact: Artifact, config: ModeConfig, ctx: StageContext) -> StageResult:
     """Quantize (or lower) the artifact's model with the model of the step's mode; returns the new model and what
     was done."""
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize import _modes as quantize_modes
 
     if isinstance(config, LowerConfig):

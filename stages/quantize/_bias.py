@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdeploy.graph.utils import fresh_name
+from qdeploy.graph.utils import delete_where, fresh_name, names_read
 
 if TYPE_CHECKING:
     import onnx
@@ -120,8 +120,6 @@ def _attribute(node: onnx.NodeProto, name: str, default: float) -> float:
 
 def _drop_unread(model: onnx.ModelProto, names: set[str]) -> None:
     """The replaced biases no graph reads any more (subgraphs may read outer initializers too)."""
-    from qdeploy.graph.utils import delete_where, names_read
-
     dead = names - names_read(list(model.graph.node), model.graph) if names else set()
     if dead:
         delete_where(model.graph.initializer, lambda init: init.name in dead)

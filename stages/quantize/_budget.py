@@ -62,6 +62,7 @@ from qdeploy.stages.quantize._budget_targets import (
     TargetChecks,
     TargetPlan,
 )
+from qdeploy.stages.quantize.findings import BudgetFindings, TargetRecord
 
 if TYPE_CHECKING:
     import onnx
@@ -135,7 +136,7 @@ class BudgetResult:
     model: onnx.ModelProto
     kept: list[str]
     """Nodes the budget kept in float."""
-    findings: dict[str, Any]
+    findings: BudgetFindings
 
 
 class _Search:
@@ -228,16 +229,15 @@ def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance
     full_model = build([])
     full = evaluate.measure(full_model, held=True)
     checks.remember([], full, evaluate)
-    findings: dict[str, Any] = {
-        "tolerance": tolerance.model_dump(exclude_none=True), "samples": len(feeds),
-        "search_samples": len(search_feeds), "held_back_samples": held_count, "initial": _both(evaluate, full)}
+    initial = _both(evaluate, full)
+    opening = _Opening(tolerance.model_dump(exclude_none=True), len(feeds), len(search_feeds), held_count, initial)
     active: Evaluator | Combined = evaluate
     if _holds(evaluate, full):
         missed = checks.confirm(full_model, [])
         if not missed:
-            findings.update(met=True, kept_float=[], final=findings["initial"])
-            confirmation = _confirmation(held_count, evaluate, full)
-            return BudgetResult(full_model, [], _closed(findings, checks, confirmation, started))
+            confirmed = f"{_confirmation(held_count, evaluate, full)}; {checks.sentence()}"
+            return BudgetResult(full_model, [], _closed(opening, checks, confirmed, started, met=True, kept_float=[],
+                                                        final=initial))
         active = checks.search_set(missed)
     candidates = build.candidates(full_model)
     ranked, ranking = rank_candidates(build, evaluate, candidates, onnx.load(str(float_model)), full_model,
@@ -279,16 +279,16 @@ def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance
             break  # every miss was searched for, or the search missed on a target the variant is validated on
         active = checks.search_set(sorted(searched | set(missed)))
     met = met and checks.all_confirmed() is not False
-    findings.update(met=met, final=_both(active, measured), candidates=len(candidates), ranking=ranking, margin=margin,
-                    phases=[phase.finding() for phase in phases],
-                    kept_float=_kept_records(kept, ranked, candidates, needed),
-                    requantized=sum(1 for trial in tried if trial.phase == "re-quantize" and trial.passed),
-                    tried=[trial.finding() for trial in tried])
-    findings = _closed(findings, checks, _confirmation(held_count, active, measured), started)
-    if not met:
-        note = _miss_note(kept, ranked, limit, phases, tried, checks)
-        findings["note"] = note
+    confirmed = f"{_confirmation(held_count, active, measured)}; {checks.sentence()}"
+    note = None if met else _miss_note(kept, ranked, limit, phases, tried, checks)  # after the sentence: as before
+    if note is not None:
         log.warning("quantize: accuracy budget not met: %s", note)
+    findings = _closed(opening, checks, confirmed, started, met=met, final=_both(active, measured),
+                       candidates=len(candidates), ranking=ranking, margin=margin,
+                       phases=[phase.finding() for phase in phases],
+                       kept_float=_kept_records(kept, ranked, candidates, needed),
+                       requantized=sum(1 for trial in tried if trial.phase == "re-quantize" and trial.passed),
+                       tried=[trial.finding() for trial in tried], note=note)
     return BudgetResult(final, sorted(kept), findings)
 
 
@@ -300,15 +300,28 @@ def _full_on(active: Evaluator | Combined, checks: TargetChecks, full_model: onn
     return CombinedMeasured({name: checks.measured(name, full_model, []) for name in active.evaluators})
 
 
-def _closed(findings: dict[str, Any], checks: TargetChecks, confirmation: str, started: float) -> dict[str, Any]:
-    """The findings with what each target says, what each runtime cost, and the totals."""
+@dataclass(frozen=True)
+class _Opening:
+    """What the budget's findings say before any search: the tolerance, the samples, the full model's errors."""
+
+    tolerance: dict[str, Any]
+    samples: int
+    search_samples: int
+    held_back_samples: int
+    initial: dict[str, Any]
+
+
+def _closed(opening: _Opening, checks: TargetChecks, confirmed: str, started: float,
+            **outcome: Any) -> BudgetFindings:
+    """The findings: the opening, the search's ``outcome``, what each target says, what each runtime cost, and the
+    totals."""
     runtimes = checks.cost()
-    findings.update(targets=checks.verdicts(), runtimes=runtimes,
-                    evaluations=sum(entry["evaluations"] for entry in runtimes.values()),
-                    evaluation_seconds=round(sum(entry["seconds"] for entry in runtimes.values()), 3),
-                    seconds=round(time.perf_counter() - started, 3))
-    findings["confirmed"] = f"{confirmation}; {checks.sentence()}"
-    return findings
+    return BudgetFindings(tolerance=opening.tolerance, samples=opening.samples, search_samples=opening.search_samples,
+                          held_back_samples=opening.held_back_samples, initial=opening.initial, **outcome,
+                          targets=checks.verdicts(), runtimes=runtimes,
+                          evaluations=sum(entry["evaluations"] for entry in runtimes.values()),
+                          evaluation_seconds=round(sum(entry["seconds"] for entry in runtimes.values()), 3),
+                          seconds=round(time.perf_counter() - started, 3), confirmed=confirmed)
 
 
 def _kept_records(kept: list[str], ranked: list[Ranked], candidates: dict[str, str],
@@ -397,19 +410,20 @@ def _miss_note(kept: list[str], ranked: list[Ranked], limit: int, phases: list[_
                   "candidate (data movement, the float parts' numerics on that runtime); see 'tried'")
     else:
         reason = f"no ranked prefix held it after {phases[-1].margin.get('rounds', ROUNDS)} round(s) (see 'tried')"
-    missed = {name: record for name, record in checks.records.items() if record["status"] == MISSED}
+    missed = {name: record for name, record in checks.records.items() if record.status == MISSED}
     if missed and phases[-1].met_there is False:
         reason += f", searching with the measurements of {last}"
     for record in missed.values():
-        record.setdefault("reason", reason)
+        if "reason" not in record.model_fields_set:  # a runtime's own failure stays the reason
+            record.reason = reason
     where = f" (misses on {', '.join(f'{name}{_ran(record)}' for name, record in missed.items())})" if missed else ""
     written = phases[-1].written or "the best model found"
     return (f"budget not met{where} with {len(kept)} of the {len(ranked)} candidates kept float: {reason}; {written} "
             "is written and marked as failing its budget")
 
 
-def _ran(record: dict[str, Any]) -> str:
-    return f", which ran {record['precision']}" if record.get("precision") else ""
+def _ran(record: TargetRecord) -> str:
+    return f", which ran {record.precision}" if record.precision else ""
 
 
 def _rounded(value: float) -> float | None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdeploy.core.compare import Comparison, compare_outputs
+from qdeploy.core.compare import OutputComparison, compare_outputs
 from qdeploy.graph.external_data import needs_external_data
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ Feeds = dict[str, np.ndarray]
 Outputs = list[dict[str, np.ndarray]]
 
 
-def error_ratio(comparison: Comparison, tolerance: Tolerance) -> float:
+def error_ratio(comparison: OutputComparison, tolerance: Tolerance) -> float:
     """Error over allowed error, worst over the tolerance's limits (<= 1 passes them); inf when the comparison
     fails on something without a ratio (integer outputs that differ, NaN, a shape, an rtol limit)."""
     worst = comparison.worst()
@@ -76,7 +76,7 @@ def tightened(tolerance: Tolerance, fraction: float) -> Tolerance:
     return type(tolerance)(**limits)
 
 
-def summary(comparison: Comparison, tolerance: Tolerance) -> dict[str, Any]:
+def summary(comparison: OutputComparison, tolerance: Tolerance) -> dict[str, Any]:
     worst = comparison.worst()
     ratio = error_ratio(comparison, tolerance)
     return {"passed": comparison.passed, "cosine": worst.get("cosine"), "snr_db": worst.get("snr_db"),
@@ -164,17 +164,17 @@ class Evaluator:
         self.seconds += time.perf_counter() - started
         return measured
 
-    def on_search(self, measured: Measured, fraction: float = 1.0) -> Comparison:
+    def on_search(self, measured: Measured, fraction: float = 1.0) -> OutputComparison:
         """Compared on the search samples with the tolerance tightened to ``fraction`` of its errors."""
         tolerance = self.tolerance if fraction >= 1.0 else tightened(self.tolerance, fraction)
         if measured.failure is not None:
-            return Comparison([], False, [measured.failure])
+            return OutputComparison([], False, [measured.failure])
         return worst_of(self.reference.search[:len(measured.search)], measured.search, tolerance)
 
-    def on_held(self, measured: Measured) -> Comparison:
+    def on_held(self, measured: Measured) -> OutputComparison:
         assert measured.held is not None
         if measured.failure is not None:
-            return Comparison([], False, [measured.failure])
+            return OutputComparison([], False, [measured.failure])
         return worst_of(self.reference.held or [], measured.held, self.tolerance)
 
     def per_sample_ratios(self, measured: Measured) -> list[float]:
@@ -184,7 +184,7 @@ class Evaluator:
                 for ref, got in zip(self.reference.search, measured.search, strict=True)]
 
 
-def worst_of(reference: Outputs, candidate: Outputs, tolerance: Tolerance) -> Comparison:
+def worst_of(reference: Outputs, candidate: Outputs, tolerance: Tolerance) -> OutputComparison:
     """The comparison over all samples or that of the worst single sample, whichever is further from the
     tolerance: a budget that holds on every sample holds on any few samples of the same kind (validation
     compares a handful, where one hard sample weighs as much as the rest), not only on their sum.  Top-1

@@ -13,14 +13,15 @@ says it cannot.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.core.compare import Comparison
+from qdeploy.core.compare import OutputComparison
+from qdeploy.core.errors import TargetUnavailable
 from qdeploy.core.runtimes import runtime_of_target
+from qdeploy.core.values import finite_or
 from qdeploy.stages.quantize._budget_eval import (
     CannotRun,
     Evaluator,
@@ -32,7 +33,9 @@ from qdeploy.stages.quantize._budget_eval import (
     ort_runner,
     summary,
 )
+from qdeploy.stages.quantize.findings import TargetRecord
 from qdeploy.targets import availability_of, load_as_deployed
+from qdeploy.targets.base import TargetFellBack, short_message
 from qdeploy.targets.cpu_facts import pins_after, short_precision
 
 if TYPE_CHECKING:
@@ -69,9 +72,6 @@ class TargetRunner:
         return TargetRunner(self.target, self.load, hint)
 
     def __call__(self, path: Path, batches: list[list[Feeds]]) -> list[Outputs]:
-        from qdeploy.core.errors import TargetUnavailable
-        from qdeploy.targets.base import TargetFellBack, short_message
-
         try:
             with (self.load(self.target, path, self.hint) if self.hint else self.load(self.target, path)) as session:
                 self.precision = session.executed.precision
@@ -139,22 +139,18 @@ class Combined:
         return CombinedMeasured({name: evaluator.measure(model, held=held, samples=samples)
                                  for name, evaluator in self.evaluators.items()})
 
-    def on_search(self, measured: CombinedMeasured, fraction: float = 1.0) -> Comparison:
+    def on_search(self, measured: CombinedMeasured, fraction: float = 1.0) -> OutputComparison:
         return self._worst([e.on_search(measured.parts[n], fraction) for n, e in self.evaluators.items()])
 
-    def on_held(self, measured: CombinedMeasured) -> Comparison:
+    def on_held(self, measured: CombinedMeasured) -> OutputComparison:
         return self._worst([e.on_held(measured.parts[n]) for n, e in self.evaluators.items()])
 
     def per_sample_ratios(self, measured: CombinedMeasured) -> list[float]:
         per_runtime = [e.per_sample_ratios(measured.parts[n]) for n, e in self.evaluators.items()]
         return [max(values) for values in zip(*per_runtime, strict=True)]
 
-    def _worst(self, comparisons: list[Comparison]) -> Comparison:
-        return max(comparisons, key=lambda c: (not c.passed, _finite(error_ratio(c, self.tolerance))))
-
-
-def _finite(value: float) -> float:
-    return value if math.isfinite(value) else 1e9
+    def _worst(self, comparisons: list[OutputComparison]) -> OutputComparison:
+        return max(comparisons, key=lambda c: (not c.passed, finite_or(error_ratio(c, self.tolerance), 1e9)))
 
 
 @dataclass
@@ -165,7 +161,7 @@ class TargetChecks:
     plans: Sequence[TargetPlan]
     on_progress: Callable[[str], None] = lambda message: None
     evaluators: dict[str, Evaluator] = field(default_factory=dict)
-    records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    records: dict[str, TargetRecord] = field(default_factory=dict)
     known: dict[tuple[str, frozenset[str]], Measured] = field(default_factory=dict)
     roles: dict[str, set[str]] = field(default_factory=dict)
     pin_cost: dict[str, int] = field(default_factory=dict)
@@ -176,7 +172,7 @@ class TargetChecks:
         self.roles[self.search.label] = {"ranking", "search"}
         for plan in self.plans:
             if plan.runner is None:
-                self.records[plan.name] = {"status": UNAVAILABLE, "reason": plan.reason}
+                self.records[plan.name] = TargetRecord(status=UNAVAILABLE, reason=plan.reason)
                 continue
             self.evaluators[plan.name] = self.search if plan.search else self.search.on_runtime(plan.runner,
                                                                                                  plan.name)
@@ -203,38 +199,35 @@ class TargetChecks:
         for name, evaluator in self.evaluators.items():
             measured = self.measured(name, model, kept)
             if measured.unavailable:  # the target's own limit (as validation reports it): no verdict
-                self.records[name] = {"status": UNAVAILABLE, "reason": measured.failure}
+                self.records[name] = TargetRecord(status=UNAVAILABLE, reason=measured.failure)
                 continue
-            parts = {"search": evaluator.on_search(measured)}
-            if measured.held_part:
-                parts["held_back"] = evaluator.on_held(measured)
             record = self._record(evaluator, measured)
-            if record["status"] == MISSED:
+            if record.status == MISSED:
                 record = self._pinned(name, evaluator, model, record)
             self.records[name] = record
-            if record["status"] == MISSED:
+            if record.status == MISSED:
                 missed.append(name)
         return missed
 
-    def _record(self, evaluator: Evaluator, measured: Measured) -> dict[str, Any]:
+    def _record(self, evaluator: Evaluator, measured: Measured) -> TargetRecord:
         """A target's verdict on one measurement, on the search and the held-back samples."""
-        parts = {"search": evaluator.on_search(measured)}
-        if measured.held_part:
-            parts["held_back"] = evaluator.on_held(measured)
-        passed = all(comparison.passed for comparison in parts.values())
-        record: dict[str, Any] = {"status": CONFIRMED if passed else MISSED,
-                                  **{key: summary(c, evaluator.tolerance) for key, c in parts.items()}}
+        search = evaluator.on_search(measured)
+        held = evaluator.on_held(measured) if measured.held_part else None
+        passed = search.passed and (held is None or held.passed)
+        record = TargetRecord(status=CONFIRMED if passed else MISSED, search=summary(search, evaluator.tolerance))
+        if held is not None:
+            record.held_back = summary(held, evaluator.tolerance)
         runner = evaluator.runner
         if isinstance(runner, TargetRunner):
-            record["precision"] = runner.precision
+            record.precision = runner.precision  # set even when None: the report says it did not say
         elif evaluator is self.search:
-            record["measured_by"] = "the search's ONNX Runtime CPU session (as ort:cpu runs the artifact)"
+            record.measured_by = "the search's ONNX Runtime CPU session (as ort:cpu runs the artifact)"
         if measured.failure:
-            record["reason"] = measured.failure
+            record.reason = measured.failure
         return record
 
     def _pinned(self, name: str, evaluator: Evaluator, model: onnx.ModelProto,
-                missed: dict[str, Any]) -> dict[str, Any]:
+                missed: TargetRecord) -> TargetRecord:
         """A target that missed at its default precision (below float32), tried pinned as validation will try it:
         the first pinned INFERENCE_PRECISION_HINT that holds is confirmed as the setting to ship, with the
         default's miss kept beside it; else the default's record, with what each pin gave."""
@@ -248,12 +241,13 @@ class TargetChecks:
             record = self._record(pinned, pinned.measure(model, held=True))
             self.pin_cost[name] = self.pin_cost.get(name, 0) + 1
             self.pin_seconds[name] = self.pin_seconds.get(name, 0.0) + pinned.seconds
-            if record["status"] == CONFIRMED and short_precision(record.get("precision")) == hint:
-                return {**record, "deploy_precision": hint, "default": missed,
-                        "note": f"misses at the device default ({missed.get('precision')}); holds with "
-                                f"INFERENCE_PRECISION_HINT {hint} pinned, the setting validation ships"}
-            tried.append(f"{hint}: {record['status']}{_worst_of(record)}")
-        return {**missed, "pinned": tried} if tried else missed
+            if record.status == CONFIRMED and short_precision(record.precision) == hint:
+                return record.model_copy(update={
+                    "deploy_precision": hint, "default": missed,
+                    "note": f"misses at the device default ({missed.precision}); holds with "
+                            f"INFERENCE_PRECISION_HINT {hint} pinned, the setting validation ships"})
+            tried.append(f"{hint}: {record.status}{_worst_of(record)}")
+        return missed.model_copy(update={"pinned": tried}) if tried else missed
 
     def search_set(self, names: Sequence[str]) -> Combined:
         """The search's evaluator over ``names`` (missed targets) and ort:cpu when the variant is validated there:
@@ -263,7 +257,7 @@ class TargetChecks:
             self.roles.setdefault(name, set()).add("search after a miss")
         return Combined({name: self.evaluators[name] for name in chosen})
 
-    def verdicts(self) -> dict[str, dict[str, Any]]:
+    def verdicts(self) -> dict[str, TargetRecord]:
         """Each target's record, in the recipe's order."""
         return {plan.name: self.records[plan.name] for plan in self.plans if plan.name in self.records}
 
@@ -278,24 +272,24 @@ class TargetChecks:
 
     def all_confirmed(self) -> bool | None:
         """True when every available target confirmed; None when none is available here."""
-        checked = [record for record in self.records.values() if record["status"] != UNAVAILABLE]
-        return all(record["status"] == CONFIRMED for record in checked) if checked else None
+        checked = [record for record in self.records.values() if record.status != UNAVAILABLE]
+        return all(record.status == CONFIRMED for record in checked) if checked else None
 
     def sentence(self) -> str:
         """One line per target: its verdict, for the ``confirmed`` finding."""
         if not self.plans:
             return "no target of the recipe is known to this stage: checked on the search's ONNX Runtime only"
-        return "; ".join(f"{name}: {record['status']}" + _worst_of(record) for name, record in self.verdicts().items())
+        return "; ".join(f"{name}: {record.status}" + _worst_of(record) for name, record in self.verdicts().items())
 
 
-def _worst_of(record: dict[str, Any]) -> str:
-    if record["status"] == UNAVAILABLE:
-        return f" ({record['reason']})"
-    parts = [record[part] for part in ("search", "held_back") if part in record]
+def _worst_of(record: TargetRecord) -> str:
+    if record.status == UNAVAILABLE:
+        return f" ({record.reason})"
+    parts = [part for part in (record.search, record.held_back) if part is not None]
     cosines = [part["cosine"] for part in parts if part["cosine"] is not None]
     snrs = [part["snr_db"] for part in parts if part["snr_db"] is not None]
     if not cosines:
-        return f" ({record.get('reason', 'no metrics')})"
+        return f" ({record.reason if 'reason' in record.model_fields_set else 'no metrics'})"
     snr = f", SNR {min(snrs):.3g} dB" if snrs else ""
-    ran = f", ran {record['precision']}" if record.get("precision") else ""
+    ran = f", ran {record.precision}" if record.precision else ""
     return f" (worst cosine {min(cosines):.6g}{snr}{ran})"

@@ -12,6 +12,7 @@ from qdeploy.stages.quantize._prepare import (
     QUANTIZED_OP_TYPES,
 )
 from qdeploy.stages.quantize.config import STAGE, DynamicConfig, ModeConfig, NncfPtqConfig, PtqConfig
+from qdeploy.targets.int8_path import CPU_TARGETS
 
 if TYPE_CHECKING:
     import onnx
@@ -25,8 +26,6 @@ SevenBit = Literal["none", "weights", "activations", "choose"]
 def resolve_reduce_range(config: PtqConfig | DynamicConfig | NncfPtqConfig,
                          targets: tuple[str, ...]) -> tuple[SevenBit, str]:
     """Which operand gets 7 bits ('choose': measure both), and why; from the recipe's targets, never the build CPU."""
-    from qdeploy.targets.int8_path import CPU_TARGETS
-
     setting = config.reduce_range
     if setting == "auto":
         return _auto_reduce_range(config, targets, [target for target in targets if target in CPU_TARGETS])

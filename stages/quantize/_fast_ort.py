@@ -17,7 +17,7 @@ when an edit since the last run can have left an initializer unused.  ORT's
 ``find_by_name`` is wrapped, in ORT's quantization modules, to use the index
 when it is handed the indexed initializer list (any other list: ORT's own
 function).  The result is compared node for node with ORT's own output in
-``tests/stages/test_scaling_shapes.py``.
+``tests/stages/quantize/test_scaling_shapes.py``.
 
 Edits protobuf directly: it is ORT's own quantizer, whose ``ONNXModel`` is protobuf-based.
 """
@@ -38,7 +38,8 @@ from onnxruntime.quantization.onnx_model import ONNXModel
 from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
 from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
 
-from qdeploy.graph.utils import subgraph_references
+from qdeploy.graph.utils import delete_where, subgraph_references
+from qdeploy.stages.quantize._preprocess import load_with_shapes, with_shapes
 
 _ORIGINAL_FIND_BY_NAME = quant_utils.find_by_name
 
@@ -184,7 +185,6 @@ class IndexedONNXModel(ONNXModel):
         """Drop the initializers removed since the last call (and graph inputs of the same name), in one pass."""
         if not self._dead:
             return
-        from qdeploy.graph.utils import delete_where
 
         dead, self._dead = self._dead, set()
         delete_where(self.model.graph.initializer, lambda init: init.name in dead)
@@ -477,8 +477,6 @@ _DYNAMIC_LOCK = threading.Lock()
 def fast_quantize_dynamic() -> Iterator[None]:
     """ORT's ``quantize_dynamic`` builds its quantizer and loads its model by name: within this block it builds
     the indexed quantizer and infers shapes on light copies."""
-    from qdeploy.stages.quantize._preprocess import load_with_shapes, with_shapes
-
     ort_quantize = importlib.import_module("onnxruntime.quantization.quantize")  # the package hides it by a function
     ort_quantizer = importlib.import_module("onnxruntime.quantization.onnx_quantizer")
     # its shape inference reloads the whole model twice; ours infers on a light copy (``_preprocess``)

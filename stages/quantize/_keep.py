@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.utils import delete_where, subgraph_references
+
 if TYPE_CHECKING:
     import onnx
 
@@ -169,8 +171,6 @@ def _final_consumers(node: onnx.NodeProto, consumers: dict[str, list[onnx.NodePr
 def remove_unused(model: onnx.ModelProto) -> None:
     """Drop Q/DQ nodes whose outputs nobody reads (back to front, so chains go in one pass), then initializers
     nobody reads."""
-    from qdeploy.graph.utils import delete_where, subgraph_references
-
     graph = model.graph
     read: dict[str, int] = {}
     for node in graph.node:

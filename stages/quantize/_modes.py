@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.core.context import StageResult
 from qdeploy.core.errors import StageError
-from qdeploy.graph.external_data import save_onnx
+from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES, save_onnx
 from qdeploy.stages.quantize._common import SevenBit, check_runs, quantized_node_counts, resolve_reduce_range
 from qdeploy.stages.quantize._unshare import unshare_qdq_parameters
 from qdeploy.stages.quantize._verify import compute_nodes, int8_kernels
@@ -23,11 +25,22 @@ from qdeploy.stages.quantize.config import (
     PtqConfig,
     WeightOnlyConfig,
 )
+from qdeploy.stages.quantize.findings import (
+    BudgetFindings,
+    CalibrationNotes,
+    DynamicFindings,
+    Int8Findings,
+    LowerFindings,
+    PtqFindings,
+    WeightOnlyFindings,
+)
+from qdeploy.targets.int8_path import CPU_TARGETS, SEVEN_BIT_KEY, int8_path, weights_beyond_seven_bits
 
 if TYPE_CHECKING:
     import onnx
 
-    from qdeploy.core.context import Artifact, StageContext, StageResult
+    from qdeploy.core.context import Artifact, StageContext
+    from qdeploy.stages.quantize._prepare import Prepared
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +57,17 @@ class _Built:
 
     build: Any
     seven_bit: SevenBit
-    findings: dict[str, Any]
+    op_types: list[str]
+    reduce_range: dict[str, Any]
+    """The 7-bit choice: the setting, the operand, why (ptq: and what comparing both forms measured)."""
+    calibration: CalibrationNotes | None = None
+    """ptq: what calibration did."""
 
 
 def post_training(artifact: Artifact, config: Integer, ctx: StageContext) -> StageResult:
     """ptq or dynamic: prepare, calibrate (ptq), build, meet the budget when one is set, verify kernels."""
 
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._prepare import MIN_OPSET, drop_unused_opsets, excluded_nodes, prepare
 
     ctx.on_progress("preparing the float model")
@@ -60,79 +78,85 @@ def post_training(artifact: Artifact, config: Integer, ctx: StageContext) -> Sta
         some = sorted(prepared.nodes)[:20]
         raise StageError(STAGE, ctx.variant, f"exclude_nodes names {unknown} that are not in the model; "
                                              f"some of its nodes: {some}")
-    findings: dict[str, Any] = {"mode": config.mode, **prepared.findings}
     if config.per_channel and prepared.opset < MIN_OPSET:
         raise StageError(STAGE, ctx.variant, f"per-channel weights need opset {MIN_OPSET}; the model's opset "
                                              f"{prepared.opset}: set model.opset: {MIN_OPSET} in the "
                                              "recipe or per_channel: false")
     budget_feeds = _budget_feeds(artifact, config, ctx) if config.tolerance is not None else []
     unseen = _unseen_by_calibration(config, len(budget_feeds))
-    float_path = prepared.path
+    float_path, smoothed = prepared.path, None
     if isinstance(config, PtqConfig) and config.smooth_quant is not None:
+        # lazy: pulls onnxruntime (import cost)
         from qdeploy.stages.quantize._smooth import smooth
 
         ctx.on_progress("smoothing activations (SmoothQuant)")
-        float_path, findings["smooth_quant"] = smooth(prepared.path, _calibration_feeds(artifact, config, ctx, unseen),
-                                                      config.smooth_quant, _op_types(config), set(excluded),
-                                                      ctx.work_dir)
+        float_path, smoothed = smooth(prepared.path, _calibration_feeds(artifact, config, ctx, unseen),
+                                      config.smooth_quant, _op_types(config), set(excluded), ctx.work_dir)
     built = _builder(artifact, float_path, excluded, config, ctx, skip=unseen)
-    findings.update(built.findings)
+    budget = None
     if config.tolerance is not None:
-        model, kept, findings["budget"] = _with_budget(float_path, built.build, config, ctx, budget_feeds, unseen)
+        model, kept, budget = _with_budget(float_path, built.build, config, ctx, budget_feeds, unseen)
     else:
         ctx.on_progress("writing the quantized model")
         model, kept = built.build([]), []
     drop_unused_opsets(model)
-    findings.update({
-        "excluded": sorted({*excluded, *kept}),
-        "activation_type": config.activation_type if isinstance(config, PtqConfig) else "uint8 (dynamic)",
-        "weight_type": config.weight_type,
-        "per_channel": config.per_channel,
-        "symmetric": {"activations": isinstance(config, PtqConfig) and config.symmetric_activations,
-                      "weights": config.symmetric_weights},
-    })
-    return _checked(model, built.seven_bit, findings, config, ctx)
+    found = partial(_post_training_findings, config, prepared, built, smooth_quant=smoothed, budget=budget,
+                    excluded=sorted({*excluded, *kept}))
+    return _checked(model, built.seven_bit, found, config, ctx)
 
 
-def _checked(model: onnx.ModelProto, seven_bit: SevenBit, findings: dict[str, Any],
+def _post_training_findings(config: Integer, prepared: Prepared, built: _Built,
+                            **fields: Any) -> PtqFindings | DynamicFindings:
+    """ptq's or dynamic's findings: what preparing, calibrating and building found, the settings, and ``fields``
+    (the smoothing, the budget, the exclusions and the int8 counts)."""
+    settings = {"activation_type": config.activation_type if isinstance(config, PtqConfig) else "uint8 (dynamic)",
+                "weight_type": config.weight_type, "per_channel": config.per_channel,
+                "symmetric": {"activations": isinstance(config, PtqConfig) and config.symmetric_activations,
+                              "weights": config.symmetric_weights},
+                "op_types": built.op_types, "reduce_range": built.reduce_range}
+    if built.calibration is None:
+        return DynamicFindings(**dict(prepared.findings), **settings, **fields)
+    return PtqFindings(**dict(prepared.findings), **dict(built.calibration), **settings, **fields)
+
+
+def _checked(model: onnx.ModelProto, seven_bit: SevenBit, findings: Callable[..., Int8Findings],
              config: Integer | NncfPtqConfig, ctx: StageContext) -> StageResult:
     """The quantized model marked with its 7-bit operand, saved, loaded in ONNX Runtime, its int8 kernels counted
-    per target; what any ptq or dynamic build (qdeploy's or NNCF's) ends with."""
-    from qdeploy.core.context import StageResult
-
+    per target; what any ptq or dynamic build (qdeploy's or NNCF's) ends with.  ``findings`` takes the counts."""
     _mark_seven_bit(model, seven_bit)
     output = _save(model, ctx.work_dir / "quantized.onnx")
     check_runs(output, config, ctx)
-    findings.update({"quantized_nodes": quantized_node_counts(model), "compute_nodes": compute_nodes(model)})
-    findings.update(saturation_findings(model, ctx.targets, weights_from_model=False,
-                                        activations_seven_bit=seven_bit == "activations"))
+    path, warning = int8_saturation(model, ctx.targets, weights_from_model=False,
+                                    activations_seven_bit=seven_bit == "activations")
     ctx.on_progress("counting int8 kernels")
-    findings["int8_kernels"] = int8_kernels(output, model, list(config.verify_targets), ctx.work_dir)
-    return StageResult(model=model, changed=True, findings=findings, path=_saved_path(model, output))
+    kernels = int8_kernels(output, model, list(config.verify_targets), ctx.work_dir)
+    return StageResult(model=model, changed=True, path=_saved_path(model, output),
+                       findings=findings(quantized_nodes=quantized_node_counts(model),
+                                         compute_nodes=compute_nodes(model), build_cpu_int8_path=path,
+                                         int8_saturation_warning=warning, int8_kernels=kernels))
 
 
-def saturation_findings(model: onnx.ModelProto, targets: tuple[str, ...], *, weights_from_model: bool,
-                        activations_seven_bit: bool = False) -> dict[str, Any]:
-    """The build CPU's int8 path, and a warning when full-range int8 weights meet CPU targets that may saturate.
+def int8_saturation(model: onnx.ModelProto, targets: tuple[str, ...], *, weights_from_model: bool,
+               activations_seven_bit: bool = False) -> tuple[str, str | None]:
+    """The build CPU's int8 path, and a warning when full-range int8 weights meet CPU targets that may saturate
+    (None when they do not).
 
     ``weights_from_model``: the int8 weights were fixed by the model (lowered QAT), so qdeploy must not change them.
     ``activations_seven_bit``: activations are on 7 bits, which keeps full-range weights exact.
     """
-    from qdeploy.targets.int8_path import CPU_TARGETS, int8_path, weights_beyond_seven_bits
-
     path = int8_path()
-    found: dict[str, Any] = {"build_cpu_int8_path": path.kind}
     wide = weights_beyond_seven_bits(model)
     cpu_targets = [target for target in targets if target in CPU_TARGETS] or ([] if targets else ["CPU targets"])
+    warning = None
     if wide and cpu_targets and not activations_seven_bit:
-        found["int8_saturation_warning"] = (
+        warning = (
             f"{len(wide)} int8 weight tensors use the full 8-bit range (e.g. {', '.join(wide[:3])}): on x86 CPUs "
             f"without VNNI (AVX2, AVX512 without VNNI) the int8 kernels of {', '.join(cpu_targets)} sum "
             "uint8 x int8 pairs into a saturating int16 and may clip; exact on VNNI CPUs. "
             + ("Their values come from the model (quantization-aware training) and are kept as they are; validate "
                "on the deployment CPU, or retrain with 7-bit weights" if weights_from_model
                else "Set quantize.reduce_range: true (or auto) for 7-bit weights"))
-    return found
+    return path.kind, warning
 
 
 def _calibration_feeds(artifact: Artifact, config: PtqConfig, ctx: StageContext,
@@ -151,6 +175,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
              ctx: StageContext, skip: frozenset[int] = frozenset()) -> _Built:
     """The model builder of the mode (calibrating first for ptq, on the calibration samples whose positions
     are not in ``skip``) and what it found."""
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._ptq import DynamicBuilder, StaticBuilder, calibrate
 
     op_types = _op_types(config)
@@ -159,7 +184,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
         return _Built(DynamicBuilder(prepared, excluded, ctx.work_dir, per_channel=config.per_channel,
                                      weight_type=config.weight_type, op_types=op_types,
                                      reduce_range=seven_bit == "weights"),
-                      seven_bit, {"op_types": op_types, "reduce_range": _reduce_range_finding(config, seven_bit, why)})
+                      seven_bit, op_types, _reduce_range_finding(config, seven_bit, why))
     calibration = config.calibration or CalibrationRef()
     ctx.on_progress(f"calibrating ({config.method})")
     feeds = _calibration_feeds(artifact, config, ctx, skip)
@@ -177,6 +202,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
 
     compared: dict[str, Any] = {}  # the report's record of the 7-bit choice
     if seven_bit == "choose":
+        # lazy: pulls onnxruntime (import cost)
         from qdeploy.stages.quantize._seven_bit import CHOICE_SAMPLES, choose_seven_bit
 
         ctx.on_progress("comparing 7-bit weights with 7-bit activations")
@@ -187,17 +213,16 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
         build = builders[seven_bit]
     else:
         build = static(seven_bit)
-    method = {"method": config.method} | ({"percentile": config.percentile} if config.method == "percentile" else {})
-    reduce_range = {**_reduce_range_finding(config, seven_bit, why), **compared}
-    return _Built(build, seven_bit, {**method, "op_types": op_types, "reduce_range": reduce_range,
-                                     "calibration_data": calibration.data or "random", **calibrated.findings(),
-                                     **({"calibration_skipped": sorted(skip)} if skip else {})})
+    notes = CalibrationNotes(method=config.method,
+                             percentile=config.percentile if config.method == "percentile" else None,
+                             calibration_data=calibration.data or "random", calibration_samples=calibrated.samples,
+                             calibrated_tensors=calibrated.tensors, ranges_clipped=calibrated.clipped,
+                             calibration_skipped=sorted(skip) or None)
+    return _Built(build, seven_bit, op_types, {**_reduce_range_finding(config, seven_bit, why), **compared}, notes)
 
 
 def _mark_seven_bit(model: onnx.ModelProto, seven_bit: str) -> None:
     """Say in the model which operand is on 7 bits, so validation on any machine knows it cannot saturate."""
-    from qdeploy.targets.int8_path import SEVEN_BIT_KEY
-
     entry = next((prop for prop in model.metadata_props if prop.key == SEVEN_BIT_KEY), None)
     if entry is None:
         entry = model.metadata_props.add()
@@ -212,6 +237,7 @@ def _reduce_range_finding(config: Integer, seven_bit: str, why: str) -> dict[str
 
 def _op_types(config: Integer) -> list[str]:
     """Op types to quantize: the config's, or the op set's (dynamic: ORT's integer ops), minus excluded types."""
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._ptq import default_op_types
 
     op_set = config.op_set if isinstance(config, PtqConfig) else "balanced"
@@ -247,6 +273,7 @@ def _unseen_by_calibration(config: Integer, budget_samples: int) -> frozenset[in
     The held-back samples confirm that the budget holds on data the search never saw; calibration must not see
     them either, or their error is as optimistic as the search samples' (ranges fitted to them) and the margin
     to unseen data is never measured."""
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._budget import held_back_count
 
     if not _budget_shares_calibration(config) or budget_samples == 0:
@@ -255,7 +282,8 @@ def _unseen_by_calibration(config: Integer, budget_samples: int) -> frozenset[in
 
 
 def _with_budget(prepared: Path, build: Any, config: Integer, ctx: StageContext, feeds: list[Any],
-                 unseen: frozenset[int]) -> tuple[onnx.ModelProto, list[str], dict[str, Any]]:
+                 unseen: frozenset[int]) -> tuple[onnx.ModelProto, list[str], BudgetFindings]:
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._budget import meet_budget
     from qdeploy.stages.quantize._budget_targets import plan_targets
 
@@ -263,26 +291,26 @@ def _with_budget(prepared: Path, build: Any, config: Integer, ctx: StageContext,
     result = meet_budget(build, prepared, feeds, config.tolerance, ctx.work_dir,
                          max_float_nodes=config.budget.max_float_nodes, on_progress=ctx.on_progress,
                          targets=plan_targets(ctx.targets, config.runtime if isinstance(config, PtqConfig) else None))
-    result.findings["data"] = _budget_data(config) or "random"
-    result.findings["held_back_unseen_by_calibration"] = bool(unseen) or not _budget_shares_calibration(config)
-    return result.model, result.kept, result.findings
+    found = result.findings.model_copy(update={
+        "data": _budget_data(config) or "random",
+        "held_back_unseen_by_calibration": bool(unseen) or not _budget_shares_calibration(config)})
+    return result.model, result.kept, found
 
 
 def nncf_ptq(artifact: Artifact, config: NncfPtqConfig, ctx: StageContext) -> StageResult:
     """engine nncf: NNCF builds the QDQ model (``_nncf.py``); the same checks and counts as qdeploy's own."""
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._nncf import quantize_with_nncf
 
     model, seven_bit, findings = quantize_with_nncf(artifact, config, ctx)
-    return _checked(model, seven_bit, {"mode": "ptq", **findings, "excluded": sorted(config.exclude_nodes)}, config,
-                    ctx)
+    return _checked(model, seven_bit, findings, config, ctx)
 
 
 def weight_only(artifact: Artifact, config: WeightOnlyConfig, ctx: StageContext) -> StageResult:
     """mode weight_only: block-quantized MatMul/Gather weights written file to file, loaded by ORT before use."""
     import onnx
 
-    from qdeploy.core.context import StageResult
-    from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._weight_only import quantize_file
 
     ctx.on_progress(f"weight-only int{config.bits} ({config.weight_format})")
@@ -302,27 +330,26 @@ def weight_only(artifact: Artifact, config: WeightOnlyConfig, ctx: StageContext)
     for entry in report.quantized.values():
         key = f"{entry['op']} int{entry['bits']}"
         bits[key] = bits.get(key, 0) + 1
-    findings = {"mode": "weight_only", "bits": config.bits, "group_size": config.group_size,
-                "symmetric": config.symmetric_weights, "weight_format": config.weight_format,
-                "accuracy_level": config.accuracy_level if config.weight_format == "matmulnbits" else None,
-                "quantized_weights": bits, "kept_float": report.kept_float,
-                "bytes": {"before": artifact.size_bytes, "after": report.bytes_out}}
+    findings = WeightOnlyFindings(
+        bits=config.bits, group_size=config.group_size, symmetric=config.symmetric_weights,
+        weight_format=config.weight_format,
+        accuracy_level=config.accuracy_level if config.weight_format == "matmulnbits" else None,
+        quantized_weights=bits, kept_float=report.kept_float,
+        bytes={"before": artifact.size_bytes, "after": report.bytes_out})
     return StageResult(model=model, changed=True, findings=findings, path=output if large else None)
 
 
 def lower(artifact: Artifact, config: LowerConfig, ctx: StageContext) -> StageResult:
     """mode lower: rewrite fake quantization into Q/DQ, verify it on data, count int8 kernels."""
-    from qdeploy.core.context import StageResult
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize.lower import lower_model, verify_on_data
 
     ctx.on_progress("lowering fake quantization")
     result = lower_model(artifact.load(), ctx.variant)
     lowered = result.model
-    findings = {"mode": "lower", **result.findings}
-    if not result.sites:
-        findings["note"] = "no fake quantization found; the model is unchanged"
-    else:  # as for ptq: OpenVINO rewrites a zero point shared by several dequantizations for all its readers
-        findings["qdq_parameters_unshared"] = unshare_qdq_parameters(lowered)
+    note = "no fake quantization found; the model is unchanged" if not result.sites else None
+    # as for ptq: OpenVINO rewrites a zero point shared by several dequantizations for all its readers
+    unshared = unshare_qdq_parameters(lowered) if result.sites else None
     output = _save(lowered, ctx.work_dir / "lowered.onnx")
     check_runs(output, config, ctx)
     dataset = config.calibration.data if config.calibration else None
@@ -330,10 +357,12 @@ def lower(artifact: Artifact, config: LowerConfig, ctx: StageContext) -> StageRe
     ctx.on_progress("verifying the lowered model against the fake-quant reference")
     verification = verify_on_data(lowered, result.checks, ctx.samples(dataset, artifact.path, limit), ctx.work_dir,
                                   ctx.variant)
-    findings["verification"] = {**verification, "data": dataset or "random"}
-    findings["quantized_nodes"] = quantized_node_counts(lowered)
-    findings.update(saturation_findings(lowered, ctx.targets, weights_from_model=True))
-    findings["int8_kernels"] = int8_kernels(output, lowered, list(config.verify_targets), ctx.work_dir)
+    path, warning = int8_saturation(lowered, ctx.targets, weights_from_model=True)
+    findings = LowerFindings(**dict(result.findings), note=note, qdq_parameters_unshared=unshared,
+                             verification={**verification, "data": dataset or "random"},
+                             quantized_nodes=quantized_node_counts(lowered), build_cpu_int8_path=path,
+                             int8_saturation_warning=warning,
+                             int8_kernels=int8_kernels(output, lowered, list(config.verify_targets), ctx.work_dir))
     return StageResult(model=lowered, changed=result.sites > 0, findings=findings,
                        path=_saved_path(lowered, output))
 

@@ -12,11 +12,14 @@ OpenVINO for some models, qdeploy's own on ONNX Runtime).  NNCF is optional: ``p
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import StageError
 from qdeploy.stages.quantize._common import SevenBit, resolve_reduce_range
 from qdeploy.stages.quantize.config import STAGE, CalibrationRef
+from qdeploy.stages.quantize.findings import NncfPtqFindings
 
 if TYPE_CHECKING:
     import onnx
@@ -39,9 +42,9 @@ def _nncf() -> Any:
 
 
 def quantize_with_nncf(artifact: Artifact, config: NncfPtqConfig,
-                       ctx: StageContext) -> tuple[onnx.ModelProto, SevenBit, dict[str, Any]]:
+                       ctx: StageContext) -> tuple[onnx.ModelProto, SevenBit, Callable[..., NncfPtqFindings]]:
     """NNCF's int8 model of the artifact, calibrated on the recipe's data, the operand on 7 bits (overflow_fix:
-    the weights, or none), and what was done."""
+    the weights, or none), and what was done: the findings, less the int8 counts that the stage adds."""
     import onnx
 
     nncf = _nncf()
@@ -68,8 +71,9 @@ def quantize_with_nncf(artifact: Artifact, config: NncfPtqConfig,
     except Exception as exc:  # NNCF's own failure on this model, said as such
         raise StageError(STAGE, ctx.variant, f"NNCF could not quantize the model: {type(exc).__name__}: "
                                              f"{' '.join(str(exc).split())[:300]}") from exc
-    findings = {"engine": "nncf", "nncf_version": nncf.__version__, "calibration_data": calibration.data or "random",
-                "calibration_samples": len(samples), "model_type": config.nncf_model_type or "default",
-                "reduce_range": {"setting": config.reduce_range, "seven_bit": seven_bit, "why": why,
-                                 "nncf_overflow_fix": overflow_fix.value}}
+    findings = partial(NncfPtqFindings, nncf_version=nncf.__version__, calibration_data=calibration.data or "random",
+                       calibration_samples=len(samples), model_type=config.nncf_model_type or "default",
+                       reduce_range={"setting": config.reduce_range, "seven_bit": seven_bit, "why": why,
+                                     "nncf_overflow_fix": overflow_fix.value},
+                       excluded=sorted(config.exclude_nodes))
     return quantized, seven_bit, findings

@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import save_with_data_file
+from qdeploy.graph.utils import subgraphs
 from qdeploy.stages.quantize._bias import vector_gemm_biases
 from qdeploy.stages.quantize._preprocess import onnx_shapes, optimize_file, symbolic_shapes, tag_pre_processed
+from qdeploy.stages.quantize.findings import PreparedNotes
 
 if TYPE_CHECKING:
     import onnx
@@ -46,7 +48,7 @@ class Prepared:
     so that nobody parses a one-file model again to read them."""
 
     path: Path
-    findings: dict[str, Any]
+    findings: PreparedNotes
     nodes: dict[str, str]
     """Main-graph node name -> op type, after pre-processing."""
     original_nodes: frozenset[str]
@@ -61,8 +63,6 @@ def is_quantized_op(node: onnx.NodeProto) -> bool:
 
 def quantized_ops(model: onnx.ModelProto) -> Counter[str]:
     """Quantization ops per op type, in every graph: the main graph, If/Loop/Scan bodies and model functions."""
-    from qdeploy.graph.utils import subgraphs
-
     found: Counter[str] = Counter()
     pending = [model.graph, *model.functions]
     while pending:
@@ -130,14 +130,12 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     target = work_dir / "preprocessed.onnx"
     save_with_data_file(model, target)  # weights to preprocessed.onnx.data one at a time: read back the same way
     failed = "; ".join(note for note in notes if note)
-    findings: dict[str, Any] = {"preprocess": f"partly: {failed}" if failed else "complete",
-                                "constants_lifted": lifted, "nodes_named": named, **biases}
-    if opset_note:
-        findings["opset"] = opset_note
     subgraphs = subgraph_nodes(model)
     if subgraphs:
-        findings["subgraphs_left_float"] = subgraphs
         log.warning("%d nodes hold subgraphs; their bodies stay float", len(subgraphs))
+    findings = PreparedNotes(preprocess=f"partly: {failed}" if failed else "complete", constants_lifted=lifted,
+                             nodes_named=named, opset=opset_note or None, subgraphs_left_float=subgraphs or None,
+                             **biases)
     nodes = {node.name: node.op_type for node in model.graph.node}
     opset = default_opset(model)
     del model

@@ -80,10 +80,6 @@ class Calibrated:
     tensors: int
     clipped: int
 
-    def findings(self) -> dict[str, int]:
-        return {"calibration_samples": self.samples, "calibrated_tensors": self.tensors,
-                "ranges_clipped": self.clipped}
-
 
 def calibrate(prepared: Path, op_types: list[str], feeds: FeedSource, work_dir: Path, method: str,
               percentile: float) -> tuple[dict[str, tuple[float, float]], Calibrated]:
@@ -113,6 +109,7 @@ class StaticBuilder:
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
         from onnxruntime.quantization.quant_utils import update_opset_version
 
+        # lazy: pulls onnxruntime (import cost)
         from qdeploy.stages.quantize._fast_ort import (
             FastQDQQuantizer as QDQQuantizer,  # ORT's, without its O(n^2) steps
         )
@@ -169,6 +166,7 @@ def _seven_bit_activations_quantizer() -> type:
     ORT accepts ``reduce_range`` overrides for initializers only; every activation's parameters go through
     ``calc_quant_params``, so asking it there covers them all, and bias scales (input scale x weight scale) follow.
     """
+    # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._fast_ort import FastQDQQuantizer
 
     class SevenBitActivations(FastQDQQuantizer):  # type: ignore[misc]
@@ -208,6 +206,7 @@ class DynamicBuilder:
     def __call__(self, kept: list[str]) -> onnx.ModelProto:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
+        # lazy: pulls onnxruntime (import cost)
         from qdeploy.stages.quantize._fast_ort import fast_quantize_dynamic
 
         self._count += 1

@@ -24,6 +24,7 @@ import numpy as np
 from qdeploy.calibration.activations import FeedSource, channel_absmax
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import save_onnx
+from qdeploy.graph.utils import delete_where, names_read
 
 if TYPE_CHECKING:
     import onnx
@@ -125,7 +126,5 @@ def _apply(model: onnx.ModelProto, tensor: str, group: list[_Reader], scale: np.
 
 def _drop_unread(model: onnx.ModelProto, names: set[str]) -> None:
     """Remove the initializers among ``names`` that nothing reads any more (the unsmoothed weights)."""
-    from qdeploy.graph.utils import delete_where, names_read
-
     read = names_read(list(model.graph.node), model.graph)
     delete_where(model.graph.initializer, lambda init: init.name in names and init.name not in read)

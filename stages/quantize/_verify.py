@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.targets import get_target
 
 if TYPE_CHECKING:
     import onnx
@@ -68,8 +69,6 @@ def compute_nodes(model: onnx.ModelProto) -> int:
 
 def int8_kernels(model_path: Path, model: onnx.ModelProto, targets: list[str], work_dir: Path) -> dict[str, Any]:
     """Per target: quantizable compute nodes, and how many run as int8 kernels (or why it was not checked)."""
-    from qdeploy.targets import get_target
-
     quantizable = quantizable_nodes(model)
     results: dict[str, Any] = {}
     for target in targets:

@@ -38,36 +38,43 @@ from typing import TYPE_CHECKING, Any
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
 from qdeploy.core.values import one_line
-from qdeploy.graph.external_data import load_graph_only, save_onnx
-from qdeploy.graph.order import subgraph_initializers_to_constants
-from qdeploy.graph.utils import fingerprint, io_names, model_bytes, op_counts, prune_unproduced_value_info
-from qdeploy.stages.simplify._check import Comparison, check_equivalence, compare_outputs
+from qdeploy.graph.external_data import load_graph_only, save_exposing, save_onnx
+from qdeploy.graph.order import (
+    scope_problems,
+    sort_topologically,
+    subgraph_initializers_to_constants,
+    unread_subgraph_constants,
+)
+from qdeploy.graph.rewrites import RewriteReport, apply_rewrites
+from qdeploy.graph.utils import (
+    fingerprint,
+    has_subgraph,
+    io_names,
+    model_bytes,
+    op_counts,
+    prune_unproduced_value_info,
+)
+from qdeploy.stages.simplify import _optimizer, _optimizer_pieces  # attributes read at call time: tests set them
+from qdeploy.stages.simplify._check import check_equivalence
+from qdeploy.stages.simplify._folding import constants_to_initializers, fold_constants, sync_legacy_inputs
 from qdeploy.stages.simplify._interface import interface_types, restore_interface_types
+from qdeploy.stages.simplify._optimizer import likely_passes
 from qdeploy.stages.simplify._rewrite_if import PASS_NAME, inline_constant_ifs
 from qdeploy.stages.simplify._shapes import infer_shapes
-from qdeploy.stages.simplify.config import (  # noqa: F401
-    CHECK_FROM_FILE_BYTES,
-    DEFAULT_PASSES,
-    INTERFACE_PASSES,
-    MAX_FOLD_ROUNDS,
-    STAGE,
-    SimplifyConfig,
-    _default_rewrites,
-)
+from qdeploy.stages.simplify.config import CHECK_FROM_FILE_BYTES, MAX_FOLD_ROUNDS, STAGE, SimplifyConfig
 from qdeploy.stages.simplify.findings import SimplifyFindings
 
 if TYPE_CHECKING:
     import onnx
 
-    from qdeploy.graph.rewrites import RewriteReport
     from qdeploy.stages.simplify._folding import FoldReport
 
-__all__ = ["Comparison", "SimplifyConfig", "compare_outputs", "run"]
+__all__ = ["SimplifyConfig", "run"]
 
 log = logging.getLogger(__name__)
 
 @dataclass
-class _Progress:
+class _SimplifyStatistics:
     """What the simplification loop did, gathered over its iterations."""
 
     iterations: int = 0
@@ -106,15 +113,11 @@ class _Progress:
 
 
 def _rewrite_report() -> RewriteReport:
-    from qdeploy.graph.rewrites import RewriteReport
-
     return RewriteReport()
 
 
 def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageResult:
     """Simplify ``artifact``'s model; check it against the original; report what changed."""
-    from qdeploy.stages.simplify._folding import constants_to_initializers, has_subgraph, sync_legacy_inputs
-
     model = artifact.load()
     reference = _reference_from_file(model, artifact.path, config, ctx.work_dir)
     before = fingerprint(model)
@@ -122,20 +125,20 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     interface = io_names(model)
     types = interface_types(model)
     subgraph_initializers_to_constants(model.graph)  # the form exporters write and every tool handles
-    progress = _Progress()
+    stats = _SimplifyStatistics()
     subgraph_ops = sorted({node.op_type for node in model.graph.node if has_subgraph(node)})
     if subgraph_ops:
-        progress.note(f"subgraphs (in {', '.join(subgraph_ops)} nodes): onnxoptimizer's passes enter them; "
+        stats.note(f"subgraphs (in {', '.join(subgraph_ops)} nodes): onnxoptimizer's passes enter them; "
                       + ("constants folded inside them" if config.fold_subgraphs and config.fold_constants
                          else "no folding inside them"))
-    model = _simplify(model, config, ctx.work_dir, progress)
-    progress.constants_converted += constants_to_initializers(model.graph)
+    model = _simplify(model, config, ctx.work_dir, stats)
+    stats.constants_converted += constants_to_initializers(model.graph)
     sync_legacy_inputs(model, drop_unused="eliminate_unused_initializer" in config.passes())
     prune_unproduced_value_info(model)
     if io_names(model) != interface:
         raise StageError(STAGE, ctx.variant, f"simplification changed the model's inputs/outputs from "
                          f"{interface} to {io_names(model)}")
-    _valid_structure(model, types, progress, ctx)
+    _valid_structure(model, types, stats, ctx)
     started = time.perf_counter()
     saved = None
     if model_bytes(model) > CHECK_FROM_FILE_BYTES:  # ONNX Runtime takes it from a file: no serialised copy
@@ -151,18 +154,16 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     if reference != artifact.path:
         for leftover in (reference, reference.with_name(reference.name + ".data")):
             leftover.unlink(missing_ok=True)
-    progress.seconds["check"] += time.perf_counter() - started
-    findings = _findings(nodes_before, model, config, progress, check)
+    stats.seconds["check"] += time.perf_counter() - started
+    findings = _findings(nodes_before, model, config, stats, check)
     log.info("simplify: %d -> %d nodes in %d iteration(s); %d tensor(s) folded", findings.node_count_before,
-             findings.node_count_after, progress.iterations, progress.folded_tensors)
+             findings.node_count_after, stats.iterations, stats.folded_tensors)
     return StageResult(model=model, changed=fingerprint(model) != before, findings=findings, path=saved)
 
 
 def _reference_from_file(model: onnx.ModelProto, path: Path, config: SimplifyConfig, work_dir: Path) -> Path:
     """The original model as the check's reference loads it: a large one-file model rewritten with its weights in
     a data file beside it (ONNX Runtime maps that file, where parsing a one-file model holds its bytes twice)."""
-    from qdeploy.graph.external_data import save_exposing
-
     if config.check_n == 0 or path.stat().st_size <= CHECK_FROM_FILE_BYTES:
         return path
     reference = work_dir / "original.onnx"
@@ -171,128 +172,117 @@ def _reference_from_file(model: onnx.ModelProto, path: Path, config: SimplifyCon
     return reference
 
 
-def _valid_structure(model: onnx.ModelProto, types: dict[str, Any], progress: _Progress, ctx: StageContext) -> None:
+def _valid_structure(model: onnx.ModelProto, types: dict[str, Any], stats: _SimplifyStatistics,
+                     ctx: StageContext) -> None:
     """Every graph in topological order and in scope, the interface types as they were; StageError otherwise."""
-    from qdeploy.graph.order import scope_problems, sort_topologically, unread_subgraph_constants
-
     unread_subgraph_constants(model.graph)
     repair = restore_interface_types(model, types)
     for entry in repair.restored:
-        progress.note(f"type of '{entry}' put back (a pass had dropped it)")
+        stats.note(f"type of '{entry}' put back (a pass had dropped it)")
     if repair.conflicts:
         raise StageError(STAGE, ctx.variant, f"simplification changed the types of {repair.conflicts}")
     if scope_problems(model.graph) and sort_topologically(model.graph):
-        progress.note("nodes put back in topological order")
+        stats.note("nodes put back in topological order")
     problems = scope_problems(model.graph)
     if problems:
         raise StageError(STAGE, ctx.variant, f"the simplified model is not a valid graph: {'; '.join(problems)}")
 
 
-def _simplify(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path, progress: _Progress) -> onnx.ModelProto:
+def _simplify(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path,
+              stats: _SimplifyStatistics) -> onnx.ModelProto:
     """Folding rounds, rewrites and passes, repeated until the graph stops changing."""
-    from qdeploy.stages.simplify._folding import constants_to_initializers
-
     passes = config.passes()
     rewrites = config.active_rewrites()
-    progress.constants_converted += constants_to_initializers(model.graph)  # weights in Constant nodes, as Paddle
+    stats.constants_converted += constants_to_initializers(model.graph)  # weights in Constant nodes, as Paddle
     optimized = False  # the model is onnxoptimizer's fixed point
     for iteration in range(1, config.max_iterations + 1):
-        progress.iterations = iteration
-        done = progress.folded_nodes + progress.constants_converted
-        model = _fold_rounds(model, config, work_dir, progress)
+        stats.iterations = iteration
+        done = stats.folded_nodes + stats.constants_converted
+        model = _fold_rounds(model, config, work_dir, stats)
         if rewrites:
-            model = _timed(progress, "rewrites", _rewrite, model, rewrites, progress)
-        rewritten = progress.rewrites_applied()  # called every round: it counts from its last call
-        changed = progress.folded_nodes + progress.constants_converted != done or rewritten > 0
+            model = _timed(stats, "rewrites", _rewrite, model, rewrites, stats)
+        rewritten = stats.rewrites_applied()  # called every round: it counts from its last call
+        changed = stats.folded_nodes + stats.constants_converted != done or rewritten > 0
         optimized = optimized and not changed
         if optimized or not (passes or changed):
             return model  # nothing changed since onnxoptimizer's last fixed point (or, without passes, at all)
         if not passes:
             continue
         start = fingerprint(model)
-        model = _timed(progress, "onnxoptimizer", _optimize, model, passes, progress)
+        model = _timed(stats, "onnxoptimizer", _optimize, model, passes, stats)
         optimized = True
         if fingerprint(model) == start and not changed:
             return model
-    progress.note(f"stopped after max_iterations={config.max_iterations} before reaching a fixed point")
+    stats.note(f"stopped after max_iterations={config.max_iterations} before reaching a fixed point")
     return model
 
 
-def _timed(progress: _Progress, phase: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+def _timed(stats: _SimplifyStatistics, phase: str, function: Any, *args: Any, **kwargs: Any) -> Any:
     started = time.perf_counter()
     try:
         return function(*args, **kwargs)
     finally:
-        progress.seconds[phase] += time.perf_counter() - started
+        stats.seconds[phase] += time.perf_counter() - started
 
 
 def _fold_rounds(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path,
-                 progress: _Progress) -> onnx.ModelProto:
+                 stats: _SimplifyStatistics) -> onnx.ModelProto:
     """Shape inference and folding until folding finds nothing more (each fold can make more shapes static)."""
-    from qdeploy.stages.simplify._folding import constants_to_initializers, fold_constants, sync_legacy_inputs
-
     for _ in range(MAX_FOLD_ROUNDS):
-        model = _timed(progress, "shape_inference", infer_shapes, model, work_dir, progress)
+        model = _timed(stats, "shape_inference", infer_shapes, model, work_dir, stats)
         if not config.fold_constants:
-            progress.constants_converted += constants_to_initializers(model.graph)
+            stats.constants_converted += constants_to_initializers(model.graph)
             return model
-        report = _timed(progress, "folding", fold_constants, model, limit_bytes=config.fold_limit_bytes,
+        report = _timed(stats, "folding", fold_constants, model, limit_bytes=config.fold_limit_bytes,
                         subgraphs=config.fold_subgraphs)
-        progress.add_fold(report)
+        stats.add_fold(report)
         sync_legacy_inputs(model, drop_unused=False)
         if report.folded_nodes == 0:
             break
     return model
 
 
-def _rewrite(model: onnx.ModelProto, names: list[str], progress: _Progress) -> onnx.ModelProto:
-    from qdeploy.graph.rewrites import apply_rewrites
-
-    apply_rewrites(model, names, progress.rewrites)
+def _rewrite(model: onnx.ModelProto, names: list[str], stats: _SimplifyStatistics) -> onnx.ModelProto:
+    apply_rewrites(model, names, stats.rewrites)
     return model
 
 
-def _optimize(model: onnx.ModelProto, passes: list[str], progress: _Progress) -> onnx.ModelProto:
+def _optimize(model: onnx.ModelProto, passes: list[str], stats: _SimplifyStatistics) -> onnx.ModelProto:
     """onnxoptimizer's passes to a fixed point; the input model when they fail or touch the interface."""
-    from qdeploy.stages.simplify._optimizer import PIECES_ABOVE, optimize
-    from qdeploy.stages.simplify._optimizer_pieces import PIECE_NODES
-
-    progress.optimizer_calls += 1
-    if len(model.graph.node) > PIECES_ABOVE:
-        progress.note(f"onnxoptimizer ran on pieces of {PIECE_NODES} nodes (its time grows with the square of the "
-                      "node count); a pattern across two pieces may be left")
+    stats.optimizer_calls += 1
+    if len(model.graph.node) > _optimizer.PIECES_ABOVE:
+        stats.note(f"onnxoptimizer ran on pieces of {_optimizer_pieces.PIECE_NODES} nodes (its time grows with the "
+                   "square of the node count); a pattern across two pieces may be left")
     subgraph_initializers_to_constants(model.graph)
     types = interface_types(model)
     if PASS_NAME in passes:  # ours: onnxoptimizer's loses nodes of nested subgraphs
         inlined = inline_constant_ifs(model)
         if inlined:
-            progress.note(f"{inlined} If node(s) with a constant condition replaced by their branch")
-            progress.optimizer_delta.update({"If": -inlined})
+            stats.note(f"{inlined} If node(s) with a constant condition replaced by their branch")
+            stats.optimizer_delta.update({"If": -inlined})
     try:
-        result = optimize(model, [name for name in passes if name != PASS_NAME])
+        result = _optimizer.optimize(model, [name for name in passes if name != PASS_NAME])
     except Exception as exc:  # a crash of the optimizer must not lose the folding done so far
-        progress.note(f"onnxoptimizer failed, its passes were not applied: {one_line(exc)}")
+        stats.note(f"onnxoptimizer failed, its passes were not applied: {one_line(exc)}")
         return model
     optimized = result.model  # light (weights as tags) until accepted: the checks read structure only
     if io_names(optimized) != io_names(model):
-        progress.note("onnxoptimizer changed the model's inputs/outputs; its result was discarded")
+        stats.note("onnxoptimizer changed the model's inputs/outputs; its result was discarded")
         return model
-    problem = _optimizer_damage(optimized, types, progress)
+    problem = _optimizer_damage(optimized, types, stats)
     if problem:
-        progress.note(f"onnxoptimizer's result was discarded: {problem}")
+        stats.note(f"onnxoptimizer's result was discarded: {problem}")
         return model
-    progress.optimizer_delta.update(op_counts(optimized))
-    progress.optimizer_delta.subtract(op_counts(model))
+    stats.optimizer_delta.update(op_counts(optimized))
+    stats.optimizer_delta.subtract(op_counts(model))
     return result.into(model)
 
 
-def _optimizer_damage(optimized: onnx.ModelProto, types: dict[str, Any], progress: _Progress) -> str:
+def _optimizer_damage(optimized: onnx.ModelProto, types: dict[str, Any], stats: _SimplifyStatistics) -> str:
     """Repair what onnxoptimizer breaks (dropped interface types, subgraph initializers, order); what is left."""
-    from qdeploy.graph.order import scope_problems, sort_topologically
-
     repair = restore_interface_types(optimized, types)
     for entry in repair.restored:
-        progress.note(f"onnxoptimizer dropped the type of graph input/output '{entry}'; put back")
+        stats.note(f"onnxoptimizer dropped the type of graph input/output '{entry}'; put back")
     if repair.conflicts:
         return f"it changed the types of {repair.conflicts}"
     subgraph_initializers_to_constants(optimized.graph)  # extract_constant_to_initializer enters subgraphs
@@ -302,36 +292,34 @@ def _optimizer_damage(optimized: onnx.ModelProto, types: dict[str, Any], progres
     return "; ".join(problems)
 
 
-def _findings(nodes_before: dict[str, int], model: onnx.ModelProto, config: SimplifyConfig, progress: _Progress,
+def _findings(nodes_before: dict[str, int], model: onnx.ModelProto, config: SimplifyConfig, stats: _SimplifyStatistics,
               check: dict[str, Any]) -> SimplifyFindings:
-    from qdeploy.stages.simplify._optimizer import likely_passes
-
     nodes_after = op_counts(model)
-    delta = {"removed": {op: -n for op, n in sorted(progress.optimizer_delta.items()) if n < 0},
-             "added": {op: n for op, n in sorted(progress.optimizer_delta.items()) if n > 0}}
-    rewrites = progress.rewrites.as_findings()
-    changed = (["fold_constants"] if progress.folded_nodes else []) + \
-        (["constants_to_initializers"] if progress.constants_converted else []) + \
+    delta = {"removed": {op: -n for op, n in sorted(stats.optimizer_delta.items()) if n < 0},
+             "added": {op: n for op, n in sorted(stats.optimizer_delta.items()) if n > 0}}
+    rewrites = stats.rewrites.as_findings()
+    changed = (["fold_constants"] if stats.folded_nodes else []) + \
+        (["constants_to_initializers"] if stats.constants_converted else []) + \
         [name for name, count in rewrites["applied"].items() if count] + likely_passes(config.passes(), delta)
     return SimplifyFindings(
         nodes_before=nodes_before,
         nodes_after=nodes_after,
         node_count_before=sum(nodes_before.values()),
         node_count_after=sum(nodes_after.values()),
-        folded_tensors=progress.folded_tensors,
-        folded_nodes=progress.folded_nodes,
-        folded=dict(sorted(progress.folded.items())[:MAX_LISTED]),
-        constants_converted=progress.constants_converted,
-        fold_skipped=sorted(progress.skipped.values(), key=lambda entry: entry["tensor"]),
-        fold_failed_ops=sorted(progress.failed_ops),
+        folded_tensors=stats.folded_tensors,
+        folded_nodes=stats.folded_nodes,
+        folded=dict(sorted(stats.folded.items())[:MAX_LISTED]),
+        constants_converted=stats.constants_converted,
+        fold_skipped=sorted(stats.skipped.values(), key=lambda entry: entry["tensor"]),
+        fold_failed_ops=sorted(stats.failed_ops),
         passes=config.passes(),
         rewrites=rewrites,
-        optimizer={"calls": progress.optimizer_calls, **delta},
+        optimizer={"calls": stats.optimizer_calls, **delta},
         passes_changed=changed,
-        iterations=progress.iterations,
-        seconds={phase: round(value, 4) for phase, value in sorted(progress.seconds.items())},
+        iterations=stats.iterations,
+        seconds={phase: round(value, 4) for phase, value in sorted(stats.seconds.items())},
         check=check,
-        notes=list(progress.notes),
+        notes=list(stats.notes),
     )
 
 MAX_LISTED = 200

@@ -16,9 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.calibration.readers import InputInfo, model_inputs, random_samples
 from qdeploy.core.context import StageContext
 from qdeploy.core.errors import StageError
 from qdeploy.core.values import one_line
+from qdeploy.stages.simplify._check_inputs import (
+    bounded_memory,
+    compared_values,
+    is_memory_error,
+    recipe_samples,
+    safe_integer_ranges,
+    unfeedable_inputs,
+    with_compared_values,
+)
 from qdeploy.targets.onnxruntime import SessionInterface
 
 if TYPE_CHECKING:
@@ -32,7 +42,7 @@ log = logging.getLogger(__name__)
 STAGE = "simplify"
 
 @dataclass(frozen=True)
-class Comparison:
+class SimplifyCheck:
     """Outcome of comparing a model's outputs with a reference's."""
 
     passed: bool
@@ -40,17 +50,17 @@ class Comparison:
     reason: str = ""
 
 
-def compare_outputs(expected: dict[str, Any], actual: dict[str, Any], *, atol: float, rtol: float) -> Comparison:
+def compare_simplified(expected: dict[str, Any], actual: dict[str, Any], *, atol: float, rtol: float) -> SimplifyCheck:
     """Every output within atol + rtol * |expected| (floats) or equal (others); the largest absolute error."""
     worst = 0.0
     for name, reference in expected.items():
         if name not in actual:
-            return Comparison(False, math.inf, f"output '{name}' is missing; outputs are {sorted(actual)}")
+            return SimplifyCheck(False, math.inf, f"output '{name}' is missing; outputs are {sorted(actual)}")
         error, problem = _output_error(reference, actual[name], atol, rtol)
         worst = max(worst, error)
         if problem:
-            return Comparison(False, worst, f"output '{name}': {problem}")
-    return Comparison(True, worst)
+            return SimplifyCheck(False, worst, f"output '{name}': {problem}")
+    return SimplifyCheck(True, worst)
 
 
 def _output_error(expected: Any, actual: Any, atol: float, rtol: float) -> tuple[float, str]:
@@ -100,8 +110,6 @@ def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyCo
     on them, the memory bound), the findings say "unchecked" and why: that is never a pass.
     ``saved``: where the simplified model is saved with external data (a model above 2 GB loads from there).
     """
-    from qdeploy.stages.simplify._check_inputs import bounded_memory, unfeedable_inputs
-
     level = QDQ_SESSION_LEVEL if any(node.op_type in ("QuantizeLinear", "DequantizeLinear")
                                      for node in model.graph.node) else SESSION_LEVEL
     try:
@@ -154,7 +162,7 @@ def _compare_all(candidate: Any, feeds: Feeds, config: SimplifyConfig, ctx: Stag
     for index, (sample, expected) in enumerate(feeds):
         try:
             actual = _outputs(candidate, sample)
-            comparison = compare_outputs(expected, actual, atol=config.check_atol, rtol=config.check_rtol)
+            comparison = compare_simplified(expected, actual, atol=config.check_atol, rtol=config.check_rtol)
         except Exception as exc:
             if _is_memory(exc):
                 raise _MemoryBound(one_line(exc)) from exc
@@ -181,14 +189,6 @@ def _feeds_the_original_accepts(reference: Any, original: Path, model: onnx.Mode
                                 ctx: StageContext) -> tuple[Feeds | None, str]:
     """``check_n`` (feeds, original's outputs): the recipe's validation data when it has some, else seeded random
     inputs (the next symbolic size is tried when the original refuses one)."""
-    from qdeploy.calibration.readers import model_inputs, random_samples
-    from qdeploy.stages.simplify._check_inputs import (
-        compared_values,
-        recipe_samples,
-        safe_integer_ranges,
-        with_compared_values,
-    )
-
     failure = ""
     real = recipe_samples(ctx, original, config.check_n)
     if real:
@@ -221,15 +221,11 @@ def _with_outputs(reference: Any, samples: Any, source: str) -> Feeds:
 
 
 def _is_memory(exc: BaseException) -> bool:
-    from qdeploy.stages.simplify._check_inputs import is_memory_error
-
     return is_memory_error(exc)
 
 
 def _concrete(info: Any, size: int) -> Any:
     """The input with its symbolic dimensions set: 1 on axis 0, ``size`` elsewhere."""
-    from qdeploy.calibration.readers import InputInfo
-
     shape = tuple((1 if axis == 0 else size) if dim is None else dim for axis, dim in enumerate(info.shape))
     return InputInfo(info.name, shape, info.dtype)
 

@@ -23,6 +23,8 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.graph.utils import subgraphs
+
 if TYPE_CHECKING:
     import onnx
 
@@ -123,8 +125,6 @@ def _static_inputs(graph: onnx.GraphProto) -> dict[str, list[int]]:
 
 
 def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    from qdeploy.graph.utils import subgraphs
-
     for node in graph.node:
         yield node
         for sub in subgraphs(node):

@@ -26,13 +26,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.graph.order import drop_unread_constants
-from qdeploy.graph.utils import (  # noqa: F401  (has_subgraph, subgraph_references: part of this module's API)
-    _ELEMENT_BYTES,
+from qdeploy.graph.utils import (
     delete_indices,
     delete_where,
     has_subgraph,
     names_read,
-    subgraph_references,
     tensor_nbytes,
 )
 from qdeploy.graph.utils import subgraphs as _graphs_in

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from qdeploy.graph.light import Light, light_copy, restore_into, unknown_tags
+from qdeploy.graph.utils import delete_where, names_read, subgraphs
+from qdeploy.stages.simplify._optimizer_pieces import optimize_in_pieces
 
 if TYPE_CHECKING:
     import onnx
@@ -90,9 +92,6 @@ PIECES_ABOVE = 1000
 
 
 def _in_pieces(model: onnx.ModelProto, passes: list[str]) -> onnx.ModelProto:
-    from qdeploy.graph.utils import delete_where, names_read
-    from qdeploy.stages.simplify._optimizer_pieces import optimize_in_pieces
-
     optimized = optimize_in_pieces(model, passes)
     graph = optimized.graph
     if "eliminate_unused_initializer" in passes:
@@ -140,8 +139,6 @@ def _payload(init: onnx.TensorProto) -> bytes:
 
 def dedupe_initializers(model: onnx.ModelProto) -> int:
     """Merge initializers of equal type, shape and bytes (what eliminate_duplicate_initializer does); how many."""
-    from qdeploy.graph.utils import delete_where, subgraphs
-
     graph = model.graph
     renames = _duplicates(graph)
     if not renames:

@@ -22,6 +22,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.light import light_copy, restore
+from qdeploy.graph.utils import subgraph_references, subgraphs
+from qdeploy.stages.simplify._folding import constant_names
+
 if TYPE_CHECKING:
     import onnx
 
@@ -73,9 +77,6 @@ def optimize_in_pieces(model: onnx.ModelProto, passes: list[str], piece_nodes: i
 
 
 def _index(model: onnx.ModelProto, pieces: list[list[onnx.NodeProto]]) -> _Names:
-    from qdeploy.graph.utils import subgraph_references, subgraphs
-    from qdeploy.stages.simplify._folding import constant_names
-
     graph = model.graph
     names = _Names()
     for index, piece in enumerate(pieces):
@@ -100,7 +101,6 @@ def _piece_model(model: onnx.ModelProto, piece: list[onnx.NodeProto], index: int
     """The piece as a model: reads from outside are inputs or initializers, reads after it are outputs."""
     from onnx import helper
 
-    from qdeploy.graph.utils import subgraph_references, subgraphs
 
     produced = {name for node in piece for name in node.output if name}
     read: list[str] = []
@@ -128,7 +128,6 @@ def _optimize_piece(model: onnx.ModelProto, piece: list[onnx.NodeProto], index: 
     """The optimized piece, or None (the piece stays as it is) when onnxoptimizer fails on it."""
     import onnxoptimizer
 
-    from qdeploy.graph.light import light_copy, restore
 
     piece_model = _piece_model(model, piece, index, names)
     before = _all_names(piece_model.graph)
@@ -146,8 +145,6 @@ def _optimize_piece(model: onnx.ModelProto, piece: list[onnx.NodeProto], index: 
 
 
 def _all_names(graph: onnx.GraphProto) -> set[str]:
-    from qdeploy.graph.utils import subgraphs
-
     found = {value.name for value in (*graph.input, *graph.output, *graph.value_info)}
     found |= {init.name for init in graph.initializer}
     for node in graph.node:
@@ -160,8 +157,6 @@ def _all_names(graph: onnx.GraphProto) -> set[str]:
 
 def _unique_new_names(piece: onnx.ModelProto, before: set[str], names: _Names, index: int) -> None:
     """Rename the names the passes invented in this piece where the graph or an earlier piece uses them."""
-    from qdeploy.graph.utils import subgraphs
-
     graph = piece.graph
     invented = _all_names(graph) - before - {""}
     renames = {}

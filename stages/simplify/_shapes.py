@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.values import one_line
-from qdeploy.graph.light import take_value_info
+from qdeploy.graph.light import light_bytes, light_copy, take_value_info
 from qdeploy.graph.utils import prune_unproduced_value_info
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ INFER_BY_PATH_BYTES = int(1.5 * 2**30)
 """Above this, shape inference goes through a file."""
 
 
-def infer_shapes(model: onnx.ModelProto, work_dir: Path, progress: Any) -> onnx.ModelProto:
+def infer_shapes(model: onnx.ModelProto, work_dir: Path, stats: Any) -> onnx.ModelProto:
     """ONNX shape inference (strict off) into the model's value_info; through a file for large models.
 
     Inference runs on a light copy (large weights as tags: it reads their shapes, not their bytes) and only
@@ -24,13 +24,12 @@ def infer_shapes(model: onnx.ModelProto, work_dir: Path, progress: Any) -> onnx.
     """
     import onnx
 
-    from qdeploy.graph.light import light_bytes, light_copy
 
     prune_unproduced_value_info(model)
     stripped = light_copy(model, value_info=False)
     light = stripped.model
     if light_bytes(stripped) > INFER_BY_PATH_BYTES:  # even without its large weights (many small tensors)
-        return _infer_shapes_by_path(model, work_dir, progress)
+        return _infer_shapes_by_path(model, work_dir, stats)
     for data_prop in (True, False):
         try:
             inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=data_prop)
@@ -39,11 +38,11 @@ def infer_shapes(model: onnx.ModelProto, work_dir: Path, progress: Any) -> onnx.
             continue
         take_value_info(model.graph, inferred.graph)
         return model
-    progress.note(f"shape inference failed: {one_line(failure)}")
+    stats.note(f"shape inference failed: {one_line(failure)}")
     return model
 
 
-def _infer_shapes_by_path(model: onnx.ModelProto, work_dir: Path, progress: Any) -> onnx.ModelProto:
+def _infer_shapes_by_path(model: onnx.ModelProto, work_dir: Path, stats: Any) -> onnx.ModelProto:
     import onnx
 
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -54,7 +53,7 @@ def _infer_shapes_by_path(model: onnx.ModelProto, work_dir: Path, progress: Any)
         onnx.shape_inference.infer_shapes_path(str(source), str(target), strict_mode=False, data_prop=True)
         return onnx.load(str(target))
     except Exception as exc:  # inference is best effort
-        progress.note(f"shape inference failed: {one_line(exc)}")
+        stats.note(f"shape inference failed: {one_line(exc)}")
         return onnx.load(str(source))
     finally:
         for path in (source, target, data):

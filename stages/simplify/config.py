@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from qdeploy.graph.rewrites import available, default_names
+
 __all__ = ["CHECK_FROM_FILE_BYTES", "DEFAULT_PASSES", "INTERFACE_PASSES", "MAX_FOLD_ROUNDS", "STAGE", "SimplifyConfig"]
 
 
@@ -41,8 +43,6 @@ MAX_FOLD_ROUNDS = 8
 
 
 def _default_rewrites() -> list[str]:
-    from qdeploy.graph.rewrites import default_names
-
     return default_names()
 
 
@@ -91,8 +91,6 @@ class SimplifyConfig(BaseModel):
     @field_validator("rewrites")
     @classmethod
     def _known_rewrites(cls, names: list[str]) -> list[str]:
-        from qdeploy.graph.rewrites import available
-
         known = available()
         unknown = [name for name in names if name not in known]
         if unknown:
@@ -125,8 +123,6 @@ class SimplifyConfig(BaseModel):
     def active_rewrites(self) -> list[str]:
         """The rewrites this config runs: BatchNormalization fusion obeys skip_fuse_bn, weight-computing ones
         fold_constants."""
-        from qdeploy.graph.rewrites import available
-
         known = available()
         return [name for name in self.rewrites
                 if not (self.skip_fuse_bn and "batchnorm" in name)

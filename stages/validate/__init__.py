@@ -20,25 +20,32 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdeploy.calibration.readers import model_inputs
+from qdeploy.core.compare import compare_outputs
+from qdeploy.core.errors import ModelError, QdeployInputError, RecipeError, TargetUnavailable
 from qdeploy.core.rows import ValidationMetrics, ValidationRow, ValidationStatus
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
 from qdeploy.stages.validate._batches import BatchedFeeds, reference_batches, run_feeds, wanted_batch_sizes
 from qdeploy.stages.validate._common import Feeds, Outcome, Outputs, feed_caster
-from qdeploy.stages.validate._floor import noise_floor_summary
-from qdeploy.stages.validate._reference import reference_source
+from qdeploy.stages.validate._floor import flag_unattainable, noise_floor_summary
+from qdeploy.stages.validate._localize import Localizer, scale_free
+from qdeploy.stages.validate._localize_fused import describe_layer, refine
+from qdeploy.stages.validate._precision import default_attempt_hint, with_pinned_fallback
+from qdeploy.stages.validate._reference import ReferenceMissing, reference_source
+from qdeploy.stages.validate._task import check_metric, evaluate, load_metric, read_labels
+from qdeploy.stages.validate._tolerance import tolerance_precision
 from qdeploy.stages.validate._unreadable import condense_unreadable, unreadable_targets
 from qdeploy.stages.validate.config import RANDOM_DATA_WARNING, REFERENCE_MODEL_ROW, REFERENCE_TARGET, ValidateConfig
-from qdeploy.targets import TRUE_FP16_TARGET
+from qdeploy.targets import TRUE_FP16_TARGET, TargetFellBack, get_target, true_fp16_check
+from qdeploy.targets.int8_path import int8_path, saturation_note, saturation_risk
 
 if TYPE_CHECKING:
     from qdeploy.core.context import Artifact, StageContext
-    from qdeploy.stages.validate._localize import Localizer
 
 
 __all__ = [
     "DECLARED_BASIS",
     "REFERENCE_TARGET",
-    "Outcome",
     "ValidateConfig",
     "check_config",
     "feed_caster",
@@ -70,9 +77,6 @@ def output_tolerances(config: ValidateConfig, precision: str,
 
 def check_config(config: ValidateConfig, resolve: Callable[[str], Path]) -> None:
     """What can be checked before any model is built: the files the section names (no user code is run)."""
-    from qdeploy.core.errors import RecipeError
-    from qdeploy.stages.validate._task import check_metric
-
     if config.reference_model is not None:
         path = resolve(config.reference_model)
         if not path.is_file():
@@ -128,8 +132,6 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConf
 def _vanished(exc: FileNotFoundError, artifacts: dict[str, Artifact]) -> Exception:
     """A clear input error (exit 2) for a model file deleted during validation; any other missing file stays what
     it is (a bug of qdeploy's own)."""
-    from qdeploy.core.errors import QdeployInputError
-
     gone = Path(str(exc.filename)) if exc.filename else None
     # an artifact's own file, or any file once the artifacts themselves are gone (the whole cache deleted)
     deleted = gone is not None and not gone.exists() and any(
@@ -152,9 +154,6 @@ def _require(path: Path) -> None:
 
 def _validate_all(artifacts: dict[str, Artifact], targets: list[str], config: ValidateConfig, ctx: StageContext,
                   declared: dict[str, Tolerance] | None) -> list[ValidationRow]:
-    from qdeploy.stages.validate._floor import flag_unattainable
-    from qdeploy.stages.validate._reference import ReferenceMissing, reference_source
-
     try:
         source = reference_source(artifacts, config, ctx)
     except ReferenceMissing as exc:
@@ -201,8 +200,6 @@ DECLARED_BASIS = "held to the tolerance its own accuracy budget was built to (th
 def _true_fp16_checks(shared: _Run, artifacts: dict[str, Artifact], targets: list[str],
                       ctx: StageContext) -> list[Outcome]:
     """fp16 artifacts on reference:cpu, where float16 arithmetic really happens, when no GPU would show it."""
-    from qdeploy.targets import true_fp16_check
-
     fp16 = {name: artifact for name, artifact in artifacts.items() if artifact.precision == "fp16"}
     recipe_targets = ctx.targets
     # a scheduler may validate the targets in groups: the group holding the recipe's first target owns these rows
@@ -230,8 +227,6 @@ def _task_metric(config: ValidateConfig, ctx: StageContext, source: Any, referen
     """The user's metric, loaded, with the labels and its value on the reference outputs."""
     if config.metric is None:
         return None
-    from qdeploy.calibration.readers import model_inputs
-    from qdeploy.stages.validate._task import evaluate, load_metric, read_labels
 
     function = load_metric(config.metric, ctx.resolve)
     names = [info.name for info in model_inputs(source.feed_model)]
@@ -249,7 +244,6 @@ def _task_metric(config: ValidateConfig, ctx: StageContext, source: Any, referen
 def _localizer(config: ValidateConfig, reference_path: Path) -> Localizer | None:
     if not config.localize:
         return None
-    from qdeploy.stages.validate._localize import Localizer
 
     return Localizer(reference_path, REFERENCE_TARGET)
 
@@ -257,10 +251,8 @@ def _localizer(config: ValidateConfig, reference_path: Path) -> Localizer | None
 def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: str) -> Outcome:
     """One row: the artifact at the target's default precision, and where a reduced default misses its tolerance,
     pinned precisions that may hold (``_precision``); a row that still fails is localized."""
-    from qdeploy.stages.validate._precision import default_hint, with_pinned_fallback
-
     _require(path)
-    hint, why = default_hint(target, precision)
+    hint, why = default_attempt_hint(target, precision)
     outcome = _compare_pair(shared, name, path, precision, target, hint, pinned=False)
     outcome = with_pinned_fallback(outcome, target, precision, lambda pinned: _compare_pair(
         shared, name, path, precision, target, pinned, pinned=True))
@@ -279,11 +271,6 @@ def _compare_pair(shared: _Run, name: str, path: Path, precision: str, target: s
                   pinned: bool) -> Outcome:
     """The artifact run on the target with INFERENCE_PRECISION_HINT ``hint`` (OpenVINO; None: the device default,
     f32 for float32 artifacts) and compared with the reference.  ``pinned``: the hint is a deployment setting."""
-    from qdeploy.core.compare import compare_outputs
-    from qdeploy.core.errors import ModelError, TargetUnavailable
-    from qdeploy.stages.validate._tolerance import tolerance_precision
-    from qdeploy.targets import TargetFellBack, get_target
-
     available, reason = get_target(target).availability()
     if not available:
         return Outcome(_result(name, target, "unavailable", reason, shared.warnings))
@@ -343,8 +330,6 @@ def _hint_field(target: str, hint: str | None) -> dict[str, str | None]:
 def _run_model(target: str, path: Path, feeds: Feeds, *, pin_f32: bool,
                batches: BatchedFeeds | None = None, precision: str | None = None) -> tuple[Outputs, dict[str, Any]]:
     """Outputs and what ran; ``precision`` (OpenVINO only) pins INFERENCE_PRECISION_HINT, winning over pin_f32."""
-    from qdeploy.targets import get_target
-
     caster = feed_caster(path)
     pinned = {"precision": precision} if precision is not None else {}
     with get_target(target).load(path, pin_f32=pin_f32, **pinned) as session:
@@ -356,7 +341,6 @@ def _add_saturation_reason(row: ValidationRow, path: Path, target: str) -> Valid
     """On a CPU without VNNI, a diverging int8 artifact with full-range operands may be saturating: say so."""
     import onnx
 
-    from qdeploy.targets.int8_path import int8_path, saturation_note, saturation_risk
 
     note = saturation_note(int8_path(), target, saturation_risk(onnx.load(str(path), load_external_data=False)))
     return row.replace(reason=f"{row.reason}; {note}") if note else row
@@ -365,7 +349,6 @@ def _add_saturation_reason(row: ValidationRow, path: Path, target: str) -> Valid
 def _add_task_metric(shared: _Run, row: ValidationRow, outputs: Outputs) -> ValidationRow:
     if shared.task is None:
         return row
-    from qdeploy.stages.validate._task import evaluate
 
     value, failure = evaluate(shared.task.function, shared.task.spec, outputs, shared.task.labels)
     warnings = row.warnings + [w for w in (shared.task.warning, failure) if w and w not in row.warnings]
@@ -377,9 +360,6 @@ def _add_divergence(shared: _Run, row: ValidationRow, path: Path, target: str, p
                     limits: Tolerance) -> ValidationRow:
     """Name the first node whose output breaks the limits (cosine/SNR: scale-free on every tensor); where exposing
     the intermediates hides the error, or names a node that diverges on ort:cpu too, on prefixes compiled whole."""
-    from qdeploy.stages.validate._localize import scale_free
-    from qdeploy.stages.validate._localize_fused import describe_layer, refine
-
     assert shared.localizer is not None
     indices = worst_samples(shared.reference_outputs, outputs, shared.config.localize_samples)
     tolerance = scale_free(limits, DEFAULT_TOLERANCES[precision])

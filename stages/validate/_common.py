@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qdeploy.calibration.readers import model_inputs
 from qdeploy.core.rows import ValidationRow
 from qdeploy.core.tolerance import Tolerance
 
@@ -29,8 +30,6 @@ class Outcome:
 
 def feed_caster(model_path: Path) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
     """A function giving a sample in the element types this model declares (an fp16 model may take float16)."""
-    from qdeploy.calibration.readers import model_inputs
-
     dtypes = {info.name: info.dtype for info in model_inputs(model_path)}
 
     def cast(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

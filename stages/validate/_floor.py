@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.core.compare import compare_outputs
+
 if TYPE_CHECKING:
     from qdeploy.core.rows import ValidationRow
     from qdeploy.stages.validate._common import Outcome, Outputs
@@ -26,8 +28,6 @@ def floor_outputs(outcomes: list[Outcome]) -> dict[str, Outputs]:
 
 def flag_unattainable(outcomes: list[Outcome], reference_outputs: Outputs, reference_label: str) -> None:
     """Fill each measured row's ``unattainable`` with the limits the reference breaks on its target."""
-    from qdeploy.core.compare import compare_outputs
-
     floors = floor_outputs(outcomes)
     for outcome in outcomes:
         row = outcome.row

@@ -36,12 +36,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdeploy.core.compare import compare_outputs
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.core.tolerance import Tolerance
+from qdeploy.graph.external_data import copy_exposing
+from qdeploy.stages.validate._common import feed_caster
+from qdeploy.targets import get_target
 
 if TYPE_CHECKING:
     import onnx
-
-    from qdeploy.core.tolerance import Tolerance
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +134,6 @@ def _blamed_node(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], pro
 
 def scale_free(tolerance: Tolerance, fallback: Tolerance) -> Tolerance:
     """The limits that mean the same on any tensor: cosine and SNR (atol/rtol depend on a tensor's scale)."""
-    from qdeploy.core.tolerance import Tolerance
-
     if tolerance.cosine_min is None and tolerance.snr_db_min is None:
         tolerance = fallback
     return Tolerance(cosine_min=tolerance.cosine_min, snr_db_min=tolerance.snr_db_min)
@@ -191,16 +192,12 @@ def _instrumented(source: Path, tensors: list[str], path: Path) -> Path:
     them), its weights copied file to file (neither model is held whole in memory)."""
     import onnx
 
-    from qdeploy.graph.external_data import copy_exposing
 
     copy_exposing(source, path, [onnx.ValueInfoProto(name=name) for name in dict.fromkeys(tensors)])
     return path
 
 
 def _run(path: Path, target: str, feeds: Feeds, *, pin_f32: bool) -> list[dict[str, np.ndarray]]:
-    from qdeploy.stages.validate._common import feed_caster
-    from qdeploy.targets import get_target
-
     cast = feed_caster(path)
     with get_target(target).load(path, pin_f32=pin_f32) as session:
         return [session.run(cast(feed)) for feed in feeds]
@@ -208,8 +205,6 @@ def _run(path: Path, target: str, feeds: Feeds, *, pin_f32: bool) -> list[dict[s
 
 def _first_divergence(pairs: list[TensorPair], reference: list[dict[str, np.ndarray]],
                       candidate: list[dict[str, np.ndarray]], tolerance: Tolerance) -> tuple[Divergence | None, str]:
-    from qdeploy.core.compare import compare_outputs
-
     compared = 0
     for pair in pairs:
         refs = [{pair.reference: sample[pair.reference]} for sample in reference if pair.reference in sample]

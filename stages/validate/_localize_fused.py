@@ -33,8 +33,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdeploy.core.compare import compare_outputs
 from qdeploy.core.onnx_wire import load_model
-from qdeploy.stages.validate._localize import Divergence, Localizer, TensorPair, match_tensors
+from qdeploy.graph.external_data import save_onnx
+from qdeploy.graph.utils import subgraph_references
+from qdeploy.stages.validate._common import feed_caster
+from qdeploy.stages.validate._localize import (
+    INSTRUMENTED_NOTE,
+    Divergence,
+    Localizer,
+    TensorPair,
+    _comparable,
+    _instrumented,
+    _run,
+    match_tensors,
+)
+from qdeploy.targets import get_target
 
 if TYPE_CHECKING:
     import onnx
@@ -132,8 +146,6 @@ def _without_baseline_divergence(candidate_path: Path, pairs: list[TensorPair], 
                                  reference: list[dict[str, np.ndarray]], tolerance: Tolerance,
                                  search: FusedSearch) -> list[TensorPair]:
     """The pairs whose tensors hold the limits when the candidate runs on ort:cpu with every tensor exposed."""
-    from qdeploy.stages.validate._localize import _instrumented, _run
-
     with tempfile.TemporaryDirectory(prefix="qdeploy-localize-baseline-") as folder:
         path = _instrumented(candidate_path, [pair.candidate for pair in pairs], Path(folder) / "baseline.onnx")
         baseline = _run(path, BASELINE_TARGET, samples, pin_f32=True)
@@ -165,10 +177,6 @@ def _run_cut(candidate: onnx.ModelProto, cut: _Cut, index: int, target: str, sam
              reference: list[dict[str, np.ndarray]], tolerance: Tolerance, pin_f32: bool, search: FusedSearch,
              work: Path) -> Divergence | None:
     """Compile the prefix ending at ``cut`` on the target, run the samples, and return its first diverging pair."""
-    from qdeploy.graph.external_data import save_onnx
-    from qdeploy.stages.validate._common import feed_caster
-    from qdeploy.targets import get_target
-
     model = prefix_model(candidate, cut.end, [pair.candidate for pair in cut.pairs])
     path = work / f"prefix_{index}" / "prefix.onnx"
     save_onnx(model, path)
@@ -189,9 +197,6 @@ def _run_cut(candidate: onnx.ModelProto, cut: _Cut, index: int, target: str, sam
 def _breaks(pair: TensorPair, reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]],
             tolerance: Tolerance) -> Divergence | bool | None:
     """The pair's divergence; None when it holds the limits, False when it cannot be compared."""
-    from qdeploy.core.compare import compare_outputs
-    from qdeploy.stages.validate._localize import _comparable
-
     refs = [{pair.reference: sample[pair.reference]} for sample in reference if pair.reference in sample]
     cands = [{pair.reference: sample[pair.candidate]} for sample in candidate if pair.candidate in sample]
     if not refs or len(refs) != len(cands) or not _comparable(refs, cands, pair.reference):
@@ -212,7 +217,6 @@ def prefix_model(model: onnx.ModelProto, end: int, outputs: list[str]) -> onnx.M
     import onnx
     from onnx import helper
 
-    from qdeploy.graph.utils import subgraph_references
 
     needed = set(outputs)
     kept: list[onnx.NodeProto] = []
@@ -278,8 +282,6 @@ def refine(localizer: Localizer, candidate_path: Path, target: str, feeds: dict[
     (exposing the tensors may have undone the fusion at fault), or a node that diverges on ort:cpu as well (plain
     quantization error, not what fails on this target).  Returns the divergence, the fields its record adds
     (``note``, and ``localized_by``/``fused_layer`` from the fused search), and why nothing was found."""
-    from qdeploy.stages.validate._localize import INSTRUMENTED_NOTE
-
     instrumented = {"note": INSTRUMENTED_NOTE, "localized_by": {"method": "intermediates exposed"}}
     runtime = target.split(":", 1)[0]
     if runtime == "reference":  # qdeploy's own evaluator runs node by node: nothing fuses
@@ -305,8 +307,6 @@ def refine(localizer: Localizer, candidate_path: Path, target: str, feeds: dict[
 def _diverges_on_baseline(localizer: Localizer, candidate_path: Path, located: Divergence,
                           feeds: dict[int, dict[str, np.ndarray]], tolerance: Tolerance) -> bool:
     """Whether the located tensor breaks the limits when the candidate runs on ort:cpu too."""
-    from qdeploy.stages.validate._localize import _instrumented, _run
-
     pair = next((pair for pair in match_tensors(localizer.reference_model(),
                                                 load_model(candidate_path, load_external_data=False))
                  if pair.reference == located.tensor), None)

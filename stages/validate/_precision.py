@@ -21,10 +21,9 @@ from typing import Any
 
 from qdeploy.core.rows import ValidationRow
 from qdeploy.stages.validate._common import Outcome
-from qdeploy.targets.cpu_facts import default_hint as device_default_hint
-from qdeploy.targets.cpu_facts import pins_after, short_precision
+from qdeploy.targets.cpu_facts import default_hint, pins_after, short_precision
 
-__all__ = ["REDUCED_ARTIFACTS", "attempt_record", "default_hint", "pinned_candidates", "ran_short",
+__all__ = ["REDUCED_ARTIFACTS", "attempt_record", "default_attempt_hint", "pinned_candidates", "read_back_precision",
            "with_pinned_fallback"]
 
 log = logging.getLogger(__name__)
@@ -36,7 +35,7 @@ Attempt = Callable[[str], Outcome]
 """Runs and compares the artifact pinned to one INFERENCE_PRECISION_HINT."""
 
 
-def ran_short(executed: dict[str, Any] | None) -> str | None:
+def read_back_precision(executed: dict[str, Any] | None) -> str | None:
     """The inference precision OpenVINO read back ('f32', 'bf16', 'f16'), or None when unknown."""
     return short_precision((executed or {}).get("precision"))
 
@@ -45,10 +44,10 @@ def _applies(target: str, precision: str) -> bool:
     return target.startswith("openvino:") and precision in REDUCED_ARTIFACTS
 
 
-def default_hint(target: str, precision: str) -> tuple[str | None, str]:
+def default_attempt_hint(target: str, precision: str) -> tuple[str | None, str]:
     """The hint of the default attempt and a note (``qdeploy.targets.cpu_facts.default_hint``); float32 artifacts
     and other runtimes have none."""
-    return device_default_hint(target) if _applies(target, precision) else (None, "")
+    return default_hint(target) if _applies(target, precision) else (None, "")
 
 
 def pinned_candidates(target: str, executed: dict[str, Any] | None) -> list[str]:
@@ -59,7 +58,7 @@ def pinned_candidates(target: str, executed: dict[str, Any] | None) -> list[str]
 
 def attempt_record(setting: str, row: ValidationRow) -> dict[str, Any]:
     """One attempt as the row keeps it: the setting ('default' or the pinned hint), what ran, its verdict."""
-    return {"setting": setting, "ran": ran_short(row.execution), "status": row.status,
+    return {"setting": setting, "ran": read_back_precision(row.execution), "status": row.status,
             "passed": row.status == "passed", "metrics": row.metrics.to_json(), "reason": row.reason,
             "tolerance": row.tolerance}
 
@@ -73,12 +72,12 @@ def with_pinned_fallback(first: Outcome, target: str, precision: str, attempt: A
     candidates = pinned_candidates(target, row.execution)
     if not candidates:
         return first
-    default_ran = ran_short(row.execution)
+    default_ran = read_back_precision(row.execution)
     records = [attempt_record("default", row)]
     for hint in candidates:
         outcome = attempt(hint)
         records.append(attempt_record(hint, outcome.row))
-        if outcome.row.status == "passed" and ran_short(outcome.row.execution) == hint:
+        if outcome.row.status == "passed" and read_back_precision(outcome.row.execution) == hint:
             note = (f"misses its tolerance at the device default ({default_ran}: {row.reason}); holds with "
                     f"INFERENCE_PRECISION_HINT {hint} pinned, the setting shipped (precision_attempts lists both)")
             log.info("%s on %s: %s", row.variant, target, note)

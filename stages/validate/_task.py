@@ -30,6 +30,7 @@ import numpy as np
 
 from qdeploy.calibration.readers import is_npy_sample
 from qdeploy.core.errors import DataError, RecipeError
+from qdeploy.core.usercode import import_user_module
 from qdeploy.core.userfiles import files_in_folder, open_regular_file
 
 if TYPE_CHECKING:
@@ -71,7 +72,6 @@ def load_metric(spec: str, resolve: Callable[[str], Path]) -> TaskMetric:
     """Import the user's function ('file.py:function' relative to the recipe, or 'package.module:function')."""
     check_metric(spec, resolve)
     module_part, function = spec.rsplit(":", 1)
-    from qdeploy.core.usercode import import_user_module
 
     try:
         path = resolve(module_part) if module_part.endswith(".py") else None

@@ -31,10 +31,9 @@ def test_an_undeclared_key_is_refused() -> None:
         _Found(count=1, worst=None, surprise=True)  # type: ignore[call-arg]
 
 
-def test_the_result_reports_typed_and_dict_findings_with_the_guard() -> None:
+def test_the_result_reports_typed_findings_with_the_guard() -> None:
     model = onnx.ModelProto()
     typed = StageResult(model=model, findings=_Found(count=2, worst=None), guard={"checked": False})
     assert typed.report() == {"count": 2, "worst": None, "guard": {"checked": False}}
     assert typed.unchecked() == "no data"
-    legacy = StageResult(model=model, findings={"verification": {"skipped": "no runtime"}})
-    assert legacy.report() == {"verification": {"skipped": "no runtime"}} and legacy.unchecked() == "no runtime"
+    assert StageResult(model=model).report() == {} and StageResult(model=model).unchecked() is None

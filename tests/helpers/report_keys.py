@@ -4,7 +4,7 @@
 every such row has (``required``), the keys only some have (``optional``), and per key the JSON types seen;
 ``metrics`` and ``latency_ms`` are described one level down.  The records go by their own kind: ``gates/passed``,
 ``gates/failed``, ``gates/skipped``, ``failures/stage``, ``unmeasured/benchmark``...
-tests/pipeline/report_rows_schema.json holds it for the recipe ``ROWS_RECIPE`` (run on ``ROWS_TARGETS``) as
+tests/core/report_rows_schema.json holds it for the recipe ``ROWS_RECIPE`` (run on ``ROWS_TARGETS``) as
 written by qdeploy before the rows, then the records, became typed models.
 """
 

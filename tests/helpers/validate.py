@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.core.context import Artifact, StageContext
 from qdeploy.core.rows import ValidationRow
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from tests.helpers.models import write_recipe
 
 RECIPE = """
@@ -89,7 +89,7 @@ def context(folder: Path, body: str = RECIPE) -> StageContext:
     """A stage context on a recipe written into folder (its relative paths resolve there)."""
     if not (folder / "model.onnx").exists():
         onnx.save(chain_model(), str(folder / "model.onnx"))
-    recipe = load_recipe(write_recipe(folder, body))
+    recipe = load_recipe_file(write_recipe(folder, body))
     (folder / "work").mkdir(exist_ok=True)
     return recipe.stage_context("*", folder / "work")
 

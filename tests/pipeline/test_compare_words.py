@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from qdeploy.pipeline.cli import app
 from qdeploy.pipeline.compare_runs import Thresholds, compare_reports, format_comparison
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.summary import build_report
 from tests.helpers.reports import synthetic_report
 
@@ -127,7 +127,7 @@ def _recipe(path: Path, model: str, data: str) -> Path:
 
 def _report_of(recipe: Path) -> dict[str, Any]:
     report = synthetic_report()
-    report["recipe"] = build_report(load_recipe(recipe), [], [], [], [], [], seconds=0.0)["recipe"]
+    report["recipe"] = build_report(load_recipe_file(recipe), [], [], [], [], [], seconds=0.0)["recipe"]
     return report
 
 

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from qdeploy.graph.order import scope_problems
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from tests.control_flow_models import (
     FEATURES,
@@ -48,7 +48,7 @@ def _run(tmp_path: Path, model: onnx.ModelProto | Path, make: object, tolerance:
         onnx.save(model, tmp_path / "model.onnx")
     _samples(tmp_path / "val", make)
     recipe = write_recipe(tmp_path, RECIPE.format(tolerance=tolerance))
-    run_recipe(load_recipe(recipe), RunOptions(out_dir=tmp_path / "out", show_progress=False))
+    run_recipe(load_recipe_file(recipe), RunOptions(out_dir=tmp_path / "out", show_progress=False))
     return json.loads((tmp_path / "out" / "report.json").read_text())
 
 

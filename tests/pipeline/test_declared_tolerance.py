@@ -9,7 +9,7 @@ from pathlib import Path
 
 import onnx
 
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from qdeploy.stages.validate import DECLARED_BASIS
 from tests.helpers.models import write_recipe
@@ -29,7 +29,7 @@ RECIPE = """
 
 def _rows(tmp_path: Path, validate: str) -> dict[str, dict]:
     onnx.save(tiny_conv(), str(tmp_path / "float.onnx"))
-    recipe = load_recipe(write_recipe(tmp_path, RECIPE.format(validate=validate)))
+    recipe = load_recipe_file(write_recipe(tmp_path, RECIPE.format(validate=validate)))
     assert set(recipe.declared_tolerances()) == {"int8"}
     result = run_recipe(recipe, RunOptions(out_dir=tmp_path / "run", show_progress=False))
     return {row["variant"]: row for row in result.report["validation"] if row["target"] == "ort:cpu"}

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from tests.helpers.models import REPO
 
 
 def test_the_demo_measures_latency_and_throughput_briefly() -> None:
-    recipe = load_recipe(REPO / "recipes" / "demo.yaml")
+    recipe = load_recipe_file(REPO / "recipes" / "demo.yaml")
     benchmark = recipe.benchmark
     assert benchmark.enabled and benchmark.mode == "both"  # a first run shows the throughput table too
     settings = benchmark.throughput_settings

@@ -21,7 +21,7 @@ from qdeploy.calibration import DatasetSpec, data_context
 from qdeploy.core.errors import DataError, RecipeError
 from qdeploy.core.rows import ValidationRow
 from qdeploy.pipeline.gates import excuse_unreadable, run_passes, validations_hold
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.report.verdict import verdict_lines, verdict_section
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from qdeploy.stages import export
@@ -62,7 +62,7 @@ def _folder(tmp_path: Path, rate: int = RATE) -> Path:
 
 def _run(folder: Path, inputs: str = "", gates: str = "") -> tuple[dict[str, Any], int]:
     recipe = write_recipe(folder, RECIPE.format(inputs=inputs, gates=gates))
-    result = run_recipe(load_recipe(recipe), RunOptions(out_dir=folder / "out", show_progress=False))
+    result = run_recipe(load_recipe_file(recipe), RunOptions(out_dir=folder / "out", show_progress=False))
     return result.report, result.exit_code
 
 
@@ -113,7 +113,7 @@ def test_samples_hold_a_frozen_input_only_at_its_frozen_value(tmp_path: Path) ->
     """Feeds never carry the frozen input (the exported model has none); a sample recorded at the frozen rate is
     read with the key ignored, one recorded at another rate is refused, naming the file and the key."""
     folder = _folder(tmp_path)
-    recipe = load_recipe(write_recipe(folder, RECIPE.format(inputs=FROZEN, gates="")))
+    recipe = load_recipe_file(write_recipe(folder, RECIPE.format(inputs=FROZEN, gates="")))
     ctx = recipe.stage_context("exported", folder / "work")
     (folder / "work").mkdir()
     exported = folder / "exported.onnx"
@@ -168,7 +168,7 @@ def test_bad_values_are_refused_when_the_recipe_loads(tmp_path: Path, spec: str,
     write_rate_if_model(tmp_path)
     recipe = write_recipe(tmp_path, f"name: t\nmodel: {{onnx: rate_if.onnx, inputs: [{spec}]}}\nvariants: {{a: []}}\n")
     with pytest.raises(RecipeError, match=message) as caught:
-        load_recipe(recipe)
+        load_recipe_file(recipe)
     assert caught.value.field == field and caught.value.exit_code == 2
 
 
@@ -187,7 +187,7 @@ def test_a_torch_model_cannot_freeze_an_input(tmp_path: Path) -> None:
     recipe = write_recipe(tmp_path, "name: t\nmodel:\n  torch: {factory: 'net.py:build'}\n  inputs: [{name: x, "
                                     "shape: [1, 3]}, {name: sr, value: 16000}]\nvariants: {a: []}\n")
     with pytest.raises(RecipeError, match="bind the argument in the factory"):
-        load_recipe(recipe)
+        load_recipe_file(recipe)
 
 
 def _verdict_report(readable_int8: bool) -> dict[str, Any]:

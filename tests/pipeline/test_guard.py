@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -11,11 +12,21 @@ from onnx import TensorProto, helper
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
+from qdeploy.core.findings import Findings
 from qdeploy.pipeline.guard import guard_artifact
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.recipe import Recipe
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from tests.helpers.models import write_recipe
+
+
+class _Check(Findings):
+    """A stage's findings with its own comparison's record (as simplify's ``check``)."""
+
+    check: dict[str, Any]
+
+    def unchecked(self) -> str | None:
+        return self.check.get("unchecked")
 
 
 @pytest.fixture
@@ -73,7 +84,7 @@ def test_a_graph_out_of_order_because_of_a_subgraph_read_is_put_back_in_order(tm
 
 
 def test_a_stage_that_could_not_check_is_reported_unchecked(tmp_path: Path, ctx: StageContext) -> None:
-    result = StageResult(model=_relu(), findings={"check": {"unchecked": "inputs are sequences"}})
+    result = StageResult(model=_relu(), findings=_Check(check={"unchecked": "inputs are sequences"}))
     verdict = guard_artifact(_artifact(_relu(), tmp_path), result, "simplify", ctx)
     assert verdict["checked"] is False and verdict["unchecked"] == "inputs are sequences"
 
@@ -84,7 +95,7 @@ def test_the_runner_publishes_no_unloadable_artifact(tmp_path: Path, monkeypatch
     def unloadable(artifact: Artifact, config: object, ctx: StageContext) -> StageResult:
         model = artifact.load()
         model.graph.node[0].op_type = "NoSuchOp"
-        return StageResult(model=model, findings={"check": {"samples": 3}})
+        return StageResult(model=model, findings=_Check(check={"samples": 3}))
 
     monkeypatch.setattr(qdeploy.stages.simplify, "run", unloadable)
     onnx.save(_relu(), tmp_path / "m.onnx")
@@ -97,7 +108,7 @@ def test_the_runner_publishes_no_unloadable_artifact(tmp_path: Path, monkeypatch
         benchmark: {batch_sizes: [1], warmup: 1, iterations: 2, rounds: 1}
         """)
     out = tmp_path / "out"
-    result = run_recipe(load_recipe(recipe), RunOptions(out_dir=out, show_progress=False))
+    result = run_recipe(load_recipe_file(recipe), RunOptions(out_dir=out, show_progress=False))
     report = json.loads((out / "report.json").read_text())
     assert result.exit_code != 0
     assert [failure["stage"] for failure in report["failures"]] == ["simplify"]

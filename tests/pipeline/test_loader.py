@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from qdeploy.core.errors import RecipeError
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from tests.helpers.models import DEMO_RECIPE, write_recipe
 
 BASE = """\
@@ -24,11 +24,11 @@ targets: [ort:cpu, openvino:cpu]
 
 
 def _load(tmp_path: Path, text: str) -> object:
-    return load_recipe(write_recipe(tmp_path, text))
+    return load_recipe_file(write_recipe(tmp_path, text))
 
 
 def test_demo_recipe_loads_with_defaults_filled() -> None:
-    recipe = load_recipe(DEMO_RECIPE)
+    recipe = load_recipe_file(DEMO_RECIPE)
     assert recipe.name == "demo-cnn"
     assert list(recipe.variants) == ["fp32", "fp16", "int8"]
     fp16_step = recipe.variants["fp16"][1]
@@ -78,7 +78,7 @@ def test_bad_recipes_name_line_and_problem(tmp_path: Path, tiny_model_path: Path
 
 def test_missing_recipe_file(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="recipe file not found"):
-        load_recipe(tmp_path / "nope.yaml")
+        load_recipe_file(tmp_path / "nope.yaml")
 
 
 def test_reserved_variant_name(tmp_path: Path, tiny_model_path: Path) -> None:

@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from qdeploy.core.runtimes import built_for, runtime_of_variant
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.recipe import Recipe
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from tests.helpers.models import write_recipe
@@ -75,7 +75,7 @@ RECIPE = """
 
 def test_a_split_variant_runs_end_to_end_on_its_own_runtime(tmp_path: Path) -> None:
     onnx.save(tiny_conv(), str(tmp_path / "float.onnx"))
-    result = run_recipe(load_recipe(write_recipe(tmp_path, RECIPE.format())),
+    result = run_recipe(load_recipe_file(write_recipe(tmp_path, RECIPE.format())),
                         RunOptions(out_dir=tmp_path / "run", show_progress=False))
     report = result.report
     assert result.exit_code == 0, report.get("unmeasured")

@@ -9,13 +9,13 @@ import jsonschema
 import pytest
 import yaml
 
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.plan import build_plan, describe_plan, recipe_json_schema
 from tests.helpers.models import DEMO_RECIPE, write_recipe
 
 
 def test_shared_prefix_is_one_node(tmp_path: Path, tiny_model_path: Path) -> None:
-    recipe = load_recipe(write_recipe(tmp_path, """
+    recipe = load_recipe_file(write_recipe(tmp_path, """
         name: t
         model: {onnx: tiny.onnx}
         variants:
@@ -33,7 +33,7 @@ def test_shared_prefix_is_one_node(tmp_path: Path, tiny_model_path: Path) -> Non
 
 
 def test_describe_plan_lists_targets_and_availability() -> None:
-    text = describe_plan(load_recipe(DEMO_RECIPE))
+    text = describe_plan(load_recipe_file(DEMO_RECIPE))
     assert "recipe demo-cnn: valid" in text
     assert "ort:cpu: available" in text
     assert "ort:cuda: unavailable" in text  # no GPU on these machines

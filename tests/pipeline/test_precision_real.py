@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from qdeploy.targets.int8_path import FLAGS_ENV
 from tests.helpers.precision import BF16_CPU, openvino_runs_bf16_here
@@ -38,7 +38,7 @@ def test_pp_ocr_det_fp16_ships_pinned_f32_where_the_bf16_default_misses(tmp_path
                   report={"formats": ["json", "md"], "packages": {"which": "passed"}})
     recipe["validate"].update(fp16_reference="never", tolerance={"cosine_min": 0.9995})
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    result = run_recipe(load_recipe(path), RunOptions(out_dir=tmp_path / "run", show_progress=False))
+    result = run_recipe(load_recipe_file(path), RunOptions(out_dir=tmp_path / "run", show_progress=False))
     report = result.report
     row = next(r for r in report["validation"] if (r["variant"], r["target"]) == ("fp16", "openvino:cpu"))
     assert row["status"] == "passed" and row["deploy_precision"] == "f32", row["reason"]

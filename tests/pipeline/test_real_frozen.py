@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from tests.helpers.int8 import exact_int8
 from tests.real_models import RealModelError
@@ -38,7 +38,7 @@ def _report(folder: Path, inputs: list[dict[str, Any]]) -> dict[str, Any]:
     recipe = yaml.safe_load(path.read_text())
     recipe["model"]["inputs"] = inputs
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return run_recipe(load_recipe(path), RunOptions(out_dir=folder / "run", show_progress=False)).report
+    return run_recipe(load_recipe_file(path), RunOptions(out_dir=folder / "run", show_progress=False)).report
 
 
 def test_silero_vad_with_sr_frozen_runs_on_openvino_through_the_whole_recipe(tmp_path: Path) -> None:

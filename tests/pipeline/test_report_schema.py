@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from tests.helpers.demo_report import demo_report
 from tests.helpers.models import DEMO_RECIPE
@@ -69,7 +69,7 @@ def key_paths(node: Any, prefix: str = "") -> set[str]:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("demo")
-    result = run_recipe(load_recipe(DEMO_RECIPE), RunOptions(out_dir=out, show_progress=False))
+    result = run_recipe(load_recipe_file(DEMO_RECIPE), RunOptions(out_dir=out, show_progress=False))
     return json.loads((Path(result.out_dir) / "report.json").read_text())
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import onnx
 import pytest
 
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from tests.helpers.models import write_recipe
 
@@ -21,7 +21,7 @@ LATENCY_KEYS = {"p50", "p90", "p99", "mean", "std", "min", "max"}
 
 
 def _run(recipe_path: Path, out: Path, **options: object) -> tuple[dict, int]:
-    result = run_recipe(load_recipe(recipe_path), RunOptions(out_dir=out, show_progress=False, **options))
+    result = run_recipe(load_recipe_file(recipe_path), RunOptions(out_dir=out, show_progress=False, **options))
     return json.loads((out / "report.json").read_text()), result.exit_code
 
 

@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from tests.helpers.models import write_recipe
 
@@ -27,7 +27,7 @@ def test_a_variant_with_another_variants_file_is_measured_once(tmp_path: Path, t
           - {variant: twin, target: "ort:cpu", metric: latency_ms, max: 10000}
         """)
     out = tmp_path / "out"
-    result = run_recipe(load_recipe(recipe), RunOptions(out_dir=out, show_progress=False))
+    result = run_recipe(load_recipe_file(recipe), RunOptions(out_dir=out, show_progress=False))
     report = json.loads((out / "report.json").read_text())
     rows = {row["name"]: row for row in report["artifacts"]}
     assert rows["twin"]["sha256"] == rows["fp32"]["sha256"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from qdeploy.pipeline import tested_versions
-from qdeploy.pipeline.tested_versions import TESTED, difference_lines, differences, read_constraints
+from qdeploy.pipeline.tested_versions import TESTED, difference_lines, read_constraints, version_differences
 from tests.helpers.models import REPO
 
 
@@ -41,7 +41,7 @@ def test_differences_warn_for_runtimes_and_note_the_rest() -> None:
     numpy_now = metadata.version("numpy")
     pins = {"numpy": "0.0.1", "pyyaml": "0.0.1", "openvino": "not-installed-here", "torch": "9.9",
             "onnx": metadata.version("onnx")}
-    found = {name: (level, installed) for level, name, installed, _ in differences(pins)}
+    found = {name: (level, installed) for level, name, installed, _ in version_differences(pins)}
     assert found["numpy"] == ("warning", numpy_now)
     assert found["pyyaml"][0] == "note"
     assert "onnx" not in found  # the tested version is installed
@@ -53,7 +53,7 @@ def test_differences_warn_for_runtimes_and_note_the_rest() -> None:
 
 def test_a_missing_optional_runtime_is_no_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tested_versions, "installed_version", lambda name: None)
-    found = {name for _, name, _, _ in differences({"torch": "2.13.0", "onnxruntime": "1.0"})}
+    found = {name for _, name, _, _ in version_differences({"torch": "2.13.0", "onnxruntime": "1.0"})}
     assert found == {"onnxruntime"}
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from tests.helpers.models import tiny_cnn, write_recipe
 
@@ -39,7 +39,7 @@ def _recipe(tmp_path: Path, targets: str, mode: str = "auto") -> Path:
 ])
 def test_the_targets_an_fp16_artifact_is_validated_on(tmp_path: Path, targets: str, mode: str,
                                                       expected: tuple[str, ...]) -> None:
-    recipe = load_recipe(_recipe(tmp_path, targets, mode))
+    recipe = load_recipe_file(_recipe(tmp_path, targets, mode))
     assert recipe.validated_targets(true_fp16=True) == expected
     assert recipe.validated_targets() == tuple(recipe.targets)
 
@@ -47,7 +47,7 @@ def test_the_targets_an_fp16_artifact_is_validated_on(tmp_path: Path, targets: s
 @pytest.mark.slow
 def test_the_fp16_budget_is_confirmed_on_the_true_float16_check_and_int8_is_not(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    run_recipe(load_recipe(_recipe(tmp_path, "[ort:cpu]")), RunOptions(out_dir=out, cache_dir=tmp_path / "cache"))
+    run_recipe(load_recipe_file(_recipe(tmp_path, "[ort:cpu]")), RunOptions(out_dir=out, cache_dir=tmp_path / "cache"))
     fp16 = _findings(out, "fp16", "fp16")["budget"]
     assert set(fp16["targets"]) == {"ort:cpu", "reference:cpu"}
     assert fp16["targets"]["reference:cpu"]["status"] in ("confirmed", "missed")

@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from tests.helpers.decoder import export, write_prompts
 from tests.helpers.models import write_recipe
@@ -34,12 +34,16 @@ RECIPE = """
     """
 
 
+# slow: the weight-only builders run on the fast loop in tests/stages/quantize/test_quantize_weight_only.py
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     folder = tmp_path_factory.mktemp("decoder")
     _, config = export(folder / "decoder.onnx", layers=LAYERS, hidden=64, vocab=1000)
     write_prompts(folder / "prompts", config, 3, prompt=8)
-    result = run_recipe(load_recipe(write_recipe(folder, RECIPE)),
+    result = run_recipe(load_recipe_file(write_recipe(folder, RECIPE)),
                         RunOptions(out_dir=folder / "run", show_progress=False))
     assert result.exit_code == 0, (result.report.get("failures"), result.report.get("gates"))
     return result.report, folder / "run"

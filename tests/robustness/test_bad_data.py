@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.robustness.helpers import assert_clean_input_error, recipe_with_model, run_cli
 
@@ -36,6 +37,7 @@ def test_empty_calibration_folder(tmp_path: Path) -> None:
     assert_clean_input_error(result, "calib", "no .npy or .npz samples")
 
 
+@pytest.mark.slow  # the same refusal runs on the fast loop in test_bad_data_fails_one_variant_and_keeps_the_others
 def test_sample_of_the_wrong_shape(tmp_path: Path) -> None:
     _, result = _run_with_samples(tmp_path, {"a.npy": np.zeros((3, 8, 8), np.float32)})
     assert_clean_input_error(result, "a.npy", "input 'input'", "[1, 3, 16, 16]")

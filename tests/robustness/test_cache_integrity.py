@@ -75,6 +75,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow  # whole runs; test_every_read_checks_the_entry evicts and rebuilds through the store on the fast loop
 @pytest.mark.parametrize("damage", [_flip_middle_4k, _garble_first_40], ids=["flip-4k-middle", "garble-first-40"])
 def test_a_damaged_model_entry_is_evicted_rebuilt_and_reported(finished_run: Path, tmp_path: Path,
                                                                damage: Callable[[Path], None]) -> None:
@@ -172,7 +173,7 @@ def test_samples_rewritten_with_the_same_size_and_mtime_rebuild_what_they_calibr
 
     import numpy as np
 
-    from qdeploy.pipeline.loader import load_recipe
+    from qdeploy.pipeline.loader import load_recipe_file
     from qdeploy.pipeline.runner import RunOptions, run_recipe
 
     body = BODY.replace("calib: {reader: random, samples: 4}", "calib: {reader: npy, path: calib}")
@@ -183,12 +184,12 @@ def test_samples_rewritten_with_the_same_size_and_mtime_rebuild_what_they_calibr
     for index in range(4):
         np.save(calib / f"s{index}.npy", rng.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32))
     options = RunOptions(out_dir=tmp_path / "out", show_progress=False)
-    first = {a["name"]: a for a in run_recipe(load_recipe(recipe), options).report["artifacts"]}
+    first = {a["name"]: a for a in run_recipe(load_recipe_file(recipe), options).report["artifacts"]}
     for path in sorted(calib.iterdir()):
         stat = path.stat()
         np.save(path, rng.uniform(-50, 50, (1, 3, 16, 16)).astype(np.float32))  # same header, same size
         os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
         assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
-    second = {a["name"]: a for a in run_recipe(load_recipe(recipe), options).report["artifacts"]}
+    second = {a["name"]: a for a in run_recipe(load_recipe_file(recipe), options).report["artifacts"]}
     assert second["fp32"]["cached"] and second["fp32"]["sha256"] == first["fp32"]["sha256"]  # reads no data
     assert not second["int8"]["cached"] and second["int8"]["sha256"] != first["int8"]["sha256"]

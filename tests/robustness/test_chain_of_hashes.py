@@ -14,7 +14,7 @@ import pytest
 
 import qdeploy
 from qdeploy.core.errors import QdeployError, QdeployInputError
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.package.publish import package_from_run
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from tests.robustness.helpers import RECIPE, assert_clean_input_error, recipe_with_model, run_cli, sha256_of
@@ -25,7 +25,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One finished run (with packages) for the module; each test tampers with its own copy."""
     folder = tmp_path_factory.mktemp("chain")
     recipe = recipe_with_model(folder, body=RECIPE + "report: {packages: {which: passed}}\n")
-    result = run_recipe(load_recipe(recipe), RunOptions(out_dir=folder / "out", show_progress=False))
+    result = run_recipe(load_recipe_file(recipe), RunOptions(out_dir=folder / "out", show_progress=False))
     assert result.exit_code == 0, result.report["failures"]
     return result.out_dir
 

@@ -180,8 +180,8 @@ def test_a_factory_module_is_found_without_importing_it(tmp_path: Path, monkeypa
     with pytest.raises(RecipeError, match=r"module 'qdeploy_probe_pkg\.nest' cannot be found"):
         check_factory("qdeploy_probe_pkg.nest:build", Path)
     # found through every finder of sys.meta_path, as import finds it (an editable install maps its own folders)
-    with pytest.raises(RecipeError, match=r"no 'load_recpe'.*did you mean 'load_recipe'"):
-        check_factory("qdeploy.pipeline.loader:load_recpe", Path)
+    with pytest.raises(RecipeError, match=r"no 'load_recpe_file'.*did you mean 'load_recipe_file'"):
+        check_factory("qdeploy.pipeline.loader:load_recpe_file", Path)
 
 
 @pytest.mark.parametrize(("source", "name"), [

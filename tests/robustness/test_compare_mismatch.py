@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.robustness.helpers import recipe_with_model, run_cli
@@ -42,6 +43,7 @@ def _run(folder: Path, name: str, model: onnx.ModelProto | None = None, batch: i
     return folder / "out"
 
 
+@pytest.mark.slow  # two runs; tests/pipeline/test_compare_runs.py covers the same refusals on the fast loop
 def test_compare_refuses_different_models_and_flags_nan(tmp_path: Path) -> None:
     cnn = _run(tmp_path / "cnn", "cnn")
     matmul = _run(tmp_path / "mm", "mm", _matmul_4x4(), batch=4)  # its batch dimension is a static 4

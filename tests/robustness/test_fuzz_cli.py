@@ -137,6 +137,7 @@ def test_the_unedited_demo_checks_valid(workdir: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.slow  # random and spliced recipes reach check on the fast loop
 @fuzz_settings(150)
 @given(recipe=edited(DEMO))
 def test_edited_demo_recipes_through_check(workdir: Path, recipe: Any) -> None:

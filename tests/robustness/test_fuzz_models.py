@@ -297,6 +297,7 @@ def test_truncated_models_through_check(workdir: Path, flips: list, cut: int) ->
     _check_model(workdir, _flipped(flips, cut), declared=True)
 
 
+@pytest.mark.slow  # bit flips and truncations reach check on the fast loop
 @fuzz_settings(150)
 @given(mutations=swaps, declared=st.booleans())
 def test_field_swapped_models_through_check(workdir: Path, mutations: list, declared: bool) -> None:
@@ -329,6 +330,7 @@ def _recorded_failures(report: dict[str, Any]) -> list[Any]:
             *(entry for entry in report["unmeasured"] if not entry["allowed"])]
 
 
+@pytest.mark.slow  # whole runs; the ORT-refused mutations go through run on the fast loop
 @fuzz_settings(12, cost=10, seconds=RUN_SECONDS)
 @given(mutation=st.one_of(st.tuples(st.just("swaps"), swaps), st.tuples(st.just("structure flips"), flips),
                           st.tuples(st.just("weight flips"), flips)))

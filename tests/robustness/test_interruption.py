@@ -97,8 +97,9 @@ def test_two_runs_sharing_one_cache_at_once(tmp_path: Path) -> None:
     assert_cache_sound(cache)
 
 
-@pytest.mark.parametrize("where", ["qdeploy.pipeline.store.save_model", "shutil.copyfile",
-                                   "qdeploy.pipeline.store.write_json_synced"])
+@pytest.mark.parametrize("where", [  # one write site on the fast loop; the others the same handling, slow
+    pytest.param("qdeploy.pipeline.store.save_model", marks=pytest.mark.slow),
+    pytest.param("shutil.copyfile", marks=pytest.mark.slow), "qdeploy.pipeline.store.write_json_synced"])
 def test_full_disk_is_reported_and_the_previous_state_kept(tmp_path: Path, where: str) -> None:
     recipe = recipe_with_model(tmp_path, body=BODY.replace("benchmark: {", "benchmark: {enabled: false, "))
     out = tmp_path / "out"

@@ -47,8 +47,10 @@ KILLS_BEFORE_THE_SWITCH = [
 ]
 
 
-@pytest.mark.parametrize(("module", "function", "when", "calls"), KILLS_BEFORE_THE_SWITCH,
-                         ids=["mid-publish", "before-validate", "mid-reports", "before-switch"])
+@pytest.mark.parametrize(("module", "function", "when", "calls"), [  # one kill point on the fast loop
+    pytest.param(*kill, id=name, marks=() if name == "before-validate" else pytest.mark.slow)
+    for kill, name in zip(KILLS_BEFORE_THE_SWITCH, ["mid-publish", "before-validate", "mid-reports", "before-switch"],
+                          strict=True)])
 def test_a_rerun_killed_before_the_switch_leaves_the_previous_set(finished_run: Path, tmp_path: Path, module: str,
                                                                   function: str, when: str, calls: int) -> None:
     recipe, out, old = _copy(finished_run, tmp_path)

@@ -15,9 +15,10 @@ import pytest
 import qdeploy.stages.validate as validate
 from qdeploy.calibration.batches import BatchError, batch_axes, make_batch
 from qdeploy.core.context import Artifact
-from qdeploy.pipeline.loader import load_recipe
+from qdeploy.pipeline.loader import load_recipe_file
 from qdeploy.pipeline.runner import RunOptions, run_recipe
-from qdeploy.stages.export import InputSpec, apply_input_overrides
+from qdeploy.stages.export import apply_input_overrides
+from qdeploy.stages.export.config import InputSpec
 from tests.helpers.models import tiny_cnn, write_recipe
 
 
@@ -68,7 +69,7 @@ def test_symbolic_batch_through_fp32_fp16_int8_on_both_runtimes(tmp_path: Path) 
         validate: {reference: fp32, samples: 2}
         benchmark: {batch_sizes: [1, 8], warmup: 1, iterations: 3, rounds: 1}
         """)
-    report = run_recipe(load_recipe(recipe), RunOptions(out_dir=tmp_path / "out", show_progress=False)).report
+    report = run_recipe(load_recipe_file(recipe), RunOptions(out_dir=tmp_path / "out", show_progress=False)).report
     rows = {(row["variant"], row["target"], row["batch_size"]): row for row in report["benchmarks"]}
     assert len(rows) == 3 * 2 * 2
     for key, row in rows.items():
@@ -100,7 +101,7 @@ def test_validation_names_a_batch_the_artifact_cannot_take(tmp_path: Path) -> No
         artifacts[name] = Artifact(path=tmp_path / f"{name}.onnx", sidecar=tmp_path / f"{name}.json", key=name,
                                    sha256="", size_bytes=0, stages=("simplify",), parent=None)
     onnx.save(reference, tmp_path / "model.onnx")
-    recipe = load_recipe(write_recipe(tmp_path, """
+    recipe = load_recipe_file(write_recipe(tmp_path, """
         name: t
         model: {onnx: model.onnx}
         variants: {ref: [], baked: []}
@@ -120,7 +121,7 @@ def test_a_batch_the_reference_cannot_take_is_not_validated_and_rows_say_so(tmp_
     onnx.save(tiny_cnn(), tmp_path / "model.onnx")  # input [1, 3, 16, 16]: batch 1 only
     artifact = Artifact(path=tmp_path / "model.onnx", sidecar=tmp_path / "m.json", key="m", sha256="",
                         size_bytes=0, stages=(), parent=None)
-    recipe = load_recipe(write_recipe(tmp_path, """
+    recipe = load_recipe_file(write_recipe(tmp_path, """
         name: t
         model: {onnx: model.onnx}
         variants: {v: []}

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdeploy.core.errors import StageError
-from qdeploy.graph.edit import STANDARD_DOMAINS
+from qdeploy.graph.edit import AI_ONNX_DOMAINS
 from qdeploy.graph.external_data import save_onnx
+from qdeploy.stages.quantize.findings import LoweringNotes
 from qdeploy.stages.quantize.lower import _ops as quantize_lower_ops
 from qdeploy.stages.quantize.lower import _patterns as quantize_lower_patterns
 from qdeploy.stages.quantize.lower import _qdq as quantize_lower_qdq
@@ -53,7 +54,7 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     *quantize_lower_patterns.RULES,
     *quantize_lower_qdq.RULES,
 )
-_KNOWN_DOMAINS = (*STANDARD_DOMAINS, "com.microsoft")
+_KNOWN_DOMAINS = (*AI_ONNX_DOMAINS, "com.microsoft")
 _FAKE_QUANT_WORDS = ("quant", "observer")
 
 
@@ -64,7 +65,7 @@ class Lowered:
     model: onnx.ModelProto
     checks: list[ActivationCheck]
     sites: int
-    findings: dict[str, Any]
+    findings: LoweringNotes
 
 
 def lower_model(model: onnx.ModelProto, variant: str, rules: tuple[Rule, ...] = DEFAULT_RULES) -> Lowered:
@@ -98,7 +99,7 @@ def lower_model(model: onnx.ModelProto, variant: str, rules: tuple[Rule, ...] = 
 def _at_least_opset(model: onnx.ModelProto, variant: str) -> onnx.ModelProto:
     import onnx
 
-    opset = next((entry.version for entry in model.opset_import if entry.domain in STANDARD_DOMAINS), 1)
+    opset = next((entry.version for entry in model.opset_import if entry.domain in AI_ONNX_DOMAINS), 1)
     if opset >= MIN_OPSET:
         return model
     try:
@@ -165,24 +166,24 @@ def unknown_fake_quant_ops(graph: ir.Graph) -> list[dict[str, str]]:
     return unknown
 
 
-def _findings(sites: list[dict[str, Any]], refused: list[dict[str, Any]]) -> dict[str, Any]:
+def _findings(sites: list[dict[str, Any]], refused: list[dict[str, Any]]) -> LoweringNotes:
     counts: dict[str, int] = {}
     for site in sites:
         counts[site["rule"]] = counts.get(site["rule"], 0) + 1
     inexact = [site for site in sites if site.get("max_difference", 0.0) > 0.0]
     worst = max(inexact, key=lambda site: site["max_difference"], default=None)
-    return {
-        "lowered": counts,
-        "sites": sites[:MAX_SITES_LISTED],
-        "sites_not_listed": max(0, len(sites) - MAX_SITES_LISTED),
-        "refused": refused,
-        "inexact": {
+    return LoweringNotes(
+        lowered=counts,
+        sites=sites[:MAX_SITES_LISTED],
+        sites_not_listed=max(0, len(sites) - MAX_SITES_LISTED),
+        refused=refused,
+        inexact={
             "count": len(inexact),
             "largest_difference": worst["max_difference"] if worst else 0.0,
             "tensor": worst.get("tensor") if worst else None,
             "step": worst.get("step") if worst else None,
         },
-    }
+    )
 
 
 def verify_on_data(model: onnx.ModelProto, checks: list[ActivationCheck], feeds: Iterable[dict[str, np.ndarray]],

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdeploy.graph.edit import STANDARD_DOMAINS, constant_array
+from qdeploy.graph.edit import AI_ONNX_DOMAINS, constant_array
 from qdeploy.stages.quantize.lower._base import (
     LoweringEditor,
     Match,
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 def _standard(node: ir.Node | None, *op_types: str) -> bool:
-    return node is not None and node.op_type in op_types and node.domain in STANDARD_DOMAINS
+    return node is not None and node.op_type in op_types and node.domain in AI_ONNX_DOMAINS
 
 
 def _split_constant(node: ir.Node) -> tuple[ir.Value | None, np.ndarray | None, int]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdeploy.graph.edit import STANDARD_DOMAINS, constant_array
+from qdeploy.graph.edit import AI_ONNX_DOMAINS, constant_array
 from qdeploy.stages.quantize.lower._base import (
     LoweringEditor,
     Match,
@@ -28,7 +28,7 @@ _FLOAT_KINDS = "f"
 
 
 def weight_qdq_pattern(node: ir.Node) -> Match | None:
-    if node.op_type != "QuantizeLinear" or node.domain not in STANDARD_DOMAINS or node.inputs[0] is None:
+    if node.op_type != "QuantizeLinear" or node.domain not in AI_ONNX_DOMAINS or node.inputs[0] is None:
         return None
     weight = constant_array(node.inputs[0])
     if weight is None or weight.dtype.kind not in _FLOAT_KINDS:

@@ -1,0 +1,217 @@
+"""What the quantize stage found (report.json ``lineage[].findings`` of a quantize step), one model per mode.
+
+``QuantizeFindings`` is the base of every mode's findings: ``PtqFindings`` and ``DynamicFindings`` (engine
+qdeploy), ``NncfPtqFindings`` (ptq, engine nncf), ``LowerFindings`` and ``WeightOnlyFindings``.  The parts two
+modes share are bases of their own: ``PreparedNotes`` (preparing the float model), ``CalibrationNotes`` (ptq's
+calibration) and ``Int8Findings`` (the int8 kernels counted per target).  The accuracy budget's record is typed
+too (``BudgetFindings``, its targets ``TargetRecord``): the search decides on those attributes, never on keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, field_serializer
+
+from qdeploy.core.findings import Findings
+
+__all__ = ["BudgetFindings", "CalibrationNotes", "DynamicFindings", "Int8Findings", "LowerFindings", "LoweringNotes",
+           "NncfPtqFindings", "PreparedNotes", "PtqFindings", "QuantizeFindings", "TargetRecord", "TargetStatus",
+           "WeightOnlyFindings"]
+
+TargetStatus = Literal["confirmed", "missed", "unavailable"]
+
+
+class TargetRecord(BaseModel):
+    """One target's verdict on the budget's model (``_budget_targets``).  The report holds the fields that were
+    set, a set None included (a target runner that never reported its precision says ``precision: null``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: TargetStatus
+    reason: str | None = None
+    """Why it is unavailable, why its runtime failed, or why the budget missed there."""
+    search: dict[str, Any] | None = None
+    """The comparison on the search samples (``_budget_eval.summary``)."""
+    held_back: dict[str, Any] | None = None
+    precision: str | None = None
+    """The precision the target really ran (targets run through their adapter)."""
+    measured_by: str | None = None
+    deploy_precision: str | None = None
+    """The pinned INFERENCE_PRECISION_HINT that holds, where the device default missed."""
+    default: TargetRecord | None = None
+    """The device default's missed record, beside the pinned one that holds."""
+    note: str | None = None
+    pinned: list[str] | None = None
+    """What each pinned precision gave, when none held."""
+
+    def to_report(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True)
+
+
+class BudgetFindings(Findings):
+    """The accuracy budget's search (``_budget``): the samples, the model before and after, what was kept float,
+    each target's verdict and what each runtime cost.  The search's own fields are absent when the fully
+    quantized model held at once; ``note`` says why the budget missed."""
+
+    tolerance: dict[str, Any]
+    samples: int
+    search_samples: int
+    held_back_samples: int
+    initial: dict[str, Any]
+    """``search`` and ``held_back`` comparisons of the fully quantized model."""
+    met: bool
+    final: dict[str, Any]
+    kept_float: list[dict[str, Any]]
+    """Nodes kept float, each with its rank and why."""
+    candidates: int | None = None
+    ranking: str | None = None
+    margin: dict[str, Any] | None = None
+    phases: list[dict[str, Any]] | None = None
+    requantized: int | None = None
+    tried: list[dict[str, Any]] | None = None
+    targets: dict[str, TargetRecord]
+    runtimes: dict[str, dict[str, Any]]
+    evaluations: int
+    evaluation_seconds: float
+    seconds: float
+    confirmed: str
+    note: str | None = None
+    data: str | None = None
+    """The budget's dataset ("random": seeded random data); set by the stage, which knows the recipe's name."""
+    held_back_unseen_by_calibration: bool | None = None
+
+    @field_serializer("targets")
+    def _targets(self, targets: dict[str, TargetRecord]) -> dict[str, dict[str, Any]]:
+        return {name: record.to_report() for name, record in targets.items()}
+
+
+class QuantizeFindings(Findings):
+    """Every mode's findings: the mode that built the artifact."""
+
+    mode: Literal["ptq", "dynamic", "lower", "weight_only"]
+
+
+class Int8Findings(QuantizeFindings):
+    """What every int8 mode (ptq, dynamic, lower) reports of the model it wrote."""
+
+    quantized_nodes: dict[str, int]
+    """Op type -> nodes that run in integer (``_common.quantized_node_counts``)."""
+    build_cpu_int8_path: str
+    int8_saturation_warning: str | None = None
+    int8_kernels: dict[str, dict[str, Any]]
+    """Target -> quantizable compute nodes and int8 kernels there, or why it was not checked."""
+
+
+class PreparedNotes(Findings):
+    """What preparing the float model did (``_prepare.prepare``); part of the ptq and dynamic findings."""
+
+    preprocess: str
+    """"complete", or "partly: " and the steps that failed."""
+    constants_lifted: int
+    nodes_named: int
+    gemm_bias_vectorized: int | None = None
+    gemm_bias_moved_to_add: int | None = None
+    opset: str | None = None
+    """How the opset was raised, when it was."""
+    subgraphs_left_float: list[dict[str, Any]] | None = None
+
+
+class CalibrationNotes(Findings):
+    """What ptq's calibration did (engine qdeploy)."""
+
+    method: str
+    percentile: float | None = None
+    """Method percentile's percentile; absent for the other methods."""
+    calibration_data: str
+    calibration_samples: int
+    calibrated_tensors: int
+    ranges_clipped: int
+    calibration_skipped: list[int] | None = None
+    """Calibration samples held back for the budget's confirmation."""
+
+
+class _PostTraining(Int8Findings, PreparedNotes):
+    """What ptq and dynamic (engine qdeploy) share."""
+
+    smooth_quant: dict[str, Any] | None = None
+    op_types: list[str]
+    reduce_range: dict[str, Any]
+    """The 7-bit setting, the operand on 7 bits and why (ptq: and what comparing the two measured)."""
+    budget: BudgetFindings | None = None
+    excluded: list[str]
+    activation_type: str
+    weight_type: str
+    per_channel: bool
+    symmetric: dict[str, bool]
+    compute_nodes: int
+
+    @field_serializer("budget")
+    def _budget(self, budget: BudgetFindings | None) -> dict[str, Any] | None:
+        return None if budget is None else budget.to_report()
+
+
+class PtqFindings(_PostTraining, CalibrationNotes):
+    """mode ptq, engine qdeploy."""
+
+    mode: Literal["ptq"] = "ptq"
+
+
+class DynamicFindings(_PostTraining):
+    """mode dynamic."""
+
+    mode: Literal["dynamic"] = "dynamic"
+
+
+class NncfPtqFindings(Int8Findings):
+    """mode ptq, engine nncf."""
+
+    mode: Literal["ptq"] = "ptq"
+    engine: Literal["nncf"] = "nncf"
+    nncf_version: str
+    calibration_data: str
+    calibration_samples: int
+    model_type: str
+    reduce_range: dict[str, Any]
+    excluded: list[str]
+    compute_nodes: int
+
+
+class LoweringNotes(Findings):
+    """What ``lower.lower_model`` found: the part of the lower mode's findings that its rules decide."""
+
+    lowered: dict[str, int]
+    """Rule -> sites it lowered."""
+    sites: list[dict[str, Any]]
+    sites_not_listed: int
+    refused: list[dict[str, Any]]
+    inexact: dict[str, Any]
+    """How many sites are not exact, and the largest difference (its tensor and step)."""
+
+
+class LowerFindings(Int8Findings, LoweringNotes):
+    """mode lower: the fake-quant sites lowered and their check on data."""
+
+    mode: Literal["lower"] = "lower"
+    note: str | None = None
+    """Said when the model holds no fake quantization (it is unchanged)."""
+    qdq_parameters_unshared: int | None = None
+    verification: dict[str, Any]
+    """The lowered activations against their fake-quant reference (``lower.verify_on_data``) and the data."""
+
+
+class WeightOnlyFindings(QuantizeFindings):
+    """mode weight_only."""
+
+    mode: Literal["weight_only"] = "weight_only"
+    bits: int
+    group_size: int
+    symmetric: bool
+    weight_format: str
+    accuracy_level: int | None
+    """MatMulNBits' accuracy_level; null for the other weight format."""
+    quantized_weights: dict[str, int]
+    """"<op> int<bits>" -> weights quantized."""
+    kept_float: dict[str, str]
+    """Node -> why its weight stayed float."""
+    bytes: dict[str, int]
