@@ -414,20 +414,25 @@ class IndexedONNXModel(ONNXModel):
         self._forget_nodes()
 
 
-class FastQDQQuantizer(QDQQuantizer):
-    """ORT's ``QDQQuantizer`` (same constructor) working on an ``IndexedONNXModel``."""
+class _OnIndexedModel:
+    """What both fast quantizers share: ORT's constructor, with ``self.model`` kept as an ``IndexedONNXModel``
+    (ORT's constructors assign ``self.model = ONNXModel(...)``; the setter wraps it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         install_find_by_name()
         super().__init__(*args, **kwargs)
 
-    @property  # type: ignore[override]
+    @property
     def model(self) -> IndexedONNXModel:
         return self._indexed_model
 
     @model.setter
     def model(self, value: ONNXModel) -> None:
         self._indexed_model = value if isinstance(value, IndexedONNXModel) else IndexedONNXModel(value.model)
+
+
+class FastQDQQuantizer(_OnIndexedModel, QDQQuantizer):
+    """ORT's ``QDQQuantizer`` (same constructor) working on an ``IndexedONNXModel``."""
 
     def quantize_model(self) -> onnx.ModelProto:
         self._read_by_subgraphs = subgraph_references(self.model.model.graph)
@@ -446,20 +451,8 @@ class FastQDQQuantizer(QDQQuantizer):
         return bool(super().try_replacing_upstream_output(upstream_output_name, output_name))
 
 
-class FastONNXQuantizer(ONNXQuantizer):
+class FastONNXQuantizer(_OnIndexedModel, ONNXQuantizer):
     """ORT's ``ONNXQuantizer`` (what ``quantize_dynamic`` uses) working on an ``IndexedONNXModel``."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        install_find_by_name()
-        super().__init__(*args, **kwargs)
-
-    @property  # type: ignore[override]
-    def model(self) -> IndexedONNXModel:
-        return self._indexed_model
-
-    @model.setter
-    def model(self, value: ONNXModel) -> None:
-        self._indexed_model = value if isinstance(value, IndexedONNXModel) else IndexedONNXModel(value.model)
 
     @property
     def new_nodes(self) -> _NodeList:
