@@ -53,3 +53,26 @@ def write_recipe(folder: Path, body: str, name: str = "recipe.yaml") -> Path:
     path = folder / name
     path.write_text(textwrap.dedent(body).lstrip())
     return path
+
+
+# a small torch Conv-BN-ReLU-Linear network; its file defines `build` (the torch export tests' factory)
+TORCH_NET = '''
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.head(y.mean(dim=(2, 3)))
+
+
+def build():
+    torch.manual_seed(0)
+    return Net()
+'''

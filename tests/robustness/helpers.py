@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from typer.testing import CliRunner
 
+from qdeploy.pipeline.cli import app
 from qdeploy.pipeline.store import META_FILE
 from tests.helpers.models import tiny_cnn, write_recipe
 
@@ -44,6 +46,21 @@ def recipe_with_model(folder: Path, model: onnx.ModelProto | bytes | None = None
     else:
         onnx.save(model if model is not None else tiny_cnn(), target)
     return write_recipe(folder, body.replace("MODEL", model_name))
+
+
+def qdeploy(*args: str) -> tuple[int, str]:
+    """(exit status, stderr) of `qdeploy ARGS` in this process; an exception escaping the CLI fails the test."""
+    result = CliRunner().invoke(app, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stderr
+
+
+def assert_exit_2(outcome: tuple[int, str], *needles: str) -> None:
+    code, stderr = outcome
+    assert code == 2, (code, stderr)
+    assert "internal error" not in stderr and "Traceback" not in stderr, stderr
+    for needle in needles:
+        assert needle in stderr, (needle, stderr)
 
 
 def assert_clean_input_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:

@@ -16,26 +16,9 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from typer.testing import CliRunner
 
-from qdeploy.pipeline.cli import app
 from tests.helpers.models import tiny_cnn
-from tests.robustness.helpers import RECIPE, recipe_with_model
-
-
-def qdeploy(*args: str) -> tuple[int, str]:
-    """(exit status, stderr) of `qdeploy ARGS` in this process; an exception escaping the CLI fails the test."""
-    result = CliRunner().invoke(app, list(args))
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    return result.exit_code, result.stderr
-
-
-def assert_exit_2(outcome: tuple[int, str], *needles: str) -> None:
-    code, stderr = outcome
-    assert code == 2, (code, stderr)
-    assert "internal error" not in stderr and "Traceback" not in stderr, stderr
-    for needle in needles:
-        assert needle in stderr, (needle, stderr)
+from tests.robustness.helpers import RECIPE, assert_exit_2, qdeploy, recipe_with_model
 
 
 def _run(recipe: Path, *extra: str) -> tuple[int, str]:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,15 +112,6 @@ def test_recipe_files_and_globs_invalid_ones_become_entries(tmp_path: Path, tiny
     twin = write_recipe(tmp_path / "twin", "name: good\nmodel: {onnx: ../tiny.onnx}\nvariants: {a: []}\n")
     names = [e.name for e in load_sweep([tmp_path / "good.yaml", twin]).entries]
     assert names == ["good", "good-2"]
-
-
-@pytest.fixture
-def keep_logging() -> Iterator[None]:
-    """The CLI points logging at CliRunner's stream, which closes after the run: put the handlers back."""
-    root = logging.getLogger()
-    handlers = list(root.handlers)
-    yield
-    root.handlers[:] = handlers
 
 
 @pytest.mark.usefixtures("keep_logging")

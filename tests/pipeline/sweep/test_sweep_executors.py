@@ -7,8 +7,6 @@ timeline in which no benchmark overlaps any other work on its node.
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,14 +116,6 @@ def test_local_sweep_isolates_failures_and_benchmarks_run_alone(local_sweep: Swe
     assert _benchmark_overlaps(report["timeline"]) == []
     for name in ("sweep.json", "sweep.md", "sweep.html"):
         assert (local_sweep.out_dir / name).is_file()
-
-
-@pytest.fixture
-def keep_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers = list(root.handlers)
-    yield
-    root.handlers[:] = handlers
 
 
 @pytest.mark.usefixtures("keep_logging")

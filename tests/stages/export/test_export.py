@@ -17,30 +17,10 @@ from qdeploy.core.context import StageResult
 from qdeploy.core.errors import ModelError
 from qdeploy.pipeline.recipe import Recipe
 from qdeploy.stages import export
-from tests.helpers.models import tiny_cnn
+from tests.helpers.models import TORCH_NET, tiny_cnn
 
 RNG = np.random.default_rng(5)
 
-TORCH_NET = '''
-import torch
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = torch.nn.BatchNorm2d(8)
-        self.head = torch.nn.Linear(8, 4)
-
-    def forward(self, x):
-        y = torch.relu(self.bn(self.conv(x)))
-        return self.head(y.mean(dim=(2, 3)))
-
-
-def build():
-    torch.manual_seed(0)
-    return Net()
-'''
 
 
 def _export(tmp_path: Path, **model: object) -> StageResult:

@@ -15,28 +15,10 @@ from qdeploy.core.context import StageResult
 from qdeploy.pipeline.recipe import Recipe
 from qdeploy.stages import export
 from qdeploy.stages.export.config import TorchSource
+from tests.helpers.models import TORCH_NET
 
 pytestmark = pytest.mark.torch
 
-NET = '''
-import torch
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = torch.nn.BatchNorm2d(8)
-        self.head = torch.nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.head(torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
-
-
-def build():
-    torch.manual_seed(0)
-    return Net()
-'''
 
 BRANCHY = '''
 import torch
@@ -56,7 +38,7 @@ def build():
 
 def _write_net(folder: Path) -> Path:
     path = folder / "net.py"
-    path.write_text(NET)
+    path.write_text(TORCH_NET)
     return path
 
 
