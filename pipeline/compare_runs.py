@@ -82,8 +82,11 @@ class RunComparison:
         return [change for change in self.changes if change.regression]
 
 
-def load_report(path: Path) -> dict[str, Any]:
-    """A run's report.json, from the run folder or the file itself; QdeployInputError (exit 2) otherwise."""
+def load_report(path: Path, *, require_artifacts: bool = False) -> dict[str, Any]:
+    """A run's report.json, from the run folder or the file itself; QdeployInputError (exit 2) otherwise.
+
+    Its published files are verified (``verify_published``); ``require_artifacts`` refuses a report.json that
+    stands alone, without the artifacts it names."""
     file = path / "report.json" if path.is_dir() else path
     if not file.is_file():
         raise QdeployInputError(f"{path}: no report.json there; give a run folder (qdeploy run --out DIR) "
@@ -97,7 +100,7 @@ def load_report(path: Path) -> dict[str, Any]:
     if missing:
         raise QdeployInputError(f"{file}: not a qdeploy report (missing {', '.join(missing)})")
     # a run folder's published files must be the ones its report describes; a lone report.json is numbers only
-    return verify_published(file, report, require_artifacts=False)
+    return verify_published(file, report, require_artifacts=require_artifacts)
 
 
 def compare_reports(before: dict[str, Any], after: dict[str, Any], thresholds: Thresholds | None = None, *,

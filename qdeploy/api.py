@@ -35,7 +35,6 @@ from qdeploy.core.rows import (
 from qdeploy.core.userfiles import writable_folder
 from qdeploy.pipeline.compare_runs import Thresholds, compare_reports, load_report
 from qdeploy.pipeline.recipe import SAFE_NAME, Recipe
-from qdeploy.pipeline.verify import verify_published
 from qdeploy.stages.export import export_module
 from qdeploy.stages.export.config import ExportConfig
 
@@ -271,8 +270,8 @@ def open_run(folder: str | Path) -> RunResult:
     first: a changed or missing one raises QdeployInputError naming it."""
     path = Path(folder)
     report_path = path / "report.json" if path.is_dir() else path
-    report = load_report(path)  # QdeployInputError (exit 2's error) for a missing or unreadable report
-    verify_published(report_path, report)
+    # QdeployInputError (exit 2's error) for a missing or unreadable report, or published files that changed
+    report = load_report(path, require_artifacts=True)
     with readable_report(str(report_path)):
         return _typed(report, report_path.parent, 0 if report["passed"] else 1)
 
