@@ -25,8 +25,11 @@ Artifacts per model:
   ``model_type=TRANSFORMER`` (``benchmarks/int8_peers.py``; missing rows say NNCF is not installed).
 
 Then the machine's ceiling: a large MatMul in fp32 and int8 on each runtime (``--ceiling-size``), and per
-model and runtime qdeploy's speedup over fp32, its share of the ceiling's int8 gain, and the goal against the
-fastest peer (at most 1.05x its latency at a cosine no lower than its minus 0.002).
+model and runtime qdeploy's default (``per_runtime: auto``: ``qdeploy@openvino`` on OpenVINO where the
+placements differ for the model, else ``qdeploy``; the decision is printed), its speedup over fp32, its share of
+the ceiling's int8 gain, its latency ratio and cosine against each peer, the goal against the fastest peer (at
+most 1.05x its latency at a cosine no lower than its minus 0.002), and the one-graph (``per_runtime: false``) and
+per-runtime graphs beside it.
 
 Latency through qdeploy's target adapters (``ort:cpu``, ``openvino:cpu`` pinned to f32), artifacts
 taking turns in ``--rounds`` rounds of ``--iterations`` timed runs after warm-up; the median of the
@@ -380,19 +383,29 @@ def _kernels(counted: dict[str, Any] | None) -> str:
 
 PEERS = ("ort-default", "nncf", "nncf-transformer")
 OURS = {"ort:cpu": "qdeploy", "openvino:cpu": "qdeploy@openvino"}
-"""qdeploy's artifact for each target: what ``quantize: {per_runtime: true}`` builds (``int8@ort`` is the
-default graph)."""
+"""qdeploy's per-runtime artifact for each target: what ``per_runtime: true`` builds (``int8@ort`` is the one
+graph ``per_runtime: false`` builds, ``qdeploy``)."""
 
 
-def peer_goals(rows: list[Row], gains: dict[str, dict[str, float]]) -> list[str]:
-    """Per model and runtime: qdeploy against the fastest peer (goal: at most 1.05x its latency at a cosine no
-    lower than its minus 0.002), against fp32 (never slower), and its int8 gain as a share of the ceiling's."""
+def placements(case: Case, folder: Path) -> list[str]:
+    """Nodes whose Q/DQ placement differs between the runtimes' builds: what ``per_runtime: auto`` decides on."""
+    from qdeploy.stages.quantize._placement import placement_differences
+
+    return placement_differences(case.path, QuantizeConfig(), folder / f"{case.name}-placement")
+
+
+def peer_goals(rows: list[Row], gains: dict[str, dict[str, float]], decided: dict[str, list[str]]) -> list[str]:
+    """Per model and runtime: qdeploy's default (per_runtime auto, ``decided``: the nodes whose placement differs)
+    against each peer and the fastest (goal: at most 1.05x its latency at a cosine no lower than its minus 0.002),
+    against fp32 (never slower), its int8 gain as a share of the ceiling's, and the other qdeploy graph."""
     by = {(row.model, row.artifact): row for row in rows}
     lines = []
     for model in dict.fromkeys(row.model for row in rows):
-        base = by[(model, "fp32")]
+        base, nodes = by[(model, "fp32")], decided.get(model, [])
+        lines.append(f"- {model}: per_runtime auto: " + (f"one graph per runtime: placements differ at {len(nodes)} "
+                     "nodes" if nodes else "one graph for both runtimes: placements agree"))
         for target in TARGETS:
-            ours = by.get((model, OURS[target])) or by.get((model, "qdeploy"))  # per_runtime's build for target
+            ours = by.get((model, OURS[target] if nodes else "qdeploy")) or by.get((model, "qdeploy"))
             if ours is None:
                 continue
             peers = [by[(model, p)] for p in PEERS if (model, p) in by and target in by[(model, p)].latency]
@@ -400,18 +413,25 @@ def peer_goals(rows: list[Row], gains: dict[str, dict[str, float]]) -> list[str]
                 continue
             speedup = base.latency[target] / ours.latency[target]
             faster = "faster" if speedup >= 1 else "not faster"
-            line = f"- {model} on {target}: {ours.artifact} {speedup:.2f}x fp32 ({faster} than fp32)"
+            line = f"- {model} on {target}: default {ours.artifact} {speedup:.2f}x fp32 ({faster} than fp32)"
             if target in gains:
                 line += f"; {speedup / gains[target]['gain']:.0%} of the ceiling's int8 gain"
+            line += "".join(f"; {ours.latency[target] / peer.latency[target]:.2f}x {peer.artifact}'s latency, "
+                            f"cosine {_cos(ours)} vs {_cos(peer)}" for peer in peers)
             if peers:
                 best = min(peers, key=lambda row: row.latency[target])
-                ratio = ours.latency[target] / best.latency[target]
                 close = ours.cosine is not None and best.cosine is not None and ours.cosine >= best.cosine - 0.002
-                met = ratio <= 1.05 and close
-                line += (f"; {ratio:.2f}x the fastest peer's latency ({best.artifact}), cosine "
-                         f"{ours.cosine:.4f} vs {best.cosine:.4f}: goal {'met' if met else 'missed'}")
+                met = ours.latency[target] / best.latency[target] <= 1.05 and close
+                line += f"; against the fastest peer ({best.artifact}): goal {'met' if met else 'missed'}"
+            other = by.get((model, OURS["openvino:cpu"] if target == "ort:cpu" else "qdeploy"))
+            if other is not None and other is not ours and target in other.latency:  # the graph auto did not pick
+                line += f"; {other.artifact} {other.latency[target] / ours.latency[target]:.2f}x the default's latency"
             lines.append(line)
     return lines
+
+
+def _cos(row: Row) -> str:
+    return f"{row.cosine:.4f}" if row.cosine is not None else "-"
 
 
 def goals(rows: list[Row]) -> list[str]:
@@ -450,6 +470,7 @@ def main() -> None:
         logging.getLogger(noisy).setLevel(logging.ERROR)
     log.setLevel(logging.INFO)
     rows: list[Row] = []
+    decided: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="qdeploy-int8-bench-") as tmp:
         folder = Path(tmp)
         for name in args.models:
@@ -457,6 +478,7 @@ def main() -> None:
             if case is None:
                 continue
             log.info("%s: quantizing", name)
+            decided[name] = placements(case, folder)
             model_rows = [Row(name, "fp32", case.path, 0.0), ort_default(case, folder), *nncf_rows(case, folder),
                           *qdeploy_rows(case, folder, args.openvino_symmetric)]
             fidelity(model_rows, case)
@@ -468,7 +490,7 @@ def main() -> None:
     print("\n".join(table(rows)))
     if gains:
         print("\n".join(["", *ceiling_lines(gains, args.ceiling_size, args.threads or 1)]))
-    print("\n".join(["", *goals(rows), *peer_goals(rows, gains)]))
+    print("\n".join(["", *goals(rows), *peer_goals(rows, gains, decided)]))
     print(f"\n1-minute load average at the end: {os.getloadavg()[0]:.2f}")
 
 

@@ -88,8 +88,9 @@ def _cpu_ms(run: Callable[[], Any], rounds: int, iterations: int) -> float:
 
 
 def ceiling(targets: tuple[str, ...], *, size: int = 1024, threads: int = 1, rounds: int = 5,
-            iterations: int = 3) -> dict[str, dict[str, float]]:
-    """target -> {"fp32": ms, "int8": ms, "gain": fp32/int8} for a size^3 MatMul, ``threads`` threads."""
+            iterations: int = 3, pin_f32: bool = True) -> dict[str, dict[str, float]]:
+    """target -> {"fp32": ms, "int8": ms, "gain": fp32/int8} for a size^3 MatMul, ``threads`` threads.
+    ``pin_f32=False``: float at the device's default precision (OpenVINO: bfloat16 on AVX512-BF16/AMX CPUs)."""
     from qdeploy.targets import get_target
 
     rng = np.random.default_rng(0)
@@ -103,7 +104,7 @@ def ceiling(targets: tuple[str, ...], *, size: int = 1024, threads: int = 1, rou
         for target in targets:
             measured = {}
             for kind, path in paths.items():
-                with get_target(target).load(path, threads=threads) as session:
+                with get_target(target).load(path, threads=threads, pin_f32=pin_f32) as session:
                     measured[kind] = _cpu_ms(lambda s=session: s.run(feeds), rounds, iterations)
             results[target] = {**measured, "gain": measured["fp32"] / measured["int8"]}
     return results

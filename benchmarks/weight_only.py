@@ -1,9 +1,15 @@
-"""Weight-only int4/int8 on a GPT-style decoder: qdeploy's ``mode: weight_only`` against ONNX Runtime's
-``MatMulNBitsQuantizer`` and NNCF's ``compress_weights``, with qdeploy's fp32/fp16/int8-dynamic, on ONNX Runtime
-and OpenVINO, in one run.
+"""Weight-only int4/int8 on a GPT-style decoder: qdeploy's ``mode: weight_only`` (rtn, gptq, mixed int4/int8 by
+``ratio``) against ONNX Runtime's ``MatMulNBitsQuantizer`` (RTN, HQQ, GPTQ) and NNCF's ``compress_weights``
+(default, AWQ + scale estimation, GPTQ), on ONNX Runtime and OpenVINO, in one run; then the same tools on the real
+MiniLM encoder's MatMuls (``weight_only_quality.py``).
 
     python benchmarks/weight_only.py [--work /tmp/qdeploy-wo] [--layers 6] [--hidden 512] [--vocab 32000]
-                                     [--rounds 5] [--iterations 4] [--threads 1]
+                                     [--rounds 5] [--iterations 4] [--threads 1] [--no-minilm]
+
+Quality (``weight_only_quality.py``): the decoder reads real text (standard-library docstrings through the MiniLM
+wheel's WordPiece vocabulary); next-token agreement with fp32 and KL divergence on held-out windows; the
+data-aware tools all calibrate on the same 16 windows of the first half.  Every int4 artifact here is
+symmetric, group 128.
 
 The decoder is ``tests/helpers/decoder.py`` (transformers Llama config, seeded random weights, past key/values as
 optimum writes them).  Columns: size (model + data files), build seconds, prefill latency (32 tokens, no past)
@@ -32,7 +38,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.helpers.decoder import export, feeds, io_names, write_prompts
+from benchmarks import weight_only_quality as quality
+from tests.helpers.decoder import export, feeds, io_names
 
 PROMPT, PAST = 32, 32
 
@@ -53,17 +60,17 @@ def size_of(path: Path) -> int:
                                      and other.suffix in (".data", ".bin", ".weights"))
 
 
-QDEPLOY_VARIANTS = {
-    "fp16": "[simplify, {fp16: {keep_io_types: true}}]",
-    "int8 dynamic": "[simplify, {quantize: {mode: dynamic}}]",
-    "int4 weight_only": "[simplify, {quantize: {mode: weight_only, bits: 4}}]",
-    "int4 weight_only asym": "[simplify, {quantize: {mode: weight_only, bits: 4, symmetric_weights: false}}]",
-    "int8 weight_only": "[simplify, {quantize: {mode: weight_only, bits: 8}}]",
-    "int4 weight_only DQ": "[simplify, {quantize: {mode: weight_only, bits: 4, weight_format: dequantize_linear}}]",
+_CALIBRATION = "calibration: {data: prompts, samples: 16}"
+QDEPLOY_VARIANTS = {  # embeddings int8 as NNCF's default backup precision: the same layout and size as NNCF's
+    "int4 rtn": "[simplify, {quantize: {mode: weight_only, embeddings: int8}}]",
+    "int4 gptq": f"[simplify, {{quantize: {{mode: weight_only, embeddings: int8, method: gptq, {_CALIBRATION}}}}}]",
+    "int4 gptq ratio 0.8": "[simplify, {quantize: {mode: weight_only, embeddings: int8, method: gptq, ratio: 0.8, "
+                           f"{_CALIBRATION}}}}}]",
+    "int8 rtn": "[simplify, {quantize: {mode: weight_only, bits: 8}}]",
 }
 
 
-def build_qdeploy(source: Path, folder: Path, config: Any) -> list[Artifact]:
+def build_qdeploy(source: Path, folder: Path, config: Any, ids: np.ndarray) -> list[Artifact]:
     """qdeploy's variants through its runner, as a user's recipe builds them (validation and benchmark off)."""
     from qdeploy.pipeline.loader import load_recipe_file
     from qdeploy.pipeline.runner import RunOptions, run_recipe
@@ -71,7 +78,7 @@ def build_qdeploy(source: Path, folder: Path, config: Any) -> list[Artifact]:
     names = {label: label.replace(" ", "_") for label in QDEPLOY_VARIANTS}
     variants = "\n".join(f"  {names[label]}: {steps}" for label, steps in QDEPLOY_VARIANTS.items())
     recipe = folder / "recipe.yaml"
-    write_prompts(folder / "prompts", config, 4, prompt=16, seed=3)  # token ids inside the vocabulary
+    quality.write_calibration(folder / "prompts", config, ids, 16)  # real text, first half
     recipe.write_text(f"name: wo\nmodel: {{onnx: {source}}}\ndata: {{prompts: {{reader: npy, path: prompts}}}}\n"
                       f"variants:\n{variants}\ntargets: [ort:cpu]\nvalidate: {{data: prompts, samples: 1}}\n"
                       "benchmark: {enabled: false}\nreport: {formats: [json]}\n")
@@ -87,28 +94,50 @@ def build_qdeploy(source: Path, folder: Path, config: Any) -> list[Artifact]:
     return built
 
 
-def build_ort_tool(source: Path, out: Path, *, accuracy_level: int | None, gather: bool) -> Path:
-    """ORT's MatMulNBitsQuantizer (RTN, int4 symmetric, block 128) as its users call it."""
+def build_ort_tool(source: Path, out: Path, algorithm: str, data: list[dict[str, np.ndarray]] | None, *,
+                   group: int = 128) -> Path:
+    """ORT's MatMulNBitsQuantizer (int4 symmetric, MatMul weights, accuracy_level 4) as its users call it:
+    ``rtn`` (its default config), ``hqq`` or ``gptq`` (a CalibrationDataReader over ``data``)."""
     import onnx
+    from onnxruntime.quantization import CalibrationDataReader
     from onnxruntime.quantization import matmul_nbits_quantizer as mnq
 
-    ops = ("MatMul", "Gather") if gather else ("MatMul",)
-    config = mnq.DefaultWeightOnlyQuantConfig(block_size=128, is_symmetric=True, bits=4,
-                                              accuracy_level=accuracy_level, op_types_to_quantize=ops)
-    quantizer = mnq.MatMulNBitsQuantizer(onnx.load(str(source)), algo_config=config)
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter(data or [])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    ops = ("MatMul",)
+    config: Any = {
+        "rtn": lambda: mnq.DefaultWeightOnlyQuantConfig(block_size=group, is_symmetric=True, bits=4,
+                                                        accuracy_level=4, op_types_to_quantize=ops),
+        "hqq": lambda: mnq.HQQWeightOnlyQuantConfig(block_size=group, bits=4, op_types_to_quantize=ops),
+        "gptq": lambda: mnq.GPTQWeightOnlyQuantConfig(calibration_data_reader=Reader(), block_size=group,
+                                                      op_types_to_quantize=ops),
+    }[algorithm]()
+    quantizer = mnq.MatMulNBitsQuantizer(onnx.load(str(source)), block_size=group, is_symmetric=True,
+                                         accuracy_level=4, algo_config=config)
     quantizer.process()
     onnx.save_model(quantizer.model.model, str(out), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=out.name + ".data", size_threshold=1024)
     return out
 
 
-def build_nncf(source: Path, out: Path, mode: str) -> Path:
-    """NNCF's compress_weights on the OpenVINO model read from the fp32 ONNX file (defaults: group 128, ratio 1
-    for int4 with the embedding and LM head in int8), saved as OpenVINO IR."""
+def build_nncf(source: Path, out: Path, mode: str, *, group: int = 128, ratio: float = 1.0,
+               data: list[dict[str, np.ndarray]] | None = None, awq: bool = False, gptq: bool = False) -> Path:
+    """NNCF's compress_weights on the OpenVINO model read from the fp32 ONNX file (group 128, ratio 1: int4 with
+    the embedding and LM head in int8, its defaults), with AWQ + scale estimation or GPTQ on ``data``; saved as
+    OpenVINO IR."""
     import nncf
     import openvino as ov
 
-    compressed = nncf.compress_weights(ov.Core().read_model(str(source)), mode=getattr(nncf.CompressWeightsMode, mode))
+    options: dict[str, Any] = {"group_size": group, "ratio": ratio} if mode.startswith("INT4") else {}
+    if data is not None:
+        options.update(dataset=nncf.Dataset(data), awq=awq, scale_estimation=awq, gptq=gptq)
+    compressed = nncf.compress_weights(ov.Core().read_model(str(source)),
+                                       mode=getattr(nncf.CompressWeightsMode, mode), **options)
     ov.save_model(compressed, str(out))
     return out
 
@@ -123,21 +152,23 @@ def _timed_build(build: Callable[[], Path]) -> tuple[Path | None, float, str]:
         return None, 0.0, f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
 
 
-def build_peers(source: Path, folder: Path) -> tuple[list[Artifact], list[str]]:
+def build_peers(source: Path, folder: Path, calibration: list[dict[str, np.ndarray]]
+                ) -> tuple[list[Artifact], list[str]]:
+    both, ov_only = ("ort", "openvino"), ("openvino",)
     plans: list[tuple[str, str, Callable[[], Path], tuple[str, ...]]] = [
-        ("int4 sym", "ORT MatMulNBitsQuantizer, MatMul+Gather",
-         lambda: build_ort_tool(source, folder / "ort_gather.onnx", accuracy_level=None, gather=True),
-         ("ort", "openvino")),
-        ("int4 sym", "ORT MatMulNBitsQuantizer, MatMul (defaults)",
-         lambda: build_ort_tool(source, folder / "ort_matmul.onnx", accuracy_level=None, gather=False),
-         ("ort", "openvino")),
-        ("int4 sym", "ORT MatMulNBitsQuantizer, MatMul, accuracy_level 4",
-         lambda: build_ort_tool(source, folder / "ort_matmul_l4.onnx", accuracy_level=4, gather=False),
-         ("ort", "openvino")),
-        ("int4 sym", "NNCF compress_weights INT4_SYM", lambda: build_nncf(source, folder / "nncf_int4.xml",
-                                                                           "INT4_SYM"), ("openvino",)),
-        ("int8 asym", "NNCF compress_weights INT8_ASYM", lambda: build_nncf(source, folder / "nncf_int8.xml",
-                                                                             "INT8_ASYM"), ("openvino",)),
+        ("int4 rtn", "ORT MatMulNBitsQuantizer", lambda: build_ort_tool(source, folder / "ort_rtn.onnx", "rtn",
+                                                                         None), both),
+        ("int4 hqq", "ORT MatMulNBitsQuantizer", lambda: build_ort_tool(source, folder / "ort_hqq.onnx", "hqq",
+                                                                         None), both),
+        ("int4 gptq", "ORT MatMulNBitsQuantizer", lambda: build_ort_tool(source, folder / "ort_gptq.onnx", "gptq",
+                                                                          calibration), both),
+        ("int4", "NNCF compress_weights", lambda: build_nncf(source, folder / "nncf_int4.xml", "INT4_SYM"), ov_only),
+        ("int4 awq+se", "NNCF compress_weights", lambda: build_nncf(source, folder / "nncf_awq.xml", "INT4_SYM",
+                                                                    data=calibration, awq=True), ov_only),
+        ("int4 gptq", "NNCF compress_weights", lambda: build_nncf(source, folder / "nncf_gptq.xml", "INT4_SYM",
+                                                                  data=calibration, gptq=True), ov_only),
+        ("int4 ratio 0.8", "NNCF compress_weights", lambda: build_nncf(
+            source, folder / "nncf_ratio.xml", "INT4_SYM", ratio=0.8, data=calibration), ov_only),
     ]
     built, problems = [], []
     for name, engine, build, runtimes in plans:
@@ -211,7 +242,8 @@ def _cpu_ms(call: Callable[[], Any], iterations: int) -> float:
 
 
 def measure(runners: list[Runner], inputs: dict[str, dict[str, np.ndarray]], reference: dict[str, np.ndarray],
-            rounds: int, iterations: int) -> list[dict[str, Any]]:
+            rounds: int, iterations: int, texts: tuple[list[dict[str, np.ndarray]], list[np.ndarray]]
+            ) -> list[dict[str, Any]]:
     """Every runner in turn, ``rounds`` times; the median of its round medians per phase."""
     times: dict[int, dict[str, list[float]]] = {id(r): {"prefill": [], "decode": []} for r in runners}
     for runner in runners:  # warm-up
@@ -227,7 +259,8 @@ def measure(runners: list[Runner], inputs: dict[str, dict[str, np.ndarray]], ref
         rows.append({"variant": art.name, "engine": art.engine, "runtime": runner.runtime,
                      "size_mb": size_of(art.path) / 1e6, "build_s": art.build_s, "kept": runner.kept,
                      **{f"{phase}_ms": statistics.median(times[id(runner)][phase]) for phase in inputs},
-                     **{f"cos_{phase}": cosine(reference[phase], runner(feed)) for phase, feed in inputs.items()}})
+                     **{f"cos_{phase}": cosine(reference[phase], runner(feed)) for phase, feed in inputs.items()},
+                     **quality.next_token_quality(runner, *texts)})
     return rows
 
 
@@ -246,14 +279,14 @@ def _inputs(source: Path, config: Any) -> tuple[dict[str, dict[str, np.ndarray]]
 
 def table(rows: list[dict[str, Any]], fp32: dict[str, dict[str, float]]) -> str:
     lines = ["| variant | engine | runtime | size MB | build s | prefill ms (x fp32) | decode ms (x fp32) | "
-             "cos prefill | cos decode | weights the runtime keeps |", "|" + "---|" * 10]
+             "next-token agree | KL | cos decode | weights the runtime keeps |", "|" + "---|" * 11]
     for row in rows:
         base = fp32.get(row["runtime"], {})
         speed = {phase: base.get(phase, 0.0) / row[f"{phase}_ms"] if row[f"{phase}_ms"] else 0.0
                  for phase in ("prefill", "decode")}
         lines.append(f"| {row['variant']} | {row['engine']} | {row['runtime']} | {row['size_mb']:.1f} | "
                      f"{row['build_s']:.1f} | {row['prefill_ms']:.1f} ({speed['prefill']:.2f}x) | "
-                     f"{row['decode_ms']:.2f} ({speed['decode']:.2f}x) | {row['cos_prefill']:.4f} | "
+                     f"{row['decode_ms']:.2f} ({speed['decode']:.2f}x) | {row['agree']:.4f} | {row['kl']:.4f} | "
                      f"{row['cos_decode']:.4f} | {row['kept']} |")
     return "\n".join(lines)
 
@@ -267,11 +300,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-minilm", action="store_true", help="skip the MiniLM encoder table")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     source, config = export(args.work / "decoder.onnx", layers=args.layers, hidden=args.hidden, vocab=args.vocab)
-    artifacts = [Artifact("fp32", "exported (torch.onnx)", source, 0.0), *build_qdeploy(source, args.work, config)]
-    peers, problems = build_peers(source, args.work)
+    ids = quality.corpus_ids()
+    calibration = [quality.decoder_feeds(config, tokens) for tokens in quality.windows(ids, 16, second_half=False)]
+    artifacts = [Artifact("fp32", "exported (torch.onnx)", source, 0.0),
+                 *build_qdeploy(source, args.work, config, ids)]
+    peers, problems = build_peers(source, args.work, calibration)
     runners = []
     for art in artifacts + peers:
         for runtime in art.runtimes:
@@ -281,14 +318,20 @@ def main() -> None:
                 problems.append(f"{art.engine} {art.name} on {runtime}: {type(exc).__name__}: "
                                 f"{' '.join(str(exc).split())[:200]}")
     inputs, reference = _inputs(source, config)
+    evals = [quality.decoder_feeds(config, tokens) for tokens in quality.windows(ids, 8, second_half=True)]
+    exact = Runner(artifacts[0], "ort", args.threads)
     load_before = os.getloadavg()[0]
-    rows = measure(runners, inputs, reference, args.rounds, args.iterations)
+    rows = measure(runners, inputs, reference, args.rounds, args.iterations, (evals, [exact(f) for f in evals]))
     fp32 = {row["runtime"]: {p: row[f"{p}_ms"] for p in inputs} for row in rows if row["variant"] == "fp32"}
     print(table(rows, fp32))
     print(f"\n{args.layers} layers, hidden {args.hidden}, vocab {args.vocab}; {args.threads} thread(s), CPU ms per "
           f"call; 1-minute load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     for problem in problems:
         print(f"not measured: {problem}")
+    if not args.no_minilm:
+        print("\nall-MiniLM-L6-v2 (real weights), int4 MatMuls, sentence-vector cosine against fp32 on held-out "
+              "sentences:\n")
+        print(quality.minilm_table(args.work / "minilm"))
 
 
 if __name__ == "__main__":

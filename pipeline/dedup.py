@@ -1,6 +1,7 @@
 """Variants whose artifacts are the same file: measured once, and said to be the same file.
 
-Two variants may resolve to the same bytes (``int8`` and ``int8-rt@ort`` where placement is the same).  Timing
+Two variants may resolve to the same bytes (``int8`` and ``int8-rt@ort`` where placement is the same, or
+``int8@ort`` and ``int8@openvino`` where per_runtime auto found that the placements agree).  Timing
 the one file twice reports two latencies for one model, and the noise between the runs reads as a speedup.  After
 the build, each variant whose model and external data hash the same as an earlier variant's is recorded as
 ``same_file_as`` that variant (its artifacts row in report.json and its sidecar); validation and benchmarks run the
@@ -17,6 +18,7 @@ from typing import Any
 
 from qdeploy.core.context import Artifact
 from qdeploy.core.files import sha256_file, write_json_synced
+from qdeploy.core.runtimes import runtime_of_variant
 from qdeploy.pipeline.published import ARTIFACTS, write_checksums
 
 __all__ = ["SAME_FILE_KEY", "evaluate_once", "mark_same_files", "same_file_note", "with_twins"]
@@ -68,11 +70,13 @@ def evaluate_once(same: dict[str, str], artifacts: dict[str, Artifact], evaluate
     """``evaluate`` over the artifacts less the twins whose original is evaluated too; the twins' rows are copies.
 
     A twin held to another declared tolerance than its original is validated itself: the same outputs may pass
-    one limit and fail the other.
+    one limit and fail the other.  So is a twin built for another runtime than its original (``int8@openvino``,
+    the file of ``int8@ort`` where per_runtime's placements agree): the original's rows are on other targets.
     """
     declared = declared or {}
     twins = {twin: original for twin, original in same.items()
-             if twin in artifacts and original in artifacts and declared.get(twin) == declared.get(original)}
+             if twin in artifacts and original in artifacts and declared.get(twin) == declared.get(original)
+             and runtime_of_variant(twin) == runtime_of_variant(original)}
     rows = evaluate({name: artifact for name, artifact in artifacts.items() if name not in twins})
     return with_twins(rows, twins)
 

@@ -15,7 +15,7 @@ from qdeploy.graph.utils import graph_inputs
 if TYPE_CHECKING:
     from qdeploy.pipeline.recipe import Recipe
 
-__all__ = ["ENVIRONMENT_FIELDS", "RECIPE_SECTIONS", "dataset_fingerprint", "model_mismatch",
+__all__ = ["ENVIRONMENT_FIELDS", "RECIPE_SECTIONS", "code_fingerprint", "dataset_fingerprint", "model_mismatch",
            "model_signature", "recipe_content", "recipe_content_note", "recipe_fingerprint", "run_differences"]
 
 RECIPE_SECTIONS = ("model", "data", "variants", "targets", "validate", "benchmark", "gates")
@@ -36,6 +36,16 @@ def dataset_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, Any]:
                 if folder.is_dir() else []
         fingerprint[name] = {"spec": spec.model_dump(mode="json"), "files": files}
     return fingerprint
+
+
+def code_fingerprint(recipe: Recipe, config: Any) -> dict[str, Any]:
+    """The user code a stage's config names (a budget's task metric, ``tolerance.metric``) by content, for its
+    cache key: an edited metrics.py rebuilds the artifact its budget chose.  Empty when the config names none, so
+    every other key stays what it was."""
+    metric = getattr(getattr(config, "tolerance", None), "metric", None)
+    if not isinstance(metric, str):
+        return {}
+    return {"code": {"tolerance.metric": _content_of(recipe, metric, code=True)}}
 
 
 def model_signature(path: Path) -> dict[str, Any]:

@@ -301,4 +301,9 @@ def recipe_python_references(recipe: Recipe) -> list[dict[str, Any]]:
     metric = getattr(recipe.validate_, "metric", None)
     if metric:
         refs.append({"field": "validate.metric", "code": metric})
+    for variant, steps in recipe.variants.items():  # an accuracy budget on a task metric calls its function too
+        for step in steps:
+            budget_metric = getattr(getattr(step.config, "tolerance", None), "metric", None)
+            if isinstance(budget_metric, str):
+                refs.append({"field": f"variants.{variant}.{step.stage}.tolerance.metric", "code": budget_metric})
     return refs

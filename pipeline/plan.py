@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qdeploy.pipeline import registry
+from qdeploy.pipeline.per_runtime import plan_lines
 from qdeploy.pipeline.recipe import EXPORTED, Recipe
 from qdeploy.targets import get_target
 
@@ -83,6 +84,7 @@ def describe_plan(recipe: Recipe) -> str:
     lines.append(f"evaluations: {evaluated} artifacts x {len(plan.targets)} targets validated, "
                  f"benchmarked at batch sizes {batches or 'none (benchmark disabled)'}")
     lines.append(f"gates: {len(recipe.gates)}")
+    lines += plan_lines(recipe)
     references = recipe_python_references(recipe)
     if references:
         lines += ["", "Python code this recipe executes (review it: a recipe's code runs with your rights):"]

@@ -29,7 +29,7 @@ from qdeploy.calibration import data_context
 from qdeploy.calibration.spec import DatasetSpec
 from qdeploy.core.context import StageContext
 from qdeploy.core.runtimes import RUNTIMES, built_for, runtime_of_target, runtime_of_variant, split_name
-from qdeploy.core.tolerance import StrictModel, Tolerance
+from qdeploy.core.tolerance import StrictModel, TaskTolerance, Tolerance
 from qdeploy.pipeline import registry
 from qdeploy.stages.benchmark.config import BenchmarkConfig
 from qdeploy.stages.export.config import ExportConfig
@@ -115,6 +115,11 @@ class ReportSpec(StrictModel):
                                 "recipe asked for that could not be measured makes the run fail (exit 1); "
                                 "unavailable targets never do.")
     packages: PackagesSpec = Field(default_factory=PackagesSpec, description="Deployable packages (OUT/packages/).")
+    layers: Literal["auto", "off", "full"] = Field(
+        default="auto", description="Per-layer facts (time, precision that ran, error, decisions) from a profiling "
+                                    "pass after the benchmark: 'auto' profiles what the verdict ships on each target "
+                                    "and every pair whose validation failed, and keeps the top rows; 'full' profiles "
+                                    "every pair and keeps every row; 'off' skips the pass (docs/report.md).")
 
 
 class VariantStep(StrictModel):
@@ -189,17 +194,27 @@ def _parse_steps(name: str, steps: list[Any]) -> list[VariantStep]:
 _VARIANT_NAME = rf"[A-Za-z0-9][A-Za-z0-9_.-]*(@({'|'.join(RUNTIMES)}))?"
 
 
-def _split_per_runtime(variants: dict[str, list[VariantStep]],
-                       targets: list[str]) -> tuple[dict[str, list[VariantStep]], dict[str, list[str]]]:
+AUTO = "auto"
+"""``per_runtime: auto``: split where the targets hold both runtimes; the build decides whether the builds differ."""
+
+
+def _split_per_runtime(variants: dict[str, list[VariantStep]], targets: list[str],
+                       reference: str | None) -> tuple[dict[str, list[VariantStep]], dict[str, list[str]]]:
     """Variants with a ``per_runtime`` step become one variant per runtime among ``targets``
-    (``int8`` -> ``int8@ort``, ``int8@openvino``), that step's config specialised by its stage for the runtime.
+    (``int8`` -> ``int8@ort``, ``int8@openvino``).  ``true``: that step's config specialised by its stage for the
+    runtime, for each runtime targeted.  ``auto``: only where the targets hold more than one runtime, the config
+    left as written (``qdeploy.pipeline.per_runtime`` specialises it when the build finds that the placements
+    differ), never for ``reference`` (it runs on every target) nor a variant already built for one runtime.
     Returns the new variants and what each split variant became."""
     runtimes = [runtime for runtime in RUNTIMES if any(runtime_of_target(t) == runtime for t in targets)]
     result: dict[str, list[VariantStep]] = {}
     split: dict[str, list[str]] = {}
     for name, steps in variants.items():
-        where = [index for index, step in enumerate(steps) if getattr(step.config, "per_runtime", False)]
-        if not where:
+        where = [index for index, step in enumerate(steps) if getattr(step.config, "per_runtime", False) is True]
+        auto = not where and len(runtimes) > 1 and name != reference and not runtime_of_variant(name) \
+            and any(getattr(step.config, "per_runtime", None) == AUTO and step.config.runtime is None  # type: ignore[attr-defined]
+                    for step in steps)
+        if not where and not auto:
             result[name] = steps
             continue
         if runtime_of_variant(name):
@@ -224,6 +239,37 @@ def _for_runtime(step: VariantStep, runtime: str) -> VariantStep:
     return VariantStep(stage=step.stage, config=step.config.for_runtime(runtime))  # type: ignore[attr-defined]
 
 
+def _gates_on_builds(gates: list[GateSpec], split: dict[str, list[str]]) -> list[GateSpec]:
+    """Gates naming a split variant, pointed at its build for the gate's target (``int8`` on openvino:cpu ->
+    ``int8@openvino``): the recipe's names keep working when per_runtime splits them."""
+    pointed = []
+    for index, gate in enumerate(gates):
+        if gate.variant in split:
+            build = [made for made in split[gate.variant] if built_for(made, gate.target)]
+            if not build:
+                raise ValueError(f"gates[{index}] names variant '{gate.variant}', which per_runtime splits into "
+                                 f"{split[gate.variant]}, none of which runs on {gate.target}")
+            gate = gate.model_copy(update={"variant": build[0]})
+        pointed.append(gate)
+    return pointed
+
+
+def _name_task_metrics(variants: dict[str, list[VariantStep]], metric: str | None) -> None:
+    """A budget's task-metric tolerance that names no metric gets validate.metric (the issue's "the recipe's
+    validate.metric, or its own"), so the stage, its cache key and the plan all see the one it uses."""
+    for variant, steps in variants.items():
+        for index, step in enumerate(steps):
+            tolerance = getattr(step.config, "tolerance", None)
+            if not isinstance(tolerance, TaskTolerance) or tolerance.metric is not None:
+                continue
+            if metric is None:
+                raise StepError(variant, index, (step.stage, "tolerance", "metric"),
+                                f"{step.stage} tolerance names no metric and validate.metric is not set: name one "
+                                "('metrics.py:accuracy') here or in validate.metric")
+            named = tolerance.model_copy(update={"metric": metric})
+            steps[index] = VariantStep(stage=step.stage, config=step.config.model_copy(update={"tolerance": named}))
+
+
 class Recipe(StrictModel):
     """A whole qdeploy recipe."""
 
@@ -241,6 +287,7 @@ class Recipe(StrictModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     _source: Path | None = PrivateAttr(default=None)
+    _placements: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -282,8 +329,10 @@ class Recipe(StrictModel):
 
     @model_validator(mode="after")
     def _cross_references(self) -> Recipe:
-        self.variants, split = _split_per_runtime(self.variants, self.targets)
+        self.variants, split = _split_per_runtime(self.variants, self.targets, self.validate_.reference)
+        self.gates = _gates_on_builds(self.gates, split)
         self._check_runtime_variants(split)
+        _name_task_metrics(self.variants, self.validate_.metric)
         if self.validate_.data is not None and self.validate_.data not in self.data:
             raise ValueError(f"validate.data names dataset '{self.validate_.data}'; defined: {sorted(self.data)}")
         if self.benchmark.data is not None and self.benchmark.data not in self.data:
@@ -322,9 +371,6 @@ class Recipe(StrictModel):
             raise ValueError(f"validate.reference names '{self.validate_.reference}', which per_runtime splits "
                              f"into {split[self.validate_.reference]}; the reference must run on every target")
         for index, gate in enumerate(self.gates):
-            if gate.variant in split:
-                raise ValueError(f"gates[{index}] names variant '{gate.variant}', which per_runtime splits into "
-                                 f"{split[gate.variant]}: name the one for {gate.target}")
             if not built_for(gate.variant, gate.target):
                 raise ValueError(f"gates[{index}]: variant '{gate.variant}' is built for "
                                  f"{runtime_of_variant(gate.variant)} and never runs on {gate.target}")
@@ -333,6 +379,12 @@ class Recipe(StrictModel):
     def reference_variant(self) -> str:
         """The variant whose ort:cpu outputs every other pair is compared with."""
         return self.validate_.reference or EXPORTED
+
+    @property
+    def placements(self) -> dict[str, Any]:
+        """Split variant -> what the build decided of its ``per_runtime: auto`` step (``pipeline/per_runtime.py``'s
+        ``Placement``); filled in by the build phase."""
+        return self._placements
 
     @property
     def source(self) -> Path | None:
@@ -359,7 +411,9 @@ class Recipe(StrictModel):
         built to: what validation holds that variant to."""
         declared = {}
         for variant, steps in self.variants.items():
-            budgets = [budget for step in steps if (budget := getattr(step.config, "tolerance", None)) is not None]
+            # a budget on a task metric (quantize's TaskTolerance) holds no output limits: the defaults apply
+            budgets = [budget for step in steps if isinstance(budget := getattr(step.config, "tolerance", None),
+                                                              Tolerance)]
             if budgets:
                 declared[variant] = budgets[-1]
         return declared

@@ -35,10 +35,12 @@ from qdeploy.core.runtimes import runtime_groups
 from qdeploy.pipeline import registry
 from qdeploy.pipeline.dedup import evaluate_once, mark_same_files
 from qdeploy.pipeline.guard import guard_artifact
-from qdeploy.pipeline.identity import dataset_fingerprint, model_signature
+from qdeploy.pipeline.identity import code_fingerprint, dataset_fingerprint, model_signature
 from qdeploy.pipeline.large_results import spill_large_result
+from qdeploy.pipeline.layers import add_layers
 from qdeploy.pipeline.memory_plan import check_recipe_fits
 from qdeploy.pipeline.package.publish import write_run_packages
+from qdeploy.pipeline.per_runtime import build_config, note_runtime_builds
 from qdeploy.pipeline.progress import Progress
 from qdeploy.pipeline.published import (
     begin_generation,
@@ -50,6 +52,7 @@ from qdeploy.pipeline.published import (
 )
 from qdeploy.pipeline.recipe import EXPORTED, Recipe, VariantStep
 from qdeploy.pipeline.report import write_reports
+from qdeploy.pipeline.residency import between_phases, session_budget
 from qdeploy.pipeline.selection import selected_targets, selected_variants
 from qdeploy.pipeline.store import ArtifactStore, cache_key, library_versions, sha256_file
 from qdeploy.stages.benchmark import shipped_precisions, split_modes, unmeasured_throughput
@@ -182,6 +185,7 @@ def build_phase(plan: RunPlan, progress: Progress | None = None) -> BuildOutcome
                 _build_variant(state, variant, exported)
             published = _publish(state, plan.out_dir, generation)
             same_file = mark_same_files(published, generation, plan.recipe.reference_variant)
+            note_runtime_builds(published, plan.recipe)
             evaluated = _evaluation_set(state, plan.variants, exported)
     except BaseException:
         discard_generation(generation)
@@ -203,7 +207,8 @@ def benchmark_phase(plan: RunPlan, outcome: BuildOutcome, targets: list[str] | N
     """Benchmark rows of the evaluated artifacts on ``targets`` (default: the plan's); give it the machine alone.
     With ``validation``, a pair validation ships at a pinned precision is timed at that precision."""
     return _evaluate_phase(plan, outcome, "benchmark", targets, progress,
-                           {"shipped": shipped_precisions(validation)} if validation else {})
+                           {**({"shipped": shipped_precisions(validation)} if validation else {}),
+                            "session_budget": session_budget(outcome.evaluated)})
 
 
 def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[ValidationRow],
@@ -225,6 +230,7 @@ def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[Validation
     missing = excuse_unreadable(missing, validation)
     report = build_report(recipe, outcome.published, validation, benchmarks, gates, outcome.failures,
                           seconds=seconds, unmeasured=missing, model=_model_identity(outcome), throughput=throughput)
+    add_layers(report, recipe, outcome.evaluated, plan.targets)  # after the timed benchmark, never inside it
     generation = outcome.generation or begin_generation(plan.out_dir)
     try:
         report["packages"] = _write_packages(plan, outcome, report, generation)
@@ -263,6 +269,7 @@ def _silent() -> Progress:
 def _evaluate_phase(plan: RunPlan, outcome: BuildOutcome, stage: str, targets: list[str] | None,
                     progress: Progress | None, extra: dict[str, Any] | None = None) -> list[Any]:
     chosen = [target for target in plan.targets if targets is None or target in targets]
+    between_phases(outcome.evaluated)  # what the build or the last phase freed goes back before sessions load
     with tempfile.TemporaryDirectory(prefix="qdeploy-") as work:
         state = _RunState(plan.recipe, ArtifactStore(plan.cache_dir), plan.use_cache, progress or _silent(),
                           Path(work))
@@ -350,7 +357,7 @@ def _record_failure(state: _RunState, variant: str, stage: str, exc: QdeployErro
 
 def _build_step(state: _RunState, variant: str, step: VariantStep, parent: Artifact) -> Artifact:
     info = registry.stage(step.stage)
-    config = step.config  # parsed once, by the recipe
+    config = build_config(state, variant, step, parent)  # parsed once, by the recipe; per_runtime auto: per runtime
     versions = library_versions(("qdeploy", *info.libraries))
     datasets = info.datasets_used(config)
     default = state.recipe.validate_.data
@@ -361,6 +368,7 @@ def _build_step(state: _RunState, variant: str, step: VariantStep, parent: Artif
         "parent_sha256": parent.sha256,
         "parent_external_data": [list(item) for item in parent.external_data],
         "data": dataset_fingerprint(state.recipe, datasets),
+        **code_fingerprint(state.recipe, config),  # an edited metric file rebuilds a task-metric budget
         **({"targets": sorted(state.recipe.validated_targets(true_fp16=info.true_fp16_checked))}
            if info.uses_targets else {}),
     })

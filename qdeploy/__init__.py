@@ -16,7 +16,8 @@ from importlib import import_module, metadata
 from typing import Any
 
 __all__ = ["ArtifactInfo", "BenchmarkRow", "BuildFailure", "GateResult", "Recipe", "RunResult", "ThroughputRow",
-           "UnmeasuredEntry", "ValidationRow", "__version__", "compare", "load_recipe", "open_run", "run", "sweep"]
+           "UnmeasuredEntry", "ValidationRow", "__version__", "compare", "explain", "load_recipe", "open_run", "run",
+           "sweep"]
 
 try:
     __version__ = metadata.version("qdeploy")
@@ -24,7 +25,7 @@ except metadata.PackageNotFoundError:  # a checkout that was never installed
     __version__ = "0+unknown"
 
 _API = {"ArtifactInfo", "BenchmarkRow", "BuildFailure", "GateResult", "Recipe", "RunResult", "ThroughputRow",
-        "UnmeasuredEntry", "ValidationRow", "compare", "load_recipe", "open_run", "run", "sweep"}
+        "UnmeasuredEntry", "ValidationRow", "compare", "explain", "load_recipe", "open_run", "run", "sweep"}
 
 
 def __getattr__(name: str) -> Any:

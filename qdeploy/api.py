@@ -35,11 +35,12 @@ from qdeploy.core.rows import (
 from qdeploy.core.userfiles import writable_folder
 from qdeploy.pipeline.compare_runs import Thresholds, compare_reports, load_report
 from qdeploy.pipeline.recipe import SAFE_NAME, Recipe
+from qdeploy.pipeline.report.layers import explain_text
 from qdeploy.stages.export import export_module
 from qdeploy.stages.export.config import ExportConfig
 
 __all__ = ["ArtifactInfo", "BenchmarkRow", "BuildFailure", "GateResult", "Recipe", "RunResult", "ThroughputRow",
-           "UnmeasuredEntry", "ValidationRow", "compare", "load_recipe", "open_run", "run", "sweep"]
+           "UnmeasuredEntry", "ValidationRow", "compare", "explain", "load_recipe", "open_run", "run", "sweep"]
 
 RecipeSource = str | Path | dict[str, Any] | Recipe
 
@@ -274,6 +275,25 @@ def open_run(folder: str | Path) -> RunResult:
     report = load_report(path, require_artifacts=True)
     with readable_report(str(report_path)):
         return _typed(report, report_path.parent, 0 if report["passed"] else 1)
+
+
+def explain(run: str | Path | RunResult, *, variant: str | None = None, target: str | None = None,
+            top: int = 10) -> str:
+    """``qdeploy explain`` as a function: where the time and the error come from, layer by layer, for the
+    profiled pairs of a finished run (its ``layers`` section; docs/explain.md)."""
+    report = run.report if isinstance(run, RunResult) else load_report(Path(run))
+    if top < 1:
+        raise QdeployInputError(f"--top {top}: give a whole number of at least 1")
+    names = [row["name"] for row in report.get("artifacts", [])]
+    if variant is not None and variant not in names:
+        raise QdeployInputError(f"variant '{variant}' is not in this run; its variants: {', '.join(names)}")
+    targets = list(dict.fromkeys(row["target"] for row in report.get("validation", [])))
+    if target is not None and target not in targets:
+        raise QdeployInputError(f"target '{target}' is not in this run; its targets: {', '.join(targets)}")
+    if not report.get("layers"):
+        raise QdeployInputError("this run has no layers section: it ran with report.layers: off or with a qdeploy "
+                                "before the per-layer pass; run it again with report.layers: auto or full")
+    return explain_text(report, variant, target, top)
 
 
 def compare(run_a: str | Path | RunResult, run_b: str | Path | RunResult, *,

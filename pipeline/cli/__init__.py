@@ -18,6 +18,7 @@ import typer
 from qdeploy.core.userfiles import writable_folder
 from qdeploy.pipeline.cli._common import guarded as _guarded
 from qdeploy.pipeline.cli._common import setup_logging as _setup_logging
+from qdeploy.pipeline.cli.explain import register_explain_command
 from qdeploy.pipeline.cli.package import register_package_command
 from qdeploy.pipeline.cli.sweep import register_sweep_command
 from qdeploy.pipeline.tested_versions import difference_lines, tested_versions_record
@@ -193,6 +194,7 @@ def doctor_command(as_json: Annotated[bool, typer.Option("--json", help="Machine
 
 register_sweep_command(app)  # `qdeploy sweep`; `check` takes sweep files
 register_package_command(app)  # `qdeploy package`
+register_explain_command(app)  # `qdeploy explain`
 
 
 def _version_callback(value: bool) -> None:

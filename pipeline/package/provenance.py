@@ -65,7 +65,8 @@ def recipe_tolerances(snapshot: dict[str, Any], validation: ValidationRow,
 def _declared(steps: list[Any]) -> Tolerance | None:
     """The variant's last accuracy budget (``Recipe.declared_tolerances``)."""
     budgets = [step["config"]["tolerance"] for step in steps
-               if isinstance(step, dict) and (step.get("config") or {}).get("tolerance") is not None]
+               if isinstance(step, dict) and (step.get("config") or {}).get("tolerance") is not None
+               and "metric" not in step["config"]["tolerance"]]  # a task metric's budget holds no output limits
     return Tolerance.model_validate(budgets[-1]) if budgets else None
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qdeploy.core.rows import BenchmarkRow, ValidationRow, readable_report
+from qdeploy.core.runtimes import built_for, variants_named
 from qdeploy.pipeline.package import (
     PackageError,
     PackageSource,
@@ -152,7 +153,8 @@ def _package_report(report: dict[str, Any], report_path: Path, run: dict[str, An
         raise PackageError(f"--target {target}: the run validated {', '.join(targets) or 'no target'}",
                            input_error=True)
     verify_published(report_path, report)  # every file report.json names, as it records it, before any is read
-    chosen = variants or [variant for variant, pair_target in chosen_pairs(report, [target])]
+    chosen = _builds_named(report, variants, target) if variants else [
+        variant for variant, pair_target in chosen_pairs(report, [target])]
     if not chosen:
         raise PackageError(f"no artifact passed validation on {target} in {run_dir}; nothing to package",
                            input_error=True)
@@ -165,6 +167,13 @@ def _package_report(report: dict[str, Any], report_path: Path, run: dict[str, An
     sources = [_traced(source_from_report(report, variant, target, run_dir / "artifacts" / f"{variant}.onnx"),
                        snapshot, run) for variant in dict.fromkeys(chosen)]  # all refused before one is written
     return [build_package(source, out_dir, check, ort_optimized=ort_optimized) for source in sources]
+
+
+def _builds_named(report: dict[str, Any], variants: list[str], target: str) -> list[str]:
+    """``--variant`` names: a variant per_runtime split (``int8``) names its build for ``target`` (``int8@ort``)."""
+    names = [row["name"] for row in report.get("artifacts", []) if isinstance(row, dict) and "name" in row]
+    return [next((build for build in variants_named(name, names) if built_for(build, target)), name)
+            for name in variants]
 
 
 def stored_check_data(run_dir: Path, report: dict[str, Any]) -> CheckData:

@@ -9,6 +9,7 @@ from typing import Any
 from qdeploy.core.files import write_json_atomic, write_text_atomic
 from qdeploy.pipeline.report.format import fmt_mb, fmt_number
 from qdeploy.pipeline.report.html import render_html
+from qdeploy.pipeline.report.layers import layer_markdown
 from qdeploy.pipeline.report.sections import noise_floor_lines, package_lines
 from qdeploy.pipeline.report.tables import matrix_lines, throughput_lines, tradeoff_lines, verdict_markdown
 from qdeploy.pipeline.report.view import (
@@ -58,6 +59,8 @@ def _artifact_lines(report: dict[str, Any]) -> list[str]:
                      f"{fmt_mb(artifact['size_bytes'])}{cache}")
         lines += [f"  - external data `{data['file']}`: sha256 `{data['sha256']}`"
                   for data in artifact.get("external_data", [])]
+        if artifact.get("per_runtime"):  # per_runtime auto: one graph for both runtimes, or one each, and why
+            lines.append(f"  - per_runtime: {artifact['per_runtime']['note']}")
         for step in artifact.get("lineage", []):
             lines += [f"  - {step['stage']}: {line}" for line in highlights(step.get("findings"))]
     return lines
@@ -91,6 +94,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "reference outputs on the same inputs.",
         *tradeoff_lines(report),
         *(["", *throughput_lines(report)] if report.get("throughput") else []),
+        *layer_markdown(report),
     ]
     settings = benchmark_settings(report)
     if settings:

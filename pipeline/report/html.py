@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from qdeploy.pipeline.report._html_layers import LAYERS_CSS, layers_html
 from qdeploy.pipeline.report._html_parts import findings_html, status_badge
 from qdeploy.pipeline.report._html_verdict import VERDICT_CSS, throughput_html, unavailable_html, verdict_html
+from qdeploy.pipeline.report.budget_front import budget_front_html
 from qdeploy.pipeline.report.charts import colors_for, latency_bars_svg, tradeoff_svg
 from qdeploy.pipeline.report.format import escape_html, fmt_cosine, fmt_number, fmt_snr_cell, fmt_speedup
 from qdeploy.pipeline.report.precision import speedup_sides
@@ -88,13 +90,14 @@ def render_html(report: dict[str, Any]) -> str:
     colors = colors_for([artifact["name"] for artifact in report.get("artifacts", [])] + [r.variant for r in rows])
     sections = [
         _header(report), verdict_html(report), _unmeasured(report), _gates(report), _problems(report),
-        _table(report, rows, colors), throughput_html(report), _charts(report, rows, colors),
+        _table(report, rows, colors), throughput_html(report), _charts(report, rows, colors), layers_html(report),
+        budget_front_html(report),
         _validation(report), _settings(report), _artifacts(report), _packages(report), _environment(report),
     ]
     title = escape_html(f"qdeploy report: {report['recipe']['name']}")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>{title}</title><style>{CSS}{VERDICT_CSS}</style></head><body>\n"
+            f"<title>{title}</title><style>{CSS}{VERDICT_CSS}{LAYERS_CSS}</style></head><body>\n"
             + "\n".join(part for part in sections if part) + "\n</body></html>\n")
 
 

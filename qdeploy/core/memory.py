@@ -8,7 +8,7 @@ import re
 
 from qdeploy.core.errors import QdeployInputError
 
-__all__ = ["MEMORY_ENV", "available_memory", "memory_override", "parse_bytes"]
+__all__ = ["MEMORY_ENV", "available_memory", "memory_override", "parse_bytes", "release_memory"]
 
 MEMORY_ENV = "QDEPLOY_AVAILABLE_MEMORY"
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -42,3 +42,21 @@ def available_memory() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def release_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the system.
+
+    Called between sessions of large models: glibc may keep freed chunks in its heap (its mmap threshold grows
+    after each large free), and a cycle may hold a closed session until the collector runs; the next session
+    should find that memory free, not be added on top of it."""
+    import contextlib
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if name:
+        with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+            ctypes.CDLL(name).malloc_trim(0)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["DEFAULT_TOLERANCES", "StrictModel", "Tolerance"]
+__all__ = ["DEFAULT_TOLERANCES", "StrictModel", "TaskTolerance", "Tolerance"]
 
 
 class StrictModel(BaseModel):
@@ -23,6 +23,28 @@ class Tolerance(StrictModel):
         default=None, ge=0.0, description="Relative part of the elementwise limit atol + rtol*|ref|."
     )
     top1_agreement_min: float | None = Field(default=None, ge=0.0, le=1.0, description="Lowest top-1 agreement.")
+
+
+class TaskTolerance(StrictModel):
+    """An accuracy budget on the user's own task metric: the drop from float32 it may lose (the quantize and fp16
+    stages' ``tolerance``)."""
+
+    metric: str | None = Field(default=None, description="'file.py:function' (relative to the recipe) or "
+                                                         "'package.module:function', called as validate.metric is "
+                                                         "(docs/validate.md), higher is better; computed with the "
+                                                         "budget data's labels on float32 and on each candidate. "
+                                                         "The recipe's validate.metric when absent.")
+    max_drop: float | None = Field(default=None, ge=0.0, description="Largest absolute drop of the metric.")
+    max_relative_drop: float | None = Field(default=None, ge=0.0, le=1.0, description="Largest drop as a share of "
+                                                                                      "the float32 metric.")
+
+    @model_validator(mode="after")
+    def _one_limit(self) -> TaskTolerance:
+        if self.metric is not None and ":" not in self.metric:
+            raise ValueError(f"metric '{self.metric}' must be 'file.py:function' or 'package.module:function'")
+        if (self.max_drop is None) == (self.max_relative_drop is None):
+            raise ValueError("a task-metric tolerance needs exactly one of max_drop or max_relative_drop")
+        return self
 
 
 # Defaults per precision, used when the recipe sets no tolerance (documented in the README).

@@ -68,11 +68,15 @@ class GraphEditor:
     """Reads and edits of one onnx-ir graph: constants, fresh names, new initializers and nodes, replacement."""
 
     def __init__(self, graph: ir.Graph, opset: int = 0) -> None:
+        import onnx_ir as ir
+
         self.graph = graph
         self.opset = opset
         self._names = {value.name for value in graph.initializers.values()}
         self._names |= {value.name for value in (*graph.inputs, *graph.outputs)}
         self._names |= {name for node in graph for name in (node.name, *(out.name for out in node.outputs))}
+        # node names of nested graphs too: a new node repeats no node name anywhere (qdeploy.graph.names)
+        self._names |= {node.name for node in ir.traversal.RecursiveGraphIterator(graph)}
         self._names.discard(None)
 
     # ----------------------------------------------------------------------------------------------- reading

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.names import NodeNames
 from qdeploy.graph.utils import delete_where, names_read, subgraphs
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ def _kahn(waits: list[set[int]]) -> tuple[list[int], int]:
     return order, resolved
 
 
-def subgraph_initializers_to_constants(graph: onnx.GraphProto) -> int:
+def subgraph_initializers_to_constants(graph: onnx.GraphProto, names: NodeNames | None = None) -> int:
     """Turn the initializers of every subgraph below ``graph`` into Constant nodes at the start of that subgraph.
 
     Exporters write subgraph constants as Constant nodes, and tools follow: onnxoptimizer's
@@ -137,12 +138,14 @@ def subgraph_initializers_to_constants(graph: onnx.GraphProto) -> int:
     """
     from onnx import helper
 
+    names = names if names is not None else NodeNames.of(graph)  # one for the whole walk: no repeated names
     moved = 0
     for node in graph.node:
         for sub in subgraphs(node):
-            moved += subgraph_initializers_to_constants(sub)
+            moved += subgraph_initializers_to_constants(sub, names)
             shadowed = {value.name for value in sub.input}  # legacy: an initializer that is also an input
-            constants = [helper.make_node("Constant", [], [init.name], name=f"{init.name}_constant", value=init)
+            constants = [helper.make_node("Constant", [], [init.name], name=names.fresh(f"{init.name}_constant"),
+                                          value=init)
                          for init in sub.initializer if init.name not in shadowed]
             if not constants:
                 continue

@@ -36,9 +36,11 @@ import numpy as np
 
 from qdeploy import targets as target_registry  # get_target read at call time: tests replace it
 from qdeploy.core.errors import TargetUnavailable
+from qdeploy.core.memory import release_memory
 from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, StopRecord, ThroughputRow
 from qdeploy.stages.benchmark._data import BenchData, explain_failure, output_shape_notes, read_data
 from qdeploy.stages.benchmark._precision import Shipped, load_options, precision_record, shipped_precisions
+from qdeploy.stages.benchmark._resident import float32_bytes, session_bytes, split_note, split_to_fit
 from qdeploy.stages.benchmark._runtime import MemoryProbe, bind_inputs
 from qdeploy.stages.benchmark._throughput import empty_row, split_modes, throughput_rows, unmeasured_throughput
 from qdeploy.stages.benchmark.config import MODE, NOISY_SPREAD, BenchmarkConfig
@@ -47,9 +49,10 @@ if TYPE_CHECKING:
     from qdeploy.core.context import Artifact, StageContext
     from qdeploy.targets import Session
 
-# what other packages use (the runner: shipped_precisions, split_modes, unmeasured_throughput)
-__all__ = ["BenchmarkConfig", "median_confidence_interval", "run", "shipped_precisions", "split_modes", "summarize",
-           "unmeasured_throughput"]
+# what other packages use (the runner: shipped_precisions, split_modes, unmeasured_throughput; its memory plan:
+# float32_bytes, session_bytes)
+__all__ = ["BenchmarkConfig", "float32_bytes", "median_confidence_interval", "run", "session_bytes",
+           "shipped_precisions", "split_modes", "summarize", "unmeasured_throughput"]
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +69,13 @@ class _Loaded:
 
 
 def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkConfig,
-        ctx: StageContext, shipped: Shipped | None = None) -> list[BenchmarkRow | ThroughputRow]:
+        ctx: StageContext, shipped: Shipped | None = None,
+        session_budget: int | None = None) -> list[BenchmarkRow | ThroughputRow]:
     """Benchmark results, one per (variant, target, batch size), in the report's contract.
 
     ``shipped``: (variant, target) -> the inference precision validation ships it with where the device default
-    missed (``_precision.shipped_precisions``); those rows time that pinned setting."""
+    missed (``_precision.shipped_precisions``); those rows time that pinned setting.  ``session_budget``: bytes
+    the sessions held at once may take (``_resident``; None: every artifact of a target at once)."""
     data: BenchData | None = None
     data_error = ""
     if artifacts:
@@ -90,12 +95,39 @@ def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkCon
             elif data is None:
                 results += _every_mode(artifacts, target, batch, config, "error", data_error)
             else:
-                if config.mode in ("latency", "both"):
-                    results += _benchmark_target(artifacts, target, batch, config, ctx, data, shipped)
-                if config.mode in ("throughput", "both"):
-                    results += throughput_rows(artifacts, target, batch, config.throughput_settings,
-                                               len(config.round_plan()), ctx, data, shipped)
+                results += _measure_target(artifacts, target, batch, config, ctx, data, shipped, session_budget)
     return results
+
+
+def _measure_target(artifacts: dict[str, Artifact], target: str, batch: int, config: BenchmarkConfig,
+                    ctx: StageContext, data: BenchData, shipped: Shipped | None,
+                    budget: int | None) -> list[BenchmarkRow | ThroughputRow]:
+    """Latency and throughput rows of one target and batch, the sessions loaded in groups that fit the budget."""
+    cost = {name: session_bytes(artifact, target) for name, artifact in artifacts.items()}
+    groups = split_to_fit(artifacts, cost, budget)
+    latency: list[BenchmarkRow | ThroughputRow] = []
+    throughput: list[BenchmarkRow | ThroughputRow] = []
+    for group in groups:
+        if config.mode in ("latency", "both"):
+            latency += _benchmark_target(group, target, batch, config, ctx, data, shipped)
+            _release_between(groups)
+        if config.mode in ("throughput", "both"):
+            throughput += throughput_rows(group, target, batch, config.throughput_settings,
+                                          len(config.round_plan()), ctx, data, shipped)
+            _release_between(groups)
+    if len(groups) > 1:
+        assert budget is not None
+        where = {name: group for group in groups for name in group}
+        notes = {name: split_note(where[name], target, sum(cost.values()), budget) for name in artifacts}
+        latency = [row.replace(notes=[*row.notes, notes[row.variant]]) for row in latency]
+        throughput = [row.replace(notes=[*row.notes, notes[row.variant]]) for row in throughput]
+    return latency + throughput
+
+
+def _release_between(groups: list[dict[str, Artifact]]) -> None:
+    """The closed group's sessions go back to the system before the next group loads (large models only)."""
+    if len(groups) > 1:
+        release_memory()
 
 
 def _every_mode(artifacts: dict[str, Artifact], target: str, batch: int, config: BenchmarkConfig,

@@ -20,6 +20,7 @@ from qdeploy.core.memory import available_memory
 from qdeploy.core.usercode import import_user_module
 from qdeploy.core.userfiles import check_regular_file
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, check_without_weights, needs_external_data
+from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.graph.rewrites import RewriteReport, apply_rewrites, available
 from qdeploy.graph.utils import model_bytes
 from qdeploy.stages.export._exporter import export_with_torch
@@ -89,10 +90,21 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, A
     if made_symbolic:
         findings["minus_one_dims_named"] = made_symbolic
     findings["custom_ops"] = check_known_ops(model)
+    _name_nodes(model, findings)
     check_model(model, with_checker=validate_graph)
     if validate_graph and confirm_runtime and not findings["custom_ops"]:
         check_loads_in_onnxruntime(model)  # what the run's reference needs; custom fake-quant ops wait for lowering
     return model
+
+
+def _name_nodes(model: onnx.ModelProto, findings: dict[str, Any]) -> None:
+    """Every node named, no name twice, once for every later stage: ONNX Runtime refuses repeated names, and
+    qdeploy finds nodes by name (keep-float and block lists, budgets, localisation, reports)."""
+    naming = name_nodes_uniquely(model)
+    if naming.changed:
+        findings["node_names"] = naming.summary()
+        log.info("named %d nameless nodes and renamed %d repeated names (e.g. %s)", naming.unnamed,
+                 naming.duplicates, "; ".join(naming.examples[:2]))
 
 
 def inspect_source(config: ExportConfig, resolve: Callable[[str], Path]) -> list[InputInfo]:

@@ -18,6 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.graph.inline_if import inline_constant_ifs
+from qdeploy.graph.names import NodeNames
 from qdeploy.graph.utils import delete_indices, delete_where, has_subgraph, names_read, subgraphs
 from qdeploy.stages.export._values import describe
 
@@ -78,8 +79,9 @@ def _make_constants(model: onnx.ModelProto, frozen: dict[str, np.ndarray]) -> No
     if model.ir_version >= 4:
         graph.initializer.extend(tensors)
         return
-    constants = [helper.make_node("Constant", [], [tensor.name], name=f"{tensor.name}_frozen", value=tensor)
-                 for tensor in tensors]
+    names = NodeNames.of(graph)
+    constants = [helper.make_node("Constant", [], [tensor.name], name=names.fresh(f"{tensor.name}_frozen"),
+                                  value=tensor) for tensor in tensors]
     kept = list(graph.node)
     del graph.node[:]
     graph.node.extend([*constants, *kept])

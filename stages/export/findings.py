@@ -35,3 +35,6 @@ class ExportFindings(Findings):
     nodes_removed: int | None = None
     minus_one_dims_named: list[str] | None = None
     custom_ops: list[dict[str, Any]]
+    node_names: dict[str, Any] | None = None
+    """Nodes the model left without a name, or whose name an earlier node had, named uniquely (how many of each,
+    a few examples): later stages and the report refer to nodes by these names."""

@@ -28,10 +28,10 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.core.compare import compare_outputs
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
-from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
+from qdeploy.core.tolerance import DEFAULT_TOLERANCES, TaskTolerance, Tolerance
+from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.stages.fp16._activations import overflowing_nodes, run_float32
 from qdeploy.stages.fp16._budget import choose_float32_nodes, node_groups
 from qdeploy.stages.fp16._budget_targets import confirm_budget
@@ -47,7 +47,7 @@ from qdeploy.stages.fp16._convert import (
 )
 from qdeploy.stages.fp16._draws import choose_for_every_draw, missed_by_samples, sample_snrs
 from qdeploy.stages.fp16._fidelity import EMULATED, comparison_record, overflow_births, reference_check, run_emulated
-from qdeploy.stages.fp16._graph import name_nodes_uniquely, subgraphs, walk_nodes
+from qdeploy.stages.fp16._graph import subgraphs, walk_nodes
 from qdeploy.stages.fp16._headroom import headroom_findings, with_headroom
 from qdeploy.stages.fp16._offload import offload, reload, worth_offloading
 from qdeploy.stages.fp16._patterns import integer_accumulators, normalizations, out_of_range_constants
@@ -63,6 +63,7 @@ from qdeploy.stages.fp16.config import (
     reads_default_dataset,
 )
 from qdeploy.stages.fp16.findings import Fp16Findings
+from qdeploy.stages.task_metric import TaskJudge, judged, task_for
 
 if TYPE_CHECKING:
     import numpy as np
@@ -211,10 +212,14 @@ class _Fp16Conversion:
         self.target_reasons: list[str] = []  # what the last emulated check missed of the target (with headroom)
         self.converted: onnx.ModelProto
         self.repair: Any = None
+        self.judge: TaskJudge | None = None
+        """The task metric that decides the budget (``tolerance: {metric, max_drop}``), once the data is read."""
 
     @property
     def tolerance(self) -> Tolerance:
-        return self.config.tolerance or DEFAULT_TOLERANCES["fp16"]
+        """The output limits; a task metric's budget checks outputs by the fp16 defaults beside it."""
+        tolerance = self.config.tolerance
+        return tolerance if isinstance(tolerance, Tolerance) else DEFAULT_TOLERANCES["fp16"]
 
     @property
     def target(self) -> Tolerance:
@@ -229,6 +234,12 @@ class _Fp16Conversion:
         """Run float32 on the data; keep overflowing nodes; in auto mode, also the budget's choice."""
         self.ctx.on_progress("fp16: activation ranges")
         self.feeds = list(self.ctx.samples(data.data, artifact.path, data.samples))
+        if isinstance(self.config.tolerance, TaskTolerance):
+            inputs = [value.name for value in self.model.graph.input
+                      if value.name not in {init.name for init in self.model.graph.initializer}]
+            function, labels = task_for(self.config.tolerance, "fp16.tolerance.metric", self.ctx.datasets,
+                                        self.ctx.resolve, data.data, inputs, len(self.feeds))
+            self.judge = TaskJudge(function, self.config.tolerance, labels, len(self.feeds))
         with self._float32_weights_on_disk():  # the probe, written beside them, reads them from there
             self.float32 = run_float32(self.model, self.feeds, self.ctx.work_dir, big=self.big)
         limit_note = {"safety_margin": self.config.safety_margin, "max_finite_val": self.config.max_finite_val}
@@ -276,13 +287,16 @@ class _Fp16Conversion:
         assert self.float32 is not None
         self.ctx.on_progress("fp16: per-node sensitivity")
         groups = node_groups(self.model, _with_nested(self.model, float32), self.types)
+        judge = self.judge if tolerance is None else None  # the repair aims at output limits with headroom
         tolerance = tolerance or self.tolerance
         result = (choose_for_every_draw if every_draw else choose_float32_nodes)(
             self.model, groups, self.needs.inputs, self.feeds[:limit], self.float32.outputs[:limit], tolerance,
-            keep_io_types=self.config.keep_io_types, to_float16=self.to_float16, work_dir=self.ctx.work_dir)
+            keep_io_types=self.config.keep_io_types, to_float16=self.to_float16, work_dir=self.ctx.work_dir,
+            **({"judge": judge} if judge else {}))
         self.kept.extend({"node": name, "op_type": self._op_type(name), "reason": "budget: sensitivity"}
                          for name in result.float32_nodes)
-        self.budget = {"tolerance": tolerance.model_dump(exclude_none=True), **result.findings}
+        aim = self.config.tolerance if judge else tolerance
+        self.budget = {"tolerance": aim.model_dump(exclude_none=True), **result.findings}
         self.budget_groups, self.budget_result = groups, result  # for confirm_budget, when a target misses
 
     def _op_type(self, name: str) -> str:
@@ -322,9 +336,10 @@ class _Fp16Conversion:
         else:
             raise StageError(STAGE, self.ctx.variant, "float16 emulation still overflows after "
                              f"{MAX_SAFETY_ROUNDS} rounds of keeping nodes in float32; last kept: {self.kept[-3:]}")
-        comparison = compare_outputs(self.float32.outputs, emulated.outputs, self.tolerance)
+        comparison = judged(self.float32.outputs, emulated.outputs, self.tolerance, self.judge)
         self.emulated_passed, self.emulated_reasons = comparison.passed, comparison.reasons
-        self.target_reasons = missed_by_samples(self.float32.outputs, emulated.outputs, self.target)
+        self.target_reasons = [] if self.judge else missed_by_samples(self.float32.outputs, emulated.outputs,
+                                                                      self.target)
         record = comparison_record(EMULATED, comparison, len(emulated.outputs), time.perf_counter() - started)
         record["headroom"] = headroom_findings(self.config.headroom_db, self.target, self.within_headroom(),
                                                sample_snrs(self.float32.outputs, emulated.outputs))

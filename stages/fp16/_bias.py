@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.names import NodeNames
+
 if TYPE_CHECKING:
     import onnx
 
@@ -40,6 +42,7 @@ def split_biases(graph: onnx.GraphProto, types: dict[str, int], elem_type: int,
     from onnx import helper, numpy_helper
 
     ranks = _known_ranks(graph)
+    node_names = NodeNames.of(graph)  # a nameless node's Add would otherwise be "__fp16_bias_add" every time
     added: dict[str, str] = {}
     rewritten: list[onnx.NodeProto] = []
     for node in graph.node:
@@ -53,8 +56,10 @@ def split_biases(graph: onnx.GraphProto, types: dict[str, int], elem_type: int,
         graph.initializer.append(numpy_helper.from_array(_int64(dims), shape))
         del node.input[2]
         node.output[0] = product
-        add = helper.make_node("Add", [product, shaped], [out], name=f"{node.name}__fp16_bias_add")
-        reshape = helper.make_node("Reshape", [bias, shape], [shaped], name=f"{node.name}__fp16_bias_reshape")
+        add = helper.make_node("Add", [product, shaped], [out],
+                               name=node_names.derived(node.name, "__fp16_bias_add", node.op_type))
+        reshape = helper.make_node("Reshape", [bias, shape], [shaped],
+                                   name=node_names.derived(node.name, "__fp16_bias_reshape", node.op_type))
         rewritten.extend([node, reshape, add])
         for name in (product, shaped):
             types[name] = elem_type

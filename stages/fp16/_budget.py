@@ -9,6 +9,9 @@ trial is a run with a different boolean gate vector, never a new model.
    float16 and everything else in float32 (one trial per group).
 3. Groups are kept in float32 in decreasing sensitivity; a binary search over how many
    finds the fewest that meet the tolerance on all the samples.
+
+With a task metric (``tolerance: {metric, max_drop}``, ``qdeploy.stages.task_metric``) the groups are still
+ranked by output error (one cheap trial each) and every decision is the metric's drop on all the samples.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.core.compare import compare_outputs
 from qdeploy.graph.external_data import save_onnx
 from qdeploy.stages.fp16._emulate import GATES_INPUT, gated_twin
 from qdeploy.stages.fp16._graph import FLOAT, subgraphs
+from qdeploy.stages.task_metric import MetricComparison, TaskJudge, judged, metric_summary
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -80,17 +83,19 @@ def _touches_float(node: onnx.NodeProto, types: dict[str, int]) -> bool:
 def choose_float32_nodes(model: onnx.ModelProto, groups: list[list[str]], float32_inputs: dict[str, set[int]],
                          feeds: list[dict[str, np.ndarray]], reference: Outputs, tolerance: Tolerance, *,
                          keep_io_types: bool, to_float16: Callable[[np.ndarray], np.ndarray],
-                         work_dir: Path) -> BudgetResult:
-    """The fewest groups (by measured sensitivity) to keep in float32 so the emulated artifact meets `tolerance`."""
+                         work_dir: Path, judge: TaskJudge | None = None) -> BudgetResult:
+    """The fewest groups (by measured sensitivity) to keep in float32 so the emulated artifact meets `tolerance`
+    (``judge``: the task metric's drop instead)."""
     import numpy as np
 
     started = time.perf_counter()
     gate_of = {name: index for index, group in enumerate(groups) for name in group}
     trials = _Trials(gated_twin(model, gate_of, float32_inputs, keep_io_types, to_float16), feeds, reference,
-                     tolerance, work_dir)
+                     tolerance, work_dir, judge)
     everything = np.ones(len(groups), dtype=bool)
     all_fp16 = trials.compare(everything)
-    findings: dict[str, Any] = {"groups": len(groups), "metrics_all_float16": all_fp16.worst()}
+    findings: dict[str, Any] = {"groups": len(groups), "metrics_all_float16": all_fp16.worst(),
+                                **_task_record("all_float16", all_fp16)}
     if all_fp16.passed or not groups:
         findings.update(trials=trials.count, met=all_fp16.passed, float32_nodes=[], seconds=_since(started))
         return BudgetResult([], findings)
@@ -98,7 +103,8 @@ def choose_float32_nodes(model: onnx.ModelProto, groups: list[list[str]], float3
     count, chosen = _fewest(order, trials, len(groups))
     kept = [name for index in order[:count] for name in groups[index]]
     findings.update(
-        trials=trials.count, met=chosen.passed, metrics_chosen=chosen.worst(), seconds=_since(started),
+        trials=trials.count, met=chosen.passed, metrics_chosen=chosen.worst(), **_task_record("chosen", chosen),
+        seconds=_since(started),
         float32_nodes=[{"nodes": groups[index], "sensitivity": _json_float(sensitivity[index])}
                        for index in order[:count]],
     )
@@ -108,12 +114,13 @@ def choose_float32_nodes(model: onnx.ModelProto, groups: list[list[str]], float3
 
 def rank_groups(model: onnx.ModelProto, groups: list[list[str]], float32_inputs: dict[str, set[int]],
                 feeds: list[dict[str, np.ndarray]], reference: Outputs, tolerance: Tolerance, *, keep_io_types: bool,
-                to_float16: Callable[[np.ndarray], np.ndarray], work_dir: Path) -> list[list[str]]:
+                to_float16: Callable[[np.ndarray], np.ndarray], work_dir: Path,
+                judge: TaskJudge | None = None) -> list[list[str]]:
     """The groups, most sensitive first (one emulated trial each): what a target that misses keeps float32
     first when the emulated search kept none and so measured no order."""
     gate_of = {name: index for index, group in enumerate(groups) for name in group}
     trials = _Trials(gated_twin(model, gate_of, float32_inputs, keep_io_types, to_float16), feeds, reference,
-                     tolerance, work_dir)
+                     tolerance, work_dir, judge)
     return [groups[index] for index in _sensitivity(trials, len(groups))[1]]
 
 
@@ -150,7 +157,7 @@ class _Trials:
     """Runs of the gated model: one session, a gate vector per trial."""
 
     def __init__(self, twin: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], reference: Outputs,
-                 tolerance: Tolerance, work_dir: Path) -> None:
+                 tolerance: Tolerance, work_dir: Path, judge: TaskJudge | None = None) -> None:
         import onnxruntime as ort
 
         path = work_dir / "fp16_budget.onnx"
@@ -162,6 +169,7 @@ class _Trials:
         self.feeds = feeds
         self.reference = reference
         self.tolerance = tolerance
+        self.judge = judge
         self.count = 0
 
     def run(self, gates: np.ndarray, feeds: list[dict[str, np.ndarray]]) -> Outputs:
@@ -170,7 +178,7 @@ class _Trials:
                 for feed in feeds]
 
     def compare(self, gates: np.ndarray) -> Any:
-        return compare_outputs(self.reference, self.run(gates, self.feeds), self.tolerance)
+        return judged(self.reference, self.run(gates, self.feeds), self.tolerance, self.judge)
 
     def loss(self, gates: np.ndarray) -> float:
         """Largest relative L2 error over outputs and samples (inf when a value is not finite)."""
@@ -188,6 +196,11 @@ class _Trials:
                 scale = float(np.linalg.norm(expected)) or 1.0
                 worst = max(worst, float(np.linalg.norm(actual - expected)) / scale)
         return worst
+
+
+def _task_record(which: str, comparison: Any) -> dict[str, Any]:
+    """The task metric's record of a trial (``task_metric_<which>``), when it decided."""
+    return {f"task_metric_{which}": metric_summary(comparison)} if isinstance(comparison, MetricComparison) else {}
 
 
 def _json_float(value: float) -> float | str:

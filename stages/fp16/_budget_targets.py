@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.core.compare import OutputComparison, compare_outputs
+from qdeploy.core.compare import OutputComparison
 from qdeploy.core.errors import TargetUnavailable
 from qdeploy.graph.external_data import save_onnx
 from qdeploy.stages.fp16._budget import rank_groups
+from qdeploy.stages.task_metric import MetricComparison, TaskJudge, judged, metric_summary
 from qdeploy.targets import TRUE_FP16_TARGET, availability_of, load_as_deployed
 from qdeploy.targets.base import TargetFellBack, short_message
 from qdeploy.targets.cpu_facts import pins_after, short_precision
@@ -64,6 +65,8 @@ class TargetRuns:
     on_progress: Callable[[str], None] = lambda message: None
     load: Callable[[str, Path], Session] | None = None
     """How a target loads the artifact; None: ``load_as_validated``."""
+    judge: TaskJudge | None = None
+    """Decides by the task metric's drop instead of ``tolerance`` (``tolerance: {metric, max_drop}``)."""
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
     cost: dict[str, dict[str, Any]] = field(default_factory=dict)
     known: dict[tuple[str, int], OutputComparison] = field(default_factory=dict)
@@ -95,7 +98,7 @@ class TargetRuns:
                 self.records.setdefault(name, {})["pinned" if hint else "precision"] = session.executed.precision
                 count = REFERENCE_SAMPLES if name == TRUE_FP16_TARGET else len(self.feeds)
                 outputs = [session.run(feed) for feed in self.feeds[:count]]
-            comparison = compare_outputs(self.reference[:count], outputs, self.tolerance)
+            comparison = judged(self.reference[:count], outputs, self.tolerance, self.judge)
         except Exception as exc:  # a runtime refusing or failing the artifact is that target's measured failure
             comparison = OutputComparison([], False, [f"{name} cannot run the artifact: {short_message(exc)}"])
             if isinstance(exc, TargetUnavailable) and not isinstance(exc, TargetFellBack):
@@ -123,8 +126,10 @@ class TargetRuns:
     @staticmethod
     def _record(comparison: OutputComparison, precision: str | None) -> dict[str, Any]:
         worst = comparison.worst()
+        task = metric_summary(comparison) if isinstance(comparison, MetricComparison) else None
         return {"status": CONFIRMED if comparison.passed else MISSED, "precision": precision,
                 **{key: worst.get(key) for key in ("cosine", "snr_db", "max_abs_err")},
+                **({key: task[key] for key in ("metric", "reference_metric", "drop", "allowed_drop")} if task else {}),
                 "reasons": comparison.reasons[:3]}
 
     def _pinned(self, name: str, model: onnx.ModelProto, missed: dict[str, Any]) -> dict[str, Any]:
@@ -222,7 +227,7 @@ def confirm_budget(conversion: Any, fixed: set[str]) -> None:
     into ``budget``, the nodes kept for a target into ``kept_in_fp32`` (reason "budget: missed on a target")."""
     result = conversion.budget_result
     runs = TargetRuns(conversion.ctx.targets, conversion.feeds, conversion.float32.outputs, conversion.tolerance,
-                      conversion.ctx.work_dir, conversion.ctx.on_progress)
+                      conversion.ctx.work_dir, conversion.ctx.on_progress, judge=conversion.judge)
     base = list(conversion.kept)
 
     def convert(nodes: list[str]) -> onnx.ModelProto:
@@ -237,7 +242,7 @@ def confirm_budget(conversion: Any, fixed: set[str]) -> None:
         return rank_groups(conversion.model, conversion.budget_groups, conversion.needs.inputs, conversion.feeds,
                            conversion.float32.outputs, conversion.tolerance,
                            keep_io_types=conversion.config.keep_io_types, to_float16=conversion.to_float16,
-                           work_dir=conversion.ctx.work_dir), 0
+                           work_dir=conversion.ctx.work_dir, judge=conversion.judge), 0
 
     budget = conversion.budget
     found = hold_on_targets(runs, conversion.converted, convert, ladder)

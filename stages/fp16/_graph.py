@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from qdeploy.graph.order import outer_references
-from qdeploy.graph.utils import GRAPH_OPS, ONNX_SPEC_DOMAINS, delete_where, fresh_name, subgraphs
+from qdeploy.graph.utils import GRAPH_OPS, ONNX_SPEC_DOMAINS, delete_where, subgraphs
 
 if TYPE_CHECKING:
     import onnx
@@ -51,20 +51,6 @@ def node_dependencies(node: onnx.NodeProto) -> list[str]:
     for sub in subgraphs(node):
         names.extend(sorted(outer_references(sub)))
     return names
-
-
-def name_nodes_uniquely(model: onnx.ModelProto, prefix: str = "") -> int:
-    """Give every node of every graph a name no other node has; returns how many were (re)named."""
-    taken: set[str] = set()
-    renamed = 0
-    for node, _ in walk_nodes(model.graph):
-        if node.name and node.name not in taken:
-            taken.add(node.name)
-            continue
-        base = node.name or f"{prefix}{node.op_type}_{node.output[0] if node.output else 'node'}"
-        node.name = fresh_name(base, taken, first=1)
-        renamed += 1
-    return renamed
 
 
 def use_counts(graph: onnx.GraphProto) -> dict[str, int]:

@@ -29,12 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.names import NodeNames, name_nodes_uniquely
 from qdeploy.graph.order import sort_topologically
 from qdeploy.graph.utils import prune_unused_value_info_recursive
 from qdeploy.stages.fp16._graph import (
     FLOAT,
     FLOAT16,
-    name_nodes_uniquely,
     remove_dead_casts,
     remove_unused_initializers,
     rename_tensor,
@@ -96,6 +96,8 @@ class TypeRepair:
         self.renamed_from: dict[str, str] = {}
         """A tensor name the converter or this pass made -> the original name of the same value."""
         self.report = RepairReport()
+        self.node_names = NodeNames()
+        """Node names of the model being repaired: the Casts and Constants it adds repeat none."""
         self.types: dict[str, int] = {}
         self.owner: dict[str, onnx.GraphProto] = {}
         self.cast_source: dict[str, str] = {}
@@ -105,6 +107,7 @@ class TypeRepair:
         """(source, precision) pairs this pass made; they win over a converter Cast of the same source."""
 
     def apply(self, model: onnx.ModelProto) -> RepairReport:
+        self.node_names = NodeNames.of(model.graph)
         self._index(model.graph, scope_fp32=False)
         self._fix_graph(model.graph, scope_fp32=False, top=True)
         self.report.casts_removed = remove_dead_casts(model.graph)
@@ -202,7 +205,8 @@ class TypeRepair:
         else:
             from onnx import helper
 
-            graph.node.append(helper.make_node("Cast", [root], [name], name=f"{name}_cast", to=want))
+            graph.node.append(helper.make_node("Cast", [root], [name], name=self.node_names.fresh(f"{name}_cast"),
+                                               to=want))
             self.report.casts += 1
         self._define(name, want, graph)
         self.renamed_from[name] = self.renamed_from.get(root, root)
@@ -238,7 +242,7 @@ class TypeRepair:
         else:
             values = np.asarray(attr.f if attr.name == "value_float" else list(attr.floats), np.float32)
         values = self.to_float16(values) if want == FLOAT16 else values
-        graph.node.append(helper.make_node("Constant", [], [name], name=f"{name}_constant",
+        graph.node.append(helper.make_node("Constant", [], [name], name=self.node_names.fresh(f"{name}_constant"),
                                            value=numpy_helper.from_array(values, name)))
         self.report.constant_copies[name] = source
 
@@ -284,7 +288,8 @@ class TypeRepair:
         inner = self._fresh(f"{output}__{SUFFIX[self.types[output]]}")
         rename_tensor(graph, output, inner)
         self._alias(output, inner)
-        graph.node.append(helper.make_node("Cast", [inner], [output], name=f"{output}_cast_{SUFFIX[want]}", to=want))
+        graph.node.append(helper.make_node("Cast", [inner], [output], to=want,
+                                           name=self.node_names.fresh(f"{output}_cast_{SUFFIX[want]}")))
         self.cast_source[output] = inner
         self.report.casts += 1
 

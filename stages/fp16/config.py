@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from qdeploy.core.tolerance import Tolerance
+from qdeploy.core.tolerance import TaskTolerance, Tolerance
 
 __all__ = ["FLOAT16_MAX", "MAX_SAFETY_ROUNDS", "REPAIR_SAMPLES", "Fp16Config", "Fp16Data", "effective_op_block_list",
            "reads_default_dataset"]
@@ -71,10 +71,12 @@ class Fp16Config(BaseModel):
         default=0.5, gt=0.0, le=1.0, description="Fraction of max_finite_val a measured activation may reach: "
                                                  "worst cases are predicted as measured / margin (squared for "
                                                  "attention scores, exponentiated for Pow and Exp).")
-    tolerance: Tolerance | None = Field(
+    tolerance: Tolerance | TaskTolerance | None = Field(
         default=None, description="Limits the emulated float16 outputs must meet against float32 on the data: "
                                   "the target of mode 'auto' and the verdict of the fidelity check (the fp16 "
-                                  "defaults of validation when absent).")
+                                  "defaults of validation when absent); or, in mode 'auto', a task metric's "
+                                  "drop ({metric, max_drop | max_relative_drop}, docs/quantize-budget.md) "
+                                  "computed with the data's labels.")
     fidelity_check: Literal["emulated", "reference", "off"] = Field(
         default="emulated", description="With data: 'emulated' runs the artifact in ONNX Runtime with every "
                                         "float16 tensor rounded to float16 (fast; overflowing nodes found there "
@@ -102,6 +104,9 @@ class Fp16Config(BaseModel):
         if not 0.0 < self.min_positive_val < self.max_finite_val <= FLOAT16_MAX:
             raise ValueError(f"need 0 < min_positive_val < max_finite_val <= {FLOAT16_MAX}; got "
                              f"min_positive_val={self.min_positive_val}, max_finite_val={self.max_finite_val}")
+        if isinstance(self.tolerance, TaskTolerance) and self.mode != "auto":
+            raise ValueError("a task-metric tolerance ({metric, max_drop}) is the target of budget mode: set "
+                             "mode: auto (mode 'fixed' checks and repairs by output similarity)")
         if self.mode == "auto" and self.calibration is None:
             raise ValueError("mode 'auto' measures errors on data: set calibration: {data: <dataset>} "
                              "(the validation dataset is a good choice; data: null uses seeded random inputs)")

@@ -9,7 +9,7 @@
 - ``lower``: fake quantization from quantization-aware training lowered to
   exact QuantizeLinear/DequantizeLinear (``stages/quantize/lower``).
 - ``weight_only``: int4/int8 MatMul and embedding weights in blocks, float
-  activations (``_weight_only.py``): decoders and LLMs, no calibration.
+  activations (``_weight_only.py``): decoders and LLMs; calibration data only for method gptq and ratio.
 
 With ``tolerance`` (ptq, dynamic), the stage keeps the quantized nodes that hurt
 accuracy most in float until the tolerance holds against float32 on the budget

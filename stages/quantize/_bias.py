@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from qdeploy.graph.names import node_names
 from qdeploy.graph.utils import delete_where, fresh_name, names_read
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def vector_gemm_biases(model: onnx.ModelProto) -> dict[str, int]:
     """Rewrite every Gemm whose constant C is not a 1-D [N] vector (see the module doc); counts per rewrite."""
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
-    taken = {name for node in graph.node for name in node.output} | set(initializers)
+    taken = {name for node in graph.node for name in node.output} | set(initializers) | node_names(graph)
     counts = {"gemm_bias_vectorized": 0, "gemm_bias_moved_to_add": 0}
     nodes: list[onnx.NodeProto] = []
     replaced: set[str] = set()

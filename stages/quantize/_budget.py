@@ -29,6 +29,11 @@ the search has not seen.
    does (then the model of the last search that held is written, marked
    failing on that target).
 
+With a task metric (``tolerance: {metric, max_drop}``, ``_budget_task``) every decision above is the metric's
+drop from float32 on the same samples; the ranking stays the local error.  ``weigh_latency`` adds a second
+search in harm-per-second order and writes the fastest of the two that holds (``_Latency``,
+``_budget_latency``).  ``max_seconds`` stops the search with the best model measured (``_budget_cost``).
+
 When even every candidate kept float misses (or ``max_float_nodes`` stops the
 search), the best model found is returned and marked as failing its budget,
 with every trial in ``tried``.
@@ -52,22 +57,30 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from qdeploy.stages.quantize._budget_cost import Clock, OutOfTime
 from qdeploy.stages.quantize._budget_eval import Evaluator, Feeds, Measured, error_ratio, summary
+from qdeploy.stages.quantize._budget_latency import (
+    Point,
+    TimingSource,
+    added_seconds,
+    by_harm_per_second,
+    fastest,
+    measure_costs,
+)
+from qdeploy.stages.quantize._budget_notes import confirmation, kept_records, miss_note
 from qdeploy.stages.quantize._budget_rank import Ranked, rank_candidates
 from qdeploy.stages.quantize._budget_targets import (
-    MISSED,
     SEARCH_TARGET,
     Combined,
     CombinedMeasured,
     TargetChecks,
     TargetPlan,
 )
-from qdeploy.stages.quantize.findings import BudgetFindings, TargetRecord
+from qdeploy.stages.quantize._budget_task import MetricComparison, TaskJudge
+from qdeploy.stages.quantize.findings import BudgetFindings
 
 if TYPE_CHECKING:
     import onnx
-
-    from qdeploy.core.tolerance import Tolerance
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +119,15 @@ class _Trial:
     """The error fraction the search held it to; None for a confirmation on the held-back samples."""
     ratio: float | None = None
     on: str = ""
+    metric: float | None = None
+    """The task metric on the search samples, when the tolerance is one."""
 
     def finding(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"phase": self.phase, "float_nodes": self.float_nodes}
         if self.fraction is not None:
             entry.update(error_fraction=round(self.fraction, 4), search_error_ratio=self.ratio)
+        if self.metric is not None:
+            entry["task_metric"] = float(f"{self.metric:.6g}")
         return {**entry, "passed": self.passed, "on": self.on}
 
 
@@ -131,6 +148,10 @@ class _Phase:
         return {**entry, "written": self.written} if self.written is not None else entry
 
 
+Task = tuple[Callable[[dict[str, Any], Any], Any], list[np.ndarray]]
+"""A task metric's function and one label per budget sample."""
+
+
 @dataclass
 class BudgetResult:
     model: onnx.ModelProto
@@ -143,10 +164,13 @@ class _Search:
     """The search's state: ranked candidates, measured trials, the error fraction, and what was tried."""
 
     def __init__(self, build: Builder, evaluate: Evaluator | Combined, ranked: list[str], fraction: float,
-                 on_progress: Callable[[str], None]) -> None:
+                 on_progress: Callable[[str], None], clock: Clock | None = None, tag: str = "") -> None:
         self.build, self.evaluate, self.ranked = build, evaluate, ranked
         self.fraction = fraction
         self.on_progress = on_progress
+        self.clock = clock or Clock()
+        self.tag = tag
+        """Prefixes the phase names of a second search (the latency-aware one)."""
         self.measured: dict[frozenset[str], Measured | CombinedMeasured] = {}
         self.tried: list[_Trial] = []
         self.needed: set[str] = set()
@@ -157,15 +181,18 @@ class _Search:
         """Whether the model with these nodes float holds the tightened tolerance on the search samples."""
         key = frozenset(kept)
         if key not in self.measured:
-            self.on_progress(f"accuracy budget: {phase}, {len(kept)} node(s) kept float")
-            self.measured[key] = self.evaluate.measure(self.build(list(kept)))
+            self.clock.check(f"{self.tag}{phase}")
+            self.on_progress(f"accuracy budget: {self.tag}{phase}, {len(kept)} node(s) kept float")
+            with self.clock.phase(f"{self.tag}{phase}"):
+                self.measured[key] = self.evaluate.measure(self.build(list(kept)))
         comparison = self.evaluate.on_search(self.measured[key], self.fraction)
         if (key, self.fraction) in self.recorded:
             return comparison.passed
         self.recorded.add((key, self.fraction))
         ratio = error_ratio(self.evaluate.on_search(self.measured[key]), self.evaluate.tolerance)
-        self.tried.append(_Trial(phase, len(kept), comparison.passed, fraction=self.fraction,
-                                 ratio=None if math.isinf(ratio) else round(ratio, 4)))
+        metric = comparison.metric if isinstance(comparison, MetricComparison) else None
+        self.tried.append(_Trial(f"{self.tag}{phase}", len(kept), comparison.passed, fraction=self.fraction,
+                                 ratio=None if math.isinf(ratio) else round(ratio, 4), metric=metric))
         return comparison.passed
 
     def shortest_prefix(self, failing: int, limit: int) -> tuple[int, int | None]:
@@ -214,41 +241,53 @@ class _Search:
         return error_ratio(self.evaluate.on_search(self.measured[frozenset(kept)]), self.evaluate.tolerance)
 
 
-def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance: Tolerance, work_dir: Path, *,
+def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance: Any, work_dir: Path, *,
                 max_float_nodes: int | None, targets: Sequence[TargetPlan] = (),
-                on_progress: Callable[[str], None] = lambda message: None) -> BudgetResult:
+                on_progress: Callable[[str], None] = lambda message: None, task: Task | None = None,
+                max_seconds: float | None = None, timing: Sequence[TimingSource] = ()) -> BudgetResult:
     """The quantized model that holds the tolerance on held-back samples with few nodes kept in float, on every
-    target in ``targets`` (see the module doc); ``build(kept)`` returns the model with those nodes kept in float."""
+    target in ``targets`` (see the module doc); ``build(kept)`` returns the model with those nodes kept in float.
+    ``task``: (metric function, one label per sample) when ``tolerance`` is a task metric's; ``max_seconds``
+    bounds the search (``_budget_cost``); ``timing``: the targets' per-node costs for latency-aware reverting."""
     import onnx
 
-    started = time.perf_counter()
+    clock = Clock(max_seconds)
     held_count = held_back_count(len(feeds))
     search_feeds, held_feeds = feeds[:len(feeds) - held_count], feeds[len(feeds) - held_count:]
-    evaluate = Evaluator(float_model, search_feeds, held_feeds, tolerance, work_dir)
+    judge = TaskJudge(task[0], tolerance, task[1], len(search_feeds)) if task is not None else None
+    evaluate = Evaluator(float_model, search_feeds, held_feeds, tolerance, work_dir, judge=judge)
     checks = TargetChecks(evaluate, targets, on_progress)
+    clock.counter = lambda: sum(entry["evaluations"] for entry in checks.cost().values())
     full_model = build([])
-    full = evaluate.measure(full_model, held=True)
+    with clock.phase("fully quantized"):
+        full = evaluate.measure(full_model, held=True)
     checks.remember([], full, evaluate)
     initial = _both(evaluate, full)
-    opening = _Opening(tolerance.model_dump(exclude_none=True), len(feeds), len(search_feeds), held_count, initial)
+    opening = _Opening(tolerance.model_dump(exclude_none=True), len(feeds), len(search_feeds), held_count, initial,
+                       clock)
     active: Evaluator | Combined = evaluate
     if _holds(evaluate, full):
-        missed = checks.confirm(full_model, [])
+        with clock.phase("targets"):
+            missed = checks.confirm(full_model, [])
         if not missed:
-            confirmed = f"{_confirmation(held_count, evaluate, full)}; {checks.sentence()}"
-            return BudgetResult(full_model, [], _closed(opening, checks, confirmed, started, met=True, kept_float=[],
+            confirmed = f"{confirmation(held_count, evaluate, full)}; {checks.sentence()}"
+            return BudgetResult(full_model, [], _closed(opening, checks, confirmed, met=True, kept_float=[],
                                                         final=initial))
         active = checks.search_set(missed)
     candidates = build.candidates(full_model)
-    ranked, ranking = rank_candidates(build, evaluate, candidates, onnx.load(str(float_model)), full_model,
-                                      work_dir, on_progress)
+    try:
+        with clock.phase("ranking"):
+            ranked, ranking = rank_candidates(build, evaluate, candidates, onnx.load(str(float_model)), full_model,
+                                              work_dir, on_progress, check=clock.check)
+    except OutOfTime:
+        ranked, ranking = [], "none: budget.max_seconds passed during the ranking"
     limit = len(ranked) if max_float_nodes is None else min(len(ranked), max_float_nodes)
     phases: list[_Phase] = []
     tried: list[_Trial] = []
     needed: set[str] = set()
     held_before = ([], full, evaluate, {}) if active is not evaluate else None  # the last search that held
     while True:
-        search = _Search(build, active, [item.name for item in ranked], 1.0, on_progress)
+        search = _Search(build, active, [item.name for item in ranked], 1.0, on_progress, clock)
         search.measured[frozenset()] = _full_on(active, checks, full_model, full)
         search.fraction = _first_fraction(active, search.measured[frozenset()], held_count)
         kept, met, margin = _rounds(search, limit, len(candidates))
@@ -259,9 +298,12 @@ def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance
         final = build(kept)
         measured = search.measured.get(frozenset(kept))
         if measured is None or not measured.held_part:
-            measured = active.measure(final, held=True)
+            with clock.phase("confirm on held-back samples"):
+                measured = active.measure(final, held=True)
+        met = met and _holds(active, measured)
         checks.remember(kept, measured, active)
-        missed = checks.confirm(final, kept)
+        with clock.phase("targets"):
+            missed = checks.confirm(final, kept)
         phases.append(_Phase(active.label, met, len(kept), margin, missed))
         searched = set(active.evaluators) if isinstance(active, Combined) else set()
         if not met and held_before is not None:
@@ -275,21 +317,82 @@ def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance
         if met:
             held_before = (kept, measured, active, margin)
         new = [name for name in missed if name not in searched]
-        if not new or (not met and SEARCH_TARGET in checks.evaluators):
+        if not new or (not met and SEARCH_TARGET in checks.evaluators) or clock.stopped:
             break  # every miss was searched for, or the search missed on a target the variant is validated on
         active = checks.search_set(sorted(searched | set(missed)))
+    front: dict[str, Any] | None = None
+    if timing and met and not missed and ranked and clock.stopped is None:
+        latency = _Latency(build, active, checks, clock, on_progress, held_count)
+        kept, final, measured, front = latency.front(ranked, limit, float_model, full_model, full, kept, measured,
+                                                     timing, feeds)
+        tried += latency.tried
     met = met and checks.all_confirmed() is not False
-    confirmed = f"{_confirmation(held_count, active, measured)}; {checks.sentence()}"
-    note = None if met else _miss_note(kept, ranked, limit, phases, tried, checks)  # after the sentence: as before
+    confirmed = f"{confirmation(held_count, active, measured)}; {checks.sentence()}"
+    note = None if met else miss_note(kept, ranked, limit, phases, tried, ROUNDS, checks)  # after the sentence
+    if clock.stopped:
+        note = f"{clock.stopped}; {note}" if note else clock.stopped
     if note is not None:
-        log.warning("quantize: accuracy budget not met: %s", note)
-    findings = _closed(opening, checks, confirmed, started, met=met, final=_both(active, measured),
+        log.warning("quantize: accuracy budget %s: %s", "stopped" if clock.stopped else "not met", note)
+    findings = _closed(opening, checks, confirmed, met=met, final=_both(active, measured),
                        candidates=len(candidates), ranking=ranking, margin=margin,
                        phases=[phase.finding() for phase in phases],
-                       kept_float=_kept_records(kept, ranked, candidates, needed),
+                       kept_float=kept_records(kept, ranked, candidates, needed, front),
                        requantized=sum(1 for trial in tried if trial.phase == "re-quantize" and trial.passed),
-                       tried=[trial.finding() for trial in tried], note=note)
+                       tried=[trial.finding() for trial in tried], note=note, front=front)
     return BudgetResult(final, sorted(kept), findings)
+
+
+class _Latency:
+    """The latency-aware search (``_budget_latency``): a second search in harm-per-second order, and the front of
+    the fully quantized model and both searches' results; the fastest point that holds is written."""
+
+    def __init__(self, build: Builder, active: Evaluator | Combined, checks: TargetChecks, clock: Clock,
+                 on_progress: Callable[[str], None], held_count: int) -> None:
+        self.build, self.active, self.checks, self.clock = build, active, checks, clock
+        self.on_progress, self.held_count = on_progress, held_count
+        self.tried: list[_Trial] = []
+
+    def front(self, ranked: list[Ranked], limit: int, float_model: Path, full_model: onnx.ModelProto,
+              full: Measured, kept: list[str], measured: Measured | CombinedMeasured, timing: Sequence[TimingSource],
+              feeds: list[Feeds]) -> tuple[list[str], onnx.ModelProto, Measured | CombinedMeasured, dict[str, Any]]:
+        names = [item.name for item in ranked]
+        self.on_progress("accuracy budget: timing the candidates kept float")
+        with self.clock.phase("latency: timing"):
+            costs, how = measure_costs(timing, float_model, full_model, names, feeds)
+        if not costs:  # no runtime could time it: the harm-ranked set stays
+            return kept, self.build(kept), measured, {"timing": how, "points": [], "chosen": None}
+        primary = next(iter(costs))
+        search = _Search(self.build, self.active, by_harm_per_second(ranked, costs[primary]), 1.0, self.on_progress,
+                         self.clock, tag="latency: ")
+        full_on = search.measured[frozenset()] = _full_on(self.active, self.checks, full_model, full)
+        search.fraction = _first_fraction(self.active, full_on, self.held_count)
+        cheap, met, _ = _rounds(search, limit, len(names))
+        for trial in search.tried:
+            trial.on = self.active.label
+        self.tried = search.tried
+        cheap_measured = search.measured.get(frozenset(cheap))
+        if cheap_measured is None or not cheap_measured.held_part:
+            with self.clock.phase("latency: confirm on held-back samples"):
+                cheap_measured = self.active.measure(self.build(cheap), held=True)
+        points = [Point([], "fully quantized", _holds(self.active, full_on), _both(self.active, full_on),
+                        added_seconds([], costs)),
+                  Point(kept, "ranked by harm", True, _both(self.active, measured), added_seconds(kept, costs)),
+                  Point(cheap, f"ranked by harm per second on {primary}", met and _holds(self.active, cheap_measured),
+                        _both(self.active, cheap_measured), added_seconds(cheap, costs))]
+        chosen, final = fastest(points[1:], primary) + 1, self.build(kept)  # the fully quantized one missed
+        if chosen == 2 and set(cheap) != set(kept):
+            candidate = self.build(cheap)
+            self.checks.remember(cheap, cheap_measured, self.active)
+            with self.clock.phase("targets"):
+                missed = self.checks.confirm(candidate, cheap)
+            if not missed:
+                kept, final, measured = cheap, candidate, cheap_measured
+            else:  # a target misses the cheaper set: the harm-ranked one, confirmed before, is written
+                points[2].holds, chosen = False, 1
+                self.checks.confirm(final, kept)
+        front = {"timing": how, "chosen_by": primary,
+                 "points": [point.finding() for point in points], "chosen": chosen}
+        return kept, final, measured, front
 
 
 def _full_on(active: Evaluator | Combined, checks: TargetChecks, full_model: onnx.ModelProto,
@@ -309,37 +412,21 @@ class _Opening:
     search_samples: int
     held_back_samples: int
     initial: dict[str, Any]
+    clock: Clock
 
 
-def _closed(opening: _Opening, checks: TargetChecks, confirmed: str, started: float,
-            **outcome: Any) -> BudgetFindings:
-    """The findings: the opening, the search's ``outcome``, what each target says, what each runtime cost, and the
-    totals."""
+def _closed(opening: _Opening, checks: TargetChecks, confirmed: str, **outcome: Any) -> BudgetFindings:
+    """The findings: the opening, the search's ``outcome``, what each target says, what each runtime and each
+    phase cost, and the totals."""
     runtimes = checks.cost()
+    clock = opening.clock
     return BudgetFindings(tolerance=opening.tolerance, samples=opening.samples, search_samples=opening.search_samples,
                           held_back_samples=opening.held_back_samples, initial=opening.initial, **outcome,
                           targets=checks.verdicts(), runtimes=runtimes,
                           evaluations=sum(entry["evaluations"] for entry in runtimes.values()),
                           evaluation_seconds=round(sum(entry["seconds"] for entry in runtimes.values()), 3),
-                          seconds=round(time.perf_counter() - started, 3), confirmed=confirmed)
-
-
-def _kept_records(kept: list[str], ranked: list[Ranked], candidates: dict[str, str],
-                  needed: set[str]) -> list[dict[str, Any]]:
-    rank = {item.name: (index, item) for index, item in enumerate(ranked, 1)}
-    records = []
-    for name in kept:
-        position, item = rank[name]
-        why = f"ranked {position} of {len(ranked)} by the error it adds; in the shortest ranked prefix that holds " \
-              "the tolerance"
-        if name in needed:
-            why += "; quantizing it again on its own broke the tolerance"
-        record = {"node": name, "op_type": candidates[name], "rank": position,
-                  "added_noise_to_signal": _rounded(item.local), "reason": why}
-        if item.alone is not None:
-            record["error_ratio_rise_quantized_alone"] = _rounded(item.alone)
-        records.append(record)
-    return records
+                          seconds=round(time.perf_counter() - clock.started, 3), confirmed=confirmed,
+                          cost=clock.report(), stopped=clock.stopped, max_seconds=clock.max_seconds)
 
 
 def _rounds(search: _Search, limit: int, candidates: int) -> tuple[list[str], bool, dict[str, Any]]:
@@ -347,24 +434,33 @@ def _rounds(search: _Search, limit: int, candidates: int) -> tuple[list[str], bo
     margin: dict[str, Any] = {"first_error_fraction": round(search.fraction, 4)}
     best: list[str] | None = None
     failing = 0  # a prefix failing at one fraction fails at every smaller one: later rounds start above it
-    for round_number in range(1, ROUNDS + 1):
-        margin.update(error_fraction=round(search.fraction, 4), rounds=round_number)
-        failing, count = search.shortest_prefix(failing, limit)
-        if count is None:
-            break
-        best = search.prune(search.ranked[:count], prune_evaluations(candidates))
-        measured = search.evaluate.measure(search.build(best), held=True)
-        search.measured[frozenset(best)] = measured
-        held = search.evaluate.on_held(measured) if measured.held_part else None
-        search.tried.append(_Trial("confirm on held-back samples", len(best), held.passed if held else None))
-        if held is None or held.passed:
-            return best, search.evaluate.on_search(measured, search.fraction).passed, margin
-        gap = error_ratio(held, search.evaluate.tolerance) / max(search.ratio(best), 1e-12)
-        search.fraction *= min(0.7, 0.9 / gap) if math.isfinite(gap) else 0.5
+    try:
+        for round_number in range(1, ROUNDS + 1):
+            margin.update(error_fraction=round(search.fraction, 4), rounds=round_number)
+            failing, count = search.shortest_prefix(failing, limit)
+            if count is None:
+                break
+            best = search.prune(search.ranked[:count], prune_evaluations(candidates))
+            phase = f"{search.tag}confirm on held-back samples"
+            search.clock.check(phase)
+            with search.clock.phase(phase):
+                measured = search.evaluate.measure(search.build(best), held=True)
+            search.measured[frozenset(best)] = measured
+            held = search.evaluate.on_held(measured) if measured.held_part else None
+            search.tried.append(_Trial(phase, len(best), held.passed if held else None))
+            if held is None or held.passed:
+                return best, search.evaluate.on_search(measured, search.fraction).passed, margin
+            gap = error_ratio(held, search.evaluate.tolerance) / max(search.ratio(best), 1e-12)
+            search.fraction *= min(0.7, 0.9 / gap) if math.isfinite(gap) else 0.5
+    except OutOfTime:  # the best measured so far: the fewest nodes that held on the search samples, else the closest
+        best = None
     if best is None:  # nothing passed on the search samples: the trial closest to the tolerance
         order = {name: index for index, name in enumerate(search.ranked)}
+        stopped = search.clock.stopped is not None
         best = min((sorted(k, key=order.__getitem__) for k in search.measured),
-                   key=lambda kept: (search.ratio(kept), len(kept)))
+                   key=lambda kept: (max(search.ratio(kept), 1.0), len(kept)) if stopped
+                   else (search.ratio(kept), len(kept)))
+        return best, stopped and search.ratio(best) <= 1.0, margin  # stopped: the held-back check follows
     return best, False, margin
 
 
@@ -388,43 +484,3 @@ def _both(evaluate: Evaluator | Combined, measured: Measured | CombinedMeasured)
     if measured.held_part:
         both["held_back"] = summary(evaluate.on_held(measured), evaluate.tolerance)
     return both
-
-
-def _confirmation(held_count: int, evaluate: Evaluator | Combined, measured: Measured | CombinedMeasured) -> str:
-    if held_count == 0:
-        return "unchecked: a single budget sample, none could be held back; give budget.samples >= 2"
-    held = evaluate.on_held(measured)
-    return (f"the tolerance {'holds' if held.passed else 'misses'} on {held_count} held-back sample(s) "
-            f"(worst cosine {held.worst().get('cosine'):.4g})")
-
-
-def _miss_note(kept: list[str], ranked: list[Ranked], limit: int, phases: list[_Phase], tried: list[_Trial],
-               checks: TargetChecks) -> str:
-    last = phases[-1].searched_on
-    everything = any(trial.float_nodes == len(ranked) and trial.phase == "prefix" and not trial.passed
-                     and trial.on == last for trial in tried)
-    if limit < len(ranked):
-        reason = f"max_float_nodes ({limit}) was reached"
-    elif everything:
-        reason = ("even with every candidate kept float the tolerance misses: the error comes from what is not a "
-                  "candidate (data movement, the float parts' numerics on that runtime); see 'tried'")
-    else:
-        reason = f"no ranked prefix held it after {phases[-1].margin.get('rounds', ROUNDS)} round(s) (see 'tried')"
-    missed = {name: record for name, record in checks.records.items() if record.status == MISSED}
-    if missed and phases[-1].met_there is False:
-        reason += f", searching with the measurements of {last}"
-    for record in missed.values():
-        if "reason" not in record.model_fields_set:  # a runtime's own failure stays the reason
-            record.reason = reason
-    where = f" (misses on {', '.join(f'{name}{_ran(record)}' for name, record in missed.items())})" if missed else ""
-    written = phases[-1].written or "the best model found"
-    return (f"budget not met{where} with {len(kept)} of the {len(ranked)} candidates kept float: {reason}; {written} "
-            "is written and marked as failing its budget")
-
-
-def _ran(record: TargetRecord) -> str:
-    return f", which ran {record.precision}" if record.precision else ""
-
-
-def _rounded(value: float) -> float | None:
-    return None if not math.isfinite(value) else float(f"{value:.4g}")

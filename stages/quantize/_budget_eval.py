@@ -24,11 +24,13 @@ import numpy as np
 
 from qdeploy.core.compare import OutputComparison, compare_outputs
 from qdeploy.graph.external_data import needs_external_data
+from qdeploy.stages.quantize._budget_task import MetricComparison, TaskJudge, metric_summary
 
 if TYPE_CHECKING:
     import onnx
 
     from qdeploy.core.tolerance import Tolerance
+    from qdeploy.stages.quantize._config_fields import TaskTolerance
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,10 @@ Outputs = list[dict[str, np.ndarray]]
 
 def error_ratio(comparison: OutputComparison, tolerance: Tolerance) -> float:
     """Error over allowed error, worst over the tolerance's limits (<= 1 passes them); inf when the comparison
-    fails on something without a ratio (integer outputs that differ, NaN, a shape, an rtol limit)."""
+    fails on something without a ratio (integer outputs that differ, NaN, a shape, an rtol limit).  A task
+    metric's comparison: the drop over the allowed drop."""
+    if isinstance(comparison, MetricComparison):
+        return comparison.ratio()
     worst = comparison.worst()
     ratios = []
     if tolerance.cosine_min is not None and worst["cosine"] is not None:
@@ -76,7 +81,9 @@ def tightened(tolerance: Tolerance, fraction: float) -> Tolerance:
     return type(tolerance)(**limits)
 
 
-def summary(comparison: OutputComparison, tolerance: Tolerance) -> dict[str, Any]:
+def summary(comparison: OutputComparison, tolerance: Tolerance | TaskTolerance) -> dict[str, Any]:
+    if isinstance(comparison, MetricComparison):
+        return metric_summary(comparison)
     worst = comparison.worst()
     ratio = error_ratio(comparison, tolerance)
     return {"passed": comparison.passed, "cosine": worst.get("cosine"), "snr_db": worst.get("snr_db"),
@@ -126,10 +133,12 @@ class Evaluator:
     """Runs candidate models on one runtime (by default ONNX Runtime, as the ort:cpu target does) on the budget
     samples and compares them with the float model's outputs; counts evaluations and the seconds they take."""
 
-    def __init__(self, float_model: Path, search: list[Feeds], held: list[Feeds], tolerance: Tolerance,
+    def __init__(self, float_model: Path, search: list[Feeds], held: list[Feeds], tolerance: Any,
                  work_dir: Path, *, runner: Runner = ort_runner, reference: Measured | None = None,
-                 label: str = "ort:cpu") -> None:
+                 label: str = "ort:cpu", judge: TaskJudge | None = None) -> None:
         self.search_feeds, self.held_feeds = search, held
+        self.judge = judge
+        """Decides with the user's task metric instead of output similarity (``tolerance`` is then its own)."""
         self.tolerance = tolerance
         self.work_dir = work_dir
         self.runner, self.label = runner, label
@@ -143,7 +152,7 @@ class Evaluator:
     def on_runtime(self, runner: Runner, label: str) -> Evaluator:
         """An evaluator of the same samples, reference and tolerance that runs candidates with ``runner``."""
         return Evaluator(self.float_model, self.search_feeds, self.held_feeds, self.tolerance, self.work_dir,
-                         runner=runner, reference=self.reference, label=label)
+                         runner=runner, reference=self.reference, label=label, judge=self.judge)
 
     def measure(self, model: onnx.ModelProto, *, held: bool = False, samples: int | None = None) -> Measured:
         """One evaluation: the model's outputs on the (first ``samples``) search samples, and on the held-back
@@ -166,18 +175,24 @@ class Evaluator:
 
     def on_search(self, measured: Measured, fraction: float = 1.0) -> OutputComparison:
         """Compared on the search samples with the tolerance tightened to ``fraction`` of its errors."""
-        tolerance = self.tolerance if fraction >= 1.0 else tightened(self.tolerance, fraction)
         if measured.failure is not None:
             return OutputComparison([], False, [measured.failure])
+        if self.judge is not None:
+            return self.judge.compare("search", self.reference.search, measured.search, fraction)
+        tolerance = self.tolerance if fraction >= 1.0 else tightened(self.tolerance, fraction)
         return worst_of(self.reference.search[:len(measured.search)], measured.search, tolerance)
 
     def on_held(self, measured: Measured) -> OutputComparison:
         assert measured.held is not None
         if measured.failure is not None:
             return OutputComparison([], False, [measured.failure])
+        if self.judge is not None:
+            return self.judge.compare("held", self.reference.held or [], measured.held)
         return worst_of(self.reference.held or [], measured.held, self.tolerance)
 
     def per_sample_ratios(self, measured: Measured) -> list[float]:
+        if self.judge is not None:  # a task metric is a rate over samples: no per-sample spread
+            return []
         if measured.failure is not None:
             return [math.inf] * len(self.reference.search)
         return [error_ratio(compare_outputs([ref], [got], self.tolerance), self.tolerance)

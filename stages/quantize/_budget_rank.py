@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdeploy.graph.external_data import needs_external_data
+from qdeploy.graph.names import node_names
 from qdeploy.graph.utils import fresh_name
 from qdeploy.stages.quantize._budget_eval import Evaluator, Feeds, error_ratio, ort_session
 
@@ -56,15 +57,17 @@ class Ranked:
 
 
 def rank_candidates(build: Any, evaluate: Evaluator, candidates: dict[str, str], float_model: onnx.ModelProto,
-                    quantized: onnx.ModelProto, work_dir: Path,
-                    on_progress: Callable[[str], None]) -> tuple[list[Ranked], str]:
-    """The candidates, most harmful first, and how they were ranked."""
+                    quantized: onnx.ModelProto, work_dir: Path, on_progress: Callable[[str], None],
+                    check: Callable[[str], None] = lambda phase: None) -> tuple[list[Ranked], str]:
+    """The candidates, most harmful first, and how they were ranked; ``check`` is called before each evaluation
+    (it raises when the budget's time is up).  With a task metric the ranking is the local error alone: a rate
+    over 4 samples cannot tell one node's damage from another's."""
     on_progress("accuracy budget: ranking the quantized nodes by the error they add")
     local = local_errors(float_model, quantized, candidates, evaluate.search_feeds[:RANK_SAMPLES], work_dir)
     alone: dict[str, float] = {}
     method = "local error (one run)"
-    if len(candidates) <= ALONE_RANK_LIMIT:
-        alone = alone_damage(build, evaluate, list(candidates), on_progress)
+    if len(candidates) <= ALONE_RANK_LIMIT and evaluate.judge is None:
+        alone = alone_damage(build, evaluate, list(candidates), on_progress, check)
         method = f"damage quantized alone ({len(candidates)} evaluations), then local error"
     order = {name: index for index, name in enumerate(candidates)}
     ranked = [Ranked(name, local[name], alone.get(name)) for name in candidates]
@@ -72,10 +75,11 @@ def rank_candidates(build: Any, evaluate: Evaluator, candidates: dict[str, str],
     return ranked, method
 
 
-def alone_damage(build: Any, evaluate: Evaluator, names: list[str],
-                 on_progress: Callable[[str], None]) -> dict[str, float]:
+def alone_damage(build: Any, evaluate: Evaluator, names: list[str], on_progress: Callable[[str], None],
+                 check: Callable[[str], None] = lambda phase: None) -> dict[str, float]:
     """Per node: the error ratio with only it quantized minus the ratio with every candidate float."""
     def ratio(kept: list[str]) -> float:
+        check("ranking")
         measured = evaluate.measure(build(kept), samples=RANK_SAMPLES)
         value = error_ratio(evaluate.on_search(measured), evaluate.tolerance)
         return value if math.isfinite(value) else 1e9
@@ -130,7 +134,7 @@ def _shadowed(float_model: onnx.ModelProto, quantized: onnx.ModelProto,
     available = {name for node in graph.node for name in node.output} | {value.name for value in graph.input}
     present = {init.name: init for init in graph.initializer}
     float_inits = {init.name: init for init in float_model.graph.initializer}
-    taken = available | set(present)
+    taken = available | set(present) | node_names(graph)
     pairs: dict[str, tuple[str, str]] = {}
     for node in float_model.graph.node:
         if node.name not in candidates or not set(node.output) & available:

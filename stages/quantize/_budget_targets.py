@@ -286,8 +286,12 @@ def _worst_of(record: TargetRecord) -> str:
     if record.status == UNAVAILABLE:
         return f" ({record.reason})"
     parts = [part for part in (record.search, record.held_back) if part is not None]
-    cosines = [part["cosine"] for part in parts if part["cosine"] is not None]
-    snrs = [part["snr_db"] for part in parts if part["snr_db"] is not None]
+    drops = [part["drop"] for part in parts if part.get("drop") is not None]
+    if drops:  # a task metric's budget
+        ran = f", ran {record.precision}" if record.precision else ""
+        return f" (task metric drop {max(drops):.4g}{ran})"
+    cosines = [part["cosine"] for part in parts if part.get("cosine") is not None]
+    snrs = [part["snr_db"] for part in parts if part.get("snr_db") is not None]
     if not cosines:
         return f" ({record.reason if 'reason' in record.model_fields_set else 'no metrics'})"
     snr = f", SNR {min(snrs):.3g} dB" if snrs else ""

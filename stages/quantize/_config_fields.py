@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from qdeploy.core.tolerance import Tolerance
+from qdeploy.core.tolerance import TaskTolerance, Tolerance  # TaskTolerance: shared with fp16
 
 __all__ = ["VERIFY_TARGETS", "Budget", "BudgetSettings", "BudgetTolerance", "Calibration", "CalibrationRef",
            "ExcludeNodes", "ExcludeOpTypes", "ExcludePatterns", "OpTypes", "PerChannel", "ReduceRange",
-           "SymmetricWeights", "VerifyTargets", "WeightType"]
+           "SymmetricWeights", "TaskTolerance", "VerifyTargets", "WeightType"]
 
 VERIFY_TARGETS = ("ort:cpu", "openvino:cpu")
 """Targets a quantized artifact is loaded on before it is published (``verify_targets``'s default)."""
@@ -37,6 +37,12 @@ class BudgetSettings(BaseModel):
     samples: int = Field(default=16, ge=1, description="How many samples of that dataset to measure on.")
     max_float_nodes: int | None = Field(default=None, ge=1, description="Most quantized nodes kept in float; no "
                                                                         "limit when absent.")
+    max_seconds: float | None = Field(default=None, gt=0, description="Stop the search after this many seconds "
+                                                                      "with the best model found so far, and say "
+                                                                      "so; no limit when absent.")
+    weigh_latency: bool = Field(default=False, description="Among kept-float sets that hold the tolerance, prefer "
+                                                           "the one whose float nodes cost least time on the "
+                                                           "target (per-node timing; docs/quantize-budget.md).")
 
 
 def _compile(patterns: list[str]) -> list[str]:
@@ -82,6 +88,8 @@ PerChannel = Annotated[bool, Field(description="Quantize weights per output chan
 WeightType = Annotated[Literal["int8", "uint8"], Field(description="Weight type.")]
 Budget = Annotated[BudgetSettings, Field(default_factory=BudgetSettings, description="Data and limits of the "
                                                                                     "accuracy budget's search.")]
-BudgetTolerance = Annotated[Tolerance | None, Field(description="Accuracy budget against float32: the most harmful "
-                                                                "quantized nodes stay float until it holds.")]
+BudgetTolerance = Annotated[Tolerance | TaskTolerance | None, Field(
+    description="Accuracy budget against float32: the most harmful quantized nodes stay float until it holds; "
+                "output similarity (cosine_min, snr_db_min...) or a task metric ({metric, max_drop})."
+)]
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.names import NodeNames
 from qdeploy.graph.utils import delete_where, subgraph_references
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class _FloatValues:
         self.nodes = {node.name: node for node in model.graph.node if node.name}
         self.initializers = {init.name for init in model.graph.initializer}
         self.taken = {out for node in model.graph.node for out in node.output} | self.initializers
+        self.node_names = NodeNames.of(model.graph)  # the copies' node names repeat none
         self.resolved: dict[str, str] = {}
         self.created: list[onnx.NodeProto] = []
         """Float copies of removed nodes, in dependency order, not yet placed in the graph."""
@@ -87,7 +89,7 @@ class _FloatValues:
 
         copy = onnx.NodeProto()
         copy.CopyFrom(float_node)
-        copy.name = self._fresh(f"{float_node.name}_float")
+        copy.name = self.node_names.derived(float_node.name, "_float", float_node.op_type)
         del copy.input[:]
         copy.input.extend(self.of(name) for name in float_node.input)
         del copy.output[:]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from qdeploy.core.context import StageResult
 from qdeploy.core.errors import StageError
 from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES, save_onnx
+from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.stages.quantize._common import SevenBit, check_runs, quantized_node_counts, resolve_reduce_range
 from qdeploy.stages.quantize._unshare import unshare_qdq_parameters
 from qdeploy.stages.quantize._verify import compute_nodes, int8_kernels
@@ -87,11 +88,11 @@ def post_training(artifact: Artifact, config: Integer, ctx: StageContext) -> Sta
     float_path, smoothed = prepared.path, None
     if isinstance(config, PtqConfig) and config.smooth_quant is not None:
         # lazy: pulls onnxruntime (import cost)
-        from qdeploy.stages.quantize._smooth import smooth
+        from qdeploy.stages.quantize._smooth_search import smoothed_for_ptq
 
-        ctx.on_progress("smoothing activations (SmoothQuant)")
-        float_path, smoothed = smooth(prepared.path, _calibration_feeds(artifact, config, ctx, unseen),
-                                      config.smooth_quant, _op_types(config), set(excluded), ctx.work_dir)
+        ctx.on_progress("smoothing activations (SmoothQuant)")  # auto: searched before the budget ranks nodes
+        float_path, smoothed = smoothed_for_ptq(prepared.path, _calibration_feeds(artifact, config, ctx, unseen),
+                                                config, _op_types(config), set(excluded), ctx, budget_feeds)
     built = _builder(artifact, float_path, excluded, config, ctx, skip=unseen)
     budget = None
     if config.tolerance is not None:
@@ -123,6 +124,7 @@ def _checked(model: onnx.ModelProto, seven_bit: SevenBit, findings: Callable[...
              config: Integer | NncfPtqConfig, ctx: StageContext) -> StageResult:
     """The quantized model marked with its 7-bit operand, saved, loaded in ONNX Runtime, its int8 kernels counted
     per target; what any ptq or dynamic build (qdeploy's or NNCF's) ends with.  ``findings`` takes the counts."""
+    name_nodes_uniquely(model)  # the quantizer derives node names from the model's: no two alike, none empty
     _mark_seven_bit(model, seven_bit)
     output = _save(model, ctx.work_dir / "quantized.onnx")
     check_runs(output, config, ctx)
@@ -177,6 +179,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     are not in ``skip``) and what it found."""
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._ptq import DynamicBuilder, StaticBuilder, calibrate
+    from qdeploy.stages.quantize._shared_ranges import shared_calibration
 
     op_types = _op_types(config)
     seven_bit, why = resolve_reduce_range(config, ctx.targets)
@@ -188,7 +191,10 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     calibration = config.calibration or CalibrationRef()
     ctx.on_progress(f"calibrating ({config.method})")
     feeds = _calibration_feeds(artifact, config, ctx, skip)
-    ranges, calibrated = calibrate(prepared, op_types, feeds, ctx.work_dir, config.method, config.percentile)
+    # per_runtime's builds of one variant calibrate once (_shared_ranges): only their placement differs
+    ranges, calibrated = shared_calibration(
+        ctx.work_dir, prepared, feeds, {"op_types": op_types, "method": config.method, "percentile": config.percentile},
+        lambda: calibrate(prepared, op_types, feeds, ctx.work_dir, config.method, config.percentile))
     if calibrated.samples == 0:
         raise StageError(STAGE, ctx.variant, f"calibration dataset '{calibration.data or 'random'}' yielded no samples")
     ctx.on_progress("quantizing")
@@ -285,12 +291,15 @@ def _with_budget(prepared: Path, build: Any, config: Integer, ctx: StageContext,
                  unseen: frozenset[int]) -> tuple[onnx.ModelProto, list[str], BudgetFindings]:
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._budget import meet_budget
+    from qdeploy.stages.quantize._budget_options import budget_options
     from qdeploy.stages.quantize._budget_targets import plan_targets
 
     assert config.tolerance is not None
+    runtime = config.runtime if isinstance(config, PtqConfig) else None
     result = meet_budget(build, prepared, feeds, config.tolerance, ctx.work_dir,
                          max_float_nodes=config.budget.max_float_nodes, on_progress=ctx.on_progress,
-                         targets=plan_targets(ctx.targets, config.runtime if isinstance(config, PtqConfig) else None))
+                         targets=plan_targets(ctx.targets, runtime),
+                         **budget_options(config, ctx, prepared, _budget_data(config), len(feeds), runtime))
     found = result.findings.model_copy(update={
         "data": _budget_data(config) or "random",
         "held_back_unseen_by_calibration": bool(unseen) or not _budget_shares_calibration(config)})
@@ -312,10 +321,11 @@ def weight_only(artifact: Artifact, config: WeightOnlyConfig, ctx: StageContext)
 
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._weight_only import quantize_file
+    from qdeploy.stages.quantize._weight_only_data import calibration_feeds, data_findings
 
-    ctx.on_progress(f"weight-only int{config.bits} ({config.weight_format})")
+    ctx.on_progress(f"weight-only int{config.bits} {config.method} ({config.weight_format})")
     output = ctx.work_dir / "weight_only.onnx"
-    report = quantize_file(artifact.path, output, config)
+    report = quantize_file(artifact.path, output, config, calibration_feeds(config, artifact.path, ctx))
     if not report.quantized:
         kept = "; ".join(f"{node}: {why}" for node, why in list(report.kept_float.items())[:5])
         raise StageError(STAGE, ctx.variant, "mode weight_only found no MatMul with a constant 2-D float weight "
@@ -335,7 +345,7 @@ def weight_only(artifact: Artifact, config: WeightOnlyConfig, ctx: StageContext)
         weight_format=config.weight_format,
         accuracy_level=config.accuracy_level if config.weight_format == "matmulnbits" else None,
         quantized_weights=bits, kept_float=report.kept_float,
-        bytes={"before": artifact.size_bytes, "after": report.bytes_out})
+        bytes={"before": artifact.size_bytes, "after": report.bytes_out}, **data_findings(config, report))
     return StageResult(model=model, changed=True, findings=findings, path=output if large else None)
 
 
@@ -345,7 +355,9 @@ def lower(artifact: Artifact, config: LowerConfig, ctx: StageContext) -> StageRe
     from qdeploy.stages.quantize.lower import lower_model, verify_on_data
 
     ctx.on_progress("lowering fake quantization")
-    result = lower_model(artifact.load(), ctx.variant)
+    model = artifact.load()
+    name_nodes_uniquely(model)  # the lowering's records and its new nodes' names derive from node names
+    result = lower_model(model, ctx.variant)
     lowered = result.model
     note = "no fake quantization found; the model is unchanged" if not result.sites else None
     # as for ptq: OpenVINO rewrites a zero point shared by several dequantizations for all its readers

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import save_with_data_file
+from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.graph.utils import subgraphs
 from qdeploy.stages.quantize._bias import vector_gemm_biases
 from qdeploy.stages.quantize._preprocess import onnx_shapes, optimize_file, symbolic_shapes, tag_pre_processed
@@ -114,6 +115,8 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     of the weights at a time (``_preprocess``)."""
 
     model = load_model(source)
+    # ORT's optimizer refuses repeated node names, and exclusions and the budget find nodes by name
+    named = name_nodes_uniquely(model).changed
     original_nodes = frozenset(node.name for node in model.graph.node)
     model, lifted = lift_constants(model)
     model, opset_note = _at_least_opset(model)
@@ -125,7 +128,7 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     model, optimized = optimize_file(unoptimized, work_dir)
     notes += [optimized, onnx_shapes(model)]
     tag_pre_processed(model)
-    named = name_unnamed_nodes(model)
+    named += name_nodes_uniquely(model).changed  # nodes the optimizer added
     biases = vector_gemm_biases(model)  # after pre-processing: it fuses MatMul + Add into Gemm
     target = work_dir / "preprocessed.onnx"
     save_with_data_file(model, target)  # weights to preprocessed.onnx.data one at a time: read back the same way
@@ -159,21 +162,6 @@ def _at_least_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     except Exception as exc:  # the builder refuses per-channel weights on the old opset, with this reason
         log.warning("converting opset %d to %d failed: %s", opset, MIN_OPSET, exc)
         return model, f"stays {opset}: conversion to {MIN_OPSET} failed ({type(exc).__name__}: {exc})"
-
-
-def name_unnamed_nodes(model: onnx.ModelProto) -> int:
-    """Give every unnamed node a unique name (op type and index) so it can be excluded; returns how many."""
-    taken = {node.name for node in model.graph.node if node.name}
-    named = 0
-    for index, node in enumerate(model.graph.node):
-        if not node.name:
-            candidate = f"{node.op_type}_{index}"
-            while candidate in taken:
-                candidate += "_"
-            node.name = candidate
-            taken.add(candidate)
-            named += 1
-    return named
 
 
 def subgraph_nodes(model: onnx.ModelProto) -> list[dict[str, Any]]:

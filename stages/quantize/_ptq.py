@@ -30,6 +30,12 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import load_weights_from
 from qdeploy.stages.quantize._guard import ort_quantizer_step
 from qdeploy.stages.quantize._keep import MOVER_OPS, keep_float, quantized_node_names
+from qdeploy.stages.quantize._openvino import (
+    activation_matmuls,
+    drop_exact_requantization,
+    float_tail,
+    unify_concat_ranges,
+)
 from qdeploy.stages.quantize._preprocess import load_with_shapes, weights_read_on_demand
 from qdeploy.stages.quantize._unshare import unshare_qdq_parameters
 
@@ -118,6 +124,10 @@ class StaticBuilder:
         self._float: onnx.ModelProto | None = None  # read when a node is first kept float, not before
         weights, activations = (getattr(QuantType, _TYPES[kind]) for kind in (weight_type, activation_type))
         model = update_opset_version(load_with_shapes(prepared), weights, activations)
+        self._openvino = runtime == "openvino"
+        if self._openvino:  # no requantization that OpenVINO would run as a kernel of its own (_openvino.py)
+            ranges = unify_concat_ranges(model, ranges, op_types)
+            excluded = [*excluded, *float_tail(model, op_types), *activation_matmuls(model)]
         tensors = TensorsData(CalibrationMethod.MinMax, {
             name: TensorData(lowest=np.float32(low), highest=np.float32(high)) for name, (low, high) in ranges.items()})
         extra = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": symmetric_weights,
@@ -149,6 +159,8 @@ class StaticBuilder:
         model = copy.deepcopy(self._quantized)
         if kept:
             keep_float(model, self._float_model(), set(kept))
+        if self._openvino:  # after keep_float: a kept node reads its float input, not a bypassed pair
+            drop_exact_requantization(model)
         return model
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from qdeploy.calibration.activations import FeedSource, channel_absmax
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import save_onnx
+from qdeploy.graph.names import unique_node_name
 from qdeploy.graph.utils import delete_where, names_read
 
 if TYPE_CHECKING:
@@ -41,33 +42,61 @@ class _Reader:
     in_axis: int  # the weight axis that meets the activation's channels
 
 
+@dataclass
+class Measured:
+    """What smoothing reads of a model once, whatever alpha: its MatMul/Gemm readers per activation tensor and
+    each tensor's per-channel largest |value| on the calibration data (the int8 ranges after smoothing do depend
+    on alpha and are calibrated per alpha)."""
+
+    path: Path
+    op_types: list[str]
+    excluded: set[str]
+    readers: dict[str, list[_Reader]]
+    peaks: dict[str, np.ndarray]
+    samples: int
+
+
+def measure(prepared: Path, feeds: FeedSource, op_types: list[str], excluded: set[str],
+            work_dir: Path) -> Measured:
+    """The readers and activation maxima of ``prepared``: one pass over the calibration data."""
+    readers = _readers(load_model(prepared, load_external_data=False), op_types, excluded)
+    if not readers:
+        return Measured(prepared, op_types, excluded, {}, {}, 0)
+    peaks, samples = channel_absmax(prepared, list(readers), feeds, work_dir)
+    return Measured(prepared, op_types, excluded, readers, peaks, samples)
+
+
 def smooth(prepared: Path, feeds: FeedSource, alpha: float, op_types: list[str], excluded: set[str],
            work_dir: Path) -> tuple[Path, dict[str, Any]]:
     """The prepared model with its MatMul/Gemm activations smoothed, saved beside it, and what was done."""
+    return smoothed_with(measure(prepared, feeds, op_types, excluded, work_dir), alpha, work_dir / "smoothed.onnx")
 
-    model = load_model(prepared)
-    readers = _readers(model, op_types, excluded)
-    if not readers:
-        return prepared, {"alpha": alpha, "smoothed_tensors": 0,
-                          "note": "no MatMul/Gemm with a constant 2-D weight reads a float activation"}
-    peaks, samples = channel_absmax(prepared, list(readers), feeds, work_dir)
+
+def smoothed_with(measured: Measured, alpha: float, path: Path) -> tuple[Path, dict[str, Any]]:
+    """The measured model smoothed with ``alpha``, saved at ``path`` (the model itself when nothing is smoothed),
+    and what was done."""
+    if not measured.readers:
+        return measured.path, {"alpha": alpha, "smoothed_tensors": 0,
+                               "note": "no MatMul/Gemm with a constant 2-D weight reads a float activation"}
     from onnx import numpy_helper
 
+    model = load_model(measured.path)
+    readers = _readers(model, measured.op_types, measured.excluded)  # this copy's nodes: each alpha edits its own
     tensors = {init.name: init for init in model.graph.initializer}
     smoothed: dict[str, dict[str, Any]] = {}
     for tensor, group in readers.items():
         weights = {r.weight: numpy_helper.to_array(tensors[r.weight]).astype(np.float32) for r in group}
         peaks_of = [np.abs(weights[r.weight]).max(axis=1 - r.in_axis) for r in group]
-        scale = _scale(peaks.get(tensor), peaks_of, alpha)
+        scale = _scale(measured.peaks.get(tensor), peaks_of, alpha)
         if scale is None:
             continue
         _apply(model, tensor, group, scale, weights)
         smoothed[tensor] = {"nodes": [r.node.name for r in group], "max_scale": float(scale.max()),
                             "min_scale": float(scale.min())}
     _drop_unread(model, {reader.weight for group in readers.values() for reader in group})
-    path = work_dir / "smoothed.onnx"
     save_onnx(model, path)
-    return path, {"alpha": alpha, "samples": samples, "smoothed_tensors": len(smoothed), "tensors": smoothed}
+    return path, {"alpha": alpha, "samples": measured.samples, "smoothed_tensors": len(smoothed),
+                  "tensors": smoothed}
 
 
 def _readers(model: onnx.ModelProto, op_types: list[str], excluded: set[str]) -> dict[str, list[_Reader]]:
@@ -112,7 +141,7 @@ def _apply(model: onnx.ModelProto, tensor: str, group: list[_Reader], scale: np.
     readers = {reader.node.name for reader in group}  # prepare() named every node uniquely
     position = next(index for index, node in enumerate(model.graph.node) if node.name in readers)
     model.graph.node.insert(position, helper.make_node("Mul", [tensor, inverse], [divided],
-                                                       name=f"{base}_smooth"))
+                                                       name=unique_node_name(model.graph, f"{base}_smooth")))
     typed = next((value for value in (*model.graph.value_info, *model.graph.input, *model.graph.output)
                   if value.name == tensor), None)
     if typed is not None:  # calibration picks tensors by their declared float type

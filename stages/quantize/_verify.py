@@ -3,7 +3,8 @@
 A QDQ model only says which ops *may* run in int8; each runtime decides.
 
 - ``quantizable``: compute nodes (Conv, ConvTranspose, MatMul, Gemm) of the
-  artifact whose data and weight inputs both come from DequantizeLinear, plus
+  artifact whose data and weight inputs both come from DequantizeLinear (or
+  from data movement of dequantized values only: Concat, MaxPool...), plus
   integer compute nodes (ConvInteger, MatMulInteger, QLinear*...).
 - ``ort:cpu``: ONNX Runtime's optimized graph (what the session executes, at
   its default optimization level) is read back; ``int8`` counts its quantized
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.stages.quantize._openvino import dequantized_values
 from qdeploy.targets import get_target
 
 if TYPE_CHECKING:
@@ -55,7 +57,8 @@ class _Unchecked(Exception):
 
 def quantizable_nodes(model: onnx.ModelProto) -> int:
     """Compute nodes meant to run in int8: data and weight both dequantized, or an integer op already."""
-    dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
+    # through data movement too: OpenVINO's placement drops the Q/DQ pairs after a Concat that round nothing
+    dequantized = dequantized_values(model)
     def dequantized_inputs(node: onnx.NodeProto) -> bool:
         return len(node.input) >= 2 and node.input[0] in dequantized and node.input[1] in dequantized
 

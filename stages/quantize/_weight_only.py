@@ -3,7 +3,9 @@
 What it touches: every MatMul whose second input is a constant 2-D float weight, and every Gather whose data is
 a constant 2-D float table gathered on axis 0 (embeddings); the LM head (a MatMul whose output reaches a graph
 output through shape-only ops) gets ``lm_head`` bits, embeddings ``embeddings`` bits ("float" keeps them).
-No calibration: round to nearest per block of ``group_size`` weights along the reduction axis.
+``method: rtn`` (the default) rounds to nearest per block of ``group_size`` weights along the reduction axis, no
+data; ``method: gptq`` chooses the MatMul integers on calibration data (``_weight_only_gptq``), and ``ratio``
+below 1 keeps the MatMuls most sensitive to int4 in int8 (``_weight_only_data``).  Same tensors and ops either way.
 
 Two forms of the same values (``weight_format``):
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import mmap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -36,8 +38,17 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from qdeploy.graph.names import NodeNames, name_nodes_uniquely
 from qdeploy.graph.utils import subgraph_references
-from qdeploy.stages.quantize._weight_pack import dividing_group, grouped_tensors, matmulnbits_tensors
+from qdeploy.stages.quantize._weight_only_data import activation_hessians, needs_data, plan
+from qdeploy.stages.quantize._weight_only_gptq import gptq
+from qdeploy.stages.quantize._weight_pack import (
+    dividing_group,
+    grouped_tensors,
+    matmulnbits_tensors,
+    pack_int4,
+    packed_matmulnbits,
+)
 
 if TYPE_CHECKING:
     from qdeploy.stages.quantize.config import WeightOnlyConfig
@@ -57,6 +68,9 @@ class WeightOnlyReport:
     quantized: dict[str, dict[str, Any]] = field(default_factory=dict)
     kept_float: dict[str, str] = field(default_factory=dict)
     bytes_out: int = 0
+    calibration_samples: int = 0
+    mixed: dict[str, Any] | None = None
+    """What ``ratio`` measured and chose (``_weight_only_data.plan``); None at ratio 1."""
 
 
 class _Weights:
@@ -129,6 +143,10 @@ class _Target:
     weight: str
     kind: Literal["matmul", "gather"]
     bits: int
+    fixed: bool = False
+    """Bits set by ``lm_head``/``embeddings``: ``ratio`` leaves it alone."""
+    hessian: np.ndarray | None = field(default=None, compare=False)
+    """X^T X / rows of the MatMul's input: GPTQ chooses its integers (``method: gptq``)."""
 
 
 def _reaches_output(name: str, graph: onnx.GraphProto, consumers: dict[str, list[onnx.NodeProto]]) -> bool:
@@ -172,17 +190,18 @@ def find_targets(model: onnx.ModelProto, config: WeightOnlyConfig, report: Weigh
         why = _kept_because(node, weight, config, read_inside)
         if inits[weight].data_type == TensorProto.FLOAT16:  # MatMulNBits' scales would have to be float16 too
             why = why or "float16 weight: put weight_only before fp16 in the variant's steps"
-        policy = "same"
+        policy, head = "same", False
         if not why:
-            policy = config.embeddings if kind == "gather" else (
-                config.lm_head if _reaches_output(node.output[0], graph, consumers) else "same")
+            head = kind == "matmul" and _reaches_output(node.output[0], graph, consumers)
+            policy = config.embeddings if kind == "gather" else (config.lm_head if head else "same")
             if policy == "float":
                 why = "LM head kept float (lm_head: float)" if kind == "matmul" else \
                     "embedding kept float (embeddings: float)"
         if why:
             report.kept_float[node.name] = why
             continue
-        targets.append(_Target(node, weight, kind, 8 if policy == "int8" else config.bits))
+        targets.append(_Target(node, weight, kind, 8 if policy == "int8" else config.bits,
+                               fixed=kind == "gather" or head))
     return targets
 
 
@@ -209,7 +228,11 @@ def _matmulnbits(target: _Target, weights: _Weights, out: _DataFile, config: Wei
     array = weights.array(target.weight)
     rows, cols = array.shape
     group = config.group_size
-    packed, scales, zero_points = matmulnbits_tensors(array, target.bits, group, config.symmetric_weights)
+    if target.hessian is None:
+        packed, scales, zero_points = matmulnbits_tensors(array, target.bits, group, config.symmetric_weights)
+    else:
+        ints, block_scales, block_zeros = gptq(array, target.hessian, target.bits, group, config.symmetric_weights)
+        packed, scales, zero_points = packed_matmulnbits(ints, block_scales, block_zeros, target.bits, group)
     blocks = (rows + group - 1) // group
     base = f"{target.weight}_q{target.bits}"
     inputs = [target.node.input[0],
@@ -251,7 +274,10 @@ def _dequantize_linear(target: _Target, weights: _Weights, out: _DataFile, confi
     array = weights.array(target.weight)
     axis = 0 if target.kind == "matmul" else 1
     group = dividing_group(array.shape[axis], config.group_size)
-    values, scales, zeros = grouped_tensors(array, axis, target.bits, group, config.symmetric_weights)
+    if target.hessian is None:
+        values, scales, zeros = grouped_tensors(array, axis, target.bits, group, config.symmetric_weights)
+    else:
+        values, scales, zeros = _gptq_grouped(array, target, group, config.symmetric_weights)
     rows, cols = array.shape
     data_type = {(4, True): TensorProto.INT4, (4, False): TensorProto.UINT4,
                  (8, True): TensorProto.INT8, (8, False): TensorProto.UINT8}[(target.bits, config.symmetric_weights)]
@@ -269,20 +295,49 @@ def _dequantize_linear(target: _Target, weights: _Weights, out: _DataFile, confi
                              block_size=group), rewired]
 
 
+def _gptq_grouped(array: np.ndarray, target: _Target, group: int, symmetric: bool
+                  ) -> tuple[list[bytes], list[bytes], list[bytes] | None]:
+    """GPTQ's integers in the blocked DequantizeLinear layout (``grouped_tensors``' for axis 0); ``group``
+    divides K there, so there is no padding to cut."""
+    assert target.hessian is not None
+    ints, scales, zeros = gptq(array, target.hessian, target.bits, group, symmetric)
+    pack = pack_int4 if target.bits == 4 else (lambda values: np.ascontiguousarray(values).tobytes())
+    return [pack(ints)], [np.ascontiguousarray(scales).tobytes()], None if zeros is None else [pack(zeros)]
+
+
 def _lowering(config: WeightOnlyConfig, kind: str) -> Lowering:
     if config.weight_format == "dequantize_linear":
         return _dequantize_linear
     return _matmulnbits if kind == "matmul" else _gather_block_quantized
 
 
-def quantize_file(source: Path, target: Path, config: WeightOnlyConfig) -> WeightOnlyReport:
-    """Quantize ``source`` (external data beside it, or inline) into ``target`` + ``target.data``."""
+def _named(nodes: list[onnx.NodeProto], replaced: onnx.NodeProto, names: NodeNames) -> list[onnx.NodeProto]:
+    """The new nodes with names no other node has (the rewired node itself keeps its name)."""
+    for new in nodes:
+        if new.name != replaced.name:
+            new.name = names.fresh(new.name, new.op_type)
+    return nodes
+
+
+def quantize_file(source: Path, target: Path, config: WeightOnlyConfig,
+                  feeds: Iterable[dict[str, np.ndarray]] | None = None) -> WeightOnlyReport:
+    """Quantize ``source`` (external data beside it, or inline) into ``target`` + ``target.data``; ``feeds``
+    are the calibration samples that ``method: gptq`` and ``ratio`` below 1 read."""
     model = onnx.load(str(source), load_external_data=False)
+    name_nodes_uniquely(model)  # ONNX allows nameless nodes: "" + "_Q" would name every MatMulNBits alike
+    names = NodeNames.of(model.graph)
     if config.weight_format == "dequantize_linear":
         model = _to_opset21(model)
     report = WeightOnlyReport()
-    targets = {id(found.node): found for found in find_targets(model, config, report)}
+    planned = find_targets(model, config, report)
     weights = _Weights(model, source.parent)
+    if needs_data(config) and any(one.kind == "matmul" for one in planned):
+        if feeds is None:
+            raise ValueError(f"method {config.method} with ratio {config.ratio} needs calibration feeds")
+        inputs = sorted({one.node.input[0] for one in planned if one.kind == "matmul"})
+        hessians, report.calibration_samples = activation_hessians(source, model, inputs, feeds)
+        planned = plan(planned, config, weights.array, hessians, report)
+    targets = {id(one.node): one for one in planned}
     data = _DataFile(target.with_name(target.name + ".data"))
     graph = onnx.GraphProto()  # the new graph; the old one stays intact while it is read
     graph.name, graph.doc_string = model.graph.name, model.graph.doc_string
@@ -294,8 +349,9 @@ def quantize_file(source: Path, target: Path, config: WeightOnlyConfig) -> Weigh
             if found is None:
                 graph.node.append(node)
                 continue
-            graph.node.extend(_lowering(config, found.kind)(found, weights, data, config, graph))
-            report.quantized[node.name] = {"op": node.op_type, "weight": found.weight, "bits": found.bits}
+            graph.node.extend(_named(_lowering(config, found.kind)(found, weights, data, config, graph), node, names))
+            report.quantized[node.name] = {"op": node.op_type, "weight": found.weight, "bits": found.bits,
+                                           "method": "rtn" if found.hessian is None else "gptq"}
         _carry_initializers(model.graph, graph, weights, data, {found.weight for found in targets.values()})
     finally:
         data.close()

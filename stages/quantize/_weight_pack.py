@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import numpy as np
 
 __all__ = ["SLICE_BYTES", "block_quantize", "dividing_group", "grouped_tensors", "matmulnbits_tensors",
-           "pack_int4"]
+           "pack_int4", "packed_matmulnbits"]
 
 SLICE_BYTES = 64 << 20
 """Float bytes quantized per slice: bounds the anonymous memory of one weight's quantization."""
@@ -136,3 +136,22 @@ def grouped_tensors(weight: np.ndarray, axis: int, bits: int, group: int, symmet
         if zero is not None:
             zeros.append(pack_int4(zero) if bits == 4 else np.ascontiguousarray(zero).tobytes())
     return values, scales, None if symmetric else zeros
+
+
+def packed_matmulnbits(ints: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, bits: int, group: int
+                       ) -> tuple[list[bytes], bytes, bytes | None]:
+    """MatMulNBits' tensors from integers already chosen (GPTQ): ``ints`` [Kp, N] with K padded to whole groups
+    (signed when ``zeros`` is None, stored with the implicit zero point 2^(bits-1) as ORT's symmetric kernels
+    write them), scales and zero points [Kp/group, N].  Same layout as ``matmulnbits_tensors``."""
+    blocks = ints.shape[0] // group
+    stored = ints.astype(np.int16) + (2 ** (bits - 1) if zeros is None else 0)
+    per_column = np.ascontiguousarray(stored.T.astype(np.uint8))  # [N, Kp]: a column's blocks follow each other
+    packed = pack_int4(per_column) if bits == 4 else per_column.tobytes()
+    scale_bytes = np.ascontiguousarray(scales.T, dtype=np.float32).tobytes()
+    if zeros is None:
+        return [packed], scale_bytes, None
+    by_column = np.ascontiguousarray(zeros.T)  # [N, blocks]; 4-bit: each column's row padded to whole bytes
+    if bits == 4:
+        by_column = np.pad(by_column, ((0, 0), (0, blocks % 2)))
+        return [packed], scale_bytes, pack_int4(by_column)
+    return [packed], scale_bytes, by_column.tobytes()

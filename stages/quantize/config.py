@@ -38,12 +38,13 @@ from qdeploy.stages.quantize._config_fields import (
     PerChannel,
     ReduceRange,
     SymmetricWeights,
+    TaskTolerance,
     VerifyTargets,
     WeightType,
 )
 
 __all__ = ["MODES", "STAGE", "VERIFY_TARGETS", "BudgetSettings", "CalibrationRef", "DynamicConfig", "LowerConfig",
-           "ModeConfig", "NncfPtqConfig", "PtqConfig", "QuantizeConfig", "WeightOnlyConfig"]
+           "ModeConfig", "NncfPtqConfig", "PtqConfig", "QuantizeConfig", "TaskTolerance", "WeightOnlyConfig"]
 
 STAGE = "quantize"
 MODES = ("ptq", "dynamic", "lower", "weight_only")
@@ -114,20 +115,35 @@ class PtqConfig(_ModeSettings):
         default="qdeploy", description="Who builds the ptq model: qdeploy (ONNX Runtime's QDQ quantizer with "
                                        "qdeploy's calibration and placement); 'nncf': see mode ptq with engine nncf.")
     verify_targets: VerifyTargets
-    smooth_quant: float | None = Field(
-        default=None, gt=0.0, lt=1.0,
+    smooth_quant: Annotated[float, Field(gt=0.0, lt=1.0)] | Literal["auto"] | None = Field(
+        default=None,
         description="SmoothQuant's migration strength alpha (0.5 is the paper's default): divide each "
                     "MatMul/Gemm activation by per-channel s = max|x|^alpha / max|W|^(1-alpha), measured on the "
                     "calibration data, and multiply the constant weight by s, so that transformers' outlier "
-                    "channels stop dominating the activation's int8 scale; none: no smoothing.")
-    per_runtime: bool = Field(
-        default=False, description="Build one artifact per runtime among the recipe's targets, the variant "
-                                   "'v' becoming 'v@ort' and 'v@openvino', each with the placement that runtime "
-                                   "runs fastest and validated and benchmarked on its own runtime's targets "
-                                   "(docs/quantize.md).")
+                    "channels stop dominating the activation's int8 scale; auto: try alpha 0.3 to 0.8 (and no "
+                    "smoothing) and keep the one closest to float32 on the budget's or calibration samples; "
+                    "none: no smoothing.")
+    per_runtime: Literal["auto"] | bool = Field(
+        default="auto", description="One artifact per runtime among the recipe's targets, the variant 'v' "
+                                    "becoming 'v@ort' and 'v@openvino', each with the placement that runtime "
+                                    "runs fastest and validated, benchmarked and shipped on its own runtime's "
+                                    "targets: true always; auto (the default) where the targets hold both "
+                                    "runtimes and the two placements differ for the model (where they agree, "
+                                    "both names are one build, one file measured once); false: one graph for "
+                                    "every target (docs/quantize.md).")
     runtime: Literal["ort", "openvino"] | None = Field(
         default=None, description="The runtime the graph is shaped for (set by per_runtime); none: one graph "
                                   "for both.")
+
+    @field_validator("smooth_quant", mode="before")
+    @classmethod
+    def _alpha_or_auto(cls, value: Any) -> Any:
+        # one clear message instead of pydantic's per-member union errors
+        is_number = isinstance(value, int | float) and not isinstance(value, bool)
+        if value is None or value == "auto" or (is_number and 0.0 < value < 1.0):
+            return value
+        raise ValueError(f"smooth_quant {value!r} must be 'auto' or an alpha strictly between 0 and 1 "
+                         "(0.5 is SmoothQuant's default)")
 
     @model_validator(mode="after")
     def _consistent(self) -> PtqConfig:
@@ -206,11 +222,13 @@ class LowerConfig(_ModeSettings):
 
 
 class WeightOnlyConfig(_ModeSettings):
-    """mode weight_only: int4 or int8 MatMul and embedding weights in blocks, activations float, no calibration."""
+    """mode weight_only: int4 or int8 MatMul and embedding weights in blocks, activations float; calibration
+    data only for method gptq and ratio below 1."""
 
     label: ClassVar[str] = "weight_only"
     mode: Literal["weight_only"] = Field(description="'weight_only': int4 or int8 MatMul and embedding weights in "
-                                                     "blocks, activations float (decoders, LLMs), no calibration.")
+                                                     "blocks, activations float (decoders, LLMs); calibration data "
+                                                     "only for method gptq and ratio below 1.")
     bits: Literal[4, 8] = Field(default=4, description="Bits per weight.")
     group_size: int = Field(default=128, description="Weights per scale along the reduction axis: a power of two, "
                                                      "at least 16.")
@@ -230,9 +248,27 @@ class WeightOnlyConfig(_ModeSettings):
         default=4, description="MatMulNBits compute type on ONNX Runtime: 4 quantizes activations per block at run "
                                "time (the fast CPU path), 0 dequantizes weights to float (slower than float32 on "
                                "CPUs), 1 fp32, 2 fp16, 3 bf16.")
+    method: Literal["rtn", "gptq"] = Field(
+        default="rtn", description="How MatMul integers are chosen: 'rtn' rounds to nearest (no data); 'gptq' "
+                                   "(GPTQ, as ORT's and NNCF's gptq) chooses them on calibration data to minimise "
+                                   "the MatMul's output error. Embeddings are rounded to nearest either way.")
+    ratio: float = Field(default=1.0, gt=0.0, le=1.0, description="Share of the int4 MatMul weights (counted in "
+                         "weights, NNCF's ratio) kept int4; the MatMuls whose int4 output error on calibration data "
+                         "exceeds int8's the most become int8. Needs bits 4.")
+    calibration: Calibration = Field(default=None, description="Data that method gptq and ratio below 1 read (32 "
+                                                               "samples of seeded random data when absent).")
     op_types: OpTypes = None
     exclude_nodes: ExcludeNodes
     verify_targets: VerifyTargets
+
+    @model_validator(mode="after")
+    def _data_settings_fit(self) -> WeightOnlyConfig:
+        if self.ratio < 1 and self.bits != 4:
+            raise ValueError(f"ratio {self.ratio} splits int4 weights between int4 and int8: it needs bits 4, "
+                             f"not {self.bits}")
+        if self.calibration is not None and self.method == "rtn" and self.ratio == 1:
+            raise ValueError("calibration is read only by method gptq or ratio below 1: set one, or remove it")
+        return self
 
     @field_validator("group_size")
     @classmethod
@@ -278,8 +314,8 @@ def _where(members: list[type[_ModeSettings]], asking: type[_ModeSettings]) -> s
     labels = [member.label for member in members]
     if "ptq" in labels and NncfPtqConfig.label in labels:
         labels.remove(NncfPtqConfig.label)  # both engines: the mode says it
-    elif labels == ["ptq"] and asking is NncfPtqConfig:
-        labels = ["ptq with engine qdeploy"]
+    elif "ptq" in labels and asking is NncfPtqConfig:
+        labels[labels.index("ptq")] = "ptq with engine qdeploy"
     if len(labels) == 1:
         return f"mode {labels[0]}"
     return f"modes {', '.join(labels[:-1])} and {labels[-1]}"

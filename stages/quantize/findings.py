@@ -80,6 +80,13 @@ class BudgetFindings(Findings):
     data: str | None = None
     """The budget's dataset ("random": seeded random data); set by the stage, which knows the recipe's name."""
     held_back_unseen_by_calibration: bool | None = None
+    cost: dict[str, dict[str, Any]] | None = None
+    """Phase -> evaluations and seconds (``_budget_cost``)."""
+    max_seconds: float | None = None
+    stopped: str | None = None
+    """Where ``budget.max_seconds`` stopped the search; absent when it ran to its end."""
+    front: dict[str, Any] | None = None
+    """Latency-aware reverting (``budget.weigh_latency``): the timing sources, the points and the one chosen."""
 
     @field_serializer("targets")
     def _targets(self, targets: dict[str, TargetRecord]) -> dict[str, dict[str, Any]]:
@@ -135,6 +142,9 @@ class _PostTraining(Int8Findings, PreparedNotes):
     """What ptq and dynamic (engine qdeploy) share."""
 
     smooth_quant: dict[str, Any] | None = None
+    """SmoothQuant: the alpha, each smoothed activation with its MatMuls and range of s; under ``auto`` also
+    ``search``: the grid, the samples scored on, each trial's alpha (null: no smoothing), error ratio, cosine and
+    SNR, the chosen alpha and the seconds the search took."""
     op_types: list[str]
     reduce_range: dict[str, Any]
     """The 7-bit setting, the operand on 7 bits and why (ptq: and what comparing the two measured)."""
@@ -215,3 +225,9 @@ class WeightOnlyFindings(QuantizeFindings):
     kept_float: dict[str, str]
     """Node -> why its weight stayed float."""
     bytes: dict[str, int]
+    method: str = "rtn"
+    """How MatMul integers were chosen: rtn or gptq."""
+    calibration: dict[str, Any] | None = None
+    """The data gptq and ratio read ({data, samples}); null when nothing read data."""
+    mixed: dict[str, Any] | None = None
+    """ratio below 1: the sensitivity measure, each MatMul's score, those kept int8 and the int4 share reached."""

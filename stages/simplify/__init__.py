@@ -39,6 +39,7 @@ from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
 from qdeploy.core.values import one_line
 from qdeploy.graph.external_data import load_graph_only, save_exposing, save_onnx
+from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.graph.order import (
     scope_problems,
     sort_topologically,
@@ -120,6 +121,7 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     """Simplify ``artifact``'s model; check it against the original; report what changed."""
     model = artifact.load()
     reference = _reference_from_file(model, artifact.path, config, ctx.work_dir)
+    name_nodes_uniquely(model)  # a model that did not come through export; naming alone is no change
     before = fingerprint(model)
     nodes_before = op_counts(model)
     interface = io_names(model)
@@ -135,6 +137,7 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
     stats.constants_converted += constants_to_initializers(model.graph)
     sync_legacy_inputs(model, drop_unused="eliminate_unused_initializer" in config.passes())
     prune_unproduced_value_info(model)
+    name_nodes_uniquely(model)  # nodes the optimizer added without a name
     if io_names(model) != interface:
         raise StageError(STAGE, ctx.variant, f"simplification changed the model's inputs/outputs from "
                          f"{interface} to {io_names(model)}")

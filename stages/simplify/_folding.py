@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.graph.names import NodeNames
 from qdeploy.graph.order import drop_unread_constants
 from qdeploy.graph.utils import (
     delete_indices,
@@ -423,7 +424,8 @@ def _prepend_constants(graph: onnx.GraphProto, tensors: list[onnx.TensorProto]) 
     """Constant nodes holding ``tensors``, placed first in ``graph`` (they read nothing)."""
     from onnx import helper
 
-    nodes = [helper.make_node("Constant", [], [tensor.name], name=f"{tensor.name}_folded", value=tensor)
+    names = NodeNames.of(graph)
+    nodes = [helper.make_node("Constant", [], [tensor.name], name=names.fresh(f"{tensor.name}_folded"), value=tensor)
              for tensor in tensors]
     kept = list(graph.node)
     del graph.node[:]

@@ -27,7 +27,7 @@ from qdeploy.core.rows import ValidationMetrics, ValidationRow, ValidationStatus
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
 from qdeploy.stages.validate._batches import BatchedFeeds, reference_batches, run_feeds, wanted_batch_sizes
 from qdeploy.stages.validate._common import Feeds, Outcome, Outputs, feed_caster
-from qdeploy.stages.validate._floor import flag_unattainable, noise_floor_summary
+from qdeploy.stages.validate._floor import flag_unattainable, keep_floor_outputs, noise_floor_summary
 from qdeploy.stages.validate._localize import Localizer, scale_free
 from qdeploy.stages.validate._localize_fused import describe_layer, refine
 from qdeploy.stages.validate._precision import default_attempt_hint, with_pinned_fallback
@@ -48,9 +48,13 @@ __all__ = [
     "REFERENCE_TARGET",
     "ValidateConfig",
     "check_config",
+    "check_metric",
+    "evaluate",
     "feed_caster",
+    "load_metric",
     "noise_floor_summary",
     "output_tolerances",
+    "read_labels",
     "reference_source",
     "run",
     "tolerance_for",
@@ -178,7 +182,7 @@ def _validate_all(artifacts: dict[str, Artifact], targets: list[str], config: Va
             ctx.on_progress(f"validate {name} on {target}")
             outcome = _validate_pair(shared, name, artifact.path, artifact.precision, target)
             outcome.row = outcome.row.replace(noise_floor=name == source.variant and target != REFERENCE_TARGET)
-            outcomes.append(outcome)
+            outcomes.append(keep_floor_outputs(outcome, artifact.size_bytes))
     if source.variant is None:  # reference_model: its own rows on the other targets measure the floor
         for target in targets:
             if target != REFERENCE_TARGET:

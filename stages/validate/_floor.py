@@ -14,6 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.compare import compare_outputs
+from qdeploy.core.memory import release_memory
+
+RELEASE_FROM_BYTES = 256_000_000
+"""Artifacts from this size get their session's freed memory handed back after their pair (a collection costs
+tens of milliseconds: not spent on small ones)."""
 
 if TYPE_CHECKING:
     from qdeploy.core.rows import ValidationRow
@@ -24,6 +29,18 @@ def floor_outputs(outcomes: list[Outcome]) -> dict[str, Outputs]:
     """Target -> the reference's outputs there, for the floor rows that ran."""
     return {o.row.target: o.outputs for o in outcomes
             if o.row.noise_floor and o.outputs is not None and o.row.measured}
+
+
+def keep_floor_outputs(outcome: Outcome, model_bytes: int) -> Outcome:
+    """The outcome with its outputs only where the floor needs them: outputs are compared as each pair runs, so
+    every other pair's are dropped instead of held for every variant and target to the end (a large model's
+    outputs, an LLM's logits say, are held once for the reference and once per floor target).  The session is
+    closed by now: for a large model its freed memory goes back before the next session loads."""
+    if not outcome.row.noise_floor:
+        outcome.outputs = None
+    if model_bytes >= RELEASE_FROM_BYTES:
+        release_memory()
+    return outcome
 
 
 def flag_unattainable(outcomes: list[Outcome], reference_outputs: Outputs, reference_label: str) -> None:

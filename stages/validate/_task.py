@@ -44,43 +44,44 @@ _FIELD = "validate.metric"
 TaskMetric = Callable[[dict[str, Any], Any], Any]
 
 
-def check_metric(spec: str, resolve: Callable[[str], Path]) -> None:
-    """Without running user code: the file exists and defines the function (for a module: it can be found)."""
+def check_metric(spec: str, resolve: Callable[[str], Path], field: str = _FIELD) -> None:
+    """Without running user code: the file exists and defines the function (for a module: it can be found);
+    ``field``: the recipe field that names it (a budget's tolerance.metric names one too)."""
     module_part, function = spec.rsplit(":", 1)
     if not module_part.endswith(".py"):
         if importlib.util.find_spec(module_part.split(".")[0]) is None:
-            raise RecipeError(f"module '{module_part}' cannot be found on the Python path", field=_FIELD)
+            raise RecipeError(f"module '{module_part}' cannot be found on the Python path", field=field)
         return
     path = resolve(module_part)
     if not path.is_file():
-        raise RecipeError(f"file '{module_part}' does not exist (resolved to {path})", field=_FIELD)
+        raise RecipeError(f"file '{module_part}' does not exist (resolved to {path})", field=field)
     try:
         tree = ast.parse(path.read_text(), filename=str(path))
     except (SyntaxError, UnicodeDecodeError, ValueError) as exc:
-        raise RecipeError(f"{path} cannot be parsed: {exc}", field=_FIELD) from None
+        raise RecipeError(f"{path} cannot be parsed: {exc}", field=field) from None
     except (RecursionError, MemoryError):  # an expression too deep or too long for Python's own parser
         raise RecipeError(f"{path} cannot be parsed: an expression is nested too deeply (or is too long) for "
-                          "Python's parser; split it into smaller statements", field=_FIELD) from None
+                          "Python's parser; split it into smaller statements", field=field) from None
     defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
     defined |= {target.id for node in tree.body if isinstance(node, ast.Assign)
                 for target in node.targets if isinstance(target, ast.Name)}
     if function not in defined:
-        raise RecipeError(f"{path} defines no function '{function}'; it defines {sorted(defined)}", field=_FIELD)
+        raise RecipeError(f"{path} defines no function '{function}'; it defines {sorted(defined)}", field=field)
 
 
-def load_metric(spec: str, resolve: Callable[[str], Path]) -> TaskMetric:
+def load_metric(spec: str, resolve: Callable[[str], Path], field: str = _FIELD) -> TaskMetric:
     """Import the user's function ('file.py:function' relative to the recipe, or 'package.module:function')."""
-    check_metric(spec, resolve)
+    check_metric(spec, resolve, field)
     module_part, function = spec.rsplit(":", 1)
 
     try:
         path = resolve(module_part) if module_part.endswith(".py") else None
         module = import_user_module(module_part, path, label="metric")
     except Exception as exc:
-        raise RecipeError(f"cannot import '{module_part}': {type(exc).__name__}: {exc}", field=_FIELD) from None
+        raise RecipeError(f"cannot import '{module_part}': {type(exc).__name__}: {exc}", field=field) from None
     found = getattr(module, function, None)
     if not callable(found):
-        raise RecipeError(f"'{module_part}' has no callable '{function}'", field=_FIELD)
+        raise RecipeError(f"'{module_part}' has no callable '{function}'", field=field)
     return found
 
 

@@ -113,3 +113,31 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def peak_rss_prelude(result: Path) -> str:
+    """Code for ``run_cli(code=...)``: the child samples its resident memory every 20 ms and writes the peak (bytes)
+    and the progress step it was reached in to ``result`` at exit.  Sampled, not read from VmHWM: the benchmark's
+    memory probe resets the kernel's high-water mark (``/proc/self/clear_refs``)."""
+    return f"""
+import atexit, json, os, threading, time
+from qdeploy.pipeline import progress as _progress
+_page, _peak, _step = os.sysconf("SC_PAGE_SIZE"), [0, "start"], ["start"]
+def _sample():
+    while True:
+        with open("/proc/self/statm") as handle:
+            rss = int(handle.read().split()[1]) * _page
+        if rss > _peak[0]:
+            _peak[:] = [rss, _step[0]]
+        time.sleep(0.02)
+threading.Thread(target=_sample, daemon=True).start()
+_phase, _detail = _progress.Progress.phase, _progress.Progress.detail
+def _on_phase(self, text):
+    _step[0] = text
+    _phase(self, text)
+def _on_detail(self, text):
+    _step[0] = self._phase + " > " + text
+    _detail(self, text)
+_progress.Progress.phase, _progress.Progress.detail = _on_phase, _on_detail
+atexit.register(lambda: open({str(result)!r}, "w").write(json.dumps({{"peak": _peak[0], "step": _peak[1]}})))
+"""

@@ -41,7 +41,7 @@ RECIPE = """
     variants:
       fp32: [simplify]
       fp16: [simplify, fp16]
-      int8: [simplify, {{quantize: {{mode: ptq, calibration: {{data: val}}}}}}]
+      int8: [simplify, {{quantize: {{mode: ptq, calibration: {{data: val}}, per_runtime: false}}}}]
     targets: [ort:cpu, openvino:cpu]
     validate: {{data: val, samples: 4}}
     benchmark: {{batch_sizes: [1], warmup: 1, iterations: 2, rounds: 1}}

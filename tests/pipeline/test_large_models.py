@@ -15,10 +15,23 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from qdeploy.core.context import Artifact
 from qdeploy.core.errors import QdeployInputError
-from qdeploy.pipeline.memory_plan import FIXED_OVERHEAD, STAGE_FACTORS, MemoryTooSmallError, check_fits, parse_bytes
+from qdeploy.pipeline.loader import load_recipe_file
+from qdeploy.pipeline.memory_plan import (
+    FIXED_OVERHEAD,
+    OPENVINO_DYNAMIC,
+    STAGE_FACTORS,
+    MemoryTooSmallError,
+    check_fits,
+    estimate_peak,
+    parse_bytes,
+    stages_of,
+)
+from qdeploy.pipeline.residency import MIN_SESSION_BUDGET, session_budget
 from qdeploy.pipeline.store import EXTERNAL_DATA_THRESHOLD
-from tests.helpers.large_models import dim_for, make_model, recipe_text
+from qdeploy.stages.export._model import model_size_on_disk
+from tests.helpers.large_models import dim_for, make_model, peak_rss_prelude, recipe_text
 from tests.robustness.helpers import assert_published_consistent, run_cli
 
 EVERY_MODEL_IS_LARGE = ("import qdeploy.graph.external_data, qdeploy.stages.simplify, qdeploy.pipeline.store\n"
@@ -28,7 +41,8 @@ EVERY_MODEL_IS_LARGE = ("import qdeploy.graph.external_data, qdeploy.stages.simp
 VARIANTS = {
     "simplify": ["simplify"],
     "fp16": ["fp16"],
-    "ptq": [{"quantize": {"mode": "ptq", "calibration": {"data": "calib", "samples": 4}}}],
+    # one graph for both runtimes (per_runtime's split has its own tests): the rows stay named "ptq"
+    "ptq": [{"quantize": {"mode": "ptq", "calibration": {"data": "calib", "samples": 4}, "per_runtime": False}}],
     "dynamic": [{"quantize": {"mode": "dynamic"}}],
     "weight_only": [{"quantize": {"mode": "weight_only", "bits": 8}}],
 }
@@ -133,6 +147,30 @@ def test_check_fits_names_the_stage_the_estimate_and_what_is_available(monkeypat
     check_fits(Path("big.onnx"), size, ["export", "simplify", "fp16", "quantize"])  # fits exactly
 
 
+def test_a_dynamic_int8_variant_on_openvino_is_planned_at_its_own_factor(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    recipe = load_recipe_file(_recipe(tmp_path, dim=16, variants={"dynamic": VARIANTS["dynamic"],
+                                                                  "weight_only": VARIANTS["weight_only"]}))
+    assert OPENVINO_DYNAMIC not in stages_of(recipe, ["weight_only"])
+    stages = stages_of(recipe, ["dynamic", "weight_only"])
+    size = 2_200_000_000
+    need = int(STAGE_FACTORS[OPENVINO_DYNAMIC] * size) + FIXED_OVERHEAD
+    assert estimate_peak(size, stages) == (OPENVINO_DYNAMIC, need)
+    assert max(factor for stage, factor in STAGE_FACTORS.items() if stage != OPENVINO_DYNAMIC) <= 2.5
+    monkeypatch.setenv("QDEPLOY_AVAILABLE_MEMORY", "4G")
+    with pytest.raises(MemoryTooSmallError, match="dynamic int8 variant on OpenVINO"):
+        check_fits(Path("big.onnx"), size, stages)
+
+
+def test_the_benchmark_budget_is_twice_the_largest_model_and_at_least_the_floor(tmp_path: Path) -> None:
+    def artifact(size: int) -> Artifact:
+        return Artifact(path=tmp_path / "m.onnx", sidecar=tmp_path / "m.json", key="k", sha256="", size_bytes=size,
+                        stages=("export",), parent=None)
+
+    assert session_budget({"a": artifact(2_000_000_000), "b": artifact(500)}) == 4_000_000_000
+    assert session_budget({"a": artifact(1_000_000)}) == MIN_SESSION_BUDGET  # small models: all at once
+
+
 def test_a_run_too_big_for_the_memory_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     recipe = _recipe(tmp_path / "model", dim=256, variants={"dynamic": [{"quantize": {"mode": "dynamic"}}]})
     out = tmp_path / "run"
@@ -150,26 +188,41 @@ def _free_disk(folder: Path) -> int:
 LARGE_GB = 2.16
 """Just above protobuf's 2 GiB (2.147e9 bytes): the smallest model that needs external data everywhere."""
 DISK_NEEDED = int(LARGE_GB * 1e9 * 6.5)
-"""Source, exported, simplified and fp16 cache entries, their published copies, a stage's temporaries."""
+"""Source, exported, simplified and weight-only cache entries, their published copies, a stage's temporaries."""
+
+
+RUN_BENCHMARK = "benchmark: {enabled: true, batch_sizes: [1], warmup: 1, iterations: 2, rounds: 2}\n"
+"""The benchmark of the slow test: its sessions are what a whole run held at once (issue 33), not its timings."""
 
 
 @pytest.mark.slow
-def test_a_model_above_2_gb_goes_through_simplify_fp16_and_weight_only_on_both_runtimes(tmp_path: Path) -> None:
-    """int8 (dynamic) of this model takes about 6 minutes on 2 cores, so it is measured by
-    benchmarks/large_models.py (docs/large-models.md) and exercised here only through the fast test above."""
+def test_a_model_above_2_gb_runs_whole_within_its_memory_bound(tmp_path: Path) -> None:
+    """simplify (its 2.2 GB artifact published as .onnx + data file) and weight-only int8, validated and benchmarked
+    on both runtimes, the run's sampled peak under 2.5x the model plus FIXED_OVERHEAD and under the memory plan's
+    estimate (the benchmark used to hold every session of a target at once: 7.3x).  fp16 and dynamic int8 of a
+    model this large (a minute or more each on 2 cores) are measured by benchmarks/large_models.py (per stage and
+    whole runs, docs/large-models.md) and run here only through the fast test above."""
     free = _free_disk(tmp_path)
     if free < DISK_NEEDED:
         pytest.skip(f"needs about {DISK_NEEDED / 1e9:.0f} GB of free disk in {tmp_path}, {free / 1e9:.1f} GB free")
     dim = dim_for(LARGE_GB, 2)
-    variants = {"simplify": ["simplify"], "fp16": ["fp16"], "weight_only": VARIANTS["weight_only"]}
-    # reference:cpu (numpy float16, ~3 minutes on this model) is left out: the two runtimes are what is checked
+    variants = {"simplify": ["simplify"], "weight_only": VARIANTS["weight_only"]}
     try:
-        recipe = _recipe(tmp_path / "model", dim=dim, variants=variants, validate_extra=", fp16_reference: never")
-        assert (tmp_path / "model" / "model.onnx.data").stat().st_size > 2**31  # above protobuf's limit
-        out = tmp_path / "run"
-        result = run_cli("run", str(recipe), "--out", str(out), "-q", timeout=1200)
+        recipe = _recipe(tmp_path / "model", dim=dim, variants=variants)
+        recipe.write_text(recipe.read_text().replace("benchmark: {enabled: false}\n", RUN_BENCHMARK))
+        size = model_size_on_disk(tmp_path / "model" / "model.onnx")
+        assert size is not None and (tmp_path / "model" / "model.onnx.data").stat().st_size > 2**31
+        out, peak_file = tmp_path / "run", tmp_path / "peak.json"
+        result = run_cli("run", str(recipe), "--out", str(out), "-q", code=peak_rss_prelude(peak_file), timeout=1200)
         assert result.returncode == 0, result.stderr[-3000:]
-        _check_published(out, tmp_path / "model", dim, list(variants), external_above=EXTERNAL_DATA_THRESHOLD)
+        report = _check_published(out, tmp_path / "model", dim, list(variants),
+                                  external_above=EXTERNAL_DATA_THRESHOLD)
+        assert {(row["variant"], row["target"]) for row in report["benchmarks"] if row["status"] == "ok"} == {
+            (variant, target) for variant in ("exported", *variants) for target in TARGETS}
+        peak = json.loads(peak_file.read_text())
+        estimate = estimate_peak(size, stages_of(load_recipe_file(recipe), list(variants)))[1]
+        bound = 2.5 * size + FIXED_OVERHEAD
+        assert peak["peak"] <= min(bound, estimate), (peak, bound, estimate)
     finally:  # about 11 GB: pytest keeps its last temporary folders, the disk must not
         for folder in ("model", "run"):
             shutil.rmtree(tmp_path / folder, ignore_errors=True)

@@ -30,7 +30,7 @@ def _load(tmp_path: Path, text: str) -> object:
 def test_demo_recipe_loads_with_defaults_filled() -> None:
     recipe = load_recipe_file(DEMO_RECIPE)
     assert recipe.name == "demo-cnn"
-    assert list(recipe.variants) == ["fp32", "fp16", "int8"]
+    assert list(recipe.variants) == ["fp32", "fp16", "int8@ort", "int8@openvino"]  # per_runtime auto splits int8
     fp16_step = recipe.variants["fp16"][1]
     assert fp16_step.stage == "fp16" and fp16_step.config.keep_io_types is True
     assert fp16_step.config.max_finite_val == 65504.0  # the stage's default is filled in, not left implicit

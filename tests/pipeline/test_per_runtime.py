@@ -1,8 +1,11 @@
 """One variant line, one int8 artifact per runtime: ``quantize: {per_runtime: true}`` makes ``int8@ort`` and
-``int8@openvino``, each validated, benchmarked, gated and recommended on its own runtime's targets only."""
+``int8@openvino``, each validated, benchmarked, gated and recommended on its own runtime's targets only; the
+default ``auto`` does so where the runtimes' placements differ for the model, and builds one file for both
+names where they agree (``pipeline/per_runtime.py``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import onnx
@@ -34,9 +37,37 @@ def test_per_runtime_splits_a_variant_into_one_build_per_runtime_of_the_targets(
     assert list(_recipe(SPLIT, ["ort:cpu"]).variants) == ["int8@ort"]  # only the runtimes the recipe targets
 
 
+PLAIN = {"int8": [{"quantize": {"mode": "ptq"}}], "fp32": []}
+
+
+def test_auto_splits_a_plain_ptq_variant_where_the_targets_hold_both_runtimes() -> None:
+    """per_runtime auto (the default): split at load, the config as written (the build specialises it only where
+    the placements differ); one runtime, false, the reference or an explicit runtime: one variant."""
+    recipe = _recipe(PLAIN, ["ort:cpu", "openvino:cpu"], gates=[
+        {"variant": "int8", "target": target, "metric": "cosine", "min": 0.9}
+        for target in ("ort:cpu", "openvino:cpu")])
+    assert list(recipe.variants) == ["int8@ort", "int8@openvino", "fp32"]
+    for name in ("int8@ort", "int8@openvino"):
+        config = recipe.variants[name][0].config
+        assert config.per_runtime == "auto" and config.runtime is None
+    assert [gate.variant for gate in recipe.gates] == ["int8@ort", "int8@openvino"]  # the recipe's name still works
+    assert list(_recipe(PLAIN, ["ort:cpu", "ort:cuda"]).variants) == ["int8", "fp32"]
+    assert list(_recipe({"int8": [{"quantize": {"per_runtime": False}}]}, ["ort:cpu", "openvino:cpu"]).variants) \
+        == ["int8"]
+    assert list(_recipe({"int8": [{"quantize": {"runtime": "openvino"}}]}, ["ort:cpu", "openvino:cpu"]).variants) \
+        == ["int8"]
+    assert "int8" in _recipe(PLAIN, ["ort:cpu", "openvino:cpu"], validate={"reference": "int8"}).variants
+    assert _recipe({"int8@openvino": [{"quantize": {}}]}, ["ort:cpu", "openvino:cpu"]).variants.keys() \
+        == {"int8@openvino"}
+
+
+def test_gates_naming_a_split_variant_point_at_the_build_for_their_target() -> None:
+    recipe = _recipe(SPLIT, ["ort:cpu", "openvino:cpu"],
+                     gates=[{"variant": "int8", "target": "openvino:cpu", "metric": "cosine", "min": 0.9}])
+    assert recipe.gates[0].variant == "int8@openvino"
+
+
 @pytest.mark.parametrize(("variants", "more", "message"), [
-    (SPLIT, {"gates": [{"variant": "int8", "target": "ort:cpu", "metric": "cosine", "min": 0.9}]},
-     "per_runtime splits into"),
     (SPLIT, {"gates": [{"variant": "int8@ort", "target": "openvino:cpu", "metric": "speedup", "min": 1.0}]},
      "never runs on openvino:cpu"),
     (SPLIT, {"validate": {"reference": "int8"}}, "the reference must run on every target"),
@@ -157,3 +188,107 @@ def test_the_openvino_build_quantizes_after_the_chain_a_convolution_fuses(tmp_pa
     expected = run_ort(_conv_hardswish_conv(), feeds)[0]
     assert cosine(run_openvino(built["openvino"], feeds, tmp_path)[0], expected) > 0.99
     assert cosine(run_ort(built["ort"], feeds)[0], expected) > 0.99
+
+
+PLAIN_RECIPE = """
+    name: plain
+    model: {onnx: float.onnx}
+    variants:
+      int8: [{quantize: {mode: ptq, reduce_range: weights}}]
+    targets: [ort:cpu, openvino:cpu]
+    validate: {samples: 2}
+    benchmark: {enabled: false}
+    gates:
+      - {variant: int8, target: "openvino:cpu", metric: cosine, min: 0.9}
+    """
+
+
+def _mlp() -> onnx.ModelProto:
+    """MatMul -> Relu -> MatMul: no convolution, so ONNX Runtime's and OpenVINO's placements agree."""
+    import numpy as np
+    from onnx import helper
+
+    from tests.helpers.quantize import init, make_model
+
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]
+    return make_model(nodes, [init("w1", rng.standard_normal((16, 32)) * 0.3),
+                              init("w2", rng.standard_normal((32, 8)) * 0.3)], {"x": [1, 16]}, {"y": [1, 8]})
+
+
+@pytest.fixture(scope="module", params=["differ", "agree"])
+def plain_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict, Path]:
+    """A plain ptq recipe (no per_runtime) on both runtimes, run on a CNN (placements differ) and an MLP (agree)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    onnx.save(tiny_conv() if request.param == "differ" else _mlp(), str(folder / "float.onnx"))
+    result = run_recipe(load_recipe_file(write_recipe(folder, PLAIN_RECIPE)),
+                        RunOptions(out_dir=folder / "run", show_progress=False))
+    assert result.exit_code == 0, (result.report.get("failures"), result.report.get("gates"))
+    return request.param, result.report, folder / "run"
+
+
+@pytest.mark.slow
+def test_a_plain_recipe_gets_one_graph_per_runtime_only_where_the_placements_differ(
+        plain_run: tuple[str, dict, Path]) -> None:
+    from qdeploy.stages.quantize._placement import quantized_placement
+
+    case, report, out = plain_run
+    rows = {row["name"]: row for row in report["artifacts"]}
+    assert {"int8@ort", "int8@openvino"} <= rows.keys()
+    graphs = {name: onnx.load(str(out / "artifacts" / f"{name}.onnx")) for name in ("int8@ort", "int8@openvino")}
+    placed = {name: quantized_placement(model) for name, model in graphs.items()}
+    notes = {name: rows[name]["per_runtime"] for name in graphs}
+    if case == "differ":
+        assert placed["int8@ort"] != placed["int8@openvino"]
+        assert rows["int8@ort"]["sha256"] != rows["int8@openvino"]["sha256"]
+        assert "same_file_as" not in rows["int8@openvino"]
+        assert all(note["graphs"] == 2 and note["differs_at"] >= 4 for note in notes.values())
+        assert {"conv1", "conv2", "relu1", "relu2"} <= set(notes["int8@ort"]["nodes"])
+        assert notes["int8@ort"]["note"].startswith(
+            f"one graph per runtime: placements differ at {notes['int8@ort']['differs_at']} nodes")
+        configs = {name: rows[name]["lineage"][-1]["config"] for name in graphs}
+        assert configs["int8@ort"]["runtime"] == "ort" and configs["int8@openvino"]["runtime"] == "openvino"
+    else:  # one build, one file: the second name is the first's file, measured once
+        assert rows["int8@ort"]["key"] == rows["int8@openvino"]["key"]
+        assert rows["int8@openvino"]["same_file_as"] == "int8@ort"
+        assert all(note["graphs"] == 1 and note["differs_at"] == 0 for note in notes.values())
+        assert notes["int8@ort"]["note"].startswith("one graph for both runtimes: placements agree")
+    verdict = report["verdict"]["targets"]  # each runtime ships its own build
+    assert verdict["ort:cpu"]["variant"] == "int8@ort" and verdict["openvino:cpu"]["variant"] == "int8@openvino"
+    assert [gate["variant"] for gate in report["gates"]] == ["int8@openvino"]
+    assert notes["int8@ort"]["note"] in (out / "report.md").read_text()
+    written = {(item["target"], item["variant"]) for item in report["packages"]["written"]}
+    assert {("ort:cpu", "int8@ort"), ("openvino:cpu", "int8@openvino")} <= written
+
+
+@pytest.mark.slow
+def test_package_variant_names_the_build_for_the_target(plain_run: tuple[str, dict, Path], tmp_path: Path) -> None:
+    from qdeploy.pipeline.package.publish import package_from_run
+
+    _, _, out = plain_run
+    made = package_from_run(out, "openvino:cpu", ["int8"], tmp_path)
+    assert [json.loads((path / "manifest.json").read_text())["variant"] for path in made] == ["int8@openvino"]
+
+
+def test_a_placement_check_that_fails_gives_each_runtime_its_own_build(tmp_path: Path) -> None:
+    """Deciding must never hand OpenVINO ONNX Runtime's graph unchecked: a failed comparison splits."""
+    from types import SimpleNamespace
+
+    from qdeploy.pipeline.per_runtime import build_config, note_runtime_builds
+    from qdeploy.pipeline.store import ArtifactStore
+    from tests.helpers.quantize import artifact_at
+
+    (tmp_path / "broken.onnx").write_bytes(b"not a model")
+    recipe = _recipe(PLAIN, ["ort:cpu", "openvino:cpu"])
+    state = SimpleNamespace(recipe=recipe, store=ArtifactStore(tmp_path / "cache"), use_cache=True,
+                            work_root=tmp_path / "work")
+    step = recipe.variants["int8@openvino"][0]
+    config = build_config(state, "int8@openvino", step, artifact_at(tmp_path / "broken.onnx"))
+    assert config.runtime == "openvino" and recipe.placements["int8"].error
+    assert build_config(state, "fp32", recipe.variants["int8@ort"][0], artifact_at(tmp_path / "broken.onnx")) \
+        is recipe.variants["int8@ort"][0].config  # not a runtime's build: as written
+    rows = [{"name": "int8@ort", "sha256": "a", "seconds": 1.0}, {"name": "int8@openvino", "sha256": "b"}]
+    note_runtime_builds(rows, recipe)
+    assert rows[1]["per_runtime"]["note"].startswith("one graph per runtime: the placements could not be compared")

@@ -37,7 +37,8 @@ def test_describe_plan_lists_targets_and_availability() -> None:
     assert "recipe demo-cnn: valid" in text
     assert "ort:cpu: available" in text
     assert "ort:cuda: unavailable" in text  # no GPU on these machines
-    assert "[fp32, fp16, int8]" in text
+    assert "[fp32, fp16, int8@ort, int8@openvino]" in text
+    assert "per_runtime auto: int8 -> int8@ort, int8@openvino" in text
 
 
 def test_schema_validates_the_demo_recipe_and_rejects_typos() -> None:

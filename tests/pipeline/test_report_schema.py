@@ -24,9 +24,10 @@ pytestmark = pytest.mark.slow
 NAMED_MAPS = frozenset({"input_shapes", "shapes", "applied", "refused", "rejected", "versions", "flags", "folded",
                         "added", "removed", "initializers", "node_counts", "op_types", "precisions", "kernels",
                         "quantized_nodes", "nodes_before", "nodes_after", "int8_kernels", "compute_layers",
-                        "int8_layers", "float_compute_kernels", "targets", "unavailable", "unreadable", "settings"})
+                        "int8_layers", "float_compute_kernels", "targets", "unavailable", "unreadable", "settings",
+                        "by_precision", "decisions"})
 """Maps whose keys are names of things (ops, targets, inputs, settings of a runtime), not report fields."""
-TIMING_DEPENDENT = ("verdict.targets.*.runner_up.",)
+TIMING_DEPENDENT = ("verdict.targets.*.runner_up.", "layers.pairs[].summary.slow.")
 """Present only when two artifacts time within the benchmark's noise."""
 ADDED_SINCE_FIXTURE = frozenset({
     # issues 28-29 (before issue 30): checksums of published files, recipe content hashes, throughput rows, the
@@ -44,6 +45,25 @@ ADDED_SINCE_FIXTURE = frozenset({
         "execution.providers", "execution.ran", "execution.runtime", "inferences_per_s", "latency_at_load_ms",
         "requests_in_flight", "throughput_speedup")),
 })
+_LAYER_ROW = ("compute_op", "cosine", "decision", "error_node", "exec", "float_reason", "layer", "macs", "nodes",
+              "nonfinite", "nonfinite_born", "op", "precision", "qdq_nodes", "snr_db", "snr_drop_db", "through_graph",
+              "time_ms")
+ADDED_SINCE_FIXTURE |= frozenset({  # issue 31: the layers section (docs/report.md)
+    "layers", "layers.mode", "layers.pairs", "layers.seconds", "layers.top",
+    *(f"layers.pairs[].{key}" for key in (
+        "decisions", "decisions.*", "exposure", "exposure.changed", "exposure.max_output_difference", "exposure.note",
+        "notes", "pinned_precision", "precision", "profile", "profile.benchmark_p50_ms", "profile.profiled_ms",
+        "profile.runs", "rows_total", "samples", "seconds", "status", "summary", "summary.by_precision",
+        "summary.by_precision.*", "summary.lines", "summary.macs", "summary.slow", "summary.time_ms", "target",
+        "timeline", "timeline.layer", "timeline.precision", "timeline.snr_db", "timeline.time_ms", "top_error",
+        "top_time", "unclaimed_nodes", "variant", "why")),
+    *(f"layers.pairs[].summary.by_precision.*.{key}" for key in ("layers", "macs", "macs_share", "time_ms",
+                                                                  "time_share")),
+    *(f"layers.pairs[].{top}[].{key}" for top in ("top_time", "top_error") for key in _LAYER_ROW)
+})
+# issue 34: per_runtime auto splits the demo's int8; each build's row says whether the placements differ
+ADDED_SINCE_FIXTURE |= frozenset(f"artifacts[].per_runtime{key}" for key in (
+    "", ".graphs", ".differs_at", ".nodes", ".decision_seconds", ".note"))
 """Key paths the current report has and the stored fixture (an earlier run) lacks; nothing else may be new."""
 REMOVED_SINCE_FIXTURE = frozenset(f"artifacts[].lineage[].config.{key}" for key in (
     # issue 30: one config model per quantize mode; a ptq step's config dumps ptq's fields only
@@ -93,7 +113,8 @@ def test_demo_artifacts_keep_their_cache_keys(report: dict[str, Any]) -> None:
     fixture = {row["name"]: row["lineage"] for row in demo_report()["artifacts"]}
     compared = 0
     for row in report["artifacts"]:
-        for step, then in zip(row["lineage"], fixture[row["name"]], strict=True):
+        # per_runtime auto: int8@ort and int8@openvino are the fixture's int8, one build per runtime
+        for step, then in zip(row["lineage"], fixture[row["name"].split("@")[0]], strict=True):
             if step["config"] != then["config"]:
                 break  # this step's settings changed, and so does every key after it
             assert step["key"] == then["key"], f"{row['name']}: {step['stage']}"

@@ -64,7 +64,7 @@ def test_symbolic_batch_through_fp32_fp16_int8_on_both_runtimes(tmp_path: Path) 
         variants:
           fp32: [simplify]
           fp16: [simplify, fp16]
-          int8: [simplify, {quantize: {mode: ptq, calibration: {data: calib}}}]
+          int8: [simplify, {quantize: {mode: ptq, calibration: {data: calib}, per_runtime: false}}]
         targets: [ort:cpu, openvino:cpu]
         validate: {reference: fp32, samples: 2}
         benchmark: {batch_sizes: [1, 8], warmup: 1, iterations: 3, rounds: 1}

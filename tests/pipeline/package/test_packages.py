@@ -35,7 +35,7 @@ RECIPE = """
     variants:
       fp32: [simplify]
       fp16: [simplify, {fp16: {keep_io_types: true}}]
-      int8: [simplify, {quantize: {mode: ptq, calibration: {data: val}}}]
+      int8: [simplify, {quantize: {mode: ptq, calibration: {data: val}, per_runtime: false}}]
     targets: [ort:cpu, openvino:cpu, ort:cuda]
     validate: {data: val, reference: fp32, samples: 8}
     benchmark: {batch_sizes: [1], warmup: 1, iterations: 5, rounds: 1}

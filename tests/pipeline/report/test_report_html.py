@@ -14,6 +14,7 @@ from qdeploy.pipeline.report import write_reports
 from qdeploy.pipeline.report.charts import inline_svg
 from qdeploy.pipeline.report.html import render_html
 from tests.helpers.demo_report import mixed_rows_report
+from tests.helpers.layers_report import layers_section
 from tests.helpers.reports import synthetic_report
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -108,7 +109,7 @@ def test_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     from PIL import Image, ImageStat
 
     page = tmp_path / "report.html"
-    page.write_text(render_html(synthetic_report()))
+    page.write_text(render_html({**synthetic_report(), "layers": layers_section()}))  # issue 31's section too
     shot = tmp_path / "shot.png"
     command = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -179,7 +180,8 @@ def test_a_real_run_writes_all_three_reports(tiny_recipe: Path, tmp_path: Path) 
     assert result.exit_code == 0, result.report["failures"]
     page = (out / "report.html").read_text()
     assert (out / "report.md").is_file() and (out / "report.json").is_file()
-    assert external_references(page) == [] and page.count("<svg") == 2
+    profiled = [pair for pair in result.report["layers"]["pairs"] if pair["status"] == "ok"]  # one chart each
+    assert external_references(page) == [] and page.count("<svg") == 2 + len(profiled)
     for variant in ("fp32", "fp16", "int8"):
         assert f"{variant}</td>" in page
     bench = result.report["benchmarks"][0]

@@ -31,7 +31,7 @@ MATRIX = """
         - {name: b, model: {onnx: models/b.onnx}, data: {calib: {reader: random, samples: 4, seed: 2}}}
       variant_sets:
         fp: {fp32: [simplify], fp16: [simplify, fp16]}
-        q: {fp32: [simplify], int8: [simplify, {quantize: {calibration: {data: calib}}}]}
+        q: {fp32: [simplify], int8: [simplify, {quantize: {calibration: {data: calib}, per_runtime: false}}]}
       targets: {cpu: [ort:cpu], both: [ort:cpu, openvino:cpu]}
       recipe:
         data: {calib: {reader: random, samples: 8, seed: 1}}

@@ -45,10 +45,10 @@ def test_a_recipe_without_mode_is_ptq_and_its_dump_holds_only_ptq_fields() -> No
 
 
 @pytest.mark.parametrize(("settings", "field", "words"), [
-    ({"mode": "weight_only", "calibration": {"data": "calib"}}, "calibration",
-     "quantize.weight_only does not take 'calibration' (it applies to modes ptq and lower)"),
+    ({"mode": "weight_only", "per_channel": True}, "per_channel",
+     "quantize.weight_only does not take 'per_channel' (it applies to modes ptq and dynamic)"),
     ({"mode": "dynamic", "method": "entropy"}, "method",
-     "quantize.dynamic does not take 'method' (it applies to mode ptq)"),
+     "quantize.dynamic does not take 'method' (it applies to modes ptq and weight_only)"),
     ({"mode": "lower", "tolerance": {"cosine_min": 0.9}}, "tolerance",
      "quantize.lower does not take 'tolerance' (it applies to modes ptq and dynamic)"),
     ({"bits": 8}, "bits", "quantize.ptq does not take 'bits' (it applies to mode weight_only)"),
@@ -89,15 +89,15 @@ def test_the_recipe_error_names_the_line_the_field_and_the_mode(tmp_path: Path) 
     from qdeploy.pipeline.loader import load_recipe_file
 
     text = DEMO_RECIPE.read_text().replace("{quantize: {mode: ptq, calibration: {data: calib}}}",
-                                           "{quantize: {mode: weight_only, calibration: {data: calib}}}")
+                                           "{quantize: {mode: weight_only, per_channel: true}}")
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(text.replace("models/", f"{DEMO_RECIPE.parent}/models/")
                       .replace("path: data/", f"path: {DEMO_RECIPE.parent}/data/"))
     with pytest.raises(RecipeError) as caught:
         load_recipe_file(recipe)
     message = str(caught.value)
-    assert "variants.int8.1.quantize.calibration" in message
-    assert "quantize.weight_only does not take 'calibration' (it applies to modes ptq and lower)" in message
+    assert "variants.int8.1.quantize.per_channel" in message
+    assert "quantize.weight_only does not take 'per_channel' (it applies to modes ptq and dynamic)" in message
 
 
 def test_the_json_schema_has_one_branch_per_mode() -> None:
@@ -107,7 +107,7 @@ def test_the_json_schema_has_one_branch_per_mode() -> None:
              for branch in branches]
     assert modes == [("ptq", "qdeploy"), ("ptq", "nncf"), ("dynamic", None), ("lower", None), ("weight_only", None)]
     assert all(branch["additionalProperties"] is False for branch in branches)
-    assert "calibration" not in schema["$defs"]["quantize_WeightOnlyConfig"]["properties"]
+    assert "per_channel" not in schema["$defs"]["quantize_WeightOnlyConfig"]["properties"]
 
     def recipe(settings: dict) -> dict:
         return {"name": "r", "model": {"onnx": "m.onnx"}, "variants": {"v": [{"quantize": settings}]}}
@@ -115,6 +115,6 @@ def test_the_json_schema_has_one_branch_per_mode() -> None:
     for settings in ({}, {"calibration": {"data": "c"}}, {"engine": "nncf"}, {"mode": "dynamic"},
                      {"mode": "weight_only", "bits": 8}):
         jsonschema.validate(recipe(settings), schema)  # exactly one branch matches
-    for settings in ({"mode": "weight_only", "calibration": {}}, {"engine": "nncf", "method": "mse"}):
+    for settings in ({"mode": "weight_only", "per_channel": True}, {"engine": "nncf", "method": "mse"}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(recipe(settings), schema)

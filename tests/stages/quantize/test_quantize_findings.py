@@ -35,10 +35,10 @@ KEYS = {
     "dynamic": sorted([*INT8_TAIL, *PREPARED, *SETTINGS]),
     "lower": sorted([*INT8_TAIL, "inexact", "lowered", "qdq_parameters_unshared", "refused", "sites",
                      "sites_not_listed", "verification"]),
-    "weight_only": ["accuracy_level", "bits", "bytes", "group_size", "kept_float", "mode", "quantized_weights",
-                    "symmetric", "weight_format"],
+    "weight_only": ["accuracy_level", "bits", "bytes", "group_size", "kept_float", "method", "mode",
+                    "quantized_weights", "symmetric", "weight_format"],
 }
-BUDGET_AT_ONCE = ["confirmed", "data", "evaluation_seconds", "evaluations", "final", "held_back_samples",
+BUDGET_AT_ONCE = ["confirmed", "cost", "data", "evaluation_seconds", "evaluations", "final", "held_back_samples",
                   "held_back_unseen_by_calibration", "initial", "kept_float", "met", "runtimes", "samples",
                   "search_samples", "seconds", "targets", "tolerance"]
 """The budget's record when the fully quantized model holds at once (no search)."""

@@ -68,7 +68,8 @@ def test_without_nncf_the_stage_says_how_to_install_it(tmp_path: Path, monkeypat
 
 @pytest.mark.parametrize(("settings", "words"), [
     ({"engine": "nncf", "method": "entropy"},
-     "quantize.ptq with engine nncf does not take 'method' (it applies to mode ptq with engine qdeploy)"),
+     "quantize.ptq with engine nncf does not take 'method' (it applies to modes ptq with engine qdeploy and "
+     "weight_only)"),
     ({"engine": "nncf", "tolerance": {"cosine_min": 0.99}}, "quantize.ptq with engine nncf does not take 'tolerance'"),
     ({"engine": "nncf", "mode": "dynamic"}, "quantize.dynamic does not take 'engine' (it applies to mode ptq)"),
     ({"nncf_model_type": "transformer"},

@@ -12,6 +12,7 @@ from onnx import helper
 from qdeploy.core.context import StageResult
 from qdeploy.stages import quantize
 from qdeploy.stages.quantize import QuantizeConfig
+from tests.helpers.models import DEMO_RECIPE
 from tests.helpers.quantize import cosine, init, make_model, run_ort, save_artifact, stage_context
 
 CHANNELS = 64
@@ -82,7 +83,9 @@ def test_smoothing_lifts_an_outlier_activation_and_keeps_the_function(tmp_path: 
     ({"mode": "dynamic", "smooth_quant": 0.5},
      r"quantize\.dynamic does not take 'smooth_quant' \(it applies to mode ptq\)"),
     ({"engine": "nncf", "smooth_quant": 0.5}, r"quantize\.ptq with engine nncf does not take 'smooth_quant'"),
-    ({"smooth_quant": 1.0}, "less than 1"),
+    ({"smooth_quant": 1.0}, "smooth_quant 1.0 must be 'auto' or an alpha strictly between 0 and 1"),
+    ({"smooth_quant": 1.5}, "smooth_quant 1.5 must be 'auto' or an alpha strictly between 0 and 1"),
+    ({"smooth_quant": "autox"}, "smooth_quant 'autox' must be 'auto' or an alpha strictly between 0 and 1"),
 ])
 def test_smoothing_is_refused_where_it_means_nothing(settings: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -108,3 +111,68 @@ def test_a_gemm_with_a_transposed_weight_is_smoothed_along_its_input_axis(tmp_pa
     feeds = {"x": rng.standard_normal((16, CHANNELS)).astype(np.float32)}
     np.testing.assert_allclose(run_ort(onnx.load(str(smoothed)), feeds)[0], run_ort(model, feeds)[0],
                                rtol=1e-4, atol=1e-4)
+
+
+def _calibration_error(model: onnx.ModelProto) -> float:
+    """1 - cosine of the worst output against float32 over the calibration samples (what the search scores on)."""
+    errors = []
+    for index in range(16):
+        feeds = _feeds(100 + index)
+        pairs = zip(run_ort(model, feeds), run_ort(outlier_model(), feeds), strict=True)
+        errors.extend(1.0 - cosine(got, want) for got, want in pairs)
+    return max(errors)
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory: pytest.TempPathFactory) -> StageResult:
+    return _quantized(tmp_path_factory.mktemp("search") / "auto", smooth_quant="auto")
+
+
+def test_auto_records_every_trial_and_keeps_the_closest(searched: StageResult) -> None:
+    from qdeploy.stages.quantize._smooth_search import GRID
+
+    found = searched.findings.smooth_quant
+    search = found["search"]
+    assert [trial["alpha"] for trial in search["trials"]] == [None, *GRID]
+    assert search["scored_on"] == "calibration" and search["samples"] == 16 and search["seconds"] > 0
+    ratios = {trial["alpha"]: trial["error_ratio"] for trial in search["trials"]}
+    assert search["chosen"] in GRID and found["alpha"] == search["chosen"]
+    assert ratios[search["chosen"]] == min(ratios.values())
+    assert ratios[search["chosen"]] < ratios[None] / 4  # smoothing the outliers is the point
+    assert found["tensors"]["h"]["max_scale"] > 5 * found["tensors"]["h"]["min_scale"]
+    assert '"trials"' in searched.findings.model_dump_json()  # the sidecar carries them
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.5, 0.8])
+def test_auto_is_as_close_as_any_fixed_alpha_and_closer_than_none(searched: StageResult, tmp_path: Path,
+                                                                   alpha: float) -> None:
+    auto = _calibration_error(searched.model)
+    fixed = _calibration_error(_quantized(tmp_path / "fixed", smooth_quant=alpha).model)
+    assert auto <= fixed * 1.05 + 1e-6, (alpha, auto, fixed)  # within float noise of the best
+    if alpha == 0.3:
+        assert auto < _calibration_error(_quantized(tmp_path / "plain").model) / 4
+
+
+def test_auto_scores_on_the_budget_samples_before_the_budget_ranks(tmp_path: Path) -> None:
+    result = _quantized(tmp_path / "budget", smooth_quant="auto", tolerance={"cosine_min": 0.99},
+                        budget={"samples": 8})
+    search = result.findings.smooth_quant["search"]
+    assert search["scored_on"] == "budget" and search["samples"] == 6  # 8 less the 2 held back
+    assert search["tolerance"] == {"cosine_min": 0.99}
+    assert result.findings.budget is not None
+
+
+@pytest.mark.parametrize("value", ["autox", "1.5"])
+def test_a_bad_alpha_in_a_recipe_is_a_recipe_error_naming_the_field(tmp_path: Path, value: str) -> None:
+    from qdeploy.core.errors import RecipeError
+    from qdeploy.pipeline.loader import load_recipe_file
+
+    text = DEMO_RECIPE.read_text().replace("{quantize: {mode: ptq, calibration: {data: calib}}}",
+                                           f"{{quantize: {{mode: ptq, smooth_quant: {value}}}}}")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(text.replace("models/", f"{DEMO_RECIPE.parent}/models/")
+                      .replace("path: data/", f"path: {DEMO_RECIPE.parent}/data/"))
+    with pytest.raises(RecipeError) as caught:
+        load_recipe_file(recipe)
+    message = str(caught.value)
+    assert "quantize.smooth_quant" in message and "must be 'auto' or an alpha strictly between 0 and 1" in message

@@ -1,0 +1,144 @@
+"""The ``layers`` section of report.json for people: report.md's summary lines and `qdeploy explain`'s text.
+
+Each profiled (variant, target) reads first as its summary (the share of MACs and of time per precision that
+ran, why compute layers ran in float, why int8 is slower than expected), then the layers that cost most time and
+those that add most error.  report.html's part is in ``_html_layers``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qdeploy.pipeline.report.format import fmt_number
+
+__all__ = ["by_error", "by_time", "explain_text", "layer_markdown", "overhead_line", "select_pairs"]
+
+_NODES_SHOWN = 3
+
+
+def by_time(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows that took time, most first."""
+    return sorted((r for r in rows if r.get("time_ms")), key=lambda r: -r["time_ms"])
+
+
+def by_error(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with a measured error, the ones that add most first: where NaN/Inf is born (an fp16 overflow), then by
+    the SNR the layer loses (its inputs' minus its own), then by the lowest SNR."""
+    hurt = [r for r in rows if r.get("snr_db") is not None or r.get("nonfinite")]
+    return sorted(hurt, key=lambda r: (not r.get("nonfinite_born"), -(r.get("snr_drop_db") or 0.0),
+                                       r["snr_db"] if r.get("snr_db") is not None else float("-inf")))
+
+
+def select_pairs(section: dict[str, Any] | None, variant: str | None = None,
+                 target: str | None = None) -> list[dict[str, Any]]:
+    """The profiled pairs, filtered by variant and target."""
+    return [pair for pair in (section or {}).get("pairs", [])
+            if (variant is None or pair["variant"] == variant) and (target is None or pair["target"] == target)]
+
+
+def overhead_line(section: dict[str, Any], run_seconds: float | None = None) -> str:
+    """What the profiling pass cost: its wall time, and the run's it is part of."""
+    total = f" of the run's {run_seconds:.1f} s" if run_seconds else ""
+    return (f"profiling pass ({section.get('mode')}): {section.get('seconds', 0.0):.2f} s{total}, after the timed "
+            "benchmark and apart from it (no latency number comes from a profiled session)")
+
+
+def _pair_header(pair: dict[str, Any]) -> str:
+    why = {"shipped": "what the verdict ships", "failed validation": "validation failed", "full": "report.layers: full"}
+    return f"{pair['variant']} on {pair['target']} ({why.get(pair['why'], pair['why'])})"
+
+
+def _profile_line(pair: dict[str, Any]) -> str:
+    profile = pair.get("profile") or {}
+    bench = profile.get("benchmark_p50_ms")
+    versus = f" against the benchmark's {fmt_number(bench)} ms p50" if bench else ""
+    layers = (pair.get("summary") or {}).get("time_ms")
+    return (f"profiled inference: {fmt_number(profile.get('profiled_ms'))} ms median of {profile.get('runs')} "
+            f"runs{versus} (the profiler's own cost included); its layers' medians add up to {fmt_number(layers)} "
+            f"ms; pair took {pair.get('seconds', 0.0):.2f} s")
+
+
+def layer_markdown(report: dict[str, Any]) -> list[str]:
+    """report.md's section: per profiled pair, its summary lines and the top 3 layers by time and by error."""
+    section = report.get("layers")
+    if not section:
+        return []
+    lines = [f"- {overhead_line(section, report.get('seconds'))}"]
+    if section.get("reason"):
+        lines.append(f"- {section['reason']}")
+    for pair in section.get("pairs", []):
+        lines.append(f"- **{_pair_header(pair)}**")
+        if pair.get("status") != "ok":
+            lines.append(f"  - not profiled: {pair.get('reason')}")
+            continue
+        lines += [f"  - {line}" for line in pair["summary"]["lines"]]
+        lines.append("  - most time: " + "; ".join(_short(row, "time") for row in pair["top_time"][:3]))
+        if pair["top_error"]:
+            lines.append("  - most error: " + "; ".join(_short(row, "error") for row in pair["top_error"][:3]))
+        if (pair.get("exposure") or {}).get("changed"):
+            lines.append(f"  - {pair['exposure']['note']}")
+    return ["", "## Layers: where the time and the error come from", "",
+            "`qdeploy explain OUT` prints the tables; report.html sorts them.", "", *lines]
+
+
+def _short(row: dict[str, Any], kind: str) -> str:
+    what = f"`{row['layer']}` ({row['op']}, {row['precision']})"
+    if kind == "time":
+        return f"{what} {fmt_number(row['time_ms'])} ms"
+    return f"{what} SNR {fmt_number(row['snr_db'])} dB"
+
+
+def _nodes(row: dict[str, Any]) -> str:
+    nodes = row.get("nodes") or []
+    if not nodes:
+        return "(gap: added by the runtime)"
+    more = f" +{len(nodes) - _NODES_SHOWN}" if len(nodes) > _NODES_SHOWN else ""
+    return ",".join(nodes[:_NODES_SHOWN]) + more
+
+
+def _table(rows: list[dict[str, Any]], total_ms: float, *, error: bool = False) -> list[str]:
+    last = "drop dB" if error else "MACs"
+    head = f"  {'#':>3} {'layer':32} {'op':22} {'ran':5} {'ms':>9} {'time':>5} {last:>9} {'SNR dB':>7}  onnx nodes"
+    lines = [head]
+    for rank, row in enumerate(rows, 1):
+        share = f"{row['time_ms'] / total_ms * 100:.0f}%" if total_ms and row.get("time_ms") else "–"
+        decision = f"  [{row['decision']}]" if row.get("decision") else ""
+        snr = "NaN/Inf" if row.get("nonfinite_born") else fmt_number(row.get("snr_db"))
+        extra = fmt_number(row.get("snr_drop_db")) if error else fmt_number(row.get("macs"))
+        lines.append(f"  {rank:>3} {row['layer'][:32]:32} {row['op'][:22]:22} {row['precision'][:5]:5} "
+                     f"{fmt_number(row.get('time_ms')):>9} {share:>5} {extra:>9} {snr:>7}  {_nodes(row)}{decision}")
+    return lines
+
+
+def explain_text(report: dict[str, Any], variant: str | None = None, target: str | None = None,
+                 top: int = 10) -> str:
+    """`qdeploy explain`'s text: per profiled pair, the summary and the top layers by time and by error."""
+    section = report.get("layers")
+    if not section:
+        return ("this run has no layers section: it was made with report.layers: off, or by a qdeploy without "
+                "the per-layer pass; run it again with report.layers: auto or full")
+    pairs = select_pairs(section, variant, target)
+    if not pairs:
+        known = ", ".join(f"{p['variant']} on {p['target']}" for p in section.get("pairs", [])) or "none"
+        return f"no profiled pair matches (variant {variant or 'any'}, target {target or 'any'}); profiled: {known}"
+    out = [overhead_line(section, report.get("seconds"))]
+    for pair in pairs:
+        out += ["", _pair_header(pair)]
+        if pair.get("status") != "ok":
+            out.append(f"  not profiled: {pair.get('reason')}")
+            continue
+        out += [f"  {line}" for line in pair["summary"]["lines"]]
+        out += [f"  {_profile_line(pair)}", f"  {pair['exposure']['note']}"]
+        rows = pair.get("rows")
+        timed = by_time(rows) if rows else pair["top_time"]
+        hurt = by_error(rows) if rows else pair["top_error"]
+        total = pair["summary"]["time_ms"]
+        out += ["", f"  most time (top {min(top, len(timed))} of {pair['rows_total']} layers):",
+                *_table(timed[:top], total)]
+        out += ["", f"  most error added, against the float32 reference (top {min(top, len(hurt))}; drop: the SNR "
+                "the layer loses):", *_table(hurt[:top], total, error=True)]
+        if pair.get("unclaimed_nodes"):
+            names = pair["unclaimed_nodes"]
+            out.append(f"  {len(names)} ONNX nodes have no layer of their own (fused or folded, not named by the "
+                       f"runtime): {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
+    return "\n".join(out)

@@ -1,0 +1,118 @@
+"""Node names: unique and non-empty in a graph and every graph nested in it (If/Loop/Scan bodies).
+
+ONNX allows nodes without names, and converters and hand-built models often leave them empty or repeat them.
+ONNX Runtime refuses a graph with two nodes of one name, and qdeploy finds nodes by name (keep-float lists,
+block lists, budgets, localisation, reports).  So the export stage names every node once
+(``name_nodes_uniquely``), and every pass that adds a node takes its name from a ``NodeNames`` that knows
+every name in use: a name derived from an empty one (``"" + "_Q"``) can no longer repeat.
+
+Only node names are read, never a tensor: cheap on a 2 GB model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from qdeploy.graph.utils import GRAPH_OPS, ONNX_SPEC_DOMAINS, fresh_name, subgraphs
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["NodeNames", "NodeNaming", "all_nodes", "name_nodes_uniquely", "node_names", "unique_node_name"]
+
+EXAMPLES = 5
+"""How many renamings a ``NodeNaming`` lists (the count covers all)."""
+
+
+def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of ``graph`` and of the graphs nested in it, outer graph first, in order."""
+    for node in graph.node:
+        yield node
+        if node.op_type in GRAPH_OPS or node.domain not in ONNX_SPEC_DOMAINS:  # the cheap test of subgraphs()
+            for sub in subgraphs(node):
+                yield from all_nodes(sub)
+
+
+def node_names(graph: onnx.GraphProto) -> set[str]:
+    """The non-empty node names of ``graph`` and its nested graphs."""
+    return {node.name for node in all_nodes(graph) if node.name}
+
+
+class NodeNames:
+    """The node names in use (nested graphs included); ``fresh`` hands out new ones that repeat none of them."""
+
+    def __init__(self, taken: Iterable[str] = ()) -> None:
+        self.taken = {name for name in taken if name}
+
+    @classmethod
+    def of(cls, graph: onnx.GraphProto) -> NodeNames:
+        return cls(node_names(graph))
+
+    def fresh(self, base: str, op_type: str = "node") -> str:
+        """``base`` (or ``op_type`` when ``base`` is empty), suffixed ``_2``, ``_3``... until unused; now taken."""
+        return fresh_name(base or op_type or "node", self.taken)
+
+    def derived(self, node_name: str, suffix: str, op_type: str = "node") -> str:
+        """A new node's name from the node it replaces or serves: ``<name><suffix>``, or ``<op_type><suffix>``
+        when that node has no name (``"" + "_Q"`` would repeat for every nameless node)."""
+        return self.fresh(f"{node_name or op_type or 'node'}{suffix}")
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.taken
+
+
+def unique_node_name(graph: onnx.GraphProto, base: str, op_type: str = "node") -> str:
+    """One new node name for ``graph`` (walks its names: for several, keep one ``NodeNames``)."""
+    return NodeNames.of(graph).fresh(base, op_type)
+
+
+@dataclass
+class NodeNaming:
+    """What ``name_nodes_uniquely`` changed: nodes that had no name, nodes whose name an earlier node had."""
+
+    unnamed: int = 0
+    duplicates: int = 0
+    examples: list[str] = field(default_factory=list)
+    """A few of the renamings, ``'old' (Op) -> new``."""
+
+    @property
+    def changed(self) -> int:
+        return self.unnamed + self.duplicates
+
+    def summary(self) -> dict[str, object]:
+        """The report's form (the export stage's finding ``node_names``)."""
+        return {"unnamed_named": self.unnamed, "duplicates_renamed": self.duplicates, "examples": self.examples}
+
+
+def name_nodes_uniquely(model_or_graph: onnx.ModelProto | onnx.GraphProto) -> NodeNaming:
+    """Give every node of the graph and its nested graphs a non-empty name that no other node has.
+
+    The first node holding a name keeps it; a later one holding it again becomes ``<name>_2``...; a node without
+    a name becomes ``<op type>_<first output>`` (stable across runs, readable in a report).  Names in use anywhere
+    are reserved before any is given, so a new name never takes one a later node already has.
+    """
+    graph = model_or_graph.graph if hasattr(model_or_graph, "graph") else model_or_graph
+    nodes = list(all_nodes(graph))
+    naming = NodeNaming()
+    names = NodeNames(node.name for node in nodes)
+    if len(names.taken) == len(nodes):  # the common case, every stage after export: all named, none twice
+        return naming
+    seen: set[str] = set()
+    for node in nodes:
+        if node.name and node.name not in seen:
+            seen.add(node.name)
+            continue
+        old = node.name
+        if old:
+            naming.duplicates += 1
+            node.name = names.fresh(old)
+        else:
+            naming.unnamed += 1
+            first = node.output[0] if len(node.output) and node.output[0] else ""
+            node.name = names.fresh(f"{node.op_type}_{first}" if first else node.op_type, node.op_type)
+        seen.add(node.name)
+        if len(naming.examples) < EXAMPLES:
+            naming.examples.append(f"{old!r} ({node.op_type}) -> {node.name}")
+    return naming

@@ -1,0 +1,87 @@
+"""qdeploy.graph.names: node names non-empty and unique in a graph and its nested graphs."""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto, helper
+
+from qdeploy.graph.names import NodeNames, name_nodes_uniquely, node_names, unique_node_name
+
+
+def _graph(names: list[str], body_name: str | None = None) -> onnx.GraphProto:
+    """x -> Relu... chain named ``names``; with ``body_name``, an If whose two branches hold a node of that name."""
+    nodes = [helper.make_node("Relu", [f"t{i}" if i else "x"], [f"t{i + 1}"], name=name)
+             for i, name in enumerate(names)]
+    last = f"t{len(names)}"
+    if body_name is not None:
+        branch = helper.make_graph([helper.make_node("Neg", [last], ["b"], name=body_name)], "branch", [],
+                                   [helper.make_tensor_value_info("b", TensorProto.FLOAT, [2])])
+        nodes.append(helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch, else_branch=branch))
+        last = "y"
+    return helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                                          helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                             [helper.make_tensor_value_info(last, TensorProto.FLOAT, [2])])
+
+
+def _all_names(graph: onnx.GraphProto) -> list[str]:
+    names = []
+    for node in graph.node:
+        names.append(node.name)
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                names += _all_names(attr.g)
+    return names
+
+
+def test_nameless_nodes_get_op_and_output_names_and_repeats_get_suffixes() -> None:
+    graph = _graph(["", "", "a", "a", "a"])
+    naming = name_nodes_uniquely(graph)
+    assert [node.name for node in graph.node] == ["Relu_t1", "Relu_t2", "a", "a_2", "a_3"]
+    assert (naming.unnamed, naming.duplicates, naming.changed) == (2, 2, 4)
+    assert naming.examples[0] == "'' (Relu) -> Relu_t1" and "'a' (Relu) -> a_2" in naming.examples
+    assert naming.summary() == {"unnamed_named": 2, "duplicates_renamed": 2, "examples": naming.examples}
+    assert name_nodes_uniquely(graph).changed == 0  # a second call changes nothing: the names are stable
+
+
+def test_a_new_name_never_takes_one_a_later_node_holds() -> None:
+    """The nameless first node would be Relu_t1, which the third node is called: it gets Relu_t1_2 instead."""
+    graph = _graph(["", "b", "Relu_t1"])
+    name_nodes_uniquely(graph)
+    assert [node.name for node in graph.node] == ["Relu_t1_2", "b", "Relu_t1"]
+
+
+def test_names_in_nested_graphs_count() -> None:
+    """A branch node called like an outer node is renamed (qdeploy finds nodes by name across the model); the
+    two branches of one If are separate graphs that repeat names, as exporters write them."""
+    graph = _graph(["n"], body_name="n")
+    assert node_names(graph) == {"n", "if"}
+    naming = name_nodes_uniquely(graph)
+    names = _all_names(graph)
+    assert len(names) == len(set(names)) and "" not in names
+    assert names[0] == "n" and naming.duplicates == 2  # the then and else branch's node
+
+
+def test_fresh_names_avoid_every_name_and_each_other() -> None:
+    graph = _graph(["MatMul_Q", "", "x_Q"], body_name="inner")
+    names = NodeNames.of(graph)
+    assert "inner" in names and "" not in names
+    assert names.fresh("inner") == "inner_2"
+    assert names.derived("", "_Q", "MatMul") == "MatMul_Q_2"  # a nameless node's derived name uses its op type
+    assert names.derived("", "_Q", "MatMul") == "MatMul_Q_3"
+    assert names.derived("x", "_Q") == "x_Q_2"
+    assert names.fresh("", "Cast") == "Cast" and names.fresh("") == "node"
+    assert unique_node_name(graph, "x_Q") == "x_Q_2" and unique_node_name(graph, "new") == "new"
+
+
+def test_naming_reads_no_weights() -> None:
+    """A model whose weights are in a data file that is not there is named all the same (nothing reads them)."""
+    graph = _graph(["", ""])
+    weight = graph.initializer.add()
+    weight.name, weight.data_type, weight.data_location = "w", TensorProto.FLOAT, TensorProto.EXTERNAL
+    weight.dims.extend([1 << 20, 512])  # 2 GiB, in a file that does not exist
+    for key, value in (("location", "missing.data"), ("offset", "0"), ("length", str(2 << 30))):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, value
+    model = helper.make_model(graph)
+    assert name_nodes_uniquely(model).unnamed == 2
+    assert [node.name for node in model.graph.node] == ["Relu_t1", "Relu_t2"]
