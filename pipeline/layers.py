@@ -4,7 +4,7 @@ It runs after the timed benchmark and apart from it (its profiled sessions never
 pairs the recipe's setting names: ``auto`` profiles what the verdict ships on each target and every pair whose
 validation failed; ``full`` profiles every evaluated pair and keeps every row; ``off`` skips the pass.
 Per pair it joins:
-- time and the precision that ran, per executed layer (``qdeploy.stages.benchmark._layers``: ORT's session
+- time and the precision that ran, per executed layer (``qdeploy.targets.layer_profile``: ORT's session
   profile, OpenVINO's performance counters mapped to ONNX nodes through the runtime model);
 - each node's error against the float32 reference's same tensor (``qdeploy.stages.validate._layers_error``);
 - MACs from the reference's tensor shapes (``qdeploy.stages.benchmark._layers_macs``);
@@ -25,12 +25,12 @@ from qdeploy.core.compare import SNR_CAP_DB
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.pipeline.layers_summary import TOP, float_reason, pair_summary, timeline, top_rows
 from qdeploy.pipeline.recipe import Recipe
-from qdeploy.stages.benchmark._layers import profile_layers
 from qdeploy.stages.benchmark._layers_macs import node_macs
 from qdeploy.stages.export._model import model_size_on_disk
 from qdeploy.stages.validate import feed_caster, reference_source
 from qdeploy.stages.validate._layers_error import layer_errors
 from qdeploy.targets.base import short_message
+from qdeploy.targets.layer_profile import profile_layers
 
 __all__ = ["AUTO_MAX_BYTES", "FEEDS", "add_layers", "added_error", "decisions_of", "layers_section", "profile_pair",
            "profiled_pairs"]

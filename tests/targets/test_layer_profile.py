@@ -8,9 +8,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from onnx import helper
 
-from qdeploy.stages.benchmark._layers import exec_precision, ort_kernel_precision, ort_node_of, profile_layers
-from qdeploy.stages.benchmark._layers_macs import node_macs
+from qdeploy.targets.layer_profile import (
+    LayerTime,
+    NodeIndex,
+    complete_groups,
+    exec_precision,
+    ort_kernel_precision,
+    ort_node_of,
+    profile_layers,
+)
 from tests.helpers.layers import conv_bn_relu
 from tests.helpers.models import tiny_cnn
 
@@ -90,7 +98,18 @@ def test_kernel_names_and_types_read_as_precisions() -> None:
         ["int8", "bf16", "f32", "?"]
 
 
-def test_macs_from_shapes() -> None:
-    model = tiny_cnn(channels=8, size=16)
-    macs = node_macs(model, {"conv": [1, 8, 16, 16], "flat": [1, 8], "logits": [1, 10]})
-    assert macs == {"conv": 8 * 16 * 16 * 3 * 3 * 3, "fc": 10 * 8}
+def test_weights_held_as_constant_nodes_do_not_hide_a_folded_conv(tmp_path: Path) -> None:
+    """Exported graphs (PP-OCRv4 rec) hold weights as Constant nodes: they are no producers, so the Conv that
+    OpenVINO folded into a layer named after what followed it is still found; ORT's ``node/...Fusion/`` kernels
+    map to their node."""
+    model = conv_bn_relu()
+    constants = [helper.make_node("Constant", [], [tensor.name], value=tensor) for tensor in model.graph.initializer]
+    nodes = [*constants, *model.graph.node]
+    del model.graph.initializer[:], model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, tmp_path / "constants.onnx")
+    graph = NodeIndex.of(tmp_path / "constants.onnx")
+    layers = [LayerTime("Multiply_1", "Convolution", "jit_avx512_f32", "f32", 1.0, ["bn", "relu"])]
+    complete_groups(layers, graph)
+    assert layers[0].nodes == ["conv", "bn", "relu"] and layers[0].through_graph == ["conv"]
+    assert ort_node_of("conv/MatmulTransposeFusion/", graph.names) == "conv"

@@ -1,4 +1,7 @@
-"""Where the time goes, layer by layer: one profiled session per (artifact, target), apart from the timed benchmark.
+"""Where the time goes, layer by layer: the one per-layer profiler of each runtime, each executed kernel or layer
+mapped back to the ONNX nodes it computes.  Used by the report's per-layer pass (``qdeploy.pipeline.layers``) and
+by the int8 budget's latency-aware reverting (``qdeploy.stages.quantize._budget_latency``), always on a session
+created for it, apart from any timed benchmark.
 
 ONNX Runtime: the session profile (``SessionOptions.enable_profiling``): each kernel's op, provider, input types and
 time.  A kernel is mapped to the ONNX node it is named after (ORT appends ``_token_N``, ``_nchwc``... to the nodes
@@ -7,7 +10,9 @@ OpenVINO: the performance counters (``ov.properties.enable_profiling``): each ex
 (``brgconv_avx512_I8``, ``jit_avx512_f32``) and real time; the runtime model's ``originalLayersNames`` names the
 original layers each executed layer fused, which map back to ONNX nodes by name (OpenVINO's ONNX frontend names
 an op after its node, ``node/suffix`` for the ops a node expands into, or after its output tensor).  A layer
-that fused several ONNX nodes is one row with the group; layers OpenVINO created itself map to no node.
+that fused several ONNX nodes is one row with the group; layers OpenVINO created itself map to no node.  When a
+runtime names a fused layer without its compute node (OpenVINO renames a Conv folded with a BatchNormalization or
+a scale), ``complete_groups`` adds it from the graph.
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ INT8_ORT_OPS = frozenset({
     "QAttention", "DynamicQuantizeLSTM", "QLinearConvTranspose"})
 """ONNX Runtime kernels that compute in int8 (the QDQ fusions and the integer ops)."""
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
-_ORT_SUFFIX = re.compile(r"(_token_\d+|_nchwc|_quant|_Fused\w*|_fused\w*|_output_\d+)$|^(InsertedPrecisionFreeCast_)")
+# ORT's graph transformers name what they make after a node: "_token_N", "_nchwc", ..., "node/QuickGeluFusion/"
+_ORT_SUFFIX = re.compile(
+    r"(_token_\d+|_nchwc|_quant|_Fused\w*|_fused\w*|_output_\d+|/\w*Fusion/)$|^(InsertedPrecisionFreeCast_)")
 _TYPE_PRECISION = {"float": "f32", "float16": "f16", "bfloat16": "bf16", "int8": "int8", "uint8": "int8",
                    "double": "f64"}
 _WARMUP = 1
@@ -122,7 +129,8 @@ class NodeIndex:
             for out in node.output:
                 if out:
                     names.setdefault(out, node.name or f"{node.op_type}_{index}")
-                    made_by[out] = node.name or f"{node.op_type}_{index}"
+                    if node.op_type != "Constant":  # a Constant node is a weight (exported graphs hold them so)
+                        made_by[out] = node.name or f"{node.op_type}_{index}"
         producer_of: dict[str, list[str]] = {}
         consumers: dict[str, int] = {}
         for index, node in enumerate(model.graph.node):
