@@ -61,6 +61,9 @@ ADDED_SINCE_FIXTURE |= frozenset({  # issue 31: the layers section (docs/report.
                                                                   "time_share")),
     *(f"layers.pairs[].{top}[].{key}" for top in ("top_time", "top_error") for key in _LAYER_ROW)
 })
+# issue 32: the budget's time limit and latency-aware reverting (a ptq config dumps every field)
+ADDED_SINCE_FIXTURE |= frozenset(f"artifacts[].lineage[].config.budget.{key}" for key in ("max_seconds",
+                                                                                         "weigh_latency"))
 # issue 34: per_runtime auto splits the demo's int8; each build's row says whether the placements differ
 ADDED_SINCE_FIXTURE |= frozenset(f"artifacts[].per_runtime{key}" for key in (
     "", ".graphs", ".differs_at", ".nodes", ".decision_seconds", ".note"))
