@@ -29,9 +29,9 @@ the search has not seen.
    does (then the model of the last search that held is written, marked
    failing on that target).
 
-With a task metric (``tolerance: {metric, max_drop}``, ``_budget_task``) every decision above is the metric's
-drop from float32 on the same samples; the ranking stays the local error.  ``weigh_latency`` adds a second
-search in harm-per-second order and writes the fastest of the two that holds (``_Latency``,
+With a task metric (``tolerance: {metric, max_drop}``, ``qdeploy.stages.task_metric``) every decision above
+is the metric's drop from float32 on the same samples; the ranking stays the local error.  ``weigh_latency``
+adds a second search in harm-per-second order and writes the fastest of the two that holds (``_Latency``,
 ``_budget_latency``).  ``max_seconds`` stops the search with the best model measured (``_budget_cost``).
 
 When even every candidate kept float misses (or ``max_float_nodes`` stops the
@@ -76,8 +76,8 @@ from qdeploy.stages.quantize._budget_targets import (
     TargetChecks,
     TargetPlan,
 )
-from qdeploy.stages.quantize._budget_task import MetricComparison, TaskJudge
 from qdeploy.stages.quantize.findings import BudgetFindings
+from qdeploy.stages.task_metric import MetricComparison, TaskJudge
 
 if TYPE_CHECKING:
     import onnx

@@ -24,7 +24,7 @@ import numpy as np
 
 from qdeploy.core.compare import OutputComparison, compare_outputs
 from qdeploy.graph.external_data import needs_external_data
-from qdeploy.stages.quantize._budget_task import MetricComparison, TaskJudge, metric_summary
+from qdeploy.stages.task_metric import MetricComparison, TaskJudge, metric_summary
 
 if TYPE_CHECKING:
     import onnx

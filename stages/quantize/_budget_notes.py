@@ -7,7 +7,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.stages.quantize._budget_targets import MISSED
-from qdeploy.stages.quantize._budget_task import MetricComparison
+from qdeploy.stages.task_metric import MetricComparison
 
 if TYPE_CHECKING:
     from qdeploy.stages.quantize._budget_eval import Evaluator, Measured
