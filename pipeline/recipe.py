@@ -120,6 +120,10 @@ class ReportSpec(StrictModel):
                                     "pass after the benchmark: 'auto' profiles what the verdict ships on each target "
                                     "and every pair whose validation failed, and keeps the top rows; 'full' profiles "
                                     "every pair and keeps every row; 'off' skips the pass (docs/report.md).")
+    tie_break: Literal["fidelity", "size"] = Field(
+        default="fidelity", description="Which of the artifacts the benchmark cannot tell apart the verdict ships: "
+                                        "'fidelity' (the default) the one closest to the reference, the reference "
+                                        "first; 'size' the smallest. The ship line says which rule decided.")
 
 
 class VariantStep(StrictModel):

@@ -34,6 +34,7 @@ from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, Throughput
 from qdeploy.core.runtimes import runtime_groups
 from qdeploy.pipeline import registry
 from qdeploy.pipeline.dedup import evaluate_once, mark_same_files
+from qdeploy.pipeline.device_default import with_device_default
 from qdeploy.pipeline.guard import guard_artifact
 from qdeploy.pipeline.identity import code_fingerprint, dataset_fingerprint, model_signature
 from qdeploy.pipeline.large_results import spill_large_result
@@ -186,7 +187,8 @@ def build_phase(plan: RunPlan, progress: Progress | None = None) -> BuildOutcome
             published = _publish(state, plan.out_dir, generation)
             same_file = mark_same_files(published, generation, plan.recipe.reference_variant)
             note_runtime_builds(published, plan.recipe)
-            evaluated = _evaluation_set(state, plan.variants, exported)
+            evaluated = with_device_default(_evaluation_set(state, plan.variants, exported),
+                                            plan.recipe.reference_variant, plan.targets, _device_row(plan.recipe))
     except BaseException:
         discard_generation(generation)
         raise
@@ -476,6 +478,10 @@ def _evaluation_set(state: _RunState, variants: list[str], exported: Artifact) -
     if reference not in state.artifacts:
         return evaluated  # its failure is recorded; the evaluations say the reference is missing
     return {reference: state.artifacts[reference], **evaluated}
+
+
+def _device_row(recipe: Recipe) -> bool:
+    return recipe.benchmark.enabled and recipe.benchmark.device_default
 
 
 def _evaluate(state: _RunState, stage: str, artifacts: dict[str, Artifact], targets: list[str],

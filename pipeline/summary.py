@@ -17,6 +17,7 @@ from qdeploy.core.rows import (
     ValidationRow,
     rows_to_json,
 )
+from qdeploy.core.runtimes import device_default_name
 from qdeploy.pipeline.envinfo import environment
 from qdeploy.pipeline.gates import find_benchmark, run_passes, speedup
 from qdeploy.pipeline.identity import recipe_content, recipe_fingerprint
@@ -46,7 +47,8 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
     """
     reference = recipe.reference_variant
     timed = [row.replace(speedup=speedup(benchmarks, row.variant, row.target, row.batch_size, reference),
-                         speedup_range=speedup_range(benchmarks, row, reference)) for row in benchmarks]
+                         speedup_range=speedup_range(benchmarks, row, reference),
+                         **_against_default(benchmarks, row, reference)) for row in benchmarks]
     rates = []
     for row in throughput or []:
         ratio, spread = throughput_speedup(throughput or [], row, reference)
@@ -71,8 +73,17 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
         "benchmarks": rows_to_json(timed),
         "throughput": rows_to_json(rates),
     }
-    report["verdict"] = verdict_section(report)
+    report["verdict"] = verdict_section(report, tie_break=recipe.report.tie_break)
     return report
+
+
+def _against_default(benchmarks: list[BenchmarkRow], row: BenchmarkRow, reference: str) -> dict[str, Any]:
+    """Speedup against the reference at the device's default precision, on targets that have that row."""
+    default = device_default_name(reference)
+    if find_benchmark(benchmarks, default, row.target, row.batch_size) is None:
+        return {}
+    return {"speedup_vs_default": speedup(benchmarks, row.variant, row.target, row.batch_size, default),
+            "speedup_vs_default_range": speedup_range(benchmarks, row, default)}
 
 
 def speedup_range(benchmarks: list[BenchmarkRow], row: BenchmarkRow, reference: str) -> list[float] | None:

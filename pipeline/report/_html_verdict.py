@@ -8,7 +8,14 @@ from qdeploy.pipeline.report._html_parts import status_badge
 from qdeploy.pipeline.report.format import escape_html, fmt_number, fmt_speedup
 from qdeploy.pipeline.report.precision import speedup_sides
 from qdeploy.pipeline.report.tables import report_verdict
-from qdeploy.pipeline.report.verdict import describe, in_recipe_order, package_of, ran_phrase, short_reason
+from qdeploy.pipeline.report.verdict import (
+    describe,
+    in_recipe_order,
+    package_of,
+    ran_phrase,
+    short_reason,
+    tie_rule_words,
+)
 from qdeploy.pipeline.report.view import unavailable_targets
 
 VERDICT_CSS = """
@@ -19,6 +26,7 @@ VERDICT_CSS = """
 .ship .ran { color: var(--muted); } .ship .package { font-family: monospace; font-size: 12px; }
 .ship ul { margin: 4px 0 0; padding-left: 20px; color: var(--muted); }
 p.lacks { color: var(--off); margin: 6px 0; }
+.ship .undecided { color: var(--off); font-weight: bold; }
 """
 
 
@@ -38,7 +46,10 @@ def verdict_html(report: dict[str, Any]) -> str:
         listing = f"<ul>{''.join(f'<li>{item}</li>' for item in details)}</ul>" if details else ""
         if verdict["status"] == "ship":
             package = package_of(report.get("packages"), target, verdict["variant"])
-            pick = (f"<div class=\"pick\"><code>{escape_html(target)}</code>: ship <strong class=\"variant\">"
+            undecided = (f"<div class=\"undecided\">undecided: {escape_html(verdict['undecided'])}; meanwhile:</div>"
+                         if verdict.get("undecided") else "")
+            pick = (f"{undecided}<div class=\"pick\"><code>{escape_html(target)}</code>: ship "
+                    "<strong class=\"variant\">"
                     f"{escape_html(verdict['variant'])}</strong>"
                     f"<span class=\"ran\">{escape_html(ran_phrase(verdict))}</span>: "
                     f"{escape_html(describe(verdict))}</div><div class=\"note\">{escape_html(verdict['why'])}</div>"
@@ -57,9 +68,8 @@ def verdict_html(report: dict[str, Any]) -> str:
     by = {"latency": "median latency", "throughput": "inferences per second", "size": "size (nothing was "
           "benchmarked)"}[section["by"]]
     return (f"<h2>What to ship</h2><p class=\"note\">Per target, the fastest artifact whose validation passed and "
-            f"whose gates hold (ranked by {by}); among artifacts the benchmark cannot tell apart, the smallest (as "
-            "printed), then the simpler. In brackets, how it ran: the artifact's precision, the precision or kernels "
-            "that ran and where. "
+            f"whose gates hold (ranked by {by}); {escape_html(tie_rule_words(section))}. In brackets, how it ran: "
+            "the artifact's precision, the precision or kernels that ran and where. "
             f"Failed, errored and unavailable rows are never recommended.</p>{''.join(cards)}{lacks}")
 
 

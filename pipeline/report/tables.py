@@ -9,7 +9,7 @@ from typing import Any
 
 from qdeploy.pipeline.report.format import fmt_cosine, fmt_ms, fmt_number, fmt_snr, fmt_snr_cell, fmt_speedup
 from qdeploy.pipeline.report.precision import speedup_sides
-from qdeploy.pipeline.report.verdict import verdict_lines, verdict_section
+from qdeploy.pipeline.report.verdict import tie_rule_words, verdict_lines, verdict_section
 from qdeploy.pipeline.report.view import matrix, tradeoff_points, unavailable_line, unavailable_targets
 
 __all__ = ["matrix_lines", "report_verdict", "throughput_lines", "tradeoff_lines", "verdict_markdown"]
@@ -44,8 +44,8 @@ def verdict_markdown(report: dict[str, Any]) -> list[str]:
     batch = f" {section['batch_size']}" if section.get("batch_size") is not None else ""
     lines = ["## What to ship", "",
              f"Per target, the fastest artifact whose validation passed and whose gates hold (ranked by {by}{batch}); "
-             "among artifacts the benchmark cannot tell apart, the smallest (as printed), then the simpler. In "
-             "brackets, how it ran: the artifact's precision, the precision or kernels that ran and where.", ""]
+             f"{tie_rule_words(section)}. In brackets, how it ran: the artifact's precision, the precision or "
+             "kernels that ran and where.", ""]
     for headline, details in entries:
         target, _, rest = headline.partition(": ")
         rest = re.sub(r"^ship (\S+)", r"ship **\1**", rest)

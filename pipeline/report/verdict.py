@@ -8,12 +8,17 @@ Rules (docs/verdict-and-throughput.md says them for users):
   (variant, T) holds (size gates of the variant count on every target), and its benchmark on T at the ranked
   batch size is ``ok`` with a finite number;
 - the ranking is by median latency (lower first), or by inferences per second when only throughput was
-  measured; the tie set is the best candidate plus every candidate the benchmark cannot tell from it: with 3 or
-  more paired interleaved rounds, some round had it at least as good (a sign test), with fewer, the 95%
-  intervals of the medians overlap;
-- the pick is the smallest artifact of the tie set, sizes compared as printed (a difference below the printed
-  precision is no difference), then the simpler (fewer stages), then the higher fidelity, then the better
-  median; the runner-up is the best other member of the tie set; every other variant is listed with its reason;
+  measured; the tie set is the best candidate plus every candidate the benchmark cannot tell from it
+  (``qdeploy.core.ranking.distinguishable``: a sign test over the paired interleaved rounds, or 95% intervals of
+  the medians that do not overlap);
+- the pick of the tie set follows ``report.tie_break``: 'fidelity' (the default) the reference first, then the
+  closest to it (task metric, SNR, cosine), then the smaller, the simpler, the faster; 'size' the smallest
+  artifact, sizes compared as printed (a difference below the printed precision is no difference), then the
+  simpler (fewer stages), then the higher fidelity, then the better median; the ship line says which rule
+  decided; the runner-up is the best other member of the tie set; every other variant is listed with its reason;
+- where the machine was busy while the target was timed (``machine_load`` of the rows) and the tie set holds more
+  than one artifact, the verdict says it is undecided (``decided`` false, ``undecided`` the evidence) and ships the
+  tie rule's pick meanwhile: a busy machine must not make the answer flip;
 - the pick and the runner-up carry their ``execution``: the artifact's precision, the precision that ran, the
   runtime, providers and kernel element types, and whether only float32 kernels ran for a reduced-precision
   artifact (``qdeploy.pipeline.report.precision.execution_record``);
@@ -30,18 +35,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from qdeploy.core.ranking import distinguishable
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ThroughputRow, ValidationRow
-from qdeploy.core.runtimes import built_for
+from qdeploy.core.runtimes import artifact_of, built_for, is_device_default
 from qdeploy.core.values import is_finite_number
 from qdeploy.pipeline.report.format import fmt_fidelity, fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
 from qdeploy.pipeline.report.precision import execution_phrase, execution_record
 
-__all__ = ["FIDELITY_KEYS", "FIDELITY_ONLY", "MIN_ROUNDS_FOR_SIGN", "Choice", "TargetVerdict", "describe",
+__all__ = ["FIDELITY_KEYS", "FIDELITY_ONLY", "TIE_BREAKS", "Choice", "TargetVerdict", "describe",
            "in_recipe_order", "indistinguishable", "package_of", "ran_phrase", "ranking", "rejection",
-           "short_reason", "split_targets", "target_verdict", "verdict_lines", "verdict_section"]
+           "short_reason", "split_targets", "target_verdict", "tie_rule_words", "verdict_lines", "verdict_section"]
 
 FIDELITY_ONLY = ("reference:cpu",)
-MIN_ROUNDS_FOR_SIGN = 3
+TIE_BREAKS = ("fidelity", "size")
 FIDELITY_KEYS = ("cosine", "snr_db", "max_abs_err", "top1_agreement", "task_metric")
 
 
@@ -64,6 +70,9 @@ class Choice:
     stages: int = 0
     """Stages of its lineage: of two artifacts the same size, the one with fewer is the simpler."""
     sha256: str | None = None
+    is_reference: bool = False
+    machine: dict[str, Any] = field(default_factory=dict)
+    """How busy the machine was while its target was timed (the benchmark row's ``machine_load``)."""
 
     def as_dict(self) -> dict[str, Any]:
         pinned = {"deploy_precision": self.deploy_precision} if self.deploy_precision else {}
@@ -81,9 +90,12 @@ class TargetVerdict:
     runner_up: Choice | None = None
     why: str = ""
     rejected: dict[str, str] = field(default_factory=dict)
+    undecided: str = ""
+    """Why the benchmark could not decide (a busy machine left a tie): the pick is the tie rule's, meanwhile."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "variant": self.pick.variant if self.pick else None, "why": self.why,
+                "decided": not self.undecided, "undecided": self.undecided or None,
                 **({k: v for k, v in self.pick.as_dict().items() if k != "variant"} if self.pick else {}),
                 "runner_up": self.runner_up.as_dict() if self.runner_up else None, "rejected": self.rejected}
 
@@ -113,10 +125,14 @@ def _timed(report: dict[str, Any], key: str) -> list[BenchmarkRow] | list[Throug
     return [model.from_json(row) for row in report.get(key) or []]
 
 
-def verdict_section(report: dict[str, Any]) -> dict[str, Any]:
+def verdict_section(report: dict[str, Any], tie_break: str | None = None) -> dict[str, Any]:
     """The report.json ``verdict``: per available target what to ship, the targets this machine lacks, and the
     targets that cannot read the original model (``unreadable``: said once; nothing to ship there unless a variant
-    reads there after all)."""
+    reads there after all).  ``tie_break``: the recipe's ``report.tie_break`` (else the one a verdict already in
+    the report used, else 'fidelity')."""
+    rule = tie_break or (report.get("verdict") or {}).get("tie_break") or "fidelity"
+    if rule not in TIE_BREAKS:
+        rule = "fidelity"
     by, batch = ranking(report)
     targets, unavailable = split_targets(report)
     unreadable = {target: why for target, why in (report.get("unreadable_targets") or {}).items()
@@ -124,9 +140,9 @@ def verdict_section(report: dict[str, Any]) -> dict[str, Any]:
     # a variant the target reads after all (simplify folded what the runtime could not) keeps its verdict there
     readable = {row.target for row in _validation(report) if not row.unreadable and row.status != "unavailable"}
     targets = [target for target in targets if target not in unreadable or target in readable]
-    found = {target: target_verdict(report, target, by, batch).as_dict() for target in targets}
-    return {"by": by, "batch_size": batch, "targets": found, "order": targets, "unavailable": unavailable,
-            "unreadable": unreadable}
+    found = {target: target_verdict(report, target, by, batch, rule).as_dict() for target in targets}
+    return {"by": by, "batch_size": batch, "tie_break": rule, "targets": found, "order": targets,
+            "unavailable": unavailable, "unreadable": unreadable}
 
 
 def ranking(report: dict[str, Any]) -> tuple[str, int | None]:
@@ -155,7 +171,8 @@ def split_targets(report: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     return targets, unavailable
 
 
-def target_verdict(report: dict[str, Any], target: str, by: str, batch: int | None) -> TargetVerdict:
+def target_verdict(report: dict[str, Any], target: str, by: str, batch: int | None,
+                   tie_break: str = "fidelity") -> TargetVerdict:
     rows = _rows(report, target, batch)
     verdict = TargetVerdict(target)
     candidates = []
@@ -174,20 +191,36 @@ def target_verdict(report: dict[str, Any], target: str, by: str, batch: int | No
     ties = [c for c in candidates if c is best or indistinguishable(c, best)]
     files: dict[Any, Choice] = {}
     for choice in ties:  # two variants that wrote one file: the first in the recipe stands for both
-        files.setdefault((choice.sha256, choice.size_bytes) if choice.sha256 else id(choice), choice)
-    pick = min(files.values(), key=_tie_key)
+        key = (choice.sha256, choice.size_bytes, is_device_default(choice.variant))  # one file, another setting
+        files.setdefault(key if choice.sha256 else id(choice), choice)
+    pick = min(files.values(), key=_fidelity_key if tie_break == "fidelity" else _size_key)
     others = sorted((c for c in ties if c is not pick), key=lambda c: c.score)
     verdict.status, verdict.pick = "ship", pick
     verdict.runner_up = others[0] if others else None
     for choice in candidates:
         if choice in ties and choice is not pick and choice is not verdict.runner_up:
             verdict.rejected[choice.variant] = f"within the benchmark's noise of {best.variant}, but " \
-                                               f"{pick.variant} is {_preference(pick, choice)}; not the runner-up"
+                f"{pick.variant} is {_preference(pick, choice, tie_break)}; not the runner-up"
         elif choice not in ties:
             verdict.rejected[choice.variant] = f"{_worse(by)}: {_measure(choice, by)} against " \
-                                               f"{_measure(best, by)} ({best.variant}), every round agrees"
-    verdict.why = _why(pick, best, verdict.runner_up, by)
+                                               f"{_measure(best, by)} ({best.variant}), the rounds agree"
+    verdict.why = _why(pick, best, verdict.runner_up, by, tie_break)
+    verdict.undecided = _undecided(ties, best)
     return verdict
+
+
+def _undecided(ties: list[Choice], best: Choice) -> str:
+    """The evidence that a busy machine left the benchmark unable to decide; '' when it decided (one artifact led,
+    or the machine was quiet, where a tie is a tie and the rule decides)."""
+    busy = [c.machine for c in ties if c.machine.get("busy")]
+    if len(ties) < 2 or not busy:
+        return ""
+    load = busy[0]
+    others = [c.variant for c in ties if c is not best]
+    rounds = len(best.round_scores)
+    return (f"machine busy: other processes used {float(load.get('other_cores') or 0):.2f} of {load.get('cores')} "
+            f"cores while timing; after {rounds} rounds ({load.get('extra_rounds') or 0} extra) the rounds still "
+            f"cannot tell {', '.join(others)} from {best.variant}")
 
 
 def _rows(report: dict[str, Any], target: str, batch: int | None) -> _Rows:
@@ -256,16 +289,20 @@ def _score(bench: BenchmarkRow | ThroughputRow, by: str) -> Any:
 def _choice(variant: str, rows: _Rows, by: str) -> Choice:
     metrics = rows.checks[variant].metrics
     fidelity = {key: metrics.value(key) for key in FIDELITY_KEYS if metrics.has(key)}
-    raw, artifact = rows.raw.get(variant, {}), rows.artifacts.get(variant, {})
-    choice = Choice(variant, 0.0, [], None, rows.sizes.get(variant), fidelity,
+    raw, artifact = rows.raw.get(variant, {}), rows.artifacts.get(artifact_of(variant), {})
+    choice = Choice(variant, 0.0, [], None, rows.sizes.get(artifact_of(variant)), fidelity,
                     deploy_precision=rows.checks[variant].deploy_precision,
                     execution=execution_record(rows.checks[variant].precision, raw.get("timed"), raw.get("check")),
                     stages=len(artifact.get("lineage") or artifact.get("stages") or []),
-                    sha256=artifact.get("sha256"))
+                    sha256=artifact.get("sha256"), is_reference=variant == rows.reference)
     bench, rate = rows.latency.get(variant), rows.throughput.get(variant)
     if bench and bench.status == "ok":
         choice.latency = {"latency_ms": bench.p50, "ci95_ms": bench.latency_ms.ci95_p50 if bench.latency_ms else None,
-                          "speedup": bench.speedup, "speedup_range": bench.speedup_range, "noisy": bench.noisy}
+                          "speedup": bench.speedup, "speedup_range": bench.speedup_range, "noisy": bench.noisy,
+                          **({"speedup_vs_default": bench.speedup_vs_default,
+                              "speedup_vs_default_range": bench.speedup_vs_default_range}
+                             if bench.speedup_vs_default is not None else {})}
+        choice.machine = dict(bench.machine_load or {})
     if rate and rate.status == "ok":
         choice.throughput = {"inferences_per_s": rate.inferences_per_s, "requests_in_flight": rate.requests_in_flight,
                              "latency_at_load_ms": rate.latency_ms.p50 if rate.latency_ms else None,
@@ -282,20 +319,23 @@ def _choice(variant: str, rows: _Rows, by: str) -> Choice:
 
 
 def indistinguishable(candidate: Choice, best: Choice) -> bool:
-    """The benchmark cannot say `best` is better: its paired rounds disagree, or (few rounds) the intervals
-    overlap.  With 5 rounds, two equal artifacts come out in the same order in every round 2/32 of the time."""
-    pairs = list(zip(candidate.round_scores, best.round_scores, strict=False))
-    if len(pairs) >= MIN_ROUNDS_FOR_SIGN:
-        return any(mine <= theirs for mine, theirs in pairs)
-    if candidate.interval and best.interval:
-        return min(candidate.interval) <= max(best.interval)
-    return candidate.score == best.score
+    """The benchmark cannot say `best` is better (``qdeploy.core.ranking.distinguishable``: neither a sign test over
+    the paired rounds nor disjoint 95% intervals of the medians); without rounds or intervals, equal scores."""
+    if not (candidate.round_scores or candidate.interval):
+        return candidate.score == best.score
+    return not distinguishable(candidate.round_scores, best.round_scores, candidate.interval, best.interval)
 
 
-def _tie_key(choice: Choice) -> tuple[float, int, float, float]:
-    """Among artifacts the benchmark cannot tell apart: the smaller as printed, the simpler, the closer, the
-    faster."""
+def _size_key(choice: Choice) -> tuple[float, int, float, float]:
+    """Among artifacts the benchmark cannot tell apart (``tie_break: size``): the smaller as printed, the simpler,
+    the closer, the faster."""
     return _printed_mb(choice), choice.stages, -_fidelity_rank(choice), choice.score
+
+
+def _fidelity_key(choice: Choice) -> tuple[bool, float, float, int, float]:
+    """Among artifacts the benchmark cannot tell apart (``tie_break: fidelity``): the reference, the closer, the
+    smaller as printed, the simpler, the faster."""
+    return not choice.is_reference, -_fidelity_rank(choice), _printed_mb(choice), choice.stages, choice.score
 
 
 def _printed_mb(choice: Choice) -> float:
@@ -303,10 +343,13 @@ def _printed_mb(choice: Choice) -> float:
     return float(fmt_number(choice.size_bytes / 1e6)) if is_finite_number(choice.size_bytes) else math.inf
 
 
-def _preference(pick: Choice, other: Choice) -> str:
+def _preference(pick: Choice, other: Choice, tie_break: str = "size") -> str:
     """Why `pick` goes before `other`, both within the benchmark's noise: 'smaller (0.500 MB against 2.00 MB)'."""
-    if pick.sha256 and (pick.sha256, pick.size_bytes) == (other.sha256, other.size_bytes):
+    if pick.sha256 and (pick.sha256, pick.size_bytes, is_device_default(pick.variant)) == (
+            other.sha256, other.size_bytes, is_device_default(other.variant)):
         return f"the same file as {other.variant} (same sha256), first in the recipe"
+    if tie_break == "fidelity":
+        return _closer(pick, other)
     if _printed_mb(pick) != _printed_mb(other):
         return f"smaller ({fmt_mb(pick.size_bytes)} against {fmt_mb(other.size_bytes)})"
     size = f"the same size to the printed precision ({fmt_mb(pick.size_bytes)})"
@@ -315,6 +358,16 @@ def _preference(pick: Choice, other: Choice) -> str:
     if _fidelity_rank(pick) != _fidelity_rank(other):
         return f"{size}, as simple ({pick.stages} stages) and closer to the reference"
     return f"{size}, as simple and as close to the reference, and its median is lower"
+
+
+def _closer(pick: Choice, other: Choice) -> str:
+    """Why ``pick`` wins a tie on fidelity: 'the reference (ties go to fidelity)', 'closer to the reference ...'."""
+    if pick.is_reference:
+        return "the reference itself (ties go to fidelity: report.tie_break)"
+    if _fidelity_rank(pick) != _fidelity_rank(other):
+        return (f"closer to the reference ({fmt_fidelity(pick.fidelity)} against {fmt_fidelity(other.fidelity)}; "
+                "ties go to fidelity: report.tie_break)")
+    return f"as close to the reference and then {_preference(pick, other, 'size')}"
 
 
 def _fidelity_rank(choice: Choice) -> float:
@@ -335,9 +388,10 @@ def _worse(by: str) -> str:
     return "lower throughput" if by == "throughput" else "slower"
 
 
-def _why(pick: Choice, best: Choice, runner_up: Choice | None, by: str) -> str:
+def _why(pick: Choice, best: Choice, runner_up: Choice | None, by: str, tie_break: str = "size") -> str:
     if by == "size":
-        return "benchmarks are off: the smallest artifact that passed; not ranked by speed"
+        chosen = "the closest to the reference" if tie_break == "fidelity" else "the smallest artifact"
+        return f"benchmarks are off: {chosen} that passed (report.tie_break {tie_break}); not ranked by speed"
     word = "highest-throughput" if by == "throughput" else "fastest"
     if runner_up is None:
         return f"{word} artifact that passed ({_measure(pick, by)}" + (
@@ -346,12 +400,18 @@ def _why(pick: Choice, best: Choice, runner_up: Choice | None, by: str) -> str:
     if pick is best:
         return (f"{word} artifact that passed ({_measure(pick, by)}); {runner_up.variant} is within the "
                 f"benchmark's noise ({_measure(runner_up, by)}), and {pick.variant} is "
-                f"{_preference(pick, runner_up)}")
+                f"{_preference(pick, runner_up, tie_break)}")
     return (f"ties with {best.variant} within the benchmark's noise ({_measure(pick, by)} against "
-            f"{_measure(best, by)}) and is {_preference(pick, best)}")
+            f"{_measure(best, by)}) and is {_preference(pick, best, tie_break)}")
 
 
 # ------------------------------------------------------------------------------------------------ display
+def tie_rule_words(section: dict[str, Any]) -> str:
+    """How the verdict chose among artifacts the benchmark could not tell apart, for the reports' preambles."""
+    if section.get("tie_break", "fidelity") == "size":
+        return "among artifacts the benchmark cannot tell apart, the smallest (as printed), then the simpler"
+    return ("among artifacts the benchmark cannot tell apart, the closest to the reference (the reference first); "
+            "on a machine too busy to tell them apart, the verdict says it is undecided")
 def verdict_lines(section: dict[str, Any] | None,
                   packages: dict[str, Any] | None = None) -> list[tuple[str, list[str]]]:
     """The verdict for people: per target a headline (the pick, how it ran, its numbers, why, the package the run
@@ -365,7 +425,8 @@ def verdict_lines(section: dict[str, Any] | None,
             entries.append((f"{target}: nothing to ship: {verdict['why']}", _rejected_lines(verdict)))
             continue
         package = package_of(packages, target, verdict["variant"])
-        headline = (f"{target}: ship {verdict['variant']}{ran_phrase(verdict)}: {describe(verdict)}; "
+        undecided = f"undecided: {verdict['undecided']}; meanwhile " if verdict.get("undecided") else ""
+        headline = (f"{target}: {undecided}ship {verdict['variant']}{ran_phrase(verdict)}: {describe(verdict)}; "
                     f"{verdict['why']}" + (f"; {package}" if package else ""))
         details = []
         if verdict.get("runner_up"):
@@ -421,6 +482,9 @@ def describe(choice: dict[str, Any]) -> str:
         parts.append(fmt_ms(choice["latency_ms"]) + (" (noisy)" if choice.get("noisy") else ""))
         if choice.get("speedup") is not None:
             parts.append(fmt_speedup(choice["speedup"], choice.get("speedup_range")))
+        if choice.get("speedup_vs_default") is not None:
+            parts.append(f"{fmt_speedup(choice['speedup_vs_default'], choice.get('speedup_vs_default_range'))} "
+                         "the float32 model at the device's default precision")
     if choice.get("inferences_per_s") is not None:
         parts.append(f"{fmt_rate(choice['inferences_per_s'])} with {choice.get('requests_in_flight')} requests "
                      f"in flight ({fmt_ms(choice.get('latency_at_load_ms'))} at that load)")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qdeploy.core.compare import SNR_CAP_DB
+from qdeploy.core.runtimes import artifact_of
 from qdeploy.pipeline.report.format import fmt_number
 from qdeploy.pipeline.report.precision import attempts_line, ran_label, same_setting, settings_by_row
 from qdeploy.pipeline.report.verdict import short_reason, split_targets
@@ -104,10 +105,10 @@ def matrix(report: dict[str, Any]) -> list[MatrixRow]:
         key = (bench["variant"], bench["target"])
         seen.add(key)
         rows.append(MatrixRow(bench["variant"], bench["target"], bench.get("batch_size"), bench,
-                              checks.get(key, {}), sizes.get(bench["variant"])))
+                              checks.get(key, {}), sizes.get(artifact_of(bench["variant"]))))
     for key, check in checks.items():
         if key not in seen:
-            rows.append(MatrixRow(key[0], key[1], None, {}, check, sizes.get(key[0])))
+            rows.append(MatrixRow(key[0], key[1], None, {}, check, sizes.get(artifact_of(key[0]))))
     return rows
 
 

@@ -92,6 +92,9 @@ class Artifact:
     seconds: float = 0.0
     external_data: tuple[tuple[str, str, int], ...] = ()
     """(file name, sha256, size in bytes) of each external data file beside ``path``."""
+    at_device_default: bool = False
+    """Evaluate this float32 artifact at the device's default precision instead of pinned to float32 (the
+    ``fp32@default`` row, ``qdeploy.core.runtimes.device_default_name``)."""
 
     @property
     def precision(self) -> str:

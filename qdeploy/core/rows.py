@@ -193,7 +193,8 @@ class BenchmarkRow(ResultRow):
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({
         "warmup", "warmup_ms", "threads", "mode", "timed_call", "measure", "settings", "data", "output_shapes",
-        "round_runs", "ci95_rel_width", "stopped_early", "execution", "speedup", "speedup_range", "precision_hint"})
+        "round_runs", "ci95_rel_width", "stopped_early", "execution", "speedup", "speedup_range", "precision_hint",
+        "machine_load"})
 
     variant: str
     target: str
@@ -225,9 +226,16 @@ class BenchmarkRow(ResultRow):
     execution: dict[str, Any] | None = None
     precision_hint: str | None = None
     """OpenVINO rows: the INFERENCE_PRECISION_HINT the timed runs used (None: the device default)."""
+    machine_load: dict[str, Any] | None = None
+    """How busy the machine was while this target was timed (other processes' cores, involuntary switches, load
+    average, ``busy``) and the extra rounds that took (``qdeploy.stages.benchmark._machine``)."""
     # added by the report (qdeploy.pipeline.summary): against the reference variant on the same target and batch
     speedup: float | None = None
     speedup_range: list[float] | None = None
+    speedup_vs_default: float | None = None
+    """Against the reference run at the device's default precision (``fp32@default``) on targets that have that
+    row: what a user who deploys the float32 file without quantizing gets."""
+    speedup_vs_default_range: list[float] | None = None
 
     @property
     def p50(self) -> float | None:

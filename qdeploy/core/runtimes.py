@@ -5,19 +5,43 @@ int8 graph differs between the runtimes), and so does the default ``auto`` where
 (the two builds are one where the placements agree: ``qdeploy.pipeline.per_runtime``); a user may also name such
 variants by hand.  Validation, benchmarks,
 gates and the "unmeasured" check pair such a variant with its own runtime's targets only.
+
+``fp32@default`` (``device_default_name``) is the reference artifact run at the device's default precision on
+OpenVINO targets (bfloat16 on CPUs with AVX512-BF16 or AMX): what a user who deploys the float32 file without
+quantizing gets there.  It is validated and timed like any variant, on OpenVINO targets only, and int8 and fp16
+are weighed against it as well as against the reference pinned to float32.
 """
 
 from __future__ import annotations
 
 from typing import TypeVar
 
-__all__ = ["RUNTIMES", "built_for", "runtime_groups", "runtime_of_target", "runtime_of_variant", "split_name",
+__all__ = ["DEVICE_DEFAULT", "DEVICE_DEFAULT_RUNTIMES", "RUNTIMES", "artifact_of", "built_for", "device_default_name",
+           "is_device_default", "runtime_groups", "runtime_of_target", "runtime_of_variant", "split_name",
            "variants_named"]
 
 _Item = TypeVar("_Item")
 
 RUNTIMES = ("ort", "openvino")
 """Runtime families a variant can be built for (the part of a target before ':')."""
+DEVICE_DEFAULT = "default"
+DEVICE_DEFAULT_RUNTIMES = ("openvino",)
+"""Runtimes whose devices may run a float32 model below float32 by default (OpenVINO's INFERENCE_PRECISION_HINT)."""
+
+
+def device_default_name(reference: str) -> str:
+    """'fp32@default': the reference run at the device's default precision."""
+    return f"{reference}@{DEVICE_DEFAULT}"
+
+
+def is_device_default(variant: str) -> bool:
+    base, at, suffix = variant.rpartition("@")
+    return bool(at and base) and suffix == DEVICE_DEFAULT
+
+
+def artifact_of(variant: str) -> str:
+    """The published artifact a row's variant runs: 'fp32' for 'fp32@default', the variant itself otherwise."""
+    return variant.rpartition("@")[0] if is_device_default(variant) else variant
 
 
 def runtime_of_target(target: str) -> str:
@@ -32,7 +56,10 @@ def runtime_of_variant(variant: str) -> str | None:
 
 
 def built_for(variant: str, target: str) -> bool:
-    """Whether ``variant`` is evaluated on ``target``: always, unless it is built for another runtime."""
+    """Whether ``variant`` is evaluated on ``target``: always, unless it is built for another runtime (or is the
+    device-default row, which only runtimes with a reduced default have)."""
+    if is_device_default(variant):
+        return runtime_of_target(target) in DEVICE_DEFAULT_RUNTIMES
     runtime = runtime_of_variant(variant)
     return runtime is None or runtime_of_target(target) == runtime
 
@@ -51,7 +78,7 @@ def variants_named(name: str, variants: list[str]) -> list[str]:
 def runtime_groups(artifacts: dict[str, _Item], targets: list[str]) -> list[tuple[list[str], dict[str, _Item]]]:
     """(targets, artifacts evaluated on them): one group, unless a variant is built for one runtime; then one
     group per runtime, so that such a variant meets only its own runtime's targets."""
-    if not any(runtime_of_variant(name) for name in artifacts):
+    if not any(runtime_of_variant(name) or is_device_default(name) for name in artifacts):
         return [(targets, artifacts)]
     groups = []
     for runtime in dict.fromkeys(runtime_of_target(target) for target in targets):

@@ -29,7 +29,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,9 +41,10 @@ from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, StopRecord, Through
 from qdeploy.stages.benchmark._data import BenchData, explain_failure, output_shape_notes, read_data
 from qdeploy.stages.benchmark._precision import Shipped, load_options, precision_record, shipped_precisions
 from qdeploy.stages.benchmark._resident import float32_bytes, session_bytes, split_note, split_to_fit
+from qdeploy.stages.benchmark._rounds import Turn, interleaved_rounds, median_confidence_interval
 from qdeploy.stages.benchmark._runtime import MemoryProbe, bind_inputs
 from qdeploy.stages.benchmark._throughput import empty_row, split_modes, throughput_rows, unmeasured_throughput
-from qdeploy.stages.benchmark.config import MODE, NOISY_SPREAD, BenchmarkConfig
+from qdeploy.stages.benchmark.config import DEFAULT_TIMED_SECONDS, MODE, NOISY_SPREAD, BenchmarkConfig
 
 if TYPE_CHECKING:
     from qdeploy.core.context import Artifact, StageContext
@@ -57,15 +58,12 @@ __all__ = ["BenchmarkConfig", "float32_bytes", "median_confidence_interval", "ru
 log = logging.getLogger(__name__)
 
 @dataclass
-class _Loaded:
-    """A session ready to time: the call with its inputs bound once, what its setup measured, the budget spent."""
+class _Loaded(Turn):
+    """A session ready to time: the call with its inputs bound once (``Turn``: the budget spent), what its setup
+    measured."""
 
-    session: Session
-    call: Callable[[], Any]
-    setup: dict[str, Any]
-    spent: float = 0.0
-    """Seconds of this row's budget spent in warm-up and timed runs."""
-    stopped: bool = False
+    session: Session | None = None
+    setup: dict[str, Any] = field(default_factory=dict)
 
 
 def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkConfig,
@@ -154,18 +152,20 @@ def _benchmark_target(artifacts: dict[str, Artifact], target: str, batch: int, c
         except Exception as exc:
             log.debug("benchmark of %s on %s failed", name, target, exc_info=True)
             results[name] = _result(name, target, batch, "error", explain_failure(exc, batch, data))
-    timings, failed = _interleaved_rounds(loaded, config, ctx, f"{target} · batch {batch}")
+    timed = interleaved_rounds(dict(loaded), config, ctx, f"{target} · batch {batch}")
     for name, item in loaded.items():
+        assert item.session is not None
         item.session.close()
-        if name in failed:
-            results[name] = _result(name, target, batch, "error", failed[name])
+        if name in timed.failed:
+            results[name] = _result(name, target, batch, "error", timed.failed[name])
             continue
-        measured = summarize(timings[name], batch)
+        measured = summarize(timed.rounds[name], batch)
         stopped = _stop_record(item, measured["runs"], config) if item.stopped else None
-        notes = [*item.setup["notes"], *([stopped.reason] if stopped else [])]
+        notes = [*item.setup["notes"], *([stopped.reason] if stopped else []),
+                 *_machine_notes(timed.machine), *_capped_note(measured["runs"], config)]
         results[name] = BenchmarkRow(variant=name, target=target, batch_size=batch, status="ok", reason="",
                                      **{**item.setup, **measured, "notes": notes}, stopped_early=stopped,
-                                     execution=item.session.executed.to_dict())
+                                     execution=item.session.executed.to_dict(), machine_load=timed.machine)
     return [results[name] for name in artifacts]
 
 
@@ -212,58 +212,20 @@ def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfi
         "notes": [*pin_notes, *_setting_notes(target, settings), *shape_notes, *fed.info["notes"]],
         **hint,
     }
-    loaded = _Loaded(session, call, setup, spent=warmed - bound)
+    loaded = _Loaded(call, spent=warmed - bound, session=session, setup=setup)
     loaded.stopped = loaded.spent >= config.row_budget
     return loaded
 
 
 def _warm_up(call: Callable[[], Any], config: BenchmarkConfig, budget: float) -> int:
     """Untimed runs by count or for a time, never past the row's budget; returns how many ran."""
-    deadline = time.perf_counter() + min(budget, config.warmup_seconds if config.warmup_seconds is not None
-                                         else math.inf)
+    deadline = time.perf_counter() + min(budget, config.warmup_seconds_cap)
     wanted = math.inf if config.warmup_seconds is not None else config.warmup_runs
     count = 0
     while count < wanted and time.perf_counter() < deadline:
         call()
         count += 1
     return count
-
-
-def _interleaved_rounds(loaded: dict[str, _Loaded], config: BenchmarkConfig, ctx: StageContext,
-                        where: str) -> tuple[dict[str, list[list[float]]], dict[str, str]]:
-    """Per artifact, the latencies (ms) of each round, and why an artifact failed while timed.
-
-    Every round runs every artifact in turn, so drift of the machine hits them alike.  An artifact whose
-    row budget (max_seconds) is spent stops, keeping the rounds it ran (it runs at least once).
-    """
-    plan = config.round_plan()
-    timings: dict[str, list[list[float]]] = {name: [] for name in loaded}
-    failed: dict[str, str] = {}
-    for index, budget in enumerate(plan):
-        for name, item in loaded.items():
-            left = config.row_budget - item.spent
-            if name in failed:
-                continue
-            if left <= 0 and timings[name]:
-                item.stopped = True
-                continue
-            ctx.on_progress(f"{name} · {where}: round {index + 1}/{len(plan)}")
-            started = time.perf_counter()
-            try:
-                if isinstance(budget, int):
-                    runs = time_runs(item.call, budget, max(left, 0.0))
-                    item.stopped = item.stopped or len(runs) < budget
-                else:
-                    runs = time_for(item.call, min(budget, max(left, 0.0)))
-                    item.stopped = item.stopped or left < budget
-            except Exception as exc:  # one artifact failing mid-measurement must not lose the others
-                log.debug("timing %s %s failed", name, where, exc_info=True)
-                failed[name] = f"round {index + 1}: {type(exc).__name__}: {exc}"
-                continue
-            finally:
-                item.spent += time.perf_counter() - started
-            timings[name].append(runs)
-    return timings, failed
 
 
 def _stop_record(item: _Loaded, runs: int, config: BenchmarkConfig) -> StopRecord:
@@ -273,33 +235,6 @@ def _stop_record(item: _Loaded, runs: int, config: BenchmarkConfig) -> StopRecor
                              f"after {item.setup['warmup']} warm-up and {runs}{of} timed runs",
                       max_seconds=config.row_budget, runs=runs, planned_runs=planned,
                       warmup_runs=item.setup["warmup"], seconds_spent=item.spent)
-
-
-def time_runs(call: Callable[[], Any], count: int, seconds: float = math.inf) -> list[float]:
-    """Latency (ms) of up to `count` synchronous calls, stopping once `seconds` have passed; at least one call."""
-    deadline = time.perf_counter_ns() + (int(seconds * 1e9) if math.isfinite(seconds) else 2**62)
-    latencies: list[float] = []
-    while len(latencies) < count:
-        start = time.perf_counter_ns()
-        call()
-        end = time.perf_counter_ns()
-        latencies.append((end - start) / 1e6)
-        if end >= deadline:
-            break
-    return latencies
-
-
-def time_for(call: Callable[[], Any], seconds: float) -> list[float]:
-    """Latency (ms) of synchronous calls until `seconds` have passed; at least one call."""
-    deadline = time.perf_counter_ns() + int(seconds * 1e9)
-    latencies = []
-    while True:
-        start = time.perf_counter_ns()
-        call()
-        end = time.perf_counter_ns()
-        latencies.append((end - start) / 1e6)
-        if end >= deadline:
-            return latencies
 
 
 def summarize(rounds: list[list[float]], batch: int) -> dict[str, Any]:
@@ -327,15 +262,24 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(sorted_values), q))
 
 
-def median_confidence_interval(sorted_values: list[float], z: float = 1.96) -> tuple[float, float]:
-    """Distribution-free 95% interval of the median from order statistics (normal approximation of the binomial)."""
-    n = len(sorted_values)
-    if n < 3:
-        return sorted_values[0], sorted_values[-1]
-    half_width = z * math.sqrt(n) / 2
-    low = max(0, math.floor(n / 2 - half_width) - 1)
-    high = min(n - 1, math.ceil(n / 2 + half_width))
-    return sorted_values[low], sorted_values[high]
+def _machine_notes(machine: dict[str, Any]) -> list[str]:
+    """What a busy machine did to the measurement, said on every row of the target."""
+    notes = []
+    if machine.get("busy"):
+        notes.append(f"machine busy while timing: other processes used {machine['other_cores']:.2f} of "
+                     f"{machine['cores']} cores (load average {machine.get('loadavg_after')})")
+    if machine.get("extra_rounds"):
+        notes.append(f"{machine['extra_rounds']} extra rounds taken: {machine['extra_rounds_reason']}")
+    return notes
+
+
+def _capped_note(runs: int, config: BenchmarkConfig) -> list[str]:
+    """The default run count bounded by time: say how many runs a slow model got."""
+    planned = config.timed_runs
+    if config.round_seconds_cap is None or planned is None or runs >= planned:
+        return []
+    return [f"measured by time: {runs} timed runs in about {DEFAULT_TIMED_SECONDS:g} s (the default stops at "
+            f"{planned} runs or {DEFAULT_TIMED_SECONDS:g} s per artifact; set benchmark.iterations for a fixed count)"]
 
 
 def _setting_notes(target: str, settings: dict[str, Any]) -> list[str]:

@@ -1,9 +1,10 @@
 """The inference precision a benchmark row runs with: the setting its artifact is shipped with on that target.
 
-Float32 artifacts are pinned to f32 on OpenVINO, as validation pins them; fp16 and int8 artifacts run at the
-device default (bfloat16 on CPUs with AVX512-BF16 or AMX), unless validation found that default missing the
-tolerance and a pinned precision holding (``ValidationRow.deploy_precision``): the benchmark then times that
-pinned setting, the one the package ships, and the row says so.
+Float32 artifacts are pinned to f32 on OpenVINO, as validation pins them (the reference's ``fp32@default`` row
+excepted: it is the float32 file at the device default); fp16 and int8 artifacts run at the device default
+(bfloat16 on CPUs with AVX512-BF16 or AMX), unless validation found that default missing the tolerance and a pinned
+precision holding (``ValidationRow.deploy_precision``): the benchmark then times that pinned setting, the one the
+package ships, and the row says so.
 """
 
 from __future__ import annotations
@@ -30,13 +31,18 @@ def shipped_precisions(rows: Iterable[ValidationRow]) -> Shipped:
 def _hint(name: str, artifact: Artifact, target: str, shipped: Shipped | None) -> str | None:
     if not target.startswith("openvino:"):
         return None
-    return (shipped or {}).get((name, target)) or ("f32" if artifact.precision == "fp32" else None)
+    return (shipped or {}).get((name, target)) or ("f32" if _pinned_f32(artifact) else None)
+
+
+def _pinned_f32(artifact: Artifact) -> bool:
+    """Float32 artifacts run pinned to f32, except the device-default row of the reference."""
+    return artifact.precision == "fp32" and not artifact.at_device_default
 
 
 def load_options(name: str, artifact: Artifact, target: str, shipped: Shipped | None) -> dict[str, Any]:
     """Keyword arguments of ``load``/``open_pool``: validation's pinning, and the shipped pin where there is one."""
     pinned = (shipped or {}).get((name, target)) if target.startswith("openvino:") else None
-    return {"pin_f32": artifact.precision == "fp32", **({"precision": pinned} if pinned else {})}
+    return {"pin_f32": _pinned_f32(artifact), **({"precision": pinned} if pinned else {})}
 
 
 def precision_record(name: str, artifact: Artifact, target: str, shipped: Shipped | None) -> tuple[dict[str, Any],

@@ -8,8 +8,9 @@ from pydantic import Field, model_validator
 
 from qdeploy.core.tolerance import StrictModel
 
-__all__ = ["DEFAULT_ITERATIONS", "DEFAULT_MAX_SECONDS", "DEFAULT_WARMUP", "MODE", "NOISY_SPREAD", "BenchmarkConfig",
-           "Mode", "ThroughputConfig"]
+__all__ = ["DEFAULT_BUSY_SECONDS", "DEFAULT_ITERATIONS", "DEFAULT_MAX_SECONDS", "DEFAULT_TIMED_SECONDS",
+           "DEFAULT_WARMUP", "DEFAULT_WARMUP_SECONDS", "MAX_EXTRA_ROUND_FACTOR", "MODE", "NOISY_SPREAD",
+           "BenchmarkConfig", "Mode", "ThroughputConfig"]
 
 
 Mode = Literal["latency", "throughput", "both"]
@@ -39,6 +40,15 @@ DEFAULT_WARMUP = 10
 DEFAULT_ITERATIONS = 50
 DEFAULT_MAX_SECONDS = 60.0
 """Time budget of one row (warm-up and timed runs of one artifact at one batch size), as benchmark_app's -t."""
+DEFAULT_TIMED_SECONDS = 10.0
+"""With neither iterations nor duration_seconds set, the default runs stop at this many timed seconds per artifact:
+a fast model gets its 50 runs, a slow one (hundreds of MB) as many as fit, at least one per round."""
+DEFAULT_WARMUP_SECONDS = 2.0
+"""With neither warmup nor warmup_seconds set, the default warm-up runs stop at this many seconds."""
+DEFAULT_BUSY_SECONDS = 60.0
+"""Extra seconds per target and batch size a busy machine may add in rounds before the benchmark decides."""
+MAX_EXTRA_ROUND_FACTOR = 4
+"""A busy machine adds at most this many times the planned rounds."""
 MODE = "sync, one request at a time"
 
 
@@ -80,6 +90,18 @@ class BenchmarkConfig(StrictModel):
                     "split evenly over the rounds (at least one run per round).")
     rounds: int = Field(default=5, ge=1, le=1000,
                         description="Rounds the timed runs are split into, artifacts interleaved.")
+    busy_seconds: float = Field(
+        default=DEFAULT_BUSY_SECONDS, ge=0, le=3600,
+        description="Extra seconds per target and batch size spent on more rounds when the machine is busy (other "
+                    "processes use the cores, or the rounds spread widely) and the rounds cannot yet tell the "
+                    f"fastest artifact from another; at most {MAX_EXTRA_ROUND_FACTOR}x the planned rounds; 0 "
+                    "takes none.  Rows say how many extra rounds ran and how busy the machine was.")
+    device_default: bool = Field(
+        default=True,
+        description="On targets whose device runs float32 models below float32 by default (OpenVINO on CPUs with "
+                    "AVX512-BF16 or AMX: bfloat16), also validate and time the reference at that default, as the "
+                    "row fp32@default: what deploying without quantizing gives. Speedups are then given against it "
+                    "too, and the verdict may ship it.")
     threads: int | None = Field(
         default=None, ge=1, le=1024,
         description="Intra-op threads (ONNX Runtime intra_op_num_threads, OpenVINO INFERENCE_NUM_THREADS); "
@@ -115,6 +137,21 @@ class BenchmarkConfig(StrictModel):
         return max(DEFAULT_MAX_SECONDS, timed + 10.0)
 
     @property
+    def warmup_seconds_cap(self) -> float:
+        """Seconds the warm-up may take: warmup_seconds, else the default cap unless a run count was asked for."""
+        if self.warmup_seconds is not None:
+            return self.warmup_seconds
+        return DEFAULT_WARMUP_SECONDS if self.warmup is None else float("inf")
+
+    @property
+    def round_seconds_cap(self) -> float | None:
+        """Seconds one round of the default run count may take (the default is bounded by time); None when the
+        recipe set iterations or duration_seconds."""
+        if self.iterations is not None or self.duration_seconds is not None:
+            return None
+        return DEFAULT_TIMED_SECONDS / len(self.round_plan())
+
+    @property
     def warmup_runs(self) -> int:
         """Warm-up runs when warming up by count (0 when warming up by time)."""
         if self.warmup_seconds is not None:
@@ -144,6 +181,10 @@ class BenchmarkConfig(StrictModel):
                 "warmup_seconds": self.warmup_seconds,
                 "by": "time" if self.duration_seconds is not None else "runs",
                 "iterations": self.timed_runs, "duration_seconds": self.duration_seconds,
-                "rounds": len(self.round_plan()), "max_seconds": self.row_budget}
+                "rounds": len(self.round_plan()), "max_seconds": self.row_budget,
+                "timed_seconds_cap": None if self.round_seconds_cap is None else DEFAULT_TIMED_SECONDS,
+                "warmup_seconds_cap": None if self.warmup is not None or self.warmup_seconds is not None
+                else DEFAULT_WARMUP_SECONDS,
+                "busy_seconds": self.busy_seconds}
 
 

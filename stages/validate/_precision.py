@@ -23,8 +23,8 @@ from qdeploy.core.rows import ValidationRow
 from qdeploy.stages.validate._common import Outcome
 from qdeploy.targets.cpu_facts import default_hint, pins_after, short_precision
 
-__all__ = ["REDUCED_ARTIFACTS", "attempt_record", "default_attempt_hint", "pinned_candidates", "read_back_precision",
-           "with_pinned_fallback"]
+__all__ = ["REDUCED_ARTIFACTS", "attempt_record", "default_attempt_hint", "device_default_basis", "pinned_candidates",
+           "read_back_precision", "with_pinned_fallback"]
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +44,24 @@ def _applies(target: str, precision: str) -> bool:
     return target.startswith("openvino:") and precision in REDUCED_ARTIFACTS
 
 
-def default_attempt_hint(target: str, precision: str) -> tuple[str | None, str]:
+def default_attempt_hint(target: str, precision: str, *, device_default: bool = False) -> tuple[str | None, str]:
     """The hint of the default attempt and a note (``qdeploy.targets.cpu_facts.default_hint``); float32 artifacts
-    and other runtimes have none."""
-    return default_hint(target) if _applies(target, precision) else (None, "")
+    (but the reference's device-default row) and other runtimes have none."""
+    applies = _applies(target, precision) or (device_default and target.startswith("openvino:"))
+    return default_hint(target) if applies else (None, "")
+
+
+_DEFAULT_BASES = {"bf16": "bf16", "f16": "fp16"}
+DEVICE_DEFAULT_BASIS = ("held to the {basis} default tolerance: the float32 model as {target} runs it by default "
+                        "({ran}), what deploying it without quantizing gives")
+
+
+def device_default_basis(target: str, executed: dict[str, Any] | None) -> tuple[str, str]:
+    """The precision whose default tolerance the device-default row is held to (what really ran: bf16, f16, else
+    fp32), and the row's note saying so."""
+    ran = read_back_precision(executed) or "f32"
+    basis = _DEFAULT_BASES.get(ran, "fp32")
+    return basis, DEVICE_DEFAULT_BASIS.format(basis=basis, target=target, ran=ran)
 
 
 def pinned_candidates(target: str, executed: dict[str, Any] | None) -> list[str]:

@@ -241,7 +241,7 @@ def recipe_dict(case: RealCase, sections: dict[str, Any], sizes: Sizes) -> dict[
         "validate": {"data": "val", "samples": sizes.val, "fp16_reference_samples": 1 if sizes.quick else 2,
                      **({"fp16_reference": "never"} if sizes.quick and case.heavy_reference else {})},
         "benchmark": {"batch_sizes": [1], "warmup": sizes.warmup, "iterations": sizes.iterations,
-                      "rounds": sizes.rounds},
+                      "rounds": sizes.rounds, **({"busy_seconds": 0} if sizes.quick else {})},
         "report": {"formats": ["json", "md"], "layers": "off"},
     }
 

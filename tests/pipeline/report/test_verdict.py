@@ -45,7 +45,7 @@ def test_the_fastest_passing_artifact_is_shipped_per_target() -> None:
     ov = _target(report, "openvino:cpu")
     assert ov["status"] == "ship" and ov["variant"] == "int8" and ov["runner_up"] is None
     assert ov["speedup"] == pytest.approx(8.0 / 3.0) and ov["fidelity"]["cosine"] == 0.999
-    assert "slower: 8.00 ms against 3.00 ms (int8), every round agrees" in ov["rejected"]["fp32"]
+    assert "slower: 8.00 ms against 3.00 ms (int8), the rounds agree" in ov["rejected"]["fp32"]
 
 
 def test_a_failed_fast_artifact_is_never_chosen() -> None:
@@ -77,18 +77,71 @@ def test_a_failed_gate_or_a_failed_build_rules_an_artifact_out() -> None:
     assert _target(report, "openvino:cpu")["rejected"]["int8"] == "failed to build in stage quantize"
 
 
-def test_a_tie_picks_the_smaller_artifact() -> None:
+def _tied_on_openvino() -> dict[str, Any]:
+    """fp32 and int8 on openvino:cpu that the rounds cannot order (int8 a hair slower, some rounds faster)."""
     report = _two_targets()
-    for row in report["benchmarks"]:  # fp32 and int8 that the rounds cannot order
+    for row in report["benchmarks"]:
         if row["target"] == "openvino:cpu" and row["variant"] in ("fp32", "int8"):
             rounds = [5.0, 5.2, 4.9, 5.1, 5.0] if row["variant"] == "fp32" else [5.1, 5.1, 5.0, 5.0, 5.05]
             row["round_p50_ms"], row["latency_ms"]["p50"] = rounds, 5.0 if row["variant"] == "fp32" else 5.05
-    ov = _target(report, "openvino:cpu")
+            row["latency_ms"]["ci95_p50"] = [4.9, 5.2] if row["variant"] == "fp32" else [5.0, 5.1]
+    return report
+
+
+def test_a_tie_goes_to_the_higher_fidelity_the_reference_first() -> None:
+    report = _tied_on_openvino()
+    for row in report["benchmarks"]:  # int8 now the faster by a hair, still within the noise
+        if row["target"] == "openvino:cpu" and row["variant"] == "int8":
+            row["latency_ms"]["p50"] = 4.95
+    section = verdict_section(report)
+    ov = section["targets"]["openvino:cpu"]
+    assert section["tie_break"] == "fidelity"
+    assert ov["variant"] == "fp32" and "the reference itself (ties go to fidelity" in ov["why"], ov["why"]
+    assert ov["runner_up"]["variant"] == "int8" and ov["decided"] is True
+
+
+def test_a_tie_picks_the_smaller_artifact_when_the_recipe_favours_size() -> None:
+    report = _tied_on_openvino()
+    ov = verdict_section(report, tie_break="size")["targets"]["openvino:cpu"]
     assert ov["variant"] == "int8" and "is smaller (0.500 MB against 2.00 MB)" in ov["why"]  # fp32 was faster
     assert ov["runner_up"]["variant"] == "fp32"
-    lines = dict(verdict_lines(verdict_section(report)))
+    lines = dict(verdict_lines(verdict_section(report, tie_break="size")))
     [headline] = [line for line in lines if line.startswith("openvino:cpu")]
     assert lines[headline][0].startswith("runner-up fp32: 5.00 ms")
+
+
+def test_a_gap_of_medians_whose_intervals_do_not_overlap_is_never_a_tie() -> None:
+    """One round in which fp16 happened to be faster must not make a 4.8x slower int8 its equal."""
+    report = _two_targets()
+    for row in report["benchmarks"]:
+        if row["target"] == "openvino:cpu" and row["variant"] in ("fp16", "int8"):
+            fast = row["variant"] == "fp16"
+            row["round_p50_ms"] = [1.39, 1.40, 1.38, 1.41, 7.0] if fast else [6.7, 6.6, 6.8, 6.7, 6.5]
+            row["latency_ms"].update(p50=1.39 if fast else 6.70, ci95_p50=[1.38, 1.41] if fast else [6.6, 6.8])
+    ov = verdict_section(report, tie_break="size")["targets"]["openvino:cpu"]
+    assert ov["variant"] == "fp16" and ov["runner_up"] is None, ov
+    assert ov["rejected"]["int8"].startswith("slower: 6.70 ms against 1.39 ms (fp16)")
+
+
+def test_a_tie_on_a_busy_machine_is_undecided_and_says_why() -> None:
+    report = _tied_on_openvino()
+    busy = {"busy": True, "other_cores": 1.02, "cores": 2, "extra_rounds": 10, "extra_rounds_reason": "x"}
+    for row in report["benchmarks"]:
+        if row["target"] == "openvino:cpu":
+            row["machine_load"] = busy
+    section = verdict_section(report)
+    ov = section["targets"]["openvino:cpu"]
+    assert ov["decided"] is False and ov["variant"] == "fp32"
+    assert ov["undecided"].startswith("machine busy: other processes used 1.02 of 2 cores while timing")
+    assert "(10 extra)" in ov["undecided"] and "cannot tell int8 from fp32" in ov["undecided"]
+    [headline] = [line for line, _ in verdict_lines(section) if line.startswith("openvino:cpu")]
+    assert headline.startswith("openvino:cpu: undecided: machine busy") and "meanwhile ship fp32" in headline
+    ort = section["targets"]["ort:cpu"]  # a quiet target, and a clear winner on a busy one, stay decided
+    assert ort["decided"] is True
+    for row in report["benchmarks"]:
+        if row["target"] == "openvino:cpu" and row["variant"] == "int8":
+            row["round_p50_ms"], row["latency_ms"]["p50"], row["latency_ms"]["ci95_p50"] = [2.0] * 5, 2.0, [2, 2]
+    assert verdict_section(report)["targets"]["openvino:cpu"]["decided"] is True
 
 
 def test_rounds_that_all_agree_break_the_tie() -> None:
@@ -107,8 +160,11 @@ def test_nothing_to_ship_and_benchmarks_off() -> None:
         row["status"] = "failed" if row["target"] == "ort:cpu" and row["metrics"] else row["status"]
     assert _target(report, "ort:cpu")["status"] == "none"
     report["benchmarks"] = []
-    section = verdict_section(report)
+    section = verdict_section(report, tie_break="size")
     assert section["by"] == "size" and section["targets"]["openvino:cpu"]["variant"] == "int8"  # the smallest
+    assert "not ranked by speed" in section["targets"]["openvino:cpu"]["why"]
+    section = verdict_section(report)  # nothing says a converted artifact is faster: the reference
+    assert section["targets"]["openvino:cpu"]["variant"] == "fp32"
     assert "not ranked by speed" in section["targets"]["openvino:cpu"]["why"]
 
 
@@ -176,7 +232,7 @@ def test_a_run_in_both_modes_reports_latency_throughput_and_the_verdict(tiny_rec
     recipe_path = tiny_recipe.with_name("both.yaml")
     text = tiny_recipe.read_text().replace("targets: [ort:cpu]", "targets: [ort:cpu, ort:cuda]")
     recipe_path.write_text(text.replace(
-        "benchmark: {batch_sizes: [1], warmup: 1, iterations: 5, rounds: 1}",
+        "benchmark: {batch_sizes: [1], warmup: 1, iterations: 5, rounds: 1, busy_seconds: 0}",
         "benchmark: {batch_sizes: [1], warmup: 1, iterations: 6, rounds: 3, mode: both, "
         "throughput: {seconds: 0.3, warmup_seconds: 0.05}}"))
     result = run_recipe(load_recipe_file(recipe_path), RunOptions(out_dir=tmp_path / "out", show_progress=False))

@@ -88,7 +88,7 @@ def test_median_interval_covers_the_true_median_about_95_percent() -> None:
 
 
 def test_runs_every_artifact_interleaved_with_bound_inputs(two_artifacts: dict[str, Artifact]) -> None:
-    config = BenchmarkConfig(warmup=2, iterations=6, rounds=3, threads=1)
+    config = BenchmarkConfig(warmup=2, iterations=6, rounds=3, threads=1, busy_seconds=0)
     seen: list[str] = []
     ctx = data_context("*", Path("work"), on_progress=seen.append)
     rows = benchmark.run(two_artifacts, ["ort:cpu", "openvino:cpu"], config, ctx)
@@ -147,7 +147,7 @@ def test_a_failure_while_timed_spares_the_other_artifacts(two_artifacts: dict[st
         return call, kind
 
     monkeypatch.setattr(benchmark, "bind_inputs", bind)
-    config = BenchmarkConfig(warmup=2, iterations=4, rounds=2)
+    config = BenchmarkConfig(warmup=2, iterations=4, rounds=2, busy_seconds=0)
     rows = {row.variant: row for row in benchmark.run(two_artifacts, ["ort:cpu"], config, CTX)}  # type: ignore
     assert rows["small"].status == "ok" and rows["small"].runs == 4
     assert rows["large"].status == "error" and "device lost" in rows["large"].reason

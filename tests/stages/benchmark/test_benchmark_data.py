@@ -27,7 +27,7 @@ from qdeploy.stages.benchmark.config import DEFAULT_MAX_SECONDS
 from tests.helpers.models import tiny_cnn, write_recipe
 
 TARGETS = ["ort:cpu", "openvino:cpu"]
-QUICK = {"warmup": 1, "iterations": 3, "rounds": 1}
+QUICK = {"warmup": 1, "iterations": 3, "rounds": 1, "busy_seconds": 0}
 
 
 def _artifact(path: Path) -> Artifact:
