@@ -1,4 +1,5 @@
-"""Small models with control flow for the tests: nested If/Loop/Scan, outer-scope reads, an LSTM in a branch."""
+"""Small models with control flow for the tests: nested If/Loop/Scan, outer-scope reads, an LSTM in a branch, a
+recurrence whose float noise grows, loops that carry values through unchanged."""
 
 from __future__ import annotations
 
@@ -95,6 +96,79 @@ def loop_with_outer_reads_model() -> onnx.ModelProto:
     inits = [numpy_helper.from_array(np.array(3, np.int64), "n"), numpy_helper.from_array(np.array(True), "keep_going"),
              numpy_helper.from_array(np.array([0.5, 1.0, -1.0, 2.0], np.float32), "w")]
     return _model(helper.make_graph(nodes, "loop", [_vi("x", [4])], [_vi("y", [4])], inits))
+
+
+def chaotic_recurrence_model(steps: int = 60, hidden: int = 32, gain: float = 1.5) -> onnx.ModelProto:
+    """A recurrent decoder's numerics in small: x -> Conv(1x1) -> Div by a per-channel constant -> a Loop of
+    ``steps`` steps h <- Tanh(LayerNorm(h @ W)), W orthogonal times ``gain`` (a non-contracting update that
+    carries every rounding forward and grows it).  The LayerNorm is written out in primitives, which ONNX
+    Runtime fuses into one kernel at its higher optimisation levels: the model's own outputs then differ
+    between ORT_DISABLE_ALL and ORT_ENABLE_ALL by far more than 1e-4 (about 2e-3 at 60 steps).  Simplify folds
+    the Div into the Conv's weights: a division by 2 is exact either way, the one by 1.3 (channel 0) is not, so
+    the first state differs in one value by a rounding, and the output by about as much as the model's own noise
+    (1.5 to 2 times it)."""
+    rng = np.random.default_rng(1)
+    orthogonal, _ = np.linalg.qr(rng.standard_normal((hidden, hidden)))
+    body = helper.make_graph([
+        helper.make_node("MatMul", ["h", "W"], ["pre"]),
+        helper.make_node("ReduceMean", ["pre"], ["mu"], axes=[-1]),
+        helper.make_node("Sub", ["pre", "mu"], ["dev"]),
+        helper.make_node("Pow", ["dev", "two"], ["dev2"]),
+        helper.make_node("ReduceMean", ["dev2"], ["var"], axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["var_eps"]),
+        helper.make_node("Sqrt", ["var_eps"], ["std"]),
+        helper.make_node("Div", ["dev", "std"], ["normed"]),
+        helper.make_node("Mul", ["normed", "gamma"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "beta"], ["ln"]),
+        helper.make_node("Tanh", ["ln"], ["h_next"]),
+        helper.make_node("Identity", ["cond"], ["cond_out"])], "step",
+        [_vi("i", [], TensorProto.INT64), _vi("cond", [], TensorProto.BOOL), _vi("h", [1, hidden])],
+        [_vi("cond_out", [], TensorProto.BOOL), _vi("h_next", [1, hidden])])
+    nodes = [helper.make_node("Unsqueeze", ["x", "axis2"], ["x3"]),
+             helper.make_node("Conv", ["x3", "conv_w"], ["conv"]),
+             helper.make_node("Div", ["conv", "divisor"], ["h0_3"]),
+             helper.make_node("Squeeze", ["h0_3", "axis2"], ["h0"]),
+             helper.make_node("Loop", ["n", "keep_going", "h0"], ["y"], body=body)]
+    arrays = {"n": np.array(steps, np.int64), "keep_going": np.array(True), "axis2": np.array([2], np.int64),
+              "conv_w": (rng.standard_normal((hidden, hidden, 1)) / np.sqrt(hidden)).astype(np.float32),
+              "divisor": np.array([1.3] + [2.0] * (hidden - 1), np.float32).reshape(1, hidden, 1),
+              "W": (orthogonal * gain).astype(np.float32), "two": np.array(2, np.float32),
+              "eps": np.array(1e-5, np.float32), "gamma": np.full(hidden, 1.5, np.float32),
+              "beta": np.zeros(hidden, np.float32)}
+    inits = [numpy_helper.from_array(value, name) for name, value in arrays.items()]
+    return _model(helper.make_graph(nodes, "decoder", [_vi("x", [1, hidden])], [_vi("y", [1, hidden])], inits))
+
+
+def pass_through_loop_model(steps: int = 3, *, nested: bool = False) -> onnx.ModelProto:
+    """Paddle2ONNX's decoder pattern: a Loop of ``steps`` steps that carries its loop-invariant weights as
+    loop-carried values and returns them unchanged (body output = body input), beside h <- Tanh(h @ w + b).
+    OpenVINO's ONNX frontend refuses such a Loop.  ``nested``: the Loop sits in the body of an outer Loop of 2
+    steps, which carries ``w`` through unchanged too."""
+    rng = np.random.default_rng(3)
+    body = helper.make_graph([
+        helper.make_node("MatMul", ["h", "w_in"], ["hw"]),
+        helper.make_node("Add", ["hw", "b_in"], ["hb"]),
+        helper.make_node("Tanh", ["hb"], ["h_next"]),
+        helper.make_node("Identity", ["cond"], ["cond_out"])], "step",
+        [_vi("i", [], TensorProto.INT64), _vi("cond", [], TensorProto.BOOL), _vi("h", [1, 4]), _vi("w_in", [4, 4]),
+         _vi("b_in", [4])],
+        [_vi("cond_out", [], TensorProto.BOOL), _vi("h_next", [1, 4]), _vi("w_in", [4, 4]), _vi("b_in", [4])])
+    inner = helper.make_node("Loop", ["n", "keep_going", "x", "w", "b"], ["y", "w_last", "b_last"], body=body)
+    arrays = {"n": np.array(steps, np.int64), "keep_going": np.array(True),
+              "w": (rng.standard_normal((4, 4)) * 0.5).astype(np.float32),
+              "b": rng.standard_normal(4).astype(np.float32)}
+    if nested:
+        inner.input[:] = ["n", "keep_going", "h_outer", "w_outer", "b"]
+        outer_body = helper.make_graph([inner, helper.make_node("Identity", ["c_outer"], ["c_outer_out"])], "outer",
+                                       [_vi("j", [], TensorProto.INT64), _vi("c_outer", [], TensorProto.BOOL),
+                                        _vi("h_outer", [1, 4]), _vi("w_outer", [4, 4])],
+                                       [_vi("c_outer_out", [], TensorProto.BOOL), _vi("y", [1, 4]),
+                                        _vi("w_outer", [4, 4])])
+        arrays["two"] = np.array(2, np.int64)
+        inner = helper.make_node("Loop", ["two", "keep_going", "x", "w"], ["y_outer", "w_after"], body=outer_body)
+    inits = [numpy_helper.from_array(value, name) for name, value in arrays.items()]
+    graph = helper.make_graph([inner], "carried", [_vi("x", [1, 4])], [_vi(inner.output[0], [1, 4])], inits)
+    return _model(graph)
 
 
 def _model(graph: onnx.GraphProto) -> onnx.ModelProto:

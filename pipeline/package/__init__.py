@@ -35,6 +35,7 @@ from qdeploy.pipeline.package.data import CheckData, save_samples
 from qdeploy.pipeline.package.provenance import FROM_REPORT, recorded_tolerances
 from qdeploy.pipeline.store import sha256_file
 from qdeploy.targets import get_target
+from qdeploy.targets.openvino_read import read_onnx
 
 __all__ = ["FORMAT_VERSION", "OPTIMIZED_FILE", "PACKAGE_RUNTIMES", "SNIPPETS", "PackageError", "PackageSource",
            "build_package", "manifest_body", "packable", "package_name", "runtime_settings", "snippet",
@@ -173,10 +174,11 @@ def write_openvino(onnx_path: Path, folder: Path, *, compress_to_fp16: bool) -> 
     into fp16 (the demo's logits then differ by 0.02, SNR 51.6 dB < fp32's 60): only fp16 variants get it."""
     import openvino
 
-    core = openvino.Core()
-    openvino.save_model(core.read_model(str(onnx_path)), str(folder / "model.xml"), compress_to_fp16=compress_to_fp16)
+    model, rewritten = read_onnx(openvino.Core(), onnx_path)  # read as validation read it (rewrites its frontend needs)
+    openvino.save_model(model, str(folder / "model.xml"), compress_to_fp16=compress_to_fp16)
     return {"file": "model.xml", "weights": "model.bin", "format": "OpenVINO IR", "compress_to_fp16": compress_to_fp16,
-            "converted_with": f"openvino {openvino.get_version()}: save_model(read_model(onnx))"}
+            "converted_with": f"openvino {openvino.get_version()}: save_model(read_model(onnx))",
+            **({"rewritten": rewritten} if rewritten else {})}
 
 
 def write_ort(onnx_path: Path, external: list[str], folder: Path, *, optimized: bool) -> dict[str, Any]:

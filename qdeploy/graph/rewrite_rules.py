@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 
     from qdeploy.graph.edit import GraphEditor
 
-__all__ = ["ConvParts", "fuse_conv_batchnorm", "fuse_conv_scale_bias", "fuse_convtranspose_batchnorm",
-           "fuse_convtranspose_scale_bias", "fuse_reshape_chain", "gelu_to_erf", "hardswish_to_hardsigmoid",
-           "layernorm_to_primitives", "prelu_to_relu"]
+__all__ = ["ConvParts", "batchnorm_folded", "fuse_conv_batchnorm", "fuse_conv_scale_bias",
+           "fuse_convtranspose_batchnorm", "fuse_convtranspose_scale_bias", "fuse_reshape_chain", "gelu_to_erf",
+           "hardswish_to_hardsigmoid", "layernorm_to_primitives", "prelu_to_relu"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -87,18 +87,29 @@ def _channel_vector(value: np.ndarray, channels: int, rank: int) -> np.ndarray |
     return np.broadcast_to(value.reshape(-1), (channels,)).astype(np.float64)
 
 
-def _fused_conv(edit: GraphEditor, conv: ir.Node, after: ir.Node, scale: np.ndarray,
-                shift: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, axis: int) -> Replacement:
+def _affine_conv(edit: GraphEditor, conv: ir.Node, after: ir.Node, scale: np.ndarray,
+                 shift: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, axis: int) -> Replacement:
     """Conv with weight*scale and bias*scale+shift, producing ``after``'s output."""
     import numpy as np
-    import onnx_ir as ir
 
     # A float32 product rounded once equals the float64 product rounded to float32: no need for float64 here.
     scale = scale.astype(weight.dtype)
+    new_bias = (np.zeros_like(scale) if bias is None else bias * scale) + shift.astype(weight.dtype)
+    return _fused_conv(edit, conv, after, weight * scale.reshape(_axis_shape(weight, axis)), new_bias)
+
+
+def _axis_shape(weight: np.ndarray, axis: int) -> list[int]:
+    """The shape that broadcasts a per-channel vector along ``axis`` of ``weight``."""
     shape = [1] * weight.ndim
     shape[axis] = -1
-    new_weight = weight * scale.reshape(shape)
-    new_bias = (np.zeros_like(scale) if bias is None else bias * scale) + shift.astype(weight.dtype)
+    return shape
+
+
+def _fused_conv(edit: GraphEditor, conv: ir.Node, after: ir.Node, new_weight: np.ndarray,
+                new_bias: np.ndarray) -> Replacement:
+    """The conv with ``new_weight`` and ``new_bias``, producing ``after``'s output."""
+    import onnx_ir as ir
+
     w_init = edit.initializer(f"{conv.inputs[1].name}_fused", new_weight)
     b_init = edit.initializer(f"{_base(conv)}_bias_fused", new_bias)
     attributes = [ir.Attr(attr.name, attr.type, attr.value) for attr in conv.attributes.values()]
@@ -155,7 +166,7 @@ def _fuse_affine(edit: GraphEditor, conv: ir.Node) -> Replacement | str | None:
     ones, zeros = np.ones(channels), np.zeros(channels)
     scale, shift = {"Mul": (vector, zeros), "Div": (1.0 / np.where(vector == 0, 1, vector), zeros),
                     "Add": (ones, vector), "Sub": (ones, -vector)}[after.op_type]
-    return _fused_conv(edit, conv, after, scale, shift, weight, bias, axis)
+    return _affine_conv(edit, conv, after, scale, shift, weight, bias, axis)
 
 
 @rewrite("fuse_conv_batchnorm", anchor="Conv", default=True, computes_constants=True,
@@ -182,11 +193,42 @@ def _fuse_batchnorm(edit: GraphEditor, conv: ir.Node) -> Replacement | str | Non
     params = [edit.weight(value) for value in bn.inputs[1:5]]
     if len(params) != 4 or any(value is None for value in params):
         return "BatchNormalization parameters are not initializers"
-    gamma, beta, mean, var = (np.asarray(value, np.float64).reshape(-1) for value in params)  # type: ignore[arg-type]
+    gamma, beta, mean, var = (np.asarray(value).reshape(-1) for value in params)  # type: ignore[union-attr]
     if gamma.shape != (weight.shape[axis],):
         return f"BatchNormalization has {gamma.shape[0]} channels, the conv {weight.shape[axis]}"
-    scale = gamma / np.sqrt(var + float(attribute(bn, "epsilon", 1e-5)))
-    return _fused_conv(edit, conv, bn, scale, beta - mean * scale, weight, bias, axis)
+    folded = batchnorm_folded(weight, bias, (gamma, beta, mean, var), float(attribute(bn, "epsilon", 1e-5)), axis)
+    return _fused_conv(edit, conv, bn, *folded)
+
+
+def batchnorm_folded(weight: np.ndarray, bias: np.ndarray | None, params: tuple[np.ndarray, ...], epsilon: float,
+                     axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """(weight, bias) of a conv with the BatchNormalization after it folded in, rounded as ONNX Runtime rounds.
+
+    ONNX Runtime fuses Conv+BatchNormalization when it loads a model (ConvBNFusion, every optimisation level from
+    basic): each step in the weight's element type, float32 epsilon, in this order (onnxoptimizer's
+    fuse_bn_into_conv, which onnxsim uses, computes the same).  Folding any other way (in float64, or
+    ``beta - mean * scale`` with a conv bias) gives weights a rounding away from those ONNX Runtime runs the
+    original with, and the simplified model differs from it where it need not differ at all.
+    """
+    import numpy as np
+
+    gamma, beta, mean, var = params
+    dtype = weight.dtype
+    work = np.float64 if dtype == np.float64 else np.float32  # float16 steps: in float32, rounded after each
+
+    def step(value: np.ndarray) -> np.ndarray:
+        return np.asarray(value, dtype=work).astype(dtype).astype(work)
+
+    def typed(value: np.ndarray) -> np.ndarray:
+        return step(np.asarray(value).astype(dtype))
+
+    scale = step(typed(gamma) / step(np.sqrt(step(typed(var) + work(np.float32(epsilon))))))
+    new_weight = step(typed(weight) * scale.reshape(_axis_shape(weight, axis)))
+    if bias is None:
+        new_bias = step(typed(beta) - step(typed(mean) * scale))
+    else:
+        new_bias = step(step(step(typed(bias) - typed(mean)) * scale) + typed(beta))
+    return new_weight.astype(dtype), new_bias.astype(dtype)
 
 
 _SHAPE_ONLY = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")

@@ -33,6 +33,7 @@ import numpy as np
 
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.targets import get_target
+from qdeploy.targets.openvino_read import read_onnx
 
 __all__ = ["LayerTime", "NodeIndex", "Profile", "complete_groups", "exec_precision", "map_ov_names",
            "ort_kernel_precision", "ort_node_of", "profile_layers"]
@@ -295,7 +296,8 @@ def _profile_openvino(model_path: Path, target: str, feeds: dict[str, np.ndarray
     hint = precision or ("f32" if pin_f32 else None)
     if hint:
         config["INFERENCE_PRECISION_HINT"] = hint
-    compiled = core.compile_model(core.read_model(str(model_path)), target.split(":", 1)[1].upper(), config)
+    model, read_notes = read_onnx(core, model_path)
+    compiled = core.compile_model(model, target.split(":", 1)[1].upper(), config)
     request = compiled.create_infer_request()
     inputs = _ov_inputs(compiled, feeds)
     per_run: list[dict[str, tuple[str, str, float]]] = []
@@ -318,7 +320,7 @@ def _profile_openvino(model_path: Path, target: str, feeds: dict[str, np.ndarray
         results = request.infer(_ov_inputs(compiled, feed), share_outputs=False)
         outputs.append({name: np.array(results[port], copy=True) for port in compiled.outputs
                         for name in port.get_names() if name in names})
-    return Profile(layers, runs, statistics.median(walls), outputs=outputs)
+    return Profile(layers, runs, statistics.median(walls), notes=read_notes, outputs=outputs)
 
 
 def _ov_inputs(compiled: Any, feeds: dict[str, np.ndarray]) -> dict[Any, np.ndarray]:

@@ -8,6 +8,9 @@ device supports before compiling.  The inference precision is a setting:
 or AMX: see ``qdeploy.targets.cpu_facts``).  OpenVINO ignores a hint the device
 cannot honour, so the precision that really ran is read back from the compiled
 model and from its runtime model's layers, and a hint that did not hold is noted.
+A model OpenVINO's ONNX frontend refuses as written but reads after an exact
+rewrite is read rewritten (``qdeploy.targets.openvino_read``), and the notes of
+what ran say so.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from qdeploy.targets.base import (
     short_message,
 )
 from qdeploy.targets.bound import BoundCall
+from qdeploy.targets.openvino_read import read_onnx
 
 __all__ = ["PINNABLE", "OpenVinoBoundCall", "OpenVinoSession", "OpenVinoTarget"]
 
@@ -81,11 +85,12 @@ class OpenVinoTarget(TargetAdapter):
         core = _ov_core()
         input_names, output_names = onnx_io_names(model_path)
         try:
-            model = core.read_model(str(model_path))
+            model, read_notes = read_onnx(core, model_path)
         except Exception as exc:
             raise ModelError(f"{Path(model_path).name}: OpenVINO cannot read the model: {short_message(exc)}") from None
         support_note, unsupported = self._query_support(model)
         config, notes = self._compile_config(threads, pin_f32, precision)
+        notes = [*read_notes, *notes]
         try:
             compiled = core.compile_model(model, self.ov_device, config)
         except Exception as exc:

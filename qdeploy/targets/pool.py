@@ -27,6 +27,7 @@ import numpy as np
 from qdeploy.core.errors import ModelError, TargetUnavailable
 from qdeploy.targets import OrtBoundCall, OrtTarget, check_feeds, get_target, short_message
 from qdeploy.targets.openvino import OpenVinoTarget, _match_ports, _ov_core, _plain, onnx_io_names
+from qdeploy.targets.openvino_read import read_onnx
 
 __all__ = ["OpenVinoPool", "OrtPool", "RequestPool", "open_pool", "physical_cores"]
 
@@ -97,7 +98,12 @@ class OpenVinoPool(RequestPool):
         config, self._notes = adapter._compile_config(None, pin_f32, precision)
         config["PERFORMANCE_HINT"] = "THROUGHPUT"
         try:
-            self._compiled = _ov_core().compile_model(str(model_path), adapter.ov_device, config)
+            model, read_notes = read_onnx(_ov_core(), model_path)
+        except Exception as exc:
+            raise ModelError(f"{model_path.name}: OpenVINO cannot read the model: {short_message(exc)}") from None
+        self._notes = [*read_notes, *self._notes]
+        try:
+            self._compiled = _ov_core().compile_model(model, adapter.ov_device, config)
         except Exception as exc:
             raise ModelError(f"{model_path.name}: OpenVINO cannot compile the model for {adapter.ov_device} "
                              f"with PERFORMANCE_HINT THROUGHPUT: {short_message(exc)}") from None

@@ -57,6 +57,10 @@ class SimplifyConfig(BaseModel):
                               "limit atol + rtol * |original| on float outputs.")
     check_rtol: float = Field(default=1e-3, ge=0.0, description="Relative part of the check's elementwise limit; "
                               "fusing BatchNormalization reassociates float32 arithmetic.")
+    check_noise_factor: float = Field(default=10.0, ge=0.0, description="When an output misses check_atol, the "
+                                      "check measures the original's own noise there (ONNX Runtime without and "
+                                      "with its optimizations, on the same inputs) and allows max(check_atol, "
+                                      "check_noise_factor x that noise floor); 0 keeps check_atol alone.")
     skip_fuse_bn: bool = Field(default=False, description="Keep BatchNormalization nodes apart from Conv.")
     skipped_passes: list[str] = Field(default_factory=list, description="onnxoptimizer passes to leave out of "
                                       "the default list.")
