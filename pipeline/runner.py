@@ -31,7 +31,7 @@ from typing import Any
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import QdeployError, QdeployInputError, RunLockedError, StageError
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ThroughputRow, UnmeasuredEntry, ValidationRow
-from qdeploy.core.runtimes import runtime_groups
+from qdeploy.core.runtimes import phase_order, runtime_groups
 from qdeploy.pipeline import registry
 from qdeploy.pipeline.dedup import evaluate_once, mark_same_files
 from qdeploy.pipeline.device_default import with_device_default
@@ -42,6 +42,7 @@ from qdeploy.pipeline.layers import add_layers
 from qdeploy.pipeline.memory_plan import check_recipe_fits
 from qdeploy.pipeline.package.publish import write_run_packages
 from qdeploy.pipeline.per_runtime import build_config, note_runtime_builds
+from qdeploy.pipeline.plan import with_reference
 from qdeploy.pipeline.progress import Progress
 from qdeploy.pipeline.published import (
     begin_generation,
@@ -159,7 +160,7 @@ def plan_run(recipe: Recipe, options: RunOptions) -> RunPlan:
     """Check the --variant/--target selection and resolve the folders; creates the output folder."""
     out_dir = (options.out_dir or default_out_dir(recipe)).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    return RunPlan(recipe=recipe, variants=selected_variants(recipe, options.variants),
+    return RunPlan(recipe=recipe, variants=with_reference(recipe, selected_variants(recipe, options.variants)),
                    targets=selected_targets(recipe, options.targets), out_dir=out_dir,
                    cache_dir=(options.cache_dir or out_dir / "cache").resolve(), use_cache=options.use_cache)
 
@@ -491,8 +492,8 @@ def _evaluate(state: _RunState, stage: str, artifacts: dict[str, Artifact], targ
     state.progress.phase(stage)
     ctx = _context(state, "*", stage)
     extra = {"declared": state.recipe.declared_tolerances()} if stage == "validate" else dict(extra or {})
-    results = []
-    for group_targets, group in runtime_groups(artifacts, targets):
-        results += info.function()(group, group_targets, config, ctx, **extra)
+    groups = runtime_groups(artifacts, targets)
+    results = [row for chosen, group in groups for row in info.function()(group, chosen, config, ctx, **extra)]
     state.progress.done()
-    return results
+    batches = state.recipe.benchmark.batch_sizes
+    return phase_order(results, list(artifacts), targets, batches) if len(groups) > 1 else results

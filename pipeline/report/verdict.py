@@ -16,6 +16,7 @@ Rules (docs/verdict-and-throughput.md says them for users):
   artifact, sizes compared as printed (a difference below the printed precision is no difference), then the
   simpler (fewer stages), then the higher fidelity, then the better median; the ship line says which rule
   decided; the runner-up is the best other member of the tie set; every other variant is listed with its reason;
+- with benchmarks off, the pick is the smallest artifact that passed, said to be unranked by speed;
 - where the machine was busy while the target was timed (``machine_load`` of the rows) and the tie set holds more
   than one artifact, the verdict says it is undecided (``decided`` false, ``undecided`` the evidence) and ships the
   tie rule's pick meanwhile: a busy machine must not make the answer flip;
@@ -193,6 +194,7 @@ def target_verdict(report: dict[str, Any], target: str, by: str, batch: int | No
     for choice in ties:  # two variants that wrote one file: the first in the recipe stands for both
         key = (choice.sha256, choice.size_bytes, is_device_default(choice.variant))  # one file, another setting
         files.setdefault(key if choice.sha256 else id(choice), choice)
+    tie_break = "size" if by == "size" else tie_break  # nothing timed: no tie to break, the smallest that passed
     pick = min(files.values(), key=_fidelity_key if tie_break == "fidelity" else _size_key)
     others = sorted((c for c in ties if c is not pick), key=lambda c: c.score)
     verdict.status, verdict.pick = "ship", pick
@@ -390,9 +392,11 @@ def _worse(by: str) -> str:
 
 def _why(pick: Choice, best: Choice, runner_up: Choice | None, by: str, tie_break: str = "size") -> str:
     if by == "size":
-        chosen = "the closest to the reference" if tie_break == "fidelity" else "the smallest artifact"
-        return f"benchmarks are off: {chosen} that passed (report.tie_break {tie_break}); not ranked by speed"
+        return "benchmarks are off: the smallest artifact that passed; not ranked by speed"
     word = "highest-throughput" if by == "throughput" else "fastest"
+    plain = "the float32 model as the device runs it by default, no quantization needed: "
+    if is_device_default(pick.variant):
+        word = f"{plain}the {word}"
     if runner_up is None:
         return f"{word} artifact that passed ({_measure(pick, by)}" + (
             f", {fmt_speedup(pick.latency.get('speedup'), pick.latency.get('speedup_range'))} the reference)"
@@ -401,8 +405,8 @@ def _why(pick: Choice, best: Choice, runner_up: Choice | None, by: str, tie_brea
         return (f"{word} artifact that passed ({_measure(pick, by)}); {runner_up.variant} is within the "
                 f"benchmark's noise ({_measure(runner_up, by)}), and {pick.variant} is "
                 f"{_preference(pick, runner_up, tie_break)}")
-    return (f"ties with {best.variant} within the benchmark's noise ({_measure(pick, by)} against "
-            f"{_measure(best, by)}) and is {_preference(pick, best, tie_break)}")
+    return (f"{plain if is_device_default(pick.variant) else ''}ties with {best.variant} within the benchmark's "
+            f"noise ({_measure(pick, by)} against {_measure(best, by)}) and is {_preference(pick, best, tie_break)}")
 
 
 # ------------------------------------------------------------------------------------------------ display

@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar
 
 from qdeploy.core.errors import QdeployError, QdeployInputError, StageError
 from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
+from qdeploy.core.runtimes import phase_order
 
 _Row = TypeVar("_Row", ValidationRow, BenchmarkRow | ThroughputRow)
 
@@ -127,14 +128,7 @@ def _run_phase(item: WorkItem, payload: tuple[Any, ...]) -> WorkReply:
 def merge_rows(parts: list[list[_Row]], variants: list[str], targets: list[str], batches: list[int]) -> list[_Row]:
     """Rows of evaluation items split by target, in the order one whole phase gives them.
 
-    Validation rows come per variant, then target; benchmark rows per target, then batch, then variant.
+    Validation rows come per variant, then target; benchmark rows per target, then batch, then variant
+    (``qdeploy.core.runtimes.phase_order``).
     """
-    def order(row: _Row) -> tuple[int, ...]:
-        variant = variants.index(row.variant) if row.variant in variants else len(variants)
-        target = targets.index(row.target) if row.target in targets else len(targets)
-        if isinstance(row, ValidationRow):
-            return (variant, target)
-        batch = batches.index(row.batch_size) if row.batch_size in batches else len(batches)
-        return (target, batch, variant)
-
-    return sorted((row for part in parts for row in part), key=order)
+    return phase_order([row for part in parts for row in part], variants, targets, batches)

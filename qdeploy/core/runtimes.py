@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import TypeVar
 
 __all__ = ["DEVICE_DEFAULT", "DEVICE_DEFAULT_RUNTIMES", "RUNTIMES", "artifact_of", "built_for", "device_default_name",
-           "is_device_default", "runtime_groups", "runtime_of_target", "runtime_of_variant", "split_name",
-           "variants_named"]
+           "is_device_default", "phase_order", "runtime_groups", "runtime_of_target", "runtime_of_variant",
+           "split_name", "variants_named"]
 
 _Item = TypeVar("_Item")
 
@@ -85,3 +85,19 @@ def runtime_groups(artifacts: dict[str, _Item], targets: list[str]) -> list[tupl
         chosen = [target for target in targets if runtime_of_target(target) == runtime]
         groups.append((chosen, {name: item for name, item in artifacts.items() if built_for(name, chosen[0])}))
     return groups
+
+
+def phase_order(rows: list[_Item], variants: list[str], targets: list[str], batches: list[int]) -> list[_Item]:
+    """Rows in the order one whole evaluation phase gives them, however they were made (per runtime group, per
+    target on a sweep's workers): validation rows per variant, then target; timed rows (those with a
+    ``batch_size``) per target, then batch, then variant."""
+    def order(row: _Item) -> tuple[int, ...]:
+        name, target = getattr(row, "variant"), getattr(row, "target")  # noqa: B009
+        variant = variants.index(name) if name in variants else len(variants)
+        place = targets.index(target) if target in targets else len(targets)
+        batch = getattr(row, "batch_size", None)
+        if batch is None:
+            return (variant, place)
+        return (place, batches.index(batch) if batch in batches else len(batches), variant)
+
+    return sorted(rows, key=order)

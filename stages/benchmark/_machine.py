@@ -33,6 +33,7 @@ BUSY_OTHER_CORES = 0.3
 _IDLE_SHARE = 0.1
 """This process is quiet when it uses less than this share of one core over a window."""
 _WINDOW_S = 0.005
+_QUIET_WINDOWS = 2
 _QUIESCE_LIMIT_S = 0.5
 _REWARM_BELOW_MS = 25.0
 """A run shorter than this pays for waking its threads (tens of microseconds) visibly: re-warm it after a switch."""
@@ -47,14 +48,16 @@ def process_cpu_seconds() -> float:
 
 def quiesce(limit: float = _QUIESCE_LIMIT_S) -> float:
     """Wait until this process's threads use no CPU (runtime pools stopped spinning), at most ``limit`` seconds;
-    returns the seconds waited."""
+    returns the seconds waited.  Two quiet windows in a row: on a busy machine a spinning thread may sit out one
+    window preempted."""
     started = time.perf_counter()
     deadline = started + limit
-    while time.perf_counter() < deadline:
+    quiet = 0
+    while time.perf_counter() < deadline and quiet < _QUIET_WINDOWS:
         wall, cpu = time.perf_counter(), process_cpu_seconds()
         time.sleep(_WINDOW_S)
-        if (process_cpu_seconds() - cpu) / max(time.perf_counter() - wall, 1e-6) < _IDLE_SHARE:
-            break
+        idle = (process_cpu_seconds() - cpu) / max(time.perf_counter() - wall, 1e-6) < _IDLE_SHARE
+        quiet = quiet + 1 if idle else 0
     return time.perf_counter() - started
 
 

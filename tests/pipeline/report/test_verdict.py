@@ -163,9 +163,7 @@ def test_nothing_to_ship_and_benchmarks_off() -> None:
     section = verdict_section(report, tie_break="size")
     assert section["by"] == "size" and section["targets"]["openvino:cpu"]["variant"] == "int8"  # the smallest
     assert "not ranked by speed" in section["targets"]["openvino:cpu"]["why"]
-    section = verdict_section(report)  # nothing says a converted artifact is faster: the reference
-    assert section["targets"]["openvino:cpu"]["variant"] == "fp32"
-    assert "not ranked by speed" in section["targets"]["openvino:cpu"]["why"]
+    assert verdict_section(report)["targets"]["openvino:cpu"]["variant"] == "int8"  # whatever the tie rule
 
 
 def test_throughput_ranks_when_only_throughput_was_measured() -> None:
@@ -300,3 +298,18 @@ def test_a_converted_artifact_the_rounds_cannot_tell_from_float_stays_a_candidat
         if row["target"] == "openvino:cpu" and row["variant"] == "int8":
             row["speedup_range"] = [0.95, 1.03]  # some round had it as fast as fp32
     assert _target(report, "openvino:cpu")["variant"] == "int8"
+
+
+def test_the_float32_file_at_the_device_default_ships_where_int8_does_not_beat_it() -> None:
+    """On a bf16 CPU the fp32 file at OpenVINO's default is what a user deploys without quantizing: an int8 no
+    faster than it is not worth shipping, and the verdict says so in words."""
+    report = _two_targets()
+    report["validation"].append(check_row("fp32@default", "openvino:cpu", 0.9998, 36.0))
+    report["benchmarks"].append(bench_row("fp32@default", "openvino:cpu", 2.0, [2.0, 1.9, 2.1, 2.0, 2.0],
+                                          speedup=4.0, speedup_range=[3.9, 4.2]))
+    ov = verdict_section(report)["targets"]["openvino:cpu"]
+    assert ov["variant"] == "fp32@default", ov
+    assert ov["why"].startswith("the float32 model as the device runs it by default, no quantization needed")
+    assert ov["size_bytes"] == next(a["size_bytes"] for a in report["artifacts"] if a["name"] == "fp32")
+    assert ov["rejected"]["int8"].startswith("slower: 3.00 ms against 2.00 ms (fp32@default)")
+    assert "fp32@default" not in verdict_section(report)["targets"]["ort:cpu"]["rejected"]  # OpenVINO's row only

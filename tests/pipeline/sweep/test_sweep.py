@@ -168,6 +168,7 @@ def test_evaluation_split_by_target_merges_into_the_whole_phase_order(tmp_path: 
         variants: {fp32: [simplify], fp16: [simplify, fp16]}
         targets: [ort:cpu, openvino:cpu]
         validate: {reference: fp32, samples: 2}
+        benchmark: {device_default: false}
         """))
     plan = plan_run(recipe, RunOptions(out_dir=tmp_path / "out"))
     outcome = build_phase(plan)

@@ -81,13 +81,15 @@ def _alone_ms(path: Path, runs: int = 150) -> float:
 def test_quiesce_leaves_no_runtime_thread_spinning(tmp_path: Path) -> None:
     session = ort.InferenceSession(str(_conv_stack(tmp_path / "m.onnx")), providers=["CPUExecutionProvider"])
     feed = {"x": np.zeros((1, 3, 64, 64), np.float32)}
-    for _ in range(20):
-        session.run(None, feed)  # its intra-op threads now spin, waiting for the next run
-    waited = machine.quiesce()
-    assert waited < 0.6
-    wall, cpu = time.perf_counter(), machine.process_cpu_seconds()
-    time.sleep(0.05)
-    assert (machine.process_cpu_seconds() - cpu) / (time.perf_counter() - wall) < 0.15  # nothing left spinning
+    rates = []
+    for _ in range(3):  # on a busy machine one attempt may be preempted mid-way: one quiet attempt is the proof
+        for _ in range(20):
+            session.run(None, feed)  # its intra-op threads now spin, waiting for the next run
+        assert machine.quiesce() < 0.6
+        wall, cpu = time.perf_counter(), machine.process_cpu_seconds()
+        time.sleep(0.03)  # ONNX Runtime's pool spins about 30 ms after a run: a core's worth, unless it stopped
+        rates.append((machine.process_cpu_seconds() - cpu) / (time.perf_counter() - wall))
+    assert min(rates) < 0.15, rates
 
 
 @pytest.mark.slow  # timing: judged only on attempts the machine was quiet for
