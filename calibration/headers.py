@@ -9,15 +9,13 @@ preprocessing.  The values themselves (NaN, Inf, pixels) are left to the readers
 from __future__ import annotations
 
 import os
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from qdeploy.calibration.images import IMAGE_SUFFIXES, check_image_input, is_image
-from qdeploy.calibration.readers import InputInfo, is_npy_sample, read_npy_header, sample_mismatch
+from qdeploy.calibration.readers import InputInfo, is_npy_sample, sample_limit, sample_mismatch
+from qdeploy.core.arrayfiles import Header, npy_header, npz_headers
 from qdeploy.core.errors import DataError
 from qdeploy.core.userfiles import files_in_folder, open_regular_file
 
@@ -29,8 +27,6 @@ __all__ = ["MAX_CHECKED_SAMPLES", "check_dataset_fits"]
 MAX_CHECKED_SAMPLES = 10_000
 """Most sample files whose headers are read (0.18 ms each for 2,000 .npy files on 2 shared cores, so about 2 s);
 the readers check any beyond as they read them."""
-
-Header = tuple[tuple[int, ...], np.dtype]
 
 
 def check_dataset_fits(name: str, spec: DatasetSpec, folder: Path, inputs: Sequence[InputInfo]) -> None:
@@ -62,32 +58,10 @@ def check_dataset_fits(name: str, spec: DatasetSpec, folder: Path, inputs: Seque
 
 
 def _headers(path: Path, inputs: Sequence[InputInfo]) -> dict[str, Header]:
-    """Array name -> (shape, dtype) from the headers; an .npy sample's array is named after the only input."""
-    try:
-        with open_regular_file(path, "sample") as stream:
-            if path.suffix == ".npy":
-                return {inputs[0].name: _header(stream, path, os.fstat(stream.fileno()).st_size, path.name)}
-            return _npz_headers(stream, path)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise DataError(f"{path}: cannot read sample: {exc}") from None
-
-
-def _npz_headers(stream: BinaryIO, path: Path) -> dict[str, Header]:
-    headers = {}
-    with zipfile.ZipFile(stream) as archive:
-        for member in archive.infolist():
-            key = member.filename.removesuffix(".npy")
-            if not member.filename.endswith(".npy"):
-                raise DataError(f"{path}: member '{member.filename}' is not an array (.npy); an .npz sample holds "
-                                "arrays only")
-            with archive.open(member) as inner:
-                headers[key] = _header(inner, path, member.file_size, member.filename)
-    return headers
-
-
-def _header(stream: BinaryIO, path: Path, size: int, member: str) -> Header:
-    shape, dtype = read_npy_header(stream, path, size, member)
-    if dtype.hasobject:
-        raise DataError(f"{path}: '{member}' holds Python objects (a pickle), which qdeploy never loads; save "
-                        "numeric arrays")
-    return tuple(shape), dtype
+    """Array name -> (shape, dtype) from the headers; an .npy sample's array is named after the only input.  The
+    one checked loader's header checks (qdeploy.core.arrayfiles): pickles and claims beyond the file refused."""
+    if path.suffix == ".npz":
+        return npz_headers(path, "sample", sample_limit())
+    with open_regular_file(path, "sample") as stream:
+        return {inputs[0].name: npy_header(stream, path, os.fstat(stream.fileno()).st_size, path.name,
+                                           sample_limit())}

@@ -9,25 +9,25 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from qdeploy.core.arrayfiles import ArrayLimit, fmt_bytes, load_npy, load_npz
 from qdeploy.core.errors import DataError
 from qdeploy.core.memory import available_memory
 from qdeploy.core.onnx_wire import load_model
-from qdeploy.core.userfiles import files_in_folder, open_regular_file
+from qdeploy.core.userfiles import files_in_folder
 
 if TYPE_CHECKING:
     import onnx
 
 __all__ = ["DEFAULT_RANDOM_SAMPLES", "FEEDABLE_TYPES", "SAMPLE_MEMORY_SHARE", "InputInfo", "Ranges",
            "check_sample_fits", "fit_to_input", "inputs_of", "is_npy_sample", "model_inputs",
-           "npy_samples", "random_samples", "read_npy_header", "sample_memory_cap", "sample_mismatch"]
+           "npy_samples", "random_samples", "sample_limit", "sample_memory_cap", "sample_mismatch"]
 
 
 log = logging.getLogger(__name__)
@@ -85,13 +85,6 @@ def sample_memory_cap() -> int:
     return int(SAMPLE_MEMORY_SHARE * available_memory())
 
 
-def _fmt_bytes(count: float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
-        if count >= size:
-            return f"{count / size:.1f} {unit}"
-    return f"{count / 1e3:.1f} KB"
-
-
 def check_sample_fits(inputs: list[InputInfo], label: str) -> None:
     """Refuse, before anything is allocated, inputs whose one sample would not fit in memory (estimate named)."""
     sizes = {info.name: math.prod(info.concrete_shape()) * info.dtype.itemsize for info in inputs}
@@ -101,9 +94,9 @@ def check_sample_fits(inputs: list[InputInfo], label: str) -> None:
     name = max(sizes, key=sizes.__getitem__)
     info = next(info for info in inputs if info.name == name)
     shape = [d if d is not None else 1 for d in info.shape]
-    raise DataError(f"{label}: one sample takes {_fmt_bytes(sum(sizes.values()))} (input "
-                    f"'{name}' {shape} {info.dtype} alone {_fmt_bytes(sizes[name])}); qdeploy holds several "
-                    f"samples at once and allows one {_fmt_bytes(cap)}, a quarter of the memory available now: "
+    raise DataError(f"{label}: one sample takes {fmt_bytes(sum(sizes.values()))} (input "
+                    f"'{name}' {shape} {info.dtype} alone {fmt_bytes(sizes[name])}); qdeploy holds several "
+                    f"samples at once and allows one {fmt_bytes(cap)}, a quarter of the memory available now: "
                     "declare smaller shapes in model.inputs")
 
 
@@ -153,15 +146,19 @@ def is_npy_sample(path: Path) -> bool:
     return path.suffix in (".npy", ".npz")
 
 
+def sample_limit() -> ArrayLimit:
+    """What one array of a sample may take: a quarter of the memory available now (``SAMPLE_MEMORY_SHARE``)."""
+    cap = sample_memory_cap()
+    return cap, f"one sample may take ({fmt_bytes(cap)}, a quarter of the memory available now)"
+
+
 def _load_sample(path: Path, inputs: list[InputInfo],
                  frozen: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    try:
-        with open_regular_file(path, "sample") as stream:
-            raw = _read_npy(stream, path, inputs[0].name) if path.suffix == ".npy" else _read_npz(stream, path)
-    except (OSError, ValueError, EOFError) as exc:
-        raise DataError(f"{path}: cannot read sample: {exc}") from None
-    except MemoryError:
-        raise DataError(f"{path}: the sample does not fit in memory") from None
+    # the one checked loader (qdeploy.core.arrayfiles): headers refused before numpy allocates anything
+    if path.suffix == ".npy":
+        raw = {inputs[0].name: load_npy(path, "sample", sample_limit())}
+    else:
+        raw = load_npz(path, "sample", sample_limit())
     check_frozen_keys(raw, frozen or {}, path)
     feeds = {}
     for info in inputs:
@@ -184,50 +181,6 @@ def check_frozen_keys(raw: Mapping[str, np.ndarray], frozen: Mapping[str, np.nda
             raise DataError(f"{path}: '{name}' holds {shown}, but the recipe freezes input '{name}' to "
                             f"{want.tolist() if want.size <= 8 else 'another value'} (model.inputs): this sample was "
                             f"recorded for another value; remove '{name}' from it or freeze the value it holds")
-
-
-def _read_npy(stream: BinaryIO, path: Path, name: str) -> dict[str, np.ndarray]:
-    read_npy_header(stream, path, os.fstat(stream.fileno()).st_size, path.name)
-    stream.seek(0)
-    return {name: np.load(stream, allow_pickle=False)}
-
-
-def _read_npz(stream: BinaryIO, path: Path) -> dict[str, np.ndarray]:
-    with np.load(stream, allow_pickle=False) as archive:
-        for member in archive.zip.infolist():
-            if member.filename.endswith(".npy"):
-                with archive.zip.open(member) as inner:
-                    read_npy_header(inner, path, member.file_size, member.filename)
-        raw = {key: archive[key] for key in archive.files}
-    bad = [key for key, value in raw.items() if not isinstance(value, np.ndarray)]
-    if bad:
-        raise DataError(f"{path}: members {bad} are not arrays (.npy); an .npz sample holds arrays only")
-    return raw
-
-
-def read_npy_header(stream: BinaryIO, path: Path, size: int, member: str) -> tuple[tuple[int, ...], np.dtype]:
-    """Refuse an array whose header claims more bytes than its file holds, or than memory allows, before reading;
-    the shape and dtype its header declares."""
-    from numpy.lib import format as npy
-
-    version = npy.read_magic(stream)
-    if version == (1, 0):
-        shape, _, dtype = npy.read_array_header_1_0(stream)
-    elif version == (2, 0):
-        shape, _, dtype = npy.read_array_header_2_0(stream)
-    else:  # 3.0, UTF-8 header; numpy has no public reader for it
-        shape, _, dtype = npy._read_array_header(stream, version)
-    if dtype.hasobject:
-        return shape, dtype  # np.load refuses pickled arrays itself, with its own message
-    claimed = math.prod(shape) * dtype.itemsize
-    held = size - stream.tell()
-    if claimed > held:
-        raise DataError(f"{path}: '{member}' claims shape {list(shape)} {dtype} ({_fmt_bytes(claimed)}) but holds "
-                        f"{_fmt_bytes(max(held, 0))} of data: the file is truncated or damaged")
-    if claimed > sample_memory_cap():
-        raise DataError(f"{path}: '{member}' is {list(shape)} {dtype} ({_fmt_bytes(claimed)}), more than one sample "
-                        f"may take ({_fmt_bytes(sample_memory_cap())}, a quarter of the memory available now)")
-    return shape, dtype
 
 
 def fit_to_input(array: np.ndarray, info: InputInfo, path: Path) -> np.ndarray:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from qdeploy.core.errors import QdeployInputError
+from qdeploy.core.layer_rows import check_layers_section
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ValidationRow, readable_report
 from qdeploy.core.values import is_finite_number
 from qdeploy.pipeline.identity import model_mismatch, recipe_content_note, run_differences
@@ -32,7 +33,8 @@ __all__ = ["HIGHER_IS_BETTER", "Change", "NotComparableError", "RunComparison", 
 HIGHER_IS_BETTER = {"cosine": True, "snr_db": True, "top1_agreement": True, "top5_agreement": True,
                     "task_metric": True, "max_abs_err": False, "mean_abs_err": False, "max_rel_err": False}
 """Fidelity metrics compared, and which way is better (the recipe's task metric is taken as an accuracy)."""
-_BAD_STATUSES = ("failed", "error")
+_BAD_STATUSES = ("failed", "error", "unreadable")
+"""A row that was measured and no longer is (the target cannot read the model now) is a regression too."""
 
 
 @dataclass
@@ -99,6 +101,7 @@ def load_report(path: Path, *, require_artifacts: bool = False) -> dict[str, Any
                if not isinstance(report, dict) or not isinstance(report.get(key), list)]
     if missing:
         raise QdeployInputError(f"{file}: not a qdeploy report (missing {', '.join(missing)})")
+    check_layers_section(report, file)  # every reader of report.json validates what it reads (explain: layers)
     # a run folder's published files must be the ones its report describes; a lone report.json is numbers only
     return verify_published(file, report, require_artifacts=require_artifacts)
 
@@ -200,6 +203,9 @@ def _latency_change(subject: str, old: BenchmarkRow, new: BenchmarkRow, max_regr
         notes.append("beyond the noise either run measured")
     if old.noisy or new.noisy:
         notes.append("noisy: a 95% interval wider than 10% of its median")
+    notes += [f"run {label} timed on a busy machine (other processes used {float(load.get('other_cores') or 0):.2f} "
+              f"of {load.get('cores')} cores)" for label, load in (("A", old.machine_load), ("B", new.machine_load))
+              if load and load.get("busy")]
     return Change("latency", subject, a, b, "; ".join(notes), regression=beyond and not noise,
                   within_noise=bool(noise))
 

@@ -5,7 +5,8 @@ outputs, fp16 emulates float16, quantize verifies its lowering).  Whatever a
 stage did, the runner calls ``guard_artifact`` on its result before storing it:
 
 - the new model must load in ONNX Runtime's CPU provider whenever its input
-  model does (a model ONNX Runtime cannot load is never published);
+  model does (a model ONNX Runtime cannot load is never published), and in every
+  other runtime the recipe targets (OpenVINO: ``guard_runtimes``);
 - every graph (If/Loop/Scan bodies included) must be in topological order with
   every name in scope; an order problem alone is repaired here;
 - its inputs and outputs must keep the input model's names and types, kinds
@@ -31,6 +32,7 @@ from qdeploy.core.values import one_line
 from qdeploy.graph.external_data import check_saved_model
 from qdeploy.graph.order import scope_problems, sort_topologically
 from qdeploy.graph.utils import model_bytes
+from qdeploy.pipeline.guard_runtimes import check_other_runtimes, targets_other_runtimes
 from qdeploy.pipeline.large_results import resave_graph
 from qdeploy.targets.onnxruntime import SessionInterface
 
@@ -69,6 +71,8 @@ def guard_artifact(parent: Artifact | None, result: StageResult, stage: str, ctx
     else:
         _same_interface(reference, candidate, stage, ctx.variant)
         verdict["loads"] = "onnxruntime CPUExecutionProvider, with the input model's input and output types"
+    candidate = None  # one runtime's copy of the model in memory at a time
+    verdict.update(_other_runtimes(parent, result, stage, ctx))
     unchecked = _unchecked_reason(result, reference_error)
     verdict["checked"] = unchecked is None
     if unchecked is not None:
@@ -76,6 +80,15 @@ def guard_artifact(parent: Artifact | None, result: StageResult, stage: str, ctx
         log.warning("%s of %s is unchecked: %s", stage, ctx.variant, unchecked)
     result.guard = verdict
     return verdict
+
+
+def _other_runtimes(parent: Artifact, result: StageResult, stage: str, ctx: StageContext) -> dict[str, Any]:
+    """Loads on the recipe's other runtimes (``guard_runtimes``), from a file: the stage's, or a copy saved here."""
+    if not targets_other_runtimes(ctx.targets):
+        return {}
+    path = result.path if result.path is not None else Path(_saved(result.model, ctx.work_dir))
+    found = check_other_runtimes(parent.path, path, ctx.targets, stage, ctx.variant)
+    return {"other_runtimes": found} if found else {}
 
 
 def _graph_order(model: onnx.ModelProto, stage: str, variant: str) -> dict[str, Any]:

@@ -14,13 +14,15 @@ from pydantic import ValidationError
 from qdeploy.calibration.images import is_image
 from qdeploy.calibration.readers import is_npy_sample
 from qdeploy.core.errors import RecipeError, UserFileError
+from qdeploy.core.tolerance import TOLERANCE_TAGS
 from qdeploy.core.userfiles import check_regular_file, files_in_folder, read_text
 from qdeploy.pipeline.recipe import Recipe, StepError
 from qdeploy.stages.export import check_factory
 from qdeploy.stages.validate import check_config
 
-__all__ = ["MAX_RECIPE_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_VALUES", "Loc", "check_recipe_files", "document_loc",
-           "load_recipe_file", "node_line", "parse_recipe", "parse_yaml", "read_yaml_text", "recipe_python_references"]
+__all__ = ["MAX_RECIPE_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_VALUES", "Loc", "RecipeLoader", "check_recipe_files",
+           "document_loc", "load_recipe_file", "node_line", "parse_recipe", "parse_yaml", "read_yaml_text",
+           "recipe_python_references"]
 
 Loc = tuple[str | int, ...]
 
@@ -31,6 +33,20 @@ MAX_YAML_VALUES = 100_000
 """Most values a recipe may hold once its aliases are expanded (a 'billion laughs' bomb expands exponentially)."""
 MAX_YAML_DEPTH = 64
 """Deepest nesting of lists and mappings."""
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+
+
+class RecipeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: only true and false.  YAML 1.1 also reads bare on, off, yes,
+    no as booleans, so ``report: {layers: off}`` (as the docs write it, and as an editor's YAML 1.2 schema reads
+    it) reached the recipe as False; here such words stay text, and a boolean field still takes them (pydantic
+    reads 'off' and 'no' as false, 'on' and 'yes' as true)."""
+
+
+RecipeLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+RecipeLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def load_recipe_file(path: str | Path) -> Recipe:
@@ -79,7 +95,7 @@ def parse_yaml(text: str, file: str) -> tuple[yaml.Node | None, Any]:
 
 def _compose(text: str, file: str) -> yaml.Node | None:
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=RecipeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -127,7 +143,7 @@ def _check_expansion(root: yaml.Node, file: str) -> None:
 
 def _construct(root: yaml.Node, file: str) -> Any:
     """Plain Python values of a composed document; only YAML's safe tags construct anything."""
-    loader = yaml.SafeLoader("")
+    loader = RecipeLoader("")
     try:
         return loader.construct_document(root)
     except yaml.MarkedYAMLError as exc:
@@ -212,7 +228,8 @@ _PYDANTIC_TAG = re.compile(r"(?:function-\w+|tagged-union|lax-or-strict|json-or-
 
 
 def _pydantic_tag(part: str | int) -> bool:
-    return isinstance(part, str) and _PYDANTIC_TAG.fullmatch(part) is not None
+    """A step of pydantic's own: a validator or union step, or the tag of a shape a discriminator chose."""
+    return isinstance(part, str) and (_PYDANTIC_TAG.fullmatch(part) is not None or part in TOLERANCE_TAGS)
 
 
 def _is_leaf(node: yaml.Node) -> bool:
@@ -227,7 +244,7 @@ def _recipe_error(exc: ValidationError, root: yaml.Node, file: str) -> RecipeErr
     message = first["msg"]
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, StepError):
-        loc = ("variants", cause.variant, cause.index, *cause.loc)
+        loc = document_loc(root, ("variants", cause.variant, cause.index, *cause.loc))
         message = cause.message
     elif message.startswith("Value error, "):
         message = message[len("Value error, "):]

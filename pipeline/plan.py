@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,9 @@ from qdeploy.pipeline.per_runtime import plan_lines
 from qdeploy.pipeline.recipe import EXPORTED, Recipe
 from qdeploy.targets import get_target
 
-__all__ = ["Plan", "PlanNode", "Prefix", "build_plan", "describe_plan", "recipe_json_schema"]
+__all__ = ["Plan", "PlanNode", "Prefix", "build_plan", "describe_plan", "recipe_json_schema", "with_reference"]
+
+log = logging.getLogger(__name__)
 
 Prefix = tuple[tuple[str, str], ...]
 """A chain prefix: (stage, canonical config JSON) per step."""
@@ -117,3 +120,15 @@ def recipe_json_schema() -> dict[str, Any]:
     }
     defs.pop("VariantStep", None)
     return schema
+
+
+def with_reference(recipe: Recipe, variants: list[str]) -> list[str]:
+    """The variants a run builds: the selected ones, and the reference variant first when ``--variant`` leaves it
+    out (every artifact is validated against it: without it a run could only say "reference variant was not
+    built")."""
+    reference = recipe.reference_variant
+    if reference in variants or reference not in recipe.variants:
+        return variants
+    log.warning("--variant %s leaves out the reference variant '%s': building it too (every artifact is validated "
+                "against it)", ", ".join(variants), reference)
+    return [reference, *variants]

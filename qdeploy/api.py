@@ -32,6 +32,7 @@ from qdeploy.core.rows import (
     ValidationRow,
     readable_report,
 )
+from qdeploy.core.runtimes import variants_named
 from qdeploy.core.userfiles import writable_folder
 from qdeploy.pipeline.compare_runs import Thresholds, compare_reports, load_report
 from qdeploy.pipeline.recipe import SAFE_NAME, Recipe
@@ -201,13 +202,11 @@ def _with_in_memory_model(recipe: RecipeSource, model: Any, base_dir: str | Path
     elif isinstance(recipe, dict):
         data = copy.deepcopy(recipe)
     else:
-        import yaml
-
         # lazy: pulls onnxruntime (import cost)
-        from qdeploy.pipeline.loader import read_yaml_text
+        from qdeploy.pipeline.loader import parse_yaml, read_yaml_text
 
         path = Path(recipe)
-        data = yaml.safe_load(read_yaml_text(path, "recipe"))
+        data = parse_yaml(read_yaml_text(path, "recipe"), str(path))[1]  # the recipe loader's YAML, bombs refused
         base_dir = base_dir or path.resolve().parent
         file = str(path)
     section = data.setdefault("model", {}) if isinstance(data, dict) else None
@@ -285,7 +284,7 @@ def explain(run: str | Path | RunResult, *, variant: str | None = None, target: 
     if top < 1:
         raise QdeployInputError(f"--top {top}: give a whole number of at least 1")
     names = [row["name"] for row in report.get("artifacts", [])]
-    if variant is not None and variant not in names:
+    if variant is not None and not variants_named(variant, names):  # a recipe's name: its per-runtime builds
         raise QdeployInputError(f"variant '{variant}' is not in this run; its variants: {', '.join(names)}")
     targets = list(dict.fromkeys(row["target"] for row in report.get("validation", [])))
     if target is not None and target not in targets:

@@ -11,6 +11,7 @@ error ratio is the drop over the allowed drop.  ``task_for`` loads the metric an
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["MetricComparison", "Task", "TaskJudge", "judged", "labels_missing", "metric_summary", "task_for"]
 
 Outputs = list[dict[str, np.ndarray]]
+REMEMBERED = 16
+"""Lists of outputs whose metric value a judge remembers (each held in memory while remembered)."""
 Task = tuple["Callable[[dict[str, Any], Any], Any]", list[np.ndarray]]
 """A task metric's function and one label per budget sample."""
 
@@ -72,6 +75,9 @@ class TaskJudge:
         self.function, self.tolerance = function, tolerance
         self.labels = {"search": labels[:search_count], "held": labels[search_count:]}
         self.references: dict[tuple[str, int], float] = {}
+        self.values: OrderedDict[tuple[str, int], tuple[Outputs, tuple[float | None, str]]] = OrderedDict()
+        """The metric on the last ``REMEMBERED`` lists of outputs (kept with it, so its id is not reused): the
+        search compares one candidate several times (at each error fraction); the metric runs once."""
 
     def reference_on(self, part: str, reference: Outputs) -> float:
         """float32's metric on the first ``len(reference)`` samples of ``part`` (cached)."""
@@ -101,9 +107,19 @@ class TaskJudge:
         return float(self.tolerance.max_relative_drop or 0.0) * abs(reference)
 
     def _value(self, part: str, outputs: Outputs) -> tuple[float | None, str]:
+        """The metric on ``outputs``, computed once per list; a metric that exited or did not return in time
+        fails the stage (``UserCodeError``), one that raised or returned no number is a failed candidate."""
         if not outputs:
             return None, "no outputs"
-        return evaluate(self.function, str(self.tolerance.metric), outputs, self.labels[part][:len(outputs)])
+        key = (part, id(outputs))
+        if key not in self.values:
+            value = evaluate(self.function, str(self.tolerance.metric), outputs, self.labels[part][:len(outputs)],
+                             strict=True)
+            self.values[key] = (outputs, value)
+            while len(self.values) > REMEMBERED:
+                self.values.popitem(last=False)
+        self.values.move_to_end(key)
+        return self.values[key][1]
 
 
 def judged(reference: Outputs, outputs: Outputs, tolerance: Tolerance, judge: TaskJudge | None) -> OutputComparison:
@@ -144,7 +160,7 @@ def task_for(tolerance: TaskTolerance, field: str, datasets: Mapping[str, Datase
     if len(labels) < samples:
         raise DataError(f"{field}: the budget dataset '{dataset}' gave {samples} samples and {len(labels)} "
                         "labels; label every sample")
-    return load_metric(tolerance.metric, resolve, field), labels[:samples]
+    return load_metric(tolerance.metric, resolve, field, tolerance.metric_timeout_seconds), labels[:samples]
 
 
 def _rounded(value: float | None) -> float | None:

@@ -214,7 +214,15 @@ def _root(version: Annotated[bool, typer.Option(
 
 
 def main() -> None:
+    _keep_name_bytes(sys.stdout)
     app()
+
+
+def _keep_name_bytes(stream: Any) -> None:
+    """A path whose name is not UTF-8 (Python decodes its bytes as surrogates) reaches the terminal as its own
+    bytes, as ``ls`` prints it: a strict stdout (a UTF-8 locale other than C.UTF-8) refused it, after the run."""
+    if getattr(stream, "errors", None) == "strict" and callable(getattr(stream, "reconfigure", None)):
+        stream.reconfigure(errors="surrogateescape")
 
 
 if __name__ == "__main__":

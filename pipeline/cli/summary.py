@@ -13,7 +13,7 @@ from typing import Any
 from qdeploy.core.rows import ThroughputRow
 from qdeploy.pipeline.report.format import fmt_cosine, fmt_number, fmt_snr_cell, fmt_speedup
 from qdeploy.pipeline.report.precision import speedup_sides
-from qdeploy.pipeline.report.verdict import verdict_lines
+from qdeploy.pipeline.report.verdict_words import verdict_lines
 from qdeploy.pipeline.report.view import gate_label, gate_verdict, matrix, unavailable_line, unavailable_targets
 
 __all__ = ["MAX_DETAILS", "PLAIN_WIDTH", "print_summary"]

@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,7 @@ import numpy as np
 
 __all__ = ["MANIFEST", "NUMPY_TYPES", "QDEPLOY_MODULES", "SNR_CAP_DB", "Runner", "cast_feed", "check_outputs",
            "check_package", "load_samples", "main", "model_files", "openvino_runner", "ort_runner", "output_metrics",
-           "precision_word", "sha256_file", "verify_files"]
+           "precision_word", "say", "sha256_file", "verify_files"]
 
 QDEPLOY_MODULES = ("qdeploy", "pipeline", "stages", "calibration")
 SNR_CAP_DB = 200.0
@@ -275,6 +276,17 @@ def check_package(folder: Path, say: Callable[[str], None] = print) -> dict[str,
     return found
 
 
+def say(line: str) -> None:
+    """Print one line; a reader that stops reading (``python check.py | head -1``) does not stop the check, whose
+    exit status still says whether the package passed: the rest of the output goes to /dev/null."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--require-no-qdeploy", action="store_true",
@@ -283,14 +295,14 @@ def main() -> int:
     if args.require_no_qdeploy:
         importable = [name for name in QDEPLOY_MODULES if importlib.util.find_spec(name) is not None]
         if importable:
-            print(f"FAIL: this interpreter can import {importable}; the check needs an environment without qdeploy")
+            say(f"FAIL: this interpreter can import {importable}; the check needs an environment without qdeploy")
             return 1
-        print(f"qdeploy importable: no ({', '.join(QDEPLOY_MODULES)} not found)")
-    found = check_package(Path(__file__).resolve().parent)
+        say(f"qdeploy importable: no ({', '.join(QDEPLOY_MODULES)} not found)")
+    found = check_package(Path(__file__).resolve().parent, say)
     problems = [f"{where}: {problem}" for where, items in found.items() for problem in items]
     for problem in problems:
-        print(f"FAIL: {problem}")
-    print("PASS" if not problems else "FAILED")
+        say(f"FAIL: {problem}")
+    say("PASS" if not problems else "FAILED")
     return 0 if not problems else 1
 
 

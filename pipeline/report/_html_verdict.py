@@ -8,7 +8,7 @@ from qdeploy.pipeline.report._html_parts import status_badge
 from qdeploy.pipeline.report.format import escape_html, fmt_number, fmt_speedup
 from qdeploy.pipeline.report.precision import speedup_sides
 from qdeploy.pipeline.report.tables import report_verdict
-from qdeploy.pipeline.report.verdict import (
+from qdeploy.pipeline.report.verdict_words import (
     describe,
     in_recipe_order,
     package_of,

@@ -7,8 +7,10 @@ those that add most error.  report.html's part is in ``_html_layers``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
+from qdeploy.core.runtimes import variants_named
 from qdeploy.pipeline.report.format import fmt_number
 
 __all__ = ["by_error", "by_time", "explain_text", "layer_markdown", "overhead_line", "select_pairs"]
@@ -29,11 +31,11 @@ def by_error(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                        r["snr_db"] if r.get("snr_db") is not None else float("-inf")))
 
 
-def select_pairs(section: dict[str, Any] | None, variant: str | None = None,
+def select_pairs(section: dict[str, Any] | None, variants: Collection[str] | None = None,
                  target: str | None = None) -> list[dict[str, Any]]:
-    """The profiled pairs, filtered by variant and target."""
+    """The profiled pairs, filtered by variants and target."""
     return [pair for pair in (section or {}).get("pairs", [])
-            if (variant is None or pair["variant"] == variant) and (target is None or pair["target"] == target)]
+            if (variants is None or pair["variant"] in variants) and (target is None or pair["target"] == target)]
 
 
 def overhead_line(section: dict[str, Any], run_seconds: float | None = None) -> str:
@@ -110,6 +112,24 @@ def _table(rows: list[dict[str, Any]], total_ms: float, *, error: bool = False) 
     return lines
 
 
+_MODE_WORDS = {"auto": "auto profiles what the verdict ships on each target and every pair whose validation failed",
+               "full": "full profiles every pair validation could run"}
+
+
+def _not_profiled(section: dict[str, Any], variant: str | None, builds: list[str] | None, target: str | None) -> str:
+    """What explain says of a pair the run did not profile: what it did profile, and how to profile this one."""
+    what = f"variant {variant}" if variant is not None else "any variant"
+    if builds is not None and builds != [variant]:
+        what += f" (built per runtime as {', '.join(builds)})"
+    what += f" on {target}" if target is not None else ""
+    known = ", ".join(f"{p['variant']} on {p['target']}" for p in section.get("pairs", [])) or "none"
+    mode = section.get("mode")
+    how = ("set `report: {layers: full}` in the recipe and run it again to profile every pair" if mode != "full"
+           else "validation could not run it there (its row in the report says why)")
+    return (f"no profiled pair matches {what}: report.layers {_MODE_WORDS.get(str(mode), mode)}; profiled: "
+            f"{known}. {how[0].upper()}{how[1:]}")
+
+
 def explain_text(report: dict[str, Any], variant: str | None = None, target: str | None = None,
                  top: int = 10) -> str:
     """`qdeploy explain`'s text: per profiled pair, the summary and the top layers by time and by error."""
@@ -117,10 +137,11 @@ def explain_text(report: dict[str, Any], variant: str | None = None, target: str
     if not section:
         return ("this run has no layers section: it was made with report.layers: off, or by a qdeploy without "
                 "the per-layer pass; run it again with report.layers: auto or full")
-    pairs = select_pairs(section, variant, target)
+    names = [artifact["name"] for artifact in report.get("artifacts", [])]
+    builds = (variants_named(variant, names) or [variant]) if variant is not None else None
+    pairs = select_pairs(section, builds, target)
     if not pairs:
-        known = ", ".join(f"{p['variant']} on {p['target']}" for p in section.get("pairs", [])) or "none"
-        return f"no profiled pair matches (variant {variant or 'any'}, target {target or 'any'}); profiled: {known}"
+        return _not_profiled(section, variant, builds, target)
     out = [overhead_line(section, report.get("seconds"))]
     for pair in pairs:
         out += ["", _pair_header(pair)]

@@ -9,7 +9,8 @@ from typing import Any
 
 from qdeploy.pipeline.report.format import fmt_cosine, fmt_ms, fmt_number, fmt_snr, fmt_snr_cell, fmt_speedup
 from qdeploy.pipeline.report.precision import speedup_sides
-from qdeploy.pipeline.report.verdict import tie_rule_words, verdict_lines, verdict_section
+from qdeploy.pipeline.report.verdict import verdict_section
+from qdeploy.pipeline.report.verdict_words import tie_rule_words, verdict_lines
 from qdeploy.pipeline.report.view import matrix, tradeoff_points, unavailable_line, unavailable_targets
 
 __all__ = ["matrix_lines", "report_verdict", "throughput_lines", "tradeoff_lines", "verdict_markdown"]

@@ -13,7 +13,8 @@ from qdeploy.core.compare import SNR_CAP_DB
 from qdeploy.core.runtimes import artifact_of
 from qdeploy.pipeline.report.format import fmt_number
 from qdeploy.pipeline.report.precision import attempts_line, ran_label, same_setting, settings_by_row
-from qdeploy.pipeline.report.verdict import short_reason, split_targets
+from qdeploy.pipeline.report.verdict import split_targets
+from qdeploy.pipeline.report.verdict_words import short_reason
 
 __all__ = ["FIDELITY_METRICS", "HIGHLIGHT_WORDS", "MatrixRow", "TradeoffPoint", "benchmark_settings",
            "fidelity_metric", "gate_bound", "gate_label", "gate_verdict", "has_task_metric", "highlights",

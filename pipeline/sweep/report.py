@@ -20,7 +20,7 @@ from qdeploy.core.files import write_json_atomic, write_text_atomic
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ValidationRow
 from qdeploy.pipeline.report.precision import execution_phrase
 from qdeploy.pipeline.report.tables import report_verdict
-from qdeploy.pipeline.report.verdict import describe, in_recipe_order, package_of, short_reason
+from qdeploy.pipeline.report.verdict_words import describe, in_recipe_order, package_of, short_reason
 
 if TYPE_CHECKING:
     from qdeploy.pipeline.sweep.jobs import Job

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import DiskFullError
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.core.values import utf8_safe
 
 if TYPE_CHECKING:
     import onnx
@@ -138,14 +139,16 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
+    """Write UTF-8 text under a temporary name and rename it into place; a path in it whose name is not UTF-8
+    (surrogate escapes, ``os.fsdecode``) is written escaped (``utf8_safe``), never refused."""
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale_files(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
     os.chmod(tmp, _default_file_mode())  # mkstemp makes 0600; reports are meant to be shared
     with disk_full_is_clear(str(path)):
         try:
-            with os.fdopen(fd, "w") as stream:
-                stream.write(text)
+            with os.fdopen(fd, "w", encoding="utf-8") as stream:
+                stream.write(utf8_safe(text))
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):

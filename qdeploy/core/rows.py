@@ -27,7 +27,9 @@ __all__ = ["BenchmarkRow", "BenchmarkStatus", "BuildFailure", "FailureKind", "Ga
            "StopRecord", "ThroughputRow", "UnmeasuredEntry", "UnmeasuredKind", "ValidationMetrics", "ValidationRow",
            "ValidationStatus", "benchmark_row_from_json", "readable_report", "rows_to_json"]
 
-ValidationStatus = Literal["passed", "failed", "unavailable", "error"]
+ValidationStatus = Literal["passed", "failed", "unavailable", "error", "unreadable"]
+"""``unreadable``: the target cannot read the original model either, so nothing built from it runs there: a
+limitation of the target (said once in ``unreadable_targets``), neither a pass nor a failure of the variant."""
 BenchmarkStatus = Literal["ok", "unavailable", "error"]
 FailureKind = Literal["input", "stage"]
 UnmeasuredKind = Literal["validate", "benchmark"]
@@ -153,8 +155,9 @@ class ValidationRow(ResultRow):
     pinned run's, and the package pins INFERENCE_PRECISION_HINT to it."""
     unreadable: bool | None = None
     """True when the target cannot read or compile this artifact because it cannot read the original model either
-    (the reference variant's row on that target, whose reason says why, once): not a failure of this variant, and
-    never a pass.  report.json's ``unreadable_targets`` names each such target once."""
+    (the reference variant's row on that target, whose reason says why, once); the row's status is then
+    ``unreadable``: not a failure of this variant, and never a pass.  report.json's ``unreadable_targets`` names each
+    such target once."""
 
     @property
     def measured(self) -> bool:

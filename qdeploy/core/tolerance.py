@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Annotated, Any, Union
 
-__all__ = ["DEFAULT_TOLERANCES", "StrictModel", "TaskTolerance", "Tolerance"]
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+__all__ = ["DEFAULT_TOLERANCES", "TOLERANCE_TAGS", "AnyTolerance", "StrictModel", "TaskTolerance", "Tolerance"]
 
 
 class StrictModel(BaseModel):
@@ -34,9 +36,24 @@ class TaskTolerance(StrictModel):
                                                          "(docs/validate.md), higher is better; computed with the "
                                                          "budget data's labels on float32 and on each candidate. "
                                                          "The recipe's validate.metric when absent.")
-    max_drop: float | None = Field(default=None, ge=0.0, description="Largest absolute drop of the metric.")
-    max_relative_drop: float | None = Field(default=None, ge=0.0, le=1.0, description="Largest drop as a share of "
-                                                                                      "the float32 metric.")
+    max_drop: float | None = Field(default=None, ge=0.0, allow_inf_nan=False,
+                                   description="Largest absolute drop of the metric.")
+    max_relative_drop: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False,
+                                            description="Largest drop as a share of the float32 metric.")
+    metric_timeout_seconds: float | None = Field(
+        default=None, gt=0, description="Most seconds one call of the metric may take (300 when absent): a metric "
+                                        "that does not return in time, exits (sys.exit) or raises "
+                                        "KeyboardInterrupt fails the stage, naming it.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_mixed(cls, data: Any) -> Any:
+        mixed = sorted(set(data) & set(Tolerance.model_fields)) if isinstance(data, dict) else []
+        if mixed:
+            raise ValueError(f"a tolerance is either output limits ({', '.join(Tolerance.model_fields)}) or a "
+                             f"task-metric budget (metric, max_drop or max_relative_drop), not both: {mixed} beside "
+                             f"{sorted(set(data) & set(cls.model_fields))}; keep one shape")
+        return data
 
     @model_validator(mode="after")
     def _one_limit(self) -> TaskTolerance:
@@ -46,6 +63,25 @@ class TaskTolerance(StrictModel):
             raise ValueError("a task-metric tolerance needs exactly one of max_drop or max_relative_drop")
         return self
 
+
+TOLERANCE_TAGS = ("output-limits", "task-metric")
+"""The names of a tolerance's two shapes in a validation error's location (the recipe loader drops them)."""
+
+
+def _shape_of(value: Any) -> str:
+    """Which shape a tolerance is, by its keys: a task-metric budget names metric, max_drop or max_relative_drop;
+    anything else is output limits (whose model then says what is wrong with it, a value that is no mapping too)."""
+    if isinstance(value, TaskTolerance) or (isinstance(value, dict) and set(value) & set(TaskTolerance.model_fields)):
+        return TOLERANCE_TAGS[1]
+    return TOLERANCE_TAGS[0]
+
+
+AnyTolerance = Annotated[
+    Union[Annotated[Tolerance, Tag(TOLERANCE_TAGS[0])], Annotated[TaskTolerance, Tag(TOLERANCE_TAGS[1])]],  # noqa: UP007
+    Discriminator(_shape_of),
+]
+"""A stage's accuracy budget, output limits or a task metric, told apart by its keys (never by which shape
+complains less: a mistake in a task-metric budget is reported as that, not as an unknown key of output limits)."""
 
 # Defaults per precision, used when the recipe sets no tolerance (documented in the README).
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {

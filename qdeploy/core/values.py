@@ -7,9 +7,12 @@ and how long a quoted error may be.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
-__all__ = ["finite_or", "is_finite_number", "one_line"]
+__all__ = ["finite_or", "is_finite_number", "one_line", "utf8_safe"]
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def is_finite_number(value: Any) -> bool:
@@ -26,3 +29,15 @@ def one_line(exc: BaseException | str, limit: int = 300) -> str:
     """An exception's message on one line (white space folded), cut to ``limit`` characters with '...'."""
     text = " ".join(str(exc).split())
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+
+def utf8_safe(text: str) -> str:
+    """``text`` with every lone surrogate written as an escape: the bytes of a file name that is not UTF-8 (which
+    Python decodes as surrogates, ``os.fsdecode``) become ``\\xff``, as ``ls -b`` shows them, so that text holding
+    such a path can be written as UTF-8."""
+    return _SURROGATE.sub(_escaped, text)

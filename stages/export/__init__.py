@@ -17,7 +17,7 @@ from qdeploy.calibration.readers import InputInfo, check_sample_fits, inputs_of,
 from qdeploy.core.context import StageResult
 from qdeploy.core.errors import DataError, ModelError
 from qdeploy.core.memory import available_memory
-from qdeploy.core.usercode import import_user_module
+from qdeploy.core.usercode import call_user, import_user_module
 from qdeploy.core.userfiles import check_regular_file
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, check_without_weights, needs_external_data
 from qdeploy.graph.names import name_nodes_uniquely
@@ -357,7 +357,10 @@ def _check_in_memory(model: onnx.ModelProto) -> None:
 def export_torch(config: ExportConfig, ctx: StageContext) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """Build the user's nn.Module, export it and compare the export with PyTorch's own outputs."""
     assert config.torch is not None
-    return export_module(build_torch_module(config.torch, ctx), config, ctx.work_dir, ctx.variant)
+    module = build_torch_module(config.torch, ctx)
+    # tracing runs the user's forward: an exit there is the user's code failing (qdeploy.core.usercode)
+    return call_user(f"the forward of model.torch.factory {config.torch.factory} (exporting it)", export_module,
+                     module, config, ctx.work_dir, ctx.variant)
 
 
 def export_module(module: Any, config: ExportConfig, work_dir: Path,
@@ -405,7 +408,7 @@ def build_torch_module(source: TorchSource, ctx: StageContext) -> Any:
     python_module = _import_factory_module(module_part, ctx)
     if not hasattr(python_module, function):
         raise ModelError(f"model.torch.factory: '{module_part}' has no callable '{function}'")
-    module = getattr(python_module, function)()
+    module = call_user(f"model.torch.factory {source.factory}", getattr(python_module, function))
     if source.weights:
         try:
             state = torch.load(ctx.resolve(source.weights), map_location="cpu", weights_only=True)

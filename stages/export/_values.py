@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 
 import numpy as np
 
-from qdeploy.core.errors import ModelError, UserFileError
-from qdeploy.core.userfiles import open_regular_file
+from qdeploy.core.arrayfiles import load_npy
+from qdeploy.core.errors import DataError, ModelError, UserFileError
 
 if TYPE_CHECKING:
     import onnx
@@ -130,17 +130,11 @@ def read_value(spec: InputSpec, resolve: Callable[[str], Path]) -> np.ndarray:
     """The spec's value as an array: the literal, or the .npy file (regular, small, not pickled, numbers)."""
     if not isinstance(spec.value, str):
         return literal_array(spec)
-    path = resolve(spec.value)
-    try:
-        with open_regular_file(path, f"value file of input '{spec.name}'") as stream:
-            array = np.load(stream, allow_pickle=False, max_header_size=10_000) if _small(stream) else None
-    except UserFileError as exc:
+    limit = (MAX_VALUE_BYTES, f"a frozen value may take ({MAX_VALUE_BYTES // 1_000_000} MB: it is a small constant)")
+    try:  # the one checked loader (qdeploy.core.arrayfiles): the header is checked before numpy allocates
+        array = load_npy(resolve(spec.value), f"value file of input '{spec.name}'", limit)
+    except (UserFileError, DataError) as exc:
         raise ModelError(f"model.inputs '{spec.name}': {exc}") from None
-    except (OSError, ValueError, EOFError) as exc:
-        raise ModelError(f"model.inputs '{spec.name}': cannot read '{spec.value}' as .npy: {exc}") from None
-    if array is None:
-        raise ModelError(f"model.inputs '{spec.name}': '{spec.value}' is over {MAX_VALUE_BYTES // 1_000_000} MB; a "
-                         "frozen value is a small constant")
     if array.dtype.kind not in "biuf" or (array.dtype.kind == "f" and not np.all(np.isfinite(array))):
         raise ModelError(f"model.inputs '{spec.name}': '{spec.value}' holds {array.dtype} values"
                          f"{' with NaN or Inf' if array.dtype.kind == 'f' else ''}; a frozen value is finite numbers")
@@ -148,12 +142,6 @@ def read_value(spec: InputSpec, resolve: Callable[[str], Path]) -> np.ndarray:
         raise ModelError(f"model.inputs '{spec.name}': shape {spec.shape} contradicts '{spec.value}' of shape "
                          f"{list(array.shape)}; remove 'shape'")
     return array
-
-
-def _small(stream: Any) -> bool:
-    import os
-
-    return os.fstat(stream.fileno()).st_size <= MAX_VALUE_BYTES
 
 
 def _check_shape(name: str, array: np.ndarray, shape: onnx.TensorShapeProto) -> None:

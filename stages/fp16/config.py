@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from qdeploy.core.tolerance import TaskTolerance, Tolerance
+from qdeploy.core.tolerance import AnyTolerance, TaskTolerance
 
 __all__ = ["FLOAT16_MAX", "MAX_SAFETY_ROUNDS", "REPAIR_SAMPLES", "Fp16Config", "Fp16Data", "effective_op_block_list",
            "reads_default_dataset"]
@@ -71,7 +71,7 @@ class Fp16Config(BaseModel):
         default=0.5, gt=0.0, le=1.0, description="Fraction of max_finite_val a measured activation may reach: "
                                                  "worst cases are predicted as measured / margin (squared for "
                                                  "attention scores, exponentiated for Pow and Exp).")
-    tolerance: Tolerance | TaskTolerance | None = Field(
+    tolerance: AnyTolerance | None = Field(
         default=None, description="Limits the emulated float16 outputs must meet against float32 on the data: "
                                   "the target of mode 'auto' and the verdict of the fidelity check (the fp16 "
                                   "defaults of validation when absent); or, in mode 'auto', a task metric's "

@@ -32,7 +32,8 @@ the search has not seen.
 With a task metric (``tolerance: {metric, max_drop}``, ``qdeploy.stages.task_metric``) every decision above
 is the metric's drop from float32 on the same samples; the ranking stays the local error.  ``weigh_latency``
 adds a second search in harm-per-second order and writes the fastest of the two that holds (``_Latency``,
-``_budget_latency``).  ``max_seconds`` stops the search with the best model measured (``_budget_cost``).
+``_budget_latency``).  A time bound (``max_seconds``, else a default scaled by the first full evaluation's
+seconds) stops the search with the best model measured (``_budget_cost``).
 
 When even every candidate kept float misses (or ``max_float_nodes`` stops the
 search), the best model found is returned and marked as failing its budget,
@@ -49,7 +50,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,7 +248,8 @@ def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance
     """The quantized model that holds the tolerance on held-back samples with few nodes kept in float, on every
     target in ``targets`` (see the module doc); ``build(kept)`` returns the model with those nodes kept in float.
     ``task``: (metric function, one label per sample) when ``tolerance`` is a task metric's; ``max_seconds``
-    bounds the search (``_budget_cost``); ``timing``: the targets' per-node costs for latency-aware reverting."""
+    bounds the search, else the default bound (``_budget_cost``); ``timing``: the targets' per-node costs for
+    latency-aware reverting."""
     import onnx
 
     clock = Clock(max_seconds)
@@ -261,6 +262,7 @@ def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance
     full_model = build([])
     with clock.phase("fully quantized"):
         full = evaluate.measure(full_model, held=True)
+    clock.bound_from(clock.phases["fully quantized"]["seconds"])  # the default bound scales with the model
     checks.remember([], full, evaluate)
     initial = _both(evaluate, full)
     opening = _Opening(tolerance.model_dump(exclude_none=True), len(feeds), len(search_feeds), held_count, initial,
@@ -280,7 +282,8 @@ def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance
             ranked, ranking = rank_candidates(build, evaluate, candidates, onnx.load(str(float_model)), full_model,
                                               work_dir, on_progress, check=clock.check)
     except OutOfTime:
-        ranked, ranking = [], "none: budget.max_seconds passed during the ranking"
+        ranked, ranking = [], f"none: {'budget.max_seconds' if max_seconds else 'the default time bound'} passed " \
+                              "during the ranking"
     limit = len(ranked) if max_float_nodes is None else min(len(ranked), max_float_nodes)
     phases: list[_Phase] = []
     tried: list[_Trial] = []
@@ -425,8 +428,8 @@ def _closed(opening: _Opening, checks: TargetChecks, confirmed: str, **outcome: 
                           targets=checks.verdicts(), runtimes=runtimes,
                           evaluations=sum(entry["evaluations"] for entry in runtimes.values()),
                           evaluation_seconds=round(sum(entry["seconds"] for entry in runtimes.values()), 3),
-                          seconds=round(time.perf_counter() - clock.started, 3), confirmed=confirmed,
-                          cost=clock.report(), stopped=clock.stopped, max_seconds=clock.max_seconds)
+                          seconds=round(clock.elapsed(), 3), confirmed=confirmed, cost=clock.report(),
+                          stopped=clock.stopped, max_seconds=clock.max_seconds, time_bound=clock.time_bound())
 
 
 def _rounds(search: _Search, limit: int, candidates: int) -> tuple[list[str], bool, dict[str, Any]]:

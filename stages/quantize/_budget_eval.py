@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +101,10 @@ class Measured:
     failure: str | None = None
     unavailable: bool = False
     """The failure is the target's own limit (``CannotRun.unavailable``)."""
+    compared: dict[tuple[int, str, float], OutputComparison] = field(default_factory=dict, compare=False,
+                                                                     repr=False)
+    """Its comparisons so far, by (reference, part, error fraction): the search asks the same one several times
+    (does it pass, at which ratio, is it the best), and each is a pass over every output (or a task metric call)."""
 
     @property
     def held_part(self) -> bool:
@@ -177,18 +181,27 @@ class Evaluator:
         """Compared on the search samples with the tolerance tightened to ``fraction`` of its errors."""
         if measured.failure is not None:
             return OutputComparison([], False, [measured.failure])
-        if self.judge is not None:
-            return self.judge.compare("search", self.reference.search, measured.search, fraction)
-        tolerance = self.tolerance if fraction >= 1.0 else tightened(self.tolerance, fraction)
-        return worst_of(self.reference.search[:len(measured.search)], measured.search, tolerance)
+        key = (id(self.reference), "search", min(fraction, 1.0))
+        if key not in measured.compared:
+            measured.compared[key] = self._compare_search(measured, fraction)
+        return measured.compared[key]
 
     def on_held(self, measured: Measured) -> OutputComparison:
         assert measured.held is not None
         if measured.failure is not None:
             return OutputComparison([], False, [measured.failure])
+        key = (id(self.reference), "held", 1.0)
+        if key not in measured.compared:
+            measured.compared[key] = (
+                self.judge.compare("held", self.reference.held or [], measured.held) if self.judge is not None
+                else worst_of(self.reference.held or [], measured.held, self.tolerance))
+        return measured.compared[key]
+
+    def _compare_search(self, measured: Measured, fraction: float) -> OutputComparison:
         if self.judge is not None:
-            return self.judge.compare("held", self.reference.held or [], measured.held)
-        return worst_of(self.reference.held or [], measured.held, self.tolerance)
+            return self.judge.compare("search", self.reference.search, measured.search, fraction)
+        tolerance = self.tolerance if fraction >= 1.0 else tightened(self.tolerance, fraction)
+        return worst_of(self.reference.search[:len(measured.search)], measured.search, tolerance)
 
     def per_sample_ratios(self, measured: Measured) -> list[float]:
         if self.judge is not None:  # a task metric is a rate over samples: no per-sample spread

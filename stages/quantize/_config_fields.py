@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from qdeploy.core.tolerance import TaskTolerance, Tolerance  # TaskTolerance: shared with fp16
+from qdeploy.core.tolerance import AnyTolerance, TaskTolerance  # TaskTolerance: shared with fp16
 
 __all__ = ["VERIFY_TARGETS", "Budget", "BudgetSettings", "BudgetTolerance", "Calibration", "CalibrationRef",
            "ExcludeNodes", "ExcludeOpTypes", "ExcludePatterns", "OpTypes", "PerChannel", "ReduceRange",
@@ -88,7 +88,7 @@ PerChannel = Annotated[bool, Field(description="Quantize weights per output chan
 WeightType = Annotated[Literal["int8", "uint8"], Field(description="Weight type.")]
 Budget = Annotated[BudgetSettings, Field(default_factory=BudgetSettings, description="Data and limits of the "
                                                                                     "accuracy budget's search.")]
-BudgetTolerance = Annotated[Tolerance | TaskTolerance | None, Field(
+BudgetTolerance = Annotated[AnyTolerance | None, Field(
     description="Accuracy budget against float32: the most harmful quantized nodes stay float until it holds; "
                 "output similarity (cosine_min, snr_db_min...) or a task metric ({metric, max_drop})."
 )]

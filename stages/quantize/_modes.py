@@ -344,7 +344,7 @@ def weight_only(artifact: Artifact, config: WeightOnlyConfig, ctx: StageContext)
         bits=config.bits, group_size=config.group_size, symmetric=config.symmetric_weights,
         weight_format=config.weight_format,
         accuracy_level=config.accuracy_level if config.weight_format == "matmulnbits" else None,
-        quantized_weights=bits, kept_float=report.kept_float,
+        quantized_weights=bits, kept_float=report.kept_float, blocks=report.blocks or None,
         bytes={"before": artifact.size_bytes, "after": report.bytes_out}, **data_findings(config, report))
     return StageResult(model=model, changed=True, findings=findings, path=output if large else None)
 

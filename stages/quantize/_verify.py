@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.stages.quantize._openvino import dequantized_values
 from qdeploy.targets import get_target
+from qdeploy.targets.openvino_read import read_onnx
 
 if TYPE_CHECKING:
     import onnx
@@ -138,7 +139,8 @@ def _openvino_counts(model_path: Path) -> dict[str, Any]:
     import openvino
 
     core = openvino.Core()
-    compiled = core.compile_model(str(model_path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    model, _ = read_onnx(core, model_path)  # as every OpenVINO target reads it (frontend rewrites included)
+    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     layers: Counter[str] = Counter()
     int8_layers: Counter[str] = Counter()
     for op in compiled.get_runtime_model().get_ops():

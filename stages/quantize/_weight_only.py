@@ -17,6 +17,10 @@ Two forms of the same values (``weight_format``):
   block_size) -> MatMul / Gather`` (the model's opset raised to 21 on the graph alone), for runtimes without
   Microsoft's ops.
 
+Blocks: ``group_size`` where it divides a weight's quantized axis, else the largest power of two that does, else
+int8 with a scale per output channel (``_weight_blocks``: what OpenVINO reads as ONNX Runtime does); each choice
+that is not ``group_size`` is in ``WeightOnlyReport.blocks``.
+
 Memory: the graph is loaded with ``load_external_data=False``; each weight is read through a read-only memory
 map of its data file, quantized in slices and appended to the output's one data file; weights left float are
 copied file to file in 64 MB pieces.  The peak is the graph plus one slice, not the model.
@@ -40,10 +44,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.graph.names import NodeNames, name_nodes_uniquely
 from qdeploy.graph.utils import subgraph_references
+from qdeploy.stages.quantize._weight_blocks import block_for
 from qdeploy.stages.quantize._weight_only_data import activation_hessians, needs_data, plan
 from qdeploy.stages.quantize._weight_only_gptq import gptq
 from qdeploy.stages.quantize._weight_pack import (
-    dividing_group,
     grouped_tensors,
     matmulnbits_tensors,
     pack_int4,
@@ -56,6 +60,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ALIGN = 4096
+PER_AXIS_OPSET = 13
+"""First opset whose DequantizeLinear takes a scale per channel (``axis``): the int8 form of a weight no block
+divides."""
 COPY_CHUNK = 64 << 20
 SHAPE_ONLY_OPS = frozenset({"Reshape", "Transpose", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
 WEIGHT_ONLY_OPS = ("MatMul", "Gather")
@@ -71,6 +78,9 @@ class WeightOnlyReport:
     calibration_samples: int = 0
     mixed: dict[str, Any] | None = None
     """What ``ratio`` measured and chose (``_weight_only_data.plan``); None at ratio 1."""
+    blocks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Weight -> the block it got where that is not ``group_size`` (``block_size``: null for per-channel int8), the
+    length of its quantized axis, and why."""
 
 
 class _Weights:
@@ -273,7 +283,7 @@ def _dequantize_linear(target: _Target, weights: _Weights, out: _DataFile, confi
     """The opset-21 form: DequantizeLinear(q, scale, zero_point, axis, block_size) feeding the MatMul/Gather."""
     array = weights.array(target.weight)
     axis = 0 if target.kind == "matmul" else 1
-    group = dividing_group(array.shape[axis], config.group_size)
+    group = config.group_size  # the block chosen for this weight (``block_for``)
     if target.hessian is None:
         values, scales, zeros = grouped_tensors(array, axis, target.bits, group, config.symmetric_weights)
     else:
@@ -287,12 +297,36 @@ def _dequantize_linear(target: _Target, weights: _Weights, out: _DataFile, confi
               _add(graph, out.add(f"{base}_scales", TensorProto.FLOAT, scale_dims, scales))]
     if zeros is not None:
         inputs.append(_add(graph, out.add(f"{base}_zero_points", data_type, scale_dims, zeros)))
-    dequantized, node = f"{base}_dq", target.node
+    return _dequantized_before(target, inputs, f"{base}_dq", axis=axis, block_size=group)
+
+
+def _per_channel_int8(target: _Target, weights: _Weights, out: _DataFile, config: WeightOnlyConfig,
+                      graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """No block divides the quantized axis: int8 with one scale per output channel (a MatMul weight's column, a
+    table's row) in an opset-13 DequantizeLinear with ``axis`` before the MatMul/Gather."""
+    array = weights.array(target.weight)
+    reduced = 0 if target.kind == "matmul" else 1
+    values, scales, zeros = grouped_tensors(array, reduced, 8, array.shape[reduced], config.symmetric_weights)
+    data_type = TensorProto.INT8 if config.symmetric_weights else TensorProto.UINT8
+    channels = [array.shape[1 - reduced]]
+    base = f"{target.weight}_q8"
+    inputs = [_add(graph, out.add(base, data_type, list(array.shape), values)),
+              _add(graph, out.add(f"{base}_scales", TensorProto.FLOAT, channels, scales))]
+    if zeros is not None:
+        inputs.append(_add(graph, out.add(f"{base}_zero_points", data_type, channels, zeros)))
+    return _dequantized_before(target, inputs, f"{base}_dq", axis=1 - reduced)
+
+
+def _dequantized_before(target: _Target, inputs: list[str], dequantized: str, *, axis: int,
+                        block_size: int | None = None) -> list[onnx.NodeProto]:
+    """A DequantizeLinear of ``inputs`` and the target's node rewired to read it instead of the float weight."""
+    node = target.node
     rewired = helper.make_node(node.op_type, [node.input[0], dequantized] if target.kind == "matmul"
                                else [dequantized, node.input[1]], list(node.output), name=node.name)
     rewired.attribute.extend(node.attribute)
+    blocked = {"block_size": block_size} if block_size is not None else {}
     return [helper.make_node("DequantizeLinear", inputs, [dequantized], name=f"{node.name}_DQ", axis=axis,
-                             block_size=group), rewired]
+                             **blocked), rewired]
 
 
 def _gptq_grouped(array: np.ndarray, target: _Target, group: int, symmetric: bool
@@ -343,15 +377,15 @@ def quantize_file(source: Path, target: Path, config: WeightOnlyConfig,
     graph.name, graph.doc_string = model.graph.name, model.graph.doc_string
     for field_name in ("input", "output", "value_info", "sparse_initializer"):
         getattr(graph, field_name).extend(getattr(model.graph, field_name))
+    opset = next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), 0)
     try:
         for node in model.graph.node:
             found = targets.get(id(node))
+            if found is not None and not _lower(found, weights, data, config, graph, names, report, opset):
+                targets.pop(id(node))
+                found = None
             if found is None:
                 graph.node.append(node)
-                continue
-            graph.node.extend(_named(_lowering(config, found.kind)(found, weights, data, config, graph), node, names))
-            report.quantized[node.name] = {"op": node.op_type, "weight": found.weight, "bits": found.bits,
-                                           "method": "rtn" if found.hessian is None else "gptq"}
         _carry_initializers(model.graph, graph, weights, data, {found.weight for found in targets.values()})
     finally:
         data.close()
@@ -364,6 +398,29 @@ def quantize_file(source: Path, target: Path, config: WeightOnlyConfig,
     temporary.replace(target)
     report.bytes_out = target.stat().st_size + data.path.stat().st_size
     return report
+
+
+def _lower(found: _Target, weights: _Weights, data: _DataFile, config: WeightOnlyConfig, graph: onnx.GraphProto,
+           names: NodeNames, report: WeightOnlyReport, opset: int) -> bool:
+    """Write ``found``'s quantized weight and its nodes in the block ``block_for`` chooses; False (and the reason
+    in ``report.kept_float``) when it stays float."""
+    node = found.node
+    block = block_for(found.kind, list(weights.by_name[found.weight].dims), config)
+    if block.size is None and opset < PER_AXIS_OPSET:
+        report.kept_float[node.name] = (f"no block fits its axis ({block.axis_length}) and the int8 form with a "
+                                        f"scale per channel needs opset {PER_AXIS_OPSET} (the model's is {opset})")
+        return False
+    lowering = _per_channel_int8 if block.size is None else _lowering(config, found.kind)
+    fitted = config if block.size in (None, config.group_size) else \
+        config.model_copy(update={"group_size": block.size})
+    graph.node.extend(_named(lowering(found, weights, data, fitted, graph), node, names))
+    report.quantized[node.name] = {"op": node.op_type, "weight": found.weight,
+                                   "bits": found.bits if block.size else 8, "block_size": block.size,
+                                   "method": "rtn" if found.hessian is None or block.size is None else "gptq"}
+    if block.why:
+        report.blocks[found.weight] = {"block_size": block.size, "axis": block.axis_length, "why": block.why}
+        log.info("weight_only: %s: %s", found.weight, block.why)
+    return True
 
 
 def _carry_initializers(old: onnx.GraphProto, new: onnx.GraphProto, weights: _Weights, data: _DataFile,

@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from qdeploy.stages.quantize._weight_blocks import block_for
 from qdeploy.stages.quantize._weight_only_gptq import int4_output_error
 
 if TYPE_CHECKING:
@@ -104,6 +105,11 @@ def activation_hessians(source: Path, model: onnx.ModelProto, names: list[str], 
     return {name: total / max(rows[name], 1) for name, total in sums.items()}, samples
 
 
+def _block(shape: tuple[int, ...], config: WeightOnlyConfig) -> int:
+    """The block the MatMul weight will be written in (``_weight_blocks``): its int4 error is scored in it."""
+    return block_for("matmul", list(shape), config).size or config.group_size
+
+
 def plan(targets: list[Target], config: WeightOnlyConfig, array_of: Callable[[str], np.ndarray],
          hessians: dict[str, np.ndarray], report: _Report) -> list[Target]:
     """Targets with their Hessian attached (MatMuls, for gptq) and the ratio's int8 choice made; the report
@@ -115,7 +121,8 @@ def plan(targets: list[Target], config: WeightOnlyConfig, array_of: Callable[[st
     candidates = [found for found in planned if found.kind == "matmul" and found.bits == 4 and not found.fixed]
     sizes = {found.node.name: int(np.prod(array_of(found.weight).shape)) for found in candidates}
     scores = {found.node.name: int4_output_error(array_of(found.weight), hessians[found.node.input[0]],
-                                                 config.group_size, config.symmetric_weights)
+                                                 _block(array_of(found.weight).shape, config),
+                                                 config.symmetric_weights)
               for found in candidates}
     total, int4 = sum(sizes.values()), sum(sizes.values())
     to_int8 = set()

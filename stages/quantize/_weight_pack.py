@@ -20,8 +20,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-__all__ = ["SLICE_BYTES", "block_quantize", "dividing_group", "grouped_tensors", "matmulnbits_tensors",
-           "pack_int4", "packed_matmulnbits"]
+__all__ = ["MATMULNBITS_MAX_BLOCK", "MIN_BLOCK", "SLICE_BYTES", "block_quantize", "dividing_block", "grouped_tensors",
+           "matmulnbits_tensors", "pack_int4", "packed_matmulnbits"]
 
 SLICE_BYTES = 64 << 20
 """Float bytes quantized per slice: bounds the anonymous memory of one weight's quantization."""
@@ -85,16 +85,25 @@ def block_quantize(data: np.ndarray, bits: int, symmetric: bool) -> tuple[np.nda
     return np.clip(np.rint(data / safe) + zero, 0, top).astype(np.uint8), scale, zero
 
 
-def dividing_group(length: int, wanted: int) -> int:
-    """The largest power of two <= ``wanted`` (and >= 16) dividing ``length``; ``length`` itself (one group per
-    channel) when none does.  OpenVINO's ONNX reader refuses a blocked DequantizeLinear whose axis is not a
-    multiple of its block size (NNCF's ``group_size_fallback_mode: adjust`` searches the same way)."""
-    group = wanted
-    while group >= 16:
-        if length % group == 0:
-            return group
-        group //= 2
-    return length
+MIN_BLOCK = 16
+"""Smallest block MatMulNBits and GatherBlockQuantized take (a power of two)."""
+MATMULNBITS_MAX_BLOCK = 256
+"""Largest block ONNX Runtime's MLAS block quantizer writes for MatMulNBits (16 to 256; a larger one fails inside
+``MlasQuantizeBlockwise``)."""
+
+
+def dividing_block(length: int, wanted: int, largest: int | None = None) -> int | None:
+    """The largest power of two from ``MIN_BLOCK`` up to ``wanted`` (and ``largest``) that divides ``length``;
+    None when none does.  OpenVINO's ONNX reader refuses blocked weights (MatMulNBits' K, GatherBlockQuantized's
+    quantized axis, a blocked DequantizeLinear's axis) that are not a multiple of their block size; ONNX Runtime
+    pads them (NNCF's ``group_size_fallback_mode: adjust`` searches the same way)."""
+    top = min(wanted, largest) if largest else wanted
+    block = 1 << (max(top, 1).bit_length() - 1)  # the largest power of two <= top
+    while block >= MIN_BLOCK:
+        if length % block == 0:
+            return block
+        block //= 2
+    return None
 
 
 def pack_int4(values: np.ndarray) -> bytes:

@@ -157,6 +157,11 @@ class PtqConfig(_ModeSettings):
             raise ValueError("percentile applies to method 'percentile' only")
         if self.op_types is not None and self.op_set != "balanced":
             raise ValueError("give op_set or op_types, not both")
+        if self.per_runtime is True and self.runtime is not None:
+            raise ValueError(f"per_runtime: true builds one graph for each runtime of the targets, and runtime: "
+                             f"{self.runtime} shapes the one graph for {self.runtime}: they contradict; keep "
+                             "per_runtime (one graph each) or runtime (name the variant 'v@<runtime>' to run it on "
+                             "that runtime's targets only)")
         return self
 
     def for_runtime(self, runtime: str) -> PtqConfig:
@@ -231,7 +236,10 @@ class WeightOnlyConfig(_ModeSettings):
                                                      "only for method gptq and ratio below 1.")
     bits: Literal[4, 8] = Field(default=4, description="Bits per weight.")
     group_size: int = Field(default=128, description="Weights per scale along the reduction axis: a power of two, "
-                                                     "at least 16.")
+                                                     "at least 16. A weight whose axis it does not divide gets the "
+                                                     "largest power of two that does (at most 256 for MatMulNBits), "
+                                                     "or int8 with a scale per channel when none does; the sidecar's "
+                                                     "findings.blocks lists each.")
     symmetric_weights: SymmetricWeights = True
     lm_head: Literal["same", "int8", "float"] = Field(
         default="int8", description="The LM head (a MatMul whose output becomes a graph output through shape-only "

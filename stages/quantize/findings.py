@@ -84,7 +84,11 @@ class BudgetFindings(Findings):
     """Phase -> evaluations and seconds (``_budget_cost``)."""
     max_seconds: float | None = None
     stopped: str | None = None
-    """Where ``budget.max_seconds`` stopped the search; absent when it ran to its end."""
+    """Where the time bound (``budget.max_seconds`` or the default) stopped the search; absent when it ran to its
+    end."""
+    time_bound: dict[str, Any] | None = None
+    """The bound in force: ``seconds``, ``set_by`` (budget.max_seconds or default), the first full evaluation's
+    seconds and, for the default, its rule (``_budget_cost``)."""
     front: dict[str, Any] | None = None
     """Latency-aware reverting (``budget.weigh_latency``): the timing sources, the points and the one chosen."""
 
@@ -231,3 +235,7 @@ class WeightOnlyFindings(QuantizeFindings):
     """The data gptq and ratio read ({data, samples}); null when nothing read data."""
     mixed: dict[str, Any] | None = None
     """ratio below 1: the sensitivity measure, each MatMul's score, those kept int8 and the int4 share reached."""
+    blocks: dict[str, dict[str, Any]] | None = None
+    """Weight -> the block it was quantized in where that is not ``group_size`` (``block_size``; null: int8 with
+    one scale per output channel), the length of its quantized axis and why (``_weight_blocks``); absent when
+    every weight has ``group_size``."""

@@ -30,7 +30,7 @@ from qdeploy.stages.validate._common import Feeds, Outcome, Outputs, feed_caster
 from qdeploy.stages.validate._floor import flag_unattainable, keep_floor_outputs, noise_floor_summary
 from qdeploy.stages.validate._localize import Localizer, scale_free
 from qdeploy.stages.validate._localize_fused import describe_layer, refine
-from qdeploy.stages.validate._precision import default_attempt_hint, with_pinned_fallback
+from qdeploy.stages.validate._precision import default_attempt_hint, device_default_basis, with_pinned_fallback
 from qdeploy.stages.validate._reference import ReferenceMissing, reference_source
 from qdeploy.stages.validate._task import check_metric, evaluate, load_metric, read_labels
 from qdeploy.stages.validate._tolerance import tolerance_precision
@@ -180,7 +180,8 @@ def _validate_all(artifacts: dict[str, Artifact], targets: list[str], config: Va
     for name, artifact in artifacts.items():
         for target in targets:
             ctx.on_progress(f"validate {name} on {target}")
-            outcome = _validate_pair(shared, name, artifact.path, artifact.precision, target)
+            outcome = _validate_pair(shared, name, artifact.path, artifact.precision, target,
+                                     device_default=artifact.at_device_default)
             outcome.row = outcome.row.replace(noise_floor=name == source.variant and target != REFERENCE_TARGET)
             outcomes.append(keep_floor_outputs(outcome, artifact.size_bytes))
     if source.variant is None:  # reference_model: its own rows on the other targets measure the floor
@@ -232,7 +233,7 @@ def _task_metric(config: ValidateConfig, ctx: StageContext, source: Any, referen
     if config.metric is None:
         return None
 
-    function = load_metric(config.metric, ctx.resolve)
+    function = load_metric(config.metric, ctx.resolve, seconds=config.metric_timeout_seconds)
     names = [info.name for info in model_inputs(source.feed_model)]
     labels = read_labels(ctx.datasets, ctx.resolve, config.data, names, config.samples)
     warning = "" if labels is not None else f"validate.metric '{config.metric}' called with labels=None: " \
@@ -252,12 +253,14 @@ def _localizer(config: ValidateConfig, reference_path: Path) -> Localizer | None
     return Localizer(reference_path, REFERENCE_TARGET)
 
 
-def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: str) -> Outcome:
+def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: str, *,
+                   device_default: bool = False) -> Outcome:
     """One row: the artifact at the target's default precision, and where a reduced default misses its tolerance,
-    pinned precisions that may hold (``_precision``); a row that still fails is localized."""
+    pinned precisions that may hold (``_precision``); a row that still fails is localized.  ``device_default``: a
+    float32 artifact run at the device default too (the reference's ``fp32@default`` row), never pinned."""
     _require(path)
-    hint, why = default_attempt_hint(target, precision)
-    outcome = _compare_pair(shared, name, path, precision, target, hint, pinned=False)
+    hint, why = default_attempt_hint(target, precision, device_default=device_default)
+    outcome = _compare_pair(shared, name, path, precision, target, hint, pinned=False, device_default=device_default)
     outcome = with_pinned_fallback(outcome, target, precision, lambda pinned: _compare_pair(
         shared, name, path, precision, target, pinned, pinned=True))
     if why and outcome.row.measured:  # where the default's facts came from, on whichever attempt the row keeps
@@ -272,13 +275,14 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
 
 
 def _compare_pair(shared: _Run, name: str, path: Path, precision: str, target: str, hint: str | None, *,
-                  pinned: bool) -> Outcome:
+                  pinned: bool, device_default: bool = False) -> Outcome:
     """The artifact run on the target with INFERENCE_PRECISION_HINT ``hint`` (OpenVINO; None: the device default,
     f32 for float32 artifacts) and compared with the reference.  ``pinned``: the hint is a deployment setting."""
     available, reason = get_target(target).availability()
     if not available:
         return Outcome(_result(name, target, "unavailable", reason, shared.warnings))
-    pin_f32 = precision == "fp32"  # float32 artifacts run in float32; reduced ones as the device would run them
+    # float32 artifacts run in float32 (but the device-default row); reduced ones as the device would run them
+    pin_f32 = precision == "fp32" and not device_default
     try:
         if path == shared.reference_path and target == REFERENCE_TARGET:
             outputs, executed = shared.reference_outputs, shared.reference_execution  # the same run
@@ -302,6 +306,8 @@ def _compare_pair(shared: _Run, name: str, path: Path, precision: str, target: s
         basis, held = tolerance_precision(precision, path) if shared.config.tolerance is None else (precision, "")
     if basis == "fp16" and not held and shared.config.tolerance is None and executed.get("precision") == "bf16":
         basis, held = "bf16", BF16_BASIS.format(target=target)
+    if device_default and declared is None and shared.config.tolerance is None:
+        basis, held = device_default_basis(target, executed)
     tolerance = tolerance_for(shared.config, basis, declared)
     notes = [*shared.warnings, *_execution_warnings(executed, precision), *([held] if held else [])]
     per_output = output_tolerances(shared.config, basis, declared)

@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdeploy.calibration.readers import is_npy_sample
+from qdeploy.calibration.readers import is_npy_sample, sample_limit
+from qdeploy.core.arrayfiles import load_npz
 from qdeploy.core.errors import DataError, RecipeError
-from qdeploy.core.usercode import import_user_module
-from qdeploy.core.userfiles import files_in_folder, open_regular_file
+from qdeploy.core.usercode import DEFAULT_METRIC_SECONDS, UserCodeError, UserFunction, import_user_module
+from qdeploy.core.userfiles import files_in_folder
 
 if TYPE_CHECKING:
     from qdeploy.core.context import DatasetInfo
@@ -69,8 +70,11 @@ def check_metric(spec: str, resolve: Callable[[str], Path], field: str = _FIELD)
         raise RecipeError(f"{path} defines no function '{function}'; it defines {sorted(defined)}", field=field)
 
 
-def load_metric(spec: str, resolve: Callable[[str], Path], field: str = _FIELD) -> TaskMetric:
-    """Import the user's function ('file.py:function' relative to the recipe, or 'package.module:function')."""
+def load_metric(spec: str, resolve: Callable[[str], Path], field: str = _FIELD,
+                seconds: float | None = None) -> TaskMetric:
+    """Import the user's function ('file.py:function' relative to the recipe, or 'package.module:function'); it is
+    called through ``qdeploy.core.usercode`` with a deadline of ``seconds`` per call (default
+    ``DEFAULT_METRIC_SECONDS``)."""
     check_metric(spec, resolve, field)
     module_part, function = spec.rsplit(":", 1)
 
@@ -82,7 +86,7 @@ def load_metric(spec: str, resolve: Callable[[str], Path], field: str = _FIELD) 
     found = getattr(module, function, None)
     if not callable(found):
         raise RecipeError(f"'{module_part}' has no callable '{function}'", field=field)
-    return found
+    return UserFunction(found, spec, seconds=seconds or DEFAULT_METRIC_SECONDS)
 
 
 def read_labels(datasets: Mapping[str, DatasetInfo], resolve: Callable[[str], Path], dataset: str | None,
@@ -112,12 +116,10 @@ def read_labels(datasets: Mapping[str, DatasetInfo], resolve: Callable[[str], Pa
 def _label_of(path: Path, input_names: list[str]) -> np.ndarray | None:
     if path.suffix != ".npz":
         return None
-    try:
-        with open_regular_file(path, "sample") as stream, np.load(stream, allow_pickle=False) as archive:
-            key = next((k for k in LABEL_KEYS if k in archive.files and k not in input_names), None)
-            return np.asarray(archive[key]) if key else None
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: cannot read sample: {exc}") from None
+    # the one checked loader (qdeploy.core.arrayfiles): every member's header is checked before anything is read
+    arrays = load_npz(path, "sample", sample_limit(), keys=[key for key in LABEL_KEYS if key not in input_names])
+    key = next((key for key in LABEL_KEYS if key in arrays), None)
+    return np.asarray(arrays[key]) if key else None
 
 
 def stack(arrays: list[np.ndarray]) -> np.ndarray | list[np.ndarray]:
@@ -131,13 +133,19 @@ def stack(arrays: list[np.ndarray]) -> np.ndarray | list[np.ndarray]:
 
 
 def evaluate(function: TaskMetric, spec: str, outputs: list[dict[str, np.ndarray]],
-             labels: list[np.ndarray] | None) -> tuple[float | None, str]:
-    """The metric's value, or None and a warning saying why (the function raised or returned no number)."""
+             labels: list[np.ndarray] | None, *, strict: bool = False) -> tuple[float | None, str]:
+    """The metric's value, or None and a warning saying why (the function raised or returned no number).
+    ``strict``: a metric that exited, was interrupted or did not return in time (``UserCodeError``) raises."""
     names = list(dict.fromkeys(name for sample in outputs for name in sample))
     stacked = {name: stack([sample[name] for sample in outputs if name in sample]) for name in names}
     try:
         value = function(stacked, stack(labels) if labels is not None else None)
         number = float(value)
+    except UserCodeError as exc:
+        if strict:
+            raise
+        log.error("%s", exc)
+        return None, f"validate.metric '{spec}' failed: {exc}"
     except Exception as exc:
         log.debug("validate.metric %s failed", spec, exc_info=True)
         return None, f"validate.metric '{spec}' failed: {type(exc).__name__}: {exc}"

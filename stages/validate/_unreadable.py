@@ -4,10 +4,11 @@ When a runtime cannot read or compile an artifact (``ModelError`` from its adapt
 ``unreadable``.  If the reference variant (the model as exported, or ``validate.reference_model``) is
 unreadable on that target too, the target cannot run this model whatever qdeploy does to it: the reference's
 row keeps the runtime's reason (the one line ``unreadable_targets`` reports), and every other unreadable row on
-that target points to it instead of repeating it.  Those rows stay ``failed`` (never passed) with
-``unreadable: true``; the gates and the verdict do not count them as regressions of a variant
-(``qdeploy.pipeline.gates``).  Where the reference is readable, an unreadable artifact is a regression of that
-artifact: its row loses the mark and fails as any other.
+that target points to it instead of repeating it.  Those rows get the status ``unreadable`` (never passed, and
+not failed: a limitation of the target, not of a variant) with ``unreadable: true``; the gates, the verdict and
+the exit status agree (``qdeploy.pipeline.gates``): such rows fail the run only through a gate naming the
+target.  Where the reference is readable, an unreadable artifact is a regression of that artifact: its row loses
+the mark and fails as any other.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ def condense_unreadable(rows: list[ValidationRow]) -> list[ValidationRow]:
         elif row.target not in originals:  # the original runs there: this artifact broke it
             condensed.append(_unmarked(row))
         elif row.noise_floor:
-            condensed.append(row.replace(reason=_original_reason(row)))
+            condensed.append(row.replace(status="unreadable", reason=_original_reason(row)))
         else:
-            condensed.append(row.replace(reason=POINTER.format(target=row.target)))
+            condensed.append(row.replace(status="unreadable", reason=POINTER.format(target=row.target)))
     return condensed
 
 

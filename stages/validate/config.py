@@ -46,6 +46,12 @@ class ValidateConfig(StrictModel):
         description="Task metric 'file.py:function' (relative to the recipe) or 'package.module:function', called "
                     "as function(outputs, labels) -> float; reported as task_metric and usable in gates.",
     )
+    metric_timeout_seconds: float | None = Field(
+        default=None, gt=0,
+        description="Most seconds one call of the metric may take (300 when absent): a metric that does not return "
+                    "in time, exits (sys.exit) or raises KeyboardInterrupt is reported as failing, and a metric "
+                    "that timed out is not called again.",
+    )
     localize: bool = Field(
         default=True,
         description="When a pair fails, run both models with intermediate outputs exposed and name the first "

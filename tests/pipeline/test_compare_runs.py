@@ -237,3 +237,25 @@ def test_a_row_qdeploy_cannot_read_is_an_input_error_naming_the_run_and_field(tm
         (folder / "report.json").write_text(json.dumps(report))
     result = CliRunner().invoke(app, ["compare", str(run_a), str(run_b)])
     assert result.exit_code == 2 and "Traceback" not in result.output and "run B" in result.output
+
+
+def test_a_validation_that_passed_and_is_now_unreadable_is_a_regression() -> None:
+    """The target no longer reads the model (status ``unreadable``): what A measured, B did not."""
+    def unreadable(report: dict[str, Any]) -> None:
+        row = _row(report, "validation", "slow")
+        row.update(status="unreadable", unreadable=True, metrics={}, reason="ort:cpu cannot read the original model")
+
+    comparison = compare_reports(*_later(unreadable))
+    assert [(change.subject, change.before, change.after) for change in comparison.regressions
+            if change.kind == "status"] == [("validation slow on ort:cpu", "passed", "unreadable")]
+
+
+def test_a_run_timed_on_a_busy_machine_says_so() -> None:
+    def busy(report: dict[str, Any]) -> None:
+        _row(report, "benchmarks", "int8")["machine_load"] = {"busy": True, "other_cores": 1.2, "cores": 2}
+
+    before, after = _later(busy)
+    [change] = [c for c in compare_reports(before, after).changes if c.subject == "int8 on ort:cpu, batch 1"]
+    assert "run B timed on a busy machine (other processes used 1.20 of 2 cores)" in change.detail
+    [quiet] = [c for c in compare_reports(before, before).changes if c.subject == "int8 on ort:cpu, batch 1"]
+    assert "busy" not in quiet.detail

@@ -8,6 +8,7 @@ rows are never 'passed', and the exit status follows the gates.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -22,13 +23,15 @@ from qdeploy.core.errors import DataError, RecipeError
 from qdeploy.core.rows import ValidationRow
 from qdeploy.pipeline.gates import excuse_unreadable, run_passes, validations_hold
 from qdeploy.pipeline.loader import load_recipe_file
-from qdeploy.pipeline.report.verdict import verdict_lines, verdict_section
+from qdeploy.pipeline.report.verdict import verdict_section
+from qdeploy.pipeline.report.verdict_words import verdict_lines
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from qdeploy.stages import export
 from qdeploy.stages.validate import unreadable_targets
 from qdeploy.stages.validate._unreadable import condense_unreadable
 from tests.helpers.frozen import RATE, SAMPLES, write_rate_if_model
 from tests.helpers.models import write_recipe
+from tests.helpers.report_keys import key_schema
 from tests.helpers.reports import bench_row, check_row
 
 RECIPE = """
@@ -92,7 +95,9 @@ def test_a_target_that_cannot_read_the_model_is_said_once_and_fails_only_through
     why = report["unreadable_targets"]["openvino:cpu"]
     assert "cannot read the original model" in why and "Conv" in why
     rows = _rows(report, "openvino:cpu")
-    assert all(rows[variant]["status"] == "failed" and rows[variant]["unreadable"] for variant in VARIANTS)
+    assert all(rows[variant]["status"] == "unreadable" and rows[variant]["unreadable"] for variant in VARIANTS)
+    schema = json.loads((Path(__file__).parents[1] / "core" / "report_rows_schema.json").read_text())
+    assert key_schema(report)["validation/unreadable"] == schema["validation/unreadable"]  # the rows' report keys
     assert all(why not in rows[variant]["reason"] for variant in VARIANTS if variant != "exported")
     verdict = report["verdict"]
     assert verdict["unreadable"] == {"openvino:cpu": why} and "openvino:cpu" not in verdict["targets"]
@@ -143,8 +148,11 @@ def test_rows_of_an_unreadable_original_point_to_one_line_and_are_no_regression(
                                 _row("int8", "openvino:cpu", unreadable=True)])
     assert list(unreadable_targets(rows)) == ["openvino:cpu"]
     int8 = rows[3]
-    assert int8.status == "failed" and int8.unreadable and "rank" not in int8.reason and "either" in int8.reason
+    assert int8.unreadable and "rank" not in int8.reason and "either" in int8.reason
+    # the row, the summary and the exit status say the same: a limitation of the target, not a failed variant
+    assert [row.status for row in rows[2:]] == ["unreadable", "unreadable"]
     assert validations_hold(rows) and run_passes([], rows, [], [])
+    assert ValidationRow.from_json(int8.to_json()) == int8 and int8.to_json()["status"] == "unreadable"
 
 
 def test_an_artifact_unreadable_where_the_original_reads_is_a_regression() -> None:
@@ -193,7 +201,7 @@ def test_a_torch_model_cannot_freeze_an_input(tmp_path: Path) -> None:
 def _verdict_report(readable_int8: bool) -> dict[str, Any]:
     """fp32 (the reference) cannot be read on openvino:cpu; int8 is read there or not."""
     report = {"validation": [check_row("fp32", "ort:cpu", 1.0, 200.0), check_row("int8", "ort:cpu", 0.99, 30.0),
-                             {**check_row("fp32", "openvino:cpu", 0, 0, status="failed"), "metrics": {},
+                             {**check_row("fp32", "openvino:cpu", 0, 0, status="unreadable"), "metrics": {},
                               "unreadable": True, "noise_floor": True}],
               "benchmarks": [bench_row("fp32", "ort:cpu", 4.0, [4.0]), bench_row("int8", "ort:cpu", 2.0, [2.0])],
               "gates": [], "failures": [], "artifacts": [{"name": "fp32", "size_bytes": 4}, {"name": "int8",
@@ -203,7 +211,7 @@ def _verdict_report(readable_int8: bool) -> dict[str, Any]:
         report["validation"].append(check_row("int8", "openvino:cpu", 0.99, 30.0))
         report["benchmarks"].append(bench_row("int8", "openvino:cpu", 2.0, [2.0]))
     else:
-        report["validation"].append({**check_row("int8", "openvino:cpu", 0, 0, status="failed"), "metrics": {},
+        report["validation"].append({**check_row("int8", "openvino:cpu", 0, 0, status="unreadable"), "metrics": {},
                                      "unreadable": True})
     return report
 

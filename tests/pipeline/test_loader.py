@@ -84,3 +84,36 @@ def test_missing_recipe_file(tmp_path: Path) -> None:
 def test_reserved_variant_name(tmp_path: Path, tiny_model_path: Path) -> None:
     with pytest.raises(RecipeError, match="reserved"):
         _load(tmp_path, BASE.replace("  fp32: [simplify]\n", "  fp32: [simplify]\n  exported: []\n"))
+
+
+def test_bare_off_is_the_word_the_docs_write_and_booleans_still_read(tmp_path: Path, tiny_model_path: Path) -> None:
+    """YAML 1.1 reads bare off/on/yes/no as booleans; the recipe loader reads YAML 1.2's (true/false) only, as
+    editors' schemas do, so `report: {layers: off}` (docs/explain.md) is the word 'off'."""
+    text = BASE.replace("[simplify]", "[simplify, {fp16: {fidelity_check: off, keep_io_types: yes}}]") + (
+        "benchmark: {enabled: no}\nreport: {layers: off, packages: {enabled: off}}\n")
+    recipe = _load(tmp_path, text)
+    assert recipe.report.layers == "off" and recipe.report.packages.enabled is False
+    assert recipe.benchmark.enabled is False
+    step = recipe.variants["fp32"][1].config
+    assert step.fidelity_check == "off" and step.keep_io_types is True
+
+
+@pytest.mark.parametrize(("tolerance", "field", "needle"), [
+    ("{metric: 'm.py:acc', max_drop: -0.1}", "tolerance.max_drop", "greater than or equal to 0"),
+    ("{metric: 'm.py:acc', max_drop: .nan}", "tolerance.max_drop", "finite number"),
+    ("{metric: 'm.py:acc', max_drop: 0.1, max_relative_drop: 0.1}", "tolerance",
+     "exactly one of max_drop or max_relative_drop"),
+    ("{metric: m.py, max_drop: 0.1}", "tolerance", "metric 'm.py' must be 'file.py:function'"),
+    ("{max_drop: 0.1, cosine_min: 0.99}", "tolerance", "either output limits"),
+    ("{cosine_mn: 0.99}", "tolerance.cosine_mn", "unknown field 'cosine_mn'"),
+    ("fast", "tolerance", "valid dictionary"),
+])
+def test_a_task_tolerance_names_its_own_cause_not_the_other_shapes(tmp_path: Path, tiny_model_path: Path,
+                                                                   tolerance: str, field: str, needle: str) -> None:
+    """The two shapes of a tolerance (output limits, a task-metric budget) are told apart by their keys, so the
+    complaint is the one of the shape the user wrote (it was "unknown field 'metric'" for every mistake)."""
+    text = BASE.replace("calibration: {data: calib}}", f"calibration: {{data: calib}}, tolerance: {tolerance}}}")
+    with pytest.raises(RecipeError) as caught:
+        _load(tmp_path, text)
+    assert caught.value.field == f"variants.int8.1.quantize.{field}", str(caught.value)
+    assert needle in str(caught.value) and caught.value.line == 8, str(caught.value)

@@ -139,3 +139,28 @@ def test_unknown_variant_option_is_input_error(tiny_recipe: Path, tmp_path: Path
 
     with pytest.raises(QdeployInputError, match="int4"):
         _run(tiny_recipe, tmp_path / "out", variants=["int4"])
+
+
+def test_a_selection_without_the_reference_builds_it_and_says_so(tmp_path: Path, tiny_model_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """`run --variant int8@ort` (a per_runtime build) without fp32: the reference is built too, so int8@ort is
+    validated against it (it ended in "reference variant 'fp32' was not built", exit 1)."""
+    recipe = write_recipe(tmp_path, """
+        name: picked
+        model: {onnx: tiny.onnx}
+        data:
+          calib: {reader: random, samples: 4}
+        variants:
+          fp32: [simplify]
+          int8: [simplify, {quantize: {calibration: {data: calib}, per_runtime: true}}]
+        targets: [ort:cpu]
+        validate: {reference: fp32, samples: 2}
+        benchmark: {enabled: false}
+        report: {layers: "off", packages: {enabled: false}}
+        """)
+    with caplog.at_level("WARNING", logger="qdeploy.pipeline"):
+        report, code = _run(recipe, tmp_path / "out", variants=["int8@ort"])
+    assert code == 0, [(row["variant"], row["reason"]) for row in report["validation"]]
+    assert [artifact["name"] for artifact in report["artifacts"]] == ["fp32", "int8@ort"]
+    assert {row["variant"]: row["status"] for row in report["validation"]} == {"fp32": "passed", "int8@ort": "passed"}
+    assert "leaves out the reference variant 'fp32': building it too" in caplog.text

@@ -14,7 +14,8 @@ from pathlib import Path
 from qdeploy.pipeline.report import render_markdown, write_reports
 from qdeploy.pipeline.report.format import fmt_snr_cell
 from qdeploy.pipeline.report.html import render_html
-from qdeploy.pipeline.report.verdict import verdict_lines, verdict_section
+from qdeploy.pipeline.report.verdict import verdict_section
+from qdeploy.pipeline.report.verdict_words import verdict_lines
 from tests.helpers.demo_report import demo_report, mixed_rows_report
 
 RAN = {  # target -> (variant shipped, how it ran, the package the run wrote of it)

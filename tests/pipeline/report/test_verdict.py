@@ -13,7 +13,8 @@ from qdeploy.pipeline.report import render_markdown
 from qdeploy.pipeline.report.format import fmt_cosine, fmt_ms, fmt_number, fmt_rate, fmt_snr, fmt_speedup
 from qdeploy.pipeline.report.html import render_html
 from qdeploy.pipeline.report.tables import matrix_lines
-from qdeploy.pipeline.report.verdict import verdict_lines, verdict_section
+from qdeploy.pipeline.report.verdict import verdict_section
+from qdeploy.pipeline.report.verdict_words import verdict_lines
 from qdeploy.pipeline.report.view import tradeoff_points
 from tests.helpers.reports import bench_row, check_row, rate_latency, synthetic_report
 

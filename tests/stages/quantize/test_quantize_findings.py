@@ -40,7 +40,7 @@ KEYS = {
 }
 BUDGET_AT_ONCE = ["confirmed", "cost", "data", "evaluation_seconds", "evaluations", "final", "held_back_samples",
                   "held_back_unseen_by_calibration", "initial", "kept_float", "met", "runtimes", "samples",
-                  "search_samples", "seconds", "targets", "tolerance"]
+                  "search_samples", "seconds", "targets", "time_bound", "tolerance"]
 """The budget's record when the fully quantized model holds at once (no search)."""
 
 

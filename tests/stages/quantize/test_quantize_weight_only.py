@@ -16,7 +16,7 @@ from qdeploy.stages.quantize._weight_only import quantize_file
 from qdeploy.stages.quantize._weight_pack import block_quantize, pack_int4
 
 K, N, VOCAB = 200, 48, 30
-"""K is not a multiple of the group sizes used: the last block is partial."""
+"""K is not a multiple of any power of two from 16 up: no block divides it (``_weight_blocks``)."""
 
 
 def _dequantized(weight: np.ndarray, bits: int, group: int, symmetric: bool, axis: int) -> np.ndarray:
@@ -30,11 +30,11 @@ def _dequantized(weight: np.ndarray, bits: int, group: int, symmetric: bool, axi
     return np.moveaxis(values.reshape(padded.shape)[..., :length], -1, axis)
 
 
-def _matmul_gather_model(path: Path, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """ids -> Gather(table) [.., K] -> MatMul(w) [.., N]: an embedding and a projection; both weights returned."""
+def _matmul_gather_model(path: Path, seed: int = 0, k: int = K) -> tuple[np.ndarray, np.ndarray]:
+    """ids -> Gather(table) [.., k] -> MatMul(w) [.., N]: an embedding and a projection; both weights returned."""
     rng = np.random.default_rng(seed)
-    table = rng.standard_normal((VOCAB, K)).astype(np.float32)
-    weight = (rng.standard_normal((K, N)) * 0.1).astype(np.float32)
+    table = rng.standard_normal((VOCAB, k)).astype(np.float32)
+    weight = (rng.standard_normal((k, N)) * 0.1).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("Gather", ["table", "ids"], ["h"], name="embed"),
          helper.make_node("MatMul", ["h", "w"], ["y"], name="proj")], "g",
@@ -68,8 +68,10 @@ def test_int4_values_pack_two_per_byte_low_nibble_first() -> None:
 def test_each_form_computes_what_the_numpy_reference_dequantizes(tmp_path: Path, bits: int, symmetric: bool,
                                                                  weight_format: str) -> None:
     """ORT runs the written weights (accuracy_level 0: float compute, so the only error is the weights') and
-    gets x @ dequantize(W) and dequantize(table)[ids], with the reference's blocks, partial last block included."""
-    table, weight = _matmul_gather_model(tmp_path / "float.onnx")
+    gets x @ dequantize(W) and dequantize(table)[ids], with the reference's blocks: 3 blocks of 64 along K=192
+    for MatMulNBits/GatherBlockQuantized; one block per channel along K=200 in the opset-21 form."""
+    k = 192 if weight_format == "matmulnbits" else K
+    table, weight = _matmul_gather_model(tmp_path / "float.onnx", k=k)
     config = QuantizeConfig(mode="weight_only", bits=bits, group_size=64, symmetric_weights=symmetric,
                             weight_format=weight_format, accuracy_level=0, lm_head="same")
     report = quantize_file(tmp_path / "float.onnx", tmp_path / "wo.onnx", config)
@@ -81,6 +83,8 @@ def test_each_form_computes_what_the_numpy_reference_dequantizes(tmp_path: Path,
     gather_symmetric = symmetric if weight_format == "dequantize_linear" or bits == 4 else False
     # the opset-21 form needs blocks dividing 200; no power of two >= 16 does: one block per channel
     group = 64 if weight_format == "matmulnbits" else K
+    assert {name: entry["block_size"] for name, entry in report.blocks.items()} == \
+        ({} if weight_format == "matmulnbits" else {"table": K, "w": K})
     rows = _dequantized(table, bits, group, gather_symmetric, axis=1)[ids[0]]
     expected = rows @ _dequantized(weight, bits, group, symmetric, axis=0)
     np.testing.assert_allclose(got[0], expected, rtol=1e-4, atol=1e-4)
@@ -93,7 +97,7 @@ def test_each_form_computes_what_the_numpy_reference_dequantizes(tmp_path: Path,
 
 def test_lm_head_and_embedding_policies(tmp_path: Path) -> None:
     """The MatMul whose output is the graph output is the LM head: int8 by default, float on request."""
-    _matmul_gather_model(tmp_path / "float.onnx")
+    _matmul_gather_model(tmp_path / "float.onnx", k=192)
     report = quantize_file(tmp_path / "float.onnx", tmp_path / "a.onnx", QuantizeConfig(mode="weight_only"))
     assert report.quantized["proj"]["bits"] == 8 and report.quantized["embed"]["bits"] == 4
     config = QuantizeConfig(mode="weight_only", lm_head="float", embeddings="float")
@@ -143,7 +147,7 @@ def test_an_artifact_with_4_bit_weights_is_int4(tmp_path: Path, bits: int, weigh
     """Its validation and benchmark rows and its report read the artifact's precision: 4-bit weights are int4."""
     from qdeploy.core.context import Artifact, artifact_precision
 
-    _matmul_gather_model(tmp_path / "float.onnx")
+    _matmul_gather_model(tmp_path / "float.onnx", k=192)
     config = QuantizeConfig(mode="weight_only", bits=bits, group_size=64, weight_format=weight_format,
                             lm_head="same")
     quantize_file(tmp_path / "float.onnx", tmp_path / "wo.onnx", config)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -155,3 +156,19 @@ def test_a_metric_file_too_deep_for_pythons_parser_is_a_recipe_error(tmp_path: P
     (tmp_path / "metrics.py").write_text("def accuracy(outputs, labels):\n    return " + "+".join(["1"] * 200_000))
     with pytest.raises(RecipeError, match="nested too deeply"):
         check_metric("metrics.py:accuracy", lambda name: tmp_path / name)
+
+
+def test_a_label_whose_header_claims_a_trillion_elements_is_a_data_error(tmp_path: Path) -> None:
+    """Labels go through the one checked loader (qdeploy.core.arrayfiles), as samples do."""
+    import zipfile
+
+    (tmp_path / "val").mkdir()
+    header = "{'descr': '<i8', 'fortran_order': False, 'shape': (1000000, 1000000), }"
+    header += " " * (117 - len(header)) + "\n"
+    with zipfile.ZipFile(tmp_path / "val" / "a.npz", "w") as archive:
+        with archive.open("x.npy", "w") as member:
+            np.lib.format.write_array(member, np.zeros((1, 6), np.float32))
+        archive.writestr("label.npy", b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode())
+    datasets = {"val": SimpleNamespace(reader="npy", path="val", samples=None)}
+    with pytest.raises(DataError, match=r"a\.npz: 'label\.npy' claims shape \[1000000, 1000000\] int64"):
+        read_labels(datasets, lambda path: tmp_path / path, "val", ["x"], None)
