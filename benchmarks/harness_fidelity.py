@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -86,6 +85,7 @@ def run_benchmark_app(model: Path, threads: int, warmup: int, iterations: int, w
 
 def run_qdeploy(model: Path, threads: int, warmup: int, iterations: int) -> BenchmarkRow:
     """qdeploy's benchmark stage on one artifact, one round, on openvino:cpu."""
+    from qdeploy.calibration import data_context
     from qdeploy.core.context import Artifact
     from qdeploy.stages.benchmark import BenchmarkConfig
     from qdeploy.stages.benchmark import run as benchmark
@@ -93,8 +93,7 @@ def run_qdeploy(model: Path, threads: int, warmup: int, iterations: int) -> Benc
     artifact = Artifact(path=model, sidecar=model.with_suffix(".json"), key="fidelity", sha256="", size_bytes=0,
                         stages=(), parent=None)
     config = BenchmarkConfig(warmup=warmup, iterations=iterations, rounds=1, threads=threads)
-    ctx = SimpleNamespace(on_progress=lambda message: None)
-    [row] = benchmark({"model": artifact}, ["openvino:cpu"], config, ctx)  # type: ignore[arg-type]
+    [row] = benchmark({"model": artifact}, ["openvino:cpu"], config, data_context("*", model.parent))
     if row.status != "ok":
         raise SystemExit(f"qdeploy benchmark of {model} failed: {row.reason}")
     return row
@@ -107,7 +106,8 @@ def demo_artifacts(work: Path, variants: list[str]) -> dict[str, Path]:
 
     recipe = load_recipe_file(REPO / "recipes" / "demo.yaml")
     recipe.benchmark.enabled = False
-    result = run_recipe(recipe, RunOptions(out_dir=work / "demo", variants=variants, targets=["openvino:cpu"],
+    wanted = sorted({name.partition("@")[0] for name in variants})  # int8@openvino: the recipe's int8, split
+    result = run_recipe(recipe, RunOptions(out_dir=work / "demo", variants=wanted, targets=["openvino:cpu"],
                                            show_progress=False))
     return {name: result.out_dir / "artifacts" / f"{name}.onnx" for name in variants}
 
@@ -152,7 +152,7 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, help="An existing qdeploy run folder (its artifacts/ are measured).")
-    parser.add_argument("--variant", action="append", help="Variants to measure (default: fp32 and int8).")
+    parser.add_argument("--variant", action="append", help="Variants to measure (default: fp32 and int8@openvino).")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="Inference threads of both.")
     parser.add_argument("--warmup", type=int, default=50, help="Untimed runs before measuring.")
     parser.add_argument("--iterations", type=int, default=300, help="Timed runs per repeat.")
@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true",
                         help="Throughput: run qdeploy's side in a new process per round, as benchmark_app runs.")
     args = parser.parse_args()
-    variants = args.variant or ["fp32", "int8"]
+    variants = args.variant or ["fp32", "int8@openvino"]
     with tempfile.TemporaryDirectory(prefix="qdeploy-fidelity-") as tmp:
         work = Path(tmp)
         if args.run:
