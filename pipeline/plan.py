@@ -15,7 +15,7 @@ from qdeploy.pipeline.per_runtime import plan_lines
 from qdeploy.pipeline.recipe import EXPORTED, Recipe
 from qdeploy.targets import get_target
 
-__all__ = ["Plan", "PlanNode", "Prefix", "build_plan", "describe_plan", "recipe_json_schema", "with_reference"]
+__all__ = ["Plan", "PlanNode", "Prefix", "build_plan", "describe_plan", "recipe_json_schema", "variants_with_reference"]
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def recipe_json_schema() -> dict[str, Any]:
     return schema
 
 
-def with_reference(recipe: Recipe, variants: list[str]) -> list[str]:
+def variants_with_reference(recipe: Recipe, variants: list[str]) -> list[str]:
     """The variants a run builds: the selected ones, and the reference variant first when ``--variant`` leaves it
     out (every artifact is validated against it: without it a run could only say "reference variant was not
     built")."""

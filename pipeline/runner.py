@@ -42,7 +42,7 @@ from qdeploy.pipeline.layers import add_layers
 from qdeploy.pipeline.memory_plan import check_recipe_fits
 from qdeploy.pipeline.package.publish import write_run_packages
 from qdeploy.pipeline.per_runtime import build_config, note_runtime_builds
-from qdeploy.pipeline.plan import with_reference
+from qdeploy.pipeline.plan import variants_with_reference
 from qdeploy.pipeline.progress import Progress
 from qdeploy.pipeline.published import (
     begin_generation,
@@ -160,7 +160,7 @@ def plan_run(recipe: Recipe, options: RunOptions) -> RunPlan:
     """Check the --variant/--target selection and resolve the folders; creates the output folder."""
     out_dir = (options.out_dir or default_out_dir(recipe)).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    return RunPlan(recipe=recipe, variants=with_reference(recipe, selected_variants(recipe, options.variants)),
+    return RunPlan(recipe=recipe, variants=variants_with_reference(recipe, selected_variants(recipe, options.variants)),
                    targets=selected_targets(recipe, options.targets), out_dir=out_dir,
                    cache_dir=(options.cache_dir or out_dir / "cache").resolve(), use_cache=options.use_cache)
 

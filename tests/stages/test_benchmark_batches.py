@@ -67,7 +67,7 @@ def test_symbolic_batch_through_fp32_fp16_int8_on_both_runtimes(tmp_path: Path) 
           int8: [simplify, {quantize: {mode: ptq, calibration: {data: calib}, per_runtime: false}}]
         targets: [ort:cpu, openvino:cpu]
         validate: {reference: fp32, samples: 2}
-        benchmark: {batch_sizes: [1, 8], warmup: 1, iterations: 3, rounds: 1}
+        benchmark: {batch_sizes: [1, 8], warmup: 1, iterations: 3, rounds: 1, device_default: false}
         """)
     report = run_recipe(load_recipe_file(recipe), RunOptions(out_dir=tmp_path / "out", show_progress=False)).report
     rows = {(row["variant"], row["target"], row["batch_size"]): row for row in report["benchmarks"]}
