@@ -67,6 +67,19 @@ def test_a_pickled_frozen_value_is_exit_2_and_never_suggests_unpickling(tmp_path
     assert ("Python objects (a pickle)" if how == "object array" else "not a .npy array") in stderr, stderr
 
 
+FP32_ONLY = """
+    name: r
+    model: {onnx: model.onnx}
+    variants:
+      fp32: [simplify]
+    targets: [ort:cpu]
+    validate: {reference: fp32, samples: 2}
+    benchmark: {enabled: false}
+    report: {layers: "off", packages: {enabled: false}}
+    """
+"""One fp32 variant on ort:cpu, nothing timed or packaged: the recipe of the tests that need only a run."""
+
+
 # --- paths whose names are not UTF-8 ------------------------------------------------------------------------------
 
 def test_a_recipe_folder_named_in_bytes_that_are_not_utf8_gets_its_report(tmp_path: Path) -> None:
@@ -74,16 +87,7 @@ def test_a_recipe_folder_named_in_bytes_that_are_not_utf8_gets_its_report(tmp_pa
     folder = Path(os.fsdecode(os.fsencode(tmp_path) + b"/r\xff\xfe"))
     folder.mkdir()
     onnx.save(tiny_cnn(), folder / "model.onnx")
-    recipe = write_recipe(folder, """
-        name: r
-        model: {onnx: model.onnx}
-        variants:
-          fp32: [simplify]
-        targets: [ort:cpu]
-        validate: {reference: fp32, samples: 2}
-        benchmark: {enabled: false}
-        report: {layers: "off", packages: {enabled: false}}
-        """)
+    recipe = write_recipe(folder, FP32_ONLY)
     code, stderr = qdeploy("run", str(recipe), "-q", "--out", str(tmp_path / "o"))
     assert code == 0, stderr
     markdown, html = ((tmp_path / "o" / name).read_bytes().decode("utf-8") for name in ("report.md", "report.html"))
@@ -95,16 +99,7 @@ def test_a_strict_terminal_prints_an_output_folder_named_in_such_bytes(tmp_path:
     """Where the locale's stdout is strict (en_US.UTF-8; here PYTHONIOENCODING), the summary named the report's
     folder and failed with "internal error UnicodeEncodeError" after the whole run: it prints the name's bytes."""
     onnx.save(tiny_cnn(), tmp_path / "model.onnx")
-    recipe = write_recipe(tmp_path, """
-        name: r
-        model: {onnx: model.onnx}
-        variants:
-          fp32: [simplify]
-        targets: [ort:cpu]
-        validate: {reference: fp32, samples: 2}
-        benchmark: {enabled: false}
-        report: {layers: "off", packages: {enabled: false}}
-        """)
+    recipe = write_recipe(tmp_path, FP32_ONLY)
     out = os.fsencode(tmp_path) + b"/o\xff"
     done = subprocess.run([sys.executable, "-m", "qdeploy", "run", str(recipe), "--out", os.fsdecode(out),
                            "--cache-dir", str(tmp_path / "cache")], capture_output=True, timeout=300,
