@@ -29,6 +29,7 @@ from typing import Any
 
 from qdeploy.core.errors import QdeployError
 from qdeploy.core.rows import BenchmarkRow, ValidationRow
+from qdeploy.core.runtimes import artifact_of
 from qdeploy.pipeline.identity import model_signature
 from qdeploy.pipeline.package import check as package_check
 from qdeploy.pipeline.package.data import CheckData, save_samples
@@ -98,7 +99,7 @@ def source_from_report(report: dict[str, Any], variant: str, target: str, model_
                            input_error=True)
     if not model_path.is_file():
         raise PackageError(f"variant '{variant}' has no published artifact ({model_path} is missing)", input_error=True)
-    artifact = next((row for row in report.get("artifacts", []) if row.get("name") == variant), {})
+    artifact = next((row for row in report.get("artifacts", []) if row.get("name") == artifact_of(variant)), {})
     bench = next((row for row in map(BenchmarkRow.from_json, report.get("benchmarks", []))
                   if row.variant == variant and row.target == target and row.status == "ok"), None)
     return PackageSource(variant, target, model_path, validation, bench, report,
@@ -267,7 +268,8 @@ def manifest_body(source: PackageSource, model: dict[str, Any], settings: dict[s
         "runtime_version": versions.get(settings["runtime"]), "qdeploy_version": versions.get("qdeploy"),
         "made_by": {"recipe": (report.get("recipe") or {}).get("name"), "run_created": report.get("created"),
                     "run": source.run,
-                    "artifact": {"file": f"artifacts/{source.variant}.onnx", "sha256": sha256_file(source.model_path)},
+                    "artifact": {"file": f"artifacts/{source.model_path.name}",  # fp32@default: fp32.onnx
+                                 "sha256": sha256_file(source.model_path)},
                     "cpu": (environment.get("cpu") or {}).get("model"),
                     "int8_path": (environment.get("int8_path") or {}).get("kind"), "versions": versions},
         "model": model, "inputs": signature["inputs"], "outputs": signature["outputs"], "load": settings,

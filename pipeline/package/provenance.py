@@ -16,8 +16,10 @@ from typing import Any
 from qdeploy.core.context import artifact_precision
 from qdeploy.core.errors import QdeployInputError
 from qdeploy.core.rows import ValidationRow
+from qdeploy.core.runtimes import artifact_of, is_device_default
 from qdeploy.core.tolerance import Tolerance
 from qdeploy.stages.validate import ValidateConfig, output_tolerances, tolerance_for
+from qdeploy.stages.validate._precision import device_default_basis
 from qdeploy.stages.validate._tolerance import tolerance_precision
 
 __all__ = ["FROM_RECIPE", "FROM_REPORT", "recipe_tolerances", "recorded_tolerances"]
@@ -38,7 +40,7 @@ def recipe_tolerances(snapshot: dict[str, Any], validation: ValidationRow,
 
     Raises QdeployInputError (exit 2) when report.json's row records another precision or other limits."""
     where = f"report.json's validation of '{validation.variant}' on {validation.target}"
-    steps = (snapshot.get("variants") or {}).get(validation.variant)
+    steps = (snapshot.get("variants") or {}).get(artifact_of(validation.variant))  # fp32@default: fp32's steps
     if not isinstance(steps, list):
         raise QdeployInputError(f"{where}: the run's recipe has no variant '{validation.variant}'; was report.json "
                            "edited? run the recipe again")
@@ -76,6 +78,8 @@ def _basis(config: Any, declared: Tolerance | None, precision: str, model_path: 
     are read from the artifact itself; only bf16 execution is taken from the row (see its limits in the docs)."""
     if declared is not None or config.tolerance is not None:
         return precision
+    if is_device_default(validation.variant):
+        return device_default_basis(validation.target, validation.execution)[0]
     basis, _ = tolerance_precision(precision, model_path)
     if basis == "fp16" and (validation.execution or {}).get("precision") == "bf16":
         return "bf16"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qdeploy.core.rows import BenchmarkRow, ValidationRow, readable_report
-from qdeploy.core.runtimes import built_for, variants_named
+from qdeploy.core.runtimes import artifact_of, built_for, variants_named
 from qdeploy.pipeline.package import (
     PackageError,
     PackageSource,
@@ -46,9 +46,9 @@ def chosen_pairs(report: dict[str, Any], targets: list[str] | None = None,
     verdict = (report.get("verdict") or {}).get("targets")
     if which == "verdict" and isinstance(verdict, dict):
         return [(pick["variant"], target) for target, pick in verdict.items() if target in wanted
-                and isinstance(pick, dict) and pick.get("variant") in published]
+                and isinstance(pick, dict) and artifact_of(str(pick.get("variant"))) in published]
     return [(row.variant, row.target) for row in _validation(report)
-            if row.status == "passed" and row.target in wanted and row.variant in published]
+            if row.status == "passed" and row.target in wanted and artifact_of(row.variant) in published]
 
 
 def _validation(report: dict[str, Any]) -> list[ValidationRow]:
@@ -79,7 +79,8 @@ def write_run_packages(report: dict[str, Any], recipe: Any, evaluated: dict[str,
     written, failed = [], []
     for variant, target in chosen_pairs(report, targets, spec.which):
         try:
-            source = _traced(source_from_report(report, variant, target, artifacts / f"{variant}.onnx"), snapshot,
+            model = artifacts / f"{artifact_of(variant)}.onnx"  # fp32@default: the fp32 file at another setting
+            source = _traced(source_from_report(report, variant, target, model), snapshot,
                              {"folder": str(stable_root), "report_sha256": None, "why": RUN_TIME_PACKAGE})
             folder = build_package(source, generation / PACKAGES, check, ort_optimized=spec.ort_optimized)
         except Exception as exc:  # one package's failure must not lose the run's reports
@@ -164,7 +165,8 @@ def _package_report(report: dict[str, Any], report_path: Path, run: dict[str, An
         raise PackageError(f"{run_dir}: recipe.snapshot.json is missing; this qdeploy wrote the run with one and a "
                            "package's tolerances are read from it. Give the whole run folder, or run the recipe "
                            "again", input_error=True)
-    sources = [_traced(source_from_report(report, variant, target, run_dir / "artifacts" / f"{variant}.onnx"),
+    models = run_dir / "artifacts"
+    sources = [_traced(source_from_report(report, variant, target, models / f"{artifact_of(variant)}.onnx"),
                        snapshot, run) for variant in dict.fromkeys(chosen)]  # all refused before one is written
     return [build_package(source, out_dir, check, ort_optimized=ort_optimized) for source in sources]
 

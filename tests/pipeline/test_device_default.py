@@ -4,11 +4,13 @@ injected ($QDEPLOY_CPU_FLAGS), so the test says the same on every CPU."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from qdeploy.pipeline.loader import load_recipe_file
+from qdeploy.pipeline.package.publish import package_from_run
 from qdeploy.pipeline.runner import RunOptions, run_recipe
 from qdeploy.targets.int8_path import FLAGS_ENV
 
@@ -39,6 +41,12 @@ def test_a_bf16_cpu_gets_the_fp32_row_at_its_default(tiny_recipe: Path, tmp_path
     assert int8["speedup_vs_default"] is not None and int8["speedup"] is not None
     assert timed[("fp32", "ort:cpu")]["speedup_vs_default"] is None
     assert "fp32@default" not in {artifact["name"] for artifact in report["artifacts"]}  # one file, two settings
+    [folder] = package_from_run(tmp_path / "out", "openvino:cpu", ["fp32@default"], tmp_path / "packages")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["made_by"]["artifact"]["file"] == "artifacts/fp32.onnx"  # the reference's file, shipped as is
+    settings = json.loads((folder / "runtime.json").read_text())
+    ran = row["execution"]["precision"]  # what validation ran at the default: the setting the package pins
+    assert settings["properties"]["INFERENCE_PRECISION_HINT"] == settings["validated_with"] == ran, settings
 
 
 def test_a_cpu_whose_default_is_float32_gets_no_such_row(tiny_recipe: Path, tmp_path: Path,
