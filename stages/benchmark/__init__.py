@@ -212,7 +212,8 @@ def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfi
         "notes": [*pin_notes, *_setting_notes(target, settings), *shape_notes, *fed.info["notes"]],
         **hint,
     }
-    loaded = _Loaded(call, spent=warmed - bound, session=session, setup=setup)
+    typical = (warmed - bound) * 1e3 / warmup_runs if warmup_runs else (first - created) * 1e3
+    loaded = _Loaded(call, spent=warmed - bound, typical_ms=typical, session=session, setup=setup)
     loaded.stopped = loaded.spent >= config.row_budget
     return loaded
 

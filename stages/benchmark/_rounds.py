@@ -40,6 +40,8 @@ class Turn:
     call: Callable[[], Any]
     spent: float = 0.0
     stopped: bool = False
+    typical_ms: float | None = None
+    """A run's time before any round (from the warm-up), so a slow model is not re-warmed before its first."""
 
 
 @dataclass
@@ -132,7 +134,7 @@ def _one_round(turns: dict[str, Turn], timed: Timed, budget: int | float, config
         quiesce()  # no runtime pool of the artifact timed before is still spinning
         started = time.perf_counter()
         try:
-            for _ in range(rewarm_runs(_last_median(timed.rounds[name]))):
+            for _ in range(rewarm_runs(_last_median(timed.rounds[name]) or turn.typical_ms)):
                 turn.call()
             if isinstance(budget, int):
                 seconds = max(left - (time.perf_counter() - started), 0.0)
