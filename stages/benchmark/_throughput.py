@@ -20,6 +20,7 @@ from qdeploy.core.errors import TargetUnavailable
 from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, ThroughputRow, UnmeasuredEntry
 from qdeploy.core.runtimes import built_for
 from qdeploy.stages.benchmark._data import BenchData, explain_failure
+from qdeploy.stages.benchmark._machine import quiesce
 from qdeploy.stages.benchmark._precision import Shipped, load_options, precision_record
 from qdeploy.stages.benchmark.config import ThroughputConfig
 from qdeploy.targets import pool as request_pool  # open_pool read at call time: tests replace it
@@ -75,6 +76,7 @@ def _rounds(pools: dict[str, RequestPool], target: str, batch: int, seconds: flo
             if name in failed:
                 continue
             ctx.on_progress(f"{name} · {target} · batch {batch}: throughput round {index + 1}/{rounds}")
+            quiesce()  # the pool that ran before leaves no thread spinning into this one's seconds
             try:
                 measured[name].append(pool.run_for(seconds))
             except Exception as exc:  # one artifact failing must not lose the others
