@@ -29,7 +29,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,12 +58,13 @@ __all__ = ["BenchmarkConfig", "float32_bytes", "median_confidence_interval", "ru
 log = logging.getLogger(__name__)
 
 @dataclass
-class _Loaded(Turn):
-    """A session ready to time: the call with its inputs bound once (``Turn``: the budget spent), what its setup
-    measured."""
+class _Loaded:
+    """A session ready to time: its turn in the rounds (the call with its inputs bound once, the budget spent) and
+    what its setup measured."""
 
-    session: Session | None = None
-    setup: dict[str, Any] = field(default_factory=dict)
+    session: Session
+    turn: Turn
+    setup: dict[str, Any]
 
 
 def run(artifacts: dict[str, Artifact], targets: list[str], config: BenchmarkConfig,
@@ -152,15 +153,15 @@ def _benchmark_target(artifacts: dict[str, Artifact], target: str, batch: int, c
         except Exception as exc:
             log.debug("benchmark of %s on %s failed", name, target, exc_info=True)
             results[name] = _result(name, target, batch, "error", explain_failure(exc, batch, data))
-    timed = interleaved_rounds(dict(loaded), config, ctx, f"{target} · batch {batch}")
+    timed = interleaved_rounds({name: item.turn for name, item in loaded.items()}, config, ctx,
+                               f"{target} · batch {batch}")
     for name, item in loaded.items():
-        assert item.session is not None
         item.session.close()
         if name in timed.failed:
             results[name] = _result(name, target, batch, "error", timed.failed[name])
             continue
         measured = summarize(timed.rounds[name], batch)
-        stopped = _stop_record(item, measured["runs"], config) if item.stopped else None
+        stopped = _stop_record(item, measured["runs"], config) if item.turn.stopped else None
         notes = [*item.setup["notes"], *([stopped.reason] if stopped else []),
                  *_machine_notes(timed.machine), *_capped_note(measured["runs"], config)]
         results[name] = BenchmarkRow(variant=name, target=target, batch_size=batch, status="ok", reason="",
@@ -213,9 +214,8 @@ def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfi
         **hint,
     }
     typical = (warmed - bound) * 1e3 / warmup_runs if warmup_runs else (first - created) * 1e3
-    loaded = _Loaded(call, spent=warmed - bound, typical_ms=typical, session=session, setup=setup)
-    loaded.stopped = loaded.spent >= config.row_budget
-    return loaded
+    spent = warmed - bound
+    return _Loaded(session, Turn(call, spent=spent, stopped=spent >= config.row_budget, typical_ms=typical), setup)
 
 
 def _warm_up(call: Callable[[], Any], config: BenchmarkConfig, budget: float) -> int:
@@ -235,7 +235,7 @@ def _stop_record(item: _Loaded, runs: int, config: BenchmarkConfig) -> StopRecor
     return StopRecord(reason=f"stopped early: the row's time budget (max_seconds {config.row_budget:g} s) was spent "
                              f"after {item.setup['warmup']} warm-up and {runs}{of} timed runs",
                       max_seconds=config.row_budget, runs=runs, planned_runs=planned,
-                      warmup_runs=item.setup["warmup"], seconds_spent=item.spent)
+                      warmup_runs=item.setup["warmup"], seconds_spent=item.turn.spent)
 
 
 def summarize(rounds: list[list[float]], batch: int) -> dict[str, Any]:
