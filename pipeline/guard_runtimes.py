@@ -21,6 +21,7 @@ from typing import Any
 from qdeploy.core.errors import StageError
 from qdeploy.core.runtimes import runtime_of_target
 from qdeploy.core.values import one_line
+from qdeploy.targets.openvino_read import read_onnx
 
 __all__ = ["check_other_runtimes", "openvino_problem", "targets_other_runtimes"]
 
@@ -66,7 +67,7 @@ def openvino_problem(path: Path) -> str | None:
     except ImportError:
         return "not checked: openvino is not installed (pip install openvino)"
     try:
-        model = core.read_model(str(path))
+        model, _ = read_onnx(core, path)  # as every OpenVINO target reads it (the frontend rewrites included)
     except Exception as exc:
         return f"OpenVINO cannot read it: {_message(exc)}"
     try:

@@ -14,10 +14,12 @@ from onnx import TensorProto, helper, numpy_helper
 from qdeploy.core.context import Artifact, StageResult
 from qdeploy.core.errors import StageError
 from qdeploy.pipeline.guard import guard_artifact
+from qdeploy.pipeline.guard_runtimes import check_other_runtimes
 from qdeploy.pipeline.recipe import Recipe
 from qdeploy.stages.quantize import QuantizeConfig
 from qdeploy.stages.quantize import _weight_blocks as weight_blocks
 from qdeploy.stages.quantize._weight_only import quantize_file
+from tests.control_flow_models import pass_through_loop_model
 
 WIDTH = 96
 """An embedding width that blocks of 128 do not divide."""
@@ -70,3 +72,12 @@ def test_the_same_table_in_blocks_that_divide_it_passes_on_openvino(tmp_path: Pa
     verdict = guard_artifact(parent, _int4(parent, tmp_path), "quantize",
                              _context(tmp_path, ("ort:cpu", "openvino:cpu")))
     assert verdict["other_runtimes"] == {"openvino": "read and compiled by OpenVINO on CPU"}
+
+
+def test_the_guard_reads_a_model_as_the_openvino_targets_read_it(tmp_path: Path) -> None:
+    """A Loop returning carried values unchanged: OpenVINO's frontend refuses the file as it is, its targets read it
+    through the rewrite; the guard must judge what the targets will run, not report it unchecked."""
+    path = tmp_path / "loop.onnx"
+    onnx.save(pass_through_loop_model(), path)
+    found = check_other_runtimes(path, path, ["ort:cpu", "openvino:cpu"], "simplify", "fp32")
+    assert found == {"openvino": "read and compiled by OpenVINO on CPU"}, found
