@@ -27,8 +27,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from qdeploy.pipeline.published import begin_generation, commit_generation, publish_artifact
-from qdeploy.pipeline.store import ArtifactStore
+from qdeploy.pipeline.publish.published import begin_generation, commit_generation, publish_artifact
+from qdeploy.pipeline.publish.store import ArtifactStore
 
 
 def _model(size_mb: int) -> object:

@@ -56,7 +56,7 @@ from qdeploy.calibration import data_context  # noqa: E402
 from qdeploy.core.compare import compare_outputs  # noqa: E402
 from qdeploy.core.context import Artifact  # noqa: E402
 from qdeploy.core.tolerance import Tolerance  # noqa: E402
-from qdeploy.pipeline.recipe import DatasetSpec  # noqa: E402
+from qdeploy.pipeline.recipe.schema import DatasetSpec  # noqa: E402
 from qdeploy.stages import fp16  # noqa: E402
 from qdeploy.stages.fp16 import Fp16Config  # noqa: E402
 

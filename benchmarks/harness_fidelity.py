@@ -101,8 +101,8 @@ def run_qdeploy(model: Path, threads: int, warmup: int, iterations: int) -> Benc
 
 def demo_artifacts(work: Path, variants: list[str]) -> dict[str, Path]:
     """Build the demo recipe's artifacts (cached under `work`) and return their published paths."""
-    from qdeploy.pipeline.loader import load_recipe_file
-    from qdeploy.pipeline.runner import RunOptions, run_recipe
+    from qdeploy.pipeline.recipe.loader import load_recipe_file
+    from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 
     recipe = load_recipe_file(REPO / "recipes" / "demo.yaml")
     recipe.benchmark.enabled = False

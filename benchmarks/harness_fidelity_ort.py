@@ -85,8 +85,8 @@ def same_inputs(model: Path, work: Path) -> Path:
 
 
 def demo_artifacts(work: Path, variants: list[str]) -> dict[str, Path]:
-    from qdeploy.pipeline.loader import load_recipe_file
-    from qdeploy.pipeline.runner import RunOptions, run_recipe
+    from qdeploy.pipeline.recipe.loader import load_recipe_file
+    from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 
     recipe = load_recipe_file(REPO / "recipes" / "demo.yaml")
     recipe.benchmark.enabled = False

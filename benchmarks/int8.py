@@ -62,7 +62,7 @@ from qdeploy.calibration import data_context  # noqa: E402
 from qdeploy.core.compare import compare_outputs  # noqa: E402
 from qdeploy.core.context import Artifact  # noqa: E402
 from qdeploy.core.tolerance import Tolerance  # noqa: E402
-from qdeploy.pipeline.recipe import DatasetSpec  # noqa: E402
+from qdeploy.pipeline.recipe.schema import DatasetSpec  # noqa: E402
 from qdeploy.stages import quantize  # noqa: E402
 from qdeploy.stages.quantize import QuantizeConfig  # noqa: E402
 from qdeploy.targets import get_target  # noqa: E402
@@ -389,7 +389,7 @@ graph ``per_runtime: false`` builds, ``qdeploy``)."""
 
 def placements(case: Case, folder: Path) -> list[str]:
     """Nodes whose Q/DQ placement differs between the runtimes' builds: what ``per_runtime: auto`` decides on."""
-    from qdeploy.stages.quantize._placement import placement_differences
+    from qdeploy.stages.quantize.ptq._placement import placement_differences
 
     return placement_differences(case.path, QuantizeConfig(), folder / f"{case.name}-placement")
 

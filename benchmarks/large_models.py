@@ -6,7 +6,8 @@
 The sibling of ``benchmarks/scaling.py`` (time against node count) for size in bytes.  For each size (GB of
 float32 weights, ``tests/helpers/large_models.py``: two d x d MatMuls with a Relu between)
 the harness writes a recipe beside the model and runs each stage the way ``qdeploy run`` does
-(``qdeploy.pipeline.runner``: cache key, the stage, the guard, ``ArtifactStore.put``), each in its own child process:
+(``qdeploy.pipeline.run.runner``: cache key, the stage, the guard, ``ArtifactStore.put``), each in its own child
+process:
 
 - ``export``: the export stage on the ONNX file (external data beside it);
 - ``simplify``, ``fp16``, ``ptq``, ``dynamic``, ``int4`` (weight-only, group 128): one variant each, straight
@@ -27,7 +28,7 @@ reported as "killed at the cap", never left to the kernel's OOM killer).  A stag
 "skipped".  The table gives, per stage: status, seconds, peak RSS in GB and as a multiple of the model's size,
 the peak of anonymous memory, and the first words of the error.  The goal (issue 19) is a peak under 2.5x the
 model's size at every stage, and (issue 33) a whole run's under 2.5x plus 0.6 GB (3.2x with a dynamic int8
-variant on OpenVINO); ``pipeline/memory_plan.py`` holds the factors a run checks before it starts.
+variant on OpenVINO); ``pipeline/run/memory_plan.py`` holds the factors a run checks before it starts.
 """
 
 from __future__ import annotations
@@ -100,17 +101,17 @@ class _AnonPeak:
 
 
 def _state(recipe_path: Path, cache: Path, work: Path) -> Any:
-    from qdeploy.pipeline.loader import load_recipe_file
-    from qdeploy.pipeline.progress import Progress
-    from qdeploy.pipeline.runner import _RunState
-    from qdeploy.pipeline.store import ArtifactStore
+    from qdeploy.pipeline.publish.store import ArtifactStore
+    from qdeploy.pipeline.recipe.loader import load_recipe_file
+    from qdeploy.pipeline.run.progress import Progress
+    from qdeploy.pipeline.run.runner import _RunState
 
     recipe = load_recipe_file(recipe_path)
     return _RunState(recipe, ArtifactStore(cache), True, Progress(0, enabled=False), work)
 
 
 def _ctx(state: Any, variant: str) -> Any:
-    from qdeploy.pipeline.runner import _context
+    from qdeploy.pipeline.run.runner import _context
 
     return _context(state, variant, variant)
 
@@ -127,7 +128,7 @@ def child(stage: str, recipe_path: Path, cache: Path, result_path: Path) -> None
     try:
         with tempfile.TemporaryDirectory(prefix="qdeploy-harness-") as work:
             state = _state(recipe_path, cache, Path(work))
-            from qdeploy.pipeline.runner import _build_export, _build_step
+            from qdeploy.pipeline.run.runner import _build_export, _build_step
 
             baseline = _status_kb("VmRSS")
             exported = _build_export(state)
@@ -148,7 +149,7 @@ def child(stage: str, recipe_path: Path, cache: Path, result_path: Path) -> None
 
 
 def _validate(state: Any, exported: Any, variant: str) -> list[dict[str, Any]]:
-    from qdeploy.pipeline.runner import _build_step, _evaluate
+    from qdeploy.pipeline.run.runner import _build_step, _evaluate
 
     artifact = _build_step(state, variant, state.recipe.variants[variant][0], exported)
     if not artifact.cached:
@@ -164,9 +165,9 @@ def child_run(recipe_path: Path, out: Path, result_path: Path) -> None:
     in hand; writes the peak, the step where it was reached and each step's peak."""
     import logging
 
-    from qdeploy.pipeline import progress as progress_module
-    from qdeploy.pipeline.loader import load_recipe_file
-    from qdeploy.pipeline.runner import RunOptions, run_recipe
+    from qdeploy.pipeline.recipe.loader import load_recipe_file
+    from qdeploy.pipeline.run import progress as progress_module
+    from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     sampler = _StepPeaks()

@@ -8,7 +8,7 @@ goes through each tool; what a tool hands back is then loaded in ONNX Runtime
 and run on the case's inputs:
 
 - ``qdeploy-simplify``: ``qdeploy.stages.simplify.run`` with its defaults, then the guard
-  the runner applies before it stores an artifact (``qdeploy.pipeline.guard``); the
+  the runner applies before it stores an artifact (``qdeploy.pipeline.run.guard``); the
   recipe holds the case's inputs as its validation data when they are tensors.
   Correct: the case's expected outputs within the case's rtol/atol.
 - ``onnxsim``: ``onnxsim.simplify(model)`` (its API defaults); a failed check of its

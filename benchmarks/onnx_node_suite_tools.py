@@ -63,8 +63,8 @@ def _qdeploy(stage: str, case: dict[str, Any], work: Path) -> tuple[bytes | None
 
     from qdeploy.core.context import Artifact
     from qdeploy.core.errors import QdeployError
-    from qdeploy.pipeline.guard import guard_artifact
-    from qdeploy.pipeline.recipe import Recipe
+    from qdeploy.pipeline.recipe.schema import Recipe
+    from qdeploy.pipeline.run.guard import guard_artifact
 
     path = work / "model.onnx"
     path.write_bytes(case["model"])

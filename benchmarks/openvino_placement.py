@@ -1,4 +1,5 @@
-"""qdeploy's OpenVINO placement (``runtime: openvino``) before and after ``stages/quantize/_openvino.py``, beside NNCF.
+"""qdeploy's OpenVINO placement (``runtime: openvino``) before and after ``stages/quantize/ptq/_openvino.py``,
+beside NNCF.
 
     python benchmarks/openvino_placement.py [--models yolox-captcha pp-ocr-det pp-ocr-rec] [--rounds 9]
 
@@ -30,8 +31,8 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.int8_peers import nncf_artifacts  # noqa: E402
 from calibration import DatasetSpec, data_context  # noqa: E402
-from qdeploy.stages.quantize import _ptq  # noqa: E402
-from qdeploy.stages.quantize._prepare import prepare  # noqa: E402
+from qdeploy.stages.quantize.ptq import _ptq  # noqa: E402
+from qdeploy.stages.quantize.ptq._prepare import prepare  # noqa: E402
 from tests.real_recipes import Sizes, write_recipe  # noqa: E402
 
 _OPENVINO_STEPS = ("unify_concat_ranges", "float_tail", "activation_matmuls", "drop_exact_requantization")

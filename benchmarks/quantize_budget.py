@@ -3,7 +3,7 @@ tolerance holds on samples neither the search nor its confirmation saw.
 
     python benchmarks/quantize_budget.py [--models detector encoder pp-ocr-det] [--cosine-min 0.98]
 
-- ``detector``: the binarizing detector of ``tests/stages/quantize/test_quantize_budget.py``
+- ``detector``: the binarizing detector of ``tests/stages/quantize/budget/test_quantize_budget.py``
   (48 MatMuls whose errors add up; a Sigmoid(1000 x) head hides each one alone).
 - ``encoder``: a 4-layer PyTorch transformer encoder with outlier LayerNorm
   channels (skipped without torch).

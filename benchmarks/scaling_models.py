@@ -1,5 +1,5 @@
 """Synthetic models of any node count for ``benchmarks/scaling.py`` and
-``tests/stages/quantize/test_scaling_shapes.py``.
+``tests/stages/quantize/ptq/test_scaling_shapes.py``.
 
 - ``chain``: one long chain, MatMul (16x16, norm-preserving) then Tanh, repeated:
   the 20,000-node chain of issue 14.

@@ -12,7 +12,7 @@ import onnx
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.graph.external_data import needs_external_data
-from qdeploy.pipeline.recipe import Recipe
+from qdeploy.pipeline.recipe.schema import Recipe
 
 _STAGES_OF = {"export": ("export",), "simplify": ("export", "simplify"), "fp16": ("export", "simplify", "fp16"),
               "ptq": ("export", "simplify", "quantize"), "dynamic": ("export", "simplify", "quantize")}

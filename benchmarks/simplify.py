@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from qdeploy.core.context import Artifact  # noqa: E402
-from qdeploy.pipeline.recipe import Recipe  # noqa: E402
+from qdeploy.pipeline.recipe.schema import Recipe  # noqa: E402
 from qdeploy.stages.export import apply_input_overrides  # noqa: E402
 from qdeploy.stages.export.config import InputSpec  # noqa: E402
 from qdeploy.stages.simplify import SimplifyConfig, run  # noqa: E402

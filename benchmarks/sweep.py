@@ -59,8 +59,8 @@ def write_recipes(folder: Path, count: int) -> list[Path]:
 
 def sequential(paths: list[Path], out: Path) -> tuple[float, int]:
     """Wall seconds and how many recipes passed."""
-    from qdeploy.pipeline.loader import load_recipe_file
-    from qdeploy.pipeline.runner import RunOptions, run_recipe
+    from qdeploy.pipeline.recipe.loader import load_recipe_file
+    from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 
     started = time.perf_counter()
     passed = 0
@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--skip-ray", action="store_true", help="Leave the Ray executor out.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    from qdeploy.pipeline.envinfo import cpu_info
+    from qdeploy.pipeline.results.envinfo import cpu_info
 
     rows: list[tuple[str, float, int, int | None]] = []
     with tempfile.TemporaryDirectory(prefix="qdeploy-sweep-bench-") as tmp:

@@ -72,8 +72,8 @@ QDEPLOY_VARIANTS = {  # embeddings int8 as NNCF's default backup precision: the 
 
 def build_qdeploy(source: Path, folder: Path, config: Any, ids: np.ndarray) -> list[Artifact]:
     """qdeploy's variants through its runner, as a user's recipe builds them (validation and benchmark off)."""
-    from qdeploy.pipeline.loader import load_recipe_file
-    from qdeploy.pipeline.runner import RunOptions, run_recipe
+    from qdeploy.pipeline.recipe.loader import load_recipe_file
+    from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 
     names = {label: label.replace(" ", "_") for label in QDEPLOY_VARIANTS}
     variants = "\n".join(f"  {names[label]}: {steps}" for label, steps in QDEPLOY_VARIANTS.items())

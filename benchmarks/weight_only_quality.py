@@ -137,7 +137,7 @@ def minilm_table(work: Path) -> str:
 
     from benchmarks.weight_only import build_nncf, build_ort_tool
     from qdeploy.stages.quantize import QuantizeConfig
-    from qdeploy.stages.quantize._weight_only import quantize_file
+    from qdeploy.stages.quantize.weight_only._build import quantize_file
 
     work.mkdir(parents=True, exist_ok=True)
     source = export_minilm(work / "minilm.onnx")

@@ -1,3 +1,5 @@
-"""The orchestration: recipe, plan, runner, artifact store, gates, summary; report/, sweep/ and cli/ beside them."""
+"""The orchestration, grouped by what it does: recipe/ (the recipe), run/ (running a plan), publish/ (the store,
+the published folder, packages), results/ (report.json, gates, comparing runs); report/ renders, sweep/ runs many.
+"""
 
 __all__: list[str] = []

@@ -1,5 +1,5 @@
 """`python -m qdeploy`: the qdeploy command."""
 
-from qdeploy.pipeline.cli import main
+from qdeploy.cli import main
 
 main()

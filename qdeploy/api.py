@@ -34,9 +34,9 @@ from qdeploy.core.rows import (
 )
 from qdeploy.core.runtimes import variants_named
 from qdeploy.core.userfiles import writable_folder
-from qdeploy.pipeline.compare_runs import Thresholds, compare_reports, load_report
-from qdeploy.pipeline.recipe import SAFE_NAME, Recipe
+from qdeploy.pipeline.recipe.schema import SAFE_NAME, Recipe
 from qdeploy.pipeline.report.layers import explain_text
+from qdeploy.pipeline.results.compare_runs import Thresholds, compare_reports, load_report
 from qdeploy.stages.export import export_module
 from qdeploy.stages.export.config import ExportConfig
 
@@ -114,7 +114,7 @@ def load_recipe(source: RecipeSource, *, base_dir: str | Path | None = None) -> 
     and no lines: its errors name the field, "recipe (dict): field 'quantize.mode': ...".  Path objects in it
     are taken as text."""
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.pipeline.loader import load_recipe_file
+    from qdeploy.pipeline.recipe.loader import load_recipe_file
 
     if isinstance(source, Recipe):
         return source.model_copy(deep=True)
@@ -135,7 +135,7 @@ def _parse_dict(data: dict[str, Any], base_dir: str | Path | None, file: str = D
     import yaml
 
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.pipeline.loader import parse_recipe
+    from qdeploy.pipeline.recipe.loader import parse_recipe
 
     folder = Path(base_dir or Path.cwd()).resolve()
     text = yaml.safe_dump(_plain(data, ()), sort_keys=False)
@@ -177,7 +177,7 @@ def run(recipe: RecipeSource, model: Any = None, *, out: str | Path | None = Non
     ("recipe (dict): field 'quantize.mode': ..."), as ``load_recipe`` does.
     """
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.pipeline.runner import RunOptions, default_out_dir, run_recipe
+    from qdeploy.pipeline.run.runner import RunOptions, default_out_dir, run_recipe
 
     if model is not None:
         loaded = _with_in_memory_model(recipe, model, base_dir, cache_dir, out)
@@ -203,7 +203,7 @@ def _with_in_memory_model(recipe: RecipeSource, model: Any, base_dir: str | Path
         data = copy.deepcopy(recipe)
     else:
         # lazy: pulls onnxruntime (import cost)
-        from qdeploy.pipeline.loader import parse_yaml, read_yaml_text
+        from qdeploy.pipeline.recipe.loader import parse_yaml, read_yaml_text
 
         path = Path(recipe)
         data = parse_yaml(read_yaml_text(path, "recipe"), str(path))[1]  # the recipe loader's YAML, bombs refused

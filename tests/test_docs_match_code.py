@@ -26,9 +26,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from qdeploy.pipeline.cli import app
-from qdeploy.pipeline.loader import parse_recipe
-from qdeploy.pipeline.recipe import Recipe
+from qdeploy.cli import app
+from qdeploy.pipeline.recipe.loader import parse_recipe
+from qdeploy.pipeline.recipe.schema import Recipe
 from qdeploy.pipeline.sweep import SweepFile
 from tests.helpers.models import REPO
 

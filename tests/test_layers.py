@@ -37,8 +37,8 @@ def test_a_stage_imports_no_other_stage_internals() -> None:
 def test_the_checker_sees_a_circle_and_an_upward_arrow() -> None:
     """The checks above would catch what they look for (in-function imports included)."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert layer_of("qdeploy.pipeline.report.html") == 4 and layer_of("qdeploy.pipeline.runner") == 5
-    assert layer_of("qdeploy.core.errors") < layer_of("qdeploy.stages.fp16._graph") < layer_of("qdeploy.pipeline.cli")
+    assert layer_of("qdeploy.pipeline.report.html") == 4 and layer_of("qdeploy.pipeline.run.runner") == 5
+    assert layer_of("qdeploy.core.errors") < layer_of("qdeploy.stages.fp16._graph") < layer_of("qdeploy.cli")
 
 
 def test_no_submodule_shadows_a_name_of_its_package() -> None:

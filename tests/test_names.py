@@ -18,15 +18,15 @@ PACKAGES = {"qdeploy": "qdeploy", "pipeline": "qdeploy.pipeline", "stages": "qde
 
 STAGES = ("export", "simplify", "fp16", "quantize", "validate", "benchmark")
 ALLOWED = {
-    # the stage protocol: the runner calls each stage module's `run` (qdeploy.pipeline.registry)
+    # the stage protocol: the runner calls each stage module's `run` (qdeploy.pipeline.recipe.registry)
     *(("run", f"qdeploy.stages.{stage}") for stage in STAGES),
     # each stage's name, as its errors and findings spell it
     ("STAGE", "qdeploy.stages.simplify.config"), ("STAGE", "qdeploy.stages.quantize.config"),
     ("STAGE", "qdeploy.stages.quantize.lower"),
     # modules run as scripts (`python -m ...`, `python check.py`) start at `main`
-    ("main", "qdeploy.pipeline.docs"), ("main", "qdeploy.pipeline.package.check"),
+    ("main", "qdeploy.pipeline.recipe.docs"), ("main", "qdeploy.pipeline.publish.package.check"),
     # the check script shipped inside each package runs without qdeploy: it keeps its own copies
-    ("sha256_file", "qdeploy.pipeline.package.check"), ("SNR_CAP_DB", "qdeploy.pipeline.package.check"),
+    ("sha256_file", "qdeploy.pipeline.publish.package.check"), ("SNR_CAP_DB", "qdeploy.pipeline.publish.package.check"),
 }
 
 
@@ -106,7 +106,7 @@ def test_the_registry_refers_to_modules_models_and_functions() -> None:
     """No stage is wired by a string looked up later: its package, settings model and functions are held."""
     from types import ModuleType
 
-    from qdeploy.pipeline import registry
+    from qdeploy.pipeline.recipe import registry
     from qdeploy.stages.fp16.config import Fp16Config
     from qdeploy.stages.quantize.config import QuantizeConfig
 

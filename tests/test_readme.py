@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from qdeploy.pipeline.docs import BEGIN, END, recipe_reference
+from qdeploy.pipeline.recipe.docs import BEGIN, END, recipe_reference
 from tests.helpers.models import REPO
 
 
@@ -12,7 +12,7 @@ def test_recipe_reference_matches_the_models() -> None:
     page = (REPO / "docs" / "recipe-reference.md").read_text()
     start = page.index(BEGIN) + len(BEGIN) + 1
     assert page[start:page.index(END)] == recipe_reference(), \
-        "run `python -m qdeploy.pipeline.docs docs/recipe-reference.md`"
+        "run `python -m qdeploy.pipeline.recipe.docs docs/recipe-reference.md`"
 
 
 def test_the_readme_is_short_and_its_links_resolve() -> None:

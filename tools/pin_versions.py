@@ -1,4 +1,4 @@
-"""Write constraints.txt and pipeline/tested_versions.py from the versions installed in this environment.
+"""Write constraints.txt and pipeline/results/tested_versions.py from the versions installed in this environment.
 
     python tools/pin_versions.py           # after a green test run on new versions; commit both files
     python tools/pin_versions.py --check   # exit 1 when the two files disagree with each other
@@ -21,11 +21,11 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from qdeploy.pipeline.tested_versions import RUNTIME_DISTRIBUTIONS, TESTED, plain_version, read_constraints  # noqa: E402
+from qdeploy.pipeline.results.tested_versions import RUNTIME_DISTRIBUTIONS, TESTED, plain_version, read_constraints  # noqa: E402
 
 EXTRAS = ("torch", "ray", "test")
 CONSTRAINTS = REPO / "constraints.txt"
-MODULE = REPO / "pipeline" / "tested_versions.py"
+MODULE = REPO / "pipeline" / "results" / "tested_versions.py"
 BLOCK = re.compile(r"(# BEGIN TESTED.*?\n)(.*?)(# END TESTED)", re.S)
 
 
@@ -79,7 +79,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.check:
         agree = read_constraints(CONSTRAINTS) == TESTED
-        print("constraints.txt and pipeline/tested_versions.py agree" if agree else "they differ: rerun the tool")
+        print("constraints.txt and tested_versions.py agree" if agree else "they differ: rerun the tool")
         return 0 if agree else 1
     pins = closure()
     CONSTRAINTS.write_text(constraints_text(pins))

@@ -1,4 +1,4 @@
-"""The run's report rendered: report.json as built (``qdeploy.pipeline.summary``), report.md and report.html for
+"""The run's report rendered: report.json as built (``qdeploy.pipeline.results.summary``), report.md and report.html for
 people.  It reads the report dict only, never the recipe or the store."""
 
 from __future__ import annotations

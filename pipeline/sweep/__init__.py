@@ -33,7 +33,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from qdeploy.core.errors import QdeployError, QdeployInputError, RecipeError
 from qdeploy.core.tolerance import StrictModel
-from qdeploy.pipeline.recipe import EXPORTED, Recipe, StepError
+from qdeploy.pipeline.recipe.schema import EXPORTED, Recipe, StepError
 from qdeploy.targets import get_target
 
 __all__ = ["SWEEP_KEYS", "MatrixModel", "MatrixSpec", "SweepEntry", "SweepFile", "SweepPlan", "check_entries",
@@ -201,7 +201,7 @@ def _check_name(value: str, what: str) -> str:
 def is_sweep_file(path: Path) -> bool:
     """A YAML mapping with a sweep key (sweep, recipes, matrix) and no 'model' key is a sweep file."""
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.pipeline.loader import parse_yaml, read_yaml_text
+    from qdeploy.pipeline.recipe.loader import parse_yaml, read_yaml_text
 
     try:
         _, data = parse_yaml(read_yaml_text(path, "recipe"), str(path))
@@ -232,7 +232,7 @@ def load_sweep(paths: list[Path], name: str | None = None) -> SweepPlan:
 def parse_sweep_file(path: Path) -> SweepFile:
     """Validate a sweep file; RecipeError names the file, line and field of the first problem."""
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.pipeline.loader import document_loc, node_line, parse_yaml, read_yaml_text
+    from qdeploy.pipeline.recipe.loader import document_loc, node_line, parse_yaml, read_yaml_text
 
     file = str(path)
     root, data = parse_yaml(read_yaml_text(path, "sweep"), file)
@@ -251,7 +251,7 @@ def parse_sweep_file(path: Path) -> SweepFile:
 
 def _recipe_entries(paths: list[Path], seen: set[Path]) -> list[SweepEntry]:
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.pipeline.loader import load_recipe_file
+    from qdeploy.pipeline.recipe.loader import load_recipe_file
 
     entries = []
     for path in paths:
@@ -346,7 +346,7 @@ def _check_files(recipe: Recipe, where: str, sweep_path: Path) -> None:
     """The file checks of a recipe file's loading (regular files only, data folders that stay inside themselves, the
     factory's name), for a recipe the matrix made: a /dev/zero model or a FIFO is refused here as there."""
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.pipeline.loader import check_recipe_files
+    from qdeploy.pipeline.recipe.loader import check_recipe_files
 
     try:
         check_recipe_files(recipe, None, str(sweep_path))
@@ -362,7 +362,7 @@ def check_entries(plan: SweepPlan) -> None:
     import json
 
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.pipeline.preflight import check_before_run, datasets_read
+    from qdeploy.pipeline.recipe.preflight import check_before_run, datasets_read
 
     seen: dict[str, str | None] = {}
     for entry in plan.entries:

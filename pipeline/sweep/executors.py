@@ -25,9 +25,9 @@ from typing import Any, Literal, Protocol
 
 from qdeploy.core.errors import QdeployError
 from qdeploy.core.rows import BuildFailure, GateResult
-from qdeploy.pipeline.envinfo import cpu_info
-from qdeploy.pipeline.runner import RunOptions, RunOutcome, locked_out_dir, plan_run
-from qdeploy.pipeline.store import ArtifactStore
+from qdeploy.pipeline.publish.store import ArtifactStore
+from qdeploy.pipeline.results.envinfo import cpu_info
+from qdeploy.pipeline.run.runner import RunOptions, RunOutcome, locked_out_dir, plan_run
 from qdeploy.pipeline.sweep import SweepEntry, SweepPlan
 from qdeploy.pipeline.sweep.jobs import Job
 from qdeploy.pipeline.sweep.work import WorkItem, WorkReply, default_lock_path, execute, merge_rows
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 _PRIORITY = {"benchmark": 0, "report": 1, "validate": 2, "build": 3}
 """Ready work is handed out benchmarks first, builds last: recipes finish early and benchmarks never starve."""
-WORKER_PRELOAD = ("qdeploy.pipeline.runner", "qdeploy.pipeline.sweep.work", "onnx", "onnxruntime",
+WORKER_PRELOAD = ("qdeploy.pipeline.run.runner", "qdeploy.pipeline.sweep.work", "onnx", "onnxruntime",
                   "onnxruntime.quantization", "onnxruntime.tools", "onnx_ir", "openvino", "matplotlib.figure")
 """Imported once by the server that local workers fork from: seconds each worker would pay again (ONNX Runtime's
 quantization tools import torch when it is installed).  A module that is not installed is skipped."""

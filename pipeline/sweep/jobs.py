@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from qdeploy.pipeline.runner import BuildOutcome, RunOutcome, RunPlan
+from qdeploy.pipeline.run.runner import BuildOutcome, RunOutcome, RunPlan
 from qdeploy.pipeline.sweep import SweepEntry
 
 __all__ = ["Job", "JobStatus"]

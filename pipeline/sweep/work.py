@@ -1,7 +1,7 @@
 """Work items of a sweep and the code that runs them in a worker (a process of this machine or a Ray task).
 
 A recipe of a sweep is four kinds of work, in order: ``build`` (export and transforms), ``validate``,
-``benchmark`` and ``report``.  Each runs one phase of ``qdeploy.pipeline.runner`` and returns a ``WorkReply``: the
+``benchmark`` and ``report``.  Each runs one phase of ``qdeploy.pipeline.run.runner`` and returns a ``WorkReply``: the
 phase's value or the reason it failed, and the item's timeline entry (kind, recipe, start, end, node, pid).
 Nothing here raises for a failure of the work itself: a failed recipe must never stop the sweep.
 
@@ -103,7 +103,7 @@ def _timed(item: WorkItem, payload: tuple[Any, ...], node: str | None) -> WorkRe
 
 def _run_phase(item: WorkItem, payload: tuple[Any, ...]) -> WorkReply:
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.pipeline import runner
+    from qdeploy.pipeline.run import runner
 
     targets = list(item.targets) if item.targets is not None else None
     try:

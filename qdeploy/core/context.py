@@ -117,7 +117,7 @@ class StageResult:
     path: Path | None = None
     """Where ``model`` is already saved with its external data (large models: the proto holds no weights)."""
     guard: dict[str, Any] | None = None
-    """What the runner's last check verified (``qdeploy.pipeline.guard``); the report lists it in the findings."""
+    """What the runner's last check verified (``qdeploy.pipeline.run.guard``); the report lists it in the findings."""
 
     def report(self) -> dict[str, Any]:
         """The findings as report.json and the sidecar hold them, the guard's record included."""
@@ -160,7 +160,7 @@ class StageContext:
     """The targets the artifact is built for (the recipe's); empty when unknown."""
     default_dataset: str | None = None
     """The run's default dataset (the recipe's validate.data): what a stage whose config names no data may
-    measure on.  The runner puts it into the cache key of stages that read it (qdeploy.pipeline.registry)."""
+    measure on.  The runner puts it into the cache key of stages that read it (qdeploy.pipeline.recipe.registry)."""
     datasets: Mapping[str, DatasetInfo] = field(default_factory=dict)
     """The recipe's named datasets."""
     input_ranges: InputRanges = field(default_factory=dict)

@@ -1,7 +1,7 @@
 """Files written so that no reader ever sees half of one: temporary names renamed into place, fsync'd, ENOSPC
 named; sha256 as ``sha256sum`` prints it; models saved with external data when large.
 
-The artifact store (``qdeploy.pipeline.store``), the reports and the stages write through here.
+The artifact store (``qdeploy.pipeline.publish.store``), the reports and the stages write through here.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ class Findings(BaseModel):
 
     def unchecked(self) -> str | None:
         """Why the stage's own comparison of the new model with its input did not run; None when it ran or the
-        stage has none (``qdeploy.pipeline.guard`` then reports ``checked: false`` with this reason)."""
+        stage has none (``qdeploy.pipeline.run.guard`` then reports ``checked: false`` with this reason)."""
         return None
 
 

@@ -232,7 +232,7 @@ class BenchmarkRow(ResultRow):
     machine_load: dict[str, Any] | None = None
     """How busy the machine was while this target was timed (other processes' cores, involuntary switches, load
     average, ``busy``) and the extra rounds that took (``qdeploy.stages.benchmark._machine``)."""
-    # added by the report (qdeploy.pipeline.summary): against the reference variant on the same target and batch
+    # added by the report (qdeploy.pipeline.results.summary): against the reference variant on the same target and batch
     speedup: float | None = None
     speedup_range: list[float] | None = None
     speedup_vs_default: float | None = None

@@ -2,7 +2,7 @@
 
 ``quantize: {per_runtime: true}`` splits one variant line into ``int8@ort`` and ``int8@openvino`` (the best
 int8 graph differs between the runtimes), and so does the default ``auto`` where the targets hold both runtimes
-(the two builds are one where the placements agree: ``qdeploy.pipeline.per_runtime``); a user may also name such
+(the two builds are one where the placements agree: ``qdeploy.pipeline.run.per_runtime``); a user may also name such
 variants by hand.  Validation, benchmarks,
 gates and the "unmeasured" check pair such a variant with its own runtime's targets only.
 

@@ -19,6 +19,7 @@ __all__ = [
     "GRAPH_OPS",
     "ONNX_SPEC_DOMAINS",
     "attribute_key",
+    "default_opset",
     "delete_indices",
     "delete_where",
     "fingerprint",
@@ -40,6 +41,11 @@ __all__ = [
 
 _ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
 """Bytes per element of the ONNX tensor types of fixed size."""
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's opset of the default (ai.onnx) domain; 0 when it imports none."""
+    return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0)
 
 
 def tensor_nbytes(tensor: onnx.TensorProto) -> int:

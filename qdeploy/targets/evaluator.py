@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdeploy.core.errors import TargetUnavailable
+from qdeploy.graph.utils import default_opset
 
 if TYPE_CHECKING:
     import onnx
@@ -106,7 +107,7 @@ def _failing_node(exc: BaseException) -> onnx.NodeProto | None:
 
 def corrected_kernels(model: onnx.ModelProto) -> list[type]:
     """Replacement kernels for the evaluator's known defects that this model would meet."""
-    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0)
+    opset = default_opset(model)
     ops = _op_types(model)
     kernels = []
     if "BatchNormalization" in ops and opset < 14:

@@ -137,7 +137,7 @@ def empty_row(variant: str, target: str, batch: int, status: BenchmarkStatus, re
 def unmeasured_throughput(rows: list[ThroughputRow], expected: tuple[list[str], list[str], list[int]],
                           allowed: list[str]) -> list[UnmeasuredEntry]:
     """Throughput the recipe asked for and did not get (errored or missing rows), as
-    ``qdeploy.pipeline.gates.unmeasured``
+    ``qdeploy.pipeline.results.gates.unmeasured``
     entries of kind 'benchmark'; unavailable targets are never among them."""
     variants, targets, batches = expected
     found = [(row.variant, row.target, row.batch_size, f"throughput: {row.reason or 'error'}")

@@ -22,7 +22,7 @@ from qdeploy.core.userfiles import check_regular_file
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, check_without_weights, needs_external_data
 from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.graph.rewrites import RewriteReport, apply_rewrites, available
-from qdeploy.graph.utils import model_bytes
+from qdeploy.graph.utils import default_opset, model_bytes
 from qdeploy.stages.export._exporter import export_with_torch
 from qdeploy.stages.export._factory import check_factory
 from qdeploy.stages.export._freeze import freeze_inputs
@@ -224,10 +224,6 @@ def check_input_ranks(model: onnx.ModelProto) -> None:
         if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape"):
             raise ModelError(f"input '{value.name}' has an unknown rank; give its shape in the recipe's model.inputs "
                              f"(e.g. - {{name: {value.name}, shape: [1, 3, 224, 224]}})")
-
-
-def default_opset(model: onnx.ModelProto) -> int:
-    return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0)
 
 
 def apply_input_overrides(model: onnx.ModelProto, inputs: list[InputSpec]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ FrozenValue = Union[bool, int, float, str, list[Any]]  # noqa: UP007  (pydantic 
 """A number, a nested list of numbers, or a .npy file relative to the recipe."""
 
 
-class InputSpec(Protocol):
+class ShapedInput(Protocol):
     """What this module reads of ``qdeploy.stages.export.config.InputSpec`` (which imports this module)."""
 
     name: str
@@ -40,7 +40,7 @@ MAX_VALUE_BYTES = 64_000_000
 """Largest frozen value read from a .npy file: a constant of the model, not a dataset."""
 
 
-def check_frozen_spec(spec: InputSpec) -> None:
+def check_frozen_spec(spec: ShapedInput) -> None:
     """Recipe-level checks of a frozen input (ValueError naming the field, as pydantic reports it)."""
     if spec.low is not None or spec.high is not None:
         raise ValueError(f"input '{spec.name}': 'value' freezes it, so 'low'/'high' (ranges of random data for it) "
@@ -58,7 +58,7 @@ def check_frozen_spec(spec: InputSpec) -> None:
         cast_value(array, np.dtype(spec.dtype), spec.name)
 
 
-def literal_array(spec: InputSpec) -> np.ndarray:
+def literal_array(spec: ShapedInput) -> np.ndarray:
     """The recipe's number or nested list as an array; ValueError when it is not rectangular, finite numbers."""
     value = spec.value
     try:
@@ -97,7 +97,7 @@ def cast_value(array: np.ndarray, dtype: np.dtype, name: str) -> np.ndarray:
     return cast
 
 
-def frozen_arrays(inputs: list[InputSpec], model: onnx.ModelProto,
+def frozen_arrays(inputs: list[ShapedInput], model: onnx.ModelProto,
                   resolve: Callable[[str], Path]) -> dict[str, np.ndarray]:
     """Input name -> its frozen value, cast to the model's declared element type and checked against its shape."""
     from onnx import helper
@@ -126,7 +126,7 @@ def frozen_arrays(inputs: list[InputSpec], model: onnx.ModelProto,
     return frozen
 
 
-def read_value(spec: InputSpec, resolve: Callable[[str], Path]) -> np.ndarray:
+def read_value(spec: ShapedInput, resolve: Callable[[str], Path]) -> np.ndarray:
     """The spec's value as an array: the literal, or the .npy file (regular, small, not pickled, numbers)."""
     if not isinstance(spec.value, str):
         return literal_array(spec)

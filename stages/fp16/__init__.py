@@ -51,7 +51,7 @@ from qdeploy.stages.fp16._graph import subgraphs, walk_nodes
 from qdeploy.stages.fp16._headroom import headroom_findings, with_headroom
 from qdeploy.stages.fp16._offload import offload, reload, worth_offloading
 from qdeploy.stages.fp16._patterns import integer_accumulators, normalizations, out_of_range_constants
-from qdeploy.stages.fp16._repair import Plan, TypeRepair
+from qdeploy.stages.fp16._repair import PrecisionPlan, TypeRepair
 from qdeploy.stages.fp16._rules import Float32Needs, float32_needs
 from qdeploy.stages.fp16._types import INFERENCE_BY_PATH_BYTES, all_types, load_typed
 from qdeploy.stages.fp16.config import (
@@ -311,7 +311,7 @@ class _Fp16Conversion:
                             max_finite_val=self.config.max_finite_val, keep_io_types=self.config.keep_io_types,
                             op_block_list=effective_op_block_list(self.config.op_block_list),
                             node_block_list=sorted(self.blocked), variant=self.ctx.variant)
-        plan = Plan(float32_nodes=self.float32_scope, float32_inputs=self.needs.inputs,
+        plan = PrecisionPlan(float32_nodes=self.float32_scope, float32_inputs=self.needs.inputs,
                     keep_io_types=self.config.keep_io_types)
         self.repair = TypeRepair(self.model, plan, self.to_float16, self.types).apply(converted)
         self.converted = converted

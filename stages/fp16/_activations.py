@@ -47,7 +47,7 @@ ACCUMULATING_REDUCTIONS = frozenset({"ReduceMean", "ReduceL2", "ReduceLogSumExp"
 
 
 @dataclass
-class TensorStats:
+class ActivationPeaks:
     """What a float tensor held over the calibration data."""
 
     abs_max: float
@@ -61,7 +61,7 @@ class Float32Run:
     """The float32 model's graph outputs per sample and the statistics of its float tensors."""
 
     outputs: list[dict[str, np.ndarray]]
-    stats: dict[str, TensorStats]
+    stats: dict[str, ActivationPeaks]
 
 
 def run_float32(model: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]], work_dir: Path, *,
@@ -78,7 +78,7 @@ def run_float32(model: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]], 
             exposed.add(value.name)
     session = _session(model, extra, work_dir / "fp16_probe.onnx", big)
     names = [out.name for out in session.get_outputs()]
-    stats: dict[str, TensorStats] = {}
+    stats: dict[str, ActivationPeaks] = {}
     results = []
     for feed in feeds:
         arrays = dict(zip(names, session.run(None, feed), strict=True))
@@ -89,7 +89,7 @@ def run_float32(model: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]], 
     return Float32Run(outputs=results, stats=stats)
 
 
-def _update(stats: dict[str, TensorStats], name: str, array: np.ndarray) -> None:
+def _update(stats: dict[str, ActivationPeaks], name: str, array: np.ndarray) -> None:
     import numpy as np
 
     finite = array[np.isfinite(array)]
@@ -99,7 +99,7 @@ def _update(stats: dict[str, TensorStats], name: str, array: np.ndarray) -> None
     old = stats.get(name)
     if old is not None:
         abs_max, top, nonfinite = max(abs_max, old.abs_max), max(top, old.max), nonfinite or old.nonfinite
-    stats[name] = TensorStats(abs_max=abs_max, max=top, shape=tuple(array.shape), nonfinite=nonfinite)
+    stats[name] = ActivationPeaks(abs_max=abs_max, max=top, shape=tuple(array.shape), nonfinite=nonfinite)
 
 
 def _session(model: onnx.ModelProto, extra: list[onnx.ValueInfoProto], path: Path, big: bool) -> Any:
@@ -130,7 +130,7 @@ def probe_session(path: Path, *, in_order: bool = False) -> Any:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def overflowing_nodes(model: onnx.ModelProto, stats: dict[str, TensorStats], max_finite: float, margin: float,
+def overflowing_nodes(model: onnx.ModelProto, stats: dict[str, ActivationPeaks], max_finite: float, margin: float,
                       already_float32: set[str]) -> list[dict[str, Any]]:
     """Main-graph nodes to keep in float32, each with the tensor and value that decided it, in graph order."""
     constants = _scalar_constants(model)
@@ -152,7 +152,7 @@ def overflowing_nodes(model: onnx.ModelProto, stats: dict[str, TensorStats], max
     return [kept[name] for name in sorted(kept, key=order.__getitem__) if name not in already_float32]
 
 
-def _node_entry(node: onnx.NodeProto, stats: dict[str, TensorStats], margin: float,
+def _node_entry(node: onnx.NodeProto, stats: dict[str, ActivationPeaks], margin: float,
                 constants: dict[str, float]) -> dict[str, Any] | None:
     """The worst predicted value of one node, by the rule of its op type."""
     entry = _worst([node], stats, 1.0 / margin, "activation range")
@@ -173,7 +173,7 @@ def _node_entry(node: onnx.NodeProto, stats: dict[str, TensorStats], margin: flo
     return max(candidates, key=lambda e: e["predicted"]) if candidates else None
 
 
-def _reduction_entry(node: onnx.NodeProto, source: TensorStats, reduced: TensorStats,
+def _reduction_entry(node: onnx.NodeProto, source: ActivationPeaks, reduced: ActivationPeaks,
                      margin: float) -> dict[str, Any] | None:
     count = max(1, math.prod(source.shape) // max(1, math.prod(reduced.shape)))
     if node.op_type == "ReduceMean":
@@ -186,13 +186,13 @@ def _reduction_entry(node: onnx.NodeProto, source: TensorStats, reduced: TensorS
     return entry
 
 
-def _worst(nodes: list[onnx.NodeProto], stats: dict[str, TensorStats], stretch: float,
+def _worst(nodes: list[onnx.NodeProto], stats: dict[str, ActivationPeaks], stretch: float,
            reason: str) -> dict[str, Any] | None:
     names = [name for node in nodes for name in (*node.input, *node.output)]
     return _worst_of(nodes[0], names, stats, stretch, reason)
 
 
-def _worst_of(node: onnx.NodeProto, names: list[str], stats: dict[str, TensorStats], stretch: float,
+def _worst_of(node: onnx.NodeProto, names: list[str], stats: dict[str, ActivationPeaks], stretch: float,
               reason: str) -> dict[str, Any] | None:
     seen = [(stats[name].abs_max, name) for name in names if name in stats]
     if not seen:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from qdeploy.core.compare import OutputComparison
     from qdeploy.core.tolerance import Tolerance
-    from qdeploy.stages.fp16._activations import TensorStats
+    from qdeploy.stages.fp16._activations import ActivationPeaks
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class EmulatedRun:
     nonfinite: set[str]
 
 
-def run_emulated(model: onnx.ModelProto, feeds: Feeds, stats: dict[str, TensorStats],
+def run_emulated(model: onnx.ModelProto, feeds: Feeds, stats: dict[str, ActivationPeaks],
                  work_dir: Path) -> EmulatedRun:
     import numpy as np
 
@@ -73,7 +73,7 @@ def run_emulated(model: onnx.ModelProto, feeds: Feeds, stats: dict[str, TensorSt
 
 
 def overflow_births(model: onnx.ModelProto, bad: set[str], original_nodes: set[str], blocked: set[str],
-                    stats: dict[str, TensorStats]) -> list[dict[str, Any]]:
+                    stats: dict[str, ActivationPeaks]) -> list[dict[str, Any]]:
     """Nodes to keep in float32 because Inf/NaN is born at them, at the float16 Cast feeding them, or (when
     the node already runs in float32) at the float16 rounding of what feeds it."""
     producers = {out: node for node in model.graph.node for out in node.output if out}

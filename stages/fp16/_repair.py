@@ -55,7 +55,7 @@ SUFFIX = {FLOAT: "fp32", FLOAT16: "fp16"}
 
 
 @dataclass
-class Plan:
+class PrecisionPlan:
     """Which nodes run in float32 and which inputs of converted nodes stay float32."""
 
     float32_nodes: set[str]
@@ -80,7 +80,7 @@ class RepairReport:
 class TypeRepair:
     """One pass over a converted model; `original` is the typed float32 model it came from."""
 
-    def __init__(self, original: onnx.ModelProto, plan: Plan, to_float16: Callable[[np.ndarray], np.ndarray],
+    def __init__(self, original: onnx.ModelProto, plan: PrecisionPlan, to_float16: Callable[[np.ndarray], np.ndarray],
                  original_types: dict[str, int] | None = None) -> None:
         self.plan = plan
         self.to_float16 = to_float16

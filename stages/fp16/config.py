@@ -116,7 +116,7 @@ class Fp16Config(BaseModel):
 def reads_default_dataset(config: Fp16Config) -> bool:
     """Whether the stage, with this config, measures on the run's default dataset (validate.data) when it has one.
 
-    The runner asks this (qdeploy.pipeline.registry) to put that dataset into the stage's cache key.
+    The runner asks this (qdeploy.pipeline.recipe.registry) to put that dataset into the stage's cache key.
     """
     return config.calibration is None and config.use_validation_data
 

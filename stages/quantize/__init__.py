@@ -13,7 +13,7 @@
 
 With ``tolerance`` (ptq, dynamic), the stage keeps the quantized nodes that hurt
 accuracy most in float until the tolerance holds against float32 on the budget
-data (``stages/quantize/_budget.py``).  Every mode reports, per target, how many
+data (``stages/quantize/budget/_search.py``).  Every mode reports, per target, how many
 quantizable ops really run int8 kernels (``int8_kernels``).  A model that is
 already quantized is refused (ptq, dynamic), never quantized twice.
 """
@@ -25,8 +25,6 @@ from typing import TYPE_CHECKING
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
-from qdeploy.stages.quantize._guard import QuantizerFailure
-from qdeploy.stages.quantize._prepare import count_quantized_nodes, quantized_ops, weight_qdq_pairs
 from qdeploy.stages.quantize.config import (
     STAGE,
     CalibrationRef,
@@ -36,6 +34,8 @@ from qdeploy.stages.quantize.config import (
     QuantizeConfig,
     WeightOnlyConfig,
 )
+from qdeploy.stages.quantize.ptq._guard import QuantizerFailure
+from qdeploy.stages.quantize.ptq._prepare import count_quantized_nodes, quantized_ops, weight_qdq_pairs
 
 if TYPE_CHECKING:
     import onnx

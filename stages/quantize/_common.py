@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Literal
 
 from qdeploy.core.context import StageContext
 from qdeploy.core.errors import StageError
-from qdeploy.stages.quantize._prepare import (
+from qdeploy.stages.quantize.config import STAGE, DynamicConfig, ModeConfig, NncfPtqConfig, PtqConfig
+from qdeploy.stages.quantize.ptq._prepare import (
     QUANTIZED_OP_TYPES,
 )
-from qdeploy.stages.quantize.config import STAGE, DynamicConfig, ModeConfig, NncfPtqConfig, PtqConfig
 from qdeploy.targets.int8_path import CPU_TARGETS
 
 if TYPE_CHECKING:

@@ -15,8 +15,6 @@ from qdeploy.core.errors import StageError
 from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES, save_onnx
 from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.stages.quantize._common import SevenBit, check_runs, quantized_node_counts, resolve_reduce_range
-from qdeploy.stages.quantize._unshare import unshare_qdq_parameters
-from qdeploy.stages.quantize._verify import compute_nodes, int8_kernels
 from qdeploy.stages.quantize.config import (
     STAGE,
     CalibrationRef,
@@ -35,13 +33,15 @@ from qdeploy.stages.quantize.findings import (
     PtqFindings,
     WeightOnlyFindings,
 )
+from qdeploy.stages.quantize.ptq._unshare import unshare_qdq_parameters
+from qdeploy.stages.quantize.ptq._verify import compute_nodes, int8_kernels
 from qdeploy.targets.int8_path import CPU_TARGETS, SEVEN_BIT_KEY, int8_path, weights_beyond_seven_bits
 
 if TYPE_CHECKING:
     import onnx
 
     from qdeploy.core.context import Artifact, StageContext
-    from qdeploy.stages.quantize._prepare import Prepared
+    from qdeploy.stages.quantize.ptq._prepare import Prepared
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def post_training(artifact: Artifact, config: Integer, ctx: StageContext) -> Sta
     """ptq or dynamic: prepare, calibrate (ptq), build, meet the budget when one is set, verify kernels."""
 
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize._prepare import MIN_OPSET, drop_unused_opsets, excluded_nodes, prepare
+    from qdeploy.stages.quantize.ptq._prepare import MIN_OPSET, drop_unused_opsets, excluded_nodes, prepare
 
     ctx.on_progress("preparing the float model")
     prepared = prepare(artifact.path, ctx.work_dir)
@@ -88,7 +88,7 @@ def post_training(artifact: Artifact, config: Integer, ctx: StageContext) -> Sta
     float_path, smoothed = prepared.path, None
     if isinstance(config, PtqConfig) and config.smooth_quant is not None:
         # lazy: pulls onnxruntime (import cost)
-        from qdeploy.stages.quantize._smooth_search import smoothed_for_ptq
+        from qdeploy.stages.quantize.ptq._smooth_search import smoothed_for_ptq
 
         ctx.on_progress("smoothing activations (SmoothQuant)")  # auto: searched before the budget ranks nodes
         float_path, smoothed = smoothed_for_ptq(prepared.path, _calibration_feeds(artifact, config, ctx, unseen),
@@ -178,8 +178,8 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     """The model builder of the mode (calibrating first for ptq, on the calibration samples whose positions
     are not in ``skip``) and what it found."""
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize._ptq import DynamicBuilder, StaticBuilder, calibrate
-    from qdeploy.stages.quantize._shared_ranges import shared_calibration
+    from qdeploy.stages.quantize.ptq._ptq import DynamicBuilder, StaticBuilder, calibrate
+    from qdeploy.stages.quantize.ptq._shared_ranges import shared_calibration
 
     op_types = _op_types(config)
     seven_bit, why = resolve_reduce_range(config, ctx.targets)
@@ -209,7 +209,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     compared: dict[str, Any] = {}  # the report's record of the 7-bit choice
     if seven_bit == "choose":
         # lazy: pulls onnxruntime (import cost)
-        from qdeploy.stages.quantize._seven_bit import CHOICE_SAMPLES, choose_seven_bit
+        from qdeploy.stages.quantize.ptq._seven_bit import CHOICE_SAMPLES, choose_seven_bit
 
         ctx.on_progress("comparing 7-bit weights with 7-bit activations")
         builders = {form: static(form) for form in ("weights", "activations")}
@@ -244,7 +244,7 @@ def _reduce_range_finding(config: Integer, seven_bit: str, why: str) -> dict[str
 def _op_types(config: Integer) -> list[str]:
     """Op types to quantize: the config's, or the op set's (dynamic: ORT's integer ops), minus excluded types."""
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize._ptq import default_op_types
+    from qdeploy.stages.quantize.ptq._ptq import default_op_types
 
     op_set = config.op_set if isinstance(config, PtqConfig) else "balanced"
     chosen = config.op_types if config.op_types is not None else default_op_types(config.mode, config.weight_type,
@@ -280,7 +280,7 @@ def _unseen_by_calibration(config: Integer, budget_samples: int) -> frozenset[in
     them either, or their error is as optimistic as the search samples' (ranges fitted to them) and the margin
     to unseen data is never measured."""
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize._budget import held_back_count
+    from qdeploy.stages.quantize.budget._search import held_back_count
 
     if not _budget_shares_calibration(config) or budget_samples == 0:
         return frozenset()
@@ -290,9 +290,9 @@ def _unseen_by_calibration(config: Integer, budget_samples: int) -> frozenset[in
 def _with_budget(prepared: Path, build: Any, config: Integer, ctx: StageContext, feeds: list[Any],
                  unseen: frozenset[int]) -> tuple[onnx.ModelProto, list[str], BudgetFindings]:
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize._budget import meet_budget
-    from qdeploy.stages.quantize._budget_options import budget_options
-    from qdeploy.stages.quantize._budget_targets import plan_targets
+    from qdeploy.stages.quantize.budget._options import budget_options
+    from qdeploy.stages.quantize.budget._search import meet_budget
+    from qdeploy.stages.quantize.budget._targets import plan_targets
 
     assert config.tolerance is not None
     runtime = config.runtime if isinstance(config, PtqConfig) else None
@@ -309,7 +309,7 @@ def _with_budget(prepared: Path, build: Any, config: Integer, ctx: StageContext,
 def nncf_ptq(artifact: Artifact, config: NncfPtqConfig, ctx: StageContext) -> StageResult:
     """engine nncf: NNCF builds the QDQ model (``_nncf.py``); the same checks and counts as qdeploy's own."""
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize._nncf import quantize_with_nncf
+    from qdeploy.stages.quantize.ptq._nncf import quantize_with_nncf
 
     model, seven_bit, findings = quantize_with_nncf(artifact, config, ctx)
     return _checked(model, seven_bit, findings, config, ctx)
@@ -320,8 +320,8 @@ def weight_only(artifact: Artifact, config: WeightOnlyConfig, ctx: StageContext)
     import onnx
 
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize._weight_only import quantize_file
-    from qdeploy.stages.quantize._weight_only_data import calibration_feeds, data_findings
+    from qdeploy.stages.quantize.weight_only._build import quantize_file
+    from qdeploy.stages.quantize.weight_only._data import calibration_feeds, data_findings
 
     ctx.on_progress(f"weight-only int{config.bits} {config.method} ({config.weight_format})")
     output = ctx.work_dir / "weight_only.onnx"

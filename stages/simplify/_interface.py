@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class TypeRepair:
+class InterfaceTypeRepair:
     """What restoring the interface types found."""
 
     restored: list[str] = field(default_factory=list)
@@ -58,9 +58,9 @@ def interface_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     return {name: kind for name, kind in types.items() if name not in ambiguous}
 
 
-def restore_interface_types(model: onnx.ModelProto, before: dict[str, onnx.TypeProto]) -> TypeRepair:
+def restore_interface_types(model: onnx.ModelProto, before: dict[str, onnx.TypeProto]) -> InterfaceTypeRepair:
     """Put back the types a pass dropped from graph inputs/outputs of ``model``; list the ones it changed."""
-    repair = TypeRepair()
+    repair = InterfaceTypeRepair()
     for value in _interface_values(model.graph):
         old = before.get(value.name)
         if old is None:

@@ -6,7 +6,7 @@ unreadable on that target too, the target cannot run this model whatever qdeploy
 row keeps the runtime's reason (the one line ``unreadable_targets`` reports), and every other unreadable row on
 that target points to it instead of repeating it.  Those rows get the status ``unreadable`` (never passed, and
 not failed: a limitation of the target, not of a variant) with ``unreadable: true``; the gates, the verdict and
-the exit status agree (``qdeploy.pipeline.gates``): such rows fail the run only through a gate naming the
+the exit status agree (``qdeploy.pipeline.results.gates``): such rows fail the run only through a gate naming the
 target.  Where the reference is readable, an unreadable artifact is a regression of that artifact: its row loses
 the mark and fails as any other.
 """

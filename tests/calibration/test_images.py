@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from qdeploy.calibration.samples import iter_samples
 from qdeploy.core.errors import DataError
-from qdeploy.pipeline.recipe import DatasetSpec
+from qdeploy.pipeline.recipe.schema import DatasetSpec
 
 
 def model_with_input(tmp_path: Path, shape: list[object], elem: int = TensorProto.FLOAT) -> Path:

@@ -21,15 +21,15 @@ from qdeploy.core.rows import (
     UnmeasuredEntry,
     ValidationRow,
 )
-from qdeploy.pipeline.gates import evaluate_gates, gates_hold, run_passes, unmeasured
-from qdeploy.pipeline.recipe import GateSpec
-from qdeploy.pipeline.runner import _record_failure
+from qdeploy.pipeline.recipe.schema import GateSpec
+from qdeploy.pipeline.results.gates import evaluate_gates, gates_hold, run_passes, unmeasured
+from qdeploy.pipeline.run.runner import _record_failure
 from qdeploy.stages.benchmark import unmeasured_throughput
 
 SKIPPED = "its variant or target is not part of this run (--variant/--target)"
 NO_TASK_METRIC = "task_metric needs validate.metric in the recipe ('file.py:function')"
 
-# what qdeploy.pipeline.gates.evaluate_gates returned, as dicts, for GATES below (before the records were typed)
+# what qdeploy.pipeline.results.gates.evaluate_gates returned, as dicts, for GATES below (before the records were typed)
 GATE_DICTS = [
     {"variant": "int8", "target": "ort:cpu", "metric": "cosine", "min": 0.999, "max": None, "batch_size": 1,
      "value": 0.99, "passed": False, "skipped": False, "reason": ""},
@@ -55,7 +55,7 @@ GATE_DICTS = [
 GATES = [{key: gate[key] for key in ("variant", "target", "metric", "min", "max", "batch_size")}
          for gate in GATE_DICTS]
 
-# what qdeploy.pipeline.gates.unmeasured and unmeasured_throughput returned for the rows below
+# what qdeploy.pipeline.results.gates.unmeasured and unmeasured_throughput returned for the rows below
 UNMEASURED_DICTS = [
     {"kind": "validate", "variant": "fp16", "target": "ort:cpu", "reason": "error", "allowed": True},
     {"kind": "benchmark", "variant": "fp16", "target": "ort:cpu", "reason": "median latency is not a number",

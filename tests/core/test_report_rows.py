@@ -18,8 +18,8 @@ from qdeploy.core.rows import (
     UnmeasuredEntry,
     ValidationRow,
 )
-from qdeploy.pipeline.loader import load_recipe_file
-from qdeploy.pipeline.runner import RunOptions, run_recipe
+from qdeploy.pipeline.recipe.loader import load_recipe_file
+from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 from tests.helpers.models import write_recipe
 from tests.helpers.report_keys import (
     RECORDS,
@@ -33,7 +33,7 @@ from tests.helpers.report_keys import (
 SCHEMA = Path(__file__).with_name("report_rows_schema.json")
 OTHER_RUNS = frozenset({"validation/unreadable"})
 """Row kinds of the schema that another run checks: a target that cannot read the original model
-(tests/pipeline/test_frozen_inputs.py)."""
+(tests/pipeline/run/test_frozen_inputs.py)."""
 MODELS: dict[str, type[ResultRow]] = {"validation": ValidationRow, "benchmarks": BenchmarkRow,
                                       "throughput": ThroughputRow, "gates": GateResult, "failures": BuildFailure,
                                       "unmeasured": UnmeasuredEntry}

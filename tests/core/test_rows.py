@@ -17,8 +17,8 @@ from qdeploy.core.rows import (
     ValidationRow,
     benchmark_row_from_json,
 )
-from qdeploy.pipeline.gates import evaluate_gates
-from qdeploy.pipeline.recipe import GateSpec
+from qdeploy.pipeline.recipe.schema import GateSpec
+from qdeploy.pipeline.results.gates import evaluate_gates
 from qdeploy.stages.benchmark import split_modes
 
 UNAVAILABLE_KEYS = {"variant", "target", "status", "reason", "metrics", "effective_precision", "warnings",

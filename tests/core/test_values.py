@@ -9,7 +9,7 @@ from qdeploy.core.values import finite_or, is_finite_number, one_line
 
 def test_a_finite_number_is_an_int_or_float_that_is_not_a_bool() -> None:
     assert is_finite_number(3) and is_finite_number(0.5) and is_finite_number(-1e300)
-    assert not is_finite_number(True)  # pipeline/gates.py's copy said True: a bool p50 passed as measured
+    assert not is_finite_number(True)  # pipeline/results/gates.py's copy said True: a bool p50 passed as measured
     assert not any(is_finite_number(value) for value in (math.nan, math.inf, -math.inf, None, "3", [1.0]))
 
 

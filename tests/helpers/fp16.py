@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.calibration import data_context
 from qdeploy.core.context import Artifact, StageContext, StageResult
-from qdeploy.pipeline.recipe import DatasetSpec
+from qdeploy.pipeline.recipe.schema import DatasetSpec
 from qdeploy.stages import fp16
 from qdeploy.stages.fp16 import Fp16Config
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, settings
 from typer.testing import CliRunner, Result
 
-from qdeploy.pipeline.cli import app
+from qdeploy.cli import app
 from tests.helpers.models import DEMO_RECIPE
 
 __all__ = ["EXAMPLES_ENV", "ExampleHung", "assert_clean_exit", "demo_copy", "fuzz_settings", "invoke", "time_limit"]

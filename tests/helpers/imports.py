@@ -15,7 +15,7 @@ FOLDERS = {"qdeploy": ROOT / "qdeploy", "qdeploy.pipeline": ROOT / "pipeline", "
 LAYERS = (  # (module prefix, layer); the longest matching prefix decides
     ("qdeploy.core", 0), ("qdeploy.graph", 1), ("qdeploy.calibration", 2), ("qdeploy.targets", 2),
     ("qdeploy.stages", 3), ("qdeploy.pipeline.report", 4), ("qdeploy.pipeline", 5), ("qdeploy.pipeline.sweep", 6),
-    ("qdeploy.api", 7), ("qdeploy", 7), ("qdeploy.pipeline.cli", 8), ("qdeploy.__main__", 9),
+    ("qdeploy.api", 7), ("qdeploy", 7), ("qdeploy.cli", 8), ("qdeploy.__main__", 9),
 )
 
 

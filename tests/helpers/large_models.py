@@ -121,7 +121,7 @@ def peak_rss_prelude(result: Path) -> str:
     memory probe resets the kernel's high-water mark (``/proc/self/clear_refs``)."""
     return f"""
 import atexit, json, os, threading, time
-from qdeploy.pipeline import progress as _progress
+from qdeploy.pipeline.run import progress as _progress
 _page, _peak, _step = os.sysconf("SC_PAGE_SIZE"), [0, "start"], ["start"]
 def _sample():
     while True:

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.calibration import data_context
 from qdeploy.core.context import Artifact, StageContext
-from qdeploy.pipeline.recipe import DatasetSpec
+from qdeploy.pipeline.recipe.schema import DatasetSpec
 from tests.helpers.models import REPO
 
 DEMO_MODEL = REPO / "recipes" / "models" / "demo_cnn.onnx"

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.core.context import Artifact, StageContext
 from qdeploy.core.rows import ValidationRow
-from qdeploy.pipeline.loader import load_recipe_file
+from qdeploy.pipeline.recipe.loader import load_recipe_file
 from tests.helpers.models import write_recipe
 
 RECIPE = """

@@ -11,7 +11,7 @@ targets (the whole flow a new user tries):
 - targets ``ort:cpu`` and ``openvino:cpu``, validated against the exported model on the validation set,
   and a short benchmark.
 
-Used by the slow tests (``tests/pipeline/test_real_models.py``) and ``benchmarks/real_models.py``.
+Used by the slow tests (``tests/pipeline/run/test_real_models.py``) and ``benchmarks/real_models.py``.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from typing import Any
 import onnx
 from typer.testing import CliRunner
 
-from qdeploy.pipeline.cli import app
-from qdeploy.pipeline.store import META_FILE
+from qdeploy.cli import app
+from qdeploy.pipeline.publish.store import META_FILE
 from tests.helpers.models import tiny_cnn, write_recipe
 
 RECIPE = """
@@ -33,7 +33,7 @@ benchmark: {enabled: false}
 def run_cli(*args: str, code: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`qdeploy ARGS` in a fresh interpreter; `code` runs before the CLI (to inject faults)."""
     prelude = code or ""
-    script = (f"{prelude}\nfrom qdeploy.pipeline.cli import main\nimport sys\n"
+    script = (f"{prelude}\nfrom qdeploy.cli import main\nimport sys\n"
               f"sys.argv = ['qdeploy', *{list(args)!r}]\nmain()\n")
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout)
 

@@ -105,7 +105,7 @@ def test_output_on_a_read_only_file_system_is_exit_2(tmp_path: Path) -> None:
     mount = tmp_path / "ro"
     mount.mkdir()
     script = (f"mount -t tmpfs -o ro none {mount} || exit 99; "
-              f"exec {sys.executable} -m qdeploy.pipeline.cli run {recipe} -q --out {mount}/out")
+              f"exec {sys.executable} -m qdeploy.cli run {recipe} -q --out {mount}/out")
     result = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120)
     if result.returncode == 99 or "unshare failed" in result.stderr:
         pytest.skip(f"cannot mount a read-only file system here: {result.stderr.strip()[:200]}")
@@ -116,12 +116,12 @@ def test_output_on_a_read_only_file_system_is_exit_2(tmp_path: Path) -> None:
 
 def test_an_os_error_on_a_user_path_deep_in_a_run_is_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The one place that turns OS errors into exit 2: what the up-front checks cannot foresee still names its path."""
-    import qdeploy.pipeline.runner
+    import qdeploy.pipeline.run.runner
 
     def refused(*_args: object, **_kwargs: object) -> None:
         raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "o" / "report.json"))
 
-    monkeypatch.setattr(qdeploy.pipeline.runner, "run_recipe", refused)
+    monkeypatch.setattr(qdeploy.pipeline.run.runner, "run_recipe", refused)
     assert_exit_2(_run(recipe_with_model(tmp_path)), "report.json", "permission denied")
 
 
@@ -271,7 +271,7 @@ def test_an_image_bomb_is_a_data_error(tmp_path: Path, monkeypatch: pytest.Monke
     from qdeploy.calibration.images import image_samples
     from qdeploy.calibration.readers import InputInfo
     from qdeploy.core.errors import DataError
-    from qdeploy.pipeline.recipe import DatasetSpec
+    from qdeploy.pipeline.recipe.schema import DatasetSpec
 
     Image.new("RGB", (64, 64)).save(tmp_path / "a.png")
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # Pillow refuses images over twice this many pixels

@@ -14,9 +14,9 @@ import pytest
 
 import qdeploy
 from qdeploy.core.errors import QdeployError, QdeployInputError
-from qdeploy.pipeline.loader import load_recipe_file
-from qdeploy.pipeline.package.publish import package_from_run
-from qdeploy.pipeline.runner import RunOptions, run_recipe
+from qdeploy.pipeline.publish.package.publish import package_from_run
+from qdeploy.pipeline.recipe.loader import load_recipe_file
+from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 from tests.robustness.helpers import RECIPE, assert_clean_input_error, recipe_with_model, run_cli, sha256_of
 
 
@@ -143,7 +143,7 @@ def test_open_run_verifies_the_files_it_describes(run_dir: Path, tmp_path: Path)
 
 def test_compare_can_verify_a_run_and_accepts_a_report_that_stands_alone(run_dir: Path, tmp_path: Path) -> None:
     """verify_published as `qdeploy compare` calls it: a report.json copied on its own is numbers only."""
-    from qdeploy.pipeline.verify import verify_published
+    from qdeploy.pipeline.publish.verify import verify_published
 
     alone = tmp_path / "report.json"
     shutil.copyfile(run_dir / "report.json", alone)
@@ -165,7 +165,7 @@ def test_qdeploy_compare_refuses_a_tampered_run_folder(run_dir: Path, tmp_path: 
 
 
 def test_check_py_fails_on_a_changed_byte_and_says_precision_as_a_word(run_dir: Path, tmp_path: Path) -> None:
-    from qdeploy.pipeline.package import check as package_check
+    from qdeploy.pipeline.publish.package import check as package_check
 
     package = Path(shutil.copytree(run_dir / "packages" / "ort-cpu-int8", tmp_path / "p"))
     model = package / "model.onnx"

@@ -18,8 +18,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
+from qdeploy.cli import app
 from qdeploy.core.errors import ModelError, RecipeError
-from qdeploy.pipeline.cli import app
 from tests.helpers.models import tiny_cnn, write_recipe
 from tests.robustness.helpers import RECIPE, assert_exit_2, qdeploy, recipe_with_model
 
@@ -165,7 +165,7 @@ def test_a_factory_module_is_found_without_importing_it(tmp_path: Path, monkeypa
         check_factory("qdeploy_probe_pkg.nest:build", Path)
     # found through every finder of sys.meta_path, as import finds it (an editable install maps its own folders)
     with pytest.raises(RecipeError, match=r"no 'load_recpe_file'.*did you mean 'load_recipe_file'"):
-        check_factory("qdeploy.pipeline.loader:load_recpe_file", Path)
+        check_factory("qdeploy.pipeline.recipe.loader:load_recpe_file", Path)
 
 
 @pytest.mark.parametrize(("source", "name"), [
@@ -362,6 +362,6 @@ def test_doctor_onto_a_full_device_is_a_clean_error() -> None:
     import sys
 
     with open("/dev/full", "w") as full:
-        done = subprocess.run([sys.executable, "-m", "qdeploy.pipeline.cli", "doctor"], stdout=full,
+        done = subprocess.run([sys.executable, "-m", "qdeploy.cli", "doctor"], stdout=full,
                               stderr=subprocess.PIPE, text=True, timeout=120)
     assert done.returncode == 1 and "no space left" in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -43,7 +43,7 @@ def _run(folder: Path, name: str, model: onnx.ModelProto | None = None, batch: i
     return folder / "out"
 
 
-@pytest.mark.slow  # two runs; tests/pipeline/test_compare_runs.py covers the same refusals on the fast loop
+@pytest.mark.slow  # two runs; tests/pipeline/results/test_compare_runs.py covers the same refusals on the fast loop
 def test_compare_refuses_different_models_and_flags_nan(tmp_path: Path) -> None:
     cnn = _run(tmp_path / "cnn", "cnn")
     matmul = _run(tmp_path / "mm", "mm", _matmul_4x4(), batch=4)  # its batch dimension is a static 4

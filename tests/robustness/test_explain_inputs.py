@@ -12,7 +12,7 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
-from qdeploy.pipeline.cli import app
+from qdeploy.cli import app
 from tests.helpers.models import tiny_cnn, write_recipe
 from tests.robustness.helpers import assert_exit_2, qdeploy
 

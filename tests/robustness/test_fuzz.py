@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qdeploy.core.errors import ModelError, RecipeError
-from qdeploy.pipeline.loader import parse_recipe
+from qdeploy.pipeline.recipe.loader import parse_recipe
 from qdeploy.stages.export import ExportConfig, _prepare
 from qdeploy.stages.export._model import load_onnx
 from tests.helpers.fuzz import ExampleHung, fuzz_settings, time_limit

@@ -17,7 +17,7 @@ import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from qdeploy.pipeline.plan import recipe_json_schema
+from qdeploy.pipeline.run.plan import recipe_json_schema
 from tests.helpers.fuzz import assert_clean_exit, demo_copy, fuzz_settings, invoke
 from tests.helpers.models import DEMO_RECIPE
 

@@ -113,7 +113,7 @@ def test_a_fifo_among_images_is_refused_by_check(tmp_path: Path) -> None:
 def test_the_readers_themselves_never_open_a_fifo(tmp_path: Path, reader: str) -> None:
     """A folder that gains a FIFO after the recipe was checked: the reader refuses it instead of blocking."""
     from qdeploy.calibration.images import image_samples
-    from qdeploy.pipeline.recipe import DatasetSpec
+    from qdeploy.pipeline.recipe.schema import DatasetSpec
 
     os.mkfifo(tmp_path / ("b.npy" if reader == "npy" else "b.png"))
     info = [InputInfo("input", (1, 3, 16, 16), np.dtype(np.float32))]

@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from qdeploy.pipeline.store import META_FILE
+from qdeploy.pipeline.publish.store import META_FILE
 from tests.robustness.helpers import (
     BODY,
     assert_cache_sound,
@@ -26,7 +26,7 @@ KILL_POINTS = [
     ("qdeploy.stages.simplify", "run", "after"),
     ("qdeploy.stages.fp16", "run", "before"),
     ("qdeploy.stages.quantize", "run", "after"),
-    ("qdeploy.pipeline.store", "save_model", "after"),  # the model is in the staging folder, its sidecar is not
+    ("qdeploy.pipeline.publish.store", "save_model", "after"),  # the model is in the staging folder, its sidecar is not
     ("shutil", "copyfile", "after"),  # publishing artifacts/
     ("qdeploy.stages.validate", "run", "before"),
     ("qdeploy.stages.benchmark", "run", "after"),
@@ -85,7 +85,7 @@ def test_two_runs_sharing_one_cache_at_once(tmp_path: Path) -> None:
 
     recipe = recipe_with_model(tmp_path, body=BODY)
     cache = tmp_path / "cache"
-    script = "from qdeploy.pipeline.cli import main; main()"
+    script = "from qdeploy.cli import main; main()"
     runs = [subprocess.Popen([sys.executable, "-c", script, "run", str(recipe), "-q", "--out",
                               str(tmp_path / f"out{i}"), "--cache-dir", str(cache)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
@@ -98,8 +98,8 @@ def test_two_runs_sharing_one_cache_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("where", [  # one write site on the fast loop; the others the same handling, slow
-    pytest.param("qdeploy.pipeline.store.save_model", marks=pytest.mark.slow),
-    pytest.param("shutil.copyfile", marks=pytest.mark.slow), "qdeploy.pipeline.store.write_json_synced"])
+    pytest.param("qdeploy.pipeline.publish.store.save_model", marks=pytest.mark.slow),
+    pytest.param("shutil.copyfile", marks=pytest.mark.slow), "qdeploy.pipeline.publish.store.write_json_synced"])
 def test_full_disk_is_reported_and_the_previous_state_kept(tmp_path: Path, where: str) -> None:
     recipe = recipe_with_model(tmp_path, body=BODY.replace("benchmark: {", "benchmark: {enabled: false, "))
     out = tmp_path / "out"

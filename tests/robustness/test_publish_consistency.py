@@ -40,10 +40,10 @@ def _sha(report: dict, name: str) -> str:
 
 
 KILLS_BEFORE_THE_SWITCH = [
-    ("qdeploy.pipeline.published", "publish_artifact", "after", 2),  # fp32 copied into the new set, fp16 not yet
+    ("qdeploy.pipeline.publish.published", "publish_artifact", "after", 2),  # fp32 in the new set, fp16 not yet
     ("qdeploy.stages.validate", "run", "before", 1),  # every artifact published, no report yet
     ("qdeploy.core.files", "write_text_atomic", "before", 1),  # new report.json written, report.md not
-    ("qdeploy.pipeline.published", "_replace_link", "before", 1),  # everything written, just before the switch
+    ("qdeploy.pipeline.publish.published", "_replace_link", "before", 1),  # everything written, just before the switch
 ]
 
 
@@ -72,7 +72,7 @@ def test_a_rerun_killed_before_the_switch_leaves_the_previous_set(finished_run: 
 def test_a_rerun_killed_just_after_the_switch_leaves_the_new_set(finished_run: Path, tmp_path: Path) -> None:
     recipe, out, old = _copy(finished_run, tmp_path)
     killed = run_cli("run", str(recipe), "-q", "--out", str(out),
-                     code=killer("qdeploy.pipeline.published", "_replace_link", "after", 1))
+                     code=killer("qdeploy.pipeline.publish.published", "_replace_link", "after", 1))
     assert killed.returncode == -9, killed.stderr[-2000:]
     report = assert_published_consistent(out)
     assert report is not None and _sha(report, "fp16") != _sha(old, "fp16")

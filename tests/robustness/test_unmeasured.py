@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from qdeploy.core.rows import BenchmarkRow, ValidationRow
-from qdeploy.pipeline.gates import run_passes, unmeasured
+from qdeploy.pipeline.results.gates import run_passes, unmeasured
 from tests.robustness.helpers import assert_clean_input_error, recipe_with_model, run_cli
 
 BODY = """

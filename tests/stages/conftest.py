@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from qdeploy.core.context import StageContext
-from qdeploy.pipeline.recipe import Recipe
+from qdeploy.pipeline.recipe.schema import Recipe
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ import pytest
 import qdeploy.stages.validate as validate
 from qdeploy.calibration.batches import BatchError, batch_axes, make_batch
 from qdeploy.core.context import Artifact
-from qdeploy.pipeline.loader import load_recipe_file
-from qdeploy.pipeline.runner import RunOptions, run_recipe
+from qdeploy.pipeline.recipe.loader import load_recipe_file
+from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 from qdeploy.stages.export import apply_input_overrides
 from qdeploy.stages.export.config import InputSpec
 from tests.helpers.models import tiny_cnn, write_recipe

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from qdeploy.graph.loop_carried import isolate_pass_through
-from qdeploy.pipeline.package import write_openvino
+from qdeploy.pipeline.publish.package import write_openvino
 from qdeploy.stages import validate
 from qdeploy.stages.validate import ValidateConfig
 from qdeploy.targets import get_target

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from qdeploy.pipeline.cli import app
-from qdeploy.pipeline.envinfo import environment
+from qdeploy.cli import app
+from qdeploy.pipeline.results.envinfo import environment
 from qdeploy.targets import KNOWN_TARGETS, get_target
 
 

@@ -17,7 +17,7 @@ from qdeploy.pipeline.report.view import (
     tradeoff_points,
     validation_notes,
 )
-from qdeploy.pipeline.summary import speedup_range
+from qdeploy.pipeline.results.summary import speedup_range
 from tests.helpers.reports import bench_row, synthetic_report
 
 

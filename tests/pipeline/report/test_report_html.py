@@ -172,8 +172,8 @@ def html_text(fragment: str) -> str:
 
 @pytest.mark.slow
 def test_a_real_run_writes_all_three_reports(tiny_recipe: Path, tmp_path: Path) -> None:
-    from qdeploy.pipeline.loader import load_recipe_file
-    from qdeploy.pipeline.runner import RunOptions, run_recipe
+    from qdeploy.pipeline.recipe.loader import load_recipe_file
+    from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 
     out = tmp_path / "out"
     result = run_recipe(load_recipe_file(tiny_recipe), RunOptions(out_dir=out, show_progress=False))

@@ -73,7 +73,7 @@ def test_html_says_per_row_what_ran() -> None:
 
 
 def test_terminal_says_per_row_what_ran(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from qdeploy.pipeline.cli import _print_summary
+    from qdeploy.cli import _print_summary
 
     monkeypatch.setenv("COLUMNS", "400")
     _print_summary(mixed_precision_report(), Path("out"))
@@ -87,7 +87,7 @@ def test_terminal_says_per_row_what_ran(capsys: pytest.CaptureFixture[str], monk
 def test_terminal_rows_stay_on_one_line_in_a_ci_log(capsys: pytest.CaptureFixture[str],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a terminal (CI logs) Rich would fold the table at 80 columns, splitting labels and numbers."""
-    from qdeploy.pipeline.cli import _print_summary
+    from qdeploy.cli import _print_summary
 
     monkeypatch.delenv("COLUMNS", raising=False)
     _print_summary(mixed_precision_report(), Path("out"))

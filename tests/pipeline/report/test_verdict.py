@@ -225,8 +225,8 @@ def test_the_snr_cap_does_not_flatten_the_fidelity_axis() -> None:
 
 @pytest.mark.slow
 def test_a_run_in_both_modes_reports_latency_throughput_and_the_verdict(tiny_recipe: Path, tmp_path: Path) -> None:
-    from qdeploy.pipeline.loader import load_recipe_file
-    from qdeploy.pipeline.runner import RunOptions, run_recipe
+    from qdeploy.pipeline.recipe.loader import load_recipe_file
+    from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 
     recipe_path = tiny_recipe.with_name("both.yaml")
     text = tiny_recipe.read_text().replace("targets: [ort:cpu]", "targets: [ort:cpu, ort:cuda]")

@@ -12,10 +12,10 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
+from qdeploy.cli import app
 from qdeploy.core.errors import RecipeError
-from qdeploy.pipeline.cli import app
-from qdeploy.pipeline.loader import load_recipe_file
-from qdeploy.pipeline.runner import RunOptions, build_phase, plan_run, validate_phase
+from qdeploy.pipeline.recipe.loader import load_recipe_file
+from qdeploy.pipeline.run.runner import RunOptions, build_phase, plan_run, validate_phase
 from qdeploy.pipeline.sweep import describe_sweep, is_sweep_file, load_sweep
 from qdeploy.pipeline.sweep.executors import Job, Scheduler
 from qdeploy.pipeline.sweep.executors_ray import benchmark_node, group_targets

@@ -130,7 +130,7 @@ def test_cli_rerun_of_a_sweep_recomputes_no_artifact(local_sweep: SweepResult, r
 
 
 def app_with_sweep() -> Any:
-    from qdeploy.pipeline.cli import app
+    from qdeploy.cli import app
 
     return app
 

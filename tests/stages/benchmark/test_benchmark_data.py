@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from pydantic import ValidationError
 
 from qdeploy.core.context import Artifact, StageContext
-from qdeploy.pipeline.loader import load_recipe_file
+from qdeploy.pipeline.recipe.loader import load_recipe_file
 from qdeploy.stages import benchmark
 from qdeploy.stages.benchmark import BenchmarkConfig
 from qdeploy.stages.benchmark import _data as benchmark_data

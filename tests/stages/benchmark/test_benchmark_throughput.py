@@ -12,9 +12,9 @@ from pydantic import ValidationError
 from qdeploy.calibration import data_context
 from qdeploy.core.context import Artifact
 from qdeploy.core.rows import BenchmarkRow, ThroughputRow
-from qdeploy.pipeline.gates import evaluate_gates
-from qdeploy.pipeline.recipe import GateSpec
+from qdeploy.pipeline.recipe.schema import GateSpec
 from qdeploy.pipeline.report.throughput import throughput_speedup
+from qdeploy.pipeline.results.gates import evaluate_gates
 from qdeploy.stages import benchmark
 from qdeploy.stages.benchmark import BenchmarkConfig
 from qdeploy.stages.benchmark._throughput import ThroughputConfig, split_modes, summarize, unmeasured_throughput

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.core.context import StageResult
 from qdeploy.core.errors import ModelError
-from qdeploy.pipeline.recipe import Recipe
+from qdeploy.pipeline.recipe.schema import Recipe
 from qdeploy.stages import export
 from tests.helpers.models import TORCH_NET, tiny_cnn
 

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from qdeploy.core.context import StageResult
-from qdeploy.pipeline.recipe import Recipe
+from qdeploy.pipeline.recipe.schema import Recipe
 from qdeploy.stages import export
 from qdeploy.stages.export.config import TorchSource
 from tests.helpers.models import TORCH_NET

@@ -13,7 +13,7 @@ import pytest
 
 from qdeploy.core.context import StageResult
 from qdeploy.core.errors import ModelError
-from qdeploy.pipeline.recipe import Recipe
+from qdeploy.pipeline.recipe.schema import Recipe
 from qdeploy.stages import export
 from tests.helpers.frozen import RATE, SAMPLES, write_rate_if_model
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from qdeploy.core.usercode import UserCodeError
-from qdeploy.pipeline.recipe import Recipe
+from qdeploy.pipeline.recipe.schema import Recipe
 from qdeploy.stages import export
 
 NETS = '''

@@ -12,8 +12,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.core.context import StageContext
-from qdeploy.pipeline.loader import load_recipe_file
-from qdeploy.pipeline.runner import RunOptions, run_recipe
+from qdeploy.pipeline.recipe.loader import load_recipe_file
+from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 from qdeploy.stages import fp16
 from qdeploy.stages.fp16 import Fp16Config
 from qdeploy.stages.fp16.config import reads_default_dataset

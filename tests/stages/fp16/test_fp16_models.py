@@ -18,7 +18,7 @@ from qdeploy.calibration import data_context
 from qdeploy.calibration.samples import iter_samples
 from qdeploy.core.compare import compare_outputs
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES
-from qdeploy.pipeline.recipe import DatasetSpec
+from qdeploy.pipeline.recipe.schema import DatasetSpec
 from qdeploy.stages import fp16
 from qdeploy.stages.fp16 import Fp16Config
 from tests.helpers.fp16 import plain_convert, run_stage, run_target

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from qdeploy.stages.fp16._activations import TensorStats, overflowing_nodes
+from qdeploy.stages.fp16._activations import ActivationPeaks, overflowing_nodes
 from tests.helpers.fp16 import const, make_model, plain_convert, run_ort, run_reference, run_stage, run_target, tensor
 
 T, D = 16, 64
@@ -178,8 +178,8 @@ def test_old_style_linear_overflow_keeps_the_chain(tmp_path: Path) -> None:
     assert not any(node.op_type == "Cast" for node in result.model.graph.node)  # all float32: no Casts
 
 
-def _stats(**tensors: tuple[float, float, tuple[int, ...]]) -> dict[str, TensorStats]:
-    return {name: TensorStats(abs_max=a, max=m, shape=s) for name, (a, m, s) in tensors.items()}
+def _stats(**tensors: tuple[float, float, tuple[int, ...]]) -> dict[str, ActivationPeaks]:
+    return {name: ActivationPeaks(abs_max=a, max=m, shape=s) for name, (a, m, s) in tensors.items()}
 
 
 @pytest.mark.parametrize("top, kept", [(4.0, False), (6.0, True)])

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from qdeploy.core.context import Artifact
 from qdeploy.graph.order import scope_problems
-from qdeploy.pipeline.recipe import Recipe
+from qdeploy.pipeline.recipe.schema import Recipe
 from qdeploy.stages.fp16 import Fp16Config, run
 from tests.control_flow_models import loop_with_outer_reads_model, lstm_branch_model, nested_constant_if_model
 

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from qdeploy.core.errors import StageError
 from qdeploy.stages import quantize
 from qdeploy.stages.quantize import CalibrationRef, QuantizeConfig
-from qdeploy.stages.quantize._verify import int8_kernels
+from qdeploy.stages.quantize.ptq._verify import int8_kernels
 from tests.helpers.quantize import (
     DEMO_MODEL,
     DEMO_VAL,
@@ -301,8 +301,8 @@ def test_recipe_with_an_image_dataset_a_budget_and_a_lowered_variant_runs_end_to
     """Through the loader and runner: images calibrate ptq (with a budget) and verify a lowered QAT model."""
     from PIL import Image
 
-    from qdeploy.pipeline.loader import load_recipe_file
-    from qdeploy.pipeline.runner import RunOptions, run_recipe
+    from qdeploy.pipeline.recipe.loader import load_recipe_file
+    from qdeploy.pipeline.run.runner import RunOptions, run_recipe
     from tests.helpers.models import write_recipe
 
     folder = tmp_path / "imgs"

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from qdeploy.core.errors import RecipeError
-from qdeploy.pipeline.plan import recipe_json_schema
+from qdeploy.pipeline.run.plan import recipe_json_schema
 from qdeploy.stages.quantize.config import (
     DynamicConfig,
     LowerConfig,
@@ -86,7 +86,7 @@ def test_a_misspelt_field_stays_an_unknown_field() -> None:
 
 
 def test_the_recipe_error_names_the_line_the_field_and_the_mode(tmp_path: Path) -> None:
-    from qdeploy.pipeline.loader import load_recipe_file
+    from qdeploy.pipeline.recipe.loader import load_recipe_file
 
     text = DEMO_RECIPE.read_text().replace("{quantize: {mode: ptq, calibration: {data: calib}}}",
                                            "{quantize: {mode: weight_only, per_channel: true}}")

@@ -15,8 +15,8 @@ import onnx
 import pytest
 
 import qdeploy.stages.validate as validate
-from qdeploy.pipeline.loader import load_recipe_file
-from qdeploy.pipeline.runner import RunOptions, run_recipe
+from qdeploy.pipeline.recipe.loader import load_recipe_file
+from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 from qdeploy.stages import quantize
 from qdeploy.stages.quantize import CalibrationRef, QuantizeConfig
 from qdeploy.stages.quantize._common import resolve_reduce_range

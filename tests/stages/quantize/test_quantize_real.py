@@ -13,7 +13,7 @@ import pytest
 
 from qdeploy.calibration import data_context
 from qdeploy.calibration.samples import iter_samples
-from qdeploy.pipeline.recipe import DatasetSpec
+from qdeploy.pipeline.recipe.schema import DatasetSpec
 from qdeploy.stages import quantize
 from qdeploy.stages.quantize import CalibrationRef, QuantizeConfig
 from tests.helpers.images import text_images

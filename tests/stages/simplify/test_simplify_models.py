@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
-from qdeploy.pipeline.recipe import Recipe
+from qdeploy.pipeline.recipe.schema import Recipe
 from qdeploy.stages import export, simplify
 from tests.helpers.models import tiny_cnn
 from tests.real_models import PP_OCR_DET, PP_OCR_REC, real_model

@@ -17,7 +17,7 @@ import pytest
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.graph.order import scope_problems
-from qdeploy.pipeline.recipe import Recipe
+from qdeploy.pipeline.recipe.schema import Recipe
 from qdeploy.stages.fp16 import Fp16Config
 from qdeploy.stages.fp16 import run as fp16
 from qdeploy.stages.simplify import SimplifyConfig

@@ -161,7 +161,7 @@ def test_an_optimizer_result_that_breaks_a_subgraph_is_discarded(tmp_path: Path,
 
 
 def test_the_check_runs_on_the_recipes_validation_data_when_there_is_some(tmp_path: Path) -> None:
-    from qdeploy.pipeline.recipe import Recipe
+    from qdeploy.pipeline.recipe.schema import Recipe
 
     data = tmp_path / "val"
     data.mkdir()

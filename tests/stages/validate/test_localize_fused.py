@@ -125,7 +125,7 @@ def test_the_validate_stage_names_the_node_and_the_fused_layer(tmp_path: Path) -
 def test_qdeploys_int8_with_shared_zero_points_is_located_at_its_pad(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The causal shift quantized by qdeploy as it was before each Q/DQ node owned its zero point."""
-    import qdeploy.stages.quantize._ptq as ptq
+    import qdeploy.stages.quantize.ptq._ptq as ptq
     from qdeploy.stages import quantize
     from qdeploy.stages.quantize import CalibrationRef, QuantizeConfig
 

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import qdeploy.stages.validate as validate
 from qdeploy.core.errors import RecipeError
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
-from qdeploy.pipeline.loader import load_recipe_file
+from qdeploy.pipeline.recipe.loader import load_recipe_file
 from qdeploy.stages.validate import ValidateConfig, output_tolerances
 from qdeploy.stages.validate._floor import noise_floor_summary
 from qdeploy.stages.validate.config import RANDOM_DATA_WARNING, REFERENCE_MODEL_ROW
@@ -296,7 +296,7 @@ def test_tolerances_below_the_noise_floor_are_flagged_unattainable(tmp_path: Pat
 # --- reference_model
 
 def test_reference_model_serves_as_the_reference_end_to_end(tmp_path: Path) -> None:
-    from qdeploy.pipeline.runner import RunOptions, run_recipe
+    from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 
     original = chain_model()
     onnx.save(original, str(tmp_path / "original.onnx"))

@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qdeploy.pipeline.loader import load_recipe_file
-from qdeploy.pipeline.runner import RunOptions, run_recipe
+from qdeploy.pipeline.recipe.loader import load_recipe_file
+from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 from tests.helpers.models import write_recipe
 
 

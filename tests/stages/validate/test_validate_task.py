@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from qdeploy.core.errors import DataError, RecipeError
-from qdeploy.pipeline.loader import load_recipe_file
-from qdeploy.pipeline.runner import RunOptions, run_recipe
+from qdeploy.pipeline.recipe.loader import load_recipe_file
+from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 from qdeploy.stages.validate import ValidateConfig
 from qdeploy.stages.validate._task import check_metric, evaluate, read_labels, stack
 from tests.helpers.models import write_recipe
@@ -95,8 +95,8 @@ def test_a_failing_metric_is_a_warning_and_fails_its_gate(tmp_path: Path) -> Non
 
 def test_gate_on_task_metric_without_a_metric_says_what_is_missing() -> None:
     from qdeploy.core.rows import ValidationRow
-    from qdeploy.pipeline.gates import evaluate_gates
-    from qdeploy.pipeline.recipe import GateSpec
+    from qdeploy.pipeline.recipe.schema import GateSpec
+    from qdeploy.pipeline.results.gates import evaluate_gates
 
     row = ValidationRow(variant="v", target="ort:cpu", status="passed", metrics={"cosine": 1.0})
     gate = GateSpec(variant="v", target="ort:cpu", metric="task_metric", min=0.5)

@@ -1,0 +1,3 @@
+"""Publishing: the content-addressed store, the published folder as one unit, the hash chain, packages."""
+
+__all__: list[str] = []

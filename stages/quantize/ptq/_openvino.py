@@ -1,0 +1,188 @@
+"""Q/DQ placement for OpenVINO (``runtime: openvino``): no requantization OpenVINO would run as a kernel of its own.
+
+Profiled per layer on YOLOX (``get_profiling_info``), ONNX Runtime's placement costs OpenVINO three things
+NNCF's does not:
+
+- **Concat requantizes.**  ORT quantizes each Concat input with its own range and the output with another, so
+  OpenVINO runs one Convert-Subtract-FakeQuantize kernel per input (33 on YOLOX).  Here a Concat's inputs and
+  output share one range (the union: no value is clipped), as NNCF's unified scales do;
+- **exact Q/DQ pairs stay.**  With one grid for a Concat's inputs, the QuantizeLinear after it (and after
+  MaxPool, Reshape, Transpose... of a value already on that grid) rounds nothing, yet OpenVINO still runs it.
+  Such pairs are removed (:func:`drop_exact_requantization`): OpenVINO carries the dequantization through
+  those ops into the int8 convolution that reads them, and ONNX Runtime computes the same values;
+- **attention is quantized.**  OpenVINO runs a MatMul of two activations (attention scores, context) float in
+  its attention kernel; the Q/DQ ORT puts before it cost MiniLM six Convert, six Subtract and a Transpose in u8
+  per run.  Those MatMuls stay float (:func:`activation_matmuls`), as NNCF's transformer preset leaves them;
+- **the tail is quantized.**  Data movement after the last compute node (a detection head's Concat/Reshape/
+  Transpose to the output) gets Q/DQ that no int8 kernel reads: it costs kernels and puts the graph output on
+  an 8-bit grid shared by box coordinates and scores.  Those nodes stay float (:func:`float_tail`).
+
+Edits protobuf directly: it runs on every build the accuracy budget makes (linear in the model's size).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from qdeploy.stages.quantize.ptq._keep import QDQ_OPS, remove_unused
+
+if TYPE_CHECKING:
+    import onnx
+
+COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+GRID_OPS = frozenset({
+    "Concat", "MaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Split",
+    "Identity", "DepthToSpace", "SpaceToDepth",
+})
+"""Ops whose outputs hold only input values (Concat: of all inputs), which OpenVINO carries a dequantization
+through.  Resize in nearest mode too (``_keeps_grid``)."""
+_SAME_RANGE_OPS = GRID_OPS | {"Resize"}
+"""ORT quantizes these ops' outputs with their input's parameters: they join their input's range group."""
+
+
+def unify_concat_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]],
+                        op_types: list[str]) -> dict[str, tuple[float, float]]:
+    """``ranges`` with each Concat's inputs and output (and what reaches them through data movement) on one range,
+    the union of theirs."""
+    if "Concat" not in op_types:
+        return ranges
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    for node in model.graph.node:
+        if node.op_type not in op_types:
+            continue
+        linked = [*node.input, *node.output] if node.op_type == "Concat" else \
+            [node.input[0], node.output[0]] if node.op_type in _SAME_RANGE_OPS and node.input else []
+        linked = [name for name in linked if name in ranges]
+        for name in linked[1:]:
+            parent[root(name)] = root(linked[0])
+    concat_outputs = {node.output[0] for node in model.graph.node if node.op_type == "Concat"}
+    groups: dict[str, list[str]] = {}
+    for name in list(parent):
+        groups.setdefault(root(name), []).append(name)
+    unified = dict(ranges)
+    for members in groups.values():
+        if len(members) > 1 and concat_outputs.intersection(members):
+            low = min(ranges[name][0] for name in members)
+            high = max(ranges[name][1] for name in members)
+            unified.update(dict.fromkeys(members, (low, high)))
+    return unified
+
+
+def float_tail(model: onnx.ModelProto, op_types: list[str]) -> list[str]:
+    """Nodes of the quantized op types from which no compute node can be reached: nothing int8 reads them."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    feeds_compute: set[str] = set()
+    for node in reversed(model.graph.node):  # topological order: readers are settled first
+        if node.op_type in COMPUTE_OPS or any(reader.name in feeds_compute for out in node.output
+                                              for reader in readers.get(out, [])):
+            feeds_compute.add(node.name)
+    return [node.name for node in model.graph.node
+            if node.op_type in op_types and node.op_type not in COMPUTE_OPS and node.name not in feeds_compute]
+
+
+def activation_matmuls(model: onnx.ModelProto) -> list[str]:
+    """MatMuls of two activations (attention's scores and context): OpenVINO runs them float whatever their inputs
+    (in its fused attention kernel), so Q/DQ in front of them only adds Convert/Subtract/FakeQuantize kernels."""
+    constants = {init.name for init in model.graph.initializer}
+    constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
+    return [node.name for node in model.graph.node
+            if node.op_type == "MatMul" and not any(name in constants for name in node.input)]
+
+
+def drop_exact_requantization(model: onnx.ModelProto) -> int:
+    """Remove QuantizeLinear -> DequantizeLinear pairs that round nothing: on a tensor that data movement (or a
+    Concat) made of values already dequantized with the same scale and zero point.  How many were removed."""
+    graph = model.graph
+    constants = {init.name: init for init in graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {value.name for value in graph.output}
+    grid: dict[str, bytes] = {}  # tensor -> the parameters of the grid its values lie on
+    dropped = 0
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear":
+            key = _parameters(node, constants)
+            if key is not None:
+                grid[node.output[0]] = key
+        elif node.op_type == "QuantizeLinear":
+            dropped += _drop_if_exact(node, grid, constants, readers, outputs)
+        elif _keeps_grid(node):
+            data = [name for name in node.input[:_data_inputs(node)] if name]
+            keys = {grid.get(name) for name in data}
+            if data and len(keys) == 1 and None not in keys:
+                grid.update(dict.fromkeys((out for out in node.output if out), keys.pop()))
+    if dropped:
+        remove_unused(model)
+    return dropped
+
+
+def _drop_if_exact(quantize: onnx.NodeProto, grid: dict[str, bytes], constants: dict[str, onnx.TensorProto],
+                   readers: dict[str, list[onnx.NodeProto]], outputs: set[str]) -> int:
+    """Rewire the readers of a QuantizeLinear's dequantizations to its input when the pair is exact."""
+    source = quantize.input[0]
+    key = _parameters(quantize, constants)
+    if key is None or grid.get(source) != key or source in outputs or quantize.output[0] in outputs:
+        return 0
+    dequantizations = readers.get(quantize.output[0], [])
+    if not dequantizations or any(node.op_type != "DequantizeLinear" or _parameters(node, constants) != key
+                                  or node.output[0] in outputs for node in dequantizations):
+        return 0
+    # a QDQ reader of the dequantized value (another Q) would see the same tensor: rewiring keeps it valid
+    for dequantize in dequantizations:
+        for reader in readers.get(dequantize.output[0], []):
+            for index, name in enumerate(reader.input):
+                if name == dequantize.output[0]:
+                    reader.input[index] = source
+            readers.setdefault(source, []).append(reader)
+    return 1
+
+
+def dequantized_values(model: onnx.ModelProto) -> set[str]:
+    """Tensors holding dequantized values: DequantizeLinear outputs, and what data movement makes of them only
+    (OpenVINO carries the dequantization through to the compute node reading them)."""
+    found: set[str] = set()
+    for node in model.graph.node:  # topological order
+        data = [name for name in node.input[:_data_inputs(node)] if name]
+        if node.op_type == "DequantizeLinear" or (_keeps_grid(node) and data and all(name in found for name in data)):
+            found.update(out for out in node.output if out)
+    return found
+
+
+def _keeps_grid(node: onnx.NodeProto) -> bool:
+    if node.op_type == "Resize":
+        mode = next((attr.s for attr in node.attribute if attr.name == "mode"), b"nearest")
+        return mode == b"nearest"
+    return node.op_type in GRID_OPS and node.op_type not in QDQ_OPS
+
+
+def _data_inputs(node: onnx.NodeProto) -> int:
+    """How many leading inputs carry values (the rest are shapes, indices, sizes)."""
+    return len(node.input) if node.op_type == "Concat" else 1
+
+
+def _parameters(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> bytes | None:
+    """A Q/DQ node's scale, zero point (value and type) and axis as one comparable key; None when not constant."""
+    from onnx import numpy_helper
+
+    scale = constants.get(node.input[1]) if len(node.input) > 1 else None
+    zero = constants.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    if scale is None or (len(node.input) > 2 and node.input[2] and zero is None):
+        return None
+    # the axis matters only for per-channel parameters
+    axis = next((attr.i for attr in node.attribute if attr.name == "axis"), 1) if scale.dims else None
+    parts = [numpy_helper.to_array(scale).tobytes(), bytes(str(list(scale.dims)), "ascii")]
+    if zero is not None:
+        parts += [numpy_helper.to_array(zero).tobytes(), bytes(str(zero.data_type), "ascii")]
+    return b"|".join([*parts, bytes(str(axis), "ascii")])

@@ -1,0 +1,201 @@
+"""Getting a float model ready for ONNX Runtime's quantizer, and the checks made before quantizing.
+
+- Weights held in Constant nodes (Paddle exports) become initializers: ORT's
+  quantizer only quantizes initializers, and would leave such weights float.
+- ORT's pre-processing (symbolic shape inference, basic fusions, onnx shape
+  inference) runs, each step on what it needs (``_preprocess``).
+- Every node gets a name, so that it can be excluded and reported.
+- Nodes holding subgraphs (If/Loop/Scan) are listed: their bodies stay float.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qdeploy.core.onnx_wire import load_model
+from qdeploy.graph.external_data import save_with_data_file
+from qdeploy.graph.names import name_nodes_uniquely
+from qdeploy.graph.utils import default_opset, subgraphs
+from qdeploy.stages.quantize.findings import PreparedNotes
+from qdeploy.stages.quantize.ptq._bias import vector_gemm_biases
+from qdeploy.stages.quantize.ptq._preprocess import onnx_shapes, optimize_file, symbolic_shapes, tag_pre_processed
+
+if TYPE_CHECKING:
+    import onnx
+
+log = logging.getLogger(__name__)
+
+QUANTIZED_OP_TYPES = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger", "MatMulInteger",
+    "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention", "DynamicQuantizeLSTM",
+    # com.microsoft: integer, block-quantized and ordered-int8 ops of ONNX Runtime's contrib set
+    "MulInteger", "MatMulInteger16", "MatMulNBits", "MatMulBnb4", "MatMulFpQ4", "GatherBlockQuantized",
+    "DequantizeBlockwise", "QuantizeBFP", "DequantizeBFP", "QuantizeWithOrder", "DequantizeWithOrder",
+    "QEmbedLayerNormalization", "QMoE", "NhwcQLinearConv",
+})
+_QUANTIZED_PREFIXES = ("QLinear", "QOrdered")
+_SUBGRAPH_OPS = ("If", "Loop", "Scan")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The float model ORT's quantizer reads, and what preparing it did.  Its node names and opset come with it,
+    so that nobody parses a one-file model again to read them."""
+
+    path: Path
+    findings: PreparedNotes
+    nodes: dict[str, str]
+    """Main-graph node name -> op type, after pre-processing."""
+    original_nodes: frozenset[str]
+    """Main-graph node names of the model before pre-processing (it may fuse some away)."""
+    opset: int
+
+
+def is_quantized_op(node: onnx.NodeProto) -> bool:
+    """A quantization op (Q/DQ, QLinear*, *Integer, block-quantized weights...), standard or com.microsoft."""
+    return node.op_type in QUANTIZED_OP_TYPES or node.op_type.startswith(_QUANTIZED_PREFIXES)
+
+
+def quantized_ops(model: onnx.ModelProto) -> Counter[str]:
+    """Quantization ops per op type, in every graph: the main graph, If/Loop/Scan bodies and model functions."""
+    found: Counter[str] = Counter()
+    pending = [model.graph, *model.functions]
+    while pending:
+        graph = pending.pop()
+        for node in graph.node:
+            if is_quantized_op(node):
+                found[node.op_type] += 1
+            pending.extend(subgraphs(node))
+    return found
+
+
+def count_quantized_nodes(model: onnx.ModelProto) -> int:
+    """How many nodes of the model (subgraphs and functions included) are quantization ops."""
+    return sum(quantized_ops(model).values())
+
+
+def weight_qdq_pairs(model: onnx.ModelProto) -> int:
+    """QuantizeLinear nodes applied to float initializers or Constant outputs: what mode lower folds."""
+    constants = {init.name for init in model.graph.initializer if init.data_type in (1, 10, 11, 16)}
+    constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
+    return sum(1 for node in model.graph.node if node.op_type == "QuantizeLinear" and node.input[0] in constants)
+
+
+def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Constant nodes (every graph) turned into initializers; returns the model and how many were lifted."""
+    import onnx_ir as ir
+    from onnx_ir.passes.common import LiftConstantsToInitializersPass
+
+    before = _constant_nodes(model)
+    if not before:
+        return model, 0
+    ir_model = ir.from_proto(model)
+    LiftConstantsToInitializersPass(lift_all_constants=False, size_limit=0)(ir_model)
+    lifted = ir.to_proto(ir_model)
+    return lifted, before - _constant_nodes(lifted)
+
+
+def _constant_nodes(model: onnx.ModelProto) -> int:
+    return sum(1 for node in model.graph.node if node.op_type == "Constant")
+
+
+MIN_OPSET = 13
+"""Per-channel QuantizeLinear/DequantizeLinear (the axis attribute) needs opset 13."""
+
+
+def prepare(source: Path, work_dir: Path) -> Prepared:
+    """Lift constants, raise the opset to 13, pre-process as ORT's ``quant_pre_process`` does (symbolic shape
+    inference, basic optimizations, onnx shape inference) and name the nodes; written under work_dir.  One copy
+    of the weights at a time (``_preprocess``)."""
+
+    model = load_model(source)
+    # ORT's optimizer refuses repeated node names, and exclusions and the budget find nodes by name
+    named = name_nodes_uniquely(model).changed
+    original_nodes = frozenset(node.name for node in model.graph.node)
+    model, lifted = lift_constants(model)
+    model, opset_note = _at_least_opset(model)
+    notes = [symbolic_shapes(model, work_dir)]
+    unoptimized = work_dir / "optimizer_input.onnx"
+    save_with_data_file(model, unoptimized)
+    del model
+    gc.collect()  # protobuf frees a message's weights only with the message: one copy in memory at a time
+    model, optimized = optimize_file(unoptimized, work_dir)
+    notes += [optimized, onnx_shapes(model)]
+    tag_pre_processed(model)
+    named += name_nodes_uniquely(model).changed  # nodes the optimizer added
+    biases = vector_gemm_biases(model)  # after pre-processing: it fuses MatMul + Add into Gemm
+    target = work_dir / "preprocessed.onnx"
+    save_with_data_file(model, target)  # weights to preprocessed.onnx.data one at a time: read back the same way
+    failed = "; ".join(note for note in notes if note)
+    subgraphs = subgraph_nodes(model)
+    if subgraphs:
+        log.warning("%d nodes hold subgraphs; their bodies stay float", len(subgraphs))
+    findings = PreparedNotes(preprocess=f"partly: {failed}" if failed else "complete", constants_lifted=lifted,
+                             nodes_named=named, opset=opset_note or None, subgraphs_left_float=subgraphs or None,
+                             **biases)
+    nodes = {node.name: node.op_type for node in model.graph.node}
+    opset = default_opset(model)
+    del model
+    gc.collect()  # the quantizer loads it again; ORT's objects leave cycles holding parts of it
+    return Prepared(target, findings, nodes, original_nodes, opset)
+
+
+def _at_least_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """The model converted to opset 13 when it is older (Paddle exports opset 11-12); a note on what happened."""
+    import onnx
+
+    opset = default_opset(model)
+    if opset >= MIN_OPSET:
+        return model, ""
+    try:
+        return onnx.version_converter.convert_version(model, MIN_OPSET), f"converted from {opset} to {MIN_OPSET}"
+    except Exception as exc:  # the builder refuses per-channel weights on the old opset, with this reason
+        log.warning("converting opset %d to %d failed: %s", opset, MIN_OPSET, exc)
+        return model, f"stays {opset}: conversion to {MIN_OPSET} failed ({type(exc).__name__}: {exc})"
+
+
+def subgraph_nodes(model: onnx.ModelProto) -> list[dict[str, Any]]:
+    """Main-graph nodes that hold subgraphs, with how many nodes their bodies have."""
+    import onnx
+
+    found = []
+    for node in model.graph.node:
+        bodies = [attr.g for attr in node.attribute if attr.type == onnx.AttributeProto.GRAPH]
+        bodies += [g for attr in node.attribute if attr.type == onnx.AttributeProto.GRAPHS for g in attr.graphs]
+        if bodies:
+            found.append({"node": node.name, "op_type": node.op_type,
+                          "body_nodes": sum(len(body.node) for body in bodies)})
+    return found
+
+
+def excluded_nodes(prepared: Prepared, names: list[str], patterns: list[str],
+                   op_types: list[str]) -> tuple[list[str], list[str]]:
+    """Node names to keep float (by name, regex on the name, op type) and the names asked for that do not exist.
+
+    A name may be missing from the prepared model when pre-processing fused its node away; that is
+    logged, not an error, when the original model had it.
+    """
+    present = prepared.nodes
+    unknown = [name for name in names if name not in present and name not in prepared.original_nodes]
+    fused = [name for name in names if name not in present and name in prepared.original_nodes]
+    if fused:
+        log.warning("exclude_nodes %s were fused away by pre-processing", fused)
+    compiled = [re.compile(pattern) for pattern in patterns]
+    chosen = {name for name in names if name in present}
+    excluded_types = set(op_types)
+    chosen |= {name for name, op_type in present.items()
+               if op_type in excluded_types or any(regex.search(name) for regex in compiled)}
+    return sorted(chosen), unknown
+
+
+def drop_unused_opsets(model: onnx.ModelProto) -> None:
+    """Remove opset imports of domains no node uses (ORT's pre-processing declares every domain it knows)."""
+    used = {node.domain for node in model.graph.node} | {"", "ai.onnx"}
+    for entry in [entry for entry in model.opset_import if entry.domain not in used]:
+        model.opset_import.remove(entry)

@@ -1,0 +1,247 @@
+"""Post-training quantization through ONNX Runtime's quantizers, with qdeploy's own calibration.
+
+Static (``ptq``): activation ranges come from ``qdeploy.calibration.activations`` and
+``qdeploy.calibration.ranges`` (minmax, percentile, entropy, mse; streamed, one or two
+passes), and ONNX Runtime's ``QDQQuantizer`` writes the QDQ model from them (on an indexed graph,
+``stages/quantize/ptq/_fast_ort.py``: its own helpers make it quadratic in the node count).
+Calibrating once and building many times is what lets the accuracy budget try
+several sets of float nodes cheaply.  Dynamic: ``quantize_dynamic``.
+
+Both expose a builder ``build(names of nodes to keep float) -> ModelProto`` on top of the configured
+exclusions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qdeploy.calibration.activations import FeedSource, collect_statistics, float_tensors_of
+from qdeploy.calibration.ranges import HISTOGRAM_METHODS, estimate_range
+from qdeploy.core.onnx_wire import load_model
+from qdeploy.graph.external_data import load_weights_from
+from qdeploy.stages.quantize.ptq._guard import ort_quantizer_step
+from qdeploy.stages.quantize.ptq._keep import MOVER_OPS, keep_float, quantized_node_names
+from qdeploy.stages.quantize.ptq._openvino import (
+    activation_matmuls,
+    drop_exact_requantization,
+    float_tail,
+    unify_concat_ranges,
+)
+from qdeploy.stages.quantize.ptq._preprocess import load_with_shapes, weights_read_on_demand
+from qdeploy.stages.quantize.ptq._unshare import unshare_qdq_parameters
+
+if TYPE_CHECKING:
+    import onnx
+
+log = logging.getLogger(__name__)
+
+_TYPES = {"uint8": "QUInt8", "int8": "QInt8"}
+_FLOAT_OUTPUT_OPS = ("MatMul", "Gemm")
+"""Their outputs are quantized only for a quantized consumer: attention scores stay float before Softmax, and
+ONNX Runtime still runs them int8 (MatMulIntegerToFloat, QGemm with an int32 bias)."""
+_OPENVINO_FLOAT_OUTPUT_OPS = (*_FLOAT_OUTPUT_OPS, "Conv", "ConvTranspose")
+"""For OpenVINO (``runtime: openvino``) convolutions too: it fuses the float chain after a convolution (BatchNorm's
+Mul/Add, HardSwish written out, Sigmoid) into the int8 convolution when the next Q sits at the chain's end, and
+runs each chain as a separate kernel when a Q/DQ pair cuts it off (PP-OCRv4 rec: 28 such kernels, 2.4 ms of 10).
+ONNX Runtime wants the Q right after the Conv instead (QLinearConv)."""
+# ConvInteger has no int8-weight kernel in ONNX Runtime's CPU provider: dynamic mode leaves Conv out for int8 weights
+_DYNAMIC_INT8_SKIPPED = frozenset({"Conv"})
+
+
+BALANCED_OP_TYPES = (
+    "Conv", "ConvTranspose", "MatMul", "Gemm",  # the compute
+    "Relu", "Clip", "LeakyRelu",  # activations both runtimes fold into the compute
+    "MaxPool", "AveragePool", "GlobalAveragePool", "Concat", "Resize",
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Split", "Slice", "Gather", "Pad",
+)
+"""Op set 'balanced': elementwise arithmetic (Add, Mul...), normalization and softmax stay float.  OpenVINO runs
+Q/DQ around those as extra FakeQuantize layers (slower than float32 on MobileNet-style and transformer models);
+ONNX Runtime would fuse some of them (QLinearAdd...), which op set 'onnxruntime' keeps."""
+
+
+def default_op_types(mode: str, weight_type: str, op_set: str = "balanced") -> list[str]:
+    """Op types of a mode: the op set's for ptq, ONNX Runtime's integer ops for dynamic."""
+    from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+
+    if mode == "ptq":
+        return list(BALANCED_OP_TYPES) if op_set == "balanced" else sorted(set(QDQRegistry) | set(QLinearOpsRegistry))
+    skipped = _DYNAMIC_INT8_SKIPPED if weight_type == "int8" else frozenset()
+    return sorted(set(IntegerOpsRegistry) - skipped)
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """What calibration did: samples read, tensors calibrated, ranges the method clipped inside the observed ones."""
+
+    samples: int
+    tensors: int
+    clipped: int
+
+
+def calibrate(prepared: Path, op_types: list[str], feeds: FeedSource, work_dir: Path, method: str,
+              percentile: float) -> tuple[dict[str, tuple[float, float]], Calibrated]:
+    """Activation ranges of every float tensor around the op types to quantize, and what calibration did."""
+    tensors = float_tensors_of(prepared, op_types)
+    stats, samples = collect_statistics(prepared, tensors, feeds, work_dir, histogram=method in HISTOGRAM_METHODS)
+    ranges = {name: estimate_range(item, method, percentile=percentile) for name, item in stats.items()}
+    clipped = sum(1 for name, (low, high) in ranges.items()
+                  if stats[name].count and (low > stats[name].minimum or high < stats[name].maximum))
+    return ranges, Calibrated(samples=samples, tensors=len(tensors), clipped=clipped)
+
+
+class StaticBuilder:
+    """QDQ models of one prepared float model from fixed activation ranges.
+
+    ONNX Runtime's quantizer runs once, with the configured exclusions; ``build(kept)`` then keeps more nodes
+    float by feeding them their float inputs again (the tensor before its QuantizeLinear, the float weight
+    or bias), and drops the Q/DQ nodes nobody reads any more.  Excluding a node in ORT's quantizer would not
+    do this: a tensor quantized for one consumer reaches every consumer through its DequantizeLinear.
+    """
+
+    def __init__(self, prepared: Path, ranges: dict[str, tuple[float, float]], excluded: list[str], *,
+                 per_channel: bool, activation_type: str, weight_type: str, symmetric_activations: bool,
+                 symmetric_weights: bool, op_types: list[str], seven_bit: str = "none",
+                 runtime: str | None = None) -> None:
+        from onnxruntime.quantization import QuantType
+        from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+        from onnxruntime.quantization.quant_utils import update_opset_version
+
+        # lazy: pulls onnxruntime (import cost)
+        from qdeploy.stages.quantize.ptq._fast_ort import (
+            FastQDQQuantizer as QDQQuantizer,  # ORT's, without its O(n^2) steps
+        )
+
+        self._prepared = prepared
+        self._float: onnx.ModelProto | None = None  # read when a node is first kept float, not before
+        weights, activations = (getattr(QuantType, _TYPES[kind]) for kind in (weight_type, activation_type))
+        model = update_opset_version(load_with_shapes(prepared), weights, activations)
+        self._openvino = runtime == "openvino"
+        if self._openvino:  # no requantization that OpenVINO would run as a kernel of its own (_openvino.py)
+            ranges = unify_concat_ranges(model, ranges, op_types)
+            excluded = [*excluded, *float_tail(model, op_types), *activation_matmuls(model)]
+        tensors = TensorsData(CalibrationMethod.MinMax, {
+            name: TensorData(lowest=np.float32(low), highest=np.float32(high)) for name, (low, high) in ranges.items()})
+        extra = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": symmetric_weights,
+                 "OpTypesToExcludeOutputQuantization": list(
+                     _OPENVINO_FLOAT_OUTPUT_OPS if runtime == "openvino" else _FLOAT_OUTPUT_OPS)}
+        quantizer_class = _seven_bit_activations_quantizer() if seven_bit == "activations" else QDQQuantizer
+        quantizer = quantizer_class(model, per_channel, seven_bit == "weights", weights, activations, tensors, [],
+                                    list(excluded), op_types, extra)
+        # the float weights are read one at a time from the prepared model's files, never held all at once
+        with quiet(), ort_quantizer_step("ONNX Runtime's QDQ quantizer"), weights_read_on_demand(prepared.parent):
+            quantizer.quantize_model()
+        quantizer.model.topological_sort()  # as ORT's quantize_static does when saving: Q/DQ are appended last
+        # protobuf frees what the quantizer replaced only with the whole message: keep a copy
+        self._quantized = _compact(quantizer.model.model)
+        # OpenVINO rewrites a zero point shared along a Gather/Pad/Transpose chain for all its readers at once
+        unshare_qdq_parameters(self._quantized)
+        load_weights_from(self._quantized, prepared.parent)  # what it left float (biases, excluded weights)
+
+    def _float_model(self) -> onnx.ModelProto:
+        if self._float is None:
+            self._float = load_model(self._prepared)
+        return self._float
+
+    def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]:
+        """Quantized nodes that add rounding of their own (data movement does not): name -> op type."""
+        return {name: op for name, op in quantized_node_names(quantized).items() if op not in MOVER_OPS}
+
+    def __call__(self, kept: list[str]) -> onnx.ModelProto:
+        model = copy.deepcopy(self._quantized)
+        if kept:
+            keep_float(model, self._float_model(), set(kept))
+        if self._openvino:  # after keep_float: a kept node reads its float input, not a bypassed pair
+            drop_exact_requantization(model)
+        return model
+
+
+def _compact(model: onnx.ModelProto) -> onnx.ModelProto:
+    import onnx
+
+    copy_ = onnx.ModelProto()
+    copy_.CopyFrom(model)
+    return copy_
+
+
+def _seven_bit_activations_quantizer() -> type:
+    """ORT's QDQ quantizer with activations on 7 bits (uint8 0..127), as PyTorch's fbgemm ``reduce_range`` does.
+
+    ORT accepts ``reduce_range`` overrides for initializers only; every activation's parameters go through
+    ``calc_quant_params``, so asking it there covers them all, and bias scales (input scale x weight scale) follow.
+    """
+    # lazy: pulls onnxruntime (import cost)
+    from qdeploy.stages.quantize.ptq._fast_ort import FastQDQQuantizer
+
+    class SevenBitActivations(FastQDQQuantizer):  # type: ignore[misc]
+        def calc_quant_params(self, tensor_data: Any, quant_overrides: dict[str, Any]) -> Any:
+            if "scale" in quant_overrides:  # explicit parameters are the user's
+                return super().calc_quant_params(tensor_data, quant_overrides)
+            return super().calc_quant_params(tensor_data, {**quant_overrides, "reduce_range": True})
+
+    return SevenBitActivations
+
+
+class DynamicBuilder:
+    """Dynamically quantized models (int8 weights, activations quantized at run time); ``build(kept)`` runs
+    ``quantize_dynamic`` with the kept nodes excluded (each node quantizes its own input there)."""
+
+    def __init__(self, prepared: Path, excluded: list[str], work_dir: Path, *, per_channel: bool, weight_type: str,
+                 op_types: list[str], reduce_range: bool = False) -> None:
+        self._prepared = prepared
+        self._excluded = list(excluded)
+        self._work_dir = work_dir
+        self._settings = {"per_channel": per_channel, "weight_type": weight_type, "op_types": op_types,
+                          "reduce_range": reduce_range}
+        self._count = 0
+
+    def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]:
+        """Float-model nodes that quantize_dynamic quantized (it renames node X to X_quant)."""
+
+        bases = set()  # every prefix of a node name that ends where "_quant" starts
+        for node in quantized.graph.node:
+            start = node.name.find("_quant")
+            while start > 0:
+                bases.add(node.name[:start])
+                start = node.name.find("_quant", start + 1)
+        return {node.name: node.op_type for node in load_model(self._prepared, load_external_data=False).graph.node
+                if node.name in bases}
+
+    def __call__(self, kept: list[str]) -> onnx.ModelProto:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        # lazy: pulls onnxruntime (import cost)
+        from qdeploy.stages.quantize.ptq._fast_ort import fast_quantize_dynamic
+
+        self._count += 1
+        output = self._work_dir / f"dynamic_{self._count}.onnx"
+        with quiet(), ort_quantizer_step("ONNX Runtime's quantize_dynamic"), fast_quantize_dynamic(), \
+                weights_read_on_demand(self._prepared.parent):
+            quantize_dynamic(str(self._prepared), str(output),
+                             weight_type=getattr(QuantType, _TYPES[self._settings["weight_type"]]),
+                             per_channel=self._settings["per_channel"], reduce_range=self._settings["reduce_range"],
+                             nodes_to_exclude=[*self._excluded, *kept],
+                             op_types_to_quantize=self._settings["op_types"])
+        model = load_model(output)
+        output.unlink()
+        return model
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """ORT's quantizers print progress to stdout; keep it out of the user's terminal, in the log."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            yield
+    finally:
+        if captured.getvalue().strip():
+            log.debug("onnxruntime.quantization: %s", captured.getvalue().strip())

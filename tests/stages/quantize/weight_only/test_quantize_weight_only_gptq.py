@@ -1,0 +1,147 @@
+"""quantize mode weight_only, data-aware: ``method: gptq`` and the int4/int8 ``ratio`` by measured sensitivity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from pydantic import ValidationError
+
+from qdeploy.stages.quantize import QuantizeConfig
+from qdeploy.stages.quantize.weight_only._build import quantize_file
+from qdeploy.stages.quantize.weight_only._pack import block_quantize, matmulnbits_tensors, packed_matmulnbits
+
+K = 192
+"""Not a multiple of 128: MatMulNBits' last block is partial (padded)."""
+
+
+def _outlier_feeds(count: int, seed: int, gain_at: tuple[int, ...] = (3, 50, 97, 140)) -> list[dict[str, np.ndarray]]:
+    """LLM-like activations: correlated channels (a fixed mixing) and a few outlier channels 20x larger."""
+    mixing = np.random.default_rng(123).standard_normal((K, K)).astype(np.float32) / np.sqrt(K)
+    gain = np.ones(K, np.float32)
+    gain[list(gain_at)] = 20.0
+    rng = np.random.default_rng(seed)
+    return [{"x": ((rng.standard_normal((1, 16, K)) @ mixing) * gain).astype(np.float32)} for _ in range(count)]
+
+
+def _chain(path: Path, names: tuple[str, ...] = ("a", "b", "c"), boost: str | None = None) -> Path:
+    """x -> MatMul a -> MatMul b -> MatMul c (K x K, seeded) -> Tanh -> y: no MatMul is the LM
+    head; ``boost``'s input is multiplied by 30 on a few channels (an outlier structure in front of it)."""
+    rng = np.random.default_rng(0)
+    nodes, inits, current = [], [], "x"
+    for name in names:
+        if name == boost:
+            scale = np.ones(K, np.float32)
+            scale[[5, 17, 60]] = 30.0
+            inits.append(numpy_helper.from_array(scale, f"{name}_boost"))
+            nodes.append(helper.make_node("Mul", [current, f"{name}_boost"], [f"{name}_in"], name=f"{name}_mul"))
+            current = f"{name}_in"
+        inits.append(numpy_helper.from_array((rng.standard_normal((K, K)) * 0.05).astype(np.float32), f"w_{name}"))
+        nodes.append(helper.make_node("MatMul", [current, f"w_{name}"], [f"{name}_out"], name=name))
+        current = f"{name}_out"
+    nodes.append(helper.make_node("Tanh", [current], ["y"], name="out"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, K])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def _output_mse(model: Path, reference: Path, feeds: list[dict[str, np.ndarray]]) -> float:
+    quantized = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    exact = ort.InferenceSession(str(reference), providers=["CPUExecutionProvider"])
+    return float(np.mean([np.mean((quantized.run(None, f)[0] - exact.run(None, f)[0]) ** 2) for f in feeds]))
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _chain(tmp_path_factory.mktemp("chain") / "float.onnx")
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_packed_integers_are_laid_out_as_ort_writes_them(symmetric: bool) -> None:
+    """The layout GPTQ's integers are written in is ORT's own: round to nearest's integers packed by it give ORT's
+    kernel's bytes (asymmetric: ORT's rounding differs in a rare tie, by one level)."""
+    weight = np.random.default_rng(2).standard_normal((K, 40)).astype(np.float32)
+    for bits in (4, 8):
+        theirs = matmulnbits_tensors(weight, bits, 128, symmetric)
+        grouped = np.pad(weight, ((0, 256 - K), (0, 0))).reshape(2, 128, 40).transpose(0, 2, 1)
+        q, scale, zero = block_quantize(grouped, bits, symmetric)
+        ours = packed_matmulnbits(q.transpose(0, 2, 1).reshape(256, 40), scale[..., 0],
+                                  None if zero is None else zero[..., 0], bits, 128)
+        assert ours[1] == theirs[1] and ours[2] == theirs[2]
+        differ = np.frombuffer(ours[0][0], np.uint8) != np.frombuffer(b"".join(theirs[0]), np.uint8)
+        assert differ.sum() <= (0 if symmetric else 3)
+
+
+@pytest.mark.parametrize(("weight_format", "symmetric"), [("matmulnbits", True), ("matmulnbits", False),
+                                                          ("dequantize_linear", True)])
+def test_gptq_cuts_the_output_error_of_round_to_nearest(chain: Path, weight_format: str, symmetric: bool) -> None:
+    """Same bits, same tensors: on held-out inputs with outlier channels GPTQ's output error is well under RTN's."""
+    calibration, held_out = _outlier_feeds(12, seed=1), _outlier_feeds(6, seed=2)
+    errors = {}
+    for method in ("rtn", "gptq"):
+        config = QuantizeConfig(mode="weight_only", method=method, group_size=32, weight_format=weight_format,
+                                symmetric_weights=symmetric, accuracy_level=0)
+        out = chain.with_name(f"{method}-{weight_format}-{symmetric}.onnx")
+        report = quantize_file(chain, out, config, calibration if method == "gptq" else None)
+        assert {entry["method"] for entry in report.quantized.values()} == {method}
+        assert {entry["bits"] for entry in report.quantized.values()} == {4}
+        errors[method] = _output_mse(out, chain, held_out)
+    assert errors["gptq"] < 0.6 * errors["rtn"], errors
+
+
+def test_ratio_keeps_the_most_sensitive_matmul_int8(tmp_path: Path) -> None:
+    """b reads an input with outlier channels: its int4 output error is the largest, so ratio 0.67 (two of three
+    equal weights in int4) keeps b in int8, and the report says what it measured."""
+    source = _chain(tmp_path / "float.onnx", boost="b")
+    config = QuantizeConfig(mode="weight_only", ratio=0.67, group_size=32)
+    report = quantize_file(source, tmp_path / "mixed.onnx", config, _outlier_feeds(4, seed=1))
+    assert {name: entry["bits"] for name, entry in report.quantized.items()} == {"a": 4, "b": 8, "c": 4}
+    assert report.mixed is not None and report.mixed["kept_int8"] == ["b"]
+    assert max(report.mixed["scores"], key=report.mixed["scores"].get) == "b"
+    assert report.mixed["int4_share"] == pytest.approx(2 / 3, abs=1e-3) and "int4 output error" in \
+        report.mixed["sensitivity"]
+    assert report.calibration_samples == 4
+
+
+def test_gptq_artifacts_run_on_both_runtimes_through_the_stage(tmp_path: Path) -> None:
+    """Through the stage (random calibration data), the artifact loads and runs on ort:cpu and openvino:cpu
+    with the same results, and the findings record the method, the data and the ratio's choice."""
+    import openvino as ov
+
+    from qdeploy.stages import quantize
+    from tests.helpers.quantize import artifact_at, stage_context
+
+    source = _chain(tmp_path / "float.onnx", boost="b")
+    config = QuantizeConfig(mode="weight_only", method="gptq", ratio=0.67, group_size=32,
+                            calibration={"samples": 3})
+    result = quantize.run(artifact_at(source), config, stage_context(tmp_path))
+    found = result.findings.model_dump()
+    assert found["method"] == "gptq" and found["calibration"] == {"data": "random", "samples": 3}
+    assert found["mixed"]["kept_int8"] == ["b"] and found["quantized_weights"] == {"MatMul int4": 2,
+                                                                                    "MatMul int8": 1}
+    path = tmp_path / "work" / "weight_only.onnx"
+    feed = {"x": np.random.default_rng(5).standard_normal((1, 16, K)).astype(np.float32)}
+    on_ort = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    on_openvino = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})(feed)["y"]
+    exact = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    assert np.corrcoef(on_ort.ravel(), exact.ravel())[0, 1] > 0.95  # 4-bit weights of three chained MatMuls
+    # the same weights on both: they differ only by ORT's int8 activations (accuracy_level 4) and rounding
+    assert np.corrcoef(on_openvino.ravel(), on_ort.ravel())[0, 1] > 0.99
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"method": "awq"}, "'rtn' or 'gptq'"),
+    ({"ratio": 0}, "greater than 0"),
+    ({"ratio": 1.5}, "less than or equal to 1"),
+    ({"bits": 8, "ratio": 0.5}, "needs bits 4"),
+    ({"calibration": {"samples": 8}}, "calibration is read only by method gptq or ratio below 1"),
+    ({"method": "gptq", "calibration": {"samples": 0}}, "samples"),
+])
+def test_bad_data_settings_are_refused_in_words(settings: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        QuantizeConfig(mode="weight_only", **settings)
