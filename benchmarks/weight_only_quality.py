@@ -135,7 +135,7 @@ def minilm_table(work: Path) -> str:
     import onnxruntime as ort
     import openvino as ov
 
-    from benchmarks.weight_only import build_nncf, build_ort_tool
+    from benchmarks.weight_only_peers import build_nncf, build_ort_tool  # lazy: imports nncf only when run
     from qdeploy.stages.quantize import QuantizeConfig
     from qdeploy.stages.quantize.weight_only._build import quantize_file
 

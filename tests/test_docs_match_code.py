@@ -1,6 +1,7 @@
-"""README.md and docs/*.md say only what the code accepts: every `qdeploy ...` command line they show (in code
-blocks and inline code) names a subcommand and options that `qdeploy <subcommand> --help` lists; every YAML
-block validates; and the demo recipe they show is recipes/demo.yaml.
+"""README.md and the docs pages (docs/**/*.md, the dated records of docs/measurements/ aside) say only what the
+code accepts: every `qdeploy ...` command line they show (in code blocks and inline code) names a subcommand and
+options that `qdeploy <subcommand> --help` lists; every YAML block validates; and the demo recipe they show is
+recipes/demo.yaml.
 
 YAML blocks are read as:
 - a sweep file (a `sweep` key): validated against the sweep file's schema;
@@ -32,7 +33,9 @@ from qdeploy.pipeline.recipe.schema import Recipe
 from qdeploy.pipeline.sweep import SweepFile
 from tests.helpers.models import REPO
 
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *(page for page in sorted((REPO / "docs").rglob("*.md"))
+                                if "measurements" not in page.relative_to(REPO / "docs").parts)]
+"""README and every docs page but the dated measurement records, which keep the commands of their day."""
 DEMO = REPO / "recipes" / "demo.yaml"
 FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 INLINE = re.compile(r"(?<!`)`(qdeploy [^`\n]+)`(?!`)")

@@ -4,7 +4,9 @@ Float32 artifacts are pinned to f32 on OpenVINO, as validation pins them (the re
 excepted: it is the float32 file at the device default); fp16 and int8 artifacts run at the device default
 (bfloat16 on CPUs with AVX512-BF16 or AMX), unless validation found that default missing the tolerance and a pinned
 precision holding (``ValidationRow.deploy_precision``): the benchmark then times that pinned setting, the one the
-package ships, and the row says so.
+package ships, and the row says so.  Under $QDEPLOY_CPU_FLAGS the device default is that CPU's default, asked for
+explicitly, as validation asks for it (``cpu_facts.default_hint``): a row never validates one precision and times
+another.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.rows import ValidationRow
+from qdeploy.targets.cpu_facts import default_hint
 
 if TYPE_CHECKING:
     from qdeploy.core.context import Artifact
@@ -31,7 +34,7 @@ def shipped_precisions(rows: Iterable[ValidationRow]) -> Shipped:
 def _hint(name: str, artifact: Artifact, target: str, shipped: Shipped | None) -> str | None:
     if not target.startswith("openvino:"):
         return None
-    return (shipped or {}).get((name, target)) or ("f32" if _pinned_f32(artifact) else None)
+    return (shipped or {}).get((name, target)) or ("f32" if _pinned_f32(artifact) else default_hint(target)[0])
 
 
 def _pinned_f32(artifact: Artifact) -> bool:
@@ -42,6 +45,8 @@ def _pinned_f32(artifact: Artifact) -> bool:
 def load_options(name: str, artifact: Artifact, target: str, shipped: Shipped | None) -> dict[str, Any]:
     """Keyword arguments of ``load``/``open_pool``: validation's pinning, and the shipped pin where there is one."""
     pinned = (shipped or {}).get((name, target)) if target.startswith("openvino:") else None
+    if pinned is None and not _pinned_f32(artifact):
+        pinned = default_hint(target)[0]  # the injected CPU's default, as validation loads it; None: the device's
     return {"pin_f32": _pinned_f32(artifact), **({"precision": pinned} if pinned else {})}
 
 

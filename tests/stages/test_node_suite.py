@@ -2,7 +2,7 @@
 
 A deterministic subset (``benchmarks/onnx_node_suite.py --subset``: control flow, sequences and optionals, the
 ops that take sizes, and every tenth other case: 306 cases, about 40 s on 2 cores); the full
-suite's table is in docs/measurements-node-suite.md.
+suite's table is in docs/measurements/2026-11-23-onnx-node-suite.md.
 """
 
 from __future__ import annotations

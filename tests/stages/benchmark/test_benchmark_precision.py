@@ -38,3 +38,18 @@ def test_the_shipped_pin_is_what_is_timed_and_the_row_says_so(tmp_path: Path) ->
         assert not table[("fp16", "ort:cpu")].has("precision_hint")  # an OpenVINO setting only
     assert latency[("fp16", "openvino:cpu")].execution["precision"] == "f32"
     assert (rates[("fp16", "openvino:cpu")].settings or {}).get("INFERENCE_PRECISION_HINT") == "f32"
+
+
+def test_the_injected_cpu_default_is_what_is_timed_as_validation_runs_it(tmp_path: Path, monkeypatch) -> None:
+    """Under $QDEPLOY_CPU_FLAGS of a CPU without bf16, an fp16 artifact at the default is timed in f32, as
+    validation runs it, whatever this machine's own default is."""
+    monkeypatch.setenv("QDEPLOY_CPU_FLAGS", "avx2 fma avx512f")
+    model = chain_model(width=16)
+    artifacts = {"fp32": artifact(tmp_path / "fp32.onnx", model),
+                 "fp16": artifact(tmp_path / "fp16.onnx", to_fp16(model), ("export", "fp16"))}
+    config = BenchmarkConfig(batch_sizes=[1], warmup=1, iterations=2, rounds=1, mode="latency")
+    rows = benchmark.run(artifacts, ["openvino:cpu"], config, CTX)
+    fp16 = next(row for row in rows if row.variant == "fp16")
+    assert fp16.status == "ok", fp16.reason
+    assert fp16.precision_hint == "f32"
+    assert fp16.execution["precision"] == "f32"
