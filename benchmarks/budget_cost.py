@@ -23,7 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.int8 import encoder, qdeploy  # noqa: E402
+from benchmarks.int8 import qdeploy  # noqa: E402
+from benchmarks.int8_models import encoder  # noqa: E402
 from qdeploy.stages.quantize import QuantizeConfig  # noqa: E402
 
 

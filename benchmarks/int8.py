@@ -31,9 +31,11 @@ the ceiling's int8 gain, its latency ratio and cosine against each peer, the goa
 most 1.05x its latency at a cosine no lower than its minus 0.002), and the one-graph (``per_runtime: false``) and
 per-runtime graphs beside it.
 
-Latency through qdeploy's target adapters (``ort:cpu``, ``openvino:cpu`` pinned to f32), artifacts
-taking turns in ``--rounds`` rounds of ``--iterations`` timed runs after warm-up; the median of the
-round medians is reported.  Fidelity: worst cosine against fp32 over the evaluation samples on ORT.
+Latency through qdeploy's target adapters (``ort:cpu``, ``openvino:cpu`` pinned to f32, and ``openvino:cpu
+default``: every artifact at OpenVINO's default inference precision, bf16 float parts on AMX and AVX512-BF16 CPUs,
+which is how a user deploys it; its speedups are against the fp32 model at that default), artifacts taking turns
+in ``--rounds`` rounds of ``--iterations`` timed runs after warm-up; the median of the round medians is reported.
+Fidelity: worst cosine against fp32 over the evaluation samples on ORT.
 """
 
 from __future__ import annotations
@@ -45,8 +47,6 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ import onnx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.int8_models import BUILDERS, Case, Samples  # noqa: E402
 from benchmarks.int8_peers import ceiling, ceiling_lines, nncf_artifacts  # noqa: E402
 from qdeploy.calibration import data_context  # noqa: E402
 from qdeploy.core.compare import compare_outputs  # noqa: E402
@@ -66,20 +67,15 @@ from qdeploy.pipeline.recipe.schema import DatasetSpec  # noqa: E402
 from qdeploy.stages import quantize  # noqa: E402
 from qdeploy.stages.quantize import QuantizeConfig  # noqa: E402
 from qdeploy.targets import get_target  # noqa: E402
+from qdeploy.targets.cpu_facts import device_precisions  # noqa: E402
+from qdeploy.targets.int8_path import cpu_flags, int8_path  # noqa: E402
 
 log = logging.getLogger("benchmarks.int8")
-Samples = list[dict[str, np.ndarray]]
 TARGETS = ("ort:cpu", "openvino:cpu")
-CALIBRATION, EVALUATION = 16, 8
-
-
-@dataclass
-class Case:
-    name: str
-    path: Path
-    calib: Samples
-    evaluation: Samples
-    budget: bool = False
+AT_DEFAULT = "openvino:cpu default"
+"""Timed like ``openvino:cpu`` but at the device's default precision (not pinned to f32)."""
+TIMED = {"ort:cpu": ("ort:cpu", True), "openvino:cpu": ("openvino:cpu", True), AT_DEFAULT: ("openvino:cpu", False)}
+"""Column -> (target, pinned to f32)."""
 
 
 @dataclass
@@ -95,151 +91,6 @@ class Row:
     kernels: dict[str, Any] = field(default_factory=dict)
     findings: dict[str, Any] = field(default_factory=dict)
     """The quantize stage's findings (qdeploy's rows)."""
-
-
-# ---- models and data ------------------------------------------------------------------------------------
-
-
-def smooth_images(count: int, shape: tuple[int, ...], seed: int) -> list[np.ndarray]:
-    """Image-like inputs: correlated neighbours, per-channel offsets."""
-    rng = np.random.default_rng(seed)
-    images = []
-    for _ in range(count):
-        noise = np.cumsum(np.cumsum(rng.standard_normal(shape), axis=-1), axis=-2)
-        noise /= np.abs(noise).max() + 1e-6
-        images.append((noise + rng.uniform(-0.5, 0.5, (1, shape[1], 1, 1))).astype(np.float32))
-    return images
-
-
-def text_images(count: int, width: int, height: int, seed: int, mean: float | list[float],
-                std: float | list[float]) -> list[np.ndarray]:
-    """Rendered lines of capital letters on light backgrounds, normalised as PP-OCR expects (NCHW)."""
-    from PIL import Image, ImageDraw, ImageFont
-
-    rng = np.random.default_rng(seed)
-    images = []
-    for _ in range(count):
-        image = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(180, 256, 3)))
-        draw = ImageDraw.Draw(image)
-        font = ImageFont.load_default(size=int(rng.integers(max(12, height // 3), max(14, height * 3 // 4))))
-        for _ in range(int(rng.integers(1, 5)) if height > 64 else 1):
-            text = "".join(chr(int(c)) for c in rng.integers(65, 91, int(rng.integers(4, 12))))
-            position = (int(rng.integers(0, width // 2)), int(rng.integers(0, max(1, height - height // 2))))
-            draw.text(position, text, fill=tuple(int(v) for v in rng.integers(0, 80, 3)), font=font)
-        pixels = (np.asarray(image, np.float32) / 255 - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
-        images.append(np.ascontiguousarray(pixels.transpose(2, 0, 1)[None]))
-    return images
-
-
-def feeds(name: str, arrays: list[np.ndarray]) -> Samples:
-    return [{name: array} for array in arrays]
-
-
-def resnet18(folder: Path) -> Case:
-    import torch
-
-    class Block(torch.nn.Module):
-        def __init__(self, cin: int, cout: int, stride: int) -> None:
-            super().__init__()
-            self.body = torch.nn.Sequential(
-                torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False), torch.nn.BatchNorm2d(cout), torch.nn.ReLU(),
-                torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False), torch.nn.BatchNorm2d(cout))
-            self.skip = torch.nn.Identity() if stride == 1 and cin == cout else torch.nn.Sequential(
-                torch.nn.Conv2d(cin, cout, 1, stride, bias=False), torch.nn.BatchNorm2d(cout))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.relu(self.body(x) + self.skip(x))
-
-    layers: list[torch.nn.Module] = [torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False), torch.nn.BatchNorm2d(64),
-                                     torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1)]
-    cin = 64
-    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-        layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
-        cin = cout
-    layers += [torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(512, 1000)]
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*layers).eval()
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.BatchNorm2d):  # trained-looking statistics, not the identity
-                module.running_var.uniform_(0.5, 1.5)
-                module.weight.uniform_(0.5, 1.0)
-                module.bias.uniform_(-0.1, 0.1)
-    path = _export(model, (1, 3, 224, 224), folder / "resnet18.onnx")
-    return Case("resnet18", path, feeds("input", smooth_images(CALIBRATION, (1, 3, 224, 224), 1)),
-                feeds("input", smooth_images(EVALUATION, (1, 3, 224, 224), 2)))
-
-
-def encoder(folder: Path, d: int = 384, heads: int = 6, layers: int = 4, tokens: int = 128) -> Case:
-    import torch
-
-    class Encoder(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layers = torch.nn.ModuleList([torch.nn.TransformerEncoderLayer(
-                d, heads, 4 * d, dropout=0.0, batch_first=True, activation="gelu") for _ in range(layers)])
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            for layer in self.layers:
-                x = layer(x)
-            return x
-
-    torch.manual_seed(0)
-    model = Encoder().eval()
-    with torch.no_grad():
-        for layer in model.layers:  # outlier features: a few LayerNorm channels with a large gain
-            channels = torch.randperm(d)[:4]
-            layer.norm1.weight[channels] *= 30.0
-            layer.norm2.weight[channels] *= 30.0
-    path = _export(model, (1, tokens, d), folder / "encoder.onnx")
-    rng = np.random.default_rng(1)
-    samples = [rng.standard_normal((1, tokens, d)).astype(np.float32) for _ in range(CALIBRATION + EVALUATION)]
-    return Case("encoder", path, feeds("x", samples[:CALIBRATION]), feeds("x", samples[CALIBRATION:]), budget=True)
-
-
-def _export(model: Any, shape: tuple[int, ...], path: Path) -> Path:
-    import torch
-
-    name = "input" if len(shape) == 4 else "x"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.randn(*shape),), str(path), input_names=[name], output_names=["y"],
-                          opset_version=17, dynamo=False)
-    exported = onnx.load(str(path))
-    exported.ir_version = 8
-    onnx.save(exported, str(path))
-    return path
-
-
-def demo(folder: Path) -> Case:
-    samples = [np.load(p)[None] for p in sorted((REPO / "recipes" / "data" / "val").glob("*.npy"))]
-    return Case("demo", REPO / "recipes" / "models" / "demo_cnn.onnx", feeds("input", samples[:10]),
-                feeds("input", samples[10:]))
-
-
-def pp_ocr(folder: Path, which: str) -> Case | None:
-    from tests.real_models import PP_OCR_DET, PP_OCR_REC, real_model_dir
-
-    source = real_model_dir() / (PP_OCR_DET if which == "det" else PP_OCR_REC)
-    if not source.is_file():
-        log.warning("pp-ocr-%s skipped: %s missing (python -m tests.real_models fills it)", which, source)
-        return None
-    width, height = (320, 320) if which == "det" else (320, 48)
-    model = onnx.load(str(source))
-    for dim, value in zip(model.graph.input[0].type.tensor_type.shape.dim, (1, 3, height, width), strict=True):
-        dim.ClearField("dim_param")
-        dim.dim_value = value
-    path = folder / f"pp-ocr-{which}.onnx"
-    onnx.save(model, str(path))
-    mean, std = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]) if which == "det" else (0.5, 0.5)
-    return Case(f"pp-ocr-{which}", path, feeds("x", text_images(CALIBRATION, width, height, 1, mean, std)),
-                feeds("x", text_images(EVALUATION, width, height, 2, mean, std)))
-
-
-BUILDERS: dict[str, Callable[[Path], Case | None]] = {
-    "demo": demo, "resnet18": resnet18, "encoder": encoder,
-    "pp-ocr-det": lambda folder: pp_ocr(folder, "det"), "pp-ocr-rec": lambda folder: pp_ocr(folder, "rec"),
-}
 
 
 # ---- artifacts --------------------------------------------------------------------------------------------
@@ -329,15 +180,15 @@ def latency(rows: list[Row], sample: dict[str, np.ndarray], iterations: int, rou
             threads: int | None) -> None:
     """Median of per-round medians; the artifacts take turns each round so that load drifts hit all alike.
     An artifact a target cannot load gets no latency and the reason."""
-    for target in TARGETS:
+    for column, (target, pinned) in TIMED.items():
         sessions: dict[int, Any] = {}
         for index, row in enumerate(rows):
             try:
-                sessions[index] = get_target(target).load(row.path, threads=threads)
+                sessions[index] = get_target(target).load(row.path, threads=threads, pin_f32=pinned)
                 for _ in range(3):
                     sessions[index].run(sample)
             except Exception as exc:  # a runtime refusing an artifact is a result here
-                row.failures[target] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                row.failures[column] = f"{type(exc).__name__}: {str(exc)[:160]}"
                 sessions.pop(index, None)
         medians: dict[int, list[float]] = {index: [] for index in sessions}
         for _ in range(rounds):
@@ -349,7 +200,7 @@ def latency(rows: list[Row], sample: dict[str, np.ndarray], iterations: int, rou
                     times.append(time.perf_counter() - started)
                 medians[index].append(statistics.median(times))
         for index, session in sessions.items():
-            rows[index].latency[target] = statistics.median(medians[index]) * 1e3
+            rows[index].latency[column] = statistics.median(medians[index]) * 1e3
             session.close()
 
 
@@ -357,22 +208,32 @@ def latency(rows: list[Row], sample: dict[str, np.ndarray], iterations: int, rou
 
 
 def table(rows: list[Row]) -> list[str]:
-    lines = ["| model | artifact | ort:cpu ms | openvino:cpu ms | speedup ort / ov | cosine vs fp32 | SNR dB |"
-             " int8 ort / ov | build s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | artifact | ort:cpu ms | openvino:cpu ms | ov default ms | speedup ort / ov / ov default |"
+             " cosine vs fp32 | SNR dB | int8 ort / ov | build s |", "|---|---|---|---|---|---|---|---|---|---|"]
     fp32 = {row.model: row for row in rows if row.artifact == "fp32"}
     for row in rows:
         base = fp32[row.model]
         speedups = " / ".join(f"{base.latency[t] / row.latency[t]:.2f}x" if t in row.latency and t in base.latency
-                              else "-" for t in TARGETS)
+                              else "-" for t in TIMED)
         kernels = " / ".join(_kernels(row.kernels.get(t)) for t in TARGETS) if row.kernels else "-"
         cosine = f"{row.cosine:.4f}" if row.cosine is not None else "-"
         snr = f"{row.snr_db:.1f}" if row.snr_db is not None else "-"
-        times = " | ".join(f"{row.latency[t]:.2f}" if t in row.latency else "fails to load" for t in TARGETS)
+        times = " | ".join(f"{row.latency[t]:.2f}" if t in row.latency else "fails to load" for t in TIMED)
         lines.append(f"| {row.model} | {row.artifact} | {times} | {speedups} | {cosine} | {snr} | {kernels} | "
                      f"{row.seconds:.1f} |")
     failures = [f"- {row.model} {row.artifact} on {target}: {reason}" for row in rows
                 for target, reason in row.failures.items()]
     return lines + (["", *failures] if failures else [])
+
+
+def machine_line() -> str:
+    """The CPU kind the table was measured on: its int8 path (VNNI, AMX...) and OpenVINO's default precision."""
+    flags, _ = cpu_flags()
+    known = ("amx_int8", "amx_bf16", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx2")
+    shown = [flag for flag in known if flag in flags]
+    default = device_precisions("CPU").default
+    return (f"CPU: {int8_path(flags).kind} int8 path ({', '.join(shown) or 'no int8 flags'}); OpenVINO's default "
+            f"precision there: {default}; {os.cpu_count()} cores\n")
 
 
 def _kernels(counted: dict[str, Any] | None) -> str:
@@ -427,7 +288,23 @@ def peer_goals(rows: list[Row], gains: dict[str, dict[str, float]], decided: dic
             if other is not None and other is not ours and target in other.latency:  # the graph auto did not pick
                 line += f"; {other.artifact} {other.latency[target] / ours.latency[target]:.2f}x the default's latency"
             lines.append(line)
+        lines += _at_default(model, by, OURS["openvino:cpu"] if nodes else "qdeploy")
     return lines
+
+
+def _at_default(model: str, by: dict[tuple[str, str], Row], ours_name: str) -> list[str]:
+    """int8 as a user deploys it on OpenVINO (the device's default precision) against the fp32 model there, the
+    baseline a user who does not quantize gets, and against NNCF there: worth shipping at 1.5x, ahead at 0.95x."""
+    base, ours, nncf = by.get((model, "fp32")), by.get((model, ours_name)), by.get((model, "nncf"))
+    if base is None or ours is None or AT_DEFAULT not in ours.latency or AT_DEFAULT not in base.latency:
+        return []
+    gain = base.latency[AT_DEFAULT] / ours.latency[AT_DEFAULT]
+    verdict = "pays" if gain >= 1.5 else "gains under 1.5x" if gain > 1 else "does not pay: fp32 at the default ships"
+    line = f"- {model} on {AT_DEFAULT}: {ours.artifact} {gain:.2f}x fp32 at the default ({verdict})"
+    if nncf is not None and AT_DEFAULT in nncf.latency:
+        ratio = ours.latency[AT_DEFAULT] / nncf.latency[AT_DEFAULT]
+        line += f"; {ratio:.2f}x NNCF's latency there (goal <= 0.95x: {'met' if ratio <= 0.95 else 'missed'})"
+    return [line]
 
 
 def _cos(row: Row) -> str:
@@ -487,6 +364,7 @@ def main() -> None:
             rows += model_rows
             log.info("\n".join(table(model_rows)))
     gains = ceiling(TARGETS, size=args.ceiling_size, threads=args.threads or 1) if args.ceiling_size else {}
+    print(machine_line())
     print("\n".join(table(rows)))
     if gains:
         print("\n".join(["", *ceiling_lines(gains, args.ceiling_size, args.threads or 1)]))

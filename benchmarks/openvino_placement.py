@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.int8_peers import nncf_artifacts  # noqa: E402
-from calibration import DatasetSpec, data_context  # noqa: E402
+from qdeploy.calibration import DatasetSpec, data_context  # noqa: E402
 from qdeploy.stages.quantize.ptq import _ptq  # noqa: E402
 from qdeploy.stages.quantize.ptq._prepare import prepare  # noqa: E402
 from tests.real_recipes import Sizes, write_recipe  # noqa: E402

@@ -18,11 +18,13 @@ import hashlib
 import os
 import tempfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from qdeploy.core.context import artifact_precision
 from qdeploy.core.errors import QdeployInputError, RecipeError
+from qdeploy.core.report import Report, as_report
 from qdeploy.core.rows import (
     BenchmarkRow,
     BuildFailure,
@@ -30,7 +32,6 @@ from qdeploy.core.rows import (
     ThroughputRow,
     UnmeasuredEntry,
     ValidationRow,
-    readable_report,
 )
 from qdeploy.core.runtimes import variants_named
 from qdeploy.core.userfiles import writable_folder
@@ -60,49 +61,55 @@ class ArtifactInfo:
 
 @dataclass
 class RunResult:
-    """A finished run: report.json as a dict, typed views of it, and the exit status ``qdeploy run`` gives."""
+    """A finished run: report.json as a dict (``report``), the same typed (``report_model``) and views of it, and
+    the exit status ``qdeploy run`` gives."""
 
     report: dict[str, Any]
     out_dir: Path
     exit_code: int
     artifacts: dict[str, ArtifactInfo] = field(default_factory=dict)
 
+    @cached_property
+    def report_model(self) -> Report:
+        """report.json as the typed model every reader of qdeploy reads (``qdeploy.core.report.Report``)."""
+        return as_report(self.report, f"{self.out_dir / 'report.json'}")
+
     @property
     def passed(self) -> bool:
-        return bool(self.report["passed"])
+        return self.report_model.passed
 
     @property
     def validation(self) -> list[ValidationRow]:
         """report.json's ``validation`` rows, typed (``row.to_json()`` gives the dict back)."""
-        return [ValidationRow.from_json(row) for row in self.report["validation"]]
+        return list(self.report_model.validation)
 
     @property
     def benchmarks(self) -> list[BenchmarkRow]:
         """report.json's ``benchmarks`` (latency) rows, typed."""
-        return [BenchmarkRow.from_json(row) for row in self.report["benchmarks"]]
+        return list(self.report_model.benchmarks)
 
     @property
     def throughput(self) -> list[ThroughputRow]:
         """report.json's ``throughput`` rows (benchmark.mode throughput or both), typed."""
-        return [ThroughputRow.from_json(row) for row in self.report.get("throughput") or []]
+        return list(self.report_model.throughput)
 
     @property
     def gates(self) -> list[GateResult]:
         """report.json's ``gates``, typed: each gate with its value, passed (None when skipped) and reason."""
-        return [GateResult.from_json(row) for row in self.report["gates"]]
+        return list(self.report_model.gates)
 
     @property
     def failures(self) -> list[BuildFailure]:
         """report.json's ``failures``, typed: the variants that did not build, with the stage and why."""
-        return [BuildFailure.from_json(row) for row in self.report["failures"]]
+        return list(self.report_model.failures)
 
     @property
     def unmeasured(self) -> list[UnmeasuredEntry]:
         """report.json's ``unmeasured``, typed: what the recipe asked to measure and could not be."""
-        return [UnmeasuredEntry.from_json(row) for row in self.report.get("unmeasured") or []]
+        return list(self.report_model.unmeasured)
 
     def __repr__(self) -> str:
-        return (f"RunResult({self.report['recipe']['name']!r}, passed={self.passed}, "
+        return (f"RunResult({self.report_model.recipe.name!r}, passed={self.passed}, "
                 f"artifacts={sorted(self.artifacts)}, out_dir={str(self.out_dir)!r})")
 
 
@@ -255,12 +262,14 @@ def _export_module(module: Any, section: dict[str, Any]) -> Any:
     return model
 
 
-def _typed(report: dict[str, Any], out_dir: Path, exit_code: int) -> RunResult:
-    artifacts = {row["name"]: ArtifactInfo(row["name"], Path(row["path"]), row["sha256"], row["size_bytes"],
-                                           artifact_precision(row["stages"], Path(row["path"])),
-                                           tuple(row["stages"]))
-                 for row in report["artifacts"]}
-    return RunResult(report, out_dir, exit_code, artifacts)
+def _typed(report: Report | dict[str, Any], out_dir: Path, exit_code: int) -> RunResult:
+    typed = as_report(report, str(out_dir / "report.json"))
+    artifacts = {row.name: ArtifactInfo(row.name, Path(row.path), row.sha256, row.size_bytes or 0,
+                                        artifact_precision(row.stages, Path(row.path)), tuple(row.stages))
+                 for row in typed.artifacts}
+    result = RunResult(typed.to_json() if isinstance(report, Report) else report, out_dir, exit_code, artifacts)
+    result.__dict__["report_model"] = typed  # parsed once
+    return result
 
 
 def open_run(folder: str | Path) -> RunResult:
@@ -272,24 +281,23 @@ def open_run(folder: str | Path) -> RunResult:
     report_path = path / "report.json" if path.is_dir() else path
     # QdeployInputError (exit 2's error) for a missing or unreadable report, or published files that changed
     report = load_report(path, require_artifacts=True)
-    with readable_report(str(report_path)):
-        return _typed(report, report_path.parent, 0 if report["passed"] else 1)
+    return _typed(report, report_path.parent, 0 if report.passed else 1)
 
 
 def explain(run: str | Path | RunResult, *, variant: str | None = None, target: str | None = None,
             top: int = 10) -> str:
     """``qdeploy explain`` as a function: where the time and the error come from, layer by layer, for the
     profiled pairs of a finished run (its ``layers`` section; docs/explain.md)."""
-    report = run.report if isinstance(run, RunResult) else load_report(Path(run))
+    report = run.report_model if isinstance(run, RunResult) else load_report(Path(run))
     if top < 1:
         raise QdeployInputError(f"--top {top}: give a whole number of at least 1")
-    names = [row["name"] for row in report.get("artifacts", [])]
+    names = [row.name for row in report.artifacts]
     if variant is not None and not variants_named(variant, names):  # a recipe's name: its per-runtime builds
         raise QdeployInputError(f"variant '{variant}' is not in this run; its variants: {', '.join(names)}")
-    targets = list(dict.fromkeys(row["target"] for row in report.get("validation", [])))
+    targets = list(dict.fromkeys(row.target for row in report.validation))
     if target is not None and target not in targets:
         raise QdeployInputError(f"target '{target}' is not in this run; its targets: {', '.join(targets)}")
-    if not report.get("layers"):
+    if report.layers is None:
         raise QdeployInputError("this run has no layers section: it ran with report.layers: off or with a qdeploy "
                                 "before the per-layer pass; run it again with report.layers: auto or full")
     return explain_text(report, variant, target, top)
@@ -299,8 +307,8 @@ def compare(run_a: str | Path | RunResult, run_b: str | Path | RunResult, *,
             max_latency_regression: float | None = None, max_metric_drop: dict[str, float] | None = None,
             allow_mismatch: bool = False) -> Any:
     """``qdeploy compare`` as a function: a RunComparison whose ``regressions`` decide pass or fail."""
-    def report_of(item: str | Path | RunResult) -> dict[str, Any]:
-        return item.report if isinstance(item, RunResult) else load_report(Path(item))
+    def report_of(item: str | Path | RunResult) -> Report:
+        return item.report_model if isinstance(item, RunResult) else load_report(Path(item))
 
     thresholds = Thresholds(max_latency_regression, dict(max_metric_drop or {}))
     return compare_reports(report_of(run_a), report_of(run_b), thresholds, allow_mismatch=allow_mismatch)

@@ -9,11 +9,31 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.helpers.imports import ROOT, cycles, graph, layer_of, modules
+from tests.helpers.imports import ROOT, cycles, graph, layer_of, modules, private_owner, whole_graph
 
 
 def test_no_import_circles_between_files() -> None:
     assert cycles(graph()) == []
+
+
+def test_no_import_circles_with_the_benchmarks_either() -> None:
+    """benchmarks/ scripts share code through modules of their own, never by importing each other back."""
+    assert cycles(whole_graph()) == []
+
+
+def test_the_package_never_imports_benchmarks() -> None:
+    edges = whole_graph()
+    upward = [f"{source} imports {target}" for source in modules() for target in sorted(edges[source])
+              if target.startswith("benchmarks.")]
+    assert upward == []
+
+
+def test_private_modules_stay_inside_their_package() -> None:
+    """A private module (``_x``) is imported only from its own package, or, for a stage's internals, from that
+    stage: another package asks for what it needs through a public module."""
+    reach_ins = [f"{source} imports {target}" for source, targets in graph().items() for target in sorted(targets)
+                 if (owner := private_owner(target)) and not (source == owner or source.startswith(owner + "."))]
+    assert reach_ins == []
 
 
 def test_every_import_points_down_the_layers() -> None:
@@ -37,6 +57,9 @@ def test_a_stage_imports_no_other_stage_internals() -> None:
 def test_the_checker_sees_a_circle_and_an_upward_arrow() -> None:
     """The checks above would catch what they look for (in-function imports included)."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert private_owner("qdeploy.stages.quantize.ptq._prepare") == "qdeploy.stages.quantize"
+    assert private_owner("qdeploy.cli._common") == "qdeploy.cli"
+    assert private_owner("qdeploy.stages.quantize.config") is None
     assert layer_of("qdeploy.pipeline.report.html") == 4 and layer_of("qdeploy.pipeline.run.runner") == 5
     assert layer_of("qdeploy.core.errors") < layer_of("qdeploy.stages.fp16._graph") < layer_of("qdeploy.cli")
 
@@ -114,3 +137,18 @@ def _has_reason(lines: list[str], node: ast.stmt, import_lines: set[int]) -> boo
         above -= 1
     said = lines[above - 1:node.end_lineno] if above >= 1 else lines[:node.end_lineno]
     return any("# cycle:" in line or "# lazy:" in line for line in said)
+
+
+def test_scripts_import_the_package_by_its_installed_name() -> None:
+    """benchmarks/, tests/ and tools/ import ``qdeploy.calibration``, never the folder ``calibration`` (nor
+    ``pipeline``, ``stages``): with the repository on sys.path that would load a second copy of the module."""
+    folders = ("calibration", "pipeline", "stages")
+    offenders = []
+    for top in ("benchmarks", "tests", "tools"):
+        for path in (ROOT / top).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0
+                         else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+                offenders += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}" for name in names
+                              if name.split(".")[0] in folders]
+    assert offenders == []

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import re
 
-from qdeploy.pipeline.recipe.docs import BEGIN, END, recipe_reference
+import pytest
+
+from qdeploy.pipeline.recipe.docs import PAGES, markers, reference
 from tests.helpers.models import REPO
 
 
-def test_recipe_reference_matches_the_models() -> None:
-    page = (REPO / "docs" / "recipe-reference.md").read_text()
-    start = page.index(BEGIN) + len(BEGIN) + 1
-    assert page[start:page.index(END)] == recipe_reference(), \
-        "run `python -m qdeploy.pipeline.recipe.docs docs/recipe-reference.md`"
+@pytest.mark.parametrize("part", sorted(PAGES))
+def test_the_reference_pages_match_the_models(part: str) -> None:
+    page = (REPO / PAGES[part]).read_text()
+    begin, end = markers(part)
+    start = page.index(begin) + len(begin) + 1
+    assert page[start:page.index(end)] == reference(part), \
+        f"run `python -m qdeploy.pipeline.recipe.docs {PAGES[part]}`"
 
 
 def test_the_readme_is_short_and_its_links_resolve() -> None:

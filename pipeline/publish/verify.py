@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from qdeploy.core.errors import QdeployInputError
 from qdeploy.core.files import sha256_file
-from qdeploy.core.rows import readable_report
+from qdeploy.core.report import Report, as_report
 from qdeploy.pipeline.publish.package.check import outside
 from qdeploy.pipeline.publish.published import ARTIFACTS, CHECKSUMS, RECIPE_SNAPSHOT
 from qdeploy.pipeline.results.identity import RECIPE_SECTIONS
@@ -27,8 +28,8 @@ __all__ = ["recipe_snapshot", "verify_published"]
 AGAIN = "run the recipe again (qdeploy run) to publish a consistent set"
 
 
-def verify_published(run: Path, report: dict[str, Any] | None = None, *,
-                     require_artifacts: bool = True) -> dict[str, Any]:
+def verify_published(run: Path, report: Report | Mapping[str, Any] | None = None, *,
+                     require_artifacts: bool = True) -> Report:
     """The run's report once every file it names has the sha256 it records and SHA256SUMS agrees.
 
     ``run``: the run folder or its report.json; ``report``: that file already parsed (else it is read here).
@@ -38,11 +39,9 @@ def verify_published(run: Path, report: dict[str, Any] | None = None, *,
     where it lists them, and not at all where it does not.
     """
     report_path = run / "report.json" if run.is_dir() else run
-    if report is None:
-        report = _read_json(report_path, "report.json")
+    report = as_report(_read_json(report_path, "report.json") if report is None else report, str(report_path))
     folder = report_path.parent / ARTIFACTS
-    with readable_report(str(report_path)):
-        recorded = _recorded(report)
+    recorded = _recorded(report)
     if not folder.is_dir():
         if recorded and require_artifacts:
             raise QdeployInputError(f"{folder}: missing, and {report_path} names {len(recorded)} published files "
@@ -67,15 +66,15 @@ def _read_json(path: Path, what: str) -> Any:
         raise QdeployInputError(f"{path}: not a readable {what}: {exc}; {AGAIN}") from None
 
 
-def _recorded(report: dict[str, Any]) -> dict[str, str]:
+def _recorded(report: Report) -> dict[str, str]:
     """File name under artifacts/ -> the sha256 report.json records for it."""
     recorded: dict[str, str] = {}
-    for row in report.get("artifacts") or []:
-        recorded[Path(row["path"]).name] = row["sha256"]
-        if row.get("sidecar_sha256"):
-            recorded[Path(row["sidecar"]).name] = row["sidecar_sha256"]
-        for data in row.get("external_data") or []:
-            recorded[data["file"]] = data["sha256"]
+    for row in report.artifacts:
+        recorded[Path(row.path).name] = row.sha256
+        if row.sidecar_sha256 and row.sidecar:
+            recorded[Path(row.sidecar).name] = row.sidecar_sha256
+        for data in row.external_data:
+            recorded[data.file] = data.sha256
     return recorded
 
 
@@ -122,7 +121,7 @@ def _against_checksums(folder: Path, recorded: dict[str, str], digests: dict[str
     return problems
 
 
-def _snapshot_problems(report_path: Path, report: dict[str, Any]) -> list[str]:
+def _snapshot_problems(report_path: Path, report: Report) -> list[str]:
     try:
         recipe_snapshot(report_path, report)
     except QdeployInputError as exc:
@@ -130,7 +129,7 @@ def _snapshot_problems(report_path: Path, report: dict[str, Any]) -> list[str]:
     return []
 
 
-def recipe_snapshot(report_path: Path, report: dict[str, Any]) -> dict[str, Any] | None:
+def recipe_snapshot(report_path: Path, report: Report) -> dict[str, Any] | None:
     """The run's recipe as validated (``recipe.snapshot.json`` beside its report), once each of its sections
     hashes to what report.json records; None for a run of an older qdeploy that stored none."""
     path = next((p for p in (report_path.parent / RECIPE_SNAPSHOT, report_path.resolve().parent / RECIPE_SNAPSHOT)
@@ -138,8 +137,8 @@ def recipe_snapshot(report_path: Path, report: dict[str, Any]) -> dict[str, Any]
     if path is None:
         return None
     snapshot = _read_json(path, RECIPE_SNAPSHOT)
-    sections = (report.get("recipe") or {}).get("sections")
-    if not isinstance(snapshot, dict) or not isinstance(sections, dict):
+    sections = report.recipe.sections
+    if not isinstance(snapshot, dict) or not sections:
         raise QdeployInputError(f"{path}: not the recipe report.json records (no section hashes to compare)")
     changed = [name for name in RECIPE_SECTIONS if section_hash(snapshot.get(name)) != sections.get(name)]
     if changed:

@@ -315,12 +315,11 @@ def recipe_python_references(recipe: Recipe) -> list[dict[str, Any]]:
     refs = []
     if recipe.model.torch is not None:
         refs.append({"field": "model.torch.factory", "code": recipe.model.torch.factory})
-    metric = getattr(recipe.validate_, "metric", None)
-    if metric:
-        refs.append({"field": "validate.metric", "code": metric})
+    if recipe.validate_.metric:
+        refs.append({"field": "validate.metric", "code": recipe.validate_.metric})
     for variant, steps in recipe.variants.items():  # an accuracy budget on a task metric calls its function too
         for step in steps:
-            budget_metric = getattr(getattr(step.config, "tolerance", None), "metric", None)
-            if isinstance(budget_metric, str):
-                refs.append({"field": f"variants.{variant}.{step.stage}.tolerance.metric", "code": budget_metric})
+            budget = step.config.task_budget()
+            if budget is not None and budget.metric is not None:
+                refs.append({"field": f"variants.{variant}.{step.stage}.tolerance.metric", "code": budget.metric})
     return refs

@@ -11,11 +11,8 @@ from typing import TYPE_CHECKING
 
 from qdeploy.calibration.headers import check_dataset_fits
 from qdeploy.core.errors import DataError
-from qdeploy.core.tolerance import TaskTolerance
 from qdeploy.pipeline.recipe import registry
 from qdeploy.stages.export import inspect_source
-from qdeploy.stages.fp16.config import Fp16Config
-from qdeploy.stages.quantize.config import DynamicConfig, PtqConfig
 from qdeploy.stages.validate import check_metric, read_labels
 
 if TYPE_CHECKING:
@@ -39,34 +36,19 @@ def check_task_budgets(recipe: Recipe, input_names: list[str]) -> None:
     function and labelled budget data: RecipeError or DataError (exit 2) naming the variant and what to do."""
     for variant, steps in recipe.variants.items():
         for step in steps:
-            found = _task_budget(step.config)
-            if found is None:
+            budget = step.config.task_budget()  # its metric named by now (the recipe's validate.metric if not its own)
+            if budget is None or budget.metric is None:
                 continue
-            metric, dataset, samples = found
+            metric, dataset = budget.metric, budget.data
             check_metric(metric, recipe.resolve, f"variants.{variant}.{step.stage}.tolerance.metric")
             where = f"variant '{variant}': the {step.stage} tolerance on a task metric ({metric})"
             if dataset is None:
                 raise DataError(f"{where} needs labelled budget data, and its budget reads seeded random data: set "
                                 "budget.data (or calibration.data) to an npy dataset whose .npz samples hold a "
                                 "'label' array")
-            if read_labels(recipe.data, recipe.resolve, dataset, input_names, samples) is None:
+            if read_labels(recipe.data, recipe.resolve, dataset, input_names, budget.samples) is None:
                 raise DataError(f"{where} needs labels, and the budget dataset '{dataset}' has none: give its .npz "
                                 "samples a 'label' (or 'labels') array beside the inputs (docs/validate.md)")
-
-
-def _task_budget(config: object) -> tuple[str, str | None, int] | None:
-    """(metric, budget dataset, samples) of a stage config whose budget is on a task metric (the recipe named
-    the metric, ``pipeline/recipe/schema.py``); None for any other config."""
-    tolerance = getattr(config, "tolerance", None)
-    if not isinstance(tolerance, TaskTolerance) or tolerance.metric is None:
-        return None
-    if isinstance(config, Fp16Config) and config.calibration is not None:  # mode auto, which needs calibration
-        return tolerance.metric, config.calibration.data, config.calibration.samples
-    if isinstance(config, PtqConfig | DynamicConfig):
-        calibration = config.calibration if isinstance(config, PtqConfig) else None
-        dataset = config.budget.data or (calibration.data if calibration is not None else None)
-        return tolerance.metric, dataset, config.budget.samples
-    return None
 
 
 def datasets_read(recipe: Recipe) -> list[str]:

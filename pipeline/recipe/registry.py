@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
-from pydantic import BaseModel
-
+from qdeploy.core.stage_config import StageConfig
 from qdeploy.stages import benchmark, export, fp16, quantize, simplify, validate
 from qdeploy.stages.benchmark.config import BenchmarkConfig
 from qdeploy.stages.export.config import ExportConfig
@@ -41,7 +40,7 @@ def _fp16_datasets(config: Fp16Config) -> list[str]:
     return [data] if data is not None else []
 
 
-def _quantize_datasets(config: BaseModel) -> list[str]:
+def _quantize_datasets(config: StageConfig) -> list[str]:
     """The calibration and budget datasets of the modes that have them (weight_only has neither)."""
     names = []
     if isinstance(config, PtqConfig | NncfPtqConfig | LowerConfig) and config.calibration is not None:
@@ -59,8 +58,9 @@ class StageInfo:
     kind: StageKind
     module: ModuleType
     """The stage's package; its ``run`` is looked up when the stage runs (a test may replace it)."""
-    config: type[BaseModel] | type[QuantizeConfig]
-    """The stage's settings: ``config.model_validate(settings)`` gives the validated model the stage takes."""
+    config: type[StageConfig] | type[QuantizeConfig]
+    """The stage's settings: ``config.model_validate(settings)`` gives the validated model the stage takes, whose
+    declarations (``qdeploy.core.stage_config``) tell the pipeline what it needs to know of them."""
     libraries: tuple[str, ...] = ()
     """Distributions whose versions enter the stage's cache key."""
     datasets_used: Callable[[Any], list[str]] = _names_none
@@ -73,6 +73,8 @@ class StageInfo:
     reads_default_dataset: Callable[[Any], bool] = _reads_none
     """(validated config) -> whether the stage then reads the run's default dataset (validate.data), which then
     enters its cache key."""
+    modes: tuple[tuple[str, type[StageConfig]], ...] = ()
+    """(label, model) of each mode, for a stage whose settings are one model per mode (the reference lists each)."""
 
     def function(self) -> Callable[..., Any]:
         """The stage's ``run``."""
@@ -92,7 +94,8 @@ _STAGES: dict[str, StageInfo] = {
                   uses_targets=True, true_fp16_checked=True),  # the budget's artifact is confirmed on each target
         StageInfo("quantize", "transform", quantize, QuantizeConfig,
                   libraries=("onnx", "onnxruntime", "onnx-ir", "openvino"),
-                  datasets_used=_quantize_datasets, uses_targets=True),
+                  datasets_used=_quantize_datasets, uses_targets=True,
+                  modes=tuple((mode.label, mode) for mode in QuantizeConfig.members)),
         StageInfo("validate", "evaluation", validate, ValidateConfig),
         StageInfo("benchmark", "evaluation", benchmark, BenchmarkConfig),
     )

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -29,7 +28,8 @@ from qdeploy.calibration import data_context
 from qdeploy.calibration.spec import DatasetSpec
 from qdeploy.core.context import StageContext
 from qdeploy.core.runtimes import RUNTIMES, built_for, runtime_of_target, runtime_of_variant, split_name
-from qdeploy.core.tolerance import StrictModel, TaskTolerance, Tolerance
+from qdeploy.core.stage_config import StageConfig, variant_tolerance
+from qdeploy.core.tolerance import StrictModel, Tolerance
 from qdeploy.pipeline.recipe import registry
 from qdeploy.stages.benchmark.config import BenchmarkConfig
 from qdeploy.stages.export.config import ExportConfig
@@ -130,10 +130,10 @@ class VariantStep(StrictModel):
     """One transform stage of a variant, with its config parsed once into the stage's model."""
 
     stage: str
-    config: BaseModel
+    config: StageConfig
 
     @field_serializer("config")
-    def _dumped(self, config: BaseModel) -> dict[str, Any]:
+    def _dumped(self, config: StageConfig) -> dict[str, Any]:
         """The config as its stage's model dumps it: what cache keys, the plan and the recipe's fingerprint hash
         (the same bytes as when steps held that dump)."""
         return config.model_dump(mode="json")
@@ -198,10 +198,6 @@ def _parse_steps(name: str, steps: list[Any]) -> list[VariantStep]:
 _VARIANT_NAME = rf"[A-Za-z0-9][A-Za-z0-9_.-]*(@({'|'.join(RUNTIMES)}))?"
 
 
-AUTO = "auto"
-"""``per_runtime: auto``: split where the targets hold both runtimes; the build decides whether the builds differ."""
-
-
 def _split_per_runtime(variants: dict[str, list[VariantStep]], targets: list[str],
                        reference: str | None) -> tuple[dict[str, list[VariantStep]], dict[str, list[str]]]:
     """Variants with a ``per_runtime`` step become one variant per runtime among ``targets``
@@ -214,10 +210,9 @@ def _split_per_runtime(variants: dict[str, list[VariantStep]], targets: list[str
     result: dict[str, list[VariantStep]] = {}
     split: dict[str, list[str]] = {}
     for name, steps in variants.items():
-        where = [index for index, step in enumerate(steps) if getattr(step.config, "per_runtime", False) is True]
+        where = [index for index, step in enumerate(steps) if step.config.per_runtime_build() == "always"]
         auto = not where and len(runtimes) > 1 and name != reference and not runtime_of_variant(name) \
-            and any(getattr(step.config, "per_runtime", None) == AUTO and step.config.runtime is None  # type: ignore[attr-defined]
-                    for step in steps)
+            and any(step.config.per_runtime_build() == "auto" for step in steps)
         if not where and not auto:
             result[name] = steps
             continue
@@ -240,7 +235,7 @@ def _split_per_runtime(variants: dict[str, list[VariantStep]], targets: list[str
 
 
 def _for_runtime(step: VariantStep, runtime: str) -> VariantStep:
-    return VariantStep(stage=step.stage, config=step.config.for_runtime(runtime))  # type: ignore[attr-defined]
+    return VariantStep(stage=step.stage, config=step.config.for_runtime(runtime))
 
 
 def _gates_on_builds(gates: list[GateSpec], split: dict[str, list[str]]) -> list[GateSpec]:
@@ -263,15 +258,14 @@ def _name_task_metrics(variants: dict[str, list[VariantStep]], metric: str | Non
     validate.metric, or its own"), so the stage, its cache key and the plan all see the one it uses."""
     for variant, steps in variants.items():
         for index, step in enumerate(steps):
-            tolerance = getattr(step.config, "tolerance", None)
-            if not isinstance(tolerance, TaskTolerance) or tolerance.metric is not None:
+            budget = step.config.task_budget()
+            if budget is None or budget.metric is not None:
                 continue
             if metric is None:
                 raise StepError(variant, index, (step.stage, "tolerance", "metric"),
                                 f"{step.stage} tolerance names no metric and validate.metric is not set: name one "
                                 "('metrics.py:accuracy') here or in validate.metric")
-            named = tolerance.model_copy(update={"metric": metric})
-            steps[index] = VariantStep(stage=step.stage, config=step.config.model_copy(update={"tolerance": named}))
+            steps[index] = VariantStep(stage=step.stage, config=step.config.with_task_metric(metric))
 
 
 class Recipe(StrictModel):
@@ -288,10 +282,10 @@ class Recipe(StrictModel):
     gates: list[GateSpec] = Field(default_factory=list, description="Acceptance goals; a missed one exits 1.")
     report: ReportSpec = Field(default_factory=ReportSpec, description="Report formats to write.")
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # frozen: what a run decides (per_runtime's builds, say) goes to its own state and results, never onto its recipe
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
     _source: Path | None = PrivateAttr(default=None)
-    _placements: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -333,8 +327,8 @@ class Recipe(StrictModel):
 
     @model_validator(mode="after")
     def _cross_references(self) -> Recipe:
-        self.variants, split = _split_per_runtime(self.variants, self.targets, self.validate_.reference)
-        self.gates = _gates_on_builds(self.gates, split)
+        variants, split = _split_per_runtime(self.variants, self.targets, self.validate_.reference)
+        self.__dict__.update(variants=variants, gates=_gates_on_builds(self.gates, split))  # completed, then frozen
         self._check_runtime_variants(split)
         _name_task_metrics(self.variants, self.validate_.metric)
         if self.validate_.data is not None and self.validate_.data not in self.data:
@@ -385,12 +379,6 @@ class Recipe(StrictModel):
         return self.validate_.reference or EXPORTED
 
     @property
-    def placements(self) -> dict[str, Any]:
-        """Split variant -> what the build decided of its ``per_runtime: auto`` step (``pipeline/run/per_runtime.py``'s
-        ``Placement``); filled in by the build phase."""
-        return self._placements
-
-    @property
     def source(self) -> Path | None:
         """The recipe file this recipe was loaded from, if any."""
         return self._source
@@ -413,14 +401,8 @@ class Recipe(StrictModel):
     def declared_tolerances(self) -> dict[str, Tolerance]:
         """Variant -> the tolerance its last step with an accuracy budget (quantize or fp16 ``tolerance``) was
         built to: what validation holds that variant to."""
-        declared = {}
-        for variant, steps in self.variants.items():
-            # a budget on a task metric (quantize's TaskTolerance) holds no output limits: the defaults apply
-            budgets = [budget for step in steps if isinstance(budget := getattr(step.config, "tolerance", None),
-                                                              Tolerance)]
-            if budgets:
-                declared[variant] = budgets[-1]
-        return declared
+        return {variant: declared for variant, steps in self.variants.items()
+                if (declared := variant_tolerance(step.config for step in steps)) is not None}
 
     def input_ranges(self) -> dict[str, tuple[float | None, float | None]]:
         """Input name -> (low, high) declared in model.inputs for seeded random values."""

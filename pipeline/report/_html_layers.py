@@ -8,8 +8,11 @@ switched by radio buttons and CSS.  The chart is a hand-written SVG: one bar per
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from qdeploy.core.layer_rows import LayerPair, LayerRow
+from qdeploy.core.report import Report, as_report
 from qdeploy.pipeline.report.format import escape_html, fmt_number
 from qdeploy.pipeline.report.layers import by_error, by_time, overhead_line
 
@@ -72,49 +75,51 @@ def _legend(timeline: dict[str, list[Any]]) -> str:
         for p in seen) + "</div>"
 
 
-def _rows_table(rows: list[dict[str, Any]], css: str) -> str:
+def _rows_table(rows: list[LayerRow], css: str) -> str:
     head = "".join(f"<th>{name}</th>" for name in ("layer", "op", "ran", "exec", "ms", "MACs", "SNR dB", "SNR drop",
                                                      "cosine", "ONNX nodes", "decision"))
     body = []
     for row in rows:
-        nodes = ", ".join(row.get("nodes") or []) or "(gap: added by the runtime)"
-        cells = (row["layer"], row["op"], row["precision"], row["exec"], fmt_number(row.get("time_ms")),
-                 fmt_number(row.get("macs")), "NaN/Inf" if row.get("nonfinite_born") else fmt_number(row.get("snr_db")),
-                 fmt_number(row.get("snr_drop_db")), fmt_number(row.get("cosine"), 6),
-                 nodes, row.get("decision") or row.get("float_reason") or "")
+        nodes = ", ".join(row.nodes) or "(gap: added by the runtime)"
+        cells = (row.layer, row.op, row.precision, row.exec, fmt_number(row.time_ms),
+                 fmt_number(row.macs), "NaN/Inf" if row.nonfinite_born else fmt_number(row.snr_db),
+                 fmt_number(row.snr_drop_db), fmt_number(row.cosine, 6),
+                 nodes, row.decision or row.float_reason or "")
         body.append("<tr>" + "".join(f"<td>{escape_html(str(cell))}</td>" for cell in cells) + "</tr>")
     return f'<table class="sorted {css}"><tr>{head}</tr>{"".join(body)}</table>'
 
 
-def _pair_html(pair: dict[str, Any], index: int) -> str:
-    title = escape_html(f"{pair['variant']} on {pair['target']} ({pair['why']})")
-    if pair.get("status") != "ok":
-        return f"<h3>{title}</h3><p>not profiled: {escape_html(str(pair.get('reason')))}</p>"
-    lines = "".join(f"<li>{escape_html(line)}</li>" for line in pair["summary"]["lines"])
-    rows = pair.get("rows") or list({r["layer"]: r for r in pair["top_time"] + pair["top_error"]}.values())
-    order = {name: i for i, name in enumerate(pair["timeline"]["layer"])}
-    by_order = sorted(rows, key=lambda r: order.get(r["layer"], 0))
+def _pair_html(pair: LayerPair, index: int) -> str:
+    title = escape_html(f"{pair.variant} on {pair.target} ({pair.why})")
+    if pair.status != "ok" or pair.summary is None or pair.timeline is None or pair.exposure is None:
+        return f"<h3>{title}</h3><p>not profiled: {escape_html(str(pair.reason))}</p>"
+    lines = "".join(f"<li>{escape_html(line)}</li>" for line in pair.summary.lines)
+    rows = pair.rows or list({r.layer: r for r in (pair.top_time or []) + (pair.top_error or [])}.values())
+    timeline = pair.timeline.model_dump()
+    order = {name: i for i, name in enumerate(pair.timeline.layer)}
+    by_order = sorted(rows, key=lambda r: order.get(r.layer, 0))
     timed, hurt = by_time(rows), by_error(rows)
     timed += [r for r in rows if r not in timed]
     hurt += [r for r in rows if r not in hurt]
-    shown = "every layer" if pair.get("rows") else "the top layers by time and by error"
+    shown = "every layer" if pair.rows else "the top layers by time and by error"
     name = f"layers-sort-{index}"
     tabs = "".join(f'<input type="radio" name="{name}" id="{name}-{key}" class="by-{key}"{checked}>'
                    f'<label for="{name}-{key}">{label}</label>'
                    for key, label, checked in (("order", "execution order", ""), ("time", "most time", " checked"),
                                                ("error", "most error", "")))
-    return (f"<h3>{title}</h3><ul>{lines}</ul>{_legend(pair['timeline'])}"
-            f'<div class="chart">{layers_svg(pair["timeline"])}</div>'
-            f"<p>{escape_html(pair['exposure']['note'])}. Table: {shown}.</p>"
+    return (f"<h3>{title}</h3><ul>{lines}</ul>{_legend(timeline)}"
+            f'<div class="chart">{layers_svg(timeline)}</div>'
+            f"<p>{escape_html(pair.exposure.note)}. Table: {shown}.</p>"
             f'<div class="tabs">{tabs}{_rows_table(by_order, "by-order")}{_rows_table(timed, "by-time")}'
             f'{_rows_table(hurt, "by-error")}</div>')
 
 
-def layers_html(report: dict[str, Any]) -> str:
+def layers_html(report: Report | Mapping[str, Any]) -> str:
     """The section, or '' when the run has none."""
-    section = report.get("layers")
-    if not section or not section.get("pairs"):
+    report = as_report(report)
+    section = report.layers
+    if section is None or not section.pairs:
         return ""
-    pairs = "".join(_pair_html(pair, index) for index, pair in enumerate(section["pairs"]))
+    pairs = "".join(_pair_html(pair, index) for index, pair in enumerate(section.pairs))
     return (f'<section class="layers"><h2>Layers: where the time and the error come from</h2>'
-            f"<p>{escape_html(overhead_line(section, report.get('seconds')))}</p>{pairs}</section>")
+            f"<p>{escape_html(overhead_line(section, report.seconds))}</p>{pairs}</section>")

@@ -10,12 +10,56 @@ hollow.  The chart is a hand-written SVG (no script, nothing fetched); every poi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from qdeploy.core.report import Report, as_report
 from qdeploy.pipeline.report.format import escape_html, fmt_number
 
-__all__ = ["FrontPoint", "budget_front_html", "budget_fronts", "front_points", "front_svg"]
+__all__ = ["Front", "FrontPoint", "budget_front_html", "budget_fronts", "front_points", "front_svg"]
+
+
+class _Read(BaseModel):
+    """What the chart reads of the budget's front, typed; its other keys are the budget's own."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class _Measured(_Read):
+    metric: float | None = None
+    error_ratio: float | None = None
+
+
+class _Comparison(_Read):
+    held_back: _Measured | None = None
+    search: _Measured | None = None
+
+
+class _Point(_Read):
+    found_by: str = "?"
+    kept_float: list[Any] = Field(default_factory=list)
+    holds: bool = False
+    task_or_error: _Comparison | None = None
+    added_seconds_per_inference: dict[str, float | None] = Field(default_factory=dict)
+
+
+class Front(_Read):
+    """``findings.budget.front`` of a quantize step, as the chart reads it (``qdeploy.stages.accuracy_budget``)."""
+
+    points: list[_Point] = Field(default_factory=list)
+    chosen: int | None = None
+    chosen_by: str | None = None
+
+
+class _Budget(_Read):
+    front: Front | None = None
+
+
+class _StepFindings(_Read):
+    budget: _Budget | None = None
 
 _W, _H, _LEFT, _RIGHT, _TOP, _BOTTOM = 440.0, 230.0, 58.0, 16.0, 14.0, 40.0
 _HOLDS, _MISSES, _CHOSEN = "#1a7f37", "#cf222e", "#1f2328"
@@ -33,41 +77,43 @@ class FrontPoint:
     kept: int
 
 
-def budget_fronts(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def budget_fronts(report: Report | Mapping[str, Any]) -> list[tuple[str, Front]]:
     """(variant, front) for every artifact whose lineage holds a budget front with points."""
     found = []
-    for artifact in report.get("artifacts") or []:
-        for step in artifact.get("lineage") or []:
-            budget = (step.get("findings") or {}).get("budget")
-            front = budget.get("front") if isinstance(budget, dict) else None
-            if isinstance(front, dict) and front.get("points"):
-                found.append((str(artifact.get("name")), front))
+    for artifact in as_report(report).artifacts:
+        for step in artifact.lineage:
+            try:
+                budget = _StepFindings.model_validate(step.findings or {}).budget
+            except ValidationError:  # a front another qdeploy wrote: no chart rather than no report
+                continue
+            if budget is not None and budget.front is not None and budget.front.points:
+                found.append((artifact.name, budget.front))
     return found
 
 
-def _value(point: dict[str, Any]) -> tuple[float | None, bool]:
+def _value(point: _Point) -> tuple[float | None, bool]:
     """The point's task metric (higher is better), else its error ratio (lower is better): (value, is_metric);
     the held-back samples' when measured there."""
-    measured = point.get("task_or_error") or {}
-    part = measured.get("held_back") or measured.get("search") or {}
-    if part.get("metric") is not None:
-        return float(part["metric"]), True
-    ratio = part.get("error_ratio")
-    return (float(ratio), False) if ratio is not None else (None, False)
+    measured = point.task_or_error
+    part = (measured.held_back if measured and measured.held_back and measured.held_back.model_fields_set
+            else measured.search if measured else None) or _Measured()
+    if part.metric is not None:
+        return float(part.metric), True
+    return (float(part.error_ratio), False) if part.error_ratio is not None else (None, False)
 
 
-def front_points(front: dict[str, Any], target: str) -> tuple[list[FrontPoint], bool]:
+def front_points(front: Front | Mapping[str, Any], target: str) -> tuple[list[FrontPoint], bool]:
     """The front's points on ``target`` and whether their values are a task metric."""
+    front = front if isinstance(front, Front) else Front.model_validate(dict(front))
     points, metric = [], False
-    for index, point in enumerate(front.get("points") or []):
-        seconds = (point.get("added_seconds_per_inference") or {}).get(target)
+    for index, point in enumerate(front.points):
+        seconds = point.added_seconds_per_inference.get(target)
         if seconds is None:
             continue
         value, is_metric = _value(point)
         metric = metric or is_metric
-        points.append(FrontPoint(str(point.get("found_by", "?")), float(seconds) * 1e3, value,
-                                 bool(point.get("holds")), index == front.get("chosen"),
-                                 len(point.get("kept_float") or [])))
+        points.append(FrontPoint(point.found_by, float(seconds) * 1e3, value, point.holds, index == front.chosen,
+                                 len(point.kept_float)))
     return points, metric
 
 
@@ -116,19 +162,18 @@ def front_svg(points: list[FrontPoint], metric: bool, target: str) -> str:
     return "".join(parts)
 
 
-def budget_front_html(report: dict[str, Any]) -> str:
+def budget_front_html(report: Report | Mapping[str, Any]) -> str:
     """The section: per variant with a front, one chart per target it was timed on; '' when none."""
     charts = []
     for variant, front in budget_fronts(report):
-        targets = dict.fromkeys(target for point in front["points"]
-                                for target in point.get("added_seconds_per_inference") or {})
+        targets = dict.fromkeys(target for point in front.points for target in point.added_seconds_per_inference)
         for target in targets:
             points, metric = front_points(front, target)
             svg = front_svg(points, metric, target)
             if svg:
                 charts.append(f'<figure class="chart"><figcaption>{escape_html(variant)} on '
                               f'{escape_html(target)} (the budget chose by the time on '
-                              f'{escape_html(front.get("chosen_by"))})</figcaption>{svg}</figure>')
+                              f'{escape_html(front.chosen_by)})</figcaption>{svg}</figure>')
     if not charts:
         return ""
     return ("<h2>Accuracy budget: metric against added latency</h2><p class=\"note\">Each point is a set of "

@@ -26,7 +26,7 @@ def colors_for(names: list[str]) -> dict[str, str]:
 
 def latency_bars_svg(rows: list[MatrixRow], colors: dict[str, str]) -> str:
     """Grouped bars of median latency per target and batch, one bar per variant, 95% CI as error bars."""
-    measured = [row for row in rows if row.benchmark_status == "ok" and row.latency.get("p50") is not None]
+    measured = [row for row in rows if row.benchmark_status == "ok" and row.p50 is not None]
     if not measured:
         return ""
     groups = list(dict.fromkeys((row.target, row.batch) for row in measured))
@@ -40,13 +40,13 @@ def latency_bars_svg(rows: list[MatrixRow], colors: dict[str, str]) -> str:
             row = next((r for r in measured if (r.target, r.batch, r.variant) == (target, batch, variant)), None)
             if row is None:
                 continue
-            p50 = row.latency["p50"]
-            low, high = row.latency.get("ci95_p50") or [p50, p50]
+            p50 = float(row.p50 or 0.0)
+            low, high = (row.latency.ci95_p50 if row.latency else None) or [p50, p50]
             xs.append(position + (index - (len(variants) - 1) / 2) * width)
             heights.append(p50)
             errors[0].append(max(0.0, p50 - low))
             errors[1].append(max(0.0, high - p50))
-            hatches.append("///" if row.bench.get("noisy") else "")
+            hatches.append("///" if row.bench is not None and row.bench.noisy else "")
         bars = axes.bar(xs, heights, width * 0.92, yerr=errors, capsize=3,
                         color=colors.get(variant, PALETTE[0]), edgecolor="white", error_kw={"elinewidth": 1})
         for bar, hatch, height, above in zip(bars, hatches, heights, errors[1], strict=True):

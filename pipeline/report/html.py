@@ -6,8 +6,11 @@ how latency was measured, each artifact's lineage and findings (collapsed), and 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from qdeploy.core.report import Report, as_report
+from qdeploy.core.report_parts import ArtifactRecord
 from qdeploy.pipeline.report._html_layers import LAYERS_CSS, layers_html
 from qdeploy.pipeline.report._html_parts import findings_html, status_badge
 from qdeploy.pipeline.report._html_verdict import VERDICT_CSS, throughput_html, unavailable_html, verdict_html
@@ -84,66 +87,65 @@ ul.hl { margin: 4px 0; padding-left: 20px; }
 
 
 
-def render_html(report: dict[str, Any]) -> str:
+def render_html(report: Report | Mapping[str, Any]) -> str:
     """The whole page as one string."""
+    report = as_report(report)
     rows = matrix(report)
-    colors = colors_for([artifact["name"] for artifact in report.get("artifacts", [])] + [r.variant for r in rows])
+    colors = colors_for([artifact.name for artifact in report.artifacts] + [r.variant for r in rows])
     sections = [
         _header(report), verdict_html(report), _unmeasured(report), _gates(report), _problems(report),
         _table(report, rows, colors), throughput_html(report), _charts(report, rows, colors), layers_html(report),
         budget_front_html(report),
         _validation(report), _settings(report), _artifacts(report), _packages(report), _environment(report),
     ]
-    title = escape_html(f"qdeploy report: {report['recipe']['name']}")
+    title = escape_html(f"qdeploy report: {report.recipe.name}")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{title}</title><style>{CSS}{VERDICT_CSS}{LAYERS_CSS}</style></head><body>\n"
             + "\n".join(part for part in sections if part) + "\n</body></html>\n")
 
 
-def _header(report: dict[str, Any]) -> str:
-    passed = report.get("passed")
+def _header(report: Report) -> str:
+    passed = report.passed
     verdict = "PASSED: every gate holds" if passed else "FAILED"
-    reference = report.get("reference") or {}
-    source = report["recipe"].get("path") or "(recipe given in code)"
-    return (f"<h1>qdeploy report: {escape_html(report['recipe']['name'])}</h1>"
+    source = report.recipe.path or "(recipe given in code)"
+    return (f"<h1>qdeploy report: {escape_html(report.recipe.name)}</h1>"
             f"<p class=\"sub\">recipe <code>{escape_html(source)}</code> · created "
-            f"{escape_html(report.get('created', '?'))} · run took {fmt_number(report.get('seconds'), style='value')} s"
-            f" · reference <code>{escape_html(reference.get('variant'))}</code> on "
-            f"<code>{escape_html(reference.get('target'))}</code></p>"
+            f"{escape_html(report.created)} · run took {fmt_number(report.seconds, style='value')} s"
+            f" · reference <code>{escape_html(report.reference.variant)}</code> on "
+            f"<code>{escape_html(report.reference.target)}</code></p>"
             f"<div class=\"verdict {'pass' if passed else 'fail'}\">{escape_html(verdict)}</div>")
 
 
-def _unmeasured(report: dict[str, Any]) -> str:
+def _unmeasured(report: Report) -> str:
     lines = unmeasured_lines(report)
     if not lines:
         return ""
-    hard = any(not row.get("allowed") for row in report.get("unmeasured") or [])
+    hard = any(not row.allowed for row in report.unmeasured)
     items = "".join(f"<li>{escape_html(line)}</li>" for line in lines)
     return (f"<div class=\"problems{'' if hard else ' soft'}\"><strong>Asked for but not measured</strong>"
             f"<ul>{items}</ul></div>")
 
 
-def _gates(report: dict[str, Any]) -> str:
-    gates = report.get("gates") or []
-    if not gates:
+def _gates(report: Report) -> str:
+    if not report.gates:
         return "<h2>Gates</h2><p class=\"note\">No gates in the recipe.</p>"
     body = []
-    for gate in gates:
+    for gate in report.gates:
         verdict = gate_verdict(gate)
         body.append(f"<tr><td>{status_badge(verdict)}</td><td>{escape_html(gate_label(gate))}</td>"
-                    f"<td class=\"num\">{escape_html(fmt_number(gate.get('value'), 4, style='value'))}</td>"
-                    f"<td>{escape_html(gate.get('reason') or '')}</td></tr>")
+                    f"<td class=\"num\">{escape_html(fmt_number(gate.value, 4, style='value'))}</td>"
+                    f"<td>{escape_html(gate.reason)}</td></tr>")
     return ("<h2>Gates</h2><table><thead><tr><th>verdict</th><th>gate</th><th>measured</th><th>reason</th></tr>"
             f"</thead><tbody>{''.join(body)}</tbody></table>")
 
 
-def _problems(report: dict[str, Any]) -> str:
+def _problems(report: Report) -> str:
     lines = problems(report)
     if not lines:
         return ""
-    hard = bool(report.get("failures")) or any(r.get("status") in ("failed", "error")
-                                                for r in report.get("validation", []) + report.get("benchmarks", []))
+    hard = bool(report.failures) or any(r.status in ("failed", "error") for r in [*report.validation,
+                                                                                  *report.benchmarks])
     items = "".join(f"<li>{escape_html(line)}</li>" for line in lines)
     title = "Failures and unavailable targets" if hard else "Unavailable targets"
     return f"<div class=\"problems{'' if hard else ' soft'}\"><strong>{title}</strong><ul>{items}</ul></div>"
@@ -154,7 +156,7 @@ TABLE_HEAD = ("variant", "precision ran", "batch", "p50 ms [95% CI]", "p90 ms", 
               "benchmark")
 
 
-def _table(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]) -> str:
+def _table(report: Report, rows: list[MatrixRow], colors: dict[str, str]) -> str:
     task = has_task_metric(report)
     names = (*TABLE_HEAD[:-2], "task metric", *TABLE_HEAD[-2:]) if task else TABLE_HEAD
     head = "".join(f"<th>{escape_html(name)}</th>" for name in names)
@@ -162,9 +164,9 @@ def _table(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]
     missing = unavailable_targets(report)
     for target in dict.fromkeys(row.target for row in rows if row.target not in missing):
         body.append(f"<tr class=\"group\"><td colspan=\"{len(names)}\">{escape_html(target)}</td></tr>")
-        body += [_table_row(row, colors, task, speedup_sides(report, row.bench)) for row in rows
+        body += [_table_row(row, colors, task, speedup_sides(report, row.bench) if row.bench else "") for row in rows
                  if row.target == target]
-    reference = escape_html((report.get("reference") or {}).get("variant"))
+    reference = escape_html(report.reference.variant)
     return ("<h2>Latency and accuracy, variant × target</h2>"
             f"<div class=\"scroll\"><table class=\"matrix\"><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table></div>{unavailable_html(missing)}"
@@ -177,15 +179,15 @@ def _table(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]
 
 
 def _table_row(row: MatrixRow, colors: dict[str, str], task: bool, sides: str = "") -> str:
-    latency, metrics = row.latency, row.metrics
-    ci = latency.get("ci95_p50")
-    p50 = escape_html(fmt_number(latency.get("p50"), style="value"))
+    latency, metrics, bench = row.latency, row.metrics, row.bench
+    ci = latency.ci95_p50 if latency else None
+    p50 = escape_html(fmt_number(row.p50, style="value"))
     if ci:
         low, high = (escape_html(fmt_number(end, style="value")) for end in ci[:2])
         p50 += f"<br><span class=\"ci\">[{low}–{high}]</span>"
-    if row.bench.get("noisy"):
+    if bench is not None and bench.noisy:
         p50 += " <span class=\"badge noisy\">noisy</span>"
-    low_high = row.bench.get("speedup_range")
+    low_high = bench.speedup_range if bench is not None else None
     speed = escape_html(fmt_speedup(row.speedup, None if row.speedup_undecided else low_high))
     if row.speedup is not None and low_high and low_high != [1.0, 1.0]:
         speed = escape_html("≈1x") if row.speedup_undecided else speed
@@ -196,12 +198,11 @@ def _table_row(row: MatrixRow, colors: dict[str, str], task: bool, sides: str = 
     cells = [
         f"<td>{swatch}{escape_html(row.variant)}</td>", f"<td>{escape_html(row.precision_ran)}</td>", _num(row.batch),
         f"<td class=\"num\">{p50}</td>",
-        _num(latency.get("p90")), _num(latency.get("p99")), f"<td class=\"num\">{speed}</td>",
-        _num(row.bench.get("throughput_per_s")), _num(row.size_bytes / 1e6 if row.size_bytes else None),
-        _num(row.peak_memory_mb), _text(fmt_cosine(metrics.get("cosine"))),
-        _text(fmt_snr_cell(metrics.get("snr_db"))),
-        _num(metrics.get("max_abs_err")), _num(metrics.get("top1_agreement")),
-        *([_num(metrics.get("task_metric"), 4)] if task else []),
+        _num(latency.p90 if latency else None), _num(latency.p99 if latency else None),
+        f"<td class=\"num\">{speed}</td>",
+        _num(bench.throughput_per_s if bench else None), _num(row.size_bytes / 1e6 if row.size_bytes else None),
+        _num(row.peak_memory_mb), _text(fmt_cosine(metrics.cosine)), _text(fmt_snr_cell(metrics.snr_db)),
+        _num(metrics.max_abs_err), _num(metrics.top1_agreement), *([_num(metrics.task_metric, 4)] if task else []),
         f"<td>{status_badge(row.validation_status) if row.check else '–'}</td>",
         f"<td>{status_badge(row.benchmark_status) if row.bench else '–'}</td>",
     ]
@@ -217,7 +218,7 @@ def _text(value: str) -> str:
     return f"<td class=\"num\">{escape_html(value)}</td>"
 
 
-def _charts(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str]) -> str:
+def _charts(report: Report, rows: list[MatrixRow], colors: dict[str, str]) -> str:
     bars = latency_bars_svg(rows, colors)
     points, label = tradeoff_points(report)
     scatter = tradeoff_svg(points, label, colors)
@@ -236,16 +237,16 @@ def _charts(report: dict[str, Any], rows: list[MatrixRow], colors: dict[str, str
     return f"<h2>Charts</h2><div class=\"charts\">{charts}</div>{caption}"
 
 
-def _validation(report: dict[str, Any]) -> str:
+def _validation(report: Report) -> str:
     items = []
-    for row in report.get("validation", []):
+    for row in report.validation:
         notes = validation_notes(row)
         if notes:
             inner = "".join(f"<li>{escape_html(note)}</li>" for note in dict.fromkeys(notes))
-            items.append(f"<li><strong>{escape_html(row['variant'])} on {escape_html(row['target'])}</strong> "
-                         f"{status_badge(row.get('status', '?'))}<ul>{inner}</ul></li>")
+            items.append(f"<li><strong>{escape_html(row.variant)} on {escape_html(row.target)}</strong> "
+                         f"{status_badge(row.status)}<ul>{inner}</ul></li>")
     floor = "".join(f"<li>{escape_html(line.removeprefix('noise floor of the reference: '))}</li>"
-                    for line in noise_floor_lines(report.get("noise_floor")))
+                    for line in noise_floor_lines(report.noise_floor))
     noise_html = f"<h3>Noise floor of the reference</h3><ul class=\"plain\">{floor}</ul>" if floor else ""
     if not items and not noise_html:
         return ""
@@ -253,7 +254,7 @@ def _validation(report: dict[str, Any]) -> str:
     return f"<h2>Validation notes</h2>{listing}{noise_html}"
 
 
-def _settings(report: dict[str, Any]) -> str:
+def _settings(report: Report) -> str:
     lines = benchmark_settings(report)
     if not lines:
         return ""
@@ -263,7 +264,7 @@ def _settings(report: dict[str, Any]) -> str:
             "(see report.json: session_create_ms, first_run_ms).</p>")
 
 
-def _packages(report: dict[str, Any]) -> str:
+def _packages(report: Report) -> str:
     """The packages the run wrote, from report.json's ``packages``."""
     lines = package_lines(report)
     if not lines:
@@ -272,26 +273,26 @@ def _packages(report: dict[str, Any]) -> str:
     return f"<h2>Packages</h2><ul class=\"plain\">{items}</ul>"
 
 
-def _artifacts(report: dict[str, Any]) -> str:
+def _artifacts(report: Report) -> str:
     cards = []
-    for artifact in report.get("artifacts", []):
-        steps = artifact.get("lineage", [])
+    for artifact in report.artifacts:
+        steps = artifact.lineage
         chain = "<span class=\"arrow\">→</span>".join(
-            f"<span class=\"step\">{escape_html(step['stage'])}{' (cached)' if step.get('cached') else ''} "
-            f"<span class=\"ci\">{escape_html(fmt_number(step.get('seconds'), style='value'))} s</span></span>"
+            f"<span class=\"step\">{escape_html(step.stage)}{' (cached)' if step.cached else ''} "
+            f"<span class=\"ci\">{escape_html(fmt_number(step.seconds, style='value'))} s</span></span>"
             for step in steps)
-        lines = [f"{step['stage']}: {line}" for step in steps for line in highlights(step.get("findings"))]
+        lines = [f"{step.stage}: {line}" for step in steps for line in highlights(step.findings)]
         summary_lines = "".join(f"<li>{escape_html(line)}</li>" for line in lines)
         details = "".join(
-            f"<details><summary>{escape_html(step['stage'])}: findings</summary>{findings_html(step.get('findings'))}"
-            f"<details><summary>config</summary>{findings_html(step.get('config'))}</details></details>"
+            f"<details><summary>{escape_html(step.stage)}: findings</summary>{findings_html(step.findings)}"
+            f"<details><summary>config</summary>{findings_html(step.config)}</details></details>"
             for step in steps)
         cards.append(
-            f"<details><summary>{escape_html(artifact['name'])} · {escape_html(lineage_chain(artifact))} · "
-            f"{fmt_number(artifact.get('size_bytes', 0) / 1e6, style='value')} MB</summary>"
+            f"<details><summary>{escape_html(artifact.name)} · {escape_html(lineage_chain(artifact))} · "
+            f"{fmt_number((artifact.size_bytes or 0) / 1e6, style='value')} MB</summary>"
             f"<p class=\"chain\">{chain}</p><p class=\"note\">sha256 "
-            f"<code>{escape_html(artifact.get('sha256', ''))}</code>"
-            f"<br>file <code>{escape_html(artifact.get('path', ''))}</code>{_cache_and_data(artifact)}</p>"
+            f"<code>{escape_html(artifact.sha256)}</code>"
+            f"<br>file <code>{escape_html(artifact.path)}</code>{_cache_and_data(artifact)}</p>"
             + (f"<ul class=\"hl\">{summary_lines}</ul>" if summary_lines else "") + details + "</details>")
     if not cards:
         return ""
@@ -300,26 +301,27 @@ def _artifacts(report: dict[str, Any]) -> str:
             "config.</p>" + "".join(cards))
 
 
-def _cache_and_data(artifact: dict[str, Any]) -> str:
+def _cache_and_data(artifact: ArtifactRecord) -> str:
     """External data files with their own sha256, and a cache entry that had to be rebuilt."""
-    parts = [f"<br>external data <code>{escape_html(data.get('file'))}</code> sha256 "
-             f"<code>{escape_html(data.get('sha256'))}</code>" for data in artifact.get("external_data") or []]
-    if artifact.get("cache") not in (None, "hit", "built"):
-        parts.append(f"<br>cache: {escape_html(artifact['cache'])}")
+    parts = [f"<br>external data <code>{escape_html(data.file)}</code> sha256 "
+             f"<code>{escape_html(data.sha256)}</code>" for data in artifact.external_data]
+    if artifact.cache not in (None, "hit", "built"):
+        parts.append(f"<br>cache: {escape_html(artifact.cache)}")
     return "".join(parts)
 
 
-def _environment(report: dict[str, Any]) -> str:
-    env = report.get("environment") or {}
-    cpu = env.get("cpu") or {}
-    flags = ", ".join(flag for flag, present in (cpu.get("flags") or {}).items() if present) or "none"
+def _environment(report: Report) -> str:
+    env = report.environment
+    if env is None:
+        return "<h2>Environment</h2><p>not recorded</p>"
+    flags = ", ".join(flag for flag, present in env.cpu.flags.items() if present) or "none"
     versions = "".join(f"<tr><td>{escape_html(name)}</td><td>{escape_html(version)}</td></tr>"
-                       for name, version in (env.get("versions") or {}).items())
+                       for name, version in env.versions.items())
     targets = "".join(f"<tr><td>{escape_html(name)}</td><td>{escape_html(state)}</td></tr>"
-                      for name, state in (env.get("targets") or {}).items())
-    return (f"<h2>Environment</h2><p>CPU <strong>{escape_html(cpu.get('model', '?'))}</strong>, "
-            f"{escape_html(cpu.get('cores', '?'))} cores; flags: {escape_html(flags)}<br>Python "
-            f"{escape_html(env.get('python', '?'))} on {escape_html(env.get('platform', '?'))}</p>"
+                      for name, state in env.targets.items())
+    return (f"<h2>Environment</h2><p>CPU <strong>{escape_html(env.cpu.model)}</strong>, "
+            f"{escape_html(env.cpu.cores)} cores; flags: {escape_html(flags)}<br>Python "
+            f"{escape_html(env.python)} on {escape_html(env.platform or '?')}</p>"
             "<details><summary>library versions and targets</summary><table><tbody>"
             f"{versions}</tbody></table><table><thead><tr><th>target</th><th>state</th></tr></thead><tbody>{targets}"
             "</tbody></table></details>")

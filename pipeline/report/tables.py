@@ -5,44 +5,49 @@ throughput tables with targets this machine lacks collapsed into one line, and t
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
+from qdeploy.core.report import Report, as_report
+from qdeploy.core.report_parts import VerdictSection
+from qdeploy.core.rows import BenchmarkRow, ThroughputRow
 from qdeploy.pipeline.report.format import fmt_cosine, fmt_ms, fmt_number, fmt_snr, fmt_snr_cell, fmt_speedup
 from qdeploy.pipeline.report.precision import speedup_sides
-from qdeploy.pipeline.report.verdict import verdict_section
+from qdeploy.pipeline.report.verdict import compute_verdict
 from qdeploy.pipeline.report.verdict_words import tie_rule_words, verdict_lines
 from qdeploy.pipeline.report.view import matrix, tradeoff_points, unavailable_line, unavailable_targets
 
 __all__ = ["matrix_lines", "report_verdict", "throughput_lines", "tradeoff_lines", "verdict_markdown"]
 
 
-def report_verdict(report: dict[str, Any]) -> dict[str, Any]:
+def report_verdict(report: Report | Mapping[str, Any]) -> VerdictSection:
     """The report's verdict; computed here for a report written before it had one.  A verdict written before it
     carried what ran (``execution``) keeps its picks and gains that record, derived from the same rows."""
-    section = report.get("verdict")
-    if not section:
-        return verdict_section(report)
-    targets = section.get("targets") or {}
-    if all(verdict.get("execution") for verdict in targets.values() if verdict.get("status") == "ship"):
+    report = as_report(report)
+    section = report.verdict
+    if section is None:
+        return compute_verdict(report)
+    if all(verdict.execution is not None for verdict in section.targets.values() if verdict.status == "ship"):
         return section
-    fresh = verdict_section(report)["targets"]
+    fresh = compute_verdict(report).targets
     completed = {}
-    for target, verdict in targets.items():
-        again = fresh.get(target) or {}
-        same = again.get("variant") == verdict.get("variant") and again.get("execution")
-        completed[target] = {**verdict, "execution": again["execution"]} if same else verdict
-    return {**section, "targets": completed}
+    for target, verdict in section.targets.items():
+        again = fresh.get(target)
+        same = again is not None and again.variant == verdict.variant and again.execution is not None
+        completed[target] = verdict.replace(execution=again.execution) if same and again else verdict
+    return section.replace(targets=completed)
 
 
-def verdict_markdown(report: dict[str, Any]) -> list[str]:
+def verdict_markdown(report: Report | Mapping[str, Any]) -> list[str]:
     """'## What to ship': per target the pick, why, the runner-up and why not the others."""
+    report = as_report(report)
     section = report_verdict(report)
-    entries = verdict_lines(section, report.get("packages"))
+    entries = verdict_lines(section, report.packages)
     if not entries:
         return []
     by = {"latency": "median latency at batch", "throughput": "inferences per second at batch",
-          "size": "size (nothing was benchmarked)"}[section["by"]]
-    batch = f" {section['batch_size']}" if section.get("batch_size") is not None else ""
+          "size": "size (nothing was benchmarked)"}[section.by]
+    batch = f" {section.batch_size}" if section.batch_size is not None else ""
     lines = ["## What to ship", "",
              f"Per target, the fastest artifact whose validation passed and whose gates hold (ranked by {by}{batch}); "
              f"{tie_rule_words(section)}. In brackets, how it ran: the artifact's precision, the precision or "
@@ -55,8 +60,9 @@ def verdict_markdown(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def matrix_lines(report: dict[str, Any]) -> list[str]:
+def matrix_lines(report: Report | Mapping[str, Any]) -> list[str]:
     """The latency and accuracy table; rows of targets this machine lacks collapse into one line below it."""
+    report = as_report(report)
     lines = ["| variant | target | precision ran | batch | p50 ms [95% CI] | p90 ms | p99 ms | speedup | "
              "serial rate /s | size MB | peak mem MB | cosine | SNR dB | max abs err | validation | benchmark |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -64,55 +70,57 @@ def matrix_lines(report: dict[str, Any]) -> list[str]:
     for row in matrix(report):
         if row.target in missing:
             continue
-        latency = row.latency
-        ci = latency.get("ci95_p50")
-        p50 = fmt_number(latency.get("p50")) + (f" [{fmt_number(ci[0])}–{fmt_number(ci[1])}]" if ci else "")
-        noisy = " (noisy)" if row.bench.get("noisy") else ""
+        latency, bench = row.latency, row.bench
+        ci = latency.ci95_p50 if latency else None
+        p50 = fmt_number(row.p50) + (f" [{fmt_number(ci[0])}–{fmt_number(ci[1])}]" if ci else "")
+        noisy = " (noisy)" if bench is not None and bench.noisy else ""
         metrics = row.metrics
+        speedup = fmt_speedup(row.speedup, bench.speedup_range if bench else None)
         lines.append(
             f"| {row.variant} | {row.target} | {row.precision_ran} | {fmt_number(row.batch)} | {p50}{noisy} | "
-            f"{fmt_number(latency.get('p90'))} | {fmt_number(latency.get('p99'))} | "
-            f"{_speedup_cell(report, row.bench, fmt_speedup(row.speedup, row.bench.get('speedup_range')))} | "
-            f"{fmt_number(row.bench.get('throughput_per_s'))} | {fmt_number(_mb(row.size_bytes))} | "
-            f"{fmt_number(row.peak_memory_mb)} | {fmt_cosine(metrics.get('cosine'))} | "
-            f"{fmt_snr_cell(metrics.get('snr_db'))} | {fmt_number(metrics.get('max_abs_err'))} | "
+            f"{fmt_number(latency.p90 if latency else None)} | {fmt_number(latency.p99 if latency else None)} | "
+            f"{_speedup_cell(report, bench, speedup)} | "
+            f"{fmt_number(bench.throughput_per_s if bench else None)} | {fmt_number(_mb(row.size_bytes))} | "
+            f"{fmt_number(row.peak_memory_mb)} | {fmt_cosine(metrics.cosine)} | "
+            f"{fmt_snr_cell(metrics.snr_db)} | {fmt_number(metrics.max_abs_err)} | "
             f"{row.validation_status} | {row.benchmark_status} |")
     line = unavailable_line(missing)
     return lines + (["", line] if line else [])
 
 
-def throughput_lines(report: dict[str, Any]) -> list[str]:
+def throughput_lines(report: Report | Mapping[str, Any]) -> list[str]:
     """'## Throughput': inferences per second with many requests in flight, and the latency at that load."""
+    report = as_report(report)
     missing = unavailable_targets(report)
-    rows = [row for row in report.get("throughput") or [] if row["target"] not in missing]
+    rows = [row for row in report.throughput if row.target not in missing]
     if not rows:
         return []
     lines = ["## Throughput (many requests in flight)", "",
              "| variant | target | batch | inferences/s | vs reference | requests in flight | streams × threads "
              "| p50 ms at load | p99 ms at load | status |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        latency = row.get("latency_ms") or {}
+        latency = row.latency_ms
         lines.append(
-            f"| {row['variant']} | {row['target']} | {fmt_number(row.get('batch_size'))} | "
-            f"{fmt_number(row.get('inferences_per_s'))} | "
-            f"{_speedup_cell(report, row, fmt_speedup(row.get('speedup'), row.get('speedup_range')), 'throughput')} "
-            f"| {fmt_number(row.get('requests_in_flight'))} | {fmt_number(row.get('streams'))} × "
-            f"{fmt_number(row.get('threads_per_request'))} | {fmt_number(latency.get('p50'))} | "
-            f"{fmt_number(latency.get('p99'))} | {row['status']}{': ' + row['reason'] if row.get('reason') else ''} |")
+            f"| {row.variant} | {row.target} | {fmt_number(row.batch_size)} | "
+            f"{fmt_number(row.inferences_per_s)} | "
+            f"{_speedup_cell(report, row, fmt_speedup(row.speedup, row.speedup_range))} "
+            f"| {fmt_number(row.requests_in_flight)} | {fmt_number(row.streams)} × "
+            f"{fmt_number(row.threads_per_request)} | {fmt_number(latency.p50 if latency else None)} | "
+            f"{fmt_number(latency.p99 if latency else None)} | {row.status}{': ' + row.reason if row.reason else ''} |")
     lines += ["", "Inferences per second over all timed rounds with every request kept busy (rounds interleaved "
               "with the other artifacts; `vs reference` is the median of per-round ratios); the latency is each "
               "request's own at that load. The serial rate of the latency table is batch / p50 of one request at "
               "a time, not a throughput.", ""]
     seen: set[str] = set()
     for row in rows:
-        if row.get("status") == "ok" and row["target"] not in seen:
-            seen.add(row["target"])
-            settings = ", ".join(f"{key}={value}" for key, value in (row.get("settings") or {}).items())
-            lines.append(f"- {row['target']}: {row.get('call')}; {settings}")
+        if row.status == "ok" and row.target not in seen:
+            seen.add(row.target)
+            settings = ", ".join(f"{key}={value}" for key, value in (row.settings or {}).items())
+            lines.append(f"- {row.target}: {row.call}; {settings}")
     return lines
 
 
-def tradeoff_lines(report: dict[str, Any]) -> list[str]:
+def tradeoff_lines(report: Report | Mapping[str, Any]) -> list[str]:
     """The Pareto front of each target, failed rows left out."""
     points, label = tradeoff_points(report)
     lines = []
@@ -133,12 +141,11 @@ def _fidelity_text(value: float, capped: bool, label: str) -> str:
     return fmt_snr(value) if label.startswith("SNR") else fmt_number(value, 4)
 
 
-def _speedup_cell(report: dict[str, Any], row: dict[str, Any], text: str, key: str = "benchmarks") -> str:
+def _speedup_cell(report: Report, row: BenchmarkRow | ThroughputRow | None, text: str) -> str:
     """The speedup and the precisions it compares: '1.8x: int8 (bf16 float parts) vs fp32 (f32)'."""
-    sides = speedup_sides(report, row, key)
+    sides = speedup_sides(report, row) if row is not None else ""
     return f"{text}: {sides}" if sides else text
 
 
 def _mb(size: Any) -> float | None:
     return size / 1e6 if isinstance(size, int | float) else None
-

@@ -33,18 +33,21 @@ slower than the float reference on that target (its speedup range is below 1).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from qdeploy.core.ranking import distinguishable
+from qdeploy.core.report import Report, as_report
+from qdeploy.core.report_parts import ArtifactRecord, ExecutionRecord, VerdictSection
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ThroughputRow, ValidationRow
 from qdeploy.core.runtimes import artifact_of, built_for, is_device_default
 from qdeploy.core.values import is_finite_number
 from qdeploy.pipeline.report.format import fmt_fidelity, fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
 from qdeploy.pipeline.report.precision import execution_record
 
-__all__ = ["FIDELITY_KEYS", "FIDELITY_ONLY", "TIE_BREAKS", "Choice", "TargetVerdict", "indistinguishable", "ranking",
-           "rejection", "split_targets", "target_verdict", "verdict_section"]
+__all__ = ["FIDELITY_KEYS", "FIDELITY_ONLY", "TIE_BREAKS", "Choice", "TargetVerdict", "compute_verdict",
+           "indistinguishable", "ranking", "rejection", "split_targets", "target_verdict", "verdict_section"]
 
 FIDELITY_ONLY = ("reference:cpu",)
 TIE_BREAKS = ("fidelity", "size")
@@ -60,12 +63,12 @@ class Choice:
     round_scores: list[float]
     interval: list[float] | None
     size_bytes: int | None
-    fidelity: dict[str, Any]
+    fidelity: dict[str, float | None]
     latency: dict[str, Any] = field(default_factory=dict)
     throughput: dict[str, Any] = field(default_factory=dict)
     deploy_precision: str | None = None
     """The INFERENCE_PRECISION_HINT it ships with where the device default missed its tolerance."""
-    execution: dict[str, Any] = field(default_factory=dict)
+    execution: ExecutionRecord | None = None
     """What ran: ``precision.execution_record`` of its timed (else validation) row."""
     stages: int = 0
     """Stages of its lineage: of two artifacts the same size, the one with fewer is the simpler."""
@@ -76,7 +79,7 @@ class Choice:
 
     def as_dict(self) -> dict[str, Any]:
         pinned = {"deploy_precision": self.deploy_precision} if self.deploy_precision else {}
-        ran = {"execution": self.execution} if self.execution else {}
+        ran = {"execution": self.execution} if self.execution is not None else {}
         return {"variant": self.variant, **self.latency, **self.throughput, "fidelity": self.fidelity,
                 "size_bytes": self.size_bytes, **pinned, **ran}
 
@@ -111,55 +114,54 @@ class _Rows:
     failed_builds: dict[str, BuildFailure]
     gates: list[GateResult]
     reference: str | None = None
-    raw: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per variant its rows as report.json has them ('check', 'timed'), for the execution record."""
-    artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    timed: dict[str, BenchmarkRow | ThroughputRow] = field(default_factory=dict)
+    """Per variant its timed row at the ranked batch (latency before throughput), for the execution record."""
+    artifacts: dict[str, ArtifactRecord] = field(default_factory=dict)
 
 
-def _validation(report: dict[str, Any]) -> list[ValidationRow]:
-    return [ValidationRow.from_json(row) for row in report.get("validation") or []]
+def verdict_section(report: Report | Mapping[str, Any], tie_break: str | None = None) -> dict[str, Any]:
+    """``compute_verdict`` as report.json holds it."""
+    return compute_verdict(report, tie_break).to_json()
 
 
-def _timed(report: dict[str, Any], key: str) -> list[BenchmarkRow] | list[ThroughputRow]:
-    model = ThroughputRow if key == "throughput" else BenchmarkRow
-    return [model.from_json(row) for row in report.get(key) or []]
-
-
-def verdict_section(report: dict[str, Any], tie_break: str | None = None) -> dict[str, Any]:
-    """The report.json ``verdict``: per available target what to ship, the targets this machine lacks, and the
+def compute_verdict(report: Report | Mapping[str, Any], tie_break: str | None = None) -> VerdictSection:
+    """The report's ``verdict``: per available target what to ship, the targets this machine lacks, and the
     targets that cannot read the original model (``unreadable``: said once; nothing to ship there unless a variant
     reads there after all).  ``tie_break``: the recipe's ``report.tie_break`` (else the one a verdict already in
     the report used, else 'fidelity')."""
-    rule = tie_break or (report.get("verdict") or {}).get("tie_break") or "fidelity"
+    report = as_report(report)
+    rule = tie_break or (report.verdict.tie_break if report.verdict else None) or "fidelity"
     if rule not in TIE_BREAKS:
         rule = "fidelity"
     by, batch = ranking(report)
     targets, unavailable = split_targets(report)
-    unreadable = {target: why for target, why in (report.get("unreadable_targets") or {}).items()
-                  if target in targets}
+    unreadable = {target: why for target, why in report.unreadable_targets.items() if target in targets}
     # a variant the target reads after all (simplify folded what the runtime could not) keeps its verdict there
-    readable = {row.target for row in _validation(report) if not row.unreadable and row.status != "unavailable"}
+    readable = {row.target for row in report.validation if not row.unreadable and row.status != "unavailable"}
     targets = [target for target in targets if target not in unreadable or target in readable]
     found = {target: target_verdict(report, target, by, batch, rule).as_dict() for target in targets}
-    return {"by": by, "batch_size": batch, "tie_break": rule, "targets": found, "order": targets,
-            "unavailable": unavailable, "unreadable": unreadable}
+    return VerdictSection.model_validate({"by": by, "batch_size": batch, "tie_break": rule, "targets": found,
+                                         "order": targets, "unavailable": unavailable, "unreadable": unreadable})
 
 
-def ranking(report: dict[str, Any]) -> tuple[str, int | None]:
+def ranking(report: Report | Mapping[str, Any]) -> tuple[str, int | None]:
     """What ranks the candidates ('latency', 'throughput', or 'size' when nothing was benchmarked) and at which
     batch size (the smallest measured)."""
-    for by, key in (("latency", "benchmarks"), ("throughput", "throughput")):
-        batches = [row.batch_size for row in _timed(report, key) if row.status == "ok"]
+    report = as_report(report)
+    timed: tuple[tuple[str, list[BenchmarkRow] | list[ThroughputRow]], ...] = (
+        ("latency", report.benchmarks), ("throughput", report.throughput))
+    for by, rows in timed:
+        batches = [row.batch_size for row in rows if row.status == "ok"]
         if batches:
             return by, min(batches)
     return "size", None
 
 
-def split_targets(report: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+def split_targets(report: Report | Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
     """Targets with a verdict, and those whose every validation row is unavailable, with the reason."""
     targets: list[str] = []
     unavailable: dict[str, str] = {}
-    validation = _validation(report)
+    validation = as_report(report).validation
     for target in dict.fromkeys(row.target for row in validation):
         if target in FIDELITY_ONLY:
             continue
@@ -171,9 +173,9 @@ def split_targets(report: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     return targets, unavailable
 
 
-def target_verdict(report: dict[str, Any], target: str, by: str, batch: int | None,
+def target_verdict(report: Report | Mapping[str, Any], target: str, by: str, batch: int | None,
                    tie_break: str = "fidelity") -> TargetVerdict:
-    rows = _rows(report, target, batch)
+    rows = _rows(as_report(report), target, batch)
     verdict = TargetVerdict(target)
     candidates = []
     for variant in dict.fromkeys([*rows.sizes, *rows.checks, *rows.failed_builds]):
@@ -224,26 +226,17 @@ def _undecided(ties: list[Choice], best: Choice) -> str:
             f"cannot tell {', '.join(others)} from {best.variant}")
 
 
-def _rows(report: dict[str, Any], target: str, batch: int | None) -> _Rows:
-    def on_target(key: str) -> dict[str, Any]:
-        return {row.variant: row for row in _timed(report, key) if row.target == target and row.batch_size == batch}
-
-    gates = [gate for gate in map(GateResult.from_json, report.get("gates", [])) if not gate.skipped
+def _rows(report: Report, target: str, batch: int | None) -> _Rows:
+    latency = {row.variant: row for row in report.benchmarks if row.target == target and row.batch_size == batch}
+    rates = {row.variant: row for row in report.throughput if row.target == target and row.batch_size == batch}
+    gates = [gate for gate in report.gates if not gate.skipped
              and (gate.target == target or gate.metric == "size_bytes")]
-    failures = map(BuildFailure.from_json, report.get("failures", []))
-    raw: dict[str, dict[str, Any]] = {}
-    for row in report.get("validation") or []:
-        if row.get("target") == target:
-            raw.setdefault(row["variant"], {})["check"] = row
-    for row in [*(report.get("throughput") or []), *(report.get("benchmarks") or [])]:  # latency rows win
-        if row.get("target") == target and row.get("batch_size") == batch:
-            raw.setdefault(row["variant"], {})["timed"] = row
-    return _Rows(raw=raw, artifacts={row["name"]: row for row in report.get("artifacts", [])},
-                 checks={row.variant: row for row in _validation(report) if row.target == target},
-                 latency=on_target("benchmarks"), throughput=on_target("throughput"),
-                 sizes={row["name"]: row.get("size_bytes") for row in report.get("artifacts", [])},
-                 failed_builds={row.variant: row for row in failures}, gates=gates,
-                 reference=(report.get("reference") or {}).get("variant"))
+    return _Rows(timed={**rates, **latency},  # latency rows win
+                 artifacts={row.name: row for row in report.artifacts},
+                 checks={row.variant: row for row in report.validation if row.target == target},
+                 latency=latency, throughput=rates, sizes=report.sizes,
+                 failed_builds={row.variant: row for row in report.failures}, gates=gates,
+                 reference=report.reference.variant)
 
 
 def rejection(variant: str, rows: _Rows, by: str) -> str:
@@ -290,12 +283,12 @@ def _score(bench: BenchmarkRow | ThroughputRow, by: str) -> Any:
 def _choice(variant: str, rows: _Rows, by: str) -> Choice:
     metrics = rows.checks[variant].metrics
     fidelity = {key: metrics.value(key) for key in FIDELITY_KEYS if metrics.has(key)}
-    raw, artifact = rows.raw.get(variant, {}), rows.artifacts.get(artifact_of(variant), {})
+    check, artifact = rows.checks[variant], rows.artifacts.get(artifact_of(variant))
     choice = Choice(variant, 0.0, [], None, rows.sizes.get(artifact_of(variant)), fidelity,
-                    deploy_precision=rows.checks[variant].deploy_precision,
-                    execution=execution_record(rows.checks[variant].precision, raw.get("timed"), raw.get("check")),
-                    stages=len(artifact.get("lineage") or artifact.get("stages") or []),
-                    sha256=artifact.get("sha256"), is_reference=variant == rows.reference)
+                    deploy_precision=check.deploy_precision,
+                    execution=execution_record(check.precision, rows.timed.get(variant), check),
+                    stages=len((artifact.lineage or artifact.stages) if artifact else []),
+                    sha256=artifact.sha256 if artifact else None, is_reference=variant == rows.reference)
     bench, rate = rows.latency.get(variant), rows.throughput.get(variant)
     if bench and bench.status == "ok":
         choice.latency = {"latency_ms": bench.p50, "ci95_ms": bench.latency_ms.ci95_p50 if bench.latency_ms else None,

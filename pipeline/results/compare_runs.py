@@ -1,8 +1,8 @@
 """What changed between two runs: latency ratios, metric changes, gates and statuses that flipped.
 
-Pure functions over two report.json dicts (``compare_reports``), so CI jobs that prepare deployments release
-after release can fail on a regression (``RunComparison.regressions``).  Rows are matched by variant, target and
-batch size; rows present in one run only are listed, never guessed at.
+Pure functions over two typed reports (``qdeploy.core.report.Report``; ``compare_reports``), so CI jobs that
+prepare deployments release after release can fail on a regression (``RunComparison.regressions``).  Rows are
+matched by variant, target and batch size; rows present in one run only are listed, never guessed at.
 
 A comparison is only as good as its likeness: two runs of different models (their inputs or outputs differ),
 or with no row in common, are refused (``NotComparableError``, exit 2) unless the caller allows it; every
@@ -14,13 +14,15 @@ within the noise either run measured for that row (its 95% interval, the spread 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qdeploy.core.errors import QdeployInputError
 from qdeploy.core.layer_rows import check_layers_section
-from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ValidationRow, readable_report
+from qdeploy.core.report import Report, as_report
+from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ValidationRow
 from qdeploy.core.values import is_finite_number
 from qdeploy.pipeline.publish.verify import verify_published
 from qdeploy.pipeline.results.identity import model_mismatch, recipe_content_note, run_differences
@@ -28,7 +30,7 @@ from qdeploy.pipeline.results.identity import model_mismatch, recipe_content_not
 __all__ = ["HIGHER_IS_BETTER", "Change", "NotComparableError", "RunComparison", "Thresholds", "compare_reports",
            "failure_changes", "format_comparison", "format_regressions", "gate_changes", "latency_changes",
            "latency_noise", "load_report", "metric_changes", "not_comparable", "parse_metric_drops",
-           "threshold_line", "typed_records", "typed_rows"]
+           "threshold_line"]
 
 HIGHER_IS_BETTER = {"cosine": True, "snr_db": True, "top1_agreement": True, "top5_agreement": True,
                     "task_metric": True, "max_abs_err": False, "mean_abs_err": False, "max_rel_err": False}
@@ -84,7 +86,7 @@ class RunComparison:
         return [change for change in self.changes if change.regression]
 
 
-def load_report(path: Path, *, require_artifacts: bool = False) -> dict[str, Any]:
+def load_report(path: Path, *, require_artifacts: bool = False) -> Report:
     """A run's report.json, from the run folder or the file itself; QdeployInputError (exit 2) otherwise.
 
     Its published files are verified (``verify_published``); ``require_artifacts`` refuses a report.json that
@@ -106,8 +108,8 @@ def load_report(path: Path, *, require_artifacts: bool = False) -> dict[str, Any
     return verify_published(file, report, require_artifacts=require_artifacts)
 
 
-def compare_reports(before: dict[str, Any], after: dict[str, Any], thresholds: Thresholds | None = None, *,
-                    allow_mismatch: bool = False) -> RunComparison:
+def compare_reports(before: Report | Mapping[str, Any], after: Report | Mapping[str, Any],
+                    thresholds: Thresholds | None = None, *, allow_mismatch: bool = False) -> RunComparison:
     """The changes from run `before` (A) to run `after` (B).
 
     Raises NotComparableError when the runs are of different models or share no row, unless ``allow_mismatch``
@@ -118,43 +120,30 @@ def compare_reports(before: dict[str, Any], after: dict[str, Any], thresholds: T
     if unknown:
         raise QdeployInputError(f"--max-metric-drop names unknown metric(s) {', '.join(unknown)}; "
                                 f"known: {', '.join(HIGHER_IS_BETTER)}")
+    before, after = as_report(before, "run A"), as_report(after, "run B")
     refusals = not_comparable(before, after)
     if refusals and not allow_mismatch:
         raise NotComparableError("runs A and B are not comparable: " + "; ".join(refusals)
                                  + ". Pass --allow-mismatch to compare them anyway")
-    note = recipe_content_note(before, after)
-    comparison = RunComparison(warnings=[*refusals, *run_differences(before, after)], thresholds=limits,
-                            notes=[note] if note else [])
-    (timed_a, checks_a), (timed_b, checks_b) = typed_rows(before, "A"), typed_rows(after, "B")
-    comparison.changes += latency_changes(timed_a, timed_b, limits.max_latency_regression)
-    comparison.changes += metric_changes(checks_a, checks_b, limits.max_metric_drop)
-    (gates_a, failures_a), (gates_b, failures_b) = typed_records(before, "A"), typed_records(after, "B")
-    comparison.changes += gate_changes(gates_a, gates_b)
-    comparison.changes += failure_changes(failures_a, failures_b)
+    # the identity checks (qdeploy.pipeline.results.identity) read the JSON form of model and recipe records
+    json_a, json_b = before.to_json(), after.to_json()
+    note = recipe_content_note(json_a, json_b)
+    comparison = RunComparison(warnings=[*refusals, *run_differences(json_a, json_b)], thresholds=limits,
+                               notes=[note] if note else [])
+    comparison.changes += latency_changes(before.benchmarks, after.benchmarks, limits.max_latency_regression)
+    comparison.changes += metric_changes(before.validation, after.validation, limits.max_metric_drop)
+    comparison.changes += gate_changes(before.gates, after.gates)
+    comparison.changes += failure_changes(before.failures, after.failures)
     return comparison
 
 
-def typed_rows(report: dict[str, Any], label: str) -> tuple[list[BenchmarkRow], list[ValidationRow]]:
-    """A report's benchmark and validation rows, parsed; a row that is not one is an input error (exit 2)."""
-    with readable_report(f"run {label}"):
-        return ([BenchmarkRow.from_json(row) for row in report["benchmarks"]],
-                [ValidationRow.from_json(row) for row in report["validation"]])
-
-
-def typed_records(report: dict[str, Any], label: str) -> tuple[list[GateResult], list[BuildFailure]]:
-    """A report's gates and build failures, parsed; one that is not is an input error (exit 2)."""
-    with readable_report(f"run {label}"):
-        return ([GateResult.from_json(gate) for gate in report["gates"]],
-                [BuildFailure.from_json(failure) for failure in report.get("failures", [])])
-
-
-def not_comparable(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+def not_comparable(before: Report, after: Report) -> list[str]:
     """Why comparing the two runs would compare apples with oranges: a different model, or nothing shared."""
-    reasons = model_mismatch(before, after)
-    (timed_a, checks_a), (timed_b, checks_b) = typed_rows(before, "A"), typed_rows(after, "B")
-    shared_benchmarks = {_bench_key(row) for row in timed_a} & {_bench_key(row) for row in timed_b}
-    shared_checks = {(r.variant, r.target) for r in checks_a} & {(r.variant, r.target) for r in checks_b}
-    if not shared_benchmarks and not shared_checks and (before["benchmarks"] or before["validation"]):
+    reasons = model_mismatch(before.to_json(), after.to_json())
+    shared_benchmarks = {_bench_key(row) for row in before.benchmarks} & {_bench_key(row) for row in after.benchmarks}
+    shared_checks = {(r.variant, r.target) for r in before.validation} & {(r.variant, r.target)
+                                                                          for r in after.validation}
+    if not shared_benchmarks and not shared_checks and (before.benchmarks or before.validation):
         reasons.append("they share no variant and target: nothing to compare")
     return reasons
 

@@ -8,15 +8,18 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.core.context import Artifact
 from qdeploy.core.files import sha256_file
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.core.stage_config import StageConfig
 from qdeploy.graph.utils import graph_inputs
 
 if TYPE_CHECKING:
     from qdeploy.pipeline.recipe.schema import Recipe
 
-__all__ = ["ENVIRONMENT_FIELDS", "RECIPE_SECTIONS", "code_fingerprint", "dataset_fingerprint", "model_mismatch",
-           "model_signature", "recipe_content", "recipe_content_note", "recipe_fingerprint", "run_differences"]
+__all__ = ["ENVIRONMENT_FIELDS", "RECIPE_SECTIONS", "code_fingerprint", "dataset_fingerprint", "model_identity",
+           "model_mismatch", "model_signature", "recipe_content", "recipe_content_note", "recipe_fingerprint",
+           "run_differences"]
 
 RECIPE_SECTIONS = ("model", "data", "variants", "targets", "validate", "benchmark", "gates")
 ENVIRONMENT_FIELDS = (("cpu", "model"), ("cpu", "cores"), ("cpu", "flags"), ("python",), ("platform",))
@@ -38,14 +41,22 @@ def dataset_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, Any]:
     return fingerprint
 
 
-def code_fingerprint(recipe: Recipe, config: Any) -> dict[str, Any]:
+def code_fingerprint(recipe: Recipe, config: StageConfig) -> dict[str, Any]:
     """The user code a stage's config names (a budget's task metric, ``tolerance.metric``) by content, for its
     cache key: an edited metrics.py rebuilds the artifact its budget chose.  Empty when the config names none, so
     every other key stays what it was."""
-    metric = getattr(getattr(config, "tolerance", None), "metric", None)
-    if not isinstance(metric, str):
+    budget = config.task_budget()
+    if budget is None or budget.metric is None:
         return {}
-    return {"code": {"tolerance.metric": _content_of(recipe, metric, code=True)}}
+    return {"code": {"tolerance.metric": _content_of(recipe, budget.metric, code=True)}}
+
+
+def model_identity(exported: Artifact) -> dict[str, Any]:
+    """What a run's model is (its exported artifact), so `qdeploy compare` can tell two runs of different models
+    apart."""
+    return {"exported_sha256": exported.sha256, "exported_key": exported.key,
+            "external_data": [{"file": name, "sha256": digest} for name, digest, _ in exported.external_data],
+            **model_signature(exported.path)}
 
 
 def model_signature(path: Path) -> dict[str, Any]:

@@ -18,17 +18,21 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from qdeploy.core.compare import SNR_CAP_DB
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.core.report import Report, as_report
+from qdeploy.core.rows import BenchmarkRow
 from qdeploy.pipeline.recipe.schema import Recipe
 from qdeploy.pipeline.results.layers_summary import TOP, float_reason, pair_summary, timeline, top_rows
-from qdeploy.stages.benchmark._layers_macs import node_macs
-from qdeploy.stages.export._model import model_size_on_disk
-from qdeploy.stages.validate import feed_caster, reference_source
-from qdeploy.stages.validate._layers_error import layer_errors
+from qdeploy.stages.benchmark import node_macs
+from qdeploy.stages.export import model_size_on_disk
+from qdeploy.stages.validate import feed_caster, layer_errors, reference_source
 from qdeploy.targets.base import short_message
 from qdeploy.targets.layer_profile import profile_layers
 
@@ -45,31 +49,34 @@ AUTO_MAX_BYTES = 512_000_000
 _QDQ = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
 
 
-def profiled_pairs(mode: str, report: dict[str, Any], evaluated: list[str], targets: list[str]) -> list[tuple[
-        str, str, str]]:
+def profiled_pairs(mode: str, report: Report | Mapping[str, Any], evaluated: list[str],
+                   targets: list[str]) -> list[tuple[str, str, str]]:
     """(variant, target, why) to profile: ``auto``: what the verdict ships and what failed validation; ``full``:
     every evaluated pair that validation could run."""
-    rows = [row for row in report.get("validation", []) if row["variant"] in evaluated and row["target"] in targets
-            and row["target"] != "reference:cpu"]
+    report = as_report(report)
+    rows = [row for row in report.validation if row.variant in evaluated and row.target in targets
+            and row.target != "reference:cpu"]
     if mode == "full":
-        return [(row["variant"], row["target"], "full") for row in rows if row["status"] in ("passed", "failed")]
-    pairs = [(choice["variant"], target, "shipped") for target, choice in
-             (report.get("verdict") or {}).get("targets", {}).items()
-             if choice.get("variant") in evaluated and target in targets and choice.get("status") == "ship"]
-    pairs += [(row["variant"], row["target"], "failed validation") for row in rows if row["status"] == "failed"]
-    return list({(v, t): (v, t, why) for v, t, why in pairs}.values())
+        return [(row.variant, row.target, "full") for row in rows if row.status in ("passed", "failed")]
+    shipped = report.verdict.targets if report.verdict else {}
+    pairs = [(choice.variant, target, "shipped") for target, choice in shipped.items()
+             if choice.variant in evaluated and target in targets and choice.status == "ship"]
+    pairs += [(row.variant, row.target, "failed validation") for row in rows if row.status == "failed"]
+    return list({(v, t): (v, t, why) for v, t, why in pairs if v is not None}.values())
 
 
-def add_layers(report: dict[str, Any], recipe: Recipe, artifacts: dict[str, Any], targets: list[str]) -> None:
-    """Set the report's ``layers`` section (absent with ``report.layers: off``)."""
+def add_layers(report: Report, recipe: Recipe, artifacts: dict[str, Any], targets: list[str]) -> Report:
+    """The report with its ``layers`` section (absent with ``report.layers: off``), the pass's time added to the
+    run's."""
     section = layers_section(recipe, artifacts, report, targets)
-    if section is not None:
-        report["layers"] = section
+    if section is None:
+        return report
+    return report.replace(layers=section, seconds=report.seconds + section["seconds"])
 
 
-def layers_section(recipe: Recipe, artifacts: dict[str, Any], report: dict[str, Any],
+def layers_section(recipe: Recipe, artifacts: dict[str, Any], report: Report,
                    targets: list[str]) -> dict[str, Any] | None:
-    """The report's ``layers`` section; None when the recipe turns it off.  Adds the pass's time to the run's."""
+    """The report's ``layers`` section as report.json holds it; None when the recipe turns it off."""
     mode = recipe.report.layers
     if mode == "off":
         return None
@@ -80,11 +87,10 @@ def layers_section(recipe: Recipe, artifacts: dict[str, Any], report: dict[str, 
         with tempfile.TemporaryDirectory(prefix="qdeploy-layers-") as work:
             section["pairs"] = _profile_pairs(recipe, artifacts, report, pairs, Path(work), section)
     section["seconds"] = time.perf_counter() - started
-    report["seconds"] = report.get("seconds", 0.0) + section["seconds"]
     return section
 
 
-def _profile_pairs(recipe: Recipe, artifacts: dict[str, Any], report: dict[str, Any],
+def _profile_pairs(recipe: Recipe, artifacts: dict[str, Any], report: Report,
                    pairs: list[tuple[str, str, str]], work: Path, section: dict[str, Any]) -> list[dict[str, Any]]:
     ctx = recipe.stage_context("*", work)
     try:
@@ -112,8 +118,9 @@ def _too_large(artifact: Any, variant: str, target: str, why: str) -> dict[str, 
 
 
 def profile_pair(artifact: Any, variant: str, target: str, why: str, reference: Path,
-                 feeds: list[dict[str, Any]], report: dict[str, Any], *, full: bool) -> dict[str, Any]:
+                 feeds: list[dict[str, Any]], report: Report | Mapping[str, Any], *, full: bool) -> dict[str, Any]:
     """One pair's record: its summary, top rows, timeline, and every row with ``full``; errors are recorded."""
+    report = as_report(report)
     started = time.perf_counter()
     record: dict[str, Any] = {"variant": variant, "target": target, "why": why, "precision": artifact.precision}
     shipped = _shipped_pin(report, variant, target)
@@ -220,51 +227,95 @@ def _graph_facts(path: Path) -> dict[str, Any]:
     return facts
 
 
-def decisions_of(report: dict[str, Any], variant: str) -> dict[str, str]:
+class _Read(BaseModel):
+    """What the pass reads of a step's findings, typed; the findings' other keys are the stage's own."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class _KeptFloat(_Read):
+    node: str
+    rank: int | None = None
+    reason: str | None = None
+
+
+class _Budget(_Read):
+    kept_float: list[_KeptFloat] = Field(default_factory=list)
+
+
+class _QuantizeDecisions(_Read):
+    """Of a quantize step (``qdeploy.stages.quantize.findings``): the nodes the recipe excluded and those the
+    accuracy budget kept float."""
+
+    excluded: list[str] = Field(default_factory=list)
+    budget: _Budget | None = None
+
+
+class _KeptFp32(_Read):
+    node: str
+    tensor: str | None = None
+    predicted: float | None = None
+    reason: str | None = None
+    observed: Any = None
+
+
+class _Fp16Decisions(_Read):
+    """Of an fp16 step (``qdeploy.stages.fp16.findings``): the recipe's blocked nodes and those kept float32."""
+
+    node_block_list: list[str] = Field(default_factory=list)
+    kept_in_fp32: list[_KeptFp32] = Field(default_factory=list)
+
+
+def decisions_of(report: Report | Mapping[str, Any], variant: str) -> dict[str, str]:
     """Node -> what the build decided for it: kept float by the budget (rank, reason), excluded by the recipe,
-    kept in float32 by fp16 (the overflow evidence) or blocked there by the recipe."""
-    artifact = next((a for a in report.get("artifacts", []) if a["name"] == variant), None)
+    kept in float32 by fp16 (the overflow evidence) or blocked there by the recipe (read from the lineage's
+    findings; a step whose findings say otherwise than these models is passed over)."""
+    artifact = as_report(report).artifact(variant)
     decided: dict[str, str] = {}
-    for step in (artifact or {}).get("lineage", []):
-        findings = step.get("findings") or {}
-        if step["stage"] == "quantize":
-            for name in findings.get("excluded") or []:
-                decided[name] = "kept float: excluded by the recipe (quantize.exclude_nodes)"
-            for kept in ((findings.get("budget") or {}).get("kept_float") or []):
-                decided[kept["node"]] = f"kept float by the accuracy budget (rank {kept.get('rank')}: " \
-                                        f"{kept.get('reason')})"
-        elif step["stage"] == "fp16":
-            for name in findings.get("node_block_list") or []:
-                decided[name] = "blocked from fp16 by the recipe (fp16.node_block_list)"
-            for kept in findings.get("kept_in_fp32") or []:
-                decided[kept["node"]] = "blocked from fp16: " + _overflow_words(kept)
+    for step in artifact.lineage if artifact else []:
+        try:
+            if step.stage == "quantize":
+                quantized = _QuantizeDecisions.model_validate(step.findings or {})
+                for name in quantized.excluded:
+                    decided[name] = "kept float: excluded by the recipe (quantize.exclude_nodes)"
+                for kept in quantized.budget.kept_float if quantized.budget else []:
+                    decided[kept.node] = f"kept float by the accuracy budget (rank {kept.rank}: {kept.reason})"
+            elif step.stage == "fp16":
+                blocked = _Fp16Decisions.model_validate(step.findings or {})
+                for name in blocked.node_block_list:
+                    decided[name] = "blocked from fp16 by the recipe (fp16.node_block_list)"
+                for held in blocked.kept_in_fp32:
+                    decided[held.node] = "blocked from fp16: " + _overflow_words(held)
+        except ValidationError as exc:  # a diagnosis: an unexpected record costs its decisions, not the report
+            log.warning("layers: the %s findings of %s are not as this qdeploy reads them: %s", step.stage,
+                        variant, exc.errors()[0]["msg"])
     return decided
 
 
-def _overflow_words(kept: dict[str, Any]) -> str:
-    evidence = {key: kept[key] for key in ("tensor", "predicted", "reason", "observed") if key in kept}
-    if "predicted" in evidence:
-        return (f"{evidence.get('reason', 'activation range')}: tensor '{evidence.get('tensor', '?')}' predicted "
-                f"{evidence['predicted']:.3g}, beyond float16's 65504")
-    return ", ".join(f"{key} {value}" for key, value in evidence.items()) or "overflows float16"
+def _overflow_words(kept: _KeptFp32) -> str:
+    if kept.predicted is not None:
+        return (f"{kept.reason or 'activation range'}: tensor '{kept.tensor or '?'}' predicted "
+                f"{kept.predicted:.3g}, beyond float16's 65504")
+    evidence = [(key, getattr(kept, key)) for key in ("tensor", "reason", "observed") if key in kept.model_fields_set]
+    return ", ".join(f"{key} {value}" for key, value in evidence) or "overflows float16"
 
 
-def _shipped_pin(report: dict[str, Any], variant: str, target: str) -> str | None:
-    return next((row.get("deploy_precision") for row in report.get("validation", [])
-                 if row["variant"] == variant and row["target"] == target and row.get("deploy_precision")), None)
+def _shipped_pin(report: Report, variant: str, target: str) -> str | None:
+    return next((row.deploy_precision for row in report.validation
+                 if row.variant == variant and row.target == target and row.deploy_precision), None)
 
 
-def _bench(report: dict[str, Any], variant: str, target: str) -> dict[str, Any] | None:
-    rows = [row for row in report.get("benchmarks", []) if row["variant"] == variant and row["target"] == target
-            and row.get("status") == "ok"]
-    return min(rows, key=lambda row: row["batch_size"]) if rows else None
+def _bench(report: Report, variant: str, target: str) -> BenchmarkRow | None:
+    rows = [row for row in report.benchmarks if row.variant == variant and row.target == target
+            and row.status == "ok"]
+    return min(rows, key=lambda row: row.batch_size) if rows else None
 
 
-def _speedup(report: dict[str, Any], variant: str, target: str) -> float | None:
+def _speedup(report: Report, variant: str, target: str) -> float | None:
     row = _bench(report, variant, target)
-    return row.get("speedup") if row else None
+    return row.speedup if row else None
 
 
-def _p50(report: dict[str, Any], variant: str, target: str) -> float | None:
+def _p50(report: Report, variant: str, target: str) -> float | None:
     row = _bench(report, variant, target)
-    return (row.get("latency_ms") or {}).get("p50") if row else None
+    return row.p50 if row else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from qdeploy.core.layer_rows import LayerRow
 from qdeploy.pipeline.report.format import fmt_number
 from qdeploy.pipeline.report.layers import by_error, by_time
 
@@ -23,8 +24,12 @@ FLOAT = ("f32", "f16", "bf16", "f64")
 
 
 def top_rows(rows: list[dict[str, Any]], key: str, count: int = TOP) -> list[dict[str, Any]]:
-    """The ``count`` rows that cost most time (``time_ms``) or add most error (``snr_db``)."""
-    return (by_time(rows) if key == "time_ms" else by_error(rows))[:count]
+    """The ``count`` rows that cost most time (``time_ms``) or add most error (``snr_db``), as the section holds
+    them (ranked as the readers rank them: ``qdeploy.pipeline.report.layers``)."""
+    typed = [LayerRow.model_validate(row) for row in rows]
+    place = {id(row): index for index, row in enumerate(typed)}
+    ranked = by_time(typed) if key == "time_ms" else by_error(typed)
+    return [rows[place[id(row)]] for row in ranked[:count]]
 
 
 def timeline(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:

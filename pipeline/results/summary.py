@@ -1,6 +1,7 @@
 """The run summarised as report.json: what was built, validated and timed, the gates, the verdict, the environment.
 
-The report package (``qdeploy.pipeline.report``) renders this dict; it is the contract downstream jobs parse.
+``build_report`` builds the typed ``qdeploy.core.report.Report`` once; the report package
+(``qdeploy.pipeline.report``) renders it and writes its JSON, the contract downstream jobs parse.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from qdeploy.core.report import REPORT_SCHEMA_VERSION, Report
+from qdeploy.core.report_parts import RecipeRecord, Reference
 from qdeploy.core.rows import (
     BenchmarkRow,
     BuildFailure,
@@ -15,12 +18,11 @@ from qdeploy.core.rows import (
     ThroughputRow,
     UnmeasuredEntry,
     ValidationRow,
-    rows_to_json,
 )
 from qdeploy.core.runtimes import device_default_name
 from qdeploy.pipeline.recipe.schema import Recipe
 from qdeploy.pipeline.report.throughput import throughput_speedup
-from qdeploy.pipeline.report.verdict import verdict_section
+from qdeploy.pipeline.report.verdict import compute_verdict
 from qdeploy.pipeline.results.envinfo import environment
 from qdeploy.pipeline.results.gates import find_benchmark, run_passes, speedup
 from qdeploy.pipeline.results.identity import recipe_content, recipe_fingerprint
@@ -29,17 +31,15 @@ from qdeploy.stages.validate.config import REFERENCE_TARGET
 
 __all__ = ["REPORT_SCHEMA_VERSION", "build_report", "speedup_range"]
 
-REPORT_SCHEMA_VERSION = 2
-"""2: `verdict` and `throughput` added."""
-
 
 def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: list[ValidationRow],
                  benchmarks: list[BenchmarkRow], gates: list[GateResult], failures: list[BuildFailure],
                  *, seconds: float, unmeasured: list[UnmeasuredEntry] | None = None,
                  model: dict[str, Any] | None = None,
-                 throughput: list[ThroughputRow] | None = None) -> dict[str, Any]:
-    """The report as a JSON-serialisable dict (docs/report.md).
+                 throughput: list[ThroughputRow] | None = None) -> Report:
+    """The report (docs/report.md); ``to_json()`` gives report.json.
 
+    ``artifacts``: the published artifacts' rows (``qdeploy.core.report_parts.ArtifactRecord`` as JSON);
     ``unmeasured``: what the recipe asked to measure and could not be (``qdeploy.pipeline.results.gates.unmeasured``);
     ``model``: the exported model's identity and signature, so runs of different models can be told apart;
     ``throughput``: rows of the benchmark's throughput mode (many requests in flight), apart from the latency
@@ -53,35 +53,34 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
     for row in throughput or []:
         ratio, spread = throughput_speedup(throughput or [], row, reference)
         rates.append(row.replace(speedup=ratio, speedup_range=spread))
-    report = {
+    report = Report.model_validate({
         "schema_version": REPORT_SCHEMA_VERSION,
-        "recipe": {"name": recipe.name, "path": str(recipe.source) if recipe.source else None,
-                   "sections": recipe_fingerprint(recipe), "content": recipe_content(recipe)},
+        "recipe": RecipeRecord(name=recipe.name, path=str(recipe.source) if recipe.source else None,
+                               sections=recipe_fingerprint(recipe), content=recipe_content(recipe)),
         "model": model,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": seconds,
         "environment": environment(),
-        "reference": {"variant": reference, "target": REFERENCE_TARGET},
+        "reference": Reference(variant=reference, target=REFERENCE_TARGET),
         "passed": run_passes(gates, validation, failures, unmeasured or []),
-        "gates": rows_to_json(gates),
-        "failures": rows_to_json(failures),
-        "unmeasured": rows_to_json(unmeasured or []),
+        "gates": gates,
+        "failures": failures,
+        "unmeasured": unmeasured or [],
         "artifacts": artifacts,
-        "validation": rows_to_json(validation),
+        "validation": validation,
         "noise_floor": noise_floor_summary(validation),
         "unreadable_targets": unreadable_targets(validation),
-        "benchmarks": rows_to_json(timed),
-        "throughput": rows_to_json(rates),
-    }
-    report["verdict"] = verdict_section(report, tie_break=recipe.report.tie_break)
-    return report
+        "benchmarks": timed,
+        "throughput": rates,
+    })
+    return report.replace(verdict=compute_verdict(report, tie_break=recipe.report.tie_break))
 
 
 def _against_default(benchmarks: list[BenchmarkRow], row: BenchmarkRow, reference: str) -> dict[str, Any]:
     """Speedup against the reference at the device's default precision, on targets that have that row."""
     default = device_default_name(reference)
     if find_benchmark(benchmarks, default, row.target, row.batch_size) is None:
-        return {}
+        return {"speedup_vs_default": None, "speedup_vs_default_range": None}  # written as null: the key is known
     return {"speedup_vs_default": speedup(benchmarks, row.variant, row.target, row.batch_size, default),
             "speedup_vs_default_range": speedup_range(benchmarks, row, default)}
 

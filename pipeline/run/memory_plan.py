@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qdeploy.core.errors import QdeployInputError
-from qdeploy.stages.export._model import model_size_on_disk
+from qdeploy.stages.export import model_size_on_disk
 
 if TYPE_CHECKING:
     from qdeploy.pipeline.recipe.schema import Recipe
@@ -71,8 +71,7 @@ def stages_of(recipe: Recipe, variants: list[str]) -> list[str]:
 
 
 def _dynamic_on_openvino(recipe: Recipe, variants: list[str]) -> bool:
-    dynamic = any(step.stage == "quantize" and getattr(step.config, "mode", None) == "dynamic"
-                  for variant in variants for step in recipe.variants[variant])
+    dynamic = any(step.config.quantizes_at_run_time() for variant in variants for step in recipe.variants[variant])
     return dynamic and any(target.startswith("openvino:") for target in recipe.targets)
 
 

@@ -7,7 +7,10 @@ preparation and two quantizer passes, no calibration).  Where they agree, both b
 one cache key, one build, one file (``pipeline/run/dedup.py`` marks the second name ``same_file_as`` the first).
 Where they differ, each build gets the config specialised for its runtime (``PtqConfig.for_runtime``), and the
 second build reuses the first's calibration ranges (``stages/quantize/ptq/_shared_ranges.py``).
-``note_runtime_builds`` says in each build's artifacts row which happened.
+The step says whether it builds per runtime through its settings' declaration (``StageConfig.per_runtime_build``);
+what the builds' placements showed stays in the run's build state (``placements``), never on the recipe, and
+``note_runtime_builds`` turns it into one ``PerRuntimeDecision`` per variant: the build outcome keeps them, and
+each build's artifacts row says which happened.
 """
 
 from __future__ import annotations
@@ -20,14 +23,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel
-
 from qdeploy.core.context import Artifact
 from qdeploy.core.runtimes import RUNTIMES, runtime_of_variant, split_name
+from qdeploy.core.stage_config import StageConfig
 from qdeploy.pipeline.publish.store import ArtifactStore, cache_key, library_versions
-from qdeploy.pipeline.recipe.schema import AUTO, Recipe, VariantStep
+from qdeploy.pipeline.recipe.schema import Recipe, VariantStep
+from qdeploy.stages.quantize import placement_differences
 
-__all__ = ["PER_RUNTIME_KEY", "Placement", "auto_splits", "build_config", "note_runtime_builds", "plan_lines"]
+__all__ = ["PER_RUNTIME_KEY", "PerRuntimeDecision", "Placement", "auto_splits", "build_config", "note_runtime_builds",
+           "plan_lines"]
 
 PER_RUNTIME_KEY = "per_runtime"
 """Key of a per-runtime build's artifacts row: how many graphs the variant became, and why."""
@@ -37,12 +41,13 @@ log = logging.getLogger(__name__)
 
 
 class _Building(Protocol):
-    """What ``build_config`` reads of the runner's build state."""
+    """What ``build_config`` reads of the runner's build state, and where it keeps what it decided."""
 
-    recipe: Recipe
     store: ArtifactStore
     use_cache: bool
     work_root: Path
+    placements: dict[str, Placement]
+    """Variant as written -> what its ``auto`` step's placements showed on the model it received."""
 
 
 @dataclass(frozen=True)
@@ -62,25 +67,43 @@ class Placement:
         return bool(self.differs_at or self.error)
 
 
-def build_config(state: _Building, variant: str, step: VariantStep, parent: Artifact) -> BaseModel:
+@dataclass(frozen=True)
+class PerRuntimeDecision:
+    """What ``per_runtime: auto`` made of one variant as written: one graph for both runtimes or one each, why,
+    and what deciding cost; each build's artifacts row carries it (``row``)."""
+
+    variant: str
+    builds: tuple[str, ...]
+    graphs: int
+    differs_at: int
+    """Compute nodes whose placement differs (0 where the builds are one graph)."""
+    nodes: tuple[str, ...]
+    """The first of those nodes, by name."""
+    decision_seconds: float
+    note: str
+
+    def row(self) -> dict[str, Any]:
+        """The ``per_runtime`` entry of each build's artifacts row."""
+        return {"graphs": self.graphs, "differs_at": self.differs_at, "nodes": list(self.nodes),
+                "decision_seconds": self.decision_seconds, "note": self.note}
+
+
+def build_config(state: _Building, variant: str, step: VariantStep, parent: Artifact) -> StageConfig:
     """The config ``step`` builds ``variant`` with: as written, unless it is an ``auto`` ptq step of a runtime's
     build whose runtimes' placements differ on ``parent``; then specialised for the variant's runtime."""
     config = step.config
     runtime = runtime_of_variant(variant)
-    if runtime is None or getattr(config, "per_runtime", None) != AUTO or getattr(config, "runtime", None):
+    if runtime is None or config.per_runtime_build() != "auto":
         return config
     base = variant.rpartition("@")[0]
-    placement = _decide(state, config, parent, state.recipe.placements.get(base))
-    state.recipe.placements[base] = placement
-    return config.for_runtime(runtime) if placement.split else config  # type: ignore[attr-defined]
+    placement = _decide(state, config, parent, state.placements.get(base))
+    state.placements[base] = placement
+    return config.for_runtime(runtime) if placement.split else config
 
 
-def _decide(state: _Building, config: Any, parent: Artifact, known: Placement | None) -> Placement:
+def _decide(state: _Building, config: StageConfig, parent: Artifact, known: Placement | None) -> Placement:
     """The placement decision for ``config`` on ``parent``: ``known`` (the other runtime's build decided it), or
     from the cache folder where an earlier run made it, else made now."""
-    # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize.ptq._placement import placement_differences
-
     key = cache_key({"decision": "per_runtime placement", "config": config.model_dump(mode="json"),
                      "parent_sha256": parent.sha256, "parent_external_data": [list(i) for i in parent.external_data],
                      "versions": library_versions(("qdeploy", "onnx", "onnxruntime"))})
@@ -104,11 +127,14 @@ def _decide(state: _Building, config: Any, parent: Artifact, known: Placement | 
     return placement
 
 
-def note_runtime_builds(published: list[dict[str, Any]], recipe: Recipe) -> None:
-    """Add to each artifacts row of an ``auto`` variant's builds which happened: "one graph for both runtimes:
-    placements agree" or "one graph per runtime: placements differ at N nodes", with what deciding cost."""
+def note_runtime_builds(published: list[dict[str, Any]],
+                        placements: dict[str, Placement]) -> dict[str, PerRuntimeDecision]:
+    """What ``per_runtime: auto`` decided for each variant of ``placements`` (the build state's): "one graph for both
+    runtimes: placements agree" or "one graph per runtime: placements differ at N nodes", with what deciding cost;
+    added to each of its builds' artifacts rows."""
     rows = {row["name"]: row for row in published}
-    for base, placement in recipe.placements.items():
+    decisions = {}
+    for base, placement in placements.items():
         builds = [rows[name] for name in (split_name(base, runtime) for runtime in RUNTIMES) if name in rows]
         nodes, split = placement.differs_at, placement.split
         if split and len(builds) > 1 and len({row["sha256"] for row in builds}) == 1:
@@ -124,18 +150,19 @@ def note_runtime_builds(published: list[dict[str, Any]], recipe: Recipe) -> None
         if split and len(builds) > 1:  # the extra cost: the second graph's build (its calibration shared)
             cost += "; builds " + ", ".join(f"{row['name']} {row['seconds']:.2f} s" for row in builds
                                            if isinstance(row.get("seconds"), (int, float)))
+        decision = PerRuntimeDecision(base, tuple(row["name"] for row in builds), 2 if split else 1, len(nodes),
+                                      tuple(nodes[:_SHOWN_NODES]), round(placement.seconds, 3), f"{note}; {cost}")
         for row in builds:
-            row[PER_RUNTIME_KEY] = {"graphs": 2 if split else 1, "differs_at": len(nodes),
-                                    "nodes": nodes[:_SHOWN_NODES], "decision_seconds": round(placement.seconds, 3),
-                                    "note": f"{note}; {cost}"}
+            row[PER_RUNTIME_KEY] = decision.row()
+        decisions[base] = decision
+    return decisions
 
 
 def auto_splits(recipe: Recipe) -> dict[str, list[str]]:
     """Variant as written -> its runtimes' builds, for variants that ``per_runtime: auto`` split."""
     splits: dict[str, list[str]] = {}
     for name, steps in recipe.variants.items():
-        if runtime_of_variant(name) and any(getattr(step.config, "per_runtime", None) == AUTO
-                                            and getattr(step.config, "runtime", None) is None for step in steps):
+        if runtime_of_variant(name) and any(step.config.per_runtime_build() == "auto" for step in steps):
             splits.setdefault(name.rpartition("@")[0], []).append(name)
     return splits
 

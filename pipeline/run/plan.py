@@ -118,6 +118,7 @@ def recipe_json_schema() -> dict[str, Any]:
         "additionalProperties": {"type": "array", "items": {"anyOf": step_forms}},
     }
     defs.pop("VariantStep", None)
+    defs.pop("StageConfig", None)  # a step's config: the stage's own, above
     return schema
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import QdeployError, QdeployInputError, RunLockedError, StageError
+from qdeploy.core.report import Report
+from qdeploy.core.report_parts import Packages
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ThroughputRow, UnmeasuredEntry, ValidationRow
 from qdeploy.core.runtimes import phase_order, runtime_groups
 from qdeploy.pipeline.publish.package.publish import write_run_packages
@@ -45,14 +47,14 @@ from qdeploy.pipeline.publish.store import ArtifactStore, cache_key, library_ver
 from qdeploy.pipeline.recipe.schema import EXPORTED, Recipe, VariantStep, registry
 from qdeploy.pipeline.recipe.selection import selected_targets, selected_variants
 from qdeploy.pipeline.report import write_reports
-from qdeploy.pipeline.results.identity import code_fingerprint, dataset_fingerprint, model_signature
+from qdeploy.pipeline.results.identity import code_fingerprint, dataset_fingerprint, model_identity
 from qdeploy.pipeline.results.layers import add_layers
 from qdeploy.pipeline.run.dedup import evaluate_once, mark_same_files
 from qdeploy.pipeline.run.device_default import with_device_default
 from qdeploy.pipeline.run.guard import guard_artifact
 from qdeploy.pipeline.run.large_results import spill_large_result
 from qdeploy.pipeline.run.memory_plan import check_recipe_fits
-from qdeploy.pipeline.run.per_runtime import build_config, note_runtime_builds
+from qdeploy.pipeline.run.per_runtime import PerRuntimeDecision, Placement, build_config, note_runtime_builds
 from qdeploy.pipeline.run.plan import variants_with_reference
 from qdeploy.pipeline.run.progress import Progress
 from qdeploy.pipeline.run.residency import between_phases, session_budget
@@ -117,6 +119,8 @@ class BuildOutcome:
     """The unpublished folder holding this run's artifacts; ``finish_run`` adds the reports and switches to it."""
     same_file: dict[str, str] = field(default_factory=dict)
     """Variant -> the earlier variant whose file it is (same sha256): evaluated once (``pipeline/run/dedup.py``)."""
+    per_runtime: dict[str, PerRuntimeDecision] = field(default_factory=dict)
+    """Variant as written -> what ``per_runtime: auto`` made of it (``pipeline/run/per_runtime.py``)."""
 
 
 @dataclass
@@ -134,6 +138,8 @@ class _RunState:
     input_error: bool = False
     cache_notes: dict[str, str] = field(default_factory=dict)
     """Cache key -> how this run got it: 'hit', 'built' or 'rebuilt: evicted (why the entry was damaged)'."""
+    placements: dict[str, Placement] = field(default_factory=dict)
+    """per_runtime auto: variant as written -> what its runtimes' placements showed (never kept on the recipe)."""
 
 
 def default_out_dir(recipe: Recipe) -> Path:
@@ -186,7 +192,7 @@ def build_phase(plan: RunPlan, progress: Progress | None = None) -> BuildOutcome
                 _build_variant(state, variant, exported)
             published = _publish(state, plan.out_dir, generation)
             same_file = mark_same_files(published, generation, plan.recipe.reference_variant)
-            note_runtime_builds(published, plan.recipe)
+            per_runtime = note_runtime_builds(published, state.placements)
             evaluated = with_device_default(_evaluation_set(state, plan.variants, exported),
                                             plan.recipe.reference_variant, plan.targets, _device_row(plan.recipe))
     except BaseException:
@@ -194,7 +200,7 @@ def build_phase(plan: RunPlan, progress: Progress | None = None) -> BuildOutcome
         raise
     return BuildOutcome(exported=exported, artifacts=state.artifacts, built=state.built, failures=state.failures,
                         input_error=state.input_error, published=published, evaluated=evaluated,
-                        generation=generation, same_file=same_file)
+                        generation=generation, same_file=same_file, per_runtime=per_runtime)
 
 
 def validate_phase(plan: RunPlan, outcome: BuildOutcome, targets: list[str] | None = None,
@@ -231,17 +237,19 @@ def finish_run(plan: RunPlan, outcome: BuildOutcome, validation: list[Validation
                                      allowed=recipe.report.allow_unmeasured)
     missing = excuse_unreadable(missing, validation)
     report = build_report(recipe, outcome.published, validation, benchmarks, gates, outcome.failures,
-                          seconds=seconds, unmeasured=missing, model=_model_identity(outcome), throughput=throughput)
-    add_layers(report, recipe, outcome.evaluated, plan.targets)  # after the timed benchmark, never inside it
+                          seconds=seconds, unmeasured=missing, model=model_identity(outcome.exported),
+                          throughput=throughput)
+    report = add_layers(report, recipe, outcome.evaluated, plan.targets)  # after the timed benchmark, not inside it
     generation = outcome.generation or begin_generation(plan.out_dir)
     try:
-        report["packages"] = _write_packages(plan, outcome, report, generation)
+        report = report.replace(packages=_write_packages(plan, outcome, report, generation))
         write_reports(report, generation, recipe.report.formats)
         commit_generation(plan.out_dir, generation)
     except BaseException:
         discard_generation(generation)
         raise
-    return RunOutcome(report=report, out_dir=plan.out_dir, exit_code=_exit_code(outcome, gates, validation, missing))
+    return RunOutcome(report=report.to_json(), out_dir=plan.out_dir,
+                      exit_code=_exit_code(outcome, gates, validation, missing))
 
 
 def _expected(plan: RunPlan, outcome: BuildOutcome, mode: str) -> tuple[list[str], list[str], list[int]]:
@@ -251,17 +259,8 @@ def _expected(plan: RunPlan, outcome: BuildOutcome, mode: str) -> tuple[list[str
     return list(outcome.evaluated), plan.targets, config.batch_sizes if wanted else []
 
 
-def _write_packages(plan: RunPlan, outcome: BuildOutcome, report: dict[str, Any],
-                    generation: Path) -> dict[str, Any]:
+def _write_packages(plan: RunPlan, outcome: BuildOutcome, report: Report, generation: Path) -> Packages:
     return write_run_packages(report, plan.recipe, outcome.evaluated, generation, plan.targets, plan.out_dir)
-
-
-def _model_identity(outcome: BuildOutcome) -> dict[str, Any]:
-    """What the run's model is, so `qdeploy compare` can tell two runs of different models apart."""
-    exported = outcome.exported
-    return {"exported_sha256": exported.sha256, "exported_key": exported.key,
-            "external_data": [{"file": name, "sha256": digest} for name, digest, _ in exported.external_data],
-            **model_signature(exported.path)}
 
 
 def _silent() -> Progress:

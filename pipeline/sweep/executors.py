@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from qdeploy.core.errors import QdeployError
-from qdeploy.core.rows import BuildFailure, GateResult
+from qdeploy.core.report import as_report
 from qdeploy.pipeline.publish.store import ArtifactStore
 from qdeploy.pipeline.results.envinfo import cpu_info
 from qdeploy.pipeline.run.runner import RunOptions, RunOutcome, locked_out_dir, plan_run
@@ -108,7 +108,7 @@ def run_sweep(plan: SweepPlan, options: SweepOptions,
         report = build_sweep_report(plan.name, jobs, timeline, executor.describe(), out_dir,
                                     started=started, seconds=time.time() - started)
         write_sweep_reports(report, out_dir)
-    return SweepResult(report=report, out_dir=out_dir, exit_code=report["exit_code"])
+    return SweepResult(report=report.to_json(), out_dir=out_dir, exit_code=report.exit_code)
 
 
 def make_executor(options: SweepOptions) -> Executor:
@@ -259,13 +259,11 @@ class Scheduler:
 
 def _result_reason(result: RunOutcome) -> str | None:
     """Why a finished recipe did not pass: its failures and missed gates, briefly."""
-    report = result.report
-    failures = [BuildFailure.from_json(failure) for failure in report.get("failures", [])]
-    gates = [GateResult.from_json(gate) for gate in report.get("gates", [])]
-    reasons = [f"variant {failure.variant} failed at {failure.stage}: {failure.reason}" for failure in failures]
+    report = as_report(result.report, f"{result.out_dir / 'report.json'}")
+    reasons = [f"variant {failure.variant} failed at {failure.stage}: {failure.reason}" for failure in report.failures]
     reasons += [f"gate {gate.variant} on {gate.target}: {gate.metric} = {gate.value} "
                 f"(min {gate.min}, max {gate.max}) {gate.reason or ''}".rstrip()
-                for gate in gates if gate.passed is False]
+                for gate in report.gates if gate.passed is False]
     return "; ".join(reasons) or None
 
 

@@ -150,8 +150,14 @@ def check_command(recipe: RecipePath, quiet: Quiet = False, verbose: Verbose = F
 
 
 @app.command(name="schema")
-def schema_command() -> None:
-    """Print the recipe's JSON Schema (for editors)."""
+def schema_command(report: Annotated[bool, typer.Option(
+        "--report", help="The schema of report.json instead of the recipe's.", show_default="off")] = False) -> None:
+    """Print the recipe's JSON Schema (for editors), or with --report that of report.json."""
+    if report:
+        from qdeploy.core.report import report_schema  # lazy: pydantic
+
+        typer.echo(json.dumps(report_schema(), indent=2))
+        return
     # lazy: keeps `qdeploy --help` fast (pulls numpy, onnx, onnxruntime, pydantic, pydantic_core, yaml)
     from qdeploy.pipeline.run.plan import recipe_json_schema
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from qdeploy.core.userfiles import writable_folder
+
+if TYPE_CHECKING:
+    from qdeploy.core.report_parts import TargetVerdictRecord
 
 __all__ = ["nothing_to_package", "package_command", "register_package_command"]
 
@@ -65,27 +67,29 @@ def nothing_to_package(run: Path, target: str) -> str | None:
     reason there (docs/packages.md); None when it has something, or when its report.json cannot be read here:
     ``package_from_run`` then says what is wrong with it."""
     # lazy: keeps `qdeploy --help` fast (pulls pydantic)
-    from qdeploy.core.rows import ValidationRow
+    from pydantic import ValidationError
+
+    from qdeploy.core.report import Report  # lazy: pydantic
 
     # lazy: keeps `qdeploy --help` fast (pulls numpy, pydantic)
     from qdeploy.pipeline.publish.package.publish import chosen_pairs
 
     try:
-        report = json.loads((run / "report.json" if run.is_dir() else run).read_text())
-        rows = [row for row in map(ValidationRow.from_json, report.get("validation", [])) if row.target == target]
-        if not rows or chosen_pairs(report, [target]):
-            return None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # a report package_from_run refuses itself
+        report = Report.model_validate_json((run / "report.json" if run.is_dir() else run).read_bytes())
+    except (OSError, ValueError, ValidationError):  # a report package_from_run refuses itself
         return None
-    verdict = ((report.get("verdict") or {}).get("targets") or {}).get(target)
+    rows = [row for row in report.validation if row.target == target]
+    if not rows or chosen_pairs(report, [target]):
+        return None
+    verdict = report.verdict.targets.get(target) if report.verdict else None
     ships = _verdict_note(verdict)
     return f"nothing to package for {target} in {run}: {ships}{_row_states(rows)}"
 
 
-def _verdict_note(verdict: Any) -> str:
-    if not isinstance(verdict, dict) or verdict.get("status") == "ship":
+def _verdict_note(verdict: TargetVerdictRecord | None) -> str:
+    if verdict is None or verdict.status == "ship":
         return ""
-    why = verdict.get("why") or "no reason recorded"
+    why = verdict.why or "no reason recorded"
     return f"the verdict ships nothing there ({why}; --variant NAME packages a variant that passed); "
 
 

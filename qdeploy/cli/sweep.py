@@ -82,16 +82,19 @@ def _print_summary(report: dict[str, Any], out_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from qdeploy.pipeline.sweep.report_model import SweepReport  # lazy: pydantic
+
+    sweep = SweepReport.of(report)
     console = Console()
-    table = Table(title=f"qdeploy sweep: {report['sweep']}")
+    table = Table(title=f"qdeploy sweep: {sweep.sweep}")
     for column in ("recipe", "status", "gates", "seconds", "reason"):
         table.add_column(column, overflow="fold")
     colors = {"passed": "green", "failed": "red", "invalid": "red", "error": "red"}
-    for row in report["recipes"]:
-        status = f"[{colors.get(row['status'], 'white')}]{row['status']}[/]"
-        gates = f"{row['gates']['passed']} passed, {row['gates']['failed']} failed"
-        seconds = f"{row['seconds']:.1f}" if row["seconds"] is not None else "–"
-        table.add_row(row["name"], status, gates, seconds, row["reason"] or "")
+    for row in sweep.recipes:
+        status = f"[{colors.get(row.status, 'white')}]{row.status}[/]"
+        gates = f"{row.gates.passed} passed, {row.gates.failed} failed"
+        seconds = f"{row.seconds:.1f}" if row.seconds is not None else "–"
+        table.add_row(row.name, status, gates, seconds, row.reason or "")
     console.print(table)
     console.print(f"sweep report: {out_dir / 'sweep.md'} (and sweep.html, sweep.json)")
 

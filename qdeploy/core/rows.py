@@ -39,6 +39,8 @@ def _plain(value: Any) -> Any:
     """A row's value as JSON-ready data: nested rows serialized, containers copied."""
     if isinstance(value, ResultRow):
         return value.to_json()
+    if isinstance(value, BaseModel):  # a section read with open models (qdeploy.core.layer_rows): keys as read
+        return value.model_dump(exclude_unset=True)
     if isinstance(value, list | tuple):
         return [_plain(item) for item in value]
     if isinstance(value, dict):
@@ -197,7 +199,7 @@ class BenchmarkRow(ResultRow):
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({
         "warmup", "warmup_ms", "threads", "mode", "timed_call", "measure", "settings", "data", "output_shapes",
         "round_runs", "ci95_rel_width", "stopped_early", "execution", "speedup", "speedup_range", "precision_hint",
-        "machine_load"})
+        "machine_load", "speedup_vs_default", "speedup_vs_default_range"})
 
     variant: str
     target: str

@@ -1,7 +1,7 @@
 """Where the time goes, layer by layer: the one per-layer profiler of each runtime, each executed kernel or layer
 mapped back to the ONNX nodes it computes.  Used by the report's per-layer pass
 (``qdeploy.pipeline.results.layers``) and by the int8 budget's latency-aware reverting
-(``qdeploy.stages.quantize.budget._latency``), always on a session created for it, apart from any timed benchmark.
+(``qdeploy.stages.accuracy_budget.latency``), always on a session created for it, apart from any timed benchmark.
 
 ONNX Runtime: the session profile (``SessionOptions.enable_profiling``): each kernel's op, provider, input types and
 time.  A kernel is mapped to the ONNX node it is named after (ORT appends ``_token_N``, ``_nchwc``... to the nodes

@@ -30,7 +30,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from qdeploy.core.errors import TargetUnavailable
 from qdeploy.core.memory import release_memory
 from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, StopRecord, ThroughputRow
 from qdeploy.stages.benchmark._data import BenchData, explain_failure, output_shape_notes, read_data
+from qdeploy.stages.benchmark._layers_macs import node_macs
 from qdeploy.stages.benchmark._precision import Shipped, load_options, precision_record, shipped_precisions
 from qdeploy.stages.benchmark._resident import float32_bytes, session_bytes, split_note, split_to_fit
 from qdeploy.stages.benchmark._rounds import Turn, interleaved_rounds, median_confidence_interval
@@ -52,8 +53,8 @@ if TYPE_CHECKING:
 
 # what other packages use (the runner: shipped_precisions, split_modes, unmeasured_throughput; its memory plan:
 # float32_bytes, session_bytes)
-__all__ = ["BenchmarkConfig", "float32_bytes", "median_confidence_interval", "run", "session_bytes",
-           "shipped_precisions", "split_modes", "summarize", "unmeasured_throughput"]
+__all__ = ["BenchmarkConfig", "RunLatency", "RunSummary", "float32_bytes", "median_confidence_interval", "node_macs",
+           "run", "session_bytes", "shipped_precisions", "split_modes", "summarize", "unmeasured_throughput"]
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,33 @@ def _stop_record(item: _Loaded, runs: int, config: BenchmarkConfig) -> StopRecor
                       warmup_runs=item.setup["warmup"], seconds_spent=item.turn.spent)
 
 
-def summarize(rounds: list[list[float]], batch: int) -> dict[str, Any]:
+class RunLatency(TypedDict):
+    """Milliseconds per call over every timed run; ``ci95_p50``: a 95% confidence interval of the median (the
+    row's ``latency_ms``, ``qdeploy.core.rows.LatencyStats`` once read back)."""
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+    std: float
+    min: float
+    max: float
+    ci95_p50: list[float]
+
+
+class RunSummary(TypedDict):
+    """What ``summarize`` says of a row's runs: the fields it adds to a benchmark or throughput row."""
+
+    latency_ms: RunLatency
+    throughput_per_s: float | None
+    runs: int
+    round_runs: list[int]
+    round_p50_ms: list[float]
+    ci95_rel_width: float | None
+    noisy: bool
+
+
+def summarize(rounds: list[list[float]], batch: int) -> RunSummary:
     """Latency statistics of all runs, a confidence interval of the median, and the per-round medians."""
     runs = sorted(float(value) for round_ in rounds for value in round_)
     p50 = statistics.median(runs)

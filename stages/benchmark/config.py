@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from qdeploy.core.stage_config import StageConfig
 from qdeploy.core.tolerance import StrictModel
 
 __all__ = ["DEFAULT_BUSY_SECONDS", "DEFAULT_ITERATIONS", "DEFAULT_MAX_SECONDS", "DEFAULT_TIMED_SECONDS",
@@ -52,7 +53,7 @@ MAX_EXTRA_ROUND_FACTOR = 4
 MODE = "sync, one request at a time"
 
 
-class BenchmarkConfig(StrictModel):
+class BenchmarkConfig(StageConfig):
     """The recipe's `benchmark` section."""
 
     enabled: bool = Field(default=True, description="Run benchmarks at all.")

@@ -34,6 +34,7 @@ from qdeploy.stages.export._model import (
     external_data_sources,
     external_slices,
     load_onnx,
+    model_size_on_disk,
 )
 from qdeploy.stages.export._shapes import reinfer_output_shapes
 from qdeploy.stages.export._values import frozen_arrays
@@ -47,8 +48,8 @@ if TYPE_CHECKING:
     from qdeploy.core.context import Artifact, StageContext
 
 # what other packages use; the rest of this module is the stage's own
-__all__ = ["ExportConfig", "apply_input_overrides", "check_factory", "export_module", "inspect_source", "run",
-           "source_files"]
+__all__ = ["ExportConfig", "apply_input_overrides", "check_factory", "export_module", "inspect_source",
+           "model_size_on_disk", "run", "source_files"]
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +90,11 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, A
     made_symbolic = check_declared_shapes(model)
     if made_symbolic:
         findings["minus_one_dims_named"] = made_symbolic
-    findings["custom_ops"] = check_known_ops(model)
+    custom_ops = check_known_ops(model)
+    findings["custom_ops"] = custom_ops
     _name_nodes(model, findings)
     check_model(model, with_checker=validate_graph)
-    if validate_graph and confirm_runtime and not findings["custom_ops"]:
+    if validate_graph and confirm_runtime and not custom_ops:
         check_loads_in_onnxruntime(model)  # what the run's reference needs; custom fake-quant ops wait for lowering
     return model
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from qdeploy.core.stage_config import StageConfig
 from qdeploy.core.tolerance import StrictModel
 from qdeploy.stages.export._values import FrozenValue, check_frozen_spec, read_value
 
@@ -91,7 +92,7 @@ class TorchSource(StrictModel):
         return value
 
 
-class ExportConfig(StrictModel):
+class ExportConfig(StageConfig):
     """The recipe's `model` section: where the model comes from and how it is exported."""
 
     onnx: str | None = Field(default=None, description="ONNX file, relative to the recipe file.")

@@ -34,7 +34,7 @@ from qdeploy.core.tolerance import DEFAULT_TOLERANCES, TaskTolerance, Tolerance
 from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.stages.fp16._activations import overflowing_nodes, run_float32
 from qdeploy.stages.fp16._budget import choose_float32_nodes, node_groups
-from qdeploy.stages.fp16._budget_targets import confirm_budget
+from qdeploy.stages.fp16._budget_targets import Fp16Budget, confirm_budget
 from qdeploy.stages.fp16._convert import (
     STAGE,
     already_float16,
@@ -119,7 +119,8 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
     clamp = count_clamping(conversion.model, converted, conversion.repair.initializer_copies, conversion.float32_scope,
                            config.min_positive_val, config.max_finite_val)
     found = {"activation_analysis": conversion.activation_analysis, "kept_in_fp32": conversion.kept,
-             "budget": conversion.budget, "fidelity": conversion.fidelity,
+             "budget": None if conversion.budget is None else conversion.budget.report(),
+             "fidelity": conversion.fidelity,
              "node_block_list": sorted(conversion.blocked - op_blocked), "clamp": clamp,
              "repair": _repair_findings(conversion.repair)}
     del conversion  # the float32 weights are not needed by the checks: large models need the memory back
@@ -203,8 +204,8 @@ class _Fp16Conversion:
         self.blocked: set[str] = set()
         self.float32_scope: set[str] = set()
         self.activation_analysis: str | dict[str, Any] = NO_DATA
-        self.budget: dict[str, Any] | None = None
-        """The budget search's record (report-only), once one ran."""
+        self.budget: Fp16Budget | None = None
+        """The budget's search and target checks (typed; the findings' record is its ``report``), once one ran."""
         self.fidelity: dict[str, Any] | None = None
         """The last checks' records (report-only), once they ran."""
         self.emulated_reasons: list[str] = []  # what the last emulated check missed of the tolerance
@@ -277,7 +278,7 @@ class _Fp16Conversion:
         self._budget(fixed | {entry["node"] for entry in self.kept}, limit=REPAIR_SAMPLES, tolerance=self.target,
                      every_draw=True)
         assert self.budget is not None  # _budget wrote it
-        self.budget["trigger"] = f"repair: the float16 emulation {what} ({'; '.join(missed)})"
+        self.budget.trigger = f"repair: the float16 emulation {what} ({'; '.join(missed)})"
         self.convert(fixed)
         self.safety_rounds(fixed)
 
@@ -296,8 +297,7 @@ class _Fp16Conversion:
         self.kept.extend({"node": name, "op_type": self._op_type(name), "reason": "budget: sensitivity"}
                          for name in result.float32_nodes)
         aim = self.config.tolerance if judge else tolerance
-        self.budget = {"tolerance": aim.model_dump(exclude_none=True), **result.findings}
-        self.budget_groups, self.budget_result = groups, result  # for confirm_budget, when a target misses
+        self.budget = Fp16Budget(aim.model_dump(exclude_none=True), result, groups)  # groups: when a target misses
 
     def _op_type(self, name: str) -> str:
         return next((node.op_type for node, _ in walk_nodes(self.model.graph) if node.name == name), "?")

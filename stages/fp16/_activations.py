@@ -24,7 +24,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from qdeploy.core.values import finite_or
 from qdeploy.graph.external_data import save_exposing
@@ -130,11 +130,24 @@ def probe_session(path: Path, *, in_order: bool = False) -> Any:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+class OverflowEntry(TypedDict):
+    """A node kept in float32 because its real activations would overflow float16: the tensor and value that
+    decided it (``findings.activation_blocked[]``)."""
+
+    node: str
+    op_type: str
+    reason: str
+    tensor: str
+    abs_max: float
+    predicted: float
+    """The largest value float16 would have to hold there, by the rule of the op type (and the margin)."""
+
+
 def overflowing_nodes(model: onnx.ModelProto, stats: dict[str, ActivationPeaks], max_finite: float, margin: float,
-                      already_float32: set[str]) -> list[dict[str, Any]]:
+                      already_float32: set[str]) -> list[OverflowEntry]:
     """Main-graph nodes to keep in float32, each with the tensor and value that decided it, in graph order."""
     constants = _scalar_constants(model)
-    kept: dict[str, dict[str, Any]] = {}
+    kept: dict[str, OverflowEntry] = {}
     decided: set[str] = set()
     for chain in _attention_chains(model):
         decided.update(node.name for node in chain.nodes[1:])  # masks on the path are judged by the scores
@@ -153,7 +166,7 @@ def overflowing_nodes(model: onnx.ModelProto, stats: dict[str, ActivationPeaks],
 
 
 def _node_entry(node: onnx.NodeProto, stats: dict[str, ActivationPeaks], margin: float,
-                constants: dict[str, float]) -> dict[str, Any] | None:
+                constants: dict[str, float]) -> OverflowEntry | None:
     """The worst predicted value of one node, by the rule of its op type."""
     entry = _worst([node], stats, 1.0 / margin, "activation range")
     special = None
@@ -174,7 +187,7 @@ def _node_entry(node: onnx.NodeProto, stats: dict[str, ActivationPeaks], margin:
 
 
 def _reduction_entry(node: onnx.NodeProto, source: ActivationPeaks, reduced: ActivationPeaks,
-                     margin: float) -> dict[str, Any] | None:
+                     margin: float) -> OverflowEntry | None:
     count = max(1, math.prod(source.shape) // max(1, math.prod(reduced.shape)))
     if node.op_type == "ReduceMean":
         accumulated = reduced.abs_max * count
@@ -187,13 +200,13 @@ def _reduction_entry(node: onnx.NodeProto, source: ActivationPeaks, reduced: Act
 
 
 def _worst(nodes: list[onnx.NodeProto], stats: dict[str, ActivationPeaks], stretch: float,
-           reason: str) -> dict[str, Any] | None:
+           reason: str) -> OverflowEntry | None:
     names = [name for node in nodes for name in (*node.input, *node.output)]
     return _worst_of(nodes[0], names, stats, stretch, reason)
 
 
 def _worst_of(node: onnx.NodeProto, names: list[str], stats: dict[str, ActivationPeaks], stretch: float,
-              reason: str) -> dict[str, Any] | None:
+              reason: str) -> OverflowEntry | None:
     seen = [(stats[name].abs_max, name) for name in names if name in stats]
     if not seen:
         return None
@@ -201,7 +214,7 @@ def _worst_of(node: onnx.NodeProto, names: list[str], stats: dict[str, Activatio
     return _entry(node, tensor, value, value * stretch, reason)
 
 
-def _entry(node: onnx.NodeProto, tensor: str, value: float, predicted: float, reason: str) -> dict[str, Any]:
+def _entry(node: onnx.NodeProto, tensor: str, value: float, predicted: float, reason: str) -> OverflowEntry:
     # JSON has no inf: an overflowing prediction is reported as the largest float
     return {"node": node.name, "op_type": node.op_type, "reason": reason, "tensor": tensor,
             "abs_max": finite_or(value, sys.float_info.max), "predicted": finite_or(predicted, sys.float_info.max)}

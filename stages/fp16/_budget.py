@@ -8,7 +8,11 @@ trial is a run with a different boolean gate vector, never a new model.
 2. Per-group sensitivity is measured: the output error when only that group runs in
    float16 and everything else in float32 (one trial per group).
 3. Groups are kept in float32 in decreasing sensitivity; a binary search over how many
-   finds the fewest that meet the tolerance on all the samples.
+   (the accuracy-budget engine's ``prefix.bisect``) finds the fewest that meet the tolerance on all the samples.
+
+The result is typed (``Float32Choice``); its report (``_budget_targets.Fp16Budget``) is written once, for the
+findings.
+The artifact is then confirmed on the recipe's targets by the engine (``_budget_targets``).
 
 With a task metric (``tolerance: {metric, max_drop}``, ``qdeploy.stages.task_metric``) the groups are still
 ranked by output error (one cheap trial each) and every decision is the metric's drop on all the samples.
@@ -23,10 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.core.compare import compare_outputs
 from qdeploy.graph.external_data import save_onnx
+from qdeploy.stages.accuracy_budget.evaluate import Evaluator, Measured
+from qdeploy.stages.accuracy_budget.prefix import bisect
 from qdeploy.stages.fp16._emulate import GATES_INPUT, gated_twin
 from qdeploy.stages.fp16._graph import FLOAT, subgraphs
-from qdeploy.stages.task_metric import MetricComparison, TaskJudge, judged, metric_summary
+from qdeploy.stages.task_metric import MetricComparison, TaskJudge, metric_summary
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -34,6 +41,7 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx
 
+    from qdeploy.core.compare import OutputComparison
     from qdeploy.core.tolerance import Tolerance
 
 log = logging.getLogger(__name__)
@@ -45,16 +53,57 @@ SENSITIVITY_SAMPLES = 4
 Outputs = list[dict[str, "np.ndarray"]]
 
 
-@dataclass
-class BudgetResult:
-    """Which nodes budget mode keeps in float32, and the evidence."""
+@dataclass(frozen=True)
+class KeptGroup:
+    """A node group kept float32 and its sensitivity (the loss with only it in float16; None: not measured)."""
 
-    float32_nodes: list[str]
-    findings: dict[str, Any] = field(default_factory=dict)
+    nodes: list[str]
+    sensitivity: float | None
+
+    def report(self) -> dict[str, Any]:
+        return {"nodes": self.nodes, "sensitivity": None if self.sensitivity is None else _json_float(self.sensitivity)}
+
+
+@dataclass
+class Float32Choice:
+    """Which nodes budget mode keeps in float32 (the emulated search), and the evidence."""
+
+    groups: int
+    trials: int
+    met: bool
+    seconds: float
+    all_float16: OutputComparison
+    chosen: OutputComparison | None = None
+    """The comparison of the chosen artifact; None when all float16 met the tolerance (or there is no group)."""
+    kept: list[KeptGroup] = field(default_factory=list)
     ladder: list[list[str]] = field(default_factory=list)
     """Every node group, most sensitive first: what a target that misses keeps float32 next."""
-    chosen: int = 0
+    chosen_count: int = 0
     """How many groups of ``ladder`` the emulated search kept in float32."""
+    per_sample: list[Float32Choice] | None = None
+    """The searches on each sample alone, when the choice is their union (``_draws``)."""
+
+    @property
+    def float32_nodes(self) -> list[str]:
+        return [name for group in self.kept for name in group.nodes]
+
+    def report(self) -> dict[str, Any]:
+        """The search's part of the budget's findings."""
+        if self.per_sample is not None:
+            return {"groups": self.groups, "searched": "each sample on its own", "trials": self.trials,
+                    "met": self.met, "per_sample": [one.sample_report() for one in self.per_sample],
+                    "float32_nodes": [group.report() for group in self.kept], "seconds": self.seconds}
+        entry: dict[str, Any] = {"groups": self.groups, "metrics_all_float16": self.all_float16.worst(),
+                                 **_task_record("all_float16", self.all_float16), "trials": self.trials,
+                                 "met": self.met}
+        if self.chosen is not None:
+            entry.update(metrics_chosen=self.chosen.worst(), **_task_record("chosen", self.chosen))
+        return {**entry, "seconds": self.seconds, "float32_nodes": [group.report() for group in self.kept]}
+
+    def sample_report(self) -> dict[str, Any]:
+        return {"met": self.met, "metrics_all_float16": self.all_float16.worst(),
+                "metrics_chosen": None if self.chosen is None else self.chosen.worst(),
+                "float32_groups": len(self.kept)}
 
 
 def node_groups(model: onnx.ModelProto, fixed_float32: set[str], types: dict[str, int]) -> list[list[str]]:
@@ -83,7 +132,7 @@ def _touches_float(node: onnx.NodeProto, types: dict[str, int]) -> bool:
 def choose_float32_nodes(model: onnx.ModelProto, groups: list[list[str]], float32_inputs: dict[str, set[int]],
                          feeds: list[dict[str, np.ndarray]], reference: Outputs, tolerance: Tolerance, *,
                          keep_io_types: bool, to_float16: Callable[[np.ndarray], np.ndarray],
-                         work_dir: Path, judge: TaskJudge | None = None) -> BudgetResult:
+                         work_dir: Path, judge: TaskJudge | None = None) -> Float32Choice:
     """The fewest groups (by measured sensitivity) to keep in float32 so the emulated artifact meets `tolerance`
     (``judge``: the task metric's drop instead)."""
     import numpy as np
@@ -94,22 +143,14 @@ def choose_float32_nodes(model: onnx.ModelProto, groups: list[list[str]], float3
                      tolerance, work_dir, judge)
     everything = np.ones(len(groups), dtype=bool)
     all_fp16 = trials.compare(everything)
-    findings: dict[str, Any] = {"groups": len(groups), "metrics_all_float16": all_fp16.worst(),
-                                **_task_record("all_float16", all_fp16)}
     if all_fp16.passed or not groups:
-        findings.update(trials=trials.count, met=all_fp16.passed, float32_nodes=[], seconds=_since(started))
-        return BudgetResult([], findings)
+        return Float32Choice(len(groups), trials.count, all_fp16.passed, _since(started), all_fp16)
     sensitivity, order = _sensitivity(trials, len(groups))
     count, chosen = _fewest(order, trials, len(groups))
-    kept = [name for index in order[:count] for name in groups[index]]
-    findings.update(
-        trials=trials.count, met=chosen.passed, metrics_chosen=chosen.worst(), **_task_record("chosen", chosen),
-        seconds=_since(started),
-        float32_nodes=[{"nodes": groups[index], "sensitivity": _json_float(sensitivity[index])}
-                       for index in order[:count]],
-    )
     log.info("fp16 budget: %d of %d node groups stay float32 after %d trials", count, len(groups), trials.count)
-    return BudgetResult(kept, findings, [groups[index] for index in order], count)
+    return Float32Choice(len(groups), trials.count, chosen.passed, _since(started), all_fp16, chosen,
+                         [KeptGroup(groups[index], sensitivity[index]) for index in order[:count]],
+                         [groups[index] for index in order], count)
 
 
 def rank_groups(model: onnx.ModelProto, groups: list[list[str]], float32_inputs: dict[str, set[int]],
@@ -133,7 +174,8 @@ def _sensitivity(trials: _Trials, count: int) -> tuple[list[float], list[int]]:
 
 
 def _fewest(order: list[int], trials: _Trials, total: int) -> tuple[int, Any]:
-    """Binary search for the smallest count of most-sensitive groups whose blocking meets the tolerance."""
+    """Binary search (``prefix.bisect``) for the smallest count of most-sensitive groups whose blocking meets the
+    tolerance."""
     import numpy as np
 
     def gates_blocking(count: int) -> np.ndarray:
@@ -141,20 +183,19 @@ def _fewest(order: list[int], trials: _Trials, total: int) -> tuple[int, Any]:
         gates[order[:count]] = False
         return gates
 
-    low, high = 0, total  # blocking `low` groups fails; blocking all (pure float32) is the fallback
-    best = trials.compare(gates_blocking(high))
-    while high - low > 1:
-        middle = (low + high) // 2
-        result = trials.compare(gates_blocking(middle))
-        if result.passed:
-            high, best = middle, result
-        else:
-            low = middle
-    return high, best
+    measured = {total: trials.compare(gates_blocking(total))}  # blocking all (pure float32) is the fallback
+
+    def passes(count: int) -> bool:
+        measured[count] = trials.compare(gates_blocking(count))
+        return measured[count].passed
+
+    count = bisect(passes, 0, total)  # blocking none fails; all is the fallback, measured even when it fails
+    return count, measured[count]
 
 
 class _Trials:
-    """Runs of the gated model: one session, a gate vector per trial."""
+    """Runs of the gated model: one session, a gate vector per trial, each judged by the accuracy-budget engine's
+    evaluator (output tolerance over all samples pooled, or the task metric)."""
 
     def __init__(self, twin: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], reference: Outputs,
                  tolerance: Tolerance, work_dir: Path, judge: TaskJudge | None = None) -> None:
@@ -168,8 +209,8 @@ class _Trials:
         self.names = [value.name for value in twin.graph.output]
         self.feeds = feeds
         self.reference = reference
-        self.tolerance = tolerance
-        self.judge = judge
+        self.judging = Evaluator(None, feeds, [], tolerance, work_dir, reference=Measured(reference, []),
+                                 label="emulation", judge=judge, compare=compare_outputs)
         self.count = 0
 
     def run(self, gates: np.ndarray, feeds: list[dict[str, np.ndarray]]) -> Outputs:
@@ -177,8 +218,8 @@ class _Trials:
         return [dict(zip(self.names, self.session.run(self.names, {**feed, GATES_INPUT: gates}), strict=True))
                 for feed in feeds]
 
-    def compare(self, gates: np.ndarray) -> Any:
-        return judged(self.reference, self.run(gates, self.feeds), self.tolerance, self.judge)
+    def compare(self, gates: np.ndarray) -> OutputComparison:
+        return self.judging.on_search(Measured(self.run(gates, self.feeds)))
 
     def loss(self, gates: np.ndarray) -> float:
         """Largest relative L2 error over outputs and samples (inf when a value is not finite)."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.compare import compare_outputs
 from qdeploy.core.tolerance import Tolerance
-from qdeploy.stages.fp16._budget import BudgetResult, choose_float32_nodes
+from qdeploy.stages.fp16._budget import Float32Choice, KeptGroup, choose_float32_nodes
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,7 +44,7 @@ def sample_snrs(reference: Outputs, outputs: Outputs) -> list[float | None]:
 
 def choose_for_every_draw(model: onnx.ModelProto, groups: list[list[str]], float32_inputs: dict[str, set[int]],
                           feeds: list[dict[str, np.ndarray]], reference: Outputs, target: Tolerance,
-                          **options: Any) -> BudgetResult:
+                          **options: Any) -> Float32Choice:
     """Budget mode's search on each sample alone, from all float16; the union of the groups each keeps float32.
 
     Each search starts from all float16, not from the union of those before it: that cost less (98 s against
@@ -61,20 +61,10 @@ def choose_for_every_draw(model: onnx.ModelProto, groups: list[list[str]], float
     order = neediest.ladder or groups
     kept_groups = [group for group in order if set(group) & chosen]
     ladder = kept_groups + [group for group in order if not set(group) & chosen]
-    return BudgetResult(float32_nodes=[name for group in kept_groups for name in group],
-                        findings=_merged(results, kept_groups, len(groups)), ladder=ladder, chosen=len(kept_groups))
-
-
-def _merged(results: list[BudgetResult], kept_groups: list[list[str]], groups: int) -> dict[str, Any]:
-    """One findings entry for the per-sample searches: totals, and each sample's own result."""
-    sensitivity = {tuple(entry["nodes"]): entry["sensitivity"] for result in results
-                   for entry in result.findings.get("float32_nodes", [])}
-    per_sample = [{"met": result.findings.get("met"), "metrics_all_float16": result.findings.get("metrics_all_float16"),
-                   "metrics_chosen": result.findings.get("metrics_chosen"),
-                   "float32_groups": len(result.findings.get("float32_nodes", []))} for result in results]
-    return {"groups": groups, "searched": "each sample on its own",
-            "trials": sum(result.findings.get("trials", 0) for result in results),
-            "met": all(result.findings.get("met") for result in results),
-            "per_sample": per_sample,
-            "float32_nodes": [{"nodes": group, "sensitivity": sensitivity.get(tuple(group))} for group in kept_groups],
-            "seconds": round(sum(result.findings.get("seconds", 0.0) for result in results), 3)}
+    sensitivity = {tuple(group.nodes): group.sensitivity for result in results for group in result.kept}
+    return Float32Choice(groups=len(groups), trials=sum(result.trials for result in results),
+                         met=all(result.met for result in results),
+                         seconds=round(sum(result.seconds for result in results), 3),
+                         all_float16=neediest.all_float16,
+                         kept=[KeptGroup(group, sensitivity.get(tuple(group))) for group in kept_groups],
+                         ladder=ladder, chosen_count=len(kept_groups), per_sample=results)

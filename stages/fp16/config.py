@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from qdeploy.core.tolerance import AnyTolerance, TaskTolerance
+from qdeploy.core.stage_config import StageConfig, TaskBudget
+from qdeploy.core.tolerance import AnyTolerance, TaskTolerance, Tolerance
 
 __all__ = ["FLOAT16_MAX", "MAX_SAFETY_ROUNDS", "REPAIR_SAMPLES", "Fp16Config", "Fp16Data", "effective_op_block_list",
            "reads_default_dataset"]
@@ -28,7 +29,7 @@ class Fp16Data(BaseModel):
     samples: int = Field(default=16, ge=1, description="How many samples to use at most.")
 
 
-class Fp16Config(BaseModel):
+class Fp16Config(StageConfig):
     """Settings of the fp16 stage."""
 
     model_config = ConfigDict(extra="forbid")
@@ -111,6 +112,21 @@ class Fp16Config(BaseModel):
             raise ValueError("mode 'auto' measures errors on data: set calibration: {data: <dataset>} "
                              "(the validation dataset is a good choice; data: null uses seeded random inputs)")
         return self
+
+    def declared_tolerance(self) -> Tolerance | None:
+        """The output limits of mode 'auto' and the fidelity check, which validation then holds the variant to."""
+        return self.tolerance if isinstance(self.tolerance, Tolerance) else None
+
+    def task_budget(self) -> TaskBudget | None:
+        """Mode 'auto''s budget on a task metric, measured on its calibration data (which that mode needs)."""
+        if not isinstance(self.tolerance, TaskTolerance) or self.calibration is None:
+            return None
+        return TaskBudget(self.tolerance, self.calibration.data, self.calibration.samples)
+
+    def with_task_metric(self, metric: str) -> Fp16Config:
+        if not isinstance(self.tolerance, TaskTolerance) or self.tolerance.metric is not None:
+            return self
+        return self.model_copy(update={"tolerance": self.tolerance.model_copy(update={"metric": metric})})
 
 
 def reads_default_dataset(config: Fp16Config) -> bool:

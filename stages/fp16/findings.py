@@ -27,7 +27,9 @@ class Fp16Findings(Findings):
     kept_in_fp32: list[dict[str, Any]]
     """Nodes kept float32 for their data: node, op type, reason."""
     budget: dict[str, Any] | None = None
-    """The search for float32 nodes that meet the tolerance (mode auto, or a repair); absent when none ran."""
+    """The search for float32 nodes that meet the tolerance (mode auto, or a repair); absent when none ran.  Written
+    once from the stage's typed budget (``_budget_targets.Fp16Budget``: the emulated ``Float32Choice`` and the
+    engine's per-target ``TargetRecord``s); nothing reads it back."""
     fidelity: dict[str, Any] | None = None
     """The emulated check (``emulated``) and the reference evaluator's (``reference``); absent without data."""
     node_block_list: list[str]

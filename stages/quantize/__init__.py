@@ -13,7 +13,8 @@
 
 With ``tolerance`` (ptq, dynamic), the stage keeps the quantized nodes that hurt
 accuracy most in float until the tolerance holds against float32 on the budget
-data (``stages/quantize/budget/_search.py``).  Every mode reports, per target, how many
+data (the one accuracy-budget engine, ``stages/accuracy_budget/search.py``, with what
+``stages/quantize/budget`` supplies).  Every mode reports, per target, how many
 quantizable ops really run int8 kernels (``int8_kernels``).  A model that is
 already quantized is refused (ptq, dynamic), never quantized twice.
 """
@@ -35,6 +36,7 @@ from qdeploy.stages.quantize.config import (
     WeightOnlyConfig,
 )
 from qdeploy.stages.quantize.ptq._guard import QuantizerFailure
+from qdeploy.stages.quantize.ptq._placement import placement_differences
 from qdeploy.stages.quantize.ptq._prepare import count_quantized_nodes, quantized_ops, weight_qdq_pairs
 
 if TYPE_CHECKING:
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # what other packages use; a mode's own model is in qdeploy.stages.quantize.config
-__all__ = ["CalibrationRef", "QuantizeConfig", "run"]
+__all__ = ["CalibrationRef", "QuantizeConfig", "placement_differences", "run"]
 
 
 def run(artifact: Artifact, config: ModeConfig, ctx: StageContext) -> StageResult:

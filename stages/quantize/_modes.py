@@ -280,7 +280,7 @@ def _unseen_by_calibration(config: Integer, budget_samples: int) -> frozenset[in
     them either, or their error is as optimistic as the search samples' (ranges fitted to them) and the margin
     to unseen data is never measured."""
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize.budget._search import held_back_count
+    from qdeploy.stages.accuracy_budget.search import held_back_count
 
     if not _budget_shares_calibration(config) or budget_samples == 0:
         return frozenset()
@@ -290,15 +290,16 @@ def _unseen_by_calibration(config: Integer, budget_samples: int) -> frozenset[in
 def _with_budget(prepared: Path, build: Any, config: Integer, ctx: StageContext, feeds: list[Any],
                  unseen: frozenset[int]) -> tuple[onnx.ModelProto, list[str], BudgetFindings]:
     # lazy: pulls onnxruntime (import cost)
+    from qdeploy.stages.accuracy_budget import targets as budget_targets
+    from qdeploy.stages.accuracy_budget.search import meet_budget
     from qdeploy.stages.quantize.budget._options import budget_options
-    from qdeploy.stages.quantize.budget._search import meet_budget
-    from qdeploy.stages.quantize.budget._targets import plan_targets
+    from qdeploy.stages.quantize.budget._shadow import shadow_signal
 
     assert config.tolerance is not None
     runtime = config.runtime if isinstance(config, PtqConfig) else None
-    result = meet_budget(build, prepared, feeds, config.tolerance, ctx.work_dir,
-                         max_float_nodes=config.budget.max_float_nodes, on_progress=ctx.on_progress,
-                         targets=plan_targets(ctx.targets, runtime),
+    result = meet_budget(build, shadow_signal(prepared, ctx.work_dir), prepared, feeds, config.tolerance,
+                         ctx.work_dir, max_float_nodes=config.budget.max_float_nodes, on_progress=ctx.on_progress,
+                         targets=budget_targets.plan_targets(ctx.targets, runtime),
                          **budget_options(config, ctx, prepared, _budget_data(config), len(feeds), runtime))
     found = result.findings.model_copy(update={
         "data": _budget_data(config) or "random",

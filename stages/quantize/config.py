@@ -9,10 +9,9 @@ field applies to instead.  ``QuantizeConfig`` is what the registry, the recipe a
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Discriminator,
     Field,
@@ -24,6 +23,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails
 
+from qdeploy.core.stage_config import PerRuntime, StageConfig, TaskBudget
+from qdeploy.core.tolerance import Tolerance
 from qdeploy.stages.quantize._config_fields import (
     VERIFY_TARGETS,
     Budget,
@@ -59,7 +60,7 @@ class _NotForMode(ValueError):
         self.field = field
 
 
-class _ModeSettings(BaseModel):
+class _ModeSettings(StageConfig):
     """What every mode's model shares: its tag, and the refusal of another mode's fields by name."""
 
     model_config = ConfigDict(extra="forbid")
@@ -170,6 +171,22 @@ class PtqConfig(_ModeSettings):
         return type(self).model_validate({**self.model_dump(), "per_runtime": False, "runtime": runtime,
                                           "verify_targets": verify or [f"{runtime}:cpu"]})
 
+    def per_runtime_build(self) -> PerRuntime:
+        """``per_runtime`` as the pipeline acts on it: auto only while no ``runtime`` pins the graph."""
+        if self.per_runtime is True:
+            return "always"
+        return "auto" if self.per_runtime == "auto" and self.runtime is None else "never"
+
+    def declared_tolerance(self) -> Tolerance | None:
+        return _output_limits(self.tolerance)
+
+    def task_budget(self) -> TaskBudget | None:
+        return _task_budget(self.tolerance, self.budget.data or (self.calibration.data if self.calibration else None),
+                            self.budget.samples)
+
+    def with_task_metric(self, metric: str) -> PtqConfig:
+        return _named_metric(self, self.tolerance, metric)
+
 
 class NncfPtqConfig(_ModeSettings):
     """mode ptq, engine nncf: NNCF's nncf.quantize builds the QDQ model (its preset and range estimators decide
@@ -213,6 +230,18 @@ class DynamicConfig(_ModeSettings):
         if self.reduce_range == "activations":
             raise ValueError(_ACTIVATIONS_NEED_UINT8)
         return self
+
+    def quantizes_at_run_time(self) -> bool:
+        return True
+
+    def declared_tolerance(self) -> Tolerance | None:
+        return _output_limits(self.tolerance)
+
+    def task_budget(self) -> TaskBudget | None:
+        return _task_budget(self.tolerance, self.budget.data, self.budget.samples)
+
+    def with_task_metric(self, metric: str) -> DynamicConfig:
+        return _named_metric(self, self.tolerance, metric)
 
 
 class LowerConfig(_ModeSettings):
@@ -308,6 +337,26 @@ def _check_budget_and_op_types(config: PtqConfig | DynamicConfig) -> None:
             raise ValueError(f"op types {overlap} are both in op_types and exclude_op_types")
 
 
+_Budgeted = TypeVar("_Budgeted", PtqConfig, DynamicConfig)
+"""The modes with an accuracy budget (``tolerance``, ``budget``)."""
+
+
+def _output_limits(tolerance: Tolerance | TaskTolerance | None) -> Tolerance | None:
+    """A budget's output limits (what validation then holds the variant to); None for a task-metric budget."""
+    return tolerance if isinstance(tolerance, Tolerance) else None
+
+
+def _task_budget(tolerance: Tolerance | TaskTolerance | None, data: str | None, samples: int) -> TaskBudget | None:
+    return TaskBudget(tolerance, data, samples) if isinstance(tolerance, TaskTolerance) else None
+
+
+def _named_metric(config: _Budgeted, tolerance: Tolerance | TaskTolerance | None, metric: str) -> _Budgeted:
+    """``config`` with ``metric`` in its task-metric budget, where that names no metric."""
+    if not isinstance(tolerance, TaskTolerance) or tolerance.metric is not None:
+        return config
+    return config.model_copy(update={"tolerance": tolerance.model_copy(update={"metric": metric})})
+
+
 _ACTIVATIONS_NEED_UINT8 = ("reduce_range 'activations' needs mode ptq with activation_type uint8 (int8 activations "
                            "are shifted to uint8 by ONNX Runtime and would still saturate); use 'weights'")
 _MEMBERS: tuple[type[_ModeSettings], ...] = (PtqConfig, NncfPtqConfig, DynamicConfig, LowerConfig, WeightOnlyConfig)
@@ -372,7 +421,7 @@ class QuantizeConfig:
     def model_json_schema(cls, **kwargs: Any) -> dict[str, Any]:
         return _ADAPTER.json_schema(**kwargs)
 
-    members: ClassVar[tuple[type[BaseModel], ...]] = _MEMBERS
+    members: ClassVar[tuple[type[_ModeSettings], ...]] = _MEMBERS
     """The models of the modes, as the docs list them."""
 
 

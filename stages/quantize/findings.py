@@ -4,97 +4,21 @@
 qdeploy), ``NncfPtqFindings`` (ptq, engine nncf), ``LowerFindings`` and ``WeightOnlyFindings``.  The parts two
 modes share are bases of their own: ``PreparedNotes`` (preparing the float model), ``CalibrationNotes`` (ptq's
 calibration) and ``Int8Findings`` (the int8 kernels counted per target).  The accuracy budget's record is typed
-too (``BudgetFindings``, its targets ``TargetRecord``): the search decides on those attributes, never on keys.
+too (``BudgetFindings``, its targets ``TargetRecord``: ``qdeploy.stages.accuracy_budget.findings``, the engine's).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_serializer
+from pydantic import field_serializer
 
 from qdeploy.core.findings import Findings
+from qdeploy.stages.accuracy_budget.findings import BudgetFindings, TargetRecord, TargetStatus
 
 __all__ = ["BudgetFindings", "CalibrationNotes", "DynamicFindings", "Int8Findings", "LowerFindings", "LoweringNotes",
            "NncfPtqFindings", "PreparedNotes", "PtqFindings", "QuantizeFindings", "TargetRecord", "TargetStatus",
            "WeightOnlyFindings"]
-
-TargetStatus = Literal["confirmed", "missed", "unavailable"]
-
-
-class TargetRecord(BaseModel):
-    """One target's verdict on the budget's model (``_budget_targets``).  The report holds the fields that were
-    set, a set None included (a target runner that never reported its precision says ``precision: null``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    status: TargetStatus
-    reason: str | None = None
-    """Why it is unavailable, why its runtime failed, or why the budget missed there."""
-    search: dict[str, Any] | None = None
-    """The comparison on the search samples (``_budget_eval.summary``)."""
-    held_back: dict[str, Any] | None = None
-    precision: str | None = None
-    """The precision the target really ran (targets run through their adapter)."""
-    measured_by: str | None = None
-    deploy_precision: str | None = None
-    """The pinned INFERENCE_PRECISION_HINT that holds, where the device default missed."""
-    default: TargetRecord | None = None
-    """The device default's missed record, beside the pinned one that holds."""
-    note: str | None = None
-    pinned: list[str] | None = None
-    """What each pinned precision gave, when none held."""
-
-    def to_report(self) -> dict[str, Any]:
-        return self.model_dump(exclude_unset=True)
-
-
-class BudgetFindings(Findings):
-    """The accuracy budget's search (``_budget``): the samples, the model before and after, what was kept float,
-    each target's verdict and what each runtime cost.  The search's own fields are absent when the fully
-    quantized model held at once; ``note`` says why the budget missed."""
-
-    tolerance: dict[str, Any]
-    samples: int
-    search_samples: int
-    held_back_samples: int
-    initial: dict[str, Any]
-    """``search`` and ``held_back`` comparisons of the fully quantized model."""
-    met: bool
-    final: dict[str, Any]
-    kept_float: list[dict[str, Any]]
-    """Nodes kept float, each with its rank and why."""
-    candidates: int | None = None
-    ranking: str | None = None
-    margin: dict[str, Any] | None = None
-    phases: list[dict[str, Any]] | None = None
-    requantized: int | None = None
-    tried: list[dict[str, Any]] | None = None
-    targets: dict[str, TargetRecord]
-    runtimes: dict[str, dict[str, Any]]
-    evaluations: int
-    evaluation_seconds: float
-    seconds: float
-    confirmed: str
-    note: str | None = None
-    data: str | None = None
-    """The budget's dataset ("random": seeded random data); set by the stage, which knows the recipe's name."""
-    held_back_unseen_by_calibration: bool | None = None
-    cost: dict[str, dict[str, Any]] | None = None
-    """Phase -> evaluations and seconds (``_budget_cost``)."""
-    max_seconds: float | None = None
-    stopped: str | None = None
-    """Where the time bound (``budget.max_seconds`` or the default) stopped the search; absent when it ran to its
-    end."""
-    time_bound: dict[str, Any] | None = None
-    """The bound in force: ``seconds``, ``set_by`` (budget.max_seconds or default), the first full evaluation's
-    seconds and, for the default, its rule (``_budget_cost``)."""
-    front: dict[str, Any] | None = None
-    """Latency-aware reverting (``budget.weigh_latency``): the timing sources, the points and the one chosen."""
-
-    @field_serializer("targets")
-    def _targets(self, targets: dict[str, TargetRecord]) -> dict[str, dict[str, Any]]:
-        return {name: record.to_report() for name, record in targets.items()}
 
 
 class QuantizeFindings(Findings):

@@ -53,7 +53,7 @@ class SimplifyCheck:
     """The output that failed."""
 
 
-def compare_simplified(expected: dict[str, Any], actual: dict[str, Any], *, atol: float, rtol: float,
+def compare_simplified(expected: dict[str, np.ndarray], actual: dict[str, np.ndarray], *, atol: float, rtol: float,
                        atols: dict[str, float] | None = None) -> SimplifyCheck:
     """Every output within atol + rtol * |expected| (floats) or equal (others); the largest absolute error.
 
@@ -166,7 +166,7 @@ def same_interface(reference: Any, candidate: Any, stage: str, variant: str) -> 
             raise StageError(stage, variant, f"the new model's {kind} {got} differ from the original's {want}")
 
 
-def _candidate_outputs(candidate: Any, feeds: Feeds, ctx: StageContext) -> list[dict[str, Any]]:
+def _candidate_outputs(candidate: Any, feeds: Feeds, ctx: StageContext) -> list[dict[str, np.ndarray]]:
     """The simplified model's outputs on every check sample."""
     actual = []
     for index, (sample, _) in enumerate(feeds):
@@ -184,7 +184,7 @@ Disagreement = tuple[int, SimplifyCheck]
 """The first check sample whose outputs disagree, and how."""
 
 
-def _judge(original: Path, level: str, feeds: Feeds, actual: list[dict[str, Any]], config: SimplifyConfig,
+def _judge(original: Path, level: str, feeds: Feeds, actual: list[dict[str, np.ndarray]], config: SimplifyConfig,
            ctx: StageContext) -> dict[str, Any]:
     """The findings of a comparison that passes: at the configured tolerance, else within the original's own
     noise floor (``qdeploy.stages.simplify._noise``); StageError naming the config fields otherwise."""
@@ -203,7 +203,7 @@ def _judge(original: Path, level: str, feeds: Feeds, actual: list[dict[str, Any]
                                                   "atol_used": bounds}}
 
 
-def _compare_samples(feeds: Feeds, actual: list[dict[str, Any]], config: SimplifyConfig,
+def _compare_samples(feeds: Feeds, actual: list[dict[str, np.ndarray]], config: SimplifyConfig,
                      atols: dict[str, float] | None, ctx: StageContext) -> tuple[float, Disagreement | None]:
     """(largest error, the first disagreement or None) over the check samples."""
     worst = 0.0
@@ -307,7 +307,7 @@ def _session(model: str | bytes, level: str) -> Any:
     return ort_session(model, level)
 
 
-def _outputs(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+def _outputs(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return ort_outputs(session, feeds)
 
 

@@ -20,7 +20,10 @@ import logging
 import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +41,7 @@ def ort_session(model: str | bytes, level: str) -> Any:
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
-def ort_outputs(session: Any, feeds: dict[str, Any]) -> dict[str, Any]:
+def ort_outputs(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every output of one run, by name."""
     names = [out.name for out in session.get_outputs()]
     return dict(zip(names, session.run(names, feeds), strict=True))

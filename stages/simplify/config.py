@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from qdeploy.core.stage_config import StageConfig
 from qdeploy.graph.rewrites import available, default_names
 
 __all__ = ["CHECK_FROM_FILE_BYTES", "DEFAULT_PASSES", "INTERFACE_PASSES", "MAX_FOLD_ROUNDS", "STAGE", "SimplifyConfig"]
@@ -46,7 +47,7 @@ def _default_rewrites() -> list[str]:
     return default_names()
 
 
-class SimplifyConfig(BaseModel):
+class SimplifyConfig(StageConfig):
     """Settings of the simplify stage."""
 
     model_config = ConfigDict(extra="forbid")

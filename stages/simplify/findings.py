@@ -2,11 +2,78 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from qdeploy.core.findings import Findings
 
-__all__ = ["SimplifyFindings"]
+__all__ = ["EquivalenceCheck", "FoldSkipped", "NoiseFloorSkipped", "NoiseFloorUsed", "OptimizerRecord",
+           "RewritesRecord", "SimplifyFindings", "Unchecked"]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FoldSkipped(_Record):
+    """A tensor left unfolded: its size and why."""
+
+    tensor: str
+    bytes: int | None
+    reason: str
+
+
+class RewritesRecord(_Record):
+    """``RewriteReport.as_findings``: rewrite -> matches applied; rewrite -> node -> why a match was refused."""
+
+    applied: dict[str, int]
+    refused: dict[str, dict[str, str]]
+
+
+class OptimizerRecord(_Record):
+    """onnxoptimizer calls, and net nodes removed and added per op type."""
+
+    calls: int
+    removed: dict[str, int]
+    added: dict[str, int]
+
+
+class NoiseFloorSkipped(_Record):
+    """Every output was within check_atol and check_rtol: the original's noise floor was not measured."""
+
+    measured: Literal[False]
+    why: str
+
+
+class NoiseFloorUsed(_Record):
+    """The original's own noise floor (two optimisation levels of ONNX Runtime), per output, and the absolute
+    tolerance it allowed there (``max(check_atol, factor x floor)``, ``qdeploy.stages.simplify._noise``)."""
+
+    measured: Literal[True]
+    levels: str
+    per_output: dict[str, float]
+    factor: float
+    atol_used: dict[str, float]
+
+
+class EquivalenceCheck(_Record):
+    """The original and the simplified model ran on the same inputs and agreed (``qdeploy.stages.simplify._check``)."""
+
+    samples: int
+    atol: float
+    rtol: float
+    max_abs_err: float
+    noise_floor: NoiseFloorUsed | NoiseFloorSkipped
+    input_shapes: dict[str, list[int]]
+    inputs: str
+    """Where the check inputs came from (the recipe's validation data, or generated)."""
+
+
+class Unchecked(_Record):
+    """Why the outputs could not be compared (never a pass; the runner's guard reports it)."""
+
+    unchecked: str
 
 
 class SimplifyFindings(Findings):
@@ -22,23 +89,19 @@ class SimplifyFindings(Findings):
     folded: dict[str, int]
     """Folded tensor -> its bytes (the first ``MAX_LISTED``)."""
     constants_converted: int
-    fold_skipped: list[dict[str, Any]]
-    """Tensors left unfolded and why (report-only records)."""
+    fold_skipped: list[FoldSkipped]
+    """Tensors left unfolded and why."""
     fold_failed_ops: list[str]
     passes: list[str]
-    rewrites: dict[str, Any]
-    """``RewriteReport.as_findings``: rewrite -> matches applied, and refusals."""
-    optimizer: dict[str, Any]
-    """onnxoptimizer calls, and net nodes removed and added per op type."""
+    rewrites: RewritesRecord
+    optimizer: OptimizerRecord
     passes_changed: list[str]
     iterations: int
     seconds: dict[str, float]
     """Phase -> seconds."""
-    check: dict[str, Any]
-    """The equivalence check (``qdeploy.stages.simplify._check``): samples and worst error, or why it is
-    unchecked."""
+    check: EquivalenceCheck | Unchecked
+    """The equivalence check: samples and worst error, or why it is unchecked."""
     notes: list[str]
 
     def unchecked(self) -> str | None:
-        reason = self.check.get("unchecked")
-        return str(reason) if reason else None
+        return self.check.unchecked if isinstance(self.check, Unchecked) else None

@@ -28,6 +28,7 @@ from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
 from qdeploy.stages.validate._batches import BatchedFeeds, reference_batches, run_feeds, wanted_batch_sizes
 from qdeploy.stages.validate._common import Feeds, Outcome, Outputs, feed_caster
 from qdeploy.stages.validate._floor import flag_unattainable, keep_floor_outputs, noise_floor_summary
+from qdeploy.stages.validate._layers_error import layer_errors
 from qdeploy.stages.validate._localize import Localizer, scale_free
 from qdeploy.stages.validate._localize_fused import describe_layer, refine
 from qdeploy.stages.validate._precision import default_attempt_hint, device_default_basis, with_pinned_fallback
@@ -49,8 +50,10 @@ __all__ = [
     "ValidateConfig",
     "check_config",
     "check_metric",
+    "device_default_basis",
     "evaluate",
     "feed_caster",
+    "layer_errors",
     "load_metric",
     "noise_floor_summary",
     "output_tolerances",
@@ -58,6 +61,7 @@ __all__ = [
     "reference_source",
     "run",
     "tolerance_for",
+    "tolerance_precision",
     "unreadable_targets",
 ]
 

@@ -29,7 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -71,6 +71,15 @@ class _Cut:
     pairs: list[TensorPair]
 
 
+class ExecutedLayer(TypedDict):
+    """One layer of OpenVINO's executed graph and the original nodes it fused (``fused_layer`` of a row)."""
+
+    name: str
+    type: str
+    precision: str
+    original_layers: list[str]
+
+
 @dataclass
 class FusedSearch:
     """What the bisection cost and found."""
@@ -81,8 +90,8 @@ class FusedSearch:
     seconds: float = 0.0
     left_out: int = 0
     """Tensors left out because they break the limits on ort:cpu too."""
-    layer: dict[str, Any] | None = None
-    layers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    layer: ExecutedLayer | None = None
+    layers: dict[int, list[ExecutedLayer]] = field(default_factory=dict)
 
     def cost(self) -> dict[str, Any]:
         return {"method": "prefix bisection", "cuts": self.cuts, "compiles": self.compiles,
@@ -239,13 +248,13 @@ def prefix_model(model: onnx.ModelProto, end: int, outputs: list[str]) -> onnx.M
     return prefix
 
 
-def executed_layers(session: Any) -> list[dict[str, Any]]:
+def executed_layers(session: Any) -> list[ExecutedLayer]:
     """OpenVINO's executed graph: each layer's name, type, precision and the original nodes it fused; empty on
     other runtimes (only an OpenVINO session has a ``compiled_model``)."""
     compiled = getattr(session, "compiled_model", None)
     if compiled is None:
         return []
-    layers = []
+    layers: list[ExecutedLayer] = []
     try:
         ops = compiled.get_runtime_model().get_ordered_ops()
     except Exception as exc:  # a diagnosis: the located node stands without its layer
@@ -264,8 +273,8 @@ def executed_layers(session: Any) -> list[dict[str, Any]]:
     return layers
 
 
-def _fused_layer(layers: list[dict[str, Any]], node: str, candidate: onnx.ModelProto,
-                 cut: _Cut) -> dict[str, Any] | None:
+def _fused_layer(layers: list[ExecutedLayer], node: str, candidate: onnx.ModelProto,
+                 cut: _Cut) -> ExecutedLayer | None:
     """The executed layer holding the node, else the one holding the cut's producer (a DequantizeLinear after it)."""
     fallback = candidate.graph.node[cut.end].name
     for wanted in (node, fallback):
@@ -321,7 +330,7 @@ def _diverges_on_baseline(localizer: Localizer, candidate_path: Path, located: D
     return bool(_breaks(pair, reference, baseline, tolerance))
 
 
-def describe_layer(layer: dict[str, Any] | None) -> str:
+def describe_layer(layer: ExecutedLayer | None) -> str:
     """What the row's reason adds about the fused layer: empty when none was named."""
     if not layer:
         return ""

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from qdeploy.core.rows import ValidationRow
+from qdeploy.stages.accuracy_budget.precision import pinned_fallback
 from qdeploy.stages.validate._common import Outcome
 from qdeploy.targets.cpu_facts import default_hint, pins_after, short_precision
 
@@ -79,25 +80,30 @@ def attempt_record(setting: str, row: ValidationRow) -> dict[str, Any]:
 
 def with_pinned_fallback(first: Outcome, target: str, precision: str, attempt: Attempt) -> Outcome:
     """``first`` (the default) when it passed or cannot be helped by a pin; else the first pinned setting that
-    holds, or ``first`` with every attempt recorded and the reason saying the pins missed too."""
+    holds (the one fallback the accuracy budgets also confirm with: ``accuracy_budget.precision.pinned_fallback``),
+    or ``first`` with every attempt recorded and the reason saying the pins missed too."""
     row = first.row
     if row.status != "failed" or row.execution is None or not _applies(target, precision):
         return first
-    candidates = pinned_candidates(target, row.execution)
-    if not candidates:
+
+    def pinned(hint: str) -> tuple[bool, object, Outcome]:
+        outcome = attempt(hint)
+        return outcome.row.status == "passed", (outcome.row.execution or {}).get("precision"), outcome
+
+    fallback = pinned_fallback(target, row.execution.get("precision"), pinned)
+    if not fallback.attempts:
         return first
     default_ran = read_back_precision(row.execution)
-    records = [attempt_record("default", row)]
-    for hint in candidates:
-        outcome = attempt(hint)
-        records.append(attempt_record(hint, outcome.row))
-        if outcome.row.status == "passed" and read_back_precision(outcome.row.execution) == hint:
-            note = (f"misses its tolerance at the device default ({default_ran}: {row.reason}); holds with "
-                    f"INFERENCE_PRECISION_HINT {hint} pinned, the setting shipped (precision_attempts lists both)")
-            log.info("%s on %s: %s", row.variant, target, note)
-            outcome.row = outcome.row.replace(precision_attempts=records, deploy_precision=hint,
-                                              warnings=[*outcome.row.warnings, note])
-            return outcome
+    records = [attempt_record("default", row), *(attempt_record(pin.hint, pin.result.row) for pin in fallback.attempts)]
+    held = fallback.held
+    if held is not None:
+        note = (f"misses its tolerance at the device default ({default_ran}: {row.reason}); holds with "
+                f"INFERENCE_PRECISION_HINT {held.hint} pinned, the setting shipped (precision_attempts lists both)")
+        log.info("%s on %s: %s", row.variant, target, note)
+        outcome = held.result
+        outcome.row = outcome.row.replace(precision_attempts=records, deploy_precision=held.hint,
+                                          warnings=[*outcome.row.warnings, note])
+        return outcome
     tried = ", ".join(f"{record['setting']} ({record['ran']}): {record['status']}" for record in records[1:])
     first.row = row.replace(precision_attempts=records,
                             reason=f"{row.reason}; pinned precisions miss too: {tried}")

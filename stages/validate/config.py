@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from qdeploy.core.tolerance import StrictModel, Tolerance
+from qdeploy.core.stage_config import StageConfig
+from qdeploy.core.tolerance import Tolerance
 
 __all__ = ["RANDOM_DATA_WARNING", "REFERENCE_MODEL_ROW", "REFERENCE_TARGET", "ValidateConfig"]
 
@@ -17,7 +18,7 @@ REFERENCE_MODEL_ROW = "reference_model"
 RANDOM_DATA_WARNING = "validated on seeded random inputs: random data can hide accuracy errors; set validate.data"
 
 
-class ValidateConfig(StrictModel):
+class ValidateConfig(StageConfig):
     """The recipe's `validate` section."""
 
     data: str | None = Field(default=None, description="Dataset name from 'data'; seeded random data when absent.")

@@ -87,6 +87,8 @@ def test_run_of_a_broken_model_exits_2_without_traceback(tmp_path: Path) -> None
 def test_schema_and_doctor() -> None:
     schema = json.loads(qdeploy("schema").stdout)
     assert "variants" in schema["properties"] and "fp16_config" in schema["$defs"]
+    report = json.loads(qdeploy("schema", "--report").stdout)  # report.json's, generated from its model
+    assert report["title"] == "qdeploy report.json" and {"validation", "verdict"} <= set(report["properties"])
     doctor = qdeploy("doctor", "--json")
     env = json.loads(doctor.stdout)
     assert env["targets"]["ort:cpu"] == "available"

@@ -52,6 +52,29 @@ def graph() -> dict[str, set[str]]:
     return {name: imports_of(path, set(found)) - {name} for name, path in found.items()}
 
 
+def benchmark_modules() -> dict[str, Path]:
+    """The scripts of benchmarks/ as modules (``benchmarks.x``): they import qdeploy and each other."""
+    return {f"benchmarks.{path.stem}": path for path in sorted((ROOT / "benchmarks").glob("*.py"))}
+
+
+def whole_graph() -> dict[str, set[str]]:
+    """The import graph of the package and of benchmarks/ together."""
+    found = {**modules(), **benchmark_modules()}
+    return {name: imports_of(path, set(found)) - {name} for name, path in found.items()}
+
+
+def private_owner(module: str) -> str | None:
+    """Who may import a private module: its stage for a stage's internals (``qdeploy.stages.quantize``), else the
+    package that holds it; None for a public module."""
+    parts = module.split(".")
+    private = next((index for index, part in enumerate(parts) if part.startswith("_") and part != "__init__"), None)
+    if private is None:
+        return None
+    if parts[:2] == ["qdeploy", "stages"] and private > 2:
+        return ".".join(parts[:3])
+    return ".".join(parts[:private])
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one file (Tarjan, iterative)."""
     index: dict[str, int] = {}

@@ -80,3 +80,15 @@ def synthetic_report() -> dict[str, Any]:
         "artifacts": artifacts, "validation": validation, "benchmarks": benchmarks,
         "noise_floor": {"max_abs_err": 1e-6, "cosine": 0.9999999},
     }
+
+
+def report_with(**sections: Any) -> dict[str, Any]:
+    """A minimal report.json holding ``sections`` (validation rows, artifacts, a verdict...): what a reader of one
+    section is given, with the keys every report has.  Artifacts get a path and a sha256, a verdict its ranking."""
+    base: dict[str, Any] = {"schema_version": 2, "recipe": {"name": "partial"}, "created": "2026-01-01T00:00:00Z",
+                            "seconds": 0.0, "reference": {"variant": "fp32", "target": "ort:cpu"}, "passed": True}
+    artifacts = [{"path": f"/runs/x/artifacts/{row['name']}.onnx", "sha256": "ab" * 32, **row}
+                 for row in sections.pop("artifacts", [])]
+    verdict = sections.pop("verdict", None)
+    verdict = {"by": "latency", "batch_size": 1, **verdict} if verdict is not None else None
+    return {**base, "artifacts": artifacts, **({"verdict": verdict} if verdict else {}), **sections}

@@ -147,7 +147,7 @@ def test_compare_can_verify_a_run_and_accepts_a_report_that_stands_alone(run_dir
 
     alone = tmp_path / "report.json"
     shutil.copyfile(run_dir / "report.json", alone)
-    assert verify_published(alone, require_artifacts=False)["artifacts"]
+    assert verify_published(alone, require_artifacts=False).artifacts
     with pytest.raises(QdeployInputError, match="give the whole run folder"):
         verify_published(alone)
     copy, artifacts = copy_of(run_dir, tmp_path)

@@ -84,7 +84,7 @@ def test_export_names_nodes_once_for_every_later_stage_and_says_so(tmp_path: Pat
     onnx.save(nameless_model(["", "", "proj", "act", "proj"]), str(tmp_path / "m.onnx"))
     result = export.run(None, ExportConfig(onnx="m.onnx"), stage_context(tmp_path))
     assert [node.name for node in result.model.graph.node] == ["Conv_c", "Relu_cr", "proj", "act", "proj_2"]
-    assert result.findings.node_names == {"unnamed_named": 2, "duplicates_renamed": 1,
-                                          "examples": ["'' (Conv) -> Conv_c", "'' (Relu) -> Relu_cr",
-                                                       "'proj' (MatMul) -> proj_2"]}
+    assert result.findings.to_report()["node_names"] == {
+        "unnamed_named": 2, "duplicates_renamed": 1,
+        "examples": ["'' (Conv) -> Conv_c", "'' (Relu) -> Relu_cr", "'proj' (MatMul) -> proj_2"]}
     _assert_named_once_and_loads(result)

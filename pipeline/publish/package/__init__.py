@@ -23,11 +23,13 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qdeploy.core.errors import QdeployError
+from qdeploy.core.report import Report, as_report
 from qdeploy.core.rows import BenchmarkRow, ValidationRow
 from qdeploy.core.runtimes import artifact_of
 from qdeploy.pipeline.publish.package import check as package_check
@@ -68,7 +70,7 @@ class PackageSource:
     """The artifact's ONNX file (external data files beside it)."""
     validation: ValidationRow
     benchmark: BenchmarkRow | None
-    report: dict[str, Any]
+    report: Report
     external_data: list[str] = field(default_factory=list)
     tolerances: dict[str, dict[str, float]] | None = None
     """Output -> limits, computed from the run's recipe (``provenance.recipe_tolerances``); None: the row's."""
@@ -85,12 +87,13 @@ def packable(target: str) -> bool:
     return target.split(":", 1)[0] in PACKAGE_RUNTIMES
 
 
-def source_from_report(report: dict[str, Any], variant: str, target: str, model_path: Path) -> PackageSource:
+def source_from_report(report: Report | Mapping[str, Any], variant: str, target: str,
+                       model_path: Path) -> PackageSource:
     """The artifact's rows of the report; a PackageError (exit 2) when it did not pass validation there."""
+    report = as_report(report)
     if not packable(target):
         raise PackageError(f"target {target}: packages are made for ort:* and openvino:* targets", input_error=True)
-    validation = next((row for row in map(ValidationRow.from_json, report.get("validation", []))
-                       if row.variant == variant and row.target == target), None)
+    validation = next((row for row in report.validation if row.variant == variant and row.target == target), None)
     if validation is None:
         raise PackageError(f"the run did not validate variant '{variant}' on {target}", input_error=True)
     if validation.status != "passed":
@@ -99,11 +102,11 @@ def source_from_report(report: dict[str, Any], variant: str, target: str, model_
                            input_error=True)
     if not model_path.is_file():
         raise PackageError(f"variant '{variant}' has no published artifact ({model_path} is missing)", input_error=True)
-    artifact = next((row for row in report.get("artifacts", []) if row.get("name") == artifact_of(variant)), {})
-    bench = next((row for row in map(BenchmarkRow.from_json, report.get("benchmarks", []))
+    artifact = report.artifact(artifact_of(variant))
+    bench = next((row for row in report.benchmarks
                   if row.variant == variant and row.target == target and row.status == "ok"), None)
     return PackageSource(variant, target, model_path, validation, bench, report,
-                         [entry["file"] for entry in artifact.get("external_data") or []])
+                         [entry.file for entry in artifact.external_data] if artifact else [])
 
 
 def build_package(source: PackageSource, out_dir: Path, check: CheckData, *, ort_optimized: bool = False) -> Path:
@@ -259,19 +262,20 @@ def _write_check(folder: Path, check: CheckData, source: PackageSource) -> dict[
 def manifest_body(source: PackageSource, model: dict[str, Any], settings: dict[str, Any],
                   check: dict[str, Any]) -> dict[str, Any]:
     report, validation, bench = source.report, source.validation, source.benchmark
-    environment = report.get("environment") or {}
-    versions = environment.get("versions") or {}
+    environment = report.environment
+    versions = environment.versions if environment else {}
     signature = model_signature(source.model_path)
     return {
         "format_version": FORMAT_VERSION, "target": source.target, "variant": source.variant,
         "precision": validation.precision, "runtime": settings["runtime"],
         "runtime_version": versions.get(settings["runtime"]), "qdeploy_version": versions.get("qdeploy"),
-        "made_by": {"recipe": (report.get("recipe") or {}).get("name"), "run_created": report.get("created"),
+        "made_by": {"recipe": report.recipe.name, "run_created": report.created,
                     "run": source.run,
                     "artifact": {"file": f"artifacts/{source.model_path.name}",  # fp32@default: fp32.onnx
                                  "sha256": sha256_file(source.model_path)},
-                    "cpu": (environment.get("cpu") or {}).get("model"),
-                    "int8_path": (environment.get("int8_path") or {}).get("kind"), "versions": versions},
+                    "cpu": environment.cpu.model if environment else None,
+                    "int8_path": environment.int8_path.kind if environment and environment.int8_path else None,
+                    "versions": versions},
         "model": model, "inputs": signature["inputs"], "outputs": signature["outputs"], "load": settings,
         "validation": {"status": validation.status, "metrics": validation.metrics.to_json(),
                        "tolerance": validation.tolerance, "samples": validation.samples,

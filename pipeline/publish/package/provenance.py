@@ -2,7 +2,9 @@
 
 A package's check holds each output to the limits validation held it to.  Those limits are not taken from
 report.json's rows (one editable file) but computed again from the run's recipe snapshot, whose section hashes
-report.json records, with validation's own rule (``stages.validate.output_tolerances``); report.json's rows
+report.json records, with validation's own rules: the variant's steps, parsed by their stages' models, declare
+their budget's limits as the run declared them (``qdeploy.core.stage_config.variant_tolerance``), and
+``stages.validate.output_tolerances`` gives each output's limits from that; report.json's rows
 must agree, or the package is refused.  Loosening a tolerance therefore takes editing the recipe snapshot AND
 report.json's section hashes AND its rows consistently: this is a check against mistakes and casual edits,
 not a signature (docs/robustness.md).
@@ -13,16 +15,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from qdeploy.core.context import artifact_precision
 from qdeploy.core.errors import QdeployInputError
 from qdeploy.core.rows import ValidationRow
 from qdeploy.core.runtimes import artifact_of, is_device_default
+from qdeploy.core.stage_config import StageConfig, variant_tolerance
 from qdeploy.core.tolerance import Tolerance
-from qdeploy.stages.validate import ValidateConfig, output_tolerances, tolerance_for
-from qdeploy.stages.validate._precision import device_default_basis
-from qdeploy.stages.validate._tolerance import tolerance_precision
+from qdeploy.pipeline.recipe import registry
+from qdeploy.stages.validate import (
+    ValidateConfig,
+    device_default_basis,
+    output_tolerances,
+    tolerance_for,
+    tolerance_precision,
+)
 
-__all__ = ["FROM_RECIPE", "FROM_REPORT", "recipe_tolerances", "recorded_tolerances"]
+__all__ = ["FROM_RECIPE", "FROM_REPORT", "declared_in_snapshot", "recipe_tolerances", "recorded_tolerances"]
 
 FROM_RECIPE = "the run's recipe (recipe.snapshot.json; its validate and variants hashes are in report.json)"
 FROM_REPORT = "report.json's validation row (the run stored no recipe snapshot: an older qdeploy made it)"
@@ -49,7 +59,7 @@ def recipe_tolerances(snapshot: dict[str, Any], validation: ValidationRow,
         raise QdeployInputError(f"{where} says precision {validation.precision}; the run's recipe builds {precision}. "
                            "Was report.json edited? run the recipe again")
     config = ValidateConfig.model_validate(snapshot.get("validate") or {})
-    declared = _declared(steps)
+    declared = declared_in_snapshot(steps, where)
     basis = _basis(config, declared, precision, model_path, validation)
     base = tolerance_for(config, basis, declared)
     per_output = output_tolerances(config, basis, declared)
@@ -64,12 +74,24 @@ def recipe_tolerances(snapshot: dict[str, Any], validation: ValidationRow,
     return expected
 
 
-def _declared(steps: list[Any]) -> Tolerance | None:
-    """The variant's last accuracy budget (``Recipe.declared_tolerances``)."""
-    budgets = [step["config"]["tolerance"] for step in steps
-               if isinstance(step, dict) and (step.get("config") or {}).get("tolerance") is not None
-               and "metric" not in step["config"]["tolerance"]]  # a task metric's budget holds no output limits
-    return Tolerance.model_validate(budgets[-1]) if budgets else None
+def declared_in_snapshot(steps: list[Any], where: str) -> Tolerance | None:
+    """The limits a variant of a recipe snapshot (its steps as dumped) declares: its steps parsed by their stages'
+    models, asked as the run asked them (``Recipe.declared_tolerances``); QdeployInputError naming ``where`` when a
+    step is not one this qdeploy reads."""
+    return variant_tolerance(_configs(steps, where))
+
+
+def _configs(steps: list[Any], where: str) -> list[StageConfig]:
+    configs = []
+    for index, step in enumerate(steps):
+        try:
+            if not isinstance(step, dict):
+                raise ValueError("a step of the snapshot is {stage, config}")
+            configs.append(registry.transform_stage(str(step.get("stage"))).config.model_validate(step.get("config")))
+        except (ValidationError, ValueError) as exc:
+            raise QdeployInputError(f"{where}: step {index + 1} of the variant in the run's recipe is not one this "
+                                    f"qdeploy reads ({str(exc).splitlines()[0]}); run the recipe again") from None
+    return configs
 
 
 def _basis(config: Any, declared: Tolerance | None, precision: str, model_path: Path,

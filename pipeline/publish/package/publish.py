@@ -14,10 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from qdeploy.core.rows import BenchmarkRow, ValidationRow, readable_report
+from qdeploy.core.report import Report, as_report
+from qdeploy.core.report_parts import Packages
 from qdeploy.core.runtimes import artifact_of, built_for, variants_named
 from qdeploy.pipeline.publish.package import (
     PackageError,
@@ -44,30 +46,26 @@ log = logging.getLogger(__name__)
 PACKAGES = "packages"
 
 
-def chosen_pairs(report: dict[str, Any], targets: list[str] | None = None,
+def chosen_pairs(report: Report | Mapping[str, Any], targets: list[str] | None = None,
                  which: str = "verdict") -> list[tuple[str, str]]:
     """(variant, target) to package: the verdict's pick per target (``which`` 'verdict', when the report has a
     verdict), else every passed validation row."""
-    published = {row["name"] for row in report.get("artifacts", [])}
+    report = as_report(report)
+    published = {row.name for row in report.artifacts}
     wanted = [t for t in (targets or _report_targets(report)) if packable(t)]
-    verdict = (report.get("verdict") or {}).get("targets")
-    if which == "verdict" and isinstance(verdict, dict):
-        return [(pick["variant"], target) for target, pick in verdict.items() if target in wanted
-                and isinstance(pick, dict) and artifact_of(str(pick.get("variant"))) in published]
-    return [(row.variant, row.target) for row in _validation(report)
+    if which == "verdict" and report.verdict is not None:
+        return [(pick.variant, target) for target, pick in report.verdict.targets.items() if target in wanted
+                and pick.variant is not None and artifact_of(pick.variant) in published]
+    return [(row.variant, row.target) for row in report.validation
             if row.status == "passed" and row.target in wanted and artifact_of(row.variant) in published]
 
 
-def _validation(report: dict[str, Any]) -> list[ValidationRow]:
-    return [ValidationRow.from_json(row) for row in report.get("validation", [])]
+def _report_targets(report: Report) -> list[str]:
+    return list(dict.fromkeys(row.target for row in report.validation))
 
 
-def _report_targets(report: dict[str, Any]) -> list[str]:
-    return list(dict.fromkeys(row.target for row in _validation(report)))
-
-
-def write_run_packages(report: dict[str, Any], recipe: Any, evaluated: dict[str, Any], generation: Path,
-                       targets: list[str], stable_root: Path) -> dict[str, Any]:
+def write_run_packages(report: Report, recipe: Any, evaluated: dict[str, Any], generation: Path,
+                       targets: list[str], stable_root: Path) -> Packages:
     """Check data and the packages of a finished run into its generation; the report's 'packages' record.
 
     A package that fails its own check is not written and is listed under 'failed'; it never fails the run
@@ -77,7 +75,7 @@ def write_run_packages(report: dict[str, Any], recipe: Any, evaluated: dict[str,
     write_recipe_snapshot(generation, snapshot)  # what `qdeploy package` later reads tolerances from
     spec = recipe.report.packages
     if not spec.enabled:
-        return {"enabled": False, "written": [], "failed": []}
+        return Packages(enabled=False, written=[], failed=[])
 
     artifacts = generation / "artifacts"
     check = compute_check_data(recipe, evaluated, spec.check_samples)
@@ -98,12 +96,11 @@ def write_run_packages(report: dict[str, Any], recipe: Any, evaluated: dict[str,
                         "path": str(stable_root / PACKAGES / folder.name),
                         "manifest_sha256": sha256_file(folder / "manifest.json"),
                         "checked": bool(check.samples), "unchecked_reason": check.left_out or None})
-    by_verdict = spec.which == "verdict" and (report.get("verdict") or {}).get("targets")
-    return {"enabled": True, "chosen_by": "verdict" if by_verdict else
-            "every artifact that passed validation on the target", "written": written, "failed": failed,
-            "check_samples": check.samples, "check_source": check.source,
-            "check_data": {"file": f"{PACKAGES}/{CHECK_FILE}",
-                           "sha256": sha256_file(generation / PACKAGES / CHECK_FILE)}}
+    by_verdict = spec.which == "verdict" and report.verdict is not None and report.verdict.targets
+    return Packages.model_validate({
+        "enabled": True, "chosen_by": "verdict" if by_verdict else "every artifact that passed validation on the "
+        "target", "written": written, "failed": failed, "check_samples": check.samples, "check_source": check.source,
+        "check_data": {"file": f"{PACKAGES}/{CHECK_FILE}", "sha256": sha256_file(generation / PACKAGES / CHECK_FILE)}})
 
 
 RUN_TIME_PACKAGE = ("made by the run itself, before its report.json existed: report.json's packages.written "
@@ -130,30 +127,20 @@ def package_from_run(run_dir: Path, target: str, variants: list[str] | None, out
     label = str(report_path)
     try:
         data = report_path.read_bytes()
-        report = json.loads(data)
+        parsed = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PackageError(f"{label}: not a report qdeploy wrote ({exc}); run qdeploy run again",
                            input_error=True) from None
-    if not isinstance(report, dict):
-        raise PackageError(f"{label}: not a report qdeploy wrote (a JSON {type(report).__name__}, not an object)",
+    if not isinstance(parsed, dict):
+        raise PackageError(f"{label}: not a report qdeploy wrote (a JSON {type(parsed).__name__}, not an object)",
                            input_error=True)
-    with readable_report(label):  # every row this command reads, parsed before any is used
-        _parse_rows(report)
+    report = as_report(parsed, label)  # the whole report, parsed before any of it is used
     run = {"folder": str(report_path.parent.resolve()), "report": report_path.name,
            "report_sha256": hashlib.sha256(data).hexdigest()}
     return _package_report(report, report_path, run, target, variants, out_dir, ort_optimized)
 
 
-def _parse_rows(report: dict[str, Any]) -> None:
-    """Parse the rows packaging reads; a malformed one raises here, where it is named as the user's input."""
-    _validation(report)
-    for row in report.get("benchmarks", []):
-        BenchmarkRow.from_json(row)
-    for row in report.get("artifacts", []):
-        dict(row)
-
-
-def _package_report(report: dict[str, Any], report_path: Path, run: dict[str, Any], target: str,
+def _package_report(report: Report, report_path: Path, run: dict[str, Any], target: str,
                     variants: list[str] | None, out_dir: Path, ort_optimized: bool) -> list[Path]:
     run_dir = report_path.parent
     targets = _report_targets(report)
@@ -168,7 +155,7 @@ def _package_report(report: dict[str, Any], report_path: Path, run: dict[str, An
                            input_error=True)
     check = stored_check_data(run_dir, report)
     snapshot = recipe_snapshot(report_path, report)
-    if snapshot is None and any("sidecar_sha256" in row for row in report.get("artifacts", [])):
+    if snapshot is None and any(row.sidecar_sha256 for row in report.artifacts):
         raise PackageError(f"{run_dir}: recipe.snapshot.json is missing; this qdeploy wrote the run with one and a "
                            "package's tolerances are read from it. Give the whole run folder, or run the recipe "
                            "again", input_error=True)
@@ -178,21 +165,22 @@ def _package_report(report: dict[str, Any], report_path: Path, run: dict[str, An
     return [build_package(source, out_dir, check, ort_optimized=ort_optimized) for source in sources]
 
 
-def _builds_named(report: dict[str, Any], variants: list[str], target: str) -> list[str]:
+def _builds_named(report: Report, variants: list[str], target: str) -> list[str]:
     """``--variant`` names: a variant per_runtime split (``int8``) names its build for ``target`` (``int8@ort``)."""
-    names = [row["name"] for row in report.get("artifacts", []) if isinstance(row, dict) and "name" in row]
+    names = [row.name for row in report.artifacts]
     return [next((build for build in variants_named(name, names) if built_for(build, target)), name)
             for name in variants]
 
 
-def stored_check_data(run_dir: Path, report: dict[str, Any]) -> CheckData:
+def stored_check_data(run_dir: Path, report: Report | Mapping[str, Any]) -> CheckData:
     """The run's check data, verified against the sha256 its report records; 'unchecked' data when the run
     wrote none (packages off, or an older qdeploy)."""
-    record = (report.get("packages") or {}).get("check_data")
-    if not record:
+    report = as_report(report)
+    record = report.packages.check_data if report.packages else None
+    if record is None:
         return CheckData(left_out="the run wrote no check data (packages were off, or an older qdeploy ran it)")
-    path = run_dir / record["file"]
-    if not path.is_file() or sha256_file(path) != record["sha256"]:
+    path = run_dir / record.file
+    if not path.is_file() or sha256_file(path) != record.sha256:
         raise PackageError(f"{path}: missing or changed since the run (its sha256 is in report.json); run qdeploy "
                            "run again", input_error=True)
     return read_check_data(path)

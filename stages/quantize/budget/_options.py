@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.runtimes import runtime_of_target
+from qdeploy.stages.accuracy_budget.latency import timing_sources
 from qdeploy.stages.quantize._config_fields import TaskTolerance
-from qdeploy.stages.quantize.budget._latency import timing_sources
 from qdeploy.stages.task_metric import labels_missing, task_for
 
 if TYPE_CHECKING:
@@ -23,8 +23,8 @@ __all__ = ["FIELD", "budget_options", "labels_missing"]
 
 def budget_options(config: Any, ctx: StageContext, model: Path, dataset: str | None, samples: int,
                    runtime: str | None = None) -> dict[str, Any]:
-    """meet_budget's keywords for ``config``: ``task`` (the metric function and one label per budget sample),
-    ``max_seconds`` and ``timing`` (the targets' timing sources when ``budget.weigh_latency``)."""
+    """The engine's ``meet_budget`` keywords for ``config``: ``task`` (the metric function and one label per budget
+    sample), ``max_seconds`` and ``timing`` (the targets' timing sources when ``budget.weigh_latency``)."""
     options: dict[str, Any] = {"max_seconds": config.budget.max_seconds}
     if config.budget.weigh_latency:
         targets: Sequence[str] = [name for name in ctx.targets

@@ -30,7 +30,7 @@ from qdeploy.stages.quantize.findings import LoweringNotes
 from qdeploy.stages.quantize.lower import _ops as quantize_lower_ops
 from qdeploy.stages.quantize.lower import _patterns as quantize_lower_patterns
 from qdeploy.stages.quantize.lower import _qdq as quantize_lower_qdq
-from qdeploy.stages.quantize.lower._base import ActivationCheck, LoweringEditor, Rule
+from qdeploy.stages.quantize.lower._base import ActivationCheck, LoweringEditor, RefusedSite, Rule, SiteRecord
 from qdeploy.stages.quantize.lower._grid import Refused
 
 if TYPE_CHECKING:
@@ -75,8 +75,8 @@ def lower_model(model: onnx.ModelProto, variant: str, rules: tuple[Rule, ...] = 
 
     model = _at_least_opset(model, variant)
     ir_model = ir.from_proto(_with_shapes(model))
-    sites: list[dict[str, Any]] = []
-    refused: list[dict[str, Any]] = []
+    sites: list[SiteRecord] = []
+    refused: list[RefusedSite] = []
     checks: list[ActivationCheck] = []
     for graph in _graphs(ir_model.graph):
         editor = LoweringEditor(graph)
@@ -135,7 +135,7 @@ def _graphs(graph: ir.Graph) -> Iterator[ir.Graph]:
                     yield from _graphs(subgraph)
 
 
-def _apply(rule: Rule, editor: LoweringEditor, sites: list[dict[str, Any]], refused: list[dict[str, Any]]) -> None:
+def _apply(rule: Rule, editor: LoweringEditor, sites: list[SiteRecord], refused: list[RefusedSite]) -> None:
     for node in list(editor.graph):
         if node.graph is not editor.graph:  # removed by an earlier match of this rule
             continue
@@ -166,7 +166,7 @@ def unknown_fake_quant_ops(graph: ir.Graph) -> list[dict[str, str]]:
     return unknown
 
 
-def _findings(sites: list[dict[str, Any]], refused: list[dict[str, Any]]) -> LoweringNotes:
+def _findings(sites: list[SiteRecord], refused: list[RefusedSite]) -> LoweringNotes:
     counts: dict[str, int] = {}
     for site in sites:
         counts[site["rule"]] = counts.get(site["rule"], 0) + 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -21,6 +21,35 @@ from qdeploy.stages.quantize.lower._grid import AffineFakeQuant, Reference, exac
 
 if TYPE_CHECKING:
     import onnx_ir as ir
+
+
+class SiteRecord(TypedDict, total=False):
+    """What a replacement did at one site (``findings.sites[]``): the rule, the nodes, and how exact it is."""
+
+    rule: str
+    nodes: list[str]
+    tensor: str | None
+    kind: str
+    """``weight`` (folded into an integer initializer), ``activation`` (Q then DQ) or ``observer``."""
+    dtype: str
+    per_channel: bool
+    levels: int
+    symmetric: bool
+    notes: list[str]
+    step: float
+    max_difference: float
+    exact: bool
+    rounding_error_steps: float
+    scale: list[float]
+    """An observer's first scales."""
+
+
+class RefusedSite(TypedDict):
+    """A match a rule's check (or its replacement) refused, and why (``findings.refused[]``)."""
+
+    rule: str
+    nodes: list[str]
+    reason: str
 
 
 @dataclass
@@ -50,7 +79,7 @@ class Rule:
 
     name: str
     pattern: Callable[[ir.Node], Match | None]
-    replacement: Callable[[Match, LoweringEditor], dict[str, Any]]
+    replacement: Callable[[Match, LoweringEditor], SiteRecord]
     check: Callable[[Match], str | None] = accept
 
 
@@ -95,12 +124,12 @@ class LoweringEditor(GraphEditor):
         self.replace(match.nodes, new_nodes, match.y, new_value)
 
     def lower_fake_quant(self, match: Match, rule: str, fake_quant: AffineFakeQuant,
-                         reference: Reference) -> dict[str, Any]:
+                         reference: Reference) -> SiteRecord:
         """Replace a matched fake-quant by its exact Q/DQ form: a folded int8 weight, or Q then DQ."""
         qdq = exact_qdq(fake_quant)
         weight = self.constant(match.x)
         base = match.y.name or "fq"
-        record: dict[str, Any] = {"rule": rule, "nodes": match.names, "tensor": match.y.name,
+        record: SiteRecord = {"rule": rule, "nodes": match.names, "tensor": match.y.name,
                                   "per_channel": qdq.axis is not None, "levels": fake_quant.levels,
                                   "notes": list(qdq.notes)}
         if weight is not None:

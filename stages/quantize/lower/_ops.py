@@ -9,12 +9,12 @@ constants.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
 from qdeploy.graph.edit import attribute, constant_array
-from qdeploy.stages.quantize.lower._base import LoweringEditor, Match, Rule, missing_constants
+from qdeploy.stages.quantize.lower._base import LoweringEditor, Match, Rule, SiteRecord, missing_constants
 from qdeploy.stages.quantize.lower._grid import AffineFakeQuant
 from qdeploy.stages.quantize.lower._reference import (
     observer_params,
@@ -69,7 +69,7 @@ def openvino_affine(constants: dict[str, np.ndarray | None], levels: int) -> Aff
     return AffineFakeQuant(s_in=s_in, z_in=-il / s_in, s_out=s_out, z_out=-ol / s_out, qmin=0, qmax=levels - 1)
 
 
-def openvino_replacement(match: Match, editor: LoweringEditor) -> dict[str, Any]:
+def openvino_replacement(match: Match, editor: LoweringEditor) -> SiteRecord:
     levels = match.attributes["levels"]
     constants = match.constants
     reference = partial(openvino_fake_quantize, input_low=constants["input_low"], input_high=constants["input_high"],
@@ -79,13 +79,25 @@ def openvino_replacement(match: Match, editor: LoweringEditor) -> dict[str, Any]
 
 # ---- OneFlow fake_quantization and its observers ----------------------------------------------------
 
-def _oneflow_settings(node: ir.Node) -> dict[str, Any]:
+class OneflowSettings(TypedDict, total=False):
+    """A OneFlow fake_quantization's (or observer's) attributes, as its rules read them."""
+
+    bits: int
+    scheme: str
+    formula: str
+    op: str
+    """Observers only: ``min_max_observer`` or ``moving_average_min_max_observer``."""
+    per_layer: bool
+    training: bool
+
+
+def _oneflow_settings(node: ir.Node) -> OneflowSettings:
     return {"bits": int(attribute(node, "quantization_bit", 8)),
             "scheme": str(attribute(node, "quantization_scheme", "symmetric")),
             "formula": str(attribute(node, "quantization_formula", "google"))}
 
 
-def _settings_refusal(settings: dict[str, Any]) -> str | None:
+def _settings_refusal(settings: OneflowSettings) -> str | None:
     if settings["scheme"] not in _SCHEMES:
         return f"quantization_scheme '{settings['scheme']}' (known: {', '.join(_SCHEMES)})"
     if settings["formula"] not in _FORMULAS:
@@ -124,7 +136,7 @@ def _along_first_axis(array: np.ndarray, rank: int | None) -> np.ndarray:
     return array.reshape([array.size] + [1] * ((rank or 1) - 1))
 
 
-def oneflow_affine(scale: np.ndarray, zero: np.ndarray, settings: dict[str, Any]) -> AffineFakeQuant:
+def oneflow_affine(scale: np.ndarray, zero: np.ndarray, settings: OneflowSettings) -> AffineFakeQuant:
     bits = settings["bits"]
     if settings["formula"] == "cambricon":
         step = np.power(2.0, np.trunc(scale))
@@ -137,7 +149,7 @@ def oneflow_affine(scale: np.ndarray, zero: np.ndarray, settings: dict[str, Any]
     return AffineFakeQuant(scale, rounded, scale, rounded, 0, 2 ** bits - 1)
 
 
-def oneflow_replacement(match: Match, editor: LoweringEditor) -> dict[str, Any]:
+def oneflow_replacement(match: Match, editor: LoweringEditor) -> SiteRecord:
     rank = len(match.x.shape) if match.x.shape is not None else None
     scale = _along_first_axis(match.constants["scale"], rank)  # type: ignore[arg-type]
     raw_zero = match.constants.get("zero_point")
@@ -152,7 +164,7 @@ def observer_pattern(node: ir.Node) -> Match | None:
     if node.op_type not in ("min_max_observer", "moving_average_min_max_observer") or node.inputs[0] is None:
         return None
     names = ("x",) if node.op_type == "min_max_observer" else ("x", "train_step", "moving_max", "moving_min")
-    settings = {**_oneflow_settings(node), "op": node.op_type,
+    settings: OneflowSettings = {**_oneflow_settings(node), "op": node.op_type,
                 "per_layer": bool(attribute(node, "per_layer_quantization", 1)),
                 "training": bool(attribute(node, "training", 0))}
     return Match([node], node.inputs[0], node.outputs[0], _constants(node, names), settings)
@@ -169,7 +181,7 @@ def observer_check(match: Match) -> str | None:
     return missing_constants(match, ("moving_max", "moving_min"))
 
 
-def observer_replacement(match: Match, editor: LoweringEditor) -> dict[str, Any]:
+def observer_replacement(match: Match, editor: LoweringEditor) -> SiteRecord:
     """The observer's (scale, zero_point) computed now and stored as initializers."""
     settings = match.attributes
     node = match.nodes[0]

@@ -11,7 +11,7 @@ integer zero points).
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from qdeploy.stages.quantize.lower._base import (
     LoweringEditor,
     Match,
     Rule,
+    SiteRecord,
     missing_constants,
     only_consumer,
     single_use,
@@ -57,7 +58,22 @@ def _zero_value(node: ir.Node) -> np.ndarray | None:
     return operand
 
 
-def _scale_input(node: ir.Node, found: dict[str, Any]) -> ir.Value | None:
+class Found(TypedDict, total=False):
+    """What the walk around a Round found: the scales, zero points and Clip bounds, and which are there."""
+
+    divide: bool
+    pre_scale: np.ndarray | None
+    post_scale: np.ndarray | None
+    zero_before: np.ndarray | None
+    zero_after: np.ndarray | None
+    zero_out: np.ndarray | None
+    has_zero_before: bool
+    has_zero_after: bool
+    has_zero_out: bool
+    clip: tuple[np.ndarray | None, np.ndarray | None]
+
+
+def _scale_input(node: ir.Node, found: Found) -> ir.Value | None:
     """The data input of the opening Div/Mul; records the scale (or None when computed at run time)."""
     data, operand, index = _split_constant(node)
     if node.op_type == "Div":
@@ -69,7 +85,7 @@ def _scale_input(node: ir.Node, found: dict[str, Any]) -> ir.Value | None:
     return data
 
 
-def _before_round(round_node: ir.Node, found: dict[str, Any], nodes: list[ir.Node]) -> ir.Value | None:
+def _before_round(round_node: ir.Node, found: Found, nodes: list[ir.Node]) -> ir.Value | None:
     """Walks Round <- [Add] <- Div/Mul; returns the data input of the Div/Mul."""
     value = round_node.inputs[0]
     producer = value.producer() if value is not None else None
@@ -94,7 +110,7 @@ def _clip_bounds(clip: ir.Node) -> tuple[np.ndarray | None, np.ndarray | None]:
     return low, high
 
 
-def _after_round(round_node: ir.Node, found: dict[str, Any], nodes: list[ir.Node]) -> ir.Value | None:
+def _after_round(round_node: ir.Node, found: Found, nodes: list[ir.Node]) -> ir.Value | None:
     """Walks Round -> [Add] -> Clip -> [Sub] -> Mul; returns the Mul's output."""
     current = only_consumer(round_node.outputs[0])
     if _zero_node(current):
@@ -120,7 +136,7 @@ def _after_round(round_node: ir.Node, found: dict[str, Any], nodes: list[ir.Node
 def decomposed_pattern(node: ir.Node) -> Match | None:
     if not _standard(node, "Round") or node.inputs[0] is None:
         return None
-    found: dict[str, Any] = {}
+    found: Found = {}
     before: list[ir.Node] = []
     after: list[ir.Node] = []
     x = _before_round(node, found, before)
@@ -162,7 +178,7 @@ def decomposed_affine(match: Match) -> AffineFakeQuant:
                            qmax=round(float(constants["clip_high"])))  # type: ignore[arg-type]
 
 
-def decomposed_replacement(match: Match, editor: LoweringEditor) -> dict[str, Any]:
+def decomposed_replacement(match: Match, editor: LoweringEditor) -> SiteRecord:
     constants = match.constants
     reference = partial(decomposed_fake_quant, pre_scale=constants["pre_scale"], divide=match.attributes["divide"],
                         zero_before=constants["zero_before"], zero_after=constants["zero_after"],

@@ -8,7 +8,7 @@ integer weight feeding the DequantizeLinear.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from qdeploy.stages.quantize.lower._base import (
     LoweringEditor,
     Match,
     Rule,
+    SiteRecord,
     missing_constants,
 )
 from qdeploy.stages.quantize.lower._reference import quantize_linear
@@ -54,7 +55,7 @@ def weight_qdq_check(match: Match) -> str | None:
     return None
 
 
-def weight_qdq_replacement(match: Match, editor: LoweringEditor) -> dict[str, Any]:
+def weight_qdq_replacement(match: Match, editor: LoweringEditor) -> SiteRecord:
     weight, scale, zero = (np.asarray(match.constants[name]) for name in ("weight", "scale", "zero_point"))
     axis = match.attributes["axis"] % max(weight.ndim, 1)
     shape = [-1 if index == axis else 1 for index in range(weight.ndim)]

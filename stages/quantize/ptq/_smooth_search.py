@@ -72,7 +72,7 @@ def smoothed_for_ptq(prepared: Path, feeds: Callable[[], Any], config: PtqConfig
 def _search_samples(budget_feeds: list[Feeds]) -> list[Feeds]:
     """The budget's search samples (not those it holds back to confirm on), at most ``SCORE_SAMPLES``."""
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize.budget._search import held_back_count
+    from qdeploy.stages.accuracy_budget.search import held_back_count
 
     return budget_feeds[:len(budget_feeds) - held_back_count(len(budget_feeds))][:SCORE_SAMPLES]
 
@@ -86,7 +86,7 @@ def search_alpha(measured: AlphaMeasurement, build: Build, samples: list[Feeds],
             "alpha": None, "smoothed_tensors": 0,
             "note": "no MatMul/Gemm with a constant 2-D weight reads a float activation: nothing to search"}
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize.budget._eval import error_ratio, ort_runner, worst_of
+    from qdeploy.stages.accuracy_budget.evaluate import error_ratio, ort_runner, worst_of
 
     start = time.perf_counter()
     reference = ort_runner(measured.path, [samples])[0]

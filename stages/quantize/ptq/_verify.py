@@ -27,7 +27,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.stages.quantize.ptq._openvino import dequantized_values
@@ -71,10 +71,31 @@ def compute_nodes(model: onnx.ModelProto) -> int:
     return sum(1 for node in model.graph.node if node.op_type in COMPUTE_OPS | INTEGER_COMPUTE_OPS)
 
 
-def int8_kernels(model_path: Path, model: onnx.ModelProto, targets: list[str], work_dir: Path) -> dict[str, Any]:
+class KernelCount(TypedDict, total=False):
+    """One target's int8 kernel count (``findings.int8_kernels[target]``), or why it was not counted."""
+
+    status: str
+    """Only when not counted: ``unavailable``, ``unchecked`` or ``error``, with the ``reason``."""
+    reason: str
+    quantizable: int
+    """Compute nodes meant to run in int8 (``quantizable_nodes``)."""
+    int8: int
+    """Of them, those that run as int8 kernels or layers."""
+    int8_kernels: dict[str, int]
+    """ONNX Runtime: integer kernels of its optimized graph, by op type."""
+    float_compute_kernels: dict[str, int]
+    """ONNX Runtime: compute kernels left in float, by op type."""
+    compute_layers: dict[str, int]
+    """OpenVINO: compute layers of the compiled model, by type."""
+    int8_layers: dict[str, int]
+    """OpenVINO: those whose runtime precision is int8/uint8."""
+
+
+def int8_kernels(model_path: Path, model: onnx.ModelProto, targets: list[str],
+                 work_dir: Path) -> dict[str, KernelCount]:
     """Per target: quantizable compute nodes, and how many run as int8 kernels (or why it was not checked)."""
     quantizable = quantizable_nodes(model)
-    results: dict[str, Any] = {}
+    results: dict[str, KernelCount] = {}
     for target in targets:
         available, reason = get_target(target).availability()
         if not available:
@@ -94,7 +115,7 @@ def int8_kernels(model_path: Path, model: onnx.ModelProto, targets: list[str], w
     return results
 
 
-def _ort_counts(model_path: Path, work_dir: Path) -> dict[str, Any]:
+def _ort_counts(model_path: Path, work_dir: Path) -> KernelCount:
     import onnxruntime as ort
 
     optimized = work_dir / "ort_optimized.onnx"
@@ -110,7 +131,7 @@ def _ort_counts(model_path: Path, work_dir: Path) -> dict[str, Any]:
     return {"int8": sum(kernels.values()), "int8_kernels": kernels, "float_compute_kernels": float_compute}
 
 
-def _bounded_openvino_counts(model_path: Path, nodes: int) -> dict[str, Any]:
+def _bounded_openvino_counts(model_path: Path, nodes: int) -> KernelCount:
     """OpenVINO's counts; for large graphs in a child process with a time limit (see the module doc)."""
     if nodes <= IN_PROCESS_NODES:
         return _openvino_counts(model_path)
@@ -135,7 +156,7 @@ def _child(model_path: str) -> None:
     print(json.dumps(_openvino_counts(Path(model_path))))
 
 
-def _openvino_counts(model_path: Path) -> dict[str, Any]:
+def _openvino_counts(model_path: Path) -> KernelCount:
     import openvino
 
     core = openvino.Core()

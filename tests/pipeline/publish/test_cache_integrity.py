@@ -36,7 +36,8 @@ validate: {reference: fp32, samples: 2}
 benchmark: {enabled: false}
 """
 
-SMALL_EXTERNAL_DATA = "import qdeploy.pipeline.publish.store\nqdeploy.pipeline.store.EXTERNAL_DATA_THRESHOLD = 1000\n"
+SMALL_EXTERNAL_DATA = ("import qdeploy.pipeline.publish.store\n"
+                       "qdeploy.pipeline.publish.store.EXTERNAL_DATA_THRESHOLD = 1000\n")
 """Run prelude: models above 1 kB are saved with external data, so the tiny model exercises that path."""
 
 

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from qdeploy.core.rows import BenchmarkRow
+from qdeploy.core.rows import BenchmarkRow, ValidationRow
 from qdeploy.pipeline.report import render_markdown
 from qdeploy.pipeline.report.view import (
     TradeoffPoint,
@@ -32,7 +32,7 @@ def test_speedup_range_is_the_spread_of_per_round_ratios() -> None:
 def test_matrix_joins_benchmarks_validation_and_sizes() -> None:
     rows = {(row.variant, row.target): row for row in matrix(synthetic_report())}
     int8 = rows[("int8", "ort:cpu")]
-    assert int8.size_bytes == 500_000 and int8.metrics["cosine"] == 0.999 and int8.latency["p50"] == 1.0
+    assert int8.size_bytes == 500_000 and int8.metrics.cosine == 0.999 and int8.p50 == 1.0
     assert int8.status == "failed"
     assert rows[("fp32", "ort:cuda")].status == "unavailable"
     assert rows[("fp16", "ort:cpu")].speedup_undecided and not rows[("int8", "ort:cpu")].speedup_undecided
@@ -63,7 +63,7 @@ def test_findings_highlights_name_what_matters() -> None:
 
 
 def test_validation_notes_render_divergence_unattainable_and_warnings() -> None:
-    rows = {row["variant"]: row for row in synthetic_report()["validation"]}
+    rows = {row["variant"]: ValidationRow.from_json(row) for row in synthetic_report()["validation"]}
     notes = validation_notes(rows["int8"])
     assert any("conv_7" in note and "Conv" in note and "0.4" in note for note in notes)
     assert any(note.startswith("unattainable: atol") for note in notes)

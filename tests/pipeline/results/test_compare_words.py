@@ -127,7 +127,7 @@ def _recipe(path: Path, model: str, data: str) -> Path:
 
 def _report_of(recipe: Path) -> dict[str, Any]:
     report = synthetic_report()
-    report["recipe"] = build_report(load_recipe_file(recipe), [], [], [], [], [], seconds=0.0)["recipe"]
+    report["recipe"] = build_report(load_recipe_file(recipe), [], [], [], [], [], seconds=0.0).recipe.to_json()
     return report
 
 

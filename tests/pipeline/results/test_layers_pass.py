@@ -16,6 +16,7 @@ from qdeploy.pipeline.results.layers import decisions_of, profile_pair, profiled
 from qdeploy.pipeline.results.layers_summary import pair_summary
 from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 from tests.helpers.layers import overflow_chain, unfusable_qdq_conv
+from tests.helpers.reports import report_with
 
 
 def _saved(folder: Path, **models: onnx.ModelProto) -> list[Path]:
@@ -30,7 +31,7 @@ def test_a_conv_ort_cannot_fuse_runs_in_float_and_the_summary_says_why(tmp_path:
     reference, candidate = _saved(tmp_path, ref=unfusable_qdq_conv()[0], q=unfusable_qdq_conv()[1])
     feeds = [{"input": np.random.default_rng(0).random((1, 3, 16, 16), dtype=np.float32)}]
     pair = profile_pair(SimpleNamespace(path=candidate, precision="int8"), "int8", "ort:cpu", "shipped", reference,
-                        feeds, {}, full=True)
+                        feeds, report_with(), full=True)
     assert pair["status"] == "ok", pair.get("reason")
     conv = next(row for row in pair["rows"] if "conv" in row["nodes"] and row["macs"])
     assert (conv["op"], conv["precision"]) == ("Conv", "f32")
@@ -46,18 +47,18 @@ def test_the_layer_where_fp16_overflows_tops_the_error_list(tmp_path: Path) -> N
     reference, candidate = _saved(tmp_path, fp32=overflow_chain(False), fp16=overflow_chain(True))
     feeds = [{"input": np.random.default_rng(seed).random((1, 64), dtype=np.float32)} for seed in range(2)]
     pair = profile_pair(SimpleNamespace(path=candidate, precision="fp16"), "fp16", "ort:cpu", "failed validation",
-                        reference, feeds, {}, full=False)
+                        reference, feeds, report_with(), full=False)
     worst = pair["top_error"][0]
     assert "big" in worst["nodes"] and worst["nonfinite_born"], pair["top_error"]
     assert "rows" not in pair and len(pair["timeline"]["layer"]) == pair["rows_total"]
 
 
 def test_decisions_come_from_the_lineage_findings() -> None:
-    report = {"artifacts": [{"name": "v", "lineage": [
+    report = report_with(artifacts=[{"name": "v", "lineage": [
         {"stage": "quantize", "findings": {"excluded": ["head"], "budget": {"kept_float": [
             {"node": "attn", "rank": 2, "reason": "ranked 2 of 9 by the error it adds"}]}}},
         {"stage": "fp16", "findings": {"node_block_list": ["norm"], "kept_in_fp32": [
-            {"node": "pow", "tensor": "p", "predicted": 1.2e6, "reason": "Pow of an activation"}]}}]}]}
+            {"node": "pow", "tensor": "p", "predicted": 1.2e6, "reason": "Pow of an activation"}]}}]}])
     decided = decisions_of(report, "v")
     assert decided["head"].startswith("kept float: excluded by the recipe")
     assert decided["attn"] == "kept float by the accuracy budget (rank 2: ranked 2 of 9 by the error it adds)"
@@ -68,11 +69,12 @@ def test_decisions_come_from_the_lineage_findings() -> None:
 
 
 def test_auto_profiles_what_ships_and_what_failed_full_profiles_every_pair() -> None:
-    report = {"verdict": {"targets": {"ort:cpu": {"status": "ship", "variant": "int8"},
-                                      "openvino:cpu": {"status": "none", "variant": None}}},
-              "validation": [{"variant": v, "target": t, "status": s} for v, t, s in (
-                  ("fp32", "ort:cpu", "passed"), ("int8", "ort:cpu", "passed"), ("fp16", "openvino:cpu", "failed"),
-                  ("int8", "ort:cuda", "unavailable"), ("fp16", "reference:cpu", "passed"))]}
+    report = report_with(verdict={"targets": {"ort:cpu": {"status": "ship", "variant": "int8"},
+                                              "openvino:cpu": {"status": "none", "variant": None}}},
+                         validation=[{"variant": v, "target": t, "status": s} for v, t, s in (
+                             ("fp32", "ort:cpu", "passed"), ("int8", "ort:cpu", "passed"),
+                             ("fp16", "openvino:cpu", "failed"), ("int8", "ort:cuda", "unavailable"),
+                             ("fp16", "reference:cpu", "passed"))])
     variants, targets = ["fp32", "fp16", "int8"], ["ort:cpu", "openvino:cpu", "ort:cuda"]
     assert profiled_pairs("auto", report, variants, targets) == [("int8", "ort:cpu", "shipped"),
                                                                  ("fp16", "openvino:cpu", "failed validation")]
@@ -81,8 +83,8 @@ def test_auto_profiles_what_ships_and_what_failed_full_profiles_every_pair() -> 
 
 
 def test_a_shipped_reference_model_that_no_variant_built_is_not_profiled() -> None:
-    report = {"verdict": {"targets": {"ort:cpu": {"status": "ship", "variant": "reference_model"}}},
-              "validation": []}
+    report = report_with(verdict={"targets": {"ort:cpu": {"status": "ship", "variant": "reference_model"}}},
+                         validation=[])
     assert profiled_pairs("auto", report, ["fp32", "int8"], ["ort:cpu"]) == []
 
 

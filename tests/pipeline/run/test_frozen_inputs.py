@@ -32,7 +32,7 @@ from qdeploy.stages.validate._unreadable import condense_unreadable
 from tests.helpers.frozen import RATE, SAMPLES, write_rate_if_model
 from tests.helpers.models import write_recipe
 from tests.helpers.report_keys import key_schema
-from tests.helpers.reports import bench_row, check_row
+from tests.helpers.reports import bench_row, check_row, report_with
 
 RECIPE = """
     name: frozen
@@ -213,7 +213,7 @@ def _verdict_report(readable_int8: bool) -> dict[str, Any]:
     else:
         report["validation"].append({**check_row("int8", "openvino:cpu", 0, 0, status="unreadable"), "metrics": {},
                                      "unreadable": True})
-    return report
+    return report_with(**report)
 
 
 def test_the_verdict_says_an_unreadable_target_once_and_ships_what_reads_there() -> None:

@@ -282,13 +282,40 @@ def test_a_placement_check_that_fails_gives_each_runtime_its_own_build(tmp_path:
 
     (tmp_path / "broken.onnx").write_bytes(b"not a model")
     recipe = _recipe(PLAIN, ["ort:cpu", "openvino:cpu"])
-    state = SimpleNamespace(recipe=recipe, store=ArtifactStore(tmp_path / "cache"), use_cache=True,
-                            work_root=tmp_path / "work")
+    state = SimpleNamespace(store=ArtifactStore(tmp_path / "cache"), use_cache=True, work_root=tmp_path / "work",
+                            placements={})
     step = recipe.variants["int8@openvino"][0]
     config = build_config(state, "int8@openvino", step, artifact_at(tmp_path / "broken.onnx"))
-    assert config.runtime == "openvino" and recipe.placements["int8"].error
+    assert config.runtime == "openvino" and state.placements["int8"].error
     assert build_config(state, "fp32", recipe.variants["int8@ort"][0], artifact_at(tmp_path / "broken.onnx")) \
         is recipe.variants["int8@ort"][0].config  # not a runtime's build: as written
     rows = [{"name": "int8@ort", "sha256": "a", "seconds": 1.0}, {"name": "int8@openvino", "sha256": "b"}]
-    note_runtime_builds(rows, recipe)
+    decisions = note_runtime_builds(rows, state.placements)
     assert rows[1]["per_runtime"]["note"].startswith("one graph per runtime: the placements could not be compared")
+    assert decisions["int8"].graphs == 2 and decisions["int8"].builds == ("int8@ort", "int8@openvino")
+    assert rows[0]["per_runtime"] == decisions["int8"].row()  # one typed decision, written to each build's row
+
+
+def test_per_runtime_auto_is_decided_in_the_build_outcome_never_on_the_recipe(tmp_path: Path) -> None:
+    """The build keeps what the placements showed in its own state and hands back one typed decision per variant;
+    the validated recipe, frozen, is the same after the build as before it."""
+    from pydantic import ValidationError
+
+    from qdeploy.pipeline.publish.published import discard_generation
+    from qdeploy.pipeline.run.runner import build_phase, plan_run
+
+    onnx.save(_mlp(), str(tmp_path / "float.onnx"))
+    recipe = load_recipe_file(write_recipe(tmp_path, PLAIN_RECIPE))
+    before = recipe.model_dump(mode="json", by_alias=True)
+    outcome = build_phase(plan_run(recipe, RunOptions(out_dir=tmp_path / "run", show_progress=False)))
+    if outcome.generation is not None:
+        discard_generation(outcome.generation)
+    assert recipe.model_dump(mode="json", by_alias=True) == before
+    assert not outcome.failures
+    decision = outcome.per_runtime["int8"]
+    assert (decision.builds, decision.graphs, decision.differs_at) == (("int8@ort", "int8@openvino"), 1, 0)
+    assert decision.note.startswith("one graph for both runtimes: placements agree")
+    rows = {row["name"]: row for row in outcome.published}
+    assert rows["int8@ort"]["per_runtime"] == rows["int8@openvino"]["per_runtime"] == decision.row()
+    with pytest.raises(ValidationError, match="frozen"):
+        recipe.variants = {}

@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
+from qdeploy.core.report import Report, report_schema
 from qdeploy.pipeline.recipe.loader import load_recipe_file
 from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 from tests.helpers.demo_report import demo_report
@@ -123,6 +125,13 @@ def test_demo_report_has_the_fixtures_keys(report: dict[str, Any]) -> None:
     now, then = key_paths(report), key_paths(fixture)
     assert sorted(then - now - REMOVED_SINCE_FIXTURE) == [], "keys the report lost (document them above)"
     assert sorted(now - then - ADDED_SINCE_FIXTURE) == [], "keys the report gained (document them above)"
+
+
+def test_demo_report_reads_back_as_written_and_fits_the_generated_schema(report: dict[str, Any]) -> None:
+    """Issue 41: one typed model (``qdeploy.core.report.Report``) reads report.json back to the same JSON, and the
+    schema generated from it (``qdeploy schema --report``) holds a current report, layers section included."""
+    assert Report.model_validate_json(json.dumps(report)).to_json() == report
+    jsonschema.validate(report, report_schema())
 
 
 def test_demo_artifacts_keep_their_cache_keys(report: dict[str, Any]) -> None:

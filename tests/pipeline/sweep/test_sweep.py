@@ -248,7 +248,7 @@ def test_scheduler_isolates_failures_and_sets_the_exit_status(tmp_path: Path, ti
 
     report = build_sweep_report("s", jobs, timeline, {"kind": "inline"}, out, started=timeline[0]["start"],
                                 seconds=1.0)
-    assert report["exit_code"] == 2 and report["counts"]["passed"] == 1
+    assert report.exit_code == 2 and report.counts["passed"] == 1
     write_sweep_reports(report, out)
     saved = json.loads((out / "sweep.json").read_text())
     assert {(r["recipe"], r["variant"], r["target"]) for r in saved["rows"] if r["recipe"] == "ok"} == \

@@ -19,7 +19,7 @@ def _job(name: str, report: dict[str, Any], folder: Path) -> Any:
 
 def _sweep(tmp_path: Path) -> dict[str, Any]:
     jobs = [_job("demo", demo_report(), tmp_path), _job("mixed", mixed_rows_report(), tmp_path)]
-    return build_sweep_report("two", jobs, [], {"kind": "local"}, tmp_path, started=0.0, seconds=1.0)
+    return build_sweep_report("two", jobs, [], {"kind": "local"}, tmp_path, started=0.0, seconds=1.0).to_json()
 
 
 def test_a_verdict_per_recipe_and_target(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from onnx import TensorProto
 from qdeploy.core.compare import compare_outputs
 from qdeploy.core.tolerance import Tolerance
 from qdeploy.stages import fp16
-from qdeploy.stages.fp16 import _budget_targets as fp16_targets
+from qdeploy.stages.accuracy_budget import targets as fp16_targets
 from qdeploy.stages.fp16.config import Fp16Config
 from qdeploy.targets.base import ExecutionInfo
 from tests.helpers.fp16 import artifact, context, offset_budget_model, offset_budget_samples, run_ort

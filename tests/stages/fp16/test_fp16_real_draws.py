@@ -35,7 +35,8 @@ def _draw(seed: int, count: int) -> list[dict[str, np.ndarray]]:
 @pytest.mark.slow
 def test_pp_ocr_detection_default_fp16_holds_under_true_float16_on_every_uniform_draw(tmp_path: Path) -> None:
     model = onnx.load(str(real_model(PP_OCR_DET)))
-    # 2 calibration draws (docs/measurements/2026-11-27-fp16-unseen-draws.md measures 4): half the repair's searches, and the 5 unseen draws still hold
+    # 2 calibration draws (docs/measurements/2026-11-27-fp16-unseen-draws.md measures 4): half the repair's
+    # searches, and the 5 unseen draws still hold
     ctx = dataclasses.replace(context(tmp_path, {"val": _draw(0, 2)}), default_dataset="val")
     result = fp16.run(artifact(tmp_path, model), Fp16Config(), ctx)
 

@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.stages import quantize
+from qdeploy.stages.accuracy_budget.targets import TargetChecks, TargetPlan, _worst_of
 from qdeploy.stages.quantize import QuantizeConfig
-from qdeploy.stages.quantize.budget._targets import TargetChecks, TargetPlan, _worst_of
 from qdeploy.stages.quantize.findings import (
     DynamicFindings,
     LowerFindings,

@@ -79,8 +79,8 @@ def test_conv_batchnorm_fuses_into_one_conv(tmp_path: Path, ctx: StageContext) -
     assert result.findings.nodes_before == {"BatchNormalization": 1, "Conv": 1}
     assert result.findings.nodes_after == {"Conv": 1}
     assert result.findings.node_count_after == 1
-    assert result.findings.check["samples"] == 3
-    assert result.findings.check["max_abs_err"] < 1e-4
+    assert result.findings.check.samples == 3
+    assert result.findings.check.max_abs_err < 1e-4
     _assert_same(model, result.model, {"x": _rand(1, 3, 8, 8)}, atol=1e-5, rtol=1e-5)
 
 
@@ -179,8 +179,8 @@ def test_fold_size_limit_keeps_large_constant_of_shape(tmp_path: Path, ctx: Stag
     if folded:
         assert skipped == []
     else:
-        assert [(entry["tensor"], entry["bytes"]) for entry in skipped] == [("big", 256 * 256 * 4)]
-        assert "inferred shape" in skipped[0]["reason"]  # refused before evaluation, nothing was allocated
+        assert [(entry.tensor, entry.bytes) for entry in skipped] == [("big", 256 * 256 * 4)]
+        assert "inferred shape" in skipped[0].reason  # refused before evaluation, nothing was allocated
         assert all(init.name != "big" for init in result.model.graph.initializer)
     _assert_same(model, result.model, {"x": _rand(256, 256)})
 
@@ -264,7 +264,7 @@ def test_random_ops_are_not_folded(tmp_path: Path, ctx: StageContext) -> None:
     model = _model(nodes, [_vi("x", [3])], [_vi("y", [3])])
     result = simplify_model(model, tmp_path, ctx, check_n=0)
     assert _ops(result.model) == ["RandomUniform", "Add"]
-    assert result.findings.check == {"unchecked": "check_n is 0"}
+    assert result.findings.check.unchecked == "check_n is 0"
 
 
 def test_already_simple_model_is_unchanged(tmp_path: Path, ctx: StageContext) -> None:
@@ -286,7 +286,7 @@ def test_custom_op_model_skips_the_check_with_a_finding(tmp_path: Path, ctx: Sta
                         parent=None)
     result = run(artifact, SimplifyConfig(), ctx)
     assert _ops(result.model) == ["Mystery"]
-    assert "does not load in ONNX Runtime" in result.findings.check["unchecked"]
+    assert "does not load in ONNX Runtime" in result.findings.check.unchecked
 
 
 def test_equivalence_check_catches_a_wrong_fold(tmp_path: Path, ctx: StageContext,
@@ -418,6 +418,6 @@ def test_models_above_the_protobuf_limit_fold_in_pieces_and_are_checked_from_a_f
     assert not (ctx.work_dir / "original.onnx").exists()  # and that copy is gone
     assert _ops(result.model) == ["Conv", "BatchNormalization", "Mul", "Transpose", "Relu"]  # k*k folded
     assert result.findings.fold_failed_ops == ["Transpose"]
-    assert "unchecked" not in result.findings.check and result.findings.check["samples"] > 0
+    assert result.findings.unchecked() is None and result.findings.check.samples > 0
     assert result.path is not None and result.path.is_file()  # what ONNX Runtime checked, stored as it is
     _assert_same(model, onnx.load(str(result.path)), {"x": _rand(1, 3, 8, 8)}, atol=1e-5, rtol=1e-5)

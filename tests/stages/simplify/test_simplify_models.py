@@ -159,7 +159,7 @@ def test_pp_ocr_paddle_models(tmp_path: Path, relative: str, shape: list[int]) -
     assert findings.constants_converted > 300
     assert findings.node_count_after < 0.6 * findings.node_count_before
     assert "BatchNormalization" not in _ops(result.model)
-    assert findings.check["samples"] == 3 and findings.check["max_abs_err"] < 1e-3
+    assert findings.check.samples == 3 and findings.check.max_abs_err < 1e-3
     feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
     assert _max_error(exported_path, result.model, feeds, rtol=1e-3, atol=1e-4) < 1e-3
 
@@ -194,7 +194,7 @@ def test_transformer_encoder_on_token_ids(tmp_path: Path) -> None:
     exported, result, path = _export_then_simplify(tmp_path, model)
     assert exported.findings.max_abs_err_vs_torch < 1e-4
     check = result.findings.check
-    assert check["samples"] == 3 and check["max_abs_err"] < 1e-4, check
+    assert check.samples == 3 and check.max_abs_err < 1e-4, check
     assert result.findings.node_count_after < result.findings.node_count_before
     feeds = {"ids": RNG.integers(0, 50, (1, 12)).astype(np.int64)}
     assert _max_error(path, result.model, feeds) < 1e-4
@@ -207,7 +207,7 @@ def test_lstm_from_pytorch(tmp_path: Path) -> None:
     model = {"torch": {"factory": f"{source}:recurrent"}, "inputs": [{"name": "x", "shape": [2, 7, 6]}]}
     _exported, result, path = _export_then_simplify(tmp_path, model)
     assert "LSTM" in _ops(result.model)
-    assert result.findings.check["samples"] == 3
+    assert result.findings.check.samples == 3
     assert _max_error(path, result.model, {"x": RNG.standard_normal((2, 7, 6)).astype(np.float32)}) < 1e-5
 
 
@@ -236,7 +236,7 @@ def test_ai_onnx_ml_classifier(tmp_path: Path) -> None:
     _exported, result, path = _export_then_simplify(tmp_path, {"onnx": str(tmp_path / "ml.onnx")})
     assert {"ai.onnx.ml:Scaler", "ai.onnx.ml:LinearClassifier", "ai.onnx.ml:Normalizer"} <= set(
         result.findings.nodes_after)
-    assert "Identity" not in _ops(result.model) and result.findings.check["samples"] == 3
+    assert "Identity" not in _ops(result.model) and result.findings.check.samples == 3
     assert _max_error(path, result.model, {"x": RNG.standard_normal((5, 4)).astype(np.float32)}) == 0.0
 
 

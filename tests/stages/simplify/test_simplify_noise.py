@@ -51,16 +51,16 @@ def test_a_model_noisier_than_check_atol_simplifies_within_its_noise_floor(tmp_p
     result = simplify_model(model, tmp_path, ctx)
     assert "Div" not in [node.op_type for node in result.model.graph.node]  # Conv+Div fused: rounds differently
     check = result.findings.check
-    noise = check["noise_floor"]
-    assert noise["measured"] and noise["levels"] == "ORT_DISABLE_ALL vs ORT_ENABLE_ALL"
-    assert noise["per_output"]["y"] > 1e-4 and noise["factor"] == 10.0
-    assert noise["atol_used"]["y"] == pytest.approx(10.0 * noise["per_output"]["y"])
-    assert 1e-4 < check["max_abs_err"] <= noise["atol_used"]["y"] and check["atol"] == 1e-4
+    noise = check.noise_floor
+    assert noise.measured and noise.levels == "ORT_DISABLE_ALL vs ORT_ENABLE_ALL"
+    assert noise.per_output["y"] > 1e-4 and noise.factor == 10.0
+    assert noise.atol_used["y"] == pytest.approx(10.0 * noise.per_output["y"])
+    assert 1e-4 < check.max_abs_err <= noise.atol_used["y"] and check.atol == 1e-4
 
 
 def test_a_check_within_atol_does_not_measure_the_noise_floor(tmp_path: Path, ctx: StageContext) -> None:
     result = simplify_model(chaotic_recurrence_model(steps=3), tmp_path, ctx)
-    assert result.findings.check["noise_floor"] == {"measured": False,
+    assert result.findings.check.noise_floor.model_dump() == {"measured": False,
                                                     "why": "every output within check_atol and check_rtol"}
 
 
@@ -109,7 +109,7 @@ def test_conv_batchnorm_folded_runs_bit_identical_to_the_original_on_ort(tmp_pat
     model = _conv_bn(bias)
     result = simplify_model(model, tmp_path, ctx)
     assert [node.op_type for node in result.model.graph.node] == ["Conv"]
-    assert result.findings.check["max_abs_err"] == 0.0
+    assert result.findings.check.max_abs_err == 0.0
     for seed in range(3):
         feeds = {"x": np.random.default_rng(seed).standard_normal((1, 8, 12, 12)).astype(np.float32)}
         np.testing.assert_array_equal(_ort(result.model, feeds)[0], _ort(model, feeds)[0])

@@ -70,7 +70,7 @@ def test_if_inside_if_is_folded_inside_or_kept_and_never_broken(tmp_path: Path, 
         folded = {name: numpy_helper.to_array(tensor)
                   for name, tensor in constant_node_tensors(_inner_then(result.model)).items()}
         np.testing.assert_array_equal(folded["ww1"], [2.0, 5.0, 1.25])
-    assert result.findings.check["samples"] == 3
+    assert result.findings.check.samples == 3
     x = RNG.standard_normal(3).astype(np.float32)
     for c1 in (True, False):
         for c2 in (True, False):
@@ -159,10 +159,10 @@ def test_one_onnxoptimizer_call_and_findings_name_what_changed(tmp_path: Path, c
     model.graph.node.append(helper.make_node("Identity", ["pre"], ["logits"]))
     result = simplify_model(model, tmp_path, ctx)
     findings = result.findings
-    assert findings.optimizer["calls"] == 1
-    assert findings.rewrites["applied"] == {"fuse_conv_batchnorm": 1}
+    assert findings.optimizer.calls == 1
+    assert findings.rewrites.applied == {"fuse_conv_batchnorm": 1}
     assert {"fuse_conv_batchnorm", "eliminate_identity"} <= set(findings.passes_changed)
-    assert findings.optimizer["removed"] == {"Identity": 1}
+    assert findings.optimizer.removed == {"Identity": 1}
     assert set(findings.seconds) >= {"shape_inference", "folding", "rewrites", "onnxoptimizer", "check"}
     assert findings.nodes_after == {"Conv": 1, "Flatten": 1, "Gemm": 1, "GlobalAveragePool": 1, "Relu": 1}
 
@@ -196,8 +196,8 @@ def test_token_ids_get_values_within_the_embedding_table(tmp_path: Path, ctx: St
     assert safe_integer_ranges(model) == {"ids": (0, 7)}
     result = simplify_model(model, tmp_path, ctx)
     check = result.findings.check
-    assert check["samples"] == 3, check
-    assert check["input_shapes"] == {"ids": [1, 32]}  # batch 1, other symbolic dimensions 32
+    assert check.samples == 3, check
+    assert check.input_shapes == {"ids": [1, 32]}  # batch 1, other symbolic dimensions 32
 
 
 def test_a_symbolic_size_the_original_refuses_is_retried_with_one(tmp_path: Path, ctx: StageContext) -> None:
@@ -208,7 +208,7 @@ def test_a_symbolic_size_the_original_refuses_is_retried_with_one(tmp_path: Path
             y = Reshape(x, shape)
         }""")  # only M = 1 works
     result = simplify_model(model, tmp_path, ctx)
-    assert result.findings.check["input_shapes"] == {"x": [1, 1]}
+    assert result.findings.check.input_shapes == {"x": [1, 1]}
 
 
 def _conv_bn_chain(blocks: int) -> onnx.ModelProto:

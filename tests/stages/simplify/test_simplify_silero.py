@@ -73,7 +73,7 @@ def test_silero_vad_simplifies_and_converts_to_fp16_with_both_branches_intact(tm
     ctx = recipe.stage_context("v", tmp_path / "work")
     ctx.work_dir.mkdir()
     simplified = _run(simplify, SimplifyConfig(), original, ctx)
-    assert simplified.findings.check["inputs"] == "the recipe's validation data"
+    assert simplified.findings.check.inputs == "the recipe's validation data"
     path = tmp_path / "simplified.onnx"
     onnx.save(simplified.model, path)
     half = _run(fp16, Fp16Config(calibration={"data": "val"}), path, ctx)

@@ -43,7 +43,7 @@ def test_nested_if_with_a_folded_condition_stays_a_valid_graph(tmp_path: Path, c
     result = simplify_model(model, tmp_path, ctx)
     _valid(result.model)  # old code: "Nodes in a graph must be topologically sorted" inside the If
     assert any("constant condition" in note for note in result.findings.notes)
-    assert result.findings.check["samples"] == 3
+    assert result.findings.check.samples == 3
     x = np.array([1.5, -2.0, 0.25], np.float32)
     original, simplified = _session(model), _session(result.model)
     for c1 in (True, False):
@@ -88,7 +88,7 @@ def test_sequence_interface_keeps_its_types_and_the_check_says_unchecked(tmp_pat
     session = _session(result.model)  # old code: "Model input (s) does not have type information"
     assert [i.type for i in session.get_inputs()] == ["seq(tensor(float))"]
     assert [o.type for o in session.get_outputs()] == ["seq(tensor(float))"]
-    assert "'s' (seq(tensor(float)))" in result.findings.check["unchecked"]
+    assert "'s' (seq(tensor(float)))" in result.findings.check.unchecked
 
 
 def test_restoring_interface_types_puts_back_lost_ones_and_reports_changed_ones() -> None:
@@ -111,7 +111,7 @@ def test_folded_scalars_keep_rank_zero(tmp_path: Path, ctx: StageContext) -> Non
             y = Mul(x, four)
         }""")
     result = simplify_model(model, tmp_path, ctx)  # old code: the check refused int64[1] where int64[] is expected
-    assert result.findings.check["samples"] == 3
+    assert result.findings.check.samples == 3
     values = {init.name: numpy_helper.to_array(init) for init in result.model.graph.initializer}
     assert values["n"].shape == () and int(values["n"]) == 12
     assert values["four"].shape == ()
@@ -129,7 +129,7 @@ def test_integer_inputs_that_become_sizes_get_small_values(tmp_path: Path, ctx: 
         }""")
     assert safe_integer_ranges(model) == {"reps": (1, 4), "pads": (1, 4), "ids": (0, 512)}
     result = simplify_model(model, tmp_path, ctx)  # old code: repeats up to 99 need 100 GB; the check did not run
-    assert result.findings.check["samples"] == 3
+    assert result.findings.check.samples == 3
 
 
 def test_the_check_memory_bound_turns_a_runaway_allocation_into_an_error() -> None:
@@ -172,7 +172,7 @@ def test_the_check_runs_on_the_recipes_validation_data_when_there_is_some(tmp_pa
     ctx = recipe.stage_context("v", tmp_path / "work")
     result = simplify_model(lstm_branch_model(), tmp_path, ctx)
     check = result.findings.check
-    assert check["inputs"] == "the recipe's validation data" and check["input_shapes"] == {"x": [1, 12, 16],
+    assert check.inputs == "the recipe's validation data" and check.input_shapes == {"x": [1, 12, 16],
                                                                                           "sr": []}
 
 
@@ -210,7 +210,7 @@ def test_a_check_past_its_memory_bound_is_unchecked_not_a_crash(tmp_path: Path, 
 
     monkeypatch.setattr(simplify_check, "compare_simplified", no_memory)
     result = simplify_model(loop_with_outer_reads_model(), tmp_path, ctx)  # old code: the MemoryError escaped
-    assert "memory bound" in result.findings.check["unchecked"]
+    assert "memory bound" in result.findings.check.unchecked
 
 
 def test_constant_ifs_are_inlined_with_their_constants_and_nested_reads() -> None:

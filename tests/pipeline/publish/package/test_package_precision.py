@@ -13,12 +13,14 @@ import onnxruntime as ort
 import pytest
 
 import qdeploy.stages.validate as validate
+from qdeploy.core.report import Report
 from qdeploy.pipeline.publish.package import PackageSource, build_package, write_manifest
 from qdeploy.pipeline.publish.package import check as package_check
 from qdeploy.pipeline.publish.package.data import CheckData
 from qdeploy.stages.validate import ValidateConfig
 from qdeploy.targets.int8_path import FLAGS_ENV
 from tests.helpers.precision import BF16_CPU, offset_model, openvino_runs_bf16_here
+from tests.helpers.reports import report_with
 from tests.helpers.validate import artifact, by_pair, context, to_fp16
 
 pytestmark = pytest.mark.skipif(not openvino_runs_bf16_here(), reason="this machine's OpenVINO cannot run "
@@ -38,7 +40,7 @@ def test_runtime_json_pins_the_shipped_precision_and_check_py_uses_it(tmp_path: 
     session = ort.InferenceSession(str(tmp_path / "ref.onnx"), providers=["CPUExecutionProvider"])
     reference = [{"y": session.run(["y"], feed)[0]} for feed in feeds]
     source = PackageSource("fp16", "openvino:cpu", tmp_path / "fp16.onnx", row, None,
-                           {"recipe": {"name": "t"}, "environment": {}})
+                           Report.model_validate(report_with()))
     folder = build_package(source, tmp_path / "dist", CheckData(feeds, reference, source="test"))  # checks itself
     runtime = json.loads((folder / "runtime.json").read_text())
     assert runtime["properties"]["INFERENCE_PRECISION_HINT"] == "f32"

@@ -25,6 +25,7 @@ from qdeploy.pipeline.publish.package.publish import chosen_pairs, stored_check_
 from qdeploy.pipeline.recipe.loader import load_recipe_file
 from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 from tests.helpers.models import REPO, tiny_cnn, write_recipe
+from tests.helpers.reports import report_with
 
 RECIPE = """
     name: pkg
@@ -226,12 +227,12 @@ def test_check_metrics_agree_with_validation() -> None:
 
 
 def test_the_verdict_picks_what_is_packaged() -> None:
-    report = {"artifacts": [{"name": "fp32"}, {"name": "int8"}],
-              "validation": [{"variant": v, "target": t, "status": "passed"} for v in ("fp32", "int8")
-                             for t in ("ort:cpu", "openvino:cpu", "reference:cpu")]}
+    report = report_with(artifacts=[{"name": "fp32"}, {"name": "int8"}],
+                         validation=[{"variant": v, "target": t, "status": "passed"} for v in ("fp32", "int8")
+                                     for t in ("ort:cpu", "openvino:cpu", "reference:cpu")])
     assert set(chosen_pairs(report)) == {(v, t) for v in ("fp32", "int8") for t in ("ort:cpu", "openvino:cpu")}
-    report["verdict"] = {"targets": {"ort:cpu": {"variant": "int8"}, "openvino:cpu": {"status": "none",
-                                                                                      "variant": None}}}
+    report["verdict"] = {"by": "latency", "batch_size": 1, "targets": {
+        "ort:cpu": {"status": "ship", "variant": "int8"}, "openvino:cpu": {"status": "none", "variant": None}}}
     assert chosen_pairs(report) == [("int8", "ort:cpu")]
     assert len(chosen_pairs(report, which="passed")) == 4  # every passed row, verdict or not
 

@@ -132,7 +132,7 @@ def test_a_single_budget_sample_is_searched_but_says_it_is_unconfirmed(tmp_path:
 
 
 def test_error_ratio_and_tightened_tolerance_agree_with_the_comparison() -> None:
-    from qdeploy.stages.quantize.budget._eval import error_ratio, tightened
+    from qdeploy.stages.accuracy_budget.evaluate import error_ratio, tightened
 
     rng = np.random.default_rng(0)
     reference = [{"y": rng.standard_normal((4, 10)).astype(np.float32)}]

@@ -1,6 +1,6 @@
 """The accuracy budget's cost: a default time bound that scales with the model when the recipe sets no
 ``budget.max_seconds``, and evaluations that reuse what earlier ones computed (``stages/quantize/budget/_cost.py``,
-``_budget_eval.py``, ``stages/task_metric.py``).
+``accuracy_budget/evaluate.py``, ``stages/task_metric.py``).
 
 Slow machines are simulated: a fake clock that only evaluations advance (each "takes" ``SECONDS_PER_EVALUATION``),
 so the search that would take hours there is stopped by the default bound in a second here.
@@ -17,11 +17,11 @@ import pytest
 
 from qdeploy.stages import quantize
 from qdeploy.stages import task_metric as task_metric_module
+from qdeploy.stages.accuracy_budget import clock as budget_cost
+from qdeploy.stages.accuracy_budget import evaluate as budget_eval
+from qdeploy.stages.accuracy_budget.evaluate import Evaluator, ort_runner
+from qdeploy.stages.accuracy_budget.targets import TargetPlan
 from qdeploy.stages.quantize import CalibrationRef, QuantizeConfig
-from qdeploy.stages.quantize.budget import _cost as budget_cost
-from qdeploy.stages.quantize.budget import _eval as budget_eval
-from qdeploy.stages.quantize.budget._eval import Evaluator, ort_runner
-from qdeploy.stages.quantize.budget._targets import TargetPlan
 from tests.helpers.budget import binarizing_detector, confident_samples
 from tests.helpers.quantize import artifact_at, save_artifact, stage_context
 from tests.helpers.task_budget import digits_classifier
@@ -115,7 +115,7 @@ def test_the_reference_is_computed_once_and_each_candidate_scored_once(
     monkeypatch.setattr(budget_eval, "ort_runner", counting_runner)  # what Evaluator runs the reference with
     monkeypatch.setattr(task_metric_module, "evaluate", counting_evaluate)
     plans = [TargetPlan("ort:cpu", ort_runner), TargetPlan("other:cpu", ort_runner)]
-    monkeypatch.setattr("qdeploy.stages.quantize.budget._targets.plan_targets", lambda targets, runtime: plans)
+    monkeypatch.setattr("qdeploy.stages.accuracy_budget.targets.plan_targets", lambda targets, runtime: plans)
     config = QuantizeConfig(calibration=CalibrationRef(data="budget", samples=16), verify_targets=[],
                             tolerance={"metric": "metrics.py:accuracy", "max_drop": 0.02}, budget={"samples": 16})
     context = dataclasses.replace(stage_context(model.parent, {"budget": data}), targets=("ort:cpu", "other:cpu"))

@@ -11,10 +11,10 @@ import onnx
 import pytest
 
 from qdeploy.stages import quantize
+from qdeploy.stages.accuracy_budget.latency import FixedTiming, OpenVinoLayerTiming, OrtNodeTiming, by_harm_per_second
+from qdeploy.stages.accuracy_budget.rank import Ranked
 from qdeploy.stages.quantize import CalibrationRef, QuantizeConfig
 from qdeploy.stages.quantize.budget import _options as _budget_options
-from qdeploy.stages.quantize.budget._latency import FixedTiming, OpenVinoLayerTiming, OrtNodeTiming, by_harm_per_second
-from qdeploy.stages.quantize.budget._rank import Ranked
 from tests.helpers.quantize import artifact_at, run_ort, stage_context
 from tests.helpers.task_budget import branches
 

@@ -19,10 +19,10 @@ import pytest
 
 from qdeploy.core.tolerance import Tolerance
 from qdeploy.stages import quantize
+from qdeploy.stages.accuracy_budget import targets as budget_targets
+from qdeploy.stages.accuracy_budget.evaluate import Feeds, Outputs, ort_runner, worst_of
+from qdeploy.stages.accuracy_budget.targets import TargetPlan, load_as_validated, plan_targets
 from qdeploy.stages.quantize import QuantizeConfig
-from qdeploy.stages.quantize.budget import _targets as budget_targets
-from qdeploy.stages.quantize.budget._eval import Feeds, Outputs, ort_runner, worst_of
-from qdeploy.stages.quantize.budget._targets import TargetPlan, load_as_validated, plan_targets
 from tests.helpers.quantize import run_ort, save_artifact, stage_context, tiny_conv
 
 BROKEN = "conv2"

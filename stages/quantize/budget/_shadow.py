@@ -1,96 +1,30 @@
-"""How the accuracy budget ranks the quantized nodes, most harmful first.
+"""The int8 budget's ranking signal: the error each quantized node adds by itself.
 
-- ``local``: one run of the fully quantized model into which a float copy of
-  every candidate node is added, reading what the quantized node's inputs were
-  before quantization (the same upstream values) and the float weights.  The
-  noise-to-signal ratio between the node's output and its copy's is the error
-  the node adds itself, whatever arrives from upstream.  One run for every
-  node; it does not see what happens downstream (a LayerNorm that amplifies
-  an outlier channel).
-- ``alone``: for models with at most ``ALONE_RANK_LIMIT`` candidates, each
-  node is also quantized on its own (every other candidate float) and the
-  rise of the error ratio (``quantize_budget_eval.error_ratio``) is its
-  damage: one evaluation per candidate on ``RANK_SAMPLES`` samples.  It sees
-  downstream effects, but not errors that only show summed over many layers
-  (a saturating output hides each one): nodes without measurable damage
-  keep the local order.
+One run of the fully quantized model into which a float copy of every candidate node is added, reading what the
+quantized node's inputs were before quantization (the same upstream values) and the float weights.  The
+noise-to-signal ratio between the node's output and its copy's is the error the node adds itself, whatever
+arrives from upstream: one run for every node (``qdeploy.stages.accuracy_budget.rank`` ranks by it).
 
-The ranking is by alone damage, then local error.
-
-Edits protobuf directly: the models it builds are ORT quantizer outputs, one per trial, built in linear time.
+Edits protobuf directly: the models it builds are ORT quantizer outputs, built in linear time.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from qdeploy.graph.external_data import needs_external_data
 from qdeploy.graph.names import node_names
 from qdeploy.graph.utils import fresh_name
-from qdeploy.stages.quantize.budget._eval import Evaluator, Feeds, error_ratio, ort_session
+from qdeploy.stages.accuracy_budget.evaluate import Feeds, ort_session
 
 if TYPE_CHECKING:
     import onnx
 
-log = logging.getLogger(__name__)
-
-RANK_SAMPLES = 4
-"""Search samples the ranking measures on."""
-ALONE_RANK_LIMIT = 64
-"""Most candidates whose damage is also measured one model per node (cost: one evaluation each)."""
-
-
-@dataclass(frozen=True)
-class Ranked:
-    name: str
-    local: float
-    """Noise-to-signal ratio the node adds at its outputs."""
-    alone: float | None
-    """Rise of the error ratio with only this node quantized; None when not measured."""
-
-
-def rank_candidates(build: Any, evaluate: Evaluator, candidates: dict[str, str], float_model: onnx.ModelProto,
-                    quantized: onnx.ModelProto, work_dir: Path, on_progress: Callable[[str], None],
-                    check: Callable[[str], None] = lambda phase: None) -> tuple[list[Ranked], str]:
-    """The candidates, most harmful first, and how they were ranked; ``check`` is called before each evaluation
-    (it raises when the budget's time is up).  With a task metric the ranking is the local error alone: a rate
-    over 4 samples cannot tell one node's damage from another's."""
-    on_progress("accuracy budget: ranking the quantized nodes by the error they add")
-    local = local_errors(float_model, quantized, candidates, evaluate.search_feeds[:RANK_SAMPLES], work_dir)
-    alone: dict[str, float] = {}
-    method = "local error (one run)"
-    if len(candidates) <= ALONE_RANK_LIMIT and evaluate.judge is None:
-        alone = alone_damage(build, evaluate, list(candidates), on_progress, check)
-        method = f"damage quantized alone ({len(candidates)} evaluations), then local error"
-    order = {name: index for index, name in enumerate(candidates)}
-    ranked = [Ranked(name, local[name], alone.get(name)) for name in candidates]
-    ranked.sort(key=lambda item: (-max(item.alone or 0.0, 0.0), -item.local, order[item.name]))
-    return ranked, method
-
-
-def alone_damage(build: Any, evaluate: Evaluator, names: list[str], on_progress: Callable[[str], None],
-                 check: Callable[[str], None] = lambda phase: None) -> dict[str, float]:
-    """Per node: the error ratio with only it quantized minus the ratio with every candidate float."""
-    def ratio(kept: list[str]) -> float:
-        check("ranking")
-        measured = evaluate.measure(build(kept), samples=RANK_SAMPLES)
-        value = error_ratio(evaluate.on_search(measured), evaluate.tolerance)
-        return value if math.isfinite(value) else 1e9
-
-    on_progress("accuracy budget: the model with every candidate float")
-    baseline = ratio(names)
-    damage = {}
-    for index, name in enumerate(names, 1):
-        on_progress(f"accuracy budget: node {index}/{len(names)} quantized alone")
-        damage[name] = ratio([other for other in names if other != name]) - baseline
-    return damage
+    from qdeploy.stages.accuracy_budget.search import Signal
 
 
 def local_errors(float_model: onnx.ModelProto, quantized: onnx.ModelProto, candidates: dict[str, str],
@@ -176,3 +110,14 @@ def _shadow_input(name: str, available: set[str], present: dict[str, onnx.Tensor
     present[copied.name] = copied
     float_inits[copied.name] = copied
     return copied.name
+
+
+def shadow_signal(float_model: Path, work_dir: Path) -> Signal:
+    """The engine's ranking signal for int8 (``qdeploy.stages.accuracy_budget.search.Signal``): ``local_errors``
+    against the float model at ``float_model``."""
+    def signal(quantized: onnx.ModelProto, candidates: dict[str, str], feeds: list[Feeds]) -> dict[str, float]:
+        import onnx
+
+        return local_errors(onnx.load(str(float_model)), quantized, candidates, feeds, work_dir)
+
+    return signal

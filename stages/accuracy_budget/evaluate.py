@@ -1,5 +1,5 @@
-"""What the accuracy budget measures: candidate models against float32 on search and held-back samples, and
-tolerances tightened by a margin.
+"""What the accuracy budget measures: candidate models against float32 on search and held-back samples (output
+tolerance or task metric), and tolerances tightened by a margin.
 
 - ``error_ratio``: how far a comparison is from its tolerance, as one number:
   the error over the allowed error, worst over the limits set (1 - cosine
@@ -29,8 +29,10 @@ from qdeploy.stages.task_metric import MetricComparison, TaskJudge, metric_summa
 if TYPE_CHECKING:
     import onnx
 
-    from qdeploy.core.tolerance import Tolerance
-    from qdeploy.stages.quantize._config_fields import TaskTolerance
+    from qdeploy.core.tolerance import TaskTolerance, Tolerance
+
+__all__ = ["CannotRun", "Compare", "Evaluator", "Measured", "error_ratio", "ort_session", "summary", "tightened",
+           "worst_of"]
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,8 @@ def summary(comparison: OutputComparison, tolerance: Tolerance | TaskTolerance) 
     worst = comparison.worst()
     ratio = error_ratio(comparison, tolerance)
     return {"passed": comparison.passed, "cosine": worst.get("cosine"), "snr_db": worst.get("snr_db"),
-            "top1_agreement": worst.get("top1_agreement"), "error_ratio": None if math.isinf(ratio) else ratio,
+            "top1_agreement": worst.get("top1_agreement"), "max_abs_err": worst.get("max_abs_err"),
+            "error_ratio": None if math.isinf(ratio) else ratio,
             "reasons": comparison.reasons[:3]}
 
 
@@ -124,7 +127,10 @@ class CannotRun(Exception):
 
 Runner = Callable[[Path, list[list[Feeds]]], list[Outputs]]
 """Loads a model file once and runs it on each list of feeds: ONNX Runtime's CPU session for the search, a
-target's own session for confirming on it (``_budget_targets``)."""
+target's own session for confirming on it (``targets``)."""
+Compare = Callable[[Outputs, Outputs, "Tolerance"], OutputComparison]
+"""How candidate outputs are held to an output tolerance: ``worst_of`` (every sample, and their pool), or the pool
+alone (``compare_outputs``)."""
 
 
 def ort_runner(path: Path, batches: list[list[Feeds]]) -> list[Outputs]:
@@ -137,16 +143,18 @@ class Evaluator:
     """Runs candidate models on one runtime (by default ONNX Runtime, as the ort:cpu target does) on the budget
     samples and compares them with the float model's outputs; counts evaluations and the seconds they take."""
 
-    def __init__(self, float_model: Path, search: list[Feeds], held: list[Feeds], tolerance: Any,
+    def __init__(self, float_model: Path | None, search: list[Feeds], held: list[Feeds], tolerance: Any,
                  work_dir: Path, *, runner: Runner = ort_runner, reference: Measured | None = None,
-                 label: str = "ort:cpu", judge: TaskJudge | None = None) -> None:
+                 label: str = "ort:cpu", judge: TaskJudge | None = None, compare: Compare | None = None) -> None:
         self.search_feeds, self.held_feeds = search, held
+        self.compare = compare or worst_of
         self.judge = judge
         """Decides with the user's task metric instead of output similarity (``tolerance`` is then its own)."""
         self.tolerance = tolerance
         self.work_dir = work_dir
         self.runner, self.label = runner, label
         if reference is None:  # float32 on ONNX Runtime, as validation's reference runs
+            assert float_model is not None, "an evaluator without a float model is given its reference"
             reference = Measured(*ort_runner(float_model, [search, held]))
         self.reference = reference
         self.float_model = float_model
@@ -156,7 +164,8 @@ class Evaluator:
     def on_runtime(self, runner: Runner, label: str) -> Evaluator:
         """An evaluator of the same samples, reference and tolerance that runs candidates with ``runner``."""
         return Evaluator(self.float_model, self.search_feeds, self.held_feeds, self.tolerance, self.work_dir,
-                         runner=runner, reference=self.reference, label=label, judge=self.judge)
+                         runner=runner, reference=self.reference, label=label, judge=self.judge,
+                         compare=self.compare)
 
     def measure(self, model: onnx.ModelProto, *, held: bool = False, samples: int | None = None) -> Measured:
         """One evaluation: the model's outputs on the (first ``samples``) search samples, and on the held-back
@@ -194,14 +203,14 @@ class Evaluator:
         if key not in measured.compared:
             measured.compared[key] = (
                 self.judge.compare("held", self.reference.held or [], measured.held) if self.judge is not None
-                else worst_of(self.reference.held or [], measured.held, self.tolerance))
+                else self.compare(self.reference.held or [], measured.held, self.tolerance))
         return measured.compared[key]
 
     def _compare_search(self, measured: Measured, fraction: float) -> OutputComparison:
         if self.judge is not None:
             return self.judge.compare("search", self.reference.search, measured.search, fraction)
         tolerance = self.tolerance if fraction >= 1.0 else tightened(self.tolerance, fraction)
-        return worst_of(self.reference.search[:len(measured.search)], measured.search, tolerance)
+        return self.compare(self.reference.search[:len(measured.search)], measured.search, tolerance)
 
     def per_sample_ratios(self, measured: Measured) -> list[float]:
         if self.judge is not None:  # a task metric is a rate over samples: no per-sample spread

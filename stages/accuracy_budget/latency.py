@@ -36,8 +36,11 @@ from qdeploy.targets.layer_profile import LayerTime, profile_layers
 if TYPE_CHECKING:
     import onnx
 
-    from qdeploy.stages.quantize.budget._eval import Feeds
-    from qdeploy.stages.quantize.budget._rank import Ranked
+    from qdeploy.stages.accuracy_budget.evaluate import Feeds
+    from qdeploy.stages.accuracy_budget.rank import Ranked
+
+__all__ = ["FixedTiming", "OpenVinoLayerTiming", "OrtNodeTiming", "Point", "TimingSource", "added_seconds",
+           "by_harm_per_second", "fastest", "measure_costs", "timing_sources"]
 
 PROFILE_RUNS = 3
 """Runs per profiled session (the first warms up and is not counted; the rest give medians)."""

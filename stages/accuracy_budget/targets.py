@@ -1,6 +1,7 @@
 """Where the accuracy budget's promise is checked: on every target the variant will be validated on.
 
-The search ranks and searches on ONNX Runtime's CPU provider, where an evaluation is cheap.  What it finds is
+The search ranks and searches where an evaluation is cheap (ONNX Runtime's CPU provider; fp16: its emulation).
+What it finds is
 then run on each target of the recipe that validation will run the variant on (a ``per_runtime`` build
 ``v@openvino`` only on OpenVINO's), through that target's own adapter at the precision validation runs it
 (``load_as_validated``), on the held-back and search samples with the real tolerance.  Each target ends
@@ -16,13 +17,13 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qdeploy.core.compare import OutputComparison
 from qdeploy.core.errors import TargetUnavailable
 from qdeploy.core.runtimes import runtime_of_target
 from qdeploy.core.values import finite_or
-from qdeploy.stages.quantize.budget._eval import (
+from qdeploy.stages.accuracy_budget.evaluate import (
     CannotRun,
     Evaluator,
     Feeds,
@@ -33,15 +34,18 @@ from qdeploy.stages.quantize.budget._eval import (
     ort_runner,
     summary,
 )
-from qdeploy.stages.quantize.findings import TargetRecord
+from qdeploy.stages.accuracy_budget.findings import RuntimeCost, TargetRecord
+from qdeploy.stages.accuracy_budget.precision import pinned_fallback
 from qdeploy.targets import availability_of, load_as_deployed
 from qdeploy.targets.base import TargetFellBack, short_message
-from qdeploy.targets.cpu_facts import pins_after, short_precision
 
 if TYPE_CHECKING:
     import onnx
 
     from qdeploy.targets.base import Session
+
+__all__ = ["CONFIRMED", "MISSED", "SEARCH_TARGET", "UNAVAILABLE", "Combined", "CombinedMeasured", "TargetChecks",
+           "TargetPlan", "TargetRunner", "load_as_validated", "plan_targets"]
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +63,11 @@ def load_as_validated(target: str, path: Path, hint: str | None = None) -> Sessi
 class TargetRunner:
     """Runs candidates on one target through its adapter; remembers the precision that really ran."""
 
-    def __init__(self, target: str, load: Callable[[str, Path], Session] = load_as_validated,
+    def __init__(self, target: str, load: Callable[[str, Path], Session] | None = None,
                  hint: str | None = None) -> None:
         self.target = target
         self.load = load
+        """How the target loads a candidate; None: this module's ``load_as_validated``, looked up at each load."""
         self.hint = hint
         """A pinned INFERENCE_PRECISION_HINT; None: the device's default."""
         self.precision: str | None = None
@@ -72,8 +77,9 @@ class TargetRunner:
         return TargetRunner(self.target, self.load, hint)
 
     def __call__(self, path: Path, batches: list[list[Feeds]]) -> list[Outputs]:
+        load = self.load or load_as_validated
         try:
-            with (self.load(self.target, path, self.hint) if self.hint else self.load(self.target, path)) as session:
+            with (load(self.target, path, self.hint) if self.hint else load(self.target, path)) as session:
                 self.precision = session.executed.precision
                 return [[session.run(feed) for feed in feeds] for feeds in batches]
         except Exception as exc:  # a runtime refusing or failing a graph is that target's measured failure
@@ -90,6 +96,8 @@ class TargetPlan:
     runner: Runner | None
     """None: unavailable here (``reason``)."""
     reason: str = ""
+    samples: int | None = None
+    """Search samples run there (None: all): a slow target (reference:cpu) confirms on its first few."""
 
     @property
     def search(self) -> bool:
@@ -97,19 +105,23 @@ class TargetPlan:
         return self.name == SEARCH_TARGET and self.runner is ort_runner
 
 
-def plan_targets(targets: Sequence[str], runtime: str | None) -> list[TargetPlan]:
+def plan_targets(targets: Sequence[str], runtime: str | None, *, search_session: bool = True,
+                 samples: dict[str, int] | None = None) -> list[TargetPlan]:
     """The recipe's targets that validation runs a variant built for ``runtime`` on (every target when None),
     each with a runner or the reason it has none.  By the config's runtime, not the variant's name: the artifact
-    is cached by its config, and a build for every runtime is confirmed on every target."""
+    is cached by its config, and a build for every runtime is confirmed on every target.  ``search_session``:
+    ort:cpu is confirmed with the search's own session (else through its adapter); ``samples``: the search
+    samples a target runs, where not all."""
     plans = []
     for name in targets:
         if runtime is not None and runtime_of_target(name) != runtime:
             continue
-        if name == SEARCH_TARGET:
+        if name == SEARCH_TARGET and search_session:
             plans.append(TargetPlan(name, ort_runner))
             continue
         available, reason = availability_of(name)
-        plans.append(TargetPlan(name, TargetRunner(name) if available else None, reason))
+        plans.append(TargetPlan(name, TargetRunner(name) if available else None, reason,
+                                (samples or {}).get(name)))
     return plans
 
 
@@ -167,15 +179,21 @@ class TargetChecks:
     pin_cost: dict[str, int] = field(default_factory=dict)
     """Evaluations per target spent on pinned precisions after a miss at the default."""
     pin_seconds: dict[str, float] = field(default_factory=dict)
+    searched_here: bool = True
+    """Whether ``search`` ranked and searched (its cost is reported); False: it only lends its samples and
+    reference to the targets' evaluators (fp16 searches on its emulation)."""
+    samples: dict[str, int | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.roles[self.search.label] = {"ranking", "search"}
+        if self.searched_here:
+            self.roles[self.search.label] = {"ranking", "search"}
         for plan in self.plans:
             if plan.runner is None:
                 self.records[plan.name] = TargetRecord(status=UNAVAILABLE, reason=plan.reason)
                 continue
             self.evaluators[plan.name] = self.search if plan.search else self.search.on_runtime(plan.runner,
                                                                                                  plan.name)
+            self.samples[plan.name] = plan.samples
             self.roles.setdefault(plan.name, set()).add("confirmation")
 
     def remember(self, kept: list[str], measured: Measured | CombinedMeasured, evaluator: Evaluator | Combined) -> None:
@@ -190,8 +208,19 @@ class TargetChecks:
         key = (name, frozenset(kept))
         if key not in self.known:
             self.on_progress(f"accuracy budget: confirming on {name}, {len(kept)} node(s) kept float")
-            self.known[key] = self.evaluators[name].measure(model, held=True)
+            self.known[key] = self.evaluators[name].measure(model, held=True, samples=self.samples.get(name))
         return self.known[key]
+
+    def holds_on(self, names: Sequence[str], kept: list[str], build: Callable[[], onnx.ModelProto]) -> bool:
+        """Whether the model with ``kept`` holds the real tolerance on every target in ``names`` (each measured
+        once; ``build`` is called only when one was not measured yet)."""
+        model: onnx.ModelProto | None = None
+        for name in names:
+            if (name, frozenset(kept)) not in self.known:
+                model = build() if model is None else model
+                self.measured(name, model, kept)
+        return all(self._record(self.evaluators[name], self.known[(name, frozenset(kept))]).status == CONFIRMED
+                   for name in names)
 
     def confirm(self, model: onnx.ModelProto, kept: list[str]) -> list[str]:
         """Measure the model on every available target with the real tolerance; the targets it misses."""
@@ -228,25 +257,28 @@ class TargetChecks:
 
     def _pinned(self, name: str, evaluator: Evaluator, model: onnx.ModelProto,
                 missed: TargetRecord) -> TargetRecord:
-        """A target that missed at its default precision (below float32), tried pinned as validation will try it:
-        the first pinned INFERENCE_PRECISION_HINT that holds is confirmed as the setting to ship, with the
-        default's miss kept beside it; else the default's record, with what each pin gave."""
+        """A target that missed at its default precision (below float32), tried pinned as validation will try it
+        (``precision.pinned_fallback``): the pinned INFERENCE_PRECISION_HINT that holds is confirmed as the setting
+        to ship, with the default's miss kept beside it; else the default's record, with what each pin gave."""
         runner = evaluator.runner
         if not isinstance(runner, TargetRunner) or runner.hint is not None:
             return missed
-        tried = []
-        for hint in pins_after(name, runner.precision):
+
+        def attempt(hint: str) -> tuple[bool, str | None, TargetRecord]:
             pinned = self.search.on_runtime(runner.pinned(hint), f"{name} pinned {hint}")
             self.on_progress(f"accuracy budget: {name} missed at its default precision; trying {hint} pinned")
-            record = self._record(pinned, pinned.measure(model, held=True))
+            record = self._record(pinned, pinned.measure(model, held=True, samples=self.samples.get(name)))
             self.pin_cost[name] = self.pin_cost.get(name, 0) + 1
             self.pin_seconds[name] = self.pin_seconds.get(name, 0.0) + pinned.seconds
-            if record.status == CONFIRMED and short_precision(record.precision) == hint:
-                return record.model_copy(update={
-                    "deploy_precision": hint, "default": missed,
-                    "note": f"misses at the device default ({missed.precision}); holds with "
-                            f"INFERENCE_PRECISION_HINT {hint} pinned, the setting validation ships"})
-            tried.append(f"{hint}: {record.status}{_worst_of(record)}")
+            return record.status == CONFIRMED, record.precision, record
+
+        fallback = pinned_fallback(name, runner.precision, attempt)
+        if fallback.held is not None:
+            return fallback.held.result.model_copy(update={
+                "deploy_precision": fallback.held.hint, "default": missed,
+                "note": f"misses at the device default ({missed.precision}); holds with "
+                        f"INFERENCE_PRECISION_HINT {fallback.held.hint} pinned, the setting validation ships"})
+        tried = [f"{pin.hint}: {pin.result.status}{_worst_of(pin.result)}" for pin in fallback.attempts]
         return missed.model_copy(update={"pinned": tried}) if tried else missed
 
     def search_set(self, names: Sequence[str]) -> Combined:
@@ -261,13 +293,13 @@ class TargetChecks:
         """Each target's record, in the recipe's order."""
         return {plan.name: self.records[plan.name] for plan in self.plans if plan.name in self.records}
 
-    def cost(self) -> dict[str, dict[str, Any]]:
+    def cost(self) -> dict[str, RuntimeCost]:
         """Evaluations and seconds per runtime (the search's ONNX Runtime session counts its ranking runs)."""
-        runtimes = {self.search.label: self.search, **self.evaluators}
-        return {name: {"evaluations": evaluator.count + self.pin_cost.get(name, 0),
-                       "seconds": round(evaluator.seconds + self.pin_seconds.get(name, 0.0), 3),
-                       "used_for": sorted(self.roles.get(name, set())
-                                          | ({"pinned precision"} if name in self.pin_cost else set()))}
+        runtimes = {**({self.search.label: self.search} if self.searched_here else {}), **self.evaluators}
+        return {name: RuntimeCost(evaluations=evaluator.count + self.pin_cost.get(name, 0),
+                                  seconds=round(evaluator.seconds + self.pin_seconds.get(name, 0.0), 3),
+                                  used_for=sorted(self.roles.get(name, set())
+                                                  | ({"pinned precision"} if name in self.pin_cost else set())))
                 for name, evaluator in runtimes.items()}
 
     def all_confirmed(self) -> bool | None:

@@ -1,5 +1,12 @@
-"""The accuracy budget: keep quantized nodes in float, most harmful first, until the tolerance holds on samples
+"""The accuracy budget: keep candidate nodes in float, most harmful first, until the tolerance holds on samples
 the search has not seen.
+
+One engine for every stage that trades precision for accuracy (int8: ``qdeploy.stages.quantize.budget``; fp16
+confirms its emulated search with ``targets`` and ``prefix``).  A stage supplies only a ``Builder`` (the model with
+a set of nodes kept float, and its candidates) and its ranking signal (the error each candidate adds by itself);
+the engine ranks, evaluates (output tolerance or task metric, ``evaluate``), searches, checks the held-back
+samples, confirms on every target with the one pinned-precision fallback (``targets``, ``precision``) and returns
+a typed ``BudgetResult``.  The steps (int8's words):
 
 1. The budget samples are split: about a quarter is held back, the search
    runs on the rest.  If the fully quantized model holds the tolerance on all
@@ -7,7 +14,7 @@ the search has not seen.
 2. Every candidate (a quantized node that rounds: not Reshape, Transpose...)
    is ranked by the error it adds: one run of the float and the fully
    quantized model with every candidate's inputs and outputs exposed
-   (``quantize_budget_eval.rank_by_added_error``).
+   (the stage's ranking signal, ``rank``).
 3. Nodes are reverted to float cumulatively in ranked order: the shortest
    prefix of the ranking that holds the tolerance on the search samples is
    found by doubling, then bisection.  When the error is the sum of many
@@ -22,7 +29,7 @@ the search has not seen.
    it stood (at most ``ROUNDS`` rounds).
 
 6. The result is run on every target the variant is validated on
-   (``targets``, ``_budget_targets``): each says confirmed, missed or
+   (``targets``): each says confirmed, missed or
    unavailable.  When one misses, the search (steps 3-5, same ranking) runs
    again with every trial measured on the targets that missed and on ort:cpu
    when it is one of them, until the tolerance holds there or no kept set
@@ -32,8 +39,8 @@ the search has not seen.
 With a task metric (``tolerance: {metric, max_drop}``, ``qdeploy.stages.task_metric``) every decision above
 is the metric's drop from float32 on the same samples; the ranking stays the local error.  ``weigh_latency``
 adds a second search in harm-per-second order and writes the fastest of the two that holds (``_Latency``,
-``_budget_latency``).  A time bound (``max_seconds``, else a default scaled by the first full evaluation's
-seconds) stops the search with the best model measured (``_budget_cost``).
+``latency``).  A time bound (``max_seconds``, else a default scaled by the first full evaluation's
+seconds) stops the search with the best model measured (``clock``).
 
 When even every candidate kept float misses (or ``max_float_nodes`` stops the
 search), the best model found is returned and marked as failing its budget,
@@ -51,15 +58,16 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from qdeploy.stages.quantize.budget._cost import Clock, OutOfTime
-from qdeploy.stages.quantize.budget._eval import Evaluator, Feeds, Measured, error_ratio, summary
-from qdeploy.stages.quantize.budget._latency import (
+from qdeploy.stages.accuracy_budget.clock import Clock, OutOfTime
+from qdeploy.stages.accuracy_budget.evaluate import Evaluator, Feeds, Measured, error_ratio, summary
+from qdeploy.stages.accuracy_budget.findings import BudgetFindings, FrontRecord, Margin
+from qdeploy.stages.accuracy_budget.latency import (
     Point,
     TimingSource,
     added_seconds,
@@ -67,20 +75,30 @@ from qdeploy.stages.quantize.budget._latency import (
     fastest,
     measure_costs,
 )
-from qdeploy.stages.quantize.budget._notes import confirmation, kept_records, miss_note
-from qdeploy.stages.quantize.budget._rank import Ranked, rank_candidates
-from qdeploy.stages.quantize.budget._targets import (
+from qdeploy.stages.accuracy_budget.notes import (
+    Opening,
+    SearchPhase,
+    Trial,
+    closed,
+    confirmation,
+    kept_records,
+    miss_note,
+)
+from qdeploy.stages.accuracy_budget.prefix import shortest_prefix
+from qdeploy.stages.accuracy_budget.rank import Ranked, rank_candidates
+from qdeploy.stages.accuracy_budget.targets import (
     SEARCH_TARGET,
     Combined,
     CombinedMeasured,
     TargetChecks,
     TargetPlan,
 )
-from qdeploy.stages.quantize.findings import BudgetFindings
-from qdeploy.stages.task_metric import MetricComparison, TaskJudge
+from qdeploy.stages.task_metric import MetricComparison, Task, TaskJudge
 
 if TYPE_CHECKING:
     import onnx
+
+__all__ = ["ROUNDS", "BudgetResult", "Builder", "Signal", "held_back_count", "meet_budget", "prune_evaluations"]
 
 log = logging.getLogger(__name__)
 
@@ -101,59 +119,23 @@ def prune_evaluations(candidates: int) -> int:
 
 
 class Builder(Protocol):
-    """Builds the quantized model with some nodes kept float, and names the nodes it could keep float."""
+    """What a stage supplies: its model with some nodes kept float, and the nodes it could keep float (name ->
+    op type) in the fully reduced model."""
 
     def __call__(self, kept: list[str]) -> onnx.ModelProto: ...
 
     def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]: ...
 
 
-@dataclass
-class _Trial:
-    """One model the search measured: what the report's ``tried`` lists, kept typed for the search's own use."""
-
-    phase: str
-    float_nodes: int
-    passed: bool | None
-    fraction: float | None = None
-    """The error fraction the search held it to; None for a confirmation on the held-back samples."""
-    ratio: float | None = None
-    on: str = ""
-    metric: float | None = None
-    """The task metric on the search samples, when the tolerance is one."""
-
-    def finding(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"phase": self.phase, "float_nodes": self.float_nodes}
-        if self.fraction is not None:
-            entry.update(error_fraction=round(self.fraction, 4), search_error_ratio=self.ratio)
-        if self.metric is not None:
-            entry["task_metric"] = float(f"{self.metric:.6g}")
-        return {**entry, "passed": self.passed, "on": self.on}
-
-
-@dataclass
-class _Phase:
-    """One search, on one set of runtimes: where it searched, whether it held there, what it kept and missed."""
-
-    searched_on: str
-    met_there: bool
-    kept_float: int
-    margin: dict[str, Any]
-    missed_on: list[str]
-    written: str | None = None
-
-    def finding(self) -> dict[str, Any]:
-        entry = {"searched_on": self.searched_on, "met_there": self.met_there, "kept_float": self.kept_float,
-                 "margin": self.margin, "missed_on": self.missed_on}
-        return {**entry, "written": self.written} if self.written is not None else entry
-
-
-Task = tuple[Callable[[dict[str, Any], Any], Any], list[np.ndarray]]
-"""A task metric's function and one label per budget sample."""
+Signal = Callable[["onnx.ModelProto", dict[str, str], list[Feeds]], dict[str, float]]
+"""The stage's ranking signal: (fully reduced model, candidates, samples) -> the error each candidate adds by
+itself (int8: ``qdeploy.stages.quantize.budget``'s float copies of the quantized nodes)."""
 
 
 @dataclass
 class BudgetResult:
+    """What the budget writes: the model, the nodes it kept float, and its typed findings."""
+
     model: onnx.ModelProto
     kept: list[str]
     """Nodes the budget kept in float."""
@@ -172,7 +154,7 @@ class _Search:
         self.tag = tag
         """Prefixes the phase names of a second search (the latency-aware one)."""
         self.measured: dict[frozenset[str], Measured | CombinedMeasured] = {}
-        self.tried: list[_Trial] = []
+        self.tried: list[Trial] = []
         self.needed: set[str] = set()
         self.recorded: set[tuple[frozenset[str], float]] = set()
         """Nodes that broke the tolerance when quantized again on their own."""
@@ -191,30 +173,13 @@ class _Search:
         self.recorded.add((key, self.fraction))
         ratio = error_ratio(self.evaluate.on_search(self.measured[key]), self.evaluate.tolerance)
         metric = comparison.metric if isinstance(comparison, MetricComparison) else None
-        self.tried.append(_Trial(f"{self.tag}{phase}", len(kept), comparison.passed, fraction=self.fraction,
+        self.tried.append(Trial(f"{self.tag}{phase}", len(kept), comparison.passed, fraction=self.fraction,
                                  ratio=None if math.isinf(ratio) else round(ratio, 4), metric=metric))
         return comparison.passed
 
     def shortest_prefix(self, failing: int, limit: int) -> tuple[int, int | None]:
-        """(the longest prefix known to fail, the shortest that passes or None): galloping up from ``failing``
-        (1, 2, 4... nodes more), then bisection."""
-        passing, step = None, 1
-        while passing is None and failing + step < limit:
-            if self.passes(self.ranked[:failing + step], "prefix"):
-                passing = failing + step
-            else:
-                failing, step = failing + step, 2 * step
-        if passing is None:
-            if limit <= failing or not self.passes(self.ranked[:limit], "prefix"):
-                return failing, None
-            passing = limit
-        while passing - failing > 1:
-            middle = (failing + passing) // 2
-            if self.passes(self.ranked[:middle], "prefix"):
-                passing = middle
-            else:
-                failing = middle
-        return failing, passing
+        """(the longest prefix known to fail, the shortest that passes or None): ``prefix.shortest_prefix``."""
+        return shortest_prefix(lambda count: self.passes(self.ranked[:count], "prefix"), failing, limit)
 
     def prune(self, kept: list[str], allowance: int) -> list[str]:
         """Quantize again the kept nodes that do not matter: groups of the least harmful first, halved when a
@@ -241,129 +206,170 @@ class _Search:
         return error_ratio(self.evaluate.on_search(self.measured[frozenset(kept)]), self.evaluate.tolerance)
 
 
-def meet_budget(build: Builder, float_model: Path, feeds: list[Feeds], tolerance: Any, work_dir: Path, *,
-                max_float_nodes: int | None, targets: Sequence[TargetPlan] = (),
+def meet_budget(build: Builder, signal: Signal, float_model: Path, feeds: list[Feeds], tolerance: Any,
+                work_dir: Path, *, max_float_nodes: int | None, targets: Sequence[TargetPlan] = (),
                 on_progress: Callable[[str], None] = lambda message: None, task: Task | None = None,
                 max_seconds: float | None = None, timing: Sequence[TimingSource] = ()) -> BudgetResult:
-    """The quantized model that holds the tolerance on held-back samples with few nodes kept in float, on every
-    target in ``targets`` (see the module doc); ``build(kept)`` returns the model with those nodes kept in float.
+    """The reduced model that holds the tolerance on held-back samples with few nodes kept in float, on every
+    target in ``targets`` (see the module doc); ``build(kept)`` returns the model with those nodes kept in float,
+    ``signal`` ranks its candidates.
     ``task``: (metric function, one label per sample) when ``tolerance`` is a task metric's; ``max_seconds``
-    bounds the search, else the default bound (``_budget_cost``); ``timing``: the targets' per-node costs for
+    bounds the search, else the default bound (``clock``); ``timing``: the targets' per-node costs for
     latency-aware reverting."""
-    import onnx
-
     clock = Clock(max_seconds)
     held_count = held_back_count(len(feeds))
     search_feeds, held_feeds = feeds[:len(feeds) - held_count], feeds[len(feeds) - held_count:]
     judge = TaskJudge(task[0], tolerance, task[1], len(search_feeds)) if task is not None else None
     evaluate = Evaluator(float_model, search_feeds, held_feeds, tolerance, work_dir, judge=judge)
     checks = TargetChecks(evaluate, targets, on_progress)
-    clock.counter = lambda: sum(entry["evaluations"] for entry in checks.cost().values())
+    clock.counter = lambda: sum(entry.evaluations for entry in checks.cost().values())
     full_model = build([])
     with clock.phase("fully quantized"):
         full = evaluate.measure(full_model, held=True)
     clock.bound_from(clock.phases["fully quantized"]["seconds"])  # the default bound scales with the model
     checks.remember([], full, evaluate)
-    initial = _both(evaluate, full)
-    opening = _Opening(tolerance.model_dump(exclude_none=True), len(feeds), len(search_feeds), held_count, initial,
-                       clock)
+    opening = Opening(tolerance.model_dump(exclude_none=True), len(feeds), len(search_feeds), held_count,
+                      _both(evaluate, full), clock)
     active: Evaluator | Combined = evaluate
     if _holds(evaluate, full):
         with clock.phase("targets"):
             missed = checks.confirm(full_model, [])
         if not missed:
             confirmed = f"{confirmation(held_count, evaluate, full)}; {checks.sentence()}"
-            return BudgetResult(full_model, [], _closed(opening, checks, confirmed, met=True, kept_float=[],
-                                                        final=initial))
+            return BudgetResult(full_model, [], closed(opening, checks, confirmed, met=True, kept_float=[],
+                                                       final=opening.initial))
         active = checks.search_set(missed)
     candidates = build.candidates(full_model)
-    try:
-        with clock.phase("ranking"):
-            ranked, ranking = rank_candidates(build, evaluate, candidates, onnx.load(str(float_model)), full_model,
-                                              work_dir, on_progress, check=clock.check)
-    except OutOfTime:
-        ranked, ranking = [], f"none: {'budget.max_seconds' if max_seconds else 'the default time bound'} passed " \
-                              "during the ranking"
+    ranked, ranking = _ranked(build, evaluate, candidates, lambda samples: signal(full_model, candidates, samples),
+                              clock, on_progress)
     limit = len(ranked) if max_float_nodes is None else min(len(ranked), max_float_nodes)
-    phases: list[_Phase] = []
-    tried: list[_Trial] = []
-    needed: set[str] = set()
-    held_before = ([], full, evaluate, {}) if active is not evaluate else None  # the last search that held
-    while True:
-        search = _Search(build, active, [item.name for item in ranked], 1.0, on_progress, clock)
-        search.measured[frozenset()] = _full_on(active, checks, full_model, full)
-        search.fraction = _first_fraction(active, search.measured[frozenset()], held_count)
-        kept, met, margin = _rounds(search, limit, len(candidates))
-        for trial in search.tried:
-            trial.on = active.label
-        tried += search.tried
-        needed |= search.needed
-        final = build(kept)
-        measured = search.measured.get(frozenset(kept))
-        if measured is None or not measured.held_part:
-            with clock.phase("confirm on held-back samples"):
-                measured = active.measure(final, held=True)
-        met = met and _holds(active, measured)
-        checks.remember(kept, measured, active)
-        with clock.phase("targets"):
-            missed = checks.confirm(final, kept)
-        phases.append(_Phase(active.label, met, len(kept), margin, missed))
-        searched = set(active.evaluators) if isinstance(active, Combined) else set()
-        if not met and held_before is not None:
-            # no kept set holds on the target that missed: keeping more float there buys nothing; write the
-            # model that holds where it held, marked failing on that target
-            kept, measured, active, margin = held_before
-            final = build(kept)
-            missed = checks.confirm(final, kept)
-            phases[-1].written = f"the model of the search on {active.label}, which held there"
-            break
-        if met:
-            held_before = (kept, measured, active, margin)
-        new = [name for name in missed if name not in searched]
-        if not new or (not met and SEARCH_TARGET in checks.evaluators) or clock.stopped:
-            break  # every miss was searched for, or the search missed on a target the variant is validated on
-        active = checks.search_set(sorted(searched | set(missed)))
-    front: dict[str, Any] | None = None
-    if timing and met and not missed and ranked and clock.stopped is None:
-        latency = _Latency(build, active, checks, clock, on_progress, held_count)
-        kept, final, measured, front = latency.front(ranked, limit, float_model, full_model, full, kept, measured,
-                                                     timing, feeds)
-        tried += latency.tried
-    met = met and checks.all_confirmed() is not False
-    confirmed = f"{confirmation(held_count, active, measured)}; {checks.sentence()}"
-    note = None if met else miss_note(kept, ranked, limit, phases, tried, ROUNDS, checks)  # after the sentence
+    loop = _TargetLoop(build, checks, clock, on_progress, held_count, full_model, full)
+    done = loop.run(active, [item.name for item in ranked], limit, len(candidates))
+    front: FrontRecord | None = None
+    if timing and done.met and not done.missed and ranked and clock.stopped is None:
+        latency = _Latency(build, done.active, checks, clock, on_progress, held_count)
+        done.kept, done.final, done.measured, front = latency.front(ranked, limit, float_model, full_model, full,
+                                                                    done.kept, done.measured, timing, feeds)
+        loop.tried += latency.tried
+    met = done.met and checks.all_confirmed() is not False
+    confirmed = f"{confirmation(held_count, done.active, done.measured)}; {checks.sentence()}"
+    note = None if met else miss_note(done.kept, ranked, limit, loop.phases, loop.tried, ROUNDS, checks)
     if clock.stopped:
         note = f"{clock.stopped}; {note}" if note else clock.stopped
     if note is not None:
-        log.warning("quantize: accuracy budget %s: %s", "stopped" if clock.stopped else "not met", note)
-    findings = _closed(opening, checks, confirmed, met=met, final=_both(active, measured),
-                       candidates=len(candidates), ranking=ranking, margin=margin,
-                       phases=[phase.finding() for phase in phases],
-                       kept_float=kept_records(kept, ranked, candidates, needed, front),
-                       requantized=sum(1 for trial in tried if trial.phase == "re-quantize" and trial.passed),
-                       tried=[trial.finding() for trial in tried], note=note, front=front)
-    return BudgetResult(final, sorted(kept), findings)
+        log.warning("accuracy budget %s: %s", "stopped" if clock.stopped else "not met", note)
+    findings = closed(opening, checks, confirmed, met=met, final=_both(done.active, done.measured),
+                      candidates=len(candidates), ranking=ranking, margin=done.margin,
+                      phases=[phase.finding() for phase in loop.phases],
+                      kept_float=kept_records(done.kept, ranked, candidates, loop.needed, front),
+                      requantized=sum(1 for trial in loop.tried if trial.phase == "re-quantize" and trial.passed),
+                      tried=[trial.finding() for trial in loop.tried], note=note, front=front)
+    return BudgetResult(done.final, sorted(done.kept), findings)
+
+
+def _ranked(build: Builder, evaluate: Evaluator, candidates: dict[str, str], local: Callable[[list[Feeds]], Any],
+            clock: Clock, on_progress: Callable[[str], None]) -> tuple[list[Ranked], str]:
+    """The candidates ranked (``rank``), or none when the time bound passes during the ranking."""
+    try:
+        with clock.phase("ranking"):
+            return rank_candidates(build, evaluate, candidates, local, on_progress, check=clock.check)
+    except OutOfTime:
+        bound = "budget.max_seconds" if clock.max_seconds else "the default time bound"
+        return [], f"none: {bound} passed during the ranking"
+
+
+@dataclass
+class _Done:
+    """Where the searches ended: the kept set, its model and measurement, on which runtimes, and the verdicts."""
+
+    kept: list[str]
+    final: onnx.ModelProto
+    measured: Measured | CombinedMeasured
+    active: Evaluator | Combined
+    met: bool
+    missed: list[str]
+    margin: Margin
+
+
+@dataclass
+class _TargetLoop:
+    """The search (steps 3-5), then each target's confirmation; a target that misses joins the next search."""
+
+    build: Builder
+    checks: TargetChecks
+    clock: Clock
+    on_progress: Callable[[str], None]
+    held_count: int
+    full_model: onnx.ModelProto
+    full: Measured
+    phases: list[SearchPhase] = field(default_factory=list)
+    tried: list[Trial] = field(default_factory=list)
+    needed: set[str] = field(default_factory=set)
+
+    def run(self, active: Evaluator | Combined, ranked: list[str], limit: int, candidates: int) -> _Done:
+        checks, clock = self.checks, self.clock
+        held_before = None if active is checks.search else _Done([], self.full_model, self.full, checks.search,
+                                                                   True, [], Margin())  # the last search that held
+        while True:
+            done = self._search(active, ranked, limit, candidates)
+            self.phases.append(SearchPhase(active.label, done.met, len(done.kept), done.margin, done.missed))
+            searched = set(active.evaluators) if isinstance(active, Combined) else set()
+            if not done.met and held_before is not None:
+                # no kept set holds on the target that missed: keeping more float there buys nothing; write the
+                # model that holds where it held, marked failing on that target
+                done = held_before
+                done.final = self.build(done.kept)
+                done.met, done.missed = False, checks.confirm(done.final, done.kept)
+                self.phases[-1].written = f"the model of the search on {done.active.label}, which held there"
+                return done
+            if done.met:
+                held_before = done
+            new = [name for name in done.missed if name not in searched]
+            if not new or (not done.met and SEARCH_TARGET in checks.evaluators) or clock.stopped:
+                return done  # every miss was searched for, or the search missed on a target validated on
+            active = checks.search_set(sorted(searched | set(done.missed)))
+
+    def _search(self, active: Evaluator | Combined, ranked: list[str], limit: int, candidates: int) -> _Done:
+        """One search on ``active``'s runtimes, checked on the held-back samples and confirmed on every target."""
+        search = _Search(self.build, active, ranked, 1.0, self.on_progress, self.clock)
+        search.measured[frozenset()] = _full_on(active, self.checks, self.full_model, self.full)
+        search.fraction = _first_fraction(active, search.measured[frozenset()], self.held_count)
+        kept, met, margin = _rounds(search, limit, candidates)
+        for trial in search.tried:
+            trial.on = active.label
+        self.tried += search.tried
+        self.needed |= search.needed
+        final = self.build(kept)
+        measured = search.measured.get(frozenset(kept))
+        if measured is None or not measured.held_part:
+            with self.clock.phase("confirm on held-back samples"):
+                measured = active.measure(final, held=True)
+        met = met and _holds(active, measured)
+        self.checks.remember(kept, measured, active)
+        with self.clock.phase("targets"):
+            missed = self.checks.confirm(final, kept)
+        return _Done(kept, final, measured, active, met, missed, margin)
 
 
 class _Latency:
-    """The latency-aware search (``_budget_latency``): a second search in harm-per-second order, and the front of
+    """The latency-aware search (``latency``): a second search in harm-per-second order, and the front of
     the fully quantized model and both searches' results; the fastest point that holds is written."""
 
     def __init__(self, build: Builder, active: Evaluator | Combined, checks: TargetChecks, clock: Clock,
                  on_progress: Callable[[str], None], held_count: int) -> None:
         self.build, self.active, self.checks, self.clock = build, active, checks, clock
         self.on_progress, self.held_count = on_progress, held_count
-        self.tried: list[_Trial] = []
+        self.tried: list[Trial] = []
 
     def front(self, ranked: list[Ranked], limit: int, float_model: Path, full_model: onnx.ModelProto,
               full: Measured, kept: list[str], measured: Measured | CombinedMeasured, timing: Sequence[TimingSource],
-              feeds: list[Feeds]) -> tuple[list[str], onnx.ModelProto, Measured | CombinedMeasured, dict[str, Any]]:
+              feeds: list[Feeds]) -> tuple[list[str], onnx.ModelProto, Measured | CombinedMeasured, FrontRecord]:
         names = [item.name for item in ranked]
         self.on_progress("accuracy budget: timing the candidates kept float")
         with self.clock.phase("latency: timing"):
             costs, how = measure_costs(timing, float_model, full_model, names, feeds)
         if not costs:  # no runtime could time it: the harm-ranked set stays
-            return kept, self.build(kept), measured, {"timing": how, "points": [], "chosen": None}
+            return kept, self.build(kept), measured, FrontRecord(timing=how, points=[], chosen=None)
         primary = next(iter(costs))
         search = _Search(self.build, self.active, by_harm_per_second(ranked, costs[primary]), 1.0, self.on_progress,
                          self.clock, tag="latency: ")
@@ -393,8 +399,8 @@ class _Latency:
             else:  # a target misses the cheaper set: the harm-ranked one, confirmed before, is written
                 points[2].holds, chosen = False, 1
                 self.checks.confirm(final, kept)
-        front = {"timing": how, "chosen_by": primary,
-                 "points": [point.finding() for point in points], "chosen": chosen}
+        front = FrontRecord(timing=how, chosen_by=primary, points=[point.finding() for point in points],
+                            chosen=chosen)
         return kept, final, measured, front
 
 
@@ -406,40 +412,14 @@ def _full_on(active: Evaluator | Combined, checks: TargetChecks, full_model: onn
     return CombinedMeasured({name: checks.measured(name, full_model, []) for name in active.evaluators})
 
 
-@dataclass(frozen=True)
-class _Opening:
-    """What the budget's findings say before any search: the tolerance, the samples, the full model's errors."""
-
-    tolerance: dict[str, Any]
-    samples: int
-    search_samples: int
-    held_back_samples: int
-    initial: dict[str, Any]
-    clock: Clock
-
-
-def _closed(opening: _Opening, checks: TargetChecks, confirmed: str, **outcome: Any) -> BudgetFindings:
-    """The findings: the opening, the search's ``outcome``, what each target says, what each runtime and each
-    phase cost, and the totals."""
-    runtimes = checks.cost()
-    clock = opening.clock
-    return BudgetFindings(tolerance=opening.tolerance, samples=opening.samples, search_samples=opening.search_samples,
-                          held_back_samples=opening.held_back_samples, initial=opening.initial, **outcome,
-                          targets=checks.verdicts(), runtimes=runtimes,
-                          evaluations=sum(entry["evaluations"] for entry in runtimes.values()),
-                          evaluation_seconds=round(sum(entry["seconds"] for entry in runtimes.values()), 3),
-                          seconds=round(clock.elapsed(), 3), confirmed=confirmed, cost=clock.report(),
-                          stopped=clock.stopped, max_seconds=clock.max_seconds, time_bound=clock.time_bound())
-
-
-def _rounds(search: _Search, limit: int, candidates: int) -> tuple[list[str], bool, dict[str, Any]]:
+def _rounds(search: _Search, limit: int, candidates: int) -> tuple[list[str], bool, Margin]:
     """Search, prune and confirm, tightening the error fraction after a held-back miss; (kept, met, margin)."""
-    margin: dict[str, Any] = {"first_error_fraction": round(search.fraction, 4)}
+    margin = Margin(first_error_fraction=round(search.fraction, 4))
     best: list[str] | None = None
     failing = 0  # a prefix failing at one fraction fails at every smaller one: later rounds start above it
     try:
         for round_number in range(1, ROUNDS + 1):
-            margin.update(error_fraction=round(search.fraction, 4), rounds=round_number)
+            margin.error_fraction, margin.rounds = round(search.fraction, 4), round_number
             failing, count = search.shortest_prefix(failing, limit)
             if count is None:
                 break
@@ -450,7 +430,7 @@ def _rounds(search: _Search, limit: int, candidates: int) -> tuple[list[str], bo
                 measured = search.evaluate.measure(search.build(best), held=True)
             search.measured[frozenset(best)] = measured
             held = search.evaluate.on_held(measured) if measured.held_part else None
-            search.tried.append(_Trial(phase, len(best), held.passed if held else None))
+            search.tried.append(Trial(phase, len(best), held.passed if held else None))
             if held is None or held.passed:
                 return best, search.evaluate.on_search(measured, search.fraction).passed, margin
             gap = error_ratio(held, search.evaluate.tolerance) / max(search.ratio(best), 1e-12)

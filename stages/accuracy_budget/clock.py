@@ -18,7 +18,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+
+from qdeploy.stages.accuracy_budget.findings import PhaseCost, TimeBound
+
+__all__ = ["DEFAULT_CEILING_SECONDS", "DEFAULT_EVALUATIONS", "DEFAULT_FLOOR_SECONDS", "Clock", "OutOfTime", "now"]
 
 DEFAULT_EVALUATIONS = 60
 """A budget without ``max_seconds`` stops after this many full evaluations' worth of seconds: the searches measured
@@ -76,18 +79,18 @@ class Clock:
                                 "the best model found so far is written")
             raise OutOfTime(self.stopped)
 
-    def time_bound(self) -> dict[str, Any] | None:
+    def time_bound(self) -> TimeBound | None:
         """What bounded the search, for the findings: the seconds, who set them, and how."""
         if self.bound is None:
             return None
-        record: dict[str, Any] = {"seconds": round(self.bound, 3),
-                                  "set_by": "budget.max_seconds" if self.max_seconds is not None else "default"}
+        record = TimeBound(seconds=round(self.bound, 3),
+                           set_by="budget.max_seconds" if self.max_seconds is not None else "default")
         if self.first_evaluation is not None:
-            record["first_evaluation_seconds"] = round(self.first_evaluation, 3)
+            record.first_evaluation_seconds = round(self.first_evaluation, 3)
         if self.max_seconds is None:
-            record["rule"] = (f"{DEFAULT_EVALUATIONS} x the first full evaluation's seconds, at least "
-                              f"{DEFAULT_FLOOR_SECONDS:g} s, at most {DEFAULT_CEILING_SECONDS:g} s; "
-                              "budget.max_seconds sets another")
+            record.rule = (f"{DEFAULT_EVALUATIONS} x the first full evaluation's seconds, at least "
+                           f"{DEFAULT_FLOOR_SECONDS:g} s, at most {DEFAULT_CEILING_SECONDS:g} s; "
+                           "budget.max_seconds sets another")
         return record
 
     def _bound_name(self) -> str:
@@ -109,6 +112,6 @@ class Clock:
             entry["evaluations"] += self.counter() - before
             entry["seconds"] += now() - begun
 
-    def report(self) -> dict[str, dict[str, Any]]:
-        return {name: {"evaluations": int(entry["evaluations"]), "seconds": round(entry["seconds"], 3)}
+    def report(self) -> dict[str, PhaseCost]:
+        return {name: PhaseCost(evaluations=int(entry["evaluations"]), seconds=round(entry["seconds"], 3))
                 for name, entry in self.phases.items()}
