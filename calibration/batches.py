@@ -20,14 +20,14 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
 from qdeploy.core.memory import memory_override
 from qdeploy.core.onnx_wire import load_model
 
-__all__ = ["Batch", "BatchAxes", "BatchError", "Feed", "available_memory_bytes", "batch_axes",
+__all__ = ["Batch", "BatchAxes", "BatchError", "BatchInfo", "Feed", "available_memory_bytes", "batch_axes",
            "explain_batch_failure", "make_batch"]
 
 Feed = dict[str, np.ndarray]
@@ -95,12 +95,27 @@ def _axes_of(dims: dict[str, list[int | str | None]]) -> dict[str, int | None]:
     return axes
 
 
+class BatchInfo(TypedDict, total=False):
+    """How a batch was assembled (a benchmark row's ``data``); ``make_batch`` writes every key but
+    ``samples_skipped`` (only when samples of other shapes were left out), the benchmark stage adds ``source`` and
+    ``notes``."""
+
+    source: str
+    rows: int
+    distinct_rows: int
+    samples_used: int
+    repeated: bool
+    shapes: dict[str, list[int]]
+    samples_skipped: str
+    notes: list[str]
+
+
 @dataclass
 class Batch:
     """A feed of one batch size, and how it was assembled."""
 
     feed: Feed
-    info: dict[str, Any]
+    info: BatchInfo
 
 
 def make_batch(samples: list[Feed], axes: BatchAxes, batch: int, *, max_bytes: int | None = None) -> Batch:
@@ -129,8 +144,9 @@ def make_batch(samples: list[Feed], axes: BatchAxes, batch: int, *, max_bytes: i
         feed[name] = np.ascontiguousarray(np.concatenate(
             [np.take(sample[name], [row], axis=axis) for sample, row in chosen], axis=axis))
     distinct = len(rows)
-    info = {"rows": batch, "distinct_rows": min(distinct, batch), "samples_used": len({id(s) for s, _ in chosen}),
-            "repeated": batch > distinct, "shapes": {name: list(value.shape) for name, value in feed.items()}}
+    info: BatchInfo = {"rows": batch, "distinct_rows": min(distinct, batch),
+                       "samples_used": len({id(s) for s, _ in chosen}), "repeated": batch > distinct,
+                       "shapes": {name: list(value.shape) for name, value in feed.items()}}
     if len(group) < len(samples):
         info["samples_skipped"] = f"{len(samples) - len(group)} samples of other shapes than the first"
     return Batch(feed, info)

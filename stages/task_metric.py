@@ -20,6 +20,7 @@ import numpy as np
 from qdeploy.core.compare import OutputComparison, compare_outputs
 from qdeploy.core.errors import DataError, RecipeError
 from qdeploy.core.tolerance import TaskTolerance, Tolerance
+from qdeploy.stages.accuracy_budget.findings import ComparisonSummary
 from qdeploy.stages.validate import evaluate, load_metric, read_labels
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ __all__ = ["MetricComparison", "Task", "TaskJudge", "judged", "labels_missing", 
 Outputs = list[dict[str, np.ndarray]]
 REMEMBERED = 16
 """Lists of outputs whose metric value a judge remembers (each held in memory while remembered)."""
-Task = tuple["Callable[[dict[str, Any], Any], Any]", list[np.ndarray]]
+Task = tuple["Callable[[dict[str, np.ndarray], Any], Any]", list[np.ndarray]]
 """A task metric's function and one label per budget sample."""
 
 
@@ -59,18 +60,18 @@ class MetricComparison(OutputComparison):
         return max(drop, 0.0) / self.allowed
 
 
-def metric_summary(comparison: MetricComparison) -> dict[str, Any]:
+def metric_summary(comparison: MetricComparison) -> ComparisonSummary:
     ratio = comparison.ratio()
-    return {"passed": comparison.passed, "metric": _rounded(comparison.metric),
-            "reference_metric": _rounded(comparison.reference), "drop": _rounded(comparison.drop),
-            "allowed_drop": _rounded(comparison.allowed), "error_ratio": None if math.isinf(ratio) else ratio,
-            "reasons": comparison.reasons[:3]}
+    return ComparisonSummary(passed=comparison.passed, metric=_rounded(comparison.metric),
+                             reference_metric=_rounded(comparison.reference), drop=_rounded(comparison.drop),
+                             allowed_drop=_rounded(comparison.allowed),
+                             error_ratio=None if math.isinf(ratio) else ratio, reasons=comparison.reasons[:3])
 
 
 class TaskJudge:
     """Computes the metric on a part's outputs and compares it with float32's on the same samples."""
 
-    def __init__(self, function: Callable[[dict[str, Any], Any], Any], tolerance: TaskTolerance,
+    def __init__(self, function: Callable[[dict[str, np.ndarray], Any], Any], tolerance: TaskTolerance,
                  labels: list[np.ndarray], search_count: int) -> None:
         self.function, self.tolerance = function, tolerance
         self.labels = {"search": labels[:search_count], "held": labels[search_count:]}

@@ -26,15 +26,15 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from qdeploy.core.context import Artifact
 from qdeploy.core.files import disk_full_is_clear, fsync_dir, process_alive, sha256_file, write_json_synced
-from qdeploy.pipeline.publish.store import MODEL_FILE, STALE_STAGING_SECONDS, CacheChangedError
+from qdeploy.pipeline.publish.store import MODEL_FILE, STALE_STAGING_SECONDS, CacheChangedError, StoredFile
 
-__all__ = ["ARTIFACTS", "CHECKSUMS", "CURRENT", "PUBLISHED", "RECIPE_SNAPSHOT", "REPORT_FILES", "begin_generation",
-           "commit_generation", "discard_generation", "publish_artifact", "stable_path", "write_checksums",
-           "write_recipe_snapshot"]
+__all__ = ["ARTIFACTS", "CHECKSUMS", "CURRENT", "PUBLISHED", "RECIPE_SNAPSHOT", "REPORT_FILES", "PublishedDataFile",
+           "begin_generation", "commit_generation", "discard_generation", "publish_artifact", "stable_path",
+           "write_checksums", "write_recipe_snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,14 @@ RECIPE_SNAPSHOT = "recipe.snapshot.json"
 """The run's validated recipe (``Recipe.model_dump``): what a package's tolerances are read from."""
 _HOST = socket.gethostname().replace("-", "_")
 _TMP_LINK = ".tmp-link-"
+
+
+class PublishedDataFile(TypedDict):
+    """An external data file of a published model: its name beside the model, sha256 and size."""
+
+    file: str
+    sha256: str
+    size_bytes: int
 
 
 def begin_generation(out_dir: Path) -> Path:
@@ -77,7 +85,7 @@ def stable_path(out_dir: Path, generation: Path, path: Path) -> Path:
 
 
 def publish_artifact(artifact: Artifact, generation: Path, name: str,
-                     extra_meta: dict[str, Any]) -> tuple[Path, Path, list[dict[str, Any]]]:
+                     extra_meta: dict[str, Any]) -> tuple[Path, Path, list[PublishedDataFile]]:
     """Copy an artifact into the generation as artifacts/<name>.onnx with its sidecar and external data.
 
     A copy, not a link: a user editing the published file must not alter the cache entry.  Each copy is
@@ -91,7 +99,7 @@ def publish_artifact(artifact: Artifact, generation: Path, name: str,
     model_path, sidecar = folder / f"{name}.onnx", folder / f"{name}.json"
     copies = [(MODEL_FILE, artifact.path, model_path)]
     copies += [(data, artifact.path.parent / data, folder / data) for data in meta.get("external_data", [])]
-    published: dict[str, dict[str, Any]] = {}
+    published: dict[str, StoredFile] = {}
     with disk_full_is_clear(str(model_path)):
         for entry_name, source, target in copies:
             shutil.copyfile(source, target)

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from qdeploy.core.context import Artifact
 from qdeploy.core.errors import QdeployError
@@ -45,8 +45,8 @@ from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES, save_onnx
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["META_FILE", "MODEL_FILE", "STALE_STAGING_SECONDS", "ArtifactStore", "CacheChangedError", "cache_key",
-           "entry_problem", "library_versions"]
+__all__ = ["META_FILE", "MODEL_FILE", "STALE_STAGING_SECONDS", "ArtifactStore", "CacheChangedError", "EntryMeta",
+           "StoredFile", "cache_key", "entry_problem", "library_versions"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,27 @@ def _staging_is_abandoned(staging: Path) -> bool:
     if len(parts) >= 4 and parts[2].isdigit() and parts[1] == socket.gethostname().replace("-", "_"):
         return not process_alive(int(parts[2]))
     return age > STALE_STAGING_SECONDS
+
+
+class StoredFile(TypedDict):
+    """A file of an entry as its sidecar records it (``files``): its own sha256 and size."""
+
+    sha256: str
+    size_bytes: int
+
+
+class EntryMeta(TypedDict, total=False):
+    """What a verified entry's sidecar (meta.json) is read for; the stage that built it records more beside these."""
+
+    key: str
+    sha256: str
+    files: dict[str, StoredFile]
+    size_bytes: int
+    external_data: list[str]
+    created: float
+    stages: list[str]
+    parent: str | None
+    seconds: float
 
 
 class CacheChangedError(QdeployError):
@@ -243,7 +264,7 @@ def save_model(model: onnx.ModelProto, path: Path, *, external_name: str) -> Non
     save_onnx(model, path, location=external_name, threshold=min(EXTERNAL_DATA_THRESHOLD, PROTOBUF_SAFE_BYTES))
 
 
-def _artifact_from_meta(entry: Path, meta: dict[str, Any], *, cached: bool) -> Artifact:
+def _artifact_from_meta(entry: Path, meta: EntryMeta, *, cached: bool) -> Artifact:
     return Artifact(
         path=entry / MODEL_FILE, sidecar=entry / META_FILE, key=meta["key"], sha256=meta["sha256"],
         size_bytes=meta["size_bytes"], stages=tuple(meta.get("stages", ())), parent=meta.get("parent"),

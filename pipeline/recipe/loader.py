@@ -6,7 +6,7 @@ import difflib
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 from pydantic import ValidationError
@@ -20,11 +20,18 @@ from qdeploy.pipeline.recipe.schema import Recipe, StepError
 from qdeploy.stages.export import check_factory
 from qdeploy.stages.validate import check_config
 
-__all__ = ["MAX_RECIPE_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_VALUES", "Loc", "RecipeLoader", "check_recipe_files",
-           "document_loc", "load_recipe_file", "node_line", "parse_recipe", "parse_yaml", "read_yaml_text",
-           "recipe_python_references"]
+__all__ = ["MAX_RECIPE_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_VALUES", "Loc", "PythonCodeReference", "RecipeLoader",
+           "check_recipe_files", "document_loc", "load_recipe_file", "node_line", "parse_recipe", "parse_yaml",
+           "read_yaml_text", "recipe_python_references"]
 
 Loc = tuple[str | int, ...]
+
+
+class PythonCodeReference(TypedDict):
+    """Python code a recipe executes: the recipe field that names it, and the code as written there."""
+
+    field: str
+    code: str
 
 
 MAX_RECIPE_BYTES = 1_000_000
@@ -310,9 +317,9 @@ def _check_stage_configs(recipe: Recipe, root: yaml.Node | None, file: str) -> N
         raise RecipeError(exc.detail, file=file, line=node_line(root, tuple(field.split("."))), field=field) from None
 
 
-def recipe_python_references(recipe: Recipe) -> list[dict[str, Any]]:
+def recipe_python_references(recipe: Recipe) -> list[PythonCodeReference]:
     """Python code a recipe will execute (factories, metrics): `qdeploy check` lists them."""
-    refs = []
+    refs: list[PythonCodeReference] = []
     if recipe.model.torch is not None:
         refs.append({"field": "model.torch.factory", "code": recipe.model.torch.factory})
     if recipe.validate_.metric:

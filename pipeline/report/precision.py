@@ -142,16 +142,16 @@ def execution_record(precision: str | None, timed: BenchmarkRow | ThroughputRow 
     if row is None or not execution:
         return None
     kernels = {str(kind).upper(): count for kind, count in (execution.get("precisions") or {}).items()}
-    record: dict[str, Any] = {
-        "precision": precision, "ran": ran_label(row), "runtime": execution.get("runtime"),
-        "providers": list(execution.get("providers") or []), "kernels": kernels,
-        "float32_only": bool(kernels) and set(kernels) <= _FLOAT32 and precision not in (None, "fp32")}
+    record = ExecutionRecord(
+        precision=precision, ran=ran_label(row), runtime=execution.get("runtime"),
+        providers=list(execution.get("providers") or []), kernels=kernels,
+        float32_only=bool(kernels) and set(kernels) <= _FLOAT32 and precision not in (None, "fp32"))
     if execution.get("runtime") == "onnxruntime" and len(execution.get("node_counts") or {}) > 1:
-        record["provider_kernels"] = dict(execution["node_counts"])  # a fallback: kernels per provider
+        record = record.replace(provider_kernels=dict(execution["node_counts"]))  # a fallback: kernels per provider
     if timed is not None and checked is not None and checked.execution and timed is row \
             and not same_setting(timed, checked):
-        record["validated"] = ran_label(checked)  # a pin validation ships that this benchmark did not time
-    return ExecutionRecord.model_validate(record)
+        record = record.replace(validated=ran_label(checked))  # a pin validation ships that this benchmark did not time
+    return record
 
 
 def execution_phrase(record: ExecutionRecord | None) -> str:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from qdeploy.core.ranking import distinguishable
 from qdeploy.core.report import Report, as_report
@@ -46,12 +46,55 @@ from qdeploy.core.values import is_finite_number
 from qdeploy.pipeline.report.format import fmt_fidelity, fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
 from qdeploy.pipeline.report.precision import execution_record
 
-__all__ = ["FIDELITY_KEYS", "FIDELITY_ONLY", "TIE_BREAKS", "Choice", "TargetVerdict", "compute_verdict",
-           "indistinguishable", "ranking", "rejection", "split_targets", "target_verdict", "verdict_section"]
+__all__ = ["FIDELITY_KEYS", "FIDELITY_ONLY", "TIE_BREAKS", "Choice", "ChoiceFigures", "ChoiceLatency",
+           "ChoiceThroughput", "TargetFigures", "TargetVerdict", "compute_verdict", "indistinguishable", "ranking",
+           "rejection", "split_targets", "target_verdict", "verdict_section"]
 
 FIDELITY_ONLY = ("reference:cpu",)
 TIE_BREAKS = ("fidelity", "size")
 FIDELITY_KEYS = ("cosine", "snr_db", "max_abs_err", "top1_agreement", "task_metric")
+
+
+class ChoiceLatency(TypedDict, total=False):
+    """A choice's latency figures: its benchmark row at the ranked batch size."""
+
+    latency_ms: float | None
+    ci95_ms: list[float] | None
+    speedup: float | None
+    speedup_range: list[float] | None
+    noisy: bool | None
+    speedup_vs_default: float | None
+    speedup_vs_default_range: list[float] | None
+
+
+class ChoiceThroughput(TypedDict, total=False):
+    """A choice's throughput figures: its throughput row at the ranked batch size."""
+
+    inferences_per_s: float | None
+    requests_in_flight: int | None
+    latency_at_load_ms: float | None
+    throughput_speedup: float | None
+
+
+class ChoiceFigures(ChoiceLatency, ChoiceThroughput, total=False):
+    """``Choice.as_dict()``: a variant as the verdict section records it (``VerdictChoice``)."""
+
+    variant: str | None
+    fidelity: dict[str, float | None]
+    size_bytes: int | None
+    deploy_precision: str
+    execution: ExecutionRecord
+
+
+class TargetFigures(ChoiceFigures, total=False):
+    """``TargetVerdict.as_dict()``: what to ship on one target (``TargetVerdictRecord``)."""
+
+    status: str
+    why: str
+    decided: bool
+    undecided: str | None
+    runner_up: ChoiceFigures | None
+    rejected: dict[str, str]
 
 
 @dataclass
@@ -64,8 +107,8 @@ class Choice:
     interval: list[float] | None
     size_bytes: int | None
     fidelity: dict[str, float | None]
-    latency: dict[str, Any] = field(default_factory=dict)
-    throughput: dict[str, Any] = field(default_factory=dict)
+    latency: ChoiceLatency = field(default_factory=ChoiceLatency)
+    throughput: ChoiceThroughput = field(default_factory=ChoiceThroughput)
     deploy_precision: str | None = None
     """The INFERENCE_PRECISION_HINT it ships with where the device default missed its tolerance."""
     execution: ExecutionRecord | None = None
@@ -77,7 +120,7 @@ class Choice:
     machine: dict[str, Any] = field(default_factory=dict)
     """How busy the machine was while its target was timed (the benchmark row's ``machine_load``)."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ChoiceFigures:
         pinned = {"deploy_precision": self.deploy_precision} if self.deploy_precision else {}
         ran = {"execution": self.execution} if self.execution is not None else {}
         return {"variant": self.variant, **self.latency, **self.throughput, "fidelity": self.fidelity,
@@ -96,7 +139,7 @@ class TargetVerdict:
     undecided: str = ""
     """Why the benchmark could not decide (a busy machine left a tie): the pick is the tie rule's, meanwhile."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> TargetFigures:
         return {"status": self.status, "variant": self.pick.variant if self.pick else None, "why": self.why,
                 "decided": not self.undecided, "undecided": self.undecided or None,
                 **({k: v for k, v in self.pick.as_dict().items() if k != "variant"} if self.pick else {}),

@@ -6,21 +6,65 @@ import platform
 import sys
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from qdeploy.pipeline.publish.store import library_versions
 from qdeploy.pipeline.results.tested_versions import version_differences
 from qdeploy.targets import available_targets
 from qdeploy.targets.int8_path import int8_path, target_int8_paths
 
-__all__ = ["CPU_FLAGS", "LIBRARIES", "cpu_info", "environment"]
+__all__ = ["CPU_FLAGS", "LIBRARIES", "CpuInfoDict", "EnvironmentDict", "Int8PathEntryDict", "TestedVersionsDict",
+           "VersionGapDict", "cpu_info", "environment"]
 
 LIBRARIES = ("onnx", "onnxruntime", "openvino", "onnxconverter-common", "onnxoptimizer", "numpy", "qdeploy", "torch")
 CPU_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8",
              "avx512_fp16", "f16c", "fma")
 
 
-def cpu_info() -> dict[str, Any]:
+class CpuInfoDict(TypedDict):
+    """The CPU model, its cores, and per flag of ``CPU_FLAGS`` whether it has it."""
+
+    model: str
+    cores: int
+    flags: dict[str, bool]
+
+
+class Int8PathEntryDict(TypedDict):
+    """``Int8Path.to_dict()`` with what it means per CPU target (``targets``)."""
+
+    kind: str
+    exact: bool
+    meaning: str
+    flags_source: str
+    targets: dict[str, str]
+
+
+class VersionGapDict(TypedDict):
+    installed: str | None
+    tested: str
+
+
+class TestedVersionsDict(TypedDict):
+    """Whether the runtimes are the tested versions, and those that are not."""
+
+    match: bool
+    differ: dict[str, VersionGapDict]
+
+
+class EnvironmentDict(TypedDict):
+    """report.json's ``environment`` as the run writes it (``qdeploy.core.report_parts.Environment`` reads it)."""
+
+    python: str
+    platform: str
+    versions: dict[str, str]
+    cpu: CpuInfoDict
+    targets: dict[str, str]
+    available_targets: list[str]
+    int8_path: Int8PathEntryDict
+    tested_versions: TestedVersionsDict
+
+
+def cpu_info() -> CpuInfoDict:
     """CPU model and the instruction-set flags that decide int8, bf16 and fp16 speed."""
     model, flags = platform.processor() or platform.machine(), set()
     cpuinfo = Path("/proc/cpuinfo")
@@ -42,7 +86,7 @@ def _cores() -> int:
 
 
 @cache
-def environment() -> dict[str, Any]:
+def environment() -> EnvironmentDict:
     targets = available_targets()
     available = [name for name, reason in targets.items() if not reason]
     path = int8_path()
@@ -59,8 +103,8 @@ def environment() -> dict[str, Any]:
     }
 
 
-def _tested_versions() -> dict[str, Any]:
+def _tested_versions() -> TestedVersionsDict:
     """Whether the runtimes are the versions qdeploy was tested with (constraints.txt), and which are not."""
-    untested = {name: {"installed": installed, "tested": tested}
-                for level, name, installed, tested in version_differences() if level == "warning"}
+    untested: dict[str, VersionGapDict] = {name: {"installed": installed, "tested": tested} for level, name, installed,
+                                           tested in version_differences() if level == "warning"}
     return {"match": not untested, "differ": untested}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from qdeploy.core.context import Artifact
 from qdeploy.core.files import sha256_file
@@ -17,22 +17,63 @@ from qdeploy.graph.utils import graph_inputs
 if TYPE_CHECKING:
     from qdeploy.pipeline.recipe.schema import Recipe
 
-__all__ = ["ENVIRONMENT_FIELDS", "RECIPE_SECTIONS", "code_fingerprint", "dataset_fingerprint", "model_identity",
-           "model_mismatch", "model_signature", "recipe_content", "recipe_content_note", "recipe_fingerprint",
-           "run_differences"]
+__all__ = ["ENVIRONMENT_FIELDS", "RECIPE_SECTIONS", "CodeFingerprintDict", "DatasetFingerprintDict",
+           "ExternalFileDict", "ModelIdentityDict", "ModelSignatureDict", "TensorSignatureDict", "code_fingerprint",
+           "dataset_fingerprint", "model_identity", "model_mismatch", "model_signature", "recipe_content",
+           "recipe_content_note", "recipe_fingerprint", "run_differences"]
 
 RECIPE_SECTIONS = ("model", "data", "variants", "targets", "validate", "benchmark", "gates")
 ENVIRONMENT_FIELDS = (("cpu", "model"), ("cpu", "cores"), ("cpu", "flags"), ("python",), ("platform",))
 
 
-def dataset_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, Any]:
+class DatasetFingerprintDict(TypedDict):
+    """One dataset in a cache key: its spec as the recipe's model dumps it, and (name, sha256) per file."""
+
+    spec: dict[str, Any]
+    files: list[tuple[str, str]]
+
+
+class CodeFingerprintDict(TypedDict, total=False):
+    """The user code a stage's config names, by content (empty when it names none): per field, the file's sha256
+    and the function, or the 'package.module:function' it names."""
+
+    code: dict[str, str | list[Any]]
+
+
+class TensorSignatureDict(TypedDict):
+    """One model input or output (``qdeploy.core.report_parts.TensorSignature`` reads it)."""
+
+    name: str
+    type: str
+    shape: list[int | str] | None
+
+
+class ModelSignatureDict(TypedDict):
+    inputs: list[TensorSignatureDict]
+    outputs: list[TensorSignatureDict]
+
+
+class ExternalFileDict(TypedDict):
+    file: str
+    sha256: str
+
+
+class ModelIdentityDict(ModelSignatureDict):
+    """report.json's ``model`` as the run writes it (``qdeploy.core.report_parts.ModelIdentity`` reads it)."""
+
+    exported_sha256: str
+    exported_key: str
+    external_data: list[ExternalFileDict]
+
+
+def dataset_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, DatasetFingerprintDict]:
     """What a stage's datasets are, for its cache key: their spec and, for folders, each file's name and the
     sha256 of its content.  Never size and mtime: samples rewritten with other values but the same size and
     mtime would reuse an artifact calibrated on the old ones."""
-    fingerprint: dict[str, Any] = {}
+    fingerprint: dict[str, DatasetFingerprintDict] = {}
     for name in datasets:
         spec = recipe.data[name]
-        files: list[Any] = []
+        files: list[tuple[str, str]] = []
         if spec.path:
             folder = recipe.resolve(spec.path)
             files = sorted((p.name, sha256_file(p)) for p in folder.iterdir() if p.is_file()) \
@@ -41,7 +82,7 @@ def dataset_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, Any]:
     return fingerprint
 
 
-def code_fingerprint(recipe: Recipe, config: StageConfig) -> dict[str, Any]:
+def code_fingerprint(recipe: Recipe, config: StageConfig) -> CodeFingerprintDict:
     """The user code a stage's config names (a budget's task metric, ``tolerance.metric``) by content, for its
     cache key: an edited metrics.py rebuilds the artifact its budget chose.  Empty when the config names none, so
     every other key stays what it was."""
@@ -51,7 +92,7 @@ def code_fingerprint(recipe: Recipe, config: StageConfig) -> dict[str, Any]:
     return {"code": {"tolerance.metric": _content_of(recipe, budget.metric, code=True)}}
 
 
-def model_identity(exported: Artifact) -> dict[str, Any]:
+def model_identity(exported: Artifact) -> ModelIdentityDict:
     """What a run's model is (its exported artifact), so `qdeploy compare` can tell two runs of different models
     apart."""
     return {"exported_sha256": exported.sha256, "exported_key": exported.key,
@@ -59,7 +100,7 @@ def model_identity(exported: Artifact) -> dict[str, Any]:
             **model_signature(exported.path)}
 
 
-def model_signature(path: Path) -> dict[str, Any]:
+def model_signature(path: Path) -> ModelSignatureDict:
     """Inputs and outputs of a model (name, element type, shape with symbolic dimensions as names)."""
 
     model = load_model(path, load_external_data=False)
@@ -67,7 +108,7 @@ def model_signature(path: Path) -> dict[str, Any]:
             "outputs": [_value_info(v) for v in model.graph.output]}
 
 
-def _value_info(value: Any) -> dict[str, Any]:
+def _value_info(value: Any) -> TensorSignatureDict:
     import onnx
 
     tensor = value.type.tensor_type

@@ -20,23 +20,38 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from qdeploy.core.compare import SNR_CAP_DB
+from qdeploy.core.context import Artifact
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.core.report import Report, as_report
 from qdeploy.core.rows import BenchmarkRow
 from qdeploy.pipeline.recipe.schema import Recipe
-from qdeploy.pipeline.results.layers_summary import TOP, float_reason, pair_summary, timeline, top_rows
+from qdeploy.pipeline.results.layers_summary import (
+    TOP,
+    LayerGraphFacts,
+    PairSummaryDict,
+    ProfiledLayerRow,
+    TimelineColumns,
+    float_reason,
+    pair_summary,
+    timeline,
+    top_rows,
+)
 from qdeploy.stages.benchmark import node_macs
 from qdeploy.stages.export import model_size_on_disk
 from qdeploy.stages.validate import feed_caster, layer_errors, reference_source
 from qdeploy.targets.base import short_message
-from qdeploy.targets.layer_profile import profile_layers
+from qdeploy.targets.layer_profile import LayerTime, profile_layers
 
-__all__ = ["AUTO_MAX_BYTES", "FEEDS", "add_layers", "added_error", "decisions_of", "layers_section", "profile_pair",
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["AUTO_MAX_BYTES", "FEEDS", "ExposureCheck", "LayerPairDict", "LayersSectionDict", "MeasuredNodeError",
+           "PairProfileDict", "add_layers", "added_error", "decisions_of", "layers_section", "profile_pair",
            "profiled_pairs"]
 
 log = logging.getLogger(__name__)
@@ -47,6 +62,77 @@ AUTO_MAX_BYTES = 512_000_000
 (docs/large-models.md); ``full`` profiles every size."""
 """Validation samples the error pass compares on (the first ones)."""
 _QDQ = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
+
+
+class MeasuredNodeError(TypedDict):
+    """One node's output against the reference's same tensor (``LayerErrors.per_node`` of
+    ``qdeploy.stages.validate``): the tensor compared, its op type, and the metrics."""
+
+    tensor: str
+    op_type: str
+    snr_db: float | None
+    cosine: float | None
+    max_abs_err: float | None
+    nonfinite: int
+
+
+class ExposureCheck(TypedDict):
+    """Whether exposing the intermediate tensors changed the candidate's final outputs (``LayerErrors.exposure``)."""
+
+    changed: bool
+    max_output_difference: float | None
+    note: str
+
+
+class PairProfileDict(TypedDict):
+    """The profiled session: its runs, the median profiled inference, the benchmark's p50 for the pair."""
+
+    runs: int
+    profiled_ms: float
+    benchmark_p50_ms: float | None
+
+
+class _PairKeys(TypedDict):
+    variant: str
+    target: str
+    why: str
+    precision: str
+
+
+class LayerPairDict(_PairKeys, total=False):
+    """One profiled (variant, target) as report.json's ``layers.pairs`` holds it (``LayerPair`` reads it): with
+    ``status`` ok its summary, rows and what the build decided; ``skipped`` or ``error`` with the ``reason``."""
+
+    status: str
+    reason: str
+    seconds: float
+    samples: int
+    exposure: ExposureCheck
+    notes: list[str]
+    profile: PairProfileDict
+    summary: PairSummaryDict
+    top_time: list[ProfiledLayerRow]
+    top_error: list[ProfiledLayerRow]
+    rows_total: int
+    timeline: TimelineColumns
+    unclaimed_nodes: list[str]
+    decisions: dict[str, str]
+    pinned_precision: str | None
+    rows: list[ProfiledLayerRow]
+
+
+class _SectionKeys(TypedDict):
+    mode: str
+    top: int
+    pairs: list[LayerPairDict]
+
+
+class LayersSectionDict(_SectionKeys, total=False):
+    """report.json's ``layers`` section as the pass writes it (``qdeploy.core.layer_rows.LayersSection`` reads it):
+    ``seconds`` the pass's time, ``reason`` why no pair was profiled."""
+
+    seconds: float
+    reason: str
 
 
 def profiled_pairs(mode: str, report: Report | Mapping[str, Any], evaluated: list[str],
@@ -65,7 +151,7 @@ def profiled_pairs(mode: str, report: Report | Mapping[str, Any], evaluated: lis
     return list({(v, t): (v, t, why) for v, t, why in pairs if v is not None}.values())
 
 
-def add_layers(report: Report, recipe: Recipe, artifacts: dict[str, Any], targets: list[str]) -> Report:
+def add_layers(report: Report, recipe: Recipe, artifacts: dict[str, Artifact], targets: list[str]) -> Report:
     """The report with its ``layers`` section (absent with ``report.layers: off``), the pass's time added to the
     run's."""
     section = layers_section(recipe, artifacts, report, targets)
@@ -74,15 +160,15 @@ def add_layers(report: Report, recipe: Recipe, artifacts: dict[str, Any], target
     return report.replace(layers=section, seconds=report.seconds + section["seconds"])
 
 
-def layers_section(recipe: Recipe, artifacts: dict[str, Any], report: Report,
-                   targets: list[str]) -> dict[str, Any] | None:
+def layers_section(recipe: Recipe, artifacts: dict[str, Artifact], report: Report,
+                   targets: list[str]) -> LayersSectionDict | None:
     """The report's ``layers`` section as report.json holds it; None when the recipe turns it off."""
     mode = recipe.report.layers
     if mode == "off":
         return None
     started = time.perf_counter()
     pairs = profiled_pairs(mode, report, list(artifacts), targets)
-    section: dict[str, Any] = {"mode": mode, "top": TOP, "pairs": []}
+    section: LayersSectionDict = {"mode": mode, "top": TOP, "pairs": []}
     if pairs:
         with tempfile.TemporaryDirectory(prefix="qdeploy-layers-") as work:
             section["pairs"] = _profile_pairs(recipe, artifacts, report, pairs, Path(work), section)
@@ -90,8 +176,8 @@ def layers_section(recipe: Recipe, artifacts: dict[str, Any], report: Report,
     return section
 
 
-def _profile_pairs(recipe: Recipe, artifacts: dict[str, Any], report: Report,
-                   pairs: list[tuple[str, str, str]], work: Path, section: dict[str, Any]) -> list[dict[str, Any]]:
+def _profile_pairs(recipe: Recipe, artifacts: dict[str, Artifact], report: Report, pairs: list[tuple[str, str, str]],
+                   work: Path, section: LayersSectionDict) -> list[LayerPairDict]:
     ctx = recipe.stage_context("*", work)
     try:
         source = reference_source(artifacts, recipe.validate_, ctx)
@@ -105,7 +191,7 @@ def _profile_pairs(recipe: Recipe, artifacts: dict[str, Any], report: Report,
             for variant, target, why in pairs]
 
 
-def _too_large(artifact: Any, variant: str, target: str, why: str) -> dict[str, Any] | None:
+def _too_large(artifact: Artifact, variant: str, target: str, why: str) -> LayerPairDict | None:
     """A skipped record for an artifact above ``AUTO_MAX_BYTES`` (``auto`` only): the pass runs the reference and
     the artifact with every intermediate tensor exposed, which would break the run's memory bound."""
     size = model_size_on_disk(Path(artifact.path)) or 0
@@ -117,12 +203,13 @@ def _too_large(artifact: Any, variant: str, target: str, why: str) -> dict[str, 
                       "auto profiles (every intermediate tensor is held); report.layers: full profiles it"}
 
 
-def profile_pair(artifact: Any, variant: str, target: str, why: str, reference: Path,
-                 feeds: list[dict[str, Any]], report: Report | Mapping[str, Any], *, full: bool) -> dict[str, Any]:
+def profile_pair(artifact: Artifact, variant: str, target: str, why: str, reference: Path,
+                 feeds: list[dict[str, np.ndarray]], report: Report | Mapping[str, Any], *,
+                 full: bool) -> LayerPairDict:
     """One pair's record: its summary, top rows, timeline, and every row with ``full``; errors are recorded."""
     report = as_report(report)
     started = time.perf_counter()
-    record: dict[str, Any] = {"variant": variant, "target": target, "why": why, "precision": artifact.precision}
+    record: LayerPairDict = {"variant": variant, "target": target, "why": why, "precision": artifact.precision}
     shipped = _shipped_pin(report, variant, target)
     pin_f32 = artifact.precision == "fp32"
     try:
@@ -138,7 +225,7 @@ def profile_pair(artifact: Any, variant: str, target: str, why: str, reference: 
     graph = _graph_facts(artifact.path)
     macs = node_macs(load_model(reference, load_external_data=False), errors.shapes)
     decisions = decisions_of(report, variant)
-    rows = [_row(layer.to_dict(), macs, errors.per_node, decisions, graph, target, artifact.precision)
+    rows = [_row(layer, macs, errors.per_node, decisions, graph, target, artifact.precision)
             for layer in profile.layers]
     added_error(rows, errors.per_node, graph)
     claimed = {node for row in rows for node in row["nodes"]}
@@ -160,10 +247,10 @@ def profile_pair(artifact: Any, variant: str, target: str, why: str, reference: 
     return record
 
 
-def _row(layer: dict[str, Any], macs: dict[str, int], errors: dict[str, dict[str, Any]], decisions: dict[str, str],
-         graph: dict[str, Any], target: str, precision: str) -> dict[str, Any]:
-    nodes = layer["nodes"]
-    row = {**layer, "macs": sum(macs.get(n, 0) for n in nodes) or None, "error_node": None, "snr_db": None,
+def _row(layer: LayerTime, macs: dict[str, int], errors: dict[str, MeasuredNodeError], decisions: dict[str, str],
+         graph: LayerGraphFacts, target: str, precision: str) -> ProfiledLayerRow:
+    nodes = layer.nodes
+    row = {**layer.to_dict(), "macs": sum(macs.get(n, 0) for n in nodes) or None, "error_node": None, "snr_db": None,
            "cosine": None, "nonfinite": 0, "decision": next((decisions[n] for n in nodes if n in decisions), None)}
     measured = [n for n in nodes if n in errors]
     if measured:  # a fused group: its output is that of its last measured node
@@ -181,7 +268,7 @@ def _row(layer: dict[str, Any], macs: dict[str, int], errors: dict[str, dict[str
     return row
 
 
-def added_error(rows: list[dict[str, Any]], errors: dict[str, dict[str, Any]], graph: dict[str, Any]) -> None:
+def added_error(rows: list[ProfiledLayerRow], errors: dict[str, MeasuredNodeError], graph: LayerGraphFacts) -> None:
     """Per row, the error it adds: the SNR its inputs arrive with (the worst measured producer outside its group;
     exact inputs, weights and graph inputs count as SNR_CAP_DB) minus its own, and whether NaN/Inf is born here."""
     for row in rows:
@@ -191,7 +278,7 @@ def added_error(rows: list[dict[str, Any]], errors: dict[str, dict[str, Any]], g
         row["nonfinite_born"] = bool(row["nonfinite"]) and not any(e["nonfinite"] for e in upstream)
 
 
-def _measured_inputs(nodes: list[str], errors: dict[str, Any], graph: dict[str, Any]) -> set[str]:
+def _measured_inputs(nodes: list[str], errors: dict[str, MeasuredNodeError], graph: LayerGraphFacts) -> set[str]:
     """The measured nodes a group's inputs come from: upstream of its first node (a node the runtime fused without
     naming it sits inside the group, not before it), through unmeasured conversions (Q/DQ, Cast) at most 4 deep."""
     if not nodes:
@@ -205,7 +292,7 @@ def _measured_inputs(nodes: list[str], errors: dict[str, Any], graph: dict[str, 
     return found
 
 
-def _graph_facts(path: Path) -> dict[str, Any]:
+def _graph_facts(path: Path) -> LayerGraphFacts:
     """Op types, order, and per compute node: fed by a DequantizeLinear, followed by a QuantizeLinear."""
     model = load_model(path, load_external_data=False)
     made_by = {out: node for node in model.graph.node for out in node.output}
@@ -214,7 +301,7 @@ def _graph_facts(path: Path) -> dict[str, Any]:
         for name in node.input:
             read_by.setdefault(name, []).append(node)
     names = [node.name or f"{node.op_type}_{index}" for index, node in enumerate(model.graph.node)]
-    facts: dict[str, Any] = {"op_types": {}, "order": names, "position": {}, "dq_fed": {}, "q_after": {},
+    facts: LayerGraphFacts = {"op_types": {}, "order": names, "position": {}, "dq_fed": {}, "q_after": {},
                              "producers": {}}
     name_of = {id(node): name for name, node in zip(names, model.graph.node, strict=True)}
     for index, (name, node) in enumerate(zip(names, model.graph.node, strict=True)):

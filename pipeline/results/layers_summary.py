@@ -5,13 +5,15 @@ artifact ran in float, and, for an int8 artifact that is not faster than expecte
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TypedDict
 
 from qdeploy.core.layer_rows import LayerRow
 from qdeploy.pipeline.report.format import fmt_number
 from qdeploy.pipeline.report.layers import by_error, by_time
 
-__all__ = ["EXPECTED_INT8_SPEEDUP", "LAYOUT_OPS", "TOP", "float_reason", "pair_summary", "timeline", "top_rows"]
+__all__ = ["EXPECTED_INT8_SPEEDUP", "LAYOUT_OPS", "TOP", "LayerGraphFacts", "PairSummaryDict", "PrecisionShare",
+           "ProfiledLayerRow", "SlowInt8Diagnosis", "TimelineColumns", "float_reason", "pair_summary", "timeline",
+           "top_rows"]
 
 TOP = 10
 EXPECTED_INT8_SPEEDUP = 1.2
@@ -23,7 +25,89 @@ _NAMING_SHARE = 0.10
 FLOAT = ("f32", "f16", "bf16", "f64")
 
 
-def top_rows(rows: list[dict[str, Any]], key: str, count: int = TOP) -> list[dict[str, Any]]:
+class _ProfiledKeys(TypedDict):
+    """``qdeploy.targets.layer_profile.LayerTime`` as a dict, joined with its MACs, error and decision."""
+
+    layer: str
+    op: str
+    exec: str
+    precision: str
+    time_ms: float
+    nodes: list[str]
+    through_graph: list[str]
+    macs: int | None
+    error_node: str | None
+    snr_db: float | None
+    cosine: float | None
+    nonfinite: int
+    decision: str | None
+    qdq_nodes: list[str]
+    compute_op: str | None
+    float_reason: str | None
+
+
+class ProfiledLayerRow(_ProfiledKeys, total=False):
+    """One executed layer of a pair as the section holds it (``qdeploy.core.layer_rows.LayerRow`` reads it);
+    the error it adds is set once every row is made (``qdeploy.pipeline.results.layers.added_error``)."""
+
+    snr_drop_db: float | None
+    nonfinite_born: bool
+
+
+class LayerGraphFacts(TypedDict):
+    """Per node of the artifact's graph (by name): op type, position, producers, and whether a DequantizeLinear
+    feeds it or a QuantizeLinear follows it; ``order``: the node names in graph order."""
+
+    op_types: dict[str, str]
+    order: list[str]
+    position: dict[str, int]
+    dq_fed: dict[str, bool]
+    q_after: dict[str, bool]
+    producers: dict[str, list[str]]
+
+
+class TimelineColumns(TypedDict):
+    """Every layer in execution order, one list per column."""
+
+    layer: list[str]
+    time_ms: list[float]
+    precision: list[str]
+    snr_db: list[float | None]
+
+
+class _ShareKeys(TypedDict):
+    macs: int
+    time_ms: float
+    layers: int
+
+
+class PrecisionShare(_ShareKeys, total=False):
+    """What one precision ran of a pair: MACs, time, layers, and their shares of the pair's (None: no whole)."""
+
+    macs_share: float | None
+    time_share: float | None
+
+
+class SlowInt8Diagnosis(TypedDict):
+    """An int8 artifact slower than expected: its speedup, the expected one, the causes named, the line."""
+
+    speedup: float
+    expected: float
+    causes: list[str]
+    line: str
+
+
+class PairSummaryDict(TypedDict):
+    """A pair's summary: shares per precision, totals, the lines a deployer reads first, the slow-int8 diagnosis."""
+
+    by_precision: dict[str, PrecisionShare]
+    time_ms: float
+    macs: int
+    lines: list[str]
+    slow: SlowInt8Diagnosis | None
+
+
+def top_rows(rows: list[ProfiledLayerRow], key: str, count: int = TOP) -> list[ProfiledLayerRow]:
     """The ``count`` rows that cost most time (``time_ms``) or add most error (``snr_db``), as the section holds
     them (ranked as the readers rank them: ``qdeploy.pipeline.report.layers``)."""
     typed = [LayerRow.model_validate(row) for row in rows]
@@ -32,7 +116,7 @@ def top_rows(rows: list[dict[str, Any]], key: str, count: int = TOP) -> list[dic
     return [rows[place[id(row)]] for row in ranked[:count]]
 
 
-def timeline(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+def timeline(rows: list[ProfiledLayerRow]) -> TimelineColumns:
     """Every layer in execution order, compactly (the chart's data, kept even when the rows are not)."""
     return {"layer": [r["layer"] for r in rows], "time_ms": [round(r.get("time_ms") or 0.0, 6) for r in rows],
             "precision": [r["precision"] for r in rows],
@@ -49,12 +133,12 @@ def _pct(value: float | None) -> str:
     return "<1%" if 0 < value < 0.005 else f"{value * 100:.0f}%"
 
 
-def pair_summary(rows: list[dict[str, Any]], *, target: str, artifact_precision: str,
-                 speedup: float | None) -> dict[str, Any]:
+def pair_summary(rows: list[ProfiledLayerRow], *, target: str, artifact_precision: str,
+                 speedup: float | None) -> PairSummaryDict:
     """Shares per precision, the lines a deployer reads first, and the slow-int8 diagnosis."""
     total_time = sum(r.get("time_ms") or 0.0 for r in rows)
     total_macs = sum(r.get("macs") or 0 for r in rows)
-    shares: dict[str, dict[str, Any]] = {}
+    shares: dict[str, PrecisionShare] = {}
     for row in rows:
         entry = shares.setdefault(row["precision"], {"macs": 0, "time_ms": 0.0, "layers": 0})
         entry["macs"] += row.get("macs") or 0
@@ -72,7 +156,7 @@ def pair_summary(rows: list[dict[str, Any]], *, target: str, artifact_precision:
     return {"by_precision": shares, "time_ms": total_time, "macs": total_macs, "lines": lines, "slow": slow}
 
 
-def _float_compute_lines(rows: list[dict[str, Any]], artifact_precision: str) -> list[str]:
+def _float_compute_lines(rows: list[ProfiledLayerRow], artifact_precision: str) -> list[str]:
     """'3 Convs ran in float: ...' for compute layers of a reduced artifact that ran in float, grouped by reason."""
     if artifact_precision not in ("int8", "fp16", "int4"):
         return []
@@ -88,7 +172,7 @@ def _float_compute_lines(rows: list[dict[str, Any]], artifact_precision: str) ->
     return lines
 
 
-def float_reason(nodes: list[str], decisions: dict[str, str], graph: dict[str, Any], target: str) -> str:
+def float_reason(nodes: list[str], decisions: dict[str, str], graph: LayerGraphFacts, target: str) -> str:
     """Why a compute node of a reduced artifact ran in float on ``target``: a recorded decision, or the graph."""
     for node in nodes:
         if node in decisions:
@@ -106,8 +190,8 @@ def float_reason(nodes: list[str], decisions: dict[str, str], graph: dict[str, A
             "int8 kernel")
 
 
-def _slow_int8(rows: list[dict[str, Any]], total_time: float, total_macs: int,
-               speedup: float | None) -> dict[str, Any] | None:
+def _slow_int8(rows: list[ProfiledLayerRow], total_time: float, total_macs: int,
+               speedup: float | None) -> SlowInt8Diagnosis | None:
     if speedup is None or speedup >= EXPECTED_INT8_SPEEDUP:
         return None
     qdq = sum(r.get("time_ms") or 0.0 for r in rows

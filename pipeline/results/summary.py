@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TypedDict
 
 from qdeploy.core.report import REPORT_SCHEMA_VERSION, Report
 from qdeploy.core.report_parts import RecipeRecord, Reference
@@ -25,17 +25,25 @@ from qdeploy.pipeline.report.throughput import throughput_speedup
 from qdeploy.pipeline.report.verdict import compute_verdict
 from qdeploy.pipeline.results.envinfo import environment
 from qdeploy.pipeline.results.gates import find_benchmark, run_passes, speedup
-from qdeploy.pipeline.results.identity import recipe_content, recipe_fingerprint
+from qdeploy.pipeline.results.identity import ModelIdentityDict, recipe_content, recipe_fingerprint
+from qdeploy.pipeline.run.published_rows import PublishedArtifactRow
 from qdeploy.stages.validate import noise_floor_summary, unreadable_targets
 from qdeploy.stages.validate.config import REFERENCE_TARGET
 
-__all__ = ["REPORT_SCHEMA_VERSION", "build_report", "speedup_range"]
+__all__ = ["REPORT_SCHEMA_VERSION", "DefaultSpeedupDict", "build_report", "speedup_range"]
 
 
-def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: list[ValidationRow],
+class DefaultSpeedupDict(TypedDict):
+    """A benchmark row's speedup against the reference at the device's default precision (None: no such row)."""
+
+    speedup_vs_default: float | None
+    speedup_vs_default_range: list[float] | None
+
+
+def build_report(recipe: Recipe, artifacts: list[PublishedArtifactRow], validation: list[ValidationRow],
                  benchmarks: list[BenchmarkRow], gates: list[GateResult], failures: list[BuildFailure],
                  *, seconds: float, unmeasured: list[UnmeasuredEntry] | None = None,
-                 model: dict[str, Any] | None = None,
+                 model: ModelIdentityDict | None = None,
                  throughput: list[ThroughputRow] | None = None) -> Report:
     """The report (docs/report.md); ``to_json()`` gives report.json.
 
@@ -76,7 +84,7 @@ def build_report(recipe: Recipe, artifacts: list[dict[str, Any]], validation: li
     return report.replace(verdict=compute_verdict(report, tie_break=recipe.report.tie_break))
 
 
-def _against_default(benchmarks: list[BenchmarkRow], row: BenchmarkRow, reference: str) -> dict[str, Any]:
+def _against_default(benchmarks: list[BenchmarkRow], row: BenchmarkRow, reference: str) -> DefaultSpeedupDict:
     """Speedup against the reference at the device's default precision, on targets that have that row."""
     default = device_default_name(reference)
     if find_benchmark(benchmarks, default, row.target, row.batch_size) is None:

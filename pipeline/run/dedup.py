@@ -14,16 +14,18 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from qdeploy.core.context import Artifact
 from qdeploy.core.files import sha256_file, write_json_synced
 from qdeploy.core.runtimes import runtime_of_variant
+from qdeploy.core.tolerance import Tolerance
 from qdeploy.pipeline.publish.published import ARTIFACTS, write_checksums
+from qdeploy.pipeline.run.published_rows import PublishedArtifactRow
 
 __all__ = ["SAME_FILE_KEY", "evaluate_once", "mark_same_files", "same_file_note", "with_twins"]
 
-SAME_FILE_KEY = "same_file_as"
+SAME_FILE_KEY: Final = "same_file_as"
 """Key of a twin's artifacts row and sidecar: the variant whose file it is."""
 
 
@@ -31,7 +33,7 @@ def same_file_note(original: str) -> str:
     return f"same file as {original} (same sha256): measured once, these are {original}'s numbers"
 
 
-def mark_same_files(published: list[dict[str, Any]], generation: Path, reference: str) -> dict[str, str]:
+def mark_same_files(published: list[PublishedArtifactRow], generation: Path, reference: str) -> dict[str, str]:
     """Twin variant -> the variant whose file it is; adds ``same_file_as`` to each twin's row and sidecar.
 
     The reference variant is never a twin (validation needs its own outputs): a file it shares makes it the
@@ -51,7 +53,7 @@ def mark_same_files(published: list[dict[str, Any]], generation: Path, reference
     return same
 
 
-def _mark_sidecar(row: dict[str, Any], sidecar: Path, original: str) -> None:
+def _mark_sidecar(row: PublishedArtifactRow, sidecar: Path, original: str) -> None:
     """The published sidecar says which variant's file it is (temporary name, then rename); the row keeps the
     sidecar's new hash where it records one."""
     if not sidecar.is_file():
@@ -66,7 +68,7 @@ def _mark_sidecar(row: dict[str, Any], sidecar: Path, original: str) -> None:
 
 
 def evaluate_once(same: dict[str, str], artifacts: dict[str, Artifact], evaluate: Callable[[dict[str, Artifact]],
-                  list[Any]], declared: dict[str, Any] | None = None) -> list[Any]:
+                  list[Any]], declared: dict[str, Tolerance] | None = None) -> list[Any]:
     """``evaluate`` over the artifacts less the twins whose original is evaluated too; the twins' rows are copies.
 
     A twin held to another declared tolerance than its original is validated itself: the same outputs may pass

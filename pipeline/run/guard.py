@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from qdeploy.core.errors import ModelError, StageError
 from qdeploy.core.values import one_line
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from qdeploy.core.context import Artifact, StageContext, StageResult
 
-__all__ = ["PRECISION_CHANGES", "SERIALISE_LIMIT", "guard_artifact"]
+__all__ = ["PRECISION_CHANGES", "SERIALISE_LIMIT", "GuardRecordDict", "guard_artifact"]
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +51,24 @@ PRECISION_CHANGES = {"fp16": {("tensor(float)", "tensor(float16)")}}
 """Stage -> (input model's type, new model's type) pairs that stage may introduce on graph inputs/outputs."""
 
 
-def guard_artifact(parent: Artifact | None, result: StageResult, stage: str, ctx: StageContext) -> dict[str, Any]:
+class GuardRecordDict(TypedDict, total=False):
+    """What the guard verified (the findings' ``guard``; empty for the export): nodes put back in order, where
+    the model loads (ONNX Runtime, then ``other_runtimes``: runtime -> what loading found), and whether the
+    stage's own comparison ran (``checked``; ``unchecked``: why not)."""
+
+    reordered: str
+    loads: str
+    other_runtimes: dict[str, str]
+    checked: bool
+    unchecked: str
+
+
+def guard_artifact(parent: Artifact | None, result: StageResult, stage: str, ctx: StageContext) -> GuardRecordDict:
     """StageError unless ``result.model`` may be published; what was verified (also added to the findings)."""
     if parent is None:  # export: nothing to compare against; it must load where it can
         _check_saved(result, stage, ctx.variant)
         return {}
-    verdict: dict[str, Any] = _graph_order(result.model, stage, ctx.variant)
+    verdict = _graph_order(result.model, stage, ctx.variant)
     if verdict:
         resave_graph(result)
     reference, reference_error = _session_of_path(parent.path)
@@ -82,7 +94,7 @@ def guard_artifact(parent: Artifact | None, result: StageResult, stage: str, ctx
     return verdict
 
 
-def _other_runtimes(parent: Artifact, result: StageResult, stage: str, ctx: StageContext) -> dict[str, Any]:
+def _other_runtimes(parent: Artifact, result: StageResult, stage: str, ctx: StageContext) -> GuardRecordDict:
     """Loads on the recipe's other runtimes (``guard_runtimes``), from a file: the stage's, or a copy saved here."""
     if not targets_other_runtimes(ctx.targets):
         return {}
@@ -91,7 +103,7 @@ def _other_runtimes(parent: Artifact, result: StageResult, stage: str, ctx: Stag
     return {"other_runtimes": found} if found else {}
 
 
-def _graph_order(model: onnx.ModelProto, stage: str, variant: str) -> dict[str, Any]:
+def _graph_order(model: onnx.ModelProto, stage: str, variant: str) -> GuardRecordDict:
     """Every graph topologically sorted and in scope; a pure order problem is repaired (tools that sort the main
     graph ignore what If/Loop bodies read from it), anything else is a StageError."""
     if not scope_problems(model.graph):

@@ -21,19 +21,20 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Final, Protocol
 
 from qdeploy.core.context import Artifact
 from qdeploy.core.runtimes import RUNTIMES, runtime_of_variant, split_name
 from qdeploy.core.stage_config import StageConfig
 from qdeploy.pipeline.publish.store import ArtifactStore, cache_key, library_versions
 from qdeploy.pipeline.recipe.schema import Recipe, VariantStep
+from qdeploy.pipeline.run.published_rows import PerRuntimeEntryDict, PublishedArtifactRow
 from qdeploy.stages.quantize import placement_differences
 
 __all__ = ["PER_RUNTIME_KEY", "PerRuntimeDecision", "Placement", "auto_splits", "build_config", "note_runtime_builds",
            "plan_lines"]
 
-PER_RUNTIME_KEY = "per_runtime"
+PER_RUNTIME_KEY: Final = "per_runtime"
 """Key of a per-runtime build's artifacts row: how many graphs the variant became, and why."""
 _SHOWN_NODES = 8
 
@@ -82,7 +83,7 @@ class PerRuntimeDecision:
     decision_seconds: float
     note: str
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> PerRuntimeEntryDict:
         """The ``per_runtime`` entry of each build's artifacts row."""
         return {"graphs": self.graphs, "differs_at": self.differs_at, "nodes": list(self.nodes),
                 "decision_seconds": self.decision_seconds, "note": self.note}
@@ -127,7 +128,7 @@ def _decide(state: _Building, config: StageConfig, parent: Artifact, known: Plac
     return placement
 
 
-def note_runtime_builds(published: list[dict[str, Any]],
+def note_runtime_builds(published: list[PublishedArtifactRow],
                         placements: dict[str, Placement]) -> dict[str, PerRuntimeDecision]:
     """What ``per_runtime: auto`` decided for each variant of ``placements`` (the build state's): "one graph for both
     runtimes: placements agree" or "one graph per runtime: placements differ at N nodes", with what deciding cost;

@@ -57,6 +57,7 @@ from qdeploy.pipeline.run.memory_plan import check_recipe_fits
 from qdeploy.pipeline.run.per_runtime import PerRuntimeDecision, Placement, build_config, note_runtime_builds
 from qdeploy.pipeline.run.plan import variants_with_reference
 from qdeploy.pipeline.run.progress import Progress
+from qdeploy.pipeline.run.published_rows import LineageStepDict, PublishedArtifactRow
 from qdeploy.pipeline.run.residency import between_phases, session_budget
 from qdeploy.stages.benchmark import shipped_precisions, split_modes, unmeasured_throughput
 from qdeploy.stages.export import source_files
@@ -111,7 +112,7 @@ class BuildOutcome:
     """Every artifact of this run by cache key (lineage walks it)."""
     failures: list[BuildFailure]
     input_error: bool
-    published: list[dict[str, Any]]
+    published: list[PublishedArtifactRow]
     """The report's artifact rows."""
     evaluated: dict[str, Artifact]
     """Artifacts that validation and benchmarks cover: the reference first, then the selected variants."""
@@ -422,12 +423,12 @@ def _context(state: _RunState, variant: str, stage: str) -> StageContext:
     return state.recipe.stage_context(variant, work, on_progress=state.progress.detail, targets=targets)
 
 
-def _publish(state: _RunState, out_dir: Path, generation: Path) -> list[dict[str, Any]]:
+def _publish(state: _RunState, out_dir: Path, generation: Path) -> list[PublishedArtifactRow]:
     """Copy each variant's artifact to artifacts/<variant>.onnx of the new generation; the report's artifact rows.
 
     Paths in the rows are where the files are seen once the generation is published (OUT/artifacts/...).
     """
-    rows = []
+    rows: list[PublishedArtifactRow] = []
     for name, artifact in state.artifacts.items():
         lineage = _lineage(state, artifact)
         path, sidecar, external = publish_artifact(artifact, generation, name, {"variant": name, "lineage": lineage})
@@ -454,11 +455,11 @@ def _cache_note(state: _RunState, artifact: Artifact) -> str:
     return state.cache_notes.get(artifact.key, "hit")
 
 
-def _lineage(state: _RunState, artifact: Artifact) -> list[dict[str, Any]]:
+def _lineage(state: _RunState, artifact: Artifact) -> list[LineageStepDict]:
     """The chain from the exported model to this artifact: each step's key, stage, cache state and findings."""
     import json
 
-    chain = []
+    chain: list[LineageStepDict] = []
     current: Artifact | None = artifact
     while current is not None:
         meta = json.loads(current.sidecar.read_text())

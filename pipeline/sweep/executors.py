@@ -30,7 +30,8 @@ from qdeploy.pipeline.results.envinfo import cpu_info
 from qdeploy.pipeline.run.runner import RunOptions, RunOutcome, locked_out_dir, plan_run
 from qdeploy.pipeline.sweep import SweepEntry, SweepPlan
 from qdeploy.pipeline.sweep.jobs import Job
-from qdeploy.pipeline.sweep.work import WorkItem, WorkReply, default_lock_path, execute, merge_rows
+from qdeploy.pipeline.sweep.report_model import ExecutorDescription
+from qdeploy.pipeline.sweep.work import WorkItem, WorkRecord, WorkReply, default_lock_path, execute, merge_rows
 
 __all__ = ["WORKER_PRELOAD", "Executor", "LocalExecutor", "Scheduler", "SweepOptions", "SweepResult",
            "init_worker_logging", "make_executor", "run_sweep"]
@@ -74,7 +75,7 @@ class SweepResult:
 class Executor(Protocol):
     """Where work items run: submit, wait for some to finish, split targets into groups."""
 
-    def describe(self) -> dict[str, Any]: ...
+    def describe(self) -> ExecutorDescription: ...
 
     def target_groups(self, targets: list[str]) -> list[tuple[str, ...] | None]: ...
 
@@ -146,9 +147,9 @@ class Scheduler:
         self.on_change = on_change or (lambda jobs, running: None)
         self.ready: list[tuple[WorkItem, tuple[Any, ...]]] = []
         self.running: list[WorkItem] = []
-        self.timeline: list[dict[str, Any]] = []
+        self.timeline: list[WorkRecord] = []
 
-    def run(self) -> list[dict[str, Any]]:
+    def run(self) -> list[WorkRecord]:
         """Run until every recipe is finished; returns the timeline of the work items."""
         for job in self.jobs.values():
             if job.plan is not None and not job.finished:
@@ -276,7 +277,7 @@ class LocalExecutor:
         self._pool: Any = None
         self._futures: dict[Any, WorkItem] = {}
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ExecutorDescription:
         import socket
 
         return {"kind": "local", "workers": self.workers, "lock": str(self.lock_path),

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Any
+from typing import Any, TypedDict
 
 from qdeploy.core.errors import QdeployError, QdeployInputError
+from qdeploy.pipeline.sweep.report_model import ExecutorDescription
 from qdeploy.pipeline.sweep.work import WorkItem, WorkReply, execute
 
-__all__ = ["LOCAL_OBJECT_STORE_BYTES", "RayExecutor", "benchmark_node", "cluster_need", "group_targets",
+__all__ = ["LOCAL_OBJECT_STORE_BYTES", "RayExecutor", "RayNode", "benchmark_node", "cluster_need", "group_targets",
            "target_need"]
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,16 @@ LOCAL_OBJECT_STORE_BYTES = 256 << 20
 """Object store of a Ray started here: work items pass plans and result rows, never models."""
 _GPU_TARGETS = frozenset({"ort:cuda", "ort:tensorrt"})
 _CUSTOM_TARGETS = frozenset({"openvino:gpu", "openvino:npu"})
+
+
+class RayNode(TypedDict):
+    """A live node of the cluster: its id, ip, CPUs, GPUs and the target needs it meets."""
+
+    id: str
+    ip: str
+    cpus: int
+    gpus: int
+    needs: set[str]
 
 
 def target_need(target: str) -> str | None:
@@ -43,13 +54,13 @@ def target_need(target: str) -> str | None:
     return None
 
 
-def cluster_need(target: str, nodes: list[dict[str, Any]]) -> str | None:
+def cluster_need(target: str, nodes: list[RayNode]) -> str | None:
     """What a target needs of a node of this cluster; None when no node has it (any node then says unavailable)."""
     need = target_need(target)
     return need if need is not None and any(need in node["needs"] for node in nodes) else None
 
 
-def group_targets(targets: list[str], nodes: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+def group_targets(targets: list[str], nodes: list[RayNode]) -> list[tuple[str, ...]]:
     """A recipe's targets split by what they need of a node, in the recipe's order."""
     groups: dict[str | None, list[str]] = {}
     for target in targets:
@@ -57,7 +68,7 @@ def group_targets(targets: list[str], nodes: list[dict[str, Any]]) -> list[tuple
     return [tuple(group) for group in groups.values()]
 
 
-def benchmark_node(need: str | None, nodes: list[dict[str, Any]], busy: set[str]) -> dict[str, Any] | None:
+def benchmark_node(need: str | None, nodes: list[RayNode], busy: set[str]) -> RayNode | None:
     """A node with CPUs, what the targets need, and no benchmark of its own already; None when all are taken."""
     return next((node for node in nodes if node["id"] not in busy and node["cpus"] > 0
                  and (need is None or need in node["needs"])), None)
@@ -99,7 +110,7 @@ class RayExecutor:
         self._benchmarked_on: dict[str, str] = {}
         """Node id of each recipe's last benchmark."""
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ExecutorDescription:
         return {"kind": "ray", "address": self.address or "started here",
                 "nodes": [{"node": node["id"][:12], "ip": node["ip"], "cpus": node["cpus"], "gpus": node["gpus"],
                            "targets": sorted(node["needs"])} for node in self.nodes]}
@@ -172,13 +183,13 @@ class RayExecutor:
     def _benchmark_nodes(self) -> set[str]:
         return {node for item, node in self._refs.values() if item.kind == "benchmark" and node}
 
-    def _free_node(self, item: WorkItem, busy: set[str]) -> dict[str, Any] | None:
+    def _free_node(self, item: WorkItem, busy: set[str]) -> RayNode | None:
         return benchmark_node(self._group_need(item), self.nodes, busy)
 
 
-def _alive_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _alive_nodes(nodes: list[dict[str, Any]]) -> list[RayNode]:
     """The cluster's live nodes: id, ip, CPUs, GPUs and the target needs they meet."""
-    alive = []
+    alive: list[RayNode] = []
     for node in nodes:
         if not node.get("Alive"):
             continue

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
+from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
 from qdeploy.pipeline.run.runner import BuildOutcome, RunOutcome, RunPlan
 from qdeploy.pipeline.sweep import SweepEntry
 
@@ -25,8 +26,8 @@ class Job:
     reason: str | None = None
     outstanding: int = 0
     outcome: BuildOutcome | None = None
-    validation: list[list[dict[str, Any]]] = field(default_factory=list)
-    benchmarks: list[list[dict[str, Any]]] = field(default_factory=list)
+    validation: list[list[ValidationRow]] = field(default_factory=list)
+    benchmarks: list[list[BenchmarkRow | ThroughputRow]] = field(default_factory=list)
     result: RunOutcome | None = None
     started: float | None = None
     last_node: str | None = None

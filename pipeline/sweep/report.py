@@ -23,6 +23,7 @@ from qdeploy.pipeline.report.precision import execution_phrase
 from qdeploy.pipeline.report.tables import report_verdict
 from qdeploy.pipeline.report.verdict_words import describe, in_recipe_order, package_of, short_reason
 from qdeploy.pipeline.sweep.report_model import (
+    ExecutorDescription,
     FailureEntry,
     GateCounts,
     RecipeRow,
@@ -35,6 +36,7 @@ from qdeploy.pipeline.sweep.report_model import (
 
 if TYPE_CHECKING:
     from qdeploy.pipeline.sweep.jobs import Job
+    from qdeploy.pipeline.sweep.work import WorkRecord
 
 __all__ = ["MATRIX_HEADER", "RECIPE_HEADER", "STATUSES", "SWEEP_SCHEMA_VERSION", "TIMELINE_HEADER",
            "build_sweep_report", "render_sweep_html", "render_sweep_markdown", "sweep_exit_code", "write_sweep_reports"]
@@ -49,7 +51,7 @@ def sweep_exit_code(statuses: list[str]) -> int:
     return 1 if any(status != "passed" for status in statuses) else 0
 
 
-def build_sweep_report(name: str, jobs: list[Job], timeline: list[dict[str, Any]], executor: dict[str, Any],
+def build_sweep_report(name: str, jobs: list[Job], timeline: list[WorkRecord], executor: ExecutorDescription,
                        out_dir: Path, *, started: float, seconds: float) -> SweepReport:
     """The sweep report (``to_json()``: sweep.json)."""
     recipes = [_recipe_row(job, out_dir) for job in jobs]

@@ -4,14 +4,14 @@ attributes.  Each recipe's own report.json is ``qdeploy.core.report.Report``."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from qdeploy.core.rows import ResultRow
 
-__all__ = ["ExecutorRecord", "FailureEntry", "GateCounts", "RecipeRow", "SweepMatrixRow", "SweepReport",
-           "TimelineRecord", "UnavailableEntry", "VerdictEntry"]
+__all__ = ["ExecutorDescription", "ExecutorNode", "ExecutorRecord", "FailureEntry", "GateCounts", "RecipeRow",
+           "SweepMatrixRow", "SweepReport", "TimelineRecord", "UnavailableEntry", "VerdictEntry"]
 
 
 class GateCounts(ResultRow):
@@ -91,6 +91,26 @@ class TimelineRecord(ResultRow):
     node: str
     pid: int
     ok: bool | None = None
+
+
+class ExecutorNode(TypedDict, total=False):
+    """A machine an executor runs on: local (node, cpus) or a Ray node (also ip, gpus, the targets it serves)."""
+
+    node: str
+    ip: str
+    cpus: int
+    gpus: int
+    targets: list[str]
+
+
+class ExecutorDescription(TypedDict, total=False):
+    """``executor.describe()``, as sweep.json's ``executor`` records it (``ExecutorRecord``)."""
+
+    kind: str
+    workers: int
+    lock: str
+    address: str
+    nodes: list[ExecutorNode]
 
 
 class ExecutorRecord(BaseModel):

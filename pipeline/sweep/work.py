@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 from qdeploy.core.errors import QdeployError, QdeployInputError, StageError
 from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
@@ -29,7 +29,8 @@ from qdeploy.core.runtimes import phase_order
 
 _Row = TypeVar("_Row", ValidationRow, BenchmarkRow | ThroughputRow)
 
-__all__ = ["KINDS", "WorkItem", "WorkKind", "WorkReply", "default_lock_path", "execute", "machine_lock", "merge_rows"]
+__all__ = ["KINDS", "WorkItem", "WorkKind", "WorkRecord", "WorkReply", "default_lock_path", "execute", "machine_lock",
+           "merge_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,19 @@ class WorkItem:
     attempt: int = 1
 
 
+class WorkRecord(TypedDict, total=False):
+    """An item's timeline entry (empty until the item was timed): what ran, when, where, whether it ran."""
+
+    kind: WorkKind
+    recipe: str
+    targets: list[str]
+    start: float
+    end: float
+    node: str
+    pid: int
+    ok: bool
+
+
 @dataclass
 class WorkReply:
     """What a worker sends back: the phase's value or why it failed, and the timeline entry."""
@@ -55,7 +69,7 @@ class WorkReply:
     value: Any = None
     error: str | None = None
     input_error: bool = False
-    record: dict[str, Any] = field(default_factory=dict)
+    record: WorkRecord = field(default_factory=WorkRecord)
 
 
 def default_lock_path() -> Path:

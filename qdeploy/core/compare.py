@@ -47,20 +47,49 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
 if TYPE_CHECKING:
     from qdeploy.core.tolerance import Tolerance
 
-__all__ = ["SNR_CAP_DB", "OutputComparison", "OutputMetrics", "compare_outputs"]
+__all__ = ["SNR_CAP_DB", "OutputComparison", "OutputComparisonDict", "OutputMetrics", "OutputMetricsDict",
+           "compare_outputs"]
 
 SNR_CAP_DB = 200.0
 _ISCLOSE_ATOL, _ISCLOSE_RTOL = 1e-8, 1e-5
 _REL_FLOOR = 1e-6
 _MAX_FIELDS = ("max_abs_err", "mean_abs_err", "max_rel_err")
 _MIN_FIELDS = ("cosine", "snr_db", "within_tol", "top1_agreement", "top5_agreement")
+
+
+class OutputMetricsDict(TypedDict):
+    """``OutputMetrics.to_dict()``: one output's metrics as validation rows write them (``outputs``)."""
+
+    name: str
+    max_abs_err: float | None
+    mean_abs_err: float | None
+    max_rel_err: float | None
+    cosine: float | None
+    snr_db: float | None
+    within_tol: float | None
+    top1_agreement: float | None
+    top5_agreement: float | None
+    nonfinite: int
+    shape_mismatch: str | None
+    passed: bool
+    tolerance: dict[str, float] | None
+
+
+class OutputComparisonDict(TypedDict):
+    """``OutputComparison.to_dict()``."""
+
+    passed: bool
+    reasons: list[str]
+    notes: list[str]
+    worst: dict[str, float | None]
+    outputs: list[OutputMetricsDict]
 
 
 @dataclass
@@ -82,8 +111,8 @@ class OutputMetrics:
     tolerance: dict[str, float] | None = None
     """The limits this output was held to (unset limits left out)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> OutputMetricsDict:
+        return OutputMetricsDict(**asdict(self))
 
 
 @dataclass
@@ -104,7 +133,7 @@ class OutputComparison:
         worst["nonfinite"] = sum(out.nonfinite for out in self.outputs)
         return worst
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> OutputComparisonDict:
         return {
             "passed": self.passed,
             "reasons": list(self.reasons),

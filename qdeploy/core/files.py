@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from qdeploy.core.errors import DiskFullError
 from qdeploy.core.onnx_wire import load_model
@@ -24,7 +24,7 @@ from qdeploy.core.values import utf8_safe
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["TMP_PREFIX", "all_tensors", "disk_full_is_clear", "external_data_files",
+__all__ = ["TMP_PREFIX", "FileDigest", "all_tensors", "disk_full_is_clear", "external_data_files",
            "file_record", "fsync_dir", "process_alive", "sha256_file", "sweep_stale_files",
            "write_json_atomic", "write_json_synced", "write_text_atomic"]
 
@@ -81,7 +81,14 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def file_record(path: Path) -> dict[str, Any]:
+class FileDigest(TypedDict):
+    """``file_record``: a file's sha256 and size in bytes."""
+
+    sha256: str
+    size_bytes: int
+
+
+def file_record(path: Path) -> FileDigest:
     """A file's own sha256 (what ``sha256sum`` prints) and size."""
     return {"sha256": sha256_file(path), "size_bytes": path.stat().st_size}
 

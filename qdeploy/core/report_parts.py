@@ -23,7 +23,6 @@ __all__ = [
     "ExecutionRecord",
     "ExternalFile",
     "Int8PathRecord",
-    "JsonObject",
     "LineageStep",
     "ModelIdentity",
     "NoiseFloor",
@@ -42,8 +41,6 @@ __all__ = [
     "VersionDifference",
 ]
 
-JsonObject = dict[str, Any]
-"""An open JSON object: a stage's findings or config (their models live with the stage), a runtime's settings."""
 
 
 class RecipeRecord(ResultRow):
@@ -148,8 +145,10 @@ class LineageStep(ResultRow):
     cache: str | None = None
     """'hit', 'built' or 'rebuilt: <why>' (reports before cache notes lack it)."""
     seconds: float | None = None
-    config: JsonObject | None = None
-    findings: JsonObject | None = None
+    config: dict[str, Any] | None = None
+    """The step's settings as the recipe gave them: open here, each stage's model reads them."""
+    findings: dict[str, Any] | None = None
+    """The stage's own findings: open here, their models live with the stage."""
 
 
 class PerRuntimeNote(ResultRow):

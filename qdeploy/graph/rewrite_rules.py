@@ -9,7 +9,7 @@ through ``qdeploy.graph.edit.GraphEditor`` (onnx-ir nodes and values).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qdeploy.graph.edit import AI_ONNX_DOMAINS, attribute
 from qdeploy.graph.rewrite_base import FLOAT_TYPES, Replacement, rewrite
@@ -339,7 +339,7 @@ def layernorm_to_primitives(edit: GraphEditor, node: ir.Node) -> Replacement | s
     axes = list(range(axis if axis >= 0 else axis + rank, rank))
     base = _base(node)
     eps = edit.initializer(f"{base}_eps", np.array(float(attribute(node, "epsilon", 1e-5)), np.float32))
-    reduce_extra: dict[str, Any] = {}
+    reduce_extra: dict[str, list[int]] = {}
     reduce_inputs: list[ir.Value] = []
     if edit.opset >= 18:
         reduce_inputs = [edit.initializer(f"{base}_axes", np.array(axes, np.int64))]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from qdeploy.graph import rewrite_rules  # noqa: F401  (its ``@rewrite`` decorators fill the registry)
 from qdeploy.graph.edit import AI_ONNX_DOMAINS, GraphEditor, editing
@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GraphEditor", "Replacement", "Rewrite", "RewriteReport", "apply_rewrites", "available", "default_names",
-           "rewrite"]
+__all__ = ["GraphEditor", "Replacement", "Rewrite", "RewriteOutcome", "RewriteReport", "apply_rewrites", "available",
+           "default_names", "rewrite"]
 
 def available() -> dict[str, Rewrite]:
     """Every registered rewrite by name."""
@@ -54,6 +54,13 @@ def default_names() -> list[str]:
 
 
 
+class RewriteOutcome(TypedDict):
+    """``RewriteReport.as_findings()`` (the simplify findings' ``rewrites``)."""
+
+    applied: dict[str, int]
+    refused: dict[str, dict[str, str]]
+
+
 @dataclass
 class RewriteReport:
     """Per rewrite: how many matches it rewrote, and the reasons it refused others."""
@@ -62,7 +69,7 @@ class RewriteReport:
     refused: dict[str, dict[str, str]] = field(default_factory=dict)
     """rewrite -> node name -> reason (the first few of each rewrite)."""
 
-    def as_findings(self) -> dict[str, Any]:
+    def as_findings(self) -> RewriteOutcome:
         return {"applied": dict(self.applied), "refused": self.refused}
 
 

@@ -6,7 +6,7 @@ import logging
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import numpy as np
 
@@ -15,8 +15,8 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.utils import graph_inputs
 from qdeploy.targets.bound import BoundCall
 
-__all__ = ["ExecutionInfo", "Session", "TargetAdapter", "TargetFellBack", "check_feeds", "not_here",
-           "onnx_io_names", "short_message"]
+__all__ = ["ExecutionInfo", "ExecutionInfoDict", "Session", "TargetAdapter", "TargetFellBack", "check_feeds",
+           "not_here", "onnx_io_names", "short_message"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,21 @@ class TargetFellBack(TargetUnavailable):
     A failure of that target, not a missing one: validation reports it as ``failed``.  It derives from
     ``TargetUnavailable`` so that callers that only know that class still never report a substitute.
     """
+
+
+class ExecutionInfoDict(TypedDict):
+    """``ExecutionInfo.to_dict()``: a row's ``execution`` (see ``ExecutionInfo`` for each key)."""
+
+    target: str
+    runtime: str
+    device: str
+    providers: list[str]
+    precision: str | None
+    node_counts: dict[str, int]
+    notes: list[str]
+    op_types: dict[str, int]
+    precisions: dict[str, int]
+    unsupported_ops: list[str]
 
 
 @dataclass
@@ -62,8 +77,8 @@ class ExecutionInfo:
     precisions: dict[str, int] = field(default_factory=dict)
     unsupported_ops: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> ExecutionInfoDict:
+        return ExecutionInfoDict(**asdict(self))
 
 
 class Session:

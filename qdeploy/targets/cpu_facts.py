@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TypedDict
 
 from qdeploy.targets.int8_path import FLAGS_ENV, cpu_flags
 from qdeploy.targets.openvino import PINNABLE, _ov_core
 
-__all__ = ["BF16_FLAGS", "FP16_FLAGS", "PINNABLE", "DevicePrecisions", "default_hint", "device_precisions",
-           "openvino_precisions", "pins_after", "precisions_from_flags", "short_precision"]
+__all__ = ["BF16_FLAGS", "FP16_FLAGS", "PINNABLE", "DevicePrecisions", "DevicePrecisionsDict", "default_hint",
+           "device_precisions", "openvino_precisions", "pins_after", "precisions_from_flags", "short_precision"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,17 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 FP16_FLAGS = ("avx512_fp16", "amx_fp16")
 """x86 flags with which OpenVINO's CPU plugin can run float16 (INFERENCE_PRECISION_HINT f16)."""
 _OV_NAMES = {"float32": "f32", "f32": "f32", "bfloat16": "bf16", "bf16": "bf16", "float16": "f16", "f16": "f16"}
+
+
+class DevicePrecisionsDict(TypedDict):
+    """``DevicePrecisions.to_dict()``."""
+
+    device: str
+    default: str
+    has_bf16: bool
+    has_f16: bool
+    source: str
+    injected: bool
 
 
 @dataclass(frozen=True)
@@ -51,8 +62,8 @@ class DevicePrecisions:
         """The device runs float parts below float32 unless told otherwise."""
         return self.default != "f32"
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> DevicePrecisionsDict:
+        return DevicePrecisionsDict(**asdict(self))
 
 
 def precisions_from_flags(flags: set[str], source: str, *, injected: bool = False) -> DevicePrecisions:

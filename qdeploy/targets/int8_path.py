@@ -17,7 +17,7 @@ import os
 import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 
@@ -26,6 +26,7 @@ __all__ = [
     "SEVEN_BIT_KEY",
     "SEVEN_BIT_LIMIT",
     "Int8Path",
+    "Int8PathDict",
     "cpu_flags",
     "int8_path",
     "saturation_note",
@@ -45,6 +46,15 @@ _VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 PathKind = Literal["vnni", "avx512-no-vnni", "avx2-only", "older-x86", "arm64", "unknown"]
 
 
+class Int8PathDict(TypedDict):
+    """``Int8Path.to_dict()`` (report.json's ``environment.int8_path`` adds ``targets``)."""
+
+    kind: PathKind
+    exact: bool
+    meaning: str
+    flags_source: str
+
+
 @dataclass(frozen=True)
 class Int8Path:
     """The int8 path a CPU takes: its kind, whether full-range int8 weights are exact there, and what that means."""
@@ -55,8 +65,8 @@ class Int8Path:
     meaning: str
     flags_source: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> Int8PathDict:
+        return Int8PathDict(**asdict(self))
 
 
 def cpu_flags() -> tuple[set[str], str]:

@@ -27,7 +27,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -35,7 +35,10 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.targets import get_target
 from qdeploy.targets.openvino_read import read_onnx
 
-__all__ = ["LayerTime", "NodeIndex", "Profile", "complete_groups", "exec_precision", "map_ov_names",
+if TYPE_CHECKING:
+    from qdeploy.targets.onnxruntime import OrtProfileEvent
+
+__all__ = ["LayerTime", "LayerTimeDict", "NodeIndex", "Profile", "complete_groups", "exec_precision", "map_ov_names",
            "ort_kernel_precision", "ort_node_of", "profile_layers"]
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,18 @@ _TYPE_PRECISION = {"float": "f32", "float16": "f16", "bfloat16": "bf16", "int8":
 _WARMUP = 1
 
 
+class LayerTimeDict(TypedDict):
+    """``LayerTime.to_dict()``."""
+
+    layer: str
+    op: str
+    exec: str
+    precision: str
+    time_ms: float
+    nodes: list[str]
+    through_graph: list[str]
+
+
 @dataclass
 class LayerTime:
     """One executed kernel or layer: what ran, in which precision, for how long, and which ONNX nodes it holds."""
@@ -70,8 +85,8 @@ class LayerTime:
     """Nodes of ``nodes`` the runtime did not name: the producer chain the layer's op type needs (a Conv that
     ORT fused with its BatchNormalization and Relu under the Relu's name)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> LayerTimeDict:
+        return LayerTimeDict(**asdict(self))
 
 
 @dataclass
@@ -227,7 +242,7 @@ def _timed_runs(call: Any, runs: int) -> list[float]:
     return walls
 
 
-def _ort_layers(events: list[dict[str, Any]], names: dict[str, str], runs: int) -> list[LayerTime]:
+def _ort_layers(events: list[OrtProfileEvent], names: dict[str, str], runs: int) -> list[LayerTime]:
     """Kernels in first-run order, each with the median over the timed runs (the warm-up dropped) of its time per
     run: a run the OS preempted moves a mean, not a median."""
     starts = sorted(event["ts"] for event in events if event.get("name") == "model_run")

@@ -11,7 +11,7 @@ import weakref
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -27,7 +27,29 @@ from qdeploy.targets.base import (
 )
 from qdeploy.targets.bound import BoundCall, OrtBoundCall
 
-__all__ = ["OrtSession", "OrtTarget", "Port", "SessionInterface", "nvidia_gpu_present"]
+__all__ = ["OrtKernelArgs", "OrtProfileEvent", "OrtSession", "OrtTarget", "Port", "SessionInterface",
+           "nvidia_gpu_present"]
+
+
+class OrtKernelArgs(TypedDict, total=False):
+    """The ``args`` of a kernel event of ORT's profile (the keys qdeploy reads)."""
+
+    op_name: str
+    provider: str
+    input_type_shape: list[dict[str, list[int]]]
+    """One ``{element type: shape}`` per input, e.g. ``[{"float": [1, 3, 8, 8]}]``."""
+    output_type_shape: list[dict[str, list[int]]]
+
+
+class OrtProfileEvent(TypedDict, total=False):
+    """One event of ORT's profile (a Chrome trace): ``cat`` 'Node' for a kernel ('<node>_kernel_time'), 'Session'
+    for a run ('model_run'); ``ts`` and ``dur`` in microseconds."""
+
+    cat: str
+    name: str
+    ts: int
+    dur: int
+    args: OrtKernelArgs
 
 
 def nvidia_gpu_present() -> bool:
@@ -211,9 +233,9 @@ class OrtSession(Session):
             log.warning("target %s: %s", self.target, note)
 
 
-def _profile_kernels(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _profile_kernels(events: list[OrtProfileEvent]) -> list[OrtKernelArgs]:
     """The args of each distinct kernel of a profile; a node inside a Loop runs (and is profiled) many times."""
-    kernels: dict[str, dict[str, Any]] = {}
+    kernels: dict[str, OrtKernelArgs] = {}
     for event in events:
         name = str(event.get("name", ""))
         if event.get("cat") == "Node" and name.endswith("_kernel_time"):
@@ -221,7 +243,7 @@ def _profile_kernels(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(kernels.values())
 
 
-def _kernel_precision(args: dict[str, Any]) -> str:
+def _kernel_precision(args: OrtKernelArgs) -> str:
     """The element type a kernel computes in: that of its first input (of its first output when it has none)."""
     for key in ("input_type_shape", "output_type_shape"):
         shapes = args.get(key) or []

@@ -119,7 +119,7 @@ class OpenVinoTarget(TargetAdapter):
         return note, unsupported
 
     def _compile_config(self, threads: int | None, pin_f32: bool,
-                        precision: str | None = None) -> tuple[dict[str, Any], list[str]]:
+                        precision: str | None = None) -> tuple[dict[str, str | int], list[str]]:
         """Compile properties the device supports, and notes on what could not be set."""
         if precision is not None and precision not in PINNABLE:
             raise ValueError(f"target {self.name}: inference precision '{precision}' is not one of {PINNABLE}")
@@ -127,9 +127,9 @@ class OpenVinoTarget(TargetAdapter):
             supported = set(_ov_core().get_property(self.ov_device, "SUPPORTED_PROPERTIES"))
         except Exception:
             supported = {"INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS"}
-        config: dict[str, Any] = {}
+        config: dict[str, str | int] = {}
         notes: list[str] = []
-        wanted: dict[str, Any] = {}
+        wanted: dict[str, str | int] = {}
         if precision is not None or pin_f32:
             wanted["INFERENCE_PRECISION_HINT"] = precision or "f32"
         if threads:

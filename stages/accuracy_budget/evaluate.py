@@ -24,6 +24,7 @@ import numpy as np
 
 from qdeploy.core.compare import OutputComparison, compare_outputs
 from qdeploy.graph.external_data import needs_external_data
+from qdeploy.stages.accuracy_budget.findings import ComparisonSummary
 from qdeploy.stages.task_metric import MetricComparison, TaskJudge, metric_summary
 
 if TYPE_CHECKING:
@@ -83,15 +84,14 @@ def tightened(tolerance: Tolerance, fraction: float) -> Tolerance:
     return type(tolerance)(**limits)
 
 
-def summary(comparison: OutputComparison, tolerance: Tolerance | TaskTolerance) -> dict[str, Any]:
+def summary(comparison: OutputComparison, tolerance: Tolerance | TaskTolerance) -> ComparisonSummary:
     if isinstance(comparison, MetricComparison):
         return metric_summary(comparison)
     worst = comparison.worst()
     ratio = error_ratio(comparison, tolerance)
-    return {"passed": comparison.passed, "cosine": worst.get("cosine"), "snr_db": worst.get("snr_db"),
-            "top1_agreement": worst.get("top1_agreement"), "max_abs_err": worst.get("max_abs_err"),
-            "error_ratio": None if math.isinf(ratio) else ratio,
-            "reasons": comparison.reasons[:3]}
+    return ComparisonSummary(passed=comparison.passed, cosine=worst.get("cosine"), snr_db=worst.get("snr_db"),
+                             top1_agreement=worst.get("top1_agreement"), max_abs_err=worst.get("max_abs_err"),
+                             error_ratio=None if math.isinf(ratio) else ratio, reasons=comparison.reasons[:3])
 
 
 @dataclass

@@ -1,19 +1,78 @@
 """The accuracy budget's typed record: each target's verdict (``TargetRecord``) and the search's findings
 (``BudgetFindings``), as report.json holds them under a stage's ``budget``.  The engine decides on its own typed
-state, never by reading these back."""
+state, never by reading these back.  The dicts the records hold (a comparison, the tolerance, a front's points)
+are TypedDicts, validated with them: each lists its producer's keys in the producer's order."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_serializer
+from typing_extensions import TypedDict
 
 from qdeploy.core.findings import Findings
 
-__all__ = ["BudgetFindings", "FrontRecord", "KeptFloat", "Margin", "PhaseCost", "PhaseRecord", "RuntimeCost",
-           "TargetRecord", "TargetStatus", "TimeBound", "TrialRecord"]
+__all__ = ["BudgetComparison", "BudgetFindings", "BudgetLimits", "ComparisonSummary", "FrontPointRecord",
+           "FrontRecord", "KeptFloat", "Margin", "PhaseCost", "PhaseRecord", "RuntimeCost", "TargetRecord",
+           "TargetStatus", "TimeBound", "TrialRecord"]
 
 TargetStatus = Literal["confirmed", "missed", "unavailable"]
+
+
+class ComparisonSummary(TypedDict, total=False):
+    """One comparison as the report holds it: held to an output tolerance (``evaluate.summary``: ``cosine``,
+    ``snr_db``, ``top1_agreement``, ``max_abs_err``) or to a task metric (``task_metric.metric_summary``:
+    ``metric``, ``reference_metric``, ``drop``, ``allowed_drop``); both write ``passed``, ``error_ratio`` (the error
+    over the allowed error, null when infinite) and ``reasons`` (the first three).  One record for both, its keys
+    in the order either writes them, as the findings validate it."""
+
+    passed: bool
+    cosine: float | None
+    snr_db: float | None
+    top1_agreement: float | None
+    max_abs_err: float | None
+    metric: float | None
+    reference_metric: float | None
+    drop: float | None
+    allowed_drop: float | None
+    error_ratio: float | None
+    reasons: list[str]
+
+
+class BudgetComparison(TypedDict, total=False):
+    """A model's comparisons on the search samples and, when measured there, the held-back ones
+    (``initial``, ``final``, a front point's ``task_or_error``)."""
+
+    search: ComparisonSummary
+    held_back: ComparisonSummary
+
+
+class BudgetLimits(TypedDict, total=False):
+    """The tolerance the budget holds (``tolerance``): an output ``Tolerance``'s or a ``TaskTolerance``'s limits
+    that are set."""
+
+    cosine_min: float
+    snr_db_min: float
+    atol: float
+    rtol: float
+    top1_agreement_min: float
+    metric: str
+    max_drop: float
+    max_relative_drop: float
+    metric_timeout_seconds: float
+
+
+class FrontPointRecord(TypedDict, total=False):
+    """One model of the latency-aware front (``front.points[]``, ``latency.Point.finding``)."""
+
+    found_by: str
+    kept_float: list[str]
+    holds: bool
+    task_or_error: BudgetComparison
+    added_seconds_per_inference: dict[str, float]
+    """Target -> seconds its float nodes add per inference."""
+    recipe: dict[str, list[str]]
+    """The recipe lines that build it: ``exclude_nodes``."""
 
 
 class TargetRecord(BaseModel):
@@ -25,9 +84,9 @@ class TargetRecord(BaseModel):
     status: TargetStatus
     reason: str | None = None
     """Why it is unavailable, why its runtime failed, or why the budget missed there."""
-    search: dict[str, Any] | None = None
+    search: ComparisonSummary | None = None
     """The comparison on the search samples (``evaluate.summary``)."""
-    held_back: dict[str, Any] | None = None
+    held_back: ComparisonSummary | None = None
     precision: str | None = None
     """The precision the target really ran (targets run through their adapter)."""
     measured_by: str | None = None
@@ -129,7 +188,7 @@ class FrontRecord(_Record):
     timing: dict[str, str]
     """Target -> how its costs were found ("measured: ...", "model: ...", "given")."""
     chosen_by: str | None = None
-    points: list[dict[str, Any]]
+    points: list[FrontPointRecord]
     chosen: int | None
 
 
@@ -138,14 +197,14 @@ class BudgetFindings(Findings):
     each target's verdict and what each runtime cost.  The search's own fields are absent when the fully
     quantized model held at once; ``note`` says why the budget missed."""
 
-    tolerance: dict[str, Any]
+    tolerance: BudgetLimits
     samples: int
     search_samples: int
     held_back_samples: int
-    initial: dict[str, Any]
+    initial: BudgetComparison
     """``search`` and ``held_back`` comparisons of the fully quantized model."""
     met: bool
-    final: dict[str, Any]
+    final: BudgetComparison
     kept_float: list[KeptFloat]
     """Nodes kept float, each with its rank and why."""
     candidates: int | None = None

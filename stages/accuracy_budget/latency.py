@@ -28,9 +28,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from qdeploy.graph.external_data import needs_external_data
+from qdeploy.stages.accuracy_budget.findings import BudgetComparison, FrontPointRecord
 from qdeploy.targets.layer_profile import LayerTime, profile_layers
 
 if TYPE_CHECKING:
@@ -147,15 +148,15 @@ class Point:
     kept: list[str]
     found_by: str
     holds: bool
-    comparison: dict[str, Any]
+    comparison: BudgetComparison
     added_seconds: dict[str, float]
 
-    def finding(self) -> dict[str, Any]:
-        return {"found_by": self.found_by, "kept_float": sorted(self.kept), "holds": self.holds,
-                "task_or_error": self.comparison,
-                "added_seconds_per_inference": {target: float(f"{value:.4g}")
-                                                for target, value in self.added_seconds.items()},
-                "recipe": {"exclude_nodes": sorted(self.kept)}}
+    def finding(self) -> FrontPointRecord:
+        return FrontPointRecord(found_by=self.found_by, kept_float=sorted(self.kept), holds=self.holds,
+                                task_or_error=self.comparison,
+                                added_seconds_per_inference={target: float(f"{value:.4g}")
+                                                             for target, value in self.added_seconds.items()},
+                                recipe={"exclude_nodes": sorted(self.kept)})
 
 
 def added_seconds(kept: Sequence[str], costs: dict[str, dict[str, float]]) -> dict[str, float]:

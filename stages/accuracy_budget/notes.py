@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from qdeploy.stages.accuracy_budget.findings import (
+    BudgetComparison,
     BudgetFindings,
+    BudgetLimits,
     FrontRecord,
     KeptFloat,
     Margin,
@@ -28,6 +30,15 @@ if TYPE_CHECKING:
 
 __all__ = ["Opening", "SearchPhase", "Trial", "closed", "confirmation", "kept_records", "miss_note"]
 
+
+class _TrialErrors(TypedDict, total=False):
+    """A trial's measured fields that ``TrialRecord`` leaves out when they were not measured."""
+
+    error_fraction: float
+    search_error_ratio: float | None
+    task_metric: float
+
+
 @dataclass
 class Trial:
     """One model the search measured: what the report's ``tried`` lists, kept typed for the search's own use."""
@@ -43,7 +54,7 @@ class Trial:
     """The task metric on the search samples, when the tolerance is one."""
 
     def finding(self) -> TrialRecord:
-        entry: dict[str, Any] = {}
+        entry: _TrialErrors = {}
         if self.fraction is not None:
             entry.update(error_fraction=round(self.fraction, 4), search_error_ratio=self.ratio)
         if self.metric is not None:
@@ -138,11 +149,11 @@ def _rounded(value: float) -> float | None:
 class Opening:
     """What the budget's findings say before any search: the tolerance, the samples, the full model's errors."""
 
-    tolerance: dict[str, Any]
+    tolerance: BudgetLimits
     samples: int
     search_samples: int
     held_back_samples: int
-    initial: dict[str, Any]
+    initial: BudgetComparison
     clock: Clock
 
 

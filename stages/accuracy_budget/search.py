@@ -66,7 +66,7 @@ import numpy as np
 
 from qdeploy.stages.accuracy_budget.clock import Clock, OutOfTime
 from qdeploy.stages.accuracy_budget.evaluate import Evaluator, Feeds, Measured, error_ratio, summary
-from qdeploy.stages.accuracy_budget.findings import BudgetFindings, FrontRecord, Margin
+from qdeploy.stages.accuracy_budget.findings import BudgetComparison, BudgetFindings, FrontRecord, Margin
 from qdeploy.stages.accuracy_budget.latency import (
     Point,
     TimingSource,
@@ -462,8 +462,8 @@ def _holds(evaluate: Evaluator | Combined, measured: Measured | CombinedMeasured
     return evaluate.on_search(measured).passed and (not measured.held_part or evaluate.on_held(measured).passed)
 
 
-def _both(evaluate: Evaluator | Combined, measured: Measured | CombinedMeasured) -> dict[str, Any]:
-    both = {"search": summary(evaluate.on_search(measured), evaluate.tolerance)}
+def _both(evaluate: Evaluator | Combined, measured: Measured | CombinedMeasured) -> BudgetComparison:
+    both: BudgetComparison = {"search": summary(evaluate.on_search(measured), evaluate.tolerance)}
     if measured.held_part:
         both["held_back"] = summary(evaluate.on_held(measured), evaluate.tolerance)
     return both

@@ -40,6 +40,7 @@ from qdeploy.core.memory import release_memory
 from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, StopRecord, ThroughputRow
 from qdeploy.stages.benchmark._data import BenchData, explain_failure, output_shape_notes, read_data
 from qdeploy.stages.benchmark._layers_macs import node_macs
+from qdeploy.stages.benchmark._machine import MachineLoadRecord
 from qdeploy.stages.benchmark._precision import Shipped, load_options, precision_record, shipped_precisions
 from qdeploy.stages.benchmark._resident import float32_bytes, session_bytes, split_note, split_to_fit
 from qdeploy.stages.benchmark._rounds import Turn, interleaved_rounds, median_confidence_interval
@@ -290,7 +291,7 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(sorted_values), q))
 
 
-def _machine_notes(machine: dict[str, Any]) -> list[str]:
+def _machine_notes(machine: MachineLoadRecord) -> list[str]:
     """What a busy machine did to the measurement, said on every row of the target."""
     notes = []
     if machine.get("busy"):

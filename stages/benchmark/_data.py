@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -101,11 +101,20 @@ def _random_data(ctx: StageContext, model_path: Path, source: str, count: int) -
     return BenchData(samples, source, True, notes)
 
 
-def output_shape_notes(model_path: Path, outputs: dict[str, np.ndarray]) -> tuple[dict[str, Any], list[str]]:
+class ShapeMismatch(TypedDict):
+    """An output whose real shape contradicts its declaration (a row's ``output_shapes``): "?" for a symbolic or
+    unknown declared dimension."""
+
+    declared: list[int | str]
+    actual: list[int]
+
+
+def output_shape_notes(model_path: Path,
+                       outputs: dict[str, np.ndarray]) -> tuple[dict[str, ShapeMismatch], list[str]]:
     """Outputs whose real shape contradicts the declared one (rank, or a static dimension), and notes on them."""
 
     model = load_model(model_path, load_external_data=False)
-    mismatches: dict[str, Any] = {}
+    mismatches: dict[str, ShapeMismatch] = {}
     for value in model.graph.output:
         if value.name not in outputs or not value.type.tensor_type.HasField("shape"):
             continue

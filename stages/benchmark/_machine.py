@@ -22,9 +22,9 @@ import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
-__all__ = ["BUSY_OTHER_CORES", "MachineLoad", "process_cpu_seconds", "quiesce", "rewarm_runs"]
+__all__ = ["BUSY_OTHER_CORES", "MachineLoad", "MachineLoadRecord", "process_cpu_seconds", "quiesce", "rewarm_runs"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,21 @@ def _loadavg() -> float | None:
         return None
 
 
+class MachineLoadRecord(TypedDict, total=False):
+    """A row's ``machine_load``: how busy the machine was while timing (``MachineLoad.record``), and the extra
+    rounds taken for it (``_rounds.interleaved_rounds``); empty until the rounds ran."""
+
+    other_cores: float | None
+    cores: int | None
+    seconds: float
+    involuntary_switches_per_s: float
+    loadavg_before: float | None
+    loadavg_after: float | None
+    busy: bool
+    extra_rounds: int
+    extra_rounds_reason: str
+
+
 @dataclass
 class MachineLoad:
     """Started before the timed rounds of one target; ``record`` says how busy the rest of the machine was."""
@@ -102,7 +117,7 @@ class MachineLoad:
         return cls(time.perf_counter(), _busy_seconds(), usage.ru_utime + usage.ru_stime, usage.ru_nivcsw,
                    _loadavg())
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> MachineLoadRecord:
         """Other processes' cores, this process's involuntary switches per second, load averages, and a verdict."""
         usage = resource.getrusage(resource.RUSAGE_SELF)
         wall = max(time.perf_counter() - self.wall, 1e-6)

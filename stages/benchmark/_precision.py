@@ -12,7 +12,7 @@ another.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from qdeploy.core.rows import ValidationRow
 from qdeploy.targets.cpu_facts import default_hint
@@ -20,7 +20,7 @@ from qdeploy.targets.cpu_facts import default_hint
 if TYPE_CHECKING:
     from qdeploy.core.context import Artifact
 
-__all__ = ["Shipped", "load_options", "precision_record", "shipped_precisions"]
+__all__ = ["LoadOptions", "PrecisionHintField", "Shipped", "load_options", "precision_record", "shipped_precisions"]
 
 Shipped = dict[tuple[str, str], str]
 """(variant, target) -> the INFERENCE_PRECISION_HINT validation ships it with, where the default missed."""
@@ -42,7 +42,20 @@ def _pinned_f32(artifact: Artifact) -> bool:
     return artifact.precision == "fp32" and not artifact.at_device_default
 
 
-def load_options(name: str, artifact: Artifact, target: str, shipped: Shipped | None) -> dict[str, Any]:
+class LoadOptions(TypedDict, total=False):
+    """Keyword arguments of a target's ``load``/``open_pool``: pin float32, or pin this INFERENCE_PRECISION_HINT."""
+
+    pin_f32: bool
+    precision: str
+
+
+class PrecisionHintField(TypedDict, total=False):
+    """A benchmark row's ``precision_hint`` (OpenVINO rows only; None: the device default)."""
+
+    precision_hint: str | None
+
+
+def load_options(name: str, artifact: Artifact, target: str, shipped: Shipped | None) -> LoadOptions:
     """Keyword arguments of ``load``/``open_pool``: validation's pinning, and the shipped pin where there is one."""
     pinned = (shipped or {}).get((name, target)) if target.startswith("openvino:") else None
     if pinned is None and not _pinned_f32(artifact):
@@ -50,8 +63,8 @@ def load_options(name: str, artifact: Artifact, target: str, shipped: Shipped | 
     return {"pin_f32": _pinned_f32(artifact), **({"precision": pinned} if pinned else {})}
 
 
-def precision_record(name: str, artifact: Artifact, target: str, shipped: Shipped | None) -> tuple[dict[str, Any],
-                                                                                                     list[str]]:
+def precision_record(name: str, artifact: Artifact, target: str,
+                     shipped: Shipped | None) -> tuple[PrecisionHintField, list[str]]:
     """The row's ``precision_hint`` field (OpenVINO rows only) and a note when it is a shipped pin."""
     if not target.startswith("openvino:"):
         return {}, []

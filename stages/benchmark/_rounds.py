@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.ranking import distinguishable
-from qdeploy.stages.benchmark._machine import MachineLoad, quiesce, rewarm_runs
+from qdeploy.stages.benchmark._machine import MachineLoad, MachineLoadRecord, quiesce, rewarm_runs
 from qdeploy.stages.benchmark.config import MAX_EXTRA_ROUND_FACTOR, BenchmarkConfig
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class Timed:
 
     rounds: dict[str, list[list[float]]]
     failed: dict[str, str] = field(default_factory=dict)
-    machine: dict[str, Any] = field(default_factory=dict)
+    machine: MachineLoadRecord = field(default_factory=MachineLoadRecord)
 
 
 def interleaved_rounds(turns: dict[str, Turn], config: BenchmarkConfig, ctx: StageContext, where: str) -> Timed:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -70,6 +70,15 @@ def _same_outputs(got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -
     return True
 
 
+class MemoryGrowth(TypedDict):
+    """A row's ``memory``: what loading, the first run and warm-up added to the process (``MemoryProbe``)."""
+
+    peak_growth_mb: float
+    rss_before_mb: float
+    rss_after_mb: float
+    method: str
+
+
 class MemoryProbe:
     """Peak resident memory the process gains from now until `finish` (Linux; None elsewhere).
 
@@ -85,7 +94,7 @@ class MemoryProbe:
         self._reset = _reset_peak_rss()
         self._before_kb = _proc_status_kb("VmRSS")
 
-    def finish(self) -> dict[str, Any] | None:
+    def finish(self) -> MemoryGrowth | None:
         after_kb, peak_kb = _proc_status_kb("VmRSS"), _proc_status_kb("VmHWM")
         if self._before_kb is None or after_kb is None:
             return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -101,12 +101,35 @@ def _with_precision(row: ThroughputRow, name: str, artifact: Artifact, target: s
     return row.replace(**hint, notes=[*notes, *row.notes]) if hint or notes else row
 
 
-def _pool_record(pool: RequestPool) -> dict[str, Any]:
+class PoolRecord(TypedDict):
+    """How the requests were kept in flight (a throughput row's ``pool``); ``settings``: the runtime's own."""
+
+    requests_in_flight: int
+    streams: int
+    threads_per_request: int
+    call: str
+    settings: dict[str, Any]
+
+
+class ThroughputSummary(TypedDict):
+    """Inferences per second over all rounds and per round, and the latency of each request at that load."""
+
+    inferences_per_s: float | None
+    round_inferences_per_s: list[float]
+    inferences: int
+    requests_run: int
+    seconds: float
+    latency_ms: dict[str, float] | None
+    """p50, p90, p99, mean, min, max."""
+    round_spread: float | None
+
+
+def _pool_record(pool: RequestPool) -> PoolRecord:
     return {"requests_in_flight": pool.requests, "streams": pool.streams,
             "threads_per_request": pool.threads_per_request, "call": pool.call, "settings": pool.settings()}
 
 
-def summarize(rounds: list[tuple[int, float, list[float]]], batch: int) -> dict[str, Any]:
+def summarize(rounds: list[tuple[int, float, list[float]]], batch: int) -> ThroughputSummary:
     """Inferences per second over all rounds and per round, and the latency of each request at that load."""
     count = sum(done for done, _, _ in rounds)
     seconds = sum(elapsed for _, elapsed, _ in rounds)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal, TypedDict
 
 from pydantic import Field, model_validator
 
@@ -11,10 +11,26 @@ from qdeploy.core.tolerance import StrictModel
 
 __all__ = ["DEFAULT_BUSY_SECONDS", "DEFAULT_ITERATIONS", "DEFAULT_MAX_SECONDS", "DEFAULT_TIMED_SECONDS",
            "DEFAULT_WARMUP", "DEFAULT_WARMUP_SECONDS", "MAX_EXTRA_ROUND_FACTOR", "MODE", "NOISY_SPREAD",
-           "BenchmarkConfig", "Mode", "ThroughputConfig"]
+           "BenchmarkConfig", "MeasureRecord", "Mode", "ThroughputConfig"]
 
 
 Mode = Literal["latency", "throughput", "both"]
+
+
+class MeasureRecord(TypedDict):
+    """How warm-up and measurement were bounded (a row's ``measure``, ``BenchmarkConfig.measure_record``)."""
+
+    warmup: str
+    warmup_runs: int | None
+    warmup_seconds: float | None
+    by: str
+    iterations: int | None
+    duration_seconds: float | None
+    rounds: int
+    max_seconds: float
+    timed_seconds_cap: float | None
+    warmup_seconds_cap: float | None
+    busy_seconds: float
 
 
 class ThroughputConfig(StrictModel):
@@ -175,7 +191,7 @@ class BenchmarkConfig(StageConfig):
         rounds = min(self.rounds, runs)
         return [runs // rounds + (1 if index < runs % rounds else 0) for index in range(rounds)]
 
-    def measure_record(self) -> dict[str, Any]:
+    def measure_record(self) -> MeasureRecord:
         """How warm-up and measurement were bounded, for the result."""
         return {"warmup": "time" if self.warmup_seconds is not None else "runs",
                 "warmup_runs": None if self.warmup_seconds is not None else self.warmup_runs,

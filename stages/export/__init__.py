@@ -39,7 +39,7 @@ from qdeploy.stages.export._model import (
 from qdeploy.stages.export._shapes import reinfer_output_shapes
 from qdeploy.stages.export._values import frozen_arrays
 from qdeploy.stages.export.config import ExportConfig, InputSpec, TorchSource
-from qdeploy.stages.export.findings import ExportFindings
+from qdeploy.stages.export.findings import ExportFindings, ExportRecord, ShapeChangeRecord
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 def run(artifact: Artifact | None, config: ExportConfig, ctx: StageContext) -> StageResult:
     """The exported model: loaded or exported, shapes overridden, converted to the asked opset, checked."""
-    findings: dict[str, Any] = {}
+    findings: ExportRecord = {}
     if config.onnx is not None:
         model = load_onnx(ctx.resolve(config.onnx), max_bytes=size_cap(config))
         findings["source"] = "onnx"
@@ -71,7 +71,7 @@ def run(artifact: Artifact | None, config: ExportConfig, ctx: StageContext) -> S
     return StageResult(model=model, changed=True, findings=ExportFindings.model_validate(findings))
 
 
-def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, Any],
+def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: ExportRecord,
              resolve: Callable[[str], Path] = Path, *, validate_graph: bool = True,
              confirm_runtime: bool = True) -> onnx.ModelProto:
     """Shape overrides, frozen inputs, opset conversion and the checks every later stage relies on; with
@@ -99,7 +99,7 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: dict[str, A
     return model
 
 
-def _name_nodes(model: onnx.ModelProto, findings: dict[str, Any]) -> None:
+def _name_nodes(model: onnx.ModelProto, findings: ExportRecord) -> None:
     """Every node named, no name twice, once for every later stage: ONNX Runtime refuses repeated names, and
     qdeploy finds nodes by name (keep-float and block lists, budgets, localisation, reports)."""
     naming = name_nodes_uniquely(model)
@@ -228,7 +228,7 @@ def check_input_ranks(model: onnx.ModelProto) -> None:
                              f"(e.g. - {{name: {value.name}, shape: [1, 3, 224, 224]}})")
 
 
-def apply_input_overrides(model: onnx.ModelProto, inputs: list[InputSpec]) -> dict[str, Any]:
+def apply_input_overrides(model: onnx.ModelProto, inputs: list[InputSpec]) -> dict[str, ShapeChangeRecord]:
     """Fix or name input dimensions as the recipe says; output shapes are inferred again (those changed returned)."""
     from onnx import helper
 
@@ -259,7 +259,7 @@ def apply_input_overrides(model: onnx.ModelProto, inputs: list[InputSpec]) -> di
     return reinfer_output_shapes(model) if overridden else {}
 
 
-def convert_opset(model: onnx.ModelProto, opset: int, findings: dict[str, Any] | None = None) -> onnx.ModelProto:
+def convert_opset(model: onnx.ModelProto, opset: int, findings: ExportRecord | None = None) -> onnx.ModelProto:
     """Convert to another opset through onnx's version converter; name the node that cannot be converted.
 
     Going down, ops that do not exist yet at ``opset`` and that a rewrite of ``qdeploy.graph.rewrites`` decomposes
@@ -352,7 +352,7 @@ def _check_in_memory(model: onnx.ModelProto) -> None:
                          "the file is damaged or not an ONNX model") from None
 
 
-def export_torch(config: ExportConfig, ctx: StageContext) -> tuple[onnx.ModelProto, dict[str, Any]]:
+def export_torch(config: ExportConfig, ctx: StageContext) -> tuple[onnx.ModelProto, ExportRecord]:
     """Build the user's nn.Module, export it and compare the export with PyTorch's own outputs."""
     assert config.torch is not None
     module = build_torch_module(config.torch, ctx)
@@ -362,7 +362,7 @@ def export_torch(config: ExportConfig, ctx: StageContext) -> tuple[onnx.ModelPro
 
 
 def export_module(module: Any, config: ExportConfig, work_dir: Path,
-                  variant: str = "exported") -> tuple[onnx.ModelProto, dict[str, Any]]:
+                  variant: str = "exported") -> tuple[onnx.ModelProto, ExportRecord]:
     """Export an nn.Module with the config's inputs (names, shapes, symbolic axes, opset) and compare the
     export with PyTorch's own outputs.  ``config.torch`` sets the exporter (``auto`` when absent)."""
     torch = _import_torch()

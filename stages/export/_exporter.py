@@ -16,10 +16,13 @@ import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import ModelError, StageError
 from qdeploy.stages.export.config import DEFAULT_TORCH_OPSET, DYNAMO_OPSET
+
+if TYPE_CHECKING:
+    from qdeploy.stages.export.findings import ExporterChoice
 
 __all__ = ["export_with_torch", "recommended_exporter"]
 
@@ -47,7 +50,7 @@ def recommended_exporter(torch: Any) -> tuple[str, str]:
 
 def export_with_torch(torch: Any, module: Any, example: tuple[Any, ...], path: Path, *, names: list[str],
                       opset: int | None, dynamic_axes: dict[str, dict[int, str]] | None, exporter: str,
-                      variant: str) -> dict[str, Any]:
+                      variant: str) -> ExporterChoice:
     """Write ``path`` with the configured exporter; the findings: which exporter wrote it, and for ``auto``
     why it is not the one torch recommends.  ``opset`` None: each exporter's own (DEFAULT_TORCH_OPSET,
     DYNAMO_OPSET)."""

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx
 
+    from qdeploy.stages.export.findings import FreezeRecord
+
 log = logging.getLogger(__name__)
 
 MAX_FOLDED_BYTES = 16_000_000
@@ -36,7 +38,7 @@ _NEVER_FOLDED = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantiz
                            "Bernoulli", "Dropout"})
 
 
-def freeze_inputs(model: onnx.ModelProto, frozen: dict[str, np.ndarray]) -> dict[str, Any]:
+def freeze_inputs(model: onnx.ModelProto, frozen: dict[str, np.ndarray]) -> FreezeRecord:
     """Turn each frozen input into a constant and fold what it decides, in place; the sidecar's findings."""
     if not frozen:
         return {}
@@ -56,7 +58,7 @@ def freeze_inputs(model: onnx.ModelProto, frozen: dict[str, np.ndarray]) -> dict
         if not count and not deciding:
             break
     _drop_unread(graph, read_before, set(frozen))
-    findings: dict[str, Any] = {
+    findings: FreezeRecord = {
         "frozen_inputs": {name: {"value": describe(array), "dtype": str(array.dtype)}
                           for name, array in frozen.items()},
         "ifs_inlined": inlined,
@@ -127,7 +129,8 @@ def _foldable(node: onnx.NodeProto) -> bool:
     return node.domain in ("", "ai.onnx") and node.op_type not in _NEVER_FOLDED and not has_subgraph(node)
 
 
-def _evaluate(model: onnx.ModelProto, node: onnx.NodeProto, known: dict[str, np.ndarray]) -> dict[str, Any] | None:
+def _evaluate(model: onnx.ModelProto, node: onnx.NodeProto,
+              known: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
     """The node's outputs from its constant inputs, by ONNX Runtime or onnx.reference; None when neither can, or
     when a result is too large to keep as a constant."""
     import numpy as np

@@ -10,10 +10,12 @@ shapes are dropped with the input change and inferred again from the new inputs.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import onnx
+
+    from qdeploy.stages.export.findings import ShapeChangeRecord
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,7 @@ def declared_dims(value: onnx.ValueInfoProto) -> Dims | None:
     return [dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or None) for dim in tensor_type.shape.dim]
 
 
-def reinfer_output_shapes(model: onnx.ModelProto) -> dict[str, dict[str, Any]]:
+def reinfer_output_shapes(model: onnx.ModelProto) -> dict[str, ShapeChangeRecord]:
     """Drop the graph outputs' declared shapes and the inferred value_info, and infer them from the inputs again.
 
     Returns, per output whose declaration changed, the declared and the new dimensions.  Where inference
@@ -42,7 +44,7 @@ def reinfer_output_shapes(model: onnx.ModelProto) -> dict[str, dict[str, Any]]:
             value.type.tensor_type.ClearField("shape")
     del model.graph.value_info[:]
     inferred = _inferred_outputs(model)
-    changed: dict[str, dict[str, Any]] = {}
+    changed: dict[str, ShapeChangeRecord] = {}
     for value in model.graph.output:
         new = inferred.get(value.name)
         if new is not None and new.type.tensor_type.HasField("shape"):

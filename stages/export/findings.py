@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict
 
 from qdeploy.core.findings import Findings
 
-__all__ = ["CustomOp", "ExportFindings", "FrozenInput", "NodesNamed", "ShapeChange"]
+__all__ = ["CustomOp", "ExportFindings", "ExportRecord", "ExporterChoice", "FreezeRecord", "FrozenInput",
+           "FrozenInputSummary", "NodesNamed", "ShapeChange", "ShapeChangeRecord"]
 
 Dims = list[int | str | None] | None
 """A declared shape: sizes, symbolic names, unknown dimensions; None for an unknown rank."""
@@ -46,6 +47,63 @@ class NodesNamed(_Record):
     unnamed_named: int
     duplicates_renamed: int
     examples: list[str]
+
+
+class ShapeChangeRecord(TypedDict):
+    """``ShapeChange`` as the stage gathers it (``_shapes.reinfer_output_shapes``)."""
+
+    declared: Dims
+    now: Dims
+
+
+class FrozenInputSummary(TypedDict):
+    """``FrozenInput`` as the stage gathers it (``_freeze.freeze_inputs``)."""
+
+    value: Any
+    """``_values.describe``: the value itself when small, else its shape and sha256."""
+    dtype: str
+
+
+class FreezeRecord(TypedDict, total=False):
+    """What freezing inputs did (``_freeze.freeze_inputs``); empty when nothing was frozen."""
+
+    frozen_inputs: dict[str, FrozenInputSummary]
+    ifs_inlined: list[str]
+    nodes_folded: int
+    nodes_removed: int
+
+
+class ExporterChoice(TypedDict, total=False):
+    """Which torch exporter wrote the model (``_exporter.export_with_torch``); the setting and the fallback's
+    reason only for ``auto``."""
+
+    exporter: str
+    exporter_setting: str
+    exporter_fallback: str
+
+
+class ExportRecord(TypedDict, total=False):
+    """The findings as the stage gathers them, key by key, before ``ExportFindings`` declares them."""
+
+    source: str
+    exporter: str
+    exporter_setting: str
+    exporter_fallback: str
+    torch_version: str
+    max_abs_err_vs_torch: float
+    opset_in: int
+    opset: int
+    decomposed_for_opset: dict[str, int]
+    output_shapes_reinferred: dict[str, ShapeChangeRecord]
+    frozen_inputs: dict[str, FrozenInputSummary]
+    ifs_inlined: list[str]
+    nodes_folded: int
+    nodes_removed: int
+    minus_one_dims_named: list[str]
+    custom_ops: list[dict[str, str]]
+    """``CustomOp``s: node, op type, domain."""
+    node_names: dict[str, object]
+    """``NodesNamed`` (``qdeploy.graph.names.NodeNaming.summary``)."""
 
 
 class ExportFindings(Findings):

@@ -46,7 +46,14 @@ from qdeploy.stages.fp16._convert import (
     written_for_check,
 )
 from qdeploy.stages.fp16._draws import choose_for_every_draw, missed_by_samples, sample_snrs
-from qdeploy.stages.fp16._fidelity import EMULATED, comparison_record, overflow_births, reference_check, run_emulated
+from qdeploy.stages.fp16._fidelity import (
+    EMULATED,
+    Fp16Fidelity,
+    comparison_record,
+    overflow_births,
+    reference_check,
+    run_emulated,
+)
 from qdeploy.stages.fp16._graph import subgraphs, walk_nodes
 from qdeploy.stages.fp16._headroom import headroom_findings, with_headroom
 from qdeploy.stages.fp16._offload import offload, reload, worth_offloading
@@ -62,7 +69,7 @@ from qdeploy.stages.fp16.config import (
     effective_op_block_list,
     reads_default_dataset,
 )
-from qdeploy.stages.fp16.findings import Fp16Findings
+from qdeploy.stages.fp16.findings import ActivationAnalysis, CastRepairRecord, Fp16Findings, KeptNode
 from qdeploy.stages.task_metric import TaskJudge, judged, task_for
 
 if TYPE_CHECKING:
@@ -70,6 +77,7 @@ if TYPE_CHECKING:
     import onnx
 
     from qdeploy.stages.fp16._activations import Float32Run
+    from qdeploy.stages.fp16._repair import RepairReport
 
 __all__ = ["Fp16Config", "run"]
 
@@ -180,7 +188,7 @@ def _with_nested(model: onnx.ModelProto, names: set[str]) -> set[str]:
     return result
 
 
-def _repair_findings(report: Any) -> dict[str, Any]:
+def _repair_findings(report: RepairReport) -> CastRepairRecord:
     return {"casts_added": report.casts, "redundant_casts_removed": report.casts_removed,
             "initializer_copies": report.initializer_copies, "constant_copies": report.constant_copies,
             "type_attributes_rewritten": report.attributes, "outputs_retyped": report.outputs_retyped}
@@ -200,13 +208,13 @@ class _Fp16Conversion:
         self.to_float16 = float16_clamper(config.min_positive_val, config.max_finite_val)
         self.feeds: list[dict[str, np.ndarray]] = []
         self.float32: Float32Run | None = None
-        self.kept: list[dict[str, Any]] = []
+        self.kept: list[KeptNode] = []
         self.blocked: set[str] = set()
         self.float32_scope: set[str] = set()
-        self.activation_analysis: str | dict[str, Any] = NO_DATA
+        self.activation_analysis: str | ActivationAnalysis = NO_DATA
         self.budget: Fp16Budget | None = None
         """The budget's search and target checks (typed; the findings' record is its ``report``), once one ran."""
-        self.fidelity: dict[str, Any] | None = None
+        self.fidelity: Fp16Fidelity | None = None
         """The last checks' records (report-only), once they ran."""
         self.emulated_reasons: list[str] = []  # what the last emulated check missed of the tolerance
         self.emulated_passed = False
@@ -343,7 +351,7 @@ class _Fp16Conversion:
         record = comparison_record(EMULATED, comparison, len(emulated.outputs), time.perf_counter() - started)
         record["headroom"] = headroom_findings(self.config.headroom_db, self.target, self.within_headroom(),
                                                sample_snrs(self.float32.outputs, emulated.outputs))
-        fidelity = {"emulated": record}
+        fidelity: Fp16Fidelity = {"emulated": record}
         broken = sorted(emulated.nonfinite & {value.name for value in self.converted.graph.output})
         if broken:
             raise StageError(STAGE, self.ctx.variant, f"under float16 emulation the outputs {broken} hold Inf/NaN "

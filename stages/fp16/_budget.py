@@ -25,7 +25,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from qdeploy.core.compare import compare_outputs
 from qdeploy.graph.external_data import save_onnx
@@ -53,6 +53,22 @@ SENSITIVITY_SAMPLES = 4
 Outputs = list[dict[str, "np.ndarray"]]
 
 
+class KeptGroupRecord(TypedDict):
+    """A kept group in the budget's findings (``float32_nodes[]``): its nodes, its sensitivity ("inf": not finite)."""
+
+    nodes: list[str]
+    sensitivity: float | str | None
+
+
+class SampleSearchRecord(TypedDict):
+    """One sample's own search in the budget's findings (``per_sample[]``)."""
+
+    met: bool
+    metrics_all_float16: dict[str, float | None]
+    metrics_chosen: dict[str, float | None] | None
+    float32_groups: int
+
+
 @dataclass(frozen=True)
 class KeptGroup:
     """A node group kept float32 and its sensitivity (the loss with only it in float16; None: not measured)."""
@@ -60,7 +76,7 @@ class KeptGroup:
     nodes: list[str]
     sensitivity: float | None
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> KeptGroupRecord:
         return {"nodes": self.nodes, "sensitivity": None if self.sensitivity is None else _json_float(self.sensitivity)}
 
 
@@ -100,7 +116,7 @@ class Float32Choice:
             entry.update(metrics_chosen=self.chosen.worst(), **_task_record("chosen", self.chosen))
         return {**entry, "seconds": self.seconds, "float32_nodes": [group.report() for group in self.kept]}
 
-    def sample_report(self) -> dict[str, Any]:
+    def sample_report(self) -> SampleSearchRecord:
         return {"met": self.met, "metrics_all_float16": self.all_float16.worst(),
                 "metrics_chosen": None if self.chosen is None else self.chosen.worst(),
                 "float32_groups": len(self.kept)}

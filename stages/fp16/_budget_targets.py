@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from qdeploy.core.compare import compare_outputs
 from qdeploy.stages.accuracy_budget.evaluate import Evaluator, Measured
@@ -59,6 +59,54 @@ def target_checks(targets: Sequence[str], feeds: list[dict[str, np.ndarray]], re
     return TargetChecks(base, plans, on_progress, searched_here=False)
 
 
+class LadderPhaseRecord(TypedDict):
+    """A search after a target missed, in the budget's findings (``phases[]``)."""
+
+    searched_on: str
+    met_there: bool
+    float32_groups: int
+    written: NotRequired[str]
+
+
+class EvaluationCost(TypedDict):
+    """What one runtime cost the budget (``runtimes``): evaluations and seconds."""
+
+    evaluations: int
+    seconds: float
+
+
+class FlatTargetRecord(TypedDict, total=False):
+    """A target's record as fp16's findings hold it (``targets``): the status, the metrics on all samples beside it
+    (the task metric's when it decided), and the engine record's notes; ``status`` and ``reason`` alone when
+    unavailable."""
+
+    status: str
+    precision: str | None
+    cosine: float | None
+    snr_db: float | None
+    max_abs_err: float | None
+    metric: float | None
+    reference_metric: float | None
+    drop: float | None
+    allowed_drop: float | None
+    reasons: list[str]
+    reason: str | None
+    deploy_precision: str
+    note: str
+    pinned: list[str]
+    default: FlatTargetRecord
+
+
+class TargetsReport(TypedDict, total=False):
+    """The budget's target part of the findings; ``note`` only when a target missed."""
+
+    phases: list[LadderPhaseRecord]
+    target_float32_groups: int
+    note: str
+    targets: dict[str, FlatTargetRecord]
+    runtimes: dict[str, EvaluationCost]
+
+
 @dataclass
 class LadderPhase:
     """One search after a target missed: where it searched, whether it held there, the groups it kept."""
@@ -68,8 +116,9 @@ class LadderPhase:
     float32_groups: int
     written: str | None = None
 
-    def report(self) -> dict[str, Any]:
-        entry = {"searched_on": self.searched_on, "met_there": self.met_there, "float32_groups": self.float32_groups}
+    def report(self) -> LadderPhaseRecord:
+        entry: LadderPhaseRecord = {"searched_on": self.searched_on, "met_there": self.met_there,
+                                    "float32_groups": self.float32_groups}
         return {**entry, "written": self.written} if self.written is not None else entry
 
 
@@ -89,15 +138,16 @@ class TargetsOutcome:
         written = (self.phases[-1].written or "the measured artifact") if self.phases else "the artifact"
         return f"budget not met on {', '.join(self.missed)}; {written} is written and marked as failing there"
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> TargetsReport:
         """The budget's target part of the report: ``phases``, ``target_float32_groups``, ``note``, ``targets`` (each
         record flat, as fp16 reports it) and ``runtimes``."""
-        found: dict[str, Any] = {"phases": [phase.report() for phase in self.phases],
-                                 "target_float32_groups": self.float32_groups}
+        found: TargetsReport = {"phases": [phase.report() for phase in self.phases],
+                                "target_float32_groups": self.float32_groups}
         if self.note:
             found["note"] = self.note
-        runtimes = {name: {"evaluations": entry.evaluations, "seconds": entry.seconds}
-                    for name, entry in self.checks.cost().items()}
+        runtimes: dict[str, EvaluationCost] = {
+            name: {"evaluations": entry.evaluations, "seconds": entry.seconds}
+            for name, entry in self.checks.cost().items()}
         return {**found, "targets": {name: flat_record(record) for name, record in self.checks.verdicts().items()},
                 "runtimes": runtimes}
 
@@ -107,7 +157,8 @@ class Fp16Budget:
     """The fp16 stage's budget: the tolerance aimed at, the emulated choice, why it ran (a repair), and what the
     recipe's targets said; ``report`` writes the findings' ``budget`` once."""
 
-    tolerance: dict[str, Any]
+    tolerance: dict[str, float | str]
+    """The limits aimed at (a ``Tolerance``'s, or a ``TaskTolerance``'s with its metric), as the report holds them."""
     choice: Float32Choice
     groups: list[list[str]]
     trigger: str | None = None
@@ -129,13 +180,13 @@ class Fp16Budget:
                 "runtimes": {EMULATION: emulation, **found["runtimes"]}}
 
 
-def flat_record(record: TargetRecord) -> dict[str, Any]:
+def flat_record(record: TargetRecord) -> FlatTargetRecord:
     """A target's record as fp16's findings hold it: the metrics on all samples beside the status."""
     if record.status == UNAVAILABLE:
         return {"status": UNAVAILABLE, "reason": record.reason}
     search = record.search or {}
     task = {key: search.get(key) for key in ("metric", "reference_metric", "drop", "allowed_drop")}
-    flat: dict[str, Any] = {"status": record.status, "precision": record.precision,
+    flat: FlatTargetRecord = {"status": record.status, "precision": record.precision,
                             **{key: search.get(key) for key in ("cosine", "snr_db", "max_abs_err")},
                             **(task if "drop" in search else {}), "reasons": search.get("reasons", [])}
     extra = record.model_dump(include={"reason", "deploy_precision", "note", "pinned"}, exclude_none=True)

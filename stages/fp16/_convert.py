@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx
 
+    from qdeploy.stages.fp16.findings import ClampRecord
+
 log = logging.getLogger(__name__)
 
 STAGE = "fp16"
@@ -183,7 +185,7 @@ def already_float16(model: onnx.ModelProto) -> list[str]:
 
 
 def count_clamping(original: onnx.ModelProto, converted: onnx.ModelProto, copies: dict[str, str],
-                   float32_nodes: set[str], min_positive_val: float, max_finite_val: float) -> dict[str, Any]:
+                   float32_nodes: set[str], min_positive_val: float, max_finite_val: float) -> ClampRecord:
     """What the conversion clamped: per float32 constant that became float16, how many values and how much."""
     counts: dict[str, int] = {}
     worst = 0.0
@@ -193,7 +195,7 @@ def count_clamping(original: onnx.ModelProto, converted: onnx.ModelProto, copies
             counts[name] = counts.get(name, 0) + count
             worst = max(worst, change)
     listed = dict(sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:MAX_LISTED_INITIALIZERS])
-    clamp: dict[str, Any] = {
+    clamp: ClampRecord = {
         "min_positive_val": min_positive_val,
         "max_finite_val": max_finite_val,
         "clamped_values": sum(counts.values()),

@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from qdeploy.core.compare import compare_outputs
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, save_exposing
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from qdeploy.core.compare import OutputComparison
     from qdeploy.core.tolerance import Tolerance
     from qdeploy.stages.fp16._activations import ActivationPeaks
+    from qdeploy.stages.fp16._headroom import HeadroomRecord
+    from qdeploy.stages.fp16.findings import KeptNode
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,37 @@ EMULATED = "onnxruntime float32 kernels, every float16 tensor of the artifact ro
 REFERENCE = "onnx.reference.ReferenceEvaluator, every op in its declared precision"
 REFERENCE_SAMPLES = 4
 """The reference evaluator is slow (seconds per sample on a mid-size CNN): it sees at most this many."""
+
+
+class FidelityCheck(TypedDict):
+    """A comparison with the float32 outputs in findings form (``fidelity.emulated``, ``fidelity.reference``)."""
+
+    method: str
+    samples: int
+    passed: bool
+    reasons: list[str]
+    worst: dict[str, float | None]
+    seconds: float
+    headroom: NotRequired[HeadroomRecord]
+    """The emulated check's only: the stricter target it aimed at (``_headroom``)."""
+
+
+class ReferenceUnavailable(TypedDict):
+    """The reference check when onnx's evaluator cannot run an op of the artifact."""
+
+    method: str
+    status: str
+    passed: None
+    reason: str
+    op_type: str
+    seconds: float
+
+
+class Fp16Fidelity(TypedDict, total=False):
+    """The findings' ``fidelity``: the emulated check, and the reference evaluator's when asked for."""
+
+    emulated: FidelityCheck
+    reference: FidelityCheck | ReferenceUnavailable
 
 
 @dataclass
@@ -73,7 +106,7 @@ def run_emulated(model: onnx.ModelProto, feeds: Feeds, stats: dict[str, Activati
 
 
 def overflow_births(model: onnx.ModelProto, bad: set[str], original_nodes: set[str], blocked: set[str],
-                    stats: dict[str, ActivationPeaks]) -> list[dict[str, Any]]:
+                    stats: dict[str, ActivationPeaks]) -> list[KeptNode]:
     """Nodes to keep in float32 because Inf/NaN is born at them, at the float16 Cast feeding them, or (when
     the node already runs in float32) at the float16 rounding of what feeds it."""
     producers = {out: node for node in model.graph.node for out in node.output if out}
@@ -81,7 +114,7 @@ def overflow_births(model: onnx.ModelProto, bad: set[str], original_nodes: set[s
     for node in model.graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, KeptNode] = {}
     for node in model.graph.node:
         born = [out for out in node.output if out in bad]
         if not born or any(name in bad for name in node.input):
@@ -112,19 +145,19 @@ def _original_producer(name: str, producers: dict[str, onnx.NodeProto],
 
 
 def summary(method: str, reference: list[dict[str, np.ndarray]], outputs: list[dict[str, np.ndarray]],
-            tolerance: Tolerance, seconds: float) -> dict[str, Any]:
+            tolerance: Tolerance, seconds: float) -> FidelityCheck:
     """A comparison against the float32 outputs, in findings form."""
     return comparison_record(method, compare_outputs(reference, outputs, tolerance), len(outputs), seconds)
 
 
-def comparison_record(method: str, comparison: OutputComparison, samples: int, seconds: float) -> dict[str, Any]:
+def comparison_record(method: str, comparison: OutputComparison, samples: int, seconds: float) -> FidelityCheck:
     """A comparison already made, in findings form."""
     return {"method": method, "samples": samples, "passed": comparison.passed,
             "reasons": comparison.reasons, "worst": comparison.worst(), "seconds": round(seconds, 3)}
 
 
 def reference_check(model: onnx.ModelProto, feeds: Feeds, reference: list[dict[str, np.ndarray]],
-                    tolerance: Tolerance) -> dict[str, Any]:
+                    tolerance: Tolerance) -> FidelityCheck | ReferenceUnavailable:
     """The artifact in onnx's reference evaluator (true float16 arithmetic) against float32 outputs.
 
     An op the evaluator cannot run makes the check ``unavailable`` with the op named, not a stage failure.

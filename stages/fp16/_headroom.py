@@ -17,11 +17,21 @@ target on every sample. The verdict itself (``fidelity.emulated.passed``) stays 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from qdeploy.core.tolerance import Tolerance
 
-__all__ = ["headroom_findings", "with_headroom"]
+__all__ = ["HeadroomRecord", "headroom_findings", "with_headroom"]
+
+
+class HeadroomRecord(TypedDict):
+    """The sidecar's headroom (``fidelity.emulated.headroom``): its size, the stricter target, whether the pool and
+    every sample met it, and each sample's own SNR."""
+
+    db: float
+    target: dict[str, float]
+    met: bool
+    sample_snr_db: list[float | None]
 
 
 def with_headroom(tolerance: Tolerance, db: float) -> Tolerance:
@@ -46,7 +56,7 @@ def with_headroom(tolerance: Tolerance, db: float) -> Tolerance:
     return tolerance.model_copy(update=updates)
 
 
-def headroom_findings(db: float, target: Tolerance, met: bool, sample_snr_db: list[float | None]) -> dict[str, Any]:
+def headroom_findings(db: float, target: Tolerance, met: bool, sample_snr_db: list[float | None]) -> HeadroomRecord:
     """What the sidecar says about the headroom: its size, the stricter target, whether the pool and every sample
     met it, and each sample's own SNR."""
     return {"db": db, "target": target.model_dump(exclude_none=True), "met": met, "sample_snr_db": sample_snr_db}

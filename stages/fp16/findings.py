@@ -4,9 +4,58 @@ from __future__ import annotations
 
 from typing import Any
 
+from typing_extensions import NotRequired, TypedDict
+
 from qdeploy.core.findings import Findings
 
-__all__ = ["Fp16Findings"]
+__all__ = ["ActivationAnalysis", "CastRepairRecord", "ClampRecord", "Fp16Findings", "KeptNode"]
+
+# typing_extensions' TypedDict: pydantic validates these fields (and needs it before Python 3.12); every producer
+# fills them with exactly these types, in this key order (the order the report holds them in)
+
+
+class ActivationAnalysis(TypedDict):
+    """The data the activation ranges were measured on (``activation_analysis``)."""
+
+    data: str
+    source: str
+    samples: int
+    safety_margin: float
+    max_finite_val: float
+
+
+class KeptNode(TypedDict):
+    """A node kept float32 for its data (``kept_in_fp32[]``); the tensor and value that decided it when a range
+    (``_activations.OverflowEntry``) or an Inf/NaN under emulation did."""
+
+    node: str
+    op_type: str
+    reason: str
+    tensor: NotRequired[str]
+    abs_max: NotRequired[float | None]
+    predicted: NotRequired[float]
+
+
+class ClampRecord(TypedDict):
+    """What the conversion clamped (``clamp``): the limits, how many values, the initializers most clamped."""
+
+    min_positive_val: float
+    max_finite_val: float
+    clamped_values: int
+    initializers: dict[str, int]
+    max_relative_change: float
+    initializers_not_listed: NotRequired[int]
+
+
+class CastRepairRecord(TypedDict):
+    """What the type repair changed (``repair``)."""
+
+    casts_added: int
+    redundant_casts_removed: int
+    initializer_copies: dict[str, str]
+    constant_copies: dict[str, str]
+    type_attributes_rewritten: list[str]
+    outputs_retyped: list[str]
 
 
 class Fp16Findings(Findings):
@@ -22,9 +71,9 @@ class Fp16Findings(Findings):
     normalization_float32_nodes: dict[str, str]
     integer_accumulator_float32_nodes: dict[str, str]
     constant_range_float32_nodes: dict[str, str]
-    activation_analysis: str | dict[str, Any]
+    activation_analysis: str | ActivationAnalysis
     """The data the activation ranges were measured on, or why they were not ("not run: ...")."""
-    kept_in_fp32: list[dict[str, Any]]
+    kept_in_fp32: list[KeptNode]
     """Nodes kept float32 for their data: node, op type, reason."""
     budget: dict[str, Any] | None = None
     """The search for float32 nodes that meet the tolerance (mode auto, or a repair); absent when none ran.  Written
@@ -33,8 +82,8 @@ class Fp16Findings(Findings):
     fidelity: dict[str, Any] | None = None
     """The emulated check (``emulated``) and the reference evaluator's (``reference``); absent without data."""
     node_block_list: list[str]
-    clamp: dict[str, Any]
-    repair: dict[str, Any]
+    clamp: ClampRecord
+    repair: CastRepairRecord
     cast_nodes: int
     checker: str
     seconds: float

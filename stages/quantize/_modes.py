@@ -31,6 +31,8 @@ from qdeploy.stages.quantize.findings import (
     Int8Findings,
     LowerFindings,
     PtqFindings,
+    ReduceRangeRecord,
+    SevenBitComparison,
     WeightOnlyFindings,
 )
 from qdeploy.stages.quantize.ptq._unshare import unshare_qdq_parameters
@@ -59,7 +61,7 @@ class _Built:
     build: Any
     seven_bit: SevenBit
     op_types: list[str]
-    reduce_range: dict[str, Any]
+    reduce_range: ReduceRangeRecord
     """The 7-bit choice: the setting, the operand, why (ptq: and what comparing both forms measured)."""
     calibration: CalibrationNotes | None = None
     """ptq: what calibration did."""
@@ -179,7 +181,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     are not in ``skip``) and what it found."""
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize.ptq._ptq import DynamicBuilder, StaticBuilder, calibrate
-    from qdeploy.stages.quantize.ptq._shared_ranges import shared_calibration
+    from qdeploy.stages.quantize.ptq._shared_ranges import RangeSettings, shared_calibration
 
     op_types = _op_types(config)
     seven_bit, why = resolve_reduce_range(config, ctx.targets)
@@ -193,7 +195,8 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     feeds = _calibration_feeds(artifact, config, ctx, skip)
     # per_runtime's builds of one variant calibrate once (_shared_ranges): only their placement differs
     ranges, calibrated = shared_calibration(
-        ctx.work_dir, prepared, feeds, {"op_types": op_types, "method": config.method, "percentile": config.percentile},
+        ctx.work_dir, prepared, feeds, RangeSettings(op_types=op_types, method=config.method,
+                                                     percentile=config.percentile),
         lambda: calibrate(prepared, op_types, feeds, ctx.work_dir, config.method, config.percentile))
     if calibrated.samples == 0:
         raise StageError(STAGE, ctx.variant, f"calibration dataset '{calibration.data or 'random'}' yielded no samples")
@@ -206,7 +209,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
                              symmetric_weights=config.symmetric_weights, op_types=op_types, seven_bit=form,
                              runtime=config.runtime)
 
-    compared: dict[str, Any] = {}  # the report's record of the 7-bit choice
+    compared: SevenBitComparison | None = None  # the report's record of the 7-bit choice
     if seven_bit == "choose":
         # lazy: pulls onnxruntime (import cost)
         from qdeploy.stages.quantize.ptq._seven_bit import CHOICE_SAMPLES, choose_seven_bit
@@ -224,7 +227,10 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
                              calibration_data=calibration.data or "random", calibration_samples=calibrated.samples,
                              calibrated_tensors=calibrated.tensors, ranges_clipped=calibrated.clipped,
                              calibration_skipped=sorted(skip) or None)
-    return _Built(build, seven_bit, op_types, {**_reduce_range_finding(config, seven_bit, why), **compared}, notes)
+    reduce_range = _reduce_range_finding(config, seven_bit, why)
+    if compared is not None:
+        reduce_range.update(compared)
+    return _Built(build, seven_bit, op_types, reduce_range, notes)
 
 
 def _mark_seven_bit(model: onnx.ModelProto, seven_bit: str) -> None:
@@ -236,9 +242,9 @@ def _mark_seven_bit(model: onnx.ModelProto, seven_bit: str) -> None:
     entry.value = seven_bit
 
 
-def _reduce_range_finding(config: Integer, seven_bit: str, why: str) -> dict[str, Any]:
+def _reduce_range_finding(config: Integer, seven_bit: str, why: str) -> ReduceRangeRecord:
     """What the sidecar says of the 7-bit choice: the setting, the operand on 7 bits, and why."""
-    return {"setting": config.reduce_range, "seven_bit": seven_bit, "why": why}
+    return ReduceRangeRecord(setting=config.reduce_range, seven_bit=seven_bit, why=why)
 
 
 def _op_types(config: Integer) -> list[str]:

@@ -5,6 +5,9 @@ qdeploy), ``NncfPtqFindings`` (ptq, engine nncf), ``LowerFindings`` and ``Weight
 modes share are bases of their own: ``PreparedNotes`` (preparing the float model), ``CalibrationNotes`` (ptq's
 calibration) and ``Int8Findings`` (the int8 kernels counted per target).  The accuracy budget's record is typed
 too (``BudgetFindings``, its targets ``TargetRecord``: ``qdeploy.stages.accuracy_budget.findings``, the engine's).
+The nested records the modes build as dicts are TypedDicts here (``KernelCount``, ``SmoothQuantRecord``,
+``ReduceRangeRecord``...): the findings validate them, so each lists its producer's keys in the producer's order
+with the value types it writes.
 """
 
 from __future__ import annotations
@@ -12,13 +15,183 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import field_serializer
+from typing_extensions import TypedDict
 
 from qdeploy.core.findings import Findings
 from qdeploy.stages.accuracy_budget.findings import BudgetFindings, TargetRecord, TargetStatus
 
-__all__ = ["BudgetFindings", "CalibrationNotes", "DynamicFindings", "Int8Findings", "LowerFindings", "LoweringNotes",
-           "NncfPtqFindings", "PreparedNotes", "PtqFindings", "QuantizeFindings", "TargetRecord", "TargetStatus",
-           "WeightOnlyFindings"]
+__all__ = ["ActivationMiss", "AlphaSearch", "AlphaTrial", "BudgetFindings", "CalibrationNotes", "DynamicFindings",
+           "InexactSites", "Int8Findings", "KernelCount", "LowerFindings", "LoweringNotes", "LoweringVerification",
+           "MixedPrecision", "NncfPtqFindings", "PreparedNotes", "PtqFindings", "QuantizeFindings", "ReduceRangeRecord",
+           "RefusedSite", "SevenBitComparison", "SevenBitMeasure", "SmoothQuantRecord", "SmoothedTensor",
+           "SubgraphLeftFloat", "TargetRecord", "TargetStatus", "WeightBlock", "WeightOnlyCalibration",
+           "WeightOnlyDataFields", "WeightOnlyFindings"]
+
+
+class KernelCount(TypedDict, total=False):
+    """One target's int8 kernel count (``int8_kernels[target]``, ``ptq._verify.int8_kernels``), or why it was not
+    counted."""
+
+    status: str
+    """Only when not counted: ``unavailable``, ``unchecked`` or ``error``, with the ``reason``."""
+    reason: str
+    quantizable: int
+    """Compute nodes meant to run in int8 (``quantizable_nodes``)."""
+    int8: int
+    """Of them, those that run as int8 kernels or layers."""
+    int8_kernels: dict[str, int]
+    """ONNX Runtime: integer kernels of its optimized graph, by op type."""
+    float_compute_kernels: dict[str, int]
+    """ONNX Runtime: compute kernels left in float, by op type."""
+    compute_layers: dict[str, int]
+    """OpenVINO: compute layers of the compiled model, by type."""
+    int8_layers: dict[str, int]
+    """OpenVINO: those whose runtime precision is int8/uint8."""
+
+
+class SubgraphLeftFloat(TypedDict):
+    """A main-graph node that holds subgraphs, whose bodies stay float (``subgraphs_left_float[]``)."""
+
+    node: str
+    op_type: str
+    body_nodes: int
+
+
+class SmoothedTensor(TypedDict):
+    """One smoothed activation (``smooth_quant.tensors[name]``): its MatMul/Gemm readers and the range of s."""
+
+    nodes: list[str]
+    max_scale: float
+    min_scale: float
+
+
+class AlphaTrial(TypedDict):
+    """One alpha ``smooth_quant: auto`` tried (null: no smoothing) and how close its quantized model came."""
+
+    alpha: float | None
+    error_ratio: float | None
+    cosine: float | None
+    snr_db: float | None
+
+
+class AlphaSearch(TypedDict):
+    """``smooth_quant: auto``'s search (``smooth_quant.search``)."""
+
+    grid: list[float]
+    scored_on: str
+    samples: int
+    tolerance: dict[str, float]
+    trials: list[AlphaTrial]
+    chosen: float | None
+    seconds: float
+
+
+class SmoothQuantRecord(TypedDict, total=False):
+    """What SmoothQuant did (``smooth_quant``): the alpha, the smoothed activations, the search under ``auto``."""
+
+    alpha: float | None
+    samples: int
+    smoothed_tensors: int
+    tensors: dict[str, SmoothedTensor]
+    search: AlphaSearch
+    note: str
+
+
+class SevenBitMeasure(TypedDict):
+    """One 7-bit form's fully quantized model against float32."""
+
+    snr_db: float | None
+    cosine: float | None
+
+
+class SevenBitComparison(TypedDict):
+    """What comparing 7-bit weights with 7-bit activations measured (``ptq._seven_bit.choose_seven_bit``)."""
+
+    compared_on_samples: int
+    measured: dict[str, SevenBitMeasure]
+
+
+class ReduceRangeRecord(TypedDict, total=False):
+    """The 7-bit choice (``reduce_range``): the setting, the operand on 7 bits and why; NNCF's overflow fix, or
+    what comparing both forms measured."""
+
+    setting: bool | str
+    seven_bit: str
+    why: str
+    nncf_overflow_fix: str
+    compared_on_samples: int
+    measured: dict[str, SevenBitMeasure]
+
+
+class RefusedSite(TypedDict):
+    """A match a lowering rule's check (or its replacement) refused, and why (``refused[]``)."""
+
+    rule: str
+    nodes: list[str]
+    reason: str
+
+
+class InexactSites(TypedDict):
+    """How many lowered sites are not exact, and the largest difference with its tensor and step (``inexact``)."""
+
+    count: int
+    largest_difference: float
+    tensor: str | None
+    step: float | None
+
+
+class ActivationMiss(TypedDict):
+    """A lowered activation farther from its fake-quant reference than one step (``lower.verify_on_data``)."""
+
+    tensor: str
+    rule: str
+    max_error: float
+    step: float
+    reported_difference: float
+
+
+class LoweringVerification(TypedDict, total=False):
+    """The lowered activations checked on data (``verification``) and the data they ran on."""
+
+    samples: int
+    checked: int
+    max_error_steps: float
+    failures: list[ActivationMiss]
+    note: str
+    data: str
+
+
+class WeightBlock(TypedDict):
+    """The block a weight was quantized in where that is not ``group_size`` (``blocks[weight]``)."""
+
+    block_size: int | None
+    axis: int
+    why: str
+
+
+class MixedPrecision(TypedDict):
+    """What ``ratio`` below 1 measured and chose (``mixed``)."""
+
+    ratio: float
+    int4_share: float
+    sensitivity: str
+    kept_int8: list[str]
+    scores: dict[str, float]
+
+
+class WeightOnlyCalibration(TypedDict):
+    """The data gptq and ratio read (``calibration``)."""
+
+    data: str
+    samples: int
+
+
+class WeightOnlyDataFields(TypedDict, total=False):
+    """The weight_only findings' fields about the method and the data (``weight_only._data.data_findings``)."""
+
+    method: str
+    calibration: WeightOnlyCalibration
+    mixed: MixedPrecision | None
 
 
 class QuantizeFindings(Findings):
@@ -34,7 +207,7 @@ class Int8Findings(QuantizeFindings):
     """Op type -> nodes that run in integer (``_common.quantized_node_counts``)."""
     build_cpu_int8_path: str
     int8_saturation_warning: str | None = None
-    int8_kernels: dict[str, dict[str, Any]]
+    int8_kernels: dict[str, KernelCount]
     """Target -> quantizable compute nodes and int8 kernels there, or why it was not checked."""
 
 
@@ -49,7 +222,7 @@ class PreparedNotes(Findings):
     gemm_bias_moved_to_add: int | None = None
     opset: str | None = None
     """How the opset was raised, when it was."""
-    subgraphs_left_float: list[dict[str, Any]] | None = None
+    subgraphs_left_float: list[SubgraphLeftFloat] | None = None
 
 
 class CalibrationNotes(Findings):
@@ -69,12 +242,12 @@ class CalibrationNotes(Findings):
 class _PostTraining(Int8Findings, PreparedNotes):
     """What ptq and dynamic (engine qdeploy) share."""
 
-    smooth_quant: dict[str, Any] | None = None
+    smooth_quant: SmoothQuantRecord | None = None
     """SmoothQuant: the alpha, each smoothed activation with its MatMuls and range of s; under ``auto`` also
     ``search``: the grid, the samples scored on, each trial's alpha (null: no smoothing), error ratio, cosine and
     SNR, the chosen alpha and the seconds the search took."""
     op_types: list[str]
-    reduce_range: dict[str, Any]
+    reduce_range: ReduceRangeRecord
     """The 7-bit setting, the operand on 7 bits and why (ptq: and what comparing the two measured)."""
     budget: BudgetFindings | None = None
     excluded: list[str]
@@ -110,7 +283,7 @@ class NncfPtqFindings(Int8Findings):
     calibration_data: str
     calibration_samples: int
     model_type: str
-    reduce_range: dict[str, Any]
+    reduce_range: ReduceRangeRecord
     excluded: list[str]
     compute_nodes: int
 
@@ -121,9 +294,11 @@ class LoweringNotes(Findings):
     lowered: dict[str, int]
     """Rule -> sites it lowered."""
     sites: list[dict[str, Any]]
+    """Each site's record (``lower._base.SiteRecord``); left a plain dict here: the rules write its keys in
+    different orders, which validating it as a TypedDict would reorder."""
     sites_not_listed: int
-    refused: list[dict[str, Any]]
-    inexact: dict[str, Any]
+    refused: list[RefusedSite]
+    inexact: InexactSites
     """How many sites are not exact, and the largest difference (its tensor and step)."""
 
 
@@ -134,7 +309,7 @@ class LowerFindings(Int8Findings, LoweringNotes):
     note: str | None = None
     """Said when the model holds no fake quantization (it is unchanged)."""
     qdq_parameters_unshared: int | None = None
-    verification: dict[str, Any]
+    verification: LoweringVerification
     """The lowered activations against their fake-quant reference (``lower.verify_on_data``) and the data."""
 
 
@@ -155,11 +330,11 @@ class WeightOnlyFindings(QuantizeFindings):
     bytes: dict[str, int]
     method: str = "rtn"
     """How MatMul integers were chosen: rtn or gptq."""
-    calibration: dict[str, Any] | None = None
+    calibration: WeightOnlyCalibration | None = None
     """The data gptq and ratio read ({data, samples}); null when nothing read data."""
-    mixed: dict[str, Any] | None = None
+    mixed: MixedPrecision | None = None
     """ratio below 1: the sensitivity measure, each MatMul's score, those kept int8 and the int4 share reached."""
-    blocks: dict[str, dict[str, Any]] | None = None
+    blocks: dict[str, WeightBlock] | None = None
     """Weight -> the block it was quantized in where that is not ``group_size`` (``block_size``; null: int8 with
     one scale per output channel), the length of its quantized axis and why (``_weight_blocks``); absent when
     every weight has ``group_size``."""

@@ -63,12 +63,12 @@ from qdeploy.stages.simplify._optimizer import likely_passes
 from qdeploy.stages.simplify._rewrite_if import PASS_NAME, inline_constant_ifs
 from qdeploy.stages.simplify._shapes import infer_shapes
 from qdeploy.stages.simplify.config import CHECK_FROM_FILE_BYTES, MAX_FOLD_ROUNDS, STAGE, SimplifyConfig
-from qdeploy.stages.simplify.findings import SimplifyFindings
+from qdeploy.stages.simplify.findings import EquivalenceCheck, SimplifyFindings, Unchecked
 
 if TYPE_CHECKING:
     import onnx
 
-    from qdeploy.stages.simplify._folding import FoldReport
+    from qdeploy.stages.simplify._folding import FoldReport, SkippedTensor
 
 __all__ = ["SimplifyConfig", "run"]
 
@@ -83,7 +83,7 @@ class _SimplifyStatistics:
     folded_nodes: int = 0
     constants_converted: int = 0
     folded: dict[str, int] = field(default_factory=dict)
-    skipped: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: dict[str, SkippedTensor] = field(default_factory=dict)
     failed_ops: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     rewrites: RewriteReport = field(default_factory=lambda: _rewrite_report())
@@ -151,7 +151,7 @@ def run(artifact: Artifact, config: SimplifyConfig, ctx: StageContext) -> StageR
         model = load_graph_only(saved)
         gc.collect()  # the old message may sit in a reference cycle: free its weights now, before the check
     if config.check_n == 0:
-        check: dict[str, Any] = {"unchecked": "check_n is 0"}
+        check: EquivalenceCheck | Unchecked = Unchecked(unchecked="check_n is 0")
     else:
         check = check_equivalence(reference, model, config, ctx, saved=saved)
     if reference != artifact.path:
@@ -175,7 +175,7 @@ def _reference_from_file(model: onnx.ModelProto, path: Path, config: SimplifyCon
     return reference
 
 
-def _valid_structure(model: onnx.ModelProto, types: dict[str, Any], stats: _SimplifyStatistics,
+def _valid_structure(model: onnx.ModelProto, types: dict[str, onnx.TypeProto], stats: _SimplifyStatistics,
                      ctx: StageContext) -> None:
     """Every graph in topological order and in scope, the interface types as they were; StageError otherwise."""
     unread_subgraph_constants(model.graph)
@@ -281,7 +281,7 @@ def _optimize(model: onnx.ModelProto, passes: list[str], stats: _SimplifyStatist
     return result.into(model)
 
 
-def _optimizer_damage(optimized: onnx.ModelProto, types: dict[str, Any], stats: _SimplifyStatistics) -> str:
+def _optimizer_damage(optimized: onnx.ModelProto, types: dict[str, onnx.TypeProto], stats: _SimplifyStatistics) -> str:
     """Repair what onnxoptimizer breaks (dropped interface types, subgraph initializers, order); what is left."""
     repair = restore_interface_types(optimized, types)
     for entry in repair.restored:
@@ -296,7 +296,7 @@ def _optimizer_damage(optimized: onnx.ModelProto, types: dict[str, Any], stats: 
 
 
 def _findings(nodes_before: dict[str, int], model: onnx.ModelProto, config: SimplifyConfig, stats: _SimplifyStatistics,
-              check: dict[str, Any]) -> SimplifyFindings:
+              check: EquivalenceCheck | Unchecked) -> SimplifyFindings:
     nodes_after = op_counts(model)
     delta = {"removed": {op: -n for op, n in sorted(stats.optimizer_delta.items()) if n < 0},
              "added": {op: n for op, n in sorted(stats.optimizer_delta.items()) if n > 0}}

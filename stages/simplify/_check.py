@@ -30,6 +30,7 @@ from qdeploy.stages.simplify._check_inputs import (
     with_compared_values,
 )
 from qdeploy.stages.simplify._noise import NOISE_LEVEL, noise_bounds, noise_floor, ort_outputs, ort_session
+from qdeploy.stages.simplify.findings import EquivalenceCheck, NoiseFloorSkipped, NoiseFloorUsed, Unchecked
 from qdeploy.targets.onnxruntime import SessionInterface
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ fusion taken in one model but not the other would differ by a quantization step,
 
 
 def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyConfig,
-                      ctx: StageContext, *, saved: Path | None = None) -> dict[str, Any]:
+                      ctx: StageContext, *, saved: Path | None = None) -> EquivalenceCheck | Unchecked:
     """Run original and simplified models on the same inputs; StageError when they disagree.
 
     The simplified model must load in ONNX Runtime with the original's input and output types whenever the
@@ -122,7 +123,7 @@ def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyCo
     try:
         reference = _session(str(original), level)
     except Exception as exc:  # custom ops or a runtime too old: nothing to compare against
-        return {"unchecked": f"the original model does not load in ONNX Runtime (custom ops?): {one_line(exc)}"}
+        return Unchecked(unchecked=f"the original model does not load in ONNX Runtime (custom ops?): {one_line(exc)}")
     unfeedable = unfeedable_inputs(model)
     with bounded_memory():
         feeds, failure = (None, "") if unfeedable else _feeds_the_original_accepts(reference, original, model,
@@ -132,21 +133,21 @@ def check_equivalence(original: Path, model: onnx.ModelProto, config: SimplifyCo
         candidate = _candidate(str(saved) if saved is not None else model.SerializeToString(), level, ctx)
         same_interface(reference, candidate, STAGE, ctx.variant)
         if unfeedable:
-            return {"unchecked": f"check inputs cannot be built for {', '.join(unfeedable)}; the simplified model "
-                                 "loads in ONNX Runtime with the original's input and output types"}
+            return Unchecked(unchecked=f"check inputs cannot be built for {', '.join(unfeedable)}; the simplified "
+                                       "model loads in ONNX Runtime with the original's input and output types")
         if feeds is None:
-            return {"unchecked": f"the original model fails on the check inputs: {failure}; the simplified model "
-                                 "loads in ONNX Runtime with the original's input and output types"}
+            return Unchecked(unchecked=f"the original model fails on the check inputs: {failure}; the simplified "
+                                       "model loads in ONNX Runtime with the original's input and output types")
         try:
             actual = _candidate_outputs(candidate, feeds, ctx)
             del candidate  # the noise floor loads the original again: one session holds the weights at a time
-            judged = _judge(original, level, feeds, actual, config, ctx)
+            worst, floor = _judge(original, level, feeds, actual, config, ctx)
         except _MemoryBound as exc:
-            return {"unchecked": f"the check went past its memory bound: {exc}; the simplified model loads in "
-                                 "ONNX Runtime with the original's input and output types"}
+            return Unchecked(unchecked=f"the check went past its memory bound: {exc}; the simplified model loads "
+                                       "in ONNX Runtime with the original's input and output types")
     shapes = {name: list(array.shape) for name, array in feeds[0][0].items()}
-    return {"samples": len(feeds), "atol": config.check_atol, "rtol": config.check_rtol, **judged,
-            "input_shapes": shapes, "inputs": feeds.source}
+    return EquivalenceCheck(samples=len(feeds), atol=config.check_atol, rtol=config.check_rtol, max_abs_err=worst,
+                            noise_floor=floor, input_shapes=shapes, inputs=feeds.source)
 
 
 def _candidate(model: str | bytes, level: str, ctx: StageContext) -> Any:
@@ -185,22 +186,21 @@ Disagreement = tuple[int, SimplifyCheck]
 
 
 def _judge(original: Path, level: str, feeds: Feeds, actual: list[dict[str, np.ndarray]], config: SimplifyConfig,
-           ctx: StageContext) -> dict[str, Any]:
-    """The findings of a comparison that passes: at the configured tolerance, else within the original's own
-    noise floor (``qdeploy.stages.simplify._noise``); StageError naming the config fields otherwise."""
+           ctx: StageContext) -> tuple[float, NoiseFloorUsed | NoiseFloorSkipped]:
+    """The worst error and the noise floor of a comparison that passes: at the configured tolerance, else within
+    the original's own noise floor (``qdeploy.stages.simplify._noise``); StageError naming the config fields
+    otherwise."""
     worst, failed = _compare_samples(feeds, actual, config, None, ctx)
     if failed is None:
-        return {"max_abs_err": worst, "noise_floor": {"measured": False, "why": "every output within check_atol "
-                                                      "and check_rtol"}}
+        return worst, NoiseFloorSkipped(measured=False, why="every output within check_atol and check_rtol")
     floor, why = _measured_floor(original, feeds, config)
     bounds = noise_bounds(floor, config.check_atol, config.check_noise_factor)
     if floor:
         worst, failed = _compare_samples(feeds, actual, config, bounds, ctx)
     if failed is not None:
         raise StageError(STAGE, ctx.variant, _disagreement(failed, feeds.source, floor, bounds, level, config, why))
-    return {"max_abs_err": worst, "noise_floor": {"measured": True, "levels": f"{NOISE_LEVEL} vs {level}",
-                                                  "per_output": floor, "factor": config.check_noise_factor,
-                                                  "atol_used": bounds}}
+    return worst, NoiseFloorUsed(measured=True, levels=f"{NOISE_LEVEL} vs {level}", per_output=floor,
+                                 factor=config.check_noise_factor, atol_used=bounds)
 
 
 def _compare_samples(feeds: Feeds, actual: list[dict[str, np.ndarray]], config: SimplifyConfig,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from qdeploy.graph.utils import subgraphs
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ def _reached(name: str, consumers: dict[str, list[onnx.NodeProto]]) -> Iterator[
                 frontier.extend(out for out in node.output if out and out not in seen)
 
 
-def with_compared_values(samples: Any, choices: dict[str, list[int]]) -> Iterator[dict[str, Any]]:
+def with_compared_values(samples: Any, choices: dict[str, list[int]]) -> Iterator[dict[str, np.ndarray]]:
     """The samples, the first ones taking each compared constant of an input in turn (the rest stay random)."""
     import numpy as np
 
@@ -258,7 +259,7 @@ def is_memory_error(exc: BaseException) -> bool:
                                                                           "failed to allocate", "cannot allocate"))
 
 
-def recipe_samples(ctx: Any, model_path: Any, count: int) -> list[dict[str, Any]]:
+def recipe_samples(ctx: Any, model_path: Any, count: int) -> list[dict[str, np.ndarray]]:
     """Up to ``count`` samples of the recipe's validation dataset (real data), or [] when it has none or they do
     not fit the model."""
     dataset = ctx.default_dataset

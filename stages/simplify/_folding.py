@@ -23,7 +23,7 @@ import logging
 from collections import ChainMap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from qdeploy.graph.names import NodeNames
 from qdeploy.graph.order import drop_unread_constants
@@ -75,6 +75,14 @@ StaticShapes = dict[str, tuple[tuple[int, ...], int]]
 """Tensor name -> (fully static dims, ONNX element type)."""
 
 
+class SkippedTensor(TypedDict):
+    """A tensor left unfolded because of its size (``findings.FoldSkipped`` once in the findings)."""
+
+    tensor: str
+    bytes: int | None
+    reason: str
+
+
 @dataclass
 class FoldReport:
     """What one folding pass did."""
@@ -84,7 +92,7 @@ class FoldReport:
     constants_converted: int = 0
     folded: dict[str, int] = field(default_factory=dict)
     """Name -> bytes of every tensor that folding turned into an initializer."""
-    skipped: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[SkippedTensor] = field(default_factory=list)
     """{tensor, bytes, reason} of every tensor left unfolded because of its size."""
     failed_ops: list[str] = field(default_factory=list)
     """Op types that neither ONNX Runtime nor onnx.reference could evaluate."""
@@ -368,9 +376,9 @@ def _onnx_type(value: Any) -> int | None:
         return None
 
 
-def _drop_unfit(values: dict[str, Any], limit_bytes: int, types: dict[str, int]) -> list[dict[str, Any]]:
+def _drop_unfit(values: dict[str, Any], limit_bytes: int, types: dict[str, int]) -> list[SkippedTensor]:
     """Forget values that are not tensors of the expected type or exceed the size limit; returns the too large."""
-    too_large = []
+    too_large: list[SkippedTensor] = []
     for name, value in list(values.items()):
         value_type = _onnx_type(value)
         if value_type is None or types.get(name, value_type) != value_type:

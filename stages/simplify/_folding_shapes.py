@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 
 
 
+ShapeEntry = tuple[int | None, ...] | tuple[tuple[int, ...], int]
+"""What ``LazyShapes`` holds per name: the dimensions (None where symbolic) when partial, else (static dims,
+element type)."""
+
+
 class LazyShapes(Mapping[str, Any]):
     """Shapes read from value_info only when asked (a graph of 50,000 nodes asks for few of them).
 
@@ -27,10 +32,10 @@ class LazyShapes(Mapping[str, Any]):
     of values whose shape is fully static.  ``fixed`` entries (constant initializers) come first.
     """
 
-    def __init__(self, values: dict[str, onnx.ValueInfoProto], fixed: dict[str, Any] | None = None, *,
+    def __init__(self, values: dict[str, onnx.ValueInfoProto], fixed: dict[str, ShapeEntry] | None = None, *,
                  partial: bool) -> None:
         self._values = values
-        self._cache: dict[str, Any] = dict(fixed or {})
+        self._cache: dict[str, ShapeEntry] = dict(fixed or {})
         self._partial = partial
 
     def __getitem__(self, name: str) -> Any:

@@ -47,7 +47,8 @@ def ort_outputs(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndar
     return dict(zip(names, session.run(names, feeds), strict=True))
 
 
-def noise_floor(original: Path, runs: Iterable[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, float]:
+def noise_floor(original: Path,
+                runs: Iterable[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]) -> dict[str, float]:
     """Output name -> the largest difference between ``runs``' outputs (the original at the check's level) and
     the original's outputs at ``NOISE_LEVEL`` on the same feeds; 0 for outputs that are not floats."""
     session = ort_session(str(original), NOISE_LEVEL)

@@ -38,6 +38,7 @@ from qdeploy.stages.validate._tolerance import tolerance_precision
 from qdeploy.stages.validate._unreadable import condense_unreadable, unreadable_targets
 from qdeploy.stages.validate.config import RANDOM_DATA_WARNING, REFERENCE_MODEL_ROW, REFERENCE_TARGET, ValidateConfig
 from qdeploy.targets import TRUE_FP16_TARGET, TargetFellBack, get_target, true_fp16_check
+from qdeploy.targets.base import ExecutionInfoDict
 from qdeploy.targets.int8_path import int8_path, saturation_note, saturation_risk
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ class _Run:
     feeds: Feeds
     reference_path: Path
     reference_outputs: Outputs
-    reference_execution: dict[str, Any]
+    reference_execution: ExecutionInfoDict
     warnings: list[str]
     task: _Task | None
     localizer: Localizer | None
@@ -342,7 +343,7 @@ def _hint_field(target: str, hint: str | None) -> dict[str, str | None]:
 
 
 def _run_model(target: str, path: Path, feeds: Feeds, *, pin_f32: bool,
-               batches: BatchedFeeds | None = None, precision: str | None = None) -> tuple[Outputs, dict[str, Any]]:
+               batches: BatchedFeeds | None = None, precision: str | None = None) -> tuple[Outputs, ExecutionInfoDict]:
     """Outputs and what ran; ``precision`` (OpenVINO only) pins INFERENCE_PRECISION_HINT, winning over pin_f32."""
     caster = feed_caster(path)
     pinned = {"precision": precision} if precision is not None else {}
@@ -412,7 +413,7 @@ def worst_samples(reference: Outputs, candidate: Outputs, count: int) -> list[in
     return sorted(ranked[:count])
 
 
-def effective_precision(precision: str, executed: dict[str, Any]) -> str:
+def effective_precision(precision: str, executed: ExecutionInfoDict) -> str:
     """What really ran: OpenVINO's inference precision, ORT's kernel element types, or the declared types."""
     counts = ", ".join(f"{key} {value}" for key, value in sorted(executed.get("precisions", {}).items()))
     ran = executed.get("precision")
@@ -425,7 +426,7 @@ def effective_precision(precision: str, executed: dict[str, Any]) -> str:
     return text + (f" (kernels: {counts})" if counts else "")
 
 
-def _execution_warnings(executed: dict[str, Any], precision: str) -> list[str]:
+def _execution_warnings(executed: ExecutionInfoDict, precision: str) -> list[str]:
     """What ran differently from what the graph declares, or elsewhere than asked."""
     warnings = [note for note in executed.get("notes", []) if "kernels ran on CPUExecutionProvider" in note]
     unsupported = executed.get("unsupported_ops") or []

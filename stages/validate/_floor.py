@@ -11,7 +11,7 @@ runtime and have no floor to meet.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from qdeploy.core.compare import compare_outputs
 from qdeploy.core.memory import release_memory
@@ -57,7 +57,25 @@ def flag_unattainable(outcomes: list[Outcome], reference_outputs: Outputs, refer
             f"(noise floor against ort:cpu)" for reason in comparison.reasons])
 
 
-def noise_floor_summary(validation: list[ValidationRow]) -> dict[str, Any] | None:
+class FloorTargetMetrics(TypedDict):
+    """The reference's disagreement with ort:cpu on one target (``noise_floor.targets``)."""
+
+    max_abs_err: float | None
+    mean_abs_err: float | None
+    cosine: float | None
+    snr_db: float | None
+    status: str
+
+
+class FloorSummary(TypedDict):
+    """The report's top-level ``noise_floor`` (``qdeploy.core.report_parts.NoiseFloor`` reads it back)."""
+
+    against: str
+    variant: str
+    targets: dict[str, FloorTargetMetrics]
+
+
+def noise_floor_summary(validation: list[ValidationRow]) -> FloorSummary | None:
     """The floor for the report's top level: per target, the reference's own disagreement with ort:cpu.
 
     ``{"against": "ort:cpu", "variant": <the floor rows' variant>, "targets": {target: {max_abs_err,

@@ -15,7 +15,7 @@ import math
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -24,9 +24,45 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.stages.validate._localize import Localizer, _comparable, _instrumented, _run, match_tensors
 from qdeploy.stages.validate.config import REFERENCE_TARGET
 
-__all__ = ["LayerErrors", "layer_errors", "tensor_metrics"]
+__all__ = ["LayerErrors", "LayerErrorsDict", "NodeErrorRecord", "OutputExposure", "TensorErrorMetrics", "layer_errors",
+           "tensor_metrics"]
 
 log = logging.getLogger(__name__)
+
+
+class TensorErrorMetrics(TypedDict):
+    """One tensor against the reference's over the samples (``tensor_metrics``); None where nothing finite was
+    compared."""
+
+    snr_db: float | None
+    cosine: float | None
+    max_abs_err: float | None
+    nonfinite: int
+
+
+class NodeErrorRecord(TensorErrorMetrics):
+    """One node's output against the reference's same tensor (``LayerErrors.per_node``): the tensor, the op type,
+    then the metrics."""
+
+    tensor: str
+    op_type: str
+
+
+class OutputExposure(TypedDict):
+    """Whether exposing the intermediate tensors changed the candidate's final outputs (``LayerErrors.exposure``)."""
+
+    changed: bool
+    max_output_difference: float | None
+    note: str
+
+
+class LayerErrorsDict(TypedDict):
+    """``LayerErrors.to_dict()``."""
+
+    per_node: dict[str, NodeErrorRecord]
+    shapes: dict[str, list[int]]
+    exposure: OutputExposure | None
+    samples: int
 
 
 @dataclass
@@ -34,13 +70,14 @@ class LayerErrors:
     """Per ONNX node: its output against the reference's same tensor; the reference's tensor shapes (sample 0);
     whether exposing the tensors changed the candidate's final outputs."""
 
-    per_node: dict[str, dict[str, Any]] = field(default_factory=dict)
+    per_node: dict[str, NodeErrorRecord] = field(default_factory=dict)
     shapes: dict[str, list[int]] = field(default_factory=dict)
-    exposure: dict[str, Any] = field(default_factory=dict)
+    exposure: OutputExposure | None = None
+    """None until measured (``layer_errors`` always measures it)."""
     samples: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> LayerErrorsDict:
+        return LayerErrorsDict(**asdict(self))
 
 
 def layer_errors(reference_path: Path, candidate_path: Path, target: str, feeds: list[dict[str, np.ndarray]], *,
@@ -69,7 +106,7 @@ def layer_errors(reference_path: Path, candidate_path: Path, target: str, feeds:
         cands = [{pair.reference: sample[pair.candidate]} for sample in exposed if pair.candidate in sample]
         if not refs or len(refs) != len(cands) or not _comparable(refs, cands, pair.reference):
             continue
-        record = {"tensor": pair.reference, "op_type": pair.op_type,
+        record: NodeErrorRecord = {"tensor": pair.reference, "op_type": pair.op_type,
                   **tensor_metrics([r[pair.reference] for r in refs], [c[pair.reference] for c in cands])}
         known = errors.per_node.get(pair.node)
         if known is None or _worse(record, known):  # a node with several outputs: its worst one
@@ -77,7 +114,7 @@ def layer_errors(reference_path: Path, candidate_path: Path, target: str, feeds:
     return errors
 
 
-def tensor_metrics(refs: list[np.ndarray], cands: list[np.ndarray]) -> dict[str, Any]:
+def tensor_metrics(refs: list[np.ndarray], cands: list[np.ndarray]) -> TensorErrorMetrics:
     """SNR, cosine and max abs error of one tensor over the samples, as ``qdeploy.core.compare`` defines them (SNR
     capped at SNR_CAP_DB), with NaN/Inf counted where the reference is finite and left out of the others.
     compare_outputs computes every metric of every output (40 ms a tensor here); a model has hundreds."""
@@ -104,7 +141,7 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _exposure(shipped: list[dict[str, np.ndarray]], exposed: list[dict[str, np.ndarray]], finals: list[str],
-              target: str) -> dict[str, Any]:
+              target: str) -> OutputExposure:
     """Whether the instrumented run's final outputs differ from the shipped graph's (fusions undone)."""
     largest = 0.0
     for plain, instrumented in zip(shipped, exposed, strict=False):
@@ -121,6 +158,6 @@ def _exposure(shipped: list[dict[str, np.ndarray]], exposed: list[dict[str, np.n
     return {"changed": changed, "max_output_difference": largest if np.isfinite(largest) else None, "note": note}
 
 
-def _worse(record: dict[str, Any], known: dict[str, Any]) -> bool:
+def _worse(record: NodeErrorRecord, known: NodeErrorRecord) -> bool:
     new, old = record["snr_db"], known["snr_db"]
     return new is not None and (old is None or new < old)

@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -55,6 +55,20 @@ INSTRUMENTED_NOTE = ("intermediate outputs exposed, which can stop fusions: the 
 Feeds = Sequence[dict[str, np.ndarray]]
 
 
+class DivergenceDict(TypedDict):
+    """``Divergence.to_dict()``: the first diverging node as a row's ``divergence`` starts."""
+
+    node: str
+    op_type: str
+    tensor: str
+    max_abs_err: float | None
+    cosine: float | None
+    snr_db: float | None
+    nonfinite: int
+    reason: str
+    compared: int
+
+
 @dataclass
 class Divergence:
     """The first node whose output breaks the limits; JSON-ready through ``to_dict``."""
@@ -70,8 +84,8 @@ class Divergence:
     compared: int
     """How many matched tensors were compared up to and including this one."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> DivergenceDict:
+        return DivergenceDict(**asdict(self))
 
     def summary(self) -> str:
         node = f"'{self.node}'" if self.node else "(unnamed)"

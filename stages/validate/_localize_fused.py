@@ -80,6 +80,33 @@ class ExecutedLayer(TypedDict):
     original_layers: list[str]
 
 
+class FusedSearchCost(TypedDict):
+    """What the prefix bisection cost (``divergence.localized_by``)."""
+
+    method: str
+    cuts: int
+    compiles: int
+    compile_bound: int
+    baseline_runs: int
+    left_out_diverging_on_ort: int
+    seconds: float
+
+
+class LocalizationMethod(TypedDict):
+    """How a divergence was localized, where no search cost is kept (``divergence.localized_by``)."""
+
+    method: str
+
+
+class LocalizationFields(TypedDict, total=False):
+    """The fields a localization adds to a row's ``divergence``: how it was localized, what that means, and (the
+    fused search on OpenVINO) the executed layer holding the node."""
+
+    localized_by: FusedSearchCost | LocalizationMethod
+    note: str
+    fused_layer: ExecutedLayer | None
+
+
 @dataclass
 class FusedSearch:
     """What the bisection cost and found."""
@@ -93,7 +120,7 @@ class FusedSearch:
     layer: ExecutedLayer | None = None
     layers: dict[int, list[ExecutedLayer]] = field(default_factory=dict)
 
-    def cost(self) -> dict[str, Any]:
+    def cost(self) -> FusedSearchCost:
         return {"method": "prefix bisection", "cuts": self.cuts, "compiles": self.compiles,
                 "compile_bound": 1 + math.ceil(math.log2(max(self.cuts, 1))),
                 "baseline_runs": self.baseline_runs, "left_out_diverging_on_ort": self.left_out,
@@ -101,7 +128,7 @@ class FusedSearch:
 
 
 def locate_fused(localizer: Localizer, candidate_path: Path, target: str, feeds: dict[int, dict[str, np.ndarray]],
-                 *, tolerance: Tolerance, pin_f32: bool) -> tuple[Divergence | None, dict[str, Any], str]:
+                 *, tolerance: Tolerance, pin_f32: bool) -> tuple[Divergence | None, LocalizationFields, str]:
     """The first node whose output diverges on ``target`` with its fusions kept: the divergence, what the search
     cost (and the fused layer holding the node, on OpenVINO), or None and why not."""
     started = time.perf_counter()
@@ -110,7 +137,7 @@ def locate_fused(localizer: Localizer, candidate_path: Path, target: str, feeds:
         work = Path(folder)
         divergence, why = _search(localizer, candidate_path, target, feeds, tolerance, pin_f32, search, work)
     search.seconds = time.perf_counter() - started
-    found = {"localized_by": search.cost(), "note": FUSED_NOTE}
+    found: LocalizationFields = {"localized_by": search.cost(), "note": FUSED_NOTE}
     if divergence is not None:
         found["fused_layer"] = search.layer
     return divergence, found, why
@@ -286,12 +313,12 @@ def _fused_layer(layers: list[ExecutedLayer], node: str, candidate: onnx.ModelPr
 
 def refine(localizer: Localizer, candidate_path: Path, target: str, feeds: dict[int, dict[str, np.ndarray]],
            located: Divergence | None, why: str, *, tolerance: Tolerance,
-           pin_f32: bool) -> tuple[Divergence | None, dict[str, Any], str]:
+           pin_f32: bool) -> tuple[Divergence | None, LocalizationFields, str]:
     """The instrumented search's answer, or the fused search's where that one cannot be trusted: nothing found
     (exposing the tensors may have undone the fusion at fault), or a node that diverges on ort:cpu as well (plain
     quantization error, not what fails on this target).  Returns the divergence, the fields its record adds
     (``note``, and ``localized_by``/``fused_layer`` from the fused search), and why nothing was found."""
-    instrumented = {"note": INSTRUMENTED_NOTE, "localized_by": {"method": "intermediates exposed"}}
+    instrumented: LocalizationFields = {"note": INSTRUMENTED_NOTE, "localized_by": {"method": "intermediates exposed"}}
     runtime = target.split(":", 1)[0]
     if runtime == "reference":  # qdeploy's own evaluator runs node by node: nothing fuses
         return located, instrumented, why

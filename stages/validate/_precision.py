@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 from qdeploy.core.rows import ValidationRow
 from qdeploy.stages.accuracy_budget.precision import pinned_fallback
 from qdeploy.stages.validate._common import Outcome
+from qdeploy.targets.base import ExecutionInfoDict
 from qdeploy.targets.cpu_facts import default_hint, pins_after, short_precision
 
-__all__ = ["REDUCED_ARTIFACTS", "attempt_record", "default_attempt_hint", "device_default_basis", "pinned_candidates",
-           "read_back_precision", "with_pinned_fallback"]
+__all__ = ["REDUCED_ARTIFACTS", "PrecisionAttempt", "attempt_record", "default_attempt_hint", "device_default_basis",
+           "pinned_candidates", "read_back_precision", "with_pinned_fallback"]
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,19 @@ Attempt = Callable[[str], Outcome]
 """Runs and compares the artifact pinned to one INFERENCE_PRECISION_HINT."""
 
 
-def read_back_precision(executed: dict[str, Any] | None) -> str | None:
+class PrecisionAttempt(TypedDict):
+    """One setting tried (a row's ``precision_attempts[]``): 'default' or the pinned hint, what ran, its verdict."""
+
+    setting: str
+    ran: str | None
+    status: str
+    passed: bool
+    metrics: dict[str, float | int | None]
+    reason: str
+    tolerance: dict[str, float | str] | None
+
+
+def read_back_precision(executed: ExecutionInfoDict | None) -> str | None:
     """The inference precision OpenVINO read back ('f32', 'bf16', 'f16'), or None when unknown."""
     return short_precision((executed or {}).get("precision"))
 
@@ -57,7 +70,7 @@ DEVICE_DEFAULT_BASIS = ("held to the {basis} default tolerance: the float32 mode
                         "({ran}), what deploying it without quantizing gives")
 
 
-def device_default_basis(target: str, executed: dict[str, Any] | None) -> tuple[str, str]:
+def device_default_basis(target: str, executed: ExecutionInfoDict | None) -> tuple[str, str]:
     """The precision whose default tolerance the device-default row is held to (what really ran: bf16, f16, else
     fp32), and the row's note saying so."""
     ran = read_back_precision(executed) or "f32"
@@ -65,13 +78,13 @@ def device_default_basis(target: str, executed: dict[str, Any] | None) -> tuple[
     return basis, DEVICE_DEFAULT_BASIS.format(basis=basis, target=target, ran=ran)
 
 
-def pinned_candidates(target: str, executed: dict[str, Any] | None) -> list[str]:
+def pinned_candidates(target: str, executed: ExecutionInfoDict | None) -> list[str]:
     """Pinned precisions worth trying after the default ran as ``executed`` says
     (``qdeploy.targets.cpu_facts.pins_after``)."""
     return pins_after(target, (executed or {}).get("precision"))
 
 
-def attempt_record(setting: str, row: ValidationRow) -> dict[str, Any]:
+def attempt_record(setting: str, row: ValidationRow) -> PrecisionAttempt:
     """One attempt as the row keeps it: the setting ('default' or the pinned hint), what ran, its verdict."""
     return {"setting": setting, "ran": read_back_precision(row.execution), "status": row.status,
             "passed": row.status == "passed", "metrics": row.metrics.to_json(), "reason": row.reason,

@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 LABEL_KEYS = ("label", "labels")
 _FIELD = "validate.metric"
 
-TaskMetric = Callable[[dict[str, Any], Any], Any]
+TaskMetric = Callable[[dict[str, np.ndarray], Any], Any]
+"""A user's metric: (outputs by name, the labels) -> the value."""
 
 
 def check_metric(spec: str, resolve: Callable[[str], Path], field: str = _FIELD) -> None:

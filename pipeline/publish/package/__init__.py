@@ -33,6 +33,15 @@ from qdeploy.core.report import Report, as_report
 from qdeploy.core.rows import BenchmarkRow, ValidationRow
 from qdeploy.core.runtimes import artifact_of
 from qdeploy.pipeline.publish.package import check as package_check
+from qdeploy.pipeline.publish.package.check import (
+    PackageCheck,
+    PackageLatency,
+    PackageManifest,
+    PackageModel,
+    PackageRun,
+    PackageRuntime,
+    PackageTensor,
+)
 from qdeploy.pipeline.publish.package.data import CheckData, save_samples
 from qdeploy.pipeline.publish.package.provenance import FROM_REPORT, recorded_tolerances
 from qdeploy.pipeline.publish.store import sha256_file
@@ -75,7 +84,7 @@ class PackageSource:
     tolerances: dict[str, dict[str, float]] | None = None
     """Output -> limits, computed from the run's recipe (``provenance.recipe_tolerances``); None: the row's."""
     tolerances_from: str | None = None
-    run: dict[str, Any] | None = None
+    run: PackageRun | None = None
     """The run this package comes from: its folder and the sha256 of its report.json (``made_by.run``)."""
 
 
@@ -173,7 +182,7 @@ def _write_contents(source: PackageSource, folder: Path, check: CheckData, ort_o
     write_manifest(folder, manifest_body(source, model, settings, check_record))
 
 
-def write_openvino(onnx_path: Path, folder: Path, *, compress_to_fp16: bool) -> dict[str, Any]:
+def write_openvino(onnx_path: Path, folder: Path, *, compress_to_fp16: bool) -> PackageModel:
     """IR via save_model.  compress_to_fp16 defaults to True in OpenVINO, which turns an fp32 artifact's weights
     into fp16 (the demo's logits then differ by 0.02, SNR 51.6 dB < fp32's 60): only fp16 variants get it."""
     import openvino
@@ -185,14 +194,14 @@ def write_openvino(onnx_path: Path, folder: Path, *, compress_to_fp16: bool) -> 
             **({"rewritten": rewritten} if rewritten else {})}
 
 
-def write_ort(onnx_path: Path, external: list[str], folder: Path, *, optimized: bool) -> dict[str, Any]:
+def write_ort(onnx_path: Path, external: list[str], folder: Path, *, optimized: bool) -> PackageModel:
     """The validated ONNX file byte for byte (external data beside it), and on request an EXTENDED-level
     optimized copy.  Never ALL: ORT_ENABLE_ALL adds NCHWc layouts whose block size depends on the CPU (ORT warns
     the file is not portable); the EXTENDED file is loaded again at ALL so layout transforms run on the server."""
     shutil.copyfile(onnx_path, folder / "model.onnx")
     for name in external:
         shutil.copyfile(onnx_path.parent / name, folder / name)
-    record: dict[str, Any] = {"file": "model.onnx", "format": "ONNX", "external_data": list(external)}
+    record: PackageModel = {"file": "model.onnx", "format": "ONNX", "external_data": list(external)}
     if optimized:
         import onnxruntime as ort
 
@@ -206,7 +215,7 @@ def write_ort(onnx_path: Path, external: list[str], folder: Path, *, optimized: 
     return record
 
 
-def runtime_settings(source: PackageSource) -> dict[str, Any]:
+def runtime_settings(source: PackageSource) -> PackageRuntime:
     """How to load the package: what validation ran, read back, never a runtime default that could differ on
     another CPU (OpenVINO would pick bf16 on CPUs that have it unless told the precision that was validated)."""
     runtime, device = source.target.split(":", 1)
@@ -214,7 +223,8 @@ def runtime_settings(source: PackageSource) -> dict[str, Any]:
     bench_settings = source.benchmark.settings if source.benchmark else None
     threads = source.benchmark.threads if source.benchmark else None
     if runtime == "openvino":
-        properties: dict[str, Any] = {"PERFORMANCE_HINT": (bench_settings or {}).get("PERFORMANCE_HINT", "LATENCY")}
+        hint = (bench_settings or {}).get("PERFORMANCE_HINT", "LATENCY")
+        properties: dict[str, str | int] = {"PERFORMANCE_HINT": hint}
         pinned = source.validation.deploy_precision
         if pinned or execution.get("precision"):
             properties["INFERENCE_PRECISION_HINT"] = pinned or execution["precision"]
@@ -234,7 +244,7 @@ def runtime_settings(source: PackageSource) -> dict[str, Any]:
             "validated_with": execution.get("providers"), "benchmarked_with": bench_settings}
 
 
-def _pinned_record(validation: ValidationRow) -> dict[str, Any]:
+def _pinned_record(validation: ValidationRow) -> PackageRuntime:
     """Why runtime.json pins a precision the device would not pick: its default missed the tolerance."""
     if not validation.deploy_precision:
         return {}
@@ -246,11 +256,11 @@ def _pinned_record(validation: ValidationRow) -> dict[str, Any]:
         "attempts": validation.precision_attempts}}
 
 
-def _write_check(folder: Path, check: CheckData, source: PackageSource) -> dict[str, Any]:
+def _write_check(folder: Path, check: CheckData, source: PackageSource) -> PackageCheck:
     tolerances = recorded_tolerances(source.validation) if source.tolerances is None else source.tolerances
-    record: dict[str, Any] = {"samples": check.samples, "compares_with": check.source, "tolerances": tolerances,
-                              "tolerances_from": source.tolerances_from or FROM_REPORT,
-                              "note": "the limits validation held this artifact to, here over the check samples"}
+    record: PackageCheck = {"samples": check.samples, "compares_with": check.source, "tolerances": tolerances,
+                            "tolerances_from": source.tolerances_from or FROM_REPORT,
+                            "note": "the limits validation held this artifact to, here over the check samples"}
     if not check.samples:
         return {**record, "samples": 0, "left_out": check.left_out or "no check data"}
     (folder / "check").mkdir()
@@ -259,8 +269,8 @@ def _write_check(folder: Path, check: CheckData, source: PackageSource) -> dict[
     return {**record, "inputs": "check/inputs.npz", "reference": "check/reference.npz"}
 
 
-def manifest_body(source: PackageSource, model: dict[str, Any], settings: dict[str, Any],
-                  check: dict[str, Any]) -> dict[str, Any]:
+def manifest_body(source: PackageSource, model: PackageModel, settings: PackageRuntime,
+                  check: PackageCheck) -> PackageManifest:
     report, validation, bench = source.report, source.validation, source.benchmark
     environment = report.environment
     versions = environment.versions if environment else {}
@@ -288,14 +298,14 @@ def manifest_body(source: PackageSource, model: dict[str, Any], settings: dict[s
     }
 
 
-def _latency_record(bench: BenchmarkRow) -> dict[str, Any]:
+def _latency_record(bench: BenchmarkRow) -> PackageLatency:
     return {"latency_ms": bench.latency_ms.to_json() if bench.latency_ms else None,
             "throughput_per_s": bench.throughput_per_s, "batch_size": bench.batch_size, "noisy": bench.noisy,
             "mode": bench.mode, "speedup": bench.speedup, "speedup_range": bench.speedup_range,
             "threads": bench.threads}
 
 
-def write_manifest(folder: Path, body: dict[str, Any]) -> None:
+def write_manifest(folder: Path, body: PackageManifest) -> None:
     """The manifest with the sha256 and size of every other file of the folder."""
     files = {path.relative_to(folder).as_posix(): {"sha256": package_check.sha256_file(path),
                                                    "size_bytes": path.stat().st_size}
@@ -323,7 +333,7 @@ outputs = dict(zip({OUTPUTS}, session.run({OUTPUTS}, {INPUTS})))
 }
 
 
-def snippet(runtime: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> str:
+def snippet(runtime: str, inputs: list[PackageTensor], outputs: list[PackageTensor]) -> str:
     """Load-and-run code for the package's runtime, fed with zeros of the declared shapes (1 for free dims)."""
     feeds = ", ".join(f'"{spec["name"]}": np.zeros({[d if isinstance(d, int) else 1 for d in spec["shape"] or []]}, '
                       f'np.{package_check.NUMPY_TYPES.get(spec["type"]) or spec["type"]})' for spec in inputs)

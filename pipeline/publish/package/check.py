@@ -21,18 +21,181 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
-__all__ = ["MANIFEST", "NUMPY_TYPES", "QDEPLOY_MODULES", "SNR_CAP_DB", "Runner", "cast_feed", "check_outputs",
-           "check_package", "load_samples", "main", "model_files", "openvino_runner", "ort_runner", "output_metrics",
-           "precision_word", "say", "sha256_file", "verify_files"]
+__all__ = ["MANIFEST", "NUMPY_TYPES", "QDEPLOY_MODULES", "SNR_CAP_DB", "CheckedOutput", "PackageArtifactFile",
+           "PackageCheck", "PackageFileRecord", "PackageLatency", "PackageMadeBy", "PackageManifest", "PackageModel",
+           "PackageOptimizedModel", "PackagePinned", "PackageRun", "PackageRuntime", "PackageSessionOptions",
+           "PackageTensor", "PackageValidation", "Runner", "cast_feed", "check_outputs", "check_package",
+           "load_samples", "main", "model_files", "openvino_runner", "ort_runner", "output_metrics", "precision_word",
+           "say", "sha256_file", "verify_files"]
 
 QDEPLOY_MODULES = ("qdeploy", "pipeline", "stages", "calibration")
 SNR_CAP_DB = 200.0
 MANIFEST = "manifest.json"
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+# The records of manifest.json and runtime.json (this file is their one definition; qdeploy writes them).
+class PackageFileRecord(TypedDict):
+    """A file of the package as manifest.json lists it (``files``)."""
+
+    sha256: str
+    size_bytes: int
+
+
+class PackageTensor(TypedDict):
+    """A model input or output: name, element type, shape (symbolic dimensions as names)."""
+
+    name: str
+    type: str
+    shape: list[int | str] | None
+
+
+class PackageOptimizedModel(TypedDict):
+    """``model.optimized``: the opt-in EXTENDED-level ONNX Runtime copy."""
+
+    file: str
+    level: str
+    load_with: str
+    onnxruntime: str
+
+
+class PackageModel(TypedDict, total=False):
+    """manifest.json's ``model``: the model file and how it was made from the validated ONNX file."""
+
+    file: str
+    format: str
+    weights: str
+    compress_to_fp16: bool
+    converted_with: str
+    rewritten: list[str]
+    external_data: list[str]
+    optimized: PackageOptimizedModel
+    optimized_left_out: str
+
+
+class PackageSessionOptions(TypedDict):
+    """runtime.json's ONNX Runtime ``session_options``."""
+
+    graph_optimization_level: str
+    intra_op_num_threads: int
+    execution_mode: str
+
+
+class PackagePinned(TypedDict):
+    """runtime.json's ``precision_pinned``: why a precision the device would not pick is pinned."""
+
+    INFERENCE_PRECISION_HINT: str
+    why: str
+    attempts: list[dict[str, Any]] | None
+
+
+class PackageRuntime(TypedDict, total=False):
+    """runtime.json: how validation loaded the model (OpenVINO device and properties, or ORT providers)."""
+
+    runtime: str
+    device: str
+    properties: dict[str, str | int]
+    providers: list[str]
+    provider_options: list[dict[str, str]]
+    session_options: PackageSessionOptions
+    validated_with: str | list[str] | None
+    benchmarked_with: dict[str, Any] | None
+    precision_pinned: PackagePinned
+
+
+class PackageCheck(TypedDict, total=False):
+    """manifest.json's ``check``: the samples, the reference outputs and the limits they are held to."""
+
+    samples: int
+    compares_with: str
+    tolerances: dict[str, dict[str, float]]
+    tolerances_from: str
+    note: str
+    left_out: str
+    inputs: str
+    reference: str
+
+
+class PackageRun(TypedDict, total=False):
+    """``made_by.run``: the run a package comes from, its folder and the sha256 of its report.json."""
+
+    folder: str
+    report: str
+    report_sha256: str | None
+    why: str
+
+
+class PackageArtifactFile(TypedDict):
+    file: str
+    sha256: str
+
+
+class PackageMadeBy(TypedDict):
+    recipe: str
+    run_created: str
+    run: PackageRun | None
+    artifact: PackageArtifactFile
+    cpu: str | None
+    int8_path: str | None
+    versions: dict[str, str | None]
+
+
+class PackageValidation(TypedDict, total=False):
+    status: str
+    metrics: dict[str, float | None]
+    tolerance: dict[str, float] | None
+    samples: int | None
+    effective_precision: str | None
+    warnings: list[str]
+    deploy_precision: str
+
+
+class PackageLatency(TypedDict):
+    latency_ms: dict[str, float | list[float] | None] | None
+    throughput_per_s: float | None
+    batch_size: int
+    noisy: bool | None
+    mode: str | None
+    speedup: float | None
+    speedup_range: list[float] | None
+    threads: int | None
+
+
+class PackageManifest(TypedDict, total=False):
+    """manifest.json."""
+
+    format_version: int
+    target: str
+    variant: str
+    precision: str | None
+    runtime: str
+    runtime_version: str | None
+    qdeploy_version: str | None
+    made_by: PackageMadeBy
+    model: PackageModel
+    inputs: list[PackageTensor]
+    outputs: list[PackageTensor]
+    load: PackageRuntime
+    validation: PackageValidation
+    latency: PackageLatency | None
+    check: PackageCheck
+    snippet: str
+    portability: str
+    files: dict[str, PackageFileRecord]
+
+
+class CheckedOutput(TypedDict, total=False):
+    """One output's metrics over the check samples (``top1_agreement`` where its limits ask for it)."""
+
+    max_abs_err: float
+    cosine: float
+    snr_db: float
+    nonfinite: int
+    top1_agreement: float
 
 
 def sha256_file(path: Path) -> str:
@@ -58,7 +221,7 @@ def outside(folder: Path, name: str) -> str | None:
     return None
 
 
-def verify_files(folder: Path, manifest: dict[str, Any]) -> list[str]:
+def verify_files(folder: Path, manifest: PackageManifest) -> list[str]:
     """One problem per file that is missing or whose sha256 or size differs from the manifest; files that are
     in the folder but not in the manifest are problems too (a package is exactly what its manifest lists).
     Every name the manifest uses (files, model, check data) must stay inside the folder."""
@@ -83,7 +246,7 @@ def verify_files(folder: Path, manifest: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _named_by(manifest: dict[str, Any]) -> list[str]:
+def _named_by(manifest: PackageManifest) -> list[str]:
     """The files the check opens: the model files and the check data."""
     check = manifest.get("check") or {}
     return [*model_files(manifest), *(check[key] for key in ("inputs", "reference") if check.get(key))]
@@ -102,7 +265,7 @@ def load_samples(path: Path) -> list[dict[str, np.ndarray]]:
 NUMPY_TYPES = {"float": "float32", "double": "float64", "bfloat16": None, "string": None}
 
 
-def cast_feed(feed: dict[str, np.ndarray], inputs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+def cast_feed(feed: dict[str, np.ndarray], inputs: list[PackageTensor]) -> dict[str, np.ndarray]:
     """A sample in the element types the package's model declares (an fp16 model may take float16)."""
     types = {spec["name"]: NUMPY_TYPES.get(spec["type"], spec["type"]) for spec in inputs}
     return {name: value.astype(types[name]) if types.get(name) else value for name, value in feed.items()}
@@ -119,7 +282,8 @@ def precision_word(hint: Any) -> str:
     return PRECISION_WORDS.get(word.lower(), word)
 
 
-def openvino_runner(folder: Path, runtime: dict[str, Any], model_file: str, outputs: list[str]) -> tuple[Runner, str]:
+def openvino_runner(folder: Path, runtime: PackageRuntime, model_file: str,
+                    outputs: list[str]) -> tuple[Runner, str]:
     import openvino as ov
 
     compiled = ov.Core().compile_model(str(folder / model_file), runtime["device"], runtime["properties"])
@@ -141,7 +305,7 @@ def openvino_runner(folder: Path, runtime: dict[str, Any], model_file: str, outp
     return run, said
 
 
-def ort_runner(folder: Path, runtime: dict[str, Any], model_file: str, outputs: list[str]) -> tuple[Runner, str]:
+def ort_runner(folder: Path, runtime: PackageRuntime, model_file: str, outputs: list[str]) -> tuple[Runner, str]:
     import onnxruntime as ort
 
     settings = runtime["session_options"]
@@ -161,7 +325,7 @@ def ort_runner(folder: Path, runtime: dict[str, Any], model_file: str, outputs: 
 
 
 def output_metrics(reference: list[np.ndarray], candidate: list[np.ndarray],
-                   limits: dict[str, float]) -> tuple[dict[str, Any], list[str]]:
+                   limits: dict[str, float]) -> tuple[CheckedOutput, list[str]]:
     """Metrics of one output over all samples (float64, flattened, as qdeploy's validation) and broken limits."""
     if any(r.shape != c.shape for r, c in zip(reference, candidate, strict=True)):
         return {}, [f"shape {[list(c.shape) for c in candidate]} where the reference has "
@@ -172,8 +336,8 @@ def output_metrics(reference: list[np.ndarray], candidate: list[np.ndarray],
     finite = np.isfinite(ref) & np.isfinite(got)
     ref, got = ref[finite], got[finite]
     err = np.abs(got - ref)
-    found: dict[str, Any] = {"max_abs_err": float(err.max()) if err.size else 0.0,
-                             "cosine": _cosine(ref, got), "snr_db": _snr_db(ref, err), "nonfinite": nonfinite}
+    found: CheckedOutput = {"max_abs_err": float(err.max()) if err.size else 0.0,
+                            "cosine": _cosine(ref, got), "snr_db": _snr_db(ref, err), "nonfinite": nonfinite}
     problems = [f"{nonfinite} NaN/Inf values"] if nonfinite else []
     if reference[0].dtype.kind != "f":
         if not np.array_equal(ref, got):
@@ -183,7 +347,7 @@ def output_metrics(reference: list[np.ndarray], candidate: list[np.ndarray],
     return found, problems
 
 
-def _broken_limits(found: dict[str, Any], limits: dict[str, float], ref: np.ndarray, err: np.ndarray,
+def _broken_limits(found: CheckedOutput, limits: dict[str, float], ref: np.ndarray, err: np.ndarray,
                    reference: list[np.ndarray], candidate: list[np.ndarray]) -> list[str]:
     problems = []
     if "cosine_min" in limits and found["cosine"] < limits["cosine_min"]:
@@ -223,7 +387,7 @@ def _snr_db(ref: np.ndarray, err: np.ndarray) -> float:
     return float(np.clip(10.0 * math.log10(signal / noise), -SNR_CAP_DB, SNR_CAP_DB))
 
 
-def check_outputs(folder: Path, run: Runner, manifest: dict[str, Any], say: Callable[[str], None]) -> list[str]:
+def check_outputs(folder: Path, run: Runner, manifest: PackageManifest, say: Callable[[str], None]) -> list[str]:
     """Run the check samples and hold every output to its validated limits."""
     check = manifest["check"]
     feeds = load_samples(folder / check["inputs"])
@@ -244,7 +408,7 @@ def check_outputs(folder: Path, run: Runner, manifest: dict[str, Any], say: Call
     return problems
 
 
-def model_files(manifest: dict[str, Any]) -> list[str]:
+def model_files(manifest: PackageManifest) -> list[str]:
     model = manifest.get("model") or {}
     return [*([model["file"]] if model.get("file") else []),
             *([model["optimized"]["file"]] if model.get("optimized") else [])]

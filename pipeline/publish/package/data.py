@@ -13,7 +13,7 @@ import logging
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -84,7 +84,7 @@ def _nbytes(samples: Samples) -> int:
 
 def write_check_data(path: Path, data: CheckData) -> None:
     """One .npz: 'input/<i>/<name>' and 'reference/<i>/<name>' arrays, plus why it is empty when it is."""
-    arrays: dict[str, Any] = {"meta/source": np.array(data.source), "meta/left_out": np.array(data.left_out)}
+    arrays: dict[str, np.ndarray] = {"meta/source": np.array(data.source), "meta/left_out": np.array(data.left_out)}
     for kind, samples in (("input", data.feeds), ("reference", data.reference)):
         for index, sample in enumerate(samples):
             arrays.update({f"{kind}/{index}/{name}": value for name, value in sample.items()})

@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.report import Report, as_report
 from qdeploy.core.report_parts import Packages
@@ -29,6 +29,7 @@ from qdeploy.pipeline.publish.package import (
     package_name,
     source_from_report,
 )
+from qdeploy.pipeline.publish.package.check import PackageRun
 from qdeploy.pipeline.publish.package.data import (
     CHECK_FILE,
     CheckData,
@@ -40,6 +41,9 @@ from qdeploy.pipeline.publish.package.provenance import FROM_RECIPE, recipe_tole
 from qdeploy.pipeline.publish.published import write_recipe_snapshot
 from qdeploy.pipeline.publish.store import sha256_file
 from qdeploy.pipeline.publish.verify import recipe_snapshot, verify_published
+
+if TYPE_CHECKING:
+    from qdeploy.core.context import Artifact
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +68,7 @@ def _report_targets(report: Report) -> list[str]:
     return list(dict.fromkeys(row.target for row in report.validation))
 
 
-def write_run_packages(report: Report, recipe: Any, evaluated: dict[str, Any], generation: Path,
+def write_run_packages(report: Report, recipe: Any, evaluated: dict[str, Artifact], generation: Path,
                        targets: list[str], stable_root: Path) -> Packages:
     """Check data and the packages of a finished run into its generation; the report's 'packages' record.
 
@@ -107,7 +111,7 @@ RUN_TIME_PACKAGE = ("made by the run itself, before its report.json existed: rep
                     "records this manifest's sha256 instead")
 
 
-def _traced(source: PackageSource, snapshot: dict[str, Any] | None, run: dict[str, Any]) -> PackageSource:
+def _traced(source: PackageSource, snapshot: dict[str, Any] | None, run: PackageRun) -> PackageSource:
     """The source with the run it comes from and its tolerances computed from the run's recipe (or, for a run
     that stored no recipe snapshot, report.json's, said so in the manifest)."""
     source.run = run
@@ -135,12 +139,12 @@ def package_from_run(run_dir: Path, target: str, variants: list[str] | None, out
         raise PackageError(f"{label}: not a report qdeploy wrote (a JSON {type(parsed).__name__}, not an object)",
                            input_error=True)
     report = as_report(parsed, label)  # the whole report, parsed before any of it is used
-    run = {"folder": str(report_path.parent.resolve()), "report": report_path.name,
-           "report_sha256": hashlib.sha256(data).hexdigest()}
+    run: PackageRun = {"folder": str(report_path.parent.resolve()), "report": report_path.name,
+                       "report_sha256": hashlib.sha256(data).hexdigest()}
     return _package_report(report, report_path, run, target, variants, out_dir, ort_optimized)
 
 
-def _package_report(report: Report, report_path: Path, run: dict[str, Any], target: str,
+def _package_report(report: Report, report_path: Path, run: PackageRun, target: str,
                     variants: list[str] | None, out_dir: Path, ort_optimized: bool) -> list[Path]:
     run_dir = report_path.parent
     targets = _report_targets(report)

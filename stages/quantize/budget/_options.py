@@ -4,12 +4,12 @@ labels, the time limit, and the timing sources of latency-aware reverting."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from qdeploy.core.runtimes import runtime_of_target
-from qdeploy.stages.accuracy_budget.latency import timing_sources
+from qdeploy.stages.accuracy_budget.latency import TimingSource, timing_sources
 from qdeploy.stages.quantize._config_fields import TaskTolerance
-from qdeploy.stages.task_metric import labels_missing, task_for
+from qdeploy.stages.task_metric import Task, labels_missing, task_for
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -18,14 +18,22 @@ if TYPE_CHECKING:
 
 FIELD = "quantize.tolerance.metric"
 
-__all__ = ["FIELD", "budget_options", "labels_missing"]
+__all__ = ["FIELD", "BudgetKeywords", "budget_options", "labels_missing"]
+
+
+class BudgetKeywords(TypedDict, total=False):
+    """``meet_budget``'s keywords beyond the tolerance that the stage's config decides."""
+
+    max_seconds: float | None
+    timing: list[TimingSource]
+    task: Task
 
 
 def budget_options(config: Any, ctx: StageContext, model: Path, dataset: str | None, samples: int,
-                   runtime: str | None = None) -> dict[str, Any]:
+                   runtime: str | None = None) -> BudgetKeywords:
     """The engine's ``meet_budget`` keywords for ``config``: ``task`` (the metric function and one label per budget
     sample), ``max_seconds`` and ``timing`` (the targets' timing sources when ``budget.weigh_latency``)."""
-    options: dict[str, Any] = {"max_seconds": config.budget.max_seconds}
+    options = BudgetKeywords(max_seconds=config.budget.max_seconds)
     if config.budget.weigh_latency:
         targets: Sequence[str] = [name for name in ctx.targets
                                      if runtime is None or runtime_of_target(name) == runtime]

@@ -26,11 +26,11 @@ import numpy as np
 from qdeploy.core.errors import StageError
 from qdeploy.graph.edit import AI_ONNX_DOMAINS
 from qdeploy.graph.external_data import save_onnx
-from qdeploy.stages.quantize.findings import LoweringNotes
+from qdeploy.stages.quantize.findings import ActivationMiss, LoweringNotes, LoweringVerification, RefusedSite
 from qdeploy.stages.quantize.lower import _ops as quantize_lower_ops
 from qdeploy.stages.quantize.lower import _patterns as quantize_lower_patterns
 from qdeploy.stages.quantize.lower import _qdq as quantize_lower_qdq
-from qdeploy.stages.quantize.lower._base import ActivationCheck, LoweringEditor, RefusedSite, Rule, SiteRecord
+from qdeploy.stages.quantize.lower._base import ActivationCheck, LoweringEditor, Rule, SiteRecord
 from qdeploy.stages.quantize.lower._grid import Refused
 
 if TYPE_CHECKING:
@@ -187,10 +187,10 @@ def _findings(sites: list[SiteRecord], refused: list[RefusedSite]) -> LoweringNo
 
 
 def verify_on_data(model: onnx.ModelProto, checks: list[ActivationCheck], feeds: Iterable[dict[str, np.ndarray]],
-                   work_dir: Path, variant: str) -> dict[str, Any]:
+                   work_dir: Path, variant: str) -> LoweringVerification:
     """Run the lowered model in ONNX Runtime; each lowered activation must match its reference within one step."""
     if not checks:
-        return {"samples": 0, "checked": 0, "note": "no lowered activations to check"}
+        return LoweringVerification(samples=0, checked=0, note="no lowered activations to check")
     session, names = _probe(model, checks, work_dir, variant)
     worst: dict[int, float] = {}
     samples = 0
@@ -200,11 +200,11 @@ def verify_on_data(model: onnx.ModelProto, checks: list[ActivationCheck], feeds:
             error = float(np.max(np.abs(check.reference(values[check.x]) - values[check.y]), initial=0.0))
             worst[index] = max(worst.get(index, 0.0), error)
         samples += 1
-    failures = [{"tensor": check.y, "rule": check.rule, "max_error": worst[index], "step": check.step,
-                 "reported_difference": check.max_difference}
+    failures = [ActivationMiss(tensor=check.y, rule=check.rule, max_error=worst[index], step=check.step,
+                               reported_difference=check.max_difference)
                 for index, check in enumerate(checks) if worst.get(index, 0.0) > _allowed(check)]
     steps = max((worst[index] / check.step for index, check in enumerate(checks) if index in worst), default=0.0)
-    result = {"samples": samples, "checked": len(checks), "max_error_steps": steps, "failures": failures}
+    result = LoweringVerification(samples=samples, checked=len(checks), max_error_steps=steps, failures=failures)
     if failures:
         raise StageError(STAGE, variant, f"lowered fake-quant differs from its reference by more than one step: "
                                          f"{failures[:5]}")

@@ -44,14 +44,6 @@ class SiteRecord(TypedDict, total=False):
     """An observer's first scales."""
 
 
-class RefusedSite(TypedDict):
-    """A match a rule's check (or its replacement) refused, and why (``findings.refused[]``)."""
-
-    rule: str
-    nodes: list[str]
-    reason: str
-
-
 @dataclass
 class Match:
     """Nodes a pattern matched (the anchor first), its data input and the value it produces."""

@@ -73,7 +73,7 @@ class _NodeList(list):  # type: ignore[type-arg]
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._index: dict[str, Any] | None = None
+        self._index: dict[str, onnx.NodeProto] | None = None
 
     def lookup(self, name: str) -> Any:
         if self._index is None:

@@ -16,13 +16,13 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import save_with_data_file
 from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.graph.utils import default_opset, subgraphs
-from qdeploy.stages.quantize.findings import PreparedNotes
+from qdeploy.stages.quantize.findings import PreparedNotes, SubgraphLeftFloat
 from qdeploy.stages.quantize.ptq._bias import vector_gemm_biases
 from qdeploy.stages.quantize.ptq._preprocess import onnx_shapes, optimize_file, symbolic_shapes, tag_pre_processed
 
@@ -160,7 +160,7 @@ def _at_least_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
         return model, f"stays {opset}: conversion to {MIN_OPSET} failed ({type(exc).__name__}: {exc})"
 
 
-def subgraph_nodes(model: onnx.ModelProto) -> list[dict[str, Any]]:
+def subgraph_nodes(model: onnx.ModelProto) -> list[SubgraphLeftFloat]:
     """Main-graph nodes that hold subgraphs, with how many nodes their bodies have."""
     import onnx
 
@@ -169,8 +169,8 @@ def subgraph_nodes(model: onnx.ModelProto) -> list[dict[str, Any]]:
         bodies = [attr.g for attr in node.attribute if attr.type == onnx.AttributeProto.GRAPH]
         bodies += [g for attr in node.attribute if attr.type == onnx.AttributeProto.GRAPHS for g in attr.graphs]
         if bodies:
-            found.append({"node": node.name, "op_type": node.op_type,
-                          "body_nodes": sum(len(body.node) for body in bodies)})
+            found.append(SubgraphLeftFloat(node=node.name, op_type=node.op_type,
+                                           body_nodes=sum(len(body.node) for body in bodies)))
     return found
 
 

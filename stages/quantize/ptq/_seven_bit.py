@@ -21,6 +21,7 @@ import numpy as np
 from qdeploy.core.compare import compare_outputs
 from qdeploy.core.tolerance import Tolerance
 from qdeploy.graph.external_data import needs_external_data
+from qdeploy.stages.quantize.findings import SevenBitComparison, SevenBitMeasure
 
 if TYPE_CHECKING:
     import onnx
@@ -37,22 +38,22 @@ Builder = Callable[[list[str]], "onnx.ModelProto"]
 
 
 def choose_seven_bit(builders: dict[str, Builder], float_model: Path, feeds: list[Feeds],
-                     work_dir: Path) -> tuple[str, dict[str, Any]]:
+                     work_dir: Path) -> tuple[str, SevenBitComparison]:
     """The name of the builder whose fully quantized model is closest to float32, and the measurements."""
     feeds = feeds[:CHOICE_SAMPLES]
     reference = _outputs(float_model, feeds)
-    measured: dict[str, dict[str, Any]] = {}
+    measured: dict[str, SevenBitMeasure] = {}
     for name, build in builders.items():
         path = work_dir / f"seven_bit_{name}.onnx"
         _save(build([]), path)
         worst = compare_outputs(reference, _outputs(path, feeds), Tolerance()).worst()
         path.unlink()
-        measured[name] = {"snr_db": _rounded(worst.get("snr_db")), "cosine": _rounded(worst.get("cosine"), 6)}
+        measured[name] = SevenBitMeasure(snr_db=_rounded(worst.get("snr_db")), cosine=_rounded(worst.get("cosine"), 6))
     chosen = "weights"
     if _snr(measured.get("activations")) > _snr(measured.get("weights")) + MARGIN_DB:
         chosen = "activations"
     log.info("quantize: 7-bit %s chosen (%s)", chosen, measured)
-    return chosen, {"compared_on_samples": len(feeds), "measured": measured}
+    return chosen, SevenBitComparison(compared_on_samples=len(feeds), measured=measured)
 
 
 def _outputs(path: Path, feeds: list[Feeds]) -> list[dict[str, np.ndarray]]:
@@ -71,8 +72,8 @@ def _save(model: onnx.ModelProto, path: Path) -> None:
     onnx.save(model, str(path), save_as_external_data=needs_external_data(model))
 
 
-def _snr(measured: dict[str, Any] | None) -> float:
-    value = (measured or {}).get("snr_db")
+def _snr(measured: SevenBitMeasure | None) -> float:
+    value = measured["snr_db"] if measured is not None else None
     return float(value) if value is not None else float("-inf")
 
 

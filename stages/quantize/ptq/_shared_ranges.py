@@ -15,18 +15,26 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
-__all__ = ["shared_calibration"]
+__all__ = ["RangeSettings", "shared_calibration"]
+
+
+class RangeSettings(TypedDict):
+    """The settings calibration's ranges depend on besides the model and the samples (part of the file's key)."""
+
+    op_types: list[str]
+    method: str
+    percentile: float
 
 log = logging.getLogger(__name__)
 
 _FOLDER = "shared-calibration"
 
 
-def shared_calibration(work_dir: Path, float_model: Path, feeds: Callable[[], Any], settings: dict[str, Any],
+def shared_calibration(work_dir: Path, float_model: Path, feeds: Callable[[], Any], settings: RangeSettings,
                        calibrate: Callable[[], tuple[dict[str, tuple[float, float]], Any]]) -> tuple[
                            dict[str, tuple[float, float]], Any]:
     """``calibrate()``'s (ranges, what calibration did), read from this run's earlier build of the same float model,
@@ -51,7 +59,7 @@ def shared_calibration(work_dir: Path, float_model: Path, feeds: Callable[[], An
     return ranges, calibrated
 
 
-def _key(float_model: Path, feeds: Callable[[], Any], settings: dict[str, Any]) -> str:
+def _key(float_model: Path, feeds: Callable[[], Any], settings: RangeSettings) -> str:
     """Hash of the float model's files (the model and its data file), the calibration samples and the settings:
     reading the samples costs far less than running the model on them."""
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())

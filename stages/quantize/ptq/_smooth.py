@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import save_onnx
 from qdeploy.graph.names import unique_node_name
 from qdeploy.graph.utils import delete_where, names_read
+from qdeploy.stages.quantize.findings import SmoothedTensor, SmoothQuantRecord
 
 if TYPE_CHECKING:
     import onnx
@@ -67,23 +68,23 @@ def measure(prepared: Path, feeds: FeedSource, op_types: list[str], excluded: se
 
 
 def smooth(prepared: Path, feeds: FeedSource, alpha: float, op_types: list[str], excluded: set[str],
-           work_dir: Path) -> tuple[Path, dict[str, Any]]:
+           work_dir: Path) -> tuple[Path, SmoothQuantRecord]:
     """The prepared model with its MatMul/Gemm activations smoothed, saved beside it, and what was done."""
     return smoothed_with(measure(prepared, feeds, op_types, excluded, work_dir), alpha, work_dir / "smoothed.onnx")
 
 
-def smoothed_with(measured: AlphaMeasurement, alpha: float, path: Path) -> tuple[Path, dict[str, Any]]:
+def smoothed_with(measured: AlphaMeasurement, alpha: float, path: Path) -> tuple[Path, SmoothQuantRecord]:
     """The measured model smoothed with ``alpha``, saved at ``path`` (the model itself when nothing is smoothed),
     and what was done."""
     if not measured.readers:
-        return measured.path, {"alpha": alpha, "smoothed_tensors": 0,
-                               "note": "no MatMul/Gemm with a constant 2-D weight reads a float activation"}
+        return measured.path, SmoothQuantRecord(
+            alpha=alpha, smoothed_tensors=0, note="no MatMul/Gemm with a constant 2-D weight reads a float activation")
     from onnx import numpy_helper
 
     model = load_model(measured.path)
     readers = _readers(model, measured.op_types, measured.excluded)  # this copy's nodes: each alpha edits its own
     tensors = {init.name: init for init in model.graph.initializer}
-    smoothed: dict[str, dict[str, Any]] = {}
+    smoothed: dict[str, SmoothedTensor] = {}
     for tensor, group in readers.items():
         weights = {r.weight: numpy_helper.to_array(tensors[r.weight]).astype(np.float32) for r in group}
         peaks_of = [np.abs(weights[r.weight]).max(axis=1 - r.in_axis) for r in group]
@@ -91,12 +92,12 @@ def smoothed_with(measured: AlphaMeasurement, alpha: float, path: Path) -> tuple
         if scale is None:
             continue
         _apply(model, tensor, group, scale, weights)
-        smoothed[tensor] = {"nodes": [r.node.name for r in group], "max_scale": float(scale.max()),
-                            "min_scale": float(scale.min())}
+        smoothed[tensor] = SmoothedTensor(nodes=[r.node.name for r in group], max_scale=float(scale.max()),
+                                          min_scale=float(scale.min()))
     _drop_unread(model, {reader.weight for group in readers.values() for reader in group})
     save_onnx(model, path)
-    return path, {"alpha": alpha, "samples": measured.samples, "smoothed_tensors": len(smoothed),
-                  "tensors": smoothed}
+    return path, SmoothQuantRecord(alpha=alpha, samples=measured.samples, smoothed_tensors=len(smoothed),
+                                   tensors=smoothed)
 
 
 def _readers(model: onnx.ModelProto, op_types: list[str], excluded: set[str]) -> dict[str, list[_Reader]]:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
 from qdeploy.graph.external_data import remove_saved, save_onnx
+from qdeploy.stages.quantize.findings import AlphaSearch, AlphaTrial, SmoothQuantRecord
 from qdeploy.stages.quantize.ptq._smooth import AlphaMeasurement, measure, smooth, smoothed_with
 
 if TYPE_CHECKING:
@@ -50,7 +51,8 @@ Build = Callable[[Path], "onnx.ModelProto"]
 
 
 def smoothed_for_ptq(prepared: Path, feeds: Callable[[], Any], config: PtqConfig, op_types: list[str],
-                     excluded: set[str], ctx: StageContext, budget_feeds: list[Feeds]) -> tuple[Path, dict[str, Any]]:
+                     excluded: set[str], ctx: StageContext,
+                     budget_feeds: list[Feeds]) -> tuple[Path, SmoothQuantRecord]:
     """The float model ptq calibrates and quantizes (smoothed with the recipe's alpha, or the searched one) and
     what smoothing did."""
     if config.smooth_quant != "auto":
@@ -78,20 +80,20 @@ def _search_samples(budget_feeds: list[Feeds]) -> list[Feeds]:
 
 
 def search_alpha(measured: AlphaMeasurement, build: Build, samples: list[Feeds], tolerance: Tolerance, work_dir: Path,
-                 *, scored_on: str = "calibration") -> tuple[Path, dict[str, Any]]:
+                 *, scored_on: str = "calibration") -> tuple[Path, SmoothQuantRecord]:
     """The float model of the candidate (no smoothing, or an alpha of ``GRID``) whose quantized model ``build``
     makes is closest to float32 on ``samples`` under ``tolerance``, and what smoothing did with the trials."""
     if not measured.readers:
-        return measured.path, {
-            "alpha": None, "smoothed_tensors": 0,
-            "note": "no MatMul/Gemm with a constant 2-D weight reads a float activation: nothing to search"}
+        return measured.path, SmoothQuantRecord(
+            alpha=None, smoothed_tensors=0,
+            note="no MatMul/Gemm with a constant 2-D weight reads a float activation: nothing to search")
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.accuracy_budget.evaluate import error_ratio, ort_runner, worst_of
 
     start = time.perf_counter()
     reference = ort_runner(measured.path, [samples])[0]
-    trials: list[dict[str, Any]] = []
-    best: tuple[float, Path, dict[str, Any] | None] | None = None
+    trials: list[AlphaTrial] = []
+    best: tuple[float, Path, SmoothQuantRecord | None] | None = None
     for alpha in (None, *GRID):
         path, done = (measured.path, None) if alpha is None else smoothed_with(
             measured, alpha, work_dir / f"smoothed-alpha{alpha}.onnx")
@@ -100,8 +102,8 @@ def search_alpha(measured: AlphaMeasurement, build: Build, samples: list[Feeds],
         comparison = worst_of(reference, ort_runner(quantized, [samples])[0], tolerance)
         remove_saved(quantized)
         ratio, worst = error_ratio(comparison, tolerance), comparison.worst()
-        trials.append({"alpha": alpha, "error_ratio": _rounded(ratio, 4), "cosine": _rounded(worst["cosine"], 6),
-                       "snr_db": _rounded(worst["snr_db"], 2)})
+        trials.append(AlphaTrial(alpha=alpha, error_ratio=_rounded(ratio, 4), cosine=_rounded(worst["cosine"], 6),
+                                 snr_db=_rounded(worst["snr_db"], 2)))
         if best is None or ratio < best[0]:
             if best is not None and best[1] != measured.path:
                 remove_saved(best[1])
@@ -110,13 +112,14 @@ def search_alpha(measured: AlphaMeasurement, build: Build, samples: list[Feeds],
             remove_saved(path)
     assert best is not None
     _, path, done = best
-    search = {"grid": list(GRID), "scored_on": scored_on, "samples": len(samples),
-              "tolerance": tolerance.model_dump(exclude_none=True), "trials": trials,
-              "chosen": done["alpha"] if done else None, "seconds": round(time.perf_counter() - start, 2)}
+    search = AlphaSearch(grid=list(GRID), scored_on=scored_on, samples=len(samples),
+                         tolerance=tolerance.model_dump(exclude_none=True), trials=trials,
+                         chosen=done["alpha"] if done else None, seconds=round(time.perf_counter() - start, 2))
     log.info("smooth_quant auto: alpha %s chosen (%s)", search["chosen"], trials)
     if done is None:
-        return path, {"alpha": None, "samples": measured.samples, "smoothed_tensors": 0, "search": search,
-                      "note": "no alpha of the grid came closer to float32 than no smoothing: not smoothed"}
+        return path, SmoothQuantRecord(
+            alpha=None, samples=measured.samples, smoothed_tensors=0, search=search,
+            note="no alpha of the grid came closer to float32 than no smoothing: not smoothed")
     return path, {**done, "search": search}
 
 
@@ -127,11 +130,11 @@ def _ptq_build(config: PtqConfig, op_types: list[str], excluded: list[str], feed
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._common import resolve_reduce_range
     from qdeploy.stages.quantize.ptq._ptq import StaticBuilder, calibrate
-    from qdeploy.stages.quantize.ptq._shared_ranges import shared_calibration
+    from qdeploy.stages.quantize.ptq._shared_ranges import RangeSettings, shared_calibration
 
     seven_bit = resolve_reduce_range(config, ctx.targets)[0]
     form = "weights" if seven_bit == "choose" else seven_bit  # the 7-bit choice is made once, after the search
-    settings = {"op_types": op_types, "method": config.method, "percentile": config.percentile}
+    settings = RangeSettings(op_types=op_types, method=config.method, percentile=config.percentile)
 
     def build(path: Path) -> onnx.ModelProto:
         ranges, _ = shared_calibration(ctx.work_dir, path, feeds, settings, lambda: calibrate(

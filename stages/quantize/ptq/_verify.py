@@ -27,9 +27,10 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.stages.quantize.findings import KernelCount
 from qdeploy.stages.quantize.ptq._openvino import dequantized_values
 from qdeploy.targets import get_target
 from qdeploy.targets.openvino_read import read_onnx
@@ -69,26 +70,6 @@ def quantizable_nodes(model: onnx.ModelProto) -> int:
 
 def compute_nodes(model: onnx.ModelProto) -> int:
     return sum(1 for node in model.graph.node if node.op_type in COMPUTE_OPS | INTEGER_COMPUTE_OPS)
-
-
-class KernelCount(TypedDict, total=False):
-    """One target's int8 kernel count (``findings.int8_kernels[target]``), or why it was not counted."""
-
-    status: str
-    """Only when not counted: ``unavailable``, ``unchecked`` or ``error``, with the ``reason``."""
-    reason: str
-    quantizable: int
-    """Compute nodes meant to run in int8 (``quantizable_nodes``)."""
-    int8: int
-    """Of them, those that run as int8 kernels or layers."""
-    int8_kernels: dict[str, int]
-    """ONNX Runtime: integer kernels of its optimized graph, by op type."""
-    float_compute_kernels: dict[str, int]
-    """ONNX Runtime: compute kernels left in float, by op type."""
-    compute_layers: dict[str, int]
-    """OpenVINO: compute layers of the compiled model, by type."""
-    int8_layers: dict[str, int]
-    """OpenVINO: those whose runtime precision is int8/uint8."""
 
 
 def int8_kernels(model_path: Path, model: onnx.ModelProto, targets: list[str],

@@ -36,7 +36,7 @@ import mmap
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import numpy as np
 import onnx
@@ -44,6 +44,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.graph.names import NodeNames, name_nodes_uniquely
 from qdeploy.graph.utils import default_opset, subgraph_references
+from qdeploy.stages.quantize.findings import MixedPrecision, WeightBlock
 from qdeploy.stages.quantize.weight_only._blocks import block_for
 from qdeploy.stages.quantize.weight_only._data import activation_hessians, needs_data, plan
 from qdeploy.stages.quantize.weight_only._gptq import gptq
@@ -68,17 +69,27 @@ SHAPE_ONLY_OPS = frozenset({"Reshape", "Transpose", "Cast", "Identity", "Squeeze
 WEIGHT_ONLY_OPS = ("MatMul", "Gather")
 
 
+class QuantizedWeight(TypedDict):
+    """One node whose weight was quantized (``WeightOnlyReport.quantized``): its op, weight, bits, block, method."""
+
+    op: str
+    weight: str
+    bits: int
+    block_size: int | None
+    method: str
+
+
 @dataclass
 class WeightOnlyReport:
     """What was quantized, at which bits, and what stayed float (with why)."""
 
-    quantized: dict[str, dict[str, Any]] = field(default_factory=dict)
+    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
     kept_float: dict[str, str] = field(default_factory=dict)
     bytes_out: int = 0
     calibration_samples: int = 0
-    mixed: dict[str, Any] | None = None
+    mixed: MixedPrecision | None = None
     """What ``ratio`` measured and chose (``_weight_only_data.plan``); None at ratio 1."""
-    blocks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    blocks: dict[str, WeightBlock] = field(default_factory=dict)
     """Weight -> the block it got where that is not ``group_size`` (``block_size``: null for per-channel int8), the
     length of its quantized axis, and why."""
 
@@ -414,11 +425,12 @@ def _lower(found: _Target, weights: _Weights, data: _DataFile, config: WeightOnl
     fitted = config if block.size in (None, config.group_size) else \
         config.model_copy(update={"group_size": block.size})
     graph.node.extend(_named(lowering(found, weights, data, fitted, graph), node, names))
-    report.quantized[node.name] = {"op": node.op_type, "weight": found.weight,
-                                   "bits": found.bits if block.size else 8, "block_size": block.size,
-                                   "method": "rtn" if found.hessian is None or block.size is None else "gptq"}
+    report.quantized[node.name] = QuantizedWeight(op=node.op_type, weight=found.weight,
+                                                  bits=found.bits if block.size else 8, block_size=block.size,
+                                                  method="rtn" if found.hessian is None or block.size is None
+                                                  else "gptq")
     if block.why:
-        report.blocks[found.weight] = {"block_size": block.size, "axis": block.axis_length, "why": block.why}
+        report.blocks[found.weight] = WeightBlock(block_size=block.size, axis=block.axis_length, why=block.why)
         log.info("weight_only: %s: %s", found.weight, block.why)
     return True
 

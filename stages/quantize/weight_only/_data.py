@@ -16,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from qdeploy.stages.quantize.findings import MixedPrecision, WeightOnlyCalibration, WeightOnlyDataFields
 from qdeploy.stages.quantize.weight_only._blocks import block_for
 from qdeploy.stages.quantize.weight_only._gptq import int4_output_error
 
@@ -55,7 +56,7 @@ class _Planned(Protocol):
 
 class _Report(Protocol):
     calibration_samples: int
-    mixed: dict[str, Any] | None
+    mixed: MixedPrecision | None
 
 
 Target = TypeVar("Target", bound=_Planned)
@@ -131,18 +132,19 @@ def plan(targets: list[Target], config: WeightOnlyConfig, array_of: Callable[[st
             break
         to_int8.add(name)
         int4 -= sizes[name]
-    report.mixed = {"ratio": config.ratio, "int4_share": round(int4 / total, 4) if total else 1.0,
-                    "sensitivity": SENSITIVITY, "kept_int8": sorted(to_int8),
-                    "scores": {name: float(f"{scores[name]:.4g}") for name in sorted(scores)}}
+    report.mixed = MixedPrecision(ratio=config.ratio, int4_share=round(int4 / total, 4) if total else 1.0,
+                                  sensitivity=SENSITIVITY, kept_int8=sorted(to_int8),
+                                  scores={name: float(f"{scores[name]:.4g}") for name in sorted(scores)})
     return [dataclasses.replace(found, bits=8) if found.node.name in to_int8 else found  # type: ignore[type-var]
             for found in planned]
 
 
-def data_findings(config: WeightOnlyConfig, report: _Report) -> dict[str, Any]:
+def data_findings(config: WeightOnlyConfig, report: _Report) -> WeightOnlyDataFields:
     """The weight_only findings' fields about the method and the data (``WeightOnlyFindings``)."""
-    extra: dict[str, Any] = {"method": config.method}
+    extra = WeightOnlyDataFields(method=config.method)
     if needs_data(config):
-        extra["calibration"] = {"data": (config.calibration.data if config.calibration else None) or "random",
-                                "samples": report.calibration_samples}
+        extra["calibration"] = WeightOnlyCalibration(
+            data=(config.calibration.data if config.calibration else None) or "random",
+            samples=report.calibration_samples)
         extra["mixed"] = report.mixed
     return extra
