@@ -315,7 +315,8 @@ HEADLINE = re.compile(r"^(?P<target>[a-z]+:[a-z]+): (?P<undecided>undecided: .*?
 
 
 def mask(text: str) -> str:
-    return NUMBER.sub("N", text)
+    """Numbers as N, and runs of spaces as one: a column padded to a wider number is the same line."""
+    return re.sub(r" {2,}", " ", NUMBER.sub("N", text))
 
 
 def _top_level(text: str, separator: str) -> list[str]:

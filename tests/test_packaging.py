@@ -13,6 +13,15 @@ from tests.helpers.imports import modules
 from tests.helpers.models import REPO
 
 
+def test_pyproject_lists_every_package_folder() -> None:
+    """setuptools installs only the packages pyproject.toml lists: a new folder left out of the list works in an
+    editable install (and in every test) but is missing from the wheel.  The slow test below builds the wheel."""
+    tomllib = pytest.importorskip("tomllib")  # the standard library's from Python 3.11
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {name for name, path in modules().items() if path.name == "__init__.py"}
+    assert listed == folders
+
+
 @pytest.mark.slow
 def test_the_wheel_has_one_top_level_package_with_every_module(tmp_path: Path) -> None:
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
