@@ -43,16 +43,15 @@ from qdeploy.pipeline.results.layers_summary import (
 )
 from qdeploy.stages.benchmark import node_macs
 from qdeploy.stages.export import model_size_on_disk
-from qdeploy.stages.validate import feed_caster, layer_errors, reference_source
+from qdeploy.stages.validate import NodeErrorRecord, OutputExposure, feed_caster, layer_errors, reference_source
 from qdeploy.targets.base import short_message
 from qdeploy.targets.layer_profile import LayerTime, profile_layers
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["AUTO_MAX_BYTES", "FEEDS", "ExposureCheck", "LayerPairDict", "LayersSectionDict", "MeasuredNodeError",
-           "PairProfileDict", "add_layers", "added_error", "decisions_of", "layers_section", "profile_pair",
-           "profiled_pairs"]
+__all__ = ["AUTO_MAX_BYTES", "FEEDS", "LayerPairDict", "LayersSectionDict", "PairProfileDict", "add_layers",
+           "added_error", "decisions_of", "layers_section", "profile_pair", "profiled_pairs"]
 
 log = logging.getLogger(__name__)
 
@@ -62,26 +61,6 @@ AUTO_MAX_BYTES = 512_000_000
 (docs/large-models.md); ``full`` profiles every size."""
 """Validation samples the error pass compares on (the first ones)."""
 _QDQ = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
-
-
-class MeasuredNodeError(TypedDict):
-    """One node's output against the reference's same tensor (``LayerErrors.per_node`` of
-    ``qdeploy.stages.validate``): the tensor compared, its op type, and the metrics."""
-
-    tensor: str
-    op_type: str
-    snr_db: float | None
-    cosine: float | None
-    max_abs_err: float | None
-    nonfinite: int
-
-
-class ExposureCheck(TypedDict):
-    """Whether exposing the intermediate tensors changed the candidate's final outputs (``LayerErrors.exposure``)."""
-
-    changed: bool
-    max_output_difference: float | None
-    note: str
 
 
 class PairProfileDict(TypedDict):
@@ -107,7 +86,7 @@ class LayerPairDict(_PairKeys, total=False):
     reason: str
     seconds: float
     samples: int
-    exposure: ExposureCheck
+    exposure: OutputExposure
     notes: list[str]
     profile: PairProfileDict
     summary: PairSummaryDict
@@ -247,7 +226,7 @@ def profile_pair(artifact: Artifact, variant: str, target: str, why: str, refere
     return record
 
 
-def _row(layer: LayerTime, macs: dict[str, int], errors: dict[str, MeasuredNodeError], decisions: dict[str, str],
+def _row(layer: LayerTime, macs: dict[str, int], errors: dict[str, NodeErrorRecord], decisions: dict[str, str],
          graph: LayerGraphFacts, target: str, precision: str) -> ProfiledLayerRow:
     nodes = layer.nodes
     row = {**layer.to_dict(), "macs": sum(macs.get(n, 0) for n in nodes) or None, "error_node": None, "snr_db": None,
@@ -268,7 +247,7 @@ def _row(layer: LayerTime, macs: dict[str, int], errors: dict[str, MeasuredNodeE
     return row
 
 
-def added_error(rows: list[ProfiledLayerRow], errors: dict[str, MeasuredNodeError], graph: LayerGraphFacts) -> None:
+def added_error(rows: list[ProfiledLayerRow], errors: dict[str, NodeErrorRecord], graph: LayerGraphFacts) -> None:
     """Per row, the error it adds: the SNR its inputs arrive with (the worst measured producer outside its group;
     exact inputs, weights and graph inputs count as SNR_CAP_DB) minus its own, and whether NaN/Inf is born here."""
     for row in rows:
@@ -278,7 +257,7 @@ def added_error(rows: list[ProfiledLayerRow], errors: dict[str, MeasuredNodeErro
         row["nonfinite_born"] = bool(row["nonfinite"]) and not any(e["nonfinite"] for e in upstream)
 
 
-def _measured_inputs(nodes: list[str], errors: dict[str, MeasuredNodeError], graph: LayerGraphFacts) -> set[str]:
+def _measured_inputs(nodes: list[str], errors: dict[str, NodeErrorRecord], graph: LayerGraphFacts) -> set[str]:
     """The measured nodes a group's inputs come from: upstream of its first node (a node the runtime fused without
     naming it sits inside the group, not before it), through unmeasured conversions (Q/DQ, Cast) at most 4 deep."""
     if not nodes:

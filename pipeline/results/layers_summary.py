@@ -10,6 +10,7 @@ from typing import TypedDict
 from qdeploy.core.layer_rows import LayerRow
 from qdeploy.pipeline.report.format import fmt_number
 from qdeploy.pipeline.report.layers import by_error, by_time
+from qdeploy.targets.layer_profile import LayerTimeDict
 
 __all__ = ["EXPECTED_INT8_SPEEDUP", "LAYOUT_OPS", "TOP", "LayerGraphFacts", "PairSummaryDict", "PrecisionShare",
            "ProfiledLayerRow", "SlowInt8Diagnosis", "TimelineColumns", "float_reason", "pair_summary", "timeline",
@@ -25,16 +26,9 @@ _NAMING_SHARE = 0.10
 FLOAT = ("f32", "f16", "bf16", "f64")
 
 
-class _ProfiledKeys(TypedDict):
+class _ProfiledKeys(LayerTimeDict):
     """``qdeploy.targets.layer_profile.LayerTime`` as a dict, joined with its MACs, error and decision."""
 
-    layer: str
-    op: str
-    exec: str
-    precision: str
-    time_ms: float
-    nodes: list[str]
-    through_graph: list[str]
     macs: int | None
     error_node: str | None
     snr_db: float | None

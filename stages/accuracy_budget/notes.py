@@ -13,7 +13,6 @@ from qdeploy.stages.accuracy_budget.findings import (
     BudgetLimits,
     FrontRecord,
     KeptFloat,
-    Margin,
     PhaseRecord,
     TrialRecord,
 )
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
     from qdeploy.stages.accuracy_budget.targets import Combined, CombinedMeasured, TargetChecks
 
 
-__all__ = ["Opening", "SearchPhase", "Trial", "closed", "confirmation", "kept_records", "miss_note"]
+__all__ = ["Opening", "Trial", "closed", "confirmation", "kept_records", "miss_note"]
 
 
 class _TrialErrors(TypedDict, total=False):
@@ -60,23 +59,6 @@ class Trial:
         if self.metric is not None:
             entry["task_metric"] = float(f"{self.metric:.6g}")
         return TrialRecord(phase=self.phase, float_nodes=self.float_nodes, **entry, passed=self.passed, on=self.on)
-
-
-@dataclass
-class SearchPhase:
-    """One search, on one set of runtimes: where it searched, whether it held there, what it kept and missed."""
-
-    searched_on: str
-    met_there: bool
-    kept_float: int
-    margin: Margin
-    missed_on: list[str]
-    written: str | None = None
-
-    def finding(self) -> PhaseRecord:
-        written = {"written": self.written} if self.written is not None else {}
-        return PhaseRecord(searched_on=self.searched_on, met_there=self.met_there, kept_float=self.kept_float,
-                           margin=self.margin, missed_on=self.missed_on, **written)
 
 
 def kept_records(kept: list[str], ranked: list[Ranked], candidates: dict[str, str], needed: set[str],
@@ -113,8 +95,8 @@ def confirmation(held_count: int, evaluate: Evaluator | Combined, measured: Meas
     return f"{verdict} (worst cosine {cosine:.4g})" if cosine is not None else verdict
 
 
-def miss_note(kept: list[str], ranked: list[Ranked], limit: int, phases: list[Any], tried: list[Any], rounds: int,
-               checks: TargetChecks) -> str:
+def miss_note(kept: list[str], ranked: list[Ranked], limit: int, phases: list[PhaseRecord], tried: list[Any],
+              rounds: int, checks: TargetChecks) -> str:
     last = phases[-1].searched_on
     everything = any(trial.float_nodes == len(ranked) and trial.phase == "prefix" and not trial.passed
                      and trial.on == last for trial in tried)

@@ -66,7 +66,7 @@ import numpy as np
 
 from qdeploy.stages.accuracy_budget.clock import Clock, OutOfTime
 from qdeploy.stages.accuracy_budget.evaluate import Evaluator, Feeds, Measured, error_ratio, summary
-from qdeploy.stages.accuracy_budget.findings import BudgetComparison, BudgetFindings, FrontRecord, Margin
+from qdeploy.stages.accuracy_budget.findings import BudgetComparison, BudgetFindings, FrontRecord, Margin, PhaseRecord
 from qdeploy.stages.accuracy_budget.latency import (
     Point,
     TimingSource,
@@ -77,7 +77,6 @@ from qdeploy.stages.accuracy_budget.latency import (
 )
 from qdeploy.stages.accuracy_budget.notes import (
     Opening,
-    SearchPhase,
     Trial,
     closed,
     confirmation,
@@ -260,7 +259,7 @@ def meet_budget(build: Builder, signal: Signal, float_model: Path, feeds: list[F
         log.warning("accuracy budget %s: %s", "stopped" if clock.stopped else "not met", note)
     findings = closed(opening, checks, confirmed, met=met, final=_both(done.active, done.measured),
                       candidates=len(candidates), ranking=ranking, margin=done.margin,
-                      phases=[phase.finding() for phase in loop.phases],
+                      phases=list(loop.phases),
                       kept_float=kept_records(done.kept, ranked, candidates, loop.needed, front),
                       requantized=sum(1 for trial in loop.tried if trial.phase == "re-quantize" and trial.passed),
                       tried=[trial.finding() for trial in loop.tried], note=note, front=front)
@@ -302,7 +301,7 @@ class _TargetLoop:
     held_count: int
     full_model: onnx.ModelProto
     full: Measured
-    phases: list[SearchPhase] = field(default_factory=list)
+    phases: list[PhaseRecord] = field(default_factory=list)
     tried: list[Trial] = field(default_factory=list)
     needed: set[str] = field(default_factory=set)
 
@@ -312,7 +311,8 @@ class _TargetLoop:
                                                                    True, [], Margin())  # the last search that held
         while True:
             done = self._search(active, ranked, limit, candidates)
-            self.phases.append(SearchPhase(active.label, done.met, len(done.kept), done.margin, done.missed))
+            self.phases.append(PhaseRecord(searched_on=active.label, met_there=done.met, kept_float=len(done.kept),
+                                           margin=done.margin, missed_on=done.missed))
             searched = set(active.evaluators) if isinstance(active, Combined) else set()
             if not done.met and held_before is not None:
                 # no kept set holds on the target that missed: keeping more float there buys nothing; write the

@@ -28,7 +28,7 @@ from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
 from qdeploy.stages.validate._batches import BatchedFeeds, reference_batches, run_feeds, wanted_batch_sizes
 from qdeploy.stages.validate._common import Feeds, Outcome, Outputs, feed_caster
 from qdeploy.stages.validate._floor import flag_unattainable, keep_floor_outputs, noise_floor_summary
-from qdeploy.stages.validate._layers_error import layer_errors
+from qdeploy.stages.validate._layers_error import NodeErrorRecord, OutputExposure, layer_errors
 from qdeploy.stages.validate._localize import Localizer, scale_free
 from qdeploy.stages.validate._localize_fused import describe_layer, refine
 from qdeploy.stages.validate._precision import default_attempt_hint, device_default_basis, with_pinned_fallback
@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DECLARED_BASIS",
     "REFERENCE_TARGET",
+    "NodeErrorRecord",
+    "OutputExposure",
     "ValidateConfig",
     "check_config",
     "check_metric",
