@@ -56,3 +56,23 @@ def build_nncf(source: Path, out: Path, mode: str, *, group: int = 128, ratio: f
                                        mode=getattr(nncf.CompressWeightsMode, mode), **options)
     ov.save_model(compressed, str(out))
     return out
+
+
+def build_nncf_onnx(source: Path, out: Path, mode: str, *, group: int = 128, ratio: float = 1.0,
+                    data: list[dict[str, np.ndarray]] | None = None, scale_estimation: bool = False) -> Path:
+    """NNCF's compress_weights on the ONNX model itself (its ONNX backend: an ONNX artifact both runtimes read),
+    data-aware on ``data`` (its mixed-precision choice, and scale estimation where asked)."""
+    import nncf
+    import onnx
+
+    # adjust: a weight whose axis the group does not divide gets a group that does (576-wide layers), as qdeploy
+    options: dict[str, Any] = {"group_size": group, "ratio": ratio, "advanced_parameters":
+                               nncf.AdvancedCompressionParameters(
+                                   group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST)}
+    if data is not None:
+        options.update(dataset=nncf.Dataset(data), scale_estimation=scale_estimation)
+    compressed = nncf.compress_weights(onnx.load(str(source)), mode=getattr(nncf.CompressWeightsMode, mode),
+                                       **options)
+    onnx.save_model(compressed, str(out), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=out.name + ".data", size_threshold=1024)
+    return out

@@ -1,5 +1,8 @@
-"""Data: the recipe's datasets (``spec``), their readers (npy folders, image folders, seeded random data),
-batches, and the activation statistics calibration gathers from them."""
+"""Data: the recipe's datasets (``spec``), their readers (npy folders, image folders, text files cut into token
+windows, seeded random data), batches, and the activation statistics calibration gathers from them.
+
+For scripts (a benchmark's prompts): ``token_windows(path, load_tokenizer(tokenizer_path), window, part)`` gives
+the windows of token ids a ``text`` dataset reads."""
 
 from __future__ import annotations
 
@@ -12,9 +15,11 @@ import numpy as np
 
 from qdeploy.calibration.samples import iter_samples
 from qdeploy.calibration.spec import DatasetSpec
+from qdeploy.calibration.text import TextWindows, Tokenizer, load_tokenizer, text_feeds, token_windows, tokenizer_for
 from qdeploy.core.context import InputRanges, StageContext
 
-__all__ = ["DatasetSpec", "data_context", "iter_samples"]
+__all__ = ["DatasetSpec", "TextWindows", "Tokenizer", "data_context", "iter_samples", "load_tokenizer", "text_feeds",
+           "token_windows", "tokenizer_for"]
 
 
 def data_context(variant: str, work_dir: Path, *, datasets: Mapping[str, DatasetSpec] | None = None,

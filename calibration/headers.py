@@ -38,6 +38,10 @@ def check_dataset_fits(name: str, spec: DatasetSpec, folder: Path, inputs: Seque
             raise DataError(f"{label}: no images ({', '.join(sorted(IMAGE_SUFFIXES))}) in the folder")
         check_image_input(list(inputs), spec, label)
         return
+    if spec.reader == "text":  # tokenizing is the reader's work: here, the file only
+        if not folder.is_file():
+            raise DataError(f"{label}: no such text file; fix 'path' in the recipe")
+        return
     if spec.reader != "npy":
         return  # random data is shaped from the model itself
     files = files_in_folder(folder, is_npy_sample, f"dataset '{name}'")

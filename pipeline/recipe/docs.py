@@ -17,7 +17,7 @@ from pydantic_core import PydanticUndefined
 
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
 from qdeploy.pipeline.recipe.schema import DatasetSpec, GateSpec, PackagesSpec, Recipe, ReportSpec, registry
-from qdeploy.stages.export.config import InputSpec, TorchSource
+from qdeploy.stages.export.config import CausalLmSource, InputSpec, TorchSource
 
 __all__ = ["BEGIN", "END", "PAGES", "main", "markers", "model_table", "recipe_reference", "reference",
            "stage_reference", "with_reference"]
@@ -71,7 +71,8 @@ def model_table(title: str, model: type[BaseModel], *, skip: tuple[str, ...] = (
 def recipe_reference() -> str:
     sections: list[tuple[str, type[BaseModel]]] = [
         ("recipe (top level)", Recipe), ("model", registry.stage("export").config),
-        ("model.inputs[]", InputSpec), ("model.torch", TorchSource), ("data.<name>", DatasetSpec),
+        ("model.inputs[]", InputSpec), ("model.torch", TorchSource),
+        ("model.causal_lm", CausalLmSource), ("data.<name>", DatasetSpec),
         ("validate", registry.stage("validate").config), ("validate.tolerance", Tolerance),
         ("benchmark", registry.stage("benchmark").config), ("gates[]", GateSpec), ("report", ReportSpec),
         ("report.packages", PackagesSpec),

@@ -13,11 +13,13 @@ from pydantic import ValidationError
 
 from qdeploy.calibration.images import is_image
 from qdeploy.calibration.readers import is_npy_sample
+from qdeploy.core.context import StageContext
 from qdeploy.core.errors import RecipeError, UserFileError
+from qdeploy.core.lm_metrics import builtin_metric
 from qdeploy.core.tolerance import TOLERANCE_TAGS
 from qdeploy.core.userfiles import check_regular_file, files_in_folder, read_text
 from qdeploy.pipeline.recipe.schema import Recipe, StepError
-from qdeploy.stages.export import check_factory
+from qdeploy.stages.export import check_factory, source_files
 from qdeploy.stages.validate import check_config
 
 __all__ = ["MAX_RECIPE_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_VALUES", "Loc", "PythonCodeReference", "RecipeLoader",
@@ -270,29 +272,46 @@ def _recipe_error(exc: ValidationError, root: yaml.Node, file: str) -> RecipeErr
 
 
 def check_recipe_files(recipe: Recipe, root: yaml.Node | None, file: str) -> None:
-    """Every file the recipe names is a regular file, every data folder a folder of regular files inside it, the
-    factory defines its name; ``root`` (the recipe's YAML, None for a recipe made of a sweep's matrix) gives lines."""
+    """Every file the recipe names is a regular file (a text dataset's too), every data folder a folder of regular
+    files inside it, a checkpoint or tokenizer a file or a folder, the factory defines its name; ``root`` (the
+    recipe's YAML, None for a recipe made of a sweep's matrix) gives lines."""
     checks: list[tuple[Loc, str | None, str]] = [(("model", "onnx"), recipe.model.onnx, "model file")]
     if recipe.model.torch is not None:
         checks.append((("model", "torch", "weights"), recipe.model.torch.weights, "weights file"))
         factory_file = recipe.model.torch.factory.rsplit(":", 1)[0]
         if factory_file.endswith(".py"):
             checks.append((("model", "torch", "factory"), factory_file, "factory file"))
+    if recipe.model.causal_lm is not None and recipe.model.causal_lm.path is not None:
+        checks.append((("model", "causal_lm", "path"), recipe.model.causal_lm.path, "checkpoint"))
     checks += [(("model", "inputs", index, "value"), spec.value, f"value file of input '{spec.name}'")
                for index, spec in enumerate(recipe.model.inputs) if isinstance(spec.value, str)]
     checks.append((("validate", "reference_model"), recipe.validate_.reference_model, "reference model"))
     metric_file = (recipe.validate_.metric or "").rsplit(":", 1)[0]
     if metric_file.endswith(".py"):
         checks.append((("validate", "metric"), metric_file, "metric file"))
+    for name, spec in recipe.data.items():
+        if spec.reader == "text":  # one UTF-8 file, and its tokenizer: a file or a transformers folder
+            checks.append((("data", name, "path"), spec.path, "text file"))
+            checks.append((("data", name, "tokenizer"), spec.tokenizer, "tokenizer"))
     for loc, value, what in checks:
         if value is not None:
-            _check_user_path(recipe, value, lambda path, what=what: check_regular_file(path, what), loc, root, file)
+            _check_user_path(recipe, value, lambda path, what=what: _file_or_folder(path, what)
+                             if what in _FILE_OR_FOLDER else check_regular_file(path, what), loc, root, file)
     for name, spec in recipe.data.items():
-        if spec.path is not None:
+        if spec.path is not None and spec.reader != "text":
             wanted = is_image if spec.reader == "images" else is_npy_sample
             _check_user_path(recipe, spec.path, lambda path, name=name, wanted=wanted: files_in_folder(
                 path, wanted, f"dataset '{name}'"), ("data", name, "path"), root, file)
     _check_stage_configs(recipe, root, file)
+
+
+_FILE_OR_FOLDER = ("checkpoint", "tokenizer")
+"""What a recipe may name as a file or a folder (a save_pretrained folder, or a .gguf or tokenizer.json file)."""
+
+
+def _file_or_folder(path: Path, what: str) -> Path:
+    """``path`` if it is a folder or a regular file; UserFileError otherwise (missing, a FIFO, a device)."""
+    return path if path.is_dir() else check_regular_file(path, what)
 
 
 def _check_user_path(recipe: Recipe, value: str, check: Callable[[Path], object], loc: Loc, root: yaml.Node | None,
@@ -311,6 +330,8 @@ def _check_stage_configs(recipe: Recipe, root: yaml.Node | None, file: str) -> N
     try:
         if recipe.model.torch is not None:  # parsed, never imported: `check` runs no user code
             check_factory(recipe.model.torch.factory, recipe.resolve)
+        if recipe.model.causal_lm is not None:  # the checkpoint is there (its package found, never imported)
+            source_files(recipe.model, StageContext(variant="export", work_dir=Path("."), resolver=recipe.resolve))
         check_config(recipe.validate_, recipe.resolve)
     except RecipeError as exc:
         field = exc.field or "validate"
@@ -318,15 +339,16 @@ def _check_stage_configs(recipe: Recipe, root: yaml.Node | None, file: str) -> N
 
 
 def recipe_python_references(recipe: Recipe) -> list[PythonCodeReference]:
-    """Python code a recipe will execute (factories, metrics): `qdeploy check` lists them."""
+    """Python code a recipe will execute (factories, metrics; qdeploy's built-in metrics are not the user's):
+    `qdeploy check` lists them."""
     refs: list[PythonCodeReference] = []
     if recipe.model.torch is not None:
         refs.append({"field": "model.torch.factory", "code": recipe.model.torch.factory})
-    if recipe.validate_.metric:
+    if recipe.validate_.metric and builtin_metric(recipe.validate_.metric) is None:
         refs.append({"field": "validate.metric", "code": recipe.validate_.metric})
     for variant, steps in recipe.variants.items():  # an accuracy budget on a task metric calls its function too
         for step in steps:
             budget = step.config.task_budget()
-            if budget is not None and budget.metric is not None:
+            if budget is not None and budget.metric is not None and builtin_metric(budget.metric) is None:
                 refs.append({"field": f"variants.{variant}.{step.stage}.tolerance.metric", "code": budget.metric})
     return refs

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from qdeploy.calibration.headers import check_dataset_fits
 from qdeploy.core.errors import DataError
 from qdeploy.pipeline.recipe import registry
+from qdeploy.pipeline.recipe.text_data import check_text_tokenizers, with_model_tokenizer
 from qdeploy.stages.export import inspect_source
 from qdeploy.stages.validate import check_metric, read_labels
 
@@ -24,6 +25,7 @@ __all__ = ["check_before_run", "datasets_read"]
 def check_before_run(recipe: Recipe) -> None:
     """ModelError or DataError (exit 2) for a model or a dataset the run would refuse."""
     inputs = inspect_source(recipe.model, recipe.resolve)
+    check_text_tokenizers(recipe.data, recipe.model, datasets_read(recipe))  # loads no tokenizer
     for name in datasets_read(recipe):
         spec = recipe.data[name]
         if spec.path is not None:
@@ -46,7 +48,8 @@ def check_task_budgets(recipe: Recipe, input_names: list[str]) -> None:
                 raise DataError(f"{where} needs labelled budget data, and its budget reads seeded random data: set "
                                 "budget.data (or calibration.data) to an npy dataset whose .npz samples hold a "
                                 "'label' array")
-            if read_labels(recipe.data, recipe.resolve, dataset, input_names, budget.samples) is None:
+            datasets = with_model_tokenizer(recipe.data, recipe.model, recipe.resolve)  # as the stages read them
+            if read_labels(datasets, recipe.resolve, dataset, input_names, budget.samples) is None:
                 raise DataError(f"{where} needs labels, and the budget dataset '{dataset}' has none: give its .npz "
                                 "samples a 'label' (or 'labels') array beside the inputs (docs/validate.md)")
 

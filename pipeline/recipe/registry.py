@@ -22,7 +22,7 @@ from qdeploy.stages.quantize.config import DynamicConfig, LowerConfig, NncfPtqCo
 from qdeploy.stages.simplify.config import SimplifyConfig
 from qdeploy.stages.validate.config import ValidateConfig
 
-__all__ = ["VARIANT_STAGES", "StageInfo", "StageKind", "all_stages", "stage", "transform_stage"]
+__all__ = ["VARIANT_STAGES", "StageInfo", "StageKind", "all_stages", "export_libraries", "stage", "transform_stage"]
 
 StageKind = Literal["transform", "evaluation"]
 
@@ -103,6 +103,18 @@ _STAGES: dict[str, StageInfo] = {
 
 # Stages a recipe may name inside a variant; export is the implicit root.
 VARIANT_STAGES = ("simplify", "fp16", "quantize")
+
+
+def export_libraries(config: ExportConfig) -> tuple[str, ...]:
+    """Distributions whose versions enter the export's cache key for this model source: the export stage's own,
+    torch for a torch source, and transformers, torch and gguf for a causal_lm one (transformers reads the
+    checkpoint, gguf dequantizes a .gguf, torch traces it); one not installed enters as 'absent'."""
+    libraries = _STAGES["export"].libraries
+    if config.causal_lm is not None:
+        return (*libraries, "transformers", "torch", "gguf")
+    if config.torch is not None:
+        return (*libraries, "torch")
+    return libraries
 
 
 def stage(name: str) -> StageInfo:

@@ -31,6 +31,7 @@ from qdeploy.core.runtimes import RUNTIMES, built_for, runtime_of_target, runtim
 from qdeploy.core.stage_config import StageConfig, variant_tolerance
 from qdeploy.core.tolerance import StrictModel, Tolerance
 from qdeploy.pipeline.recipe import registry
+from qdeploy.pipeline.recipe.text_data import with_model_tokenizer
 from qdeploy.stages.benchmark.config import BenchmarkConfig
 from qdeploy.stages.export.config import ExportConfig
 from qdeploy.stages.validate.config import ValidateConfig
@@ -60,8 +61,14 @@ ONCE_PER_VARIANT = {"fp16": "converted to float16", "quantize": "quantized"}
 
 GateMetric = Literal[
     "speedup", "latency_ms", "throughput_per_s", "inferences_per_s", "size_bytes",
-    "cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement", "task_metric",
+    "cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement", "kl", "task_metric",
+    "decode_tokens_per_s", "decode_speedup",
 ]
+"""What a gate may hold; kl (per-token KL divergence from the reference's logits) is lower-is-better, like the
+errors: gate it with 'max'.  task_metric is the validate.metric's value, perplexity (lower is better) or
+log_likelihood included.  decode_tokens_per_s (gate with 'min') and decode_speedup (the reference's decode ms per
+token over the variant's on the same target; 'min') read a language model's decode record (KV cache); a gate on
+them fails where the row has none."""
 
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -73,7 +80,10 @@ class GateSpec(StrictModel):
 
     variant: str = Field(description="Variant the gate applies to.")
     target: str = Field(description="Target the gate applies to.")
-    metric: GateMetric = Field(description="Measured quantity.")  # type: ignore[valid-type]
+    metric: GateMetric = Field(description="Measured quantity; kl, the errors, latency_ms and size_bytes are "
+                                           "lower-is-better (gate them with max); decode_tokens_per_s and "
+                                           "decode_speedup (against the reference on the same target) are a "
+                                           "language model's decode speed with its KV cache (gate them with min).")  # type: ignore[valid-type]
     min: float | None = Field(default=None, description="Lowest accepted value.")
     max: float | None = Field(default=None, description="Highest accepted value.")
     batch_size: int = Field(default=1, ge=1, le=MAX_GATE_BATCH, description="Batch size of latency gates.")
@@ -419,9 +429,11 @@ class Recipe(StrictModel):
 
     def stage_context(self, variant: str, work_dir: Path, targets: tuple[str, ...] | None = None,
                       **fields: Any) -> StageContext:
-        """What a stage may see of this recipe: datasets, paths, targets (default: the recipe's), the reference;
-        ``fields``: the other ``StageContext`` fields (progress)."""
-        return data_context(variant, work_dir, datasets=self.data, resolve=self.resolve,
+        """What a stage may see of this recipe: datasets (a text dataset without a tokenizer given the model's,
+        ``text_data``), paths, targets (default: the recipe's), the reference; ``fields``: the other
+        ``StageContext`` fields (progress)."""
+        datasets = with_model_tokenizer(self.data, self.model, self.resolve)  # text data: the model's tokenizer
+        return data_context(variant, work_dir, datasets=datasets, resolve=self.resolve,
                             input_ranges=self.input_ranges(), frozen=self.model.frozen_values(self.resolve),
                             targets=tuple(self.targets) if targets is None else targets,
                             default_dataset=self.validate_.data, reference_variant=self.reference_variant,

@@ -9,6 +9,7 @@ from typing import Any
 
 from qdeploy.core.files import write_json_atomic, write_text_atomic
 from qdeploy.core.report import Report, as_report
+from qdeploy.pipeline.report.decode import decode_markdown
 from qdeploy.pipeline.report.format import fmt_mb, fmt_number
 from qdeploy.pipeline.report.html import render_html
 from qdeploy.pipeline.report.layers import layer_markdown
@@ -96,6 +97,7 @@ def render_markdown(report: Report | Mapping[str, Any]) -> str:
         "reference outputs on the same inputs.",
         *tradeoff_lines(report),
         *(["", *throughput_lines(report)] if report.throughput else []),
+        *(["", *decode] if (decode := decode_markdown(report)) else []),
         *layer_markdown(report),
     ]
     settings = benchmark_settings(report)

@@ -16,6 +16,7 @@ from qdeploy.pipeline.report._html_parts import findings_html, status_badge
 from qdeploy.pipeline.report._html_verdict import VERDICT_CSS, throughput_html, unavailable_html, verdict_html
 from qdeploy.pipeline.report.budget_front import budget_front_html
 from qdeploy.pipeline.report.charts import colors_for, latency_bars_svg, tradeoff_svg
+from qdeploy.pipeline.report.decode import decode_html
 from qdeploy.pipeline.report.format import escape_html, fmt_cosine, fmt_number, fmt_snr_cell, fmt_speedup
 from qdeploy.pipeline.report.precision import speedup_sides
 from qdeploy.pipeline.report.sections import noise_floor_lines, package_lines
@@ -29,6 +30,7 @@ from qdeploy.pipeline.report.view import (
     lineage_chain,
     matrix,
     problems,
+    task_metric_label,
     tradeoff_points,
     unavailable_targets,
     unmeasured_lines,
@@ -94,7 +96,8 @@ def render_html(report: Report | Mapping[str, Any]) -> str:
     colors = colors_for([artifact.name for artifact in report.artifacts] + [r.variant for r in rows])
     sections = [
         _header(report), verdict_html(report), _unmeasured(report), _gates(report), _problems(report),
-        _table(report, rows, colors), throughput_html(report), _charts(report, rows, colors), layers_html(report),
+        _table(report, rows, colors), throughput_html(report), decode_html(report), _charts(report, rows, colors),
+        layers_html(report),
         budget_front_html(report),
         _validation(report), _settings(report), _artifacts(report), _packages(report), _environment(report),
     ]
@@ -158,14 +161,16 @@ TABLE_HEAD = ("variant", "precision ran", "batch", "p50 ms [95% CI]", "p90 ms", 
 
 def _table(report: Report, rows: list[MatrixRow], colors: dict[str, str]) -> str:
     task = has_task_metric(report)
-    names = (*TABLE_HEAD[:-2], "task metric", *TABLE_HEAD[-2:]) if task else TABLE_HEAD
+    kl = any(row.metrics.has("kl") for row in report.validation)  # language-model logits only
+    middle = (*(["KL/token"] if kl else []), *([task_metric_label(report)] if task else []))
+    names = (*TABLE_HEAD[:-2], *middle, *TABLE_HEAD[-2:])
     head = "".join(f"<th>{escape_html(name)}</th>" for name in names)
     body = []
     missing = unavailable_targets(report)
     for target in dict.fromkeys(row.target for row in rows if row.target not in missing):
         body.append(f"<tr class=\"group\"><td colspan=\"{len(names)}\">{escape_html(target)}</td></tr>")
-        body += [_table_row(row, colors, task, speedup_sides(report, row.bench) if row.bench else "") for row in rows
-                 if row.target == target]
+        body += [_table_row(row, colors, task, speedup_sides(report, row.bench) if row.bench else "", kl=kl)
+                 for row in rows if row.target == target]
     reference = escape_html(report.reference.variant)
     return ("<h2>Latency and accuracy, variant × target</h2>"
             f"<div class=\"scroll\"><table class=\"matrix\"><thead><tr>{head}</tr></thead>"
@@ -178,7 +183,7 @@ def _table(report: Report, rows: list[MatrixRow], colors: dict[str, str]) -> str
             "first run and warm-up.</p>")
 
 
-def _table_row(row: MatrixRow, colors: dict[str, str], task: bool, sides: str = "") -> str:
+def _table_row(row: MatrixRow, colors: dict[str, str], task: bool, sides: str = "", *, kl: bool = False) -> str:
     latency, metrics, bench = row.latency, row.metrics, row.bench
     ci = latency.ci95_p50 if latency else None
     p50 = escape_html(fmt_number(row.p50, style="value"))
@@ -202,7 +207,8 @@ def _table_row(row: MatrixRow, colors: dict[str, str], task: bool, sides: str = 
         f"<td class=\"num\">{speed}</td>",
         _num(bench.throughput_per_s if bench else None), _num(row.size_bytes / 1e6 if row.size_bytes else None),
         _num(row.peak_memory_mb), _text(fmt_cosine(metrics.cosine)), _text(fmt_snr_cell(metrics.snr_db)),
-        _num(metrics.max_abs_err), _num(metrics.top1_agreement), *([_num(metrics.task_metric, 4)] if task else []),
+        _num(metrics.max_abs_err), _num(metrics.top1_agreement), *([_num(metrics.kl, 4)] if kl else []),
+        *([_num(metrics.task_metric, 4)] if task else []),
         f"<td>{status_badge(row.validation_status) if row.check else '–'}</td>",
         f"<td>{status_badge(row.benchmark_status) if row.bench else '–'}</td>",
     ]

@@ -8,9 +8,10 @@ Rules (docs/verdict-and-throughput.md says them for users):
   (variant, T) holds (size gates of the variant count on every target), and its benchmark on T at the ranked
   batch size is ``ok`` with a finite number;
 - the ranking is by median latency (lower first), or by inferences per second when only throughput was
-  measured; the tie set is the best candidate plus every candidate the benchmark cannot tell from it
-  (``qdeploy.core.ranking.distinguishable``: a sign test over the paired interleaved rounds, or 95% intervals of
-  the medians that do not overlap);
+  measured; a target whose every timed candidate carries a decode record (a language model with a KV cache) is
+  ranked by decode ms per token instead, its interval the noise rule (``verdict_decode``); the tie set is the
+  best candidate plus every candidate the benchmark cannot tell from it (``qdeploy.core.ranking.distinguishable``:
+  a sign test over the paired interleaved rounds, or 95% intervals of the medians that do not overlap);
 - the pick of the tie set follows ``report.tie_break``: 'fidelity' (the default) the reference first, then the
   closest to it (task metric, SNR, cosine), then the smaller, the simpler, the faster; 'size' the smallest
   artifact, sizes compared as printed (a difference below the printed precision is no difference), then the
@@ -23,7 +24,6 @@ Rules (docs/verdict-and-throughput.md says them for users):
 - the pick and the runner-up carry their ``execution``: the artifact's precision, the precision that ran, the
   runtime, providers and kernel element types, and whether only float32 kernels ran for a reduced-precision
   artifact (``qdeploy.pipeline.report.precision.execution_record``);
-- with benchmarks off, the pick is the smallest artifact that passed, said to be unranked by speed;
 - a validation row that missed at the device's default precision and passed pinned (``deploy_precision``) is a
   candidate with that pinned setting, and the verdict says so.
 A failed, errored or unavailable row is never a candidate, nor an artifact that every benchmark round measured
@@ -45,6 +45,14 @@ from qdeploy.core.runtimes import artifact_of, built_for, is_device_default
 from qdeploy.core.values import is_finite_number
 from qdeploy.pipeline.report.format import fmt_fidelity, fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
 from qdeploy.pipeline.report.precision import execution_record
+from qdeploy.pipeline.report.verdict_decode import (
+    DECODE_WHY,
+    decode_interval,
+    decode_ms,
+    decode_ratio,
+    ranks_by_decode,
+    slower_decode,
+)
 
 __all__ = ["FIDELITY_KEYS", "FIDELITY_ONLY", "TIE_BREAKS", "Choice", "ChoiceFigures", "ChoiceLatency",
            "ChoiceThroughput", "TargetFigures", "TargetVerdict", "compute_verdict", "indistinguishable", "ranking",
@@ -52,7 +60,7 @@ __all__ = ["FIDELITY_KEYS", "FIDELITY_ONLY", "TIE_BREAKS", "Choice", "ChoiceFigu
 
 FIDELITY_ONLY = ("reference:cpu",)
 TIE_BREAKS = ("fidelity", "size")
-FIDELITY_KEYS = ("cosine", "snr_db", "max_abs_err", "top1_agreement", "task_metric")
+FIDELITY_KEYS = ("cosine", "snr_db", "max_abs_err", "top1_agreement", "kl", "task_metric")
 
 
 class ChoiceLatency(TypedDict, total=False):
@@ -117,8 +125,12 @@ class Choice:
     """Stages of its lineage: of two artifacts the same size, the one with fewer is the simpler."""
     sha256: str | None = None
     is_reference: bool = False
+    task_lower_better: bool = False
+    """Its task metric is lower-is-better (perplexity): fidelity ranks it negated."""
     machine: dict[str, Any] = field(default_factory=dict)
     """How busy the machine was while its target was timed (the benchmark row's ``machine_load``)."""
+    decode_ms: float | None = None
+    """Decode ms per token where its target ranks by decode (a language model with a KV cache)."""
 
     def as_dict(self) -> ChoiceFigures:
         pinned = {"deploy_precision": self.deploy_precision} if self.deploy_precision else {}
@@ -138,6 +150,8 @@ class TargetVerdict:
     rejected: dict[str, str] = field(default_factory=dict)
     undecided: str = ""
     """Why the benchmark could not decide (a busy machine left a tie): the pick is the tie rule's, meanwhile."""
+    by: str = "latency"
+    """What ranked this target: the section's ``by``, or 'decode' where every timed candidate has a decode record."""
 
     def as_dict(self) -> TargetFigures:
         return {"status": self.status, "variant": self.pick.variant if self.pick else None, "why": self.why,
@@ -182,14 +196,18 @@ def compute_verdict(report: Report | Mapping[str, Any], tie_break: str | None = 
     # a variant the target reads after all (simplify folded what the runtime could not) keeps its verdict there
     readable = {row.target for row in report.validation if not row.unreadable and row.status != "unavailable"}
     targets = [target for target in targets if target not in unreadable or target in readable]
-    found = {target: target_verdict(report, target, by, batch, rule).as_dict() for target in targets}
+    verdicts = {target: target_verdict(report, target, by, batch, rule) for target in targets}
+    shipped = [verdict.by for verdict in verdicts.values() if verdict.status == "ship"]
+    if by == "latency" and shipped and set(shipped) == {"decode"}:  # mixed: each target's why says which
+        by = "decode"
+    found = {target: verdict.as_dict() for target, verdict in verdicts.items()}
     return VerdictSection.model_validate({"by": by, "batch_size": batch, "tie_break": rule, "targets": found,
                                          "order": targets, "unavailable": unavailable, "unreadable": unreadable})
 
 
 def ranking(report: Report | Mapping[str, Any]) -> tuple[str, int | None]:
     """What ranks the candidates ('latency', 'throughput', or 'size' when nothing was benchmarked) and at which
-    batch size (the smallest measured)."""
+    batch size (the smallest measured).  A 'latency' target may still rank by decode (``target_verdict``)."""
     report = as_report(report)
     timed: tuple[tuple[str, list[BenchmarkRow] | list[ThroughputRow]], ...] = (
         ("latency", report.benchmarks), ("throughput", report.throughput))
@@ -219,7 +237,9 @@ def split_targets(report: Report | Mapping[str, Any]) -> tuple[list[str], dict[s
 def target_verdict(report: Report | Mapping[str, Any], target: str, by: str, batch: int | None,
                    tie_break: str = "fidelity") -> TargetVerdict:
     rows = _rows(as_report(report), target, batch)
-    verdict = TargetVerdict(target)
+    if by == "latency" and ranks_by_decode(_timed_candidates(rows, target)):
+        by = "decode"  # a language model with a KV cache: per-token decode, not prefill, is generation time
+    verdict = TargetVerdict(target, by=by)
     candidates = []
     for variant in dict.fromkeys([*rows.sizes, *rows.checks, *rows.failed_builds]):
         if not built_for(variant, target):  # int8@ort on openvino:cpu: never a candidate there, nothing to say
@@ -248,11 +268,20 @@ def target_verdict(report: Report | Mapping[str, Any], target: str, by: str, bat
             verdict.rejected[choice.variant] = f"within the benchmark's noise of {best.variant}, but " \
                 f"{pick.variant} is {_preference(pick, choice, tie_break)}; not the runner-up"
         elif choice not in ties:
+            agree = "the 95% intervals do not overlap" if by == "decode" else "the rounds agree"
             verdict.rejected[choice.variant] = f"{_worse(by)}: {_measure(choice, by)} against " \
-                                               f"{_measure(best, by)} ({best.variant}), the rounds agree"
+                                               f"{_measure(best, by)} ({best.variant}), {agree}"
     verdict.why = _why(pick, best, verdict.runner_up, by, tie_break)
     verdict.undecided = _undecided(ties, best)
     return verdict
+
+
+def _timed_candidates(rows: _Rows, target: str) -> dict[str, BenchmarkRow]:
+    """Per variant its ok latency row at the ranked batch, of the variants that built, passed validation and hold
+    their gates on the target (the checks that come before timing: ``rejection`` by 'size')."""
+    return {variant: bench for variant, bench in rows.latency.items()
+            if built_for(variant, target) and bench.status == "ok" and is_finite_number(bench.p50)
+            and not rejection(variant, rows, "size")}
 
 
 def _undecided(ties: list[Choice], best: Choice) -> str:
@@ -296,12 +325,15 @@ def rejection(variant: str, rows: _Rows, by: str) -> str:
         return "gate failed: " + "; ".join(f"{g.metric} {fmt_number(g.value)}" for g in failed)
     if by == "size":
         return ""
-    bench = (rows.latency if by == "latency" else rows.throughput).get(variant)
+    bench = (rows.throughput if by == "throughput" else rows.latency).get(variant)
     if bench is None or bench.status != "ok":
         status = bench.status if bench else "missing"
         return f"benchmark {status}" + (f": {bench.reason}" if bench and bench.reason else "")
     if not is_finite_number(_score(bench, by)):
         return "its benchmark gave no finite number"
+    if by == "decode" and isinstance(bench, BenchmarkRow):
+        reference = rows.latency.get(rows.reference) if rows.reference else None
+        return slower_decode(variant, bench, reference, rows.reference)
     return _slower_than_reference(variant, bench, rows.reference)
 
 
@@ -318,7 +350,7 @@ def _slower_than_reference(variant: str, bench: BenchmarkRow | ThroughputRow, re
 
 def _score(bench: BenchmarkRow | ThroughputRow, by: str) -> Any:
     if isinstance(bench, BenchmarkRow):
-        return bench.p50
+        return decode_ms(bench) if by == "decode" else bench.p50
     rate = bench.inferences_per_s
     return -rate if is_finite_number(rate) else None
 
@@ -331,7 +363,8 @@ def _choice(variant: str, rows: _Rows, by: str) -> Choice:
                     deploy_precision=check.deploy_precision,
                     execution=execution_record(check.precision, rows.timed.get(variant), check),
                     stages=len((artifact.lineage or artifact.stages) if artifact else []),
-                    sha256=artifact.sha256 if artifact else None, is_reference=variant == rows.reference)
+                    sha256=artifact.sha256 if artifact else None, is_reference=variant == rows.reference,
+                    task_lower_better=check.task_metric_direction == "lower")
     bench, rate = rows.latency.get(variant), rows.throughput.get(variant)
     if bench and bench.status == "ok":
         choice.latency = {"latency_ms": bench.p50, "ci95_ms": bench.latency_ms.ci95_p50 if bench.latency_ms else None,
@@ -340,6 +373,11 @@ def _choice(variant: str, rows: _Rows, by: str) -> Choice:
                               "speedup_vs_default_range": bench.speedup_vs_default_range}
                              if bench.speedup_vs_default is not None else {})}
         choice.machine = dict(bench.machine_load or {})
+        if by == "decode":  # the speedup shown is decode's, against the reference's decode on this target
+            reference = rows.latency.get(rows.reference) if rows.reference else None
+            ratio, spread = decode_ratio(bench, reference)  # prefill-only speedup_vs_default left out
+            choice.latency = {"latency_ms": bench.p50, "ci95_ms": choice.latency.get("ci95_ms"), "speedup": ratio,
+                              "speedup_range": spread, "noisy": bench.noisy}
     if rate and rate.status == "ok":
         choice.throughput = {"inferences_per_s": rate.inferences_per_s, "requests_in_flight": rate.requests_in_flight,
                              "latency_at_load_ms": rate.latency_ms.p50 if rate.latency_ms else None,
@@ -348,6 +386,10 @@ def _choice(variant: str, rows: _Rows, by: str) -> Choice:
         choice.score = float(choice.latency["latency_ms"])
         choice.round_scores = [float(v) for v in bench.round_p50_ms]
         choice.interval = choice.latency.get("ci95_ms")
+    elif by == "decode" and bench is not None:
+        choice.score = float(decode_ms(bench) or math.inf)
+        choice.interval = decode_interval(bench)  # no per-round values: only the intervals tell apart
+        choice.decode_ms = decode_ms(bench)
     elif by == "throughput" and rate is not None:
         choice.score = -float(choice.throughput["inferences_per_s"])
         rounds = [-float(v) for v in rate.round_inferences_per_s]
@@ -411,23 +453,31 @@ def _fidelity_rank(choice: Choice) -> float:
     for key in ("task_metric", "snr_db", "cosine"):
         value = choice.fidelity.get(key)
         if is_finite_number(value):
-            return float(value)
+            lower = key == "task_metric" and choice.task_lower_better  # a lower perplexity is closer
+            return -float(value) if lower else float(value)
     return -math.inf
 
 
 def _measure(choice: Choice, by: str) -> str:
     if by == "throughput":
         return fmt_rate(choice.throughput.get("inferences_per_s"))
+    if by == "decode":
+        return f"{fmt_ms(choice.decode_ms)} per token decode"
     return fmt_ms(choice.latency.get("latency_ms"))
 
 
 def _worse(by: str) -> str:
-    return "lower throughput" if by == "throughput" else "slower"
+    return {"throughput": "lower throughput", "decode": "slower decode"}.get(by, "slower")
 
 
 def _why(pick: Choice, best: Choice, runner_up: Choice | None, by: str, tie_break: str = "size") -> str:
     if by == "size":
         return "benchmarks are off: the smallest artifact that passed; not ranked by speed"
+    why = _why_timed(pick, best, runner_up, by, tie_break)
+    return f"{why}; {DECODE_WHY}" if by == "decode" else why  # says why prefill ms did not rank it
+
+
+def _why_timed(pick: Choice, best: Choice, runner_up: Choice | None, by: str, tie_break: str) -> str:
     word = "highest-throughput" if by == "throughput" else "fastest"
     plain = "the float32 model as the device runs it by default, no quantization needed: "
     if is_device_default(pick.variant):
@@ -435,7 +485,7 @@ def _why(pick: Choice, best: Choice, runner_up: Choice | None, by: str, tie_brea
     if runner_up is None:
         return f"{word} artifact that passed ({_measure(pick, by)}" + (
             f", {fmt_speedup(pick.latency.get('speedup'), pick.latency.get('speedup_range'))} the reference)"
-            if by == "latency" and pick.latency.get("speedup") is not None else ")")
+            if by in ("latency", "decode") and pick.latency.get("speedup") is not None else ")")
     if pick is best:
         return (f"{word} artifact that passed ({_measure(pick, by)}); {runner_up.variant} is within the "
                 f"benchmark's noise ({_measure(runner_up, by)}), and {pick.variant} is "

@@ -23,8 +23,8 @@ from qdeploy.pipeline.report.verdict_words import short_reason
 
 __all__ = ["FIDELITY_METRICS", "HIGHLIGHT_WORDS", "MatrixRow", "TradeoffPoint", "benchmark_settings",
            "fidelity_metric", "gate_bound", "gate_label", "gate_verdict", "has_task_metric", "highlights",
-           "lineage_chain", "mark_pareto_front", "matrix", "problems", "summarize_value", "tradeoff_points",
-           "unmeasured_lines", "validation_notes"]
+           "lineage_chain", "mark_pareto_front", "matrix", "problems", "summarize_value", "task_metric_label",
+           "tradeoff_points", "unmeasured_lines", "validation_notes"]
 
 FIDELITY_METRICS: tuple[tuple[str, str], ...] = (
     ("task_metric", "task metric (validate.metric)"), ("snr_db", "SNR (dB) vs reference"),
@@ -133,6 +133,16 @@ def has_task_metric(report: Report) -> bool:
     return any(row.metrics.has("task_metric") for row in report.validation)
 
 
+def task_metric_label(report: Report) -> str:
+    """The task metric's column title: its name and which way is better when the rows say ('task metric' for a
+    report written before they did)."""
+    row = next((row for row in report.validation if row.task_metric_name), None)
+    if row is None:
+        return "task metric"
+    arrow = {"lower": " (lower is better)", "higher": ""}.get(row.task_metric_direction or "higher", "")
+    return f"{row.task_metric_name}{arrow}"
+
+
 def gate_bound(gate: GateResult) -> str:
     parts = [f">= {fmt_number(gate.min, 4, style='value')}" if gate.min is not None else "",
              f"<= {fmt_number(gate.max, 4, style='value')}" if gate.max is not None else ""]
@@ -154,6 +164,8 @@ def gate_label(gate: GateResult) -> str:
 def fidelity_metric(report: Report) -> tuple[str, str] | None:
     """(key, label) of the fidelity metric measured for the most rows."""
     for key, label in FIDELITY_METRICS:
+        if key == "task_metric" and any(row.task_metric_direction == "lower" for row in report.validation):
+            continue  # the view takes higher as better: a perplexity would draw the front upside down
         if any(isinstance(row.metrics.value(key), int | float) for row in report.validation):
             return key, label
     return None

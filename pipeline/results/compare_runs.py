@@ -33,8 +33,10 @@ __all__ = ["HIGHER_IS_BETTER", "Change", "NotComparableError", "RunComparison", 
            "threshold_line"]
 
 HIGHER_IS_BETTER = {"cosine": True, "snr_db": True, "top1_agreement": True, "top5_agreement": True,
-                    "task_metric": True, "max_abs_err": False, "mean_abs_err": False, "max_rel_err": False}
-"""Fidelity metrics compared, and which way is better (the recipe's task metric is taken as an accuracy)."""
+                    "task_metric": True, "max_abs_err": False, "mean_abs_err": False, "max_rel_err": False,
+                    "kl": False}
+"""Fidelity metrics compared, and which way is better (the recipe's task metric is taken as an accuracy unless
+its rows say it is lower-is-better: a built-in perplexity)."""
 _BAD_STATUSES = ("failed", "error", "unreadable")
 """A row that was measured and no longer is (the target cannot read the model now) is a regression too."""
 
@@ -250,6 +252,8 @@ def metric_changes(before: list[ValidationRow], after: list[ValidationRow],
                                   regression=now in _BAD_STATUSES and was not in _BAD_STATUSES))
         metrics_a, metrics_b = old[key].metrics, new[key].metrics
         for metric, higher_better in HIGHER_IS_BETTER.items():
+            if metric == "task_metric" and "lower" in (old[key].task_metric_direction, new[key].task_metric_direction):
+                higher_better = False  # a perplexity: a rise is the regression
             a, b = metrics_a.value(metric), metrics_b.value(metric)
             if is_finite_number(a) and not is_finite_number(b):
                 changes.append(Change("metric", f"{metric} of {subject}", a, b,

@@ -22,7 +22,8 @@ __all__ = ["evaluate_gates", "excuse_unreadable", "find_benchmark", "gates_hold"
 
 _Timed = TypeVar("_Timed", BenchmarkRow, ThroughputRow)
 
-_VALIDATION_METRICS = ("cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement", "task_metric")
+_DECODE_METRICS = ("decode_tokens_per_s", "decode_speedup")
+_VALIDATION_METRICS = ("cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement", "kl", "task_metric")
 
 
 def speedup(benchmarks: list[BenchmarkRow], variant: str, target: str, batch: int, reference: str) -> float | None:
@@ -63,6 +64,8 @@ def _measured(gate: GateSpec, validation: list[ValidationRow], benchmarks: list[
             return None, f"no validation of {gate.variant} on {gate.target}" + (f": {check.reason}" if check else "")
         value = check.metrics.value(gate.metric)
         return value, "" if value is not None else _unmeasured(gate.metric, check)
+    if gate.metric in _DECODE_METRICS:
+        return _decode_measured(gate, benchmarks, reference)
     if gate.metric == "speedup":
         value = speedup(benchmarks, gate.variant, gate.target, gate.batch_size, reference)
         return value, "" if value is not None else f"no benchmark of {gate.variant} and {reference} on {gate.target}"
@@ -72,6 +75,30 @@ def _measured(gate: GateSpec, validation: list[ValidationRow], benchmarks: list[
     if gate.metric == "latency_ms":
         return row.p50, ""
     return row.throughput_per_s, ""
+
+
+def _decode_ms(row: BenchmarkRow | None) -> float | None:
+    value = (row.decode or {}).get("decode_ms_per_token") if row is not None and row.status == "ok" else None
+    return float(value) if is_finite_number(value) and value > 0 else None
+
+
+def _decode_measured(gate: GateSpec, benchmarks: list[BenchmarkRow], reference: str) -> tuple[float | None, str]:
+    """A decode gate's value from the row's decode record (a language model with a KV cache): its tokens/s, or the
+    reference's decode ms per token over its own on the same target and batch."""
+    row = find_benchmark(benchmarks, gate.variant, gate.target, gate.batch_size)
+    if row is None or row.status != "ok":
+        return None, f"no benchmark of {gate.variant} on {gate.target}" + (f": {row.reason}" if row else "")
+    mine = _decode_ms(row)
+    if mine is None:  # the benchmark times decode only for a model with past/present inputs
+        return None, (f"no decode measurement of {gate.variant} on {gate.target}: {gate.metric} needs a language "
+                      "model with a KV cache (past/present inputs and outputs)")
+    if gate.metric == "decode_tokens_per_s":
+        rate = (row.decode or {}).get("tokens_per_s")
+        return (float(rate) if is_finite_number(rate) else 1e3 / mine), ""
+    theirs = _decode_ms(find_benchmark(benchmarks, reference, gate.target, gate.batch_size))
+    if theirs is None:
+        return None, f"no decode measurement of the reference {reference} on {gate.target}"
+    return theirs / mine, ""
 
 
 def _unmeasured(metric: str, row: ValidationRow) -> str:

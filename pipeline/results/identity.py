@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from qdeploy.core.context import Artifact
+from qdeploy.core.errors import RecipeError
 from qdeploy.core.files import sha256_file
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.core.stage_config import StageConfig
 from qdeploy.graph.utils import graph_inputs
+from qdeploy.pipeline.recipe.text_data import causal_lm_checkpoint, with_model_tokenizer
 
 if TYPE_CHECKING:
     from qdeploy.pipeline.recipe.schema import Recipe
@@ -71,6 +73,7 @@ def dataset_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, Datase
     sha256 of its content.  Never size and mtime: samples rewritten with other values but the same size and
     mtime would reuse an artifact calibrated on the old ones."""
     fingerprint: dict[str, DatasetFingerprintDict] = {}
+    read_as = with_model_tokenizer({name: recipe.data[name] for name in datasets}, recipe.model, recipe.resolve)
     for name in datasets:
         spec = recipe.data[name]
         files: list[tuple[str, str]] = []
@@ -78,8 +81,33 @@ def dataset_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, Datase
             folder = recipe.resolve(spec.path)
             files = sorted((p.name, sha256_file(p)) for p in folder.iterdir() if p.is_file()) \
                 if folder.is_dir() else []
+        if spec.reader == "text":  # one file, and the tokenizer that cuts it (the model's when it names none)
+            files = _text_files(recipe, spec.path or "", read_as[name].tokenizer or "")
         fingerprint[name] = {"spec": spec.model_dump(mode="json"), "files": files}
     return fingerprint
+
+
+_WEIGHT_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".onnx", ".h5", ".msgpack", ".ckpt"})
+"""Files of a transformers folder that hold weights, not the tokenizer: left out of a text dataset's identity
+(a checkpoint folder serving as the tokenizer would be hashed whole for every stage's key)."""
+
+
+def _text_files(recipe: Recipe, text: str, tokenizer: str) -> list[tuple[str, str]]:
+    """(name, sha256) of a text dataset's file and of its tokenizer's files (a folder's but its weights)."""
+    files = [(Path(text).name, _sha_or_note(recipe.resolve(text)))]
+    if tokenizer:
+        place = recipe.resolve(tokenizer)
+        members = sorted(item for item in place.iterdir() if item.is_file() and item.suffix not in _WEIGHT_SUFFIXES) \
+            if place.is_dir() else [place]
+        files += [(f"tokenizer/{item.name}", _sha_or_note(item)) for item in members]
+    return files
+
+
+def _sha_or_note(path: Path) -> str:
+    try:
+        return sha256_file(path)
+    except OSError:  # gone since the recipe was loaded: the reader will say so
+        return f"unreadable {path}"
 
 
 def code_fingerprint(recipe: Recipe, config: StageConfig) -> CodeFingerprintDict:
@@ -151,9 +179,26 @@ def _path_fields(recipe: Recipe) -> list[tuple[tuple[Any, ...], str]]:
         fields += [(("model", "torch", "factory"), model.torch.factory),
                    (("model", "torch", "weights"), model.torch.weights)]
     fields += [(("model", "inputs", index, "value"), spec.value) for index, spec in enumerate(model.inputs)]
+    if model.causal_lm is not None:
+        fields.append(_checkpoint_field(recipe))
     fields += [(("data", name, "path"), spec.path) for name, spec in recipe.data.items()]
+    fields += [(("data", name, "tokenizer"), spec.tokenizer) for name, spec in recipe.data.items()]
     fields += [(("validate", "reference_model"), validate.reference_model), (("validate", "metric"), validate.metric)]
     return [(loc, value) for loc, value in fields if isinstance(value, str)]  # a frozen number is no path
+
+
+def _checkpoint_field(recipe: Recipe) -> tuple[tuple[Any, ...], Any]:
+    """model.causal_lm's checkpoint as a path: its own 'path', or where 'package' and 'file' find it (its text
+    when the package is gone)."""
+    source = recipe.model.causal_lm
+    assert source is not None
+    if source.path is not None:
+        return ("model", "causal_lm", "path"), source.path
+    try:
+        found = causal_lm_checkpoint(recipe.model, recipe.resolve)
+    except RecipeError:
+        return ("model", "causal_lm", "file"), None  # the package is gone: its name and file stay as written
+    return ("model", "causal_lm", "file"), str(found)
 
 
 def _content_of(recipe: Recipe, value: str, *, code: bool) -> Any:

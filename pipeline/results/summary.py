@@ -21,6 +21,7 @@ from qdeploy.core.rows import (
 )
 from qdeploy.core.runtimes import device_default_name
 from qdeploy.pipeline.recipe.schema import Recipe
+from qdeploy.pipeline.report.decode import with_decode_speedup
 from qdeploy.pipeline.report.throughput import throughput_speedup
 from qdeploy.pipeline.report.verdict import compute_verdict
 from qdeploy.pipeline.results.envinfo import environment
@@ -57,6 +58,7 @@ def build_report(recipe: Recipe, artifacts: list[PublishedArtifactRow], validati
     timed = [row.replace(speedup=speedup(benchmarks, row.variant, row.target, row.batch_size, reference),
                          speedup_range=speedup_range(benchmarks, row, reference),
                          **_against_default(benchmarks, row, reference)) for row in benchmarks]
+    timed = [with_decode_speedup(benchmarks, row, reference) for row in timed]  # decode records only
     rates = []
     for row in throughput or []:
         ratio, spread = throughput_speedup(throughput or [], row, reference)

@@ -70,7 +70,7 @@ def describe_plan(recipe: Recipe) -> str:
     from qdeploy.pipeline.recipe.loader import recipe_python_references
 
     plan = build_plan(recipe)
-    source = recipe.model.onnx or (recipe.model.torch.factory if recipe.model.torch else "")
+    source = _export_source(recipe)
     lines = [f"recipe {recipe.name}: valid", "", "transforms (each computed once, shared by the variants listed):"]
     for node in plan.nodes:
         depth = len(node.prefix)
@@ -92,6 +92,14 @@ def describe_plan(recipe: Recipe) -> str:
         lines += ["", "Python code this recipe executes (review it: a recipe's code runs with your rights):"]
         lines += [f"  - {ref['field']}: {ref['code']}" for ref in references]
     return "\n".join(lines)
+
+
+def _export_source(recipe: Recipe) -> str:
+    """How the plan names the model it exports: the ONNX file, the torch factory or the causal_lm checkpoint."""
+    model = recipe.model
+    if model.causal_lm is not None:
+        return f"causal_lm {model.causal_lm.label()}"
+    return model.onnx or (model.torch.factory if model.torch else "")
 
 
 def _non_default(node: PlanNode) -> dict[str, Any]:

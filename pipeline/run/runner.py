@@ -317,7 +317,7 @@ def _build_export(state: _RunState) -> Artifact:
     info = registry.stage("export")
     config = state.recipe.model
     ctx = _context(state, EXPORTED, "export")
-    versions = library_versions(("qdeploy", *info.libraries, *(("torch",) if config.torch else ())))
+    versions = library_versions(("qdeploy", *registry.export_libraries(config)))
     key = cache_key({
         "stage": "export", "config": config.model_dump(mode="json"), "versions": versions,
         "sources": {str(path.name): sha256_file(path) for path in source_files(config, ctx)},
@@ -420,7 +420,9 @@ def _transform(state: _RunState, key: str, info: registry.StageInfo, parent: Art
 def _context(state: _RunState, variant: str, stage: str) -> StageContext:
     work = state.work_root / f"{variant}-{stage}"
     targets = state.recipe.validated_targets(true_fp16=registry.stage(stage).true_fp16_checked)
-    return state.recipe.stage_context(variant, work, on_progress=state.progress.detail, targets=targets)
+    shared = (state.store.root if state.use_cache else state.work_root) / "intermediate"
+    return state.recipe.stage_context(variant, work, on_progress=state.progress.detail, targets=targets,
+                                      cache_dir=shared)
 
 
 def _publish(state: _RunState, out_dir: Path, generation: Path) -> list[PublishedArtifactRow]:

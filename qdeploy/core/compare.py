@@ -23,10 +23,15 @@ Metric definitions (all in float64, over every sample of an output concatenated)
   dimension between the first and the last equal to 1 (``[N, C]``,
   ``[N, 1, 1, C]``).  Rows are ``reshape(-1, C)``.  Top-1: share of rows whose
   argmax agrees; top-5: share of rows whose reference argmax is among the
-  candidate's five highest scores.  Dense maps (``[1, 3, 8, 8]``) and
-  per-token logits (``[N, T, V]``) get None.
+  candidate's five highest scores.  Dense maps (``[1, 3, 8, 8]``) get None.
+- Per-token scores: a float output of rank 3 whose name ends with ``logits``
+  (``[N, S, V]``, a language model's) gets ``top1_agreement`` per token
+  position (rows ``reshape(-1, V)``) and ``kl``: the mean over token rows of
+  KL(softmax(ref) || softmax(cand)) over V, in nats, from log-softmax in
+  float64 (``qdeploy.core.lm_metrics``); no top-5.
 - ``nonfinite``: NaN/Inf count in the candidate.  Metrics are computed over the
-  positions finite in both.
+  positions (for ``kl``, the token rows) finite in both.  Every metric is
+  accumulated one sample at a time: the samples are never concatenated.
 
 Tolerances may differ per output: ``compare_outputs(..., per_output={name: Tolerance})``
 uses the mapping's entry for an output it names and ``tolerance`` for the others; each
@@ -39,7 +44,8 @@ differing sample counts.  Integer and bool outputs must match exactly; the
 tolerance applies to float outputs: ``cosine_min``, ``snr_db_min``, ``atol``
 alone (a limit on max_abs_err), ``rtol`` (with atol, default 0: every element
 within ``atol + rtol*|ref|``), ``top1_agreement_min`` (on outputs that have a
-top-1 agreement).
+top-1 agreement), ``kl_max`` (on per-token scores).  A top-1 or KL limit no
+output can be held to is a note ("not checked"), not a failure.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
+from qdeploy.core.lm_metrics import is_token_scores, kl_sum, top1_matches
+
 if TYPE_CHECKING:
     from qdeploy.core.tolerance import Tolerance
 
@@ -60,7 +68,7 @@ __all__ = ["SNR_CAP_DB", "OutputComparison", "OutputComparisonDict", "OutputMetr
 SNR_CAP_DB = 200.0
 _ISCLOSE_ATOL, _ISCLOSE_RTOL = 1e-8, 1e-5
 _REL_FLOOR = 1e-6
-_MAX_FIELDS = ("max_abs_err", "mean_abs_err", "max_rel_err")
+_MAX_FIELDS = ("max_abs_err", "mean_abs_err", "max_rel_err", "kl")
 _MIN_FIELDS = ("cosine", "snr_db", "within_tol", "top1_agreement", "top5_agreement")
 
 
@@ -76,6 +84,7 @@ class OutputMetricsDict(TypedDict):
     within_tol: float | None
     top1_agreement: float | None
     top5_agreement: float | None
+    kl: float | None
     nonfinite: int
     shape_mismatch: str | None
     passed: bool
@@ -105,6 +114,8 @@ class OutputMetrics:
     within_tol: float | None = None
     top1_agreement: float | None = None
     top5_agreement: float | None = None
+    kl: float | None = None
+    """Mean KL(softmax(ref) || softmax(candidate)) per token of ``[N, S, V]`` logits; None for other outputs."""
     nonfinite: int = 0
     shape_mismatch: str | None = None
     passed: bool = True
@@ -125,11 +136,14 @@ class OutputComparison:
     notes: list[str] = field(default_factory=list)
 
     def worst(self) -> dict[str, float | None]:
-        """Worst value over outputs: max of errors, min of cosine/snr/within_tol/top-k, sum of nonfinite."""
+        """Worst value over outputs: max of errors and kl (present only when an output has one), min of
+        cosine/snr/within_tol/top-k, sum of nonfinite."""
         worst: dict[str, float | None] = {}
         for key in (*_MAX_FIELDS, *_MIN_FIELDS):
             values = [getattr(out, key) for out in self.outputs if getattr(out, key) is not None]
             worst[key] = (max(values) if key in _MAX_FIELDS else min(values)) if values else None
+        if worst["kl"] is None:
+            del worst["kl"]  # only language-model logits have one: every other record keeps its keys
         worst["nonfinite"] = sum(out.nonfinite for out in self.outputs)
         return worst
 
@@ -165,22 +179,27 @@ def compare_outputs(reference: list[dict[str, np.ndarray]], candidate: list[dict
         metrics.tolerance = limits.model_dump(exclude_none=True)
         outputs.append(metrics)
         reasons.extend(output_reasons)
-    notes.extend(_unchecked_top1(outputs, tolerance, per_output))
+    notes.extend(_unchecked(outputs, tolerance, per_output))
     return OutputComparison(outputs=outputs, passed=not reasons, reasons=reasons, notes=notes)
 
 
-def _unchecked_top1(outputs: list[OutputMetrics], tolerance: Tolerance,
-                    per_output: Mapping[str, Tolerance]) -> list[str]:
-    """Notes on top-1 limits that no output could be held to (no output looks like class scores)."""
+_CHECKED_ON = {"top1_agreement_min": ("top1_agreement", "class scores ([N, C] floats)"),
+               "kl_max": ("kl", "per-token scores ([N, S, V] floats named ...logits)")}
+"""Limits that apply to some outputs only: the metric each reads, and the outputs that have it."""
+
+
+def _unchecked(outputs: list[OutputMetrics], tolerance: Tolerance, per_output: Mapping[str, Tolerance]) -> list[str]:
+    """Notes on top-1 and KL limits that no output could be held to (no output has that metric)."""
     notes = []
-    if tolerance.top1_agreement_min is not None and outputs and all(out.top1_agreement is None for out in outputs):
-        notes.append(f"top1_agreement_min {tolerance.top1_agreement_min:g} set but no output looks like "
-                     "class scores ([N, C] floats); not checked")
-    for out in outputs:
-        limit = per_output[out.name].top1_agreement_min if out.name in per_output else None
-        if limit is not None and out.top1_agreement is None:
-            notes.append(f"top1_agreement_min {limit:g} set for output '{out.name}', which does not look like "
-                         "class scores ([N, C] floats); not checked")
+    for limit_name, (metric, kind) in _CHECKED_ON.items():
+        limit = getattr(tolerance, limit_name)
+        if limit is not None and outputs and all(getattr(out, metric) is None for out in outputs):
+            notes.append(f"{limit_name} {limit:g} set but no output looks like {kind}; not checked")
+        for out in outputs:
+            own = getattr(per_output[out.name], limit_name) if out.name in per_output else None
+            if own is not None and getattr(out, metric) is None:
+                notes.append(f"{limit_name} {own:g} set for output '{out.name}', which does not look like {kind}; "
+                             "not checked")
     return notes
 
 
@@ -217,40 +236,65 @@ def _compare_output(name: str, refs: list[np.ndarray | None], cands: list[np.nda
         return OutputMetrics(name=name, shape_mismatch=mismatch), [f"output '{name}': {mismatch}"]
     ref_arrays = [r for r in refs if r is not None]
     cand_arrays = [c for c in cands if c is not None]
-    ref = np.concatenate([r.reshape(-1) for r in ref_arrays]).astype(np.float64)
-    cand = np.concatenate([c.reshape(-1) for c in cand_arrays]).astype(np.float64)
     exact = _kind(ref_arrays[0]) != "float"
-    finite = np.isfinite(ref) & np.isfinite(cand)
-    metrics = OutputMetrics(name=name, nonfinite=int(np.count_nonzero(~np.isfinite(cand))))
-    _elementwise(metrics, ref[finite], cand[finite], tolerance, exact=exact)
+    metrics = OutputMetrics(name=name)
+    ref_nonfinite, size = _elementwise(metrics, ref_arrays, cand_arrays, tolerance, exact=exact)
     if not exact:
-        _topk(metrics, ref_arrays, cand_arrays)
+        if is_token_scores(name, ref_arrays[0].shape, ref_arrays[0].dtype):
+            _token_scores(metrics, ref_arrays, cand_arrays)
+        else:
+            _topk(metrics, ref_arrays, cand_arrays)
     reasons = []
     if metrics.nonfinite:
         reasons.append(f"output '{name}': candidate holds {metrics.nonfinite} NaN/Inf values")
-    ref_nonfinite = int(np.count_nonzero(~np.isfinite(ref)))
     if ref_nonfinite:
         reasons.append(f"output '{name}': reference holds {ref_nonfinite} NaN/Inf values; cannot validate against it")
-    reasons.extend(_limit_reasons(metrics, tolerance, exact=exact, size=int(np.count_nonzero(finite))))
+    reasons.extend(_limit_reasons(metrics, tolerance, exact=exact, size=size))
     return metrics, reasons
 
 
-def _elementwise(metrics: OutputMetrics, ref: np.ndarray, cand: np.ndarray, tolerance: Tolerance, *,
-                 exact: bool) -> None:
-    """Fill the error, cosine, SNR and within-tolerance metrics from flat float64 arrays."""
-    err = np.abs(cand - ref)
-    abs_ref = np.abs(ref)
-    metrics.max_abs_err = float(err.max()) if err.size else 0.0
-    metrics.mean_abs_err = float(err.mean()) if err.size else 0.0
-    significant = abs_ref > _REL_FLOOR * (float(abs_ref.max()) if abs_ref.size else 0.0)
-    metrics.max_rel_err = float((err[significant] / abs_ref[significant]).max()) if significant.any() else 0.0
-    metrics.cosine = _cosine(ref, cand)
-    metrics.snr_db = _snr_db(ref, err)
-    if exact:
-        metrics.within_tol = float(np.mean(err == 0)) if err.size else 1.0
-        return
+def _flat(array: np.ndarray) -> np.ndarray:
+    return array.reshape(-1).astype(np.float64)
+
+
+def _elementwise(metrics: OutputMetrics, refs: list[np.ndarray], cands: list[np.ndarray], tolerance: Tolerance, *,
+                 exact: bool) -> tuple[int, int]:
+    """Fill the error, cosine, SNR and within-tolerance metrics and ``nonfinite``, one sample at a time in float64
+    (the samples of a language model's logits together are hundreds of MB: they are never concatenated); returns
+    the reference's NaN/Inf count and the count of positions finite in both, which the metrics cover."""
+    peak, ref_nonfinite, nonfinite = 0.0, 0, 0
+    for ref_array, cand_array in zip(refs, cands, strict=True):  # first pass: the largest |ref|, for max_rel_err
+        ref, cand = _flat(ref_array), _flat(cand_array)
+        ref_ok, cand_ok = np.isfinite(ref), np.isfinite(cand)
+        ref_nonfinite += int(np.count_nonzero(~ref_ok))
+        nonfinite += int(np.count_nonzero(~cand_ok))
+        kept = np.abs(ref[ref_ok & cand_ok])
+        peak = max(peak, float(kept.max()) if kept.size else 0.0)
+    metrics.nonfinite = nonfinite
     atol, rtol = _atol_rtol(tolerance)
-    metrics.within_tol = float(np.mean(err <= atol + rtol * abs_ref)) if err.size else 1.0
+    size, max_err, sum_err, max_rel, within = 0, 0.0, 0.0, 0.0, 0
+    dot, ref_sq, cand_sq, err_sq = 0.0, 0.0, 0.0, 0.0
+    for ref_array, cand_array in zip(refs, cands, strict=True):
+        ref, cand = _flat(ref_array), _flat(cand_array)
+        finite = np.isfinite(ref) & np.isfinite(cand)
+        ref, cand = ref[finite], cand[finite]
+        if not ref.size:
+            continue
+        err, abs_ref = np.abs(cand - ref), np.abs(ref)
+        size += ref.size
+        max_err, sum_err = max(max_err, float(err.max())), sum_err + float(err.sum())
+        significant = abs_ref > _REL_FLOOR * peak
+        if significant.any():
+            max_rel = max(max_rel, float((err[significant] / abs_ref[significant]).max()))
+        dot, ref_sq = dot + float(np.dot(ref, cand)), ref_sq + float(np.dot(ref, ref))
+        cand_sq, err_sq = cand_sq + float(np.dot(cand, cand)), err_sq + float(np.dot(err, err))
+        within += int(np.count_nonzero(err == 0)) if exact else int(np.count_nonzero(err <= atol + rtol * abs_ref))
+    metrics.max_abs_err, metrics.max_rel_err = max_err, max_rel
+    metrics.mean_abs_err = sum_err / size if size else 0.0
+    metrics.cosine = _cosine(dot, math.sqrt(ref_sq), math.sqrt(cand_sq))
+    metrics.snr_db = _snr_db(ref_sq, err_sq)
+    metrics.within_tol = within / size if size else 1.0
+    return ref_nonfinite, size
 
 
 def _atol_rtol(tolerance: Tolerance) -> tuple[float, float]:
@@ -259,17 +303,15 @@ def _atol_rtol(tolerance: Tolerance) -> tuple[float, float]:
     return tolerance.atol or 0.0, tolerance.rtol or 0.0
 
 
-def _cosine(ref: np.ndarray, cand: np.ndarray) -> float:
-    ref_norm, cand_norm = float(np.linalg.norm(ref)), float(np.linalg.norm(cand))
+def _cosine(dot: float, ref_norm: float, cand_norm: float) -> float:
     if ref_norm == 0.0 and cand_norm == 0.0:
         return 1.0
     if ref_norm == 0.0 or cand_norm == 0.0:
         return 0.0
-    return float(np.clip(np.dot(ref, cand) / (ref_norm * cand_norm), -1.0, 1.0))
+    return float(np.clip(dot / (ref_norm * cand_norm), -1.0, 1.0))
 
 
-def _snr_db(ref: np.ndarray, err: np.ndarray) -> float:
-    signal, noise = float(np.sum(ref * ref)), float(np.sum(err * err))
+def _snr_db(signal: float, noise: float) -> float:
     if noise == 0.0:
         return SNR_CAP_DB
     if signal == 0.0:
@@ -282,6 +324,18 @@ def _class_count(shape: tuple[int, ...]) -> int | None:
     if len(shape) < 2 or shape[-1] < 2 or any(dim != 1 for dim in shape[1:-1]):
         return None
     return shape[-1]
+
+
+def _token_scores(metrics: OutputMetrics, refs: list[np.ndarray], cands: list[np.ndarray]) -> None:
+    """Top-1 agreement per token position and the mean KL per token of ``[N, S, V]`` logits, sample by sample."""
+    agree, rows, kl_total, kl_rows = 0, 0, 0.0, 0
+    for ref, cand in zip(refs, cands, strict=True):
+        matched, count = top1_matches(ref, cand)
+        agree, rows = agree + matched, rows + count
+        total, summed = kl_sum(ref, cand)
+        kl_total, kl_rows = kl_total + total, kl_rows + summed
+    metrics.top1_agreement = agree / rows if rows else None
+    metrics.kl = kl_total / kl_rows if kl_rows else None
 
 
 def _topk(metrics: OutputMetrics, refs: list[np.ndarray], cands: list[np.ndarray]) -> None:
@@ -334,4 +388,7 @@ def _limit_reasons(m: OutputMetrics, tolerance: Tolerance, *, exact: bool, size:
             and m.top1_agreement < tolerance.top1_agreement_min:
         reasons.append(f"{where}: top1_agreement {_fmt(m.top1_agreement, tolerance.top1_agreement_min)} < "
                        f"top1_agreement_min {tolerance.top1_agreement_min:g}")
+    if tolerance.kl_max is not None and m.kl is not None and m.kl > tolerance.kl_max:
+        reasons.append(f"{where}: kl {_fmt(m.kl, tolerance.kl_max)} > kl_max {tolerance.kl_max:g} (mean KL "
+                       "divergence per token)")
     return reasons

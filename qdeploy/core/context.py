@@ -171,6 +171,9 @@ class StageContext:
     """The batch sizes the run benchmarks (empty when it benchmarks nothing): validation covers them too."""
     resolver: Callable[[str], Path] = Path
     """A path of the recipe (relative to the recipe file) -> where it is."""
+    cache_dir: Path | None = None
+    """A folder shared by the run's variants (and later runs): a stage's reusable intermediate results, each
+    keyed by a hash of what it was computed from and verified before reuse; None: nothing is shared."""
     sample_reader: SampleReader | None = None
     """Reads a dataset's feeds; None: this context has no data (``samples`` says so)."""
 

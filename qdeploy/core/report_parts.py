@@ -279,7 +279,7 @@ class VerdictSection(ResultRow):
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({"tie_break"})
 
-    by: Literal["latency", "throughput", "size"]
+    by: Literal["latency", "decode", "throughput", "size"]
     batch_size: int | None
     tie_break: str | None = None
     targets: dict[str, TargetVerdictRecord] = Field(default_factory=dict)

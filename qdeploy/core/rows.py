@@ -90,7 +90,7 @@ class ValidationMetrics(ResultRow):
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({
         "cosine", "snr_db", "max_abs_err", "mean_abs_err", "max_rel_err", "within_tol", "top1_agreement",
-        "top5_agreement", "nonfinite", "task_metric"})
+        "top5_agreement", "kl", "nonfinite", "task_metric"})
 
     max_abs_err: float | None = None
     mean_abs_err: float | None = None
@@ -100,6 +100,8 @@ class ValidationMetrics(ResultRow):
     within_tol: float | None = None
     top1_agreement: float | None = None
     top5_agreement: float | None = None
+    kl: float | None = None
+    """Mean KL divergence per token of language-model logits (qdeploy.core.compare); present only for them."""
     nonfinite: int | None = None
     task_metric: float | None = None
     """The recipe's validate.metric on this pair's outputs (present only when the recipe sets one)."""
@@ -120,7 +122,8 @@ class ValidationRow(ResultRow):
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({
         "outputs", "tolerance", "tolerance_basis", "precision", "execution", "samples",
-        "batch_sizes_validated", "task_metric_reference", "added", "precision_hint", "precision_attempts",
+        "batch_sizes_validated", "task_metric_reference", "task_metric_name", "task_metric_direction",
+        "added", "precision_hint", "precision_attempts",
         "deploy_precision", "unreadable"})
 
     variant: str
@@ -144,6 +147,10 @@ class ValidationRow(ResultRow):
     samples: int | None = None
     batch_sizes_validated: list[int] | None = None
     task_metric_reference: float | None = None
+    task_metric_name: str | None = None
+    """The recipe's validate.metric ('file.py:function' or a built-in name such as 'perplexity')."""
+    task_metric_direction: Literal["higher", "lower"] | None = None
+    """Which way task_metric is better: 'lower' for perplexity (a rise is a drop), 'higher' otherwise."""
     added: str | None = None
     """Why qdeploy added this row to the recipe's matrix (the fp16 true-precision check)."""
     precision_hint: str | None = None
@@ -199,7 +206,7 @@ class BenchmarkRow(ResultRow):
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({
         "warmup", "warmup_ms", "threads", "mode", "timed_call", "measure", "settings", "data", "output_shapes",
         "round_runs", "ci95_rel_width", "stopped_early", "execution", "speedup", "speedup_range", "precision_hint",
-        "machine_load", "speedup_vs_default", "speedup_vs_default_range"})
+        "machine_load", "speedup_vs_default", "speedup_vs_default_range", "decode"})
 
     variant: str
     target: str
@@ -234,6 +241,9 @@ class BenchmarkRow(ResultRow):
     machine_load: dict[str, Any] | None = None
     """How busy the machine was while this target was timed (other processes' cores, involuntary switches, load
     average, ``busy``) and the extra rounds that took (``qdeploy.stages.benchmark._machine``)."""
+    decode: dict[str, Any] | None = None
+    """Language models with a KV cache: prefill ms, decode ms per token, tokens/s, cache length reached
+    (``qdeploy.stages.benchmark._decode.DecodeRecordDict``); absent on other models."""
     # added by the report (qdeploy.pipeline.results.summary): against the reference variant on the same target and batch
     speedup: float | None = None
     speedup_range: list[float] | None = None

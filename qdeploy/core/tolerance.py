@@ -6,6 +6,8 @@ from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from qdeploy.core.lm_metrics import BUILTIN_METRICS
+
 __all__ = ["DEFAULT_TOLERANCES", "TOLERANCE_TAGS", "AnyTolerance", "StrictModel", "TaskTolerance", "Tolerance"]
 
 
@@ -25,6 +27,10 @@ class Tolerance(StrictModel):
         default=None, ge=0.0, description="Relative part of the elementwise limit atol + rtol*|ref|."
     )
     top1_agreement_min: float | None = Field(default=None, ge=0.0, le=1.0, description="Lowest top-1 agreement.")
+    kl_max: float | None = Field(
+        default=None, ge=0.0, allow_inf_nan=False,
+        description="Largest mean KL divergence KL(softmax(reference) || softmax(candidate)) per token, in nats, on "
+                    "outputs of per-token scores ([N, S, V] floats named ...logits, a language model's).")
 
 
 class TaskTolerance(StrictModel):
@@ -33,11 +39,14 @@ class TaskTolerance(StrictModel):
 
     metric: str | None = Field(default=None, description="'file.py:function' (relative to the recipe) or "
                                                          "'package.module:function', called as validate.metric is "
-                                                         "(docs/validate.md), higher is better; computed with the "
-                                                         "budget data's labels on float32 and on each candidate. "
-                                                         "The recipe's validate.metric when absent.")
+                                                         "(docs/validate.md), higher is better; or a built-in "
+                                                         f"metric ({', '.join(BUILTIN_METRICS)}), each with its "
+                                                         "own direction (a perplexity rise is a drop). Computed "
+                                                         "with the budget data's labels on float32 and on each "
+                                                         "candidate. The recipe's validate.metric when absent.")
     max_drop: float | None = Field(default=None, ge=0.0, allow_inf_nan=False,
-                                   description="Largest absolute drop of the metric.")
+                                   description="Largest absolute drop of the metric (for a lower-is-better "
+                                               "metric such as perplexity: its largest rise).")
     max_relative_drop: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False,
                                             description="Largest drop as a share of the float32 metric.")
     metric_timeout_seconds: float | None = Field(
@@ -57,8 +66,9 @@ class TaskTolerance(StrictModel):
 
     @model_validator(mode="after")
     def _one_limit(self) -> TaskTolerance:
-        if self.metric is not None and ":" not in self.metric:
-            raise ValueError(f"metric '{self.metric}' must be 'file.py:function' or 'package.module:function'")
+        if self.metric is not None and ":" not in self.metric and self.metric not in BUILTIN_METRICS:
+            raise ValueError(f"metric '{self.metric}' must be 'file.py:function', 'package.module:function' or a "
+                             f"built-in metric ({', '.join(BUILTIN_METRICS)})")
         if (self.max_drop is None) == (self.max_relative_drop is None):
             raise ValueError("a task-metric tolerance needs exactly one of max_drop or max_relative_drop")
         return self

@@ -11,6 +11,10 @@ What is fed is the recipe's data stacked to each batch size (stages/benchmark/_d
 each row (one artifact, target and batch size) has a time budget, ``max_seconds``, and says when it stopped
 early.
 
+Language models with a KV cache (past inputs paired with present outputs, stages/benchmark/_cache_layout.py) also
+get a ``decode`` record on the row of the smallest batch size: prefill latency and per-token decode on a growing
+cache, on the same sessions (stages/benchmark/_decode.py, ``benchmark.decode``).
+
 Documented choices, recorded in every result:
 - calls are synchronous, one request at a time (``mode``): the latency a single
   caller sees, which is what the speedup gates compare;
@@ -39,6 +43,7 @@ from qdeploy.core.errors import TargetUnavailable
 from qdeploy.core.memory import release_memory
 from qdeploy.core.rows import BenchmarkRow, BenchmarkStatus, StopRecord, ThroughputRow
 from qdeploy.stages.benchmark._data import BenchData, explain_failure, output_shape_notes, read_data
+from qdeploy.stages.benchmark._decode import DecodeOutcome, measure_decode
 from qdeploy.stages.benchmark._layers_macs import node_macs
 from qdeploy.stages.benchmark._machine import MachineLoadRecord
 from qdeploy.stages.benchmark._precision import Shipped, load_options, precision_record, shipped_precisions
@@ -157,19 +162,35 @@ def _benchmark_target(artifacts: dict[str, Artifact], target: str, batch: int, c
             results[name] = _result(name, target, batch, "error", explain_failure(exc, batch, data))
     timed = interleaved_rounds({name: item.turn for name, item in loaded.items()}, config, ctx,
                                f"{target} · batch {batch}")
+    decoded = _decode_outcomes(artifacts, {name: item for name, item in loaded.items() if name not in timed.failed},
+                      target, batch, config, ctx, data)
     for name, item in loaded.items():
         item.session.close()
         if name in timed.failed:
             results[name] = _result(name, target, batch, "error", timed.failed[name])
             continue
+        outcome = decoded.get(name, DecodeOutcome())
         measured = summarize(timed.rounds[name], batch)
         stopped = _stop_record(item, measured["runs"], config) if item.turn.stopped else None
         notes = [*item.setup["notes"], *([stopped.reason] if stopped else []),
-                 *_machine_notes(timed.machine), *_capped_note(measured["runs"], config)]
+                 *_machine_notes(timed.machine), *_capped_note(measured["runs"], config), *outcome.notes]
+        decode = {"decode": outcome.record.to_dict()} if outcome.record is not None else {}  # key absent otherwise
         results[name] = BenchmarkRow(variant=name, target=target, batch_size=batch, status="ok", reason="",
                                      **{**item.setup, **measured, "notes": notes}, stopped_early=stopped,
-                                     execution=item.session.executed.to_dict(), machine_load=timed.machine)
+                                     execution=item.session.executed.to_dict(), machine_load=timed.machine,
+                                     **decode)
     return [results[name] for name in artifacts]
+
+
+def _decode_outcomes(artifacts: dict[str, Artifact], loaded: dict[str, _Loaded], target: str, batch: int,
+            config: BenchmarkConfig, ctx: StageContext, data: BenchData) -> dict[str, DecodeOutcome]:
+    """Decode records of the models with a KV cache, on the row of the smallest batch size (one per artifact and
+    target), timed on the sessions the latency rounds used, while they are still loaded."""
+    plan = config.decode_settings
+    if plan is None or batch != min(config.batch_sizes) or not loaded:
+        return {}
+    sessions = {name: (item.session, artifacts[name].path) for name, item in loaded.items()}
+    return measure_decode(sessions, config, plan, batch, data, ctx, f"{target} · batch {batch}")
 
 
 def _prepare(artifact: Artifact, target: str, batch: int, config: BenchmarkConfig, data: BenchData,

@@ -9,9 +9,9 @@ from pydantic import Field, model_validator
 from qdeploy.core.stage_config import StageConfig
 from qdeploy.core.tolerance import StrictModel
 
-__all__ = ["DEFAULT_BUSY_SECONDS", "DEFAULT_ITERATIONS", "DEFAULT_MAX_SECONDS", "DEFAULT_TIMED_SECONDS",
-           "DEFAULT_WARMUP", "DEFAULT_WARMUP_SECONDS", "MAX_EXTRA_ROUND_FACTOR", "MODE", "NOISY_SPREAD",
-           "BenchmarkConfig", "MeasureRecord", "Mode", "ThroughputConfig"]
+__all__ = ["DEFAULT_BUSY_SECONDS", "DEFAULT_DECODE", "DEFAULT_ITERATIONS", "DEFAULT_MAX_SECONDS",
+           "DEFAULT_TIMED_SECONDS", "DEFAULT_WARMUP", "DEFAULT_WARMUP_SECONDS", "MAX_EXTRA_ROUND_FACTOR", "MODE",
+           "NOISY_SPREAD", "BenchmarkConfig", "DecodeConfig", "MeasureRecord", "Mode", "ThroughputConfig"]
 
 
 Mode = Literal["latency", "throughput", "both"]
@@ -50,6 +50,18 @@ class ThroughputConfig(StrictModel):
         return None if self.requests == "auto" else int(self.requests)
 
 
+class DecodeConfig(StrictModel):
+    """The recipe's `benchmark.decode` section: generation speed of a language model with a KV cache."""
+
+    prompt: int = Field(default=128, ge=1, le=131072,
+                        description="Prompt tokens of the prefill call (one call, empty cache).")
+    tokens: int = Field(default=16, ge=1, le=100_000,
+                        description="Single-token decode steps after the prefill, each fed the previous step's "
+                                    "presents as its past (a growing cache).")
+
+
+DEFAULT_DECODE = DecodeConfig()
+"""What a model with a KV cache gets when the recipe has no benchmark.decode: prompt 128, tokens 16."""
 
 NOISY_SPREAD = 0.10
 """A median whose 95% confidence interval is wider than this share of it cannot rank close variants."""
@@ -119,6 +131,12 @@ class BenchmarkConfig(StageConfig):
                     "AVX512-BF16 or AMX: bfloat16), also validate and time the reference at that default, as the "
                     "row fp32@default: what deploying without quantizing gives. Speedups are then given against it "
                     "too, and the verdict may ship it.")
+    decode: DecodeConfig | bool | None = Field(
+        default=None,
+        description="Decode benchmark of language models with a KV cache (past inputs paired with present outputs): "
+                    "{prompt: tokens of the prefill (default 128), tokens: single-token decode steps (default 16)}; "
+                    "reports prefill ms, decode ms per token and tokens/s. Absent or true: on with the defaults for "
+                    "models that have a cache; false: off. Other models keep the plain benchmark.")
     threads: int | None = Field(
         default=None, ge=1, le=1024,
         description="Intra-op threads (ONNX Runtime intra_op_num_threads, OpenVINO INFERENCE_NUM_THREADS); "
@@ -140,6 +158,13 @@ class BenchmarkConfig(StageConfig):
             raise ValueError(f"warmup_seconds + duration_seconds ({timed:g} s) exceed max_seconds "
                              f"({self.max_seconds:g} s), the time budget of a row: raise max_seconds")
         return self
+
+    @property
+    def decode_settings(self) -> DecodeConfig | None:
+        """The decode plan for models with a KV cache; None when the recipe turned it off."""
+        if self.decode is False:
+            return None
+        return self.decode if isinstance(self.decode, DecodeConfig) else DEFAULT_DECODE
 
     @property
     def throughput_settings(self) -> ThroughputConfig:

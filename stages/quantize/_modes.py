@@ -332,7 +332,7 @@ def weight_only(artifact: Artifact, config: WeightOnlyConfig, ctx: StageContext)
 
     ctx.on_progress(f"weight-only int{config.bits} {config.method} ({config.weight_format})")
     output = ctx.work_dir / "weight_only.onnx"
-    report = quantize_file(artifact.path, output, config, calibration_feeds(config, artifact.path, ctx))
+    report = quantize_file(artifact.path, output, config, calibration_feeds(config, artifact.path, ctx), ctx.cache_dir)
     if not report.quantized:
         kept = "; ".join(f"{node}: {why}" for node, why in list(report.kept_float.items())[:5])
         raise StageError(STAGE, ctx.variant, "mode weight_only found no MatMul with a constant 2-D float weight "

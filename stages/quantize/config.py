@@ -292,8 +292,20 @@ class WeightOnlyConfig(_ModeSettings):
     ratio: float = Field(default=1.0, gt=0.0, le=1.0, description="Share of the int4 MatMul weights (counted in "
                          "weights, NNCF's ratio) kept int4; the MatMuls whose int4 output error on calibration data "
                          "exceeds int8's the most become int8. Needs bits 4.")
-    calibration: Calibration = Field(default=None, description="Data that method gptq and ratio below 1 read (32 "
-                                                               "samples of seeded random data when absent).")
+    scale_estimation: bool = Field(
+        default=False, description="Fit each block's scale (and zero point) to its weights by weighted least "
+                                   "squares instead of taking it from the block's extremes; MatMul rows are weighted "
+                                   "by their input's mean square on the calibration data (which is then read), "
+                                   "embeddings alike. Same ops and sizes as without.")
+    zero_points: Literal["integer", "float"] = Field(
+        default="integer", description="Zero points of asymmetric MatMul blocks: 'integer' (4 or 8 bits per block) or "
+                                       "'float' (a float32 per block, as ONNX Runtime's HQQ quantizer writes "
+                                       "MatMulNBits: the block's levels may sit anywhere; 28 more bits per block). "
+                                       "Needs symmetric_weights false and weight_format matmulnbits; embeddings keep "
+                                       "integer zero points.")
+    calibration: Calibration = Field(default=None, description="Data that method gptq, ratio below 1 and "
+                                                               "scale_estimation read (32 samples of seeded random "
+                                                               "data when absent).")
     op_types: OpTypes = None
     exclude_nodes: ExcludeNodes
     verify_targets: VerifyTargets
@@ -303,8 +315,12 @@ class WeightOnlyConfig(_ModeSettings):
         if self.ratio < 1 and self.bits != 4:
             raise ValueError(f"ratio {self.ratio} splits int4 weights between int4 and int8: it needs bits 4, "
                              f"not {self.bits}")
-        if self.calibration is not None and self.method == "rtn" and self.ratio == 1:
-            raise ValueError("calibration is read only by method gptq or ratio below 1: set one, or remove it")
+        if self.calibration is not None and self.method == "rtn" and self.ratio == 1 and not self.scale_estimation:
+            raise ValueError("calibration is read only by method gptq, ratio below 1 or scale_estimation: set one, "
+                             "or remove it")
+        if self.zero_points == "float" and (self.symmetric_weights or self.weight_format != "matmulnbits"):
+            raise ValueError("zero_points 'float' is a MatMulNBits form of asymmetric blocks: it needs "
+                             "symmetric_weights false and weight_format matmulnbits")
         return self
 
     @field_validator("group_size")

@@ -180,16 +180,20 @@ class MixedPrecision(TypedDict):
 
 
 class WeightOnlyCalibration(TypedDict):
-    """The data gptq and ratio read (``calibration``)."""
+    """The data gptq, ratio and scale estimation read (``calibration``)."""
 
     data: str
     samples: int
+    statistics_reused: bool
+    """Its statistics came from the run's cache: another variant (or run) computed them on the same model and data."""
 
 
 class WeightOnlyDataFields(TypedDict, total=False):
     """The weight_only findings' fields about the method and the data (``weight_only._data.data_findings``)."""
 
     method: str
+    scale_estimation: bool
+    zero_points: str
     calibration: WeightOnlyCalibration
     mixed: MixedPrecision | None
 
@@ -330,8 +334,13 @@ class WeightOnlyFindings(QuantizeFindings):
     bytes: dict[str, int]
     method: str = "rtn"
     """How MatMul integers were chosen: rtn or gptq."""
+    scale_estimation: bool = False
+    """Block scales (and zero points) fitted by weighted least squares (``weight_only._scales``)."""
+    zero_points: str = "integer"
+    """Zero points of asymmetric 4-bit MatMul blocks: integer or float."""
     calibration: WeightOnlyCalibration | None = None
-    """The data gptq and ratio read ({data, samples}); null when nothing read data."""
+    """The data gptq, ratio and scale estimation read ({data, samples, statistics_reused}); null when nothing read
+    data."""
     mixed: MixedPrecision | None = None
     """ratio below 1: the sensitivity measure, each MatMul's score, those kept int8 and the int4 share reached."""
     blocks: dict[str, WeightBlock] | None = None

@@ -7,7 +7,8 @@ QuantizeLinear/DequantizeLinear (a QDQ model keeps its weights quantized).
 ``Shape`` and ``Size`` fold from statically inferred shapes.  The foldable
 nodes are evaluated together in one ONNX Runtime session; when that session
 fails, node by node, with ``onnx.reference`` as the fallback.  A folded tensor
-above the size limit is not folded: its node stays, the tensor is reported.
+above the size limit is not folded: its node stays, the tensor is reported; nor is a large result of a large
+initializer that other nodes read too (``_shared_folds``: it would be a second copy of that weight).
 Subgraphs (If/Loop/Scan bodies) are folded the same way when asked: a node
 inside one folds when its inputs are constants of its own graph or of the
 graphs around it; its value becomes an initializer of that subgraph; a
@@ -44,6 +45,7 @@ from qdeploy.stages.simplify._folding_shapes import (
     static_shapes,
     value_infos,
 )
+from qdeploy.stages.simplify._shared_folds import readers_of, shared_fold
 
 if TYPE_CHECKING:
     import numpy as np
@@ -210,6 +212,7 @@ def plan_folding(scope: Scope, limit_bytes: int,
     to_evaluate: list[onnx.NodeProto] = []
     known: dict[str, np.ndarray] = {}
     vectors: dict[str, list[int | None]] = {}  # Shape outputs with some dimensions known
+    readers = readers_of(scope.graph)
     for node in scope.graph.node:
         if not is_foldable_op(node) or any(name in scope.protected for name in node.output):
             continue
@@ -227,6 +230,11 @@ def plan_folding(scope: Scope, limit_bytes: int,
         if too_large:
             report.skipped.extend({"tensor": out, "bytes": size, "reason": f"{node.op_type} output above the limit "
                                    f"of {limit_bytes} bytes (from the inferred shape)"} for out, size in too_large)
+            continue
+        shared = shared_fold(node, scope, readers)
+        if shared is not None:  # a second copy of a weight that stays for its other readers (a tied embedding)
+            report.skipped.append({"tensor": node.output[0], "bytes": shared[1], "reason": f"{node.op_type} of "
+                                   f"'{shared[0]}', which other nodes read too: folding would store a second copy"})
             continue
         to_evaluate.append(node)
         const.update(name for name in node.output if name)

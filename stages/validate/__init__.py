@@ -23,6 +23,7 @@ import numpy as np
 from qdeploy.calibration.readers import model_inputs
 from qdeploy.core.compare import compare_outputs
 from qdeploy.core.errors import ModelError, QdeployInputError, RecipeError, TargetUnavailable
+from qdeploy.core.lm_metrics import metric_direction
 from qdeploy.core.rows import ValidationMetrics, ValidationRow, ValidationStatus
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
 from qdeploy.stages.validate._batches import BatchedFeeds, reference_batches, run_feeds, wanted_batch_sizes
@@ -244,7 +245,7 @@ def _task_metric(config: ValidateConfig, ctx: StageContext, source: Any, referen
     names = [info.name for info in model_inputs(source.feed_model)]
     labels = read_labels(ctx.datasets, ctx.resolve, config.data, names, config.samples)
     warning = "" if labels is not None else f"validate.metric '{config.metric}' called with labels=None: " \
-                                            "the dataset holds no 'label' arrays"
+                                            "the dataset holds no 'label' arrays (nor is it a text dataset)"
     if labels is not None and len(labels) != len(reference_outputs):
         labels, warning = None, f"{len(labels)} labels for {len(reference_outputs)} samples; labels=None given"
     value, failure = evaluate(function, config.metric, reference_outputs, labels)
@@ -370,7 +371,8 @@ def _add_task_metric(shared: _Run, row: ValidationRow, outputs: Outputs) -> Vali
     value, failure = evaluate(shared.task.function, shared.task.spec, outputs, shared.task.labels)
     warnings = row.warnings + [w for w in (shared.task.warning, failure) if w and w not in row.warnings]
     return row.replace(metrics=row.metrics.replace(task_metric=value),
-                       task_metric_reference=shared.task.reference_value, warnings=warnings)
+                       task_metric_reference=shared.task.reference_value, task_metric_name=shared.task.spec,
+                       task_metric_direction=metric_direction(shared.task.spec), warnings=warnings)
 
 
 def _add_divergence(shared: _Run, row: ValidationRow, path: Path, target: str, precision: str, outputs: Outputs,

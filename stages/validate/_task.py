@@ -1,4 +1,5 @@
-"""The user's task metric of the validate stage: ``validate: {metric: "file.py:function"}``.
+"""The task metric of the validate stage: ``validate: {metric: "file.py:function"}``, or a built-in one
+(``validate: {metric: perplexity}``, ``qdeploy.core.lm_metrics.BUILTIN_METRICS``).
 
 The function is called as ``function(outputs, labels) -> float``:
 
@@ -8,7 +9,12 @@ The function is called as ``function(outputs, labels) -> float``:
 - ``labels``: the dataset's labels stacked the same way, or None when the
   dataset has none (random data, .npy samples).  Labels are read from .npz
   samples of an ``npy`` dataset: the array under the key ``label`` (or
-  ``labels``) beside the input arrays, in the same file order as the inputs.
+  ``labels``) beside the input arrays, in the same file order as the inputs;
+  a ``text`` dataset's labels are each window's token ids.
+
+A built-in metric is computed from each sample's ``logits`` and its labels one
+sample at a time (the logits are never stacked), and says which way is better:
+``perplexity`` is lower-is-better, ``log_likelihood`` higher-is-better.
 
 It is called once on the reference outputs and once per (variant, target);
 its value is reported as ``metrics.task_metric`` (and the reference's as
@@ -29,8 +35,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdeploy.calibration.readers import is_npy_sample, sample_limit
+from qdeploy.calibration.text import text_labels
 from qdeploy.core.arrayfiles import load_npz
 from qdeploy.core.errors import DataError, RecipeError
+from qdeploy.core.lm_metrics import BuiltinMetric, builtin_metric
 from qdeploy.core.usercode import DEFAULT_METRIC_SECONDS, UserCodeError, UserFunction, import_user_module
 from qdeploy.core.userfiles import files_in_folder
 
@@ -48,7 +56,10 @@ TaskMetric = Callable[[dict[str, np.ndarray], Any], Any]
 
 def check_metric(spec: str, resolve: Callable[[str], Path], field: str = _FIELD) -> None:
     """Without running user code: the file exists and defines the function (for a module: it can be found);
-    ``field``: the recipe field that names it (a budget's tolerance.metric names one too)."""
+    ``field``: the recipe field that names it (a budget's tolerance.metric names one too); a built-in metric
+    needs nothing."""
+    if builtin_metric(spec) is not None:
+        return
     module_part, function = spec.rsplit(":", 1)
     if not module_part.endswith(".py"):
         if importlib.util.find_spec(module_part.split(".")[0]) is None:
@@ -75,7 +86,10 @@ def load_metric(spec: str, resolve: Callable[[str], Path], field: str = _FIELD,
                 seconds: float | None = None) -> TaskMetric:
     """Import the user's function ('file.py:function' relative to the recipe, or 'package.module:function'); it is
     called through ``qdeploy.core.usercode`` with a deadline of ``seconds`` per call (default
-    ``DEFAULT_METRIC_SECONDS``)."""
+    ``DEFAULT_METRIC_SECONDS``).  A built-in metric's name gives qdeploy's own (no user code, no deadline)."""
+    builtin = builtin_metric(spec)
+    if builtin is not None:
+        return builtin
     check_metric(spec, resolve, field)
     module_part, function = spec.rsplit(":", 1)
 
@@ -98,6 +112,8 @@ def read_labels(datasets: Mapping[str, DatasetInfo], resolve: Callable[[str], Pa
     Mirrors qdeploy.calibration.readers.npy_samples' file order (sorted .npy/.npz names, the same limit).
     """
     spec = datasets.get(dataset) if dataset is not None else None
+    if spec is not None and spec.reader == "text":  # next-token targets: the windows the reader feeds
+        return text_labels(spec, resolve, limit, dataset or "")  # type: ignore[arg-type]
     if spec is None or spec.reader != "npy" or not spec.path:
         return None
     folder = resolve(spec.path)
@@ -137,6 +153,12 @@ def evaluate(function: TaskMetric, spec: str, outputs: list[dict[str, np.ndarray
              labels: list[np.ndarray] | None, *, strict: bool = False) -> tuple[float | None, str]:
     """The metric's value, or None and a warning saying why (the function raised or returned no number).
     ``strict``: a metric that exited, was interrupted or did not return in time (``UserCodeError``) raises."""
+    if isinstance(function, BuiltinMetric):  # per sample: the logits of every sample stacked could be GBs
+        try:
+            number = function.over_samples(outputs, labels)
+        except ValueError as exc:
+            return None, f"metric '{spec}' cannot be computed: {exc}"
+        return (number, "") if math.isfinite(number) else (None, f"metric '{spec}' is {number}")
     names = list(dict.fromkeys(name for sample in outputs for name in sample))
     stacked = {name: stack([sample[name] for sample in outputs if name in sample]) for name in names}
     try:

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from qdeploy.core.lm_metrics import BUILTIN_METRICS
 from qdeploy.core.stage_config import StageConfig
 from qdeploy.core.tolerance import Tolerance
 
@@ -45,7 +46,10 @@ class ValidateConfig(StageConfig):
     metric: str | None = Field(
         default=None,
         description="Task metric 'file.py:function' (relative to the recipe) or 'package.module:function', called "
-                    "as function(outputs, labels) -> float; reported as task_metric and usable in gates.",
+                    "as function(outputs, labels) -> float, higher is better; or a built-in metric of a language "
+                    f"model's logits and a text dataset's token labels ({', '.join(BUILTIN_METRICS)}: perplexity is "
+                    "lower-is-better). Reported as task_metric (the reference's as task_metric_reference, with "
+                    "task_metric_name and task_metric_direction) and usable in gates.",
     )
     metric_timeout_seconds: float | None = Field(
         default=None, gt=0,
@@ -74,6 +78,7 @@ class ValidateConfig(StageConfig):
     @field_validator("metric")
     @classmethod
     def _metric_form(cls, value: str | None) -> str | None:
-        if value is not None and (":" not in value or not all(value.rsplit(":", 1))):
-            raise ValueError("metric must be 'file.py:function' or 'package.module:function'")
+        if value is not None and value not in BUILTIN_METRICS and (":" not in value or not all(value.rsplit(":", 1))):
+            raise ValueError("metric must be 'file.py:function', 'package.module:function' or a built-in metric "
+                             f"({', '.join(BUILTIN_METRICS)})")
         return value

@@ -10,10 +10,11 @@ Interface (names and symbolic axes as optimum writes them):
   outputs  logits [batch, sequence_length, vocab] float32, present.{i}.key / .value
            [batch, kv_heads, past_sequence_length + sequence_length, head_dim] float32
 
-Exported with torch.onnx.export (TorchScript exporter, opset 17, dynamic axes) around a wrapper that turns the
-flat past tensors into a transformers DynamicCache.  Weights are seeded normal(0, 0.02) like transformers' init,
-then the RMSNorm weights are jittered so no layer is an exact identity.  ``write_prompts`` writes prompt samples
-(token ids inside the vocabulary, an empty cache) for a recipe's npz dataset.
+Exported by the package's export core (``qdeploy.stages.export._causal_lm``: TorchScript exporter, opset 17,
+dynamic axes, a wrapper that turns the flat past tensors into a transformers DynamicCache).  Weights are seeded
+normal(0, 0.02) like transformers' init, then the RMSNorm weights are jittered so no layer is an exact identity.
+``write_prompts`` writes prompt samples (token ids inside the vocabulary, an empty cache) for a recipe's npz
+dataset.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from qdeploy.stages.export._causal_lm import export_kv, kv_io_names, kv_wrapper
+
+__all__ = ["build_config", "build_model", "export", "feeds", "io_names", "write_prompts"]
 
 
 def build_config(layers: int = 6, hidden: int = 512, vocab: int = 32000, heads: int = 8, kv_heads: int = 4) -> Any:
@@ -45,35 +50,13 @@ def build_model(config: Any, seed: int = 0) -> Any:
     return model
 
 
-
-
 def _wrapper(model: Any, layers: int) -> Any:
-    import torch
-    from transformers import DynamicCache
-
-    class Wrapper(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask, position_ids, *past):
-            cache = DynamicCache()
-            for index in range(layers):
-                cache.update(past[2 * index], past[2 * index + 1], index)
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=cache, use_cache=True)
-            presents = []
-            for layer in out.past_key_values.layers:
-                presents += [layer.keys, layer.values]
-            return (out.logits, *presents)
-
-    return Wrapper().eval()
+    return kv_wrapper(model, layers)
 
 
 def io_names(layers: int) -> tuple[list[str], list[str]]:
-    past = [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
-    present = [f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
-    return ["input_ids", "attention_mask", "position_ids", *past], ["logits", *present]
+    """(input names, output names) as optimum writes them."""
+    return kv_io_names(layers)
 
 
 def feeds(config: Any, *, batch: int = 1, prompt: int = 32, past: int = 0, seed: int = 0,
@@ -98,28 +81,14 @@ def feeds(config: Any, *, batch: int = 1, prompt: int = 32, past: int = 0, seed:
 
 def export(out: Path, *, layers: int = 6, hidden: int = 512, vocab: int = 32000, seed: int = 0) -> tuple[Path, Any]:
     """Export the decoder; returns the path and its config.  Checks ORT's logits against PyTorch's."""
-    import torch
-
     config = build_config(layers, hidden, vocab)
     model = build_model(config, seed)
-    wrapper = _wrapper(model, layers)
-    inputs, outputs = io_names(layers)
+    export_kv(model, out)
+    inputs, _ = io_names(layers)
     example = feeds(config, batch=1, prompt=4, past=3, seed=seed)
     example = {k: (v if k.startswith("input") or k.endswith(("mask", "ids")) else
                    np.random.default_rng(1).standard_normal(v.shape).astype(np.float32)) for k, v in example.items()}
-    args = tuple(torch.from_numpy(example[name]) for name in inputs)
-    dynamic = {"input_ids": {0: "batch", 1: "sequence_length"},
-               "attention_mask": {0: "batch", 1: "total_sequence_length"},
-               "position_ids": {0: "batch", 1: "sequence_length"},
-               "logits": {0: "batch", 1: "sequence_length"}}
-    for name in inputs[3:]:
-        dynamic[name] = {0: "batch", 2: "past_sequence_length"}
-    for name in outputs[1:]:
-        dynamic[name] = {0: "batch", 2: "total_sequence_length"}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(wrapper, args, str(out), input_names=inputs, output_names=outputs, dynamic_axes=dynamic,
-                      opset_version=17, dynamo=False, do_constant_folding=True)
-    _check_against_torch(out, wrapper, inputs, example)
+    _check_against_torch(out, kv_wrapper(model, layers), inputs, example)
     return out, config
 
 

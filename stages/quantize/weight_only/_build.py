@@ -32,21 +32,21 @@ edits are one-for-one swaps (MatMul -> MatMulNBits).
 from __future__ import annotations
 
 import logging
-import mmap
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from qdeploy.graph.names import NodeNames, name_nodes_uniquely
 from qdeploy.graph.utils import default_opset, subgraph_references
 from qdeploy.stages.quantize.findings import MixedPrecision, WeightBlock
 from qdeploy.stages.quantize.weight_only._blocks import block_for
 from qdeploy.stages.quantize.weight_only._data import activation_hessians, needs_data, plan
+from qdeploy.stages.quantize.weight_only._files import DataFile, Weights
 from qdeploy.stages.quantize.weight_only._gptq import gptq
 from qdeploy.stages.quantize.weight_only._pack import (
     grouped_tensors,
@@ -54,17 +54,17 @@ from qdeploy.stages.quantize.weight_only._pack import (
     pack_int4,
     packed_matmulnbits,
 )
+from qdeploy.stages.quantize.weight_only._scales import estimate_blocks
+from qdeploy.stages.quantize.weight_only._stats_cache import cached_hessians
 
 if TYPE_CHECKING:
     from qdeploy.stages.quantize.config import WeightOnlyConfig
 
 log = logging.getLogger(__name__)
 
-ALIGN = 4096
 PER_AXIS_OPSET = 13
 """First opset whose DequantizeLinear takes a scale per channel (``axis``): the int8 form of a weight no block
 divides."""
-COPY_CHUNK = 64 << 20
 SHAPE_ONLY_OPS = frozenset({"Reshape", "Transpose", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
 WEIGHT_ONLY_OPS = ("MatMul", "Gather")
 
@@ -87,75 +87,13 @@ class WeightOnlyReport:
     kept_float: dict[str, str] = field(default_factory=dict)
     bytes_out: int = 0
     calibration_samples: int = 0
+    statistics_reused: bool = False
+    """The calibration statistics came from the run's cache (another variant computed them)."""
     mixed: MixedPrecision | None = None
     """What ``ratio`` measured and chose (``_weight_only_data.plan``); None at ratio 1."""
     blocks: dict[str, WeightBlock] = field(default_factory=dict)
     """Weight -> the block it got where that is not ``group_size`` (``block_size``: null for per-channel int8), the
     length of its quantized axis, and why."""
-
-
-class _Weights:
-    """Initializers of the source model, read lazily: external ones through a read-only memory map."""
-
-    def __init__(self, model: onnx.ModelProto, folder: Path) -> None:
-        self.folder = folder
-        self.by_name = {init.name: init for init in model.graph.initializer}
-        self._maps: dict[str, mmap.mmap] = {}
-
-    def array(self, name: str) -> np.ndarray:
-        tensor = self.by_name[name]
-        if tensor.data_location != TensorProto.EXTERNAL:
-            return numpy_helper.to_array(tensor)
-        info = {entry.key: entry.value for entry in tensor.external_data}
-        dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
-        count = int(np.prod(tensor.dims)) if tensor.dims else 1
-        return np.frombuffer(self._map(info["location"]), dtype=dtype, count=count,
-                             offset=int(info.get("offset", 0))).reshape(tuple(tensor.dims))
-
-    def raw_pieces(self, name: str) -> Iterator[memoryview | bytes]:
-        """The tensor's bytes in pieces of at most COPY_CHUNK (file to file for external data)."""
-        tensor = self.by_name[name]
-        if tensor.data_location != TensorProto.EXTERNAL:
-            yield numpy_helper.to_array(tensor).tobytes()
-            return
-        info = {entry.key: entry.value for entry in tensor.external_data}
-        buffer = memoryview(self._map(info["location"]))
-        start = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else len(buffer) - start
-        for offset in range(start, start + length, COPY_CHUNK):
-            yield buffer[offset:min(offset + COPY_CHUNK, start + length)]
-
-    def _map(self, location: str) -> mmap.mmap:
-        if location not in self._maps:
-            with (self.folder / location).open("rb") as stream:
-                self._maps[location] = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ)
-        return self._maps[location]
-
-
-class _DataFile:
-    """The output's one data file: tensors appended at 4 KiB-aligned offsets."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.stream = path.open("wb")
-
-    def add(self, name: str, data_type: int, dims: list[int], pieces: Any) -> TensorProto:
-        offset = self.stream.tell()
-        pad = (-offset) % ALIGN
-        self.stream.write(b"\0" * pad)
-        offset += pad
-        for piece in pieces:
-            self.stream.write(piece)
-        tensor = TensorProto(name=name, data_type=data_type, dims=dims, data_location=TensorProto.EXTERNAL)
-        for key, value in (("location", self.path.name), ("offset", str(offset)),
-                           ("length", str(self.stream.tell() - offset))):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, value
-        return tensor
-
-    def close(self) -> None:
-        self.stream.flush()
-        self.stream.close()
 
 
 @dataclass(frozen=True)
@@ -164,6 +102,8 @@ class _Target:
     weight: str
     kind: Literal["matmul", "gather"]
     bits: int
+    transposed_from: str | None = None
+    """The 2-D initializer ``weight`` is the Transpose of (a tied LM head reading the embedding table)."""
     fixed: bool = False
     """Bits set by ``lm_head``/``embeddings``: ``ratio`` leaves it alone."""
     hessian: np.ndarray | None = field(default=None, compare=False)
@@ -200,16 +140,18 @@ def find_targets(model: onnx.ModelProto, config: WeightOnlyConfig, report: Weigh
             consumers.setdefault(name, []).append(node)
     read_inside = subgraph_references(graph)
     op_types = config.op_types or list(WEIGHT_ONLY_OPS)
+    transposes = _transposed_initializers(graph, inits)
     targets = []
     for node in graph.node:
         if node.op_type not in op_types or node.domain not in ("", "ai.onnx"):
             continue
         kind: Literal["matmul", "gather"] = "matmul" if node.op_type == "MatMul" else "gather"
         weight = node.input[1] if kind == "matmul" else node.input[0]
-        if not _float_2d(inits.get(weight)):
+        stored = transposes.get(weight) if kind == "matmul" else None
+        if not _float_2d(inits.get(stored or weight)):
             continue
-        why = _kept_because(node, weight, config, read_inside)
-        if inits[weight].data_type == TensorProto.FLOAT16:  # MatMulNBits' scales would have to be float16 too
+        why = _kept_because(node, stored or weight, config, read_inside)
+        if inits[stored or weight].data_type == TensorProto.FLOAT16:  # MatMulNBits' scales would be float16 too
             why = why or "float16 weight: put weight_only before fp16 in the variant's steps"
         policy, head = "same", False
         if not why:
@@ -221,9 +163,32 @@ def find_targets(model: onnx.ModelProto, config: WeightOnlyConfig, report: Weigh
         if why:
             report.kept_float[node.name] = why
             continue
-        targets.append(_Target(node, weight, kind, 8 if policy == "int8" else config.bits,
+        targets.append(_Target(node, weight, kind, 8 if policy == "int8" else config.bits, transposed_from=stored,
                                fixed=kind == "gather" or head))
     return targets
+
+
+def _transposed_initializers(graph: onnx.GraphProto, inits: dict[str, TensorProto]) -> dict[str, str]:
+    """Output of a 2-D Transpose of an initializer -> the initializer: the form a tied LM head takes when its
+    weight is stored once (``MatMul(h, Transpose(E))`` beside ``Gather(E, ids)``)."""
+    found = {}
+    for node in graph.node:
+        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") or node.input[0] not in inits:
+            continue
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+        if len(inits[node.input[0]].dims) == 2 and perm == [1, 0]:
+            found[node.output[0]] = node.input[0]
+    return found
+
+
+def _drop_unread_transposes(graph: onnx.GraphProto, transposed: dict[str, str]) -> None:
+    """Transposes of a table that only the quantized LM head read (it now holds the table itself)."""
+    read = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
+    read |= subgraph_references(graph)
+    kept = [node for node in graph.node if not (node.op_type == "Transpose" and node.output[0] in transposed
+                                                and node.output[0] not in read)]
+    del graph.node[:]
+    graph.node.extend(kept)
 
 
 def _kept_because(node: onnx.NodeProto, weight: str, config: WeightOnlyConfig, read_inside: set[str]) -> str:
@@ -241,18 +206,19 @@ def _add(graph: onnx.GraphProto, tensor: TensorProto) -> str:
     return tensor.name
 
 
-Lowering = Callable[[_Target, _Weights, _DataFile, "WeightOnlyConfig", onnx.GraphProto], list[onnx.NodeProto]]
+Lowering = Callable[[_Target, Weights, DataFile, "WeightOnlyConfig", onnx.GraphProto], list[onnx.NodeProto]]
 
 
-def _matmulnbits(target: _Target, weights: _Weights, out: _DataFile, config: WeightOnlyConfig,
+def _matmulnbits(target: _Target, weights: Weights, out: DataFile, config: WeightOnlyConfig,
                  graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     array = weights.array(target.weight)
     rows, cols = array.shape
     group = config.group_size
-    if target.hessian is None:
+    float_zero = _float_zero(config, target.bits)
+    if target.hessian is None and not config.scale_estimation and not float_zero:
         packed, scales, zero_points = matmulnbits_tensors(array, target.bits, group, config.symmetric_weights)
     else:
-        ints, block_scales, block_zeros = gptq(array, target.hessian, target.bits, group, config.symmetric_weights)
+        ints, block_scales, block_zeros = _fitted(array, target, group, config)
         packed, scales, zero_points = packed_matmulnbits(ints, block_scales, block_zeros, target.bits, group)
     blocks = (rows + group - 1) // group
     base = f"{target.weight}_q{target.bits}"
@@ -260,8 +226,9 @@ def _matmulnbits(target: _Target, weights: _Weights, out: _DataFile, config: Wei
               _add(graph, out.add(base, TensorProto.UINT8, [cols, blocks, group * target.bits // 8], packed)),
               _add(graph, out.add(f"{base}_scales", TensorProto.FLOAT, [cols * blocks], [scales]))]
     if zero_points is not None:
-        zp_dims = [cols, (blocks * target.bits + 7) // 8]
-        inputs.append(_add(graph, out.add(f"{base}_zero_points", TensorProto.UINT8, zp_dims, [zero_points])))
+        zp_type, zp_dims = ((TensorProto.FLOAT, [cols * blocks]) if float_zero
+                            else (TensorProto.UINT8, [cols, (blocks * target.bits + 7) // 8]))
+        inputs.append(_add(graph, out.add(f"{base}_zero_points", zp_type, zp_dims, [zero_points])))
     attrs = {"K": rows, "N": cols, "bits": target.bits, "block_size": group}
     if config.accuracy_level:
         attrs["accuracy_level"] = config.accuracy_level
@@ -269,14 +236,34 @@ def _matmulnbits(target: _Target, weights: _Weights, out: _DataFile, config: Wei
                              domain="com.microsoft", **attrs)]
 
 
-def _gather_block_quantized(target: _Target, weights: _Weights, out: _DataFile, config: WeightOnlyConfig,
+def _float_zero(config: WeightOnlyConfig, bits: int) -> bool:
+    """Float zero points: asymmetric 4-bit MatMul blocks only (ONNX Runtime's MatMulNBits refuses them at 8 bits)."""
+    return config.zero_points == "float" and not config.symmetric_weights and bits == 4
+
+
+def _fitted(array: np.ndarray, target: _Target, group: int, config: WeightOnlyConfig
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Integers, scales and zero points [Kp, N] / [Kp/group, N] chosen on data (GPTQ) or fitted per block (scale
+    estimation, float zero points), for a MatMul weight [K, N]."""
+    float_zero = _float_zero(config, target.bits)
+    if config.method == "gptq" and target.hessian is not None:
+        return gptq(array, target.hessian, target.bits, group, config.symmetric_weights,
+                    estimate=config.scale_estimation, float_zero=float_zero)
+    importance = None if target.hessian is None else np.diag(target.hessian)
+    return estimate_blocks(array, importance, target.bits, group, config.symmetric_weights, float_zero)
+
+
+def _gather_block_quantized(target: _Target, weights: Weights, out: DataFile, config: WeightOnlyConfig,
                             graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """GatherBlockQuantized: int4 (signed, symmetric) or uint4 (asymmetric) data [V, H]; 8 bits as uint8 data
     with zero points (the op has no signed 8-bit form)."""
     array = weights.array(target.weight)
     group = config.group_size
     symmetric = config.symmetric_weights and target.bits == 4
-    values, scales, zeros = grouped_tensors(array, 1, target.bits, group, symmetric)
+    if config.scale_estimation:
+        values, scales, zeros = _fitted_table(array, target.bits, group, symmetric)
+    else:
+        values, scales, zeros = grouped_tensors(array, 1, target.bits, group, symmetric)
     rows, cols = array.shape
     base = f"{target.weight}_q{target.bits}"
     data_type = (TensorProto.INT4 if symmetric else TensorProto.UINT4) if target.bits == 4 else TensorProto.UINT8
@@ -289,16 +276,30 @@ def _gather_block_quantized(target: _Target, weights: _Weights, out: _DataFile, 
                              quantize_axis=1)]
 
 
-def _dequantize_linear(target: _Target, weights: _Weights, out: _DataFile, config: WeightOnlyConfig,
+def _fitted_table(array: np.ndarray, bits: int, group: int, symmetric: bool
+                  ) -> tuple[list[bytes], list[bytes], list[bytes] | None]:
+    """An embedding table [V, H] with fitted blocks along H (no data: every column alike), in
+    ``grouped_tensors``' axis-1 layout."""
+    ints, scales, zeros = estimate_blocks(array.T, None, bits, group, symmetric)
+    cols = array.shape[1]
+    values = np.ascontiguousarray(ints[:cols].T)  # [V, H]; H is a multiple of the block (``block_for``)
+    pack = pack_int4 if bits == 4 else (lambda part: np.ascontiguousarray(part).tobytes())
+    return ([pack(values)], [np.ascontiguousarray(scales.T).tobytes()],
+            None if zeros is None else [pack(np.ascontiguousarray(zeros.T))])
+
+
+def _dequantize_linear(target: _Target, weights: Weights, out: DataFile, config: WeightOnlyConfig,
                        graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """The opset-21 form: DequantizeLinear(q, scale, zero_point, axis, block_size) feeding the MatMul/Gather."""
     array = weights.array(target.weight)
     axis = 0 if target.kind == "matmul" else 1
     group = config.group_size  # the block chosen for this weight (``block_for``)
-    if target.hessian is None:
-        values, scales, zeros = grouped_tensors(array, axis, target.bits, group, config.symmetric_weights)
+    if target.kind == "matmul" and (target.hessian is not None or config.scale_estimation):
+        values, scales, zeros = _fitted_grouped(array, target, group, config)
+    elif config.scale_estimation:
+        values, scales, zeros = _fitted_table(array, target.bits, group, config.symmetric_weights)
     else:
-        values, scales, zeros = _gptq_grouped(array, target, group, config.symmetric_weights)
+        values, scales, zeros = grouped_tensors(array, axis, target.bits, group, config.symmetric_weights)
     rows, cols = array.shape
     data_type = {(4, True): TensorProto.INT4, (4, False): TensorProto.UINT4,
                  (8, True): TensorProto.INT8, (8, False): TensorProto.UINT8}[(target.bits, config.symmetric_weights)]
@@ -311,7 +312,7 @@ def _dequantize_linear(target: _Target, weights: _Weights, out: _DataFile, confi
     return _dequantized_before(target, inputs, f"{base}_dq", axis=axis, block_size=group)
 
 
-def _per_channel_int8(target: _Target, weights: _Weights, out: _DataFile, config: WeightOnlyConfig,
+def _per_channel_int8(target: _Target, weights: Weights, out: DataFile, config: WeightOnlyConfig,
                       graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """No block divides the quantized axis: int8 with one scale per output channel (a MatMul weight's column, a
     table's row) in an opset-13 DequantizeLinear with ``axis`` before the MatMul/Gather."""
@@ -340,12 +341,11 @@ def _dequantized_before(target: _Target, inputs: list[str], dequantized: str, *,
                              **blocked), rewired]
 
 
-def _gptq_grouped(array: np.ndarray, target: _Target, group: int, symmetric: bool
-                  ) -> tuple[list[bytes], list[bytes], list[bytes] | None]:
-    """GPTQ's integers in the blocked DequantizeLinear layout (``grouped_tensors``' for axis 0); ``group``
-    divides K there, so there is no padding to cut."""
-    assert target.hessian is not None
-    ints, scales, zeros = gptq(array, target.hessian, target.bits, group, symmetric)
+def _fitted_grouped(array: np.ndarray, target: _Target, group: int, config: WeightOnlyConfig
+                    ) -> tuple[list[bytes], list[bytes], list[bytes] | None]:
+    """GPTQ's or scale estimation's integers in the blocked DequantizeLinear layout (``grouped_tensors``' for
+    axis 0); ``group`` divides K there, so there is no padding to cut."""
+    ints, scales, zeros = _fitted(array, target, group, config)
     pack = pack_int4 if target.bits == 4 else (lambda values: np.ascontiguousarray(values).tobytes())
     return [pack(ints)], [np.ascontiguousarray(scales).tobytes()], None if zeros is None else [pack(zeros)]
 
@@ -365,9 +365,11 @@ def _named(nodes: list[onnx.NodeProto], replaced: onnx.NodeProto, names: NodeNam
 
 
 def quantize_file(source: Path, target: Path, config: WeightOnlyConfig,
-                  feeds: Iterable[dict[str, np.ndarray]] | None = None) -> WeightOnlyReport:
+                  feeds: Iterable[dict[str, np.ndarray]] | None = None, cache_dir: Path | None = None
+                  ) -> WeightOnlyReport:
     """Quantize ``source`` (external data beside it, or inline) into ``target`` + ``target.data``; ``feeds``
-    are the calibration samples that ``method: gptq`` and ``ratio`` below 1 read."""
+    are the calibration samples that ``method: gptq``, ``ratio`` below 1 and scale estimation read; their
+    statistics are shared through ``cache_dir`` (``_stats_cache``) when given."""
     model = onnx.load(str(source), load_external_data=False)
     name_nodes_uniquely(model)  # ONNX allows nameless nodes: "" + "_Q" would name every MatMulNBits alike
     names = NodeNames.of(model.graph)
@@ -375,15 +377,17 @@ def quantize_file(source: Path, target: Path, config: WeightOnlyConfig,
         model = _to_opset21(model)
     report = WeightOnlyReport()
     planned = find_targets(model, config, report)
-    weights = _Weights(model, source.parent)
+    weights = Weights(model, source.parent)
+    weights.transposed.update({one.weight: one.transposed_from for one in planned if one.transposed_from})
     if needs_data(config) and any(one.kind == "matmul" for one in planned):
         if feeds is None:
             raise ValueError(f"method {config.method} with ratio {config.ratio} needs calibration feeds")
         inputs = sorted({one.node.input[0] for one in planned if one.kind == "matmul"})
-        hessians, report.calibration_samples = activation_hessians(source, model, inputs, feeds)
+        hessians, report.calibration_samples, report.statistics_reused = cached_hessians(
+            source, model, inputs, feeds, lambda data: activation_hessians(source, model, inputs, data), cache_dir)
         planned = plan(planned, config, weights.array, hessians, report)
     targets = {id(one.node): one for one in planned}
-    data = _DataFile(target.with_name(target.name + ".data"))
+    data = DataFile(target.with_name(target.name + ".data"))
     graph = onnx.GraphProto()  # the new graph; the old one stays intact while it is read
     graph.name, graph.doc_string = model.graph.name, model.graph.doc_string
     for field_name in ("input", "output", "value_info", "sparse_initializer"):
@@ -397,6 +401,7 @@ def quantize_file(source: Path, target: Path, config: WeightOnlyConfig,
                 found = None
             if found is None:
                 graph.node.append(node)
+        _drop_unread_transposes(graph, weights.transposed)
         _carry_initializers(model.graph, graph, weights, data, {found.weight for found in targets.values()})
     finally:
         data.close()
@@ -411,12 +416,12 @@ def quantize_file(source: Path, target: Path, config: WeightOnlyConfig,
     return report
 
 
-def _lower(found: _Target, weights: _Weights, data: _DataFile, config: WeightOnlyConfig, graph: onnx.GraphProto,
+def _lower(found: _Target, weights: Weights, data: DataFile, config: WeightOnlyConfig, graph: onnx.GraphProto,
            names: NodeNames, report: WeightOnlyReport, opset: int) -> bool:
     """Write ``found``'s quantized weight and its nodes in the block ``block_for`` chooses; False (and the reason
     in ``report.kept_float``) when it stays float."""
     node = found.node
-    block = block_for(found.kind, list(weights.by_name[found.weight].dims), config)
+    block = block_for(found.kind, weights.dims(found.weight), config)
     if block.size is None and opset < PER_AXIS_OPSET:
         report.kept_float[node.name] = (f"no block fits its axis ({block.axis_length}) and the int8 form with a "
                                         f"scale per channel needs opset {PER_AXIS_OPSET} (the model's is {opset})")
@@ -427,15 +432,21 @@ def _lower(found: _Target, weights: _Weights, data: _DataFile, config: WeightOnl
     graph.node.extend(_named(lowering(found, weights, data, fitted, graph), node, names))
     report.quantized[node.name] = QuantizedWeight(op=node.op_type, weight=found.weight,
                                                   bits=found.bits if block.size else 8, block_size=block.size,
-                                                  method="rtn" if found.hessian is None or block.size is None
-                                                  else "gptq")
+                                                  method=_method_label(found, config, block.size))
     if block.why:
         report.blocks[found.weight] = WeightBlock(block_size=block.size, axis=block.axis_length, why=block.why)
         log.info("weight_only: %s: %s", found.weight, block.why)
     return True
 
 
-def _carry_initializers(old: onnx.GraphProto, new: onnx.GraphProto, weights: _Weights, data: _DataFile,
+def _method_label(found: _Target, config: WeightOnlyConfig, block: int | None) -> str:
+    if block is None:
+        return "rtn"
+    base = "gptq" if found.kind == "matmul" and config.method == "gptq" and found.hessian is not None else "rtn"
+    return base + ("+scale_estimation" if config.scale_estimation else "")
+
+
+def _carry_initializers(old: onnx.GraphProto, new: onnx.GraphProto, weights: Weights, data: DataFile,
                         quantized: set[str]) -> None:
     """Initializers still read go to the new graph: large or external ones copied file to file into the data
     file, small inline ones as they are; quantized weights nothing reads any more are dropped."""

@@ -56,6 +56,7 @@ class _Planned(Protocol):
 
 class _Report(Protocol):
     calibration_samples: int
+    statistics_reused: bool
     mixed: MixedPrecision | None
 
 
@@ -63,7 +64,7 @@ Target = TypeVar("Target", bound=_Planned)
 
 
 def needs_data(config: WeightOnlyConfig) -> bool:
-    return config.method == "gptq" or config.ratio < 1
+    return config.method == "gptq" or config.ratio < 1 or config.scale_estimation
 
 
 def calibration_feeds(config: WeightOnlyConfig, source: Path, ctx: StageContext) -> Iterable[dict] | None:
@@ -116,7 +117,8 @@ def plan(targets: list[Target], config: WeightOnlyConfig, array_of: Callable[[st
     """Targets with their Hessian attached (MatMuls, for gptq) and the ratio's int8 choice made; the report
     records the sensitivity of every candidate and which stayed int8."""
     planned = [dataclasses.replace(found, hessian=hessians.get(found.node.input[0]))  # type: ignore[type-var]
-               if found.kind == "matmul" and config.method == "gptq" else found for found in targets]
+               if found.kind == "matmul" and (config.method == "gptq" or config.scale_estimation) else found
+               for found in targets]
     if config.ratio >= 1:
         return planned
     candidates = [found for found in planned if found.kind == "matmul" and found.bits == 4 and not found.fixed]
@@ -141,10 +143,11 @@ def plan(targets: list[Target], config: WeightOnlyConfig, array_of: Callable[[st
 
 def data_findings(config: WeightOnlyConfig, report: _Report) -> WeightOnlyDataFields:
     """The weight_only findings' fields about the method and the data (``WeightOnlyFindings``)."""
-    extra = WeightOnlyDataFields(method=config.method)
+    extra = WeightOnlyDataFields(method=config.method, scale_estimation=config.scale_estimation,
+                                 zero_points=config.zero_points)
     if needs_data(config):
         extra["calibration"] = WeightOnlyCalibration(
             data=(config.calibration.data if config.calibration else None) or "random",
-            samples=report.calibration_samples)
+            samples=report.calibration_samples, statistics_reused=report.statistics_reused)
         extra["mixed"] = report.mixed
     return extra

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from qdeploy.stages.quantize.weight_only._pack import block_quantize
+from qdeploy.stages.quantize.weight_only._scales import fit_blocks
 
 __all__ = ["DAMP", "dequantize", "gptq", "int4_output_error", "output_error", "rtn_dequantized"]
 
@@ -57,18 +58,21 @@ def _upper_inverse_factor(hessian: np.ndarray, padded: np.ndarray, group: int) -
     return factor
 
 
-def gptq(weight: np.ndarray, hessian: np.ndarray, bits: int, group: int, symmetric: bool
-         ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def gptq(weight: np.ndarray, hessian: np.ndarray, bits: int, group: int, symmetric: bool, *,
+         estimate: bool = False, float_zero: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """GPTQ of a [K, N] weight with the Hessian [K, K] of its input: integers [Kp, N] (int8 holding the signed
     values when symmetric, uint8 with zero points otherwise; Kp = K padded to whole groups, the padding
-    quantizing zeros), scales [Kp/group, N] and zero points [Kp/group, N] (None when symmetric)."""
+    quantizing zeros), scales [Kp/group, N] and zero points [Kp/group, N] (None when symmetric; float32 with
+    ``float_zero``).  ``estimate``: each block's scale is fitted to its updated rows (``_scales``), weighted by the
+    Hessian's diagonal, instead of taken from their extremes."""
     work, full = _padded(weight, hessian, group)
     factor = _upper_inverse_factor(hessian, full, group)
     cols, padded = work.shape
     blocks = padded // group
     ints = np.zeros((padded, cols), np.int16)
     scales = np.zeros((blocks, cols), np.float32)
-    zeros = None if symmetric else np.zeros((blocks, cols), np.uint8)
+    zeros = None if symmetric else np.zeros((blocks, cols), np.float32 if float_zero else np.uint8)
+    importance = np.diag(full)
     low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if symmetric else (0, 2**bits - 1)
     step = max(group, _BLOCK // group * group)
     for start in range(0, padded, step):
@@ -78,20 +82,30 @@ def gptq(weight: np.ndarray, hessian: np.ndarray, bits: int, group: int, symmetr
         local = factor[start:stop, start:stop]
         for i in range(stop - start):
             if i % group == 0:  # a new block: its scale from the rows as GPTQ has updated them so far
-                _, scale, zero = block_quantize(chunk[:, i:i + group].astype(np.float32), bits, symmetric)
-                scale, offset = scale[:, 0].astype(np.float64), 0.0 if zero is None else zero[:, 0].astype(np.float64)
+                scale, offset = _block_scale(chunk[:, i:i + group], importance[start + i:start + i + group], bits,
+                                             symmetric, estimate, float_zero)
                 safe = np.where(scale == 0, 1.0, scale)
                 scales[(start + i) // group] = scale
                 if zeros is not None:
-                    zeros[(start + i) // group] = np.asarray(offset, np.uint8)
+                    zeros[(start + i) // group] = offset
             column = chunk[:, i]
-            q = np.clip(np.rint(column / safe) + offset, low, high)
+            q = np.clip(np.rint(column / safe + offset), low, high)
             ints[start + i] = q
             error = (column - (q - offset) * scale) / local[i, i]
             chunk[:, i:] -= np.outer(error, local[i, i:])
             errors[:, i] = error
         work[:, stop:] -= errors @ factor[start:stop, stop:]
     return ints.astype(np.int8 if symmetric else np.uint8), scales, zeros
+
+
+def _block_scale(rows: np.ndarray, importance: np.ndarray, bits: int, symmetric: bool, estimate: bool,
+                 float_zero: bool) -> tuple[np.ndarray, np.ndarray | float]:
+    """One block's scale [N] and zero point ([N], 0.0 when symmetric) from its rows [N, group]."""
+    if estimate or float_zero:
+        _, scale, zero = fit_blocks(rows.T[None], importance[None, :, None], bits, symmetric, float_zero)
+        return scale[0, 0].astype(np.float64), 0.0 if symmetric else zero[0, 0].astype(np.float64)
+    _, scale, zero = block_quantize(rows.astype(np.float32), bits, symmetric)
+    return scale[:, 0].astype(np.float64), 0.0 if zero is None else zero[:, 0].astype(np.float64)
 
 
 def dequantize(ints: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, group: int, rows: int) -> np.ndarray:

@@ -149,9 +149,10 @@ def grouped_tensors(weight: np.ndarray, axis: int, bits: int, group: int, symmet
 
 def packed_matmulnbits(ints: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, bits: int, group: int
                        ) -> tuple[list[bytes], bytes, bytes | None]:
-    """MatMulNBits' tensors from integers already chosen (GPTQ): ``ints`` [Kp, N] with K padded to whole groups
-    (signed when ``zeros`` is None, stored with the implicit zero point 2^(bits-1) as ORT's symmetric kernels
-    write them), scales and zero points [Kp/group, N].  Same layout as ``matmulnbits_tensors``."""
+    """MatMulNBits' tensors from integers already chosen (GPTQ, scale estimation): ``ints`` [Kp, N] with K padded to
+    whole groups (signed when ``zeros`` is None, stored with the implicit zero point 2^(bits-1) as ORT's symmetric
+    kernels write them), scales and zero points [Kp/group, N] (integers, or float32 ones stored as the scales
+    are).  Same layout as ``matmulnbits_tensors``."""
     blocks = ints.shape[0] // group
     stored = ints.astype(np.int16) + (2 ** (bits - 1) if zeros is None else 0)
     per_column = np.ascontiguousarray(stored.T.astype(np.uint8))  # [N, Kp]: a column's blocks follow each other
@@ -159,6 +160,8 @@ def packed_matmulnbits(ints: np.ndarray, scales: np.ndarray, zeros: np.ndarray |
     scale_bytes = np.ascontiguousarray(scales.T, dtype=np.float32).tobytes()
     if zeros is None:
         return [packed], scale_bytes, None
+    if zeros.dtype.kind == "f":  # float zero points: one float32 per block, laid out as the scales
+        return [packed], scale_bytes, np.ascontiguousarray(zeros.T, dtype=np.float32).tobytes()
     by_column = np.ascontiguousarray(zeros.T)  # [N, blocks]; 4-bit: each column's row padded to whole bytes
     if bits == 4:
         by_column = np.pad(by_column, ((0, 0), (0, blocks % 2)))

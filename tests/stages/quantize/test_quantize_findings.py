@@ -36,7 +36,7 @@ KEYS = {
     "lower": sorted([*INT8_TAIL, "inexact", "lowered", "qdq_parameters_unshared", "refused", "sites",
                      "sites_not_listed", "verification"]),
     "weight_only": ["accuracy_level", "bits", "bytes", "group_size", "kept_float", "method", "mode",
-                    "quantized_weights", "symmetric", "weight_format"],
+                    "quantized_weights", "scale_estimation", "symmetric", "weight_format", "zero_points"],
 }
 BUDGET_AT_ONCE = ["confirmed", "cost", "data", "evaluation_seconds", "evaluations", "final", "held_back_samples",
                   "held_back_unseen_by_calibration", "initial", "kept_float", "met", "runtimes", "samples",

@@ -121,7 +121,8 @@ def test_gptq_artifacts_run_on_both_runtimes_through_the_stage(tmp_path: Path) -
                             calibration={"samples": 3})
     result = quantize.run(artifact_at(source), config, stage_context(tmp_path))
     found = result.findings.model_dump()
-    assert found["method"] == "gptq" and found["calibration"] == {"data": "random", "samples": 3}
+    assert found["method"] == "gptq" and found["calibration"] == {"data": "random", "samples": 3,
+                                                                  "statistics_reused": False}
     assert found["mixed"]["kept_int8"] == ["b"] and found["quantized_weights"] == {"MatMul int4": 2,
                                                                                     "MatMul int8": 1}
     path = tmp_path / "work" / "weight_only.onnx"
@@ -139,7 +140,7 @@ def test_gptq_artifacts_run_on_both_runtimes_through_the_stage(tmp_path: Path) -
     ({"ratio": 0}, "greater than 0"),
     ({"ratio": 1.5}, "less than or equal to 1"),
     ({"bits": 8, "ratio": 0.5}, "needs bits 4"),
-    ({"calibration": {"samples": 8}}, "calibration is read only by method gptq or ratio below 1"),
+    ({"calibration": {"samples": 8}}, "calibration is read only by method gptq, ratio below 1 or scale_estimation"),
     ({"method": "gptq", "calibration": {"samples": 0}}, "samples"),
 ])
 def test_bad_data_settings_are_refused_in_words(settings: dict, message: str) -> None:
