@@ -124,12 +124,12 @@ def _int4_holds_on_both_runtimes(model: onnx.ModelProto, folder: Path, tokenizer
     runs = {"ort": ort.InferenceSession(str(int4), providers=["CPUExecutionProvider"]).run}
     compiled = ov.Core().compile_model(str(int4), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     runs["openvino"] = lambda names, feed: [compiled(feed)[compiled.output(name)] for name in names]
-    for runtime, run in runs.items():
+    for runtime, int4_run in runs.items():
         nll = {"fp32": 0.0, "int4": 0.0}
         kl = []
         for feed in scored:
             ids = feed["input_ids"][0]
-            for name, call in (("fp32", reference.run), ("int4", run)):
+            for name, call in (("fp32", reference.run), ("int4", int4_run)):
                 got = _log_softmax(call(["logits"], feed)[0][0])
                 nll[name] -= float(got[np.arange(len(ids) - 1), ids[1:]].mean())
                 if name == "fp32":
@@ -138,7 +138,7 @@ def _int4_holds_on_both_runtimes(model: onnx.ModelProto, folder: Path, tokenizer
         assert nll["int4"] < nll["fp32"] + 0.05 * len(scored), (runtime, nll)  # perplexity within about 5%
         assert max(kl) < 0.05, (runtime, kl)
         decode = _decode_step(reference.run, scored[0])
-        assert _cosine(decode(reference.run), decode(run)) > 0.99, runtime
+        assert _cosine(decode(reference.run), decode(int4_run)) > 0.99, runtime
 
 
 def _decode_step(prefill: object, feed: dict[str, np.ndarray]) -> object:
@@ -148,8 +148,9 @@ def _decode_step(prefill: object, feed: dict[str, np.ndarray]) -> object:
     length = feed["input_ids"].shape[1]
     step = {"input_ids": feed["input_ids"][:, -1:], "attention_mask": np.ones((1, length + 1), np.int64),
             "position_ids": np.array([[length]], np.int64)}
-    step.update({name.replace("present", "past_key_values"): value for name, value in zip(outputs, presents)})
-    return lambda run: run(["logits"], step)[0]
+    step.update({name.replace("present", "past_key_values"): value
+                 for name, value in zip(outputs, presents, strict=True)})
+    return lambda call: call(["logits"], step)[0]
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
