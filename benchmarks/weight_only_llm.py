@@ -55,6 +55,8 @@ PEERS: dict[str, dict[str, Any]] = {
     "NNCF INT4_SYM ratio 0.8, data-aware": {"mode": "INT4_SYM", "ratio": 0.8, "group": 128},
     "NNCF INT4_SYM ratio 1": {"mode": "INT4_SYM", "ratio": 1.0, "group": 128, "plain": True},
     "NNCF INT4_ASYM g32, scale estimation": {"mode": "INT4_ASYM", "ratio": 1.0, "group": 32, "se": True},
+    "NNCF INT4_ASYM g32, data-aware": {"mode": "INT4_ASYM", "ratio": 1.0, "group": 32},
+    "NNCF INT4_ASYM g32, ratio 0.9, data-aware": {"mode": "INT4_ASYM", "ratio": 0.9, "group": 32},
 }
 
 

@@ -73,6 +73,7 @@ def build_nncf_onnx(source: Path, out: Path, mode: str, *, group: int = 128, rat
         options.update(dataset=nncf.Dataset(data), scale_estimation=scale_estimation)
     compressed = nncf.compress_weights(onnx.load(str(source)), mode=getattr(nncf.CompressWeightsMode, mode),
                                        **options)
+    out.with_name(out.name + ".data").unlink(missing_ok=True)  # onnx appends to an existing data file
     onnx.save_model(compressed, str(out), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=out.name + ".data", size_threshold=1024)
     return out

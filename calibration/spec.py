@@ -53,7 +53,8 @@ class DatasetSpec(StrictModel):
                                           "validate on different windows.")
     tokenizer: str | None = Field(default=None,
                                   description="Tokenizer (text): a tokenizer.json file, a transformers folder or a "
-                                              ".gguf file, relative to the recipe; required for now.")
+                                              ".gguf file, relative to the recipe; the model.causal_lm "
+                                              "checkpoint's own when absent (required otherwise).")
 
     @model_validator(mode="after")
     def _path_when_needed(self) -> DatasetSpec:

@@ -64,8 +64,9 @@ def verdict_html(report: Report) -> str:
     lacks = unavailable_html(section.unavailable)
     if not cards and not lacks:
         return ""
-    by = {"latency": "median latency", "throughput": "inferences per second", "size": "size (nothing was "
-          "benchmarked)"}[section.by]
+    by = {"latency": "median latency", "throughput": "inferences per second",
+          "decode": "decode ms per token (a language model with a KV cache)",
+          "size": "size (nothing was benchmarked)"}[section.by]
     return (f"<h2>What to ship</h2><p class=\"note\">Per target, the fastest artifact whose validation passed and "
             f"whose gates hold (ranked by {by}); {escape_html(tie_rule_words(section))}. In brackets, how it ran: "
             "the artifact's precision, the precision or kernels that ran and where. "

@@ -46,6 +46,7 @@ def verdict_markdown(report: Report | Mapping[str, Any]) -> list[str]:
     if not entries:
         return []
     by = {"latency": "median latency at batch", "throughput": "inferences per second at batch",
+          "decode": "decode ms per token (a language model with a KV cache) at batch",
           "size": "size (nothing was benchmarked)"}[section.by]
     batch = f" {section.batch_size}" if section.batch_size is not None else ""
     lines = ["## What to ship", "",

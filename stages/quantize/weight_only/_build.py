@@ -4,8 +4,11 @@ What it touches: every MatMul whose second input is a constant 2-D float weight,
 a constant 2-D float table gathered on axis 0 (embeddings); the LM head (a MatMul whose output reaches a graph
 output through shape-only ops) gets ``lm_head`` bits, embeddings ``embeddings`` bits ("float" keeps them).
 ``method: rtn`` (the default) rounds to nearest per block of ``group_size`` weights along the reduction axis, no
-data; ``method: gptq`` chooses the MatMul integers on calibration data (``_weight_only_gptq``), and ``ratio``
-below 1 keeps the MatMuls most sensitive to int4 in int8 (``_weight_only_data``).  Same tensors and ops either way.
+data; ``method: gptq`` chooses the MatMul integers on calibration data (``_gptq``), ``scale_estimation`` fits
+each block's scale and zero point (``_scales``; float zero points with ``zero_points: float``), and ``ratio``
+below 1 keeps the MatMuls most sensitive to int4 in int8 (``_data``); the calibration statistics are computed once
+per model and data (``_stats_cache``).  A MatMul reading ``Transpose(table)`` (a tied LM head) is quantized from
+the table itself.  Same tensors and ops either way.
 
 Two forms of the same values (``weight_format``):
 

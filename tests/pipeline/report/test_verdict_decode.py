@@ -111,3 +111,12 @@ def test_a_variant_whose_decode_is_slower_than_the_reference_is_rejected_by_deco
     section, ort = _ort(_kv_report(model))
     assert ort["variant"] == "fp32" and ort["runner_up"]["variant"] == "int8"
     assert ort["runner_up"]["speedup_range"] == pytest.approx([7.8 / 8.5, 8.2 / 7.7])
+
+
+def test_a_report_ranked_by_decode_renders_in_markdown_and_html() -> None:
+    from qdeploy.pipeline.report import render_markdown
+    from qdeploy.pipeline.report.html import render_html
+
+    report = {**_kv_report(), "verdict": verdict_section(_kv_report())}
+    assert "ranked by decode ms per token (a language model with a KV cache)" in render_markdown(report)
+    assert "ranked by decode ms per token (a language model with a KV cache)" in render_html(report)
