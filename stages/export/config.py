@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from qdeploy.core.stage_config import StageConfig
 from qdeploy.core.tolerance import StrictModel
@@ -169,6 +169,15 @@ class ExportConfig(StageConfig):
         if len(set(names)) != len(names):
             raise ValueError(f"input names repeat: {names}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _absent_causal_lm_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """An ONNX or torch model dumps as it did before ``causal_lm`` existed: the export's cache key hashes this
+        dump, and a new null field would rebuild every cache once."""
+        dumped = handler(self)
+        if isinstance(dumped, dict) and dumped.get("causal_lm") is None:
+            dumped.pop("causal_lm", None)
+        return dumped
 
     def frozen_values(self, resolve: Callable[[str], Path]) -> dict[str, np.ndarray]:
         """Input name -> the value the recipe freezes it to, as the recipe gives it (the export stage casts it to

@@ -83,7 +83,8 @@ ADDED_SINCE_FIXTURE |= frozenset({
     "benchmarks[].speedup_vs_default", "benchmarks[].speedup_vs_default_range",
     *(f"verdict.targets.*.{key}" for key in ("decided", "speedup_vs_default", "speedup_vs_default_range",
                                              "undecided")),
-    "verdict.tie_break"})
+    "verdict.tie_break",
+    "validation[].outputs[].kl"})  # KL of per-token scores (language models); null on other outputs
 """Key paths the current report has and the stored fixture (an earlier run) lacks; nothing else may be new."""
 REMOVED_SINCE_FIXTURE = frozenset(f"artifacts[].lineage[].config.{key}" for key in (
     # issue 30: one config model per quantize mode; a ptq step's config dumps ptq's fields only
