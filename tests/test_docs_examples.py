@@ -428,9 +428,27 @@ def _ship_differences(said: Ship, ran: Ship, built: set[tuple[str, str]]) -> lis
     if ran.package != f"package packages/{package_name(ran.target, ran.variant)} (checked)":
         problems.append(f"{ran.target}: the run says '{ran.package}'")
     same_decision = (said.variant, said.runner_up, said.undecided) == (ran.variant, ran.runner_up, ran.undecided)
-    if same_decision and said.why != ran.why:
+    if same_decision and not _same_reason(said.why, ran.why):
         problems.append(f"{said.target}: the reason reads\n      docs: {said.why}\n      run:  {ran.why}")
     return problems
+
+
+_TIED = re.compile(r"(?:ties with (\S+) within the benchmark's noise|; (\S+) is within the benchmark's noise)")
+
+
+def _same_reason(said: str, ran: str) -> bool:
+    """The same words, or the same tie said the other way round: whether the pick's median came out just below or
+    just above the artifact it ties with is noise, and the verdict words the two cases differently ("fastest ...;
+    X is within the benchmark's noise" or "ties with X within the benchmark's noise"); the tie, its partner and
+    the rule that broke it must agree."""
+    if said == ran:
+        return True
+    tied = [_TIED.search(why) for why in (said, ran)]
+    if not all(tied):
+        return False
+    partners = [next(group for group in found.groups() if group) for found in tied if found]
+    rules = [why.rsplit("(ties go to", 1)[-1] for why in (said, ran)]
+    return partners[0] == partners[1] and rules[0] == rules[1] and "(ties go to" in said
 
 
 # --- the slow tests: a current run against every example ------------------------------------------------------
@@ -480,3 +498,13 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         sys.exit("usage: python -m tests.test_docs_examples --write")
     print("\n".join(write_examples()) or "no example changed")
+
+
+def test_a_tie_said_either_way_round_is_the_same_reason_and_another_partner_is_not() -> None:
+    rule = "(ties go to fidelity: report.tie_break)"
+    fastest = f"fastest artifact that passed (N ms); fpN is within the benchmark's noise (N ms), and fpN is {rule}"
+    tied = f"ties with fpN within the benchmark's noise (N ms against N ms) and is the reference itself {rule}"
+    assert _same_reason(fastest, tied)
+    assert not _same_reason(fastest, tied.replace("ties with fpN", "ties with intN"))
+    assert not _same_reason(fastest, tied.replace("fidelity", "size"))
+    assert not _same_reason("fastest artifact that passed (N ms)", "fastest artifact that passed (N ms), smaller")
