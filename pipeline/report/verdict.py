@@ -41,7 +41,7 @@ from qdeploy.core.ranking import distinguishable
 from qdeploy.core.report import Report, as_report
 from qdeploy.core.report_parts import ArtifactRecord, ExecutionRecord, VerdictSection
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ThroughputRow, ValidationRow
-from qdeploy.core.runtimes import artifact_of, built_for, is_device_default
+from qdeploy.core.runtimes import artifact_of, built_for, is_device_default, is_pinned_f32, setting_of
 from qdeploy.core.values import is_finite_number
 from qdeploy.pipeline.report.format import fmt_fidelity, fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
 from qdeploy.pipeline.report.precision import execution_record
@@ -135,7 +135,8 @@ class Choice:
     def as_dict(self) -> ChoiceFigures:
         pinned = {"deploy_precision": self.deploy_precision} if self.deploy_precision else {}
         ran = {"execution": self.execution} if self.execution is not None else {}
-        return {"variant": self.variant, **self.latency, **self.throughput, "fidelity": self.fidelity,
+        decode = {"decode_ms_per_token": self.decode_ms} if self.decode_ms is not None else {}
+        return {"variant": self.variant, **self.latency, **decode, **self.throughput, "fidelity": self.fidelity,
                 "size_bytes": self.size_bytes, **pinned, **ran}
 
 
@@ -256,7 +257,7 @@ def target_verdict(report: Report | Mapping[str, Any], target: str, by: str, bat
     ties = [c for c in candidates if c is best or indistinguishable(c, best)]
     files: dict[Any, Choice] = {}
     for choice in ties:  # two variants that wrote one file: the first in the recipe stands for both
-        key = (choice.sha256, choice.size_bytes, is_device_default(choice.variant))  # one file, another setting
+        key = (choice.sha256, choice.size_bytes, setting_of(choice.variant))  # one file, another setting
         files.setdefault(key if choice.sha256 else id(choice), choice)
     tie_break = "size" if by == "size" else tie_break  # nothing timed: no tie to break, the smallest that passed
     pick = min(files.values(), key=_fidelity_key if tie_break == "fidelity" else _size_key)
@@ -424,8 +425,8 @@ def _printed_mb(choice: Choice) -> float:
 
 def _preference(pick: Choice, other: Choice, tie_break: str = "size") -> str:
     """Why `pick` goes before `other`, both within the benchmark's noise: 'smaller (0.500 MB against 2.00 MB)'."""
-    if pick.sha256 and (pick.sha256, pick.size_bytes, is_device_default(pick.variant)) == (
-            other.sha256, other.size_bytes, is_device_default(other.variant)):
+    if pick.sha256 and (pick.sha256, pick.size_bytes, setting_of(pick.variant)) == (
+            other.sha256, other.size_bytes, setting_of(other.variant)):
         return f"the same file as {other.variant} (same sha256), first in the recipe"
     if tie_break == "fidelity":
         return _closer(pick, other)
@@ -482,6 +483,8 @@ def _why_timed(pick: Choice, best: Choice, runner_up: Choice | None, by: str, ti
     plain = "the float32 model as the device runs it by default, no quantization needed: "
     if is_device_default(pick.variant):
         word = f"{plain}the {word}"
+    elif is_pinned_f32(pick.variant):
+        word = f"{artifact_of(pick.variant)} pinned to f32 (its activations in float32): the {word}"
     if runner_up is None:
         return f"{word} artifact that passed ({_measure(pick, by)}" + (
             f", {fmt_speedup(pick.latency.get('speedup'), pick.latency.get('speedup_range'))} the reference)"

@@ -8,6 +8,7 @@ from pathlib import PurePath
 from typing import Any
 
 from qdeploy.core.report_parts import Packages, TargetVerdictRecord, VerdictChoice, VerdictSection
+from qdeploy.core.runtimes import is_pinned_f32
 from qdeploy.pipeline.report.format import fmt_fidelity, fmt_mb, fmt_ms, fmt_rate, fmt_speedup
 from qdeploy.pipeline.report.precision import execution_phrase
 
@@ -89,7 +90,13 @@ def package_of(packages: Packages | None, target: str, variant: str) -> str:
 def describe(choice: VerdictChoice) -> str:
     """Latency, speedup, throughput, fidelity and size of one choice, those measured."""
     parts = []
-    if choice.latency_ms is not None:
+    if choice.decode_ms_per_token is not None:  # ranked by decode: its speedup is decode's, prefill said apart
+        parts.append(f"{fmt_ms(choice.decode_ms_per_token)} per token decode")
+        if choice.speedup is not None:
+            parts.append(f"{fmt_speedup(choice.speedup, choice.speedup_range)} the reference's decode")
+        if choice.latency_ms is not None:
+            parts.append(f"prefill {fmt_ms(choice.latency_ms)}" + (" (noisy)" if choice.noisy else ""))
+    elif choice.latency_ms is not None:
         parts.append(fmt_ms(choice.latency_ms) + (" (noisy)" if choice.noisy else ""))
         if choice.speedup is not None:
             parts.append(fmt_speedup(choice.speedup, choice.speedup_range))
@@ -102,8 +109,10 @@ def describe(choice: VerdictChoice) -> str:
     parts.append(fmt_fidelity(choice.fidelity or {}))
     parts.append(fmt_mb(choice.size_bytes))
     if choice.deploy_precision:
-        parts.append(f"with INFERENCE_PRECISION_HINT {choice.deploy_precision} pinned (the device default missed "
-                     "its tolerance; the package's runtime.json pins it)")
+        why = ("its activations in float32" if is_pinned_f32(choice.variant or "")
+               else "the device default missed its tolerance")
+        parts.append(f"with INFERENCE_PRECISION_HINT {choice.deploy_precision} pinned ({why}; the package's "
+                     "runtime.json pins it)")
     return ", ".join(parts)
 
 

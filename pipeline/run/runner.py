@@ -50,7 +50,7 @@ from qdeploy.pipeline.report import write_reports
 from qdeploy.pipeline.results.identity import code_fingerprint, dataset_fingerprint, model_identity
 from qdeploy.pipeline.results.layers import add_layers
 from qdeploy.pipeline.run.dedup import evaluate_once, mark_same_files
-from qdeploy.pipeline.run.device_default import with_device_default
+from qdeploy.pipeline.run.device_default import with_setting_rows
 from qdeploy.pipeline.run.guard import guard_artifact
 from qdeploy.pipeline.run.large_results import spill_large_result
 from qdeploy.pipeline.run.memory_plan import check_recipe_fits
@@ -194,8 +194,8 @@ def build_phase(plan: RunPlan, progress: Progress | None = None) -> BuildOutcome
             published = _publish(state, plan.out_dir, generation)
             same_file = mark_same_files(published, generation, plan.recipe.reference_variant)
             per_runtime = note_runtime_builds(published, state.placements)
-            evaluated = with_device_default(_evaluation_set(state, plan.variants, exported),
-                                            plan.recipe.reference_variant, plan.targets, _device_row(plan.recipe))
+            evaluated = with_setting_rows(_evaluation_set(state, plan.variants, exported),
+                                          plan.recipe.reference_variant, plan.targets, plan.recipe.benchmark)
     except BaseException:
         discard_generation(generation)
         raise
@@ -480,10 +480,6 @@ def _evaluation_set(state: _RunState, variants: list[str], exported: Artifact) -
     if reference not in state.artifacts:
         return evaluated  # its failure is recorded; the evaluations say the reference is missing
     return {reference: state.artifacts[reference], **evaluated}
-
-
-def _device_row(recipe: Recipe) -> bool:
-    return recipe.benchmark.enabled and recipe.benchmark.device_default
 
 
 def _evaluate(state: _RunState, stage: str, artifacts: dict[str, Artifact], targets: list[str],

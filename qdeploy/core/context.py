@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import onnx
 
 __all__ = ["Artifact", "DatasetInfo", "InputRanges", "SampleReader", "StageContext", "StageResult",
-           "artifact_precision"]
+           "artifact_precision", "weight_only_graph"]
 
 log = logging.getLogger(__name__)
 
@@ -43,35 +43,57 @@ def artifact_precision(stages: tuple[str, ...] | list[str], path: Path | None = 
 _FOUR_BIT_OPS = frozenset({"MatMulNBits", "GatherBlockQuantized", "MatMulBnb4"})
 
 
+_ACTIVATION_QUANT_OPS = frozenset({"QuantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
+                                   "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QGemm"})
+
+
+@dataclass(frozen=True)
+class _WeightFacts:
+    four_bit: bool = False
+    weight_only: bool = False
+    """Quantized weights (blocked ops, or DequantizeLinear of initializers) and no quantized activation."""
+
+
 def _four_bit_weights(path: Path) -> bool:
+    return _weight_facts(path).four_bit
+
+
+def weight_only_graph(path: Path) -> bool:
+    """Whether the model at ``path`` quantizes weights only: its activations stay float (reads the graph only)."""
+    return _weight_facts(path).weight_only
+
+
+def _weight_facts(path: Path) -> _WeightFacts:
     try:
         stat = path.stat()
     except OSError:
-        return False
-    return _four_bit_cached(str(path), stat.st_mtime_ns, stat.st_size)
+        return _WeightFacts()
+    return _weight_facts_cached(str(path), stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=64)
-def _four_bit_cached(path: str, mtime_ns: int, size: int) -> bool:
-    """Whether the graph holds 4-bit weights; reads the graph only (the weights stay on disk)."""
+def _weight_facts_cached(path: str, mtime_ns: int, size: int) -> _WeightFacts:
+    """What the graph's quantized weights are; reads the graph only (the weights stay on disk)."""
     from onnx import TensorProto
-
 
     try:
         graph = load_model(Path(path), load_external_data=False).graph
     except Exception as exc:  # the runtimes will say what is wrong with the file
         log.debug("cannot read %s for its weight bits: %s", path, exc)
-        return False
+        return _WeightFacts()
     four_bit_types = {TensorProto.INT4, TensorProto.UINT4}
     types = {init.name: init.data_type for init in graph.initializer}
+    four_bit = quantized_weights = quantized_activations = False
     for node in graph.node:
         if node.op_type in _FOUR_BIT_OPS:
-            bits = next((attr.i for attr in node.attribute if attr.name == "bits"), 4)  # both default to 4
-            if bits == 4:
-                return True
-        elif node.op_type == "DequantizeLinear" and types.get(node.input[0]) in four_bit_types:
-            return True
-    return False
+            quantized_weights = True
+            four_bit |= next((attr.i for attr in node.attribute if attr.name == "bits"), 4) == 4  # both default 4
+        elif node.op_type == "DequantizeLinear" and node.input[0] in types:
+            quantized_weights = True
+            four_bit |= types[node.input[0]] in four_bit_types
+        elif node.op_type in _ACTIVATION_QUANT_OPS:
+            quantized_activations = True
+    return _WeightFacts(four_bit, quantized_weights and not quantized_activations)
 
 
 @dataclass(frozen=True)
@@ -95,10 +117,18 @@ class Artifact:
     at_device_default: bool = False
     """Evaluate this float32 artifact at the device's default precision instead of pinned to float32 (the
     ``fp32@default`` row, ``qdeploy.core.runtimes.device_default_name``)."""
+    pinned_f32: bool = False
+    """Evaluate this weight-only artifact with INFERENCE_PRECISION_HINT f32 on OpenVINO instead of at the device's
+    default (the ``int4@f32`` row, ``qdeploy.core.runtimes.pinned_f32_name``)."""
 
     @property
     def precision(self) -> str:
         return artifact_precision(self.stages, self.path)
+
+    @property
+    def weight_only(self) -> bool:
+        """Quantized weights, float activations (``weight_only_graph``)."""
+        return "quantize" in self.stages and weight_only_graph(self.path)
 
     def load(self, *, load_external_data: bool = True) -> onnx.ModelProto:
         """The model; without ``load_external_data``, large weights stay references into the files

@@ -236,10 +236,13 @@ class VerdictChoice(ResultRow):
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({
         "latency_ms", "ci95_ms", "speedup", "speedup_range", "noisy", "speedup_vs_default", "speedup_vs_default_range",
         "inferences_per_s", "requests_in_flight", "latency_at_load_ms", "throughput_speedup", "deploy_precision",
-        "execution"})
+        "execution", "decode_ms_per_token"})
 
     variant: str
     latency_ms: float | None = None
+    """The timed row's median latency (of a model with a KV cache: its prefill call)."""
+    decode_ms_per_token: float | None = None
+    """Where the target ranks by decode: the decode ms per token that ranked it (``speedup`` is then decode's)."""
     ci95_ms: list[float] | None = None
     speedup: float | None = None
     speedup_range: list[float] | None = None

@@ -4,9 +4,10 @@ Float32 artifacts are pinned to f32 on OpenVINO, as validation pins them (the re
 excepted: it is the float32 file at the device default); fp16 and int8 artifacts run at the device default
 (bfloat16 on CPUs with AVX512-BF16 or AMX), unless validation found that default missing the tolerance and a pinned
 precision holding (``ValidationRow.deploy_precision``): the benchmark then times that pinned setting, the one the
-package ships, and the row says so.  Under $QDEPLOY_CPU_FLAGS the device default is that CPU's default, asked for
-explicitly, as validation asks for it (``cpu_facts.default_hint``): a row never validates one precision and times
-another.
+package ships, and the row says so.  A weight-only artifact's ``@f32`` row is pinned to f32 (its deployment
+setting, ``qdeploy.core.runtimes.pinned_f32_name``).  Under $QDEPLOY_CPU_FLAGS the device default is that CPU's
+default, asked for explicitly, as validation asks for it (``cpu_facts.default_hint``): a row never validates one
+precision and times another.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ def _hint(name: str, artifact: Artifact, target: str, shipped: Shipped | None) -
 
 
 def _pinned_f32(artifact: Artifact) -> bool:
-    """Float32 artifacts run pinned to f32, except the device-default row of the reference."""
-    return artifact.precision == "fp32" and not artifact.at_device_default
+    """Float32 artifacts run pinned to f32, except the device-default row of the reference; so do the ``@f32``
+    rows of weight-only artifacts."""
+    return artifact.pinned_f32 or (artifact.precision == "fp32" and not artifact.at_device_default)
 
 
 class LoadOptions(TypedDict, total=False):
@@ -70,6 +72,8 @@ def precision_record(name: str, artifact: Artifact, target: str,
         return {}, []
     hint = _hint(name, artifact, target, shipped)
     pinned = (shipped or {}).get((name, target))
+    why = ("its activations in float32, as the weight-only file declares them" if artifact.pinned_f32
+           else "the device default missed its tolerance")
     notes = [f"timed with INFERENCE_PRECISION_HINT {pinned} pinned: the setting validation ships for this artifact "
-             f"on {target} (the device default missed its tolerance)"] if pinned else []
+             f"on {target} ({why})"] if pinned else []
     return {"precision_hint": hint}, notes

@@ -131,6 +131,12 @@ class BenchmarkConfig(StageConfig):
                     "AVX512-BF16 or AMX: bfloat16), also validate and time the reference at that default, as the "
                     "row fp32@default: what deploying without quantizing gives. Speedups are then given against it "
                     "too, and the verdict may ship it.")
+    weight_only_f32: bool = Field(
+        default=True,
+        description="On the same targets, also validate and time each weight-only artifact (quantized weights, "
+                    "float activations) pinned to f32, as the row <variant>@f32: its activations in float32 as the "
+                    "file declares them. Which setting is faster depends on the CPU and the call (docs/"
+                    "language-models.md); the verdict ships the faster one that passed, its package pinning the hint.")
     decode: DecodeConfig | bool | None = Field(
         default=None,
         description="Decode benchmark of language models with a KV cache (past inputs paired with present outputs): "

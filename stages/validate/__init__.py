@@ -32,7 +32,12 @@ from qdeploy.stages.validate._floor import flag_unattainable, keep_floor_outputs
 from qdeploy.stages.validate._layers_error import NodeErrorRecord, OutputExposure, layer_errors
 from qdeploy.stages.validate._localize import Localizer, scale_free
 from qdeploy.stages.validate._localize_fused import describe_layer, refine
-from qdeploy.stages.validate._precision import default_attempt_hint, device_default_basis, with_pinned_fallback
+from qdeploy.stages.validate._precision import (
+    PINNED_F32_NOTE,
+    default_attempt_hint,
+    device_default_basis,
+    with_pinned_fallback,
+)
 from qdeploy.stages.validate._reference import ReferenceMissing, reference_source
 from qdeploy.stages.validate._task import check_metric, evaluate, load_metric, read_labels
 from qdeploy.stages.validate._tolerance import tolerance_precision
@@ -189,7 +194,7 @@ def _validate_all(artifacts: dict[str, Artifact], targets: list[str], config: Va
         for target in targets:
             ctx.on_progress(f"validate {name} on {target}")
             outcome = _validate_pair(shared, name, artifact.path, artifact.precision, target,
-                                     device_default=artifact.at_device_default)
+                                     device_default=artifact.at_device_default, pinned_f32=artifact.pinned_f32)
             outcome.row = outcome.row.replace(noise_floor=name == source.variant and target != REFERENCE_TARGET)
             outcomes.append(keep_floor_outputs(outcome, artifact.size_bytes))
     if source.variant is None:  # reference_model: its own rows on the other targets measure the floor
@@ -262,15 +267,22 @@ def _localizer(config: ValidateConfig, reference_path: Path) -> Localizer | None
 
 
 def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: str, *,
-                   device_default: bool = False) -> Outcome:
+                   device_default: bool = False, pinned_f32: bool = False) -> Outcome:
     """One row: the artifact at the target's default precision, and where a reduced default misses its tolerance,
     pinned precisions that may hold (``_precision``); a row that still fails is localized.  ``device_default``: a
-    float32 artifact run at the device default too (the reference's ``fp32@default`` row), never pinned."""
+    float32 artifact run at the device default too (the reference's ``fp32@default`` row), never pinned;
+    ``pinned_f32``: a weight-only artifact's ``@f32`` row, pinned to f32 as its deployment setting."""
     _require(path)
-    hint, why = default_attempt_hint(target, precision, device_default=device_default)
-    outcome = _compare_pair(shared, name, path, precision, target, hint, pinned=False, device_default=device_default)
-    outcome = with_pinned_fallback(outcome, target, precision, lambda pinned: _compare_pair(
-        shared, name, path, precision, target, pinned, pinned=True))
+    if pinned_f32:
+        hint, why = "f32", ""
+        outcome = _compare_pair(shared, name, path, precision, target, hint, pinned=True)
+        outcome.row = outcome.row.replace(deploy_precision=hint, warnings=[*outcome.row.warnings, PINNED_F32_NOTE])
+    else:
+        hint, why = default_attempt_hint(target, precision, device_default=device_default)
+        outcome = _compare_pair(shared, name, path, precision, target, hint, pinned=False,
+                                device_default=device_default)
+        outcome = with_pinned_fallback(outcome, target, precision, lambda pinned: _compare_pair(
+            shared, name, path, precision, target, pinned, pinned=True))
     if why and outcome.row.measured:  # where the default's facts came from, on whichever attempt the row keeps
         outcome.row = outcome.row.replace(warnings=[*outcome.row.warnings, why])
     row = outcome.row

@@ -25,13 +25,16 @@ from qdeploy.stages.validate._common import Outcome
 from qdeploy.targets.base import ExecutionInfoDict
 from qdeploy.targets.cpu_facts import default_hint, pins_after, short_precision
 
-__all__ = ["REDUCED_ARTIFACTS", "PrecisionAttempt", "attempt_record", "default_attempt_hint", "device_default_basis",
-           "pinned_candidates", "read_back_precision", "with_pinned_fallback"]
+__all__ = ["PINNED_F32_NOTE", "REDUCED_ARTIFACTS", "PrecisionAttempt", "attempt_record", "default_attempt_hint",
+           "device_default_basis", "pinned_candidates", "read_back_precision", "with_pinned_fallback"]
 
 log = logging.getLogger(__name__)
 
 REDUCED_ARTIFACTS = ("fp16", "int8", "int4")
 """Artifacts OpenVINO runs at the device default (float32 artifacts are always pinned to f32)."""
+
+PINNED_F32_NOTE = ("weight-only artifact run with INFERENCE_PRECISION_HINT f32 pinned, its activations in float32 as "
+                   "the file declares them: the setting its package pins if the verdict ships this row")
 
 Attempt = Callable[[str], Outcome]
 """Runs and compares the artifact pinned to one INFERENCE_PRECISION_HINT."""

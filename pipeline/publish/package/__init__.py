@@ -31,7 +31,7 @@ from typing import Any
 from qdeploy.core.errors import QdeployError
 from qdeploy.core.report import Report, as_report
 from qdeploy.core.rows import BenchmarkRow, ValidationRow
-from qdeploy.core.runtimes import artifact_of
+from qdeploy.core.runtimes import artifact_of, is_pinned_f32
 from qdeploy.pipeline.publish.package import check as package_check
 from qdeploy.pipeline.publish.package.check import (
     PackageCheck,
@@ -245,9 +245,16 @@ def runtime_settings(source: PackageSource) -> PackageRuntime:
 
 
 def _pinned_record(validation: ValidationRow) -> PackageRuntime:
-    """Why runtime.json pins a precision the device would not pick: its default missed the tolerance."""
+    """Why runtime.json pins a precision the device would not pick: its default missed the tolerance, or the row
+    is a weight-only artifact's ``@f32`` row (the verdict found it faster than the default)."""
     if not validation.deploy_precision:
         return {}
+    if is_pinned_f32(validation.variant):
+        return {"precision_pinned": {
+            "INFERENCE_PRECISION_HINT": validation.deploy_precision,
+            "why": f"the weight-only artifact with its activations in float32, validated and timed pinned to "
+                   f"{validation.deploy_precision} as its own row ({validation.variant}) beside the device default",
+            "attempts": validation.precision_attempts}}
     default = (validation.precision_attempts or [{}])[0]
     return {"precision_pinned": {
         "INFERENCE_PRECISION_HINT": validation.deploy_precision,
