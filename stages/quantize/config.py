@@ -289,9 +289,19 @@ class WeightOnlyConfig(_ModeSettings):
         default="rtn", description="How MatMul integers are chosen: 'rtn' rounds to nearest (no data); 'gptq' "
                                    "(GPTQ, as ORT's and NNCF's gptq) chooses them on calibration data to minimise "
                                    "the MatMul's output error. Embeddings are rounded to nearest either way.")
+    act_order: bool = Field(
+        default=False, description="method gptq only: quantize each MatMul's reduction rows in descending order of "
+                                   "their input's mean square on the calibration data (GPTQ's desc_act), block "
+                                   "scales fixed beforehand from the blocks as they are (static groups: the same "
+                                   "layout and ops).")
     ratio: float = Field(default=1.0, gt=0.0, le=1.0, description="Share of the int4 MatMul weights (counted in "
                          "weights, NNCF's ratio) kept int4; the MatMuls whose int4 output error on calibration data "
                          "exceeds int8's the most become int8. Needs bits 4.")
+    awq: bool = Field(
+        default=False, description="Activation-aware scaling (AWQ, NNCF's awq): per input of the int4 MatMuls, row "
+                                   "scales s = rms(input)^alpha searched on calibration data (alpha in 0..1, 0 kept "
+                                   "where nothing beats it); the weights are quantized as W*s and the input divided "
+                                   "by s in one float Mul. Works with rtn, gptq and scale_estimation.")
     scale_estimation: bool = Field(
         default=False, description="Fit each block's scale (and zero point) to its weights by weighted least "
                                    "squares instead of taking it from the block's extremes; MatMul rows are weighted "
@@ -315,9 +325,14 @@ class WeightOnlyConfig(_ModeSettings):
         if self.ratio < 1 and self.bits != 4:
             raise ValueError(f"ratio {self.ratio} splits int4 weights between int4 and int8: it needs bits 4, "
                              f"not {self.bits}")
-        if self.calibration is not None and self.method == "rtn" and self.ratio == 1 and not self.scale_estimation:
-            raise ValueError("calibration is read only by method gptq, ratio below 1 or scale_estimation: set one, "
-                             "or remove it")
+        if (self.calibration is not None and self.method == "rtn" and self.ratio == 1 and not self.scale_estimation
+                and not self.awq):
+            raise ValueError("calibration is read only by method gptq, ratio below 1, scale_estimation or awq: set "
+                             "one, or remove it")
+        if self.awq and self.bits != 4:
+            raise ValueError(f"awq scales int4 weights: it needs bits 4, not {self.bits}")
+        if self.act_order and self.method != "gptq":
+            raise ValueError(f"act_order orders GPTQ's walk over the rows: it needs method gptq, not {self.method}")
         if self.zero_points == "float" and (self.symmetric_weights or self.weight_format != "matmulnbits"):
             raise ValueError("zero_points 'float' is a MatMulNBits form of asymmetric blocks: it needs "
                              "symmetric_weights false and weight_format matmulnbits")

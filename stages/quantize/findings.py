@@ -188,11 +188,21 @@ class WeightOnlyCalibration(TypedDict):
     """Its statistics came from the run's cache: another variant (or run) computed them on the same model and data."""
 
 
+class AwqSearch(TypedDict):
+    """One input the awq search looked at (``awq``): the MatMuls reading it, the alpha kept (0: not scaled), the
+    round-to-nearest output error on calibration data against no scaling."""
+
+    matmuls: list[str]
+    alpha: float
+    error_ratio: float
+
+
 class WeightOnlyDataFields(TypedDict, total=False):
     """The weight_only findings' fields about the method and the data (``weight_only._data.data_findings``)."""
 
     method: str
     scale_estimation: bool
+    awq: dict[str, AwqSearch] | None
     zero_points: str
     calibration: WeightOnlyCalibration
     mixed: MixedPrecision | None
@@ -336,6 +346,8 @@ class WeightOnlyFindings(QuantizeFindings):
     """How MatMul integers were chosen: rtn or gptq."""
     scale_estimation: bool = False
     """Block scales (and zero points) fitted by weighted least squares (``weight_only._scales``)."""
+    awq: dict[str, AwqSearch] | None = None
+    """Input -> what the awq search found for the int4 MatMuls reading it (``weight_only._awq``); null without awq."""
     zero_points: str = "integer"
     """Zero points of asymmetric 4-bit MatMul blocks: integer or float."""
     calibration: WeightOnlyCalibration | None = None

@@ -44,11 +44,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.names import NodeNames, name_nodes_uniquely
 from qdeploy.graph.utils import default_opset, subgraph_references
-from qdeploy.stages.quantize.findings import MixedPrecision, WeightBlock
+from qdeploy.stages.quantize.findings import AwqSearch, MixedPrecision, WeightBlock
+from qdeploy.stages.quantize.weight_only._awq import awq_scales, input_scalings
 from qdeploy.stages.quantize.weight_only._blocks import block_for
-from qdeploy.stages.quantize.weight_only._data import activation_hessians, needs_data, plan
+from qdeploy.stages.quantize.weight_only._data import activation_hessians, matmul_block, needs_data, plan
 from qdeploy.stages.quantize.weight_only._files import DataFile, Weights
 from qdeploy.stages.quantize.weight_only._gptq import gptq
 from qdeploy.stages.quantize.weight_only._pack import (
@@ -94,6 +96,8 @@ class WeightOnlyReport:
     """The calibration statistics came from the run's cache (another variant computed them)."""
     mixed: MixedPrecision | None = None
     """What ``ratio`` measured and chose (``_weight_only_data.plan``); None at ratio 1."""
+    awq: dict[str, AwqSearch] = field(default_factory=dict)
+    """Input -> what the awq search found for the MatMuls reading it (``_awq``)."""
     blocks: dict[str, WeightBlock] = field(default_factory=dict)
     """Weight -> the block it got where that is not ``group_size`` (``block_size``: null for per-channel int8), the
     length of its quantized axis, and why."""
@@ -218,7 +222,7 @@ def _matmulnbits(target: _Target, weights: Weights, out: DataFile, config: Weigh
     rows, cols = array.shape
     group = config.group_size
     float_zero = _float_zero(config, target.bits)
-    if target.hessian is None and not config.scale_estimation and not float_zero:
+    if not _data_fitted(target, config) and not float_zero:
         packed, scales, zero_points = matmulnbits_tensors(array, target.bits, group, config.symmetric_weights)
     else:
         ints, block_scales, block_zeros = _fitted(array, target, group, config)
@@ -239,6 +243,12 @@ def _matmulnbits(target: _Target, weights: Weights, out: DataFile, config: Weigh
                              domain="com.microsoft", **attrs)]
 
 
+def _data_fitted(target: _Target, config: WeightOnlyConfig) -> bool:
+    """A MatMul whose integers GPTQ chooses or whose blocks scale estimation fits (else: round to nearest)."""
+    return target.kind == "matmul" and (config.scale_estimation or (
+        config.method == "gptq" and target.hessian is not None))
+
+
 def _float_zero(config: WeightOnlyConfig, bits: int) -> bool:
     """Float zero points: asymmetric 4-bit MatMul blocks only (ONNX Runtime's MatMulNBits refuses them at 8 bits)."""
     return config.zero_points == "float" and not config.symmetric_weights and bits == 4
@@ -251,7 +261,7 @@ def _fitted(array: np.ndarray, target: _Target, group: int, config: WeightOnlyCo
     float_zero = _float_zero(config, target.bits)
     if config.method == "gptq" and target.hessian is not None:
         return gptq(array, target.hessian, target.bits, group, config.symmetric_weights,
-                    estimate=config.scale_estimation, float_zero=float_zero)
+                    estimate=config.scale_estimation, float_zero=float_zero, act_order=config.act_order)
     importance = None if target.hessian is None else np.diag(target.hessian)
     return estimate_blocks(array, importance, target.bits, group, config.symmetric_weights, float_zero)
 
@@ -297,7 +307,7 @@ def _dequantize_linear(target: _Target, weights: Weights, out: DataFile, config:
     array = weights.array(target.weight)
     axis = 0 if target.kind == "matmul" else 1
     group = config.group_size  # the block chosen for this weight (``block_for``)
-    if target.kind == "matmul" and (target.hessian is not None or config.scale_estimation):
+    if _data_fitted(target, config):
         values, scales, zeros = _fitted_grouped(array, target, group, config)
     elif config.scale_estimation:
         values, scales, zeros = _fitted_table(array, target.bits, group, config.symmetric_weights)
@@ -373,7 +383,7 @@ def quantize_file(source: Path, target: Path, config: WeightOnlyConfig,
     """Quantize ``source`` (external data beside it, or inline) into ``target`` + ``target.data``; ``feeds``
     are the calibration samples that ``method: gptq``, ``ratio`` below 1 and scale estimation read; their
     statistics are shared through ``cache_dir`` (``_stats_cache``) when given."""
-    model = onnx.load(str(source), load_external_data=False)
+    model = load_model(source, load_external_data=False)  # a one-file model's weights too stay in the file
     name_nodes_uniquely(model)  # ONNX allows nameless nodes: "" + "_Q" would name every MatMulNBits alike
     names = NodeNames.of(model.graph)
     if config.weight_format == "dequantize_linear":
@@ -389,6 +399,10 @@ def quantize_file(source: Path, target: Path, config: WeightOnlyConfig,
         hessians, report.calibration_samples, report.statistics_reused = cached_hessians(
             source, model, inputs, feeds, lambda data: activation_hessians(source, model, inputs, data), cache_dir)
         planned = plan(planned, config, weights.array, hessians, report)
+        if config.awq:
+            planned, weights.row_scales, report.awq = awq_scales(
+                planned, weights.array, hessians, lambda shape: matmul_block(shape, config), config.symmetric_weights)
+    scalings = input_scalings(model.graph, planned, weights.row_scales)
     targets = {id(one.node): one for one in planned}
     data = DataFile(target.with_name(target.name + ".data"))
     graph = onnx.GraphProto()  # the new graph; the old one stays intact while it is read
@@ -398,6 +412,9 @@ def quantize_file(source: Path, target: Path, config: WeightOnlyConfig,
     opset = default_opset(model)
     try:
         for node in model.graph.node:
+            if id(node) in scalings:  # awq: the input divided by its scales, before the first MatMul reading it
+                graph.node.append(scalings[id(node)][0])
+                graph.initializer.append(scalings[id(node)][1])
             found = targets.get(id(node))
             if found is not None and not _lower(found, weights, data, config, graph, names, report, opset):
                 targets.pop(id(node))
@@ -435,18 +452,21 @@ def _lower(found: _Target, weights: Weights, data: DataFile, config: WeightOnlyC
     graph.node.extend(_named(lowering(found, weights, data, fitted, graph), node, names))
     report.quantized[node.name] = QuantizedWeight(op=node.op_type, weight=found.weight,
                                                   bits=found.bits if block.size else 8, block_size=block.size,
-                                                  method=_method_label(found, config, block.size))
+                                                  method=_method_label(found, config, block.size,
+                                                                      weights.row_scales))
     if block.why:
         report.blocks[found.weight] = WeightBlock(block_size=block.size, axis=block.axis_length, why=block.why)
         log.info("weight_only: %s: %s", found.weight, block.why)
     return True
 
 
-def _method_label(found: _Target, config: WeightOnlyConfig, block: int | None) -> str:
+def _method_label(found: _Target, config: WeightOnlyConfig, block: int | None, scaled: dict[str, np.ndarray]) -> str:
     if block is None:
         return "rtn"
-    base = "gptq" if found.kind == "matmul" and config.method == "gptq" and found.hessian is not None else "rtn"
-    return base + ("+scale_estimation" if config.scale_estimation else "")
+    gptq_ran = found.kind == "matmul" and config.method == "gptq" and found.hessian is not None
+    base = ("gptq+act_order" if config.act_order else "gptq") if gptq_ran else "rtn"
+    awq = "+awq" if found.kind == "matmul" and found.weight in scaled else ""
+    return base + awq + ("+scale_estimation" if config.scale_estimation else "")
 
 
 def _carry_initializers(old: onnx.GraphProto, new: onnx.GraphProto, weights: Weights, data: DataFile,

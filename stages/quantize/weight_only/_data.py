@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from qdeploy.stages.quantize.findings import MixedPrecision, WeightOnlyCalibration, WeightOnlyDataFields
+from qdeploy.stages.quantize.findings import AwqSearch, MixedPrecision, WeightOnlyCalibration, WeightOnlyDataFields
 from qdeploy.stages.quantize.weight_only._blocks import block_for
 from qdeploy.stages.quantize.weight_only._gptq import int4_output_error
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from qdeploy.stages.quantize.config import WeightOnlyConfig
 
 __all__ = ["CALIBRATION_SAMPLES", "SENSITIVITY", "activation_hessians", "calibration_feeds", "data_findings",
-           "needs_data", "plan"]
+           "matmul_block", "needs_data", "plan"]
 
 CALIBRATION_SAMPLES = 32
 SENSITIVITY = ("int4 output error over int8 on calibration inputs, trace(D4' H D4) - trace(D8' H D8) with "
@@ -58,13 +58,14 @@ class _Report(Protocol):
     calibration_samples: int
     statistics_reused: bool
     mixed: MixedPrecision | None
+    awq: dict[str, AwqSearch]
 
 
 Target = TypeVar("Target", bound=_Planned)
 
 
 def needs_data(config: WeightOnlyConfig) -> bool:
-    return config.method == "gptq" or config.ratio < 1 or config.scale_estimation
+    return config.method == "gptq" or config.ratio < 1 or config.scale_estimation or config.awq
 
 
 def calibration_feeds(config: WeightOnlyConfig, source: Path, ctx: StageContext) -> Iterable[dict] | None:
@@ -90,6 +91,9 @@ def activation_hessians(source: Path, model: onnx.ModelProto, names: list[str], 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(source.parent))
+    # a statistics pass, not a deployment: no second, prepacked copy of every MatMul weight
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    options.enable_cpu_mem_arena = False
     session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     wanted = {value.name for value in session.get_inputs()}
     sums: dict[str, np.ndarray] = {}
@@ -99,15 +103,20 @@ def activation_hessians(source: Path, model: onnx.ModelProto, names: list[str], 
         values = session.run(names, {key: value for key, value in feed.items() if key in wanted})
         for name, value in zip(names, values, strict=True):
             flat = np.asarray(value, np.float64).reshape(-1, value.shape[-1])
-            sums[name] = sums.get(name, 0) + flat.T @ flat
+            if name in sums:
+                sums[name] += flat.T @ flat  # in place: one K x K array per input, never two
+            else:
+                sums[name] = flat.T @ flat
             rows[name] += flat.shape[0]
         samples += 1
     if not samples:
         raise ValueError("the calibration data has no samples: method gptq and ratio below 1 need some")
-    return {name: total / max(rows[name], 1) for name, total in sums.items()}, samples
+    for name, total in sums.items():
+        total /= max(rows[name], 1)
+    return sums, samples
 
 
-def _block(shape: tuple[int, ...], config: WeightOnlyConfig) -> int:
+def matmul_block(shape: tuple[int, ...], config: WeightOnlyConfig) -> int:
     """The block the MatMul weight will be written in (``_weight_blocks``): its int4 error is scored in it."""
     return block_for("matmul", list(shape), config).size or config.group_size
 
@@ -117,14 +126,15 @@ def plan(targets: list[Target], config: WeightOnlyConfig, array_of: Callable[[st
     """Targets with their Hessian attached (MatMuls, for gptq) and the ratio's int8 choice made; the report
     records the sensitivity of every candidate and which stayed int8."""
     planned = [dataclasses.replace(found, hessian=hessians.get(found.node.input[0]))  # type: ignore[type-var]
-               if found.kind == "matmul" and (config.method == "gptq" or config.scale_estimation) else found
+               if found.kind == "matmul" and (config.method == "gptq" or config.scale_estimation or config.awq)
+               else found
                for found in targets]
     if config.ratio >= 1:
         return planned
     candidates = [found for found in planned if found.kind == "matmul" and found.bits == 4 and not found.fixed]
     sizes = {found.node.name: int(np.prod(array_of(found.weight).shape)) for found in candidates}
     scores = {found.node.name: int4_output_error(array_of(found.weight), hessians[found.node.input[0]],
-                                                 _block(array_of(found.weight).shape, config),
+                                                 matmul_block(array_of(found.weight).shape, config),
                                                  config.symmetric_weights)
               for found in candidates}
     total, int4 = sum(sizes.values()), sum(sizes.values())
@@ -145,6 +155,8 @@ def data_findings(config: WeightOnlyConfig, report: _Report) -> WeightOnlyDataFi
     """The weight_only findings' fields about the method and the data (``WeightOnlyFindings``)."""
     extra = WeightOnlyDataFields(method=config.method, scale_estimation=config.scale_estimation,
                                  zero_points=config.zero_points)
+    if config.awq:
+        extra["awq"] = dict(report.awq)
     if needs_data(config):
         extra["calibration"] = WeightOnlyCalibration(
             data=(config.calibration.data if config.calibration else None) or "random",

@@ -28,6 +28,8 @@ class Weights:
         self.transposed: dict[str, str] = {}
         """Output of a Transpose of a 2-D initializer -> that initializer (a tied LM head reads the embedding
         table through one): read as the table transposed, a view, never a second copy."""
+        self.row_scales: dict[str, np.ndarray] = {}
+        """Weight -> the scales its rows are multiplied by when read (``awq``: its input is divided by them)."""
 
     def dims(self, name: str) -> list[int]:
         if name in self.transposed:
@@ -35,6 +37,12 @@ class Weights:
         return list(self.by_name[name].dims)
 
     def array(self, name: str) -> np.ndarray:
+        if name in self.row_scales:
+            stored = self._stored(name)
+            return (stored * self.row_scales[name][:, None]).astype(stored.dtype)
+        return self._stored(name)
+
+    def _stored(self, name: str) -> np.ndarray:
         if name in self.transposed:
             return self.array(self.transposed[name]).T
         tensor = self.by_name[name]

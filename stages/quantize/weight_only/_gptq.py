@@ -3,12 +3,17 @@
 Both read the Hessian of a MatMul's input, ``H = X^T X / rows`` over the calibration data (``_weight_only_data``),
 so that what they minimise is the MatMul's *output* error ``||X (W - Q(W))||^2``, not the weight error.
 
-GPTQ (Frantar et al. 2022, as ORT's ``GPTQWeightOnlyQuantConfig`` and NNCF's ``gptq=True`` run it, without
-act-order): the reduction rows of ``W`` [K, N] are quantized one at a time, and the rounding error of each is
-spread over the rows not yet quantized through the inverse Hessian's Cholesky factor, so later rows absorb it
-where the inputs are correlated.  A block's scale is taken (with the same rule as round to nearest,
-``block_quantize``) from the updated rows when the block starts.  The result is integers, scales and zero points
-in the block layout of round to nearest: the same tensors and ops, only different values.
+GPTQ (Frantar et al. 2022, as ORT's ``GPTQWeightOnlyQuantConfig`` and NNCF's ``gptq=True`` run it): the
+reduction rows of ``W`` [K, N] are quantized one at a time, and the rounding error of each is spread over the rows
+not yet quantized through the inverse Hessian's Cholesky factor, so later rows absorb it where the inputs are
+correlated.  A block's scale is taken (with the same rule as round to nearest, ``block_quantize``) from the
+updated rows when the block starts.  The result is integers, scales and zero points in the block layout of round
+to nearest: the same tensors and ops, only different values.
+
+``act_order`` (GPTQ's "desc_act"): the rows are taken in descending order of their input's mean square (the
+Hessian's diagonal), so the rows that matter most are rounded first, while many rows remain to absorb their error.
+The block scales are then fixed before the walk, from the blocks as they are (AutoGPTQ's "static groups"): each
+block keeps its contiguous rows, so the layout and the ops stay those of round to nearest.
 """
 
 from __future__ import annotations
@@ -59,12 +64,16 @@ def _upper_inverse_factor(hessian: np.ndarray, padded: np.ndarray, group: int) -
 
 
 def gptq(weight: np.ndarray, hessian: np.ndarray, bits: int, group: int, symmetric: bool, *,
-         estimate: bool = False, float_zero: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+         estimate: bool = False, float_zero: bool = False,
+         act_order: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """GPTQ of a [K, N] weight with the Hessian [K, K] of its input: integers [Kp, N] (int8 holding the signed
     values when symmetric, uint8 with zero points otherwise; Kp = K padded to whole groups, the padding
     quantizing zeros), scales [Kp/group, N] and zero points [Kp/group, N] (None when symmetric; float32 with
     ``float_zero``).  ``estimate``: each block's scale is fitted to its updated rows (``_scales``), weighted by the
-    Hessian's diagonal, instead of taken from their extremes."""
+    Hessian's diagonal, instead of taken from their extremes.  ``act_order``: rows in descending order of the
+    Hessian's diagonal, block scales fixed beforehand."""
+    if act_order:
+        return _gptq_act_order(weight, hessian, bits, group, symmetric, estimate, float_zero)
     work, full = _padded(weight, hessian, group)
     factor = _upper_inverse_factor(hessian, full, group)
     cols, padded = work.shape
@@ -92,6 +101,46 @@ def gptq(weight: np.ndarray, hessian: np.ndarray, bits: int, group: int, symmetr
             q = np.clip(np.rint(column / safe + offset), low, high)
             ints[start + i] = q
             error = (column - (q - offset) * scale) / local[i, i]
+            chunk[:, i:] -= np.outer(error, local[i, i:])
+            errors[:, i] = error
+        work[:, stop:] -= errors @ factor[start:stop, stop:]
+    return ints.astype(np.int8 if symmetric else np.uint8), scales, zeros
+
+
+def _gptq_act_order(weight: np.ndarray, hessian: np.ndarray, bits: int, group: int, symmetric: bool,
+                    estimate: bool, float_zero: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``gptq`` with act-order and static groups (see the module's note)."""
+    work, full = _padded(weight, hessian, group)
+    cols, padded = work.shape
+    blocks = padded // group
+    importance = np.diag(full).copy()
+    scales = np.zeros((blocks, cols), np.float32)
+    zeros = None if symmetric else np.zeros((blocks, cols), np.float32 if float_zero else np.uint8)
+    offsets = np.zeros((blocks, cols))
+    for block in range(blocks):  # static groups: each block's scale from its rows before any update
+        rows = slice(block * group, (block + 1) * group)
+        scale, offset = _block_scale(work[:, rows], importance[rows], bits, symmetric, estimate, float_zero)
+        scales[block], offsets[block] = scale, offset
+        if zeros is not None:
+            zeros[block] = offset
+    order = np.argsort(-importance, kind="stable")
+    work, permuted = work[:, order], full[np.ix_(order, order)]
+    factor = np.linalg.cholesky((lambda inv: (inv + inv.T) / 2)(np.linalg.inv(permuted))).T
+    ints = np.zeros((padded, cols), np.int16)
+    low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if symmetric else (0, 2**bits - 1)
+    used = scales.astype(np.float64)
+    safe = np.where(used == 0, 1.0, used)
+    for start in range(0, padded, _BLOCK):
+        stop = min(start + _BLOCK, padded)
+        chunk = work[:, start:stop].copy()
+        errors = np.zeros_like(chunk)
+        local = factor[start:stop, start:stop]
+        for i in range(stop - start):
+            block = order[start + i] // group
+            column = chunk[:, i]
+            q = np.clip(np.rint(column / safe[block] + offsets[block]), low, high)
+            ints[order[start + i]] = q
+            error = (column - (q - offsets[block]) * used[block]) / local[i, i]
             chunk[:, i:] -= np.outer(error, local[i, i:])
             errors[:, i] = error
         work[:, stop:] -= errors @ factor[start:stop, stop:]

@@ -10,6 +10,7 @@ import pytest
 
 from qdeploy.core.report import Report
 from qdeploy.pipeline.report.verdict import verdict_section
+from qdeploy.pipeline.report.verdict_words import describe
 from tests.helpers.reports import bench_row, check_row, report_with
 
 # variant: prefill ms (rounds), decode ms per token, its 95% interval, SNR dB, size (as SmolLM2 135M on ort:cpu:
@@ -63,7 +64,11 @@ def test_a_kv_cache_model_ships_the_fastest_decoder_not_the_fastest_prefill() ->
                                        "(int4), the 95% intervals do not overlap")
     assert ort["rejected"]["fp32"].startswith("slower decode: 8.00 ms per token decode")
     assert "speedup_vs_default" not in ort  # a prefill-only figure is not shown beside a decode ranking
-    Report.model_validate({**_kv_report(), "verdict": section})  # report.json's model accepts by: decode
+    assert ort["decode_ms_per_token"] == 3.7
+    report = Report.model_validate({**_kv_report(), "verdict": section})  # report.json's model accepts by: decode
+    # the ship line says what ranked it: decode per token and its speedup, the prefill apart
+    assert describe(report.verdict.targets["ort:cpu"]).startswith(
+        "3.70 ms per token decode, 2.16x the reference's decode, prefill 14.0 ms, ")
 
 
 def test_the_same_report_without_decode_records_keeps_its_latency_verdict() -> None:
