@@ -27,6 +27,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from qdeploy.graph.light import light_copy, put_back, restore, tag_of
 from qdeploy.graph.utils import subgraphs
 from qdeploy.stages.fp16._bias import split_biases
@@ -35,7 +37,6 @@ from qdeploy.stages.fp16._rules import DTYPE_ATTRIBUTES
 from qdeploy.stages.fp16._types import scope_types
 
 if TYPE_CHECKING:
-    import numpy as np
     import onnx
 
     from qdeploy.graph.light import Light
@@ -60,11 +61,31 @@ def emulation_twin(model: onnx.ModelProto, expose: bool = False) -> onnx.ModelPr
     for graph in reversed(graphs):  # bodies first: rewriting a graph's node list copies the bodies inside it
         _emulate_graph(graph, top=graph is twin.graph)
     if expose:
-        listed = {value.name for value in twin.graph.output}
-        twin.graph.output.extend(value for value in twin.graph.value_info
-                                 if value.type.tensor_type.elem_type == FLOAT and value.name not in listed)
+        _add_nonfinite_probes(twin.graph)
     restore(twin, light)  # the tagged float16 weights get their bytes back
     return twin
+
+
+NONFINITE_SUFFIX = "__nonfinite"
+"""A probe output ``<tensor>__nonfinite``: NaN exactly when the tensor held an Inf or a NaN on that run."""
+
+
+def _add_nonfinite_probes(graph: onnx.GraphProto) -> None:
+    """For every float tensor of the main graph, a scalar output ``ReduceSum(x * 0)``: 0 for finite values, NaN
+    where any is Inf or NaN.  Scalars instead of the tensors: the run holds one activation at a time, not every
+    intermediate of the model (1.2 GB per sample on a 135M language model)."""
+    from onnx import helper, numpy_helper
+
+    listed = {value.name for value in graph.output}
+    zero = f"{NONFINITE_SUFFIX}_zero"
+    graph.initializer.append(numpy_helper.from_array(np.zeros((), np.float32), zero))
+    for value in list(graph.value_info):
+        if value.type.tensor_type.elem_type != FLOAT or value.name in listed:
+            continue
+        probe = f"{value.name}{NONFINITE_SUFFIX}"
+        graph.node.extend([helper.make_node("Mul", [value.name, zero], [f"{probe}_times_zero"]),
+                           helper.make_node("ReduceSum", [f"{probe}_times_zero"], [probe], keepdims=0)])
+        graph.output.append(helper.make_tensor_value_info(probe, FLOAT, []))
 
 
 def _emulate_graph(graph: onnx.GraphProto, top: bool) -> None:

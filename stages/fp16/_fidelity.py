@@ -20,7 +20,7 @@ from qdeploy.core.compare import compare_outputs
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, save_exposing
 from qdeploy.graph.utils import model_bytes
 from qdeploy.stages.fp16._activations import probe_session
-from qdeploy.stages.fp16._emulate import emulation_twin
+from qdeploy.stages.fp16._emulate import NONFINITE_SUFFIX, emulation_twin
 from qdeploy.targets.evaluator import EvaluatorCannotRun, build_evaluator, run_evaluator
 
 if TYPE_CHECKING:
@@ -98,10 +98,11 @@ def run_emulated(model: onnx.ModelProto, feeds: Feeds, stats: dict[str, Activati
         arrays = dict(zip(names, session.run(None, feed), strict=True))
         outputs.append({name: arrays[name] for name in graph_outputs})
         for name, array in arrays.items():
-            known = stats.get(name)
+            tensor = name.removesuffix(NONFINITE_SUFFIX)  # a probe: NaN where its tensor held Inf or NaN
+            known = stats.get(tensor)
             if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all() \
                     and not (known is not None and known.nonfinite):
-                nonfinite.add(name)
+                nonfinite.add(tensor)
     return EmulatedRun(outputs=outputs, nonfinite=nonfinite)
 
 
