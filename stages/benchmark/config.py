@@ -133,10 +133,8 @@ class BenchmarkConfig(StageConfig):
                     "too, and the verdict may ship it.")
     weight_only_f32: bool = Field(
         default=True,
-        description="On the same targets, also validate and time each weight-only artifact (quantized weights, "
-                    "float activations) pinned to f32, as the row <variant>@f32: its activations in float32 as the "
-                    "file declares them. Which setting is faster depends on the CPU and the call (docs/"
-                    "language-models.md); the verdict ships the faster one that passed, its package pinning the hint.")
+        description="On the same targets, also validate and time each weight-only artifact pinned to f32 (its "
+                    "activations in float32), as the row <variant>@f32; the verdict ships the faster that passed.")
     decode: DecodeConfig | bool | None = Field(
         default=None,
         description="Decode benchmark of language models with a KV cache (past inputs paired with present outputs): "

@@ -290,29 +290,21 @@ class WeightOnlyConfig(_ModeSettings):
                                    "(GPTQ, as ORT's and NNCF's gptq) chooses them on calibration data to minimise "
                                    "the MatMul's output error. Embeddings are rounded to nearest either way.")
     act_order: bool = Field(
-        default=False, description="method gptq only: quantize each MatMul's reduction rows in descending order of "
-                                   "their input's mean square on the calibration data (GPTQ's desc_act), block "
-                                   "scales fixed beforehand from the blocks as they are (static groups: the same "
-                                   "layout and ops).")
+        default=False, description="method gptq only: rows in descending order of their input's mean square "
+                                   "(GPTQ's desc_act), block scales fixed beforehand (static groups).")
     ratio: float = Field(default=1.0, gt=0.0, le=1.0, description="Share of the int4 MatMul weights (counted in "
                          "weights, NNCF's ratio) kept int4; the MatMuls whose int4 output error on calibration data "
                          "exceeds int8's the most become int8. Needs bits 4.")
     awq: bool = Field(
-        default=False, description="Activation-aware scaling (AWQ, NNCF's awq): per input of the int4 MatMuls, row "
-                                   "scales s = rms(input)^alpha searched on calibration data (alpha in 0..1, 0 kept "
-                                   "where nothing beats it); the weights are quantized as W*s and the input divided "
-                                   "by s in one float Mul. Works with rtn, gptq and scale_estimation.")
+        default=False, description="Activation-aware scaling (AWQ): row scales rms(input)^alpha searched on "
+                                   "calibration data; weights rounded as W*s, the input divided by s in a Mul.")
     scale_estimation: bool = Field(
-        default=False, description="Fit each block's scale (and zero point) to its weights by weighted least "
-                                   "squares instead of taking it from the block's extremes; MatMul rows are weighted "
-                                   "by their input's mean square on the calibration data (which is then read), "
-                                   "embeddings alike. Same ops and sizes as without.")
+        default=False, description="Fit each block's scale (and zero point) by least squares weighted by the "
+                                   "input's mean square on calibration data, instead of the block's extremes.")
     zero_points: Literal["integer", "float"] = Field(
-        default="integer", description="Zero points of asymmetric MatMul blocks: 'integer' (4 or 8 bits per block) or "
-                                       "'float' (a float32 per block, as ONNX Runtime's HQQ quantizer writes "
-                                       "MatMulNBits: the block's levels may sit anywhere; 28 more bits per block). "
-                                       "Needs symmetric_weights false and weight_format matmulnbits; embeddings keep "
-                                       "integer zero points.")
+        default="integer", description="Zero points of asymmetric MatMul blocks: 'integer' (4 or 8 bits) or 'float' "
+                                       "(a float32 per block, ORT's HQQ form of MatMulNBits). Needs "
+                                       "symmetric_weights false and weight_format matmulnbits.")
     calibration: Calibration = Field(default=None, description="Data that method gptq, ratio below 1 and "
                                                                "scale_estimation read (32 samples of seeded random "
                                                                "data when absent).")
