@@ -257,12 +257,12 @@ class LowerConfig(_ModeSettings):
 
 class WeightOnlyConfig(_ModeSettings):
     """mode weight_only: int4 or int8 MatMul and embedding weights in blocks, activations float; calibration
-    data only for method gptq and ratio below 1."""
+    data only for method gptq, ratio below 1, awq and scale estimation."""
 
     label: ClassVar[str] = "weight_only"
     mode: Literal["weight_only"] = Field(description="'weight_only': int4 or int8 MatMul and embedding weights in "
                                                      "blocks, activations float (decoders, LLMs); calibration data "
-                                                     "only for method gptq and ratio below 1.")
+                                                     "only for the data-aware settings.")
     bits: Literal[4, 8] = Field(default=4, description="Bits per weight.")
     group_size: int = Field(default=128, description="Weights per scale along the reduction axis: a power of two, "
                                                      "at least 16. A weight whose axis it does not divide gets the "
@@ -305,7 +305,7 @@ class WeightOnlyConfig(_ModeSettings):
         default="integer", description="Zero points of asymmetric MatMul blocks: 'integer' (4 or 8 bits) or 'float' "
                                        "(a float32 per block, ORT's HQQ form of MatMulNBits). Needs "
                                        "symmetric_weights false and weight_format matmulnbits.")
-    calibration: Calibration = Field(default=None, description="Data that method gptq, ratio below 1 and "
+    calibration: Calibration = Field(default=None, description="Data that method gptq, ratio below 1, awq and "
                                                                "scale_estimation read (32 samples of seeded random "
                                                                "data when absent).")
     op_types: OpTypes = None
