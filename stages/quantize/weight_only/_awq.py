@@ -20,35 +20,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Protocol, TypeVar
 
 import numpy as np
 import onnx
 
 from qdeploy.stages.quantize.findings import AwqSearch
+from qdeploy.stages.quantize.weight_only._data import Target
 from qdeploy.stages.quantize.weight_only._gptq import rtn_dequantized
 
 __all__ = ["ALPHAS", "awq_scales", "input_scalings"]
 
 ALPHAS = tuple(round(0.1 * step, 1) for step in range(11))
 """The grid of ``alpha`` searched (0 first: no scaling)."""
-
-class _Scalable(Protocol):
-    """What the search reads of ``_build._Target``."""
-
-    @property
-    def node(self) -> onnx.NodeProto: ...
-    @property
-    def weight(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def bits(self) -> int: ...
-    @property
-    def transposed_from(self) -> str | None: ...
-
-
-_Found = TypeVar("_Found", bound=_Scalable)
 
 
 def _scales(rms: np.ndarray, alpha: float) -> np.ndarray:
@@ -66,22 +49,22 @@ def _error(weights: list[np.ndarray], scale: np.ndarray, hessian: np.ndarray, gr
     return total
 
 
-def awq_scales(targets: list[_Found], array_of: Callable[[str], np.ndarray], hessians: dict[str, np.ndarray],
+def awq_scales(targets: list[Target], array_of: Callable[[str], np.ndarray], hessians: dict[str, np.ndarray],
                group_of: Callable[[tuple[int, ...]], int], symmetric: bool
-               ) -> tuple[list[_Found], dict[str, np.ndarray], dict[str, AwqSearch]]:
+               ) -> tuple[list[Target], dict[str, np.ndarray], dict[str, AwqSearch]]:
     """The targets (scaled groups' Hessians replaced by the scaled input's), weight -> its row scales ``s``, and
     input -> what the search found; only groups whose best alpha is above 0 are scaled."""
     readers: dict[str, int] = {}
     for found in targets:
         readers[found.weight] = readers.get(found.weight, 0) + 1
-    groups: dict[str, list[_Found]] = {}
+    groups: dict[str, list[Target]] = {}
     for found in targets:
         if (found.kind == "matmul" and found.bits == 4 and found.transposed_from is None
                 and readers[found.weight] == 1 and found.node.input[0] in hessians):
             groups.setdefault(found.node.input[0], []).append(found)
     weight_scales: dict[str, np.ndarray] = {}
     found_groups: dict[str, AwqSearch] = {}
-    replaced: dict[int, _Found] = {}
+    replaced: dict[int, Target] = {}
     for name, members in groups.items():
         hessian = hessians[name].astype(np.float32)
         rms = np.sqrt(np.maximum(np.diag(hessian), 0.0))
@@ -101,7 +84,7 @@ def awq_scales(targets: list[_Found], array_of: Callable[[str], np.ndarray], hes
     return [replaced.get(id(found), found) for found in targets], weight_scales, found_groups
 
 
-def input_scalings(graph: onnx.GraphProto, targets: list[_Found], weight_scales: dict[str, np.ndarray]
+def input_scalings(graph: onnx.GraphProto, targets: list[Target], weight_scales: dict[str, np.ndarray]
                    ) -> dict[int, tuple[onnx.NodeProto, onnx.TensorProto]]:
     """For each scaled input, the ``Mul`` by ``1 / s`` and its constant, keyed by the id of the first node (in
     the graph's order) that reads it; every scaled MatMul is rewired to read the Mul's output."""
@@ -112,7 +95,7 @@ def input_scalings(graph: onnx.GraphProto, targets: list[_Found], weight_scales:
     nodes = list(graph.node)
     taken = {init.name for init in graph.initializer} | {value.name for value in [*graph.input, *graph.output]}
     taken |= {name for node in nodes for name in [node.name, *node.input, *node.output]}
-    members: dict[str, list[_Found]] = {}
+    members: dict[str, list[Target]] = {}
     for found in targets:
         if found.weight in weight_scales:
             members.setdefault(found.node.input[0], []).append(found)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from qdeploy.core.context import StageContext
     from qdeploy.stages.quantize.config import WeightOnlyConfig
 
-__all__ = ["CALIBRATION_SAMPLES", "SENSITIVITY", "activation_hessians", "calibration_feeds", "data_findings",
+__all__ = ["CALIBRATION_SAMPLES", "SENSITIVITY", "Target", "activation_hessians", "calibration_feeds", "data_findings",
            "matmul_block", "needs_data", "plan"]
 
 CALIBRATION_SAMPLES = 32
@@ -40,7 +40,7 @@ SENSITIVITY = ("int4 output error over int8 on calibration inputs, trace(D4' H D
 
 
 class _Planned(Protocol):
-    """What ``plan`` reads of ``_weight_only._Target`` (a protocol: that module imports this one)."""
+    """What ``plan`` and ``_awq`` read of ``_build._Target`` (a protocol: that module imports this one)."""
 
     @property
     def node(self) -> onnx.NodeProto: ...
@@ -52,6 +52,8 @@ class _Planned(Protocol):
     def bits(self) -> int: ...
     @property
     def fixed(self) -> bool: ...
+    @property
+    def transposed_from(self) -> str | None: ...
 
 
 class _Report(Protocol):
