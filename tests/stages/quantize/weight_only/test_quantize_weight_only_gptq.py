@@ -186,8 +186,10 @@ def test_act_order_runs_through_the_stage_and_says_so(chain: Path) -> None:
     assert _output_mse(out, chain, held_out) < 0.6 * _output_mse(rtn, chain, held_out)
 
 
-@pytest.mark.parametrize("method", ["rtn", "gptq"])
-def test_awq_divides_the_input_by_the_scales_its_weights_were_rounded_with(chain: Path, method: str) -> None:
+@pytest.mark.parametrize(("method", "weight_format"), [("rtn", "matmulnbits"), ("gptq", "matmulnbits"),
+                                                        ("gptq", "dequantize_linear")])
+def test_awq_divides_the_input_by_the_scales_its_weights_were_rounded_with(chain: Path, method: str,
+                                                                          weight_format: str) -> None:
     """awq on inputs with outlier channels: each MatMul input gets one Mul by 1/s in front (the artifact stays
     weight-only and computes the same function up to rounding), the search's alpha and error are reported, and the
     held-out output error falls well below the same method's without awq, on ONNX Runtime and OpenVINO alike."""
@@ -196,8 +198,9 @@ def test_awq_divides_the_input_by_the_scales_its_weights_were_rounded_with(chain
     errors = {}
     for awq in (False, True):
         config = QuantizeConfig(mode="weight_only", method=method, awq=awq, group_size=32, accuracy_level=0,
+                                weight_format=weight_format,
                                 calibration={"samples": 12} if method == "rtn" and awq else None)
-        out = chain.with_name(f"awq-{method}-{awq}.onnx")
+        out = chain.with_name(f"awq-{method}-{weight_format}-{awq}.onnx")
         report = quantize_file(chain, out, config, calibration if awq or method == "gptq" else None)
         errors[awq] = _output_mse(out, chain, held_out)
         if awq:
