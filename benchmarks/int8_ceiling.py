@@ -11,9 +11,11 @@ gives.  The header names the CPU kind (AMX, VNNI, AVX2-only) and the flags that 
 A second table does the same for single 3x3 convolutions of ResNet-like widths (``--convs``): whether a runtime's
 int8 convolution reaches the rate of its int8 GEMM (on AMX CPUs, ONNX Runtime's GEMM runs on AMX tiles; its
 convolution does not).  The int8 convolutions are ONNX Runtime's ``quantize_static`` QDQ (uint8 activations,
-per-channel int8 weights): they measure kernels, not qdeploy's placement.
+per-channel int8 weights, symmetric; ``--conv-weights asymmetric``: with zero points, which keeps ONNX Runtime
+from its symmetric-weights convolution kernel): they measure kernels, not qdeploy's placement.
 
     python benchmarks/int8_ceiling.py [--size 1024] [--threads 1] [--rounds 5] [--iterations 3] [--convs]
+                                      [--conv-weights symmetric|asymmetric]
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ CONVS = ((64, 56), (256, 28), (512, 14))
 """(channels in and out, height and width) of the convolution table."""
 
 
-def _conv_models(channels: int, size: int, folder: Path) -> dict[str, Path]:
+def _conv_models(channels: int, size: int, folder: Path, symmetric_weights: bool = True) -> dict[str, Path]:
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -71,7 +73,8 @@ def _conv_models(channels: int, size: int, folder: Path) -> dict[str, Path]:
             return next(self.samples, None)
 
     quantize_static(str(paths["fp32"]), str(paths["int8"]), Reader(), quant_format=QuantFormat.QDQ,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True)
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
+                    extra_options={"WeightSymmetric": symmetric_weights})
     return paths
 
 
@@ -86,7 +89,7 @@ def conv_lines(args: argparse.Namespace) -> list[str]:
              "int8 vs f32 | int8 vs default |", "|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory(prefix="qdeploy-convs-") as tmp:
         for channels, size in CONVS:
-            paths = _conv_models(channels, size, Path(tmp))
+            paths = _conv_models(channels, size, Path(tmp), args.conv_weights == "symmetric")
             feeds = {"x": np.random.default_rng(1).standard_normal((1, channels, size, size)).astype(np.float32)}
             gop = 2 * channels * channels * 9 * size * size / 1e9
             for target in TARGETS:
@@ -109,6 +112,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--convs", action="store_true", help="also the 3x3 convolution table")
+    parser.add_argument("--conv-weights", choices=("symmetric", "asymmetric"), default="symmetric",
+                        help="the int8 convolutions' weights: symmetric (zero point 0) or with zero points")
     args = parser.parse_args()
     options = {"size": args.size, "threads": args.threads, "rounds": args.rounds, "iterations": args.iterations}
     pinned = ceiling(TARGETS, pin_f32=True, **options)

@@ -6,7 +6,11 @@ beside NNCF.
 For each real-model corpus CNN (``tests/real_recipes``; ``python -m tests.real_models`` fetches them): calibrate
 once on 16 calibration images, build ``runtime: openvino`` with today's placement (``new``) and with its
 OpenVINO-only steps switched off (``old``: ORT's Concat ranges, every Q/DQ pair kept, the tail and attention
-quantized), and NNCF's ``nncf.quantize`` (defaults, same images).  Cosine: the worst over 8 validation images,
+quantized, a MaxPool quantized after itself, every signed activation uint8), today's placement with only
+ranges centred on zero on int8 (``new``: what ``signed_activations: auto`` keeps where int8 costs lopsided ranges
+accuracy) and with every signed activation on int8 with zero point 0 (``new+signed``: what auto keeps otherwise,
+and ``signed_activations: symmetric``), and NNCF's ``nncf.quantize`` (defaults, same images).
+Cosine: the worst over 8 validation images,
 OpenVINO f32.  Latency: OpenVINO at its default inference precision, 1 thread, CPU time per call (robust to other
 jobs on the machine), median over rounds that interleave the models.  Weights are 7-bit (``reduce_range``
 auto) in both of qdeploy's builds.
@@ -35,14 +39,17 @@ from qdeploy.stages.quantize.ptq import _ptq  # noqa: E402
 from qdeploy.stages.quantize.ptq._prepare import prepare  # noqa: E402
 from tests.real_recipes import Sizes, write_recipe  # noqa: E402
 
-_OPENVINO_STEPS = ("unify_concat_ranges", "float_tail", "activation_matmuls", "drop_exact_requantization")
+_OPENVINO_STEPS = ("unify_concat_ranges", "float_tail", "activation_matmuls", "drop_exact_requantization",
+                   "pooled_before_quantizing")
 _OFF: dict[str, Callable[..., Any]] = {
     "unify_concat_ranges": lambda model, ranges, op_types: ranges, "float_tail": lambda model, op_types: [],
-    "activation_matmuls": lambda model: [], "drop_exact_requantization": lambda model: 0}
+    "activation_matmuls": lambda model: [], "drop_exact_requantization": lambda model: 0,
+    "pooled_before_quantizing": lambda model, op_types, excluded: set()}
 
 
-def build(prepared: Path, ranges: dict, path: Path, *, old: bool) -> Path:
-    """``runtime: openvino`` ptq from fixed ranges; ``old``: with the OpenVINO-only steps switched off."""
+def build(prepared: Path, ranges: dict, path: Path, *, old: bool, signed: bool = False) -> Path:
+    """``runtime: openvino`` ptq from fixed ranges; ``old``: with the OpenVINO-only steps switched off; ``signed``:
+    every activation that can be negative on int8 with zero point 0 (else only those centred on zero)."""
     saved = {name: getattr(_ptq, name) for name in _OPENVINO_STEPS}
     if old:
         for name in _OPENVINO_STEPS:
@@ -50,7 +57,8 @@ def build(prepared: Path, ranges: dict, path: Path, *, old: bool) -> Path:
     try:
         builder = _ptq.StaticBuilder(prepared, ranges, [], per_channel=True, activation_type="uint8",
                                      weight_type="int8", symmetric_activations=False, symmetric_weights=True,
-                                     op_types=list(_ptq.BALANCED_OP_TYPES), seven_bit="weights", runtime="openvino")
+                                     op_types=list(_ptq.BALANCED_OP_TYPES), seven_bit="weights", runtime="openvino",
+                                     signed_int8=(_ptq.EVERY_SIGNED if signed else _ptq.CENTRED) if not old else 0.0)
         import onnx
 
         onnx.save(builder([]), str(path))
@@ -105,7 +113,8 @@ def run_model(name: str, folder: Path, rounds: int) -> list[str]:
     prepared = prepare(source, folder).path
     ranges, _ = _ptq.calibrate(prepared, list(_ptq.BALANCED_OP_TYPES), lambda: iter(calib), folder, "minmax", 99.999)
     models = {"fp32": source, "old": build(prepared, ranges, folder / "old.onnx", old=True),
-              "new": build(prepared, ranges, folder / "new.onnx", old=False)}
+              "new": build(prepared, ranges, folder / "new.onnx", old=False),
+              "new+signed": build(prepared, ranges, folder / "signed.onnx", old=False, signed=True)}
     built, note = nncf_artifacts(source, calib, folder, transformer=False)
     models.update({label: path for label, path, _ in built})
     results = measure(models, val, rounds)

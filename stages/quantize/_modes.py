@@ -33,6 +33,7 @@ from qdeploy.stages.quantize.findings import (
     PtqFindings,
     ReduceRangeRecord,
     SevenBitComparison,
+    SignedActivationsRecord,
     WeightOnlyFindings,
 )
 from qdeploy.stages.quantize.ptq._unshare import unshare_qdq_parameters
@@ -65,6 +66,8 @@ class _Built:
     """The 7-bit choice: the setting, the operand, why (ptq: and what comparing both forms measured)."""
     calibration: CalibrationNotes | None = None
     """ptq: what calibration did."""
+    signed: SignedActivationsRecord | None = None
+    """ptq: how activations that can be negative are quantized, and why."""
 
 
 def post_training(artifact: Artifact, config: Integer, ctx: StageContext) -> StageResult:
@@ -119,7 +122,8 @@ def _post_training_findings(config: Integer, prepared: Prepared, built: _Built,
                 "op_types": built.op_types, "reduce_range": built.reduce_range}
     if built.calibration is None:
         return DynamicFindings(**dict(prepared.findings), **settings, **fields)
-    return PtqFindings(**dict(prepared.findings), **dict(built.calibration), **settings, **fields)
+    return PtqFindings(**dict(prepared.findings), **dict(built.calibration), **settings, **fields,
+                       signed_activations=built.signed)
 
 
 def _checked(model: onnx.ModelProto, seven_bit: SevenBit, findings: Callable[..., Int8Findings],
@@ -202,26 +206,33 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
         raise StageError(STAGE, ctx.variant, f"calibration dataset '{calibration.data or 'random'}' yielded no samples")
     ctx.on_progress("quantizing")
 
-    def static(form: str) -> StaticBuilder:
+    def static(form: str, signed: float = 0.0) -> StaticBuilder:
         return StaticBuilder(prepared, ranges, excluded, per_channel=config.per_channel,
                              activation_type=config.activation_type, weight_type=config.weight_type,
                              symmetric_activations=config.symmetric_activations,
                              symmetric_weights=config.symmetric_weights, op_types=op_types, seven_bit=form,
-                             runtime=config.runtime)
+                             runtime=config.runtime, signed_int8=signed)
+
+    def samples() -> list[dict[str, Any]]:
+        # lazy: pulls onnxruntime (import cost)
+        from qdeploy.stages.quantize.ptq._seven_bit import CHOICE_SAMPLES
+
+        return list(ctx.samples(calibration.data, artifact.path, min(calibration.samples, CHOICE_SAMPLES)))
 
     compared: SevenBitComparison | None = None  # the report's record of the 7-bit choice
     if seven_bit == "choose":
         # lazy: pulls onnxruntime (import cost)
-        from qdeploy.stages.quantize.ptq._seven_bit import CHOICE_SAMPLES, choose_seven_bit
+        from qdeploy.stages.quantize.ptq._seven_bit import choose_seven_bit
 
         ctx.on_progress("comparing 7-bit weights with 7-bit activations")
         builders = {form: static(form) for form in ("weights", "activations")}
-        samples = list(ctx.samples(calibration.data, artifact.path, min(calibration.samples, CHOICE_SAMPLES)))
-        chosen, compared = choose_seven_bit(builders, prepared, samples, ctx.work_dir)
+        chosen, compared = choose_seven_bit(builders, prepared, samples(), ctx.work_dir)
         seven_bit = "activations" if chosen == "activations" else "weights"
         build = builders[seven_bit]
     else:
         build = static(seven_bit)
+    build, signed = _signed_activations(config, seven_bit, build, ranges, partial(static, seven_bit),
+                                        lambda candidates: _measure_signed(ctx, candidates, prepared, samples()))
     notes = CalibrationNotes(method=config.method,
                              percentile=config.percentile if config.method == "percentile" else None,
                              calibration_data=calibration.data or "random", calibration_samples=calibrated.samples,
@@ -230,7 +241,45 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     reduce_range = _reduce_range_finding(config, seven_bit, why)
     if compared is not None:
         reduce_range.update(compared)
-    return _Built(build, seven_bit, op_types, reduce_range, notes)
+    return _Built(build, seven_bit, op_types, reduce_range, notes, signed)
+
+
+def _signed_activations(config: PtqConfig, seven_bit: str, unsigned: Any, ranges: dict[str, tuple[float, float]],
+                        signed: Callable[[float], Any],
+                        measure: Callable[[dict[str, Any]], tuple[str, SignedActivationsRecord]],
+                        ) -> tuple[Any, SignedActivationsRecord]:
+    """The builder to use (``unsigned``, or one that ``signed(most_lopsided)`` makes: ``_ptq.signed_int8_overrides``)
+    and the report's record of the choice (``stages/quantize/ptq/_signed.py``)."""
+    # lazy: pulls onnxruntime (import cost)
+    from qdeploy.stages.quantize.ptq._ptq import CENTRED, EVERY_SIGNED
+    from qdeploy.stages.quantize.ptq._signed import lopsided
+
+    choice, setting = config.signed_choice(), config.signed_activations
+    if choice == "asymmetric":
+        why = ("symmetric_activations: every activation is symmetric" if config.symmetric_activations else
+               "set in the recipe" if setting == "asymmetric" else
+               "auto: asymmetric for ONNX Runtime, whose x86 int8 kernels take uint8 activations")
+        return unsigned, SignedActivationsRecord(setting=setting, symmetric="none", why=why)
+    if seven_bit == "activations":  # an int8 kernel without VNNI shifts int8 to uint8: 8 bits again, saturating
+        return unsigned, SignedActivationsRecord(setting=setting, symmetric="none",
+                                                 why="7-bit activations (reduce_range) stay unsigned")
+    if choice == "symmetric":
+        return signed(EVERY_SIGNED), SignedActivationsRecord(setting=setting, symmetric="all", why="set in the recipe")
+    if not lopsided(ranges, CENTRED):
+        return signed(CENTRED), SignedActivationsRecord(
+            setting=setting, symmetric="all", why="auto: every activation that can be negative is centred on zero")
+    candidates = {"all": signed(EVERY_SIGNED), "centred": signed(CENTRED)}
+    chosen, record = measure(candidates)
+    return candidates[chosen], record
+
+
+def _measure_signed(ctx: StageContext, candidates: dict[str, Any], prepared: Path,
+                    samples: list[dict[str, Any]]) -> tuple[str, SignedActivationsRecord]:
+    # lazy: pulls onnxruntime (import cost)
+    from qdeploy.stages.quantize.ptq._signed import choose_signed
+
+    ctx.on_progress("comparing int8 with uint8 for lopsided signed activations")
+    return choose_signed(candidates, prepared, samples, ctx.work_dir)
 
 
 def _mark_seven_bit(model: onnx.ModelProto, seven_bit: str) -> None:

@@ -111,6 +111,18 @@ class SevenBitComparison(TypedDict):
     measured: dict[str, SevenBitMeasure]
 
 
+class SignedActivationsRecord(TypedDict, total=False):
+    """How activations that can be negative were quantized (``signed_activations``): the setting, which of them are
+    int8 with zero point 0, why, and under auto what comparing both graphs measured (``ptq._signed``)."""
+
+    setting: str
+    symmetric: str
+    """"none", "centred" (ranges nearly centred on zero) or "all"."""
+    why: str
+    compared_on_samples: int
+    measured: dict[str, SevenBitMeasure]
+
+
 class ReduceRangeRecord(TypedDict, total=False):
     """The 7-bit choice (``reduce_range``): the setting, the operand on 7 bits and why; NNCF's overflow fix, or
     what comparing both forms measured."""
@@ -263,6 +275,8 @@ class _PostTraining(Int8Findings, PreparedNotes):
     op_types: list[str]
     reduce_range: ReduceRangeRecord
     """The 7-bit setting, the operand on 7 bits and why (ptq: and what comparing the two measured)."""
+    signed_activations: SignedActivationsRecord | None = None
+    """ptq: whether activations that can be negative are int8 with zero point 0, and why."""
     budget: BudgetFindings | None = None
     excluded: list[str]
     activation_type: str

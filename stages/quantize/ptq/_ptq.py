@@ -34,6 +34,7 @@ from qdeploy.stages.quantize.ptq._openvino import (
     activation_matmuls,
     drop_exact_requantization,
     float_tail,
+    pooled_before_quantizing,
     unify_concat_ranges,
 )
 from qdeploy.stages.quantize.ptq._preprocess import load_with_shapes, weights_read_on_demand
@@ -110,7 +111,7 @@ class StaticBuilder:
     def __init__(self, prepared: Path, ranges: dict[str, tuple[float, float]], excluded: list[str], *,
                  per_channel: bool, activation_type: str, weight_type: str, symmetric_activations: bool,
                  symmetric_weights: bool, op_types: list[str], seven_bit: str = "none",
-                 runtime: str | None = None) -> None:
+                 runtime: str | None = None, signed_int8: float = 0.0) -> None:
         from onnxruntime.quantization import QuantType
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
         from onnxruntime.quantization.quant_utils import update_opset_version
@@ -133,7 +134,11 @@ class StaticBuilder:
         extra = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": symmetric_weights,
                  "OpTypesToExcludeOutputQuantization": list(
                      _OPENVINO_FLOAT_OUTPUT_OPS if runtime == "openvino" else _FLOAT_OUTPUT_OPS)}
+        if signed_int8 and not symmetric_activations:
+            extra["TensorQuantOverrides"] = signed_int8_overrides(ranges, QuantType.QInt8, signed_int8)
         quantizer_class = _seven_bit_activations_quantizer() if seven_bit == "activations" else QDQQuantizer
+        if self._openvino:
+            quantizer_class = _inputs_forced(quantizer_class, pooled_before_quantizing(model, op_types, excluded))
         quantizer = quantizer_class(model, per_channel, seven_bit == "weights", weights, activations, tensors, [],
                                     list(excluded), op_types, extra)
         # the float weights are read one at a time from the prepared model's files, never held all at once
@@ -164,6 +169,22 @@ class StaticBuilder:
         return model
 
 
+CENTRED = 1.1
+"""``signed_int8`` for ranges nearly centred on zero only: int8 costs them at most 0.8 dB of their own SNR."""
+EVERY_SIGNED = 2.0
+"""``signed_int8`` for every range with negative values (the lopsidedness is 2 at most)."""
+
+
+def signed_int8_overrides(ranges: dict[str, tuple[float, float]], int8: Any,
+                          most_lopsided: float) -> dict[str, list[dict[str, Any]]]:
+    """ORT quantizer overrides that put activations with negative values on int8 with zero point 0, those whose
+    lopsidedness 2 max(-low, high) / (high - low) (1 when centred on zero, 2 at most: the int8 grid is that much
+    coarser than uint8's over the range) is at most ``most_lopsided``.  Why OpenVINO wants it:
+    ``stages/quantize/ptq/_signed.py``."""
+    return {name: [{"quant_type": int8, "symmetric": True}] for name, (low, high) in ranges.items()
+            if low < 0 and 2 * max(-low, high) / (high - low) <= most_lopsided}
+
+
 def _compact(model: onnx.ModelProto) -> onnx.ModelProto:
     import onnx
 
@@ -188,6 +209,34 @@ def _seven_bit_activations_quantizer() -> type:
             return super().calc_quant_params(tensor_data, {**quant_overrides, "reduce_range": True})
 
     return SevenBitActivations
+
+
+def _inputs_forced(base: type, nodes: set[str]) -> type:
+    """``base`` quantizing the input of each node in ``nodes`` even where nothing quantized it before.
+
+    ORT's data-movement op quantizers (MaxPool, Reshape...) read the quantizer's ``force_quantize_no_input_check``
+    while quantizing one node; this answers it per node, so the graph's other movers keep ORT's rule.
+    """
+    if not nodes:
+        return base
+
+    class InputsForced(base):  # type: ignore[misc, valid-type]
+        _current = ""
+        _forced_everywhere = False
+
+        @property  # type: ignore[override]
+        def force_quantize_no_input_check(self) -> bool:
+            return self._forced_everywhere or self._current in nodes
+
+        @force_quantize_no_input_check.setter
+        def force_quantize_no_input_check(self, value: bool) -> None:  # ORT's __init__ sets the global option
+            self._forced_everywhere = bool(value)
+
+        def should_quantize_node(self, node: Any) -> bool:
+            self._current = node.name  # ORT quantizes the node right after asking
+            return bool(super().should_quantize_node(node))
+
+    return InputsForced
 
 
 class DynamicBuilder:

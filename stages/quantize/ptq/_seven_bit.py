@@ -41,19 +41,26 @@ def choose_seven_bit(builders: dict[str, Builder], float_model: Path, feeds: lis
                      work_dir: Path) -> tuple[str, SevenBitComparison]:
     """The name of the builder whose fully quantized model is closest to float32, and the measurements."""
     feeds = feeds[:CHOICE_SAMPLES]
-    reference = _outputs(float_model, feeds)
-    measured: dict[str, SevenBitMeasure] = {}
-    for name, build in builders.items():
-        path = work_dir / f"seven_bit_{name}.onnx"
-        _save(build([]), path)
-        worst = compare_outputs(reference, _outputs(path, feeds), Tolerance()).worst()
-        path.unlink()
-        measured[name] = SevenBitMeasure(snr_db=_rounded(worst.get("snr_db")), cosine=_rounded(worst.get("cosine"), 6))
+    measured = measure_builds(builders, float_model, feeds, work_dir)
     chosen = "weights"
     if _snr(measured.get("activations")) > _snr(measured.get("weights")) + MARGIN_DB:
         chosen = "activations"
     log.info("quantize: 7-bit %s chosen (%s)", chosen, measured)
     return chosen, SevenBitComparison(compared_on_samples=len(feeds), measured=measured)
+
+
+def measure_builds(builders: dict[str, Builder], float_model: Path, feeds: list[Feeds],
+                   work_dir: Path) -> dict[str, SevenBitMeasure]:
+    """Each builder's fully quantized model against float32 on ``feeds`` (ONNX Runtime): worst SNR and cosine."""
+    reference = _outputs(float_model, feeds)
+    measured: dict[str, SevenBitMeasure] = {}
+    for name, build in builders.items():
+        path = work_dir / f"candidate_{name}.onnx"
+        _save(build([]), path)
+        worst = compare_outputs(reference, _outputs(path, feeds), Tolerance()).worst()
+        path.unlink()
+        measured[name] = SevenBitMeasure(snr_db=_rounded(worst.get("snr_db")), cosine=_rounded(worst.get("cosine"), 6))
+    return measured
 
 
 def _outputs(path: Path, feeds: list[Feeds]) -> list[dict[str, np.ndarray]]:

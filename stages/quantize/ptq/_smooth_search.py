@@ -129,7 +129,7 @@ def _ptq_build(config: PtqConfig, op_types: list[str], excluded: list[str], feed
     follows), ranges fixed, Q/DQ placed for the config's runtime."""
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._common import resolve_reduce_range
-    from qdeploy.stages.quantize.ptq._ptq import StaticBuilder, calibrate
+    from qdeploy.stages.quantize.ptq._ptq import EVERY_SIGNED, StaticBuilder, calibrate
     from qdeploy.stages.quantize.ptq._shared_ranges import RangeSettings, shared_calibration
 
     seven_bit = resolve_reduce_range(config, ctx.targets)[0]
@@ -143,7 +143,9 @@ def _ptq_build(config: PtqConfig, op_types: list[str], excluded: list[str], feed
                                 activation_type=config.activation_type, weight_type=config.weight_type,
                                 symmetric_activations=config.symmetric_activations,
                                 symmetric_weights=config.symmetric_weights, op_types=op_types, seven_bit=form,
-                                runtime=config.runtime)
+                                runtime=config.runtime,  # the alpha is judged before the sign choice
+                                signed_int8=EVERY_SIGNED if config.signed_choice() == "symmetric"
+                                and form != "activations" else 0.0)
         return builder([])  # every node it quantizes quantized: the alpha is judged before any budget
 
     return build

@@ -31,7 +31,7 @@ SETTINGS = ["activation_type", "compute_nodes", "excluded", "op_types", "per_cha
             "weight_type"]
 KEYS = {
     "ptq": sorted([*INT8_TAIL, *PREPARED, *SETTINGS, "calibrated_tensors", "calibration_data", "calibration_samples",
-                   "method", "ranges_clipped"]),
+                   "method", "ranges_clipped", "signed_activations"]),  # signed_activations: issue 43
     "dynamic": sorted([*INT8_TAIL, *PREPARED, *SETTINGS]),
     "lower": sorted([*INT8_TAIL, "inexact", "lowered", "qdq_parameters_unshared", "refused", "sites",
                      "sites_not_listed", "verification"]),

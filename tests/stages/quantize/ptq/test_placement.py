@@ -12,7 +12,7 @@ from onnx import helper
 
 from qdeploy.stages import quantize
 from qdeploy.stages.quantize import QuantizeConfig
-from qdeploy.stages.quantize.ptq._placement import placement_differences, quantized_placement
+from qdeploy.stages.quantize.ptq._placement import placeholder_ranges, placement_differences, quantized_placement
 from tests.helpers.quantize import init, make_model, save_artifact, stage_context, tiny_conv
 
 
@@ -25,15 +25,50 @@ def _mlp() -> onnx.ModelProto:
                       {"x": [1, 16]}, {"y": [1, 8]})
 
 
-@pytest.mark.parametrize(("model", "differs_at"), [
-    (tiny_conv, {"conv1", "conv2", "relu1", "relu2"}),  # OpenVINO: Q after the Relu, not between Conv and Relu
-    (_mlp, set()),  # no convolution, no float tail: one graph serves both
+@pytest.mark.parametrize(("model", "signed", "differs_at"), [
+    # OpenVINO: Q after the Relu, not between Conv and Relu; no Q/DQ pair for the Flatten of pooled values
+    (tiny_conv, "auto", {"conv1", "conv2", "relu1", "relu2", "flatten", "fc"}),
+    # the same places; OpenVINO reads the signed input on int8, the Relu's output stays uint8 on both
+    (_mlp, "auto", {"mm1"}),
+    (_mlp, "asymmetric", set()),  # no convolution, no float tail, no zero point to drop: one graph serves both
 ])
 def test_the_placement_decision_finds_the_nodes_the_runtimes_quantize_differently(
-        tmp_path: Path, model: object, differs_at: set[str]) -> None:
+        tmp_path: Path, model: object, signed: str, differs_at: set[str]) -> None:
     artifact = save_artifact(tmp_path, model())  # type: ignore[operator]
-    found = placement_differences(artifact.path, QuantizeConfig(), tmp_path)
-    assert differs_at <= set(found) and bool(found) == bool(differs_at)
+    found = placement_differences(artifact.path, QuantizeConfig(signed_activations=signed), tmp_path)
+    assert set(found) == differs_at
+
+
+def test_placeholder_signs_follow_the_graph() -> None:
+    """Never negative: a Relu's output and what pooling, data movement and a Concat of such values make of it,
+    a Clip from 0; anything else may be negative."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2]),
+             helper.make_node("Concat", ["p", "x"], ["mixed"], axis=1),
+             helper.make_node("Concat", ["p", "r"], ["both"], axis=1),
+             helper.make_node("Clip", ["x", "zero"], ["clipped"]), helper.make_node("Clip", ["x", "low"], ["neg"]),
+             helper.make_node("Add", ["r", "r"], ["sum"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 4])], [],
+        [init("zero", np.float32(0.0)), init("low", np.float32(-1.0))]))
+    ranges = placeholder_ranges(model, ["x", "r", "p", "mixed", "both", "clipped", "neg", "sum"])
+    assert {name for name, (low, _) in ranges.items() if low == 0} == {"r", "p", "both", "clipped"}
+
+
+def test_the_openvino_build_puts_signed_activations_on_int8_with_zero_point_zero(tmp_path: Path) -> None:
+    """runtime openvino: the signed input's Q/DQ is int8 with zero point 0, the Relu's output stays uint8; the ORT
+    build and signed_activations: asymmetric keep uint8 with a zero point."""
+    artifact = save_artifact(tmp_path, _mlp())
+    types = {}
+    for label, settings in {"ort": {"runtime": "ort"}, "openvino": {"runtime": "openvino"},
+                            "asymmetric": {"runtime": "openvino", "signed_activations": "asymmetric"}}.items():
+        model = quantize.run(artifact, QuantizeConfig(reduce_range="weights", **settings),
+                             stage_context(tmp_path)).model
+        zero_points = {init.name: onnx.numpy_helper.to_array(init) for init in model.graph.initializer}
+        types[label] = {node.input[0]: (str(zero_points[node.input[2]].dtype), int(zero_points[node.input[2]]))
+                        for node in model.graph.node if node.op_type == "QuantizeLinear"}
+    assert types["openvino"]["x"] == ("int8", 0) and types["openvino"]["r"] == ("uint8", 0)
+    for label in ("ort", "asymmetric"):
+        assert types[label]["x"][0] == "uint8" and types[label]["x"][1] > 0 and types[label]["r"] == ("uint8", 0)
 
 
 def test_the_decision_matches_the_calibrated_builds(tmp_path: Path) -> None:
@@ -59,3 +94,44 @@ def test_the_two_runtime_builds_of_a_variant_calibrate_once(tmp_path: Path, monk
     quantize.run(artifact, QuantizeConfig(reduce_range="weights", method="percentile"), stage_context(tmp_path))
     quantize.run(artifact, QuantizeConfig(reduce_range="weights"), stage_context(tmp_path, ranges={"x": (0.0, 1.0)}))
     assert len(calls) == 3  # other settings, other samples: calibrated again
+
+
+def _identity() -> onnx.ModelProto:
+    """x @ I: the weights are exact on int8, so the input's rounding is all the error."""
+    return make_model([helper.make_node("MatMul", ["x", "eye"], ["y"], name="mm")], [init("eye", np.eye(16))],
+                      {"x": [1, 16]}, {"y": [1, 16]})
+
+
+@pytest.mark.parametrize(("model", "input_range", "symmetric"), [
+    (_identity, (-3.0, 3.0), "all"),  # centred: int8 costs nothing, nothing to measure
+    (_identity, (-0.05, 10.0), "centred"),  # lopsided and all the error: int8 would lose 6 dB
+    (_mlp, (-0.05, 10.0), "all"),  # lopsided, but the Relu's and the weights' rounding dominate: within 1 dB
+])
+def test_auto_puts_signed_activations_on_int8_unless_it_costs_accuracy(
+        tmp_path: Path, model: object, input_range: tuple[float, float], symmetric: str) -> None:
+    """signed_activations auto, OpenVINO's build: a range centred on zero goes on int8 with zero point 0; a lopsided
+    one too unless the graph with it on int8 is more than 1 dB SNR further from float32 than with it on uint8."""
+    artifact = save_artifact(tmp_path, model())  # type: ignore[operator]
+    result = quantize.run(artifact, QuantizeConfig(runtime="openvino", reduce_range="weights"),
+                          stage_context(tmp_path, ranges={"x": input_range}))
+    record = result.report()["signed_activations"]
+    assert record["setting"] == "auto" and record["symmetric"] == symmetric, record
+    if "measured" in record:
+        measured = {name: value["snr_db"] for name, value in record["measured"].items()}
+        assert (measured["all"] >= measured["centred"] - 1.0) is (symmetric == "all"), measured
+    else:
+        assert input_range[0] == -input_range[1]  # measured wherever a range is lopsided
+    zero_points = {init.name: onnx.numpy_helper.to_array(init) for init in result.model.graph.initializer}
+    quantize_x = next(node for node in result.model.graph.node
+                      if node.op_type == "QuantizeLinear" and node.input[0] == "x")
+    assert zero_points[quantize_x.input[2]].dtype == (np.uint8 if symmetric == "centred" else np.int8)
+
+
+def test_seven_bit_activations_stay_unsigned(tmp_path: Path) -> None:
+    """An int8 kernel without VNNI shifts int8 inputs to uint8: 7-bit signed values would be 8 bits again."""
+    artifact = save_artifact(tmp_path, _mlp())
+    result = quantize.run(artifact, QuantizeConfig(runtime="openvino", reduce_range="activations",
+                                                   signed_activations="symmetric"), stage_context(tmp_path))
+    assert result.report()["signed_activations"]["symmetric"] == "none"
+    assert all(init.data_type != onnx.TensorProto.INT8 for init in result.model.graph.initializer
+               if init.name.endswith("zero_point") and "x" in init.name)

@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 
 from qdeploy.stages.quantize.ptq._openvino import drop_exact_requantization
 from qdeploy.stages.quantize.ptq._prepare import prepare
-from qdeploy.stages.quantize.ptq._ptq import BALANCED_OP_TYPES, StaticBuilder, calibrate
+from qdeploy.stages.quantize.ptq._ptq import BALANCED_OP_TYPES, EVERY_SIGNED, StaticBuilder, calibrate
 from tests.helpers.quantize import init, make_model, run_ort
 
 CHANNELS = 8
@@ -186,3 +186,58 @@ def test_attention_matmuls_stay_float_for_openvino(tmp_path: Path) -> None:
             assert fed and all(fed) is quantized and any(fed) is quantized, (runtime, name, fed)
         for name in ("q_proj", "o_proj"):
             assert producers[nodes[name].input[0]].op_type == "DequantizeLinear", (runtime, name)
+
+
+def resnet_stem() -> onnx.ModelProto:
+    """Conv -> Relu -> MaxPool -> Conv -> Relu, as ResNet's stem: nothing quantizes the MaxPool's input for ORT."""
+    rng = np.random.default_rng(5)
+    inits = [init("w1", rng.normal(0, 0.3, (CHANNELS, 3, 3, 3))), init("b1", rng.normal(0, 0.1, CHANNELS)),
+             init("w2", rng.normal(0, 0.3, (CHANNELS, CHANNELS, 3, 3))), init("b2", np.zeros(CHANNELS))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1] * 4),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("MaxPool", ["r1"], ["p"], name="pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4),
+             helper.make_node("Conv", ["p", "w2", "b2"], ["c2"], name="conv2", pads=[1] * 4),
+             helper.make_node("Relu", ["c2"], ["y"], name="relu2")]
+    return make_model(nodes, inits, {"x": [1, 3, 16, 16]}, ["y"], opset=13)
+
+
+def test_a_maxpool_after_a_convolution_reads_quantized_values_for_openvino(tmp_path: Path) -> None:
+    """OpenVINO's placement leaves the Conv's output float (its Relu fuses into the int8 Conv), so ORT's rule
+    (quantize a MaxPool only where its input is quantized) would put the Q after the MaxPool: OpenVINO then runs a
+    bf16/f32 MaxPool and a FakeQuantize kernel.  The Relu's output is quantized in front of it instead, with no pair
+    after it, and OpenVINO runs the MaxPool in int8.  The signed input is int8 with zero point 0 for OpenVINO."""
+    source = tmp_path / "stem.onnx"
+    onnx.save(resnet_stem(), str(source))
+    prepared = prepare(source, tmp_path).path
+    rng = np.random.default_rng(6)
+    samples = [{"x": rng.normal(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
+    op_types = list(BALANCED_OP_TYPES)
+    ranges, _ = calibrate(prepared, op_types, lambda: iter(samples), tmp_path, "minmax", 99.999)
+    models = {runtime: StaticBuilder(prepared, ranges, [], per_channel=True, activation_type="uint8",
+                                     weight_type="int8", symmetric_activations=False, symmetric_weights=True,
+                                     op_types=op_types, runtime=runtime,
+                                     signed_int8=EVERY_SIGNED if runtime == "openvino" else 0.0)([])
+              for runtime in (None, "openvino")}
+    ort_model, openvino_model = models[None], models["openvino"]
+    assert "QuantizeLinear" in _readers(ort_model, "p")  # ORT: QLinearConv -> MaxPool -> Q, unchanged
+    pool = _concat(openvino_model, "pool")
+    assert _by_output(openvino_model)["r1"].op_type == "Relu"
+    assert _by_output(openvino_model)[pool.input[0]].op_type == "DequantizeLinear"
+    assert _readers(openvino_model, "p") == ["Conv"]  # the pair after it rounded nothing
+    assert _dequantization(openvino_model, "p")[1] == 0  # a Relu's output: uint8, zero point 0
+    input_zero_point = next(item for item in openvino_model.graph.initializer
+                            if item.name == next(node for node in openvino_model.graph.node
+                                                 if node.op_type == "QuantizeLinear" and node.input[0] == "x").input[2])
+    assert input_zero_point.data_type == onnx.TensorProto.INT8 and int(numpy_helper.to_array(input_zero_point)) == 0
+    feed = samples[0]
+    reference = run_ort(source, feed)[0]
+    for model in models.values():  # both graphs stay close to float32 on ONNX Runtime
+        got = run_ort(model, feed)[0]
+        assert float(np.dot(got.ravel(), reference.ravel()) / np.linalg.norm(got) / np.linalg.norm(reference)) > 0.99
+    ov = pytest.importorskip("openvino")
+    path = tmp_path / "openvino.onnx"
+    onnx.save(openvino_model, str(path))
+    compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    layers = {str(op.get_rt_info()["layerType"].astype(str)): str(op.get_rt_info()["runtimePrecision"].astype(str))
+              for op in compiled.get_runtime_model().get_ordered_ops()}
+    assert layers["Pooling" if "Pooling" in layers else "MaxPool"] in {"u8", "i8"}, layers
