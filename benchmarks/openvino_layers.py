@@ -1,0 +1,105 @@
+"""OpenVINO's own per-layer profile of qdeploy's OpenVINO int8 graph beside NNCF's: where the time goes.
+
+    python benchmarks/openvino_layers.py [--models resnet18 pp-ocr-rec] [--runs 30] [--signed asymmetric|auto|symmetric]
+                                         [--without STEP ...]
+
+For each model of ``benchmarks/int8.py`` (its builders, calibration and evaluation samples): qdeploy's ptq
+with ``runtime: openvino`` (``signed_activations`` from ``--signed``; ``--without`` switches off OpenVINO-only
+placement steps of ``stages/quantize/ptq/_openvino.py``, e.g. ``pooled_before_quantizing``) and NNCF's
+``nncf.quantize`` (defaults), compiled on CPU at OpenVINO's default precision with ``PERF_COUNT``, one thread,
+one stream.  Per build: the CPU time of a call
+(median) and, from ``get_profiling_info`` averaged over ``--runs`` calls, the time per layer type and kernel
+(``exec_type``: ``_I8``/``_i8`` a uint8/int8 input, ``_bf16``/``_f32`` float), then the layers whose time differs
+most between the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.int8 import nncf_rows, qdeploy  # noqa: E402
+from benchmarks.int8_models import BUILDERS  # noqa: E402
+from benchmarks.openvino_placement import _OFF, _OPENVINO_STEPS  # noqa: E402
+from qdeploy.stages.quantize import QuantizeConfig  # noqa: E402
+from qdeploy.stages.quantize.ptq import _ptq  # noqa: E402
+
+
+def profile(path: Path, feed: dict, runs: int) -> tuple[float, dict[tuple[str, str], list[float]], dict[str, float]]:
+    """CPU ms per call (median), (layer type, kernel) -> [count, us per call], layer name -> us per call."""
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(str(path), "CPU", {"PERF_COUNT": True, "INFERENCE_NUM_THREADS": 1,
+                                                          "NUM_STREAMS": 1})
+    request = compiled.create_infer_request()
+    for _ in range(5):
+        request.infer(feed)
+    kinds: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    layers: dict[str, float] = collections.defaultdict(float)
+    times = []
+    for run in range(runs):
+        started = time.process_time()
+        request.infer(feed)
+        times.append(time.process_time() - started)
+        for layer in request.profiling_info:
+            if layer.status != layer.Status.EXECUTED:
+                continue
+            micros = layer.real_time.total_seconds() * 1e6 / runs
+            kinds[(layer.node_type, layer.exec_type)][1] += micros
+            kinds[(layer.node_type, layer.exec_type)][0] += 1 if run == 0 else 0
+            layers[layer.node_name] += micros
+    return statistics.median(times) * 1e3, kinds, layers
+
+
+def lines(name: str, built: dict[str, Any], runs: int, feed: dict) -> list[str]:
+    measured = {label: profile(path, feed, runs) for label, path in built.items()}
+    (ours, mine, my_layers), (theirs, peer, peer_layers) = measured["qdeploy"], measured["nncf"]
+    out = [f"### {name}: qdeploy {ours:.3f} ms, NNCF {theirs:.3f} ms per call ({ours / theirs:.2f}x)", "",
+           "| layer type / kernel | qdeploy layers | qdeploy us | NNCF layers | NNCF us |", "|---|---|---|---|---|"]
+    for key in sorted(mine.keys() | peer.keys(), key=lambda k: -(mine.get(k, [0, 0])[1] + peer.get(k, [0, 0])[1])):
+        a, b = mine.get(key, [0, 0.0]), peer.get(key, [0, 0.0])
+        out.append(f"| {key[0]} / {key[1]} | {a[0]} | {a[1]:.1f} | {b[0]} | {b[1]:.1f} |")
+    shared = sorted(my_layers.keys() & peer_layers.keys(), key=lambda k: -abs(my_layers[k] - peer_layers[k]))[:8]
+    out += ["", "| layer (same name in both) | qdeploy us | NNCF us |", "|---|---|---|",
+            *(f"| {layer[:60]} | {my_layers[layer]:.1f} | {peer_layers[layer]:.1f} |" for layer in shared), ""]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["resnet18", "pp-ocr-rec"], choices=list(BUILDERS))
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--signed", choices=("asymmetric", "auto", "symmetric"), default="auto")
+    parser.add_argument("--without", nargs="*", default=[], choices=_OPENVINO_STEPS)
+    args = parser.parse_args()
+    for step in args.without:  # this process only
+        setattr(_ptq, step, _OFF[step])
+    logging.basicConfig(level=logging.ERROR)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="qdeploy-ov-layers-") as tmp:
+        for name in args.models:
+            folder = Path(tmp) / name
+            folder.mkdir()
+            case = BUILDERS[name](folder)
+            if case is None:
+                continue
+            config = QuantizeConfig(calibration={"data": "calib", "samples": len(case.calib)}, runtime="openvino",
+                                    signed_activations=args.signed)
+            built = {"qdeploy": qdeploy(case, folder, "qdeploy", config).path}
+            built.update({row.artifact: row.path for row in nncf_rows(case, folder) if row.artifact == "nncf"})
+            out += lines(name, built, args.runs, case.evaluation[0])
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
