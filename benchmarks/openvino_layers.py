@@ -7,10 +7,9 @@ For each model of ``benchmarks/int8.py`` (its builders, calibration and evaluati
 with ``runtime: openvino`` (``signed_activations`` from ``--signed``; ``--without`` switches off OpenVINO-only
 placement steps of ``stages/quantize/ptq/_openvino.py``, e.g. ``pooled_before_quantizing``) and NNCF's
 ``nncf.quantize`` (defaults), compiled on CPU at OpenVINO's default precision with ``PERF_COUNT``, one thread,
-one stream.  Per build: the CPU time of a call
-(median) and, from ``get_profiling_info`` averaged over ``--runs`` calls, the time per layer type and kernel
-(``exec_type``: ``_I8``/``_i8`` a uint8/int8 input, ``_bf16``/``_f32`` float), then the layers whose time differs
-most between the two.
+one stream.  Per build: the CPU time of a call (median) and, from ``get_profiling_info`` over ``--runs`` calls, each
+layer's median time summed per layer type and kernel (``exec_type``: ``_I8``/``_i8`` a uint8/int8 input,
+``_bf16``/``_f32`` float), then the layers whose time differs most between the two.
 """
 
 from __future__ import annotations
@@ -36,7 +35,8 @@ from qdeploy.stages.quantize.ptq import _ptq  # noqa: E402
 
 
 def profile(path: Path, feed: dict, runs: int) -> tuple[float, dict[tuple[str, str], list[float]], dict[str, float]]:
-    """CPU ms per call (median), (layer type, kernel) -> [count, us per call], layer name -> us per call."""
+    """CPU ms per call (median), (layer type, kernel) -> [layers, us per call], layer name -> us per call: each
+    layer's median over the runs (a run disturbed by another job moves a mean, not a median)."""
     import openvino as ov
 
     compiled = ov.Core().compile_model(str(path), "CPU", {"PERF_COUNT": True, "INFERENCE_NUM_THREADS": 1,
@@ -44,20 +44,22 @@ def profile(path: Path, feed: dict, runs: int) -> tuple[float, dict[tuple[str, s
     request = compiled.create_infer_request()
     for _ in range(5):
         request.infer(feed)
-    kinds: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0, 0.0])
-    layers: dict[str, float] = collections.defaultdict(float)
+    per_run: dict[str, list[float]] = collections.defaultdict(list)
+    kind_of: dict[str, tuple[str, str]] = {}
     times = []
-    for run in range(runs):
+    for _ in range(runs):
         started = time.process_time()
         request.infer(feed)
         times.append(time.process_time() - started)
         for layer in request.profiling_info:
-            if layer.status != layer.Status.EXECUTED:
-                continue
-            micros = layer.real_time.total_seconds() * 1e6 / runs
-            kinds[(layer.node_type, layer.exec_type)][1] += micros
-            kinds[(layer.node_type, layer.exec_type)][0] += 1 if run == 0 else 0
-            layers[layer.node_name] += micros
+            if layer.status == layer.Status.EXECUTED:
+                per_run[layer.node_name].append(layer.real_time.total_seconds() * 1e6)
+                kind_of[layer.node_name] = (layer.node_type, layer.exec_type)
+    layers = {name: statistics.median(values) for name, values in per_run.items()}
+    kinds: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for name, micros in layers.items():
+        kinds[kind_of[name]][0] += 1
+        kinds[kind_of[name]][1] += micros
     return statistics.median(times) * 1e3, kinds, layers
 
 
