@@ -222,11 +222,12 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     compared: SevenBitComparison | None = None  # the report's record of the 7-bit choice
     if seven_bit == "choose":
         # lazy: pulls onnxruntime (import cost)
-        from qdeploy.stages.quantize.ptq._seven_bit import choose_seven_bit
+        from qdeploy.stages.quantize.ptq._seven_bit import MARGIN_DB, OPENVINO_MARGIN_DB, choose_seven_bit
 
         ctx.on_progress("comparing 7-bit weights with 7-bit activations")
         builders = {form: static(form) for form in ("weights", "activations")}
-        chosen, compared = choose_seven_bit(builders, prepared, samples(), ctx.work_dir)
+        margin = MARGIN_DB if config.signed_choice() == "asymmetric" else OPENVINO_MARGIN_DB
+        chosen, compared = choose_seven_bit(builders, prepared, samples(), ctx.work_dir, margin)
         seven_bit = "activations" if chosen == "activations" else "weights"
         build = builders[seven_bit]
     else:

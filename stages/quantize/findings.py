@@ -109,6 +109,8 @@ class SevenBitComparison(TypedDict):
 
     compared_on_samples: int
     measured: dict[str, SevenBitMeasure]
+    margin_db: float
+    """How much closer to float32 7-bit activations had to be to be chosen."""
 
 
 class SignedActivationsRecord(TypedDict, total=False):
@@ -133,6 +135,7 @@ class ReduceRangeRecord(TypedDict, total=False):
     nncf_overflow_fix: str
     compared_on_samples: int
     measured: dict[str, SevenBitMeasure]
+    margin_db: float
 
 
 class RefusedSite(TypedDict):

@@ -85,6 +85,12 @@ ADDED_SINCE_FIXTURE |= frozenset({
                                              "undecided")),
     "verdict.tie_break",
     "validation[].outputs[].kl"})  # KL of per-token scores (language models); null on other outputs
+# issue 43: how signed activations are quantized (OpenVINO's int8 without input zero points), the 7-bit margin
+ADDED_SINCE_FIXTURE |= frozenset({
+    "artifacts[].lineage[].config.signed_activations", "artifacts[].lineage[].findings.reduce_range.margin_db",
+    *(f"artifacts[].lineage[].findings.signed_activations{key}" for key in (
+        "", ".setting", ".symmetric", ".why", ".compared_on_samples", ".measured", ".measured.*",
+        ".measured.*.snr_db", ".measured.*.cosine"))})
 """Key paths the current report has and the stored fixture (an earlier run) lacks; nothing else may be new."""
 REMOVED_SINCE_FIXTURE = frozenset(f"artifacts[].lineage[].config.{key}" for key in (
     # issue 30: one config model per quantize mode; a ptq step's config dumps ptq's fields only
