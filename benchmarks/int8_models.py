@@ -75,6 +75,8 @@ def feeds(name: str, arrays: list[np.ndarray]) -> Samples:
 def resnet18(folder: Path) -> Case:
     import torch
 
+    torch.manual_seed(0)  # before the layers draw their weights: the same model in every run
+
     class Block(torch.nn.Module):
         def __init__(self, cin: int, cout: int, stride: int) -> None:
             super().__init__()
@@ -94,7 +96,6 @@ def resnet18(folder: Path) -> Case:
         layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
         cin = cout
     layers += [torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(512, 1000)]
-    torch.manual_seed(0)
     model = torch.nn.Sequential(*layers).eval()
     with torch.no_grad():
         for module in model.modules():
