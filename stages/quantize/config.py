@@ -106,7 +106,7 @@ class PtqConfig(_ModeSettings):
         default="auto", description="How an activation whose calibrated range holds negative values is quantized "
                                     "when symmetric_activations is false: 'asymmetric' (activation_type with a "
                                     "zero point: the finest grid), 'symmetric' (int8, zero point 0, as NNCF does: "
-                                    "OpenVINO's int8 kernels run 10-25% faster without an input zero point, at up "
+                                    "OpenVINO's int8 kernels run 5-20% faster without an input zero point, at up "
                                     "to one bit less on lopsided ranges such as HardSwish's or SiLU's), auto (the "
                                     "default): in the build for OpenVINO (runtime: openvino), ranges nearly "
                                     "centred on zero go on int8, and lopsided ones too unless that graph is more "

@@ -1,14 +1,14 @@
 """Signed activations for OpenVINO: int8 with zero point 0, or uint8 with a zero point; measured per model.
 
-OpenVINO runs an int8 kernel whose input has a zero point through its zero-point compensation path: profiled
-per layer on AMX, PP-OCRv4's 1x1, depthwise and fully connected kernels ran 10-25% slower with a uint8 input of
-zero point 128 than with an int8 input of zero point 0, and a 3-channel first convolution about 2x.  NNCF
-quantizes every activation that can be negative symmetrically for that reason.
+OpenVINO runs an int8 kernel whose input has a zero point more slowly: profiled per layer on AMX
+(``benchmarks/openvino_layers.py``), PP-OCRv4 rec's depthwise, 1x1 and fully connected layers took 5-16% longer per
+layer type with uint8 inputs with zero points than with int8 inputs of zero point 0, and ResNet-18's first
+convolution 20%.  NNCF quantizes every activation that can be negative symmetrically for that reason.
 
 A range centred on zero (a normalised image, a BatchNorm output) loses almost nothing on int8, so it always goes
 there (``_ptq.CENTRED``).  A lopsided one (HardSwish's [-0.375, 6], SiLU's [-0.28, x]) loses up to one bit, and
-over a whole model that ranged from nothing to far more than NNCF's own loss (benchmarks/openvino_placement.py:
-PP-OCRv4 det and rec lost 0.005 cosine, a SiLU detector 0.08).  ``signed_activations: auto`` builds both graphs
+over a whole model that ranged from nothing to 0.08 of cosine on a SiLU detector (benchmarks/openvino_placement.py;
+PP-OCRv4 det and rec: under 0.01).  ``signed_activations: auto`` builds both graphs
 and puts the lopsided ones on int8 too unless that is more than ``MARGIN_DB`` further from float32 on the first
 calibration samples (the float reference and both graphs run in ONNX Runtime, whose QDQ arithmetic is exact).
 """
