@@ -1,7 +1,7 @@
 """OpenVINO's own per-layer profile of qdeploy's OpenVINO int8 graph beside NNCF's: where the time goes.
 
     python benchmarks/openvino_layers.py [--models resnet18 pp-ocr-rec] [--runs 30] [--signed asymmetric|auto|symmetric]
-                                         [--without STEP ...]
+                                         [--without STEP ...] [--fp32]
 
 For each model of ``benchmarks/int8.py`` (its builders, calibration and evaluation samples): qdeploy's ptq
 with ``runtime: openvino`` (``signed_activations`` from ``--signed``; ``--without`` switches off OpenVINO-only
@@ -9,7 +9,8 @@ placement steps of ``stages/quantize/ptq/_openvino.py``, e.g. ``pooled_before_qu
 ``nncf.quantize`` (defaults), compiled on CPU at OpenVINO's default precision with ``PERF_COUNT``, one thread,
 one stream.  Per build: the CPU time of a call (median) and, from ``get_profiling_info`` over ``--runs`` calls, each
 layer's median time summed per layer type and kernel (``exec_type``: ``_I8``/``_i8`` a uint8/int8 input,
-``_bf16``/``_f32`` float), then the layers whose time differs most between the two.
+``_bf16``/``_f32`` float; ``--fp32``: the float32 model beside them, at the default, bf16 on AMX), then the layers
+whose time differs most between qdeploy's and NNCF's.
 """
 
 from __future__ import annotations
@@ -65,15 +66,21 @@ def profile(path: Path, feed: dict, runs: int) -> tuple[float, dict[tuple[str, s
 
 def lines(name: str, built: dict[str, Any], runs: int, feed: dict) -> list[str]:
     measured = {label: profile(path, feed, runs) for label, path in built.items()}
-    (ours, mine, my_layers), (theirs, peer, peer_layers) = measured["qdeploy"], measured["nncf"]
-    out = [f"### {name}: qdeploy {ours:.3f} ms, NNCF {theirs:.3f} ms per call ({ours / theirs:.2f}x)", "",
-           "| layer type / kernel | qdeploy layers | qdeploy us | NNCF layers | NNCF us |", "|---|---|---|---|---|"]
-    for key in sorted(mine.keys() | peer.keys(), key=lambda k: -(mine.get(k, [0, 0])[1] + peer.get(k, [0, 0])[1])):
-        a, b = mine.get(key, [0, 0.0]), peer.get(key, [0, 0.0])
-        out.append(f"| {key[0]} / {key[1]} | {a[0]} | {a[1]:.1f} | {b[0]} | {b[1]:.1f} |")
-    shared = sorted(my_layers.keys() & peer_layers.keys(), key=lambda k: -abs(my_layers[k] - peer_layers[k]))[:8]
+    calls = ", ".join(f"{label} {ms:.3f} ms" for label, (ms, _, _) in measured.items())
+    ratio = measured["qdeploy"][0] / measured["nncf"][0]
+    out = [f"### {name}: {calls} per call (qdeploy / NNCF {ratio:.2f}x)", "",
+           "| layer type / kernel | " + " | ".join(f"{label} layers | {label} us" for label in measured) + " |",
+           "|---|" + "---|---|" * len(measured)]
+    kinds = {label: found[1] for label, found in measured.items()}
+    every = set().union(*(found.keys() for found in kinds.values()))
+    for key in sorted(every, key=lambda k: -sum(found.get(k, [0, 0.0])[1] for found in kinds.values())):
+        cells = " | ".join(f"{found.get(key, [0, 0.0])[0]} | {found.get(key, [0, 0.0])[1]:.1f}"
+                           for found in kinds.values())
+        out.append(f"| {key[0]} / {key[1]} | {cells} |")
+    mine, peer = measured["qdeploy"][2], measured["nncf"][2]
+    shared = sorted(mine.keys() & peer.keys(), key=lambda k: -abs(mine[k] - peer[k]))[:8]
     out += ["", "| layer (same name in both) | qdeploy us | NNCF us |", "|---|---|---|",
-            *(f"| {layer[:60]} | {my_layers[layer]:.1f} | {peer_layers[layer]:.1f} |" for layer in shared), ""]
+            *(f"| {layer[:60]} | {mine[layer]:.1f} | {peer[layer]:.1f} |" for layer in shared), ""]
     return out
 
 
@@ -83,6 +90,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--signed", choices=("asymmetric", "auto", "symmetric"), default="auto")
     parser.add_argument("--without", nargs="*", default=[], choices=_OPENVINO_STEPS)
+    parser.add_argument("--fp32", action="store_true", help="also the float32 model at the default precision")
     args = parser.parse_args()
     for step in args.without:  # this process only
         setattr(_ptq, step, _OFF[step])
@@ -99,6 +107,8 @@ def main() -> None:
                                     signed_activations=args.signed)
             built = {"qdeploy": qdeploy(case, folder, "qdeploy", config).path}
             built.update({row.artifact: row.path for row in nncf_rows(case, folder) if row.artifact == "nncf"})
+            if args.fp32:
+                built["fp32"] = case.path
             out += lines(name, built, args.runs, case.evaluation[0])
     print("\n".join(out))
 
