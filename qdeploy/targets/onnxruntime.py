@@ -206,6 +206,12 @@ class OrtSession(Session):
         check_feeds(self.target, self.input_names, feeds)
         return OrtBoundCall(self._session, feeds, self.output_names)
 
+    @property
+    def inference_session(self) -> Any:
+        """ONNX Runtime's InferenceSession: for calls this adapter does not wrap (OrtValue binding of a decode
+        step's cache)."""
+        return self._session
+
     def runtime_settings(self) -> dict[str, Any]:
         options = self._session.get_session_options()
         return {"intra_op_num_threads": options.intra_op_num_threads or "default (one per physical core)",

@@ -179,8 +179,8 @@ def _fast_stepper(session: Session, layout: CacheLayout) -> Stepper | None:
     if isinstance(session, OpenVinoSession):
         return OpenVinoStepper(session.compiled_model, layout)
     if isinstance(session, OrtSession):
-        # the adapter exposes no OrtValue call; its InferenceSession runs one without converting the presents
-        return OrtStepper(session._session, layout)
+        # the adapter wraps no OrtValue call; its InferenceSession runs one without converting the presents
+        return OrtStepper(session.inference_session, layout)
     return None
 
 
