@@ -27,7 +27,16 @@ from pydantic import (
 from qdeploy.calibration import data_context
 from qdeploy.calibration.spec import DatasetSpec
 from qdeploy.core.context import StageContext
-from qdeploy.core.runtimes import RUNTIMES, built_for, runtime_of_target, runtime_of_variant, split_name
+from qdeploy.core.runtimes import (
+    RUNTIMES,
+    artifact_of,
+    built_for,
+    is_setting_row,
+    runtime_of_target,
+    runtime_of_variant,
+    setting_of,
+    split_name,
+)
 from qdeploy.core.stage_config import StageConfig, variant_tolerance
 from qdeploy.core.tolerance import StrictModel, Tolerance
 from qdeploy.pipeline.recipe import registry
@@ -78,7 +87,9 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 class GateSpec(StrictModel):
     """An acceptance goal; a missed one makes `qdeploy run` exit 1."""
 
-    variant: str = Field(description="Variant the gate applies to.")
+    variant: str = Field(description="Variant the gate applies to; on openvino targets '<variant>@f32' (a "
+                                     "weight-only artifact with float32 activations) or '<reference>@default' (the "
+                                     "reference at the device's default precision) names that row.")
     target: str = Field(description="Target the gate applies to.")
     metric: GateMetric = Field(description="Measured quantity; kl, the errors, latency_ms and size_bytes are "
                                            "lower-is-better (gate them with max); decode_tokens_per_s and "
@@ -253,12 +264,13 @@ def _gates_on_builds(gates: list[GateSpec], split: dict[str, list[str]]) -> list
     ``int8@openvino``): the recipe's names keep working when per_runtime splits them."""
     pointed = []
     for index, gate in enumerate(gates):
-        if gate.variant in split:
-            build = [made for made in split[gate.variant] if built_for(made, gate.target)]
+        named, setting = artifact_of(gate.variant), setting_of(gate.variant)  # 'int4@f32': int4's f32 row
+        if named in split:
+            build = [made for made in split[named] if built_for(made, gate.target)]
             if not build:
-                raise ValueError(f"gates[{index}] names variant '{gate.variant}', which per_runtime splits into "
-                                 f"{split[gate.variant]}, none of which runs on {gate.target}")
-            gate = gate.model_copy(update={"variant": build[0]})
+                raise ValueError(f"gates[{index}] names variant '{named}', which per_runtime splits into "
+                                 f"{split[named]}, none of which runs on {gate.target}")
+            gate = gate.model_copy(update={"variant": f"{build[0]}@{setting}" if setting else build[0]})
         pointed.append(gate)
     return pointed
 
@@ -351,8 +363,10 @@ class Recipe(StrictModel):
                 f"validate.reference names variant '{self.validate_.reference}'; defined: {sorted(known_variants)}"
             )
         for index, gate in enumerate(self.gates):
-            if gate.variant not in known_variants:
-                raise ValueError(f"gates[{index}] names variant '{gate.variant}'; defined: {sorted(self.variants)}")
+            if artifact_of(gate.variant) not in known_variants:  # 'int4@f32', 'fp32@default': a setting's row
+                raise ValueError(f"gates[{index}] names variant '{gate.variant}'; defined: {sorted(self.variants)}"
+                                 " (a row of OpenVINO's precision settings is '<variant>@f32' or "
+                                 "'<reference>@default')")
             if gate.target not in self.targets:
                 raise ValueError(f"gates[{index}] names target '{gate.target}'; recipe targets: {self.targets}")
         for variant, steps in self.variants.items():
@@ -379,6 +393,9 @@ class Recipe(StrictModel):
             raise ValueError(f"validate.reference names '{self.validate_.reference}', which per_runtime splits "
                              f"into {split[self.validate_.reference]}; the reference must run on every target")
         for index, gate in enumerate(self.gates):
+            if is_setting_row(gate.variant) and not built_for(gate.variant, gate.target):
+                raise ValueError(f"gates[{index}]: '{gate.variant}' is a row of OpenVINO's precision settings "
+                                 f"(INFERENCE_PRECISION_HINT); {gate.target} has none: name an openvino target")
             if not built_for(gate.variant, gate.target):
                 raise ValueError(f"gates[{index}]: variant '{gate.variant}' is built for "
                                  f"{runtime_of_variant(gate.variant)} and never runs on {gate.target}")

@@ -13,7 +13,7 @@ from qdeploy.core.rows import (
     UnmeasuredKind,
     ValidationRow,
 )
-from qdeploy.core.runtimes import built_for
+from qdeploy.core.runtimes import artifact_of, built_for, is_pinned_f32, is_setting_row
 from qdeploy.core.values import is_finite_number
 from qdeploy.pipeline.recipe.schema import GateSpec
 
@@ -56,12 +56,12 @@ def _measured(gate: GateSpec, validation: list[ValidationRow], benchmarks: list[
                 f": {timed.reason}" if timed else " (benchmark.mode throughput or both measures it)")
         return timed.inferences_per_s, ""
     if gate.metric == "size_bytes":
-        size = sizes.get(gate.variant)
+        size = sizes.get(artifact_of(gate.variant))  # a setting's row runs its variant's file
         return (float(size), "") if size is not None else (None, f"variant {gate.variant} has no artifact")
     if gate.metric in _VALIDATION_METRICS:
         check = next((r for r in validation if r.variant == gate.variant and r.target == gate.target), None)
         if check is None or not check.metrics.measured:
-            return None, f"no validation of {gate.variant} on {gate.target}" + (f": {check.reason}" if check else "")
+            return None, _no_row(gate, "validation", check)
         value = check.metrics.value(gate.metric)
         return value, "" if value is not None else _unmeasured(gate.metric, check)
     if gate.metric in _DECODE_METRICS:
@@ -71,10 +71,24 @@ def _measured(gate: GateSpec, validation: list[ValidationRow], benchmarks: list[
         return value, "" if value is not None else f"no benchmark of {gate.variant} and {reference} on {gate.target}"
     row = find_benchmark(benchmarks, gate.variant, gate.target, gate.batch_size)
     if row is None or row.status != "ok":
-        return None, f"no benchmark of {gate.variant} on {gate.target}" + (f": {row.reason}" if row else "")
+        return None, _no_row(gate, "benchmark", row)
     if gate.metric == "latency_ms":
         return row.p50, ""
     return row.throughput_per_s, ""
+
+
+def _no_row(gate: GateSpec, what: str, row: BenchmarkRow | ThroughputRow | ValidationRow | None) -> str:
+    """Why a gate has no measurement: the row's own reason, or why a precision setting's row does not exist."""
+    if row is not None:
+        return f"no {what} of {gate.variant} on {gate.target}: {row.reason}"
+    if is_pinned_f32(gate.variant):
+        return (f"no {what} of {gate.variant} on {gate.target}: the f32 row runs a weight-only artifact where "
+                "OpenVINO's default on this CPU is below float32 (benchmark.weight_only_f32); here it is not, "
+                f"or {artifact_of(gate.variant)} quantizes activations: gate {artifact_of(gate.variant)} itself")
+    if is_setting_row(gate.variant):
+        return (f"no {what} of {gate.variant} on {gate.target}: the default-precision row exists where "
+                "OpenVINO's default on this CPU is below float32")
+    return f"no {what} of {gate.variant} on {gate.target}"
 
 
 def _decode_ms(row: BenchmarkRow | None) -> float | None:
@@ -87,7 +101,7 @@ def _decode_measured(gate: GateSpec, benchmarks: list[BenchmarkRow], reference: 
     reference's decode ms per token over its own on the same target and batch."""
     row = find_benchmark(benchmarks, gate.variant, gate.target, gate.batch_size)
     if row is None or row.status != "ok":
-        return None, f"no benchmark of {gate.variant} on {gate.target}" + (f": {row.reason}" if row else "")
+        return None, _no_row(gate, "benchmark", row)
     mine = _decode_ms(row)
     if mine is None:  # the benchmark times decode only for a model with past/present inputs
         return None, (f"no decode measurement of {gate.variant} on {gate.target}: {gate.metric} needs a language "
