@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from qdeploy.core.errors import QdeployError, QdeployInputError, RecipeError
+from qdeploy.core.runtimes import artifact_of
 from qdeploy.core.tolerance import StrictModel
 from qdeploy.pipeline.recipe.schema import EXPORTED, Recipe, StepError
 from qdeploy.targets import get_target
@@ -327,7 +328,9 @@ def _gate_of(gate: Any, variants: set[str], targets: list[str]) -> bool:
     that validation names its field: as a set member it would raise TypeError (an internal error)."""
     if not isinstance(gate, dict) or not isinstance(gate.get("variant"), str | None):
         return True
-    return gate.get("variant") in variants and gate.get("target") in targets
+    variant = gate.get("variant")
+    named = artifact_of(variant) if isinstance(variant, str) else variant  # 'int4@f32': a row of int4
+    return named in variants and gate.get("target") in targets
 
 
 def _validation_message(exc: ValidationError) -> str:

@@ -289,3 +289,13 @@ def test_a_sweep_times_a_pair_at_the_precision_its_validation_ships(tmp_path: Pa
     validated = {(row["variant"], row["target"]): row for row in job.result.report["validation"]}
     assert validated[("fp16", "openvino:cpu")].get("deploy_precision") == "f32"
     assert rows[("fp16", "openvino:cpu")]["precision_hint"] == "f32"
+
+
+def test_a_shared_gate_on_a_settings_row_goes_to_the_recipes_that_build_its_variant() -> None:
+    """'int4@f32' belongs with the recipes that build int4 (and hold the target), not only with a variant named so."""
+    from qdeploy.pipeline.sweep import _gate_of
+
+    gate = {"variant": "int4@f32", "target": "openvino:cpu", "metric": "latency_ms", "max": 10}
+    assert _gate_of(gate, {"int4", "exported"}, ["ort:cpu", "openvino:cpu"])
+    assert not _gate_of(gate, {"int8", "exported"}, ["ort:cpu", "openvino:cpu"])
+    assert not _gate_of(gate, {"int4", "exported"}, ["ort:cpu"])
