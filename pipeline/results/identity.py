@@ -79,7 +79,7 @@ def dataset_fingerprint(recipe: Recipe, datasets: list[str]) -> dict[str, Datase
         files: list[tuple[str, str]] = []
         if spec.path:
             folder = recipe.resolve(spec.path)
-            files = sorted((p.name, sha256_file(p)) for p in folder.iterdir() if p.is_file()) \
+            files = sorted((p.name, _content_sha256(p)) for p in folder.iterdir() if p.is_file()) \
                 if folder.is_dir() else []
         if spec.reader == "text":  # one file, and the tokenizer that cuts it (the model's when it names none)
             files = _text_files(recipe, spec.path or "", read_as[name].tokenizer or "")
@@ -105,9 +105,23 @@ def _text_files(recipe: Recipe, text: str, tokenizer: str) -> list[tuple[str, st
 
 def _sha_or_note(path: Path) -> str:
     try:
-        return sha256_file(path)
+        return _content_sha256(path)
     except OSError:  # gone since the recipe was loaded: the reader will say so
         return f"unreadable {path}"
+
+
+_HASHED: dict[tuple[str, int, int, int, int], str] = {}
+"""sha256 of files already read in this process, by (path, inode, size, mtime, ctime): a run's stage keys hash a
+GGUF tokenizer (about 100 MB) once, not once per step.  The change time is the system's (no tool sets it), so a
+file rewritten in place, however its size and mtime are made to look, is read again."""
+
+
+def _content_sha256(path: Path) -> str:
+    status = path.stat()
+    key = (str(path.resolve()), status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
+    if key not in _HASHED:
+        _HASHED[key] = sha256_file(path)
+    return _HASHED[key]
 
 
 def code_fingerprint(recipe: Recipe, config: StageConfig) -> CodeFingerprintDict:

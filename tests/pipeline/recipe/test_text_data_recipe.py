@@ -159,3 +159,26 @@ def test_check_refuses_a_text_dataset_with_no_tokenizer_to_read_with(tmp_path: P
     onnx.save(helper.make_model(graph), str(tmp_path / "m.onnx"))
     with pytest.raises(RecipeError, match=r"set data\.held\.tokenizer .*model\.causal_lm source"):
         check_before_run(_load(tmp_path, "{onnx: m.onnx}"))
+
+
+def test_a_tokenizer_file_is_read_once_per_process_until_it_is_rewritten(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every stage's key fingerprints the text dataset and its tokenizer (a GGUF is about 100 MB): each file is
+    hashed once; a file rewritten in place with the same size and mtime is hashed again (its change time moved)."""
+    import os
+
+    from qdeploy.pipeline.results import identity
+
+    _folder(tmp_path)
+    recipe = _load(tmp_path)
+    read: list[str] = []
+    real = identity.sha256_file
+    monkeypatch.setattr(identity, "sha256_file", lambda path: read.append(Path(path).name) or real(path))
+    first = dataset_fingerprint(recipe, ["held"])
+    assert dataset_fingerprint(recipe, ["held"]) == first and sorted(read) == ["config.json", "corpus.txt",
+                                                                               "tokenizer.json"]
+    corpus = tmp_path / "corpus.txt"
+    before = corpus.stat()
+    corpus.write_text("the dog sat on the mat " * 10, encoding="utf-8")  # same size
+    os.utime(corpus, ns=(before.st_atime_ns, before.st_mtime_ns))  # and the same mtime
+    assert dataset_fingerprint(recipe, ["held"]) != first and read.count("corpus.txt") == 2
