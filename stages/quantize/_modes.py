@@ -229,10 +229,10 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
         margin = MARGIN_DB if config.signed_choice() == "asymmetric" else OPENVINO_MARGIN_DB
         chosen, compared = choose_seven_bit(builders, prepared, samples(), ctx.work_dir, margin)
         seven_bit = "activations" if chosen == "activations" else "weights"
-        build = builders[seven_bit]
+        unsigned = partial(builders.__getitem__, seven_bit)
     else:
-        build = static(seven_bit)
-    build, signed = _signed_activations(config, seven_bit, build, ranges, partial(static, seven_bit),
+        unsigned = partial(static, seven_bit)  # built only where no signed activation goes on int8
+    build, signed = _signed_activations(config, seven_bit, unsigned, ranges, partial(static, seven_bit),
                                         lambda candidates: _measure_signed(ctx, candidates, prepared, samples()))
     notes = CalibrationNotes(method=config.method,
                              percentile=config.percentile if config.method == "percentile" else None,
@@ -245,12 +245,12 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     return _Built(build, seven_bit, op_types, reduce_range, notes, signed)
 
 
-def _signed_activations(config: PtqConfig, seven_bit: str, unsigned: Any, ranges: dict[str, tuple[float, float]],
-                        signed: Callable[[float], Any],
+def _signed_activations(config: PtqConfig, seven_bit: str, unsigned: Callable[[], Any],
+                        ranges: dict[str, tuple[float, float]], signed: Callable[[float], Any],
                         measure: Callable[[dict[str, Any]], tuple[str, SignedActivationsRecord]],
                         ) -> tuple[Any, SignedActivationsRecord]:
-    """The builder to use (``unsigned``, or one that ``signed(most_lopsided)`` makes: ``_ptq.signed_int8_overrides``)
-    and the report's record of the choice (``stages/quantize/ptq/_signed.py``)."""
+    """The builder to use (``unsigned()``'s, or one that ``signed(most_lopsided)`` makes:
+    ``_ptq.signed_int8_overrides``) and the report's record of the choice (``stages/quantize/ptq/_signed.py``)."""
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize.ptq._ptq import CENTRED, EVERY_SIGNED
     from qdeploy.stages.quantize.ptq._signed import lopsided
@@ -260,16 +260,21 @@ def _signed_activations(config: PtqConfig, seven_bit: str, unsigned: Any, ranges
         why = ("symmetric_activations: every activation is symmetric" if config.symmetric_activations else
                "set in the recipe" if setting == "asymmetric" else
                "auto: asymmetric for ONNX Runtime, whose x86 int8 kernels take uint8 activations")
-        return unsigned, SignedActivationsRecord(setting=setting, symmetric="none", why=why)
+        return unsigned(), SignedActivationsRecord(setting=setting, symmetric="none", why=why)
     if seven_bit == "activations":  # an int8 kernel without VNNI shifts int8 to uint8: 8 bits again, saturating
-        return unsigned, SignedActivationsRecord(setting=setting, symmetric="none",
-                                                 why="7-bit activations (reduce_range) stay unsigned")
+        return unsigned(), SignedActivationsRecord(setting=setting, symmetric="none",
+                                                   why="7-bit activations (reduce_range) stay unsigned")
     if choice == "symmetric":
         return signed(EVERY_SIGNED), SignedActivationsRecord(setting=setting, symmetric="all", why="set in the recipe")
-    if not lopsided(ranges, CENTRED):
-        return signed(CENTRED), SignedActivationsRecord(
+    centred = signed(CENTRED)
+    negative = {name: ranges[name] for name in centred.quantized_tensors() if ranges.get(name, (0.0, 0.0))[0] < 0}
+    if not negative:
+        return centred, SignedActivationsRecord(setting=setting, symmetric="none",
+                                                why="no activation it quantizes is ever negative")
+    if not lopsided(negative, CENTRED):
+        return centred, SignedActivationsRecord(
             setting=setting, symmetric="all", why="auto: every activation that can be negative is centred on zero")
-    candidates = {"all": signed(EVERY_SIGNED), "centred": signed(CENTRED)}
+    candidates = {"all": signed(EVERY_SIGNED), "centred": centred}
     chosen, record = measure(candidates)
     return candidates[chosen], record
 

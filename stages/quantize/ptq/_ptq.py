@@ -156,6 +156,10 @@ class StaticBuilder:
             self._float = load_model(self._prepared)
         return self._float
 
+    def quantized_tensors(self) -> set[str]:
+        """The float tensors a QuantizeLinear of this build reads (with nothing kept float)."""
+        return {node.input[0] for node in self._quantized.graph.node if node.op_type == "QuantizeLinear"}
+
     def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]:
         """Quantized nodes that add rounding of their own (data movement does not): name -> op type."""
         return {name: op for name, op in quantized_node_names(quantized).items() if op not in MOVER_OPS}

@@ -149,3 +149,15 @@ def test_openvino_builds_hold_seven_bit_activations_to_the_signed_margin(tmp_pat
         snr = {form: value["snr_db"] for form, value in record["measured"].items()}
         assert (record["seven_bit"] == "activations") is (snr["activations"] > snr["weights"] + record["margin_db"])
     assert margins == {"ort": 0.25, "openvino": 1.0}
+
+
+def test_nothing_to_sign_when_no_activation_is_negative(tmp_path: Path) -> None:
+    """OpenVINO's build of a graph whose quantized activations are all Relu outputs: uint8 with zero point 0, one
+    build (no int8 candidate to make or measure)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("MatMul", ["r", "w"], ["y"])]
+    weight = np.random.default_rng(0).standard_normal((16, 8))
+    artifact = save_artifact(tmp_path, make_model(nodes, [init("w", weight)], {"x": [1, 16]}, {"y": [1, 8]}))
+    report = quantize.run(artifact, QuantizeConfig(runtime="openvino", reduce_range="weights"),
+                          stage_context(tmp_path)).report()
+    assert report["signed_activations"] == {"setting": "auto", "symmetric": "none",
+                                            "why": "no activation it quantizes is ever negative"}
