@@ -65,17 +65,23 @@ def yolox_like() -> onnx.ModelProto:
     return make_model(nodes, inits, {"x": [1, 3, 16, 16]}, ["y"], opset=13)
 
 
+def _calibrated(model: onnx.ModelProto, folder: Path, samples: list[dict[str, np.ndarray]],
+                ) -> tuple[Path, dict[str, tuple[float, float]], list[str]]:
+    """The prepared model, its calibrated ranges and the op types (the balanced set)."""
+    source = folder / "model.onnx"
+    onnx.save(model, str(source))
+    prepared = prepare(source, folder).path
+    op_types = list(BALANCED_OP_TYPES)
+    ranges, _ = calibrate(prepared, op_types, lambda: iter(samples), folder, "minmax", 99.999)
+    return prepared, ranges, op_types
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str | None, tuple[StaticBuilder, onnx.ModelProto]]:
     """Per runtime (None: ONNX Runtime's placement): the builder and its model with nothing kept float."""
-    folder = tmp_path_factory.mktemp("yolox_like")
-    source = folder / "model.onnx"
-    onnx.save(yolox_like(), str(source))
-    prepared = prepare(source, folder).path
     rng = np.random.default_rng(1)
     samples = [{"x": rng.uniform(0, 2, (1, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
-    op_types = list(BALANCED_OP_TYPES)
-    ranges, _ = calibrate(prepared, op_types, lambda: iter(samples), folder, "minmax", 99.999)
+    prepared, ranges, op_types = _calibrated(yolox_like(), tmp_path_factory.mktemp("yolox_like"), samples)
     found = {}
     for runtime in (None, "openvino"):
         builder = StaticBuilder(prepared, ranges, [], per_channel=True, activation_type="uint8", weight_type="int8",
@@ -167,13 +173,9 @@ def attention() -> onnx.ModelProto:
 def test_attention_matmuls_stay_float_for_openvino(tmp_path: Path) -> None:
     """OpenVINO runs a MatMul of two activations float in its attention kernel: no Q/DQ in front of it for
     openvino (ONNX Runtime's placement keeps them: QLinearMatMul); the projections stay int8 on both."""
-    source = tmp_path / "attention.onnx"
-    onnx.save(attention(), str(source))
-    prepared = prepare(source, tmp_path).path
     rng = np.random.default_rng(4)
     samples = [{"x": rng.normal(0, 1, (1, 8, 16)).astype(np.float32)} for _ in range(4)]
-    op_types = list(BALANCED_OP_TYPES)
-    ranges, _ = calibrate(prepared, op_types, lambda: iter(samples), tmp_path, "minmax", 99.999)
+    prepared, ranges, op_types = _calibrated(attention(), tmp_path, samples)
     for runtime, quantized in ((None, True), ("openvino", False)):
         model = StaticBuilder(prepared, ranges, [], per_channel=True, activation_type="uint8", weight_type="int8",
                               symmetric_activations=False, symmetric_weights=True, op_types=op_types,
@@ -206,13 +208,10 @@ def test_a_maxpool_after_a_convolution_reads_quantized_values_for_openvino(tmp_p
     (quantize a MaxPool only where its input is quantized) would put the Q after the MaxPool: OpenVINO then runs a
     bf16/f32 MaxPool and a FakeQuantize kernel.  The Relu's output is quantized in front of it instead, with no pair
     after it, and OpenVINO runs the MaxPool in int8.  The signed input is int8 with zero point 0 for OpenVINO."""
-    source = tmp_path / "stem.onnx"
-    onnx.save(resnet_stem(), str(source))
-    prepared = prepare(source, tmp_path).path
     rng = np.random.default_rng(6)
     samples = [{"x": rng.normal(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
-    op_types = list(BALANCED_OP_TYPES)
-    ranges, _ = calibrate(prepared, op_types, lambda: iter(samples), tmp_path, "minmax", 99.999)
+    prepared, ranges, op_types = _calibrated(resnet_stem(), tmp_path, samples)
+    source = tmp_path / "model.onnx"
     models = {runtime: StaticBuilder(prepared, ranges, [], per_channel=True, activation_type="uint8",
                                      weight_type="int8", symmetric_activations=False, symmetric_weights=True,
                                      op_types=op_types, runtime=runtime,
