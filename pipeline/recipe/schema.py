@@ -31,6 +31,7 @@ from qdeploy.core.runtimes import (
     RUNTIMES,
     artifact_of,
     built_for,
+    is_device_default,
     is_setting_row,
     runtime_of_target,
     runtime_of_variant,
@@ -363,10 +364,14 @@ class Recipe(StrictModel):
                 f"validate.reference names variant '{self.validate_.reference}'; defined: {sorted(known_variants)}"
             )
         for index, gate in enumerate(self.gates):
-            if artifact_of(gate.variant) not in known_variants:  # 'int4@f32', 'fp32@default': a setting's row
+            if artifact_of(gate.variant) not in known_variants:  # 'int4@f32', 'exported@default': a setting's row
                 raise ValueError(f"gates[{index}] names variant '{gate.variant}'; defined: {sorted(self.variants)}"
                                  " (a row of OpenVINO's precision settings is '<variant>@f32' or "
                                  "'<reference>@default')")
+            reference = self.validate_.reference or EXPORTED
+            if is_device_default(gate.variant) and artifact_of(gate.variant) != reference:
+                raise ValueError(f"gates[{index}] names '{gate.variant}': only the reference runs at the device's "
+                                 f"default precision as a row of its own ('{reference}@default')")
             if gate.target not in self.targets:
                 raise ValueError(f"gates[{index}] names target '{gate.target}'; recipe targets: {self.targets}")
         for variant, steps in self.variants.items():

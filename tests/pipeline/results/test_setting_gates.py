@@ -45,6 +45,7 @@ def test_a_gate_may_name_a_settings_row_and_follows_the_per_runtime_split(tmp_pa
 @pytest.mark.parametrize(("variant", "target", "says"), [
     ("int4@f32", "ort:cpu", "a row of OpenVINO's precision settings"),
     ("int9@f32", "openvino:cpu", "names variant 'int9@f32'"),
+    ("int4@default", "openvino:cpu", "only the reference runs at the device's default precision"),
 ])
 def test_a_settings_gate_on_another_runtime_or_variant_is_refused(tmp_path: Path, variant: str, target: str,
                                                                    says: str) -> None:
