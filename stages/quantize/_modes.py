@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -206,7 +206,8 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
         raise StageError(STAGE, ctx.variant, f"calibration dataset '{calibration.data or 'random'}' yielded no samples")
     ctx.on_progress("quantizing")
 
-    def static(form: str, signed: float = 0.0) -> StaticBuilder:
+    @cache  # one quantizer pass per (form, signed): the 7-bit and the signed choices share their builds
+    def static(form: str, signed: float) -> StaticBuilder:
         return StaticBuilder(prepared, ranges, excluded, per_channel=config.per_channel,
                              activation_type=config.activation_type, weight_type=config.weight_type,
                              symmetric_activations=config.symmetric_activations,
@@ -225,14 +226,14 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
         from qdeploy.stages.quantize.ptq._seven_bit import MARGIN_DB, OPENVINO_MARGIN_DB, choose_seven_bit
 
         ctx.on_progress("comparing 7-bit weights with 7-bit activations")
-        builders = {form: static(form) for form in ("weights", "activations")}
+        # 7-bit weights as they would ship: OpenVINO's with its centred signed activations on int8 already
+        builders = {"weights": static("weights", _first_signed(config)), "activations": static("activations", 0.0)}
         margin = MARGIN_DB if config.signed_choice() == "asymmetric" else OPENVINO_MARGIN_DB
         chosen, compared = choose_seven_bit(builders, prepared, samples(), ctx.work_dir, margin)
         seven_bit = "activations" if chosen == "activations" else "weights"
-        unsigned = partial(builders.__getitem__, seven_bit)
-    else:
-        unsigned = partial(static, seven_bit)  # built only where no signed activation goes on int8
-    build, signed = _signed_activations(config, seven_bit, unsigned, ranges, partial(static, seven_bit),
+    # built only where no signed activation goes on int8
+    build, signed = _signed_activations(config, seven_bit, partial(static, seven_bit, 0.0), ranges,
+                                        partial(static, seven_bit),
                                         lambda candidates: _measure_signed(ctx, candidates, prepared, samples()))
     notes = CalibrationNotes(method=config.method,
                              percentile=config.percentile if config.method == "percentile" else None,
@@ -243,6 +244,15 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     if compared is not None:
         reduce_range.update(compared)
     return _Built(build, seven_bit, op_types, reduce_range, notes, signed)
+
+
+def _first_signed(config: PtqConfig) -> float:
+    """The signed activations ``signed_activations`` puts on int8 before measuring any (``_ptq.signed_int8_overrides``'s
+    bound)."""
+    # lazy: pulls onnxruntime (import cost)
+    from qdeploy.stages.quantize.ptq._ptq import CENTRED, EVERY_SIGNED
+
+    return {"asymmetric": 0.0, "measure": CENTRED, "symmetric": EVERY_SIGNED}[config.signed_choice()]
 
 
 def _signed_activations(config: PtqConfig, seven_bit: str, unsigned: Callable[[], Any],

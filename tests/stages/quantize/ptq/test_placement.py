@@ -161,3 +161,24 @@ def test_nothing_to_sign_when_no_activation_is_negative(tmp_path: Path) -> None:
                           stage_context(tmp_path)).report()
     assert report["signed_activations"] == {"setting": "auto", "symmetric": "none",
                                             "why": "no activation it quantizes is ever negative"}
+
+
+def test_the_seven_bit_and_signed_choices_share_their_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenVINO's build with the 7-bit choice: 7-bit weights are compared as they would ship (centred signed
+    activations on int8), and that graph is the one kept: two quantizer passes where nothing is lopsided."""
+    from qdeploy.stages.quantize.ptq import _ptq
+
+    made: list[float] = []
+
+    class Counted(_ptq.StaticBuilder):  # type: ignore[misc]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            made.append(float(kwargs.get("signed_int8", 0.0)))  # type: ignore[arg-type]
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_ptq, "StaticBuilder", Counted)
+    artifact = save_artifact(tmp_path, tiny_conv())
+    context = stage_context(tmp_path, ranges={"x": (-1.0, 1.0)})
+    report = quantize.run(artifact, QuantizeConfig(runtime="openvino"), context).report()
+    assert report["reduce_range"]["seven_bit"] in ("weights", "activations")
+    assert sorted(made) == [0.0, _ptq.CENTRED], made  # 7-bit activations unsigned, 7-bit weights centred
+    assert report["signed_activations"]["symmetric"] in ("all", "none")
