@@ -368,10 +368,9 @@ class Recipe(StrictModel):
                 raise ValueError(f"gates[{index}] names variant '{gate.variant}'; defined: {sorted(self.variants)}"
                                  " (a row of OpenVINO's precision settings is '<variant>@f32' or "
                                  "'<reference>@default')")
-            reference = self.validate_.reference or EXPORTED
-            if is_device_default(gate.variant) and artifact_of(gate.variant) != reference:
+            if is_device_default(gate.variant) and artifact_of(gate.variant) != self.reference_variant:
                 raise ValueError(f"gates[{index}] names '{gate.variant}': only the reference runs at the device's "
-                                 f"default precision as a row of its own ('{reference}@default')")
+                                 f"default precision as a row of its own ('{self.reference_variant}@default')")
             if gate.target not in self.targets:
                 raise ValueError(f"gates[{index}] names target '{gate.target}'; recipe targets: {self.targets}")
         for variant, steps in self.variants.items():

@@ -179,14 +179,19 @@ EVERY_SIGNED = 2.0
 """``signed_int8`` for every range with negative values (the lopsidedness is 2 at most)."""
 
 
+def lopsidedness(low: float, high: float) -> float:
+    """2 max(-low, high) / (high - low): 1 for a range centred on zero, 2 at most; how much coarser the int8 grid
+    with zero point 0 is than uint8's with a zero point over the range."""
+    return 2 * max(-low, high) / (high - low)
+
+
 def signed_int8_overrides(ranges: dict[str, tuple[float, float]], int8: Any,
                           most_lopsided: float) -> dict[str, list[dict[str, Any]]]:
     """ORT quantizer overrides that put activations with negative values on int8 with zero point 0, those whose
-    lopsidedness 2 max(-low, high) / (high - low) (1 when centred on zero, 2 at most: the int8 grid is that much
-    coarser than uint8's over the range) is at most ``most_lopsided``.  Why OpenVINO wants it:
+    :func:`lopsidedness` is at most ``most_lopsided``.  Why OpenVINO wants it:
     ``stages/quantize/ptq/_signed.py``."""
     return {name: [{"quant_type": int8, "symmetric": True}] for name, (low, high) in ranges.items()
-            if low < 0 and 2 * max(-low, high) / (high - low) <= most_lopsided}
+            if low < 0 and lopsidedness(low, high) <= most_lopsided}
 
 
 def _compact(model: onnx.ModelProto) -> onnx.ModelProto:

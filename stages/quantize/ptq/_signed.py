@@ -19,6 +19,7 @@ import logging
 from pathlib import Path
 
 from qdeploy.stages.quantize.findings import SignedActivationsRecord
+from qdeploy.stages.quantize.ptq._ptq import lopsidedness
 from qdeploy.stages.quantize.ptq._seven_bit import CHOICE_SAMPLES, Builder, Feeds, measure_builds
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ MARGIN_DB = 1.0
 
 def lopsided(ranges: dict[str, tuple[float, float]], most_lopsided: float) -> bool:
     """Whether a range with negative values is more lopsided than ``most_lopsided`` (``_ptq.signed_int8_overrides``)."""
-    return any(low < 0 and 2 * max(-low, high) / (high - low) > most_lopsided for low, high in ranges.values())
+    return any(low < 0 and lopsidedness(low, high) > most_lopsided for low, high in ranges.values())
 
 
 def choose_signed(candidates: dict[str, Builder], float_model: Path, feeds: list[Feeds],
