@@ -59,6 +59,13 @@ QDEPLOY: dict[str, dict[str, Any]] = {
                                           "scale_estimation": True},
     "asym g32, integer zero points + SE": {"group_size": 32, "symmetric_weights": False, "scale_estimation": True},
     "int8 weight-only": {"bits": 8},
+    "rtn g128, ratio 0.8 (output error)": {"ratio": 0.8, "ratio_sensitivity": "output_error"},
+    "rtn g128, ratio 0.8 (max variance)": {"ratio": 0.8},
+    "rtn g128, ratio 0.8 (output error), embeddings int8": {"ratio": 0.8, "ratio_sensitivity": "output_error",
+                                                            "embeddings": "int8"},
+    "rtn g128, ratio 0.8 (max variance), embeddings int8": {"ratio": 0.8, "embeddings": "int8"},
+    "SE, ratio 0.8 (output error)": {"ratio": 0.8, "ratio_sensitivity": "output_error", "scale_estimation": True},
+    "SE, ratio 0.8 (max variance)": {"ratio": 0.8, "scale_estimation": True},
 }
 PEERS: dict[str, dict[str, Any]] = {
     "NNCF INT4_SYM ratio 0.8, data-aware": {"mode": "INT4_SYM", "ratio": 0.8, "group": 128},

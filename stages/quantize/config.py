@@ -316,8 +316,13 @@ class WeightOnlyConfig(_ModeSettings):
         default=False, description="method gptq only: rows in descending order of their input's mean square "
                                    "(GPTQ's desc_act), block scales fixed beforehand (static groups).")
     ratio: float = Field(default=1.0, gt=0.0, le=1.0, description="Share of the int4 MatMul weights (counted in "
-                         "weights, NNCF's ratio) kept int4; the MatMuls whose int4 output error on calibration data "
-                         "exceeds int8's the most become int8. Needs bits 4.")
+                         "weights, NNCF's ratio) kept int4; the most sensitive MatMuls (ratio_sensitivity) become "
+                         "int8. Needs bits 4.")
+    ratio_sensitivity: Literal["max_variance", "output_error"] = Field(
+        default="max_variance", description="What ratio ranks by: 'max_variance' (NNCF's data-aware default): the "
+                                            "input's largest per-channel variance over a sample, divided by the "
+                                            "weight's int8 noise; 'output_error': the MatMul's own output error "
+                                            "that int4 adds over int8, per weight.")
     awq: bool = Field(
         default=False, description="Activation-aware scaling (AWQ): row scales rms(input)^alpha searched on "
                                    "calibration data; weights rounded as W*s, the input divided by s in a Mul.")
@@ -344,6 +349,8 @@ class WeightOnlyConfig(_ModeSettings):
                 and not self.awq):
             raise ValueError("calibration is read only by method gptq, ratio below 1, scale_estimation or awq: set "
                              "one, or remove it")
+        if "ratio_sensitivity" in self.model_fields_set and self.ratio >= 1:
+            raise ValueError("ratio_sensitivity ranks MatMuls for a ratio below 1: set ratio, or remove it")
         if self.awq and self.bits != 4:
             raise ValueError(f"awq scales int4 weights: it needs bits 4, not {self.bits}")
         if self.act_order and self.method != "gptq":

@@ -44,6 +44,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from qdeploy.core.memory import release_memory
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.names import NodeNames, name_nodes_uniquely
 from qdeploy.graph.utils import default_opset, subgraph_references
@@ -60,7 +61,7 @@ from qdeploy.stages.quantize.weight_only._pack import (
     packed_matmulnbits,
 )
 from qdeploy.stages.quantize.weight_only._scales import estimate_blocks
-from qdeploy.stages.quantize.weight_only._stats_cache import cached_hessians
+from qdeploy.stages.quantize.weight_only._stats_cache import cached_statistics
 
 if TYPE_CHECKING:
     from qdeploy.stages.quantize.config import WeightOnlyConfig
@@ -396,9 +397,11 @@ def quantize_file(source: Path, target: Path, config: WeightOnlyConfig,
         if feeds is None:
             raise ValueError(f"method {config.method} with ratio {config.ratio} needs calibration feeds")
         inputs = sorted({one.node.input[0] for one in planned if one.kind == "matmul"})
-        hessians, report.calibration_samples, report.statistics_reused = cached_hessians(
+        statistics, report.statistics_reused = cached_statistics(
             source, model, inputs, feeds, lambda data: activation_hessians(source, model, inputs, data), cache_dir)
-        planned = plan(planned, config, weights.array, hessians, report)
+        report.calibration_samples, hessians = statistics.samples, statistics.hessians
+        release_memory()  # the statistics pass's freed memory back before the weights are read
+        planned = plan(planned, config, weights.array, statistics, report)
         if config.awq:
             planned, weights.row_scales, report.awq = awq_scales(
                 planned, weights.array, hessians, lambda shape: matmul_block(shape, config), config.symmetric_weights)

@@ -94,18 +94,55 @@ def test_gptq_cuts_the_output_error_of_round_to_nearest(chain: Path, weight_form
     assert errors["gptq"] < 0.6 * errors["rtn"], errors
 
 
-def test_ratio_keeps_the_most_sensitive_matmul_int8(tmp_path: Path) -> None:
-    """b reads an input with outlier channels: its int4 output error is the largest, so ratio 0.67 (two of three
-    equal weights in int4) keeps b in int8, and the report says what it measured."""
+@pytest.mark.parametrize(("sensitivity", "said"), [("max_variance", "variance"),
+                                                  ("output_error", "int4 output error")])
+def test_ratio_keeps_the_most_sensitive_matmul_int8(tmp_path: Path, sensitivity: str, said: str) -> None:
+    """b reads an input with outlier channels: its int4 output error and its input's variance are the largest,
+    so ratio 0.67 (two of three equal weights in int4) keeps b in int8, and the report says what it measured."""
     source = _chain(tmp_path / "float.onnx", boost="b")
-    config = QuantizeConfig(mode="weight_only", ratio=0.67, group_size=32)
+    config = QuantizeConfig(mode="weight_only", ratio=0.67, group_size=32, ratio_sensitivity=sensitivity)
     report = quantize_file(source, tmp_path / "mixed.onnx", config, _outlier_feeds(4, seed=1))
     assert {name: entry["bits"] for name, entry in report.quantized.items()} == {"a": 4, "b": 8, "c": 4}
     assert report.mixed is not None and report.mixed["kept_int8"] == ["b"]
     assert max(report.mixed["scores"], key=report.mixed["scores"].get) == "b"
-    assert report.mixed["int4_share"] == pytest.approx(2 / 3, abs=1e-3) and "int4 output error" in \
-        report.mixed["sensitivity"]
+    assert report.mixed["int4_share"] == pytest.approx(2 / 3, abs=1e-3) and said in report.mixed["sensitivity"]
     assert report.calibration_samples == 4
+
+
+def test_max_variance_is_nncfs_statistic_over_each_sample(tmp_path: Path) -> None:
+    """The pass records, per input, the largest per-channel variance along a sample's rows averaged over the
+    samples (not the pooled variance: a channel whose mean moves between samples is not variance), and X'X/rows."""
+    from qdeploy.stages.quantize.weight_only._data import activation_hessians
+
+    source = _chain(tmp_path / "float.onnx", names=("a",))
+    rng = np.random.default_rng(3)
+    feeds = [{"x": (rng.standard_normal((1, 16, K)) + 100.0 * index).astype(np.float32)} for index in range(3)]
+    statistics = activation_hessians(source, onnx.load(str(source)), ["x"], feeds)
+    expected = np.mean([feed["x"][0].var(axis=0).max() for feed in feeds])
+    assert statistics.samples == 3 and statistics.max_variance["x"] == pytest.approx(expected, rel=1e-5)
+    rows = np.concatenate([feed["x"][0] for feed in feeds])
+    np.testing.assert_allclose(statistics.hessians["x"], rows.T @ rows / len(rows), rtol=1e-4)
+
+
+def test_max_variance_favours_precise_weights_on_outlier_inputs(tmp_path: Path) -> None:
+    """NNCF's score divides by the weight's int8 noise: of two MatMuls reading the same input, the one with the
+    smaller weights (less int8 noise) ranks higher; output_error ranks the larger weights higher (more error)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((K, K)) * scale).astype(np.float32), f"w_{name}")
+             for name, scale in (("big", 0.2), ("small", 0.02))]
+    nodes = [helper.make_node("MatMul", ["x", f"w_{name}"], [f"{name}_out"], name=name) for name in ("big", "small")]
+    nodes.append(helper.make_node("Add", ["big_out", "small_out"], ["y"], name="add"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, K])], inits)
+    source = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
+    kept = {}
+    for sensitivity in ("max_variance", "output_error"):
+        config = QuantizeConfig(mode="weight_only", ratio=0.5, group_size=32, ratio_sensitivity=sensitivity)
+        report = quantize_file(source, tmp_path / f"{sensitivity}.onnx", config, _outlier_feeds(4, seed=1))
+        assert report.mixed is not None
+        kept[sensitivity] = report.mixed["kept_int8"]
+    assert kept == {"max_variance": ["small"], "output_error": ["big"]}
 
 
 def test_gptq_artifacts_run_on_both_runtimes_through_the_stage(tmp_path: Path) -> None:
@@ -140,6 +177,7 @@ def test_gptq_artifacts_run_on_both_runtimes_through_the_stage(tmp_path: Path) -
     ({"ratio": 0}, "greater than 0"),
     ({"ratio": 1.5}, "less than or equal to 1"),
     ({"bits": 8, "ratio": 0.5}, "needs bits 4"),
+    ({"ratio_sensitivity": "output_error"}, "ranks MatMuls for a ratio below 1"),
     ({"calibration": {"samples": 8}}, "calibration is read only by method gptq, ratio below 1, scale_estimation or "
                                       "awq"),
     ({"method": "gptq", "calibration": {"samples": 0}}, "samples"),
