@@ -324,6 +324,7 @@ def _build_export(state: _RunState) -> Artifact:
     })
     state.progress.phase("export")
     artifact = _transform(state, key, info, None, config, ctx, versions, stages=("export",))
+    between_phases({EXPORTED: artifact})  # a large model's freed memory back before the next stage
     state.progress.done()
     return artifact
 
@@ -345,6 +346,7 @@ def _build_variant(state: _RunState, variant: str, exported: Artifact) -> None:
             for _ in state.recipe.variants[variant][index:]:
                 state.progress.done()
             return
+        between_phases({EXPORTED: exported, variant: artifact})
         state.progress.done()
     state.artifacts[variant] = artifact
 

@@ -7,6 +7,7 @@ shapes (``graph_utils.model_bytes``) instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,15 +59,18 @@ _GRAPH_INITIALIZER_TAG = b"\x2a"  # GraphProto.initializer: field 5, length-deli
 
 
 def save_exposing(model: onnx.ModelProto, path: Path, outputs: list[onnx.ValueInfoProto], *,
-                  external: bool = False) -> None:
+                  external: bool = False, edit: Callable[[onnx.GraphProto], object] | None = None) -> None:
     """Write a probe of ``model``: its graph with ``outputs`` added to the graph outputs and no value_info, its
     weights streamed from ``model`` itself (neither copied nor serialised whole).  ``model`` is left as it is.
 
     ``external``: the weights go to one data file beside it (``<name>.data``), as a model above 2 GB needs.
+    ``edit``: called on the probe's graph (its weights not yet in it) to add nodes, constants and outputs.
     """
     head = _without_initializers(model)
     del head.graph.value_info[:]  # a probe needs no shape hints; its outputs carry their types
     head.graph.output.extend(outputs)
+    if edit is not None:
+        edit(head.graph)
     if external:
         _write_external(head, model, path)
     else:

@@ -22,7 +22,6 @@ onnxconverter-common converts; around it this stage
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
+from qdeploy.core.memory import release_memory
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, TaskTolerance, Tolerance
 from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.stages.fp16._activations import overflowing_nodes, run_float32
@@ -270,10 +270,11 @@ class _Fp16Conversion:
             yield
             return
         self.model, offloaded = offload(self.model, self.ctx.work_dir)
-        gc.collect()  # the full message may sit in a reference cycle: free its weights before the session
+        release_memory()  # the full message may sit in a reference cycle: free its weights before the session
         try:
             yield
         finally:
+            release_memory()  # the closed session's and the run's freed memory, before the weights come back
             reload(self.model, offloaded)
 
     def keep_for_tolerance(self, fixed: set[str]) -> None:

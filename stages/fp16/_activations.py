@@ -1,10 +1,10 @@
 """Activation-aware blocking: which nodes would overflow float16 on real inputs, and by how much.
 
-The float32 model runs in ONNX Runtime on the calibration data with every float
-tensor of the main graph exposed; each tensor's largest magnitude, largest
-value and shape are recorded.  A node stays float32 when a predicted worst case
-(measured value stretched by the recipe's safety margin) passes float16's
-largest finite value.  How a value stretches depends on the op:
+The float32 model runs in ONNX Runtime on the calibration data; each float tensor
+of the main graph's largest magnitude, largest value and shape are recorded
+(computed in the graph by ``_peak_probes``, so a run holds one activation at a time).
+A node stays float32 when a predicted worst case (measured value stretched by the
+recipe's safety margin) passes float16's largest finite value.  How a value stretches depends on the op:
 
 - any node: its inputs and outputs grow linearly: ``abs_max / margin``;
 - Pow with a constant exponent e > 1, and Mul of a tensor by itself (e = 2): ``(base_abs_max / margin) ** e``;
@@ -21,14 +21,16 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from qdeploy.core.values import finite_or
 from qdeploy.graph.external_data import save_exposing
+from qdeploy.graph.utils import default_opset
 from qdeploy.stages.fp16._graph import FLOAT
+from qdeploy.stages.fp16._peak_probes import PROBE_MIN_OPSET, PeakNames, add_peak_probes, peaks_of
 
 if TYPE_CHECKING:
     import numpy as np
@@ -66,7 +68,8 @@ class Float32Run:
 
 def run_float32(model: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]], work_dir: Path, *,
                 big: bool = False) -> Float32Run:
-    """Run the float32 model in ORT (no graph optimisation) with every main-graph float tensor exposed."""
+    """Run the float32 model in ORT (no graph optimisation) and record every main-graph float tensor's peaks:
+    from probes computed in the graph (``_peak_probes``), or, below opset 10, from the tensors themselves."""
     import numpy as np
 
     outputs = [value.name for value in model.graph.output]
@@ -76,16 +79,24 @@ def run_float32(model: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]], 
         if value.type.tensor_type.elem_type == FLOAT and value.name not in exposed:
             extra.append(value)
             exposed.add(value.name)
-    session = _session(model, extra, work_dir / "fp16_probe.onnx", big)
+    probes: dict[str, PeakNames] = {}
+    if default_opset(model) >= PROBE_MIN_OPSET:
+        watched, extra = [value.name for value in extra], []
+        session = _session(model, [], work_dir / "fp16_probe.onnx", big,
+                           edit=lambda graph: probes.update(add_peak_probes(graph, watched)))
+    else:
+        session = _session(model, extra, work_dir / "fp16_probe.onnx", big)
     names = [out.name for out in session.get_outputs()]
     stats: dict[str, ActivationPeaks] = {}
     results = []
     for feed in feeds:
         arrays = dict(zip(names, session.run(None, feed), strict=True))
         results.append({name: arrays[name] for name in outputs})
-        for name, array in [*arrays.items(), *feed.items()]:
+        for name, array in [*((name, arrays[name]) for name in names if name in exposed), *feed.items()]:
             if array.size and np.issubdtype(array.dtype, np.floating):
                 _update(stats, name, array)
+        for name, probe in probes.items():
+            _record(stats, name, peaks_of(arrays, probe))
     return Float32Run(outputs=results, stats=stats)
 
 
@@ -95,19 +106,29 @@ def _update(stats: dict[str, ActivationPeaks], name: str, array: np.ndarray) -> 
     finite = array[np.isfinite(array)]
     abs_max = float(np.abs(finite).max()) if finite.size else 0.0
     top = float(finite.max()) if finite.size else 0.0
-    nonfinite = finite.size != array.size
+    _record(stats, name, (abs_max, top, finite.size != array.size, tuple(array.shape)))
+
+
+def _record(stats: dict[str, ActivationPeaks], name: str,
+            peaks: tuple[float, float, bool, tuple[int, ...]] | None) -> None:
+    """Merge one run's (abs_max, max, nonfinite, shape) into the tensor's peaks so far."""
+    if peaks is None:
+        return
+    abs_max, top, nonfinite, shape = peaks
     old = stats.get(name)
     if old is not None:
         abs_max, top, nonfinite = max(abs_max, old.abs_max), max(top, old.max), nonfinite or old.nonfinite
-    stats[name] = ActivationPeaks(abs_max=abs_max, max=top, shape=tuple(array.shape), nonfinite=nonfinite)
+    stats[name] = ActivationPeaks(abs_max=abs_max, max=top, shape=shape, nonfinite=nonfinite)
 
 
-def _session(model: onnx.ModelProto, extra: list[onnx.ValueInfoProto], path: Path, big: bool) -> Any:
-    """An ORT session of ``model`` with ``extra`` exposed as outputs, read from a probe file."""
+def _session(model: onnx.ModelProto, extra: list[onnx.ValueInfoProto], path: Path, big: bool,
+             edit: Callable[[onnx.GraphProto], object] | None = None) -> Any:
+    """An ORT session of ``model`` with ``extra`` exposed as outputs (and ``edit``'s probes), read from a probe
+    file."""
 
     # the weights streamed from the model itself: neither copied nor serialised whole (a big model's go to a
     # data file beside the probe: protobuf cannot hold more than 2 GB in one file)
-    save_exposing(model, path, extra, external=big)
+    save_exposing(model, path, extra, external=big, edit=edit)
     return probe_session(path)
 
 
@@ -125,6 +146,9 @@ def probe_session(path: Path, *, in_order: bool = False) -> Any:
     # no prepacked copy of each weight beside the loaded one: a handful of runs does not pay for the memory
     options.add_session_config_entry("session.disable_prepacking", "1")
     options.enable_cpu_mem_arena = False  # the arena keeps its largest blocks (power-of-two sized) to the end
+    # nor a memory pattern: from the second run on it allocates one block for every activation the plan holds,
+    # beside what the run itself allocates (+0.55 GB on the emulation of a 135M-parameter decoder)
+    options.enable_mem_pattern = False
     if in_order:
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

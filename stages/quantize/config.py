@@ -349,7 +349,7 @@ class WeightOnlyConfig(_ModeSettings):
                 and not self.awq):
             raise ValueError("calibration is read only by method gptq, ratio below 1, scale_estimation or awq: set "
                              "one, or remove it")
-        if "ratio_sensitivity" in self.model_fields_set and self.ratio >= 1:
+        if self.ratio_sensitivity != "max_variance" and self.ratio >= 1:  # the default passes: dumps hold it
             raise ValueError("ratio_sensitivity ranks MatMuls for a ratio below 1: set ratio, or remove it")
         if self.awq and self.bits != 4:
             raise ValueError(f"awq scales int4 weights: it needs bits 4, not {self.bits}")
