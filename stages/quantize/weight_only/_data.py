@@ -2,7 +2,7 @@
 
 ``method: gptq`` and ``ratio`` below 1 read calibration data: the float model runs on it once in ONNX Runtime
 with the targeted MatMuls' inputs as extra outputs, and each input's ``H = X^T X / rows`` is accumulated
-(float64, K x K per distinct input: MatMuls that share an input, such as q/k/v projections, share it).
+(float32, K x K per distinct input: MatMuls that share an input, such as q/k/v projections, share it).
 
 The same pass records, per input, the largest per-channel variance over the rows of one sample, averaged over
 the samples (NNCF's ``max_activation_variance`` statistic).
@@ -13,7 +13,7 @@ sensitivity is measured on the calibration inputs:
 
 - ``max_variance`` (the default, NNCF's data-aware default): the input's max variance divided by the largest
   per-output-channel mean squared int8 error of the weight, ranked as a whole.  On SmolLM2-135M at ratio 0.8 it
-  keeps most k/v/q projections of every layer int8 and halves the KL that ``output_error`` leaves
+  keeps most k/v/q projections of every layer int8 and cuts the KL that ``output_error`` leaves by a third
   (docs/measurements/2026-12-02-smollm2-ratio.md);
 - ``output_error``: the MatMul's own output error that int4 adds over int8 (``_gptq.int4_output_error``), ranked
   per weight (the error that int8 saves per weight it costs: the greedy order of that knapsack).  It measures each
