@@ -181,8 +181,8 @@ def output_error(weight: np.ndarray, approx: np.ndarray, hessian: np.ndarray) ->
 
 
 def int4_output_error(weight: np.ndarray, hessian: np.ndarray, group: int, symmetric: bool) -> float:
-    """The sensitivity ``ratio`` ranks by: how much more output error int4 (round to nearest) adds than int8,
-    ``trace(D4^T H D4) - trace(D8^T H D8)`` on the calibration inputs, with the full Hessian (NNCF's HAWQ
-    criterion takes the Hessian's trace times the norm of the int8 error instead)."""
+    """The sensitivity ``ratio_sensitivity: output_error`` ranks by: how much more output error int4 (round to
+    nearest) adds than int8, ``trace(D4^T H D4) - trace(D8^T H D8)`` on the calibration inputs, with the full
+    Hessian (``_data`` says why the default ranks by NNCF's max activation variance instead)."""
     return (output_error(weight, rtn_dequantized(weight, 4, group, symmetric), hessian)
             - output_error(weight, rtn_dequantized(weight, 8, group, symmetric), hessian))
