@@ -30,7 +30,7 @@ from qdeploy.core.values import finite_or
 from qdeploy.graph.external_data import save_exposing
 from qdeploy.graph.utils import default_opset
 from qdeploy.stages.fp16._graph import FLOAT
-from qdeploy.stages.fp16._peak_probes import PROBE_MIN_OPSET, PeakNames, add_peak_probes, peaks_of
+from qdeploy.stages.fp16._peak_probes import PROBE_MIN_OPSET, PeakNames, add_peak_probes, names_taken, peaks_of
 
 if TYPE_CHECKING:
     import numpy as np
@@ -80,7 +80,7 @@ def run_float32(model: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]], 
             extra.append(value)
             exposed.add(value.name)
     probes: dict[str, PeakNames] = {}
-    if default_opset(model) >= PROBE_MIN_OPSET:
+    if default_opset(model) >= PROBE_MIN_OPSET and not names_taken(model.graph):
         watched, extra = [value.name for value in extra], []
         session = _session(model, [], work_dir / "fp16_probe.onnx", big,
                            edit=lambda graph: probes.update(add_peak_probes(graph, watched)))

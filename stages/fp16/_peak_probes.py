@@ -21,7 +21,7 @@ import numpy as np
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["PROBE_MIN_OPSET", "PeakNames", "add_peak_probes", "peaks_of"]
+__all__ = ["PROBE_MIN_OPSET", "PeakNames", "add_peak_probes", "names_taken", "peaks_of"]
 
 PROBE_MIN_OPSET = 10
 SUFFIXES = ("__peak_abs", "__peak_max", "__peak_bad", "__peak_shape")
@@ -29,6 +29,14 @@ LOWEST = float(np.finfo(np.float32).min)
 
 PeakNames = tuple[str, str, str, str]
 """The four probe outputs of one tensor, in ``SUFFIXES`` order."""
+
+
+def names_taken(graph: onnx.GraphProto) -> bool:
+    """Whether the graph already names a tensor as the probes would (``__peak_``/``__probe_`` in it): the
+    probes' names would clash, so the caller exposes the tensors instead."""
+    names = {name for node in graph.node for name in (*node.input, *node.output)}
+    names |= {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
+    return any("__peak_" in name or "__probe_" in name for name in names)
 
 
 def add_peak_probes(graph: onnx.GraphProto, names: list[str]) -> dict[str, PeakNames]:

@@ -29,7 +29,6 @@ __all__ = ["InputStatistics", "cached_statistics", "statistics_key"]
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class InputStatistics:
     """What the calibration pass measured of each MatMul input (by tensor name)."""

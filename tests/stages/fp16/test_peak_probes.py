@@ -78,3 +78,22 @@ def test_analysis_sessions_keep_no_memory_pattern_or_arena(tmp_path: Path) -> No
     onnx.save(_model(13), str(path))
     options = probe_session(path, in_order=True).get_session_options()
     assert not options.enable_mem_pattern and not options.enable_cpu_mem_arena
+
+
+def test_a_graph_that_uses_the_probes_names_is_analysed_from_its_tensors(tmp_path: Path) -> None:
+    """A tensor already named like a probe output: the probes would clash, so the tensors are exposed instead, and
+    the statistics are the same."""
+    model = _model(13)
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(model)
+    for node in renamed.graph.node:
+        node.input[:] = ["big__peak_abs" if name == "big" else name for name in node.input]
+        node.output[:] = ["big__peak_abs" if name == "big" else name for name in node.output]
+    for value in renamed.graph.value_info:
+        if value.name == "big":
+            value.name = "big__peak_abs"
+    (tmp_path / "renamed").mkdir()
+    result = run_float32(renamed, FEEDS, tmp_path / "renamed")
+    names = [value.name for value in onnx.load(str(tmp_path / "renamed" / "fp16_probe.onnx")).graph.output]
+    assert "big__peak_abs" in names and not any(name.endswith("__peak_shape") for name in names)  # exposed
+    assert result.stats["big__peak_abs"] == run_float32(model, FEEDS, tmp_path).stats["big"]
