@@ -88,10 +88,10 @@ def _read(path: Path, names: list[str]) -> InputStatistics | None:
             log.warning("weight_only: cached calibration statistics %s do not match their hash; recomputing",
                         path.name)
             return None
-        with np.load(path) as archive:
+        with np.load(path) as archive:  # every number in the archive the hash covers
             hessians = {name: archive[f"h{index}"] for index, name in enumerate(meta["names"])}
-        variance = {name: float(value) for name, value in meta["max_variance"].items()}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+            variance = {name: float(archive[f"v{index}"]) for index, name in enumerate(meta["names"])}
+    except (OSError, ValueError, KeyError) as exc:
         log.warning("weight_only: cached calibration statistics %s unreadable (%s); recomputing", path.name, exc)
         return None
     if not set(names) <= set(hessians) or not set(names) <= set(variance):
@@ -106,9 +106,9 @@ def _write(path: Path, statistics: InputStatistics) -> None:
     temporary = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
         with temporary.open("wb") as stream:
-            np.savez(stream, **{f"h{index}": hessians[name] for index, name in enumerate(names)})
-        meta = {"sha256": sha256_file(temporary), "names": names, "samples": statistics.samples,
-                "max_variance": statistics.max_variance}
+            np.savez(stream, **{f"h{index}": hessians[name] for index, name in enumerate(names)},
+                     **{f"v{index}": np.float64(statistics.max_variance[name]) for index, name in enumerate(names)})
+        meta = {"sha256": sha256_file(temporary), "names": names, "samples": statistics.samples}
         temporary.replace(path)
         record = path.with_name(f".tmp-{os.getpid()}-{path.stem}.json")
         record.write_text(json.dumps(meta))

@@ -179,6 +179,9 @@ def test_calibration_statistics_are_computed_once_and_verified_before_reuse(tmp_
     damaged = quantize_file(source, tmp_path / "d.onnx", _config(scale_estimation=True), calibration, cache)
     assert not damaged.statistics_reused
     assert (tmp_path / "a.onnx.data").read_bytes() == (tmp_path / "d.onnx.data").read_bytes()
+    fresh = quantize_file(source, tmp_path / "f.onnx", _config(ratio=0.5), calibration)
+    reused = quantize_file(source, tmp_path / "g.onnx", _config(ratio=0.5), calibration, cache)
+    assert reused.statistics_reused and fresh.mixed is not None and reused.mixed == fresh.mixed  # variances too
     other_data = [{"ids": np.random.default_rng(9).integers(0, V, (1, 16))}]
     assert not quantize_file(source, tmp_path / "e.onnx", _config(scale_estimation=True), other_data,
                              cache).statistics_reused
