@@ -324,7 +324,8 @@ def _build_export(state: _RunState) -> Artifact:
     })
     state.progress.phase("export")
     artifact = _transform(state, key, info, None, config, ctx, versions, stages=("export",))
-    between_phases({EXPORTED: artifact})  # a large model's freed memory back before the next stage
+    if not artifact.cached:  # a large model's freed memory back before the next stage (a hit freed nothing)
+        between_phases({EXPORTED: artifact})
     state.progress.done()
     return artifact
 
@@ -346,7 +347,8 @@ def _build_variant(state: _RunState, variant: str, exported: Artifact) -> None:
             for _ in state.recipe.variants[variant][index:]:
                 state.progress.done()
             return
-        between_phases({EXPORTED: exported, variant: artifact})
+        if not artifact.cached:
+            between_phases({EXPORTED: exported, variant: artifact})
         state.progress.done()
     state.artifacts[variant] = artifact
 
