@@ -51,9 +51,9 @@ output can be held to is a note ("not checked"), not a failure.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -157,9 +157,11 @@ class OutputComparison:
         }
 
 
-def compare_outputs(reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]],
+def compare_outputs(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Mapping[str, np.ndarray]],
                     tolerance: Tolerance, per_output: Mapping[str, Tolerance] | None = None) -> OutputComparison:
-    """Compare per-sample outputs of a candidate with a reference's under a tolerance (per output if given)."""
+    """Compare per-sample outputs of a candidate with a reference's under a tolerance (per output if given).
+    Each sample's arrays are read as they are compared: samples that load from disk (``output_store``) are never
+    all in memory at once."""
     per_output = per_output or {}
     reasons: list[str] = []
     notes: list[str] = []
@@ -171,8 +173,7 @@ def compare_outputs(reference: list[dict[str, np.ndarray]], candidate: list[dict
     names = list(dict.fromkeys(name for sample in reference[:count] for name in sample))
     outputs = []
     for name in names:
-        refs = [np.asarray(sample[name]) if name in sample else None for sample in reference[:count]]
-        cands = [np.asarray(sample[name]) if name in sample else None for sample in candidate[:count]]
+        refs, cands = _Column(reference[:count], name), _Column(candidate[:count], name)
         limits = per_output.get(name, tolerance)
         metrics, output_reasons = _compare_output(name, refs, cands, limits)
         metrics.passed = not output_reasons
@@ -203,6 +204,22 @@ def _unchecked(outputs: list[OutputMetrics], tolerance: Tolerance, per_output: M
     return notes
 
 
+class _Column(Sequence[Any]):
+    """One output across samples, each sample's array fetched when it is reached (None where it is missing)."""
+
+    def __init__(self, samples: Sequence[Mapping[str, np.ndarray]], name: str) -> None:
+        self._samples, self._name = samples, name
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return _Column(self._samples[index], self._name)
+        sample = self._samples[index]
+        return np.asarray(sample[self._name]) if self._name in sample else None
+
+
 def _kind(array: np.ndarray) -> str:
     if array.dtype.kind == "f":
         return "float"
@@ -213,7 +230,7 @@ def _kind(array: np.ndarray) -> str:
     return f"non-numeric ({array.dtype})"
 
 
-def _structure_mismatch(refs: list[np.ndarray | None], cands: list[np.ndarray | None]) -> str | None:
+def _structure_mismatch(refs: Sequence[np.ndarray | None], cands: Sequence[np.ndarray | None]) -> str | None:
     """Why the output cannot be compared elementwise, or None."""
     for index, (ref, cand) in enumerate(zip(refs, cands, strict=True)):
         if ref is None:
@@ -229,21 +246,21 @@ def _structure_mismatch(refs: list[np.ndarray | None], cands: list[np.ndarray | 
     return None
 
 
-def _compare_output(name: str, refs: list[np.ndarray | None], cands: list[np.ndarray | None],
+def _compare_output(name: str, refs: Sequence[Any], cands: Sequence[Any],
                     tolerance: Tolerance) -> tuple[OutputMetrics, list[str]]:
+    """``refs`` and ``cands``: the output's array per sample (None where a sample lacks it)."""
     mismatch = _structure_mismatch(refs, cands)
     if mismatch is not None:
         return OutputMetrics(name=name, shape_mismatch=mismatch), [f"output '{name}': {mismatch}"]
-    ref_arrays = [r for r in refs if r is not None]
-    cand_arrays = [c for c in cands if c is not None]
-    exact = _kind(ref_arrays[0]) != "float"
+    first = refs[0]  # none is missing past the structure check
+    exact = _kind(first) != "float"
     metrics = OutputMetrics(name=name)
-    ref_nonfinite, size = _elementwise(metrics, ref_arrays, cand_arrays, tolerance, exact=exact)
+    ref_nonfinite, size = _elementwise(metrics, refs, cands, tolerance, exact=exact)
     if not exact:
-        if is_token_scores(name, ref_arrays[0].shape, ref_arrays[0].dtype):
-            _token_scores(metrics, ref_arrays, cand_arrays)
+        if is_token_scores(name, first.shape, first.dtype):
+            _token_scores(metrics, refs, cands)
         else:
-            _topk(metrics, ref_arrays, cand_arrays)
+            _topk(metrics, refs, cands)
     reasons = []
     if metrics.nonfinite:
         reasons.append(f"output '{name}': candidate holds {metrics.nonfinite} NaN/Inf values")
@@ -257,8 +274,8 @@ def _flat(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1).astype(np.float64)
 
 
-def _elementwise(metrics: OutputMetrics, refs: list[np.ndarray], cands: list[np.ndarray], tolerance: Tolerance, *,
-                 exact: bool) -> tuple[int, int]:
+def _elementwise(metrics: OutputMetrics, refs: Sequence[np.ndarray], cands: Sequence[np.ndarray],
+                 tolerance: Tolerance, *, exact: bool) -> tuple[int, int]:
     """Fill the error, cosine, SNR and within-tolerance metrics and ``nonfinite``, one sample at a time in float64
     (the samples of a language model's logits together are hundreds of MB: they are never concatenated); returns
     the reference's NaN/Inf count and the count of positions finite in both, which the metrics cover."""
@@ -326,7 +343,7 @@ def _class_count(shape: tuple[int, ...]) -> int | None:
     return shape[-1]
 
 
-def _token_scores(metrics: OutputMetrics, refs: list[np.ndarray], cands: list[np.ndarray]) -> None:
+def _token_scores(metrics: OutputMetrics, refs: Sequence[np.ndarray], cands: Sequence[np.ndarray]) -> None:
     """Top-1 agreement per token position and the mean KL per token of ``[N, S, V]`` logits, sample by sample."""
     agree, rows, kl_total, kl_rows = 0, 0, 0.0, 0
     for ref, cand in zip(refs, cands, strict=True):
@@ -338,7 +355,7 @@ def _token_scores(metrics: OutputMetrics, refs: list[np.ndarray], cands: list[np
     metrics.kl = kl_total / kl_rows if kl_rows else None
 
 
-def _topk(metrics: OutputMetrics, refs: list[np.ndarray], cands: list[np.ndarray]) -> None:
+def _topk(metrics: OutputMetrics, refs: Sequence[np.ndarray], cands: Sequence[np.ndarray]) -> None:
     classes = _class_count(refs[0].shape)
     if classes is None:
         return

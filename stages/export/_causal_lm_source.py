@@ -14,7 +14,6 @@ import contextlib
 import gc
 import importlib.util
 import logging
-import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -136,27 +135,40 @@ def import_transformers(checkpoint: Checkpoint) -> Any:
 
 @contextlib.contextmanager
 def _quiet(transformers: Any) -> Iterator[None]:
-    """No progress bars nor tracer warnings: the findings say what was loaded and exported.  The GGUF reader's
-    bar is a plain tqdm: tqdm reads TQDM_DISABLE when a bar is made."""
+    """No progress bars nor tracer warnings: the findings say what was loaded and exported."""
     logging_module = transformers.utils.logging
-    tqdm_setting = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"
     bars = logging_module.is_progress_bar_enabled()
     verbosity = logging_module.get_verbosity()
     logging_module.disable_progress_bar()
     logging_module.set_verbosity_error()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _gguf_bar_off(logging_module):
             warnings.simplefilter("ignore")
             yield
     finally:
-        if tqdm_setting is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = tqdm_setting
         logging_module.set_verbosity(verbosity)
         if bars:
             logging_module.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _gguf_bar_off(logging_module: Any) -> Iterator[None]:
+    """The GGUF reader's bar is a plain ``tqdm.auto.tqdm``, which neither transformers' switch nor TQDM_DISABLE
+    (read once, when tqdm is imported) turns off: while loading, it is transformers' own switchable bar."""
+    try:
+        gguf_utils = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    except ImportError:  # no such module in this transformers: nothing to silence
+        yield
+        return
+    plain = getattr(gguf_utils, "tqdm", None)
+    if plain is None:
+        yield
+        return
+    gguf_utils.tqdm = logging_module.tqdm
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = plain
 
 
 def _failure(checkpoint: Checkpoint, what: str, exc: BaseException) -> ModelError:

@@ -21,11 +21,12 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from qdeploy.core.output_store import OutputStore
 from qdeploy.core.values import finite_or
 from qdeploy.graph.external_data import save_exposing
 from qdeploy.graph.utils import default_opset
@@ -62,7 +63,7 @@ class ActivationPeaks:
 class Float32Run:
     """The float32 model's graph outputs per sample and the statistics of its float tensors."""
 
-    outputs: list[dict[str, np.ndarray]]
+    outputs: list[Mapping[str, np.ndarray]]
     stats: dict[str, ActivationPeaks]
 
 
@@ -88,16 +89,16 @@ def run_float32(model: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]], 
         session = _session(model, extra, work_dir / "fp16_probe.onnx", big)
     names = [out.name for out in session.get_outputs()]
     stats: dict[str, ActivationPeaks] = {}
-    results = []
+    results = OutputStore(work_dir)  # a language model's logits wait on disk, not beside the stage's sessions
     for feed in feeds:
         arrays = dict(zip(names, session.run(None, feed), strict=True))
-        results.append({name: arrays[name] for name in outputs})
+        results.add({name: arrays[name] for name in outputs})
         for name, array in [*((name, arrays[name]) for name in names if name in exposed), *feed.items()]:
             if array.size and np.issubdtype(array.dtype, np.floating):
                 _update(stats, name, array)
         for name, probe in probes.items():
             _record(stats, name, peaks_of(arrays, probe))
-    return Float32Run(outputs=results, stats=stats)
+    return Float32Run(outputs=results.samples, stats=stats)
 
 
 def _update(stats: dict[str, ActivationPeaks], name: str, array: np.ndarray) -> None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from qdeploy.core.compare import compare_outputs
+from qdeploy.core.output_store import OutputStore
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, save_exposing
 from qdeploy.graph.utils import model_bytes
 from qdeploy.stages.fp16._activations import probe_session
@@ -77,7 +79,7 @@ class Fp16Fidelity(TypedDict, total=False):
 class EmulatedRun:
     """Graph outputs per sample, and the tensors that went non-finite under float16 emulation."""
 
-    outputs: list[dict[str, np.ndarray]]
+    outputs: list[Mapping[str, np.ndarray]]
     nonfinite: set[str]
 
 
@@ -93,17 +95,17 @@ def run_emulated(model: onnx.ModelProto, feeds: Feeds, stats: dict[str, Activati
     session = probe_session(path, in_order=True)  # each weight's Cast runs just before its reader
     names = [value.name for value in session.get_outputs()]
     graph_outputs = [value.name for value in model.graph.output]
-    outputs, nonfinite = [], set()
+    outputs, nonfinite = OutputStore(work_dir), set()
     for feed in feeds:
         arrays = dict(zip(names, session.run(None, feed), strict=True))
-        outputs.append({name: arrays[name] for name in graph_outputs})
+        outputs.add({name: arrays[name] for name in graph_outputs})
         for name, array in arrays.items():
             tensor = name.removesuffix(NONFINITE_SUFFIX)  # a probe: NaN where its tensor held Inf or NaN
             known = stats.get(tensor)
             if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all() \
                     and not (known is not None and known.nonfinite):
                 nonfinite.add(tensor)
-    return EmulatedRun(outputs=outputs, nonfinite=nonfinite)
+    return EmulatedRun(outputs=outputs.samples, nonfinite=nonfinite)
 
 
 def overflow_births(model: onnx.ModelProto, bad: set[str], original_nodes: set[str], blocked: set[str],

@@ -128,6 +128,8 @@ class _Run:
     """Feeds stacked to the benchmark's batch sizes, after the samples in ``feeds`` (``_batches``)."""
     declared: dict[str, Tolerance] = field(default_factory=dict)
     """Variant -> the tolerance its recipe steps declared (a quantize or fp16 accuracy budget)."""
+    spill_dir: Path | None = None
+    """Where outputs past ``KEEP_IN_MEMORY_BYTES`` wait on disk (``qdeploy.core.output_store``)."""
 
     @property
     def base_samples(self) -> int:
@@ -178,7 +180,8 @@ def _validate_all(artifacts: dict[str, Artifact], targets: list[str], config: Va
     feeds = list(ctx.samples(config.data, source.feed_model, limit=config.samples))
     try:
         ctx.on_progress(f"reference {source.label} on {REFERENCE_TARGET}")
-        reference_outputs, execution = _run_model(REFERENCE_TARGET, source.path, feeds, pin_f32=True)
+        reference_outputs, execution = _run_model(REFERENCE_TARGET, source.path, feeds, pin_f32=True,
+                                                  spill_dir=ctx.work_dir)
     except Exception as exc:  # the reference failing makes every comparison impossible
         reason = f"reference {source.label} failed on {REFERENCE_TARGET}: {exc}"
         return [_result(name, target, "error", reason) for name in artifacts for target in targets]
@@ -188,23 +191,24 @@ def _validate_all(artifacts: dict[str, Artifact], targets: list[str], config: Va
     warnings = [RANDOM_DATA_WARNING] if _is_random(config, ctx) else []
     shared = _Run(config, feeds + batches.feeds, source.path, reference_outputs + batches.outputs, execution,
                   warnings + batches.warnings, _task_metric(config, ctx, source, reference_outputs),
-                  _localizer(config, source.path), batches, dict(declared or {}))
+                  _localizer(config, source.path), batches, dict(declared or {}), ctx.work_dir)
     outcomes = []
+    largest = max((artifact.size_bytes for artifact in artifacts.values()), default=0)
     for name, artifact in artifacts.items():
         for target in targets:
             ctx.on_progress(f"validate {name} on {target}")
             outcome = _validate_pair(shared, name, artifact.path, artifact.precision, target,
                                      device_default=artifact.at_device_default, pinned_f32=artifact.pinned_f32)
             outcome.row = outcome.row.replace(noise_floor=name == source.variant and target != REFERENCE_TARGET)
-            outcomes.append(keep_floor_outputs(outcome, artifact.size_bytes))
+            outcomes.append(keep_floor_outputs(outcome, largest))
     if source.variant is None:  # reference_model: its own rows on the other targets measure the floor
         for target in targets:
             if target != REFERENCE_TARGET:
                 ctx.on_progress(f"validate {REFERENCE_MODEL_ROW} on {target}")
                 outcome = _validate_pair(shared, REFERENCE_MODEL_ROW, source.path, "fp32", target)
                 outcome.row = outcome.row.replace(noise_floor=True)
-                outcomes.append(outcome)
-    outcomes += _true_fp16_checks(shared, artifacts, targets, ctx)
+                outcomes.append(keep_floor_outputs(outcome, largest))
+    outcomes += _true_fp16_checks(shared, artifacts, targets, ctx, largest)
     flag_unattainable(outcomes, shared.reference_outputs, source.label)
     return condense_unreadable([outcome.row for outcome in outcomes])
 
@@ -215,8 +219,8 @@ BF16_BASIS = ("held to the bf16 default tolerance, not the fp16 one: {target} ra
 DECLARED_BASIS = "held to the tolerance its own accuracy budget was built to (the variant's steps in the recipe)"
 
 
-def _true_fp16_checks(shared: _Run, artifacts: dict[str, Artifact], targets: list[str],
-                      ctx: StageContext) -> list[Outcome]:
+def _true_fp16_checks(shared: _Run, artifacts: dict[str, Artifact], targets: list[str], ctx: StageContext,
+                      largest_model_bytes: int) -> list[Outcome]:
     """fp16 artifacts on reference:cpu, where float16 arithmetic really happens, when no GPU would show it."""
     fp16 = {name: artifact for name, artifact in artifacts.items() if artifact.precision == "fp16"}
     recipe_targets = ctx.targets
@@ -233,7 +237,7 @@ def _true_fp16_checks(shared: _Run, artifacts: dict[str, Artifact], targets: lis
         outcome = _validate_pair(capped, name, artifact.path, artifact.precision, TRUE_FP16_TARGET)
         outcome.row = outcome.row.replace(
             added="fp16 true-precision check: no GPU target of the recipe is available here", noise_floor=False)
-        outcomes.append(outcome)
+        outcomes.append(keep_floor_outputs(outcome, largest_model_bytes))
     return outcomes
 
 
@@ -308,7 +312,7 @@ def _compare_pair(shared: _Run, name: str, path: Path, precision: str, target: s
             outputs, executed = shared.reference_outputs, shared.reference_execution  # the same run
         else:
             outputs, executed = _run_model(target, path, shared.feeds, pin_f32=pin_f32 or hint == "f32",
-                                           batches=shared.batches, precision=hint)
+                                           batches=shared.batches, precision=hint, spill_dir=shared.spill_dir)
     except TargetFellBack as exc:  # the target exists but ran elsewhere: a failure of that target
         return Outcome(_result(name, target, "failed", str(exc), shared.warnings))
     except TargetUnavailable as exc:
@@ -357,13 +361,13 @@ def _hint_field(target: str, hint: str | None) -> dict[str, str | None]:
     return {"precision_hint": hint} if target.startswith("openvino:") else {}
 
 
-def _run_model(target: str, path: Path, feeds: Feeds, *, pin_f32: bool,
-               batches: BatchedFeeds | None = None, precision: str | None = None) -> tuple[Outputs, ExecutionInfoDict]:
+def _run_model(target: str, path: Path, feeds: Feeds, *, pin_f32: bool, batches: BatchedFeeds | None = None,
+               precision: str | None = None, spill_dir: Path | None = None) -> tuple[Outputs, ExecutionInfoDict]:
     """Outputs and what ran; ``precision`` (OpenVINO only) pins INFERENCE_PRECISION_HINT, winning over pin_f32."""
     caster = feed_caster(path)
     pinned = {"precision": precision} if precision is not None else {}
     with get_target(target).load(path, pin_f32=pin_f32, **pinned) as session:
-        outputs = run_feeds(session, [caster(feed) for feed in feeds], batches)
+        outputs = run_feeds(session, [caster(feed) for feed in feeds], batches, spill_dir)
         return outputs, session.executed.to_dict()
 
 

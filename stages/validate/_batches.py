@@ -10,7 +10,7 @@ run on the same batch.  A batch the reference itself cannot take is not validate
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +24,7 @@ from qdeploy.calibration.batches import (
     explain_batch_failure,
     make_batch,
 )
+from qdeploy.core.output_store import OutputStore
 
 if TYPE_CHECKING:
     from qdeploy.core.context import StageContext
@@ -83,20 +84,22 @@ class BatchRunError(RuntimeError):
     """A model that runs the samples but fails on a stacked batch: the message says at which batch size."""
 
 
-def run_feeds(session: Session, feeds: list[Feed], batches: BatchedFeeds | None) -> list[dict[str, np.ndarray]]:
-    """Outputs of each feed; a failure on a stacked feed names its batch size and why that size fails."""
+def run_feeds(session: Session, feeds: list[Feed], batches: BatchedFeeds | None,
+              spill_dir: Path | None = None) -> list[Mapping[str, np.ndarray]]:
+    """Outputs of each feed; a failure on a stacked feed names its batch size and why that size fails.  With a
+    ``spill_dir``, outputs past ``KEEP_IN_MEMORY_BYTES`` wait on disk there (``qdeploy.core.output_store``)."""
     base = len(feeds) - (len(batches.feeds) if batches else 0)
-    outputs = []
+    outputs = OutputStore(spill_dir)
     for index, feed in enumerate(feeds):
         try:
-            outputs.append(session.run(feed))
+            outputs.add(session.run(feed))
         except Exception as exc:
             if batches is None or index < base:
                 raise
             size = batches.sizes[index - base]
             why = explain_batch_failure(exc, size) or f"{type(exc).__name__}: {exc}"
             raise BatchRunError(f"at batch {size} (the {base} samples at their own size ran): {why}") from exc
-    return outputs
+    return outputs.samples
 
 
 def _rows(sample: Feed, axes: dict[str, int | None]) -> int | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +15,8 @@ from qdeploy.core.tolerance import Tolerance
 __all__ = ["Feeds", "Outcome", "Outputs", "feed_caster"]
 
 Feeds = list[dict[str, np.ndarray]]
-Outputs = list[dict[str, np.ndarray]]
+Outputs = list[Mapping[str, np.ndarray]]
+"""Per sample, output name -> array: a dict, or a ``DiskSample`` that reads each array back from disk."""
 
 
 @dataclass

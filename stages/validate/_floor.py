@@ -17,8 +17,10 @@ from qdeploy.core.compare import compare_outputs
 from qdeploy.core.memory import release_memory
 
 RELEASE_FROM_BYTES = 256_000_000
-"""Artifacts from this size get their session's freed memory handed back after their pair (a collection costs
-tens of milliseconds: not spent on small ones)."""
+"""Runs whose largest model reaches this size get each pair's freed memory handed back after the pair (a collection
+costs tens of milliseconds: not spent on small models).  The run's largest model decides, not the pair's artifact:
+an int4 artifact of a 0.5 GB model is small, but the float32 pairs before it left hundreds of MB freed and not
+returned, and the next session loads on top of them."""
 
 if TYPE_CHECKING:
     from qdeploy.core.rows import ValidationRow
@@ -31,14 +33,14 @@ def floor_outputs(outcomes: list[Outcome]) -> dict[str, Outputs]:
             if o.row.noise_floor and o.outputs is not None and o.row.measured}
 
 
-def keep_floor_outputs(outcome: Outcome, model_bytes: int) -> Outcome:
+def keep_floor_outputs(outcome: Outcome, largest_model_bytes: int) -> Outcome:
     """The outcome with its outputs only where the floor needs them: outputs are compared as each pair runs, so
     every other pair's are dropped instead of held for every variant and target to the end (a large model's
     outputs, an LLM's logits say, are held once for the reference and once per floor target).  The session is
-    closed by now: for a large model its freed memory goes back before the next session loads."""
+    closed by now: in a run of large models its freed memory goes back before the next session loads."""
     if not outcome.row.noise_floor:
         outcome.outputs = None
-    if model_bytes >= RELEASE_FROM_BYTES:
+    if largest_model_bytes >= RELEASE_FROM_BYTES:
         release_memory()
     return outcome
 

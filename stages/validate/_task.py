@@ -28,7 +28,7 @@ import importlib
 import importlib.util
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -149,7 +149,7 @@ def stack(arrays: list[np.ndarray]) -> np.ndarray | list[np.ndarray]:
     return arrays
 
 
-def evaluate(function: TaskMetric, spec: str, outputs: list[dict[str, np.ndarray]],
+def evaluate(function: TaskMetric, spec: str, outputs: Sequence[Mapping[str, np.ndarray]],
              labels: list[np.ndarray] | None, *, strict: bool = False) -> tuple[float | None, str]:
     """The metric's value, or None and a warning saying why (the function raised or returned no number).
     ``strict``: a metric that exited, was interrupted or did not return in time (``UserCodeError``) raises."""

@@ -206,3 +206,15 @@ def test_a_checkpoint_without_tokenizer_is_checked_on_seeded_ids(tmp_path: Path)
     assert "tied_embedding" not in findings
     with pytest.raises(ModelError, match="cannot load its tokenizer"):
         export.causal_lm_tokenizer(_recipe({"path": str(folder)}).model, Path)
+
+
+def test_loading_shows_no_gguf_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    """The GGUF reader's plain tqdm bar printed over the run's own progress display while loading."""
+    import transformers
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    with source_module._quiet(transformers):
+        assert list(gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors...")) == [0, 1, 2]
+    assert "de-quantizing" not in capsys.readouterr().err
+    assert transformers.utils.logging.is_progress_bar_enabled() == bars  # the user's setting, as it was

@@ -55,3 +55,27 @@ def test_offloading_the_float32_weights_changes_nothing(tmp_path: Path, monkeypa
     assert offloaded.model.SerializeToString() == kept.model.SerializeToString()
     assert _without_timings(offloaded.findings.to_report()) == _without_timings(kept.findings.to_report())
     assert not list((tmp_path / "offloaded").rglob("float32_weights.onnx*"))
+
+
+def test_outputs_waiting_on_disk_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32's and the emulation's outputs go to disk past a limit (a language model's logits): same result."""
+    import qdeploy.core.output_store as output_store
+    import qdeploy.stages.fp16 as fp16
+
+    x = {"x": np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)}
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "disk").mkdir()
+    in_memory = run_stage(tmp_path / "memory", _model(), {"calib": [x, x]}, calibration={"data": "calib"})
+    seen: list[type] = []
+    original = fp16.judged
+
+    def spy(reference: Any, outputs: Any, *args: Any) -> Any:
+        seen.extend(type(sample) for sample in (*reference, *outputs))
+        return original(reference, outputs, *args)
+
+    monkeypatch.setattr(fp16, "judged", spy)
+    monkeypatch.setattr(output_store, "KEEP_IN_MEMORY_BYTES", 0)
+    on_disk = run_stage(tmp_path / "disk", _model(), {"calib": [x, x]}, calibration={"data": "calib"})
+    assert seen and set(seen) == {output_store.DiskSample}  # float32's and the emulation's, both from disk
+    assert on_disk.model.SerializeToString() == in_memory.model.SerializeToString()
+    assert _without_timings(on_disk.findings.to_report()) == _without_timings(in_memory.findings.to_report())
