@@ -19,6 +19,8 @@ process:
   model); its row names the phase (progress step) where the peak was reached, and each phase's peak goes to the
   JSON.  The child resets no high-water mark of its own but the benchmark's ``MemoryProbe`` does
   (``/proc/self/clear_refs``), so the run's peak comes from the polls (the parent's and the child's, 20 ms).
+  ``child_run`` (a recipe's whole run in this process) also charges each rise of ``VmHWM`` to the step in hand:
+  a spike shorter than 20 ms still has a step, up to the benchmark's first reset.
 
 Each child's peak resident memory comes from ``os.wait4`` (``ru_maxrss``: the kernel's high-water mark of the
 child, file-backed pages of memory-mapped weights included) and from the child's own ``/proc/self/status``
@@ -201,26 +203,38 @@ def child_run(recipe_path: Path, out: Path, result_path: Path) -> None:
 
 
 class _StepPeaks:
-    """Resident memory sampled every 20 ms, the peak kept per progress step."""
+    """Resident memory sampled every 20 ms, the peak kept per progress step.
+
+    A spike shorter than the interval escapes the samples, so the kernel's high-water mark (``VmHWM``) is read
+    too: each time it rises, the rise is charged to the step in hand over that interval (both steps' names when
+    the step changed within it), which places the true peak even when no sample saw it."""
 
     def __init__(self) -> None:
         self.step = "starting"
         self.peaks: dict[str, int] = {}
+        self.hwm_rises: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        last_hwm, last_step = 0, self.step
         while not self._stop.is_set():
-            rss, step = _status_kb("VmRSS"), self.step
+            rss, hwm, step = _status_kb("VmRSS"), _status_kb("VmHWM"), self.step
             self.peaks[step] = max(self.peaks.get(step, 0), rss)
+            if hwm > last_hwm:
+                interval = step if step == last_step else f"{last_step} → {step}"
+                self.hwm_rises[interval] = hwm
+            last_hwm, last_step = hwm, step
             time.sleep(0.02)
 
     def stop(self) -> dict[str, Any]:
         self._stop.set()
         self._thread.join()
         worst = max(self.peaks, key=lambda step: self.peaks[step])
-        return {"sampled_peak_kb": self.peaks[worst], "peak_step": worst, "step_peaks_kb": self.peaks}
+        hwm_step = max(self.hwm_rises, key=lambda step: self.hwm_rises[step]) if self.hwm_rises else ""
+        return {"sampled_peak_kb": self.peaks[worst], "peak_step": worst, "step_peaks_kb": self.peaks,
+                "hwm_kb": self.hwm_rises.get(hwm_step, 0), "hwm_step": hwm_step, "hwm_rises_kb": self.hwm_rises}
 
 
 # ---------------------------------------------------------------- parent side
