@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from qdeploy.core.errors import ModelError
 from qdeploy.core.onnx_wire import encode_varint, load_model
@@ -17,11 +17,12 @@ from qdeploy.graph.light import light_copy, tag_of
 from qdeploy.graph.utils import model_bytes, tensor_nbytes
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
 
-__all__ = ["PROTOBUF_SAFE_BYTES", "STREAM_ABOVE_BYTES", "check_saved_model", "check_without_weights",
-           "copy_exposing", "load_graph_only", "load_weights_from", "needs_external_data", "remove_saved",
-           "save_exposing", "save_onnx", "save_with_data_file"]
+__all__ = ["PROTOBUF_SAFE_BYTES", "STREAM_ABOVE_BYTES", "append_external", "check_saved_model",
+           "check_without_weights", "copy_exposing", "load_graph_only", "load_weights_from", "needs_external_data",
+           "remove_saved", "save_exposing", "save_onnx", "save_with_data_file"]
 
 PROTOBUF_SAFE_BYTES = 1_800_000_000
 """Above this a model is written as ``.onnx`` plus one data file (protobuf's hard limit is 2 GiB)."""
@@ -198,6 +199,20 @@ def _stand_in(head: onnx.ModelProto, tensor: onnx.TensorProto) -> onnx.TensorPro
     stand_in.name, stand_in.data_type = tensor.name, tensor.data_type
     stand_in.dims.extend(tensor.dims)
     return stand_in
+
+
+def append_external(graph: onnx.GraphProto, name: str, array: np.ndarray, data: BinaryIO, location: str) -> None:
+    """Add initializer ``name`` to ``graph`` as a reference to ``array``'s bytes, written at the end of ``data``
+    (the open file ``location`` names, relative to the model): no copy of the array is made."""
+    import numpy as np
+    import onnx
+
+    tensor = graph.initializer.add()
+    tensor.name, tensor.data_type = name, onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+    tensor.dims.extend(array.shape)
+    contiguous = np.ascontiguousarray(array)
+    _refer(tensor, location, data.tell(), contiguous.nbytes)
+    data.write(contiguous.data)
 
 
 def _refer(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:

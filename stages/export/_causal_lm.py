@@ -10,19 +10,25 @@ ones optimum writes (``kv_io_names``, ``dynamic_axes``):
            present.{i}.key / .value [batch, kv_heads, total_sequence_length, head_dim] float32
 
 The TorchScript exporter traces a wrapper that turns the flat past tensors into a transformers ``DynamicCache``
-(eager attention: the fused kernels do not trace).  With tied embeddings its constant folding writes the table
-twice (the Gather's and the LM head's transposed copy); ``tie_embedding`` makes the head read the Gather's table
-through a Transpose, so the artifact stores it once.  Knows nothing of recipes (``_causal_lm_source`` does).
+(eager attention: the fused kernels do not trace).  It writes the graph only (``export_params=False``, no
+constant folding): the weights go to a data file straight from torch's tensors, each Linear's transposed as the
+exporter's folding would (``attach_weights``).  With the weights in its call, the exporter holds several copies
+of them at once: 2.89 GB at the peak for SmolLM2's 539 MB against 1.65 GB (``benchmarks/export_memory.py``).
+Simplify folds the rest (shape computations).  A tied table is one tensor to torch, read by the Gather and by
+the LM head's Transpose, so it is stored once (``tie_embedding`` says so).  Knows nothing of recipes
+(``_causal_lm_source`` does).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import StageError
-from qdeploy.graph.utils import fresh_name, tensor_nbytes
+from qdeploy.graph.external_data import append_external
+from qdeploy.graph.utils import tensor_nbytes
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,8 +36,8 @@ if TYPE_CHECKING:
 
     from qdeploy.stages.export.findings import TiedEmbeddingRecord
 
-__all__ = ["CAUSAL_LM_OPSET", "KvLayout", "dynamic_axes", "example_feeds", "export_kv", "kv_io_names", "kv_layout",
-           "kv_wrapper", "tie_embedding"]
+__all__ = ["CAUSAL_LM_OPSET", "KvLayout", "attach_weights", "dynamic_axes", "example_feeds", "export_kv",
+           "kv_io_names", "kv_layout", "kv_wrapper", "tie_embedding"]
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +124,10 @@ def example_feeds(layout: KvLayout, *, batch: int = 1, prompt: int = 4, past: in
 
 
 def export_kv(model: Any, path: Path, *, opset: int | None = None, variant: str = "exported") -> KvLayout:
-    """Export ``model`` (a transformers causal LM in eval mode, eager attention) to ``path`` with its KV cache.
+    """Export ``model`` (a transformers causal LM in eval mode, eager attention) to ``path`` with its KV cache, its
+    weights in ``<name>.data`` beside it.
 
-    Traced at a past of 3 and 4 new tokens, so that neither length is folded into a constant; the TorchScript
-    exporter writes external data beside ``path`` on its own above 2 GB."""
+    Traced at a past of 3 and 4 new tokens, so that neither length is folded into a constant."""
     import torch
 
     layout = kv_layout(model.config)
@@ -133,55 +139,85 @@ def export_kv(model: Any, path: Path, *, opset: int | None = None, variant: str 
     try:
         torch.onnx.export(wrapper, args, str(path), input_names=inputs, output_names=outputs,
                           dynamic_axes=dynamic_axes(layout.layers), opset_version=opset or CAUSAL_LM_OPSET,
-                          dynamo=False, do_constant_folding=True)
+                          dynamo=False, do_constant_folding=False, export_params=False)
     except Exception as exc:
         raise StageError("export", variant, f"torch.onnx.export of the causal LM failed: "
                                             f"{type(exc).__name__}: {exc}") from None
+    # the exporter names the weight inputs after this dict (its own call), shared tensors once
+    attach_weights(path, torch.jit._unique_state_dict(wrapper), set(inputs), variant)
     return layout
 
 
-def tie_embedding(model: onnx.ModelProto) -> TiedEmbeddingRecord | None:
-    """Store a tied embedding once: the LM head's transposed copy of the Gather's table becomes
-    ``Transpose(table, perm=[1, 0])`` of the table itself.  None when no MatMul reads such a copy."""
-    import numpy as np
-    from onnx import helper, numpy_helper
+def attach_weights(path: Path, weights: Mapping[str, Any], interface: set[str], variant: str) -> None:
+    """Make the graph inputs of ``path`` named in ``weights`` (torch tensors) initializers, their bytes written to
+    ``<name>.data`` one tensor at a time from torch's own memory.  A weight read only by a ``Transpose`` (each
+    Linear's) is written transposed in its place, as the exporter's folding would, one tensor's copy at a time; a
+    weight with other readers too (a tied table) stays once.  An input left that is not in ``interface`` would be
+    a weight without a value: the export fails, naming it."""
+    import onnx
 
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    transposes = _sole_transposes(graph)
+    location = f"{path.name}.data"
+    kept = []
+    with (path.parent / location).open("wb") as data:
+        for value in graph.input:
+            tensor = weights.get(value.name)
+            if tensor is None:
+                kept.append(value)
+                continue
+            array = tensor.detach().cpu().numpy()
+            node = transposes.get(value.name)
+            if node is None:
+                append_external(graph, value.name, array, data, location)
+            else:
+                append_external(graph, node.output[0], array.transpose(_perm(node)), data, location)
+                graph.node.remove(node)
+    missing = [value.name for value in kept if value.name not in interface]
+    if missing:
+        raise StageError("export", variant, f"the exported graph reads {len(missing)} input(s) that are neither the "
+                                            f"decoder's interface nor a weight of the model: {missing[:5]}")
+    del graph.input[:]
+    graph.input.extend(kept)
+    path.write_bytes(model.SerializeToString())  # the graph only: the weights are in the data file
+
+
+def _sole_transposes(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    """Graph input -> the Transpose (with a perm) that is its only reader."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in set(node.input):
+            readers.setdefault(name, []).append(node)
+    outputs = {value.name for value in graph.output}
+    sole = {}
+    for value in graph.input:
+        nodes = readers.get(value.name, [])
+        if len(nodes) == 1 and nodes[0].op_type == "Transpose" and _perm(nodes[0]) is not None \
+                and value.name not in outputs:
+            sole[value.name] = nodes[0]
+    return sole
+
+
+def tie_embedding(model: onnx.ModelProto) -> TiedEmbeddingRecord | None:
+    """The LM head reading the Gather's 2-D table through ``Transpose(table, perm=[1, 0])``: a tied embedding,
+    stored once.  None when no MatMul reads a Gather's table so."""
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
-    tables = [node.input[0] for node in graph.node if node.op_type == "Gather" and node.input[0] in initializers
-              and len(initializers[node.input[0]].dims) == 2]
-    for table_name in dict.fromkeys(tables):
-        table = initializers[table_name]
-        transposed_dims = [table.dims[1], table.dims[0]]
-        for node in graph.node:
-            if node.op_type != "MatMul" or len(node.input) != 2 or node.input[1] not in initializers:
-                continue
-            copy = initializers[node.input[1]]
-            if list(copy.dims) != transposed_dims or copy.data_type != table.data_type:
-                continue
-            if not np.array_equal(numpy_helper.to_array(copy), numpy_helper.to_array(table).T):
-                continue
-            return _retie(model, node, table_name, copy.name, helper)
+    tables = {node.input[0] for node in graph.node if node.op_type == "Gather" and node.input[0] in initializers
+              and len(initializers[node.input[0]].dims) == 2}
+    transposed = {node.output[0]: node.input[0] for node in graph.node if node.op_type == "Transpose"
+                  and node.input[0] in tables and _perm(node) == [1, 0]}
+    for node in graph.node:
+        if node.op_type == "MatMul" and len(node.input) == 2 and node.input[1] in transposed:
+            table = transposed[node.input[1]]
+            saved = tensor_nbytes(initializers[table])
+            log.info("tied embedding: the LM head reads '%s' through a Transpose (%d bytes not stored twice)",
+                     table, saved)
+            return {"table": table, "bytes_saved": saved, "head": node.name or node.output[0],
+                    "form": "MatMul(hidden, Transpose(table, perm=[1, 0]))"}
     return None
 
 
-def _retie(model: onnx.ModelProto, head: onnx.NodeProto, table: str, copy: str, helper: Any) -> TiedEmbeddingRecord:
-    """Replace the head's read of ``copy`` by a Transpose of ``table`` placed just before it; drop ``copy`` when
-    nothing else reads it."""
-    graph = model.graph
-    taken = {name for node in graph.node for name in (*node.input, *node.output)} | {n.name for n in graph.node}
-    out = fresh_name(f"{table}_transposed", taken)
-    transpose = helper.make_node("Transpose", [table], [out], name=fresh_name("lm_head_tied_transpose", taken),
-                                 perm=[1, 0])
-    position = list(graph.node).index(head)
-    graph.node.insert(position, transpose)
-    readers = [node for node in graph.node if copy in node.input]
-    for node in readers:
-        node.input[:] = [out if name == copy else name for name in node.input]
-    index = next(i for i, init in enumerate(graph.initializer) if init.name == copy)
-    saved = tensor_nbytes(graph.initializer[index])
-    del graph.initializer[index]
-    log.info("tied embedding: the LM head reads '%s' through a Transpose; %d bytes of copy removed", table, saved)
-    return {"table": table, "removed_copy": copy, "bytes_saved": saved, "head": head.name or head.output[0],
-            "form": "MatMul(hidden, Transpose(table, perm=[1, 0]))"}
-
+def _perm(node: onnx.NodeProto) -> list[int] | None:
+    return next((list(attr.ints) for attr in node.attribute if attr.name == "perm"), None)

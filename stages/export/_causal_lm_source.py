@@ -276,8 +276,8 @@ def export_causal_lm(config: ExportConfig, ctx: StageContext) -> tuple[onnx.Mode
     if tied is not None:
         findings["tied_embedding"] = tied
     elif tied_config:
-        log.warning("%s ties its embedding to the LM head, but the export holds no transposed copy to share",
-                    checkpoint.label)
+        log.warning("%s ties its embedding to the LM head, but no MatMul of the export reads the embedding table "
+                    "through a Transpose", checkpoint.label)
     ctx.on_progress("checking against PyTorch")
     check = _check_saved(onnx_model, ctx.work_dir / "causal_lm_tied.onnx", reference,
                          (source.check_text, how, ctx.variant))

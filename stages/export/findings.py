@@ -54,8 +54,8 @@ class TiedEmbedding(_Record):
     """The LM head reads the embedding table through a Transpose instead of a transposed copy: stored once."""
 
     table: str
-    removed_copy: str
     bytes_saved: int
+    """The table's bytes: the transposed copy an exporter's constant folding would have stored."""
     head: str
     form: str
 
@@ -97,7 +97,6 @@ class TiedEmbeddingRecord(TypedDict):
     """``TiedEmbedding`` as the export gathers it (``_causal_lm.tie_embedding``)."""
 
     table: str
-    removed_copy: str
     bytes_saved: int
     head: str
     form: str

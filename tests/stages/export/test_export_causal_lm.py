@@ -87,6 +87,55 @@ def test_the_tied_table_is_stored_once_and_said(exported: StageResult) -> None:
     json.dumps(exported.report())
 
 
+def test_weights_come_from_torch_transposed_once_not_through_the_exporter(
+        checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exporter writes the graph only (with the weights in its call it held several copies of them, 2.9 GB for a
+    539 MB model); each Linear's weight arrives transposed as its folding would store it, the tied table once."""
+    import torch
+
+    calls: list[dict[str, Any]] = []
+    original = torch.onnx.export
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch.onnx, "export", spy)
+    result = _export(tmp_path, {"path": str(checkpoint)})
+    assert calls and all(call["export_params"] is False for call in calls)
+    graph = result.model.graph
+    weights = {init.name for init in graph.initializer}
+    transposed_weights = [node.input[0] for node in graph.node if node.op_type == "Transpose" and
+                          node.input[0] in weights]
+    assert transposed_weights == [_tables(result.model)[0]]  # only the tied table's, read by the Gather too
+    matmul_weights = [node.input[1] for node in graph.node if node.op_type == "MatMul" and node.input[1] in weights]
+    assert len(matmul_weights) == LAYERS * 7  # q, k, v, o, gate, up, down of each layer, already transposed
+
+
+def test_a_graph_input_without_a_weight_fails_the_export_naming_it(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper
+
+    from qdeploy.core.errors import StageError
+    from qdeploy.stages.export._causal_lm import attach_weights
+
+    torch = pytest.importorskip("torch")
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]), helper.make_node("MatMul", ["x", "wt"], ["y"]),
+         helper.make_node("Add", ["y", "b"], ["z"])], "g",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in
+         (("x", [1, 2]), ("w", [3, 2]), ("b", [3]))],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 3])])
+    path = tmp_path / "graph.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    with pytest.raises(StageError, match=r"neither the decoder's interface nor a weight of the model: \['b'\]"):
+        attach_weights(path, {"w": torch.ones(3, 2)}, {"x"}, "exported")
+    w = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+    attach_weights(path, {"w": w, "b": torch.ones(3)}, {"x"}, "exported")
+    x = np.array([[1.0, 2.0]], np.float32)
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, x @ w.numpy().T + 1)
+
+
 def test_the_check_ran_on_the_tokenizers_tokens_for_prefill_and_decode(exported: StageResult) -> None:
     check = exported.findings.to_report()["causal_lm"]["check"]
     assert check["tokens"] == "tokenizer" and check["prefill_tokens"] >= 10
