@@ -203,7 +203,8 @@ def _stand_in(head: onnx.ModelProto, tensor: onnx.TensorProto) -> onnx.TensorPro
 
 def append_external(graph: onnx.GraphProto, name: str, array: np.ndarray, data: BinaryIO, location: str) -> None:
     """Add initializer ``name`` to ``graph`` as a reference to ``array``'s bytes, written at the end of ``data``
-    (the open file ``location`` names, relative to the model): no copy of the array is made."""
+    (the open file ``location`` names, relative to the model): a contiguous array is written from its own memory,
+    any other (a transposed view) through one contiguous copy."""
     import numpy as np
     import onnx
 
