@@ -76,10 +76,17 @@ TARGETS = ["ort:cpu", "openvino:cpu"]
 
 
 def _status_kb(field: str) -> int:
+    return _status_fields_kb(field)[field]
+
+
+def _status_fields_kb(*fields: str) -> dict[str, int]:
+    """Fields of /proc/self/status in kB (0 where absent), read in one pass."""
+    found = dict.fromkeys(fields, 0)
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
+        name, _, rest = line.partition(":")
+        if name in found:
+            found[name] = int(rest.split()[0])
+    return found
 
 
 class _AnonPeak:
@@ -212,6 +219,8 @@ class _StepPeaks:
     def __init__(self) -> None:
         self.step = "starting"
         self.peaks: dict[str, int] = {}
+        self.split: dict[str, tuple[int, int]] = {}
+        """Step -> (RssAnon, RssFile) at its largest sample: memory-mapped weights count in the file part."""
         self.hwm_rises: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -220,8 +229,11 @@ class _StepPeaks:
     def _run(self) -> None:
         last_hwm, last_step = 0, self.step
         while not self._stop.is_set():
-            rss, hwm, step = _status_kb("VmRSS"), _status_kb("VmHWM"), self.step
-            self.peaks[step] = max(self.peaks.get(step, 0), rss)
+            status, step = _status_fields_kb("VmRSS", "VmHWM", "RssAnon", "RssFile"), self.step
+            rss, hwm = status["VmRSS"], status["VmHWM"]
+            if rss > self.peaks.get(step, 0):
+                self.peaks[step] = rss
+                self.split[step] = (status["RssAnon"], status["RssFile"])
             if hwm > last_hwm:
                 interval = step if step == last_step else f"{last_step} → {step}"
                 self.hwm_rises[interval] = hwm
@@ -234,6 +246,7 @@ class _StepPeaks:
         worst = max(self.peaks, key=lambda step: self.peaks[step])
         hwm_step = max(self.hwm_rises, key=lambda step: self.hwm_rises[step]) if self.hwm_rises else ""
         return {"sampled_peak_kb": self.peaks[worst], "peak_step": worst, "step_peaks_kb": self.peaks,
+                "step_anon_file_kb": self.split,
                 "hwm_kb": self.hwm_rises.get(hwm_step, 0), "hwm_step": hwm_step, "hwm_rises_kb": self.hwm_rises}
 
 
