@@ -48,6 +48,9 @@ class DiskSample(Mapping[str, np.ndarray]):
     def __getitem__(self, name: str) -> np.ndarray:
         return np.load(self._files[name], allow_pickle=False)
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._files  # Mapping's own would load the array to answer
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._files)
 

@@ -6,6 +6,7 @@ import gc
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from qdeploy.core.compare import compare_outputs
 from qdeploy.core.output_store import DiskSample, OutputStore
@@ -67,3 +68,15 @@ def test_disk_backed_outputs_compare_exactly_as_in_memory(tmp_path: Path) -> Non
     assert on_disk == in_memory
     by_name = {out["name"]: out for out in in_memory["outputs"]}
     assert by_name["logits"]["kl"] is not None and by_name["scores"]["shape_mismatch"]
+
+
+def test_asking_whether_a_sample_holds_an_output_reads_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Comparisons and metrics ask ``name in sample`` before reading it: that must not load the array too."""
+    import qdeploy.core.output_store as output_store
+
+    store = OutputStore(tmp_path, keep_bytes=0)
+    store.add(_sample())
+    loads: list[object] = []
+    monkeypatch.setattr(output_store.np, "load", lambda *args, **kwargs: loads.append(args))
+    assert "logits" in store.samples[0] and "absent" not in store.samples[0]
+    assert not loads
