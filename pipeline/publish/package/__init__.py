@@ -267,13 +267,21 @@ def _write_check(folder: Path, check: CheckData, source: PackageSource) -> Packa
     tolerances = recorded_tolerances(source.validation) if source.tolerances is None else source.tolerances
     record: PackageCheck = {"samples": check.samples, "compares_with": check.source, "tolerances": tolerances,
                             "tolerances_from": source.tolerances_from or FROM_REPORT,
-                            "note": "the limits validation held this artifact to, here over the check samples"}
+                            "note": _check_note(check.samples, source.validation.samples)}
     if not check.samples:
         return {**record, "samples": 0, "left_out": check.left_out or "no check data"}
     (folder / "check").mkdir()
     save_samples(folder / "check" / "inputs.npz", check.feeds)
     save_samples(folder / "check" / "reference.npz", check.reference)
     return {**record, "inputs": "check/inputs.npz", "reference": "check/reference.npz"}
+
+
+def _check_note(samples: int, validated: int | None) -> str:
+    if validated is None or samples >= validated:
+        return "the limits validation held this artifact to, on the samples validation compared"
+    return (f"the limits validation held this artifact to, on the first {samples} of the {validated} samples "
+            "validation compared (those fit the check data's size cap); a subset's metrics can fall below the "
+            "whole set's")
 
 
 def manifest_body(source: PackageSource, model: PackageModel, settings: PackageRuntime,

@@ -2,15 +2,18 @@
 
 Written once per run as ``packages/reference-check.npz`` (its sha256 in ``report.json`` under
 ``packages.check_data``), so that ``qdeploy package`` never needs the recipe's data folder again.  The samples
-are the first ones validation used and the outputs are computed as validation computes its reference (the
-reference model on ort:cpu, float32 pinned), so a package is checked against the same numbers the report's
-metrics were.
+are the ones validation compared (all of them, as far as they fit under ``CHECK_MAX_BYTES``) and the outputs
+are computed as validation computes its reference (the reference model on ort:cpu, float32 pinned), so a
+package is held to its limits on the very samples and numbers its validation was.  A subset would not do: the
+metrics are aggregates (SNR, cosine over every element), and those of a few samples can fall below the whole
+set's where validation passed.
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,15 +27,15 @@ if TYPE_CHECKING:
     from qdeploy.core.context import Artifact
     from qdeploy.pipeline.recipe.schema import Recipe
 
-__all__ = ["CHECK_FILE", "CHECK_MAX_BYTES", "CHECK_SAMPLES", "CheckData", "Samples", "compute_check_data",
+__all__ = ["CHECK_FILE", "CHECK_MAX_BYTES", "CheckData", "Samples", "compute_check_data",
            "read_check_data", "save_samples", "write_check_data"]
 
 log = logging.getLogger(__name__)
 
 CHECK_FILE = "reference-check.npz"
-CHECK_SAMPLES = 4
 CHECK_MAX_BYTES = 16 * 2**20
-"""Check data larger than this (inputs plus reference outputs) is left out; packages then say 'unchecked'."""
+"""Check data is the longest prefix of the validation samples under this (inputs plus reference outputs); when
+not even one sample fits, it is left out and packages say 'unchecked'."""
 Samples = list[dict[str, np.ndarray]]
 
 
@@ -51,31 +54,51 @@ class CheckData:
         return len(self.feeds)
 
 
-def compute_check_data(recipe: Recipe, evaluated: dict[str, Artifact], samples: int = CHECK_SAMPLES) -> CheckData:
-    """The first validation samples and the reference's outputs on them; never raises (the reason is kept)."""
+def compute_check_data(recipe: Recipe, evaluated: dict[str, Artifact], samples: int | None = None) -> CheckData:
+    """The validation samples (the first ``samples`` when given) and the reference's outputs on them, as many as
+    fit under ``CHECK_MAX_BYTES``; never raises (the reason is kept)."""
     config = recipe.validate_
+    wanted = config.samples if samples is None else min(samples, config.samples)
     try:
         with tempfile.TemporaryDirectory(prefix="qdeploy-check-") as work:
             ctx = recipe.stage_context("*", Path(work))
             source = reference_source(evaluated, config, ctx)
-            feeds = list(ctx.samples(config.data, source.feed_model, limit=min(samples, config.samples or samples)))
+            label = f"{source.label} on {REFERENCE_TARGET}"
+            feeds = list(ctx.samples(config.data, source.feed_model, limit=wanted))
             cast = feed_caster(source.path)
             with get_target(REFERENCE_TARGET).load(source.path, pin_f32=True) as session:
-                reference = [session.run(cast(feed)) for feed in feeds]
+                data, first_size = _fitting(feeds, lambda feed: session.run(cast(feed)), label)
     except Exception as exc:  # no check data makes packages 'unchecked', never the run fail
         log.warning("package check data could not be computed: %s", exc)
         return CheckData(left_out=f"the reference outputs could not be computed: {type(exc).__name__}: {exc}")
-    data = CheckData(feeds, reference, source=f"{source.label} on {REFERENCE_TARGET}")
-    size = _nbytes(feeds) + _nbytes(reference)
-    if size > CHECK_MAX_BYTES:
-        return CheckData(left_out=f"{len(feeds)} samples and their reference outputs take {size} bytes "
-                                  f"(more than {CHECK_MAX_BYTES})", source=data.source)
-    unstorable = [name for sample in feeds + reference for name, value in sample.items()
+    if not data.samples:
+        return CheckData(left_out=f"one sample and its reference outputs take {first_size} bytes (more than "
+                                  f"{CHECK_MAX_BYTES})", source=label)
+    unstorable = [name for sample in data.feeds + data.reference for name, value in sample.items()
                   if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf"]
     if unstorable:
         return CheckData(left_out=f"values that are not numeric tensors cannot be stored: {sorted(set(unstorable))}",
-                         source=data.source)
+                         source=label)
+    if data.samples < len(feeds):
+        log.warning("package check data: %d of the %d validation samples fit under %d bytes; packages are checked "
+                    "on those", data.samples, len(feeds), CHECK_MAX_BYTES)
     return data
+
+
+def _fitting(feeds: Samples, reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+             label: str) -> tuple[CheckData, int]:
+    """The longest prefix of ``feeds`` whose inputs and reference outputs fit under the cap; the first one's size."""
+    data, total, first_size = CheckData(source=label), 0, 0
+    for feed in feeds:
+        outputs = reference(feed)
+        size = _nbytes([feed]) + _nbytes([outputs])
+        first_size = first_size or size
+        if total + size > CHECK_MAX_BYTES:
+            break
+        total += size
+        data.feeds.append(feed)
+        data.reference.append(outputs)
+    return data, first_size
 
 
 def _nbytes(samples: Samples) -> int:

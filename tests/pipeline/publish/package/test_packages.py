@@ -74,7 +74,7 @@ def test_run_writes_one_checked_package_per_passed_artifact_and_target(run_dir: 
     report = report_of(run_dir)
     written = {(row["variant"], row["target"]): row for row in report["packages"]["written"]}
     assert set(written) == PAIRS  # ort:cuda is unavailable here: no package for it
-    assert report["packages"]["failed"] == [] and report["packages"]["check_samples"] == 4
+    assert report["packages"]["failed"] == [] and report["packages"]["check_samples"] == 8  # all validated
     for (variant, target), row in written.items():
         folder = run_dir / "packages" / f"{target.replace(':', '-')}-{variant}"
         assert Path(row["path"]) == folder and row["checked"]
@@ -108,7 +108,7 @@ def test_every_package_passes_its_check_where_qdeploy_cannot_be_imported(run_dir
         done = without_qdeploy(folder, "--require-no-qdeploy")
         assert done.returncode == 0, f"{folder.name}:\n{done.stdout}{done.stderr}"
         assert "qdeploy importable: no" in done.stdout and done.stdout.rstrip().endswith("PASS")
-        assert "over 4 samples" in done.stdout
+        assert "over 8 samples" in done.stdout
 
 
 def test_the_independence_proof_can_fail(run_dir: Path) -> None:
@@ -126,7 +126,7 @@ def test_package_outputs_equal_the_reports_reference_on_fp32(run_dir: Path) -> N
                                       ["logits"])
     feeds = package_check.load_samples(folder / "check" / "inputs.npz")
     reference = package_check.load_samples(folder / "check" / "reference.npz")
-    assert len(feeds) == 4 and manifest["check"]["compares_with"] == "variant 'fp32' on ort:cpu"
+    assert len(feeds) == 8 and manifest["check"]["compares_with"] == "variant 'fp32' on ort:cpu"
     for feed, expected in zip(feeds, reference, strict=True):
         np.testing.assert_array_equal(run(feed)["logits"], expected["logits"])
 
