@@ -8,7 +8,7 @@ rebuilding repeated fields.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GRAPH_OPS",
+    "MOVEMENT_OPS",
     "ONNX_SPEC_DOMAINS",
     "attribute_key",
     "default_opset",
@@ -30,8 +31,10 @@ __all__ = [
     "has_subgraph",
     "io_names",
     "model_bytes",
+    "moved_weights",
     "names_read",
     "op_counts",
+    "place_after_producers",
     "prune_unproduced_value_info",
     "prune_unused_value_info_recursive",
     "subgraph_references",
@@ -86,6 +89,41 @@ def float32_chunks(tensor: onnx.TensorProto) -> Iterator[np.ndarray]:
 
 def has_subgraph(node: onnx.NodeProto) -> bool:
     return bool(subgraphs(node))
+
+
+MOVEMENT_OPS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+"""Ops that rearrange their first input's values without changing any or their number."""
+
+
+def moved_weights(graph: onnx.GraphProto) -> dict[str, str]:
+    """Outputs of the graph's nodes that are a weight rearranged (a Transpose of an initializer, a Reshape of
+    that...) -> the initializer whose values they hold.  Such a tensor is the same on every input: its values
+    are the weight's, so no data tells more about them than the weight itself."""
+    initializers = {tensor.name for tensor in graph.initializer}
+    fixed = set(initializers) | {out for node in graph.node if node.op_type == "Constant" for out in node.output}
+    source: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type not in MOVEMENT_OPS or not node.input or len(node.output) != 1:
+            continue
+        data, *rest = node.input
+        origin = data if data in initializers else source.get(data)
+        if origin is not None and all(name in fixed for name in rest if name):
+            source[node.output[0]] = origin
+            fixed.add(node.output[0])
+    return source
+
+
+def place_after_producers(graph: onnx.GraphProto, readers: Mapping[str, list[onnx.NodeProto]]) -> None:
+    """Add each tensor's ``readers`` (probe nodes) to ``graph`` right after the node that makes it (first, for a
+    graph input or weight): in a session that runs nodes in the model's order, a probe then reads its tensor
+    while it is fresh, and neither the tensor nor the probe's intermediates wait for the end of the graph."""
+    made_here = {out for node in graph.node for out in node.output}
+    ordered = [node for name, nodes in readers.items() if name not in made_here for node in nodes]
+    for node in graph.node:
+        ordered.append(node)
+        ordered.extend(added for out in node.output if out in readers for added in readers[out])
+    del graph.node[:]
+    graph.node.extend(ordered)
 
 
 def subgraph_references(graph: onnx.GraphProto) -> set[str]:

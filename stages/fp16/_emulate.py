@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qdeploy.graph.light import light_copy, put_back, restore, tag_of
-from qdeploy.graph.utils import subgraphs
+from qdeploy.graph.utils import place_after_producers, subgraphs
 from qdeploy.stages.fp16._bias import split_biases
 from qdeploy.stages.fp16._graph import FLOAT, FLOAT16, rename_uses, walk_graphs
 from qdeploy.stages.fp16._rules import DTYPE_ATTRIBUTES
@@ -79,13 +79,17 @@ def _add_nonfinite_probes(graph: onnx.GraphProto) -> None:
     listed = {value.name for value in graph.output}
     zero = f"{NONFINITE_SUFFIX}_zero"
     graph.initializer.append(numpy_helper.from_array(np.zeros((), np.float32), zero))
+    probes: dict[str, list[onnx.NodeProto]] = {}
     for value in list(graph.value_info):
         if value.type.tensor_type.elem_type != FLOAT or value.name in listed:
             continue
         probe = f"{value.name}{NONFINITE_SUFFIX}"
-        graph.node.extend([helper.make_node("Mul", [value.name, zero], [f"{probe}_times_zero"]),
-                           helper.make_node("ReduceSum", [f"{probe}_times_zero"], [probe], keepdims=0)])
+        probes[value.name] = [helper.make_node("Mul", [value.name, zero], [f"{probe}_times_zero"]),
+                              helper.make_node("ReduceSum", [f"{probe}_times_zero"], [probe], keepdims=0)]
         graph.output.append(helper.make_tensor_value_info(probe, FLOAT, []))
+    # right after each tensor's producer: the twin runs in the model's order, and probes at the end would keep
+    # every activation alive until then
+    place_after_producers(graph, probes)
 
 
 def _emulate_graph(graph: onnx.GraphProto, top: bool) -> None:

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from qdeploy.graph.utils import place_after_producers
+
 if TYPE_CHECKING:
     import onnx
 
@@ -41,34 +43,46 @@ def names_taken(graph: onnx.GraphProto) -> bool:
 
 def add_peak_probes(graph: onnx.GraphProto, names: list[str]) -> dict[str, PeakNames]:
     """Add the probes of each named float tensor to ``graph`` (nodes, two constants, outputs); tensor -> its
-    probe outputs."""
+    probe outputs.
+
+    Each tensor's probe nodes are placed right after the node that makes it: a session that runs the nodes in
+    the model's order (``probe_session(in_order=True)``) then reduces a tensor while it is fresh and frees the
+    probe's seven full-size intermediates before the next layer, where a default-ordered one may run every probe
+    at the end, each watched activation alive until then (0.4 GB more per sample on a 135M-parameter decoder)."""
     from onnx import TensorProto, helper, numpy_helper
 
     zero, lowest = "__peak_zero", "__peak_lowest"
     graph.initializer.extend([numpy_helper.from_array(np.zeros((), np.float32), zero),
                               numpy_helper.from_array(np.array(LOWEST, np.float32), lowest)])
     probes: dict[str, PeakNames] = {}
+    nodes_of: dict[str, list[onnx.NodeProto]] = {}
     for name in names:
-        abs_name, max_name, bad_name, shape_name = (f"{name}{suffix}" for suffix in SUFFIXES)
-        step = f"{name}__probe"  # intermediates; the outputs end in __peak_*
-        graph.node.extend([
-            helper.make_node("IsInf", [name], [f"{step}_inf"]),
-            helper.make_node("IsNaN", [name], [f"{step}_nan"]),
-            helper.make_node("Or", [f"{step}_inf", f"{step}_nan"], [f"{step}_bad"]),
-            helper.make_node("Where", [f"{step}_bad", zero, name], [f"{step}_finite"]),
-            helper.make_node("Abs", [f"{step}_finite"], [f"{step}_abs"]),
-            helper.make_node("ReduceMax", [f"{step}_abs"], [abs_name], keepdims=0),
-            helper.make_node("Where", [f"{step}_bad", lowest, name], [f"{step}_low"]),
-            helper.make_node("ReduceMax", [f"{step}_low"], [max_name], keepdims=0),
-            helper.make_node("Cast", [f"{step}_bad"], [f"{step}_bad_float"], to=TensorProto.FLOAT),
-            helper.make_node("ReduceMax", [f"{step}_bad_float"], [bad_name], keepdims=0),
-            helper.make_node("Shape", [name], [shape_name]),
-        ])
-        graph.output.extend([*(helper.make_tensor_value_info(out, TensorProto.FLOAT, [])
-                               for out in (abs_name, max_name, bad_name)),
-                             helper.make_tensor_value_info(shape_name, TensorProto.INT64, [None])])
-        probes[name] = (abs_name, max_name, bad_name, shape_name)
+        nodes_of[name] = _probe_nodes(name, zero, lowest)
+        probes[name] = tuple(f"{name}{suffix}" for suffix in SUFFIXES)  # type: ignore[assignment]
+        graph.output.extend([*(helper.make_tensor_value_info(out, TensorProto.FLOAT, []) for out in probes[name][:3]),
+                             helper.make_tensor_value_info(probes[name][3], TensorProto.INT64, [None])])
+    place_after_producers(graph, nodes_of)
     return probes
+
+
+def _probe_nodes(name: str, zero: str, lowest: str) -> list[onnx.NodeProto]:
+    from onnx import TensorProto, helper
+
+    abs_name, max_name, bad_name, shape_name = (f"{name}{suffix}" for suffix in SUFFIXES)
+    step = f"{name}__probe"  # intermediates; the outputs end in __peak_*
+    return [
+        helper.make_node("IsInf", [name], [f"{step}_inf"]),
+        helper.make_node("IsNaN", [name], [f"{step}_nan"]),
+        helper.make_node("Or", [f"{step}_inf", f"{step}_nan"], [f"{step}_bad"]),
+        helper.make_node("Where", [f"{step}_bad", zero, name], [f"{step}_finite"]),
+        helper.make_node("Abs", [f"{step}_finite"], [f"{step}_abs"]),
+        helper.make_node("ReduceMax", [f"{step}_abs"], [abs_name], keepdims=0),
+        helper.make_node("Where", [f"{step}_bad", lowest, name], [f"{step}_low"]),
+        helper.make_node("ReduceMax", [f"{step}_low"], [max_name], keepdims=0),
+        helper.make_node("Cast", [f"{step}_bad"], [f"{step}_bad_float"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceMax", [f"{step}_bad_float"], [bad_name], keepdims=0),
+        helper.make_node("Shape", [name], [shape_name]),
+    ]
 
 
 def peaks_of(arrays: dict[str, np.ndarray], probe: PeakNames) -> tuple[float, float, bool, tuple[int, ...]] | None:

@@ -127,3 +127,30 @@ def test_the_emulation_holds_one_float32_weight_at_a_time(tmp_path: Path) -> Non
     """
     # float16 weights 96 MB (a copy for the twin) + float32 copies 64 MB each: three at once would be ~290 MB
     assert peak_mib(tmp_path, setup, measured, timeout=120) < 250
+
+
+def test_the_emulation_probes_hold_one_activation_at_a_time(tmp_path: Path) -> None:
+    """Eight 16 MB activations in a chain: each non-finite probe runs right after its tensor is made, so the run
+    holds a few at once (with the probes at the end of the graph, every activation waited for them: ~130 MB)."""
+    setup = """
+        import numpy as np
+        from pathlib import Path
+        from onnx import TensorProto, helper
+        from qdeploy.stages.fp16._fidelity import run_emulated
+
+        n, x, nodes = 1 << 22, "x", []
+        for i in range(8):
+            nodes.append(helper.make_node("Sin" if i % 2 else "Cos", [x], [f"a{i}"], name=f"n{i}"))
+            x = f"a{i}"
+        half = TensorProto.FLOAT16
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", half, [n])],
+                                  [helper.make_tensor_value_info(x, half, [n])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model = __import__("onnx").shape_inference.infer_shapes(model)
+        feeds = [{"x": np.ones(n, np.float32)}]
+    """
+    measured = f"""
+        run_emulated(model, feeds, {{}}, Path({str(tmp_path)!r}))
+    """
+    peak = peak_mib(tmp_path, setup, measured, timeout=120)
+    assert peak < 90, peak

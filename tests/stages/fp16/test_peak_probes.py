@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.stages.fp16 import _activations
 from qdeploy.stages.fp16._activations import run_float32
+from tests.helpers.peak import peak_mib
 
 
 def _model(opset: int) -> onnx.ModelProto:
@@ -97,3 +98,54 @@ def test_a_graph_that_uses_the_probes_names_is_analysed_from_its_tensors(tmp_pat
     names = [value.name for value in onnx.load(str(tmp_path / "renamed" / "fp16_probe.onnx")).graph.output]
     assert "big__peak_abs" in names and not any(name.endswith("__peak_shape") for name in names)  # exposed
     assert result.stats["big__peak_abs"] == run_float32(model, FEEDS, tmp_path).stats["big"]
+
+
+def test_the_probes_hold_one_activation_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight 16 MB activations in a chain: each tensor's probes run right after it is made (the session runs the
+    model's order), so the run holds a few at once; probes at the end of the graph kept every one alive.  glibc
+    returns large blocks at once here (a fixed mmap threshold): the peak measures what is alive, not the heap."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
+    setup = """
+        import numpy as np
+        from pathlib import Path
+        import onnx
+        from onnx import TensorProto, helper
+        from qdeploy.stages.fp16._activations import run_float32
+
+        n, x, nodes = 1 << 22, "x", []
+        for i in range(8):
+            nodes.append(helper.make_node("Sin" if i % 2 else "Cos", [x], [f"a{i}"], name=f"n{i}"))
+            x = f"a{i}"
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])],
+                                  [helper.make_tensor_value_info(x, TensorProto.FLOAT, [n])])
+        model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+        feeds = [{"x": np.ones(n, np.float32)}]
+    """
+    measured = f"""
+        run = run_float32(model, feeds, Path({str(tmp_path)!r}))
+        assert sorted(run.stats) == sorted(["x", *(f"a{{i}}" for i in range(8))])
+    """
+    peak = peak_mib(tmp_path, setup, measured, timeout=120)
+    assert peak < 160, peak  # ~120 MB; all eight alive at the end: ~200 MB
+
+
+def test_a_rearranged_weight_is_measured_from_the_weight_not_probed(tmp_path: Path) -> None:
+    """A weight's Transpose holds the weight's values on every input: its peaks come from the weight (one read),
+    not from probes on every sample (on a tied 49k x 576 embedding they held 0.4 GB per run)."""
+    weight = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32) * 3
+    weight[2, 1] = -70000.0  # beyond float16: what decides the reader stays float32
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+             helper.make_node("Reshape", ["wt", "shape"], ["wr"]),
+             helper.make_node("MatMul", ["x", "wr"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6])],
+                              [numpy_helper.from_array(weight, "w"),
+                               numpy_helper.from_array(np.array([4, 6], np.int64), "shape")])
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    run = run_float32(model, [{"x": np.ones((1, 4), np.float32)}], tmp_path)
+    for name, shape in (("wt", (4, 6)), ("wr", (4, 6))):
+        assert run.stats[name].abs_max == 70000.0 and run.stats[name].max == float(weight.max())
+        assert run.stats[name].shape == shape
+    probe = onnx.load(str(tmp_path / "fp16_probe.onnx"), load_external_data=False)
+    assert not [out.name for out in probe.graph.output if out.name.startswith(("wt__", "wr__"))]
+    assert "y" in run.stats  # activations are probed as before

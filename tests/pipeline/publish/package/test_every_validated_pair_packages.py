@@ -19,12 +19,12 @@ import pytest
 from qdeploy.core.runtimes import is_device_default
 from qdeploy.pipeline.publish.package import data as data_module
 from qdeploy.pipeline.publish.package import packable
-from tests.test_docs_examples import _run, run_tutorial
+from tests.helpers.docs_runs import current_run, run_tutorial
 
 
 @pytest.mark.slow
 def test_every_pair_that_passed_validation_builds_a_package_that_passes_its_check(tmp_path: Path) -> None:
-    run = _run(run_tutorial).out
+    run = current_run(run_tutorial).out
     report = json.loads((run / "report.json").read_text())
     passed = [(row["variant"], row["target"]) for row in report["validation"]
               if row["status"] == "passed" and packable(row["target"]) and not is_device_default(row["variant"])]
