@@ -50,6 +50,11 @@ def _quantize_datasets(config: StageConfig) -> list[str]:
     return [name for name in names if name is not None]
 
 
+def _quantize_host_facts(config: StageConfig) -> dict[str, Any]:
+    """ptq for ONNX Runtime routes int8 convolutions to its AMX GEMM on AMX CPUs (``ptq._amx_convs``)."""
+    return quantize.host_facts(config.runtime) if isinstance(config, PtqConfig) else {}
+
+
 @dataclass(frozen=True)
 class StageInfo:
     """What the runner needs to know of a stage."""
@@ -73,6 +78,8 @@ class StageInfo:
     reads_default_dataset: Callable[[Any], bool] = _reads_none
     """(validated config) -> whether the stage then reads the run's default dataset (validate.data), which then
     enters its cache key."""
+    host_facts: Callable[[Any], dict[str, Any]] = lambda config: {}
+    """(validated config) -> facts of the build machine the artifact depends on; they enter its cache key."""
     modes: tuple[tuple[str, type[StageConfig]], ...] = ()
     """(label, model) of each mode, for a stage whose settings are one model per mode (the reference lists each)."""
 
@@ -94,7 +101,7 @@ _STAGES: dict[str, StageInfo] = {
                   uses_targets=True, true_fp16_checked=True),  # the budget's artifact is confirmed on each target
         StageInfo("quantize", "transform", quantize, QuantizeConfig,
                   libraries=("onnx", "onnxruntime", "onnx-ir", "openvino"),
-                  datasets_used=_quantize_datasets, uses_targets=True,
+                  datasets_used=_quantize_datasets, uses_targets=True, host_facts=_quantize_host_facts,
                   modes=tuple((mode.label, mode) for mode in QuantizeConfig.members)),
         StageInfo("validate", "evaluation", validate, ValidateConfig),
         StageInfo("benchmark", "evaluation", benchmark, BenchmarkConfig),

@@ -30,6 +30,7 @@ from qdeploy.pipeline.publish.store import ArtifactStore, cache_key, library_ver
 from qdeploy.pipeline.recipe.schema import Recipe, VariantStep
 from qdeploy.pipeline.run.published_rows import PerRuntimeEntryDict, PublishedArtifactRow
 from qdeploy.stages.quantize import placement_differences
+from qdeploy.targets.int8_path import cpu_flags
 
 __all__ = ["PER_RUNTIME_KEY", "PerRuntimeDecision", "Placement", "auto_splits", "build_config", "note_runtime_builds",
            "plan_lines"]
@@ -107,7 +108,8 @@ def _decide(state: _Building, config: StageConfig, parent: Artifact, known: Plac
     from the cache folder where an earlier run made it, else made now."""
     key = cache_key({"decision": "per_runtime placement", "config": config.model_dump(mode="json"),
                      "parent_sha256": parent.sha256, "parent_external_data": [list(i) for i in parent.external_data],
-                     "versions": library_versions(("qdeploy", "onnx", "onnxruntime"))})
+                     "versions": library_versions(("qdeploy", "onnx", "onnxruntime")),
+                     "amx_int8": "amx_int8" in cpu_flags()[0]})  # ONNX Runtime's graph routes convs on AMX
     if known is not None and known.key == key:
         return known
     saved = state.store.root / "placements" / f"{key}.json"

@@ -374,7 +374,7 @@ def _build_step(state: _RunState, variant: str, step: VariantStep, parent: Artif
         "parent_sha256": parent.sha256,
         "parent_external_data": [list(item) for item in parent.external_data],
         "data": dataset_fingerprint(state.recipe, datasets),
-        **code_fingerprint(state.recipe, config),  # an edited metric file rebuilds a task-metric budget
+        **code_fingerprint(state.recipe, config), **info.host_facts(config),  # a metric file; AMX (ptq for ORT)
         **({"targets": sorted(state.recipe.validated_targets(true_fp16=info.true_fp16_checked))}
            if info.uses_targets else {}),
     })

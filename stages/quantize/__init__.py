@@ -35,6 +35,7 @@ from qdeploy.stages.quantize.config import (
     QuantizeConfig,
     WeightOnlyConfig,
 )
+from qdeploy.stages.quantize.ptq._amx_convs import host_facts
 from qdeploy.stages.quantize.ptq._guard import QuantizerFailure
 from qdeploy.stages.quantize.ptq._placement import placement_differences
 from qdeploy.stages.quantize.ptq._prepare import count_quantized_nodes, quantized_ops, weight_qdq_pairs
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # what other packages use; a mode's own model is in qdeploy.stages.quantize.config
-__all__ = ["CalibrationRef", "QuantizeConfig", "placement_differences", "run"]
+__all__ = ["CalibrationRef", "QuantizeConfig", "host_facts", "placement_differences", "run"]
 
 
 def run(artifact: Artifact, config: ModeConfig, ctx: StageContext) -> StageResult:

@@ -125,6 +125,15 @@ class SignedActivationsRecord(TypedDict, total=False):
     measured: dict[str, SevenBitMeasure]
 
 
+class ConvGemmRecord(TypedDict):
+    """The int8 convolutions of a graph for ONNX Runtime given weight zero point -1 so that they run on its AMX
+    GEMM rather than its symmetric convolution kernel (``ptq._amx_convs``): how many, which, and why."""
+
+    convs: int
+    names: list[str]
+    why: str
+
+
 class ReduceRangeRecord(TypedDict, total=False):
     """The 7-bit choice (``reduce_range``): the setting, the operand on 7 bits and why; NNCF's overflow fix, or
     what comparing both forms measured."""
@@ -280,6 +289,8 @@ class _PostTraining(Int8Findings, PreparedNotes):
     """The 7-bit setting, the operand on 7 bits and why (ptq: and what comparing the two measured)."""
     signed_activations: SignedActivationsRecord | None = None
     """ptq: whether activations that can be negative are int8 with zero point 0, and why."""
+    ort_conv_gemm: ConvGemmRecord | None = None
+    """ptq for ONNX Runtime on an AMX CPU: the convolutions routed to its AMX GEMM."""
     budget: BudgetFindings | None = None
     excluded: list[str]
     activation_type: str

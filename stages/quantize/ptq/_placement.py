@@ -16,6 +16,7 @@ from qdeploy.calibration.activations import float_tensors_of
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.core.runtimes import RUNTIMES
 from qdeploy.stages.quantize.config import PtqConfig
+from qdeploy.stages.quantize.ptq._amx_convs import amx_gemm_wanted, route_convs_to_gemm
 from qdeploy.stages.quantize.ptq._openvino import GRID_OPS
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ _SIGN_KEEPING_OPS = GRID_OPS | {"Resize", "MaxPool", "AveragePool", "GlobalAvera
 
 def placement_differences(source: Path, config: PtqConfig, work_dir: Path) -> list[str]:
     """Compute nodes whose Q/DQ placement differs between the ``RUNTIMES`` builds of ``config`` on the float model
-    at ``source`` (sorted; empty: one graph serves both)."""
+    at ``source``, or whose weights ONNX Runtime's build routes to its AMX GEMM on an AMX CPU (``_amx_convs``:
+    OpenVINO needs them symmetric); sorted, empty: one graph serves both."""
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._modes import _op_types
     from qdeploy.stages.quantize.ptq._prepare import excluded_nodes, prepare
@@ -46,15 +48,18 @@ def placement_differences(source: Path, config: PtqConfig, work_dir: Path) -> li
     op_types = _op_types(config)
     ranges = placeholder_ranges(load_model(prepared.path, load_external_data=False),
                                 float_tensors_of(prepared.path, op_types))
-    placed = [quantized_placement(StaticBuilder(
+    builds = {runtime: StaticBuilder(
         prepared.path, ranges, excluded, per_channel=config.per_channel, activation_type=config.activation_type,
         weight_type=config.weight_type, symmetric_activations=config.symmetric_activations,
         symmetric_weights=config.symmetric_weights, op_types=op_types, runtime=runtime,
         # 'measure' keeps int8 at least where a range is centred: the builds may differ there
-        signed_int8=0.0 if config.signed_choice(runtime) == "asymmetric" else EVERY_SIGNED)([]))
-        for runtime in RUNTIMES]
-    first, second = placed
-    return sorted(name for name in first.keys() | second.keys() if first.get(name) != second.get(name))
+        signed_int8=0.0 if config.signed_choice(runtime) == "asymmetric" else EVERY_SIGNED)([])
+        for runtime in RUNTIMES}
+    first, second = (quantized_placement(model) for model in builds.values())
+    differ = {name for name in first.keys() | second.keys() if first.get(name) != second.get(name)}
+    if amx_gemm_wanted("ort", []):
+        differ.update(route_convs_to_gemm(builds["ort"]))
+    return sorted(differ)
 
 
 def placeholder_ranges(model: onnx.ModelProto, tensors: Iterable[str]) -> dict[str, tuple[float, float]]:
