@@ -16,6 +16,8 @@ Artifacts per model:
   activations and weights, per-tensor, MinMax, every op type it knows);
 - ``qdeploy``: the quantize stage with its defaults (op set 'balanced', uint8 activations, int8
   per-channel weights, minmax), calibrated on the same samples;
+- ``qdeploy@ort``: the same shaped for ONNX Runtime (``runtime: ort``): on AMX CPUs its deep convolutions run on
+  ONNX Runtime's AMX GEMM (weight zero point -1), elsewhere it is ``qdeploy``;
 - ``qdeploy@openvino``: the same shaped for OpenVINO (``runtime: openvino``, what ``per_runtime`` builds for
   ``openvino:*`` targets); the goals judge ``qdeploy`` on ONNX Runtime and this one on OpenVINO;
   ``qdeploy@openvino-sym`` (``--openvino-symmetric``) the same with symmetric int8 activations;
@@ -147,6 +149,7 @@ def nncf_rows(case: Case, folder: Path) -> list[Row]:
 def qdeploy_rows(case: Case, folder: Path, openvino_symmetric: bool = False) -> list[Row]:
     calibration = {"data": "calib", "samples": len(case.calib)}
     rows = [qdeploy(case, folder, "qdeploy", QuantizeConfig(calibration=calibration)),
+            qdeploy(case, folder, "qdeploy@ort", QuantizeConfig(calibration=calibration, runtime="ort")),
             qdeploy(case, folder, "qdeploy@openvino", QuantizeConfig(calibration=calibration, runtime="openvino"))]
     if openvino_symmetric:
         rows.append(qdeploy(case, folder, "qdeploy@openvino-sym", QuantizeConfig(
@@ -243,9 +246,10 @@ def _kernels(counted: dict[str, Any] | None) -> str:
 
 
 PEERS = ("ort-default", "nncf", "nncf-transformer")
-OURS = {"ort:cpu": "qdeploy", "openvino:cpu": "qdeploy@openvino"}
-"""qdeploy's per-runtime artifact for each target: what ``per_runtime: true`` builds (``int8@ort`` is the one
-graph ``per_runtime: false`` builds, ``qdeploy``)."""
+OURS = {"ort:cpu": "qdeploy@ort", "openvino:cpu": "qdeploy@openvino"}
+"""qdeploy's per-runtime artifact for each target: what ``per_runtime: true`` builds (``qdeploy`` is the one
+graph ``per_runtime: false`` builds; ``qdeploy@ort`` differs from it on AMX CPUs only, where its deep
+convolutions run on ONNX Runtime's AMX GEMM: ``stages/quantize/ptq/_amx_convs.py``)."""
 
 
 def placements(case: Case, folder: Path) -> list[str]:

@@ -16,6 +16,11 @@ from its symmetric-weights convolution kernel): they measure kernels, not qdeplo
 
     python benchmarks/int8_ceiling.py [--size 1024] [--threads 1] [--rounds 5] [--iterations 3] [--convs]
                                       [--conv-weights symmetric|asymmetric]
+    python benchmarks/int8_ceiling.py --ort-conv-paths [--threads 1]
+
+``--ort-conv-paths``: ONNX Runtime's int8 convolution per shape on its symmetric kernel (weight zero point 0) and
+on its int8 GEMM (zero point -1, AMX tiles on AMX CPUs), the outputs compared, and what qdeploy's rule for the
+graph it shapes for ONNX Runtime picks (``stages/quantize/ptq/_amx_convs.py``).
 """
 
 from __future__ import annotations
@@ -105,6 +110,73 @@ def conv_lines(args: argparse.Namespace) -> list[str]:
     return lines
 
 
+ORT_CONVS = ((3, 32, 3, 112), (16, 16, 3, 56), (32, 32, 3, 56), (48, 48, 3, 56), (64, 64, 3, 56), (32, 64, 1, 56),
+             (64, 256, 1, 56), (64, 64, 3, 28), (96, 96, 3, 28), (128, 128, 3, 28), (128, 128, 1, 28),
+             (128, 512, 1, 28), (256, 64, 1, 28), (128, 128, 3, 56), (256, 256, 3, 28), (64, 64, 3, 14),
+             (256, 256, 1, 14), (512, 128, 1, 14), (1024, 256, 1, 14), (256, 256, 3, 14), (512, 512, 3, 7),
+             (512, 2048, 1, 7))
+"""(in, out, kernel, height and width) of the ONNX Runtime convolution-path table: ResNet-like and mobile shapes."""
+
+
+def _ort_conv_model(cin: int, cout: int, kernel: int, size: int, routed: bool) -> bytes:
+    """One QDQ convolution as qdeploy's ptq writes it (uint8 input, per-channel symmetric int8 weights), or the
+    same with its weights routed to ONNX Runtime's GEMM (zero point -1)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qdeploy.stages.quantize.ptq._amx_convs import route_convs_to_gemm
+
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal((cout, cin, kernel, kernel)) * 0.05
+    scales = np.abs(weights).reshape(cout, -1).max(axis=1) / 127
+    values = np.round(weights / scales[:, None, None, None]).astype(np.int8)
+    scalar = numpy_helper.from_array
+    inits = [scalar(values, "wq"), scalar(scales.astype(np.float32), "ws"), scalar(np.zeros(cout, np.int8), "wz"),
+             scalar(np.array(0.02, np.float32), "xs"), scalar(np.array(128, np.uint8), "xz"),
+             scalar(np.array(0.05, np.float32), "ys"), scalar(np.array(128, np.uint8), "yz")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd"], ["y"], name="conv", pads=[kernel // 2] * 4),
+             helper.make_node("QuantizeLinear", ["y", "ys", "yz"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["out"])]
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                              [1, cin, size, size])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    if routed:
+        route_convs_to_gemm(model, pays=lambda depth, pixels: True)
+    return model.SerializeToString()
+
+
+def ort_conv_lines(args: argparse.Namespace) -> list[str]:
+    """ONNX Runtime's int8 convolution on its symmetric kernel (weight zero point 0) and on its GEMM (zero point
+    -1; AMX tiles on AMX CPUs), per shape, with what qdeploy's rule (``_amx_convs.gemm_pays``) picks."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from qdeploy.stages.quantize.ptq._amx_convs import gemm_pays
+
+    lines = ["| conv (in->out, kernel, image) | depth | symmetric kernel ms | GEMM ms | GEMM speedup | outputs | "
+             "rule picks |", "|---|---|---|---|---|---|---|"]
+    for cin, cout, kernel, size in ORT_CONVS:
+        feeds = {"x": np.random.default_rng(1).standard_normal((1, cin, size, size)).astype(np.float32)}
+        timed, outputs = {}, {}
+        for routed in (False, True):
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = args.threads
+            session = ort.InferenceSession(_ort_conv_model(cin, cout, kernel, size, routed), options,
+                                           providers=["CPUExecutionProvider"])
+            outputs[routed] = session.run(None, feeds)[0]
+            timed[routed] = _cpu_ms(lambda s=session, f=feeds: s.run(None, f), args.rounds, args.iterations)
+        depth = cin * kernel * kernel
+        same = "identical" if np.array_equal(outputs[False], outputs[True]) else "DIFFER"
+        pick = "GEMM" if gemm_pays(depth, size * size) else "symmetric"
+        lines.append(f"| {cin}->{cout}, {kernel}x{kernel}, {size}x{size} | {depth} | {timed[False]:.3f} | "
+                     f"{timed[True]:.3f} | {timed[False] / timed[True]:.2f}x | {same} | {pick} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=1024)
@@ -114,7 +186,17 @@ def main() -> None:
     parser.add_argument("--convs", action="store_true", help="also the 3x3 convolution table")
     parser.add_argument("--conv-weights", choices=("symmetric", "asymmetric"), default="symmetric",
                         help="the int8 convolutions' weights: symmetric (zero point 0) or with zero points")
+    parser.add_argument("--ort-conv-paths", action="store_true",
+                        help="only the table of ONNX Runtime's two int8 convolution paths per shape")
     args = parser.parse_args()
+    if args.ort_conv_paths:
+        print(cpu_kind())
+        print(f"ONNX Runtime int8 convolutions, {args.threads} thread(s), CPU ms per call (median of {args.rounds} "
+              f"rounds of {args.iterations})")
+        print()
+        print("\n".join(ort_conv_lines(args)))
+        print(f"\n1-minute load average at the end: {os.getloadavg()[0]:.2f}")
+        return
     options = {"size": args.size, "threads": args.threads, "rounds": args.rounds, "iterations": args.iterations}
     pinned = ceiling(TARGETS, pin_f32=True, **options)
     default = ceiling(TARGETS, pin_f32=False, **options)

@@ -21,7 +21,7 @@ another CPU).  Grouped and depthwise convolutions keep their own kernels.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -65,9 +65,10 @@ def gemm_pays(depth: int, pixels: int | None) -> bool:
     return depth >= ALWAYS_DEPTH or (depth >= MIN_DEPTH and pixels is not None and pixels <= MAX_PIXELS)
 
 
-def route_convs_to_gemm(model: onnx.ModelProto) -> list[str]:
-    """Give the symmetric int8 weights of each Conv for which ``gemm_pays`` zero point -1 (values one lower, the
-    same dequantized numbers); the names of the Convs changed."""
+def route_convs_to_gemm(model: onnx.ModelProto,
+                        pays: Callable[[int, int | None], bool] = gemm_pays) -> list[str]:
+    """Give the symmetric int8 weights of each Conv for which ``pays(depth, pixels)`` zero point -1 (values one
+    lower, the same dequantized numbers); the names of the Convs changed."""
     from onnx import numpy_helper
 
     graph = model.graph
@@ -88,7 +89,7 @@ def route_convs_to_gemm(model: onnx.ModelProto) -> list[str]:
                 or readers.get(zero.name) != 1 or len(weight.dims) < 3:
             continue
         depth = int(weight.dims[1]) * math.prod(int(dim) for dim in weight.dims[2:])
-        if not gemm_pays(depth, pixels.get(conv.output[0])):
+        if not pays(depth, pixels.get(conv.output[0])):
             continue
         values, zeros = numpy_helper.to_array(weight), numpy_helper.to_array(zero)
         if np.any(zeros != 0) or values.min() < -127:
