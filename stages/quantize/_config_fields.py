@@ -72,7 +72,10 @@ OpTypes = Annotated[list[str] | None, AfterValidator(_named), Field(
                 "out with int8 weights: ORT has no int8-weight ConvInteger; weight_only: MatMul and Gather, both "
                 "when absent).")]
 SymmetricWeights = Annotated[bool, Field(description="Symmetric weight ranges (zero point 0); OpenVINO runs int8 "
-                                                     "convolutions only with symmetric weights.")]
+                                                     "convolutions only with symmetric weights. On AMX CPUs the "
+                                                     "graph for ONNX Runtime gives its deep convolutions zero "
+                                                     "point -1, the same values, to run them on its AMX GEMM "
+                                                     "(docs/int8-kernels.md).")]
 ReduceRange = Annotated[bool | Literal["auto", "weights", "activations"], Field(
     description="Give up one bit so int8 computes exactly on x86 CPUs without VNNI, whose int8 kernels "
                 "(vpmaddubsw) saturate with full-range values: 'weights' (or true) 7-bit weights, ONNX Runtime's "
