@@ -20,7 +20,10 @@ process:
   JSON.  The child resets no high-water mark of its own but the benchmark's ``MemoryProbe`` does
   (``/proc/self/clear_refs``), so the run's peak comes from the polls (the parent's and the child's, 20 ms).
   ``child_run`` (a recipe's whole run in this process) also charges each rise of ``VmHWM`` to the step in hand:
-  a spike shorter than 20 ms still has a step, up to the benchmark's first reset.
+  a spike shorter than 20 ms still has a step, up to the benchmark's first reset.  Its samples add the resident
+  memory of the run's own child processes (a large causal LM exports in one) to its own, and it reports the
+  largest child's ``ru_maxrss`` plus the run's largest sample while a child lived: a bound of their sum that no
+  20 ms sample can miss.
 
 Each child's peak resident memory comes from ``os.wait4`` (``ru_maxrss``: the kernel's high-water mark of the
 child, file-backed pages of memory-mapped weights included) and from the child's own ``/proc/self/status``
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -222,6 +226,8 @@ class _StepPeaks:
         self.split: dict[str, tuple[int, int]] = {}
         """Step -> (RssAnon, RssFile) at its largest sample: memory-mapped weights count in the file part."""
         self.hwm_rises: dict[str, int] = {}
+        self.parent_with_children = 0
+        """This process's largest sample while it had child processes (the export of a large causal LM)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -230,10 +236,13 @@ class _StepPeaks:
         last_hwm, last_step = 0, self.step
         while not self._stop.is_set():
             status, step = _status_fields_kb("VmRSS", "VmHWM", "RssAnon", "RssFile"), self.step
-            rss, hwm = status["VmRSS"], status["VmHWM"]
+            children = sum(_rss_of(pid) for pid in _descendants(os.getpid())) // 1024
+            rss, hwm = status["VmRSS"] + children, status["VmHWM"]  # a child process's memory is the run's too
+            if children:
+                self.parent_with_children = max(self.parent_with_children, status["VmRSS"])
             if rss > self.peaks.get(step, 0):
                 self.peaks[step] = rss
-                self.split[step] = (status["RssAnon"], status["RssFile"])
+                self.split[step] = (status["RssAnon"], status["RssFile"] + children)
             if hwm > last_hwm:
                 interval = step if step == last_step else f"{last_step} → {step}"
                 self.hwm_rises[interval] = hwm
@@ -245,8 +254,11 @@ class _StepPeaks:
         self._thread.join()
         worst = max(self.peaks, key=lambda step: self.peaks[step])
         hwm_step = max(self.hwm_rises, key=lambda step: self.hwm_rises[step]) if self.hwm_rises else ""
+        children_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # kB, the largest waited child
         return {"sampled_peak_kb": self.peaks[worst], "peak_step": worst, "step_peaks_kb": self.peaks,
-                "step_anon_file_kb": self.split,
+                "step_anon_file_kb": self.split, "children_maxrss_kb": children_peak,
+                # an upper bound of the run's memory while a child ran: this process's peak then + the child's
+                "with_children_bound_kb": self.parent_with_children + children_peak if children_peak else 0,
                 "hwm_kb": self.hwm_rises.get(hwm_step, 0), "hwm_step": hwm_step, "hwm_rises_kb": self.hwm_rises}
 
 
@@ -283,6 +295,19 @@ def run_child(stage: str, recipe: Path, cache: Path, cap_bytes: int, timeout: fl
         result.update(status="crashed", error=f"exit status {status}")
     result.setdefault("seconds", round(time.monotonic() - started, 1))
     return result
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (children of every thread, and theirs)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = [int(child) for child in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        for child in children:
+            found += [child, *_descendants(child)]
+    return found
 
 
 def _rss_of(pid: int) -> int:

@@ -25,10 +25,14 @@ import contextlib
 import hashlib
 import logging
 import math
+import multiprocessing
 import os
+import sys
+import tempfile
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -89,7 +93,7 @@ def load_tokenizer(path: Path, field: str = "tokenizer") -> Tokenizer:
         raise RecipeError(f"tokenizer '{path}' does not exist: name a tokenizer.json file, a transformers folder "
                           "or a .gguf file", field=field)
     if path.suffix == ".gguf":
-        return _Transformers(_auto_tokenizer(field, str(path.parent), gguf_file=path.name))
+        return _gguf_tokenizer(path, field)
     if path.suffix == ".json":
         from tokenizers import Tokenizer as FastTokenizer  # lazy: only text datasets need it
 
@@ -99,6 +103,36 @@ def load_tokenizer(path: Path, field: str = "tokenizer") -> Tokenizer:
             raise RecipeError(f"{path} is not a readable tokenizer.json: {exc}", field=field) from None
     raise RecipeError(f"tokenizer '{path}' is neither a tokenizer.json, a .gguf file nor a transformers folder",
                       field=field)
+
+
+def _gguf_tokenizer(path: Path, field: str) -> Tokenizer:
+    """A .gguf file's tokenizer.  Reading it takes transformers, which imports torch: 0.35 GB the process would
+    keep to its end.  Unless torch is loaded here already, a spawned child converts it to a tokenizer.json (the
+    same ids: transformers' fast tokenizer is that tokenizer) and exits; the tokenizers library reads the file."""
+    if "torch" in sys.modules:
+        return _Transformers(_auto_tokenizer(field, str(path.parent), gguf_file=path.name))
+    from tokenizers import Tokenizer as FastTokenizer  # lazy: only text datasets need it
+
+    with tempfile.TemporaryDirectory(prefix="qdeploy-tokenizer-") as folder:
+        saved = Path(folder) / "tokenizer.json"
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            error = pool.submit(_save_gguf_tokenizer, str(path), field, str(saved)).result()
+        if error is not None:
+            raise RecipeError(error, field=field)
+        return _Fast(FastTokenizer.from_file(str(saved)))
+
+
+def _save_gguf_tokenizer(path: str, field: str, saved: str) -> str | None:
+    """In the child: the .gguf's tokenizer saved as a tokenizer.json; the error's message, or None."""
+    gguf = Path(path)
+    try:
+        tokenizer = _auto_tokenizer(field, str(gguf.parent), gguf_file=gguf.name)
+        if not getattr(tokenizer, "is_fast", False):
+            return f"the tokenizer of {gguf.name} is not a fast (tokenizers) one; name a tokenizer.json instead"
+        tokenizer.backend_tokenizer.save(saved)
+    except RecipeError as exc:
+        return exc.detail
+    return None
 
 
 def _auto_tokenizer(field: str, folder: str, **options: str) -> Any:

@@ -2,4 +2,5 @@
 
 from qdeploy.cli import main
 
-main()
+if __name__ == "__main__":  # a spawned child process imports this module too; it must not run the command
+    main()

@@ -23,11 +23,11 @@ from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, check_without_weight
 from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.graph.rewrites import RewriteReport, apply_rewrites, available
 from qdeploy.graph.utils import default_opset, model_bytes
+from qdeploy.stages.export._causal_lm_child import export_causal_lm_here_or_apart
 from qdeploy.stages.export._causal_lm_source import (
     causal_lm_files,
     causal_lm_inputs,
     causal_lm_tokenizer,
-    export_causal_lm,
 )
 from qdeploy.stages.export._exporter import export_with_torch
 from qdeploy.stages.export._factory import check_factory
@@ -66,7 +66,7 @@ def run(artifact: Artifact | None, config: ExportConfig, ctx: StageContext) -> S
         model = load_onnx(ctx.resolve(config.onnx), max_bytes=size_cap(config))
         findings["source"] = "onnx"
     elif config.causal_lm is not None:
-        model, causal_findings = export_causal_lm(config, ctx)
+        model, causal_findings = export_causal_lm_here_or_apart(config, ctx)  # a large one in a child process
         findings.update(causal_findings)
     else:
         assert config.torch is not None
