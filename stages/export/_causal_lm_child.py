@@ -12,7 +12,6 @@ A failure in the child comes back as the same kind of error it was (a bad input 
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import types
 from concurrent.futures import ProcessPoolExecutor
@@ -30,8 +29,6 @@ if TYPE_CHECKING:
     from qdeploy.stages.export.findings import ExportRecord
 
 __all__ = ["CHILD_ABOVE_BYTES", "export_causal_lm_here_or_apart", "export_in_child", "wants_child"]
-
-log = logging.getLogger(__name__)
 
 CHILD_ABOVE_BYTES = 64 * 2**20
 """Checkpoints at least this large export in a child process."""

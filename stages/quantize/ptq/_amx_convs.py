@@ -46,10 +46,10 @@ _VALUE_TYPES = frozenset({1, 2, 3, 6, 10})
 
 def amx_gemm_wanted(runtime: str | None, targets: Iterable[str]) -> bool:
     """Whether an int8 graph shaped for ``runtime`` should route its deep convolutions to ONNX Runtime's GEMM:
-    a graph for ONNX Runtime, a CPU target of it among ``targets`` (or none named), and AMX-INT8 on the CPU."""
+    a graph for ONNX Runtime, its CPU provider among ``targets`` (or none named) and not its OpenVINO provider
+    (which compiles the graph with OpenVINO: float convolutions there), and AMX-INT8 on the CPU."""
     targets = list(targets)
-    on_cpu = not targets or any(target in ("ort:cpu", "ort:openvino") or target.startswith("ort:cpu")
-                                for target in targets)
+    on_cpu = (not targets or "ort:cpu" in targets) and "ort:openvino" not in targets
     flags, _ = cpu_flags()
     return runtime == "ort" and on_cpu and "amx_int8" in flags
 

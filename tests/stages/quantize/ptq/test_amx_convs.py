@@ -146,3 +146,13 @@ def test_the_build_machines_amx_enters_the_cache_key_of_onnx_runtimes_graph(monk
     assert facts(PtqConfig(runtime="openvino")) == facts(PtqConfig()) == {}
     monkeypatch.setenv(FLAGS_ENV, VNNI)
     assert facts(PtqConfig(runtime="ort")) == {}
+
+
+def test_only_onnx_runtimes_cpu_provider_gets_the_routing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ONNX Runtime's OpenVINO provider compiles the graph with OpenVINO, which needs symmetric weights."""
+    from qdeploy.stages.quantize.ptq._amx_convs import amx_gemm_wanted
+
+    monkeypatch.setenv(FLAGS_ENV, AMX)
+    assert amx_gemm_wanted("ort", ["ort:cpu"]) and amx_gemm_wanted("ort", [])
+    assert not amx_gemm_wanted("ort", ["ort:cpu", "ort:openvino"]) and not amx_gemm_wanted("ort", ["ort:cuda"])
+    assert not amx_gemm_wanted("openvino", ["openvino:cpu"]) and not amx_gemm_wanted(None, ["ort:cpu"])
