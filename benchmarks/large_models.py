@@ -20,10 +20,9 @@ process:
   JSON.  The child resets no high-water mark of its own but the benchmark's ``MemoryProbe`` does
   (``/proc/self/clear_refs``), so the run's peak comes from the polls (the parent's and the child's, 20 ms).
   ``child_run`` (a recipe's whole run in this process) also charges each rise of ``VmHWM`` to the step in hand:
-  a spike shorter than 20 ms still has a step, up to the benchmark's first reset.  Its samples add the resident
-  memory of the run's own child processes (a large causal LM exports in one) to its own, and it reports the
-  largest child's ``ru_maxrss`` plus the run's largest sample while a child lived: a bound of their sum that no
-  20 ms sample can miss.
+  a spike shorter than 20 ms still has a step, up to the benchmark's first reset.  Its samples add the private
+  memory of the run's own child processes (a large causal LM exports in one) to its own resident memory: pages a
+  child shares with the run (a forked copy's) are counted once.
 
 Each child's peak resident memory comes from ``os.wait4`` (``ru_maxrss``: the kernel's high-water mark of the
 child, file-backed pages of memory-mapped weights included) and from the child's own ``/proc/self/status``
@@ -41,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -226,8 +224,8 @@ class _StepPeaks:
         self.split: dict[str, tuple[int, int]] = {}
         """Step -> (RssAnon, RssFile) at its largest sample: memory-mapped weights count in the file part."""
         self.hwm_rises: dict[str, int] = {}
-        self.parent_with_children = 0
-        """This process's largest sample while it had child processes (the export of a large causal LM)."""
+        self.children_peak = 0
+        """The largest sample of child processes' private memory (the export of a large causal LM), kB."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -236,10 +234,10 @@ class _StepPeaks:
         last_hwm, last_step = 0, self.step
         while not self._stop.is_set():
             status, step = _status_fields_kb("VmRSS", "VmHWM", "RssAnon", "RssFile"), self.step
-            children = sum(_rss_of(pid) for pid in _descendants(os.getpid())) // 1024
-            rss, hwm = status["VmRSS"] + children, status["VmHWM"]  # a child process's memory is the run's too
-            if children:
-                self.parent_with_children = max(self.parent_with_children, status["VmRSS"])
+            # a child process's own memory is the run's too; its pages shared with this process are counted here
+            children = sum(_private_kb(pid) for pid in _descendants(os.getpid()))
+            rss, hwm = status["VmRSS"] + children, status["VmHWM"]
+            self.children_peak = max(self.children_peak, children)
             if rss > self.peaks.get(step, 0):
                 self.peaks[step] = rss
                 self.split[step] = (status["RssAnon"], status["RssFile"] + children)
@@ -254,11 +252,8 @@ class _StepPeaks:
         self._thread.join()
         worst = max(self.peaks, key=lambda step: self.peaks[step])
         hwm_step = max(self.hwm_rises, key=lambda step: self.hwm_rises[step]) if self.hwm_rises else ""
-        children_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # kB, the largest waited child
         return {"sampled_peak_kb": self.peaks[worst], "peak_step": worst, "step_peaks_kb": self.peaks,
-                "step_anon_file_kb": self.split, "children_maxrss_kb": children_peak,
-                # an upper bound of the run's memory while a child ran: this process's peak then + the child's
-                "with_children_bound_kb": self.parent_with_children + children_peak if children_peak else 0,
+                "step_anon_file_kb": self.split, "children_private_peak_kb": self.children_peak,
                 "hwm_kb": self.hwm_rises.get(hwm_step, 0), "hwm_step": hwm_step, "hwm_rises_kb": self.hwm_rises}
 
 
@@ -308,6 +303,17 @@ def _descendants(pid: int) -> list[int]:
         for child in children:
             found += [child, *_descendants(child)]
     return found
+
+
+def _private_kb(pid: int) -> int:
+    """A process's private resident memory (smaps_rollup's Private_Clean + Private_Dirty), kB: what it holds
+    beyond the pages it shares with others (a forked copy of this process shares nearly all of them)."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+                      if line.startswith("Private_"))
+    except (OSError, ValueError):
+        return 0
+    return sum(int(value.split()[0]) for value in fields.values())
 
 
 def _rss_of(pid: int) -> int:

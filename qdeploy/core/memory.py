@@ -3,8 +3,10 @@ machines that share their memory)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+from typing import Any
 
 from qdeploy.core.errors import QdeployInputError
 
@@ -50,13 +52,23 @@ def release_memory() -> None:
     Called between sessions of large models: glibc may keep freed chunks in its heap (its mmap threshold grows
     after each large free), and a cycle may hold a closed session until the collector runs; the next session
     should find that memory free, not be added on top of it."""
-    import contextlib
-    import ctypes
-    import ctypes.util
     import gc
 
     gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, looked up once: ``find_library`` runs a program (fork and exec) on every call, and a
+    forked copy of a process holding gigabytes costs time and shows as a second, as large process."""
+    import ctypes
+    import ctypes.util
+
     name = ctypes.util.find_library("c")
-    if name:
-        with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-            ctypes.CDLL(name).malloc_trim(0)
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return None

@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import QdeployInputError, StageError
+from qdeploy.graph.external_data import remove_saved, save_onnx
+from qdeploy.stages.export._causal_lm_source import export_causal_lm, resolve_checkpoint
+from qdeploy.stages.export._model import load_onnx
+from qdeploy.stages.export.config import ExportConfig
 
 if TYPE_CHECKING:
     import onnx
 
     from qdeploy.core.context import StageContext
-    from qdeploy.stages.export.config import ExportConfig
     from qdeploy.stages.export.findings import ExportRecord
 
 __all__ = ["CHILD_ABOVE_BYTES", "export_causal_lm_here_or_apart", "export_in_child", "wants_child"]
@@ -37,8 +40,6 @@ _RESULT = "causal_lm_checked.onnx"
 
 def export_causal_lm_here_or_apart(config: ExportConfig, ctx: StageContext) -> tuple[onnx.ModelProto, ExportRecord]:
     """The causal LM export: in a child process for a large checkpoint, in this one for a small one."""
-    from qdeploy.stages.export._causal_lm_source import export_causal_lm, resolve_checkpoint
-
     assert config.causal_lm is not None
     checkpoint = resolve_checkpoint(config.causal_lm, ctx.resolve)
     if wants_child(checkpoint.path):
@@ -56,9 +57,6 @@ def wants_child(checkpoint: Path) -> bool:
 def export_in_child(config: ExportConfig, ctx: StageContext, checkpoint: Path) -> tuple[onnx.ModelProto,
                                                                                           ExportRecord]:
     """``export_causal_lm`` run in a spawned child; the checked model read back from the file it wrote."""
-    from qdeploy.graph.external_data import remove_saved
-    from qdeploy.stages.export._model import load_onnx
-
     source = config.causal_lm
     assert source is not None
     resolved = config.model_copy(update={"causal_lm": source.model_copy(update={"path": str(checkpoint)})}) \
@@ -81,10 +79,6 @@ def export_in_child(config: ExportConfig, ctx: StageContext, checkpoint: Path) -
 
 def _child(config: dict[str, Any], work_dir: str, variant: str) -> dict[str, Any]:
     """In the child: the export, the checked model saved to ``work_dir``, and its findings (or the error)."""
-    from qdeploy.graph.external_data import save_onnx
-    from qdeploy.stages.export._causal_lm_source import export_causal_lm
-    from qdeploy.stages.export.config import ExportConfig
-
     ctx = types.SimpleNamespace(resolve=Path, on_progress=lambda message: None, work_dir=Path(work_dir),
                                 variant=variant)
     try:
