@@ -25,14 +25,12 @@ import contextlib
 import hashlib
 import logging
 import math
-import multiprocessing
 import os
 import sys
 import tempfile
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -41,6 +39,7 @@ import numpy as np
 
 from qdeploy.calibration.readers import check_sample_fits, inputs_of
 from qdeploy.core.errors import DataError, RecipeError, UserFileError
+from qdeploy.core.fresh_python import FreshPythonError, call_in_fresh_python
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.core.userfiles import check_regular_file
 
@@ -107,7 +106,7 @@ def load_tokenizer(path: Path, field: str = "tokenizer") -> Tokenizer:
 
 def _gguf_tokenizer(path: Path, field: str) -> Tokenizer:
     """A .gguf file's tokenizer.  Reading it takes transformers, which imports torch: 0.35 GB the process would
-    keep to its end.  Unless torch is loaded here already, a spawned child converts it to a tokenizer.json (the
+    keep to its end.  Unless torch is loaded here already, a fresh interpreter converts it to a tokenizer.json (the
     same ids: transformers' fast tokenizer is that tokenizer) and exits; the tokenizers library reads the file."""
     if "torch" in sys.modules:
         return _Transformers(_auto_tokenizer(field, str(path.parent), gguf_file=path.name))
@@ -115,24 +114,28 @@ def _gguf_tokenizer(path: Path, field: str) -> Tokenizer:
 
     with tempfile.TemporaryDirectory(prefix="qdeploy-tokenizer-") as folder:
         saved = Path(folder) / "tokenizer.json"
-        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            error = pool.submit(_save_gguf_tokenizer, str(path), field, str(saved)).result()
+        try:
+            error = call_in_fresh_python(__name__, "save_gguf_tokenizer",
+                                         {"path": str(path), "field": field, "saved": str(saved)})["error"]
+        except FreshPythonError as exc:
+            raise RecipeError(f"cannot read the tokenizer of {path.name}: {exc}", field=field) from None
         if error is not None:
             raise RecipeError(error, field=field)
         return _Fast(FastTokenizer.from_file(str(saved)))
 
 
-def _save_gguf_tokenizer(path: str, field: str, saved: str) -> str | None:
+def save_gguf_tokenizer(payload: dict[str, str]) -> dict[str, str | None]:
     """In the child: the .gguf's tokenizer saved as a tokenizer.json; the error's message, or None."""
-    gguf = Path(path)
+    gguf = Path(payload["path"])
     try:
-        tokenizer = _auto_tokenizer(field, str(gguf.parent), gguf_file=gguf.name)
+        tokenizer = _auto_tokenizer(payload["field"], str(gguf.parent), gguf_file=gguf.name)
         if not getattr(tokenizer, "is_fast", False):
-            return f"the tokenizer of {gguf.name} is not a fast (tokenizers) one; name a tokenizer.json instead"
-        tokenizer.backend_tokenizer.save(saved)
+            return {"error": f"the tokenizer of {gguf.name} is not a fast (tokenizers) one; name a tokenizer.json "
+                             "instead"}
+        tokenizer.backend_tokenizer.save(payload["saved"])
     except RecipeError as exc:
-        return exc.detail
-    return None
+        return {"error": exc.detail}
+    return {"error": None}
 
 
 def _auto_tokenizer(field: str, folder: str, **options: str) -> Any:

@@ -12,14 +12,12 @@ A failure in the child comes back as the same kind of error it was (a bad input 
 
 from __future__ import annotations
 
-import multiprocessing
 import types
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.errors import QdeployInputError, StageError
+from qdeploy.core.fresh_python import FreshPythonError, call_in_fresh_python
 from qdeploy.graph.external_data import remove_saved, save_onnx
 from qdeploy.stages.export._causal_lm_source import export_causal_lm, resolve_checkpoint
 from qdeploy.stages.export._model import load_onnx
@@ -31,7 +29,7 @@ if TYPE_CHECKING:
     from qdeploy.core.context import StageContext
     from qdeploy.stages.export.findings import ExportRecord
 
-__all__ = ["CHILD_ABOVE_BYTES", "export_causal_lm_here_or_apart", "export_in_child", "wants_child"]
+__all__ = ["CHILD_ABOVE_BYTES", "child_export", "export_causal_lm_here_or_apart", "export_in_child", "wants_child"]
 
 CHILD_ABOVE_BYTES = 64 * 2**20
 """Checkpoints at least this large export in a child process."""
@@ -56,18 +54,19 @@ def wants_child(checkpoint: Path) -> bool:
 
 def export_in_child(config: ExportConfig, ctx: StageContext, checkpoint: Path) -> tuple[onnx.ModelProto,
                                                                                           ExportRecord]:
-    """``export_causal_lm`` run in a spawned child; the checked model read back from the file it wrote."""
+    """``export_causal_lm`` run in a fresh interpreter; the checked model read back from the file it wrote."""
     source = config.causal_lm
     assert source is not None
-    resolved = config.model_copy(update={"causal_lm": source.model_copy(update={"path": str(checkpoint)})}) \
-        if source.path is not None else config  # the child resolves nothing against the recipe
+    # the checkpoint as found here: the child resolves nothing (neither the recipe's folder nor a package)
+    resolved = config.model_copy(update={"causal_lm": source.model_copy(
+        update={"path": str(checkpoint), "package": None, "file": None})})
     ctx.on_progress(f"exporting {checkpoint.name} in a child process (load, export, check against PyTorch)")
+    payload = {"config": resolved.model_dump(mode="json", by_alias=True), "work_dir": str(ctx.work_dir),
+               "variant": ctx.variant}
     try:
-        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            outcome = pool.submit(_child, resolved.model_dump(mode="json", by_alias=True), str(ctx.work_dir),
-                                  ctx.variant).result()
-    except BrokenProcessPool as exc:  # killed: most often by the kernel, out of memory
-        raise StageError("export", ctx.variant, f"the export's child process died ({exc}); out of memory?") from None
+        outcome = call_in_fresh_python(__name__, "child_export", payload)
+    except FreshPythonError as exc:  # killed (most often by the kernel, out of memory) or crashed
+        raise StageError("export", ctx.variant, f"{exc} (out of memory?)") from None
     if outcome["error"] is not None:
         kind, message = outcome["error"]
         raise (QdeployInputError(message) if kind == "input" else StageError("export", ctx.variant, message))
@@ -77,13 +76,14 @@ def export_in_child(config: ExportConfig, ctx: StageContext, checkpoint: Path) -
     return model, outcome["findings"]
 
 
-def _child(config: dict[str, Any], work_dir: str, variant: str) -> dict[str, Any]:
-    """In the child: the export, the checked model saved to ``work_dir``, and its findings (or the error)."""
-    ctx = types.SimpleNamespace(resolve=Path, on_progress=lambda message: None, work_dir=Path(work_dir),
-                                variant=variant)
+def child_export(payload: dict[str, Any]) -> dict[str, Any]:
+    """In the child: the export, the checked model saved to the work folder, and its findings (or the error)."""
+    work_dir = Path(payload["work_dir"])
+    ctx = types.SimpleNamespace(resolve=Path, on_progress=lambda message: None, work_dir=work_dir,
+                                variant=payload["variant"])
     try:
-        model, findings = export_causal_lm(ExportConfig.model_validate(config), ctx)  # type: ignore[arg-type]
-        save_onnx(model, Path(work_dir) / _RESULT)
+        model, findings = export_causal_lm(ExportConfig.model_validate(payload["config"]), ctx)  # type: ignore[arg-type]
+        save_onnx(model, work_dir / _RESULT)
     except QdeployInputError as exc:
         return {"error": ("input", str(exc)), "findings": None}
     except StageError as exc:

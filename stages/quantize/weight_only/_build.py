@@ -422,6 +422,8 @@ def quantize_file(source: Path, target: Path, config: WeightOnlyConfig,
             if found is not None and not _lower(found, weights, data, config, graph, names, report, opset):
                 targets.pop(id(node))
                 found = None
+            if found is not None:
+                weights.release(found.weight)  # written: its float pages need not stay resident
             if found is None:
                 graph.node.append(node)
         _drop_unread_transposes(graph, weights.transposed)
@@ -483,6 +485,7 @@ def _carry_initializers(old: onnx.GraphProto, new: onnx.GraphProto, weights: Wei
         if init.data_location == TensorProto.EXTERNAL or len(init.raw_data) >= 1024:
             new.initializer.append(data.add(init.name, init.data_type, list(init.dims),
                                             weights.raw_pieces(init.name)))
+            weights.release(init.name)
         else:
             new.initializer.append(init)
 

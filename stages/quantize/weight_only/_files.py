@@ -67,6 +67,21 @@ class Weights:
         for offset in range(start, start + length, COPY_CHUNK):
             yield buffer[offset:min(offset + COPY_CHUNK, start + length)]
 
+    def release(self, name: str) -> None:
+        """Drop a weight's mapped pages from this process (they stay in the page cache): read once, they would
+        count as its memory to the end, the whole float model by the last weight.  A later read faults them in
+        again."""
+        tensor = self.by_name.get(self.transposed.get(name, name))
+        if tensor is None or tensor.data_location != TensorProto.EXTERNAL or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        buffer = self._map(info["location"])
+        start = int(info.get("offset", 0))
+        end = start + int(info["length"]) if "length" in info else len(buffer)
+        begin = start - start % mmap.PAGESIZE
+        if end > begin:
+            buffer.madvise(mmap.MADV_DONTNEED, begin, min(end, len(buffer)) - begin)
+
     def _map(self, location: str) -> mmap.mmap:
         if location not in self._maps:
             with (self.folder / location).open("rb") as stream:

@@ -1,4 +1,4 @@
-"""A large causal LM exports in a spawned child process (torch never enters the run's process) and gives what the
+"""A large causal LM exports in a child process (torch never enters the run's process) and gives what the
 export in the run's own process gives; a failure there comes back as the same kind of error.  A .gguf tokenizer
 is converted in a child too, with the same ids."""
 

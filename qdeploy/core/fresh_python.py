@@ -1,0 +1,51 @@
+"""A function called in a fresh Python interpreter, for work whose imports or memory the run must not keep.
+
+``call_in_fresh_python("pkg.module", "function", payload)`` starts ``sys.executable``, imports the module there
+and calls ``function(payload)`` with a JSON-able dict; the JSON-able dict it returns comes back.  Not
+``multiprocessing``: its ``spawn`` start re-imports the caller's main script in the child, so a user script that
+calls ``qdeploy.run`` without an ``if __name__ == "__main__"`` guard would run again there; and its ``fork``
+copies a process that may hold gigabytes.  The child sees the caller's ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FreshPythonError", "call_in_fresh_python"]
+
+_CHILD = """
+import json, sys
+from importlib import import_module
+payload = json.loads(open(sys.argv[3]).read())
+result = getattr(import_module(sys.argv[1]), sys.argv[2])(payload)
+with open(sys.argv[4], "w") as out:
+    json.dump(result, out)
+"""
+_STDERR_TAIL = 2000
+
+
+class FreshPythonError(RuntimeError):
+    """The child interpreter did not return a result (it crashed, was killed, or raised)."""
+
+
+def call_in_fresh_python(module: str, function: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """``module.function(payload)`` in a new interpreter; its JSON result.  FreshPythonError with the end of the
+    child's stderr when it gives none (an exception the function raised is said there)."""
+    with tempfile.TemporaryDirectory(prefix="qdeploy-child-") as folder:
+        given, taken = Path(folder) / "payload.json", Path(folder) / "result.json"
+        given.write_text(json.dumps(payload))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
+        done = subprocess.run([sys.executable, "-c", _CHILD, module, function, str(given), str(taken)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
+        if done.returncode != 0 or not taken.is_file():
+            how = f"exit status {done.returncode}" if done.returncode >= 0 else f"signal {-done.returncode}"
+            raise FreshPythonError(f"{module}.{function} in a child process ended with {how}: "
+                                   f"{done.stderr.strip()[-_STDERR_TAIL:] or 'no message'}")
+        result: dict[str, Any] = json.loads(taken.read_text())
+        return result
