@@ -108,15 +108,19 @@ def run_float32(model: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]], 
 def _weight_peaks(model: onnx.ModelProto, moved: dict[str, str], folder: Path,
                   stats: dict[str, ActivationPeaks]) -> None:
     """The peaks of each rearranged float weight (``moved_weights``), from the weight's values (its data file, if
-    any, in ``folder``), one weight in memory at a time."""
+    any, in ``folder``), one weight in memory at a time; a weight that cannot be read here leaves ``moved`` (its
+    rearrangements are probed like activations)."""
     from onnx import numpy_helper
 
     shapes = {value.name: value.type.tensor_type.shape for value in model.graph.value_info}
     weights = {tensor.name: tensor for tensor in model.graph.initializer if tensor.data_type == FLOAT}
-    for origin in dict.fromkeys(moved.values()):
-        if origin not in weights:
+    for origin in list(dict.fromkeys(moved.values())):
+        try:
+            values = numpy_helper.to_array(weights[origin], base_dir=str(folder))
+        except (KeyError, OSError, ValueError):  # not a float weight, or its bytes not here: probe it after all
+            for name in [name for name, source in moved.items() if source == origin]:
+                del moved[name]
             continue
-        values = numpy_helper.to_array(weights[origin], base_dir=str(folder))
         for name in (name for name, source in moved.items() if source == origin):
             dims = [dim.dim_value for dim in shapes[name].dim] if name in shapes else []
             shape = tuple(dims) if dims and all(dims) else values.shape  # a rearrangement keeps the count
