@@ -91,6 +91,9 @@ ADDED_SINCE_FIXTURE |= frozenset({
     *(f"artifacts[].lineage[].findings.signed_activations{key}" for key in (
         "", ".setting", ".symmetric", ".why", ".compared_on_samples", ".measured", ".measured.*",
         ".measured.*.snr_db", ".measured.*.cosine"))})
+# issue 43: the convolutions the graph for ONNX Runtime routes to its AMX GEMM (on AMX CPUs only)
+ADDED_SINCE_FIXTURE |= frozenset(f"artifacts[].lineage[].findings.ort_conv_gemm{key}" for key in (
+    "", ".convs", ".names", ".why"))
 """Key paths the current report has and the stored fixture (an earlier run) lacks; nothing else may be new."""
 REMOVED_SINCE_FIXTURE = frozenset(f"artifacts[].lineage[].config.{key}" for key in (
     # issue 30: one config model per quantize mode; a ptq step's config dumps ptq's fields only
