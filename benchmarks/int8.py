@@ -114,7 +114,9 @@ def ort_default(case: Case, folder: Path) -> Row:
     return Row(case.name, "ort-default", output, time.perf_counter() - started)
 
 
-def qdeploy(case: Case, folder: Path, label: str, config: QuantizeConfig) -> Row:
+def qdeploy(case: Case, folder: Path, label: str, config: QuantizeConfig, targets: tuple[str, ...] = ()) -> Row:
+    """The quantize stage on ``case`` as variant ``label`` (``x@openvino``: a per-runtime build), for ``targets``
+    (unknown when empty)."""
     data = folder / f"{case.name}-calib"
     data.mkdir(exist_ok=True)
     for index, sample in enumerate(case.calib):
@@ -124,7 +126,8 @@ def qdeploy(case: Case, folder: Path, label: str, config: QuantizeConfig) -> Row
     artifact = Artifact(path=case.path, sidecar=case.path.with_suffix(".json"), key="k", sha256="s",
                         size_bytes=case.path.stat().st_size, stages=("export",), parent=None)
     started = time.perf_counter()
-    context = data_context(label, work, datasets={"calib": DatasetSpec(reader="npy", path=str(data))})
+    context = data_context(label, work, datasets={"calib": DatasetSpec(reader="npy", path=str(data))},
+                           targets=targets)
     result = quantize.run(artifact, config, context)
     seconds = time.perf_counter() - started
     output = folder / f"{case.name}-{label}.onnx"

@@ -105,7 +105,8 @@ def main() -> None:
                 continue
             config = QuantizeConfig(calibration={"data": "calib", "samples": len(case.calib)}, runtime="openvino",
                                     signed_activations=args.signed)
-            built = {"qdeploy": qdeploy(case, folder, "qdeploy", config).path}
+            # named as a run's per-runtime build is: a graph only OpenVINO runs (signed beside 7-bit activations)
+            built = {"qdeploy": qdeploy(case, folder, "qdeploy@openvino", config).path}
             built.update({row.artifact: row.path for row in nncf_rows(case, folder) if row.artifact == "nncf"})
             if args.fp32:
                 built["fp32"] = case.path

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 from qdeploy.core.context import StageContext
 from qdeploy.core.errors import StageError
+from qdeploy.core.runtimes import runtime_of_target, runtime_of_variant
 from qdeploy.stages.quantize.config import STAGE, DynamicConfig, ModeConfig, NncfPtqConfig, PtqConfig
 from qdeploy.stages.quantize.ptq._prepare import (
     QUANTIZED_OP_TYPES,
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     import onnx
 
 
-__all__ = ["SevenBit", "check_runs", "quantized_node_counts", "resolve_reduce_range"]
+__all__ = ["SevenBit", "check_runs", "openvino_only", "quantized_node_counts", "resolve_reduce_range"]
 
 SevenBit = Literal["none", "weights", "activations", "choose"]
 
@@ -45,6 +46,17 @@ def _auto_reduce_range(config: PtqConfig | DynamicConfig | NncfPtqConfig, target
     if isinstance(config, PtqConfig) and config.activation_type == "uint8":
         return "choose", why
     return "weights", why
+
+
+def openvino_only(variant: str, targets: tuple[str, ...]) -> bool:
+    """Whether the artifact runs on OpenVINO alone: built for it (``int8@openvino``), or every target it is built for
+    is OpenVINO's; False for unknown targets.  OpenVINO's convolutions (oneDNN) halve the weights for an int8 input on
+    x86 CPUs without VNNI rather than saturate, so there a convolution's signed input keeps 8 bits beside 7-bit
+    unsigned activations (``_ptq.convolution_inputs``); ONNX Runtime's kernels shift int8 inputs to uint8, and 8 bits
+    would saturate."""
+    if runtime_of_variant(variant) == "openvino":
+        return True
+    return bool(targets) and all(runtime_of_target(target) == "openvino" for target in targets)
 
 
 # Which float ops run in integer once their inputs are dequantized, after ONNX Runtime's QDQ node groups

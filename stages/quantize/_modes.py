@@ -14,7 +14,13 @@ from qdeploy.core.context import StageResult
 from qdeploy.core.errors import StageError
 from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES, save_onnx
 from qdeploy.graph.names import name_nodes_uniquely
-from qdeploy.stages.quantize._common import SevenBit, check_runs, quantized_node_counts, resolve_reduce_range
+from qdeploy.stages.quantize._common import (
+    SevenBit,
+    check_runs,
+    openvino_only,
+    quantized_node_counts,
+    resolve_reduce_range,
+)
 from qdeploy.stages.quantize.config import (
     STAGE,
     CalibrationRef,
@@ -238,19 +244,25 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
         return list(ctx.samples(calibration.data, artifact.path, min(calibration.samples, CHOICE_SAMPLES)))
 
     compared: SevenBitComparison | None = None  # the report's record of the 7-bit choice
+    # signed activations on int8 beside 7-bit unsigned ones only where nothing but OpenVINO runs the graph
+    signed_beside_seven_bit = openvino_only(ctx.variant, ctx.targets)
     if seven_bit == "choose":
         # lazy: pulls onnxruntime (import cost)
         from qdeploy.stages.quantize.ptq._seven_bit import MARGIN_DB, OPENVINO_MARGIN_DB, choose_seven_bit
 
         ctx.on_progress("comparing 7-bit weights with 7-bit activations")
-        # 7-bit weights as they would ship: OpenVINO's with its centred signed activations on int8 already
-        builders = {"weights": static("weights", _first_signed(config)), "activations": static("activations", 0.0)}
-        margin = MARGIN_DB if config.signed_choice() == "asymmetric" else OPENVINO_MARGIN_DB
+        # both as they would ship: OpenVINO's with its centred signed activations on int8 already
+        first_signed = _first_signed(config)
+        builders = {"weights": static("weights", first_signed),
+                    "activations": static("activations", first_signed if signed_beside_seven_bit else 0.0)}
+        # where 7-bit activations would keep every signed one uint8, they must pay for OpenVINO's slower kernels
+        margin = MARGIN_DB if config.signed_choice() == "asymmetric" or signed_beside_seven_bit \
+            else OPENVINO_MARGIN_DB
         chosen, compared = choose_seven_bit(builders, prepared, samples(), ctx.work_dir, margin)
         seven_bit = "activations" if chosen == "activations" else "weights"
     # built only where no signed activation goes on int8
-    build, signed = _signed_activations(config, seven_bit, partial(static, seven_bit, 0.0), ranges,
-                                        partial(static, seven_bit),
+    build, signed = _signed_activations(config, seven_bit == "activations", signed_beside_seven_bit,
+                                        partial(static, seven_bit, 0.0), ranges, partial(static, seven_bit),
                                         lambda candidates: _measure_signed(ctx, candidates, prepared, samples()))
     notes = CalibrationNotes(method=config.method,
                              percentile=config.percentile if config.method == "percentile" else None,
@@ -272,7 +284,7 @@ def _first_signed(config: PtqConfig) -> float:
     return {"asymmetric": 0.0, "measure": CENTRED, "symmetric": EVERY_SIGNED}[config.signed_choice()]
 
 
-def _signed_activations(config: PtqConfig, seven_bit: str, unsigned: Callable[[], Any],
+def _signed_activations(config: PtqConfig, seven_bit: bool, openvino_only: bool, unsigned: Callable[[], Any],
                         ranges: dict[str, tuple[float, float]], signed: Callable[[float], Any],
                         measure: Callable[[dict[str, Any]], tuple[str, SignedActivationsRecord]],
                         ) -> tuple[Any, SignedActivationsRecord]:
@@ -288,22 +300,27 @@ def _signed_activations(config: PtqConfig, seven_bit: str, unsigned: Callable[[]
                "set in the recipe" if setting == "asymmetric" else
                "auto: asymmetric for ONNX Runtime, whose x86 int8 kernels take uint8 activations")
         return unsigned(), SignedActivationsRecord(setting=setting, symmetric="none", why=why)
-    if seven_bit == "activations":  # an int8 kernel without VNNI shifts int8 to uint8: 8 bits again, saturating
+    if seven_bit and not openvino_only:  # ONNX Runtime's int8 kernels without VNNI shift int8 to uint8: saturating
         return unsigned(), SignedActivationsRecord(setting=setting, symmetric="none",
-                                                   why="7-bit activations (reduce_range) stay unsigned")
+                                                   why="7-bit activations (reduce_range) stay unsigned where "
+                                                       "ONNX Runtime or an unknown target may run the graph")
+    only = " (beside 7-bit activations: convolution inputs only)" if seven_bit else ""
     if choice == "symmetric":
-        return signed(EVERY_SIGNED), SignedActivationsRecord(setting=setting, symmetric="all", why="set in the recipe")
+        return signed(EVERY_SIGNED), SignedActivationsRecord(setting=setting, symmetric="all",
+                                                             why=f"set in the recipe{only}")
     centred = signed(CENTRED)
-    negative = {name: ranges[name] for name in centred.quantized_tensors() if ranges.get(name, (0.0, 0.0))[0] < 0}
+    negative = {name: ranges[name] for name in centred.quantized_tensors() & centred.signable
+                if ranges.get(name, (0.0, 0.0))[0] < 0}
     if not negative:
-        return centred, SignedActivationsRecord(setting=setting, symmetric="none",
-                                                why="no activation it quantizes is ever negative")
+        return centred, SignedActivationsRecord(setting=setting, symmetric="none", why=(
+            "no convolution input it quantizes (beside 7-bit activations, the only int8 ones) is ever negative"
+            if seven_bit else "no activation it quantizes is ever negative"))
     if not lopsided(negative, CENTRED):
-        return centred, SignedActivationsRecord(
-            setting=setting, symmetric="all", why="auto: every activation that can be negative is centred on zero")
+        why = f"auto: every activation that can be negative is centred on zero{only}"
+        return centred, SignedActivationsRecord(setting=setting, symmetric="all", why=why)
     candidates = {"all": signed(EVERY_SIGNED), "centred": centred}
     chosen, record = measure(candidates)
-    return candidates[chosen], record
+    return candidates[chosen], SignedActivationsRecord(**{**record, "why": record["why"] + only})
 
 
 def _measure_signed(ctx: StageContext, candidates: dict[str, Any], prepared: Path,

@@ -112,7 +112,8 @@ class PtqConfig(_ModeSettings):
                                     "centred on zero go on int8, and lopsided ones too unless that graph is more "
                                     "than 1 dB SNR further from float32 on the calibration samples; asymmetric "
                                     "for ONNX Runtime. Activations that are never negative keep activation_type; "
-                                    "7-bit activations stay unsigned.")
+                                    "beside 7-bit activations, signed ones stay uint8 unless only OpenVINO runs "
+                                    "the graph (its per-runtime build, or OpenVINO targets only).")
     symmetric_weights: SymmetricWeights = True
     op_set: Literal["balanced", "onnxruntime"] = Field(
         default="balanced", description="Op types to quantize when op_types is absent: 'balanced' (compute, "

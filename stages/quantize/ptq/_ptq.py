@@ -129,13 +129,19 @@ class StaticBuilder:
         if self._openvino:  # no requantization that OpenVINO would run as a kernel of its own (_openvino.py)
             ranges = unify_concat_ranges(model, ranges, op_types)
             excluded = [*excluded, *float_tail(model, op_types), *activation_matmuls(model)]
+        # beside 7-bit activations only a convolution's input may take 8 signed bits (_common.openvino_only)
+        self.signable = convolution_inputs(model) if seven_bit == "activations" else set(ranges)
+        """The activations ``signed_int8`` may put on int8."""
         tensors = TensorsData(CalibrationMethod.MinMax, {
             name: TensorData(lowest=np.float32(low), highest=np.float32(high)) for name, (low, high) in ranges.items()})
         extra = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": symmetric_weights,
                  "OpTypesToExcludeOutputQuantization": list(
                      _OPENVINO_FLOAT_OUTPUT_OPS if runtime == "openvino" else _FLOAT_OUTPUT_OPS)}
         if signed_int8 and not symmetric_activations:
-            extra["TensorQuantOverrides"] = signed_int8_overrides(ranges, QuantType.QInt8, signed_int8)
+            # beside 7-bit activations only a convolution's input may take 8 signed bits (_common.openvino_only)
+            extra["TensorQuantOverrides"] = signed_int8_overrides(
+                {name: bounds for name, bounds in ranges.items() if name in self.signable}, QuantType.QInt8,
+                signed_int8)
         quantizer_class = _seven_bit_activations_quantizer() if seven_bit == "activations" else QDQQuantizer
         if self._openvino:
             quantizer_class = _inputs_forced(quantizer_class, pooled_before_quantizing(model, op_types, excluded))
@@ -194,6 +200,17 @@ def signed_int8_overrides(ranges: dict[str, tuple[float, float]], int8: Any,
             if low < 0 and lopsidedness(low, high) <= most_lopsided}
 
 
+def convolution_inputs(model: onnx.ModelProto) -> set[str]:
+    """Tensors that only Conv nodes read, as their data input.  On x86 CPUs without VNNI, oneDNN (OpenVINO's
+    kernels) halves a convolution's weights when its input is int8 rather than saturate
+    (``jit_uni_x8s8s32x``'s ``wei_adj_scale``); its other int8 kernels are not known to."""
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for node in model.graph.node:
+        for position, name in enumerate(node.input):
+            readers.setdefault(name, []).append((node.op_type, position))
+    return {name for name, read in readers.items() if all(read_by == ("Conv", 0) for read_by in read)}
+
+
 def _compact(model: onnx.ModelProto) -> onnx.ModelProto:
     import onnx
 
@@ -207,13 +224,19 @@ def _seven_bit_activations_quantizer() -> type:
 
     ORT accepts ``reduce_range`` overrides for initializers only; every activation's parameters go through
     ``calc_quant_params``, so asking it there covers them all, and bias scales (input scale x weight scale) follow.
+    An activation put on int8 (``signed_int8_overrides``: a convolution's input in OpenVINO-only builds) keeps its
+    8 bits: oneDNN's convolutions halve the weights for an int8 input on CPUs without VNNI, so they never saturate
+    (:func:`convolution_inputs`).
     """
+    from onnxruntime.quantization import QuantType
+
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize.ptq._fast_ort import FastQDQQuantizer
 
     class SevenBitActivations(FastQDQQuantizer):  # type: ignore[misc]
         def calc_quant_params(self, tensor_data: Any, quant_overrides: dict[str, Any]) -> Any:
-            if "scale" in quant_overrides:  # explicit parameters are the user's
+            # explicit parameters are the user's; an int8 activation keeps 8 bits (above)
+            if "scale" in quant_overrides or quant_overrides.get("quant_type") == QuantType.QInt8:
                 return super().calc_quant_params(tensor_data, quant_overrides)
             return super().calc_quant_params(tensor_data, {**quant_overrides, "reduce_range": True})
 

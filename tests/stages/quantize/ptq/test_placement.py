@@ -3,6 +3,7 @@ calibration the two builds of one variant share."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +136,57 @@ def test_seven_bit_activations_stay_unsigned(tmp_path: Path) -> None:
     assert result.report()["signed_activations"]["symmetric"] == "none"
     assert all(init.data_type != onnx.TensorProto.INT8 for init in result.model.graph.initializer
                if init.name.endswith("zero_point") and "x" in init.name)
+
+
+def _input_quantization(model: onnx.ModelProto, tensor: str = "x") -> tuple[np.ndarray, np.ndarray]:
+    """The scale and zero point of the QuantizeLinear that reads ``tensor`` (the graph input by default)."""
+    values = {init.name: onnx.numpy_helper.to_array(init) for init in model.graph.initializer}
+    node = next(node for node in model.graph.node if node.op_type == "QuantizeLinear" and node.input[0] == tensor)
+    return values[node.input[1]], values[node.input[2]]
+
+
+@pytest.mark.parametrize(("variant", "targets"), [("v@openvino", ("ort:cpu", "openvino:cpu")),
+                                                  ("v", ("openvino:cpu",))])
+def test_seven_bit_activations_beside_signed_ones_where_only_openvino_runs_the_graph(
+        tmp_path: Path, variant: str, targets: tuple[str, ...]) -> None:
+    """A graph only OpenVINO runs (its per-runtime build, or OpenVINO targets only): oneDNN halves a convolution's
+    weights for an int8 input on CPUs without VNNI rather than saturate, so the convolution's signed input goes on
+    int8 with all 8 bits (the scale of a build with 8-bit activations) while the Relu's output keeps 7 bits."""
+    artifact = save_artifact(tmp_path, tiny_conv())
+    context = dataclasses.replace(stage_context(tmp_path, ranges={"x": (-2.0, 2.0)}), variant=variant,
+                                  targets=targets)
+    built = {form: quantize.run(artifact, QuantizeConfig(runtime="openvino", reduce_range=form), context)
+             for form in ("activations", "weights")}
+    assert built["activations"].report()["signed_activations"]["symmetric"] == "all"
+    scale, zero_point = _input_quantization(built["activations"].model)
+    assert zero_point.dtype == np.int8 and zero_point == 0
+    assert scale == pytest.approx(_input_quantization(built["weights"].model)[0], rel=1e-6)
+    relu_scale, relu_zero_point = _input_quantization(built["activations"].model, "r1")
+    assert relu_zero_point.dtype == np.uint8  # the Relu's output on 0..127, not 0..255
+    assert relu_scale == pytest.approx(_input_quantization(built["weights"].model, "r1")[0] * 255 / 127, rel=1e-5)
+    auto = quantize.run(artifact, QuantizeConfig(runtime="openvino"), context).report()["reduce_range"]
+    assert auto["margin_db"] == 0.25  # no uint8 input for 7-bit activations to pay for there
+
+
+def test_beside_seven_bit_activations_only_a_convolution_input_goes_on_int8(tmp_path: Path) -> None:
+    """OpenVINO-only, 7-bit activations: a MatMul's signed input stays uint8 on 7 bits (oneDNN is not known to
+    halve the weights of its other int8 kernels), and the record says why."""
+    artifact = save_artifact(tmp_path, _mlp())
+    context = dataclasses.replace(stage_context(tmp_path, ranges={"x": (-2.0, 2.0)}), variant="v@openvino")
+    result = quantize.run(artifact, QuantizeConfig(runtime="openvino", reduce_range="activations"), context)
+    record = result.report()["signed_activations"]
+    assert record["symmetric"] == "none" and "convolution input" in record["why"], record
+    assert _input_quantization(result.model)[1].dtype == np.uint8
+
+
+def test_seven_bit_activations_stay_unsigned_where_onnx_runtime_may_run_the_graph(tmp_path: Path) -> None:
+    """The same build with an ONNX Runtime target beside OpenVINO's: its kernels without VNNI shift int8 to uint8,
+    and 8 bits would saturate there."""
+    artifact = save_artifact(tmp_path, _mlp())
+    context = dataclasses.replace(stage_context(tmp_path), targets=("ort:cpu", "openvino:cpu"))
+    result = quantize.run(artifact, QuantizeConfig(runtime="openvino", reduce_range="activations"), context)
+    assert result.report()["signed_activations"]["symmetric"] == "none"
+    assert _input_quantization(result.model)[1].dtype == np.uint8
 
 
 def test_openvino_builds_hold_seven_bit_activations_to_the_signed_margin(tmp_path: Path) -> None:
