@@ -17,13 +17,14 @@ and NNCF's ``nncf.quantize`` (defaults).  Per build: the 7-bit operand and the s
 sidecar; the worst cosine and SNR against fp32 over the evaluation samples (``compare_outputs``, as
 ``benchmarks/int8.py``), both on OpenVINO pinned to f32; and the CPU ms per call at OpenVINO's default precision
 (bf16 float parts on AMX), one thread, the median over rounds in which the builds take turns, each round starting
-one build later (the build timed right after the float model ran up to 7% slower in a fixed order).
+one build later, each model compiled again in a new order every 5 rounds (:func:`cpu_ms`).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import random
 import statistics
 import sys
 import tempfile
@@ -63,23 +64,30 @@ def openvino_f32_outputs(path: Path, samples: list[dict[str, np.ndarray]]) -> li
 
 
 def cpu_ms(models: dict[str, Path], sample: dict[str, np.ndarray], rounds: int, iterations: int = 10,
-           ) -> dict[str, float]:
-    """Median CPU ms per call at OpenVINO's default precision, one thread; the order rotates every round."""
+           per_compile: int = 5) -> dict[str, float]:
+    """Median CPU ms per call at OpenVINO's default precision, one thread.  Every ``per_compile`` rounds each model
+    is compiled again, in a new order, and each round starts one model later: one compiled instance of a graph ran
+    6% slower than another of the same graph throughout a run (its memory placement), which one compile per model
+    would have charged to the graph."""
     import openvino as ov
 
     config = {"INFERENCE_NUM_THREADS": "1", "PERFORMANCE_HINT": "LATENCY"}
-    requests = {name: ov.Core().compile_model(str(path), "CPU", config).create_infer_request()
-                for name, path in models.items()}
-    for request in requests.values():
-        request.infer(sample)
-    names, times = list(requests), {name: [] for name in requests}
-    for round_ in range(rounds):
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-            started = time.process_time()
-            for _ in range(iterations):
-                requests[name].infer(sample)
-            times[name].append((time.process_time() - started) / iterations * 1e3)
-    return {name: statistics.median(values) for name, values in times.items()}
+    names, times = list(models), {name: [] for name in models}
+    order = random.Random(0)
+    for block in range(0, rounds, per_compile):
+        order.shuffle(names)
+        requests = {name: ov.Core().compile_model(str(models[name]), "CPU", config).create_infer_request()
+                    for name in names}
+        for request in requests.values():
+            request.infer(sample)
+        for round_ in range(block, min(block + per_compile, rounds)):
+            for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+                started = time.process_time()
+                for _ in range(iterations):
+                    requests[name].infer(sample)
+                times[name].append((time.process_time() - started) / iterations * 1e3)
+        del requests
+    return {name: statistics.median(times[name]) for name in models}
 
 
 def choices(row: Row, shared: Row) -> str:
