@@ -129,8 +129,10 @@ class StaticBuilder:
         if self._openvino:  # no requantization that OpenVINO would run as a kernel of its own (_openvino.py)
             ranges = unify_concat_ranges(model, ranges, op_types)
             excluded = [*excluded, *float_tail(model, op_types), *activation_matmuls(model)]
-        # beside 7-bit activations only a convolution's input may take 8 signed bits (_common.openvino_only)
-        self.signable = convolution_inputs(model) if seven_bit == "activations" else set(ranges)
+        # beside 7-bit activations only a convolution's input may take 8 signed bits (_common.openvino_only);
+        # never what a Concat reads or writes (:func:`concatenated`)
+        self.signable = (convolution_inputs(model) if seven_bit == "activations" else set(ranges)) \
+            - concatenated(model)
         """The activations ``signed_int8`` may put on int8."""
         tensors = TensorsData(CalibrationMethod.MinMax, {
             name: TensorData(lowest=np.float32(low), highest=np.float32(high)) for name, (low, high) in ranges.items()})
@@ -209,6 +211,25 @@ def convolution_inputs(model: onnx.ModelProto) -> set[str]:
         for position, name in enumerate(node.input):
             readers.setdefault(name, []).append((node.op_type, position))
     return {name for name, read in readers.items() if all(read_by == ("Conv", 0) for read_by in read)}
+
+
+def concatenated(model: onnx.ModelProto) -> set[str]:
+    """Tensors a Concat reads or writes, and those that share their quantization through data movement (ORT's
+    quantizer gives a MaxPool's or Resize's output its input's parameters).  They stay uint8 with a zero point:
+    OpenVINO 2026.4's CPU plugin computes a convolution that reads a Concat of int8 tensors with zero point 0
+    wrongly on an AVX512-VNNI CPU without AMX (cosine 0.65-0.84 against ONNX Runtime on the same QDQ graph; PP-OCRv4
+    det's output 0.05), and right with uint8 (docs/int8-kernels.md)."""
+    found = {name for node in model.graph.node if node.op_type == "Concat" for name in [*node.input, *node.output]}
+    movers = [node for node in model.graph.node if node.op_type in MOVER_OPS | {"AveragePool"} and node.input]
+    grew = True
+    while grew:
+        grew = False
+        for node in movers:
+            linked = {node.input[0], *node.output}
+            if linked & found and not linked <= found:
+                found |= linked
+                grew = True
+    return found - {""}
 
 
 def _compact(model: onnx.ModelProto) -> onnx.ModelProto:
