@@ -113,7 +113,9 @@ class PtqConfig(_ModeSettings):
                                     "than 1 dB SNR further from float32 on the calibration samples; asymmetric "
                                     "for ONNX Runtime. Activations that are never negative keep activation_type; "
                                     "beside 7-bit activations, signed ones stay uint8 unless only OpenVINO runs "
-                                    "the graph (its per-runtime build, or OpenVINO targets only).")
+                                    "the graph (its per-runtime build, or OpenVINO targets only); what a Concat "
+                                    "reads or writes stays uint8 (OpenVINO miscomputes int8 there on VNNI CPUs "
+                                    "without AMX).")
     symmetric_weights: SymmetricWeights = True
     op_set: Literal["balanced", "onnxruntime"] = Field(
         default="balanced", description="Op types to quantize when op_types is absent: 'balanced' (compute, "
