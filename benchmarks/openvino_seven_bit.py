@@ -36,7 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.int8 import Row, nncf_rows, qdeploy  # noqa: E402
+from benchmarks.int8 import Row, machine_line, nncf_rows, qdeploy  # noqa: E402
 from benchmarks.int8_models import BUILDERS, Case  # noqa: E402
 from qdeploy.core.compare import compare_outputs  # noqa: E402
 from qdeploy.core.tolerance import Tolerance  # noqa: E402
@@ -129,7 +129,7 @@ def main() -> None:
     for name in args.models:
         with tempfile.TemporaryDirectory(prefix=f"qdeploy-ov-seven-bit-{name}-") as tmp:
             lines += run_model(name, Path(tmp), args.rounds)
-    print("\n".join(lines))
+    print("\n".join([machine_line(), "", *lines]))
 
 
 if __name__ == "__main__":
