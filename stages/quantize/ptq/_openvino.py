@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 from qdeploy.stages.quantize.ptq._keep import QDQ_OPS, remove_unused
 
 if TYPE_CHECKING:
+    from collections.abc import Container
+
     import onnx
 
 COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
@@ -38,14 +40,30 @@ GRID_OPS = frozenset({
 through.  Resize in nearest mode too (``_keeps_grid``)."""
 _SAME_RANGE_OPS = GRID_OPS | {"Resize"}
 """ORT quantizes these ops' outputs with their input's parameters: they join their input's range group."""
+SHARED_PARAMETER_OPS = _SAME_RANGE_OPS | {"AveragePool", "Pad", "Gather", "GatherElements"}
+"""With the ops ORT's QDQ registry also gives their input's parameters, which the range groups do not join."""
 
 
 def unify_concat_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]],
                         op_types: list[str]) -> dict[str, tuple[float, float]]:
     """``ranges`` with each Concat's inputs and output (and what reaches them through data movement) on one range,
     the union of theirs."""
+    unified = dict(ranges)
+    for members in concat_groups(model, op_types, among=ranges):
+        low = min(ranges[name][0] for name in members)
+        high = max(ranges[name][1] for name in members)
+        unified.update(dict.fromkeys(members, (low, high)))
+    return unified
+
+
+def concat_groups(model: onnx.ModelProto, op_types: list[str], linking: frozenset[str] = _SAME_RANGE_OPS,
+                  among: Container[str] | None = None) -> list[list[str]]:
+    """The tensors that share one quantization with a Concat, a list per Concat: its inputs and output, and what ORT's
+    quantizer links to them through an op of ``linking`` (it quantizes such an op's output with its input's
+    parameters).  Only ops in ``op_types`` (those it quantizes) link; only tensors in ``among`` count (all when
+    None)."""
     if "Concat" not in op_types:
-        return ranges
+        return []
     parent: dict[str, str] = {}
 
     def root(name: str) -> str:
@@ -58,21 +76,15 @@ def unify_concat_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, f
         if node.op_type not in op_types:
             continue
         linked = [*node.input, *node.output] if node.op_type == "Concat" else \
-            [node.input[0], node.output[0]] if node.op_type in _SAME_RANGE_OPS and node.input else []
-        linked = [name for name in linked if name in ranges]
+            [node.input[0], node.output[0]] if node.op_type in linking and node.input else []
+        linked = [name for name in linked if name and (among is None or name in among)]
         for name in linked[1:]:
             parent[root(name)] = root(linked[0])
     concat_outputs = {node.output[0] for node in model.graph.node if node.op_type == "Concat"}
     groups: dict[str, list[str]] = {}
     for name in list(parent):
         groups.setdefault(root(name), []).append(name)
-    unified = dict(ranges)
-    for members in groups.values():
-        if len(members) > 1 and concat_outputs.intersection(members):
-            low = min(ranges[name][0] for name in members)
-            high = max(ranges[name][1] for name in members)
-            unified.update(dict.fromkeys(members, (low, high)))
-    return unified
+    return [members for members in groups.values() if len(members) > 1 and concat_outputs.intersection(members)]
 
 
 def pooled_before_quantizing(model: onnx.ModelProto, op_types: list[str], excluded: list[str]) -> set[str]:

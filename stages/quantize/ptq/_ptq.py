@@ -31,7 +31,9 @@ from qdeploy.graph.external_data import load_weights_from
 from qdeploy.stages.quantize.ptq._guard import ort_quantizer_step
 from qdeploy.stages.quantize.ptq._keep import MOVER_OPS, keep_float, quantized_node_names
 from qdeploy.stages.quantize.ptq._openvino import (
+    SHARED_PARAMETER_OPS,
     activation_matmuls,
+    concat_groups,
     drop_exact_requantization,
     float_tail,
     pooled_before_quantizing,
@@ -132,7 +134,7 @@ class StaticBuilder:
         # beside 7-bit activations only a convolution's input may take 8 signed bits (_common.openvino_only);
         # never what a Concat reads or writes (:func:`concatenated`)
         self.signable = (convolution_inputs(model) if seven_bit == "activations" else set(ranges)) \
-            - concatenated(model)
+            - concatenated(model, op_types)
         """The activations ``signed_int8`` may put on int8."""
         tensors = TensorsData(CalibrationMethod.MinMax, {
             name: TensorData(lowest=np.float32(low), highest=np.float32(high)) for name, (low, high) in ranges.items()})
@@ -213,23 +215,13 @@ def convolution_inputs(model: onnx.ModelProto) -> set[str]:
     return {name for name, read in readers.items() if all(read_by == ("Conv", 0) for read_by in read)}
 
 
-def concatenated(model: onnx.ModelProto) -> set[str]:
+def concatenated(model: onnx.ModelProto, op_types: list[str]) -> set[str]:
     """Tensors a Concat reads or writes, and those that share their quantization through data movement (ORT's
     quantizer gives a MaxPool's or Resize's output its input's parameters).  They stay uint8 with a zero point:
     OpenVINO 2026.4's CPU plugin computes a convolution that reads a Concat of int8 tensors with zero point 0
     wrongly on an AVX512-VNNI CPU without AMX (cosine 0.65-0.84 against ONNX Runtime on the same QDQ graph; PP-OCRv4
     det's output 0.05), and right with uint8 (docs/int8-kernels.md)."""
-    found = {name for node in model.graph.node if node.op_type == "Concat" for name in [*node.input, *node.output]}
-    movers = [node for node in model.graph.node if node.op_type in MOVER_OPS | {"AveragePool"} and node.input]
-    grew = True
-    while grew:
-        grew = False
-        for node in movers:
-            linked = {node.input[0], *node.output}
-            if linked & found and not linked <= found:
-                found |= linked
-                grew = True
-    return found - {""}
+    return {name for group in concat_groups(model, op_types, SHARED_PARAMETER_OPS) for name in group}
 
 
 def _compact(model: onnx.ModelProto) -> onnx.ModelProto:
