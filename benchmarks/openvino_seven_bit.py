@@ -36,7 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.int8 import Row, machine_line, nncf_rows, qdeploy  # noqa: E402
+from benchmarks.int8 import Row, machine_line, nncf_rows, outputs, qdeploy  # noqa: E402
 from benchmarks.int8_models import BUILDERS, Case  # noqa: E402
 from qdeploy.core.compare import compare_outputs  # noqa: E402
 from qdeploy.core.tolerance import Tolerance  # noqa: E402
@@ -50,17 +50,6 @@ def build(case: Case, folder: Path, label: str) -> Row:
     variant, targets = _BUILDS[label]
     config = QuantizeConfig(calibration={"data": "calib", "samples": len(case.calib)}, runtime="openvino")
     return qdeploy(case, folder, variant, config, targets)
-
-
-def openvino_f32_outputs(path: Path, samples: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-    import openvino as ov
-
-    request = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request()
-    results = []
-    for sample in samples:
-        produced = request.infer(sample)
-        results.append({port.get_any_name(): np.array(value) for port, value in produced.items()})
-    return results
 
 
 def cpu_ms(models: dict[str, Path], sample: dict[str, np.ndarray], rounds: int, iterations: int = 10,
@@ -106,8 +95,8 @@ def run_model(name: str, folder: Path, rounds: int) -> list[str]:
     models = {"fp32": case.path, **{label: row.path for label, row in rows.items()}}
     models.update({row.artifact: row.path for row in nncf_rows(case, folder) if row.artifact == "nncf"})
     samples = case.evaluation[:8]
-    reference = openvino_f32_outputs(case.path, samples)
-    worst = {label: compare_outputs(reference, openvino_f32_outputs(path, samples), Tolerance()).worst()
+    reference = outputs(case.path, samples, "openvino:cpu")  # pinned to f32
+    worst = {label: compare_outputs(reference, outputs(path, samples, "openvino:cpu"), Tolerance()).worst()
              for label, path in models.items() if label != "fp32"}
     timed = cpu_ms(models, samples[0], rounds)
     base = timed.get("nncf", float("nan"))
