@@ -17,6 +17,7 @@ labelled float32).  The OpenVINO adapter lives in ``qdeploy.targets.openvino``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from qdeploy.targets.base import (
     ExecutionInfo,
@@ -105,11 +106,16 @@ def available_targets() -> dict[str, str]:
 
 
 
-def load_as_deployed(target: str, path: Path, hint: str | None = None) -> Session:
+def load_as_deployed(target: str, path: Path, hint: str | None = None, *, trial: bool = False) -> Session:
     """A reduced-precision (fp16, int8) artifact loaded on ``target`` as validation and deployment run it: at the
     device's default precision (bfloat16 float parts on an OpenVINO CPU with AVX512-BF16; the injected CPU's
-    default under $QDEPLOY_CPU_FLAGS), or pinned to ``hint`` (OpenVINO's INFERENCE_PRECISION_HINT)."""
+    default under $QDEPLOY_CPU_FLAGS), or pinned to ``hint`` (OpenVINO's INFERENCE_PRECISION_HINT).
+    ``trial``: a search's candidate, whose session notes no report shows (OpenVINO skips ``query_model``)."""
+    adapter = get_target(target)
     hint = hint or default_hint(target)[0]
+    options: dict[str, Any] = {"pin_f32": False}
     if hint is not None:
-        return get_target(target).load(path, pin_f32=False, precision=hint)
-    return get_target(target).load(path, pin_f32=False)
+        options["precision"] = hint
+    if trial and adapter.runtime == "openvino":
+        options["query_support"] = False
+    return adapter.load(path, **options)

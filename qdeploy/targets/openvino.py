@@ -1,7 +1,8 @@
 """The OpenVINO target adapter (``openvino:cpu``, ``openvino:gpu``, ``openvino:npu``).
 
 OpenVINO reads the ONNX file itself; ``query_model`` is asked which ops the
-device supports before compiling.  The inference precision is a setting:
+device supports before compiling (a search trial skips it unless compiling fails: it costs about as much as the
+compile, and the CPU and GPU plugins refuse to compile what they do not support).  The inference precision is a setting:
 ``precision`` pins INFERENCE_PRECISION_HINT ('f32', 'f16', 'bf16'); without it,
 ``pin_f32`` (the default, what float32 artifacts get) pins f32, and
 ``pin_f32=False`` leaves the device default (bfloat16 on CPUs with AVX512-BF16
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 _OV_PRECISION_NAMES = {"f32": "FP32", "f16": "FP16", "bf16": "BF16", "f64": "FP64"}
 _OV_BOOKKEEPING_LAYERS = frozenset({"Input", "Output", "Const"})
 PINNABLE = ("f32", "f16", "bf16")
+NOT_QUERIED = "query_model not asked (a search trial; the compile succeeded)"
 """INFERENCE_PRECISION_HINT values ``load(precision=...)`` pins."""
 _OV_SHORT = {"float32": "f32", "f32": "f32", "bfloat16": "bf16", "bf16": "bf16", "float16": "f16", "f16": "f16"}
 
@@ -77,10 +79,12 @@ class OpenVinoTarget(TargetAdapter):
         return False, not_here(self.name, f"this machine's OpenVINO has devices {existing}")
 
     def load(self, model_path: Path, *, threads: int | None = None, pin_f32: bool = True,
-             precision: str | None = None) -> Session:
+             precision: str | None = None, query_support: bool = True) -> Session:
         """Compile for the device.  ``precision`` ('f32', 'f16', 'bf16') pins INFERENCE_PRECISION_HINT and wins over
         ``pin_f32``; with neither, the device's default precision runs.  ``session.requested_precision`` is the hint
-        asked for (None: the default), ``session.executed.precision`` what OpenVINO compiled."""
+        asked for (None: the default), ``session.executed.precision`` what OpenVINO compiled.
+        ``query_support=False`` (a search's trial, never a reported row) asks ``query_model`` only to explain a
+        failed compile."""
         self._require_available(model_path)
         core = _ov_core()
         input_names, output_names = onnx_io_names(model_path)
@@ -88,12 +92,14 @@ class OpenVinoTarget(TargetAdapter):
             model, read_notes = read_onnx(core, model_path)
         except Exception as exc:
             raise ModelError(f"{Path(model_path).name}: OpenVINO cannot read the model: {short_message(exc)}") from None
-        support_note, unsupported = self._query_support(model)
+        support_note, unsupported = self._query_support(model) if query_support else (NOT_QUERIED, [])
         config, notes = self._compile_config(threads, pin_f32, precision)
         notes = [*read_notes, *notes]
         try:
             compiled = core.compile_model(model, self.ov_device, config)
         except Exception as exc:
+            if not query_support:
+                support_note = self._query_support(model)[0]
             raise ModelError(f"{Path(model_path).name}: OpenVINO cannot compile the model for {self.ov_device} "
                              f"({support_note}): {short_message(exc)}") from None
         session = OpenVinoSession(self.name, compiled, input_names, output_names, [support_note, *notes])

@@ -56,8 +56,8 @@ CONFIRMED, MISSED, UNAVAILABLE = "confirmed", "missed", "unavailable"
 
 def load_as_validated(target: str, path: Path, hint: str | None = None) -> Session:
     """The candidate loaded on ``target`` as validation loads an int8 or fp16 artifact
-    (``qdeploy.targets.load_as_deployed``)."""
-    return load_as_deployed(target, path, hint)
+    (``qdeploy.targets.load_as_deployed``), as a trial: the published artifact's validation reports the session."""
+    return load_as_deployed(target, path, hint, trial=True)
 
 
 class TargetRunner:

@@ -299,3 +299,46 @@ def test_runtime_errors_keep_their_cause_not_their_cpp_source_locations() -> Non
     assert cause in message and ".cpp" not in message and message.endswith("Summary: Conv-15")
     long = short_message(RuntimeError("start " + "y" * 5000 + " the end"))
     assert long.startswith("start") and long.endswith("the end") and " ... " in long and len(long) <= 700
+
+
+class _QueryCountingCore:
+    """OpenVINO's Core, counting query_model; ``refuse`` makes compile_model fail."""
+
+    def __init__(self, core: object, refuse: bool = False) -> None:
+        self._core, self.refuse, self.queries = core, refuse, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._core, name)
+
+    def query_model(self, model: object, device: str) -> dict:
+        self.queries += 1
+        return self._core.query_model(model, device)
+
+    def compile_model(self, model: object, device: str, config: dict) -> object:
+        if self.refuse:
+            raise RuntimeError("Unsupported operation of type: MatMul")
+        return self._core.compile_model(model, device, config)
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+def test_a_search_trial_asks_openvino_query_model_only_to_explain_a_failed_compile(
+        mlp_path: Path, monkeypatch: pytest.MonkeyPatch, refuse: bool) -> None:
+    """query_model costs about a compile (a budget search loads dozens of candidates); a reported session keeps
+    its note, a trial asks only when the compile fails, so the error still says what the device supports."""
+    import qdeploy.targets.openvino as targets_openvino
+    from qdeploy.targets import load_as_deployed
+
+    counting = _QueryCountingCore(targets_openvino._ov_core(), refuse)
+    monkeypatch.setattr(targets_openvino, "_ov_core", lambda: counting)
+    if refuse:
+        with pytest.raises(ModelError, match=r"query_model: all \d+ ops supported on CPU"):
+            load_as_deployed("openvino:cpu", mlp_path, trial=True)
+        assert counting.queries == 1
+        return
+    with load_as_deployed("openvino:cpu", mlp_path, trial=True) as session:
+        assert session.run({"x": np.ones((2, 4), np.float32)})["y"].shape == (2, 3)
+        assert targets_openvino.NOT_QUERIED in session.executed.notes
+    assert counting.queries == 0
+    with load_as_deployed("openvino:cpu", mlp_path) as session:
+        assert any(note.startswith("query_model: all") for note in session.executed.notes)
+    assert counting.queries == 1
