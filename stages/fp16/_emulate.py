@@ -217,7 +217,7 @@ def gated_twin(model: onnx.ModelProto, gate_of: dict[str, int], float32_inputs: 
 
 
 class _GatedBuilder:
-    """Rewires every float edge of the main graph through Where(gate, rounded, raw)."""
+    """Rewires every float edge of the main graph through If(gate, rounded, raw)."""
 
     def __init__(self, graph: onnx.GraphProto, gate_of: dict[str, int], float32_inputs: dict[str, set[int]],
                  keep_io_types: bool, to_float16: Callable[[np.ndarray], np.ndarray]) -> None:
@@ -275,6 +275,24 @@ class _GatedBuilder:
             self.gate_names[index] = name
         return self.gate_names[index]
 
+    def _switch(self, gate_index: int, name: str, otherwise: str, value: str) -> onnx.NodeProto:
+        """``value``: ``name`` rounded to float16 when the gate is on, else ``otherwise``.  An If, not a Where of
+        both: the rounding runs only where a trial turns it on (PP-OCRv4 det's twin ran 8x slower with Where,
+        whose broadcast of a scalar condition was 65% of its time)."""
+        from onnx import helper
+
+        if name in self.initializers:
+            rounded = [helper.make_node("Identity", [self._round(name)], [f"{value}__on"], name=f"{value}__on")]
+        else:
+            rounded = _round_nodes(name, f"{value}__on")
+        branches = {
+            branch: helper.make_graph(nodes, f"{value}__{branch}", [],
+                                      [helper.make_tensor_value_info(nodes[-1].output[0], FLOAT, None)])
+            for branch, nodes in (
+                ("then_branch", rounded),
+                ("else_branch", [helper.make_node("Identity", [otherwise], [f"{value}__off"], name=f"{value}__off")]))}
+        return helper.make_node("If", [self._gate(gate_index)], [value], name=value, **branches)
+
     def _round(self, name: str) -> str:
         """The float16-rounded value of a tensor (initializers rounded ahead, clamped like the converter does)."""
         from onnx import numpy_helper
@@ -291,7 +309,6 @@ class _GatedBuilder:
 
     def _producer_value(self, name: str) -> str:
         """The tensor as its producer leaves it: rounded when the producer runs in float16."""
-        from onnx import helper
 
         if name not in self.producer_side:
             producer = self.producers.get(name)
@@ -299,16 +316,13 @@ class _GatedBuilder:
                 value = self._round(name)
             elif producer is not None and producer.name in self.gate_of:
                 value = f"{name}__p16"
-                gate = self._gate(self.gate_of[producer.name])
-                self.added.append(helper.make_node("Where", [gate, self._round(name), name], [value], name=value))
+                self.added.append(self._switch(self.gate_of[producer.name], name, name, value))
             else:
                 value = name
             self.producer_side[name] = value
         return self.producer_side[name]
 
     def _seen_by(self, name: str, node: onnx.NodeProto, index: int) -> str:
-        from onnx import helper
-
         produced = self._producer_value(name)
         if node.name not in self.gate_of or index in self.float32_inputs.get(node.name, set()):
             return produced
@@ -316,8 +330,7 @@ class _GatedBuilder:
         key = (name, gate_index)
         if key not in self.reader_side:
             value = f"{name}__g{gate_index}"
-            self.added.append(helper.make_node("Where", [self._gate(gate_index), self._round(name), produced],
-                                               [value], name=value))
+            self.added.append(self._switch(gate_index, name, produced, value))
             self.reader_side[key] = value
         return self.reader_side[key]
 
