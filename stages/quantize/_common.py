@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import onnx
 
 
-__all__ = ["SevenBit", "check_runs", "openvino_only", "quantized_node_counts", "resolve_reduce_range"]
+__all__ = ["SevenBit", "check_runs", "openvino_only", "openvino_runs", "quantized_node_counts", "resolve_reduce_range"]
 
 SevenBit = Literal["none", "weights", "activations", "choose"]
 
@@ -57,6 +57,15 @@ def openvino_only(variant: str, targets: tuple[str, ...]) -> bool:
     if runtime_of_variant(variant) == "openvino":
         return True
     return bool(targets) and all(runtime_of_target(target) == "openvino" for target in targets)
+
+
+def openvino_runs(variant: str, targets: tuple[str, ...]) -> bool:
+    """Whether OpenVINO may run the artifact: built for it, or built for every target and one of them is
+    OpenVINO's."""
+    runtime = runtime_of_variant(variant)
+    if runtime is not None:
+        return runtime == "openvino"
+    return any(runtime_of_target(target) == "openvino" for target in targets)
 
 
 # Which float ops run in integer once their inputs are dequantized, after ONNX Runtime's QDQ node groups

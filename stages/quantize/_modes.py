@@ -18,6 +18,7 @@ from qdeploy.stages.quantize._common import (
     SevenBit,
     check_runs,
     openvino_only,
+    openvino_runs,
     quantized_node_counts,
     resolve_reduce_range,
 )
@@ -207,7 +208,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     """The model builder of the mode (calibrating first for ptq, on the calibration samples whose positions
     are not in ``skip``) and what it found."""
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize.ptq._ptq import DynamicBuilder, StaticBuilder, calibrate
+    from qdeploy.stages.quantize.ptq._ptq import DynamicBuilder, StaticBuilder, calibrate, uint8_concats_note
     from qdeploy.stages.quantize.ptq._shared_ranges import RangeSettings, shared_calibration
 
     op_types = _op_types(config)
@@ -235,7 +236,8 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
                              activation_type=config.activation_type, weight_type=config.weight_type,
                              symmetric_activations=config.symmetric_activations,
                              symmetric_weights=config.symmetric_weights, op_types=op_types, seven_bit=form,
-                             runtime=config.runtime, signed_int8=signed)
+                             runtime=config.runtime, signed_int8=signed,
+                             openvino_runs=openvino_runs(ctx.variant, ctx.targets))
 
     def samples() -> list[dict[str, Any]]:
         # lazy: pulls onnxruntime (import cost)
@@ -264,6 +266,8 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     build, signed = _signed_activations(config, seven_bit == "activations", signed_beside_seven_bit,
                                         partial(static, seven_bit, 0.0), ranges, partial(static, seven_bit),
                                         lambda candidates: _measure_signed(ctx, candidates, prepared, samples()))
+    if build.uint8_concats:
+        signed = {**signed, "uint8_at_concats": uint8_concats_note(build.uint8_concats)}
     notes = CalibrationNotes(method=config.method,
                              percentile=config.percentile if config.method == "percentile" else None,
                              calibration_data=calibration.data or "random", calibration_samples=calibrated.samples,
@@ -366,8 +370,7 @@ def _budget_shares_calibration(config: Integer) -> bool:
     """Whether the budget measures on the data that ptq calibrates on."""
     if not isinstance(config, PtqConfig):
         return False
-    calibration = config.calibration or CalibrationRef()
-    return _budget_data(config) == calibration.data
+    return _budget_data(config) == (config.calibration or CalibrationRef()).data
 
 
 def _budget_feeds(artifact: Artifact, config: Integer, ctx: StageContext) -> list[Any]:

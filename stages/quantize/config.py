@@ -99,7 +99,10 @@ class PtqConfig(_ModeSettings):
                               description="Percentile of method 'percentile' (both tails for signed data).")
     per_channel: PerChannel = True
     activation_type: Literal["uint8", "int8"] = Field(
-        default="uint8", description="Activation type; uint8 with int8 weights is what ORT fuses on x86.")
+        default="uint8", description="Activation type; uint8 with int8 weights is what ORT fuses on x86. Under "
+                                     "int8, what a Concat reads or writes stays uint8 wherever OpenVINO runs the "
+                                     "graph (it miscomputes int8 there on VNNI CPUs without AMX; the report's "
+                                     "signed_activations.uint8_at_concats says so).")
     weight_type: WeightType = "int8"
     symmetric_activations: bool = Field(default=False, description="Symmetric activation ranges.")
     signed_activations: Literal["auto", "asymmetric", "symmetric"] = Field(

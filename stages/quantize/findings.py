@@ -123,6 +123,9 @@ class SignedActivationsRecord(TypedDict, total=False):
     why: str
     compared_on_samples: int
     measured: dict[str, SevenBitMeasure]
+    uint8_at_concats: str
+    """Under ``activation_type: int8`` where OpenVINO runs the graph: how many tensors a Concat reads or writes
+    stayed uint8, and why."""
 
 
 class ConvGemmRecord(TypedDict):

@@ -113,7 +113,7 @@ class StaticBuilder:
     def __init__(self, prepared: Path, ranges: dict[str, tuple[float, float]], excluded: list[str], *,
                  per_channel: bool, activation_type: str, weight_type: str, symmetric_activations: bool,
                  symmetric_weights: bool, op_types: list[str], seven_bit: str = "none",
-                 runtime: str | None = None, signed_int8: float = 0.0) -> None:
+                 runtime: str | None = None, signed_int8: float = 0.0, openvino_runs: bool | None = None) -> None:
         from onnxruntime.quantization import QuantType
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
         from onnxruntime.quantization.quant_utils import update_opset_version
@@ -141,11 +141,20 @@ class StaticBuilder:
         extra = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": symmetric_weights,
                  "OpTypesToExcludeOutputQuantization": list(
                      _OPENVINO_FLOAT_OUTPUT_OPS if runtime == "openvino" else _FLOAT_OUTPUT_OPS)}
+        overrides: dict[str, list[dict[str, Any]]] = {}
         if signed_int8 and not symmetric_activations:
             # beside 7-bit activations only a convolution's input may take 8 signed bits (_common.openvino_only)
-            extra["TensorQuantOverrides"] = signed_int8_overrides(
+            overrides = signed_int8_overrides(
                 {name: bounds for name, bounds in ranges.items() if name in self.signable}, QuantType.QInt8,
                 signed_int8)
+        self.uint8_concats: set[str] = set()
+        """Tensors put back on uint8 under ``activation_type: int8`` because OpenVINO runs the graph."""
+        if activation_type == "int8" and (runtime == "openvino" if openvino_runs is None else openvino_runs):
+            self.uint8_concats = concatenated(model, op_types) & set(ranges)
+            overrides.update({name: [{"quant_type": QuantType.QUInt8, "symmetric": symmetric_activations}]
+                              for name in self.uint8_concats})
+        if overrides:
+            extra["TensorQuantOverrides"] = overrides
         quantizer_class = _seven_bit_activations_quantizer() if seven_bit == "activations" else QDQQuantizer
         if self._openvino:
             quantizer_class = _inputs_forced(quantizer_class, pooled_before_quantizing(model, op_types, excluded))
@@ -218,10 +227,17 @@ def convolution_inputs(model: onnx.ModelProto) -> set[str]:
 def concatenated(model: onnx.ModelProto, op_types: list[str]) -> set[str]:
     """Tensors a Concat reads or writes, and those that share their quantization through data movement (ORT's
     quantizer gives a MaxPool's or Resize's output its input's parameters).  They stay uint8 with a zero point:
-    OpenVINO 2026.4's CPU plugin computes a convolution that reads a Concat of int8 tensors with zero point 0
-    wrongly on an AVX512-VNNI CPU without AMX (cosine 0.65-0.84 against ONNX Runtime on the same QDQ graph; PP-OCRv4
-    det's output 0.05), and right with uint8 (docs/int8-kernels.md)."""
+    OpenVINO 2026.4's CPU plugin computes a convolution that reads a Concat of int8 tensors wrongly on an
+    AVX512-VNNI CPU without AMX, whatever their zero point (cosine 0.65-0.85 against ONNX Runtime on the same QDQ
+    graph; PP-OCRv4 det's output 0.05), and right with uint8 (docs/int8-kernels.md); under ``activation_type: int8``
+    they go back on uint8 wherever OpenVINO runs the graph."""
     return {name for group in concat_groups(model, op_types, SHARED_PARAMETER_OPS) for name in group}
+
+
+def uint8_concats_note(tensors: set[str]) -> str:
+    """The report's words for :attr:`StaticBuilder.uint8_concats`."""
+    return (f"{len(tensors)} tensors a Concat reads or writes stay uint8 despite activation_type int8: OpenVINO "
+            "miscomputes a convolution reading a Concat of int8 tensors on VNNI CPUs without AMX")
 
 
 def _compact(model: onnx.ModelProto) -> onnx.ModelProto:

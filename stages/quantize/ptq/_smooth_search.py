@@ -128,7 +128,7 @@ def _ptq_build(config: PtqConfig, op_types: list[str], excluded: list[str], feed
     """The fully quantized model of a float model as ptq builds it: calibrated (shared with the build that
     follows), ranges fixed, Q/DQ placed for the config's runtime."""
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize._common import resolve_reduce_range
+    from qdeploy.stages.quantize._common import openvino_runs, resolve_reduce_range
     from qdeploy.stages.quantize.ptq._ptq import EVERY_SIGNED, StaticBuilder, calibrate
     from qdeploy.stages.quantize.ptq._shared_ranges import RangeSettings, shared_calibration
 
@@ -145,7 +145,8 @@ def _ptq_build(config: PtqConfig, op_types: list[str], excluded: list[str], feed
                                 symmetric_weights=config.symmetric_weights, op_types=op_types, seven_bit=form,
                                 runtime=config.runtime,  # the alpha is judged before the sign choice
                                 signed_int8=EVERY_SIGNED if config.signed_choice() == "symmetric"
-                                and form != "activations" else 0.0)
+                                and form != "activations" else 0.0,
+                                openvino_runs=openvino_runs(ctx.variant, ctx.targets))
         return builder([])  # every node it quantizes quantized: the alpha is judged before any budget
 
     return build
