@@ -8,9 +8,10 @@ the same input; the table prints the cosine between the two outputs.  Every grap
 and ends in a convolution with int8 per-channel weights.  Between them: nothing, a MaxPool, a Resize, a Concat of
 two quantized inputs (with or without a QuantizeLinear of its own on the Concat's output), a Split and Concat, a
 Concat of a quantized and a float tensor.  ``int8`` quantizes with zero point 0, ``uint8`` with zero point 128;
-the std column scales the inputs down (how the error grows with the values).  qdeploy keeps what a Concat reads
-or writes uint8 because of what this prints on AVX512-VNNI CPUs without AMX (``stages/quantize/ptq/_ptq.py``,
-``concatenated``).
+the std column scales the inputs down (how the error grows with the values).  The last table concatenates uint8
+inputs whose scales or zero points differ, with 16 or 4 channels each.  qdeploy keeps what a Concat reads or
+writes uint8 because of what this prints on AVX512-VNNI CPUs without AMX (``stages/quantize/ptq/_ptq.py``,
+``concatenated``; ``_concat_uint8`` for graphs NNCF quantized).
 """
 
 from __future__ import annotations
@@ -32,33 +33,39 @@ from benchmarks.int8 import machine_line  # noqa: E402
 CHANNELS, SIDE, SCALE = 16, 20, 17.67
 
 
+PARAMETERS: dict[str, tuple[float, int]] = {}
+"""Per input name, a (scale, zero point) other than the default (the last table)."""
+
+
 def _quantized_input(name: str, dtype: type, nodes: list, inits: list) -> str:
-    inits += [numpy_helper.from_array(np.array(SCALE, np.float32), f"{name}_s"),
-              numpy_helper.from_array(np.array(0 if dtype == np.int8 else 128, dtype), f"{name}_z")]
+    scale, zero_point = PARAMETERS.get(name, (SCALE, 0 if dtype == np.int8 else 128))
+    inits += [numpy_helper.from_array(np.array(scale, np.float32), f"{name}_s"),
+              numpy_helper.from_array(np.array(zero_point, dtype), f"{name}_z")]
     nodes += [helper.make_node("QuantizeLinear", [name, f"{name}_s", f"{name}_z"], [f"{name}_q"]),
               helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_d"])]
     return f"{name}_d"
 
 
 def _between(kind: str, dtype: type, nodes: list, inits: list) -> tuple[str, int, list[str]]:
-    """The nodes between the quantized inputs and the convolution: (its input, its channels, the float inputs)."""
+    """The nodes between the quantized inputs and the convolution: (its input, how many inputs' channels it holds,
+    the float inputs)."""
     first = _quantized_input("x0", dtype, nodes, inits)
     if kind == "none":
-        return first, CHANNELS, ["x0"]
+        return first, 1, ["x0"]
     if kind == "MaxPool":
         nodes.append(helper.make_node("MaxPool", [first], ["m"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
-        return "m", CHANNELS, ["x0"]
+        return "m", 1, ["x0"]
     if kind == "Resize":
         inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
         nodes.append(helper.make_node("Resize", [first, "", "scales"], ["m"], mode="nearest"))
-        return "m", CHANNELS, ["x0"]
+        return "m", 1, ["x0"]
     if kind == "Split+Concat":
         nodes += [helper.make_node("Split", [first], ["a", "b"], axis=1),
                   helper.make_node("Concat", ["b", "a"], ["m"], axis=1)]
-        return "m", CHANNELS, ["x0"]
+        return "m", 1, ["x0"]
     if kind == "Concat, float beside":
         nodes.append(helper.make_node("Concat", [first, "x1"], ["m"], axis=1))
-        return "m", 2 * CHANNELS, ["x0", "x1"]
+        return "m", 2, ["x0", "x1"]
     second = _quantized_input("x1", dtype, nodes, inits)
     nodes.append(helper.make_node("Concat", [first, second], ["m"], axis=1))
     if kind == "Concat, int8 Q after":
@@ -66,21 +73,22 @@ def _between(kind: str, dtype: type, nodes: list, inits: list) -> tuple[str, int
                   numpy_helper.from_array(np.array(0, np.int8), "m_z")]
         nodes += [helper.make_node("QuantizeLinear", ["m", "m_s", "m_z"], ["m_q"]),
                   helper.make_node("DequantizeLinear", ["m_q", "m_s", "m_z"], ["m_d"])]
-        return "m_d", 2 * CHANNELS, ["x0", "x1"]
-    return "m", 2 * CHANNELS, ["x0", "x1"]
+        return "m_d", 2, ["x0", "x1"]
+    return "m", 2, ["x0", "x1"]
 
 
-def graph(kind: str, dtype: type, rng: np.random.Generator) -> tuple[onnx.ModelProto, list[str]]:
+def graph(kind: str, dtype: type, rng: np.random.Generator,
+          channels: int = CHANNELS) -> tuple[onnx.ModelProto, list[str]]:
     nodes: list = []
     inits: list = []
-    source, channels, inputs = _between(kind, dtype, nodes, inits)
-    weights = rng.normal(0, 0.3, (24, channels, 3, 3)).astype(np.float32)
+    source, width, inputs = _between(kind, dtype, nodes, inits)
+    weights = rng.normal(0, 0.3, (24, width * channels, 3, 3)).astype(np.float32)
     scales = (np.abs(weights).reshape(24, -1).max(1) / 127).astype(np.float32)
     inits += [numpy_helper.from_array(np.round(weights / scales[:, None, None, None]).astype(np.int8), "wq"),
               numpy_helper.from_array(scales, "ws"), numpy_helper.from_array(np.zeros(24, np.int8), "wz")]
     nodes += [helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0),
               helper.make_node("Conv", [source, "w"], ["y"], pads=[1, 1, 1, 1])]
-    declared = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, CHANNELS, SIDE, SIDE]) for name in inputs]
+    declared = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, channels, SIDE, SIDE]) for name in inputs]
     output = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     model = helper.make_model(helper.make_graph(nodes, kind, declared, [output], inits),
                               opset_imports=[helper.make_opsetid("", 13)])
@@ -92,15 +100,15 @@ def cosine(expected: np.ndarray, produced: np.ndarray) -> float:
     return float(expected @ produced / (np.linalg.norm(expected) * np.linalg.norm(produced) + 1e-30))
 
 
-def agreement(kind: str, dtype: type, std: float, seed: int, folder: Path) -> float:
+def agreement(kind: str, dtype: type, std: float, seed: int, folder: Path, channels: int = CHANNELS) -> float:
     import onnxruntime as ort
     import openvino as ov
 
     rng = np.random.default_rng(seed)
-    model, inputs = graph(kind, dtype, rng)
+    model, inputs = graph(kind, dtype, rng, channels)
     path = folder / "graph.onnx"
     onnx.save(model, str(path))
-    feed = {name: rng.normal(0, std, (1, CHANNELS, SIDE, SIDE)).astype(np.float32) for name in inputs}
+    feed = {name: rng.normal(0, std, (1, channels, SIDE, SIDE)).astype(np.float32) for name in inputs}
     if dtype == np.uint8:  # zero point 128: the same signed values fit
         feed = {name: np.clip(value, -128 * SCALE, 127 * SCALE) for name, value in feed.items()}
     expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feed)[0]
@@ -125,6 +133,13 @@ def main() -> None:
         for std in (50.0, 200.0, 400.0, 700.0):
             print(f"| {std:.0f} | about {min(127, round(3.5 * std / SCALE))} | "
                   f"{agreement('Concat', np.int8, std, args.seed, Path(folder)):.4f} |")
+        print("\n| Concat of two uint8 inputs: second input's (scale, zero point), first's (17.67, 128) "
+              "| 16 channels each | 4 channels each |\n|---|---|---|")
+        for second in ((SCALE, 128), (SCALE, 108), (1.5 * SCALE, 128), (1.5 * SCALE, 108)):
+            PARAMETERS["x1"] = second
+            row = [agreement("Concat", np.uint8, 200.0, args.seed, Path(folder), channels) for channels in (16, 4)]
+            print(f"| {second[0]:.2f}, {second[1]} | {row[0]:.4f} | {row[1]:.4f} |")
+        PARAMETERS.clear()
 
 
 if __name__ == "__main__":

@@ -420,8 +420,7 @@ def nncf_ptq(artifact: Artifact, config: NncfPtqConfig, ctx: StageContext) -> St
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize.ptq._nncf import quantize_with_nncf
 
-    model, seven_bit, findings = quantize_with_nncf(artifact, config, ctx)
-    return _checked(model, seven_bit, findings, config, ctx)
+    return _checked(*quantize_with_nncf(artifact, config, ctx), config, ctx)
 
 
 def weight_only(artifact: Artifact, config: WeightOnlyConfig, ctx: StageContext) -> StageResult:
@@ -462,6 +461,7 @@ def lower(artifact: Artifact, config: LowerConfig, ctx: StageContext) -> StageRe
     """mode lower: rewrite fake quantization into Q/DQ, verify it on data, count int8 kernels."""
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize.lower import lower_model, verify_on_data
+    from qdeploy.stages.quantize.ptq._concat_uint8 import moved_where_openvino_runs
 
     ctx.on_progress("lowering fake quantization")
     model = artifact.load()
@@ -471,6 +471,7 @@ def lower(artifact: Artifact, config: LowerConfig, ctx: StageContext) -> StageRe
     note = "no fake quantization found; the model is unchanged" if not result.sites else None
     # as for ptq: OpenVINO rewrites a zero point shared by several dequantizations for all its readers
     unshared = unshare_qdq_parameters(lowered) if result.sites else None
+    moved = moved_where_openvino_runs(lowered, ctx.variant, ctx.targets)  # exact: no int8 at a Concat for OpenVINO
     output = _save(lowered, ctx.work_dir / "lowered.onnx")
     check_runs(output, config, ctx)
     dataset = config.calibration.data if config.calibration else None
@@ -482,10 +483,9 @@ def lower(artifact: Artifact, config: LowerConfig, ctx: StageContext) -> StageRe
     findings = LowerFindings(**dict(result.findings), note=note, qdq_parameters_unshared=unshared,
                              verification={**verification, "data": dataset or "random"},
                              quantized_nodes=quantized_node_counts(lowered), build_cpu_int8_path=path,
-                             int8_saturation_warning=warning,
+                             int8_saturation_warning=warning, uint8_at_concats=moved,
                              int8_kernels=int8_kernels(output, lowered, list(config.verify_targets), ctx.work_dir))
-    return StageResult(model=lowered, changed=result.sites > 0, findings=findings,
-                       path=_saved_path(lowered, output))
+    return StageResult(model=lowered, changed=result.sites > 0, findings=findings, path=_saved_path(lowered, output))
 
 
 def _save(model: onnx.ModelProto, path: Path) -> Path:

@@ -331,6 +331,8 @@ class NncfPtqFindings(Int8Findings):
     reduce_range: ReduceRangeRecord
     excluded: list[str]
     compute_nodes: int
+    uint8_at_concats: str | None = None
+    """Where OpenVINO runs the graph: int8 activation pairs at Concats moved to uint8 (exact), and why."""
 
 
 class LoweringNotes(Findings):
@@ -354,6 +356,8 @@ class LowerFindings(Int8Findings, LoweringNotes):
     note: str | None = None
     """Said when the model holds no fake quantization (it is unchanged)."""
     qdq_parameters_unshared: int | None = None
+    uint8_at_concats: str | None = None
+    """Where OpenVINO runs the graph: int8 activation pairs at Concats moved to uint8 (exact), and why."""
     verification: LoweringVerification
     """The lowered activations against their fake-quant reference (``lower.verify_on_data``) and the data."""
 

@@ -98,3 +98,28 @@ def tiny_conv() -> onnx.ModelProto:
              helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
              helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"], name="fc", transB=1)]
     return make_model(nodes, inits, {"x": [1, 3, 16, 16]}, {"y": [1, 10]})
+
+
+def concat_head() -> onnx.ModelProto:
+    """Two convolutions of a signed input, one through a MaxPool, concatenated into a third (a detector's head)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["y1"], name="c1", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "w2"], ["y2"], name="c2", pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["y1"], ["p1"], name="pool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["p1", "y2"], ["cat"], name="cat", axis=1),
+             helper.make_node("Conv", ["cat", "w3"], ["y"], name="c3", pads=[1, 1, 1, 1])]
+    weights = [init(name, rng.standard_normal(shape) * 0.3) for name, shape in
+               (("w1", (8, 4, 3, 3)), ("w2", (8, 4, 3, 3)), ("w3", (8, 16, 3, 3)))]
+    return make_model(nodes, weights, {"x": [1, 4, 12, 12]}, {"y": [1, 8, 12, 12]})
+
+
+def openvino_agrees_with_ort(model: onnx.ModelProto) -> float:
+    """The cosine between OpenVINO's output (pinned to f32) and ONNX Runtime's on one input of ``concat_head``."""
+    import openvino as ov
+
+    feed = {"x": np.random.default_rng(1).uniform(-2, 2, (1, 4, 12, 12)).astype(np.float32)}
+    expected = run_ort(model, feed)[0]
+    compiled = ov.Core().compile_model(ov.Core().read_model(model.SerializeToString(), b""), "CPU",
+                                       {"INFERENCE_PRECISION_HINT": "f32"})
+    produced = np.asarray(compiled.create_infer_request().infer(feed)[compiled.output(0)])
+    return float(np.dot(expected.ravel(), produced.ravel()) / (np.linalg.norm(expected) * np.linalg.norm(produced)))

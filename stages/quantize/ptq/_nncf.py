@@ -2,7 +2,8 @@
 
 NNCF (OpenVINO's post-training quantization tool) places Q/DQ the way OpenVINO's low-precision transformations
 want them (symmetric activations where the range allows, Add/Mul/Concat handled for OpenVINO's fusions) and
-applies fast bias correction.  With this engine qdeploy calibrates NNCF on the recipe's data, maps
+applies fast bias correction; where OpenVINO runs the graph, its int8 pairs at Concats move to uint8, exactly
+(``_concat_uint8``).  With this engine qdeploy calibrates NNCF on the recipe's data, maps
 ``reduce_range`` to NNCF's ``overflow_fix`` (7-bit weights for x86 CPUs without VNNI), checks the model loads,
 counts the int8 kernels each target really runs, and validates and benchmarks it like any artifact; the verdict
 then picks, per target, the fastest artifact that passes (``docs/quantize.md``: NNCF is the faster graph on
@@ -20,6 +21,7 @@ from qdeploy.core.errors import StageError
 from qdeploy.stages.quantize._common import SevenBit, resolve_reduce_range
 from qdeploy.stages.quantize.config import STAGE, CalibrationRef
 from qdeploy.stages.quantize.findings import NncfPtqFindings
+from qdeploy.stages.quantize.ptq._concat_uint8 import moved_where_openvino_runs
 
 if TYPE_CHECKING:
     import onnx
@@ -71,9 +73,10 @@ def quantize_with_nncf(artifact: Artifact, config: NncfPtqConfig,
     except Exception as exc:  # NNCF's own failure on this model, said as such
         raise StageError(STAGE, ctx.variant, f"NNCF could not quantize the model: {type(exc).__name__}: "
                                              f"{' '.join(str(exc).split())[:300]}") from exc
+    moved = moved_where_openvino_runs(quantized, ctx.variant, ctx.targets)
     findings = partial(NncfPtqFindings, nncf_version=nncf.__version__, calibration_data=calibration.data or "random",
                        calibration_samples=len(samples), model_type=config.nncf_model_type or "default",
                        reduce_range={"setting": config.reduce_range, "seven_bit": seven_bit, "why": why,
                                      "nncf_overflow_fix": overflow_fix.value},
-                       excluded=sorted(config.exclude_nodes))
+                       excluded=sorted(config.exclude_nodes), uint8_at_concats=moved)
     return quantized, seven_bit, findings

@@ -278,3 +278,27 @@ def test_lowered_qdq_pairs_own_their_scale_and_zero_point(tmp_path: Path) -> Non
     assert len(parameters) == len(set(parameters)), parameters
     x = covering_inputs(-128 * scale, 127 * scale)[0]
     assert_within(run_openvino(result.model, {"x": x}, tmp_path)[0], run_ort(result.model, {"x": x})[0], 1e-6)
+
+
+@pytest.mark.parametrize(("targets", "kind"), [(("ort:cpu", "openvino:cpu"), onnx.TensorProto.UINT8),
+                                               (("ort:cpu",), onnx.TensorProto.INT8)])
+def test_int8_fake_quantize_at_a_concat_lowers_to_uint8_where_openvino_runs_the_graph(
+        tmp_path: Path, targets: tuple[str, ...], kind: int) -> None:
+    """OpenVINO miscomputes a convolution reading a Concat of int8 tensors on VNNI CPUs without AMX: the pairs there
+    move to uint8 (zero point + 128, the same values), only where OpenVINO may run the graph; the report says so."""
+    import dataclasses
+
+    scale = 0.04
+    nodes = [*decomposed_nodes("x0", "a", scale="s", divide=True, clip=("lo", "hi"), zero="zp"),
+             *decomposed_nodes("x1", "b", scale="s", divide=True, clip=("lo", "hi"), zero="zp"),
+             helper.make_node("Concat", ["a", "b"], ["y"], axis=1)]
+    inits = [init("s", scale), init("lo", -128.0), init("hi", 127.0), init("zp", 0.0)]
+    model = make_model(nodes, inits, {"x0": SHAPE, "x1": SHAPE}, ["y"])
+    context = dataclasses.replace(stage_context(tmp_path), targets=targets)
+    result = quantize.run(save_artifact(tmp_path, model), QuantizeConfig(mode="lower"), context)
+    types = {init.name: init.data_type for init in result.model.graph.initializer}
+    assert [types[node.input[2]] for node in result.model.graph.node if node.op_type == "QuantizeLinear"] == [kind] * 2
+    assert (result.findings.uint8_at_concats is not None) == (kind == onnx.TensorProto.UINT8)
+    x = covering_inputs(-128 * scale, 127 * scale)[0]
+    expected = np.concatenate([decomposed_reference(x, np.float64(scale), -128.0, 127.0)] * 2, axis=1)
+    assert_within(run_ort(result.model, {"x0": x, "x1": x})[0], expected, 1e-6)

@@ -14,7 +14,15 @@ from onnx import helper
 from qdeploy.stages import quantize
 from qdeploy.stages.quantize import QuantizeConfig
 from qdeploy.stages.quantize.ptq._placement import placeholder_ranges, placement_differences, quantized_placement
-from tests.helpers.quantize import init, make_model, run_ort, save_artifact, stage_context, tiny_conv
+from tests.helpers.quantize import (
+    concat_head,
+    init,
+    make_model,
+    openvino_agrees_with_ort,
+    save_artifact,
+    stage_context,
+    tiny_conv,
+)
 
 
 def _mlp() -> onnx.ModelProto:
@@ -236,25 +244,12 @@ def test_the_seven_bit_and_signed_choices_share_their_builds(tmp_path: Path, mon
     assert report["signed_activations"]["symmetric"] in ("all", "none")
 
 
-def _concat_head() -> onnx.ModelProto:
-    """Two convolutions of a signed input, one through a MaxPool, concatenated into a third (a detector's head)."""
-    rng = np.random.default_rng(0)
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["y1"], name="c1", pads=[1, 1, 1, 1]),
-             helper.make_node("Conv", ["x", "w2"], ["y2"], name="c2", pads=[1, 1, 1, 1]),
-             helper.make_node("MaxPool", ["y1"], ["p1"], name="pool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-             helper.make_node("Concat", ["p1", "y2"], ["cat"], name="cat", axis=1),
-             helper.make_node("Conv", ["cat", "w3"], ["y"], name="c3", pads=[1, 1, 1, 1])]
-    weights = [init(name, rng.standard_normal(shape) * 0.3) for name, shape in
-               (("w1", (8, 4, 3, 3)), ("w2", (8, 4, 3, 3)), ("w3", (8, 16, 3, 3)))]
-    return make_model(nodes, weights, {"x": [1, 4, 12, 12]}, {"y": [1, 8, 12, 12]})
-
-
 def test_what_a_concat_reads_or_writes_stays_uint8_in_openvino_builds(tmp_path: Path) -> None:
     """OpenVINO's CPU plugin computes a convolution reading a Concat of int8 tensors wrongly on AVX512-VNNI CPUs
     without AMX: every tensor linked to the Concat (through the MaxPool too) keeps uint8 with a zero point while the
     graph input still goes on int8; and the graph OpenVINO runs agrees with ONNX Runtime's on this machine."""
 
-    artifact = save_artifact(tmp_path, _concat_head())
+    artifact = save_artifact(tmp_path, concat_head())
     context = stage_context(tmp_path, ranges={"x": (-2.0, 2.0)})
     model = quantize.run(artifact, QuantizeConfig(runtime="openvino", reduce_range="weights",
                                                   signed_activations="symmetric"), context).model
@@ -263,19 +258,7 @@ def test_what_a_concat_reads_or_writes_stays_uint8_in_openvino_builds(tmp_path: 
     linked = {tensor: _input_quantization(model, tensor)[1].dtype for tensor in ("y1", "p1", "y2", "cat")
               if tensor in quantized}
     assert {"y1", "y2"} <= set(linked) and set(linked.values()) == {np.dtype(np.uint8)}, linked
-    assert _openvino_agrees_with_ort(model) > 0.999
-
-
-def _openvino_agrees_with_ort(model: onnx.ModelProto) -> float:
-    """The cosine between OpenVINO's output (pinned to f32) and ONNX Runtime's on one input of ``_concat_head``."""
-    import openvino as ov
-
-    feed = {"x": np.random.default_rng(1).uniform(-2, 2, (1, 4, 12, 12)).astype(np.float32)}
-    expected = run_ort(model, feed)[0]
-    compiled = ov.Core().compile_model(ov.Core().read_model(model.SerializeToString(), b""), "CPU",
-                                       {"INFERENCE_PRECISION_HINT": "f32"})
-    produced = np.asarray(compiled.create_infer_request().infer(feed)[compiled.output(0)])
-    return float(np.dot(expected.ravel(), produced.ravel()) / (np.linalg.norm(expected) * np.linalg.norm(produced)))
+    assert openvino_agrees_with_ort(model) > 0.999
 
 
 @pytest.mark.parametrize(("variant", "targets", "openvino_runs"), [
@@ -285,7 +268,7 @@ def test_activation_type_int8_keeps_a_concats_tensors_uint8_wherever_openvino_ru
         tmp_path: Path, variant: str, targets: tuple[str, ...], openvino_runs: bool) -> None:
     """``activation_type: int8``: the Concat's tensors go back on uint8 where OpenVINO may run the graph (and the
     report says so), OpenVINO then agrees with ONNX Runtime; a graph only ONNX Runtime runs keeps int8 throughout."""
-    artifact = save_artifact(tmp_path, _concat_head())
+    artifact = save_artifact(tmp_path, concat_head())
     context = dataclasses.replace(stage_context(tmp_path, ranges={"x": (-2.0, 2.0)}), variant=variant,
                                   targets=targets)
     runtime = variant.partition("@")[2] or None
@@ -300,4 +283,4 @@ def test_activation_type_int8_keeps_a_concats_tensors_uint8_wherever_openvino_ru
     note = result.report()["signed_activations"].get("uint8_at_concats", "")
     assert " tensors a Concat reads or writes stay uint8" in note if openvino_runs else note == "", note
     if openvino_runs:
-        assert _openvino_agrees_with_ort(model) > 0.999
+        assert openvino_agrees_with_ort(model) > 0.999

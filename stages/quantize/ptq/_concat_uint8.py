@@ -1,0 +1,122 @@
+"""Int8 Q/DQ pairs around a Concat moved to uint8 in a finished QDQ graph, exactly.
+
+OpenVINO 2026.4's CPU plugin computes a convolution that reads a Concat of int8 tensors wrongly on AVX512-VNNI CPUs
+without AMX, at any zero point, and right with uint8 (``docs/int8-kernels.md``).  qdeploy's own builds place uint8
+there (``_ptq.concatenated``); a graph another tool quantized (``engine: nncf``) is rewritten here.  An activation
+pair QuantizeLinear(s, z) -> DequantizeLinear(s, z) with int8 ``z`` becomes the same pair with uint8 ``z + 128``:
+every value it rounds to and every value it dequantizes is the same (int8's -128..127 is uint8's 0..255 shifted by
+128), so ONNX Runtime computes the same outputs, and OpenVINO no longer sees int8 at the Concat.
+
+The pairs rewritten are those whose dequantized value reaches a Concat through ops that only move data (OpenVINO's
+low-precision transformations carry a dequantization through them), and those that quantize a Concat's output.
+Edits protobuf directly: one pass over the nodes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from qdeploy.graph.utils import fresh_name
+from qdeploy.stages.quantize._common import openvino_runs
+
+if TYPE_CHECKING:
+    import onnx
+
+MOVERS = frozenset({"MaxPool", "Resize", "Upsample", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
+                    "Slice", "Split", "Identity", "Concat", "DepthToSpace", "SpaceToDepth"})
+"""Ops a dequantization passes through on its way to a Concat (they move or select values, never mix them)."""
+
+
+def moved_where_openvino_runs(model: onnx.ModelProto, variant: str, targets: tuple[str, ...]) -> str | None:
+    """:func:`uint8_at_concats` where OpenVINO may run the graph; the report's note (None: nothing moved)."""
+    moved = uint8_at_concats(model) if openvino_runs(variant, targets) else 0
+    return (f"{moved} int8 activation pairs at Concats moved to uint8, exactly: OpenVINO miscomputes a convolution "
+            "reading a Concat of int8 tensors on VNNI CPUs without AMX") if moved else None
+
+
+def uint8_at_concats(model: onnx.ModelProto) -> int:
+    """Rewrite the int8 activation pairs that reach or leave a Concat to uint8 (exact); how many pairs."""
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output if out}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    quantizers = {id(node): node for concat in graph.node if concat.op_type == "Concat"
+                  for node in (*_upstream(concat, producer), *_downstream(concat, readers))}
+    initializers = {init.name: init for init in graph.initializer}
+    taken = set(initializers) | set(producer) | {value.name for value in graph.input}
+    return sum(_to_uint8(node, readers, initializers, graph, taken) for node in quantizers.values())
+
+
+def _upstream(concat: onnx.NodeProto, producer: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """The QuantizeLinear of each activation pair whose dequantized value reaches ``concat`` through movers."""
+    found, pending, seen = [], list(concat.input), set()
+    while pending:
+        node = producer.get(pending.pop())
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op_type == "DequantizeLinear":
+            source = producer.get(node.input[0])
+            if source is not None and source.op_type == "QuantizeLinear":
+                found.append(source)
+        elif node.op_type in MOVERS:
+            pending.extend(name for name in node.input[:1] if name)
+    return found
+
+
+def _downstream(concat: onnx.NodeProto, readers: dict[str, list[onnx.NodeProto]]) -> list[onnx.NodeProto]:
+    """The QuantizeLinear nodes that quantize ``concat``'s output (directly or through movers)."""
+    found, pending, seen = [], list(concat.output), set()
+    while pending:
+        for node in readers.get(pending.pop(), []):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.op_type == "QuantizeLinear":
+                found.append(node)
+            elif node.op_type in MOVERS and node.op_type != "Concat":
+                pending.extend(node.output)
+    return found
+
+
+def _to_uint8(quantize: onnx.NodeProto, readers: dict[str, list[onnx.NodeProto]],
+              initializers: dict[str, onnx.TensorProto], graph: onnx.GraphProto, taken: set[str]) -> int:
+    """Move one pair to uint8 (1), or leave it (0): not int8, or its output read by anything but dequantizations
+    with the same scale and zero point."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    if len(quantize.input) < 3 or quantize.input[2] not in initializers:
+        return 0
+    zero_point = numpy_helper.to_array(initializers[quantize.input[2]])
+    dequantizers = readers.get(quantize.output[0], [])
+    pairs = all(node.op_type == "DequantizeLinear" and len(node.input) == 3
+                and all(_same(initializers, node.input[index], quantize.input[index]) for index in (1, 2))
+                for node in dequantizers)
+    if zero_point.dtype != np.int8 or not dequantizers or not pairs:
+        return 0
+    shifted = (zero_point.astype(np.int16) + 128).astype(np.uint8)
+    name = fresh_name(f"{quantize.input[2]}_uint8", taken)
+    taken.add(name)
+    graph.initializer.append(numpy_helper.from_array(shifted, name))
+    initializers[name] = graph.initializer[-1]
+    for node in (quantize, *dequantizers):
+        node.input[2] = name
+    for value in (*graph.value_info, *graph.output):  # a declared int8 type of the quantized tensor follows
+        if value.name == quantize.output[0] and value.type.HasField("tensor_type"):
+            value.type.tensor_type.elem_type = onnx.TensorProto.UINT8
+    return 1
+
+
+def _same(initializers: dict[str, onnx.TensorProto], first: str, second: str) -> bool:
+    from onnx import numpy_helper
+
+    if first == second:
+        return True
+    if first not in initializers or second not in initializers:
+        return False
+    a, b = (numpy_helper.to_array(initializers[name]) for name in (first, second))
+    return a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
