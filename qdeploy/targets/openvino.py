@@ -2,8 +2,8 @@
 
 OpenVINO reads the ONNX file itself; ``query_model`` is asked which ops the
 device supports before compiling (a search trial skips it unless compiling fails: it costs about as much as the
-compile, and the CPU and GPU plugins refuse to compile what they do not support).  The inference precision is a setting:
-``precision`` pins INFERENCE_PRECISION_HINT ('f32', 'f16', 'bf16'); without it,
+compile, and the CPU and GPU plugins refuse to compile what they do not support).  The inference precision is a
+setting: ``precision`` pins INFERENCE_PRECISION_HINT ('f32', 'f16', 'bf16'); without it,
 ``pin_f32`` (the default, what float32 artifacts get) pins f32, and
 ``pin_f32=False`` leaves the device default (bfloat16 on CPUs with AVX512-BF16
 or AMX: see ``qdeploy.targets.cpu_facts``).  OpenVINO ignores a hint the device
@@ -44,8 +44,8 @@ log = logging.getLogger(__name__)
 _OV_PRECISION_NAMES = {"f32": "FP32", "f16": "FP16", "bf16": "BF16", "f64": "FP64"}
 _OV_BOOKKEEPING_LAYERS = frozenset({"Input", "Output", "Const"})
 PINNABLE = ("f32", "f16", "bf16")
-NOT_QUERIED = "query_model not asked (a search trial; the compile succeeded)"
 """INFERENCE_PRECISION_HINT values ``load(precision=...)`` pins."""
+NOT_QUERIED = "query_model not asked (a search trial; the compile succeeded)"
 _OV_SHORT = {"float32": "f32", "f32": "f32", "bfloat16": "bf16", "bf16": "bf16", "float16": "f16", "f16": "f16"}
 
 
