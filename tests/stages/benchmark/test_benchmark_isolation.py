@@ -100,11 +100,13 @@ def test_alternating_rounds_read_what_each_session_reads_alone(tmp_path: Path) -
     int8 = _int8(fp32, tmp_path / "int8.onnx")
     config = BenchmarkConfig(warmup=10, iterations=80, rounds=10, busy_seconds=0)
     quiet = []
-    for _ in range(6):
+    for attempt in range(6):
         rows = benchmark.run({"fp32": _artifact(fp32), "int8": _artifact(int8)}, ["ort:cpu"], config, CTX)
         load = machine.MachineLoad.start()  # the plain loops are a measurement too: judged quiet the same way
         alone = {"fp32": _alone_ms(fp32), "int8": _alone_ms(int8)}
         if rows[0].machine_load["busy"] or load.record()["busy"]:  # another process on the cores: not us
+            if attempt == 1 and not quiet:  # busy twice (the suite's other worker, a shared runner): it will stay so
+                break
             continue
         quiet.append(max(abs(row.p50 / alone[row.variant] - 1) for row in rows))
         if quiet[-1] <= 0.05 or len(quiet) == 3:
