@@ -113,6 +113,15 @@ def moved_weights(graph: onnx.GraphProto) -> dict[str, str]:
     return source
 
 
+def node_readers(nodes: Iterable[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:
+    """Tensor name -> the nodes that read it, in the order given (a node reading a name twice is listed twice)."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return readers
+
+
 def place_after_producers(graph: onnx.GraphProto, readers: Mapping[str, list[onnx.NodeProto]]) -> None:
     """Add each tensor's ``readers`` (probe nodes) to ``graph`` right after the node that makes it (first, for a
     graph input or weight): in a session that runs nodes in the model's order, a probe then reads its tensor

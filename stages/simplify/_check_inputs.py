@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.graph.utils import subgraphs
+from qdeploy.graph.utils import node_readers, subgraphs
 
 if TYPE_CHECKING:
     import numpy as np
@@ -94,10 +94,7 @@ def safe_integer_ranges(model: onnx.ModelProto) -> Ranges:
     graph = model.graph
     tables = _static_inputs(graph)
     tables.update((init.name, list(init.dims)) for init in graph.initializer)
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in _all_nodes(graph):
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = node_readers(_all_nodes(graph))
     ranges: Ranges = {}
     initializers = {init.name for init in graph.initializer}
     for value in graph.input:

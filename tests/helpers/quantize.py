@@ -113,11 +113,12 @@ def concat_head() -> onnx.ModelProto:
     return make_model(nodes, weights, {"x": [1, 4, 12, 12]}, {"y": [1, 8, 12, 12]})
 
 
-def openvino_agrees_with_ort(model: onnx.ModelProto) -> float:
-    """The cosine between OpenVINO's output (pinned to f32) and ONNX Runtime's on one input of ``concat_head``."""
+def openvino_agrees_with_ort(model: onnx.ModelProto, feed: dict[str, np.ndarray] | None = None) -> float:
+    """The cosine between OpenVINO's first output (pinned to f32) and ONNX Runtime's on ``feed`` (by default one
+    input of ``concat_head``)."""
     import openvino as ov
 
-    feed = {"x": np.random.default_rng(1).uniform(-2, 2, (1, 4, 12, 12)).astype(np.float32)}
+    feed = feed or {"x": np.random.default_rng(1).uniform(-2, 2, (1, 4, 12, 12)).astype(np.float32)}
     expected = run_ort(model, feed)[0]
     compiled = ov.Core().compile_model(ov.Core().read_model(model.SerializeToString(), b""), "CPU",
                                        {"INFERENCE_PRECISION_HINT": "f32"})

@@ -16,32 +16,31 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from qdeploy.graph.utils import fresh_name
+from qdeploy.graph.utils import fresh_name, node_readers
 from qdeploy.stages.quantize._common import openvino_runs
+from qdeploy.stages.quantize.ptq._keep import MOVER_OPS
 
 if TYPE_CHECKING:
     import onnx
 
-MOVERS = frozenset({"MaxPool", "Resize", "Upsample", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
-                    "Slice", "Split", "Identity", "Concat", "DepthToSpace", "SpaceToDepth"})
-"""Ops a dequantization passes through on its way to a Concat (they move or select values, never mix them)."""
+MOVERS = (MOVER_OPS - {"Shape", "Size", "ArgMax"}) | {"Upsample", "Concat"}
+"""Ops a dequantization passes through on its way to a Concat: those that move or select values, whose output holds
+the values themselves (not a shape or an index)."""
+CONCAT_INT8_BUG = "OpenVINO miscomputes a convolution reading a Concat of int8 tensors on VNNI CPUs without AMX"
+"""Why int8 stays away from a Concat, in the report's words."""
 
 
 def moved_where_openvino_runs(model: onnx.ModelProto, variant: str, targets: tuple[str, ...]) -> str | None:
     """:func:`uint8_at_concats` where OpenVINO may run the graph; the report's note (None: nothing moved)."""
     moved = uint8_at_concats(model) if openvino_runs(variant, targets) else 0
-    return (f"{moved} int8 activation pairs at Concats moved to uint8, exactly: OpenVINO miscomputes a convolution "
-            "reading a Concat of int8 tensors on VNNI CPUs without AMX") if moved else None
+    return f"{moved} int8 activation pairs at Concats moved to uint8, exactly: {CONCAT_INT8_BUG}" if moved else None
 
 
 def uint8_at_concats(model: onnx.ModelProto) -> int:
     """Rewrite the int8 activation pairs that reach or leave a Concat to uint8 (exact); how many pairs."""
     graph = model.graph
     producer = {out: node for node in graph.node for out in node.output if out}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = node_readers(graph.node)
     quantizers = {id(node): node for concat in graph.node if concat.op_type == "Concat"
                   for node in (*_upstream(concat, producer), *_downstream(concat, readers))}
     initializers = {init.name: init for init in graph.initializer}

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from qdeploy.graph.names import NodeNames
-from qdeploy.graph.utils import delete_where, subgraph_references
+from qdeploy.graph.utils import delete_where, node_readers, subgraph_references
 
 if TYPE_CHECKING:
     import onnx
@@ -144,10 +144,7 @@ def _float_movers(model: onnx.ModelProto, kept: set[str]) -> set[str]:
     """Quantized data-movement nodes (Reshape, Transpose...) whose consumers all run float: they join the kept
     nodes, or they would hand their float consumers quantized values.  One pass from the outputs back (the
     graph is topologically sorted), so a chain of movers is settled in linear time."""
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = node_readers(model.graph.node)
     quantized = set(quantized_node_names(model))
     floats = set(kept)
     for node in reversed(model.graph.node):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.utils import node_readers
 from qdeploy.stages.quantize.ptq._keep import QDQ_OPS, remove_unused
 
 if TYPE_CHECKING:
@@ -103,10 +104,7 @@ def pooled_before_quantizing(model: onnx.ModelProto, op_types: list[str], exclud
 
 def float_tail(model: onnx.ModelProto, op_types: list[str]) -> list[str]:
     """Nodes of the quantized op types from which no compute node can be reached: nothing int8 reads them."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = node_readers(model.graph.node)
     feeds_compute: set[str] = set()
     for node in reversed(model.graph.node):  # topological order: readers are settled first
         if node.op_type in COMPUTE_OPS or any(reader.name in feeds_compute for out in node.output
@@ -130,10 +128,7 @@ def drop_exact_requantization(model: onnx.ModelProto) -> int:
     Concat) made of values already dequantized with the same scale and zero point.  How many were removed."""
     graph = model.graph
     constants = {init.name: init for init in graph.initializer}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = node_readers(graph.node)
     outputs = {value.name for value in graph.output}
     grid: dict[str, bytes] = {}  # tensor -> the parameters of the grid its values lie on
     dropped = 0

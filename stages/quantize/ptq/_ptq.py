@@ -28,6 +28,7 @@ from qdeploy.calibration.activations import FeedSource, collect_statistics, floa
 from qdeploy.calibration.ranges import HISTOGRAM_METHODS, estimate_range
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import load_weights_from
+from qdeploy.stages.quantize.ptq._concat_uint8 import CONCAT_INT8_BUG
 from qdeploy.stages.quantize.ptq._guard import ort_quantizer_step
 from qdeploy.stages.quantize.ptq._keep import MOVER_OPS, keep_float, quantized_node_names
 from qdeploy.stages.quantize.ptq._openvino import (
@@ -133,8 +134,8 @@ class StaticBuilder:
             excluded = [*excluded, *float_tail(model, op_types), *activation_matmuls(model)]
         # beside 7-bit activations only a convolution's input may take 8 signed bits (_common.openvino_only);
         # never what a Concat reads or writes (:func:`concatenated`)
-        self.signable = (convolution_inputs(model) if seven_bit == "activations" else set(ranges)) \
-            - concatenated(model, op_types)
+        at_concats = concatenated(model, op_types)
+        self.signable = (convolution_inputs(model) if seven_bit == "activations" else set(ranges)) - at_concats
         """The activations ``signed_int8`` may put on int8."""
         tensors = TensorsData(CalibrationMethod.MinMax, {
             name: TensorData(lowest=np.float32(low), highest=np.float32(high)) for name, (low, high) in ranges.items()})
@@ -150,7 +151,7 @@ class StaticBuilder:
         self.uint8_concats: set[str] = set()
         """Tensors put back on uint8 under ``activation_type: int8`` because OpenVINO runs the graph."""
         if activation_type == "int8" and (runtime == "openvino" if openvino_runs is None else openvino_runs):
-            self.uint8_concats = concatenated(model, op_types) & set(ranges)
+            self.uint8_concats = at_concats & set(ranges)
             overrides.update({name: [{"quant_type": QuantType.QUInt8, "symmetric": symmetric_activations}]
                               for name in self.uint8_concats})
         if overrides:
@@ -236,8 +237,7 @@ def concatenated(model: onnx.ModelProto, op_types: list[str]) -> set[str]:
 
 def uint8_concats_note(tensors: set[str]) -> str:
     """The report's words for :attr:`StaticBuilder.uint8_concats`."""
-    return (f"{len(tensors)} tensors a Concat reads or writes stay uint8 despite activation_type int8: OpenVINO "
-            "miscomputes a convolution reading a Concat of int8 tensors on VNNI CPUs without AMX")
+    return f"{len(tensors)} tensors a Concat reads or writes stay uint8 despite activation_type int8: {CONCAT_INT8_BUG}"
 
 
 def _compact(model: onnx.ModelProto) -> onnx.ModelProto:

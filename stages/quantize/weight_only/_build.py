@@ -47,7 +47,7 @@ from onnx import TensorProto, helper
 from qdeploy.core.memory import release_memory
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.names import NodeNames, name_nodes_uniquely
-from qdeploy.graph.utils import default_opset, subgraph_references
+from qdeploy.graph.utils import default_opset, node_readers, subgraph_references
 from qdeploy.stages.quantize.findings import AwqSearch, MixedPrecision, WeightBlock
 from qdeploy.stages.quantize.weight_only._awq import awq_scales, input_scalings
 from qdeploy.stages.quantize.weight_only._blocks import block_for
@@ -142,10 +142,7 @@ def find_targets(model: onnx.ModelProto, config: WeightOnlyConfig, report: Weigh
     """MatMul/Gather nodes whose weights are quantized, with their bits; what stays float is reported."""
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = node_readers(graph.node)
     read_inside = subgraph_references(graph)
     op_types = config.op_types or list(WEIGHT_ONLY_OPS)
     transposes = _transposed_initializers(graph, inits)
