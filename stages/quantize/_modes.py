@@ -125,8 +125,7 @@ def _route_convs(model: onnx.ModelProto, config: PtqConfig, ctx: StageContext) -
     """ONNX Runtime's graph on an AMX CPU: deep int8 convolutions to its AMX GEMM (``ptq._amx_convs``)."""
     if not amx_gemm_wanted(config.runtime, ctx.targets):
         return None
-    routed = route_convs_to_gemm(model)
-    if not routed:
+    if not (routed := route_convs_to_gemm(model)):
         return None
     log.info("variant %s: %d int8 convolutions routed to ONNX Runtime's AMX GEMM", ctx.variant, len(routed))
     return {"convs": len(routed), "names": routed[:20],
@@ -236,7 +235,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
                              activation_type=config.activation_type, weight_type=config.weight_type,
                              symmetric_activations=config.symmetric_activations,
                              symmetric_weights=config.symmetric_weights, op_types=op_types, seven_bit=form,
-                             runtime=config.runtime, signed_int8=signed,
+                             runtime=config.runtime, signed_int8=signed, channel_peaks=calibrated.channel_peaks,
                              openvino_runs=openvino_runs(ctx.variant, ctx.targets))
 
     def samples() -> list[dict[str, Any]]:
@@ -272,7 +271,8 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
                              percentile=config.percentile if config.method == "percentile" else None,
                              calibration_data=calibration.data or "random", calibration_samples=calibrated.samples,
                              calibrated_tensors=calibrated.tensors, ranges_clipped=calibrated.clipped,
-                             calibration_skipped=sorted(skip) or None)
+                             calibration_skipped=sorted(skip) or None,
+                             per_channel_depthwise=build.per_channel_depthwise or None)
     reduce_range = _reduce_range_finding(config, seven_bit, why)
     if compared is not None:
         reduce_range.update(compared)

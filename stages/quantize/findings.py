@@ -278,6 +278,9 @@ class CalibrationNotes(Findings):
     ranges_clipped: int
     calibration_skipped: list[int] | None = None
     """Calibration samples held back for the budget's confirmation."""
+    per_channel_depthwise: list[str] | None = None
+    """Where OpenVINO runs the graph: the depthwise convolutions whose input got one scale per channel, because one
+    scale for the tensor left a channel fewer than 16 levels (``stages/quantize/ptq/_depthwise.py``)."""
 
 
 class _PostTraining(Int8Findings, PreparedNotes):
@@ -333,6 +336,9 @@ class NncfPtqFindings(Int8Findings):
     compute_nodes: int
     uint8_at_concats: str | None = None
     """Where OpenVINO runs the graph: int8 activation pairs at Concats moved to uint8 (exact), and why."""
+    per_tensor_depthwise: list[str] | None = None
+    """The depthwise convolutions whose per-channel input pair (NNCF's) was rewritten as a rescaling Mul and one
+    scale, which ONNX Runtime can run (``stages/quantize/ptq/_depthwise.py``)."""
 
 
 class LoweringNotes(Findings):

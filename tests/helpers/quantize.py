@@ -113,6 +113,27 @@ def concat_head() -> onnx.ModelProto:
     return make_model(nodes, weights, {"x": [1, 4, 12, 12]}, {"y": [1, 8, 12, 12]})
 
 
+GAINS = (1.0, 0.01, 1.0, 0.02, 0.5, 1.0, 0.005, 1.0)
+"""Per-channel gains of ``depthwise_block``'s first convolution: BatchNormalization folded in makes such spreads."""
+
+
+def depthwise_block(activation: str = "HardSwish", gains: tuple[float, ...] = GAINS) -> onnx.ModelProto:
+    """x [1, 3, 16, 16] -> Conv (8 channels scaled by ``gains``) -> ``activation`` -> depthwise Conv (weights
+    scaled by 1 / gains: each output channel as large as the others) -> Relu -> 1x1 Conv -> y [1, 4, 16, 16]."""
+    rng = np.random.default_rng(0)
+    channels = len(gains)
+    scale = np.asarray(gains, np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+             helper.make_node(activation, ["c0"], ["a0"], name="act0"),
+             helper.make_node("Conv", ["a0", "wd"], ["d"], name="dw", pads=[1, 1, 1, 1], group=channels),
+             helper.make_node("Relu", ["d"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "wp"], ["y"], name="pw")]
+    weights = [init("w0", rng.standard_normal((channels, 3, 3, 3)) * 0.4 * scale[:, None, None, None]),
+               init("wd", rng.standard_normal((channels, 1, 3, 3)) * 0.4 / scale[:, None, None, None]),
+               init("wp", rng.standard_normal((4, channels, 1, 1)) * 0.4)]
+    return make_model(nodes, weights, {"x": [1, 3, 16, 16]}, {"y": [1, 4, 16, 16]})
+
+
 def openvino_agrees_with_ort(model: onnx.ModelProto, feed: dict[str, np.ndarray] | None = None) -> float:
     """The cosine between OpenVINO's first output (pinned to f32) and ONNX Runtime's on ``feed`` (by default one
     input of ``concat_head``)."""

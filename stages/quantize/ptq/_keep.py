@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     import onnx
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+RESCALING = "_rescaled_mul"
+"""Name suffix of the Mul a rescaled depthwise input reads through (``_depthwise``): dropped with its pair when the
+convolution is kept float."""
 MOVER_OPS = frozenset({
     "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Slice", "Split", "Gather",
     "GatherElements", "MaxPool", "Pad", "DepthToSpace", "SpaceToDepth", "Expand", "Tile", "Shape", "Size",
@@ -168,8 +171,8 @@ def _final_consumers(node: onnx.NodeProto, consumers: dict[str, list[onnx.NodePr
 
 
 def remove_unused(model: onnx.ModelProto) -> None:
-    """Drop Q/DQ nodes whose outputs nobody reads (back to front, so chains go in one pass), then initializers
-    nobody reads."""
+    """Drop Q/DQ nodes (and :data:`RESCALING` Muls) whose outputs nobody reads (back to front, so chains go in one
+    pass), then initializers nobody reads."""
     graph = model.graph
     read: dict[str, int] = {}
     for node in graph.node:
@@ -179,7 +182,8 @@ def remove_unused(model: onnx.ModelProto) -> None:
     dead = []
     for index in range(len(graph.node) - 1, -1, -1):
         node = graph.node[index]
-        if node.op_type in QDQ_OPS and not any(read.get(out) or out in outputs for out in node.output):
+        removable = node.op_type in QDQ_OPS or (node.op_type == "Mul" and node.name.endswith(RESCALING))
+        if removable and not any(read.get(out) or out in outputs for out in node.output):
             dead.append(index)
             for name in node.input:
                 read[name] -= 1

@@ -3,7 +3,8 @@
 NNCF (OpenVINO's post-training quantization tool) places Q/DQ the way OpenVINO's low-precision transformations
 want them (symmetric activations where the range allows, Add/Mul/Concat handled for OpenVINO's fusions) and
 applies fast bias correction; where OpenVINO runs the graph, its int8 pairs at Concats move to uint8, exactly
-(``_concat_uint8``).  With this engine qdeploy calibrates NNCF on the recipe's data, maps
+(``_concat_uint8``), and its per-channel pairs before depthwise convolutions become a rescaling and one scale, which
+ONNX Runtime can run too (``_depthwise``).  With this engine qdeploy calibrates NNCF on the recipe's data, maps
 ``reduce_range`` to NNCF's ``overflow_fix`` (7-bit weights for x86 CPUs without VNNI), checks the model loads,
 counts the int8 kernels each target really runs, and validates and benchmarks it like any artifact; the verdict
 then picks, per target, the fastest artifact that passes (``docs/quantize.md``: NNCF is the faster graph on
@@ -22,6 +23,7 @@ from qdeploy.stages.quantize._common import SevenBit, resolve_reduce_range
 from qdeploy.stages.quantize.config import STAGE, CalibrationRef
 from qdeploy.stages.quantize.findings import NncfPtqFindings
 from qdeploy.stages.quantize.ptq._concat_uint8 import moved_where_openvino_runs
+from qdeploy.stages.quantize.ptq._depthwise import per_tensor_at_depthwise
 
 if TYPE_CHECKING:
     import onnx
@@ -74,9 +76,12 @@ def quantize_with_nncf(artifact: Artifact, config: NncfPtqConfig,
         raise StageError(STAGE, ctx.variant, f"NNCF could not quantize the model: {type(exc).__name__}: "
                                              f"{' '.join(str(exc).split())[:300]}") from exc
     moved = moved_where_openvino_runs(quantized, ctx.variant, ctx.targets)
+    # its per-channel pairs before depthwise convolutions make ONNX Runtime's fused QLinearConv fail at run time
+    rescaled = per_tensor_at_depthwise(quantized)
     findings = partial(NncfPtqFindings, nncf_version=nncf.__version__, calibration_data=calibration.data or "random",
                        calibration_samples=len(samples), model_type=config.nncf_model_type or "default",
                        reduce_range={"setting": config.reduce_range, "seven_bit": seven_bit, "why": why,
                                      "nncf_overflow_fix": overflow_fix.value},
-                       excluded=sorted(config.exclude_nodes), uint8_at_concats=moved)
+                       excluded=sorted(config.exclude_nodes), uint8_at_concats=moved,
+                       per_tensor_depthwise=rescaled or None)
     return quantized, seven_bit, findings

@@ -18,7 +18,7 @@ import copy
 import io
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ from qdeploy.calibration.ranges import HISTOGRAM_METHODS, estimate_range
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import load_weights_from
 from qdeploy.stages.quantize.ptq._concat_uint8 import CONCAT_INT8_BUG
+from qdeploy.stages.quantize.ptq._depthwise import depthwise_inputs, per_channel_at_depthwise
 from qdeploy.stages.quantize.ptq._guard import ort_quantizer_step
 from qdeploy.stages.quantize.ptq._keep import MOVER_OPS, keep_float, quantized_node_names
 from qdeploy.stages.quantize.ptq._openvino import (
@@ -84,22 +85,28 @@ def default_op_types(mode: str, weight_type: str, op_set: str = "balanced") -> l
 
 @dataclass(frozen=True)
 class Calibrated:
-    """What calibration did: samples read, tensors calibrated, ranges the method clipped inside the observed ones."""
+    """What calibration did: samples read, tensors calibrated, ranges the method clipped inside the observed ones;
+    and the per-channel largest |value| of each depthwise convolution's input (``_depthwise``)."""
 
     samples: int
     tensors: int
     clipped: int
+    channel_peaks: dict[str, list[float]] = field(default_factory=dict)
 
 
 def calibrate(prepared: Path, op_types: list[str], feeds: FeedSource, work_dir: Path, method: str,
               percentile: float) -> tuple[dict[str, tuple[float, float]], Calibrated]:
     """Activation ranges of every float tensor around the op types to quantize, and what calibration did."""
     tensors = float_tensors_of(prepared, op_types)
-    stats, samples = collect_statistics(prepared, tensors, feeds, work_dir, histogram=method in HISTOGRAM_METHODS)
+    depthwise = depthwise_inputs(load_model(prepared, load_external_data=False)) & set(tensors)
+    stats, samples = collect_statistics(prepared, tensors, feeds, work_dir, histogram=method in HISTOGRAM_METHODS,
+                                        per_channel=depthwise)
     ranges = {name: estimate_range(item, method, percentile=percentile) for name, item in stats.items()}
     clipped = sum(1 for name, (low, high) in ranges.items()
                   if stats[name].count and (low > stats[name].minimum or high < stats[name].maximum))
-    return ranges, Calibrated(samples=samples, tensors=len(tensors), clipped=clipped)
+    peaks = {name: [float(value) for value in stats[name].channel_peak] for name in sorted(depthwise)
+             if stats[name].channel_peak is not None and stats[name].channel_peak.size}
+    return ranges, Calibrated(samples=samples, tensors=len(tensors), clipped=clipped, channel_peaks=peaks)
 
 
 class StaticBuilder:
@@ -114,7 +121,8 @@ class StaticBuilder:
     def __init__(self, prepared: Path, ranges: dict[str, tuple[float, float]], excluded: list[str], *,
                  per_channel: bool, activation_type: str, weight_type: str, symmetric_activations: bool,
                  symmetric_weights: bool, op_types: list[str], seven_bit: str = "none",
-                 runtime: str | None = None, signed_int8: float = 0.0, openvino_runs: bool | None = None) -> None:
+                 runtime: str | None = None, signed_int8: float = 0.0, openvino_runs: bool | None = None,
+                 channel_peaks: dict[str, list[float]] | None = None) -> None:
         from onnxruntime.quantization import QuantType
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
         from onnxruntime.quantization.quant_utils import update_opset_version
@@ -150,7 +158,8 @@ class StaticBuilder:
                 signed_int8)
         self.uint8_concats: set[str] = set()
         """Tensors put back on uint8 under ``activation_type: int8`` because OpenVINO runs the graph."""
-        if activation_type == "int8" and (runtime == "openvino" if openvino_runs is None else openvino_runs):
+        on_openvino = runtime == "openvino" if openvino_runs is None else openvino_runs
+        if activation_type == "int8" and on_openvino:
             self.uint8_concats = at_concats & set(ranges)
             overrides.update({name: [{"quant_type": QuantType.QUInt8, "symmetric": symmetric_activations}]
                               for name in self.uint8_concats})
@@ -170,6 +179,13 @@ class StaticBuilder:
         # OpenVINO rewrites a zero point shared along a Gather/Pad/Transpose chain for all its readers at once
         unshare_qdq_parameters(self._quantized)
         load_weights_from(self._quantized, prepared.parent)  # what it left float (biases, excluded weights)
+        self.per_channel_depthwise: list[str] = []
+        """Depthwise Conv nodes whose input is rescaled to one scale per channel in effect where OpenVINO runs the
+        graph (``_depthwise``)."""
+        if on_openvino and channel_peaks:
+            self.per_channel_depthwise = per_channel_at_depthwise(
+                self._quantized, {name: np.asarray(peak, np.float32) for name, peak in channel_peaks.items()},
+                seven_bit=seven_bit == "activations", int8_only=activation_type == "int8", skip=at_concats)
 
     def _float_model(self) -> onnx.ModelProto:
         if self._float is None:

@@ -54,7 +54,8 @@ def shared_calibration(work_dir: Path, float_model: Path, feeds: Callable[[], An
     temporary.write_text(json.dumps({"ranges": {name: [float(low), float(high)] for name, (low, high) in
                                                 ranges.items()},
                                      "calibrated": {"samples": calibrated.samples, "tensors": calibrated.tensors,
-                                                    "clipped": calibrated.clipped}}))
+                                                    "clipped": calibrated.clipped,
+                                                    "channel_peaks": calibrated.channel_peaks}}))
     os.replace(temporary, path)
     return ranges, calibrated
 

@@ -137,7 +137,7 @@ def _ptq_build(config: PtqConfig, op_types: list[str], excluded: list[str], feed
     settings = RangeSettings(op_types=op_types, method=config.method, percentile=config.percentile)
 
     def build(path: Path) -> onnx.ModelProto:
-        ranges, _ = shared_calibration(ctx.work_dir, path, feeds, settings, lambda: calibrate(
+        ranges, calibrated = shared_calibration(ctx.work_dir, path, feeds, settings, lambda: calibrate(
             path, op_types, feeds, ctx.work_dir, config.method, config.percentile))
         builder = StaticBuilder(path, ranges, excluded, per_channel=config.per_channel,
                                 activation_type=config.activation_type, weight_type=config.weight_type,
@@ -146,7 +146,8 @@ def _ptq_build(config: PtqConfig, op_types: list[str], excluded: list[str], feed
                                 runtime=config.runtime,  # the alpha is judged before the sign choice
                                 signed_int8=EVERY_SIGNED if config.signed_choice() == "symmetric"
                                 and form != "activations" else 0.0,
-                                openvino_runs=openvino_runs(ctx.variant, ctx.targets))
+                                openvino_runs=openvino_runs(ctx.variant, ctx.targets),
+                                channel_peaks=calibrated.channel_peaks)
         return builder([])  # every node it quantizes quantized: the alpha is judged before any budget
 
     return build
