@@ -137,7 +137,8 @@ def _rescale_depthwise_inputs(model: onnx.ModelProto, choose: Callable[[str, int
         # a bias that would overflow int32 at the new scales leaves the Conv as it was
         if chosen is None or not _rescale_parameters(parameters, chosen[0], chosen[1], initializers):
             continue
-        nodes, inits = _rescaled_pair(pair[0].input[0], *chosen, pair[0].name, taken)
+        rank = len(shapes[_weight_name(conv, producer)])  # the input's rank: N, C and the spatial axes
+        nodes, inits = _rescaled_pair(pair[0].input[0], *chosen, rank, pair[0].name, taken)
         graph.initializer.extend(inits)
         conv.input[0] = nodes[-1].output[0]
         added[id(conv)] = nodes
@@ -157,14 +158,16 @@ def _depthwise_convs(model: onnx.ModelProto, producer: dict[str, onnx.NodeProto]
         group = next((a.i for a in node.attribute if a.name == "group"), 1)
         if node.op_type != "Conv" or group <= 1:
             continue
-        weight = node.input[1]
-        source = producer.get(weight)
-        if source is not None and source.op_type == "DequantizeLinear":
-            weight = source.input[0]
-        shape = shapes.get(weight)
+        shape = shapes.get(_weight_name(node, producer))
         if shape is not None and len(shape) >= 2 and shape[:2] == (group, 1):  # no channel multiplier
             found.append((node, group))
     return found
+
+
+def _weight_name(conv: onnx.NodeProto, producer: dict[str, onnx.NodeProto]) -> str:
+    """The initializer holding ``conv``'s weight: itself, or what its DequantizeLinear reads."""
+    source = producer.get(conv.input[1])
+    return source.input[0] if source is not None and source.op_type == "DequantizeLinear" else conv.input[1]
 
 
 def _input_pair(conv: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
@@ -211,7 +214,7 @@ def _scalar(initializers: dict[str, onnx.TensorProto], name: str) -> float | Non
     return float(values) if values.size == 1 else None
 
 
-def _rescaled_pair(source: str, gain: np.ndarray, scale: np.float32, zero: np.ndarray, base: str,
+def _rescaled_pair(source: str, gain: np.ndarray, scale: np.float32, zero: np.ndarray, rank: int, base: str,
                    taken: set[str]) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """``Mul(source, gain)`` (``gain`` along axis 1) and a per-tensor Q/DQ pair (``scale``, ``zero``) on it."""
     from onnx import helper, numpy_helper
@@ -219,7 +222,7 @@ def _rescaled_pair(source: str, gain: np.ndarray, scale: np.float32, zero: np.nd
     names = {part: fresh_name(f"{base}_rescaled_{part}", taken) for part in ("gain", "scale", "zero", "q", "dq")}
     names["mul"] = fresh_name(f"{base}{RESCALING}", taken)  # what keep_float drops with the pair
     taken.update(names.values())
-    shape = (1, len(gain), *([1] * 2))
+    shape = (1, len(gain), *([1] * (rank - 2)))
     nodes = [helper.make_node("Mul", [source, names["gain"]], [names["mul"]], name=names["mul"]),
              helper.make_node("QuantizeLinear", [names["mul"], names["scale"], names["zero"]], [names["q"]],
                               name=names["q"]),

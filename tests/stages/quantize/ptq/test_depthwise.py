@@ -91,10 +91,11 @@ def test_a_shared_graph_with_an_openvino_target_is_rescaled_and_onnx_runtime_run
     assert _cosine(run_ort(model, FEED)[0], run_ort(built.model, FEED)[0]) > 0.999
 
 
-def _qdq_depthwise(bias: np.ndarray | None, opset: int = 17) -> onnx.ModelProto:
-    """x -> Q/DQ (one scale) -> depthwise Conv with int8 weights (per-channel scales) and an int32 bias -> y."""
+def _qdq_depthwise(bias: np.ndarray | None, opset: int = 17, spatial: int = 2) -> onnx.ModelProto:
+    """x -> Q/DQ (one scale) -> depthwise Conv (``spatial`` axes: 2 for an image, 1 for a sequence) with int8
+    weights (per-channel scales) and an int32 bias -> y."""
     channels = 4
-    weights = np.arange(channels * 9, dtype=np.int8).reshape(channels, 1, 3, 3) - 10
+    weights = (np.arange(channels * 3**spatial, dtype=np.int8) - 10).reshape(channels, 1, *([3] * spatial))
     nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="xq"),
              helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="xd"),
              helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], name="wd", axis=0)]
@@ -106,22 +107,25 @@ def _qdq_depthwise(bias: np.ndarray | None, opset: int = 17) -> onnx.ModelProto:
         inits += [init("bq", bias, np.int32), init("bs", 0.05 * np.array([0.01, 0.02, 0.03, 0.04])),
                   init("bz", [0] * channels, np.int32)]
         conv_inputs.append("bd")
-    nodes.append(helper.make_node("Conv", conv_inputs, ["y"], name="dw", group=channels, pads=[1, 1, 1, 1]))
-    return make_model(nodes, inits, {"x": [1, channels, 6, 6]}, {"y": [1, channels, 6, 6]}, opset=opset)
+    nodes.append(helper.make_node("Conv", conv_inputs, ["y"], name="dw", group=channels, pads=[1] * 2 * spatial))
+    shape = [1, channels, *([6] * spatial)]
+    return make_model(nodes, inits, {"x": shape}, {"y": shape}, opset=opset)
 
 
-def test_the_rescaling_is_the_same_function_in_float(tmp_path: Path) -> None:
+@pytest.mark.parametrize("spatial", [2, 1])
+def test_the_rescaling_is_the_same_function_in_float(spatial: int) -> None:
     """Before rounding, the rewritten graph computes what the float graph does: the weights' scales and the bias
     move with the gain (checked by replacing every Q/DQ pair of activations with the identity).  The int32 bias is
     requantized to its new scale (the new input scale x each channel's new weight scale): half a step of that is
     the only difference."""
-    model = _qdq_depthwise(np.array([100, -200, 300, 5], np.int32))
+    model = _qdq_depthwise(np.array([100, -200, 300, 5], np.int32), spatial=spatial)
     peaks = {"x": np.array([10.0, 0.02, 5.0, 0.1], np.float32)}
     assert depthwise_inputs(model) == {"x"}
     assert per_channel_at_depthwise(model, peaks) == ["dw"]
     rng = np.random.default_rng(0)
-    x = (rng.uniform(-1, 1, (1, 4, 6, 6)) * peaks["x"][None, :, None, None]).astype(np.float32)
-    original = _qdq_depthwise(np.array([100, -200, 300, 5], np.int32))
+    x = (rng.uniform(-1, 1, (1, 4, *([6] * spatial))) * peaks["x"].reshape(1, 4, *([1] * spatial))).astype(
+        np.float32)
+    original = _qdq_depthwise(np.array([100, -200, 300, 5], np.int32), spatial=spatial)
     expected = run_ort(_without_activation_pairs(original), {"x": x})[0]
     produced = run_ort(_without_activation_pairs(model), {"x": x})[0]
     bias_scale = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "bs"))
