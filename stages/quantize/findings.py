@@ -279,8 +279,8 @@ class CalibrationNotes(Findings):
     calibration_skipped: list[int] | None = None
     """Calibration samples held back for the budget's confirmation."""
     per_channel_depthwise: list[str] | None = None
-    """Where OpenVINO runs the graph: the depthwise convolutions whose input got one scale per channel, because one
-    scale for the tensor left a channel fewer than 16 levels (``stages/quantize/ptq/_depthwise.py``)."""
+    """Where OpenVINO runs the graph: the depthwise convolutions whose input is rescaled to one scale per channel in
+    effect, because one scale for the tensor left a channel fewer than 16 levels (``ptq/_depthwise.py``)."""
 
 
 class _PostTraining(Int8Findings, PreparedNotes):

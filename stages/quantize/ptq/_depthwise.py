@@ -250,10 +250,21 @@ def _weight_and_bias(conv: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
             found.append(None)
             continue
         alone = len(readers.get(node.output[0], [])) == 1 and len(readers.get(node.input[1], [])) == 1
-        if node.op_type != "DequantizeLinear" or not alone or node.input[1] not in initializers:
+        if node.op_type != "DequantizeLinear" or not alone or not {node.input[0], node.input[1]} <= initializers.keys():
             return None
+        if position == 2 and not _zero_or_absent(node, initializers):
+            return None  # an int32 bias with a zero point is not the form ORT writes: left alone
         found.append(node)
     return found[0], found[1]
+
+
+def _zero_or_absent(dequantize: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> bool:
+    from onnx import numpy_helper
+
+    if len(dequantize.input) < 3 or not dequantize.input[2]:
+        return True
+    zero = initializers.get(dequantize.input[2])
+    return zero is not None and not numpy_helper.to_array(zero).any()
 
 
 def _rescale_parameters(parameters: tuple[onnx.NodeProto, onnx.NodeProto | None], gain: np.ndarray,
