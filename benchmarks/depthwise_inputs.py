@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.int8 import (  # noqa: E402
     AT_DEFAULT,
     Row,
+    case_artifact,
     latency,
     nncf_rows,
     outputs,
@@ -41,7 +42,6 @@ from benchmarks.int8_models import BUILDERS, Case, layout  # noqa: E402
 from benchmarks.int8_peers import nncf_artifacts  # noqa: E402
 from qdeploy.calibration import data_context  # noqa: E402
 from qdeploy.core.compare import compare_outputs  # noqa: E402
-from qdeploy.core.context import Artifact  # noqa: E402
 from qdeploy.core.tolerance import Tolerance  # noqa: E402
 from qdeploy.stages import simplify  # noqa: E402
 from qdeploy.stages.quantize import QuantizeConfig  # noqa: E402
@@ -76,10 +76,8 @@ def simplified(case: Case, folder: Path) -> Path:
     """The case's model through qdeploy's simplify stage (its defaults), saved."""
     work = folder / f"{case.name}-simplify-work"
     work.mkdir(exist_ok=True)
-    artifact = Artifact(path=case.path, sidecar=case.path.with_suffix(".json"), key="k", sha256="s",
-                        size_bytes=case.path.stat().st_size, stages=("export",), parent=None)
     output = folder / f"{case.name}-simplified.onnx"
-    onnx.save(simplify.run(artifact, SimplifyConfig(), data_context("simplify", work)).model, str(output))
+    onnx.save(simplify.run(case_artifact(case), SimplifyConfig(), data_context("simplify", work)).model, str(output))
     return output
 
 

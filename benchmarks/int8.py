@@ -117,6 +117,12 @@ def ort_default(case: Case, folder: Path) -> Row:
     return Row(case.name, "ort-default", output, time.perf_counter() - started)
 
 
+def case_artifact(case: Case) -> Artifact:
+    """The case's model file as a stage's input artifact (an exported model; no sidecar, key or hash needed)."""
+    return Artifact(path=case.path, sidecar=case.path.with_suffix(".json"), key="k", sha256="s",
+                    size_bytes=case.path.stat().st_size, stages=("export",), parent=None)
+
+
 def qdeploy(case: Case, folder: Path, label: str, config: QuantizeConfig, targets: tuple[str, ...] = ()) -> Row:
     """The quantize stage on ``case`` as variant ``label`` (``x@openvino``: a per-runtime build), for ``targets``
     (unknown when empty)."""
@@ -126,8 +132,7 @@ def qdeploy(case: Case, folder: Path, label: str, config: QuantizeConfig, target
         np.savez(data / f"{index:03d}.npz", **sample)
     work = folder / f"{case.name}-{label}-work"
     work.mkdir(exist_ok=True)
-    artifact = Artifact(path=case.path, sidecar=case.path.with_suffix(".json"), key="k", sha256="s",
-                        size_bytes=case.path.stat().st_size, stages=("export",), parent=None)
+    artifact = case_artifact(case)
     started = time.perf_counter()
     context = data_context(label, work, datasets={"calib": DatasetSpec(reader="npy", path=str(data))},
                            targets=targets)

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdeploy.graph.utils import fresh_name, node_readers
-from qdeploy.stages.quantize.ptq._keep import RESCALING
+from qdeploy.graph.utils import default_opset, fresh_name, node_readers
+from qdeploy.stages.quantize.ptq._keep import RESCALING, remove_unused
 
 if TYPE_CHECKING:
     import onnx
@@ -119,7 +119,7 @@ def _rescale_depthwise_inputs(model: onnx.ModelProto, choose: Callable[[str, int
     """Give each depthwise Conv for which ``choose(float input, channels, its QuantizeLinear, initializers)`` picks
     a rescaling ``Mul(x, gain)`` and a per-tensor pair of its own, its weights' scales (and int32 bias) divided by
     the gain; the Conv names changed."""
-    if _opset(model) < _PER_AXIS_OPSET:
+    if default_opset(model) < _PER_AXIS_OPSET:
         return []
     graph = model.graph
     producer = {out: node for node in graph.node for out in node.output if out}
@@ -128,7 +128,6 @@ def _rescale_depthwise_inputs(model: onnx.ModelProto, choose: Callable[[str, int
     shapes = {name: tuple(init.dims) for name, init in initializers.items()}
     taken = {*initializers, *producer, *(value.name for value in graph.input)}
     added: dict[int, list[onnx.NodeProto]] = {}  # id(conv) -> its Mul and pair, placed right before it
-    orphans = []
     for conv, channels in _depthwise_convs(model, producer, shapes):
         pair = _input_pair(conv, producer, initializers)
         parameters = _weight_and_bias(conv, producer, readers, initializers)
@@ -142,10 +141,9 @@ def _rescale_depthwise_inputs(model: onnx.ModelProto, choose: Callable[[str, int
         graph.initializer.extend(inits)
         conv.input[0] = nodes[-1].output[0]
         added[id(conv)] = nodes
-        orphans.append(pair)
     changed = [node.name for node in graph.node if id(node) in added]
     if added:
-        _place(graph, added, orphans, outputs={value.name for value in graph.output})
+        _place(model, added)
     return changed
 
 
@@ -296,31 +294,13 @@ def _rescale_parameters(parameters: tuple[onnx.NodeProto, onnx.NodeProto | None]
     return True
 
 
-def _place(graph: onnx.GraphProto, added: dict[int, list[onnx.NodeProto]],
-           orphans: list[tuple[onnx.NodeProto, onnx.NodeProto]], outputs: set[str]) -> None:
-    """Put each new Mul and pair right before its Conv, and drop the old pairs nobody reads any more (with their
-    parameters, which only they read: ``_unshare`` gave every pair its own)."""
-    readers = node_readers(node for node in graph.node)
-    doomed: set[int] = set()
-    for quantize, dequantize in orphans:
-        if not readers.get(dequantize.output[0]) and dequantize.output[0] not in outputs:
-            doomed.add(id(dequantize))
-            if all(id(reader) in doomed for reader in readers.get(quantize.output[0], [])):
-                doomed.add(id(quantize))
+def _place(model: onnx.ModelProto, added: dict[int, list[onnx.NodeProto]]) -> None:
+    """Put each new Mul and pair right before its Conv, then drop the old pairs nobody reads any more, with their
+    parameters (``_keep.remove_unused``: subgraphs' reads count)."""
     ordered = []
-    for node in graph.node:
+    for node in model.graph.node:
         ordered.extend(added.get(id(node), []))
-        if id(node) not in doomed:
-            ordered.append(node)
-    read = {name for node in ordered for name in node.input}
-    dropped = {name for node in graph.node if id(node) in doomed for name in node.input[1:]} - read
-    del graph.node[:]
-    graph.node.extend(ordered)
-    if dropped:
-        kept = [init for init in graph.initializer if init.name not in dropped]
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0)
+        ordered.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(ordered)
+    remove_unused(model)
