@@ -1,5 +1,5 @@
 """Small models with control flow for the tests: nested If/Loop/Scan, outer-scope reads, an LSTM in a branch, a
-recurrence whose float noise grows, loops that carry values through unchanged."""
+recurrence whose float noise grows, loops that carry values through unchanged, an If on a [1, 1] condition."""
 
 from __future__ import annotations
 
@@ -168,6 +168,33 @@ def pass_through_loop_model(steps: int = 3, *, nested: bool = False) -> onnx.Mod
         inner = helper.make_node("Loop", ["two", "keep_going", "x", "w"], ["y_outer", "w_after"], body=outer_body)
     inits = [numpy_helper.from_array(value, name) for name, value in arrays.items()]
     graph = helper.make_graph([inner], "carried", [_vi("x", [1, 4])], [_vi(inner.output[0], [1, 4])], inits)
+    return _model(graph)
+
+
+def matrix_condition_if_model(*, nested: bool = False, declared: bool = True) -> onnx.ModelProto:
+    """PyTorch's ``if score >= 0`` on a [1, 1] score: an If whose condition has rank 2 (ONNX allows any rank for
+    its one element; OpenVINO's frontend refuses it), y = 2x when the sum of x is non-negative, else -x.
+    ``nested``: that If sits in the then-branch of an outer If on a scalar (always true); ``declared``: the
+    condition's shape is in value_info (else only shape inference finds it)."""
+    nodes = [helper.make_node("ReduceSum", ["x"], ["score"], keepdims=1),
+             helper.make_node("GreaterOrEqual", ["score", "zero"], ["condition"]),
+             helper.make_node("If", ["condition"], ["y_inner"], name="verify",
+                              then_branch=helper.make_graph([helper.make_node("Mul", ["x", "two"], ["doubled"])],
+                                                            "then", [], [_vi("doubled", [1, 4])]),
+                              else_branch=helper.make_graph([helper.make_node("Neg", ["x"], ["negated"])], "else", [],
+                                                            [_vi("negated", [1, 4])]))]
+    inits = [numpy_helper.from_array(np.zeros((1, 1), np.float32), "zero"),
+             numpy_helper.from_array(np.float32(2.0), "two")]
+    value_info = [_vi("condition", [1, 1], TensorProto.BOOL)] if declared else []
+    if nested:
+        inner = helper.make_graph(nodes, "inner", [], [_vi("y_inner", [1, 4])], value_info=value_info)
+        nodes = [helper.make_node("If", ["always"], ["y_inner"], name="outer", then_branch=inner,
+                                  else_branch=helper.make_graph([helper.make_node("Identity", ["x"], ["same"])],
+                                                                "same", [], [_vi("same", [1, 4])]))]
+        inits.append(numpy_helper.from_array(np.array(True), "always"))
+        value_info = []
+    graph = helper.make_graph(nodes, "matrix_if", [_vi("x", [1, 4])], [_vi("y_inner", [1, 4])], inits,
+                              value_info=value_info)
     return _model(graph)
 
 

@@ -124,7 +124,7 @@ class ValidationRow(ResultRow):
         "outputs", "tolerance", "tolerance_basis", "precision", "execution", "samples",
         "batch_sizes_validated", "task_metric_reference", "task_metric_name", "task_metric_direction",
         "added", "precision_hint", "precision_attempts",
-        "deploy_precision", "unreadable"})
+        "deploy_precision", "unreadable", "arbitrated"})
 
     variant: str
     target: str
@@ -167,6 +167,11 @@ class ValidationRow(ResultRow):
     (the reference variant's row on that target, whose reason says why, once); the row's status is then
     ``unreadable``: not a failure of this variant, and never a pass.  report.json's ``unreadable_targets`` names each
     such target once."""
+    arbitrated: dict[str, Any] | None = None
+    """float32 rows off ort:cpu that failed against it: both runtimes against a float64 evaluation of the reference
+    (``against``, ``samples``, ``verdict``: 'reference' when only ort:cpu misses the limits there, and the row then
+    passes; 'target', 'both', 'neither', or 'unchecked' with ``reason``; ``target`` and ``reference``: each side's
+    worst metrics and whether it held)."""
 
     @property
     def measured(self) -> bool:

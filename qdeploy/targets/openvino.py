@@ -246,10 +246,15 @@ def _match_ports(ports: Any, onnx_names: list[str], kind: str) -> dict[str, int]
         for name in port.get_names():
             by_name.setdefault(name, index)
     missing = [name for name in onnx_names if name not in by_name]
-    if missing:
-        raise ModelError(f"OpenVINO's compiled model has no {kind} named {missing}; "
-                         f"its {kind}s are {[sorted(port.get_names()) for port in ports]}")
+    if missing:  # a model exposing its intermediates has thousands of ports: name a few of each
+        listed = [sorted(port.get_names()) for port in ports]
+        raise ModelError(f"OpenVINO's compiled model has no {kind} named {_few(missing)} ({len(missing)} missing); "
+                         f"its {len(listed)} {kind}s are {_few(listed)}")
     return {name: by_name[name] for name in onnx_names}
+
+
+def _few(items: list[Any], shown: int = 5) -> str:
+    return f"{items[:shown]}{' ...' if len(items) > shown else ''}"
 
 
 def _ov_execution_info(target: str, compiled: Any, notes: list[str]) -> ExecutionInfo:

@@ -8,7 +8,8 @@ itself is never changed, and the notes say what was rewritten (a session puts
 them in what it reports as having run).
 
 Lifted today: a Loop/Scan body that returns a loop-carried input unchanged
-(``qdeploy.graph.loop_carried``; OpenVINO 2026.4 refuses it in ``loop.cpp``).
+(``qdeploy.graph.loop_carried``; OpenVINO 2026.4 refuses it in ``loop.cpp``), and an If whose condition has
+rank above 1 (``qdeploy.graph.if_condition``; refused in ``if.cpp``).
 
 The copy holds the graph only.  Without external data it is handed to OpenVINO
 in memory; with weights in a data file, or in the model file itself past 64 MB
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.files import TMP_PREFIX, all_tensors
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.graph.if_condition import squeeze_if_conditions
 from qdeploy.graph.loop_carried import isolate_pass_through
 
 if TYPE_CHECKING:
@@ -47,17 +49,36 @@ def read_onnx(core: Any, model_path: Path) -> tuple[Any, list[str]]:
     ONNX frontend reads it (empty when it reads the file as it is).  Raises what ``Core.read_model`` raises."""
     model_path = Path(model_path)
     model = load_model(model_path, load_external_data=False)
-    rewritten = isolate_pass_through(model)
-    if not rewritten:
+    notes = [note for note in (_loop_note(isolate_pass_through(model)), _if_note(squeeze_if_conditions(model)))
+             if note]
+    if not notes:
         del model  # the parsed copy is not needed while OpenVINO reads the file
         return core.read_model(str(model_path)), []
-    note = (f"OpenVINO read a copy of the model with an Identity between {len(rewritten)} loop-carried value(s) and "
-            f"the Loop/Scan body outputs that return them unchanged (its ONNX frontend refuses those; the artifact "
-            f"itself is unchanged): {', '.join(rewritten[:LISTED])}{' ...' if len(rewritten) > LISTED else ''}")
-    log.info("%s: %s", model_path.name, note)
+    for note in notes:
+        log.info("%s: %s", model_path.name, note)
     if not any(tensor.data_location == EXTERNAL for tensor in all_tensors(model)):
-        return core.read_model(model.SerializeToString()), [note]
-    return _read_beside(core, model, model_path), [note]
+        return core.read_model(model.SerializeToString()), notes
+    return _read_beside(core, model, model_path), notes
+
+
+def _loop_note(rewritten: list[str]) -> str:
+    if not rewritten:
+        return ""
+    return (f"OpenVINO read a copy of the model with an Identity between {len(rewritten)} loop-carried value(s) and "
+            f"the Loop/Scan body outputs that return them unchanged (its ONNX frontend refuses those; the artifact "
+            f"itself is unchanged): {_listed(rewritten)}")
+
+
+def _if_note(rewritten: list[str]) -> str:
+    if not rewritten:
+        return ""
+    return (f"OpenVINO read a copy of the model with the condition of {len(rewritten)} If node(s) squeezed to a "
+            f"scalar (its ONNX frontend refuses a condition of rank above 1; the artifact itself is unchanged): "
+            f"{_listed(rewritten)}")
+
+
+def _listed(rewritten: list[str]) -> str:
+    return f"{', '.join(rewritten[:LISTED])}{' ...' if len(rewritten) > LISTED else ''}"
 
 
 def _read_beside(core: Any, model: onnx.ModelProto, model_path: Path) -> Any:

@@ -26,8 +26,9 @@ from qdeploy.core.errors import ModelError, QdeployInputError, RecipeError, Targ
 from qdeploy.core.lm_metrics import metric_direction
 from qdeploy.core.rows import ValidationMetrics, ValidationRow, ValidationStatus
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
+from qdeploy.stages.validate._arbiter import Float64Reference, arbitrate
 from qdeploy.stages.validate._batches import BatchedFeeds, reference_batches, run_feeds, wanted_batch_sizes
-from qdeploy.stages.validate._common import Feeds, Outcome, Outputs, feed_caster
+from qdeploy.stages.validate._common import Feeds, Outcome, Outputs, feed_caster, worst_samples
 from qdeploy.stages.validate._floor import flag_unattainable, keep_floor_outputs, noise_floor_summary
 from qdeploy.stages.validate._layers_error import NodeErrorRecord, OutputExposure, layer_errors
 from qdeploy.stages.validate._localize import Localizer, scale_free
@@ -72,6 +73,7 @@ __all__ = [
     "tolerance_for",
     "tolerance_precision",
     "unreadable_targets",
+    "worst_samples",
 ]
 
 log = logging.getLogger(__name__)
@@ -130,6 +132,9 @@ class _Run:
     """Variant -> the tolerance its recipe steps declared (a quantize or fp16 accuracy budget)."""
     spill_dir: Path | None = None
     """Where outputs past ``KEEP_IN_MEMORY_BYTES`` wait on disk (``qdeploy.core.output_store``)."""
+    float64: Float64Reference | None = None
+    """The reference evaluated in float64, for the floor rows that fail (``_arbiter``)."""
+    reference_label: str = "the reference"
 
     @property
     def base_samples(self) -> int:
@@ -191,22 +196,22 @@ def _validate_all(artifacts: dict[str, Artifact], targets: list[str], config: Va
     warnings = [RANDOM_DATA_WARNING] if _is_random(config, ctx) else []
     shared = _Run(config, feeds + batches.feeds, source.path, reference_outputs + batches.outputs, execution,
                   warnings + batches.warnings, _task_metric(config, ctx, source, reference_outputs),
-                  _localizer(config, source.path), batches, dict(declared or {}), ctx.work_dir)
+                  _localizer(config, source.path), batches, dict(declared or {}), ctx.work_dir,
+                  Float64Reference(source.path, feeds), source.label)
     outcomes = []
     largest = max((artifact.size_bytes for artifact in artifacts.values()), default=0)
     for name, artifact in artifacts.items():
         for target in targets:
             ctx.on_progress(f"validate {name} on {target}")
-            outcome = _validate_pair(shared, name, artifact.path, artifact.precision, target,
+            floor = name == source.variant and target != REFERENCE_TARGET
+            outcome = _validate_pair(shared, name, artifact.path, artifact.precision, target, floor=floor,
                                      device_default=artifact.at_device_default, pinned_f32=artifact.pinned_f32)
-            outcome.row = outcome.row.replace(noise_floor=name == source.variant and target != REFERENCE_TARGET)
             outcomes.append(keep_floor_outputs(outcome, largest))
     if source.variant is None:  # reference_model: its own rows on the other targets measure the floor
         for target in targets:
             if target != REFERENCE_TARGET:
                 ctx.on_progress(f"validate {REFERENCE_MODEL_ROW} on {target}")
-                outcome = _validate_pair(shared, REFERENCE_MODEL_ROW, source.path, "fp32", target)
-                outcome.row = outcome.row.replace(noise_floor=True)
+                outcome = _validate_pair(shared, REFERENCE_MODEL_ROW, source.path, "fp32", target, floor=True)
                 outcomes.append(keep_floor_outputs(outcome, largest))
     outcomes += _true_fp16_checks(shared, artifacts, targets, ctx, largest)
     flag_unattainable(outcomes, shared.reference_outputs, source.label)
@@ -270,12 +275,14 @@ def _localizer(config: ValidateConfig, reference_path: Path) -> Localizer | None
     return Localizer(reference_path, REFERENCE_TARGET)
 
 
-def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: str, *,
+def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: str, *, floor: bool = False,
                    device_default: bool = False, pinned_f32: bool = False) -> Outcome:
     """One row: the artifact at the target's default precision, and where a reduced default misses its tolerance,
     pinned precisions that may hold (``_precision``); a row that still fails is localized.  ``device_default``: a
     float32 artifact run at the device default too (the reference's ``fp32@default`` row), never pinned;
-    ``pinned_f32``: a weight-only artifact's ``@f32`` row, pinned to f32 as its deployment setting."""
+    ``pinned_f32``: a weight-only artifact's ``@f32`` row, pinned to f32 as its deployment setting; ``floor``: the
+    reference itself on another target (its noise floor).  A float32 row off ort:cpu that fails is arbitrated in
+    float64 (``_arbiter``)."""
     _require(path)
     if pinned_f32:
         hint, why = "f32", ""
@@ -289,6 +296,9 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
             shared, name, path, precision, target, pinned, pinned=True))
     if why and outcome.row.measured:  # where the default's facts came from, on whichever attempt the row keeps
         outcome.row = outcome.row.replace(warnings=[*outcome.row.warnings, why])
+    outcome.row = outcome.row.replace(noise_floor=floor)
+    if precision == "fp32" and not device_default and target != REFERENCE_TARGET and shared.float64 is not None:
+        outcome = arbitrate(outcome, shared.float64, shared.reference_outputs, shared.reference_label)
     row = outcome.row
     failing = [out for out in row.outputs or [] if not out.get("passed") and out.get("shape_mismatch") is None]
     if row.status == "failed" and shared.localizer is not None and failing and outcome.outputs is not None:
@@ -411,26 +421,6 @@ def _add_divergence(shared: _Run, row: ValidationRow, path: Path, target: str, p
     return row.replace(divergence={**divergence.to_dict(), "target": target, "samples": indices,
                                    "tolerance": tolerance.model_dump(exclude_none=True), **found},
                        reason=f"{row.reason}; {divergence.summary()}{describe_layer(found.get('fused_layer'))}")
-
-
-def worst_samples(reference: Outputs, candidate: Outputs, count: int) -> list[int]:
-    """Indices of the samples that disagree most: NaN/Inf first, then the largest error relative to |ref|."""
-    scores = []
-    for index, (ref, cand) in enumerate(zip(reference, candidate, strict=False)):
-        nonfinite, relative = 0, 0.0
-        for name, r in ref.items():
-            c = cand.get(name)
-            if c is None or np.shape(c) != np.shape(r) or np.asarray(r).dtype.kind != "f":
-                continue
-            r64, c64 = np.asarray(r, np.float64), np.asarray(c, np.float64)
-            nonfinite += int(np.count_nonzero(~np.isfinite(c64)))
-            finite = np.isfinite(r64) & np.isfinite(c64)
-            if finite.any():
-                scale = float(np.abs(r64[finite]).max()) or 1.0
-                relative = max(relative, float(np.abs(c64[finite] - r64[finite]).max()) / scale)
-        scores.append((nonfinite, relative, -index))
-    ranked = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
-    return sorted(ranked[:count])
 
 
 def effective_precision(precision: str, executed: ExecutionInfoDict) -> str:

@@ -1,6 +1,6 @@
 """OpenVINO reads models its ONNX frontend refuses as written: a Loop whose body returns loop-carried values
-unchanged (Paddle2ONNX's decoders) is read through a rewritten copy, on every path that hands OpenVINO an artifact,
-and what ran says so."""
+unchanged (Paddle2ONNX's decoders), an If on a [1, 1] condition (PyTorch's ``if score >= t``) are read through a
+rewritten copy, on every path that hands OpenVINO an artifact, and what ran says so."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from qdeploy.targets.layer_profile import profile_layers
 from qdeploy.targets.openvino import _ov_core
 from qdeploy.targets.openvino_read import read_onnx
 from qdeploy.targets.pool import open_pool
-from tests.control_flow_models import pass_through_loop_model
+from tests.control_flow_models import matrix_condition_if_model, pass_through_loop_model
 from tests.helpers.simplify import simplify_model
 from tests.helpers.validate import artifact, by_pair, context
 
@@ -62,6 +62,28 @@ def test_a_loop_returning_carried_values_unchanged_validates_on_openvino(tmp_pat
     notes = _validates_on_openvino(path)
     assert any("Identity between" in note and "Loop" in note and "w_in" in note for note in notes)
     assert path.read_bytes() == stored and sorted(tmp_path.iterdir()) == files  # untouched, nothing left beside
+
+
+def test_openvino_refuses_an_if_on_a_matrix_condition_as_written(tmp_path: Path) -> None:
+    path = _saved(matrix_condition_if_model(), tmp_path / "if.onnx")
+    with pytest.raises(Exception, match="Rank of If condition"):
+        _ov_core().read_model(str(path))
+
+
+@pytest.mark.parametrize(("nested", "external"), [(False, False), (True, False), (False, True)])
+def test_an_if_on_a_matrix_condition_validates_on_openvino(tmp_path: Path, nested: bool, external: bool) -> None:
+    """Before: 'OpenVINO cannot read the model: ... Rank of If condition input must be equal to 0 or 1'; both
+    branches are taken (the sum of x is negative for -x)."""
+    path = _saved(matrix_condition_if_model(nested=nested), tmp_path / "if.onnx", external=external)
+    stored, files = path.read_bytes(), sorted(tmp_path.iterdir())
+    for x in (X, -X):
+        with get_target("openvino:cpu").load(path, pin_f32=True) as session:
+            got = session.run({"x": x})
+            notes = session.executed.notes
+        expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_allclose(got[session.output_names[0]], expected, atol=1e-6, rtol=0)
+    assert any("If node(s) squeezed" in note and "verify" in note for note in notes)
+    assert path.read_bytes() == stored and sorted(tmp_path.iterdir()) == files
 
 
 def test_a_model_openvino_reads_as_written_is_read_from_its_file(tmp_path: Path) -> None:
