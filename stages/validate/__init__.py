@@ -41,7 +41,7 @@ from qdeploy.stages.validate._precision import (
 )
 from qdeploy.stages.validate._reference import ReferenceMissing, reference_source
 from qdeploy.stages.validate._task import check_metric, evaluate, load_metric, read_labels
-from qdeploy.stages.validate._tolerance import tolerance_precision
+from qdeploy.stages.validate._tolerance import looseness, tolerance_precision
 from qdeploy.stages.validate._unreadable import condense_unreadable, unreadable_targets
 from qdeploy.stages.validate.config import RANDOM_DATA_WARNING, REFERENCE_MODEL_ROW, REFERENCE_TARGET, ValidateConfig
 from qdeploy.targets import TRUE_FP16_TARGET, TargetFellBack, get_target, true_fp16_check
@@ -341,7 +341,9 @@ def _compare_pair(shared: _Run, name: str, path: Path, precision: str, target: s
     if basis == "fp16" and not held and shared.config.tolerance is None and executed.get("precision") == "bf16":
         basis, held = "bf16", BF16_BASIS.format(target=target)
     if device_default and declared is None and shared.config.tolerance is None:
-        basis, held = device_default_basis(target, executed)
+        default_basis, default_held = device_default_basis(target, executed)
+        if looseness(default_basis) >= looseness(basis):  # a model already quantized keeps the looser int8 limits
+            basis, held = default_basis, default_held
     tolerance = tolerance_for(shared.config, basis, declared)
     notes = [*shared.warnings, *_execution_warnings(executed, precision), *([held] if held else [])]
     per_output = output_tolerances(shared.config, basis, declared)

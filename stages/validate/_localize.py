@@ -41,6 +41,7 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.core.tolerance import Tolerance
 from qdeploy.graph.external_data import copy_exposing
 from qdeploy.stages.validate._common import feed_caster
+from qdeploy.stages.validate._tolerance import is_integer_op
 from qdeploy.targets import get_target
 
 if TYPE_CHECKING:
@@ -223,6 +224,8 @@ def _first_divergence(pairs: list[TensorPair], reference: list[dict[str, np.ndar
     for pair in pairs:
         refs = [{pair.reference: sample[pair.reference]} for sample in reference if pair.reference in sample]
         cands = [{pair.reference: sample[pair.candidate]} for sample in candidate if pair.candidate in sample]
+        if is_integer_op(pair.op_type):  # quantized levels, not indices: a level off at a rounding tie is rounding
+            refs, cands = _as_levels(refs, pair.reference), _as_levels(cands, pair.reference)
         if not refs or len(refs) != len(cands) or not _comparable(refs, cands, pair.reference):
             continue
         compared += 1
@@ -237,6 +240,14 @@ def _first_divergence(pairs: list[TensorPair], reference: list[dict[str, np.ndar
     return None, (f"none of the {compared} intermediate tensors shared with the reference breaks "
                   f"{tolerance.model_dump(exclude_none=True)}: the error builds up gradually or sits in tensors "
                   "only one model has")
+
+
+def _as_levels(samples: list[dict[str, np.ndarray]], name: str) -> list[dict[str, np.ndarray]]:
+    """An integer op's output as float32 numbers, compared with the float limits like any activation: two runtimes
+    quantizing one tensor round a value at a tie, or one a hair apart, to neighbouring levels (1 of 128,000
+    elements of Whisper features, ORT against OpenVINO), which is not where a model diverges.  Index tensors
+    (Shape, ArgMax, TopK's) come from other ops and stay exact."""
+    return [{name: np.asarray(sample[name]).astype(np.float32)} for sample in samples]
 
 
 def _comparable(refs: list[dict[str, np.ndarray]], cands: list[dict[str, np.ndarray]], name: str) -> bool:

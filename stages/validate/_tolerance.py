@@ -28,10 +28,17 @@ INTEGER_OP_TYPES = frozenset({
 })
 """Ops that compute on quantized integers or produce them (besides every QLinear* and QOrdered* op)."""
 INTEGER_OP_PREFIXES = ("QLinear", "QOrdered", "NhwcQLinear")
+_LOOSENESS = {"fp32": 0, "fp16": 1, "bf16": 2, "int8": 3, "int4": 3}
+"""How loose each precision's default tolerance is: a row that two bases apply to takes the looser."""
 
 
 def is_integer_op(op_type: str) -> bool:
     return op_type in INTEGER_OP_TYPES or op_type.startswith(INTEGER_OP_PREFIXES)
+
+
+def looseness(basis: str) -> int:
+    """The rank of a precision's default tolerance, strictest (fp32) first."""
+    return _LOOSENESS.get(basis, 0)
 
 
 def tolerance_precision(precision: str, path: Path) -> tuple[str, str]:

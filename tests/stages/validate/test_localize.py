@@ -118,3 +118,25 @@ def test_input_casts_are_not_compared() -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     pairs = match_tensors(helper.make_model(reference), helper.make_model(graph))
     assert [(p.reference, p.node) for p in pairs] == [("y", "relu")]
+
+
+def test_a_quantized_tensor_one_level_off_at_a_tie_is_rounding_but_an_index_tensor_must_match() -> None:
+    """Before: 'first diverging node ... QuantizeLinear: 1 of 128000 integer/bool elements differ; they must match
+    exactly', where ORT and OpenVINO rounded one input feature of a pre-quantized Whisper encoder to neighbouring
+    levels and the real divergence lay further on."""
+    from qdeploy.stages.validate._localize import TensorPair, _first_divergence
+
+    levels = np.random.default_rng(0).integers(0, 255, (1, 80, 1600)).astype(np.uint8)
+    nudged = levels.copy()
+    nudged[0, 3, 7] += 1
+    indices = np.arange(12, dtype=np.int64).reshape(1, 12)
+    moved = indices.copy()
+    moved[0, 5] = 6
+    pairs = [TensorPair("q", "q", "x_QuantizeLinear", "QuantizeLinear"), TensorPair("i", "i", "argmax", "ArgMax")]
+    reference, candidate = [{"q": levels, "i": indices}], [{"q": nudged, "i": moved}]
+    found, _ = _first_divergence(pairs, reference, candidate, scale_free(Tolerance(), Tolerance(cosine_min=0.999)))
+    assert found is not None and found.node == "argmax" and "must match exactly" in found.reason
+    coarse = (levels // 16 * 16).astype(np.uint8)  # a quantized tensor that really diverges is still found
+    found, _ = _first_divergence(pairs, reference, [{"q": coarse, "i": indices}],
+                                 scale_free(Tolerance(), Tolerance(cosine_min=0.9999)))
+    assert found is not None and found.node == "x_QuantizeLinear"

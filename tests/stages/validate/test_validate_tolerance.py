@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,20 @@ def test_pre_quantized_fp32_variant_gets_the_int8_tolerance_and_the_reason(tmp_p
     openvino = rows[("simplified", "openvino:cpu")]  # the runtimes round the integer ops differently...
     assert openvino.metrics.snr_db < DEFAULT_TOLERANCES["fp32"].snr_db_min
     assert openvino.status == "passed"  # ...which is no failure of a variant that changed nothing
+
+
+def test_a_pre_quantized_models_device_default_row_keeps_the_int8_tolerance(tmp_path: Path) -> None:
+    """The float32 model at OpenVINO's default precision (bf16 on these CPUs, f32 elsewhere) is held to the looser
+    of that precision's limits and the int8 ones its integer ops call for.  Before: a QDQ model's device-default
+    row was held to bf16's (cosine 0.995) while the same model pinned to f32 was held to int8's."""
+    model = prequantized_model(tmp_path)
+    exported = artifact(tmp_path / "ref.onnx", model)
+    artifacts = {"exported": exported, "exported@default": dataclasses.replace(exported, at_device_default=True)}
+    rows = by_pair(validate.run(artifacts, ["ort:cpu", "openvino:cpu"], ValidateConfig(samples=2),
+                                context(tmp_path)))
+    row = rows[("exported@default", "openvino:cpu")]
+    assert row.tolerance == DEFAULT_TOLERANCES["int8"].model_dump(exclude_none=True)
+    assert "integer ops" in row.tolerance_basis
 
 
 def test_float_models_and_written_tolerances_are_unchanged(tmp_path: Path) -> None:
