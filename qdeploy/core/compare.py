@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from qdeploy.core.tolerance import Tolerance
 
 __all__ = ["SNR_CAP_DB", "OutputComparison", "OutputComparisonDict", "OutputMetrics", "OutputMetricsDict",
-           "compare_outputs"]
+           "as_array", "compare_outputs"]
 
 SNR_CAP_DB = 200.0
 _ISCLOSE_ATOL, _ISCLOSE_RTOL = 1e-8, 1e-5
@@ -204,6 +204,26 @@ def _unchecked(outputs: list[OutputMetrics], tolerance: Tolerance, per_output: M
     return notes
 
 
+def as_array(value: Any) -> np.ndarray:
+    """A runtime's output as an array the comparison reads.  ONNX Runtime hands back a sequence of maps (scikit-
+    learn's ZipMap probabilities, one ``{class: probability}`` per row) as Python dicts: as numbers, one column
+    per class in sorted class order, when every map has the same numeric classes; strings as a string array
+    (compared exactly); anything else as it is."""
+    array = np.asarray(value)
+    if array.dtype != object or not array.size:
+        return array
+    items = array.reshape(-1).tolist()
+    if all(isinstance(item, str) for item in items):
+        return array.astype(str)
+    if not all(isinstance(item, dict) for item in items):
+        return array
+    keys = sorted(items[0])
+    if any(sorted(item) != keys for item in items) or not all(
+            isinstance(number, int | float | np.number) for item in items for number in item.values()):
+        return array
+    return np.array([[item[key] for key in keys] for item in items], np.float64).reshape(*array.shape, len(keys))
+
+
 class _Column(Sequence[Any]):
     """One output across samples, each sample's array fetched when it is reached (None where it is missing)."""
 
@@ -217,7 +237,7 @@ class _Column(Sequence[Any]):
         if isinstance(index, slice):
             return _Column(self._samples[index], self._name)
         sample = self._samples[index]
-        return np.asarray(sample[self._name]) if self._name in sample else None
+        return as_array(sample[self._name]) if self._name in sample else None
 
 
 def _kind(array: np.ndarray) -> str:
@@ -227,6 +247,8 @@ def _kind(array: np.ndarray) -> str:
         return "integer"
     if array.dtype.kind == "b":
         return "bool"
+    if array.dtype.kind in "US":
+        return "string"
     return f"non-numeric ({array.dtype})"
 
 
@@ -253,6 +275,13 @@ def _compare_output(name: str, refs: Sequence[Any], cands: Sequence[Any],
     if mismatch is not None:
         return OutputMetrics(name=name, shape_mismatch=mismatch), [f"output '{name}': {mismatch}"]
     first = refs[0]  # none is missing past the structure check
+    if _kind(first) == "string":  # class labels: equal or not
+        same = [np.asarray(ref) == np.asarray(cand) for ref, cand in zip(refs, cands, strict=True)]
+        size = sum(match.size for match in same)
+        equal = sum(int(match.sum()) for match in same)
+        metrics = OutputMetrics(name=name, within_tol=equal / size if size else 1.0)
+        return metrics, [f"output '{name}': {size - equal} of {size} strings differ; they must match exactly"
+                         ] if equal < size else []
     exact = _kind(first) != "float"
     metrics = OutputMetrics(name=name)
     ref_nonfinite, size = _elementwise(metrics, refs, cands, tolerance, exact=exact)

@@ -26,13 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdeploy.core.errors import ModelError
 from qdeploy.graph.utils import delete_where, fresh_name, subgraphs
 
 if TYPE_CHECKING:
     import onnx
     import onnx_ir as ir
 
-__all__ = ["AI_ONNX_DOMAINS", "GraphEditor", "attribute", "constant_array", "editing", "write_back"]
+__all__ = ["AI_ONNX_DOMAINS", "GraphEditor", "GraphNotEditable", "attribute", "constant_array", "editing",
+           "write_back"]
 
 AI_ONNX_DOMAINS = ("", "ai.onnx")
 """The two spellings of the default operator set's domain, ai.onnx (ai.onnx.ml is not in it)."""
@@ -167,12 +169,44 @@ def editing(model: onnx.ModelProto, *, nested: bool = False) -> Iterator[GraphEd
     """
     import onnx_ir as ir
 
-    ir_model = ir.serde.deserialize_model(model)
+    try:
+        ir_model = ir.serde.deserialize_model(model)
+    except ir.serde.SerdeError as exc:
+        raise GraphNotEditable(_unrepresentable(model.graph) or _innermost(exc)) from None
     originals = _originals(ir_model.graph, model.graph)
     if nested:
         originals = {key: message for key, message in originals.items() if not subgraphs(message)}
     yield GraphEditor(ir_model.graph, ir_model.opset_imports.get("", 0))
     write_back(ir_model.graph, model.graph, originals, legacy_inputs=model.ir_version < 4)
+
+
+class GraphNotEditable(ModelError):
+    """onnx-ir, the editor's view of a graph, cannot hold this model (a map-typed value: scikit-learn's ZipMap
+    probabilities, say); a pass that needs the view is skipped, and says why."""
+
+
+def _unrepresentable(graph: onnx.GraphProto) -> str:
+    """What onnx-ir cannot hold in this graph: the first value whose type holds a map, named; '' if none."""
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if _holds_map(value.type):
+            return f"value '{value.name}' has a map type, which onnx-ir (the graph editor's view) cannot hold"
+    return ""
+
+
+def _holds_map(kind: onnx.TypeProto) -> bool:
+    field = kind.WhichOneof("value")
+    if field == "map_type":
+        return True
+    if field in ("sequence_type", "optional_type"):
+        return _holds_map(getattr(kind, field).elem_type)
+    return False
+
+
+def _innermost(exc: BaseException) -> str:
+    """The deepest cause's message, on one line: onnx-ir wraps each level of its reader in another SerdeError."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return "onnx-ir (the graph editor's view) cannot read the model: " + " ".join(str(exc).split())[:300]
 
 
 def _originals(graph: ir.Graph, proto: onnx.GraphProto) -> dict[int, onnx.NodeProto]:

@@ -163,6 +163,8 @@ class ExportRecord(TypedDict, total=False):
     max_abs_err_vs_torch: float
     opset_in: int
     opset: int
+    opset_imports_merged: list[str] | None = None
+    """Domains the model imported more than once at one version, merged into one import each."""
     decomposed_for_opset: dict[str, int]
     output_shapes_reinferred: dict[str, ShapeChangeRecord]
     frozen_inputs: dict[str, FrozenInputSummary]
@@ -194,6 +196,8 @@ class ExportFindings(Findings):
     max_abs_err_vs_torch: float | None = None
     opset_in: int
     opset: int
+    opset_imports_merged: list[str] | None = None
+    """Domains the model imported more than once at one version, merged into one import each."""
     decomposed_for_opset: dict[str, int] | None = None
     """Rewrite -> nodes decomposed for an older opset."""
     output_shapes_reinferred: dict[str, ShapeChange] | None = None

@@ -158,8 +158,11 @@ def _infer_subgraph(model: onnx.ModelProto, sub: onnx.GraphProto, outer: dict[st
 
 
 def untyped_tensors(model: onnx.ModelProto) -> list[tuple[str, str]]:
-    """(tensor, graph name) of used names without an element type in any graph."""
+    """(tensor, graph name) of used names without an element type in any graph.  A value declared as a sequence,
+    map or optional is typed, just not a tensor: float16 conversion leaves it to the ops around it (scikit-learn's
+    ZipMap writes a sequence of maps, which only ai.onnx.ml ops, kept in float32, produce)."""
     types = all_types(model)
+    types.update(dict.fromkeys(_not_tensors(model), 0))
     found = []
     for graph in walk_graphs(model.graph):
         used = [name for node in graph.node for name in node.input if name]
@@ -168,6 +171,13 @@ def untyped_tensors(model: onnx.ModelProto) -> list[tuple[str, str]]:
             if name not in types:
                 found.append((name, graph.name))
     return found
+
+
+def _not_tensors(model: onnx.ModelProto) -> set[str]:
+    """Names every graph declares with a non-tensor type (sequence, map, optional)."""
+    return {value.name for graph in walk_graphs(model.graph)
+            for value in (*graph.input, *graph.output, *graph.value_info)
+            if value.type.WhichOneof("value") not in (None, "tensor_type")}
 
 
 def _type_with_onnxruntime(model: onnx.ModelProto, untyped: list[tuple[str, str]], work_dir: Path,

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
 from qdeploy.core.values import one_line
+from qdeploy.graph.edit import GraphNotEditable
 from qdeploy.graph.external_data import load_graph_only, save_exposing, save_onnx
 from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.graph.order import (
@@ -246,7 +247,10 @@ def _fold_rounds(model: onnx.ModelProto, config: SimplifyConfig, work_dir: Path,
 
 
 def _rewrite(model: onnx.ModelProto, names: list[str], stats: _SimplifyStatistics) -> onnx.ModelProto:
-    apply_rewrites(model, names, stats.rewrites)
+    try:
+        apply_rewrites(model, names, stats.rewrites)
+    except GraphNotEditable as exc:  # the rewrites are an optimisation: the model stays as it is
+        stats.note(f"rewrites skipped: {exc}")
     return model
 
 
@@ -259,7 +263,11 @@ def _optimize(model: onnx.ModelProto, passes: list[str], stats: _SimplifyStatist
     subgraph_initializers_to_constants(model.graph)
     types = interface_types(model)
     if PASS_NAME in passes:  # ours: onnxoptimizer's loses nodes of nested subgraphs
-        inlined = inline_constant_ifs(model)
+        try:
+            inlined = inline_constant_ifs(model)
+        except GraphNotEditable as exc:
+            inlined = 0
+            stats.note(f"constant If nodes not inlined: {exc}")
         if inlined:
             stats.note(f"{inlined} If node(s) with a constant condition replaced by their branch")
             stats.optimizer_delta.update({"If": -inlined})

@@ -189,3 +189,22 @@ def test_top1_limit_on_an_output_without_class_scores_is_noted() -> None:
     assert result.passed
     assert result.notes == ["top1_agreement_min 0.9 set for output 'boxes', which does not look like class "
                             "scores ([N, C] floats); not checked"]
+
+
+def test_scikit_learns_outputs_are_compared_as_numbers_and_labels() -> None:
+    """ZipMap's probabilities come back from ONNX Runtime as one dict per row, string class labels as Python
+    strings: compared class by class (sorted) and exactly.  Before: 'cannot compare non-numeric (object) values'."""
+    from qdeploy.core.compare import as_array
+
+    maps = [{1: 0.25, 0: 0.75}, {0: 0.5, 1: 0.5}]
+    assert as_array(maps).tolist() == [[0.75, 0.25], [0.5, 0.5]]
+    labels = np.asarray(["cat", "dog"], dtype=object)
+    reference = [{"p": maps, "label": labels}]
+    close = [{"p": [{0: 0.7501, 1: 0.2499}, {0: 0.5, 1: 0.5}], "label": np.asarray(["cat", "dog"], dtype=object)}]
+    result = compare_outputs(reference, close, Tolerance(cosine_min=0.999))
+    assert result.passed, result.reasons
+    wrong = [{"p": [{0: 0.25, 1: 0.75}, {0: 0.5, 1: 0.5}], "label": np.asarray(["dog", "dog"], dtype=object)}]
+    result = compare_outputs(reference, wrong, Tolerance(cosine_min=0.999))
+    assert any("output 'p': cosine" in reason for reason in result.reasons)
+    assert "output 'label': 1 of 2 strings differ; they must match exactly" in result.reasons
+    assert as_array([{0: 1.0}, {1: 1.0}]).dtype == object  # classes that differ per row: not made into numbers

@@ -126,6 +126,12 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     del model
     gc.collect()  # protobuf frees a message's weights only with the message: one copy in memory at a time
     model, optimized = optimize_file(unoptimized, work_dir)
+    if not _declares_default_domain(model):
+        # no standard op at all (a scikit-learn tree ensemble is ai.onnx.ml only): ORT's quantizer and the Q/DQ
+        # nodes need the domain (ORT's optimizer drops an import no node uses, so it is added after it)
+        from onnx import helper
+
+        model.opset_import.append(helper.make_opsetid("", MIN_OPSET))
     notes += [optimized, onnx_shapes(model)]
     tag_pre_processed(model)
     named += name_nodes_uniquely(model).changed  # nodes the optimizer added
@@ -146,6 +152,10 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     return Prepared(target, findings, nodes, original_nodes, opset)
 
 
+def _declares_default_domain(model: onnx.ModelProto) -> bool:
+    return any(entry.domain in ("", "ai.onnx") for entry in model.opset_import)
+
+
 def _at_least_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     """The model converted to opset 13 when it is older (Paddle exports opset 11-12); a note on what happened."""
     import onnx
@@ -153,6 +163,8 @@ def _at_least_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     opset = default_opset(model)
     if opset >= MIN_OPSET:
         return model, ""
+    if not _declares_default_domain(model):
+        return model, f"the model imports no standard-ONNX opset (it uses none of its ops): opset {MIN_OPSET} added"
     try:
         return onnx.version_converter.convert_version(model, MIN_OPSET), f"converted from {opset} to {MIN_OPSET}"
     except Exception as exc:  # the builder refuses per-channel weights on the old opset, with this reason

@@ -209,3 +209,27 @@ def test_the_dynamo_exporter_is_selectable(tmp_path: Path) -> None:
                      inputs=[{"name": "x", "shape": [2, 3, 8, 8]}])
     assert result.findings.exporter == "dynamo" and result.findings.max_abs_err_vs_torch < 1e-4
     assert [value.name for value in result.model.graph.input] == ["x"]
+
+
+@pytest.mark.parametrize(("imports", "merged"), [
+    ([("", 17), ("", 17)], ["ai.onnx 17 listed 2 times"]),
+    ([("ai.onnx", 17), ("", 17)], ["ai.onnx 17 listed 2 times"]),  # one domain under its two names
+])
+def test_a_domain_imported_twice_at_one_version_is_merged(tmp_path: Path, imports: list, merged: list) -> None:
+    """skl2onnx lists ('', 17) twice for a tree ensemble; ONNX Runtime's quantizer then refuses the model ("Failed
+    to find proper ai.onnx domain")."""
+    model = tiny_cnn()
+    del model.opset_import[:]
+    model.opset_import.extend(helper.make_opsetid(domain, version) for domain, version in imports)
+    onnx.save(model, tmp_path / "m.onnx")
+    result = _export(tmp_path, onnx=str(tmp_path / "m.onnx"))
+    assert [(entry.domain, entry.version) for entry in result.model.opset_import] == [("", 17)]
+    assert result.findings.opset_imports_merged == merged
+
+
+def test_a_domain_imported_at_two_versions_is_refused_naming_them(tmp_path: Path) -> None:
+    model = tiny_cnn()
+    model.opset_import.append(helper.make_opsetid("", 13))
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(ModelError, match=r"several versions \(\{'ai.onnx': \[13, 17\]\}\)"):
+        _export(tmp_path, onnx=str(tmp_path / "m.onnx"))
