@@ -19,6 +19,10 @@ def throughput_speedup(rows: list[ThroughputRow], row: ThroughputRow,
         return None, None
     ratios = [mine / theirs for mine, theirs in zip(row.round_inferences_per_s, ref.round_inferences_per_s,
                                                      strict=False) if theirs > 0]
+    if row.round_group != ref.round_group:  # timed in different groups: no round is shared, their medians compare
+        mine, theirs = (statistics.median(r.round_inferences_per_s) if r.round_inferences_per_s else None
+                        for r in (row, ref))
+        ratios = [mine / theirs] if mine and theirs else []
     if not ratios:
         return None, None
     return statistics.median(ratios), [min(ratios), max(ratios)]

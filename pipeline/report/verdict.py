@@ -123,6 +123,8 @@ class Choice:
     """What ran: ``precision.execution_record`` of its timed (else validation) row."""
     stages: int = 0
     """Stages of its lineage: of two artifacts the same size, the one with fewer is the simpler."""
+    round_group: int | None = None
+    """The session group its rounds came from (``BenchmarkRow.round_group``): rounds pair only within one."""
     sha256: str | None = None
     is_reference: bool = False
     task_lower_better: bool = False
@@ -386,7 +388,7 @@ def _choice(variant: str, rows: _Rows, by: str) -> Choice:
     if by == "latency" and bench is not None:
         choice.score = float(choice.latency["latency_ms"])
         choice.round_scores = [float(v) for v in bench.round_p50_ms]
-        choice.interval = choice.latency.get("ci95_ms")
+        choice.interval, choice.round_group = choice.latency.get("ci95_ms"), bench.round_group
     elif by == "decode" and bench is not None:
         choice.score = float(decode_ms(bench) or math.inf)
         choice.interval = decode_interval(bench)  # no per-round values: only the intervals tell apart
@@ -395,15 +397,18 @@ def _choice(variant: str, rows: _Rows, by: str) -> Choice:
         choice.score = -float(choice.throughput["inferences_per_s"])
         rounds = [-float(v) for v in rate.round_inferences_per_s]
         choice.round_scores, choice.interval = rounds, [min(rounds), max(rounds)] if rounds else None
+        choice.round_group = rate.round_group
     return choice
 
 
 def indistinguishable(candidate: Choice, best: Choice) -> bool:
     """The benchmark cannot say `best` is better (``qdeploy.core.ranking.distinguishable``: neither a sign test over
-    the paired rounds nor disjoint 95% intervals of the medians); without rounds or intervals, equal scores."""
+    the paired rounds, a rank test where the two were timed in different groups, nor disjoint 95% intervals of the
+    medians); without rounds or intervals, equal scores."""
     if not (candidate.round_scores or candidate.interval):
         return candidate.score == best.score
-    return not distinguishable(candidate.round_scores, best.round_scores, candidate.interval, best.interval)
+    return not distinguishable(candidate.round_scores, best.round_scores, candidate.interval, best.interval,
+                               paired=candidate.round_group == best.round_group)
 
 
 def _size_key(choice: Choice) -> tuple[float, int, float, float]:

@@ -32,13 +32,21 @@ def speedup(benchmarks: list[BenchmarkRow], variant: str, target: str, batch: in
     ref = find_benchmark(benchmarks, reference, target, batch)
     if row is None or ref is None or row.status != "ok" or ref.status != "ok":
         return None
-    ratios = [r / v for r, v in zip(ref.round_p50_ms, row.round_p50_ms, strict=False) if v > 0]
+    ratios = round_ratios(ref, row)
     if ratios:
         ratios.sort()
         return ratios[len(ratios) // 2]  # drift hits both runs of a round alike
     if ref.p50 is None or not row.p50:
         return None
     return ref.p50 / row.p50
+
+
+def round_ratios(ref: BenchmarkRow, row: BenchmarkRow) -> list[float]:
+    """The reference's round medians over the row's, round by round: only where both were timed in the same rounds
+    (a large model's groups of sessions share none: ``round_group``), else none."""
+    if ref.round_group != row.round_group:
+        return []
+    return [r / v for r, v in zip(ref.round_p50_ms, row.round_p50_ms, strict=False) if v > 0]
 
 
 def find_benchmark(benchmarks: list[_Timed], variant: str, target: str, batch: int) -> _Timed | None:

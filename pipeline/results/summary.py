@@ -25,7 +25,7 @@ from qdeploy.pipeline.report.decode import with_decode_speedup
 from qdeploy.pipeline.report.throughput import throughput_speedup
 from qdeploy.pipeline.report.verdict import compute_verdict
 from qdeploy.pipeline.results.envinfo import environment
-from qdeploy.pipeline.results.gates import find_benchmark, run_passes, speedup
+from qdeploy.pipeline.results.gates import find_benchmark, round_ratios, run_passes, speedup
 from qdeploy.pipeline.results.identity import ModelIdentityDict, recipe_content, recipe_fingerprint
 from qdeploy.pipeline.run.published_rows import PublishedArtifactRow
 from qdeploy.stages.validate import noise_floor_summary, unreadable_targets
@@ -103,5 +103,13 @@ def speedup_range(benchmarks: list[BenchmarkRow], row: BenchmarkRow, reference: 
     ref = find_benchmark(benchmarks, reference, row.target, row.batch_size)
     if ref is None or row.status != "ok" or ref.status != "ok":
         return None
-    ratios = [r / v for r, v in zip(ref.round_p50_ms, row.round_p50_ms, strict=False) if v > 0]
+    ratios = round_ratios(ref, row)
+    if not ratios and ref.round_group != row.round_group:  # timed in different rounds: their intervals bound it
+        low, high = _interval(ref), _interval(row)
+        return [low[0] / high[1], low[1] / high[0]] if low and high and high[0] > 0 and high[1] > 0 else None
     return [min(ratios), max(ratios)] if ratios else None
+
+
+def _interval(row: BenchmarkRow) -> list[float] | None:
+    bounds = row.latency_ms.ci95_p50 if row.latency_ms is not None else None
+    return list(bounds) if bounds and len(bounds) == 2 else None

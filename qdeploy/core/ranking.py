@@ -10,6 +10,11 @@ state of the machine.  ``best`` is better than ``candidate`` when either
 - the 95% intervals of the two medians do not overlap (one noisy round must not make a 4.8x gap a tie).
 
 With fewer than 3 rounds only the intervals speak.  Anything else is a tie: the benchmark cannot tell the two apart.
+
+Artifacts timed in different groups (a large model's sessions did not fit in memory at once: ``round_group``)
+share no round, so their rounds are not paired: a one-sided Mann-Whitney rank test at the same level takes the
+sign test's place (5 rounds against 11, four of them faster than every one of the other's: apart; pairing the
+first 5 of each by index had called a 1.6x gap a tie).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["MIN_ROUNDS_FOR_SIGN", "SIGN_LEVEL", "distinguishable", "sign_test_allows"]
+__all__ = ["MIN_ROUNDS_FOR_SIGN", "SIGN_LEVEL", "distinguishable", "rank_test_apart", "sign_test_allows"]
 
 MIN_ROUNDS_FOR_SIGN = 3
 SIGN_LEVEL = 0.05
@@ -42,12 +47,51 @@ def _disjoint(candidate: Sequence[float] | None, best: Sequence[float] | None) -
 
 def distinguishable(candidate_rounds: Sequence[float], best_rounds: Sequence[float],
                     candidate_interval: Sequence[float] | None = None,
-                    best_interval: Sequence[float] | None = None) -> bool:
-    """Whether the benchmark says ``best`` is better than ``candidate`` (scores: lower is better, per round)."""
+                    best_interval: Sequence[float] | None = None, *, paired: bool = True) -> bool:
+    """Whether the benchmark says ``best`` is better than ``candidate`` (scores: lower is better, per round);
+    ``paired``: the two were timed in the same rounds (else their rounds are two samples, ranked together)."""
     if _disjoint(candidate_interval, best_interval):
         return True
+    if not paired:
+        return rank_test_apart(candidate_rounds, best_rounds)
     pairs = list(zip(candidate_rounds, best_rounds, strict=False))
     if len(pairs) < MIN_ROUNDS_FOR_SIGN:
         return False
     disagree = sum(1 for mine, theirs in pairs if mine <= theirs)
     return disagree <= max(sign_test_allows(len(pairs)), 0)
+
+
+_EXACT_UP_TO = 1600
+"""Round-count products up to which the rank test's distribution is counted exactly (a normal law beyond)."""
+
+
+def rank_test_apart(candidate: Sequence[float], best: Sequence[float]) -> bool:
+    """One-sided Mann-Whitney test at SIGN_LEVEL: are ``candidate``'s rounds higher than ``best``'s?  At least
+    MIN_ROUNDS_FOR_SIGN rounds each; a tie between two values counts half (rounded down: the conservative side)."""
+    n, m = len(candidate), len(best)
+    if n < MIN_ROUNDS_FOR_SIGN or m < MIN_ROUNDS_FOR_SIGN:
+        return False
+    above = sum(1.0 if mine > theirs else 0.5 if mine == theirs else 0.0 for mine in candidate for theirs in best)
+    return _upper_tail(n, m, math.floor(above)) <= SIGN_LEVEL
+
+
+def _upper_tail(n: int, m: int, u: int) -> float:
+    """P(U >= u) when the n + m values are exchangeable (no difference), U counting pairs where the first is
+    higher: exactly by counting arrangements, or by the normal law with a continuity correction for many rounds."""
+    if n * m > _EXACT_UP_TO:
+        mean, spread = n * m / 2, math.sqrt(n * m * (n + m + 1) / 12)
+        return 0.5 * math.erfc((u - 0.5 - mean) / (spread * math.sqrt(2)))
+    counts = _arrangements(n, m)
+    return sum(counts[u:]) / math.comb(n + m, n)
+
+
+def _arrangements(n: int, m: int) -> list[int]:
+    """How many orderings of n + m distinct values give each U = 0 .. n m (the Gaussian binomial's coefficients)."""
+    table = [[[1] for _ in range(m + 1)] for _ in range(n + 1)]
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            # the largest value is one of the first group's (it beats all j of the others) or of the second's
+            shifted = [0] * j + table[i - 1][j]
+            other = table[i][j - 1]
+            table[i][j] = [a + b for a, b in zip(shifted, other + [0] * (len(shifted) - len(other)), strict=True)]
+    return table[n][m]

@@ -211,7 +211,7 @@ class BenchmarkRow(ResultRow):
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({
         "warmup", "warmup_ms", "threads", "mode", "timed_call", "measure", "settings", "data", "output_shapes",
         "round_runs", "ci95_rel_width", "stopped_early", "execution", "speedup", "speedup_range", "precision_hint",
-        "machine_load", "speedup_vs_default", "speedup_vs_default_range", "decode"})
+        "machine_load", "speedup_vs_default", "speedup_vs_default_range", "decode", "round_group"})
 
     variant: str
     target: str
@@ -246,6 +246,10 @@ class BenchmarkRow(ResultRow):
     machine_load: dict[str, Any] | None = None
     """How busy the machine was while this target was timed (other processes' cores, involuntary switches, load
     average, ``busy``) and the extra rounds that took (``qdeploy.stages.benchmark._machine``)."""
+    round_group: int | None = None
+    """Which group of sessions timed this row, where a target's artifacts did not fit in memory at once (the session
+    budget) and were timed group after group; None: every artifact of the target and batch in the same rounds.
+    Rows of two groups share no round: they are compared by their samples of rounds, never round by round."""
     decode: dict[str, Any] | None = None
     """Language models with a KV cache: prefill ms, decode ms per token, tokens/s, cache length reached
     (``qdeploy.stages.benchmark._decode.DecodeRecordDict``); absent on other models."""
@@ -267,7 +271,7 @@ class ThroughputRow(ResultRow):
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({
         "inferences", "requests_run", "seconds", "round_spread", "call", "settings", "speedup", "speedup_range",
-        "precision_hint"})
+        "precision_hint", "round_group"})
 
     variant: str
     target: str
@@ -291,6 +295,8 @@ class ThroughputRow(ResultRow):
     settings: dict[str, Any] | None = None
     precision_hint: str | None = None
     """OpenVINO rows: the INFERENCE_PRECISION_HINT the requests used (None: the device default)."""
+    round_group: int | None = None
+    """As ``BenchmarkRow.round_group``."""
     speedup: float | None = None
     speedup_range: list[float] | None = None
 

@@ -49,8 +49,7 @@ def read_onnx(core: Any, model_path: Path) -> tuple[Any, list[str]]:
     ONNX frontend reads it (empty when it reads the file as it is).  Raises what ``Core.read_model`` raises."""
     model_path = Path(model_path)
     model = load_model(model_path, load_external_data=False)
-    notes = [note for note in (_loop_note(isolate_pass_through(model)), _if_note(squeeze_if_conditions(model)))
-             if note]
+    notes = _rewrite(model)
     if not notes:
         del model  # the parsed copy is not needed while OpenVINO reads the file
         return core.read_model(str(model_path)), []
@@ -61,20 +60,24 @@ def read_onnx(core: Any, model_path: Path) -> tuple[Any, list[str]]:
     return _read_beside(core, model, model_path), notes
 
 
-def _loop_note(rewritten: list[str]) -> str:
-    if not rewritten:
-        return ""
-    return (f"OpenVINO read a copy of the model with an Identity between {len(rewritten)} loop-carried value(s) and "
-            f"the Loop/Scan body outputs that return them unchanged (its ONNX frontend refuses those; the artifact "
-            f"itself is unchanged): {_listed(rewritten)}")
+_REWRITES = (
+    (isolate_pass_through, "an Identity between {count} loop-carried value(s) and the Loop/Scan body outputs that "
+                           "return them unchanged (its ONNX frontend refuses those"),
+    (squeeze_if_conditions, "the condition of {count} If node(s) squeezed to a scalar (its ONNX frontend refuses a "
+                            "condition of rank above 1"),
+)
+"""Each exact rewrite (in place, returning what it rewrote) and what its note says it did."""
 
 
-def _if_note(rewritten: list[str]) -> str:
-    if not rewritten:
-        return ""
-    return (f"OpenVINO read a copy of the model with the condition of {len(rewritten)} If node(s) squeezed to a "
-            f"scalar (its ONNX frontend refuses a condition of rank above 1; the artifact itself is unchanged): "
-            f"{_listed(rewritten)}")
+def _rewrite(model: onnx.ModelProto) -> list[str]:
+    """Apply every rewrite to ``model``; a note for each that changed something."""
+    notes = []
+    for rewrite, what in _REWRITES:
+        rewritten = rewrite(model)
+        if rewritten:
+            notes.append(f"OpenVINO read a copy of the model with {what.format(count=len(rewritten))}; the artifact "
+                         f"itself is unchanged): {_listed(rewritten)}")
+    return notes
 
 
 def _listed(rewritten: list[str]) -> str:

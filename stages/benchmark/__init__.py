@@ -124,9 +124,12 @@ def _measure_target(artifacts: dict[str, Artifact], target: str, batch: int, con
     if len(groups) > 1:
         assert budget is not None
         where = {name: group for group in groups for name in group}
+        index = {name: number for number, group in enumerate(groups) for name in group}
         notes = {name: split_note(where[name], target, sum(cost.values()), budget) for name in artifacts}
-        latency = [row.replace(notes=[*row.notes, notes[row.variant]]) for row in latency]
-        throughput = [row.replace(notes=[*row.notes, notes[row.variant]]) for row in throughput]
+        latency = [row.replace(notes=[*row.notes, notes[row.variant]], round_group=index[row.variant])
+                   for row in latency]
+        throughput = [row.replace(notes=[*row.notes, notes[row.variant]], round_group=index[row.variant])
+                      for row in throughput]
     return latency + throughput
 
 

@@ -56,6 +56,7 @@ def test_a_budget_loads_and_times_the_artifacts_in_groups_that_fit(three: dict[s
                      "c load", "c round", "c round"]                                  # c after they are closed
     assert [row.variant for row in rows] == ["a", "b", "c"] and all(row.status == "ok" for row in rows)
     assert "interleaved with a, b on ort:cpu" in rows[0].notes[-1] and "alone" in rows[2].notes[-1]
+    assert [row.round_group for row in rows] == [0, 0, 1]  # c shares no round with a or b: never paired with them
 
 
 def test_without_a_budget_or_within_it_every_artifact_is_interleaved(three: dict[str, Artifact]) -> None:
@@ -65,3 +66,4 @@ def test_without_a_budget_or_within_it_every_artifact_is_interleaved(three: dict
     rows = benchmark.run(three, ["ort:cpu"], config, ctx, session_budget=3 * SIZE)
     assert [message.split(" · ")[0] for message in seen if "loading" in message] == ["a", "b", "c"]
     assert not any("interleaved with" in note for row in rows for note in row.notes)
+    assert all(row.round_group is None for row in rows)
