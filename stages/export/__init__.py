@@ -33,6 +33,7 @@ from qdeploy.stages.export._exporter import export_with_torch
 from qdeploy.stages.export._factory import check_factory
 from qdeploy.stages.export._freeze import freeze_inputs
 from qdeploy.stages.export._inference import check_inferred_types, check_loads_in_onnxruntime
+from qdeploy.stages.export._intake import inline_functions, merge_opset_imports
 from qdeploy.stages.export._model import (
     check_declared_shapes,
     check_feedable_inputs,
@@ -86,7 +87,8 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: ExportRecor
              confirm_runtime: bool = True) -> onnx.ModelProto:
     """Shape overrides, frozen inputs, opset conversion and the checks every later stage relies on; with
     ``confirm_runtime``, ONNX Runtime must load the result (when it is in memory with its weights)."""
-    _merge_opset_imports(model, findings)
+    merge_opset_imports(model, findings)
+    model = inline_functions(model, findings)
     findings["opset_in"] = default_opset(model)
     check_has_outputs(model)
     check_feedable_inputs(model)
@@ -108,29 +110,6 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: ExportRecor
     if validate_graph and confirm_runtime and not custom_ops:
         check_loads_in_onnxruntime(model)  # what the run's reference needs; custom fake-quant ops wait for lowering
     return model
-
-
-def _merge_opset_imports(model: onnx.ModelProto, findings: ExportRecord) -> None:
-    """One import per domain ('ai.onnx' is the default domain ''): skl2onnx lists ('', 17) twice for a tree
-    ensemble, which ONNX Runtime runs and its quantizer refuses ("Failed to find proper ai.onnx domain").  The
-    same version twice is merged; two versions of one domain are ambiguous and refused."""
-    versions: dict[str, list[int]] = {}
-    for entry in model.opset_import:
-        versions.setdefault(entry.domain if entry.domain != "ai.onnx" else "", []).append(entry.version)
-    repeated = {domain: found for domain, found in versions.items() if len(found) > 1}
-    if not repeated:
-        return
-    clashing = {domain or "ai.onnx": sorted(set(found)) for domain, found in repeated.items() if len(set(found)) > 1}
-    if clashing:
-        raise ModelError(f"the model imports a domain at several versions ({clashing}): an ONNX model names each "
-                         "domain once; keep the version its nodes were written for and run again")
-    from onnx import helper
-
-    del model.opset_import[:]
-    model.opset_import.extend(helper.make_opsetid(domain, found[0]) for domain, found in versions.items())
-    findings["opset_imports_merged"] = [f"{domain or 'ai.onnx'} {found[0]} listed {len(found)} times"
-                                        for domain, found in repeated.items()]
-    log.info("opset imports merged: %s", "; ".join(findings["opset_imports_merged"]))
 
 
 def _name_nodes(model: onnx.ModelProto, findings: ExportRecord) -> None:

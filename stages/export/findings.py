@@ -165,6 +165,8 @@ class ExportRecord(TypedDict, total=False):
     opset: int
     opset_imports_merged: list[str] | None = None
     """Domains the model imported more than once at one version, merged into one import each."""
+    functions_inlined: list[str] | None = None
+    """The model-local functions (domain.name) expanded into their nodes."""
     decomposed_for_opset: dict[str, int]
     output_shapes_reinferred: dict[str, ShapeChangeRecord]
     frozen_inputs: dict[str, FrozenInputSummary]
@@ -198,6 +200,8 @@ class ExportFindings(Findings):
     opset: int
     opset_imports_merged: list[str] | None = None
     """Domains the model imported more than once at one version, merged into one import each."""
+    functions_inlined: list[str] | None = None
+    """The model-local functions (domain.name) expanded into their nodes."""
     decomposed_for_opset: dict[str, int] | None = None
     """Rewrite -> nodes decomposed for an older opset."""
     output_shapes_reinferred: dict[str, ShapeChange] | None = None

@@ -233,3 +233,34 @@ def test_a_domain_imported_at_two_versions_is_refused_naming_them(tmp_path: Path
     onnx.save(model, tmp_path / "m.onnx")
     with pytest.raises(ModelError, match=r"several versions \(\{'ai.onnx': \[13, 17\]\}\)"):
         _export(tmp_path, onnx=str(tmp_path / "m.onnx"))
+
+
+def _with_local_function() -> onnx.ModelProto:
+    """x [1, 4] -> Block(x) -> y, Block a model-local function (Mul by 2, then Relu), as torch writes a module
+    under ``export_modules_as_functions``."""
+    block = helper.make_function("__main__", "Block", ["a"], ["b"], [
+        helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(np.float32(2.0))),
+        helper.make_node("Mul", ["a", "two"], ["doubled"]), helper.make_node("Relu", ["doubled"], ["b"])],
+        [helper.make_opsetid("", 17)])
+    graph = helper.make_graph([helper.make_node("Block", ["x"], ["y"], domain="__main__", name="block")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("__main__", 1)],
+                              functions=[block])
+    model.ir_version = 8
+    return model
+
+
+def test_local_functions_are_inlined_so_openvino_reads_the_model(tmp_path: Path) -> None:
+    """Before: OpenVINO could not read any artifact ("No conversion rule found for operations: __main__.Block"),
+    and fp16 and int8 did not reach the ops inside."""
+    import openvino as ov
+
+    onnx.save(_with_local_function(), tmp_path / "m.onnx")
+    result = _export(tmp_path, onnx=str(tmp_path / "m.onnx"))
+    assert result.findings.functions_inlined == ["__main__.Block"]
+    assert not result.model.functions and {node.op_type for node in result.model.graph.node} >= {"Mul", "Relu"}
+    x = np.array([[1.0, -2.0, 0.5, 3.0]], np.float32)
+    np.testing.assert_array_equal(_run(result.model, {"x": x})[0], np.maximum(2 * x, 0))
+    compiled = ov.Core().compile_model(ov.Core().read_model(result.model.SerializeToString(), b""), "CPU")
+    np.testing.assert_allclose(compiled({"x": x})[0], np.maximum(2 * x, 0), rtol=1e-2)
