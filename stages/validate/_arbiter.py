@@ -38,7 +38,7 @@ __all__ = ["ARBITER_SAMPLES", "Float64Reference", "arbitrate"]
 log = logging.getLogger(__name__)
 
 ARBITER_SAMPLES = 2
-"""Samples evaluated in float64: those where the floor row and the reference disagree most."""
+"""Samples evaluated in float64: those where the row and the reference disagree most."""
 ARBITER_MAX_BYTES = 64_000_000
 """A larger reference is not evaluated in float64 (onnx.reference is numpy, one op at a time: minutes)."""
 AGAINST = "float64 (onnx.reference)"
