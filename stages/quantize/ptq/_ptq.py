@@ -28,6 +28,7 @@ from qdeploy.calibration.activations import FeedSource, collect_statistics, floa
 from qdeploy.calibration.ranges import HISTOGRAM_METHODS, estimate_range
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import load_weights_from
+from qdeploy.graph.recompose import recompose_hardswish
 from qdeploy.stages.quantize.ptq._concat_uint8 import CONCAT_INT8_BUG
 from qdeploy.stages.quantize.ptq._depthwise import depthwise_inputs, per_channel_at_depthwise
 from qdeploy.stages.quantize.ptq._guard import ort_quantizer_step
@@ -159,6 +160,7 @@ class StaticBuilder:
         self.uint8_concats: set[str] = set()
         """Tensors put back on uint8 under ``activation_type: int8`` because OpenVINO runs the graph."""
         on_openvino = runtime == "openvino" if openvino_runs is None else openvino_runs
+        self._on_openvino = on_openvino
         if activation_type == "int8" and on_openvino:
             self.uint8_concats = at_concats & set(ranges)
             overrides.update({name: [{"quant_type": QuantType.QUInt8, "symmetric": symmetric_activations}]
@@ -206,6 +208,8 @@ class StaticBuilder:
             keep_float(model, self._float_model(), set(kept))
         if self._openvino:  # after keep_float: a kept node reads its float input, not a bypassed pair
             drop_exact_requantization(model)
+        if self._on_openvino:  # pre-processing wrote HardSwish out; OpenVINO runs it fused only as one op
+            recompose_hardswish(model)
         return model
 
 
