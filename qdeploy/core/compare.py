@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from qdeploy.core.tolerance import Tolerance
 
 __all__ = ["SNR_CAP_DB", "OutputComparison", "OutputComparisonDict", "OutputMetrics", "OutputMetricsDict",
-           "as_array", "compare_outputs"]
+           "as_array", "as_arrays", "compare_outputs"]
 
 SNR_CAP_DB = 200.0
 _ISCLOSE_ATOL, _ISCLOSE_RTOL = 1e-8, 1e-5
@@ -222,6 +222,11 @@ def as_array(value: Any) -> np.ndarray:
             isinstance(number, int | float | np.number) for item in items for number in item.values()):
         return array
     return np.array([[item[key] for key in keys] for item in items], np.float64).reshape(*array.shape, len(keys))
+
+
+def as_arrays(names: Sequence[str], values: Sequence[Any]) -> dict[str, np.ndarray]:
+    """A session's outputs by name, each through :func:`as_array`."""
+    return {name: as_array(value) for name, value in zip(names, values, strict=True)}
 
 
 class _Column(Sequence[Any]):

@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from qdeploy.core.compare import as_array
+from qdeploy.core.compare import as_arrays
 from qdeploy.core.errors import DataError, ModelError
 from qdeploy.targets.base import (
     ExecutionInfo,
@@ -198,7 +198,7 @@ class OrtSession(Session):
             raise
         if self._profile_dir is not None:
             self._read_profile()
-        return {name: as_array(value) for name, value in zip(self.output_names, outputs, strict=True)}
+        return as_arrays(self.output_names, outputs)
 
     def close(self) -> None:
         self._finalizer()

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from qdeploy.core.compare import as_array
+from qdeploy.core.compare import as_arrays
 from qdeploy.core.errors import ModelError
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.utils import graph_inputs
@@ -67,4 +67,4 @@ class ReferenceSession(Session):
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         check_feeds(self.target, self.input_names, feeds)
         outputs = run_evaluator(self._evaluator, dict(feeds))
-        return {name: as_array(value) for name, value in zip(self.output_names, outputs, strict=True)}
+        return as_arrays(self.output_names, outputs)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from qdeploy.core.compare import as_array
+from qdeploy.core.compare import as_arrays
 from qdeploy.core.output_store import OutputStore
 from qdeploy.core.values import finite_or
 from qdeploy.graph.external_data import save_exposing
@@ -96,7 +96,7 @@ def run_float32(model: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]], 
     names = [out.name for out in session.get_outputs()]
     results = OutputStore(work_dir)  # a language model's logits wait on disk, not beside the stage's sessions
     for feed in feeds:
-        arrays = {name: as_array(value) for name, value in zip(names, session.run(None, feed), strict=True)}
+        arrays = as_arrays(names, session.run(None, feed))
         results.add({name: arrays[name] for name in outputs})
         for name, array in [*((name, arrays[name]) for name in names if name in exposed), *feed.items()]:
             if array.size and np.issubdtype(array.dtype, np.floating):

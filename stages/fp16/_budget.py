@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from qdeploy.core.compare import as_array, compare_outputs
+from qdeploy.core.compare import as_arrays, compare_outputs
 from qdeploy.graph.external_data import save_onnx
 from qdeploy.stages.accuracy_budget.evaluate import Evaluator, Measured
 from qdeploy.stages.accuracy_budget.prefix import bisect
@@ -231,8 +231,7 @@ class _Trials:
 
     def run(self, gates: np.ndarray, feeds: list[dict[str, np.ndarray]]) -> Outputs:
         self.count += 1
-        return [{name: as_array(value) for name, value in zip(
-            self.names, self.session.run(self.names, {**feed, GATES_INPUT: gates}), strict=True)} for feed in feeds]
+        return [as_arrays(self.names, self.session.run(self.names, {**feed, GATES_INPUT: gates})) for feed in feeds]
 
     def compare(self, gates: np.ndarray) -> OutputComparison:
         return self.judging.on_search(Measured(self.run(gates, self.feeds)))

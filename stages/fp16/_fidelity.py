@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
-from qdeploy.core.compare import as_array, compare_outputs
+from qdeploy.core.compare import as_arrays, compare_outputs
 from qdeploy.core.output_store import OutputStore
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, save_exposing
 from qdeploy.graph.utils import model_bytes
@@ -97,7 +97,7 @@ def run_emulated(model: onnx.ModelProto, feeds: Feeds, stats: dict[str, Activati
     graph_outputs = [value.name for value in model.graph.output]
     outputs, nonfinite = OutputStore(work_dir), set()
     for feed in feeds:
-        arrays = {name: as_array(value) for name, value in zip(names, session.run(None, feed), strict=True)}
+        arrays = as_arrays(names, session.run(None, feed))
         outputs.add({name: arrays[name] for name in graph_outputs})
         for name, array in arrays.items():
             tensor = name.removesuffix(NONFINITE_SUFFIX)  # a probe: NaN where its tensor held Inf or NaN
