@@ -381,7 +381,7 @@ def goals(rows: list[Row]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=[name for name in BUILDERS
-                                                       if name not in ("layout", "orientation")],
+                                                       if name not in ("layout", "orientation", "word-segmenter")],
                         choices=list(BUILDERS))
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)

@@ -191,6 +191,21 @@ def orientation(folder: Path) -> Case | None:
     return _page_model("orientation", ORIENTATION, "x", (224, 224), CALIBRATION, EVALUATION)
 
 
+def word_segmenter(folder: Path) -> Case | None:
+    """PyThaiNLP's DeepCut Thai word segmenter (tf2onnx Keras text CNN: embeddings joined with the Max of Conv1D
+    branches by a Concat, then BatchNormalization), fed its own features of Thai Wikipedia titles, 64 characters a
+    sample."""
+    from tests.real_models import THAI_TITLES, WORD_SEGMENTER, WORD_SEGMENTER_SOURCE, real_model_dir
+    from tests.real_recipes.data import word_segmenter_features
+
+    files = [real_model_dir() / name for name in (WORD_SEGMENTER, WORD_SEGMENTER_SOURCE, THAI_TITLES)]
+    if not all(path.is_file() for path in files):
+        log.warning("word-segmenter skipped: %s missing (python -m tests.real_models fills it)", files[0])
+        return None
+    return Case("word-segmenter", files[0], word_segmenter_features(files[1], files[2], CALIBRATION, 64, seed=1),
+                word_segmenter_features(files[1], files[2], EVALUATION, 64, seed=2))
+
+
 def _page_model(name: str, relative: str, input_name: str, size: tuple[int, int], calibration: int,
                 evaluation: int) -> Case | None:
     """A corpus model fed rendered pages of ``size`` (width, height), ImageNet-normalised; None (said) when the
@@ -209,5 +224,5 @@ def _page_model(name: str, relative: str, input_name: str, size: tuple[int, int]
 BUILDERS: dict[str, Callable[[Path], Case | None]] = {
     "demo": demo, "resnet18": resnet18, "encoder": encoder,
     "pp-ocr-det": lambda folder: pp_ocr(folder, "det"), "pp-ocr-rec": lambda folder: pp_ocr(folder, "rec"),
-    "layout": layout, "orientation": orientation,
+    "layout": layout, "orientation": orientation, "word-segmenter": word_segmenter,
 }

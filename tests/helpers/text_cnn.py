@@ -5,6 +5,11 @@ per input, Conv1D(padding='causal') branches written as tf2onnx writes them (Pad
 Transpose -> Conv -> Relu -> Transpose -> Squeeze), all branches merged by a chain of binary element-wise Max;
 Dense layers as MatMul + Add; a Sigmoid head.  Seeded weights, opset 13.
 
+``joined_text_cnn``: a Keras text CNN that joins tensors of very different ranges (the class of a real tf2onnx
+word segmenter): embeddings after a BatchNormalization (|x| < 4), the element-wise Max of Conv1D branches each
+followed by a per-step Dense that reaches hundreds, and a second embedding, concatenated on the channel axis; a
+BatchNormalization evens the channels out, then Flatten, two Dense layers and a Sigmoid.
+
 ``causal_shift``: a sequence shifted by Slice + Pad and merged with itself by Max, then a MatMul.
 """
 
@@ -83,6 +88,55 @@ def _dense(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], rng: np.r
         return f"{name}_add"
     nodes.append(helper.make_node("Relu", [f"{name}_add"], [f"{name}_relu"], name=f"{name}_relu"))
     return f"{name}_relu"
+
+
+TYPES, TYPE_EMBED, STEP_DENSE = 12, 6, 5
+
+
+def joined_text_cnn(batch: int = 4, seed: int = 0) -> onnx.ModelProto:
+    """The joined text CNN (module docstring): inputs ``a`` (character ids < VOCAB) and ``b`` (type ids < TYPES)
+    ``[batch, 21]``; outputs ``y`` (the Sigmoid) and ``logits``."""
+    rng = np.random.default_rng(seed)
+    nodes: list[onnx.NodeProto] = []
+    inits = [init("emb", rng.standard_normal((VOCAB, EMBED))), init("types", rng.standard_normal((TYPES, TYPE_EMBED))),
+             init("bn1_s", rng.uniform(0.7, 0.9, EMBED)), init("bn1_b", rng.uniform(-0.5, 0.5, EMBED)),
+             init("axes1", [1], np.int64)]
+    for side, table in (("a", "emb"), ("b", "types")):
+        nodes += [helper.make_node("Cast", [side], [f"{side}_ids"], name=f"{side}_cast", to=TensorProto.INT64),
+                  helper.make_node("Gather", [table, f"{side}_ids"], [f"{side}_emb"], name=f"{side}_gather")]
+    nodes += [helper.make_node("Mul", ["a_emb", "bn1_s"], ["a_scaled"], name="bn1_mul"),
+              helper.make_node("Add", ["a_scaled", "bn1_b"], ["a_bn"], name="bn1_add")]
+    merged = ""
+    for k in KERNELS:
+        branch = _conv1d_branch(nodes, inits, rng, "a_bn", f"k{k}", k)
+        inits += [init(f"k{k}_step_w", rng.standard_normal((FILTERS, STEP_DENSE)) * 30 * np.sqrt(2.0 / FILTERS)),
+                  init(f"k{k}_step_b", rng.uniform(-5, 5, STEP_DENSE))]
+        nodes += [helper.make_node("MatMul", [branch, f"k{k}_step_w"], [f"k{k}_step"], name=f"k{k}_step_matmul"),
+                  helper.make_node("Add", [f"k{k}_step", f"k{k}_step_b"], [f"k{k}_dense"], name=f"k{k}_step_add")]
+        if merged:
+            nodes.append(helper.make_node("Max", [merged, f"k{k}_dense"], [f"max_k{k}"], name=f"max_k{k}"))
+        merged = f"max_k{k}" if merged else f"k{k}_dense"
+    channels = EMBED + STEP_DENSE + TYPE_EMBED
+    spread = np.concatenate([np.ones(EMBED), np.full(STEP_DENSE, 0.01), np.ones(TYPE_EMBED)])
+    inits += [init("bn2_s", spread * rng.uniform(0.8, 1.2, channels)), init("bn2_b", rng.uniform(-0.2, 0.2, channels)),
+              init("flat", [-1, LENGTH * channels], np.int64)]
+    nodes += [helper.make_node("Concat", ["a_bn", merged, "b_emb"], ["joined"], name="join", axis=-1),
+              helper.make_node("Mul", ["joined", "bn2_s"], ["joined_scaled"], name="bn2_mul"),
+              helper.make_node("Add", ["joined_scaled", "bn2_b"], ["joined_bn"], name="bn2_add"),
+              helper.make_node("Reshape", ["joined_bn", "flat"], ["flat_out"], name="flatten")]
+    hidden = _dense(nodes, inits, rng, "flat_out", "dense1", LENGTH * channels, 32, relu=True)
+    logits = _dense(nodes, inits, rng, hidden, "dense2", 32, 1, relu=False)
+    nodes += [helper.make_node("Sigmoid", [logits], ["y"], name="head"),
+              helper.make_node("Identity", [logits], ["logits"], name="logits")]
+    return make_model(nodes, inits, {"a": [batch, LENGTH], "b": [batch, LENGTH]},
+                      {"y": [batch, 1], "logits": [batch, 1]}, opset=13)
+
+
+def joined_feeds(count: int, batch: int = 4, seed: int = 1) -> list[dict[str, np.ndarray]]:
+    """Character ids and type ids as floats, as the joined text CNN reads them."""
+    rng = np.random.default_rng(seed)
+    return [{"a": rng.integers(0, VOCAB, (batch, LENGTH)).astype(np.float32),
+             "b": rng.integers(0, TYPES, (batch, LENGTH)).astype(np.float32)} for _ in range(count)]
 
 
 def text_feeds(count: int, batch: int = 8, seed: int = 1) -> list[dict[str, np.ndarray]]:

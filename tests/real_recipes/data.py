@@ -262,3 +262,38 @@ def magika_features(content: bytes, beg_size: int, end_size: int, padding: int, 
     beg_ints = list(beg[:beg_size]) + [padding] * max(0, beg_size - len(beg))
     end_ints = [padding] * max(0, end_size - len(end)) + list(end[-end_size:] if end_size else b"")
     return np.asarray([beg_ints + end_ints], np.int32)
+
+
+def word_segmenter_features(source: Path, titles: Path, count: int, characters: int,
+                            seed: int) -> list[dict[str, np.ndarray]]:
+    """Inputs of PyThaiNLP's DeepCut word segmenter for ``count`` texts of ``characters`` characters each, made of
+    Thai Wikipedia titles (``titles``, one per line) joined by spaces: per character, the 21 character ids and
+    character-type ids of its window (``input_1``, ``input_2``, floats), as ``pythainlp/tokenize/deepcut.py``
+    (``source``) builds them.  Its tables are read out of that file, not copied here."""
+    import ast
+
+    tables: dict[str, object] = {}
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None \
+                and node.target.id in ("_CHARS", "_CHAR_TYPES", "_CHAR_TYPE", "_N_PAD"):
+            tables[node.target.id] = ast.literal_eval(node.value)
+    chars = {char: index for index, char in enumerate(tables["_CHARS"])}
+    kinds = {kind: index for index, kind in enumerate(tables["_CHAR_TYPES"])}
+    kind_of = {char: kind for group, kind in tables["_CHAR_TYPE"].items() for char in group}
+    other_char, other_kind, window = chars.get("other", 80), kinds.get("o", 4), int(tables["_N_PAD"])
+    lines = [line for line in titles.read_text(encoding="utf-8").splitlines() if line and not line.startswith("#")]
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(count):
+        text = ""
+        while len(text) < characters:
+            text += " ".join(lines[int(i)] for i in rng.integers(0, len(lines), 3)) + " "
+        half = (window - 1) // 2
+        padded = [" "] * half + list(text[:characters]) + [" "] * half
+        windows = [padded[i + 1:i + half + 1] + padded[i - half:i][::-1] + [padded[i]]
+                   for i in range(half, half + characters)]
+        samples.append({
+            "input_1": np.array([[chars.get(c, other_char) for c in w] for w in windows], np.float32),
+            "input_2": np.array([[kinds.get(kind_of.get(c, "o"), other_kind) for c in w] for w in windows],
+                                np.float32)})
+    return samples

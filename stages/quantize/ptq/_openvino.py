@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from qdeploy.graph.utils import node_readers
-from qdeploy.stages.quantize.ptq._keep import QDQ_OPS, remove_unused
+from qdeploy.stages.quantize.ptq._keep import MOVER_OPS, QDQ_OPS, remove_unused
 
 if TYPE_CHECKING:
     from collections.abc import Container
@@ -46,11 +46,11 @@ SHARED_PARAMETER_OPS = _SAME_RANGE_OPS | {"AveragePool", "Pad", "Gather", "Gathe
 
 
 def unify_concat_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]],
-                        op_types: list[str]) -> dict[str, tuple[float, float]]:
+                        op_types: list[str], skip: Container[str] = ()) -> dict[str, tuple[float, float]]:
     """``ranges`` with each Concat's inputs and output (and what reaches them through data movement) on one range,
-    the union of theirs."""
+    the union of theirs; Concats named in ``skip`` (left float) join nothing."""
     unified = dict(ranges)
-    for members in concat_groups(model, op_types, among=ranges):
+    for members in concat_groups(model, op_types, among=ranges, skip=skip):
         low = min(ranges[name][0] for name in members)
         high = max(ranges[name][1] for name in members)
         unified.update(dict.fromkeys(members, (low, high)))
@@ -58,11 +58,11 @@ def unify_concat_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, f
 
 
 def concat_groups(model: onnx.ModelProto, op_types: list[str], linking: frozenset[str] = _SAME_RANGE_OPS,
-                  among: Container[str] | None = None) -> list[list[str]]:
+                  among: Container[str] | None = None, skip: Container[str] = ()) -> list[list[str]]:
     """The tensors that share one quantization with a Concat, a list per Concat: its inputs and output, and what ORT's
     quantizer links to them through an op of ``linking`` (it quantizes such an op's output with its input's
-    parameters).  Only ops in ``op_types`` (those it quantizes) link; only tensors in ``among`` count (all when
-    None)."""
+    parameters).  Only ops in ``op_types`` (those it quantizes) link, and no node named in ``skip``; only tensors in
+    ``among`` count (all when None)."""
     if "Concat" not in op_types:
         return []
     parent: dict[str, str] = {}
@@ -74,7 +74,7 @@ def concat_groups(model: onnx.ModelProto, op_types: list[str], linking: frozense
         return name
 
     for node in model.graph.node:
-        if node.op_type not in op_types:
+        if node.op_type not in op_types or node.name in skip:
             continue
         linked = [*node.input, *node.output] if node.op_type == "Concat" else \
             [node.input[0], node.output[0]] if node.op_type in linking and node.input else []
@@ -102,16 +102,76 @@ def pooled_before_quantizing(model: onnx.ModelProto, op_types: list[str], exclud
             if node.op_type == "MaxPool" and "MaxPool" in op_types and node.name not in skip}
 
 
-def float_tail(model: onnx.ModelProto, op_types: list[str]) -> list[str]:
-    """Nodes of the quantized op types from which no compute node can be reached: nothing int8 reads them."""
+def float_tail(model: onnx.ModelProto, op_types: list[str], excluded: Container[str] = ()) -> list[str]:
+    """Nodes of the quantized op types from which no compute node can be reached: nothing int8 reads them.
+
+    Also data movement whose output reaches compute only through a float op (a Keras text CNN's Dense -> Reshape ->
+    Pad -> element-wise Max, an embedding lookup -> BatchNormalization's Mul): its Q/DQ pair only rounds, and
+    OpenVINO runs it as a FakeQuantize and a zero-point Subtract of their own (22 pairs on the text CNN).  A
+    Gather from a constant table keeps its pair: it is how the table is stored in 8 bits."""
     readers = node_readers(model.graph.node)
+    constants = {init.name for init in model.graph.initializer}
     feeds_compute: set[str] = set()
     for node in reversed(model.graph.node):  # topological order: readers are settled first
         if node.op_type in COMPUTE_OPS or any(reader.name in feeds_compute for out in node.output
                                               for reader in readers.get(out, [])):
             feeds_compute.add(node.name)
+    feeds_int8 = _feeding_int8(model, op_types, excluded)
     return [node.name for node in model.graph.node
-            if node.op_type in op_types and node.op_type not in COMPUTE_OPS and node.name not in feeds_compute]
+            if node.op_type in op_types and node.op_type not in COMPUTE_OPS
+            and (node.name not in feeds_compute or (_moves_data(node, constants) and node.name not in feeds_int8))]
+
+
+_ACTIVATIONS = frozenset({"Relu", "Clip", "LeakyRelu"})
+_SAME_VALUES = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "DepthToSpace",
+                          "SpaceToDepth", "Expand", "Tile"})
+"""Movement whose output holds exactly its input's values: quantizing before it rounds on the same range (a Slice's
+or Split's part may span less)."""
+
+
+def moved_before_quantizing(model: onnx.ModelProto, op_types: list[str], excluded: Container[str] = ()) -> set[str]:
+    """Data movement between a ReLU-like activation and int8 compute, whose input is to be quantized in front of it.
+
+    ORT's quantizer quantizes a Transpose or Reshape only where its input is already quantized; after a Relu that
+    follows a float Add it is not, so the Q lands after the movement (a Keras Conv1D -> Squeeze -> bias Add ->
+    Relu -> Transpose -> Reshape -> Dense): OpenVINO then runs the Add, the Relu and the Transpose in bf16 instead
+    of fusing them into the int8 convolution with the Q as its output, and the Transpose on bytes, as NNCF's
+    placement lets it.  The values are the same: movement does not change them.  Only after an activation
+    (Relu, Clip, LeakyRelu), and only where every reader of the input is int8 too (a float reader would read the
+    rounded values): a Q moved onto a residual Add's output instead changed what OpenVINO computes there (PP-OCRv4
+    rec's mean cosine 0.950 -> 0.944 on OpenVINO f32; ONNX Runtime's outputs were the same)."""
+    constants = {init.name for init in model.graph.initializer}
+    readers = node_readers(model.graph.node)
+    feeds_int8 = _feeding_int8(model, op_types, excluded)
+    after_activation = {out for node in model.graph.node if node.op_type in _ACTIVATIONS for out in node.output}
+    moved: set[str] = set()
+    for node in model.graph.node:  # topological order: a chain of movers after the activation moves whole
+        if node.name in feeds_int8 and node.op_type in _SAME_VALUES and _moves_data(node, constants) \
+                and node.input[0] in after_activation \
+                and all(reader.name in feeds_int8 for reader in readers.get(node.input[0], [])):
+            moved.add(node.name)
+            after_activation.update(node.output)
+    return moved
+
+
+def _feeding_int8(model: onnx.ModelProto, op_types: list[str], excluded: Container[str]) -> set[str]:
+    """Quantized nodes from which a quantized compute node is reached through quantized nodes only."""
+    readers = node_readers(model.graph.node)
+    found: set[str] = set()
+    for node in reversed(model.graph.node):  # topological order: readers are settled first
+        if node.op_type not in op_types or node.name in excluded:
+            continue
+        if node.op_type in COMPUTE_OPS or any(reader.name in found for out in node.output
+                                              for reader in readers.get(out, [])):
+            found.add(node.name)
+    return found
+
+
+def _moves_data(node: onnx.NodeProto, constants: set[str]) -> bool:
+    """Data movement of an activation (not MaxPool: OpenVINO pools int8 faster where it reads a convolution; not a
+    Gather from a constant table: that pair is how the table is stored in 8 bits)."""
+    return node.op_type in MOVER_OPS and node.op_type != "MaxPool" and bool(node.input) \
+        and node.input[0] not in constants
 
 
 def activation_matmuls(model: onnx.ModelProto) -> list[str]:

@@ -17,7 +17,7 @@ import contextlib
 import copy
 import io
 import logging
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,12 +33,14 @@ from qdeploy.stages.quantize.ptq._concat_uint8 import CONCAT_INT8_BUG
 from qdeploy.stages.quantize.ptq._depthwise import depthwise_inputs, per_channel_at_depthwise
 from qdeploy.stages.quantize.ptq._guard import ort_quantizer_step
 from qdeploy.stages.quantize.ptq._keep import MOVER_OPS, keep_float, quantized_node_names
+from qdeploy.stages.quantize.ptq._mixed_concats import mixed_range_concats
 from qdeploy.stages.quantize.ptq._openvino import (
     SHARED_PARAMETER_OPS,
     activation_matmuls,
     concat_groups,
     drop_exact_requantization,
     float_tail,
+    moved_before_quantizing,
     pooled_before_quantizing,
     unify_concat_ranges,
 )
@@ -138,12 +140,16 @@ class StaticBuilder:
         weights, activations = (getattr(QuantType, _TYPES[kind]) for kind in (weight_type, activation_type))
         model = update_opset_version(load_with_shapes(prepared), weights, activations)
         self._openvino = runtime == "openvino"
+        self.float_concats = mixed_range_concats(model, ranges, op_types, excluded)
+        """Concats left float: one scale would leave an input fewer than 16 levels (name -> its levels)."""
+        excluded = [*excluded, *self.float_concats]
         if self._openvino:  # no requantization that OpenVINO would run as a kernel of its own (_openvino.py)
-            ranges = unify_concat_ranges(model, ranges, op_types)
-            excluded = [*excluded, *float_tail(model, op_types), *activation_matmuls(model)]
+            ranges = unify_concat_ranges(model, ranges, op_types, skip=self.float_concats)
+            excluded = [*excluded, *activation_matmuls(model)]
+            excluded = [*excluded, *float_tail(model, op_types, excluded)]
         # beside 7-bit activations only a convolution's input may take 8 signed bits (_common.openvino_only);
         # never what a Concat reads or writes (:func:`concatenated`)
-        at_concats = concatenated(model, op_types)
+        at_concats = concatenated(model, op_types, skip=self.float_concats)
         self.signable = (convolution_inputs(model) if seven_bit == "activations" else set(ranges)) - at_concats
         """The activations ``signed_int8`` may put on int8."""
         tensors = TensorsData(CalibrationMethod.MinMax, {
@@ -169,7 +175,8 @@ class StaticBuilder:
             extra["TensorQuantOverrides"] = overrides
         quantizer_class = _seven_bit_activations_quantizer() if seven_bit == "activations" else QDQQuantizer
         if self._openvino:
-            quantizer_class = _inputs_forced(quantizer_class, pooled_before_quantizing(model, op_types, excluded))
+            quantizer_class = _inputs_forced(quantizer_class, pooled_before_quantizing(model, op_types, excluded)
+                                             | moved_before_quantizing(model, op_types, excluded))
         quantizer = quantizer_class(model, per_channel, seven_bit == "weights", weights, activations, tensors, [],
                                     list(excluded), op_types, extra)
         # the float weights are read one at a time from the prepared model's files, never held all at once
@@ -245,14 +252,14 @@ def convolution_inputs(model: onnx.ModelProto) -> set[str]:
     return {name for name, read in readers.items() if all(read_by == ("Conv", 0) for read_by in read)}
 
 
-def concatenated(model: onnx.ModelProto, op_types: list[str]) -> set[str]:
+def concatenated(model: onnx.ModelProto, op_types: list[str], skip: Container[str] = ()) -> set[str]:
     """Tensors a Concat reads or writes, and those that share their quantization through data movement (ORT's
     quantizer gives a MaxPool's or Resize's output its input's parameters).  They stay uint8 with a zero point:
     OpenVINO 2026.4's CPU plugin computes a convolution that reads a Concat of int8 tensors wrongly on an
     AVX512-VNNI CPU without AMX, whatever their zero point (cosine 0.65-0.85 against ONNX Runtime on the same QDQ
     graph; PP-OCRv4 det's output 0.05), and right with uint8 (docs/int8-kernels.md); under ``activation_type: int8``
     they go back on uint8 wherever OpenVINO runs the graph."""
-    return {name for group in concat_groups(model, op_types, SHARED_PARAMETER_OPS) for name in group}
+    return {name for group in concat_groups(model, op_types, SHARED_PARAMETER_OPS, skip=skip) for name in group}
 
 
 def uint8_concats_note(tensors: set[str]) -> str:
