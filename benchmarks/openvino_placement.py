@@ -6,9 +6,9 @@ beside NNCF.
 For each real-model corpus CNN (``tests/real_recipes``; ``python -m tests.real_models`` fetches them): calibrate
 once on 16 calibration images, build ``runtime: openvino`` with today's placement (``new``) and with its
 OpenVINO-only steps switched off (``old``: ORT's Concat ranges, every Q/DQ pair kept, the tail and attention
-quantized, a MaxPool or a Transpose after a Relu quantized after itself, every signed activation uint8), today's placement with only
-ranges centred on zero on int8 (``new``: what ``signed_activations: auto`` keeps where int8 costs lopsided ranges
-accuracy) and with every signed activation on int8 with zero point 0 (``new+signed``: what auto keeps otherwise,
+quantized, a MaxPool or a Transpose after a Relu quantized after itself, every signed activation uint8), today's
+placement with only ranges centred on zero on int8 (``new``: what ``signed_activations: auto`` keeps where int8
+costs lopsided ranges accuracy) and with every signed activation on int8 with zero point 0 (``new+signed``: what auto keeps otherwise,
 and ``signed_activations: symmetric``), and NNCF's ``nncf.quantize`` (defaults, same images).
 Cosine: the worst over 8 validation images,
 OpenVINO f32.  Latency: OpenVINO at its default inference precision, 1 thread, CPU time per call (robust to other
