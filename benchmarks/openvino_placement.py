@@ -10,8 +10,9 @@ quantized, a MaxPool or a Transpose after a Relu quantized after itself, every s
 placement with only ranges centred on zero on int8 (``new``: what ``signed_activations: auto`` keeps where int8
 costs lopsided ranges accuracy) and with every signed activation on int8 with zero point 0 (``new+signed``: what
 auto keeps otherwise, and ``signed_activations: symmetric``), and NNCF's ``nncf.quantize`` (defaults, same
-images).  Cosine: the worst over 8 validation images, OpenVINO f32.  Latency: OpenVINO at its default inference precision, 1 thread, CPU time per call (robust to other
-jobs on the machine), median over rounds that interleave the models.  Weights are 7-bit (``reduce_range``
+images).  Cosine: the worst over 8 validation images, OpenVINO f32.  Latency: OpenVINO at its default inference
+precision, 1 thread, CPU time per call (robust to other jobs on the machine), median over rounds that interleave
+the models.  Weights are 7-bit (``reduce_range``
 auto) in both of qdeploy's builds.
 """
 
