@@ -1,18 +1,17 @@
 """Concats that join tensors of very different ranges stay float.
 
 A Concat's output takes one scale.  Where its inputs' calibrated ranges differ by much (a Keras text CNN joins
-embeddings of |x| < 5 with the element-wise Max of convolution branches that reach 670, then a BatchNormalization
+embeddings of |x| < 4 with the element-wise Max of convolution branches that reach 670, then a BatchNormalization
 evens the channels out), that one scale leaves the narrow inputs a handful of levels: they are rounded away before
-the BatchNormalization could restore them, and the model's output falls to cosine 0.87 (ONNX Runtime) or 0.37
+the BatchNormalization could restore them, and the model's output fell to cosine 0.88 (ONNX Runtime) and 0.28
 (OpenVINO, whose placement also puts the Concat's inputs on the union range).  NNCF never quantizes a Concat of its
 own accord; the next quantized consumer (here the Dense layer's MatMul, after the BatchNormalization) quantizes the
 evened-out values instead.
 
-Here a Concat whose narrowest input would get fewer than :data:`MIN_LEVELS` (16, 4 bits; the depthwise inputs'
-bound too) of the 256 levels on the union of its
-inputs' ranges is excluded from quantization: it reads its inputs as they come (dequantized or float) and writes
-float.  Concats whose inputs agree (feature pyramids, detection necks: at most 4x apart in the corpus) keep their
-int8 path, which OpenVINO and ONNX Runtime run without requantizing.
+Here a Concat whose narrowest input would get fewer than :data:`MIN_LEVELS` (16, 4 bits: the depthwise inputs'
+bound) of the 256 levels on the union of its inputs' ranges is excluded from quantization: it reads its inputs as
+they come (dequantized or float) and writes float.  Concats whose inputs agree (feature pyramids, detection necks:
+at most 4x apart in the corpus) keep their int8 path, which OpenVINO and ONNX Runtime run without requantizing.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Two float inputs of character and character-type ids -> Cast -> Gather embeddings -> Conv1D branches, each with a
 per-step Dense and a ZeroPadding1D, merged by element-wise Max -> Concat with the embeddings -> BatchNormalization
 -> Dense -> Sigmoid.  Fed the segmenter's own features of Thai Wikipedia titles (both out of the pythainlp wheel,
-through ``tests.real_models``).  Before the mixed-range Concat was left float its default int8 gave cosine 0.87 on
-ort:cpu and 0.37 on openvino:cpu, where NNCF's gave 0.998 and 0.999.  Weights are 7-bit (``reduce_range`` auto),
+through ``tests.real_models``).  Before the mixed-range Concat was left float its default int8 gave cosine 0.88 on
+ort:cpu and 0.28 on openvino:cpu, where NNCF's gave 0.999 and 0.998.  Weights are 7-bit (``reduce_range`` auto),
 so ONNX Runtime's int8 products do not saturate on AVX2-only CPUs either.
 """
 
