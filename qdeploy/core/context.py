@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,10 +33,11 @@ def artifact_precision(stages: tuple[str, ...] | list[str], path: Path | None = 
 
     A quantized artifact is int4 when its weights are 4-bit (weight-only MatMulNBits/GatherBlockQuantized with
     ``bits`` 4, or a DequantizeLinear of int4/uint4 weights); telling that needs the file (``path``): without
-    it, quantized reads int8."""
+    it, quantized reads int8.  A model that arrived in float16 (most of its float weights float16: a PyTorch
+    ``.half()`` export) is fp16 without the fp16 stage, which is also what its file says."""
     if "quantize" in stages:
         return "int4" if path is not None and _four_bit_weights(path) else "int8"
-    if "fp16" in stages:
+    if "fp16" in stages or (path is not None and _weight_facts(path).float16):
         return "fp16"
     return "fp32"
 
@@ -52,6 +54,8 @@ class _WeightFacts:
     four_bit: bool = False
     weight_only: bool = False
     """Quantized weights (blocked ops, or DequantizeLinear of initializers) and no quantized activation."""
+    float16: bool = False
+    """More float16 weight elements than float32 ones (initializers)."""
 
 
 def _four_bit_weights(path: Path) -> bool:
@@ -83,6 +87,10 @@ def _weight_facts_cached(path: str, mtime_ns: int, size: int) -> _WeightFacts:
         return _WeightFacts()
     four_bit_types = {TensorProto.INT4, TensorProto.UINT4}
     types = {init.name: init.data_type for init in graph.initializer}
+    elements = {TensorProto.FLOAT16: 0, TensorProto.FLOAT: 0}
+    for init in graph.initializer:
+        if init.data_type in elements:
+            elements[init.data_type] += math.prod(init.dims)
     four_bit = quantized_weights = quantized_activations = False
     for node in graph.node:
         if node.op_type in _FOUR_BIT_OPS:
@@ -93,7 +101,8 @@ def _weight_facts_cached(path: str, mtime_ns: int, size: int) -> _WeightFacts:
             four_bit |= types[node.input[0]] in four_bit_types
         elif node.op_type in _ACTIVATION_QUANT_OPS:
             quantized_activations = True
-    return _WeightFacts(four_bit, quantized_weights and not quantized_activations)
+    return _WeightFacts(four_bit, quantized_weights and not quantized_activations,
+                        elements[TensorProto.FLOAT16] > elements[TensorProto.FLOAT])
 
 
 @dataclass(frozen=True)
