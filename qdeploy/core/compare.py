@@ -390,18 +390,25 @@ def _token_scores(metrics: OutputMetrics, refs: Sequence[np.ndarray], cands: Seq
 
 
 def _topk(metrics: OutputMetrics, refs: Sequence[np.ndarray], cands: Sequence[np.ndarray]) -> None:
-    classes = _class_count(refs[0].shape)
-    if classes is None:
-        return
-    ref_rows = np.concatenate([r.reshape(-1, classes) for r in refs]).astype(np.float64)
-    cand_rows = np.concatenate([c.reshape(-1, classes) for c in cands]).astype(np.float64)
-    if not len(ref_rows):
-        return
-    ref_top1 = np.argmax(ref_rows, axis=1)
-    metrics.top1_agreement = float(np.mean(ref_top1 == np.argmax(cand_rows, axis=1)))
-    if classes >= 5:
-        cand_top5 = np.argpartition(-cand_rows, 4, axis=1)[:, :5]
-        metrics.top5_agreement = float(np.mean(np.any(cand_top5 == ref_top1[:, None], axis=1)))
+    """Top-1 (and top-5 where every sample has 5 classes or more) agreement of class scores, sample by sample: a
+    dynamic last axis (a decoder's attention over its input's length) gives each sample its own class count."""
+    agree1 = agree5 = rows = 0
+    five = True
+    for ref, cand in zip(refs, cands, strict=True):
+        classes = _class_count(ref.shape)
+        if classes is None or cand.shape != ref.shape:
+            return  # not class scores in every sample, or a shape the other metrics already refuse
+        ref_rows, cand_rows = ref.reshape(-1, classes).astype(np.float64), cand.reshape(-1, classes).astype(np.float64)
+        ref_top1 = np.argmax(ref_rows, axis=1)
+        agree1 += int(np.sum(ref_top1 == np.argmax(cand_rows, axis=1)))
+        rows += len(ref_rows)
+        five = five and classes >= 5
+        if five:
+            cand_top5 = np.argpartition(-cand_rows, 4, axis=1)[:, :5]
+            agree5 += int(np.sum(np.any(cand_top5 == ref_top1[:, None], axis=1)))
+    if rows:
+        metrics.top1_agreement = agree1 / rows
+        metrics.top5_agreement = agree5 / rows if five else None
 
 
 def _fmt(value: float, limit: float) -> str:

@@ -62,6 +62,17 @@ def test_top1_counts_rows_of_squeezed_class_axes() -> None:
     assert result.outputs[0].top5_agreement is not None
 
 
+def test_top1_over_samples_whose_class_count_differs() -> None:
+    """A decoder's attention weights over its input ([1, L], L per sample): each sample has its own class count
+    (this raised "cannot reshape array of size 9 into shape (10)" inside the quantize stage)."""
+    refs = [{"attention": np.arange(n, dtype=np.float32)[None]} for n in (10, 9, 4)]  # the last index wins
+    cands = [{"attention": sample["attention"].copy()} for sample in refs]
+    cands[1]["attention"][0, 0] = 99.0  # the second sample's argmax moves
+    metrics = compare_outputs(refs, cands, Tolerance()).outputs[0]
+    assert metrics.top1_agreement == pytest.approx(2 / 3)
+    assert metrics.top5_agreement is None  # one sample has fewer than 5 classes
+
+
 def test_no_topk_on_a_dense_map() -> None:
     ref = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
     result = compare_outputs([{"map": ref}], [{"map": ref + 0.01}], Tolerance(top1_agreement_min=0.99))

@@ -297,3 +297,33 @@ def word_segmenter_features(source: Path, titles: Path, count: int, characters: 
             "input_2": np.array([[kinds.get(kind_of.get(c, "o"), other_kind) for c in w] for w in windows],
                                 np.float32)})
     return samples
+
+
+def transliterator_decoder_feeds(encoder: Path, decoder: Path, vocabulary: Path, titles: Path, count: int,
+                                 seed: int) -> list[dict[str, np.ndarray]]:
+    """Inputs of one step of PyThaiNLP's thai2rom attention decoder, as its romanizer feeds them: a Thai word (a
+    Wikipedia title without spaces) encoded by the encoder, then 0 to 3 greedy decoding steps before the one kept
+    (the previous token, the LSTM state carried over, the encoder's outputs and their mask)."""
+    import onnxruntime as ort
+
+    table = json.loads(vocabulary.read_text(encoding="utf-8"))
+    chars, targets = table["char_to_ix"], table["target_char_to_ix"]
+    words = [line for line in titles.read_text(encoding="utf-8").splitlines()
+             if line and not line.startswith("#") and " " not in line and 3 <= len(line) <= 12]
+    encode = ort.InferenceSession(str(encoder), providers=["CPUExecutionProvider"])
+    decode = ort.InferenceSession(str(decoder), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(count):
+        word = words[int(rng.integers(0, len(words)))]
+        ids = np.array([[chars.get(c, chars["<UNK>"]) for c in word] + [chars["<end>"]]], np.int64)
+        outputs, hidden_1, _ = encode.run(None, {"input_tensor": ids, "input_lengths": np.array([ids.shape[1]],
+                                                                                               np.int32)})
+        feed = {"decoder_input": np.array([[targets["<start>"]]], np.int32),
+                "decoder_hidden_1": np.concatenate((hidden_1[0], hidden_1[1]), axis=1)[None].astype(np.float32),
+                "encoder_outputs": outputs, "mask": np.ones((1, outputs.shape[1]), np.float32)}
+        for _ in range(int(rng.integers(0, 4))):
+            scores, state = decode.run(["decoder_output", "decoder_hidden_2"], feed)
+            feed = {**feed, "decoder_input": scores.argmax(1).astype(np.int32)[None], "decoder_hidden_1": state}
+        samples.append(feed)
+    return samples

@@ -188,6 +188,12 @@ class StaticBuilder:
         # OpenVINO rewrites a zero point shared along a Gather/Pad/Transpose chain for all its readers at once
         unshare_qdq_parameters(self._quantized)
         load_weights_from(self._quantized, prepared.parent)  # what it left float (biases, excluded weights)
+        self.float_recurrent = _reading_dequantized(self._quantized, RECURRENT_OPS)
+        """Recurrent nodes fed their float inputs again (:data:`RECURRENT_OPS`)."""
+        if self.float_recurrent:
+            keep_float(self._quantized, self._float_model(), set(self.float_recurrent))
+            log.info("%d recurrent node(s) read their inputs float: %s", len(self.float_recurrent),
+                     ", ".join(self.float_recurrent[:5]))
         self.per_channel_depthwise: list[str] = []
         """Depthwise Conv nodes whose input is rescaled to one scale per channel in effect where OpenVINO runs the
         graph (``_depthwise``)."""
@@ -218,6 +224,19 @@ class StaticBuilder:
         if self._on_openvino:  # pre-processing wrote HardSwish out; OpenVINO runs it fused only as one op
             recompose_hardswish(model)
         return model
+
+
+RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
+"""Ops no quantizer here runs in int8, whose inputs stay float: a DequantizeLinear in front of one only rounds, and
+OpenVINO 2026.4's CPU plugin crashed (SIGSEGV in ``compile_model``) on an LSTM reading one in a PyTorch 1.8
+attention decoder (PyThaiNLP's thai2rom), which killed the whole run."""
+
+
+def _reading_dequantized(model: onnx.ModelProto, op_types: frozenset[str]) -> list[str]:
+    """Nodes of ``op_types`` that read a DequantizeLinear's output."""
+    dequantized = {node.output[0] for node in model.graph.node if node.op_type == "DequantizeLinear"}
+    return [node.name for node in model.graph.node
+            if node.op_type in op_types and any(name in dequantized for name in node.input)]
 
 
 CENTRED = 1.1
