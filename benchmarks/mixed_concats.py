@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.int8_models import BUILDERS  # noqa: E402
 from benchmarks.int8_peers import nncf_artifacts  # noqa: E402
-from benchmarks.openvino_placement import measure  # noqa: E402
+from benchmarks.openvino_placement import build_replacing, measure  # noqa: E402
 from qdeploy.graph.utils import node_readers  # noqa: E402
 from qdeploy.stages.quantize.ptq import _openvino, _ptq  # noqa: E402
 from qdeploy.stages.quantize.ptq._prepare import prepare  # noqa: E402
@@ -33,38 +33,17 @@ from qdeploy.stages.quantize.ptq._prepare import prepare  # noqa: E402
 
 def _float_tail_before(model: Any, op_types: list[str], excluded: Any = ()) -> list[str]:
     """The tail rule before: only nodes from which no compute node can be reached at all."""
-    readers = node_readers(model.graph.node)
-    feeds: set[str] = set()
-    for node in reversed(model.graph.node):
-        if node.op_type in _openvino.COMPUTE_OPS or any(reader.name in feeds for out in node.output
-                                                        for reader in readers.get(out, [])):
-            feeds.add(node.name)
+    feeds = _openvino.reaching_compute(model, node_readers(model.graph.node), lambda node: True)
     return [node.name for node in model.graph.node
             if node.op_type in op_types and node.op_type not in _openvino.COMPUTE_OPS and node.name not in feeds]
 
 
-_RULES = ("float_tail", "moved_before_quantizing", "mixed_range_concats")
 _BEFORE = {"float_tail": _float_tail_before, "moved_before_quantizing": lambda *args, **kwargs: set(),
            "mixed_range_concats": lambda *args, **kwargs: {}}
 
 
 def build(prepared: Path, ranges: dict, path: Path, *, before: bool) -> Path:
-    import onnx
-
-    saved = {name: getattr(_ptq, name) for name in _RULES}
-    if before:
-        for name in _RULES:
-            setattr(_ptq, name, _BEFORE[name])
-    try:
-        builder = _ptq.StaticBuilder(prepared, ranges, [], per_channel=True, activation_type="uint8",
-                                     weight_type="int8", symmetric_activations=False, symmetric_weights=True,
-                                     op_types=list(_ptq.BALANCED_OP_TYPES), seven_bit="weights", runtime="openvino",
-                                     signed_int8=_ptq.CENTRED)
-        onnx.save(builder([]), str(path))
-    finally:
-        for name, rule in saved.items():
-            setattr(_ptq, name, rule)
-    return path
+    return build_replacing(prepared, ranges, path, _BEFORE if before else {}, signed_int8=_ptq.CENTRED)
 
 
 def run_model(name: str, folder: Path, rounds: int) -> list[str]:

@@ -52,17 +52,24 @@ _OFF: dict[str, Callable[..., Any]] = {
 def build(prepared: Path, ranges: dict, path: Path, *, old: bool, signed: bool = False) -> Path:
     """``runtime: openvino`` ptq from fixed ranges; ``old``: with the OpenVINO-only steps switched off; ``signed``:
     every activation that can be negative on int8 with zero point 0 (else only those centred on zero)."""
-    saved = {name: getattr(_ptq, name) for name in _OPENVINO_STEPS}
-    if old:
-        for name in _OPENVINO_STEPS:
-            setattr(_ptq, name, _OFF[name])
+    return build_replacing(prepared, ranges, path, _OFF if old else {},
+                           signed_int8=0.0 if old else _ptq.EVERY_SIGNED if signed else _ptq.CENTRED)
+
+
+def build_replacing(prepared: Path, ranges: dict, path: Path, replaced: dict[str, Callable[..., Any]], *,
+                    signed_int8: float) -> Path:
+    """``runtime: openvino`` ptq from fixed ranges (7-bit weights), with the ``_ptq`` placement steps named in
+    ``replaced`` swapped for the functions given there while it builds."""
+    import onnx
+
+    saved = {name: getattr(_ptq, name) for name in replaced}
+    for name, step in replaced.items():
+        setattr(_ptq, name, step)
     try:
         builder = _ptq.StaticBuilder(prepared, ranges, [], per_channel=True, activation_type="uint8",
                                      weight_type="int8", symmetric_activations=False, symmetric_weights=True,
                                      op_types=list(_ptq.BALANCED_OP_TYPES), seven_bit="weights", runtime="openvino",
-                                     signed_int8=(_ptq.EVERY_SIGNED if signed else _ptq.CENTRED) if not old else 0.0)
-        import onnx
-
+                                     signed_int8=signed_int8)
         onnx.save(builder([]), str(path))
     finally:
         for name, step in saved.items():

@@ -86,9 +86,10 @@ def _weight_facts_cached(path: str, mtime_ns: int, size: int) -> _WeightFacts:
         log.debug("cannot read %s for its weight bits: %s", path, exc)
         return _WeightFacts()
     four_bit_types = {TensorProto.INT4, TensorProto.UINT4}
-    types = {init.name: init.data_type for init in graph.initializer}
+    types: dict[str, int] = {}
     elements = {TensorProto.FLOAT16: 0, TensorProto.FLOAT: 0}
     for init in graph.initializer:
+        types[init.name] = init.data_type
         if init.data_type in elements:
             elements[init.data_type] += math.prod(init.dims)
     four_bit = quantized_weights = quantized_activations = False

@@ -33,12 +33,11 @@ def mixed_range_concats(model: onnx.ModelProto, ranges: dict[str, tuple[float, f
     """Concat node name -> the levels its narrowest input would get, for each Concat to keep float (see module)."""
     if "Concat" not in op_types:
         return {}
-    constants = {init.name for init in model.graph.initializer}
     found: dict[str, float] = {}
     for node in model.graph.node:
         if node.op_type != "Concat" or node.name in excluded:
             continue
-        live = [ranges[name] for name in node.input if name in ranges and name not in constants]
+        live = [ranges[name] for name in node.input if name in ranges]  # calibrated activations, never constants
         union = _span((min(low for low, _ in live), max(high for _, high in live))) if len(live) > 1 else 0.0
         if union <= 0:
             continue

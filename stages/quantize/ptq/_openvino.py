@@ -28,7 +28,7 @@ from qdeploy.graph.utils import node_readers
 from qdeploy.stages.quantize.ptq._keep import MOVER_OPS, QDQ_OPS, remove_unused
 
 if TYPE_CHECKING:
-    from collections.abc import Container
+    from collections.abc import Callable, Container
 
     import onnx
 
@@ -111,12 +111,8 @@ def float_tail(model: onnx.ModelProto, op_types: list[str], excluded: Container[
     Gather from a constant table keeps its pair: it is how the table is stored in 8 bits."""
     readers = node_readers(model.graph.node)
     constants = {init.name for init in model.graph.initializer}
-    feeds_compute: set[str] = set()
-    for node in reversed(model.graph.node):  # topological order: readers are settled first
-        if node.op_type in COMPUTE_OPS or any(reader.name in feeds_compute for out in node.output
-                                              for reader in readers.get(out, [])):
-            feeds_compute.add(node.name)
-    feeds_int8 = _feeding_int8(model, op_types, excluded)
+    feeds_compute = reaching_compute(model, readers, lambda node: True)
+    feeds_int8 = _feeding_int8(model, readers, op_types, excluded)
     return [node.name for node in model.graph.node
             if node.op_type in op_types and node.op_type not in COMPUTE_OPS
             and (node.name not in feeds_compute or (_moves_data(node, constants) and node.name not in feeds_int8))]
@@ -142,7 +138,7 @@ def moved_before_quantizing(model: onnx.ModelProto, op_types: list[str], exclude
     rec's mean cosine 0.950 -> 0.944 on OpenVINO f32; ONNX Runtime's outputs were the same)."""
     constants = {init.name for init in model.graph.initializer}
     readers = node_readers(model.graph.node)
-    feeds_int8 = _feeding_int8(model, op_types, excluded)
+    feeds_int8 = _feeding_int8(model, readers, op_types, excluded)
     after_activation = {out for node in model.graph.node if node.op_type in _ACTIVATIONS for out in node.output}
     moved: set[str] = set()
     for node in model.graph.node:  # topological order: a chain of movers after the activation moves whole
@@ -154,17 +150,21 @@ def moved_before_quantizing(model: onnx.ModelProto, op_types: list[str], exclude
     return moved
 
 
-def _feeding_int8(model: onnx.ModelProto, op_types: list[str], excluded: Container[str]) -> set[str]:
-    """Quantized nodes from which a quantized compute node is reached through quantized nodes only."""
-    readers = node_readers(model.graph.node)
+def reaching_compute(model: onnx.ModelProto, readers: dict[str, list[onnx.NodeProto]],
+                     counts: Callable[[onnx.NodeProto], bool]) -> set[str]:
+    """Nodes that ``counts`` and from which a compute node that ``counts`` is reached through such nodes only."""
     found: set[str] = set()
     for node in reversed(model.graph.node):  # topological order: readers are settled first
-        if node.op_type not in op_types or node.name in excluded:
-            continue
-        if node.op_type in COMPUTE_OPS or any(reader.name in found for out in node.output
-                                              for reader in readers.get(out, [])):
+        if counts(node) and (node.op_type in COMPUTE_OPS or any(reader.name in found for out in node.output
+                                                                for reader in readers.get(out, []))):
             found.add(node.name)
     return found
+
+
+def _feeding_int8(model: onnx.ModelProto, readers: dict[str, list[onnx.NodeProto]], op_types: list[str],
+                  excluded: Container[str]) -> set[str]:
+    """Quantized nodes from which a quantized compute node is reached through quantized nodes only."""
+    return reaching_compute(model, readers, lambda node: node.op_type in op_types and node.name not in excluded)
 
 
 def _moves_data(node: onnx.NodeProto, constants: set[str]) -> bool:
