@@ -212,8 +212,11 @@ SOURCES: dict[str, Callable[[Path], Run]] = {
 
 
 def mask(text: str) -> str:
-    """Numbers as N, and runs of spaces as one: a column padded to a wider number is the same line."""
-    return re.sub(r" {2,}", " ", NUMBER.sub("N", text))
+    """Numbers as N, and runs of spaces as one: a column padded to a wider number is the same line.
+
+    A share printed as ``<1%`` (under half a percent on a fast CPU) is the same line as ``3%``.
+    """
+    return re.sub(r" {2,}", " ", NUMBER.sub("N", text).replace("<N%", "N%"))
 
 
 def _top_level(text: str, separator: str) -> list[str]:
@@ -399,3 +402,9 @@ def test_a_tie_said_either_way_round_is_the_same_reason_and_another_partner_is_n
     assert not _same_reason(fastest, tied.replace("ties with fpN", "ties with intN"))
     assert not _same_reason(fastest, tied.replace("fidelity", "size"))
     assert not _same_reason("fastest artifact that passed (N ms)", "fastest artifact that passed (N ms), smaller")
+
+
+def test_a_share_under_one_percent_masks_as_any_share_and_other_text_does_not() -> None:
+    line = "q/dq kernels: {} of MACs, {} of time on ort:cpu"
+    assert mask(line.format("4%", "<1%")) == mask(line.format("4%", "3%"))
+    assert mask(line.format("4%", "n/a")) != mask(line.format("4%", "3%"))
