@@ -35,4 +35,4 @@ except Exception as exc:
 PY
 echo "== qdeploy doctor (if its dependencies are in the image)"
 python3 -c "import sys; sys.path.insert(0, '.')" 2>/dev/null
-pip install --no-deps --no-build-isolation -q -e . >/dev/null 2>&1 && qdeploy doctor 2>&1 | tail -40 || echo "qdeploy not installable here without network"
+python3 -m pip install --no-deps --no-build-isolation -q -e . >/dev/null 2>&1 && python3 -m qdeploy doctor 2>&1 | tail -40 || echo "qdeploy not installable here without network"

@@ -97,8 +97,12 @@ def openvino_precisions(device: str) -> DevicePrecisions:
     name = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
     default = _OV_NAMES.get(name, name)
     capabilities = {str(item).upper() for item in core.get_property(device, "OPTIMIZATION_CAPABILITIES")}
-    return DevicePrecisions(device, default, "BF16" in capabilities or default == "bf16",
-                            "FP16" in capabilities or default == "f16",
+    has_bf16, has_f16 = "BF16" in capabilities, "FP16" in capabilities
+    if capabilities and default in ("bf16", "f16") and not (has_bf16 if default == "bf16" else has_f16):
+        # the hint's default names a precision the device has no kernels for (f16 on an NVIDIA GPU through
+        # PoCL's OpenCL): its float layers run in f32, so there is no reduced default to measure beside f32
+        default = "f32"
+    return DevicePrecisions(device, default, has_bf16 or default == "bf16", has_f16 or default == "f16",
                             f"OpenVINO {device} properties (INFERENCE_PRECISION_HINT, OPTIMIZATION_CAPABILITIES)")
 
 

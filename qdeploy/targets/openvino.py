@@ -8,7 +8,9 @@ setting: ``precision`` pins INFERENCE_PRECISION_HINT ('f32', 'f16', 'bf16'); wit
 ``pin_f32=False`` leaves the device default (bfloat16 on CPUs with AVX512-BF16
 or AMX: see ``qdeploy.targets.cpu_facts``).  OpenVINO ignores a hint the device
 cannot honour, so the precision that really ran is read back from the compiled
-model and from its runtime model's layers, and a hint that did not hold is noted.
+model and from its runtime model's layers, and a hint that did not hold is noted; a compiled hint naming a
+precision the device's OPTIMIZATION_CAPABILITIES lack is reported as f32 (an NVIDIA GPU through PoCL's OpenCL
+reads f16 and runs f32), and a float16 model such a device cannot compile is ``TargetUnavailable`` there.
 A model OpenVINO's ONNX frontend refuses as written but reads after an exact
 rewrite is read rewritten (``qdeploy.targets.openvino_read``), and the notes of
 what ran say so.
@@ -24,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from qdeploy.core.errors import ModelError
+from qdeploy.core.errors import ModelError, TargetUnavailable
 from qdeploy.targets.base import (
     ExecutionInfo,
     Session,
@@ -98,6 +100,7 @@ class OpenVinoTarget(TargetAdapter):
         try:
             compiled = core.compile_model(model, self.ov_device, config)
         except Exception as exc:
+            self.refuse_missing_float16(model, model_path, exc)
             if not query_support:
                 support_note = self._query_support(model)[0]
             raise ModelError(f"{Path(model_path).name}: OpenVINO cannot compile the model for {self.ov_device} "
@@ -107,6 +110,22 @@ class OpenVinoTarget(TargetAdapter):
         session.requested_precision = config.get("INFERENCE_PRECISION_HINT")
         _note_ignored_hint(self.name, session.requested_precision, session.executed)
         return session
+
+    def refuse_missing_float16(self, model: Any, model_path: Path, exc: Exception) -> None:
+        """A float16 model that failed to compile on a device without float16 kernels (OPTIMIZATION_CAPABILITIES
+        without FP16: an NVIDIA GPU through PoCL's OpenCL) is a fact of the machine, like a missing device, not a
+        defect of the artifact: TargetUnavailable, with OpenVINO's own message."""
+        capabilities = device_capabilities(self.ov_device)
+        if not capabilities or "FP16" in capabilities or not _has_float16(model):
+            return
+        try:
+            name = f" ({_ov_core().get_property(self.ov_device, 'FULL_DEVICE_NAME')})"
+        except Exception:
+            name = ""
+        raise TargetUnavailable(
+            f"{self.name}{name} has no float16 kernels (OPTIMIZATION_CAPABILITIES {', '.join(sorted(capabilities))})"
+            f": {Path(model_path).name} holds float16 tensors and cannot run there; deploy a float32 or int8 "
+            f"variant on it (OpenVINO: {short_message(exc)})") from None
 
     def _query_support(self, model: Any) -> tuple[str, list[str]]:
         """Asked before compiling: a note on how many ops the device supports, and those it does not."""
@@ -270,9 +289,44 @@ def _ov_execution_info(target: str, compiled: Any, notes: list[str]) -> Executio
     except Exception:
         devices = [target.split(":", 1)[1].upper()]
     node_counts, op_types = _ov_runtime_counts(compiled, notes)
+    precision = _capable_precision(devices[0], precision, node_counts, notes)
     return ExecutionInfo(target=target, runtime="openvino", device=devices[0], providers=devices,
                          precision=precision, node_counts=node_counts, notes=notes, op_types=op_types,
                          precisions=dict(node_counts))
+
+
+_CAPABILITY = {"f16": "FP16", "bf16": "BF16"}
+
+
+def _has_float16(model: Any) -> bool:
+    """Any float16 tensor in an OpenVINO model (weights, activations, inputs or outputs)."""
+    import openvino
+
+    return any(output.get_element_type() == openvino.Type.f16 for op in model.get_ops() for output in op.outputs())
+
+
+def device_capabilities(device: str) -> set[str] | None:
+    """OpenVINO's OPTIMIZATION_CAPABILITIES of ``device`` ('FP32', 'FP16', 'BF16', 'INT8'...); None if unknown."""
+    try:
+        return {str(item).upper() for item in _ov_core().get_property(device.split(".")[0],
+                                                                       "OPTIMIZATION_CAPABILITIES")}
+    except Exception:  # an old OpenVINO or a device that answers nothing: no claim either way
+        return None
+
+
+def _capable_precision(device: str, precision: str | None, node_counts: dict[str, int], notes: list[str]) -> str | None:
+    """The float precision that really ran: a compiled model's INFERENCE_PRECISION_HINT reads 'f16' on a GPU
+    without float16 kernels (an NVIDIA GPU through PoCL's OpenCL: capabilities FP32, BIN, INT8) while every layer
+    runs in f32, so a reduced hint the device's capabilities do not list is reported as f32."""
+    short = _OV_SHORT.get(str(precision))
+    capabilities = device_capabilities(device) if short in _CAPABILITY else None
+    if capabilities is None or not capabilities or _CAPABILITY[short] in capabilities:
+        return precision
+    layers = ", ".join(f"{name} {count}" for name, count in sorted(node_counts.items())) or "none read"
+    notes.append(f"INFERENCE_PRECISION_HINT reads {short}, but {device}'s OPTIMIZATION_CAPABILITIES "
+                 f"({', '.join(sorted(capabilities))}) have no {_CAPABILITY[short]}: its float layers run in f32 "
+                 f"(runtime model layers: {layers})")
+    return "f32"
 
 
 def _ov_runtime_counts(compiled: Any, notes: list[str]) -> tuple[dict[str, int], dict[str, int]]:

@@ -105,6 +105,7 @@ class OpenVinoPool(RequestPool):
         try:
             self._compiled = _ov_core().compile_model(model, adapter.ov_device, config)
         except Exception as exc:
+            adapter.refuse_missing_float16(model, model_path, exc)  # the device's fact, as in adapter.load
             raise ModelError(f"{model_path.name}: OpenVINO cannot compile the model for {adapter.ov_device} "
                              f"with PERFORMANCE_HINT THROUGHPUT: {short_message(exc)}") from None
         self._plain = _plain
