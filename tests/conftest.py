@@ -35,29 +35,3 @@ def tiny_recipe(tmp_path: Path, tiny_model_path: Path) -> Path:
         benchmark: {batch_sizes: [1], warmup: 1, iterations: 5, rounds: 1, busy_seconds: 0}
         """)
 
-
-LONGEST_FILES = (
-    "tests/pipeline/run/test_real_models.py",
-    "tests/pipeline/run/test_large_models.py",
-    "tests/stages/export/test_export_causal_lm_run.py",
-    "tests/robustness/test_interruption.py",
-    "tests/stages/fp16/test_fp16_models.py",
-    "tests/pipeline/run/test_device_default.py",
-    "tests/test_docs_examples.py",
-    "tests/cli/test_cli.py",
-    "tests/stages/fp16/test_fp16_real_draws.py",
-    "tests/pipeline/run/test_report_schema.py",
-)
-"""The files that take a minute or more on 2 cores (``--durations``), longest first.  The two workers take whole
-files (``--dist loadfile``) in collection order, so starting these first keeps one long file from running alone
-at the end while the other worker idles."""
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: index for index, name in enumerate(LONGEST_FILES)}
-    root = Path(str(config.rootpath))
-
-    def order(item: pytest.Item) -> int:
-        return rank.get(Path(str(item.path)).relative_to(root).as_posix(), len(rank))
-
-    items.sort(key=order)  # stable: the other files, and the tests within a file, keep their order
