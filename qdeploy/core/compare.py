@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import numpy as np
 
 from qdeploy.core.lm_metrics import is_token_scores, kl_sum, top1_matches
+from qdeploy.core.output_parts import SNR_CAP_DB, small_part_note, snr_db
 
 if TYPE_CHECKING:
     from qdeploy.core.tolerance import Tolerance
@@ -65,7 +66,6 @@ if TYPE_CHECKING:
 __all__ = ["SNR_CAP_DB", "OutputComparison", "OutputComparisonDict", "OutputMetrics", "OutputMetricsDict",
            "as_array", "as_arrays", "compare_outputs"]
 
-SNR_CAP_DB = 200.0
 _ISCLOSE_ATOL, _ISCLOSE_RTOL = 1e-8, 1e-5
 _REL_FLOOR = 1e-6
 _MAX_FIELDS = ("max_abs_err", "mean_abs_err", "max_rel_err", "kl")
@@ -181,6 +181,8 @@ def compare_outputs(reference: Sequence[Mapping[str, np.ndarray]], candidate: Se
         outputs.append(metrics)
         reasons.extend(output_reasons)
     notes.extend(_unchecked(outputs, tolerance, per_output))
+    notes.extend(note for name in names if (note := small_part_note(
+        name, _Column(reference[:count], name), _Column(candidate[:count], name), per_output.get(name, tolerance))))
     return OutputComparison(outputs=outputs, passed=not reasons, reasons=reasons, notes=notes)
 
 
@@ -343,7 +345,7 @@ def _elementwise(metrics: OutputMetrics, refs: Sequence[np.ndarray], cands: Sequ
     metrics.max_abs_err, metrics.max_rel_err = max_err, max_rel
     metrics.mean_abs_err = sum_err / size if size else 0.0
     metrics.cosine = _cosine(dot, math.sqrt(ref_sq), math.sqrt(cand_sq))
-    metrics.snr_db = _snr_db(ref_sq, err_sq)
+    metrics.snr_db = snr_db(ref_sq, err_sq)
     metrics.within_tol = within / size if size else 1.0
     return ref_nonfinite, size
 
@@ -360,14 +362,6 @@ def _cosine(dot: float, ref_norm: float, cand_norm: float) -> float:
     if ref_norm == 0.0 or cand_norm == 0.0:
         return 0.0
     return float(np.clip(dot / (ref_norm * cand_norm), -1.0, 1.0))
-
-
-def _snr_db(signal: float, noise: float) -> float:
-    if noise == 0.0:
-        return SNR_CAP_DB
-    if signal == 0.0:
-        return -SNR_CAP_DB
-    return float(np.clip(10.0 * math.log10(signal / noise), -SNR_CAP_DB, SNR_CAP_DB))
 
 
 def _class_count(shape: tuple[int, ...]) -> int | None:
