@@ -27,6 +27,7 @@ _MAX_PART_AXIS = 1024
 
 
 def snr_db(signal: float, noise: float) -> float:
+    """10 log10(signal / noise) from sums of squares, within +-SNR_CAP_DB (identical outputs read the cap)."""
     if noise == 0.0:
         return SNR_CAP_DB
     if signal == 0.0:
@@ -84,7 +85,8 @@ def _slice_energies(refs: Sequence[Any], cands: Sequence[Any], axis: int) -> tup
     """Per slice along ``axis``: the reference's mean square and the error's, over every sample."""
     signal = noise = None
     for ref_array, cand_array in zip(refs, cands, strict=True):
-        ref = np.moveaxis(np.asarray(ref_array, dtype=np.float64), axis, 0).reshape(ref_array.shape[axis], -1)
+        ref = np.moveaxis(np.asarray(ref_array, dtype=np.float64), axis, 0)
+        ref = ref.reshape(ref.shape[0], -1)
         cand = np.moveaxis(np.asarray(cand_array, dtype=np.float64), axis, 0).reshape(ref.shape)
         ref_sq, err_sq = np.mean(ref * ref, axis=1), np.mean((cand - ref) ** 2, axis=1)
         signal = ref_sq if signal is None else signal + ref_sq
