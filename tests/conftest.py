@@ -34,4 +34,3 @@ def tiny_recipe(tmp_path: Path, tiny_model_path: Path) -> Path:
         validate: {reference: fp32, samples: 4}
         benchmark: {batch_sizes: [1], warmup: 1, iterations: 5, rounds: 1, busy_seconds: 0}
         """)
-

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdeploy.core.lm_metrics import is_token_scores
+
 if TYPE_CHECKING:
     from qdeploy.core.tolerance import Tolerance
 
@@ -47,6 +49,8 @@ def small_part_note(name: str, refs: Sequence[Any], cands: Sequence[Any], tolera
         return None
     if limit is None or len(shapes) != 1 or first.ndim < 2 or not np.issubdtype(first.dtype, np.floating):
         return None
+    if is_token_scores(name, first.shape, first.dtype):  # token positions are places, and logits spill to disk:
+        return None  # a second pass over them would read every sample again for no part to find
     for axis in _channel_axes(first.ndim):
         if not 2 <= first.shape[axis] <= _MAX_PART_AXIS:
             continue

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import TypedDict
 
 from qdeploy.targets.int8_path import FLAGS_ENV, cpu_flags
-from qdeploy.targets.openvino import PINNABLE, _ov_core
+from qdeploy.targets.openvino import PINNABLE, _ov_core, lacks_kernels
 
 __all__ = ["BF16_FLAGS", "FP16_FLAGS", "PINNABLE", "DevicePrecisions", "DevicePrecisionsDict", "default_hint",
            "device_precisions", "openvino_precisions", "pins_after", "precisions_from_flags", "short_precision"]
@@ -97,12 +97,12 @@ def openvino_precisions(device: str) -> DevicePrecisions:
     name = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
     default = _OV_NAMES.get(name, name)
     capabilities = {str(item).upper() for item in core.get_property(device, "OPTIMIZATION_CAPABILITIES")}
-    has_bf16, has_f16 = "BF16" in capabilities, "FP16" in capabilities
-    if capabilities and default in ("bf16", "f16") and not (has_bf16 if default == "bf16" else has_f16):
+    if lacks_kernels(default, capabilities):
         # the hint's default names a precision the device has no kernels for (f16 on an NVIDIA GPU through
         # PoCL's OpenCL): its float layers run in f32, so there is no reduced default to measure beside f32
         default = "f32"
-    return DevicePrecisions(device, default, has_bf16 or default == "bf16", has_f16 or default == "f16",
+    return DevicePrecisions(device, default, "BF16" in capabilities or default == "bf16",
+                            "FP16" in capabilities or default == "f16",
                             f"OpenVINO {device} properties (INFERENCE_PRECISION_HINT, OPTIMIZATION_CAPABILITIES)")
 
 

@@ -305,6 +305,12 @@ def _has_float16(model: Any) -> bool:
     return any(output.get_element_type() == openvino.Type.f16 for op in model.get_ops() for output in op.outputs())
 
 
+def lacks_kernels(precision: str | None, capabilities: set[str] | None) -> bool:
+    """A reduced precision ('f16', 'bf16') that a device's known, non-empty OPTIMIZATION_CAPABILITIES do not list:
+    OpenVINO reports it as the hint, yet runs f32."""
+    return precision in _CAPABILITY and bool(capabilities) and _CAPABILITY[precision] not in capabilities
+
+
 def device_capabilities(device: str) -> set[str] | None:
     """OpenVINO's OPTIMIZATION_CAPABILITIES of ``device`` ('FP32', 'FP16', 'BF16', 'INT8'...); None if unknown."""
     try:
@@ -320,7 +326,7 @@ def _capable_precision(device: str, precision: str | None, node_counts: dict[str
     runs in f32, so a reduced hint the device's capabilities do not list is reported as f32."""
     short = _OV_SHORT.get(str(precision))
     capabilities = device_capabilities(device) if short in _CAPABILITY else None
-    if capabilities is None or not capabilities or _CAPABILITY[short] in capabilities:
+    if not lacks_kernels(short, capabilities):
         return precision
     layers = ", ".join(f"{name} {count}" for name, count in sorted(node_counts.items())) or "none read"
     notes.append(f"INFERENCE_PRECISION_HINT reads {short}, but {device}'s OPTIMIZATION_CAPABILITIES "

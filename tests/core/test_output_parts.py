@@ -68,3 +68,10 @@ def test_rare_classes_of_a_softmax_and_a_quiet_background_are_no_part() -> None:
     score_map[..., :8, :] = 0.9  # text in the top rows, background below: rows are places, not parts
     noisy = score_map + 0.01
     assert compare_outputs([{"map": score_map}], [{"map": noisy}], INT8).notes == []
+
+
+def test_per_token_logits_are_not_searched_for_parts() -> None:
+    refs, cands = _pair(score_step=1.24)
+    column = [sample["output0"] for sample in refs], [sample["output0"] for sample in cands]
+    assert small_part_note("output0", *column, INT8) is not None
+    assert small_part_note("logits", *column, INT8) is None  # [N, S, V] logits: positions, not parts
