@@ -64,6 +64,10 @@ class Clock:
     def elapsed(self) -> float:
         return now() - self.started
 
+    def seconds_left(self) -> float | None:
+        """Seconds until the bound in force; None when none is set yet."""
+        return None if self.bound is None else self.bound - self.elapsed()
+
     def bound_from(self, first_evaluation: float) -> None:
         """Set the default bound from the seconds of the first full evaluation, unless ``max_seconds`` is set."""
         self.first_evaluation = first_evaluation

@@ -271,7 +271,8 @@ def _ranked(build: Builder, evaluate: Evaluator, candidates: dict[str, str], loc
     """The candidates ranked (``rank``), or none when the time bound passes during the ranking."""
     try:
         with clock.phase("ranking"):
-            return rank_candidates(build, evaluate, candidates, local, on_progress, check=clock.check)
+            return rank_candidates(build, evaluate, candidates, local, on_progress, check=clock.check,
+                                   seconds_left=clock.seconds_left)
     except OutOfTime:
         bound = "budget.max_seconds" if clock.max_seconds else "the default time bound"
         return [], f"none: {bound} passed during the ranking"

@@ -133,7 +133,7 @@ class _Run:
     spill_dir: Path | None = None
     """Where outputs past ``KEEP_IN_MEMORY_BYTES`` wait on disk (``qdeploy.core.output_store``)."""
     float64: Float64Reference | None = None
-    """The reference evaluated in float64, for the float32 rows off ort:cpu that fail (``_arbiter``)."""
+    """The reference evaluated in float64, for the float32 rows that fail (``_arbiter``)."""
     reference_label: str = "the reference"
 
     @property
@@ -281,8 +281,8 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
     pinned precisions that may hold (``_precision``); a row that still fails is localized.  ``device_default``: a
     float32 artifact run at the device default too (the reference's ``fp32@default`` row), never pinned;
     ``pinned_f32``: a weight-only artifact's ``@f32`` row, pinned to f32 as its deployment setting; ``floor``: the
-    reference itself on another target (its noise floor).  A float32 row off ort:cpu that fails is arbitrated in
-    float64 (``_arbiter``)."""
+    reference itself on another target (its noise floor).  A float32 row that fails is arbitrated in float64
+    (``_arbiter``)."""
     _require(path)
     if pinned_f32:
         hint, why = "f32", ""
@@ -297,7 +297,7 @@ def _validate_pair(shared: _Run, name: str, path: Path, precision: str, target: 
     if why and outcome.row.measured:  # where the default's facts came from, on whichever attempt the row keeps
         outcome.row = outcome.row.replace(warnings=[*outcome.row.warnings, why])
     outcome.row = outcome.row.replace(noise_floor=floor)
-    if (not device_default and target != REFERENCE_TARGET and shared.float64 is not None
+    if (not device_default and shared.float64 is not None
             and tolerance_precision(precision, path)[0] == "fp32"):  # a graph of integer ops rounds apart anyway
         outcome = arbitrate(outcome, shared.float64, shared.reference_outputs, shared.reference_label)
     row = outcome.row

@@ -36,12 +36,15 @@ _SIGN_KEEPING_OPS = GRID_OPS | {"Resize", "MaxPool", "AveragePool", "GlobalAvera
 def placement_differences(source: Path, config: PtqConfig, work_dir: Path) -> list[str]:
     """Compute nodes whose Q/DQ placement differs between the ``RUNTIMES`` builds of ``config`` on the float model
     at ``source``, or whose weights ONNX Runtime's build routes to its AMX GEMM on an AMX CPU (``_amx_convs``:
-    OpenVINO needs them symmetric); sorted, empty: one graph serves both."""
+    OpenVINO needs them symmetric); sorted, empty: one graph serves both (also for a model quantized already, which
+    the stage refuses: ORT's quantizer is not run on it here)."""
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize._modes import _op_types
-    from qdeploy.stages.quantize.ptq._prepare import excluded_nodes, prepare
+    from qdeploy.stages.quantize.ptq._prepare import count_quantized_nodes, excluded_nodes, prepare
     from qdeploy.stages.quantize.ptq._ptq import EVERY_SIGNED, StaticBuilder
 
+    if count_quantized_nodes(load_model(source, load_external_data=False)):
+        return []
     work_dir.mkdir(parents=True, exist_ok=True)
     prepared = prepare(source, work_dir)
     excluded, _ = excluded_nodes(prepared, config.exclude_nodes, config.exclude_patterns, config.exclude_op_types)

@@ -391,13 +391,25 @@ class DynamicBuilder:
         return model
 
 
+class _RootRecordsToDebug(logging.Filter):
+    """ORT's quantizers warn through the root logger (``logging.warning``) about what only its own callers can act
+    on ("Bias of Gemm node ... is not constant. Please exclude this node"): into qdeploy's debug log instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        log.debug("onnxruntime.quantization %s: %s", record.levelname.lower(), record.getMessage())
+        return False
+
+
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """ORT's quantizers print progress to stdout; keep it out of the user's terminal, in the log."""
-    captured = io.StringIO()
+    """ORT's quantizers print progress to stdout and warnings to the root logger; keep both out of the user's
+    terminal, in the log.  (A logger's filters see only records logged on it: qdeploy's own pass.)"""
+    captured, root, to_debug = io.StringIO(), logging.getLogger(), _RootRecordsToDebug()
+    root.addFilter(to_debug)
     try:
         with contextlib.redirect_stdout(captured):
             yield
     finally:
+        root.removeFilter(to_debug)
         if captured.getvalue().strip():
             log.debug("onnxruntime.quantization: %s", captured.getvalue().strip())

@@ -15,6 +15,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from qdeploy.core.tolerance import Tolerance
+from qdeploy.stages.accuracy_budget import clock as budget_clock
+from qdeploy.stages.accuracy_budget import rank
 from qdeploy.stages.accuracy_budget.evaluate import Evaluator, Measured
 from qdeploy.stages.accuracy_budget.findings import BudgetFindings
 from qdeploy.stages.accuracy_budget.search import BudgetResult, meet_budget
@@ -101,6 +103,42 @@ def test_a_node_limit_that_is_too_low_is_a_miss_that_says_why(tmp_path: Path, fl
     assert result.findings.met is False
     assert "max_float_nodes (0) was reached" in (result.findings.note or "")
 
+
+
+def _misleading_signal(quantized: onnx.ModelProto, candidates: dict[str, str], feeds: list) -> dict[str, float]:
+    """A local error that never reaches the output ranks first (a convolution before a saturating HardSigmoid)."""
+    return {"quiet": 1.0, "calm": 0.5, "loud": 1e-6}
+
+
+def test_above_the_candidate_limit_the_alone_ranking_runs_when_its_evaluations_fit_the_time_left(
+        tmp_path: Path, float_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rank, "ALONE_RANK_LIMIT", 1)  # three candidates are "many"
+    result = meet_budget(ChainBuilder(), _misleading_signal, float_model, _feeds(8), Tolerance(snr_db_min=30.0),
+                         tmp_path, max_float_nodes=None)
+    assert result.findings.ranking.startswith("damage quantized alone (3 evaluations)")
+    assert [record.node for record in result.findings.kept_float] == ["loud"]
+    assert result.findings.kept_float[0].rank == 1  # found by its damage, not by the misleading local error
+
+
+def test_above_the_candidate_limit_the_local_error_ranks_when_the_alone_ranking_would_take_too_long(
+        tmp_path: Path, float_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each evaluation "takes" 100 s: after the full one and the first of the ranking, 50 of the 250 s are left
+    and three more would take 300 s."""
+    monkeypatch.setattr(rank, "ALONE_RANK_LIMIT", 1)
+    elapsed = [0.0]
+    measure = Evaluator.measure
+
+    def slow(evaluator: Evaluator, *args: object, **kwargs: object) -> Measured:
+        elapsed[0] += 100.0
+        return measure(evaluator, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(budget_clock, "now", lambda: elapsed[0])
+    monkeypatch.setattr(Evaluator, "measure", slow)
+    result = meet_budget(ChainBuilder(), _misleading_signal, float_model, _feeds(8), Tolerance(snr_db_min=30.0),
+                         tmp_path, max_float_nodes=None, max_seconds=250)
+    assert result.findings.ranking == (
+        "local error (one run): quantizing each of the 3 candidates alone would take about 300 s, over 75% of the "
+        "budget's 50 s left (budget.max_seconds gives it more)")
 
 class _Session:
     """A target that breaks the loud node at its bf16 default, and runs correctly pinned to f32."""

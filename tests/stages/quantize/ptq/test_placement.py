@@ -48,6 +48,40 @@ def test_the_placement_decision_finds_the_nodes_the_runtimes_quantize_differentl
     assert set(found) == differs_at
 
 
+
+def test_a_model_quantized_already_is_not_quantized_again_to_compare_placements(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage refuses such a model; comparing placements ran ORT's quantizer on it twice first (its warnings on
+    the user's terminal), and the decision must not fail on it."""
+    from qdeploy.stages.quantize.ptq import _ptq
+
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q"),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["dq"], name="dq"),
+             helper.make_node("MatMul", ["dq", "w1"], ["y"], name="mm")]
+    model = make_model(nodes, [init("s", np.array(0.1)), onnx.numpy_helper.from_array(np.array(0, np.uint8), "z"),
+                               init("w1", np.ones((16, 8)))], {"x": [1, 16]}, {"y": [1, 8]})
+    artifact = save_artifact(tmp_path, model)
+    monkeypatch.setattr(_ptq, "StaticBuilder", lambda *a, **k: pytest.fail("quantized a quantized model"))
+    assert placement_differences(artifact.path, QuantizeConfig(signed_activations="auto"), tmp_path) == []
+
+
+def test_the_quantizers_root_logger_warnings_go_to_the_debug_log(caplog: pytest.LogCaptureFixture,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from qdeploy.stages.quantize.ptq import _ptq
+
+    # loggers no CLI run of the suite configured (qdeploy's may stop propagating to the capture)
+    monkeypatch.setattr(_ptq, "log", logging.getLogger("test_placement.ptq"))
+    caplog.set_level(logging.DEBUG)
+    with _ptq.quiet():
+        logging.warning("Bias of Gemm node 'g' is not constant. Please exclude this node for better performance.")
+        logging.getLogger("test_placement.ours").warning("ours")  # a named logger's warnings still reach the user
+    logging.warning("after")  # the filter is gone with the context
+    warned = [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == [("test_placement.ours", "ours"), ("root", "after")]
+    assert any("Bias of Gemm node 'g'" in r.getMessage() and r.levelno == logging.DEBUG for r in caplog.records)
+
 def test_placeholder_signs_follow_the_graph() -> None:
     """Never negative: a Relu's output and what pooling, data movement and a Concat of such values make of it,
     a Clip from 0; anything else may be negative."""
