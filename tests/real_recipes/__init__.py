@@ -250,10 +250,17 @@ def write_recipe(name: str, folder: Path, sizes: Sizes | None = None) -> Path:
     """Write the recipe of corpus model ``name`` and its data into ``folder``; the recipe's path.
 
     Raises ``tests.real_models.RealModelError`` when the model cannot be had."""
-    case, sizes = CORPUS[name], sizes or Sizes()
+    case, sizes = case_named(name), sizes or Sizes()
     folder.mkdir(parents=True, exist_ok=True)
     sections = case.write_data(folder, sizes)
     path = folder / "recipe.yaml"
     path.write_text(f"# {case.name}: {case.exporter}; {case.exercises}\n"
                     + yaml.safe_dump(recipe_dict(case, sections, sizes), sort_keys=False))
     return path
+
+
+def case_named(name: str) -> RealCase:
+    """The corpus's model ``name``, or one of the benchmark's own (``tests.real_recipes.unseen``)."""
+    from tests.real_recipes.unseen import UNSEEN  # it builds on this module
+
+    return CORPUS[name] if name in CORPUS else UNSEEN[name]

@@ -55,6 +55,36 @@ def document_images(folder: Path, count: int, width: int, height: int, seed: int
     return folder
 
 
+def seal_images(folder: Path, count: int, side: int, seed: int) -> Path:
+    """Round red stamps (a ring, letters around it, a star inside) on a page with a few dark text lines (seal
+    text detection: a page without a stamp leaves its score map near 1e-7, all rounding)."""
+    from PIL import Image, ImageDraw
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        image = Image.new("RGB", (side, side), tuple(int(v) for v in rng.integers(205, 256, 3)))
+        draw = ImageDraw.Draw(image)
+        for top in range(8, side - 16, int(rng.integers(24, 40))):  # the page's own text under the stamp
+            draw.text((int(rng.integers(4, side // 4)), top), _word(rng, 3, 12), font=_font(14),
+                      fill=tuple(int(v) for v in rng.integers(0, 90, 3)))
+        red = (int(rng.integers(190, 240)), int(rng.integers(10, 70)), int(rng.integers(10, 70)))
+        radius = int(side * rng.uniform(0.3, 0.42))
+        cx, cy = (int(side / 2 + rng.integers(-side // 10, side // 10 + 1)) for _ in range(2))
+        draw.ellipse((cx - radius, cy - radius, cx + radius, cy + radius), outline=red, width=max(2, side // 48))
+        letters = _word(rng, 8, 14).upper()
+        for position, letter in enumerate(letters):  # around the upper arc, as stamps write their issuer
+            angle = np.pi * (1.1 + 0.8 * position / max(len(letters) - 1, 1))
+            x, y = cx + 0.72 * radius * np.cos(angle), cy + 0.72 * radius * np.sin(angle)
+            draw.text((int(x) - 6, int(y) - 8), letter, font=_font(max(12, side // 16)), fill=red)
+        star = [(cx + radius * 0.25 * np.cos(a) * (1 if k % 2 == 0 else 0.4),
+                 cy + radius * 0.25 * np.sin(a) * (1 if k % 2 == 0 else 0.4))
+                for k, a in enumerate(np.linspace(-np.pi / 2, 1.5 * np.pi, 10, endpoint=False))]
+        draw.polygon(star, fill=red)
+        image.save(folder / f"{index:03d}.png")
+    return folder
+
+
 def text_line_images(folder: Path, count: int, width: int, height: int, seed: int, *,
                      captcha: bool = False) -> Path:
     """One line of text per image (recognition); ``captcha`` adds noise lines and dots as captchas have."""

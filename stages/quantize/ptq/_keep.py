@@ -14,8 +14,11 @@ tensor of the float model that the DequantizeLinear stands for:
   back for the kept node to read (reading it directly made the "float" model
   worse than the quantized one).
 
-Data-movement nodes whose consumers all run float follow them.  Every step is
-linear in the model's size (the budget builds many models).
+Data-movement nodes whose consumers all run float follow them, and so does the
+HardSigmoid gate of a kept HardSwish's Mul: read quantized while the Mul reads
+float, the pair could neither be recomposed for OpenVINO nor compute a HardSwish
+(PP-OCRv5 det: 24 such gates left the model at cosine 0.92 with every candidate
+float).  Every step is linear in the model's size (the budget builds many models).
 
 Edits protobuf directly: its input is ORT's quantizer output and the budget builds many such models.
 """
@@ -123,6 +126,7 @@ def keep_float(model: onnx.ModelProto, float_model: onnx.ModelProto, kept: set[s
     """Feed the kept nodes their float inputs again; remove the Q/DQ nodes and initializers left unused."""
     originals = {node.name: node for node in float_model.graph.node}
     producers = {out: node for node in model.graph.node for out in node.output}
+    kept = kept | _hardswish_gates(model, kept)
     kept = kept | _float_movers(model, kept)
     values = _FloatValues(model, float_model)
     placed: list[onnx.NodeProto] = []
@@ -140,7 +144,55 @@ def keep_float(model: onnx.ModelProto, float_model: onnx.ModelProto, kept: set[s
     if len(placed) != len(model.graph.node):
         del model.graph.node[:]
         model.graph.node.extend(placed)
+    _float_graph_outputs(model, kept)
     remove_unused(model)
+
+
+def _float_graph_outputs(model: onnx.ModelProto, kept: set[str]) -> None:
+    """A kept node whose output reaches a graph output only through a Q -> DQ pair (ORT quantizes a Conv's output
+    even there) writes the graph output itself: with every candidate kept float, the model is the float model."""
+    outputs = {value.name for value in model.graph.output}
+    readers = node_readers(model.graph.node)
+    dropped: set[str] = set()
+    for node in model.graph.node:
+        if node.name not in kept:
+            continue
+        for index, name in enumerate(node.output):
+            quantize = readers.get(name, [])
+            if len(quantize) != 1 or quantize[0].op_type != "QuantizeLinear" or name in outputs:
+                continue
+            dequantize = readers.get(quantize[0].output[0], [])
+            pair = (quantize[0], *dequantize)
+            if len(dequantize) == 1 and dequantize[0].op_type == "DequantizeLinear" and all(n.name for n in pair) \
+                    and dequantize[0].output[0] in outputs and not readers.get(dequantize[0].output[0]):
+                node.output[index] = dequantize[0].output[0]
+                dropped |= {n.name for n in pair}
+    if dropped:  # ORT names every Q/DQ node it adds, uniquely
+        delete_where(model.graph.node, lambda candidate: candidate.name in dropped)
+
+
+def _hardswish_gates(model: onnx.ModelProto, kept: set[str]) -> set[str]:
+    """HardSigmoid nodes that gate a kept Mul by the Mul's own other input (a HardSwish written out), the Q/DQ pairs
+    in between looked through."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+
+    def source(name: str) -> str:  # the float tensor a Q -> DQ pair stands for
+        dequantize = producers.get(name)
+        if dequantize is not None and dequantize.op_type == "DequantizeLinear":
+            quantize = producers.get(dequantize.input[0])
+            if quantize is not None and quantize.op_type == "QuantizeLinear":
+                return quantize.input[0]
+        return name
+
+    gates = set()
+    for node in model.graph.node:
+        if node.name not in kept or node.op_type != "Mul" or len(node.input) != 2:
+            continue
+        for gated, data in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+            gate = producers.get(gated)
+            if gate is not None and gate.op_type == "HardSigmoid" and source(gate.input[0]) == source(data):
+                gates.add(gate.name)
+    return gates - kept
 
 
 def _float_movers(model: onnx.ModelProto, kept: set[str]) -> set[str]:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import remove_saved
 from qdeploy.graph.light import light_copy, take_value_info
+from qdeploy.graph.names import rename_ort_inlined
 from qdeploy.graph.utils import subgraphs
 
 if TYPE_CHECKING:
@@ -108,6 +109,7 @@ def optimize_file(source: Path, work_dir: Path) -> tuple[onnx.ModelProto, str]:
         return load_model(source), f"ONNX Runtime's basic optimizations failed ({type(exc).__name__}: {exc})"
     optimized = load_model(target)
     _drop_initializers_nodes_define(optimized.graph)
+    rename_ort_inlined(optimized.graph)  # ONNX Runtime inlines again where a build puts a function op back
     for leftover in (source, target):  # read whole: their data files are a copy of the model each, on disk
         remove_saved(leftover)
     return optimized, ""

