@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -13,6 +14,9 @@ from qdeploy.calibration import data_context
 from qdeploy.core.context import Artifact, StageContext
 from qdeploy.pipeline.recipe.schema import DatasetSpec
 from tests.helpers.models import REPO
+
+if TYPE_CHECKING:
+    from qdeploy.stages.quantize.ptq._ptq import StaticBuilder
 
 DEMO_MODEL = REPO / "recipes" / "models" / "demo_cnn.onnx"
 
@@ -38,6 +42,26 @@ def stage_context(tmp_path: Path, datasets: dict[str, Path] | None = None,
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     return data_context("v", work, datasets=data, resolve=lambda p: tmp_path / p, input_ranges=ranges)
+
+
+def static_builder(tmp_path: Path, model: onnx.ModelProto, samples: list[dict[str, np.ndarray]], *,
+                   channel_peaks: bool = False, **settings: object) -> tuple[StaticBuilder, Path]:
+    """ptq's builder for ``model``, prepared and calibrated (minmax) on ``samples`` as the stage does: uint8
+    activations, per-channel symmetric int8 weights, op set 'balanced'; ``settings`` (runtime, openvino_runs...)
+    go to the builder, ``channel_peaks`` the depthwise inputs' peaks too.  The builder and the prepared model."""
+    from qdeploy.stages.quantize.ptq._prepare import prepare
+    from qdeploy.stages.quantize.ptq._ptq import BALANCED_OP_TYPES, StaticBuilder, calibrate
+
+    source = tmp_path / "model.onnx"
+    onnx.save(model, str(source))
+    prepared = prepare(source, tmp_path).path
+    op_types = list(BALANCED_OP_TYPES)
+    ranges, calibrated = calibrate(prepared, op_types, lambda: iter(samples), tmp_path, "minmax", 99.999)
+    peaks = {"channel_peaks": calibrated.channel_peaks} if channel_peaks else {}
+    builder = StaticBuilder(prepared, ranges, [], per_channel=True, activation_type="uint8", weight_type="int8",
+                            symmetric_activations=False, symmetric_weights=True, op_types=op_types,
+                            **peaks, **settings)  # type: ignore[arg-type]
+    return builder, prepared
 
 
 def make_model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], inputs: dict[str, list[int]],

@@ -21,8 +21,6 @@ from qdeploy.stages.quantize.ptq._depthwise import (
     per_tensor_at_depthwise,
 )
 from qdeploy.stages.quantize.ptq._keep import RESCALING
-from qdeploy.stages.quantize.ptq._prepare import prepare
-from qdeploy.stages.quantize.ptq._ptq import BALANCED_OP_TYPES, StaticBuilder, calibrate
 from tests.helpers.quantize import (
     depthwise_block,
     init,
@@ -31,6 +29,7 @@ from tests.helpers.quantize import (
     run_ort,
     save_artifact,
     stage_context,
+    static_builder,
 )
 
 FEED = {"x": np.random.default_rng(5).uniform(-2, 2, (1, 3, 16, 16)).astype(np.float32)}
@@ -215,16 +214,9 @@ def test_a_rescaled_depthwise_convolution_kept_float_reads_its_float_input_and_l
     """The accuracy budget keeps nodes float by feeding them their float inputs: the rescaling Mul and its pair
     go with the convolution's quantization, and the float graph's values come back."""
     model = depthwise_block("Relu")
-    source = tmp_path / "model.onnx"
-    onnx.save(model, str(source))
-    prepared = prepare(source, tmp_path).path
     samples = [{"x": np.random.default_rng(seed).uniform(-2, 2, (1, 3, 16, 16)).astype(np.float32)}
                for seed in range(4)]
-    op_types = list(BALANCED_OP_TYPES)
-    ranges, calibrated = calibrate(prepared, op_types, lambda: iter(samples), tmp_path, "minmax", 99.999)
-    builder = StaticBuilder(prepared, ranges, [], per_channel=True, activation_type="uint8", weight_type="int8",
-                            symmetric_activations=False, symmetric_weights=True, op_types=op_types,
-                            runtime="openvino", channel_peaks=calibrated.channel_peaks)
+    builder, _ = static_builder(tmp_path, model, samples, channel_peaks=True, runtime="openvino")
     assert builder.per_channel_depthwise == ["dw"]
     assert any(node.name.endswith(RESCALING) for node in builder([]).graph.node)
     kept = builder(["dw", "conv0", "pw"])

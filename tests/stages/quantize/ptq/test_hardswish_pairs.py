@@ -18,9 +18,8 @@ import onnxruntime as ort
 from onnx import helper
 
 from qdeploy.graph.names import ORT_INLINED
-from qdeploy.stages.quantize.ptq._prepare import prepare
-from qdeploy.stages.quantize.ptq._ptq import BALANCED_OP_TYPES, StaticBuilder, calibrate
-from tests.helpers.quantize import init, make_model, run_ort
+from qdeploy.stages.quantize.ptq._ptq import StaticBuilder
+from tests.helpers.quantize import init, make_model, run_ort, static_builder
 
 FEED = {"x": np.random.default_rng(7).uniform(-2, 2, (1, 3, 12, 12)).astype(np.float32)}
 
@@ -40,20 +39,15 @@ def _two_hardswish() -> onnx.ModelProto:
     return make_model(nodes, weights, {"x": [1, 3, 12, 12]}, {"y": [1, 4, 12, 12]}, opset=14)
 
 
+def _samples() -> list[dict[str, np.ndarray]]:
+    return [{"x": np.random.default_rng(seed).uniform(-2, 2, (1, 3, 12, 12)).astype(np.float32)} for seed in range(4)]
+
+
 def _openvino_builder(tmp_path: Path) -> tuple[StaticBuilder, Path]:
-    source = tmp_path / "model.onnx"
-    onnx.save(_two_hardswish(), str(source))
-    prepared = prepare(source, tmp_path).path
-    samples = [{"x": np.random.default_rng(seed).uniform(-2, 2, (1, 3, 12, 12)).astype(np.float32)}
-               for seed in range(4)]
-    op_types = list(BALANCED_OP_TYPES)
-    ranges, _ = calibrate(prepared, op_types, lambda: iter(samples), tmp_path, "minmax", 99.999)
     # one graph for both runtimes (per_runtime: false with both targets): a Q right after each Conv for ONNX
     # Runtime, the HardSwish recomposed for OpenVINO
-    builder = StaticBuilder(prepared, ranges, [], per_channel=True, activation_type="uint8", weight_type="int8",
-                            symmetric_activations=False, symmetric_weights=True, op_types=op_types,
-                            runtime=None, openvino_runs=True, seven_bit="activations")
-    return builder, prepared
+    return static_builder(tmp_path, _two_hardswish(), _samples(), runtime=None, openvino_runs=True,
+                          seven_bit="activations")
 
 
 def test_pre_processing_leaves_no_name_onnx_runtimes_inliner_writes_again(tmp_path: Path) -> None:
@@ -87,15 +81,7 @@ def test_a_graph_output_a_kept_convolution_writes_loses_its_pair(tmp_path: Path)
     model = _two_hardswish()
     del model.graph.node[-1]  # the score Sigmoid: conv2 writes y
     model.graph.node[-1].output[0] = "y"
-    source = tmp_path / "model.onnx"
-    onnx.save(model, str(source))
-    prepared = prepare(source, tmp_path).path
-    samples = [{"x": np.random.default_rng(seed).uniform(-2, 2, (1, 3, 12, 12)).astype(np.float32)}
-               for seed in range(4)]
-    op_types = list(BALANCED_OP_TYPES)
-    ranges, _ = calibrate(prepared, op_types, lambda: iter(samples), tmp_path, "minmax", 99.999)
-    builder = StaticBuilder(prepared, ranges, [], per_channel=True, activation_type="uint8", weight_type="int8",
-                            symmetric_activations=False, symmetric_weights=True, op_types=op_types, runtime="ort")
+    builder, _ = static_builder(tmp_path, model, _samples(), runtime="ort")
     full = builder([])
     assert any(node.op_type == "DequantizeLinear" and node.output[0] == "y" for node in full.graph.node)
     kept = builder(list(builder.candidates(full)))
