@@ -68,9 +68,8 @@ def rank_candidates(build: Any, evaluate: Evaluator, candidates: dict[str, str],
     alone: dict[str, float] | None = None
     method = "local error (one run)"
     if evaluate.judge is None:
-        unbounded = len(candidates) <= ALONE_RANK_LIMIT
-        alone, why_not = alone_damage(build, evaluate, list(candidates), on_progress, check,
-                                      seconds_left=lambda: None if unbounded else seconds_left())
+        bounded = seconds_left if len(candidates) > ALONE_RANK_LIMIT else (lambda: None)
+        alone, why_not = alone_damage(build, evaluate, list(candidates), on_progress, check, seconds_left=bounded)
         method = (f"damage quantized alone ({len(candidates)} evaluations), then local error" if alone is not None
                   else f"{method}: {why_not}")
     alone = alone or {}

@@ -118,17 +118,12 @@ def _arbitrate(outcome: Outcome, truth: Float64Reference, reference_outputs: Out
               "target": _summary(target), "reference": _summary(reference)}
     sides = (f"against {AGAINST} on the {len(indices)} sample(s) where they disagree most, {row.target} "
              f"{_said(target)} and the reference {reference_label} on ort:cpu {_said(reference)}")
-    if verdict == "reference":
-        outcome.row = row.replace(
-            status="passed", reason="", arbitrated=record,
-            warnings=[*row.warnings, f"ort:cpu's own float32 is what is off: {row.reason}; {sides}, so this row "
-                                     f"passes (its metrics stay those against ort:cpu)"])
-    elif verdict == NO_FURTHER:
-        outcome.row = row.replace(
-            status="passed", reason="", arbitrated=record,
-            warnings=[*row.warnings, f"the limits are below ort:cpu's own float32 error here: {row.reason}; {sides}; "
-                                     f"this row is no further from float64 than the reference, so it passes (its "
-                                     f"metrics stay those against ort:cpu)"])
+    passes = {"reference": f"ort:cpu's own float32 is what is off: {row.reason}; {sides}, so this row passes",
+              NO_FURTHER: f"the limits are below ort:cpu's own float32 error here: {row.reason}; {sides}; this row "
+                          f"is no further from float64 than the reference, so it passes"}.get(verdict)
+    if passes:
+        outcome.row = row.replace(status="passed", reason="", arbitrated=record, warnings=[
+            *row.warnings, f"{passes} (its metrics stay those against ort:cpu)"])
     else:
         outcome.row = row.replace(arbitrated=record, warnings=[*row.warnings, f"arbitrated: {sides}"])
     log.info("%s on %s, float64 arbitration: %s", row.variant, row.target, verdict)
@@ -137,9 +132,10 @@ def _arbitrate(outcome: Outcome, truth: Float64Reference, reference_outputs: Out
 def _no_further(target: Any, reference: Any) -> bool:
     """The row's worst SNR against float64 within ``NO_FURTHER_DB`` of the reference's (both finite: a NaN never
     passes)."""
-    mine, theirs = target.worst().get("snr_db"), reference.worst().get("snr_db")
+    worst = target.worst()
+    mine, theirs = worst.get("snr_db"), reference.worst().get("snr_db")
     numbers = isinstance(mine, float) and isinstance(theirs, float) and bool(np.isfinite(mine) and np.isfinite(theirs))
-    return numbers and mine >= theirs - NO_FURTHER_DB and not target.worst().get("nonfinite")
+    return numbers and mine >= theirs - NO_FURTHER_DB and not worst.get("nonfinite")
 
 
 def _summary(comparison: Any) -> dict[str, Any]:

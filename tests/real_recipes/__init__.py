@@ -95,18 +95,26 @@ def _arrays(folder: Path, sizes: Sizes, make: Callable[[int, int], dict[str, np.
 BGR_HALF = {"color": "BGR", "mean": [0.5], "std": [0.5]}
 
 
-def _pp_ocr_det(folder: Path, sizes: Sizes) -> dict[str, Any]:
-    side = 128 if sizes.quick else 256
-    datasets = _images({"resize": [side, side], **BGR_HALF}, folder,
-                       lambda where, count, seed: data.document_images(where, count, side, side, seed), sizes)
-    return {"model": {"onnx": _model_path(rm.PP_OCR_DET)}, "data": datasets}
+def detector(relative: str, images: Callable[..., Path] = data.document_images
+             ) -> Callable[[Path, Sizes], dict[str, Any]]:
+    """The data writer of a PP-OCR-style detector at ``relative``: square ``images`` (``(folder, count, width,
+    height, seed)``; rendered document pages by default), BGR, (x/255-0.5)/0.5."""
+    def write(folder: Path, sizes: Sizes) -> dict[str, Any]:
+        side = 128 if sizes.quick else 256
+        datasets = _images({"resize": [side, side], **BGR_HALF}, folder,
+                           lambda where, count, seed: images(where, count, side, side, seed), sizes)
+        return {"model": {"onnx": _model_path(relative)}, "data": datasets}
+    return write
 
 
-def _pp_ocr_rec(folder: Path, sizes: Sizes) -> dict[str, Any]:
-    width = 160 if sizes.quick else 320
-    datasets = _images({"resize": [48, width], **BGR_HALF}, folder,
-                       lambda where, count, seed: data.text_line_images(where, count, width, 48, seed), sizes)
-    return {"model": {"onnx": _model_path(rm.PP_OCR_REC)}, "data": datasets}
+def recognizer(relative: str) -> Callable[[Path, Sizes], dict[str, Any]]:
+    """The data writer of a PP-OCR-style recognizer at ``relative``: rendered text lines 48 high."""
+    def write(folder: Path, sizes: Sizes) -> dict[str, Any]:
+        width = 160 if sizes.quick else 320
+        datasets = _images({"resize": [48, width], **BGR_HALF}, folder,
+                           lambda where, count, seed: data.text_line_images(where, count, width, 48, seed), sizes)
+        return {"model": {"onnx": _model_path(relative)}, "data": datasets}
+    return write
 
 
 def _ddddocr_ocr(relative: str) -> Callable[[Path, Sizes], dict[str, Any]]:
@@ -204,9 +212,10 @@ def _check_minilm_config(config: dict[str, Any]) -> None:
 
 CORPUS: dict[str, RealCase] = {case.name: case for case in (
     RealCase("pp-ocr-det", (rm.PP_OCR_DET,), "Paddle2ONNX (rapidocr-onnxruntime==1.4.4)",
-             "weights in Constant nodes, dynamic H/W, DB head; rendered document pages", _pp_ocr_det),
+             "weights in Constant nodes, dynamic H/W, DB head; rendered document pages", detector(rm.PP_OCR_DET)),
     RealCase("pp-ocr-rec", (rm.PP_OCR_REC,), "Paddle2ONNX (rapidocr-onnxruntime==1.4.4)",
-             "SVTR-LCNet recognizer (attention, HardSwish), 6625-way softmax; rendered text lines", _pp_ocr_rec),
+             "SVTR-LCNet recognizer (attention, HardSwish), 6625-way softmax; rendered text lines",
+             recognizer(rm.PP_OCR_REC)),
     RealCase("silero-vad", (rm.SILERO_VAD,), "PyTorch 2.3.1 (silero-vad==6.2.3)",
              "If on the sample rate with LSTM branches using outer-scope tensors, state input, int64 scalar; "
              "speech-like audio with carried state", _silero_vad),

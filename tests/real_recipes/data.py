@@ -55,15 +55,17 @@ def document_images(folder: Path, count: int, width: int, height: int, seed: int
     return folder
 
 
-def seal_images(folder: Path, count: int, side: int, seed: int) -> Path:
+def seal_images(folder: Path, count: int, width: int, height: int, seed: int) -> Path:
     """Round red stamps (a ring, letters around it, a star inside) on a page with a few dark text lines (seal
-    text detection: a page without a stamp leaves its score map near 1e-7, all rounding)."""
+    text detection: a page without a stamp leaves its score map near 1e-7, all rounding); the stamp is sized by
+    the page's shorter side."""
     from PIL import Image, ImageDraw
 
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
+    side = min(width, height)
     for index in range(count):
-        image = Image.new("RGB", (side, side), tuple(int(v) for v in rng.integers(205, 256, 3)))
+        image = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(205, 256, 3)))
         draw = ImageDraw.Draw(image)
         for top in range(8, side - 16, int(rng.integers(24, 40))):  # the page's own text under the stamp
             draw.text((int(rng.integers(4, side // 4)), top), _word(rng, 3, 12), font=_font(14),

