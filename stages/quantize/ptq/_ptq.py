@@ -151,7 +151,6 @@ class StaticBuilder:
         if self._openvino:  # no requantization that OpenVINO would run as a kernel of its own (_openvino.py)
             ranges = unify_concat_ranges(model, ranges, op_types, skip=self.float_concats)
             excluded = [*excluded, *activation_matmuls(model)]
-        if on_openvino:  # pairs no int8 kernel reads only round, and OpenVINO miscomputed some (float_tail)
             excluded = [*excluded, *float_tail(model, op_types, excluded)]
         # beside 7-bit activations only a convolution's input may take 8 signed bits (_common.openvino_only);
         # never what a Concat reads or writes (:func:`concatenated`)
