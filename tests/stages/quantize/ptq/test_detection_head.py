@@ -1,7 +1,7 @@
 """A YOLOv8-style head of dynamic height and width: its anchor grid, computed from the input's shape, is never
 quantized; where OpenVINO runs the graph, the head's float Concat reads its convolutions' float outputs; and
 OpenVINO's build leaves a Concat that reaches compute only through a float Softmax float (nudenet 320n,
-docs/measurements/2026-12-05-unseen-detectors.md)."""
+docs/measurements/2026-12-04-yolov8-dynamic-head.md)."""
 
 from __future__ import annotations
 
