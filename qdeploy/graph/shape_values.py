@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from qdeploy.graph.utils import has_subgraph, subgraphs
+from qdeploy.graph.utils import has_subgraph, subgraphs, tensor_types
 
 if TYPE_CHECKING:
     import onnx
@@ -52,23 +52,14 @@ def shape_computed(graph: onnx.GraphProto) -> set[str]:
 def shape_computed_nodes(model: onnx.ModelProto) -> list[str]:
     """Nodes a quantizer must leave float: those that write or read a float tensor computed from the inputs'
     shapes alone (``shape_computed``).  Tensors of unknown type count as float."""
+    from onnx import TensorProto
+
+    float_types = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
     graph = model.graph
-    shaped = shape_computed(graph)
-    integer = _integer_tensors(model)
-    floats = shaped - integer
+    types = tensor_types(graph)
+    floats = {name for name in shape_computed(graph) if types.get(name, TensorProto.FLOAT) in float_types}
     return sorted({node.name for node in graph.node if node.name
                    and any(name in floats for name in (*node.input, *node.output))})
-
-
-def _integer_tensors(model: onnx.ModelProto) -> set[str]:
-    import onnx
-
-    graph = model.graph
-    values = [*graph.value_info, *graph.input, *graph.output]
-    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
-    typed = {value.name: value.type.tensor_type.elem_type for value in values if value.type.HasField("tensor_type")}
-    typed.update({tensor.name: tensor.data_type for tensor in graph.initializer})
-    return {name for name, elem in typed.items() if elem and elem not in floats}
 
 
 def _outer_reads(body: onnx.GraphProto) -> set[str]:

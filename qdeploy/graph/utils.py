@@ -113,6 +113,14 @@ def moved_weights(graph: onnx.GraphProto) -> dict[str, str]:
     return source
 
 
+def tensor_types(graph: onnx.GraphProto) -> dict[str, int]:
+    """ONNX element type of every tensor of ``graph`` whose type is declared or inferred."""
+    types = {value.name: value.type.tensor_type.elem_type for value in (*graph.input, *graph.value_info, *graph.output)
+             if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type}
+    types.update((init.name, init.data_type) for init in graph.initializer)
+    return types
+
+
 def node_readers(nodes: Iterable[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:
     """Tensor name -> the nodes that read it, in the order given (a node reading a name twice is listed twice)."""
     readers: dict[str, list[onnx.NodeProto]] = {}

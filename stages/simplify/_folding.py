@@ -34,6 +34,7 @@ from qdeploy.graph.utils import (
     has_subgraph,
     names_read,
     tensor_nbytes,
+    tensor_types,
 )
 from qdeploy.graph.utils import subgraphs as _graphs_in
 from qdeploy.stages.simplify._folding_shapes import (
@@ -160,14 +161,6 @@ def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
     if attr.name not in makers:  # sparse_value: left as a node
         return None
     return numpy_helper.from_array(makers[attr.name](), name)
-
-
-def tensor_types(graph: onnx.GraphProto) -> dict[str, int]:
-    """ONNX element type of every tensor of ``graph`` whose type is declared or inferred."""
-    types = {value.name: value.type.tensor_type.elem_type for value in (*graph.input, *graph.value_info, *graph.output)
-             if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type}
-    types.update((init.name, init.data_type) for init in graph.initializer)
-    return types
 
 
 def top_scope(model: onnx.ModelProto) -> Scope:

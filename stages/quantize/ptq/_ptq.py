@@ -147,7 +147,6 @@ class StaticBuilder:
         self.shape_computed = shape_computed_nodes(model)
         """Nodes left float: they write or read values computed from the inputs' shapes alone (an anchor grid)."""
         excluded = [*excluded, *self.float_concats, *self.shape_computed]
-        on_openvino = runtime == "openvino" if openvino_runs is None else openvino_runs
         if self._openvino:  # no requantization that OpenVINO would run as a kernel of its own (_openvino.py)
             ranges = unify_concat_ranges(model, ranges, op_types, skip=self.float_concats)
             excluded = [*excluded, *activation_matmuls(model)]
@@ -170,6 +169,7 @@ class StaticBuilder:
                 signed_int8)
         self.uint8_concats: set[str] = set()
         """Tensors put back on uint8 under ``activation_type: int8`` because OpenVINO runs the graph."""
+        on_openvino = runtime == "openvino" if openvino_runs is None else openvino_runs
         self._on_openvino = on_openvino
         if activation_type == "int8" and on_openvino:
             self.uint8_concats = at_concats & set(ranges)
