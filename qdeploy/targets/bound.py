@@ -10,6 +10,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from qdeploy.core.compare import as_arrays
+
 __all__ = ["BoundCall", "OrtBoundCall"]
 
 
@@ -87,6 +89,8 @@ class OrtBoundCall(BoundCall):
 
     def _declarations_conflict(self) -> bool:
         for name, value in zip(self._names, self._binding.get_outputs(), strict=True):
+            if not value.is_tensor():  # a sequence or map (scikit-learn's ZipMap) has no shape to conflict
+                continue
             declared, actual = self._declared.get(name), value.shape()
             if declared is not None and (len(declared) != len(actual) or any(
                     isinstance(d, int) and d > 0 and d != a for d, a in zip(declared, actual, strict=True))):
@@ -94,4 +98,4 @@ class OrtBoundCall(BoundCall):
         return False
 
     def outputs(self) -> dict[str, np.ndarray]:
-        return dict(zip(self._names, self._binding.copy_outputs_to_cpu(), strict=True))
+        return as_arrays(self._names, self._binding.copy_outputs_to_cpu())

@@ -1,5 +1,5 @@
 """What the export stage normalises in every model it takes in, before anything else reads it: one opset import per
-domain, and model-local functions expanded into their nodes."""
+domain, weights no longer listed as graph inputs, and model-local functions expanded into their nodes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     from qdeploy.stages.export.findings import ExportRecord
 
-__all__ = ["inline_functions", "merge_opset_imports"]
+__all__ = ["initializers_out_of_inputs", "inline_functions", "merge_opset_imports"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,32 @@ def merge_opset_imports(model: onnx.ModelProto, findings: ExportRecord) -> None:
     findings["opset_imports_merged"] = [f"{domain or 'ai.onnx'} {found[0]} listed {len(found)} times"
                                         for domain, found in repeated.items()]
     log.info("opset imports merged: %s", "; ".join(findings["opset_imports_merged"]))
+
+
+MIN_IR_WITHOUT_WEIGHT_INPUTS = 4
+"""IR version 3 requires every initializer to be listed among the graph's inputs; from 4 on it is optional."""
+
+
+def initializers_out_of_inputs(model: onnx.ModelProto, declared: set[str], findings: ExportRecord) -> None:
+    """Weights no longer listed as graph inputs, unless the recipe declares them as inputs to feed.
+
+    IR 3 files (Caffe2's, the ONNX model zoo's oldest) and PyTorch's ``keep_initializers_as_inputs=True`` list every
+    initializer as an input as well: ONNX Runtime then treats the weights as overridable, float16 conversion writes
+    them as float16 while the inputs stay float32 (the checker refuses the model) and OpenVINO may read them as
+    parameters.  The values are the same; only a caller who fed other weights would see a difference, and
+    nothing in a deployment does.  ONNX Runtime's ``remove_initializer_from_input.py`` does the same."""
+    weights = {init.name for init in model.graph.initializer}
+    listed = [value.name for value in model.graph.input if value.name in weights and value.name not in declared]
+    if not listed:
+        return
+    kept = [value for value in model.graph.input if value.name not in set(listed)]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    if model.ir_version < MIN_IR_WITHOUT_WEIGHT_INPUTS:
+        findings["ir_version_raised"] = f"{model.ir_version} -> {MIN_IR_WITHOUT_WEIGHT_INPUTS}"
+        model.ir_version = MIN_IR_WITHOUT_WEIGHT_INPUTS
+    findings["weight_inputs_removed"] = len(listed)
+    log.info("%d weights were also listed as graph inputs: no longer (e.g. %s)", len(listed), ", ".join(listed[:3]))
 
 
 def inline_functions(model: onnx.ModelProto, findings: ExportRecord) -> onnx.ModelProto:

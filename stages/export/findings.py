@@ -167,6 +167,8 @@ class ExportRecord(TypedDict, total=False):
     """Domains the model imported more than once at one version, merged into one import each."""
     functions_inlined: list[str] | None = None
     """The model-local functions (domain.name) expanded into their nodes."""
+    weight_inputs_removed: int
+    ir_version_raised: str
     decomposed_for_opset: dict[str, int]
     output_shapes_reinferred: dict[str, ShapeChangeRecord]
     frozen_inputs: dict[str, FrozenInputSummary]
@@ -202,6 +204,10 @@ class ExportFindings(Findings):
     """Domains the model imported more than once at one version, merged into one import each."""
     functions_inlined: list[str] | None = None
     """The model-local functions (domain.name) expanded into their nodes."""
+    weight_inputs_removed: int | None = None
+    """Initializers the model also listed as graph inputs (IR 3, ``keep_initializers_as_inputs``), listed no more."""
+    ir_version_raised: str | None = None
+    """'3 -> 4': IR 3 requires initializers among the inputs, so the version rose with their removal."""
     decomposed_for_opset: dict[str, int] | None = None
     """Rewrite -> nodes decomposed for an older opset."""
     output_shapes_reinferred: dict[str, ShapeChange] | None = None

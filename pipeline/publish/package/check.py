@@ -319,9 +319,24 @@ def ort_runner(folder: Path, runtime: PackageRuntime, model_file: str, outputs: 
         raise RuntimeError(f"onnxruntime fell back to {used} instead of {runtime['providers'][0]}")
 
     def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(outputs, session.run(outputs, feed), strict=True))
+        return {name: numeric(value) for name, value in zip(outputs, session.run(outputs, feed), strict=True)}
 
     return run, f"onnxruntime {ort.__version__} with {used[0]}"
+
+
+def numeric(value: Any) -> np.ndarray:
+    """An output as qdeploy's validation reads it (``qdeploy.core.compare.as_array``; a test holds the two equal):
+    ONNX Runtime hands a sequence of maps (scikit-learn's ZipMap) back as dicts, compared as one column per class
+    in sorted class order when every map has the same numeric classes."""
+    array = np.asarray(value)
+    items = array.reshape(-1).tolist() if array.dtype == object and array.size else []
+    if not items or not all(isinstance(item, dict) for item in items):
+        return array
+    keys = sorted(items[0])
+    if any(sorted(item) != keys for item in items) or not all(
+            isinstance(number, int | float | np.number) for item in items for number in item.values()):
+        return array
+    return np.array([[item[key] for key in keys] for item in items], np.float64).reshape(*array.shape, len(keys))
 
 
 def output_metrics(reference: list[np.ndarray], candidate: list[np.ndarray],

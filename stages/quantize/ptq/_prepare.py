@@ -164,6 +164,10 @@ def _at_least_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     if opset >= MIN_OPSET:
         return model, ""
     if not _declares_default_domain(model):
+        # ORT's symbolic shape inference returns nothing for a model below opset 7, and no import reads as 0
+        from onnx import helper
+
+        model.opset_import.append(helper.make_opsetid("", MIN_OPSET))
         return model, f"the model imports no standard-ONNX opset (it uses none of its ops): opset {MIN_OPSET} added"
     try:
         return onnx.version_converter.convert_version(model, MIN_OPSET), f"converted from {opset} to {MIN_OPSET}"

@@ -60,6 +60,8 @@ def symbolic_shapes(model: onnx.ModelProto, work_dir: Path) -> str:
     except Exception as exc:  # it refuses some graphs (Reshape of computed shapes, unknown custom ops)
         log.info("symbolic shape inference failed: %s", exc)
         return f"symbolic shape inference failed ({type(exc).__name__}: {exc})".replace(": )", ")")
+    if inferred is None:  # what it returns, with a warning, for a model it does not take (opset below 7)
+        return "symbolic shape inference did not run (it takes standard-ONNX opset 7 and above)"
     _take_shapes(model.graph, inferred.graph)
     return ""
 

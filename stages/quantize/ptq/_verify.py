@@ -33,6 +33,7 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.stages.quantize.findings import KernelCount
 from qdeploy.stages.quantize.ptq._openvino import dequantized_values
 from qdeploy.targets import get_target
+from qdeploy.targets.base import short_message
 from qdeploy.targets.openvino_read import read_onnx
 
 if TYPE_CHECKING:
@@ -89,8 +90,8 @@ def int8_kernels(model_path: Path, model: onnx.ModelProto, targets: list[str],
             results[target] = {"status": "unchecked", "reason": str(exc)}
             continue
         except Exception as exc:  # a runtime that cannot load the artifact is a finding, not a crash here
-            log.warning("int8 kernel check on %s failed: %s", target, exc)
-            results[target] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+            log.warning("int8 kernel check on %s failed: %s", target, short_message(exc))
+            results[target] = {"status": "error", "reason": f"{type(exc).__name__}: {short_message(exc)}"}
             continue
         results[target] = {"quantizable": quantizable, **counted}
     return results

@@ -264,3 +264,47 @@ def test_local_functions_are_inlined_so_openvino_reads_the_model(tmp_path: Path)
     np.testing.assert_array_equal(_run(result.model, {"x": x})[0], np.maximum(2 * x, 0))
     compiled = ov.Core().compile_model(ov.Core().read_model(result.model.SerializeToString(), b""), "CPU")
     np.testing.assert_allclose(compiled({"x": x})[0], np.maximum(2 * x, 0), rtol=1e-2)
+
+
+def _weights_listed_as_inputs() -> onnx.ModelProto:
+    """x [1, 3, 8, 8] -> Conv(w, b) -> Relu -> y, IR 3 and opset 9 as Caffe2's converter wrote the ONNX model zoo's
+    oldest files: every initializer listed among the graph's inputs too (PyTorch's keep_initializers_as_inputs)."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+               numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
+              *(helper.make_tensor_value_info(w.name, TensorProto.FLOAT, list(w.dims)) for w in weights)]
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                               helper.make_node("Relu", ["c"], ["y"])], "caffe2", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    model.ir_version = 3
+    return model
+
+
+def test_weights_listed_as_graph_inputs_are_listed_no_more_and_fp16_builds(tmp_path: Path) -> None:
+    """Before: float16 conversion of such a model wrote the weights as float16 while their input entries stayed
+    float32, and the fp16 stage failed ("Inferred elem type differs from existing elem type: (10) vs (1)")."""
+    from qdeploy.stages import fp16
+    from qdeploy.stages.fp16 import Fp16Config
+    from tests.helpers.fp16 import artifact, context
+
+    onnx.save(_weights_listed_as_inputs(), tmp_path / "m.onnx")
+    result = _export(tmp_path, onnx=str(tmp_path / "m.onnx"))
+    assert [value.name for value in result.model.graph.input] == ["x"]
+    assert result.model.ir_version == 4 and result.findings.ir_version_raised == "3 -> 4"
+    assert result.findings.weight_inputs_removed == 2
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(_run(result.model, {"x": x})[0], _run(str(tmp_path / "m.onnx"), {"x": x})[0])
+    (tmp_path / "half").mkdir()
+    half = fp16.run(artifact(tmp_path, result.model, "exported.onnx"), Fp16Config(), context(tmp_path / "half"))
+    onnx.checker.check_model(half.model, full_check=True)
+
+
+def test_a_weight_the_recipe_declares_as_an_input_stays_one(tmp_path: Path) -> None:
+    model = _weights_listed_as_inputs()
+    model.ir_version = 7  # listing weights as inputs is optional from IR 4 on: no version change
+    onnx.save(model, tmp_path / "m.onnx")
+    result = _export(tmp_path, onnx=str(tmp_path / "m.onnx"), inputs=[{"name": "b", "shape": [4]}])
+    assert [value.name for value in result.model.graph.input] == ["x", "b"]
+    assert result.findings.weight_inputs_removed == 1 and result.findings.ir_version_raised is None

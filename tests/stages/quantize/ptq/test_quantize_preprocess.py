@@ -170,3 +170,16 @@ def test_quantizing_from_the_data_file_builds_the_same_model(tmp_path: Path, mon
     monkeypatch.setattr(_ptq, "load_with_shapes", whole)
     monkeypatch.setattr(_preprocess, "load_with_shapes", whole)
     assert build() == on_demand
+
+
+def test_a_model_below_opset_7_gets_a_note_where_symbolic_shape_inference_returns_nothing(tmp_path: Path) -> None:
+    """ORT's symbolic shape inference returns None (with a warning) below opset 7; pre-processing read its graph
+    and failed with "'NoneType' object has no attribute 'graph'"."""
+    from qdeploy.stages.quantize.ptq._preprocess import symbolic_shapes
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+    assert symbolic_shapes(model, tmp_path) == "symbolic shape inference did not run (it takes standard-ONNX opset 7 " \
+                                               "and above)"
