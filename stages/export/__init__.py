@@ -88,7 +88,6 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: ExportRecor
     """Shape overrides, frozen inputs, opset conversion and the checks every later stage relies on; with
     ``confirm_runtime``, ONNX Runtime must load the result (when it is in memory with its weights)."""
     merge_opset_imports(model, findings)
-    initializers_out_of_inputs(model, {spec.name for spec in config.inputs or []}, findings)
     model = inline_functions(model, findings)
     findings["opset_in"] = default_opset(model)
     check_has_outputs(model)
@@ -99,6 +98,8 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: ExportRecor
         findings.update(freeze_inputs(model, frozen))
     if config.opset is not None and config.opset != default_opset(model):
         model = convert_opset(model, config.opset, findings)
+    # after the conversion: on an IR 3 file the converter lists the constants it adds (Unsqueeze's axes) as inputs
+    initializers_out_of_inputs(model, {spec.name for spec in config.inputs or []}, findings)
     findings["opset"] = default_opset(model)
     check_input_ranks(model)
     made_symbolic = check_declared_shapes(model)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from qdeploy.core.errors import ModelError
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, needs_external_data
 from qdeploy.graph.light import light_copy
-from qdeploy.graph.utils import model_bytes
+from qdeploy.graph.utils import default_opset, model_bytes
 from qdeploy.targets.base import short_message
 
 if TYPE_CHECKING:
@@ -63,7 +63,23 @@ def check_loads_in_onnxruntime(model: onnx.ModelProto) -> None:
     redeclares a weight with another shape; onnx's checker passes all of them."""
     refusal = _runtime_refusal(model)
     if refusal is not None and not refusal.startswith(_NOT_TRIED):
-        raise ModelError(f"ONNX Runtime cannot load the model: {refusal}; re-export the model or fix it")
+        raise ModelError(f"ONNX Runtime cannot load the model: {refusal}; {_what_to_do(refusal, model)}")
+
+
+_NO_KERNEL = re.compile(r"Could not find an implementation for (?P<op>\w+)\((?P<version>\d+)\)")
+CONVERT_TO_OPSET = 13
+"""What an old model is pointed to: ONNX Runtime implements every op there, and int8's per-channel Q/DQ needs it."""
+
+
+def _what_to_do(refusal: str, model: onnx.ModelProto) -> str:
+    """An op version ONNX Runtime dropped (PyTorch 0.3's opset-6 AveragePool, BatchNormalization) is mended by
+    onnx's version converter, which the recipe's ``model.opset`` runs; anything else needs the model changed."""
+    found = _NO_KERNEL.search(refusal)
+    if found is None or default_opset(model) >= CONVERT_TO_OPSET:
+        return "re-export the model or fix it"
+    return (f"ONNX Runtime no longer implements {found['op']} as defined at opset {found['version']} (the model "
+            f"imports opset {default_opset(model)}): set `model.opset: {CONVERT_TO_OPSET}` in the recipe to convert "
+            "the model with onnx's version converter, or re-export it at a newer opset")
 
 
 _NOT_TRIED = "not tried"

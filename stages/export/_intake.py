@@ -46,25 +46,29 @@ MIN_IR_WITHOUT_WEIGHT_INPUTS = 4
 
 
 def initializers_out_of_inputs(model: onnx.ModelProto, declared: set[str], findings: ExportRecord) -> None:
-    """Weights no longer listed as graph inputs, unless the recipe declares them as inputs to feed.
+    """Weights no longer listed as graph inputs, unless the recipe declares them as inputs to feed, and the IR
+    version at least what the model's opsets need and 4.
 
-    IR 3 files (Caffe2's, the ONNX model zoo's oldest) and PyTorch's ``keep_initializers_as_inputs=True`` list every
-    initializer as an input as well: ONNX Runtime then treats the weights as overridable, float16 conversion writes
-    them as float16 while the inputs stay float32 (the checker refuses the model) and OpenVINO may read them as
-    parameters.  The values are the same; only a caller who fed other weights would see a difference, and
-    nothing in a deployment does.  ONNX Runtime's ``remove_initializer_from_input.py`` does the same."""
+    IR 3 files (Caffe2's, the ONNX model zoo's oldest, PyTorch 0.3's) and PyTorch's ``keep_initializers_as_inputs``
+    list every initializer as an input as well: ONNX Runtime then treats the weights as overridable, float16
+    conversion writes them as float16 while the inputs stay float32 (the checker refuses the model), and tools that
+    lift constants into an IR 3 model list them as inputs too (int8's calibration then asked for them to be fed).
+    The values are the same; only a caller who fed other weights would see a difference, and nothing in a
+    deployment does.  ONNX Runtime's ``remove_initializer_from_input.py`` does the same."""
+    from onnx import helper
+
     weights = {init.name for init in model.graph.initializer}
     listed = [value.name for value in model.graph.input if value.name in weights and value.name not in declared]
-    if not listed:
-        return
-    kept = [value for value in model.graph.input if value.name not in set(listed)]
-    del model.graph.input[:]
-    model.graph.input.extend(kept)
-    if model.ir_version < MIN_IR_WITHOUT_WEIGHT_INPUTS:
-        findings["ir_version_raised"] = f"{model.ir_version} -> {MIN_IR_WITHOUT_WEIGHT_INPUTS}"
-        model.ir_version = MIN_IR_WITHOUT_WEIGHT_INPUTS
-    findings["weight_inputs_removed"] = len(listed)
-    log.info("%d weights were also listed as graph inputs: no longer (e.g. %s)", len(listed), ", ".join(listed[:3]))
+    if listed:
+        kept = [value for value in model.graph.input if value.name not in set(listed)]
+        del model.graph.input[:]
+        model.graph.input.extend(kept)
+        findings["weight_inputs_removed"] = len(listed)
+        log.info("%d weights were also listed as graph inputs: no longer (e.g. %s)", len(listed), ", ".join(listed[:3]))
+    needed = max(MIN_IR_WITHOUT_WEIGHT_INPUTS, helper.find_min_ir_version_for(model.opset_import, ignore_unknown=True))
+    if model.ir_version < needed:  # the version converter keeps a file's IR version: opset 13 at IR 3
+        findings["ir_version_raised"] = f"{model.ir_version} -> {needed}"
+        model.ir_version = needed
 
 
 def inline_functions(model: onnx.ModelProto, findings: ExportRecord) -> onnx.ModelProto:

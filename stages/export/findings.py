@@ -207,7 +207,7 @@ class ExportFindings(Findings):
     weight_inputs_removed: int | None = None
     """Initializers the model also listed as graph inputs (IR 3, ``keep_initializers_as_inputs``), listed no more."""
     ir_version_raised: str | None = None
-    """'3 -> 4': IR 3 requires initializers among the inputs, so the version rose with their removal."""
+    """'3 -> 7': a file below IR 4 (which lists weights as inputs) or below what its opsets need, raised."""
     decomposed_for_opset: dict[str, int] | None = None
     """Rewrite -> nodes decomposed for an older opset."""
     output_shapes_reinferred: dict[str, ShapeChange] | None = None

@@ -308,3 +308,36 @@ def test_a_weight_the_recipe_declares_as_an_input_stays_one(tmp_path: Path) -> N
     result = _export(tmp_path, onnx=str(tmp_path / "m.onnx"), inputs=[{"name": "b", "shape": [4]}])
     assert [value.name for value in result.model.graph.input] == ["x", "b"]
     assert result.findings.weight_inputs_removed == 1 and result.findings.ir_version_raised is None
+
+
+def _opset6_average_pool() -> onnx.ModelProto:
+    """x [2, 4, 4] -> Unsqueeze -> AveragePool 2x2 -> Squeeze -> y at opset 6, IR 3, as PyTorch 0.3 exported (the
+    ONNX wheel's test models): converted, Unsqueeze's and Squeeze's axes become constants the converter also lists
+    as graph inputs, which int8's calibration then asked to be fed ("Required inputs (['_v_6']) are missing")."""
+    nodes = [helper.make_node("Unsqueeze", ["x"], ["x4"], axes=[0]),
+             helper.make_node("AveragePool", ["x4"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Squeeze", ["p"], ["y"], axes=[0])]
+    graph = helper.make_graph(nodes, "torch-jit-export",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+    model.ir_version = 3
+    return model
+
+
+def test_an_op_version_onnx_runtime_dropped_points_to_model_opset_and_converting_works(tmp_path: Path) -> None:
+    onnx.save(_opset6_average_pool(), tmp_path / "m.onnx")
+    with pytest.raises(ModelError, match=r"no longer implements AveragePool as defined at opset 1 \(the model imports "
+                                         r"opset 6\): set `model.opset: 13`"):
+        _export(tmp_path, onnx=str(tmp_path / "m.onnx"))
+    result = _export(tmp_path, onnx=str(tmp_path / "m.onnx"), opset=13)
+    assert result.model.ir_version == 7 and result.findings.ir_version_raised == "3 -> 7"
+    x = np.arange(32, dtype=np.float32).reshape(2, 4, 4)
+    np.testing.assert_allclose(_run(result.model, {"x": x})[0], x.reshape(2, 2, 2, 2, 2).mean(axis=(2, 4)))
+    from qdeploy.stages import simplify
+    from tests.helpers.fp16 import artifact, context
+
+    (tmp_path / "simplify").mkdir()
+    simplified = simplify.run(artifact(tmp_path, result.model, "exported.onnx"), simplify.SimplifyConfig(),
+                              context(tmp_path / "simplify"))
+    assert [value.name for value in simplified.model.graph.input] == ["x"]  # at IR 3 the axes became inputs
