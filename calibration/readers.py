@@ -21,6 +21,7 @@ from qdeploy.core.errors import DataError
 from qdeploy.core.memory import available_memory
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.core.userfiles import files_in_folder
+from qdeploy.graph.integer_inputs import Ranges
 
 if TYPE_CHECKING:
     import onnx
@@ -76,8 +77,6 @@ def inputs_of(model: onnx.ModelProto) -> list[InputInfo]:
         infos.append(InputInfo(value.name, dims, dtype))
     return infos
 
-
-Ranges = dict[str, tuple[float | None, float | None]]
 
 
 def sample_memory_cap() -> int:

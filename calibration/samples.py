@@ -10,8 +10,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qdeploy.calibration.images import image_samples
-from qdeploy.calibration.readers import DEFAULT_RANDOM_SAMPLES, model_inputs, npy_samples, random_samples
+from qdeploy.calibration.readers import (
+    DEFAULT_RANDOM_SAMPLES,
+    InputInfo,
+    Ranges,
+    model_inputs,
+    npy_samples,
+    random_samples,
+)
 from qdeploy.calibration.text import text_samples
+from qdeploy.core.onnx_wire import load_model
+from qdeploy.graph.integer_inputs import safe_integer_ranges
 
 if TYPE_CHECKING:
     from qdeploy.calibration.spec import DatasetSpec
@@ -35,6 +44,7 @@ def iter_samples(spec: DatasetSpec | None, model_path: Path, *, resolve: Callabl
     if spec is None or spec.reader == "random":
         count = (spec.samples if spec and spec.samples else DEFAULT_RANDOM_SAMPLES)
         count = min(count, limit) if limit else count
+        ranges = {**_graph_ranges(model_path, inputs, ranges), **ranges}  # the recipe's low/high win
         yield from random_samples(inputs, count, seed=spec.seed if spec else 0, ranges=ranges)
         return
     folder = resolve(spec.path or "")
@@ -43,3 +53,12 @@ def iter_samples(spec: DatasetSpec | None, model_path: Path, *, resolve: Callabl
         yield from image_samples(folder, inputs, spec, limit=count, dataset_name=dataset_name or "")
         return
     yield from npy_samples(folder, inputs, limit=count, dataset_name=dataset_name or "", frozen=frozen)
+
+
+def _graph_ranges(model_path: Path, inputs: list[InputInfo],
+                  declared: Mapping[str, tuple[float | None, float | None]]) -> Ranges:
+    """Safe random ranges of the integer inputs the recipe gives none for, read from what the graph does with
+    them (an index into a 4-row table takes [0, 4), not [0, 100))."""
+    if not any(np.issubdtype(info.dtype, np.integer) and info.name not in declared for info in inputs):
+        return {}
+    return safe_integer_ranges(load_model(model_path, load_external_data=False))

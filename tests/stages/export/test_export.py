@@ -341,3 +341,19 @@ def test_an_op_version_onnx_runtime_dropped_points_to_model_opset_and_converting
     simplified = simplify.run(artifact(tmp_path, result.model, "exported.onnx"), simplify.SimplifyConfig(),
                               context(tmp_path / "simplify"))
     assert [value.name for value in simplified.model.graph.input] == ["x"]  # at IR 3 the axes became inputs
+
+
+def test_the_onnx_wheels_caffe2_squeezenet_loses_its_weight_inputs_and_converts_to_fp16(tmp_path: Path) -> None:
+    """A real IR 3 file: the ONNX wheel's light_squeezenet (onnx-caffe2; its weights made by ConstantOfShape, 52
+    initializers all listed as inputs)."""
+    from qdeploy.stages import fp16
+    from qdeploy.stages.fp16 import Fp16Config
+    from tests.helpers.fp16 import artifact, context
+
+    source = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_squeezenet.onnx"
+    result = _export(tmp_path, onnx=str(source))
+    assert [value.name for value in result.model.graph.input] == ["data_0"]
+    assert result.findings.weight_inputs_removed == 52 and result.findings.ir_version_raised == "3 -> 4"
+    (tmp_path / "half").mkdir()
+    half = fp16.run(artifact(tmp_path, result.model, "exported.onnx"), Fp16Config(), context(tmp_path / "half"))
+    onnx.checker.check_model(half.model, full_check=True)
