@@ -33,7 +33,12 @@ from qdeploy.stages.export._exporter import export_with_torch
 from qdeploy.stages.export._factory import check_factory
 from qdeploy.stages.export._freeze import freeze_inputs
 from qdeploy.stages.export._inference import check_inferred_types, check_loads_in_onnxruntime
-from qdeploy.stages.export._intake import initializers_out_of_inputs, inline_functions, merge_opset_imports
+from qdeploy.stages.export._intake import (
+    initializers_out_of_inputs,
+    inline_functions,
+    merge_opset_imports,
+    raise_ir_version,
+)
 from qdeploy.stages.export._model import (
     check_declared_shapes,
     check_feedable_inputs,
@@ -43,6 +48,7 @@ from qdeploy.stages.export._model import (
     load_onnx,
     model_size_on_disk,
 )
+from qdeploy.stages.export._old_opsets import PER_CHANNEL_PRELU_UNTIL, per_channel_prelu_slopes
 from qdeploy.stages.export._shapes import reinfer_output_shapes
 from qdeploy.stages.export._values import frozen_arrays
 from qdeploy.stages.export.config import ExportConfig, InputSpec, TorchSource
@@ -88,6 +94,7 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: ExportRecor
     """Shape overrides, frozen inputs, opset conversion and the checks every later stage relies on; with
     ``confirm_runtime``, ONNX Runtime must load the result (when it is in memory with its weights)."""
     merge_opset_imports(model, findings)
+    initializers_out_of_inputs(model, {spec.name for spec in config.inputs or []}, findings)
     model = inline_functions(model, findings)
     findings["opset_in"] = default_opset(model)
     check_has_outputs(model)
@@ -98,8 +105,7 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: ExportRecor
         findings.update(freeze_inputs(model, frozen))
     if config.opset is not None and config.opset != default_opset(model):
         model = convert_opset(model, config.opset, findings)
-    # after the conversion: on an IR 3 file the converter lists the constants it adds (Unsqueeze's axes) as inputs
-    initializers_out_of_inputs(model, {spec.name for spec in config.inputs or []}, findings)
+    raise_ir_version(model, findings)  # the converter keeps the IR version its opset may have outgrown
     findings["opset"] = default_opset(model)
     check_input_ranks(model)
     made_symbolic = check_declared_shapes(model)
@@ -291,6 +297,9 @@ def convert_opset(model: onnx.ModelProto, opset: int, findings: ExportRecord | N
         decomposed = decompose_for_opset(model, opset)
         if findings is not None and decomposed:
             findings["decomposed_for_opset"] = decomposed
+    mended = per_channel_prelu_slopes(model) if default_opset(model) <= PER_CHANNEL_PRELU_UNTIL < opset else []
+    if findings is not None and mended:
+        findings["prelu_slopes_per_channel"] = mended
     try:
         return version_converter.convert_version(model, opset)
     except Exception as exc:

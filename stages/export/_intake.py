@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     from qdeploy.stages.export.findings import ExportRecord
 
-__all__ = ["initializers_out_of_inputs", "inline_functions", "merge_opset_imports"]
+__all__ = ["initializers_out_of_inputs", "inline_functions", "merge_opset_imports", "raise_ir_version"]
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,6 @@ def initializers_out_of_inputs(model: onnx.ModelProto, declared: set[str], findi
     lift constants into an IR 3 model list them as inputs too (int8's calibration then asked for them to be fed).
     The values are the same; only a caller who fed other weights would see a difference, and nothing in a
     deployment does.  ONNX Runtime's ``remove_initializer_from_input.py`` does the same."""
-    from onnx import helper
-
     weights = {init.name for init in model.graph.initializer}
     listed = [value.name for value in model.graph.input if value.name in weights and value.name not in declared]
     if listed:
@@ -65,9 +63,18 @@ def initializers_out_of_inputs(model: onnx.ModelProto, declared: set[str], findi
         model.graph.input.extend(kept)
         findings["weight_inputs_removed"] = len(listed)
         log.info("%d weights were also listed as graph inputs: no longer (e.g. %s)", len(listed), ", ".join(listed[:3]))
+    raise_ir_version(model, findings)
+
+
+def raise_ir_version(model: onnx.ModelProto, findings: ExportRecord) -> None:
+    """The IR version at least 4 and what the model's opsets need: the version converter keeps a file's IR version
+    (opset 13 at IR 3), and below 4 the graph editor lists every constant it lifts as a graph input."""
+    from onnx import helper
+
     needed = max(MIN_IR_WITHOUT_WEIGHT_INPUTS, helper.find_min_ir_version_for(model.opset_import, ignore_unknown=True))
-    if model.ir_version < needed:  # the version converter keeps a file's IR version: opset 13 at IR 3
-        findings["ir_version_raised"] = f"{model.ir_version} -> {needed}"
+    if model.ir_version < needed:
+        first = findings.get("ir_version_raised", str(model.ir_version)).split(" -> ")[0]
+        findings["ir_version_raised"] = f"{first} -> {needed}"
         model.ir_version = needed
 
 

@@ -169,6 +169,7 @@ class ExportRecord(TypedDict, total=False):
     """The model-local functions (domain.name) expanded into their nodes."""
     weight_inputs_removed: int
     ir_version_raised: str
+    prelu_slopes_per_channel: list[str]
     decomposed_for_opset: dict[str, int]
     output_shapes_reinferred: dict[str, ShapeChangeRecord]
     frozen_inputs: dict[str, FrozenInputSummary]
@@ -210,6 +211,9 @@ class ExportFindings(Findings):
     """'3 -> 7': a file below IR 4 (which lists weights as inputs) or below what its opsets need, raised."""
     decomposed_for_opset: dict[str, int] | None = None
     """Rewrite -> nodes decomposed for an older opset."""
+    prelu_slopes_per_channel: list[str] | None = None
+    """PRelu nodes of an opset-6 model whose rank-1 slope became [C, 1, ...] before the conversion to opset 7 or
+    later (per channel until 6, numpy broadcasting from 7)."""
     output_shapes_reinferred: dict[str, ShapeChange] | None = None
     frozen_inputs: dict[str, FrozenInput] | None = None
     """Input -> its frozen value's summary and dtype."""
