@@ -12,16 +12,15 @@ the ``low``/``high`` a recipe's ``model.inputs`` gives win over all of these (th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from qdeploy.graph.utils import node_readers, subgraphs
+from qdeploy.graph.names import all_nodes
+from qdeploy.graph.utils import node_readers
 
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["DEFAULT_HIGH", "INTEGER_TYPES", "PASS_THROUGH", "SIZE_HIGH", "Ranges", "all_nodes",
-           "safe_integer_ranges"]
+__all__ = ["DEFAULT_HIGH", "INTEGER_TYPES", "PASS_THROUGH", "SIZE_HIGH", "Ranges", "safe_integer_ranges"]
 
 INTEGER_TYPES = (2, 3, 4, 5, 6, 7, 12, 13)
 """ONNX element types of the integers: uint8, int8, uint16, int16, int32, int64, uint32, uint64."""
@@ -82,13 +81,6 @@ def _static_inputs(graph: onnx.GraphProto) -> dict[str, list[int]]:
             if dims and all(dim.HasField("dim_value") and dim.dim_value > 0 for dim in dims):
                 tables[value.name] = [dim.dim_value for dim in dims]
     return tables
-
-
-def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        for sub in subgraphs(node):
-            yield from all_nodes(sub)
 
 
 def _uses(name: str, consumers: dict[str, list[onnx.NodeProto]],

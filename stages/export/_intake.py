@@ -55,8 +55,9 @@ def initializers_out_of_inputs(model: onnx.ModelProto, declared: set[str], findi
     lift constants into an IR 3 model list them as inputs too (int8's calibration then asked for them to be fed).
     The values are the same; only a caller who fed other weights would see a difference, and nothing in a
     deployment does.  ONNX Runtime's ``remove_initializer_from_input.py`` does the same."""
-    weights = {init.name for init in model.graph.initializer}
-    listed = [value.name for value in model.graph.input if value.name in weights and value.name not in declared]
+    weights = {init.name: init for init in model.graph.initializer}
+    listed = [value.name for value in model.graph.input if value.name in weights and value.name not in declared
+              and _declares(value, weights[value.name])]
     if listed:
         kept = [value for value in model.graph.input if value.name not in set(listed)]
         del model.graph.input[:]
@@ -64,6 +65,19 @@ def initializers_out_of_inputs(model: onnx.ModelProto, declared: set[str], findi
         findings["weight_inputs_removed"] = len(listed)
         log.info("%d weights were also listed as graph inputs: no longer (e.g. %s)", len(listed), ", ".join(listed[:3]))
     raise_ir_version(model, findings)
+
+
+def _declares(value: onnx.ValueInfoProto, weight: onnx.TensorProto) -> bool:
+    """Whether an input entry agrees with the initializer of its name: an entry that contradicts it (another type
+    or shape) is a broken model ONNX Runtime refuses, and dropping the entry would hide that."""
+    tensor = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or tensor.elem_type not in (0, weight.data_type):
+        return False
+    if not tensor.HasField("shape"):
+        return True
+    dims = tensor.shape.dim
+    return len(dims) == len(weight.dims) and all(
+        not dim.HasField("dim_value") or dim.dim_value == size for dim, size in zip(dims, weight.dims, strict=True))
 
 
 def raise_ir_version(model: onnx.ModelProto, findings: ExportRecord) -> None:

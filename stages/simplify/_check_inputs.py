@@ -17,7 +17,8 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.graph.integer_inputs import INTEGER_TYPES, PASS_THROUGH, all_nodes, safe_integer_ranges
+from qdeploy.graph.integer_inputs import INTEGER_TYPES, PASS_THROUGH, safe_integer_ranges
+from qdeploy.graph.names import all_nodes
 
 if TYPE_CHECKING:
     import numpy as np
