@@ -36,6 +36,22 @@ def setup_logging(quiet: bool, verbose: bool) -> None:
     logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
     for name in ("qdeploy",):
         logging.getLogger(name).setLevel(level)
+    _quiet_onnxruntime(verbose)
+
+
+def _quiet_onnxruntime(verbose: bool) -> None:
+    """ONNX Runtime's own warnings (an old opset, a transpose optimizer skipped) straight to stderr only with
+    --verbose: sessions qdeploy does not create itself (ORT's quantizer's) log at the process default, and what
+    they warn of qdeploy reports in its findings.  Its errors still show."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return
+    onnxruntime.set_default_logger_severity(ORT_WARNING if verbose else ORT_ERROR)
+
+
+ORT_WARNING, ORT_ERROR = 2, 3
+"""ONNX Runtime's logger severities."""
 
 
 def guarded(action: Callable[[], T], verbose: bool) -> T:

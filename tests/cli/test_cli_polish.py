@@ -93,3 +93,25 @@ def test_demo_generator_writes_the_committed_files(tmp_path: Path) -> None:
     write_demo(tmp_path)
     for relative in ("data/val/sample_00.npy", "data/calib/sample_15.npy", "data/calib/sample_00.npy"):
         assert (tmp_path / relative).read_bytes() == (REPO / "recipes" / relative).read_bytes(), relative
+
+
+def test_onnx_runtimes_own_warnings_reach_stderr_only_with_verbose(tmp_path: Path) -> None:
+    """Before: an opset-6 file (PyTorch 0.3's) printed ONNX Runtime's "only *guarantees* support for models stamped
+    with opset version 7" and "Transpose optimizer failed" lines through every run, --quiet included, from sessions
+    qdeploy does not create itself (ORT's quantizer's)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+    model.ir_version = 3
+    path = tmp_path / "old.onnx"
+    path.write_bytes(model.SerializeToString())
+    script = ("import sys, onnxruntime; from qdeploy.cli._common import setup_logging; "
+              "setup_logging(False, sys.argv[1] == 'verbose'); "
+              f"onnxruntime.InferenceSession({str(path)!r}, providers=['CPUExecutionProvider'])")
+    quiet, verbose = (subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, check=True)
+                      for mode in ("default", "verbose"))
+    assert "opset version 7" in verbose.stderr  # the warning exists: the default hides it
+    assert "onnxruntime" not in quiet.stderr, quiet.stderr
