@@ -330,6 +330,8 @@ def numeric(value: Any) -> np.ndarray:
     in sorted class order when every map has the same numeric classes."""
     array = np.asarray(value)
     items = array.reshape(-1).tolist() if array.dtype == object and array.size else []
+    if items and all(isinstance(item, str) for item in items):
+        return array.astype(str)
     if not items or not all(isinstance(item, dict) for item in items):
         return array
     keys = sorted(items[0])

@@ -31,3 +31,23 @@ def test_a_closed_pipe_ends_no_check_in_a_traceback(tmp_path: Path, manifest: di
         os.close(write)
     assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
     assert done.returncode == 1  # the files do not match the manifest: the check failed, and says so by status
+
+
+@pytest.mark.parametrize("value", [
+    [{0: 0.25, 1: 0.75}, {0: 0.5, 1: 0.5}],  # ZipMap's probabilities, as ONNX Runtime hands them back
+    [{"cat": 0.25, "dog": 0.75}],  # string classes
+    [{0: 0.25}, {1: 0.75}],  # maps with other classes: left as they are
+    [[1.0, 2.0], [3.0, 4.0]],
+    ["cat", "dog"],
+], ids=["int-classes", "string-classes", "uneven-maps", "numbers", "string-labels"])
+def test_the_package_check_reads_an_output_as_validation_does(value: list) -> None:
+    """check.py runs without qdeploy, so it carries its own copy of ``as_array``: the two must not drift."""
+    import numpy as np
+
+    from qdeploy.core.compare import as_array
+
+    if value == ["cat", "dog"]:
+        value = np.array(value, dtype=object)  # how ONNX Runtime hands back a string tensor
+    ours, validation = package_check.numeric(value), as_array(value)
+    assert ours.dtype == validation.dtype and ours.shape == validation.shape
+    assert (ours == validation).all()
