@@ -77,6 +77,10 @@ def int8_kernels(model_path: Path, model: onnx.ModelProto, targets: list[str],
                  work_dir: Path) -> dict[str, KernelCount]:
     """Per target: quantizable compute nodes, and how many run as int8 kernels (or why it was not checked)."""
     quantizable = quantizable_nodes(model)
+    if not compute_nodes(model):  # a scikit-learn model of ml ops only: said once, here, not only as 0 kernels
+        kinds = sorted({node.op_type for node in model.graph.node} - {"QuantizeLinear", "DequantizeLinear"})
+        log.warning("int8: the model has no node int8 computes (Conv, MatMul, Gemm, ...; it has %s): the artifact "
+                    "computes in float32", ", ".join(kinds[:8]) or "no node")
     results: dict[str, KernelCount] = {}
     for target in targets:
         available, reason = get_target(target).availability()
