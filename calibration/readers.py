@@ -78,7 +78,6 @@ def inputs_of(model: onnx.ModelProto) -> list[InputInfo]:
     return infos
 
 
-
 def sample_memory_cap() -> int:
     """Bytes one sample (all inputs of one feed) may take."""
     return int(SAMPLE_MEMORY_SHARE * available_memory())
