@@ -152,3 +152,24 @@ def test_scripts_import_the_package_by_its_installed_name() -> None:
                 offenders += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}" for name in names
                               if name.split(".")[0] in folders]
     assert offenders == []
+
+
+MAX_FILE_LINES = 500
+SOURCE_SUFFIXES = (".py", ".md", ".yaml", ".yml", ".toml", ".sh")
+
+
+def test_no_source_file_is_over_500_lines() -> None:
+    """The brief's bound, kept by a test: two modules had crept to 502 and 508 lines unnoticed."""
+    import os
+
+    root = Path(__file__).resolve().parent.parent
+    long = {}
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".") and name not in ("runs", "build")]
+        for name in files:
+            if name.endswith(SOURCE_SUFFIXES):
+                path = Path(folder) / name
+                lines = path.read_text(errors="replace").count("\n")
+                if lines > MAX_FILE_LINES:
+                    long[str(path.relative_to(root))] = lines
+    assert not long, f"files over {MAX_FILE_LINES} lines (split them): {long}"

@@ -21,9 +21,7 @@ Rules (docs/verdict-and-throughput.md says them for users):
 - where the machine was busy while the target was timed (``machine_load`` of the rows) and the tie set holds more
   than one artifact, the verdict says it is undecided (``decided`` false, ``undecided`` the evidence) and ships the
   tie rule's pick meanwhile: a busy machine must not make the answer flip;
-- the pick and the runner-up carry their ``execution``: the artifact's precision, the precision that ran, the
-  runtime, providers and kernel element types, and whether only float32 kernels ran for a reduced-precision
-  artifact (``qdeploy.pipeline.report.precision.execution_record``);
+- the pick and the runner-up carry their ``execution`` (``qdeploy.pipeline.report.precision.execution_record``);
 - a validation row that missed at the device's default precision and passed pinned (``deploy_precision``) is a
   candidate with that pinned setting, and the verdict says so.
 A failed, errored or unavailable row is never a candidate, nor an artifact that every benchmark round measured

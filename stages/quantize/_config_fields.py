@@ -10,11 +10,19 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from qdeploy.core.tolerance import AnyTolerance, TaskTolerance  # TaskTolerance: shared with fp16
 
 __all__ = ["VERIFY_TARGETS", "Budget", "BudgetSettings", "BudgetTolerance", "Calibration", "CalibrationRef",
-           "ExcludeNodes", "ExcludeOpTypes", "ExcludePatterns", "OpTypes", "PerChannel", "ReduceRange",
+           "ExcludeNodes", "ExcludeOpTypes", "ExcludePatterns", "NotForMode", "OpTypes", "PerChannel", "ReduceRange",
            "SymmetricWeights", "TaskTolerance", "VerifyTargets", "WeightType"]
 
 VERIFY_TARGETS = ("ort:cpu", "openvino:cpu")
 """Targets a quantized artifact is loaded on before it is published (``verify_targets``'s default)."""
+
+
+class NotForMode(ValueError):
+    """A field of another mode: ``QuantizeConfig`` reports it at the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class CalibrationRef(BaseModel):

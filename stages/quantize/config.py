@@ -35,6 +35,7 @@ from qdeploy.stages.quantize._config_fields import (
     ExcludeNodes,
     ExcludeOpTypes,
     ExcludePatterns,
+    NotForMode,
     OpTypes,
     PerChannel,
     ReduceRange,
@@ -50,14 +51,6 @@ __all__ = ["MODES", "STAGE", "VERIFY_TARGETS", "BudgetSettings", "CalibrationRef
 STAGE = "quantize"
 MODES = ("ptq", "dynamic", "lower", "weight_only")
 ENGINES = ("qdeploy", "nncf")
-
-
-class _NotForMode(ValueError):
-    """A field of another mode: ``QuantizeConfig`` reports it at the field."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 class _ModeSettings(StageConfig):
@@ -77,7 +70,7 @@ class _ModeSettings(StageConfig):
                 if isinstance(key, str) and key not in cls.model_fields:
                     elsewhere = [member for member in _MEMBERS if key in member.model_fields]
                     if elsewhere:  # a known field in the wrong mode; an unknown one is pydantic's extra_forbidden
-                        raise _NotForMode(key, f"quantize.{cls.label} does not take '{key}' (it applies to "
+                        raise NotForMode(key, f"quantize.{cls.label} does not take '{key}' (it applies to "
                                                f"{_where(elsewhere, cls)}){_WHY.get(key, '')}")
         return data
 
@@ -491,7 +484,7 @@ def _at_recipe_key(error: Any, data: Any) -> InitErrorDetails:
     if loc and loc[0] in _TAGS:
         loc = loc[1:]
     cause = (error.get("ctx") or {}).get("error")
-    if isinstance(cause, _NotForMode):
+    if isinstance(cause, NotForMode):
         loc = (*loc, cause.field)
     if error["type"] == "union_tag_invalid" and isinstance(data, dict):
         key = "mode" if data.get("mode", "ptq") != "ptq" else "engine"
@@ -499,7 +492,6 @@ def _at_recipe_key(error: Any, data: Any) -> InitErrorDetails:
         return InitErrorDetails(type="literal_error", loc=(*loc, key), input=data.get(key),
                                 ctx={"expected": _listed(expected)})
     return InitErrorDetails(type=error["type"], loc=loc, input=error["input"], ctx=error.get("ctx") or {})
-
 
 
 def _listed(values: tuple[str, ...]) -> str:
