@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from qdeploy.graph.loop_carried import tensor_names
 from qdeploy.graph.names import NodeNames, all_nodes
-from qdeploy.graph.utils import ONNX_SPEC_DOMAINS, fresh_name, subgraphs
+from qdeploy.graph.utils import ONNX_SPEC_DOMAINS, fresh_name, subgraphs, tensor_ranks
 
 if TYPE_CHECKING:
     import onnx
@@ -38,7 +38,7 @@ def squeeze_if_conditions(model: onnx.ModelProto) -> list[str]:
     graph of the model; ``"If '<node>': <condition>"`` for each so rewritten."""
     if not any(_is_if(node) for node in all_nodes(model.graph)):
         return []
-    ranks = _ranks(model)
+    ranks = tensor_ranks(model)
     taken = tensor_names(model.graph)
     names = NodeNames.of(model.graph)
     rewritten: list[str] = []
@@ -71,33 +71,3 @@ def _rewrite(graph: onnx.GraphProto, ranks: dict[str, int], taken: set[str], nam
     if len(placed) != len(graph.node):
         del graph.node[:]
         graph.node.extend(placed)
-
-
-def _ranks(model: onnx.ModelProto) -> dict[str, int]:
-    """Tensor name -> rank, where the model declares it or ONNX's shape inference finds it (nested graphs too);
-    the model's own declarations alone where inference fails."""
-    import onnx
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception as error:  # a model inference cannot follow: its declarations still count
-        log.debug("shape inference for If conditions failed: %s", error)
-        inferred = model
-    ranks: dict[str, int] = {}
-    _collect(inferred.graph, ranks)
-    return ranks
-
-
-def _collect(graph: onnx.GraphProto, ranks: dict[str, int]) -> None:
-    for value in (*graph.input, *graph.output, *graph.value_info):
-        tensor = value.type.tensor_type
-        if value.type.HasField("tensor_type") and tensor.HasField("shape"):
-            ranks[value.name] = len(tensor.shape.dim)
-    ranks.update((init.name, len(init.dims)) for init in graph.initializer)
-    for node in graph.node:
-        for sub in subgraphs(node):
-            _collect(sub, ranks)
-        if node.op_type == "Constant":
-            for attribute in node.attribute:
-                if attribute.name == "value" and attribute.HasField("t"):
-                    ranks[node.output[0]] = len(attribute.t.dims)

@@ -7,6 +7,7 @@ rebuilding repeated fields.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -40,7 +41,11 @@ __all__ = [
     "subgraph_references",
     "subgraphs",
     "tensor_nbytes",
+    "tensor_ranks",
+    "tensor_types",
 ]
+
+log = logging.getLogger(__name__)
 
 _ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
 """Bytes per element of the ONNX tensor types of fixed size."""
@@ -119,6 +124,36 @@ def tensor_types(graph: onnx.GraphProto) -> dict[str, int]:
              if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type}
     types.update((init.name, init.data_type) for init in graph.initializer)
     return types
+
+
+def tensor_ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """Tensor name -> rank, where the model declares it or ONNX's shape inference finds it (nested graphs too);
+    the model's own declarations alone where inference fails."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception as error:  # a model inference cannot follow: its declarations still count
+        log.debug("shape inference for tensor ranks failed: %s", error)
+        inferred = model
+    ranks: dict[str, int] = {}
+    _collect_ranks(inferred.graph, ranks)
+    return ranks
+
+
+def _collect_ranks(graph: onnx.GraphProto, ranks: dict[str, int]) -> None:
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        tensor = value.type.tensor_type
+        if value.type.HasField("tensor_type") and tensor.HasField("shape"):
+            ranks[value.name] = len(tensor.shape.dim)
+    ranks.update((init.name, len(init.dims)) for init in graph.initializer)
+    for node in graph.node:
+        for sub in subgraphs(node):
+            _collect_ranks(sub, ranks)
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value" and attribute.HasField("t"):
+                    ranks[node.output[0]] = len(attribute.t.dims)
 
 
 def node_readers(nodes: Iterable[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.utils import node_readers, tensor_ranks
+
 if TYPE_CHECKING:
     import onnx
 
@@ -28,12 +30,9 @@ def per_channel_prelu_slopes(model: onnx.ModelProto) -> list[str]:
     older that will be converted past it."""
     from onnx import numpy_helper
 
-    ranks = _ranks(model)
+    ranks = tensor_ranks(model)
     weights = {init.name: init for init in model.graph.initializer}
-    readers: dict[str, int] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
+    readers = node_readers(model.graph.node)
     changed = []
     for node in model.graph.node:
         if node.op_type != "PRelu" or len(node.input) < 2 or node.input[1] not in weights:
@@ -42,7 +41,7 @@ def per_channel_prelu_slopes(model: onnx.ModelProto) -> list[str]:
         if len(slope.dims) != 1 or slope.dims[0] <= 1 or rank <= 2:
             continue
         values = numpy_helper.to_array(slope).reshape(slope.dims[0], *[1] * (rank - 2))
-        name = slope.name if readers[slope.name] == 1 else f"{slope.name}_per_channel_{len(changed)}"
+        name = slope.name if len(readers[slope.name]) == 1 else f"{slope.name}_per_channel_{len(changed)}"
         reshaped = numpy_helper.from_array(values, name)
         if name == slope.name:
             slope.CopyFrom(reshaped)
@@ -53,16 +52,3 @@ def per_channel_prelu_slopes(model: onnx.ModelProto) -> list[str]:
     if changed:
         log.info("PRelu slopes made per channel for opset 7 and later: %s", ", ".join(changed[:5]))
     return changed
-
-
-def _ranks(model: onnx.ModelProto) -> dict[str, int]:
-    """Rank of every tensor onnx's shape inference knows (graph inputs included)."""
-    import onnx
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # without shapes no slope is touched
-        return {}
-    values = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
-    return {value.name: len(value.type.tensor_type.shape.dim) for value in values
-            if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape")}
