@@ -14,7 +14,7 @@ from qdeploy.calibration.readers import (
     DEFAULT_RANDOM_SAMPLES,
     InputInfo,
     Ranges,
-    model_inputs,
+    inputs_of,
     npy_samples,
     random_samples,
 )
@@ -23,6 +23,7 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.integer_inputs import safe_integer_ranges
 
 if TYPE_CHECKING:
+
     from qdeploy.calibration.spec import DatasetSpec
 
 __all__ = ["iter_samples"]
@@ -39,12 +40,13 @@ def iter_samples(spec: DatasetSpec | None, model_path: Path, *, resolve: Callabl
     if spec is not None and spec.reader == "text":  # fills every input itself, from the model's declared dims
         yield from text_samples(spec, model_path, resolve=resolve, limit=limit, dataset_name=dataset_name or "")
         return
-    inputs = model_inputs(model_path)
     ranges = dict(ranges or {})
-    if spec is None or spec.reader == "random":
+    seeded = spec is None or spec.reader == "random"
+    inputs, graph_ranges = _inputs_and_ranges(model_path, ranges if seeded else None)
+    if seeded:
         count = (spec.samples if spec and spec.samples else DEFAULT_RANDOM_SAMPLES)
         count = min(count, limit) if limit else count
-        ranges = {**_graph_ranges(model_path, inputs, ranges), **ranges}  # the recipe's low/high win
+        ranges = {**graph_ranges, **ranges}  # the recipe's low/high win
         yield from random_samples(inputs, count, seed=spec.seed if spec else 0, ranges=ranges)
         return
     folder = resolve(spec.path or "")
@@ -55,10 +57,14 @@ def iter_samples(spec: DatasetSpec | None, model_path: Path, *, resolve: Callabl
     yield from npy_samples(folder, inputs, limit=count, dataset_name=dataset_name or "", frozen=frozen)
 
 
-def _graph_ranges(model_path: Path, inputs: list[InputInfo],
-                  declared: Mapping[str, tuple[float | None, float | None]]) -> Ranges:
-    """Safe random ranges of the integer inputs the recipe gives none for, read from what the graph does with
-    them (an index into a 4-row table takes [0, 4), not [0, 100))."""
-    if not any(np.issubdtype(info.dtype, np.integer) and info.name not in declared for info in inputs):
-        return {}
-    return safe_integer_ranges(load_model(model_path, load_external_data=False))
+def _inputs_and_ranges(model_path: Path, declared: Mapping[str, tuple[float | None, float | None]] | None,
+                       ) -> tuple[list[InputInfo], Ranges]:
+    """The model's inputs and, for random data (``declared`` given), safe ranges of the integer inputs the recipe
+    gives none for, read from what the graph does with them (an index into a 4-row table takes [0, 4), not
+    [0, 100)).  The graph is read once and not held while samples are made."""
+    model = load_model(model_path, load_external_data=False)
+    inputs = inputs_of(model)
+    if declared is None or not any(np.issubdtype(info.dtype, np.integer) and info.name not in declared
+                                   for info in inputs):
+        return inputs, {}
+    return inputs, safe_integer_ranges(model)
