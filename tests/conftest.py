@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
 import pytest
 
 from tests.helpers.models import tiny_cnn, write_recipe
+
+
+@pytest.fixture(autouse=True)
+def _qdeploy_log_level() -> Iterator[None]:
+    """A CLI test's ``setup_logging`` sets the qdeploy logger's level for the whole process (ERROR with -q): restored
+    after every test, or a later test in the same worker sees none of qdeploy's warnings in ``caplog`` (the iris
+    test failed once so in the fast loop)."""
+    logger = logging.getLogger("qdeploy")
+    level = logger.level
+    yield
+    logger.setLevel(level)
 
 
 @pytest.fixture
