@@ -50,8 +50,9 @@ Ranges = dict[str, tuple[float | None, float | None]]
 """Input name -> (low, high) of its seeded random values."""
 
 
-def safe_integer_ranges(model: onnx.ModelProto) -> Ranges:
-    """[low, high) for every integer graph input, by what its values become (see the module's notes)."""
+def safe_integer_ranges(model: onnx.ModelProto, *, unknown: tuple[int, int] | None = (0, DEFAULT_HIGH)) -> Ranges:
+    """[low, high) for every integer graph input, by what its values become (see the module's notes); an input
+    the graph says nothing of (neither an index into a table nor a size) gets ``unknown``, or no entry when None."""
     graph = model.graph
     tables = _static_inputs(graph)
     tables.update((init.name, list(init.dims)) for init in graph.initializer)
@@ -67,8 +68,8 @@ def safe_integer_ranges(model: onnx.ModelProto) -> Ranges:
             ranges[value.name] = (0, max(rows, 1))
         elif size:
             ranges[value.name] = (1, SIZE_HIGH)
-        else:
-            ranges[value.name] = (0, DEFAULT_HIGH)
+        elif unknown is not None:
+            ranges[value.name] = unknown
     return ranges
 
 

@@ -4,8 +4,11 @@ Benchmarks run on the recipe's data, not on guesses from declared shapes: random
 declarations break real models (token-type ids drawn from [0, 100) overflow a 2-row embedding; a dynamic
 width set to 1 is smaller than a pooling window).  The dataset is ``benchmark.data``, else
 ``validate.data``, else the first dataset of the recipe that reads real samples; its samples are stacked to
-each batch size (qdeploy.calibration.batches).  Only a recipe without data gets seeded random inputs, and then an
-integer input without ``low``/``high`` in ``model.inputs`` gets zeros, a value valid for any index.
+each batch size (qdeploy.calibration.batches).  Only a recipe without data gets seeded random inputs; an integer
+input without ``low``/``high`` in ``model.inputs`` then takes what the graph makes of it (qdeploy.graph.
+integer_inputs): [0, rows) where it indexes a constant table, [1, 4) where it becomes a size, a count or a shape
+(zeros there would time empty tensors or a Loop that never runs), and zeros, a value valid for any index, where
+the graph does not say.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from qdeploy.calibration.batches import (
 )
 from qdeploy.calibration.readers import model_inputs, random_samples
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.graph.integer_inputs import SIZE_HIGH, safe_integer_ranges
 from qdeploy.targets import short_message
 
 if TYPE_CHECKING:
@@ -35,8 +39,10 @@ MAX_SAMPLES = 64
 """Distinct samples read for benchmarks at most; larger batches cycle through them (latency does not care)."""
 MEMORY_SHARE = 0.5
 """Share of the available memory a batch's inputs may take."""
-ZEROS_NOTE = ("integer input '{name}' fed zeros: the recipe has no data and model.inputs gives it no low/high; "
-              "latency may differ on real values")
+ZEROS_NOTE = ("integer input '{name}' fed zeros: the recipe has no data, model.inputs gives it no low/high and the "
+              "graph does not say what it is; latency may differ on real values")
+GRAPH_RANGE_NOTE = ("integer input '{name}' fed seeded random values in [{low}, {high}), read from the graph ({what}): "
+                    "the recipe has no data and model.inputs gives it no low/high; latency may differ on real values")
 
 
 @dataclass
@@ -85,12 +91,20 @@ def read_data(ctx: StageContext, requested: str | None, model_path: Path, batch_
 
 def _random_data(ctx: StageContext, model_path: Path, source: str, count: int) -> BenchData:
     inputs = model_inputs(model_path)
-    ranges = dict(ctx.input_ranges)
-    samples = list(random_samples(inputs, count, seed=0, ranges=ranges))
+    declared = dict(ctx.input_ranges)
+    from_graph = {name: span for name, span in
+                  safe_integer_ranges(load_model(model_path, load_external_data=False), unknown=None).items()
+                  if not any(bound is not None for bound in declared.get(name, (None, None)))}
+    samples = list(random_samples(inputs, count, seed=0, ranges={**declared, **from_graph}))
     notes = []
     for info in inputs:
-        bounded = any(bound is not None for bound in ranges.get(info.name, (None, None)))
-        if np.issubdtype(info.dtype, np.integer) and not bounded:
+        bounded = any(bound is not None for bound in declared.get(info.name, (None, None)))
+        if info.name in from_graph:
+            low, high = from_graph[info.name]
+            is_size = (low, high) == (1, SIZE_HIGH)
+            what = "a size, a count or a shape" if is_size else f"an index into a table of {high} rows"
+            notes.append(GRAPH_RANGE_NOTE.format(name=info.name, low=low, high=high, what=what))
+        elif np.issubdtype(info.dtype, np.integer) and not bounded:
             for sample in samples:
                 sample[info.name] = np.zeros_like(sample[info.name])
             notes.append(ZEROS_NOTE.format(name=info.name))

@@ -106,13 +106,62 @@ def test_token_type_ids_come_from_the_data_not_from_0_to_99(tmp_path: Path) -> N
     assert batch4.data["distinct_rows"] == 3 and batch4.data["repeated"] is True
 
 
-def test_integer_inputs_without_data_get_zeros_not_random_ids(tmp_path: Path) -> None:
+def test_integer_inputs_without_data_take_the_graphs_ranges_not_0_to_99(tmp_path: Path) -> None:
     path = _save(token_type_model(), tmp_path / "model.onnx")
     rows = benchmark.run({"m": _artifact(path)}, ["ort:cpu"], BenchmarkConfig(**QUICK), _ctx(tmp_path))
     [row] = rows
     assert row.status == "ok", row.reason
     assert row.data["source"].startswith("seeded random data")
-    assert any("token_type_ids' fed zeros" in note for note in row.notes)
+    assert any("'token_type_ids' fed seeded random values in [0, 2)" in note and "table of 2 rows" in note
+               for note in row.notes), row.notes
+    data = benchmark_data.read_data(_ctx(tmp_path), None, path, [16])
+    types = np.concatenate([sample["token_type_ids"].ravel() for sample in data.samples])
+    words = np.concatenate([sample["input_ids"].ravel() for sample in data.samples])
+    assert set(types.tolist()) == {0, 1}  # both rows of the table, never past it
+    assert words.min() >= 0 and words.max() < 200 and len(set(words.tolist())) > 1
+
+
+def size_and_unknown_model() -> onnx.ModelProto:
+    """repeats int64 [2] tiles x (a size: zeros would tile it to an empty tensor); offset int64 [1] is only added
+    (the graph does not say what it is)."""
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["x", "repeats"], ["tiled"]),
+         helper.make_node("ReduceSum", ["tiled"], ["total"], keepdims=0),
+         helper.make_node("Cast", ["offset"], ["offset_f"], to=TensorProto.FLOAT),
+         helper.make_node("Add", ["total", "offset_f"], ["y"])],
+        "sizes",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("repeats", TensorProto.INT64, [2]),
+         helper.make_tensor_value_info("offset", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_size_input_is_never_zero_and_an_unknown_integer_is(tmp_path: Path) -> None:
+    path = _save(size_and_unknown_model(), tmp_path / "model.onnx")
+    data = benchmark_data.read_data(_ctx(tmp_path), None, path, [4])
+    for sample in data.samples:
+        assert sample["repeats"].min() >= 1 and sample["repeats"].max() < 4  # a non-empty tile, every time
+        assert not sample["offset"].any()
+    assert any("'repeats' fed seeded random values in [1, 4)" in note and "a size" in note for note in data.notes)
+    assert any("'offset' fed zeros" in note for note in data.notes)
+    [row] = benchmark.run({"m": _artifact(path)}, ["ort:cpu"], BenchmarkConfig(**QUICK), _ctx(tmp_path))
+    assert row.status == "ok", row.reason
+
+
+def test_the_recipes_low_and_high_win_over_the_graphs(tmp_path: Path) -> None:
+    path = _save(size_and_unknown_model(), tmp_path / "model.onnx")
+    body = """
+        name: t
+        model:
+          onnx: model.onnx
+          inputs: [{name: repeats, low: 5, high: 6}]
+        variants: {v: []}
+        """
+    ctx = load_recipe_file(write_recipe(tmp_path, body)).stage_context("*", tmp_path / "work")
+    data = benchmark_data.read_data(ctx, None, path, [2])
+    assert all((sample["repeats"] == 5).all() for sample in data.samples)
+    assert not any("'repeats'" in note for note in data.notes)
 
 
 def test_a_pooling_model_with_a_dynamic_width_runs_at_the_datas_size(tmp_path: Path) -> None:
