@@ -1,7 +1,7 @@
 """OpenVINO's own per-layer profile of qdeploy's OpenVINO int8 graph beside NNCF's: where the time goes.
 
     python benchmarks/openvino_layers.py [--models resnet18 pp-ocr-rec] [--runs 30] [--signed asymmetric|auto|symmetric]
-                                         [--without STEP ...] [--fp32]
+                                         [--without STEP ...] [--fp32] [--depthwise-float]
 
 For each model of ``benchmarks/int8.py`` (its builders, calibration and evaluation samples): qdeploy's ptq
 with ``runtime: openvino`` (``signed_activations`` from ``--signed``; ``--without`` switches off OpenVINO-only
@@ -10,7 +10,9 @@ placement steps of ``stages/quantize/ptq/_openvino.py``, e.g. ``pooled_before_qu
 one stream.  Per build: the CPU time of a call (median) and, from ``get_profiling_info`` over ``--runs`` calls, each
 layer's median time summed per layer type and kernel (``exec_type``: ``_I8``/``_i8`` a uint8/int8 input,
 ``_bf16``/``_f32`` float; ``--fp32``: the float32 model beside them, at the default, bf16 on AMX), then the layers
-whose time differs most between qdeploy's and NNCF's.
+whose time differs most between qdeploy's and NNCF's.  ``--depthwise-float`` adds qdeploy's graph with every
+depthwise convolution kept float (``exclude_nodes``), to weigh OpenVINO's bf16 depthwise kernel against its int8 one
+with the layout conversions around it.
 """
 
 from __future__ import annotations
@@ -64,6 +66,23 @@ def profile(path: Path, feed: dict, runs: int) -> tuple[float, dict[tuple[str, s
     return statistics.median(times) * 1e3, kinds, layers
 
 
+def depthwise_convs(path: Path) -> list[str]:
+    """Names of the Conv nodes whose ``group`` equals their channels (a ``[C, 1, ...]`` weight, initializer or
+    Constant)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    weights = {init.name: list(init.dims) for init in model.graph.initializer}
+    weights.update((node.output[0], list(node.attribute[0].t.dims)) for node in model.graph.node
+                   if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value")
+    found = []
+    for node in model.graph.node:
+        group = next((attr.i for attr in node.attribute if attr.name == "group"), 1)
+        if node.op_type == "Conv" and group > 1 and weights.get(node.input[1], [])[:2] == [group, 1]:
+            found.append(node.name)
+    return found
+
+
 def lines(name: str, built: dict[str, Any], runs: int, feed: dict) -> list[str]:
     measured = {label: profile(path, feed, runs) for label, path in built.items()}
     calls = ", ".join(f"{label} {ms:.3f} ms" for label, (ms, _, _) in measured.items())
@@ -91,6 +110,8 @@ def main() -> None:
     parser.add_argument("--signed", choices=("asymmetric", "auto", "symmetric"), default="auto")
     parser.add_argument("--without", nargs="*", default=[], choices=_OPENVINO_STEPS)
     parser.add_argument("--fp32", action="store_true", help="also the float32 model at the default precision")
+    parser.add_argument("--depthwise-float", action="store_true",
+                        help="also qdeploy's graph with its depthwise convolutions kept float")
     args = parser.parse_args()
     for step in args.without:  # this process only
         setattr(_ptq, step, _OFF[step])
@@ -107,6 +128,10 @@ def main() -> None:
                                     signed_activations=args.signed)
             # named as a run's per-runtime build is: a graph only OpenVINO runs (signed beside 7-bit activations)
             built = {"qdeploy": qdeploy(case, folder, "qdeploy@openvino", config).path}
+            if args.depthwise_float:
+                kept = QuantizeConfig(**{**config.model_dump(exclude_unset=True),
+                                         "exclude_nodes": depthwise_convs(case.path)})
+                built["dw-float"] = qdeploy(case, folder, "dw-float@openvino", kept).path
             built.update({row.artifact: row.path for row in nncf_rows(case, folder) if row.artifact == "nncf"})
             if args.fp32:
                 built["fp32"] = case.path

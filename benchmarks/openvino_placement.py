@@ -2,6 +2,7 @@
 beside NNCF.
 
     python benchmarks/openvino_placement.py [--models yolox-captcha pp-ocr-det pp-ocr-rec] [--rounds 9]
+                                            [--without STEP ...]
 
 For each real-model corpus CNN (``tests/real_recipes``; ``python -m tests.real_models`` fetches them): calibrate
 once on 16 calibration images, build ``runtime: openvino`` with today's placement (``new``) and with its
@@ -13,7 +14,8 @@ auto keeps otherwise, and ``signed_activations: symmetric``), and NNCF's ``nncf.
 images).  Cosine: the worst over 8 validation images, OpenVINO f32.  Latency: OpenVINO at its default inference
 precision, 1 thread, CPU time per call (robust to other jobs on the machine), median over rounds that interleave
 the models.  Weights are 7-bit (``reduce_range``
-auto) in both of qdeploy's builds.
+auto) in both of qdeploy's builds.  ``--without STEP``: also today's placement with that one OpenVINO-only step
+switched off (``new-STEP``), to weigh one step alone.
 """
 
 from __future__ import annotations
@@ -57,16 +59,16 @@ def build(prepared: Path, ranges: dict, path: Path, *, old: bool, signed: bool =
 
 
 def build_replacing(prepared: Path, ranges: dict, path: Path, replaced: dict[str, Callable[..., Any]], *,
-                    signed_int8: float) -> Path:
+                    signed_int8: float, excluded: tuple[str, ...] = ()) -> Path:
     """``runtime: openvino`` ptq from fixed ranges (7-bit weights), with the ``_ptq`` placement steps named in
-    ``replaced`` swapped for the functions given there while it builds."""
+    ``replaced`` swapped for the functions given there while it builds, and the ``excluded`` nodes kept float."""
     import onnx
 
     saved = {name: getattr(_ptq, name) for name in replaced}
     for name, step in replaced.items():
         setattr(_ptq, name, step)
     try:
-        builder = _ptq.StaticBuilder(prepared, ranges, [], per_channel=True, activation_type="uint8",
+        builder = _ptq.StaticBuilder(prepared, ranges, list(excluded), per_channel=True, activation_type="uint8",
                                      weight_type="int8", symmetric_activations=False, symmetric_weights=True,
                                      op_types=list(_ptq.BALANCED_OP_TYPES), seven_bit="weights", runtime="openvino",
                                      signed_int8=signed_int8)
@@ -112,7 +114,7 @@ def measure(models: dict[str, Path], val: list[dict], rounds: int,
                    statistics.median(times[name])) for name in models}
 
 
-def run_model(name: str, folder: Path, rounds: int) -> list[str]:
+def run_model(name: str, folder: Path, rounds: int, without: tuple[str, ...] = ()) -> list[str]:
     recipe_path = write_recipe(name, folder, Sizes(calib=16, val=8))
     recipe = yaml.safe_load(recipe_path.read_text())
     source = Path(recipe["model"]["onnx"])
@@ -124,6 +126,9 @@ def run_model(name: str, folder: Path, rounds: int) -> list[str]:
     models = {"fp32": source, "old": build(prepared, ranges, folder / "old.onnx", old=True),
               "new": build(prepared, ranges, folder / "new.onnx", old=False),
               "new+signed": build(prepared, ranges, folder / "signed.onnx", old=False, signed=True)}
+    for step in without:
+        models[f"new-{step}"] = build_replacing(prepared, ranges, folder / f"without-{step}.onnx",
+                                                {step: _OFF[step]}, signed_int8=_ptq.CENTRED)
     built, note = nncf_artifacts(source, calib, folder, transformer=False)
     models.update({label: path for label, path, _ in built})
     results = measure(models, val, rounds)
@@ -136,12 +141,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["yolox-captcha", "pp-ocr-det", "pp-ocr-rec"])
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--without", nargs="*", default=[], choices=_OPENVINO_STEPS)
     args = parser.parse_args()
     lines = ["| model | build | worst cosine (val) | CPU ms | speedup vs fp32 | latency / NNCF's |",
              "|---|---|---|---|---|---|"]
     for name in args.models:
         with tempfile.TemporaryDirectory(prefix=f"qdeploy-ov-placement-{name}-") as tmp:
-            lines += run_model(name, Path(tmp), args.rounds)
+            lines += run_model(name, Path(tmp), args.rounds, tuple(args.without))
     print("\n".join(lines))
 
 
