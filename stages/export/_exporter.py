@@ -5,6 +5,10 @@ defaults to (the torch.export-based "dynamo" one from torch 2.9, which deprecate
 warning on every call).  Where dynamo cannot export the model (data-dependent control flow, an op it has no
 translation for, an opset it cannot convert to) or onnxscript is missing, the TorchScript exporter writes it and
 the export's findings say why (``exporter_fallback``), with a log warning.
+
+Python warnings raised while exporting never reach the terminal: the TorchScript tracer's (a tensor turned into a
+Python bool, int or list: a decision frozen on the example input) become the findings' ``trace_warnings`` and one log
+warning, since the ONNX model may compute other inputs wrongly; the libraries' deprecation notes go to the debug log.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import importlib.util
 import inspect
 import logging
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +36,8 @@ log = logging.getLogger(__name__)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 _QUIET_LOGGERS = ("torch.onnx", "torch._dynamo", "torch.export", "onnxscript")
+MAX_TRACE_WARNINGS = 10
+"""Distinct tracer warnings the findings keep (the log line counts them all)."""
 """What dynamo logs while it works (opset notes, skipped torchvision ops): qdeploy reports the outcome itself."""
 
 
@@ -59,42 +66,64 @@ def export_with_torch(torch: Any, module: Any, example: tuple[Any, ...], path: P
                          "(or pip install onnxscript), or use the 'torchscript' exporter")
     arguments = {"names": names, "opset": opset, "dynamic_axes": dynamic_axes}
     if exporter != "auto":
-        _export(torch, exporter, module, example, path, **arguments, variant=variant)
-        return {"exporter": exporter}
+        return {"exporter": exporter, **_export(torch, exporter, module, example, path, **arguments, variant=variant)}
     chosen, why = recommended_exporter(torch)
     if chosen == "dynamo":
         try:
-            _call(torch, "dynamo", module, example, path, **arguments)
+            traced = _call(torch, "dynamo", module, example, path, **arguments)
             _check_opset(path, opset or DYNAMO_OPSET)
-            return {"exporter": "dynamo", "exporter_setting": "auto"}
+            return {"exporter": "dynamo", "exporter_setting": "auto", **traced}
         except Exception as exc:
             why = f"the dynamo exporter (torch {torch.__version__}'s default) cannot export this model: {_why(exc)}"
             _remove_export(path)
     if not why:
-        _export(torch, "torchscript", module, example, path, **arguments, variant=variant)
-        return {"exporter": "torchscript", "exporter_setting": "auto"}
+        traced = _export(torch, "torchscript", module, example, path, **arguments, variant=variant)
+        return {"exporter": "torchscript", "exporter_setting": "auto", **traced}
     log.warning("model.torch.exporter auto: %s; exporting with the TorchScript exporter instead", why)
-    _export(torch, "torchscript", module, example, path, **arguments, variant=variant)
+    traced = _export(torch, "torchscript", module, example, path, **arguments, variant=variant)
     return {"exporter": "torchscript", "exporter_setting": "auto",
-            "exporter_fallback": f"{why}; exported with the TorchScript exporter"}
+            "exporter_fallback": f"{why}; exported with the TorchScript exporter", **traced}
 
 
 def _export(torch: Any, exporter: str, module: Any, example: tuple[Any, ...], path: Path, *, names: list[str],
-            opset: int | None, dynamic_axes: dict[str, dict[int, str]] | None, variant: str) -> None:
+            opset: int | None, dynamic_axes: dict[str, dict[int, str]] | None, variant: str) -> ExporterChoice:
     try:
-        _call(torch, exporter, module, example, path, names=names, opset=opset, dynamic_axes=dynamic_axes)
+        return _call(torch, exporter, module, example, path, names=names, opset=opset, dynamic_axes=dynamic_axes)
     except Exception as exc:
         raise StageError("export", variant, f"torch.onnx.export failed: {type(exc).__name__}: {exc}") from None
 
 
 def _call(torch: Any, exporter: str, module: Any, example: tuple[Any, ...], path: Path, *, names: list[str],
-          opset: int | None, dynamic_axes: dict[str, dict[int, str]] | None) -> None:
+          opset: int | None, dynamic_axes: dict[str, dict[int, str]] | None) -> ExporterChoice:
+    """Export; the tracer's warnings as findings (``trace_warnings``) when it raised any."""
     dynamo = exporter == "dynamo"
-    with _quiet() if dynamo else contextlib.nullcontext():
+    with _quiet() if dynamo else contextlib.nullcontext(), warnings.catch_warnings(record=True) as raised:
+        warnings.simplefilter("always")
         # Not under no_grad: there, nn.TransformerEncoderLayer takes a fused fast path no exporter knows.
         torch.onnx.export(module, example, str(path), input_names=names,
                           opset_version=opset or (DYNAMO_OPSET if dynamo else DEFAULT_TORCH_OPSET),
                           dynamic_axes=dynamic_axes, dynamo=dynamo, **({"verbose": False} if dynamo else {}))
+    return _trace_findings(raised)
+
+
+def _trace_findings(raised: list[warnings.WarningMessage]) -> ExporterChoice:
+    """The tracer's warnings, 'file:line: first line' each, once; every other warning to the debug log."""
+    traced: dict[str, None] = {}
+    for caught in raised:
+        text = str(caught.message).strip()
+        first_line = text.splitlines()[0].split(". ")[0] if text else ""  # the tracer's first sentence says it
+        where = f"{Path(caught.filename).name}:{caught.lineno}"
+        if caught.category.__name__ == "TracerWarning":
+            traced[f"{where}: {first_line}"] = None
+        else:
+            log.debug("while exporting: %s (%s, %s)", first_line, caught.category.__name__, where)
+    if not traced:
+        return {}
+    found = list(traced)
+    log.warning("the TorchScript trace turned %d tensor value(s) of the forward into Python constants on the "
+                "example input (first: %s): the ONNX model may compute inputs of other shapes or values wrongly; "
+                "validate it on such data (findings trace_warnings)", len(found), found[0])
+    return {"trace_warnings": found[:MAX_TRACE_WARNINGS]}
 
 
 def _check_opset(path: Path, opset: int) -> None:

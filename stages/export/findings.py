@@ -150,6 +150,7 @@ class ExporterChoice(TypedDict, total=False):
     exporter: str
     exporter_setting: str
     exporter_fallback: str
+    trace_warnings: list[str]
 
 
 class ExportRecord(TypedDict, total=False):
@@ -159,6 +160,7 @@ class ExportRecord(TypedDict, total=False):
     exporter: str
     exporter_setting: str
     exporter_fallback: str
+    trace_warnings: list[str]
     torch_version: str
     max_abs_err_vs_torch: float
     opset_in: int
@@ -197,6 +199,9 @@ class ExportFindings(Findings):
     exporter_setting: str | None = None
     exporter_fallback: str | None = None
     """Why ``auto`` fell back to the TorchScript exporter."""
+    trace_warnings: list[str] | None = None
+    """The TorchScript tracer's warnings ('file:line: message', at most 10): tensor values of the forward it turned
+    into Python constants on the example input, where the ONNX model may compute other inputs wrongly."""
     torch_version: str | None = None
     max_abs_err_vs_torch: float | None = None
     opset_in: int

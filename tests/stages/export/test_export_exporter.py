@@ -109,3 +109,29 @@ def test_torchscript_stays_selectable(tmp_path: Path) -> None:
     assert result.findings.exporter == "torchscript"
     reported = result.findings.to_report()
     assert "exporter_fallback" not in reported and "exporter_setting" not in reported
+    assert "trace_warnings" not in reported  # the net has no decision on tensor values
+
+
+def test_the_tracers_frozen_decisions_become_findings_not_terminal_warnings(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Branchy's ``if x.sum() > 0`` is traced on one branch: the ONNX model computes x * 2 for every input.  The
+    tracer says so in a TracerWarning, which used to print to the terminal as a raw Python warning."""
+    pytest.importorskip("torch")
+    factory = tmp_path / "branchy.py"
+    factory.write_text(BRANCHY)
+    line = BRANCHY.splitlines().index(next(text for text in BRANCHY.splitlines() if "if x.sum()" in text)) + 1
+    with warnings.catch_warnings(record=True) as escaped, \
+            caplog.at_level(logging.WARNING, logger="qdeploy.stages.export._exporter"):
+        warnings.simplefilter("always")
+        result = _export(tmp_path, torch={"factory": f"{factory}:build", "exporter": "torchscript"},
+                         inputs=[{"name": "x", "shape": [1, 4]}])
+    [traced] = result.findings.to_report()["trace_warnings"]
+    assert traced.startswith(f"branchy.py:{line}: Converting a tensor to a Python boolean")
+    assert not [caught for caught in escaped if caught.category.__name__ == "TracerWarning"]
+    assert any("Python constants on the example input" in record.getMessage() and "branchy.py" in record.getMessage()
+               for record in caplog.records)
+    session = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    positive, negative = np.ones((1, 4), np.float32), np.full((1, 4), -3.0, np.float32)
+    right = [np.allclose(session.run(None, {"x": positive})[0], positive * 2),
+             np.allclose(session.run(None, {"x": negative})[0], negative - 1)]
+    assert sorted(right) == [False, True]  # one branch frozen in: what the finding warns of
