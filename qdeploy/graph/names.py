@@ -20,8 +20,8 @@ from qdeploy.graph.utils import GRAPH_OPS, ONNX_SPEC_DOMAINS, fresh_name, subgra
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["ORT_INLINED", "NodeNames", "NodeNaming", "all_nodes", "name_nodes_uniquely", "node_names",
-           "rename_ort_inlined", "unique_node_name"]
+__all__ = ["OPTIMIZER_SUFFIX", "ORT_INLINED", "NodeNames", "NodeNaming", "all_nodes", "name_nodes_uniquely",
+           "node_names", "rename_optimizer_tensors", "rename_ort_inlined", "tensor_names", "unique_node_name"]
 
 EXAMPLES = 5
 """How many renamings a ``NodeNaming`` lists (the count covers all)."""
@@ -138,6 +138,52 @@ def rename_ort_inlined(graph: onnx.GraphProto) -> int:
     for node in nodes:
         if ORT_INLINED in node.name:
             node.name = fresh_name(node.name.replace(ORT_INLINED, "_inlined_"), taken)
+    _rename_tensors(graph, nodes, renamed)
+    return len(renamed)
+
+
+OPTIMIZER_SUFFIX = "__pre"
+"""What :func:`rename_optimizer_tensors` appends: no name ONNX Runtime generates from its own base names ends so."""
+
+
+def rename_optimizer_tensors(graph: onnx.GraphProto, before: set[str]) -> int:
+    """Rename the tensors ONNX Runtime's optimizer named in a model it optimized and saved (every tensor of ``graph``
+    and its nested graphs not in ``before``, the names of the model it was given): when the saved model reaches
+    ONNX Runtime again, a pass generates its names from the same bases (``gemm_input_shape``, then
+    ``gemm_input_shape_token_0``...) and may take one a saved initializer holds: a Wav2Vec2's int8 model failed to
+    load at every optimization level ("AddInitializedOrtValue Attempt to replace the existing tensor": the second
+    MatMulAddFusion, after ConstantSharing had merged the first one's shape initializers).  The new names end in
+    ``OPTIMIZER_SUFFIX``; the count of renamed tensors."""
+    nodes = list(all_nodes(graph))
+    values = {name for node in nodes for name in (*node.input, *node.output) if name}
+    values |= {init.name for init in graph.initializer}
+    renamed = {name: fresh_name(f"{name}{OPTIMIZER_SUFFIX}", values)
+               for name in sorted(values - _interfaces(graph) - before)}
+    _rename_tensors(graph, nodes, renamed)
+    return len(renamed)
+
+
+def _interfaces(graph: onnx.GraphProto) -> set[str]:
+    """Inputs and outputs of ``graph`` and of every graph nested in it: names the renaming leaves alone."""
+    found = {value.name for value in (*graph.input, *graph.output)}
+    for node in all_nodes(graph):
+        if node.op_type in GRAPH_OPS or node.domain not in ONNX_SPEC_DOMAINS:
+            for sub in subgraphs(node):
+                found |= {value.name for value in (*sub.input, *sub.output)}
+    return found
+
+
+def tensor_names(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name of ``graph`` and its nested graphs: node inputs and outputs, initializers, the interface."""
+    names = {name for node in all_nodes(graph) for name in (*node.input, *node.output) if name}
+    return names | {init.name for init in graph.initializer} | _interfaces(graph)
+
+
+def _rename_tensors(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], renamed: dict[str, str]) -> None:
+    """Tensor names old -> new in the nodes' inputs and outputs, value_info and the initializers."""
+    if not renamed:
+        return
+    for node in nodes:
         for field_ in (node.input, node.output):
             for index, name in enumerate(field_):
                 if name in renamed:
@@ -145,10 +191,9 @@ def rename_ort_inlined(graph: onnx.GraphProto) -> int:
     for info in _value_infos(graph):
         if info.name in renamed:
             info.name = renamed[info.name]
-    for initializer in graph.initializer:  # a constant ONNX Runtime folded out of an inlined body
+    for initializer in graph.initializer:  # a constant ONNX Runtime folded (out of an inlined body too)
         if initializer.name in renamed:
             initializer.name = renamed[initializer.name]
-    return len(renamed)
 
 
 def _value_infos(graph: onnx.GraphProto) -> Iterator[onnx.ValueInfoProto]:

@@ -85,3 +85,32 @@ def test_naming_reads_no_weights() -> None:
     model = helper.make_model(graph)
     assert name_nodes_uniquely(model).unnamed == 2
     assert [node.name for node in model.graph.node] == ["Relu_t1", "Relu_t2"]
+
+
+def test_tensors_an_optimizer_named_get_the_suffix_and_the_models_own_names_stay() -> None:
+    """ONNX Runtime's optimizer wrote ``gemm_input_shape`` (an initializer) and ``fused`` (a node's output) into a
+    model: both end in OPTIMIZER_SUFFIX after, everywhere they are read or declared; the model's own tensors,
+    its inputs and outputs and a nested graph's interface keep their names."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    from qdeploy.graph.names import OPTIMIZER_SUFFIX, rename_optimizer_tensors, tensor_names
+
+    branch = helper.make_graph([helper.make_node("Neg", ["fused"], ["b"], name="neg")], "branch", [],
+                               [helper.make_tensor_value_info("b", TensorProto.FLOAT, [2])])
+    nodes = [helper.make_node("Reshape", ["x", "gemm_input_shape"], ["fused"], name="reshape"),
+             helper.make_node("Relu", ["fused"], ["t"], name="relu"),
+             helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch, else_branch=branch)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                                           helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+                              [numpy_helper.from_array(np.array([2], np.int64), "gemm_input_shape")],
+                              value_info=[helper.make_tensor_value_info("fused", TensorProto.FLOAT, [2])])
+    before = {"x", "c", "y", "t", "b"}  # what the optimizer was given
+    assert rename_optimizer_tensors(graph, before) == 2
+    shape, fused = f"gemm_input_shape{OPTIMIZER_SUFFIX}", f"fused{OPTIMIZER_SUFFIX}"
+    assert list(graph.node[0].input) == ["x", shape] and list(graph.node[0].output) == [fused]
+    assert graph.initializer[0].name == shape and graph.value_info[0].name == fused
+    assert list(graph.node[2].attribute[0].g.node[0].input) == [fused]  # read in a nested graph too
+    assert tensor_names(graph) == before | {shape, fused}
+    onnx.checker.check_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import remove_saved
 from qdeploy.graph.light import light_copy, take_value_info
-from qdeploy.graph.names import rename_ort_inlined
+from qdeploy.graph.names import rename_optimizer_tensors, rename_ort_inlined, tensor_names
 from qdeploy.graph.utils import subgraphs
 
 if TYPE_CHECKING:
@@ -103,6 +103,7 @@ def optimize_file(source: Path, work_dir: Path) -> tuple[onnx.ModelProto, str]:
     options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                      f"{target.name}.data")
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    before = tensor_names(load_model(source, load_external_data=False).graph)
     try:
         session = ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
         del session
@@ -112,6 +113,7 @@ def optimize_file(source: Path, work_dir: Path) -> tuple[onnx.ModelProto, str]:
     optimized = load_model(target)
     _drop_initializers_nodes_define(optimized.graph)
     rename_ort_inlined(optimized.graph)  # ONNX Runtime inlines again where a build puts a function op back
+    rename_optimizer_tensors(optimized.graph, before)  # its passes name from the same bases when they run again
     for leftover in (source, target):  # read whole: their data files are a copy of the model each, on disk
         remove_saved(leftover)
     return optimized, ""
