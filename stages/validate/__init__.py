@@ -39,7 +39,7 @@ from qdeploy.stages.validate._precision import (
     device_default_basis,
     with_pinned_fallback,
 )
-from qdeploy.stages.validate._reference import ReferenceMissing, reference_source
+from qdeploy.stages.validate._reference import ReferenceMissing, reference_source, unvarying_outputs
 from qdeploy.stages.validate._task import check_metric, evaluate, load_metric, read_labels
 from qdeploy.stages.validate._tolerance import looseness, tolerance_precision
 from qdeploy.stages.validate._unreadable import condense_unreadable, unreadable_targets
@@ -194,6 +194,10 @@ def _validate_all(artifacts: dict[str, Artifact], targets: list[str], config: Va
     batches = reference_batches(feeds, source.feed_model, source.path, wanted_batch_sizes(ctx),
                                 lambda path, more: _run_model(REFERENCE_TARGET, path, more, pin_f32=True)[0])
     warnings = [RANDOM_DATA_WARNING] if _is_random(config, ctx) else []
+    logs = not ctx.targets or ctx.targets[0] in targets  # said once: a scheduler may validate targets in groups
+    for warning in unvarying_outputs(reference_outputs, source.label):
+        log.log(logging.WARNING if logs else logging.DEBUG, "%s", warning)
+        warnings.append(warning)
     shared = _Run(config, feeds + batches.feeds, source.path, reference_outputs + batches.outputs, execution,
                   warnings + batches.warnings, _task_metric(config, ctx, source, reference_outputs),
                   _localizer(config, source.path), batches, dict(declared or {}), ctx.work_dir,

@@ -53,6 +53,33 @@ class ReferenceSource:
                               field="validate.outputs")
 
 
+def unvarying_outputs(reference_outputs: Outputs, label: str) -> list[str]:
+    """Warnings for the reference's float outputs that are zero everywhere, or the same on every sample: a
+    comparison with such an output passes a wrong artifact as readily as a right one (a freshly initialised
+    classifier head gives zeros; an output the data does not reach gives one value)."""
+    from qdeploy.core.compare import as_array
+
+    found = []
+    for name in reference_outputs[0] if reference_outputs else {}:
+        try:
+            first = as_array(reference_outputs[0][name])
+            if not np.issubdtype(first.dtype, np.floating) or first.size == 0:
+                continue
+            same = all(np.array_equal(as_array(sample[name]), first) for sample in reference_outputs[1:])
+        except Exception:  # a sequence of maps, a missing sample: the comparison itself reports those
+            continue
+        if same and not first.any():
+            what = f"zero everywhere on {'every one' if len(reference_outputs) > 1 else 'the one'} of the " \
+                   f"{len(reference_outputs)} sample(s)"
+        elif same and len(reference_outputs) > 1:
+            what = f"the same on all {len(reference_outputs)} samples"
+        else:
+            continue
+        found.append(f"reference {label}: output '{name}' is {what}: comparing with it cannot tell a wrong artifact "
+                     "from a right one; validate on data where it varies (a freshly initialised head gives zeros)")
+    return found
+
+
 def reference_source(artifacts: dict[str, Artifact], config: ValidateConfig, ctx: StageContext) -> ReferenceSource:
     """The reference of this run; ReferenceMissing when its variant was not built, RecipeError when it is unfit."""
     variant = ctx.reference_variant

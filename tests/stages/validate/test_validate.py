@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -348,3 +349,30 @@ def test_worst_samples_put_nan_first_then_the_largest_relative_error() -> None:
     assert validate.worst_samples(ref, cand, 2) == [1, 2]
     assert validate.worst_samples(ref, cand, 1) == [2]
     assert validate.worst_samples(ref, cand, 9) == [0, 1, 2, 3]
+
+
+def test_a_reference_output_that_is_zero_everywhere_is_said_to_check_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A freshly initialised head gives zeros: a broken artifact (a weight scaled inside the chain) then matches
+    the reference exactly and passes, so every row says the comparison cannot tell; one log warning says it too."""
+    from qdeploy.stages.validate._reference import unvarying_outputs
+
+    zero_head = chain_model()
+    head = next(init for init in zero_head.graph.initializer if init.name == "w_head")
+    head.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(head)), "w_head"))
+    artifacts = {"exported": artifact(tmp_path / "ref.onnx", zero_head),
+                 "broken": artifact(tmp_path / "broken.onnx", perturbed(zero_head, "w2", 3.0))}
+    with caplog.at_level(logging.WARNING, logger="qdeploy.stages.validate"):
+        rows = by_pair(validate.run(artifacts, ["ort:cpu"], ValidateConfig(samples=3), context(tmp_path)))
+    broken = rows[("broken", "ort:cpu")]
+    assert broken.status == "passed"  # what the warning is about
+    assert any("output 'logits' is zero everywhere on every one of the 3 sample(s)" in warning
+               for warning in broken.warnings), broken.warnings
+    assert sum("zero everywhere" in record.getMessage() for record in caplog.records) == 1
+    plain = by_pair(validate.run({"exported": artifact(tmp_path / "plain.onnx", chain_model())}, ["ort:cpu"],
+                                 ValidateConfig(samples=3), context(tmp_path)))
+    assert not any("cannot tell" in warning for warning in plain[("exported", "ort:cpu")].warnings)
+    same = [{"logits": np.full((1, 10), 0.5, np.float32), "ids": np.zeros((1,), np.int64)} for _ in range(3)]
+    [said] = unvarying_outputs(same, "variant 'fp32'")  # integer outputs are not judged
+    assert "output 'logits' is the same on all 3 samples" in said
+    assert unvarying_outputs(same[:1], "variant 'fp32'") == []  # one sample cannot show a value that never moves
