@@ -167,6 +167,8 @@ class StaticBuilder:
             overrides = signed_int8_overrides(
                 {name: bounds for name, bounds in ranges.items() if name in self.signable}, QuantType.QInt8,
                 signed_int8)
+        if per_channel:  # a batched constant B has no per-channel form ORT's int8 MatMul takes: per tensor
+            overrides.update({name: [{"symmetric": symmetric_weights}] for name in batched_matmuls(model).values()})
         self.uint8_concats: set[str] = set()
         """Tensors put back on uint8 under ``activation_type: int8`` because OpenVINO runs the graph."""
         on_openvino = runtime == "openvino" if openvino_runs is None else openvino_runs
@@ -277,6 +279,17 @@ def convolution_inputs(model: onnx.ModelProto) -> set[str]:
     return {name for name, read in readers.items() if all(read_by == ("Conv", 0) for read_by in read)}
 
 
+def batched_matmuls(model: onnx.ModelProto) -> dict[str, str]:
+    """MatMul node -> the initializer it reads as B, where B's rank is above 2 (DeBERTa's relative-position keys,
+    [heads, K, N] once simplify folds them).  ORT's quantizers quantize B per channel along axis 1, which for such a
+    B is K, and its int8 MatMul then refuses the zero point's shape ("IsBQuantParamSupported ... was false"): every
+    build failed.  One axis cannot hold B's [heads, 1, N] channels: static builds quantize these per tensor,
+    dynamic ones (whose quantizer takes no per-tensor override) leave those MatMuls float."""
+    ranks = {init.name: len(init.dims) for init in model.graph.initializer}
+    return {node.name: node.input[1] for node in model.graph.node
+            if node.op_type == "MatMul" and len(node.input) > 1 and ranks.get(node.input[1], 0) > 2}
+
+
 def concatenated(model: onnx.ModelProto, op_types: list[str], skip: Container[str] = ()) -> set[str]:
     """Tensors a Concat reads or writes, and those that share their quantization through data movement (ORT's
     quantizer gives a MaxPool's or Resize's output its input's parameters).  They stay uint8 with a zero point:
@@ -363,6 +376,8 @@ class DynamicBuilder:
         self._work_dir = work_dir
         self._settings = {"per_channel": per_channel, "weight_type": weight_type, "op_types": op_types,
                           "reduce_range": reduce_range}
+        if per_channel:  # per-channel B of rank above 2 breaks ORT's int8 MatMul (batched_matmuls)
+            self._excluded += list(batched_matmuls(load_model(prepared, load_external_data=False)))
         self._count = 0
 
     def candidates(self, quantized: onnx.ModelProto) -> dict[str, str]:
