@@ -17,7 +17,7 @@ from qdeploy.calibration.readers import InputInfo, check_sample_fits, inputs_of,
 from qdeploy.core.context import StageResult
 from qdeploy.core.errors import DataError, ModelError
 from qdeploy.core.memory import available_memory
-from qdeploy.core.usercode import call_user, import_user_module
+from qdeploy.core.usercode import UserCodeError, call_user, import_user_module
 from qdeploy.core.userfiles import check_regular_file
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, check_without_weights, needs_external_data
 from qdeploy.graph.names import name_nodes_uniquely
@@ -435,7 +435,14 @@ def build_torch_module(source: TorchSource, ctx: StageContext) -> Any:
     python_module = _import_factory_module(module_part, ctx)
     if not hasattr(python_module, function):
         raise ModelError(f"model.torch.factory: '{module_part}' has no callable '{function}'")
-    module = call_user(f"model.torch.factory {source.factory}", getattr(python_module, function))
+    try:
+        module = call_user(f"model.torch.factory {source.factory}", getattr(python_module, function))
+    except UserCodeError:  # it exited or timed out: already said whose
+        raise
+    except Exception as exc:  # the user's code failing, not qdeploy: say whose and what
+        log.debug("model.torch.factory %s raised", source.factory, exc_info=True)
+        raise ModelError(f"model.torch.factory {source.factory} raised {type(exc).__name__}: {exc} (the factory "
+                         "failed before qdeploy exported anything: fix it and run again)") from None
     if source.weights:
         try:
             state = torch.load(ctx.resolve(source.weights), map_location="cpu", weights_only=True)

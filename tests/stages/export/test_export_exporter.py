@@ -135,3 +135,15 @@ def test_the_tracers_frozen_decisions_become_findings_not_terminal_warnings(
     right = [np.allclose(session.run(None, {"x": positive})[0], positive * 2),
              np.allclose(session.run(None, {"x": negative})[0], negative - 1)]
     assert sorted(right) == [False, True]  # one branch frozen in: what the finding warns of
+
+
+def test_a_factory_that_raises_is_the_users_error_naming_it_not_an_internal_one(tmp_path: Path) -> None:
+    """transformers' WhisperConfig with a pad token past a small vocabulary asserts inside nn.Embedding: the CLI
+    said "internal error (a bug in qdeploy)"."""
+    from qdeploy.core.errors import ModelError
+
+    factory = tmp_path / "broken.py"
+    factory.write_text("def build():\n    assert False, 'Padding_idx must be within num_embeddings'\n")
+    with pytest.raises(ModelError, match=r"model.torch.factory .*broken.py:build raised AssertionError: "
+                                         r"Padding_idx must be within num_embeddings"):
+        _export(tmp_path, torch={"factory": f"{factory}:build"}, inputs=[{"name": "x", "shape": [1, 4]}])
