@@ -259,6 +259,30 @@ def _static_dims(value: ir.Value) -> list[int] | None:
     return [int(dim) for dim in shape]
 
 
+@rewrite("whole_window_average_pool", anchor="AveragePool", default=True,
+         description="AveragePool whose window covers its whole (static) input, one output per channel, no pads "
+                     "-> GlobalAveragePool.")
+def whole_window_average_pool(edit: GraphEditor, node: ir.Node) -> Replacement | str | None:
+    """transformers' EfficientNet pools with ``AvgPool2d(hidden_dim, ceil_mode=True)``: a 1280-wide window over a
+    7x7 map.  ONNX Runtime computes it (the mean of the map), OpenVINO refuses to read the model (its AvgPool
+    validation); GlobalAveragePool is the same mean, which both run."""
+    dims = _static_dims(node.inputs[0]) if node.inputs and node.inputs[0] is not None else None
+    kernel = list(attribute(node, "kernel_shape", []) or [])
+    if dims is None or len(dims) < 3 or len(kernel) != len(dims) - 2:
+        return None
+    if str(attribute(node, "auto_pad", "NOTSET") or "NOTSET") != "NOTSET" \
+            or any(attribute(node, "pads", []) or []) or any(d != 1 for d in attribute(node, "dilations", []) or []):
+        return None
+    strides = list(attribute(node, "strides", []) or [1] * len(kernel))
+    rounding = math.ceil if attribute(node, "ceil_mode", 0) else math.floor
+    spatial = dims[2:]
+    if any(k < d for k, d in zip(kernel, spatial, strict=True)) or any(
+            rounding((d - k) / s) + 1 != 1 for d, k, s in zip(spatial, kernel, strides, strict=True)):
+        return None
+    pooled = edit.node("GlobalAveragePool", [node.inputs[0]], f"{_base(node)}_global")
+    return Replacement(remove=[node], add=[pooled], replaces=_out(node))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Target-friendly rewrites, chosen in the recipe
 

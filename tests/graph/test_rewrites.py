@@ -167,3 +167,38 @@ def test_consecutive_reshapes_with_a_static_result_become_one(shape: list, fused
     assert _ops(rewritten) == (["Reshape"] if fused else ["Reshape", "Unsqueeze"])
     x = RNG.standard_normal((2, 12)).astype(np.float32)
     np.testing.assert_array_equal(_run(rewritten, x), _run(model, x))
+
+
+def _average_pool(kernel: int, *, ceil_mode: int = 1, pads: tuple[int, ...] = (0, 0, 0, 0)) -> onnx.ModelProto:
+    """x [1, 4, 5, 5] -> AveragePool(kernel x kernel, stride kernel): transformers' EfficientNet pooling form."""
+    return _model([helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[kernel, kernel],
+                                    strides=[kernel, kernel], ceil_mode=ceil_mode, count_include_pad=1,
+                                    pads=list(pads))], [1, 4, 5, 5], None)
+
+
+def test_an_average_pool_over_its_whole_input_becomes_global_and_openvino_reads_it() -> None:
+    """OpenVINO refused to read transformers' EfficientNet (a 2560-wide window over a 2x2 map); ONNX Runtime
+    computes the map's mean, which GlobalAveragePool is."""
+    import openvino as ov
+
+    model = _average_pool(16)
+    x = RNG.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    rewritten, report = _rewritten(onnx.shape_inference.infer_shapes(model), default_names())
+    assert [node.op_type for node in rewritten.graph.node] == ["GlobalAveragePool"]
+    assert report.as_findings()["applied"] == {"whole_window_average_pool": 1}
+    np.testing.assert_allclose(_run(rewritten, x), _run(model, x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_run(rewritten, x)[0, :, 0, 0], x[0].mean(axis=(1, 2)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(Exception, match=r"AveragePool|AvgPool"):
+        ov.Core().read_model(model.SerializeToString(), b"")
+    ov.Core().read_model(rewritten.SerializeToString(), b"")
+
+
+@pytest.mark.parametrize(("kernel", "ceil_mode", "pads"), [(3, 1, (0, 0, 0, 0)), (5, 1, (1, 1, 1, 1)),
+                                                           (5, 0, (0, 0, 0, 0))])
+def test_average_pools_that_are_not_one_window_stay(kernel: int, ceil_mode: int, pads: tuple[int, ...]) -> None:
+    rewritten, _ = _rewritten(onnx.shape_inference.infer_shapes(_average_pool(kernel, ceil_mode=ceil_mode,
+                                                                              pads=pads)), default_names())
+    if (kernel, pads) == (5, (0, 0, 0, 0)):  # a 5x5 window over 5x5, no pads: one window, also global
+        assert [node.op_type for node in rewritten.graph.node] == ["GlobalAveragePool"]
+    else:
+        assert [node.op_type for node in rewritten.graph.node] == ["AveragePool"]
