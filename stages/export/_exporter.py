@@ -36,9 +36,9 @@ log = logging.getLogger(__name__)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 _QUIET_LOGGERS = ("torch.onnx", "torch._dynamo", "torch.export", "onnxscript")
+"""What dynamo logs while it works (opset notes, skipped torchvision ops): qdeploy reports the outcome itself."""
 MAX_TRACE_WARNINGS = 10
 """Distinct tracer warnings the findings keep (the log line counts them all)."""
-"""What dynamo logs while it works (opset notes, skipped torchvision ops): qdeploy reports the outcome itself."""
 
 
 def recommended_exporter(torch: Any) -> tuple[str, str]:
