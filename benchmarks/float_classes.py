@@ -29,18 +29,14 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.int8_peers import nncf_artifacts  # noqa: E402
 from benchmarks.openvino_layers import depthwise_convs  # noqa: E402
-from benchmarks.openvino_placement import _compiled, _cosine, build_replacing, measure  # noqa: E402
-from qdeploy.calibration import DatasetSpec, data_context  # noqa: E402
+from benchmarks.openvino_placement import _compiled, _cosine, build_replacing, calibrated, measure  # noqa: E402
 from qdeploy.stages.quantize.ptq import _ptq  # noqa: E402
-from qdeploy.stages.quantize.ptq._prepare import prepare  # noqa: E402
-from tests.real_recipes import Sizes, write_recipe  # noqa: E402
 
 POOLS = frozenset({"GlobalAveragePool", "ReduceMean"})
 GATE_OPS = frozenset({"Conv", "Gemm", "MatMul", "Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Mul", "Add",
@@ -95,13 +91,7 @@ def cosines(path: Path, source: Path, val: list[dict]) -> str:
 
 
 def run_model(name: str, folder: Path, rounds: int, per_block: bool) -> list[str]:
-    recipe = yaml.safe_load(write_recipe(name, folder, Sizes(calib=16, val=8)).read_text())
-    source = Path(recipe["model"]["onnx"])
-    ctx = data_context("bench", folder, datasets={key: DatasetSpec(**spec) for key, spec in recipe["data"].items()},
-                       resolve=lambda path: folder / path)
-    calib, val = list(ctx.samples("calib", source, 16)), list(ctx.samples("val", source, 8))
-    prepared = prepare(source, folder).path
-    ranges, _ = _ptq.calibrate(prepared, list(_ptq.BALANCED_OP_TYPES), lambda: iter(calib), folder, "minmax", 99.999)
+    source, calib, val, prepared, ranges = calibrated(name, folder)
     blocks = se_blocks(prepared)
     gates = [member for _, members in blocks for member in members]
     kept = {"new": [], "float gates": gates, "float gates and pools": gates + [pool for pool, _ in blocks],

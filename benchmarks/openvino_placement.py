@@ -114,15 +114,20 @@ def measure(models: dict[str, Path], val: list[dict], rounds: int,
                    statistics.median(times[name])) for name in models}
 
 
-def run_model(name: str, folder: Path, rounds: int, without: tuple[str, ...] = ()) -> list[str]:
-    recipe_path = write_recipe(name, folder, Sizes(calib=16, val=8))
-    recipe = yaml.safe_load(recipe_path.read_text())
+def calibrated(name: str, folder: Path) -> tuple[Path, list[dict], list[dict], Path, dict]:
+    """A corpus model's source, 16 calibration and 8 validation samples, prepared model and minmax ranges."""
+    recipe = yaml.safe_load(write_recipe(name, folder, Sizes(calib=16, val=8)).read_text())
     source = Path(recipe["model"]["onnx"])
     ctx = data_context("bench", folder, datasets={key: DatasetSpec(**spec) for key, spec in recipe["data"].items()},
                        resolve=lambda path: folder / path)
     calib, val = list(ctx.samples("calib", source, 16)), list(ctx.samples("val", source, 8))
     prepared = prepare(source, folder).path
     ranges, _ = _ptq.calibrate(prepared, list(_ptq.BALANCED_OP_TYPES), lambda: iter(calib), folder, "minmax", 99.999)
+    return source, calib, val, prepared, ranges
+
+
+def run_model(name: str, folder: Path, rounds: int, without: tuple[str, ...] = ()) -> list[str]:
+    source, calib, val, prepared, ranges = calibrated(name, folder)
     models = {"fp32": source, "old": build(prepared, ranges, folder / "old.onnx", old=True),
               "new": build(prepared, ranges, folder / "new.onnx", old=False),
               "new+signed": build(prepared, ranges, folder / "signed.onnx", old=False, signed=True)}

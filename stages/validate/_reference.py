@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from qdeploy.core.compare import as_array
 from qdeploy.core.errors import ModelError, RecipeError
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.utils import graph_inputs
@@ -57,8 +58,6 @@ def unvarying_outputs(reference_outputs: Outputs, label: str) -> list[str]:
     """Warnings for the reference's float outputs that are zero everywhere, or the same on every sample: a
     comparison with such an output passes a wrong artifact as readily as a right one (a freshly initialised
     classifier head gives zeros; an output the data does not reach gives one value)."""
-    from qdeploy.core.compare import as_array
-
     found = []
     for name in reference_outputs[0] if reference_outputs else {}:
         try:
