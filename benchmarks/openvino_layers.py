@@ -67,20 +67,18 @@ def profile(path: Path, feed: dict, runs: int) -> tuple[float, dict[tuple[str, s
 
 
 def depthwise_convs(path: Path) -> list[str]:
-    """Names of the Conv nodes whose ``group`` equals their channels (a ``[C, 1, ...]`` weight, initializer or
-    Constant)."""
+    """Names of the depthwise Conv nodes (the quantize stage's ``_depthwise_convs``), weights in initializers or
+    Constant nodes."""
     import onnx
 
+    from qdeploy.stages.quantize.ptq._depthwise import _depthwise_convs
+
     model = onnx.load(str(path))
-    weights = {init.name: list(init.dims) for init in model.graph.initializer}
-    weights.update((node.output[0], list(node.attribute[0].t.dims)) for node in model.graph.node
-                   if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value")
-    found = []
-    for node in model.graph.node:
-        group = next((attr.i for attr in node.attribute if attr.name == "group"), 1)
-        if node.op_type == "Conv" and group > 1 and weights.get(node.input[1], [])[:2] == [group, 1]:
-            found.append(node.name)
-    return found
+    shapes = {init.name: tuple(init.dims) for init in model.graph.initializer}
+    shapes.update((node.output[0], tuple(node.attribute[0].t.dims)) for node in model.graph.node
+                  if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value")
+    producer = {out: node for node in model.graph.node for out in node.output}
+    return [conv.name for conv, _ in _depthwise_convs(model, producer, shapes)]
 
 
 def lines(name: str, built: dict[str, Any], runs: int, feed: dict) -> list[str]:

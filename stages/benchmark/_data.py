@@ -27,7 +27,7 @@ from qdeploy.calibration.batches import (
     explain_batch_failure,
     make_batch,
 )
-from qdeploy.calibration.readers import model_inputs, random_samples
+from qdeploy.calibration.readers import inputs_of, model_inputs, random_samples
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.integer_inputs import SIZE_HIGH, safe_integer_ranges
 from qdeploy.targets import short_message
@@ -90,11 +90,12 @@ def read_data(ctx: StageContext, requested: str | None, model_path: Path, batch_
 
 
 def _random_data(ctx: StageContext, model_path: Path, source: str, count: int) -> BenchData:
-    inputs = model_inputs(model_path)
+    model = load_model(model_path, load_external_data=False)
+    inputs = inputs_of(model)
     declared = dict(ctx.input_ranges)
-    from_graph = {name: span for name, span in
-                  safe_integer_ranges(load_model(model_path, load_external_data=False), unknown=None).items()
+    from_graph = {name: span for name, span in safe_integer_ranges(model, unknown=None).items()
                   if not any(bound is not None for bound in declared.get(name, (None, None)))}
+    del model  # the graph is not held while samples are made
     samples = list(random_samples(inputs, count, seed=0, ranges={**declared, **from_graph}))
     notes = []
     for info in inputs:
