@@ -162,7 +162,8 @@ def _refuse_float16(model: onnx.ModelProto, ctx: StageContext) -> None:
     if present:
         raise StageError(STAGE, ctx.variant, f"the model already holds float16 tensors or Casts ({present[:5]}); "
                                              "converting again would stack clamping and Casts: give the stage the "
-                                             "float32 model")
+                                             "float32 model, or drop the fp16 step (the model's own variant runs "
+                                             "it in float16 already)")
 
 
 def _check_node_names(model: onnx.ModelProto, names: list[str], ctx: StageContext) -> None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal
 from qdeploy.core.context import StageContext
 from qdeploy.core.errors import StageError
 from qdeploy.core.runtimes import runtime_of_target, runtime_of_variant
+from qdeploy.graph.external_data import save_onnx
 from qdeploy.stages.quantize.config import STAGE, DynamicConfig, ModeConfig, NncfPtqConfig, PtqConfig
 from qdeploy.stages.quantize.ptq._prepare import (
     QUANTIZED_OP_TYPES,
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
     import onnx
 
 
-__all__ = ["SevenBit", "check_runs", "openvino_only", "openvino_runs", "quantized_node_counts", "resolve_reduce_range"]
+__all__ = ["SevenBit", "check_runs", "openvino_only", "openvino_runs", "quantized_node_counts", "resolve_reduce_range",
+           "save_stage_model", "saved_path"]
 
 SevenBit = Literal["none", "weights", "activations", "choose"]
 
@@ -139,3 +141,15 @@ def check_runs(output: Path, config: ModeConfig, ctx: StageContext) -> None:
             hint = "; this ONNX Runtime lacks a ConvInteger kernel for these types: try weight_type uint8 or " \
                    "op_types [MatMul, Gemm]"
         raise StageError(STAGE, ctx.variant, f"the quantized model does not load in ONNX Runtime: {exc}{hint}") from exc
+
+
+def save_stage_model(model: onnx.ModelProto, path: Path) -> Path:
+    save_onnx(model, path)  # a large model's weights move to the data file: the proto no longer holds them
+    return path
+
+
+def saved_path(model: onnx.ModelProto, path: Path) -> Path | None:
+    """The saved file when the model's weights now live in its external data (the runner adopts it)."""
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    return path if any(uses_external_data(tensor) for tensor in _get_all_tensors(model)) else None

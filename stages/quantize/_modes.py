@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.context import StageResult
 from qdeploy.core.errors import StageError
-from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES, save_onnx
+from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES
 from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.stages.quantize._common import (
     SevenBit,
@@ -21,6 +21,8 @@ from qdeploy.stages.quantize._common import (
     openvino_runs,
     quantized_node_counts,
     resolve_reduce_range,
+    save_stage_model,
+    saved_path,
 )
 from qdeploy.stages.quantize.config import (
     STAGE,
@@ -83,7 +85,13 @@ def post_training(artifact: Artifact, config: Integer, ctx: StageContext) -> Sta
     """ptq or dynamic: prepare, calibrate (ptq), build, meet the budget when one is set, verify kernels."""
 
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize.ptq._prepare import MIN_OPSET, drop_unused_opsets, excluded_nodes, prepare
+    from qdeploy.stages.quantize.ptq._prepare import (
+        MIN_OPSET,
+        drop_unused_opsets,
+        excluded_nodes,
+        prepare,
+        restore_half_weights,
+    )
 
     ctx.on_progress("preparing the float model")
     prepared = prepare(artifact.path, ctx.work_dir)
@@ -114,6 +122,7 @@ def post_training(artifact: Artifact, config: Integer, ctx: StageContext) -> Sta
     else:
         ctx.on_progress("writing the quantized model")
         model, kept = built.build([]), []
+    restore_half_weights(model, prepared.half_weights)
     drop_unused_opsets(model)
     gemm = _route_convs(model, config, ctx) if isinstance(config, PtqConfig) else None
     found = partial(_post_training_findings, config, prepared, built, smooth_quant=smoothed, budget=budget,
@@ -155,13 +164,13 @@ def _checked(model: onnx.ModelProto, seven_bit: SevenBit, findings: Callable[...
     per target; what any ptq or dynamic build (qdeploy's or NNCF's) ends with.  ``findings`` takes the counts."""
     name_nodes_uniquely(model)  # the quantizer derives node names from the model's: no two alike, none empty
     _mark_seven_bit(model, seven_bit)
-    output = _save(model, ctx.work_dir / "quantized.onnx")
+    output = save_stage_model(model, ctx.work_dir / "quantized.onnx")
     check_runs(output, config, ctx)
     path, warning = int8_saturation(model, ctx.targets, weights_from_model=False,
                                     activations_seven_bit=seven_bit == "activations")
     ctx.on_progress("counting int8 kernels")
     kernels = int8_kernels(output, model, list(config.verify_targets), ctx.work_dir)
-    return StageResult(model=model, changed=True, path=_saved_path(model, output),
+    return StageResult(model=model, changed=True, path=saved_path(model, output),
                        findings=findings(quantized_nodes=quantized_node_counts(model),
                                          compute_nodes=compute_nodes(model), build_cpu_int8_path=path,
                                          int8_saturation_warning=warning, int8_kernels=kernels))
@@ -472,7 +481,7 @@ def lower(artifact: Artifact, config: LowerConfig, ctx: StageContext) -> StageRe
     # as for ptq: OpenVINO rewrites a zero point shared by several dequantizations for all its readers
     unshared = unshare_qdq_parameters(lowered) if result.sites else None
     moved = moved_where_openvino_runs(lowered, ctx.variant, ctx.targets)  # exact: no int8 at a Concat for OpenVINO
-    output = _save(lowered, ctx.work_dir / "lowered.onnx")
+    output = save_stage_model(lowered, ctx.work_dir / "lowered.onnx")
     check_runs(output, config, ctx)
     dataset = config.calibration.data if config.calibration else None
     limit = config.calibration.samples if config.calibration else VERIFY_SAMPLES
@@ -485,16 +494,4 @@ def lower(artifact: Artifact, config: LowerConfig, ctx: StageContext) -> StageRe
                              quantized_nodes=quantized_node_counts(lowered), build_cpu_int8_path=path,
                              int8_saturation_warning=warning, uint8_at_concats=moved,
                              int8_kernels=int8_kernels(output, lowered, list(config.verify_targets), ctx.work_dir))
-    return StageResult(model=lowered, changed=result.sites > 0, findings=findings, path=_saved_path(lowered, output))
-
-
-def _save(model: onnx.ModelProto, path: Path) -> Path:
-    save_onnx(model, path)  # a large model's weights move to the data file: the proto no longer holds them
-    return path
-
-
-def _saved_path(model: onnx.ModelProto, path: Path) -> Path | None:
-    """The saved file when the model's weights now live in its external data (the runner adopts it)."""
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    return path if any(uses_external_data(tensor) for tensor in _get_all_tensors(model)) else None
+    return StageResult(model=lowered, changed=result.sites > 0, findings=findings, path=saved_path(lowered, output))

@@ -263,6 +263,8 @@ class PreparedNotes(Findings):
     gemm_bias_moved_to_add: int | None = None
     opset: str | None = None
     """How the opset was raised, when it was."""
+    half_precision: str | None = None
+    """A float16 or bfloat16 model made float32 inside before quantizing, when it was."""
     subgraphs_left_float: list[SubgraphLeftFloat] | None = None
 
 
@@ -345,6 +347,8 @@ class NncfPtqFindings(Int8Findings):
     per_tensor_depthwise: list[str] | None = None
     """The depthwise convolutions whose per-channel input pair (NNCF's) was rewritten as a rescaling Mul and one
     scale, which ONNX Runtime can run (``stages/quantize/ptq/_depthwise.py``)."""
+    half_precision: str | None = None
+    """A float16 or bfloat16 model made float32 inside before NNCF quantized it, when it was."""
 
 
 class LoweringNotes(Findings):

@@ -9,7 +9,7 @@ near 1e-7 is all such steps (PP-OCRv4 seal det on images without a seal: the ori
 float64 on ``ort:cpu``), so a simplified copy there whose logits moved by 2e-4 lands on other steps (cosine 0.85
 against the original).  Blaming the row for the reference's own error would fail a faithful artifact.
 
-So the reference is also evaluated in float64 (``qdeploy.graph.float64``: onnx's reference evaluator) on the
+So the reference is also evaluated in float64 (``qdeploy.graph.widen``: onnx's reference evaluator) on the
 samples where the two disagree most.  The row passes, and says so (its metrics stay those against ``ort:cpu``;
 ``arbitrated`` holds both sides against float64), where it holds the float32 limits against float64 and the
 reference does not (verdict ``reference``), or where neither does and the row is no further from float64 than
@@ -30,7 +30,7 @@ import numpy as np
 from qdeploy.core.compare import compare_outputs
 from qdeploy.core.files import external_data_files
 from qdeploy.core.onnx_wire import load_model
-from qdeploy.graph.float64 import to_float64
+from qdeploy.graph.widen import to_float64
 from qdeploy.stages.validate._common import worst_samples
 from qdeploy.targets.evaluator import build_evaluator, run_evaluator
 

@@ -22,6 +22,7 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import save_with_data_file
 from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.graph.utils import default_opset, subgraphs
+from qdeploy.graph.widen import half_to_float32, half_weights, holds_half, narrow_weights
 from qdeploy.stages.quantize.findings import PreparedNotes, SubgraphLeftFloat
 from qdeploy.stages.quantize.ptq._bias import vector_gemm_biases
 from qdeploy.stages.quantize.ptq._preprocess import onnx_shapes, optimize_file, symbolic_shapes, tag_pre_processed
@@ -55,6 +56,8 @@ class Prepared:
     original_nodes: frozenset[str]
     """Main-graph node names of the model before pre-processing (it may fuse some away)."""
     opset: int
+    half_weights: dict[str, int]
+    """A float16 or bfloat16 model's weights, name -> element type: what stays float is stored so again."""
 
 
 def is_quantized_op(node: onnx.NodeProto) -> bool:
@@ -115,6 +118,7 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     of the weights at a time (``_preprocess``)."""
 
     model = load_model(source)
+    widened, halves = float32_inside(model)
     # ORT's optimizer refuses repeated node names, and exclusions and the budget find nodes by name
     named = name_nodes_uniquely(model).changed
     original_nodes = frozenset(node.name for node in model.graph.node)
@@ -143,13 +147,35 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     if subgraphs:
         log.warning("%d nodes hold subgraphs; their bodies stay float", len(subgraphs))
     findings = PreparedNotes(preprocess=f"partly: {failed}" if failed else "complete", constants_lifted=lifted,
-                             nodes_named=named, opset=opset_note or None, subgraphs_left_float=subgraphs or None,
+                             nodes_named=named, opset=opset_note or None, half_precision=widened,
+                             subgraphs_left_float=subgraphs or None,
                              **biases)
     nodes = {node.name: node.op_type for node in model.graph.node}
     opset = default_opset(model)
     del model
     gc.collect()  # the quantizer loads it again; ORT's objects leave cycles holding parts of it
-    return Prepared(target, findings, nodes, original_nodes, opset)
+    return Prepared(target, findings, nodes, original_nodes, opset, halves)
+
+
+def float32_inside(model: onnx.ModelProto) -> tuple[str | None, dict[str, int]]:
+    """A float16 or bfloat16 model made float32 inside (in place), its inputs and outputs keeping their types; a
+    note on it (None for a float32 model) and its half weights' types by name.  Float16 scales need opset 19,
+    ORT's calibration reads float32, and CPUs compute most float16 ops in float32 anyway."""
+    if not holds_half(model):
+        return None, {}
+    halves = half_weights(model)
+    kept = half_to_float32(model)
+    note = (f"float16/bfloat16 made float32 before quantizing (exact); {kept} inputs and outputs keep their "
+            "type through a Cast")
+    log.info("the model holds float16 or bfloat16 values: %s", note)
+    return note, halves
+
+
+def restore_half_weights(model: onnx.ModelProto, half_weights: dict[str, int]) -> None:
+    """A float16/bfloat16 source's weights that stayed float go back to their type (``float32_inside``)."""
+    narrowed = narrow_weights(model, half_weights)
+    if narrowed:
+        log.info("%d weights left float are stored in their source's half type again", narrowed)
 
 
 def _declares_default_domain(model: onnx.ModelProto) -> bool:
