@@ -114,7 +114,7 @@ def post_training(artifact: Artifact, config: Integer, ctx: StageContext) -> Sta
 
         ctx.on_progress("smoothing activations (SmoothQuant)")  # auto: searched before the budget ranks nodes
         float_path, smoothed = smoothed_for_ptq(prepared.path, _calibration_feeds(artifact, config, ctx, unseen),
-                                                config, _op_types(config), set(excluded), ctx, budget_feeds)
+                                                config, _op_types(config, ctx), set(excluded), ctx, budget_feeds)
     built = _builder(artifact, float_path, excluded, config, ctx, skip=unseen)
     budget = None
     if config.tolerance is not None:
@@ -219,7 +219,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     from qdeploy.stages.quantize.ptq._ptq import DynamicBuilder, StaticBuilder, calibrate, uint8_concats_note
     from qdeploy.stages.quantize.ptq._shared_ranges import RangeSettings, shared_calibration
 
-    op_types = _op_types(config)
+    op_types = _op_types(config, ctx)
     seven_bit, why = resolve_reduce_range(config, ctx.targets)
     if isinstance(config, DynamicConfig):
         return _Built(DynamicBuilder(prepared, excluded, ctx.work_dir, per_channel=config.per_channel,
@@ -359,14 +359,15 @@ def _reduce_range_finding(config: Integer, seven_bit: str, why: str) -> ReduceRa
     return ReduceRangeRecord(setting=config.reduce_range, seven_bit=seven_bit, why=why)
 
 
-def _op_types(config: Integer) -> list[str]:
-    """Op types to quantize: the config's, or the op set's (dynamic: ORT's integer ops), minus excluded types."""
+def _op_types(config: Integer, ctx: StageContext) -> list[str]:
+    """Op types to quantize: the config's, or the op set's (dynamic: ORT's integer ops that every target reads),
+    minus excluded types."""
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize.ptq._ptq import default_op_types
 
     op_set = config.op_set if isinstance(config, PtqConfig) else "balanced"
-    chosen = config.op_types if config.op_types is not None else default_op_types(config.mode, config.weight_type,
-                                                                                   op_set)
+    chosen = config.op_types if config.op_types is not None else default_op_types(
+        config.mode, config.weight_type, op_set, openvino=openvino_runs(ctx.variant, ctx.targets))
     return [op for op in chosen if op not in config.exclude_op_types]
 
 

@@ -65,6 +65,10 @@ runs each chain as a separate kernel when a Q/DQ pair cuts it off (PP-OCRv4 rec:
 ONNX Runtime wants the Q right after the Conv instead (QLinearConv)."""
 # ConvInteger has no int8-weight kernel in ONNX Runtime's CPU provider: dynamic mode leaves Conv out for int8 weights
 _DYNAMIC_INT8_SKIPPED = frozenset({"Conv"})
+OPENVINO_UNREADABLE_DYNAMIC = {"Attention": "QAttention", "EmbedLayerNormalization": "QEmbedLayerNormalization"}
+"""ONNX Runtime's fused ops (its transformer optimizer's) whose integer form from dynamic mode OpenVINO has no
+conversion rule for (2026.4: "No conversion rule found for operations: com.microsoft.QAttention, ..."); their
+float forms it reads, and their MatMuls quantize where they are not fused."""
 
 
 BALANCED_OP_TYPES = (
@@ -78,13 +82,16 @@ Q/DQ around those as extra FakeQuantize layers (slower than float32 on MobileNet
 ONNX Runtime would fuse some of them (QLinearAdd...), which op set 'onnxruntime' keeps."""
 
 
-def default_op_types(mode: str, weight_type: str, op_set: str = "balanced") -> list[str]:
-    """Op types of a mode: the op set's for ptq, ONNX Runtime's integer ops for dynamic."""
+def default_op_types(mode: str, weight_type: str, op_set: str = "balanced", *, openvino: bool = False) -> list[str]:
+    """Op types of a mode: the op set's for ptq, ONNX Runtime's integer ops for dynamic (less those OpenVINO cannot
+    read in their integer form, where ``openvino`` may run the model)."""
     from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
 
     if mode == "ptq":
         return list(BALANCED_OP_TYPES) if op_set == "balanced" else sorted(set(QDQRegistry) | set(QLinearOpsRegistry))
     skipped = _DYNAMIC_INT8_SKIPPED if weight_type == "int8" else frozenset()
+    if openvino:
+        skipped |= set(OPENVINO_UNREADABLE_DYNAMIC)
     return sorted(set(IntegerOpsRegistry) - skipped)
 
 
