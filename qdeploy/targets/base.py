@@ -15,12 +15,19 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.utils import graph_inputs
 from qdeploy.targets.bound import BoundCall
 
-__all__ = ["ExecutionInfo", "ExecutionInfoDict", "Session", "TargetAdapter", "TargetFellBack", "check_feeds",
-           "not_here", "onnx_io_names", "short_message"]
+__all__ = ["INT8_ORT_OPS", "ExecutionInfo", "ExecutionInfoDict", "Session", "TargetAdapter", "TargetFellBack",
+           "check_feeds", "not_here", "onnx_io_names", "short_message"]
 
 log = logging.getLogger(__name__)
 
 _MAX_MESSAGE = 700
+
+INT8_ORT_OPS = frozenset({
+    "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm", "QLinearAdd", "QLinearMul",
+    "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu",
+    "QLinearSoftmax", "QLinearWhere", "QLinearReduceMean", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+    "QAttention", "DynamicQuantizeLSTM", "QLinearConvTranspose"})
+"""ONNX Runtime kernels that compute in int8 (the QDQ fusions and the integer ops)."""
 
 
 

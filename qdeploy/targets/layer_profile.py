@@ -33,6 +33,7 @@ import numpy as np
 
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.targets import get_target
+from qdeploy.targets.base import INT8_ORT_OPS
 from qdeploy.targets.openvino_read import read_onnx
 
 if TYPE_CHECKING:
@@ -43,12 +44,6 @@ __all__ = ["LayerTime", "LayerTimeDict", "NodeIndex", "Profile", "complete_group
 
 log = logging.getLogger(__name__)
 
-INT8_ORT_OPS = frozenset({
-    "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm", "QLinearAdd", "QLinearMul",
-    "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu",
-    "QLinearSoftmax", "QLinearWhere", "QLinearReduceMean", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
-    "QAttention", "DynamicQuantizeLSTM", "QLinearConvTranspose"})
-"""ONNX Runtime kernels that compute in int8 (the QDQ fusions and the integer ops)."""
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 # ORT's graph transformers name what they make after a node: "_token_N", "_nchwc", ..., "node/QuickGeluFusion/"
 _ORT_SUFFIX = re.compile(

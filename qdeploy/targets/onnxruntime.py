@@ -18,6 +18,7 @@ import numpy as np
 from qdeploy.core.compare import as_arrays
 from qdeploy.core.errors import DataError, ModelError
 from qdeploy.targets.base import (
+    INT8_ORT_OPS,
     ExecutionInfo,
     Session,
     TargetAdapter,
@@ -251,7 +252,13 @@ def _profile_kernels(events: list[OrtProfileEvent]) -> list[OrtKernelArgs]:
 
 
 def _kernel_precision(args: OrtKernelArgs) -> str:
-    """The element type a kernel computes in: that of its first input (of its first output when it has none)."""
+    """The element type a kernel computes in: that of its first input (of its first output when it has none); an
+    integer kernel fed float (DynamicQuantizeMatMul quantizes its input inside) computes in its weight's type."""
+    if args.get("op_name") in INT8_ORT_OPS:
+        types = [next(iter(shape)) for shape in args.get("input_type_shape") or [] if isinstance(shape, dict) and shape]
+        eight_bit = next((name for name in types if name in ("int8", "uint8")), None)
+        if eight_bit is not None:
+            return _ORT_TYPE_NAMES[eight_bit]
     for key in ("input_type_shape", "output_type_shape"):
         shapes = args.get(key) or []
         if shapes and isinstance(shapes[0], dict) and shapes[0]:

@@ -359,15 +359,15 @@ def _reduce_range_finding(config: Integer, seven_bit: str, why: str) -> ReduceRa
     return ReduceRangeRecord(setting=config.reduce_range, seven_bit=seven_bit, why=why)
 
 
-def _op_types(config: Integer, ctx: StageContext) -> list[str]:
-    """Op types to quantize: the config's, or the op set's (dynamic: ORT's integer ops that every target reads),
-    minus excluded types."""
+def _op_types(config: Integer, ctx: StageContext | None = None) -> list[str]:
+    """Op types to quantize: the config's, or the op set's (dynamic: ORT's integer ops that the stage's targets
+    read), minus excluded types."""
     # lazy: pulls onnxruntime (import cost)
     from qdeploy.stages.quantize.ptq._ptq import default_op_types
 
     op_set = config.op_set if isinstance(config, PtqConfig) else "balanced"
     chosen = config.op_types if config.op_types is not None else default_op_types(
-        config.mode, config.weight_type, op_set, openvino=openvino_runs(ctx.variant, ctx.targets))
+        config.mode, config.weight_type, op_set, openvino=ctx is not None and openvino_runs(ctx.variant, ctx.targets))
     return [op for op in chosen if op not in config.exclude_op_types]
 
 

@@ -253,6 +253,25 @@ def test_ort_precisions_count_float_kernels(mlp_path: Path) -> None:
     assert session.executed.precisions == {"FP32": session.executed.node_counts["CPUExecutionProvider"]}
 
 
+def test_ort_counts_an_integer_kernel_fed_float_in_its_weights_type(tmp_path: Path) -> None:
+    """DynamicQuantizeMatMul (dynamic int8, fused by ORT) reads a float input and int8 weights: an int8 kernel,
+    which the report used to show as float32 ("fp32+i64 kernels" for a dynamic int8 BERT)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+                              [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w")])
+    source, quantized = tmp_path / "mm.onnx", tmp_path / "mm_int8.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(source))
+    quantize_dynamic(str(source), str(quantized), weight_type=QuantType.QInt8)
+    session = get_target("ort:cpu").load(quantized)
+    session.run({"x": rng.standard_normal((2, 64)).astype(np.float32)})
+    assert session.executed.op_types == {"DynamicQuantizeMatMul": 1}
+    assert session.executed.precisions == {"I8": 1}
+
+
 def test_openvino_precision_with_and_without_the_f32_hint(mlp_path: Path) -> None:
     """Pinned: f32 everywhere. Unpinned: the plugin's default, bf16 where the CPU has it.
 
