@@ -146,7 +146,6 @@ def check_feedable_inputs(model: onnx.ModelProto) -> None:
     """Every real input is a tensor of a type qdeploy can build data for (numbers or booleans)."""
     import onnx
 
-
     initializers = {init.name for init in model.graph.initializer}
     for value in model.graph.input:
         if value.name in initializers:
@@ -159,8 +158,18 @@ def check_feedable_inputs(model: onnx.ModelProto) -> None:
         if elem not in FEEDABLE_TYPES:
             name = onnx.TensorProto.DataType.Name(elem) if elem in onnx.TensorProto.DataType.values() else elem
             raise ModelError(f"input '{value.name}' is a tensor of {name}; qdeploy feeds numeric and bool "
-                             "tensors only (its calibration, validation and benchmarks build such data): move "
-                             "string processing such as tokenization out of the model")
+                             f"tensors only (its calibration, validation and benchmarks build such data): "
+                             f"{_unfeedable_hint(elem)}")
+
+
+def _unfeedable_hint(elem_type: int) -> str:
+    from onnx import TensorProto
+
+    if elem_type == TensorProto.STRING:
+        return "move string processing such as tokenization out of the model"
+    # bfloat16, float8, 4-bit: numpy has no such type, and ONNX Runtime's CPU provider few kernels for them
+    return ("export the float32 model instead (torch: model.float() before exporting); qdeploy's fp16 step and "
+            "int8 quantization make the reduced-precision artifacts from it")
 
 
 def check_declared_shapes(model: onnx.ModelProto) -> list[str]:

@@ -177,7 +177,14 @@ def test_an_input_too_large_to_sample_is_refused_with_the_estimate(tmp_path: Pat
 
 def test_a_string_input_is_refused_by_check(tmp_path: Path) -> None:
     recipe = recipe_with_model(tmp_path, _single_input_model(TensorProto.STRING))
-    assert_exit_2(qdeploy("check", str(recipe)), "model.onnx", "input 'x' is a tensor of STRING")
+    assert_exit_2(qdeploy("check", str(recipe)), "model.onnx", "input 'x' is a tensor of STRING", "tokenization")
+
+
+def test_a_bfloat16_input_is_refused_with_what_to_export_instead(tmp_path: Path) -> None:
+    recipe = recipe_with_model(tmp_path, _single_input_model(TensorProto.BFLOAT16))
+    code, stderr = qdeploy("check", str(recipe))
+    assert_exit_2((code, stderr), "input 'x' is a tensor of BFLOAT16", "export the float32 model")
+    assert "tokenization" not in stderr
 
 
 def test_a_negative_dimension_is_refused_by_check_unless_the_recipe_overrides_it(tmp_path: Path) -> None:
