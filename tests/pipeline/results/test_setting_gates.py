@@ -10,10 +10,10 @@ import onnx
 import pytest
 
 from qdeploy.core.errors import RecipeError
-from qdeploy.core.rows import BenchmarkRow
+from qdeploy.core.rows import BenchmarkRow, ValidationRow
 from qdeploy.pipeline.recipe.loader import load_recipe_file
 from qdeploy.pipeline.recipe.schema import GateSpec
-from qdeploy.pipeline.results.gates import evaluate_gates
+from qdeploy.pipeline.results.gates import evaluate_gates, run_passes, validations_hold
 from tests.helpers.models import write_recipe
 from tests.helpers.quantize import tiny_conv
 from tests.helpers.reports import bench_row
@@ -66,3 +66,19 @@ def test_a_settings_gate_is_measured_on_its_row_and_a_missing_row_says_why() -> 
     assert (on_row.value, on_row.passed) == (8.0, True)  # the f32 row, not int4's default-precision 12 ms
     assert (size.value, size.passed) == (800.0, True)  # the row runs int4's file
     assert missing.passed is False and "weight-only artifact" in missing.reason and "gate int8 itself" in missing.reason
+
+
+def _validated(variant: str, status: str) -> ValidationRow:
+    return ValidationRow(variant=variant, target="openvino:cpu", status=status,
+                         reason="output 'y': snr_db 19.74 < snr_db_min 20" if status == "failed" else "")
+
+
+def test_a_failed_device_default_row_fails_no_run_unless_a_gate_names_it() -> None:
+    """'exported@default' exists only on CPUs whose OpenVINO default is below float32 (a PP-OCRv4 seal detector
+    read 19.7 dB there against bf16's 20): the run's exit status must not depend on the CPU kind."""
+    rows = [_validated("exported", "passed"), _validated("exported@default", "failed"), _validated("int8", "passed")]
+    assert validations_hold(rows) and run_passes([], rows, [], [])
+    assert not validations_hold([*rows[:2], _validated("int8", "failed")])  # a recipe variant's failure still counts
+    gate = GateSpec(variant="exported@default", target="openvino:cpu", metric="cosine", min=0.999)
+    (result,) = evaluate_gates([gate], rows, [], "exported", [], {})
+    assert result.passed is False and not run_passes([result], rows, [], [])
