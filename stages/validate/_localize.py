@@ -54,6 +54,9 @@ INSTRUMENTED_NOTE = ("intermediate outputs exposed, which can stop fusions: the 
                      "instrumented graph")
 
 Feeds = Sequence[dict[str, np.ndarray]]
+SELECTION_OPS = frozenset({"NonMaxSuppression", "TopK", "ArgMax", "ArgMin", "NonZero", "Unique"})
+"""Ops that choose elements by comparing values: a near-tie decides, so their outputs jump where their inputs
+barely moved (a detector's in-graph NMS keeps another box of two with almost equal scores)."""
 
 
 class DivergenceDict(TypedDict):
@@ -90,7 +93,14 @@ class Divergence:
 
     def summary(self) -> str:
         node = f"'{self.node}'" if self.node else "(unnamed)"
-        return f"first diverging node {node} ({self.op_type}), tensor '{self.tensor}': {self.reason}"
+        said = f"first diverging node {node} ({self.op_type}), tensor '{self.tensor}': {self.reason}"
+        if self.op_type in SELECTION_OPS:
+            before = (f"the {self.compared - 1} tensors compared before it agree within the limits: "
+                      if self.compared > 1 else "")
+            said += (f"; {before}a selection by value flips where values nearly tie, and reduced precision moves "
+                     "them; judge what it selects with a task metric (validate.metric) or per-output limits "
+                     "(validate.outputs)")
+        return said
 
 
 @dataclass(frozen=True)
