@@ -34,6 +34,7 @@ from qdeploy.stages.export._factory import check_factory
 from qdeploy.stages.export._freeze import freeze_inputs
 from qdeploy.stages.export._inference import check_inferred_types, check_loads_in_onnxruntime
 from qdeploy.stages.export._intake import (
+    densify_sparse,
     initializers_out_of_inputs,
     inline_functions,
     merge_opset_imports,
@@ -94,6 +95,7 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: ExportRecor
     """Shape overrides, frozen inputs, opset conversion and the checks every later stage relies on; with
     ``confirm_runtime``, ONNX Runtime must load the result (when it is in memory with its weights)."""
     merge_opset_imports(model, findings)
+    densify_sparse(model, findings)
     initializers_out_of_inputs(model, {spec.name for spec in config.inputs or []}, findings)
     model = inline_functions(model, findings)
     findings["opset_in"] = default_opset(model)

@@ -1,5 +1,6 @@
 """What the export stage normalises in every model it takes in, before anything else reads it: one opset import per
-domain, weights no longer listed as graph inputs, and model-local functions expanded into their nodes."""
+domain, weights no longer listed as graph inputs, sparse weights dense, and model-local functions expanded into
+their nodes."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import logging
 from typing import TYPE_CHECKING
 
 from qdeploy.core.errors import ModelError
+from qdeploy.graph.utils import subgraphs
 
 if TYPE_CHECKING:
     import onnx
 
     from qdeploy.stages.export.findings import ExportRecord
 
-__all__ = ["initializers_out_of_inputs", "inline_functions", "merge_opset_imports", "raise_ir_version"]
+__all__ = ["densify_sparse", "initializers_out_of_inputs", "inline_functions", "merge_opset_imports",
+           "raise_ir_version"]
 
 log = logging.getLogger(__name__)
 
@@ -110,3 +113,44 @@ def inline_functions(model: onnx.ModelProto, findings: ExportRecord) -> onnx.Mod
     findings["functions_inlined"] = names
     log.info("inlined %d local function(s): %s", len(names), ", ".join(names[:5]))
     return inlined
+
+
+def densify_sparse(model: onnx.ModelProto, findings: ExportRecord) -> None:
+    """Sparse weights (``sparse_initializer``, a Constant's ``sparse_value``) written out dense, in every graph:
+    ONNX Runtime reads them, but shape inference types them as sparse tensors (the float16 checker refused the
+    model), ONNX Runtime's quantizer sees no initializer ("Graph is not a DAG") and NNCF no input.  Exact; the
+    file grows by the zeros."""
+    from onnx import AttributeProto, helper
+
+    names: list[str] = []
+    pending = [model.graph]
+    while pending:
+        graph = pending.pop()
+        for sparse in graph.sparse_initializer:
+            graph.initializer.append(_dense(sparse))
+            names.append(sparse.values.name)
+        del graph.sparse_initializer[:]
+        for node in graph.node:
+            pending.extend(subgraphs(node))
+            for index, attribute in enumerate(node.attribute):
+                if node.op_type == "Constant" and attribute.type == AttributeProto.SPARSE_TENSOR:
+                    node.attribute[index].CopyFrom(helper.make_attribute("value", _dense(attribute.sparse_tensor)))
+                    names.append(node.output[0])
+    if names:
+        findings["sparse_weights_densified"] = names
+        log.info("%d sparse weights written out dense (e.g. %s)", len(names), ", ".join(names[:3]))
+
+
+def _dense(sparse: onnx.SparseTensorProto) -> onnx.TensorProto:
+    """A sparse tensor's dense form: indices either linear ([NNZ]) or coordinates ([NNZ, rank])."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    values = numpy_helper.to_array(sparse.values)
+    indices = numpy_helper.to_array(sparse.indices).astype(np.int64) if sparse.indices.dims else np.zeros(0, np.int64)
+    dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
+    if indices.ndim == 2:
+        dense[tuple(indices.T)] = values
+    else:
+        dense.reshape(-1)[indices] = values
+    return numpy_helper.from_array(dense, sparse.values.name)

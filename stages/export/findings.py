@@ -170,6 +170,7 @@ class ExportRecord(TypedDict, total=False):
     functions_inlined: list[str] | None = None
     """The model-local functions (domain.name) expanded into their nodes."""
     weight_inputs_removed: int
+    sparse_weights_densified: list[str]
     ir_version_raised: str
     prelu_slopes_per_channel: list[str]
     decomposed_for_opset: dict[str, int]
@@ -212,6 +213,8 @@ class ExportFindings(Findings):
     """The model-local functions (domain.name) expanded into their nodes."""
     weight_inputs_removed: int | None = None
     """Initializers the model also listed as graph inputs (IR 3, ``keep_initializers_as_inputs``), listed no more."""
+    sparse_weights_densified: list[str] | None = None
+    """Sparse weights (``sparse_initializer``, a Constant's ``sparse_value``) written out dense."""
     ir_version_raised: str | None = None
     """'3 -> 7': a file below IR 4 (which lists weights as inputs) or below what its opsets need, raised."""
     decomposed_for_opset: dict[str, int] | None = None

@@ -357,3 +357,39 @@ def test_the_onnx_wheels_caffe2_squeezenet_loses_its_weight_inputs_and_converts_
     (tmp_path / "half").mkdir()
     half = fp16.run(artifact(tmp_path, result.model, "exported.onnx"), Fp16Config(), context(tmp_path / "half"))
     onnx.checker.check_model(half.model, full_check=True)
+
+
+def _with_sparse_weights() -> onnx.ModelProto:
+    """x [4, 16] @ w (a sparse_initializer, linear indices) + b (a Constant's sparse_value, coordinates) -> y."""
+    rng = np.random.default_rng(0)
+    dense = np.where(rng.random((16, 8)) < 0.8, 0.0, rng.standard_normal((16, 8))).astype(np.float32)
+    linear = np.flatnonzero(dense)
+    weight = helper.make_sparse_tensor(numpy_helper.from_array(dense.ravel()[linear], "w"),
+                                       numpy_helper.from_array(linear.astype(np.int64), "w_indices"), [16, 8])
+    bias = helper.make_sparse_tensor(numpy_helper.from_array(np.array([0.5, -1.5], np.float32), "b_values"),
+                                     numpy_helper.from_array(np.array([[0, 1], [0, 6]], np.int64), "b_indices"),
+                                     [1, 8])
+    nodes = [helper.make_node("Constant", [], ["b"], sparse_value=bias), helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "sparse", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    graph.sparse_initializer.append(weight)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_sparse_weights_are_written_out_dense_and_fp16_builds(tmp_path: Path) -> None:
+    """Before: the fp16 checker refused the model ("existing=tensor_type inferred=sparse_tensor_type") and ptq
+    failed inside ONNX Runtime's quantizer ("Graph is not a DAG")."""
+    from qdeploy.stages import fp16
+    from qdeploy.stages.fp16 import Fp16Config
+    from tests.helpers.fp16 import artifact, context
+
+    onnx.save(_with_sparse_weights(), tmp_path / "m.onnx")
+    result = _export(tmp_path, onnx=str(tmp_path / "m.onnx"))
+    assert result.findings.sparse_weights_densified == ["w", "b"]
+    assert not result.model.graph.sparse_initializer
+    x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
+    np.testing.assert_array_equal(_run(result.model, {"x": x})[0], _run(str(tmp_path / "m.onnx"), {"x": x})[0])
+    (tmp_path / "half").mkdir()
+    half = fp16.run(artifact(tmp_path, result.model, "exported.onnx"), Fp16Config(), context(tmp_path / "half"))
+    onnx.checker.check_model(half.model, full_check=True)
