@@ -89,8 +89,8 @@ def post_training(artifact: Artifact, config: Integer, ctx: StageContext) -> Sta
         MIN_OPSET,
         drop_unused_opsets,
         excluded_nodes,
+        give_back,
         prepare,
-        restore_half_weights,
     )
 
     ctx.on_progress("preparing the float model")
@@ -122,7 +122,7 @@ def post_training(artifact: Artifact, config: Integer, ctx: StageContext) -> Sta
     else:
         ctx.on_progress("writing the quantized model")
         model, kept = built.build([]), []
-    restore_half_weights(model, prepared.half_weights)
+    give_back(model, prepared.undone)
     drop_unused_opsets(model)
     gemm = _route_convs(model, config, ctx) if isinstance(config, PtqConfig) else None
     found = partial(_post_training_findings, config, prepared, built, smooth_quant=smoothed, budget=budget,

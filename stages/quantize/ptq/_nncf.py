@@ -24,7 +24,7 @@ from qdeploy.stages.quantize.config import STAGE, CalibrationRef
 from qdeploy.stages.quantize.findings import NncfPtqFindings
 from qdeploy.stages.quantize.ptq._concat_uint8 import moved_where_openvino_runs
 from qdeploy.stages.quantize.ptq._depthwise import per_tensor_at_depthwise
-from qdeploy.stages.quantize.ptq._prepare import float32_inside, restore_half_weights
+from qdeploy.stages.quantize.ptq._prepare import for_quantizer, give_back
 
 if TYPE_CHECKING:
     import onnx
@@ -70,7 +70,7 @@ def quantize_with_nncf(artifact: Artifact, config: NncfPtqConfig,
                                 types=list(config.exclude_op_types), validate=False)
     model_type = nncf.ModelType.TRANSFORMER if config.nncf_model_type == "transformer" else None
     source = onnx.load(str(artifact.path))
-    widened, halves = float32_inside(source)  # NNCF writes float16 scales too, which opset < 19 refuses
+    widened, undone = for_quantizer(source)  # NNCF writes float16 scales too, which opset < 19 refuses
     try:
         quantized = nncf.quantize(source, nncf.Dataset(samples), subset_size=len(samples),
                                   model_type=model_type, ignored_scope=ignored,
@@ -78,7 +78,7 @@ def quantize_with_nncf(artifact: Artifact, config: NncfPtqConfig,
     except Exception as exc:  # NNCF's own failure on this model, said as such
         raise StageError(STAGE, ctx.variant, f"NNCF could not quantize the model: {type(exc).__name__}: "
                                              f"{' '.join(str(exc).split())[:300]}") from exc
-    restore_half_weights(quantized, halves)
+    give_back(quantized, undone)
     moved = moved_where_openvino_runs(quantized, ctx.variant, ctx.targets)
     # its per-channel pairs before depthwise convolutions make ONNX Runtime's fused QLinearConv fail at run time
     rescaled = per_tensor_at_depthwise(quantized)

@@ -56,8 +56,19 @@ class Prepared:
     original_nodes: frozenset[str]
     """Main-graph node names of the model before pre-processing (it may fuse some away)."""
     opset: int
+    undone: Undone
+    """What preparing changed that the quantized model gets back."""
+
+
+@dataclass(frozen=True)
+class Undone:
+    """What making a model ready for a quantizer changed in its interface and weights, to be given back."""
+
     half_weights: dict[str, int]
     """A float16 or bfloat16 model's weights, name -> element type: what stays float is stored so again."""
+    passthrough_outputs: tuple[tuple[int, bytes], ...] = ()
+    """Graph outputs that are graph inputs (position, serialized ValueInfoProto): ORT's quantizer puts Q/DQ on
+    such an input and finds a cycle ("Graph is not a DAG"); they are listed again, in place, afterwards."""
 
 
 def is_quantized_op(node: onnx.NodeProto) -> bool:
@@ -118,7 +129,7 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     of the weights at a time (``_preprocess``)."""
 
     model = load_model(source)
-    widened, halves = float32_inside(model)
+    widened, undone = for_quantizer(model)
     # ORT's optimizer refuses repeated node names, and exclusions and the budget find nodes by name
     named = name_nodes_uniquely(model).changed
     original_nodes = frozenset(node.name for node in model.graph.node)
@@ -154,10 +165,40 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     opset = default_opset(model)
     del model
     gc.collect()  # the quantizer loads it again; ORT's objects leave cycles holding parts of it
-    return Prepared(target, findings, nodes, original_nodes, opset, halves)
+    return Prepared(target, findings, nodes, original_nodes, opset, undone)
 
 
-def float32_inside(model: onnx.ModelProto) -> tuple[str | None, dict[str, int]]:
+def for_quantizer(model: onnx.ModelProto) -> tuple[str | None, Undone]:
+    """The model made ready for ORT's or NNCF's quantizer, in place: float32 inside (``_float32_inside``) and no
+    input listed as an output; a note on the widening (None for a float32 model) and what to give back."""
+    widened, halves = _float32_inside(model)
+    outputs = list(model.graph.output)
+    inputs = {value.name for value in model.graph.input}
+    passthrough = tuple((index, value.SerializeToString()) for index, value in enumerate(outputs)
+                        if value.name in inputs)
+    if passthrough:
+        del model.graph.output[:]
+        model.graph.output.extend(value for value in outputs if value.name not in inputs)
+    return widened, Undone(halves, passthrough)
+
+
+def give_back(model: onnx.ModelProto, undone: Undone) -> None:
+    """The quantized model gets what ``for_quantizer`` took: half weights that stayed float in their type again,
+    and the inputs passed straight out listed as outputs where they were."""
+    import onnx
+
+    narrowed = narrow_weights(model, undone.half_weights)
+    if narrowed:
+        log.info("%d weights left float are stored in their source's half type again", narrowed)
+    if undone.passthrough_outputs:
+        outputs = list(model.graph.output)
+        for index, serialized in undone.passthrough_outputs:
+            outputs.insert(index, onnx.ValueInfoProto.FromString(serialized))
+        del model.graph.output[:]
+        model.graph.output.extend(outputs)
+
+
+def _float32_inside(model: onnx.ModelProto) -> tuple[str | None, dict[str, int]]:
     """A float16 or bfloat16 model made float32 inside (in place), its inputs and outputs keeping their types; a
     note on it (None for a float32 model) and its half weights' types by name.  Float16 scales need opset 19,
     ORT's calibration reads float32, and CPUs compute most float16 ops in float32 anyway."""
@@ -169,13 +210,6 @@ def float32_inside(model: onnx.ModelProto) -> tuple[str | None, dict[str, int]]:
             "type through a Cast")
     log.info("the model holds float16 or bfloat16 values: %s", note)
     return note, halves
-
-
-def restore_half_weights(model: onnx.ModelProto, half_weights: dict[str, int]) -> None:
-    """A float16/bfloat16 source's weights that stayed float go back to their type (``float32_inside``)."""
-    narrowed = narrow_weights(model, half_weights)
-    if narrowed:
-        log.info("%d weights left float are stored in their source's half type again", narrowed)
 
 
 def _declares_default_domain(model: onnx.ModelProto) -> bool:
