@@ -418,10 +418,16 @@ def _limit_reasons(m: OutputMetrics, tolerance: Tolerance, *, exact: bool, size:
     """One reason per tolerance limit this output breaks."""
     where = f"output '{m.name}'"
     if exact:
-        if m.within_tol is not None and m.within_tol < 1.0:
-            differing = round((1.0 - m.within_tol) * size)
+        if m.within_tol is None or m.within_tol >= 1.0:
+            return []
+        differing = round((1.0 - m.within_tol) * size)
+        share = differing / size if size else 1.0 - m.within_tol  # from counts: 1 - 0.98 is not 0.02
+        if tolerance.mismatch_max is None:
             return [f"{where}: {differing} of {size} integer/bool elements differ "
-                    f"(mismatch share {1.0 - m.within_tol:.4g}); they must match exactly"]
+                    f"(mismatch share {share:.4g}); they must match exactly"]
+        if share > tolerance.mismatch_max:
+            return [f"{where}: {differing} of {size} integer/bool elements differ "
+                    f"(mismatch share {_fmt(share, tolerance.mismatch_max)} > mismatch_max {tolerance.mismatch_max:g})"]
         return []
     reasons = []
     if tolerance.cosine_min is not None and m.cosine is not None and m.cosine < tolerance.cosine_min:

@@ -27,6 +27,10 @@ class Tolerance(StrictModel):
         default=None, ge=0.0, description="Relative part of the elementwise limit atol + rtol*|ref|."
     )
     top1_agreement_min: float | None = Field(default=None, ge=0.0, le=1.0, description="Lowest top-1 agreement.")
+    mismatch_max: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="Largest share of an integer or bool output's elements that may differ from the reference (class "
+                    "labels, indices a selection such as NonMaxSuppression keeps); absent: they must match exactly.")
     kl_max: float | None = Field(
         default=None, ge=0.0, allow_inf_nan=False,
         description="Largest mean KL divergence KL(softmax(reference) || softmax(candidate)) per token, in nats, on "

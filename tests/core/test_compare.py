@@ -149,6 +149,19 @@ def test_integer_outputs_must_match_exactly() -> None:
     assert compare_outputs([{"ids": ref}], [{"ids": ref.copy()}], Tolerance()).passed
 
 
+def test_an_integer_output_may_differ_up_to_its_mismatch_max() -> None:
+    """Class labels or the boxes an in-graph NMS keeps: a recipe may allow a share of them to differ."""
+    ref = np.arange(100, dtype=np.int64)
+    cand = ref.copy()
+    cand[:3] += 1
+    assert compare_outputs([{"label": ref}], [{"label": cand}], Tolerance(mismatch_max=0.03)).passed
+    result = compare_outputs([{"label": ref}], [{"label": cand}], Tolerance(mismatch_max=0.02))
+    assert result.reasons == ["output 'label': 3 of 100 integer/bool elements differ (mismatch share 0.03 > "
+                              "mismatch_max 0.02)"]
+    floats = [{"y": np.ones(4, np.float32)}], [{"y": np.full(4, 2.0, np.float32)}]
+    assert not compare_outputs(*floats, Tolerance(mismatch_max=1.0, atol=0.5)).passed  # float outputs ignore it
+
+
 def test_cosine_of_zero_tensors() -> None:
     zeros = np.zeros((2, 3))
     assert compare_outputs([{"y": zeros}], [{"y": zeros}], Tolerance()).outputs[0].cosine == 1.0

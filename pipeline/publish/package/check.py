@@ -357,8 +357,12 @@ def output_metrics(reference: list[np.ndarray], candidate: list[np.ndarray],
                             "cosine": _cosine(ref, got), "snr_db": _snr_db(ref, err), "nonfinite": nonfinite}
     problems = [f"{nonfinite} NaN/Inf values"] if nonfinite else []
     if reference[0].dtype.kind != "f":
-        if not np.array_equal(ref, got):
-            problems.append(f"{int(np.count_nonzero(err))} integer/bool elements differ; they must match exactly")
+        differing = int(np.count_nonzero(err))
+        if "mismatch_max" not in limits and differing:
+            problems.append(f"{differing} integer/bool elements differ; they must match exactly")
+        elif differing > limits.get("mismatch_max", 0.0) * err.size:
+            problems.append(f"{differing} of {err.size} integer/bool elements differ > mismatch_max "
+                            f"{limits['mismatch_max']}")
         return found, problems
     problems += _broken_limits(found, limits, ref, err, reference, candidate)
     return found, problems

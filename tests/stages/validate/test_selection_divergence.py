@@ -5,6 +5,7 @@ names NMS as the first diverging node and says why (``_localize.SELECTION_OPS``)
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -42,19 +43,32 @@ def nms_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def test_a_selection_that_flips_on_near_ties_is_named_with_its_cause(tmp_path: Path) -> None:
+RECIPE = """
+    name: nms
+    model: {{onnx: model.onnx}}
+    variants: {{fp16: [fp16]}}
+    targets: [ort:cpu]
+    validate: {{samples: 4, fp16_reference: never{outputs}}}
+    benchmark: {{enabled: false}}
+    """
+
+
+def _fp16_row(tmp_path: Path, outputs: str = "") -> dict[str, Any]:
     onnx.save(nms_model(), str(tmp_path / "model.onnx"))
-    recipe = load_recipe_file(write_recipe(tmp_path, """
-        name: nms
-        model: {onnx: model.onnx}
-        variants: {fp16: [fp16]}
-        targets: [ort:cpu]
-        validate: {samples: 4, fp16_reference: never}
-        benchmark: {enabled: false}
-        """))
+    recipe = load_recipe_file(write_recipe(tmp_path, RECIPE.format(outputs=outputs)))
     report = run_recipe(recipe, RunOptions(out_dir=tmp_path / "out", show_progress=False)).report
-    row = next(row for row in report["validation"] if row["variant"] == "fp16")
+    return next(row for row in report["validation"] if row["variant"] == "fp16")
+
+
+def test_a_selection_that_flips_on_near_ties_is_named_with_its_cause(tmp_path: Path) -> None:
+    row = _fp16_row(tmp_path)
     assert row["status"] == "failed" and "integer/bool elements differ" in row["reason"]
     assert row["divergence"]["node"] == "nms" and row["divergence"]["op_type"] == "NonMaxSuppression"
     assert row["divergence"]["compared"] > 1  # the scores before it were compared, and agree
     assert "selection by value flips where values nearly tie" in row["reason"]
+
+
+def test_per_output_limits_may_allow_a_share_of_the_selection_to_differ(tmp_path: Path) -> None:
+    row = _fp16_row(tmp_path, ", outputs: {selected: {mismatch_max: 0.5}}")
+    assert row["status"] == "passed", row["reason"]
+    assert row["tolerance"] is not None and row["outputs"][0]["tolerance"]["mismatch_max"] == 0.5

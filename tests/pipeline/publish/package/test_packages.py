@@ -224,6 +224,11 @@ def test_check_metrics_agree_with_validation() -> None:
             assert (not broken) == ours.passed, (scale, limits, broken)
     nan = [{"y": np.array([[1.0, np.nan]], np.float32)}]
     assert package_check.output_metrics([np.ones((1, 2), np.float32)], [nan[0]["y"]], {})[1] == ["1 NaN/Inf values"]
+    labels, flipped = np.arange(50, dtype=np.int64), np.arange(50, dtype=np.int64)
+    flipped[0] = 7
+    for limits in ({}, {"mismatch_max": 0.01}, {"mismatch_max": 0.02}):  # 1 of 50 differs: a share of 0.02
+        ours = compare_outputs([{"label": labels}], [{"label": flipped}], Tolerance(**limits))
+        assert (not package_check.output_metrics([labels], [flipped], limits)[1]) == ours.passed, limits
 
 
 def test_the_verdict_picks_what_is_packaged() -> None:
