@@ -102,10 +102,26 @@ def random_samples(inputs: list[InputInfo], count: int, *, seed: int = 0,
                    ranges: Ranges | None = None) -> Iterator[dict[str, np.ndarray]]:
     """Seeded random feeds; integer inputs get integers in [low, high), floats a standard normal or [low, high)."""
     check_sample_fits(inputs, "random data")
+    _warn_of_unit_dimensions(inputs)
     rng = np.random.default_rng(seed)
     ranges = ranges or {}
     for _ in range(count):
         yield {info.name: _random_array(info, rng, *ranges.get(info.name, (None, None))) for info in inputs}
+
+
+_WARNED: set[tuple[str, tuple[int | None, ...]]] = set()
+
+
+def _warn_of_unit_dimensions(inputs: list[InputInfo]) -> None:
+    """Once per input: random data sets a symbolic dimension past the first to 1, which nothing may want (an
+    image of 1x1 pixels fails a 7x7 convolution, and a latency measured on it says nothing)."""
+    for info in inputs:
+        axes = [axis for axis, dim in enumerate(info.shape) if dim is None and axis > 0]
+        if axes and (info.name, info.shape) not in _WARNED:
+            _WARNED.add((info.name, info.shape))
+            shape = ["N" if axis == 0 else (1 if dim is None else dim) for axis, dim in enumerate(info.shape)]
+            log.warning("random data for input '%s': its symbolic axes %s are 1 (shape %s); give them a size in "
+                        "model.inputs (shape: [...]) or feed a dataset", info.name, axes, shape)
 
 
 def _random_array(info: InputInfo, rng: np.random.Generator, low: float | None, high: float | None) -> np.ndarray:

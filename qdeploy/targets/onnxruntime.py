@@ -195,7 +195,9 @@ class OrtSession(Session):
             outputs = self._session.run(self.output_names, feeds)
         except Exception as exc:
             if type(exc).__name__ == "InvalidArgument":
-                raise DataError(f"target {self.target}: the feeds do not fit the model: {short_message(exc)}") from None
+                shapes = ", ".join(f"{name} {list(np.shape(value))}" for name, value in feeds.items())
+                raise DataError(f"target {self.target}: the feeds ({shapes}) do not fit the model: "
+                                f"{short_message(exc)}") from None
             raise
         if self._profile_dir is not None:
             self._read_profile()
