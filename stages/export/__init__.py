@@ -199,6 +199,8 @@ def size_cap(config: ExportConfig) -> int:
 
 RUNTIME_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training"})
 """Op domains ONNX Runtime implements (the standard ones and its contrib ops)."""
+ORT_LAYOUT_DOMAINS = frozenset({"com.microsoft.nchwc", "com.ms.internal.nhwc"})
+"""ONNX Runtime's internal layout domains (NCHWc blocked convolutions, NHWC kernels): hardware-specific."""
 LOWERABLE_OPS = frozenset({"FakeQuantize", "fake_quantization", "min_max_observer", "moving_average_min_max_observer"})
 """Custom fake-quant ops that `quantize: {mode: lower}` turns into QuantizeLinear/DequantizeLinear."""
 
@@ -223,6 +225,11 @@ def check_known_ops(model: onnx.ModelProto) -> list[dict[str, str]]:
         if node.op_type in LOWERABLE_OPS:
             lowerable.append(entry)
             continue
+        if node.domain in ORT_LAYOUT_DOMAINS:
+            raise ModelError(f"node '{node.name}' is op '{node.op_type}' of domain '{node.domain}', a layout op "
+                             "ONNX Runtime writes into a model it saves at ORT_ENABLE_ALL, for the CPU that saved "
+                             "it and read by no other runtime: give qdeploy the model before ONNX Runtime "
+                             "optimized it (or one saved at ORT_ENABLE_EXTENDED)")
         raise ModelError(f"node '{node.name}' is op '{node.op_type}' of domain '{entry['domain']}', which neither "
                          "ONNX Runtime nor OpenVINO knows; replace it in the exporter or decompose it into standard "
                          "ops before qdeploy")

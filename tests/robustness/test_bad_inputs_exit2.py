@@ -180,6 +180,19 @@ def test_a_string_input_is_refused_by_check(tmp_path: Path) -> None:
     assert_exit_2(qdeploy("check", str(recipe)), "model.onnx", "input 'x' is a tensor of STRING", "tokenization")
 
 
+def test_a_model_onnx_runtime_saved_with_its_cpu_layout_ops_is_refused_with_what_to_give_instead(
+        tmp_path: Path) -> None:
+    """A file saved at ORT_ENABLE_ALL holds com.microsoft.nchwc ops (blocked convolutions for the CPU that saved
+    it): the error said no runtime knew them, and nothing about where they come from."""
+    model = _single_input_model()
+    model.graph.node[0].CopyFrom(helper.make_node("ReorderInput", ["x"], ["y"], name="reorder",
+                                                  domain="com.microsoft.nchwc"))
+    model.opset_import.append(helper.make_opsetid("com.microsoft.nchwc", 1))
+    recipe = recipe_with_model(tmp_path, model)
+    assert_exit_2(qdeploy("check", str(recipe)), "node 'reorder'", "com.microsoft.nchwc", "ORT_ENABLE_ALL",
+                  "before ONNX Runtime optimized it")
+
+
 def test_a_bfloat16_input_is_refused_with_what_to_export_instead(tmp_path: Path) -> None:
     recipe = recipe_with_model(tmp_path, _single_input_model(TensorProto.BFLOAT16))
     code, stderr = qdeploy("check", str(recipe))
