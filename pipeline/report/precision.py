@@ -13,6 +13,7 @@ from typing import Any
 from qdeploy.core.report import Report
 from qdeploy.core.report_parts import ExecutionRecord
 from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
+from qdeploy.core.runtimes import is_pinned_f32
 from qdeploy.pipeline.report.format import fmt_fidelity
 
 __all__ = ["Row", "attempts_line", "execution_phrase", "execution_record", "ran_label", "ran_short", "same_setting",
@@ -45,9 +46,9 @@ def ran_label(row: Row) -> str:
     checked = row if isinstance(row, ValidationRow) else None
     if execution.get("runtime") == "openvino":
         ran = ran_short(row) or "unknown"
-        if checked is not None and checked.deploy_precision:
-            default = ((checked.precision_attempts or [{}])[0]).get("ran") or "default"
-            return f"{ran} (pinned; default {default} missed)"
+        if checked is not None and checked.deploy_precision and not is_pinned_f32(checked.variant):
+            default = ((checked.precision_attempts or [{}])[0]).get("ran")
+            return f"{ran} (pinned; default {default} missed)" if default else f"{ran} (pinned; the default missed)"
         if not row.has("precision_hint"):  # a report written before rows said it: only what was read back
             return ran
         hint = row.precision_hint

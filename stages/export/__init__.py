@@ -51,6 +51,7 @@ from qdeploy.stages.export._model import (
 )
 from qdeploy.stages.export._old_opsets import PER_CHANNEL_PRELU_UNTIL, per_channel_prelu_slopes
 from qdeploy.stages.export._shapes import reinfer_output_shapes
+from qdeploy.stages.export._unfuse import unfuse_runtime_ops
 from qdeploy.stages.export._values import frozen_arrays
 from qdeploy.stages.export.config import ExportConfig, InputSpec, TorchSource
 from qdeploy.stages.export.findings import ExportFindings, ExportRecord, ShapeChangeRecord
@@ -96,6 +97,7 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: ExportRecor
     ``confirm_runtime``, ONNX Runtime must load the result (when it is in memory with its weights)."""
     merge_opset_imports(model, findings)
     densify_sparse(model, findings)
+    unfuse_runtime_ops(model, findings)
     initializers_out_of_inputs(model, {spec.name for spec in config.inputs or []}, findings)
     model = inline_functions(model, findings)
     findings["opset_in"] = default_opset(model)

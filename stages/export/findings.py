@@ -171,6 +171,7 @@ class ExportRecord(TypedDict, total=False):
     """The model-local functions (domain.name) expanded into their nodes."""
     weight_inputs_removed: int
     sparse_weights_densified: list[str]
+    runtime_fusions_undone: dict[str, int]
     ir_version_raised: str
     prelu_slopes_per_channel: list[str]
     decomposed_for_opset: dict[str, int]
@@ -215,6 +216,8 @@ class ExportFindings(Findings):
     """Initializers the model also listed as graph inputs (IR 3, ``keep_initializers_as_inputs``), listed no more."""
     sparse_weights_densified: list[str] | None = None
     """Sparse weights (``sparse_initializer``, a Constant's ``sparse_value``) written out dense."""
+    runtime_fusions_undone: dict[str, int] | None = None
+    """ONNX Runtime's FusedConv, FusedGemm, FusedMatMul (a model it saved optimized) written as standard ops."""
     ir_version_raised: str | None = None
     """'3 -> 7': a file below IR 4 (which lists weights as inputs) or below what its opsets need, raised."""
     decomposed_for_opset: dict[str, int] | None = None

@@ -96,3 +96,17 @@ def test_terminal_rows_stay_on_one_line_in_a_ci_log(capsys: pytest.CaptureFixtur
     for variant, label in LABELS.items():
         assert label in rows[variant], printed
     assert any("int8 (bf16 float parts) vs fp32 (f32)" in line for line in rows.values()), printed
+
+
+def test_a_weight_only_rows_pinned_setting_reads_as_pinned_not_as_a_missed_default() -> None:
+    """'int4@f32' is pinned to f32 by design (its package pins it if shipped): it read 'f32 (pinned; default
+    default missed)'."""
+    from qdeploy.core.rows import ValidationRow
+    from qdeploy.pipeline.report.precision import ran_label
+
+    row = ValidationRow.from_json(check_row("int4@f32", TARGET, 0.999, 40.0, precision="int4", precision_hint="f32",
+                                            deploy_precision="f32", execution=_execution("f32")))
+    assert ran_label(row) == "f32 (pinned)"
+    missed = ValidationRow.from_json(check_row("fp16", TARGET, 0.9999, 45.0, precision="fp16", precision_hint="f32",
+                                               deploy_precision="f32", execution=_execution("f32")))
+    assert ran_label(missed) == "f32 (pinned; the default missed)"  # no attempts recorded: no made-up name
