@@ -20,8 +20,17 @@ if TYPE_CHECKING:
     import onnx
 
 
-__all__ = ["SevenBit", "check_runs", "openvino_only", "openvino_runs", "quantized_node_counts", "resolve_reduce_range",
-           "save_stage_model", "saved_path"]
+__all__ = [
+    "SevenBit",
+    "check_runs",
+    "nothing_quantized",
+    "openvino_only",
+    "openvino_runs",
+    "quantized_node_counts",
+    "resolve_reduce_range",
+    "save_stage_model",
+    "saved_path",
+]
 
 SevenBit = Literal["none", "weights", "activations", "choose"]
 
@@ -153,3 +162,16 @@ def saved_path(model: onnx.ModelProto, path: Path) -> Path | None:
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
     return path if any(uses_external_data(tensor) for tensor in _get_all_tensors(model)) else None
+
+
+def nothing_quantized(config: PtqConfig | DynamicConfig, nodes: dict[str, str], op_types: list[str]) -> str:
+    """Why a build quantized no node (``nodes``: name -> op type), and what to do: an "int8" artifact that is the
+    float model is no result."""
+    present = Counter(nodes.values())
+    said = ", ".join(f"{op} {count}" for op, count in present.most_common(8))
+    hint = "set op_types to op types the model has, or drop the quantize step"
+    if isinstance(config, DynamicConfig) and present.get("Conv") and config.weight_type == "int8":
+        hint = ("dynamic mode leaves Conv out with int8 weights (ONNX Runtime has no int8-weight ConvInteger): "
+                "use mode ptq for a convolutional model, or weight_type uint8")
+    return (f"nothing was quantized: no node of the op types mode {config.mode} quantizes here "
+            f"({', '.join(op_types)}) could be (the model's ops: {said}); {hint}")

@@ -17,6 +17,7 @@ from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.stages.quantize._common import (
     SevenBit,
     check_runs,
+    nothing_quantized,
     openvino_only,
     openvino_runs,
     quantized_node_counts,
@@ -47,6 +48,14 @@ from qdeploy.stages.quantize.findings import (
     WeightOnlyFindings,
 )
 from qdeploy.stages.quantize.ptq._amx_convs import amx_gemm_wanted, route_convs_to_gemm
+from qdeploy.stages.quantize.ptq._prepare import (
+    MIN_OPSET,
+    count_quantized_nodes,
+    drop_unused_opsets,
+    excluded_nodes,
+    give_back,
+    prepare,
+)
 from qdeploy.stages.quantize.ptq._unshare import unshare_qdq_parameters
 from qdeploy.stages.quantize.ptq._verify import compute_nodes, int8_kernels
 from qdeploy.targets.int8_path import CPU_TARGETS, SEVEN_BIT_KEY, int8_path, weights_beyond_seven_bits
@@ -83,16 +92,6 @@ class _Built:
 
 def post_training(artifact: Artifact, config: Integer, ctx: StageContext) -> StageResult:
     """ptq or dynamic: prepare, calibrate (ptq), build, meet the budget when one is set, verify kernels."""
-
-    # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize.ptq._prepare import (
-        MIN_OPSET,
-        drop_unused_opsets,
-        excluded_nodes,
-        give_back,
-        prepare,
-    )
-
     ctx.on_progress("preparing the float model")
     prepared = prepare(artifact.path, ctx.work_dir)
     excluded, unknown = excluded_nodes(prepared, config.exclude_nodes, config.exclude_patterns,
@@ -122,6 +121,8 @@ def post_training(artifact: Artifact, config: Integer, ctx: StageContext) -> Sta
     else:
         ctx.on_progress("writing the quantized model")
         model, kept = built.build([]), []
+    if not kept and compute_nodes(model) and not count_quantized_nodes(model):  # ml-ops-only models: _verify warns
+        raise StageError(STAGE, ctx.variant, nothing_quantized(config, prepared.nodes, built.op_types))
     give_back(model, prepared.undone)
     drop_unused_opsets(model)
     gemm = _route_convs(model, config, ctx) if isinstance(config, PtqConfig) else None

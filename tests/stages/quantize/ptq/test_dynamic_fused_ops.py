@@ -52,3 +52,16 @@ def test_dynamic_int8_keeps_fused_attention_float_where_openvino_runs_it(tmp_pat
         path = tmp_path / "int8.onnx"
         onnx.save(model, str(path))
         openvino.Core().read_model(str(path))  # the old build: OpConversionFailure on com.microsoft.QAttention
+
+
+def test_a_build_that_quantizes_nothing_is_refused_with_why(tmp_path: Path) -> None:
+    """Dynamic int8 of a convolutional model quantized no node (Conv is left out with int8 weights) and shipped the
+    float model as 'int8', with 'identical outputs'."""
+    from qdeploy.core.errors import StageError
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    model = make_model(nodes, [init("w", np.ones((4, 3, 3, 3)))], {"x": [1, 3, 8, 8]}, {"y": [1, 4, 8, 8]})
+    context = dataclasses.replace(stage_context(tmp_path), variant="int8-dyn", targets=("ort:cpu",))
+    with pytest.raises(StageError, match=r"nothing was quantized: .*\(the model's ops: Conv 1, Relu 1\).*mode ptq"):
+        quantize.run(save_artifact(tmp_path, model), QuantizeConfig(mode="dynamic"), context)
