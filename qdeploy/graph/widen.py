@@ -106,6 +106,7 @@ def narrow_weights(model: onnx.ModelProto, types: dict[str, int]) -> int:
     a Cast to float32 placed first: a weight ``half_to_float32`` widened that stayed float takes its original
     bytes on disk, not twice them (ONNX Runtime folds the Cast when it loads the model).  How many."""
     import numpy as np
+    import onnx
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -113,6 +114,8 @@ def narrow_weights(model: onnx.ModelProto, types: dict[str, int]) -> int:
     for tensor in graph.initializer:
         half = types.get(tensor.name)
         if half is None or tensor.data_type != _FLOAT or np.prod(tensor.dims) < NARROW_FROM_ELEMENTS:
+            continue
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:  # its bytes are in a file: left as they are
             continue
         name, wide = tensor.name, f"{tensor.name}__float32"
         _rename_reads(graph, name, wide)
