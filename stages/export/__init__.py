@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.calibration.readers import InputInfo, check_sample_fits, inputs_of, random_samples
+from qdeploy.calibration.readers import InputInfo, check_sample_fits, inputs_of
 from qdeploy.core.context import StageResult
 from qdeploy.core.errors import DataError, ModelError
 from qdeploy.core.memory import available_memory
@@ -29,7 +29,7 @@ from qdeploy.stages.export._causal_lm_source import (
     causal_lm_inputs,
     causal_lm_tokenizer,
 )
-from qdeploy.stages.export._exporter import export_with_torch
+from qdeploy.stages.export._exporter import example_inputs, export_with_torch
 from qdeploy.stages.export._factory import check_factory
 from qdeploy.stages.export._freeze import freeze_inputs
 from qdeploy.stages.export._inference import check_inferred_types, check_loads_in_onnxruntime
@@ -57,7 +57,6 @@ from qdeploy.stages.export.config import ExportConfig, InputSpec, TorchSource
 from qdeploy.stages.export.findings import ExportFindings, ExportRecord, ShapeChangeRecord
 
 if TYPE_CHECKING:
-    import numpy as np
     import onnx
 
     from qdeploy.core.context import Artifact, StageContext
@@ -107,6 +106,9 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: ExportRecor
         frozen = frozen_arrays(config.inputs, model, resolve)  # checked against the model's declarations first
         findings["output_shapes_reinferred"] = apply_input_overrides(model, config.inputs)
         findings.update(freeze_inputs(model, frozen))
+    elif config.torch is not None and torch_dynamic_axes(config):
+        # outputs the exporter cannot relate to a named input axis are declared at the example's sizes
+        findings["output_shapes_reinferred"] = reinfer_output_shapes(model)
     if config.opset is not None and config.opset != default_opset(model):
         model = convert_opset(model, config.opset, findings)
     raise_ir_version(model, findings)  # the converter keeps the IR version its opset may have outgrown
@@ -470,17 +472,6 @@ def _import_factory_module(module_part: str, ctx: StageContext) -> Any:
         return import_user_module(module_part, path, label="factory")
     except Exception as exc:
         raise ModelError(f"model.torch.factory: cannot import '{module_part}': {type(exc).__name__}: {exc}") from None
-
-
-def example_inputs(inputs: list[InputSpec]) -> dict[str, np.ndarray]:
-    """Seeded example inputs from the recipe's specs; named dimensions take 1."""
-    import numpy as np
-
-
-    infos = [InputInfo(spec.name, tuple(d if isinstance(d, int) else None for d in spec.shape or ()),
-                       np.dtype(spec.dtype)) for spec in inputs]
-    ranges = {spec.name: (spec.low, spec.high) for spec in inputs}
-    return next(random_samples(infos, 1, seed=0, ranges=ranges))
 
 
 def _compare_with_torch(module: Any, example: tuple[Any, ...], path: Path) -> float:

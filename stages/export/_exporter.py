@@ -23,13 +23,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdeploy.calibration.readers import InputInfo, random_samples
 from qdeploy.core.errors import ModelError, StageError
 from qdeploy.stages.export.config import DEFAULT_TORCH_OPSET, DYNAMO_OPSET
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from qdeploy.stages.export.config import InputSpec
     from qdeploy.stages.export.findings import ExporterChoice
 
-__all__ = ["export_with_torch", "recommended_exporter"]
+__all__ = ["EXAMPLE_SIZES", "example_inputs", "export_with_torch", "recommended_exporter"]
 
 log = logging.getLogger(__name__)
 
@@ -160,3 +164,22 @@ def _quiet() -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
+
+
+EXAMPLE_SIZES = (2, 32)
+"""Sizes of a named dimension in the example a torch export traces: the first axis (the batch), any other.  Never
+1: torch.export specializes a dimension whose example size is 0 or 1 to that size (a GRU tagger's output came out
+[1, 1, 5] for a 'seq' input, and ONNX Runtime crashed on its float16 copy)."""
+
+
+def example_inputs(inputs: list[InputSpec]) -> dict[str, np.ndarray]:
+    """Seeded example inputs from the recipe's specs; a named dimension takes ``EXAMPLE_SIZES``."""
+    import numpy as np
+
+    def size(axis: int, dim: int | str) -> int:
+        return dim if isinstance(dim, int) else EXAMPLE_SIZES[0 if axis == 0 else 1]
+
+    infos = [InputInfo(spec.name, tuple(size(axis, dim) for axis, dim in enumerate(spec.shape or ())),
+                       np.dtype(spec.dtype)) for spec in inputs]
+    ranges = {spec.name: (spec.low, spec.high) for spec in inputs}
+    return next(random_samples(infos, 1, seed=0, ranges=ranges))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -34,6 +35,7 @@ from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, save_onnx
 from qdeploy.graph.light import light_copy, put_back, tag_of
 from qdeploy.graph.utils import float32_chunks, fresh_name, model_bytes
 from qdeploy.stages.fp16._graph import FLOAT, FLOAT16, walk_graphs, walk_nodes
+from qdeploy.targets.ort_probe import load_error
 
 if TYPE_CHECKING:
     import numpy as np
@@ -274,11 +276,13 @@ def check(model: onnx.ModelProto, source: str | None, variant: str, *, onnxrunti
         raise StageError(STAGE, variant, f"the fp16 model fails onnx.checker (full check): {exc}") from exc
     if not onnxruntime_check:
         return "onnx.checker full_check passed; onnxruntime load not checked (onnxruntime_check: false)"
-    import onnxruntime as ort
-
-    try:  # default session options on purpose: ORT's graph optimisations are where mixed precision breaks
-        ort.InferenceSession(source or model.SerializeToString(),
-                             providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        raise StageError(STAGE, variant, f"the fp16 model does not load in ONNX Runtime: {exc}") from exc
+    # default session options on purpose: ORT's graph optimisations are where mixed precision breaks, and where
+    # it may crash: the load runs in a child process (qdeploy.targets.ort_probe)
+    with tempfile.TemporaryDirectory(prefix="qdeploy-fp16-") as folder:
+        path = source or str(Path(folder) / "fp16.onnx")
+        if source is None:
+            Path(path).write_bytes(model.SerializeToString())
+        error = load_error(Path(path))
+    if error is not None:
+        raise StageError(STAGE, variant, f"the fp16 model does not load in ONNX Runtime: {error}")
     return "onnx.checker full_check passed; loads in onnxruntime CPUExecutionProvider"

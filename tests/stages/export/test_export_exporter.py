@@ -147,3 +147,43 @@ def test_a_factory_that_raises_is_the_users_error_naming_it_not_an_internal_one(
     with pytest.raises(ModelError, match=r"model.torch.factory .*broken.py:build raised AssertionError: "
                                          r"Padding_idx must be within num_embeddings"):
         _export(tmp_path, torch={"factory": f"{factory}:build"}, inputs=[{"name": "x", "shape": [1, 4]}])
+
+
+TAGGER = '''
+import torch
+
+
+class Tagger(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 16)
+        self.gru = torch.nn.GRU(16, 32, batch_first=True, bidirectional=True)
+        self.head = torch.nn.Linear(64, 5)
+
+    def forward(self, ids):
+        out, _ = self.gru(self.embed(ids))
+        return self.head(out)
+
+
+def build():
+    torch.manual_seed(0)
+    return Tagger().eval()
+'''
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_a_named_axis_is_traced_at_a_size_above_one_and_outputs_follow_it(tmp_path: Path, exporter: str) -> None:
+    """The example gave a named axis size 1, which torch.export specializes: a GRU tagger's output was declared
+    [1, 1, 5] for a 'seq' input (and ONNX Runtime crashed on its float16 copy)."""
+    import onnxruntime as ort
+
+    factory = tmp_path / "tagger.py"
+    factory.write_text(TAGGER)
+    result = _export(tmp_path, torch={"factory": f"{factory}:build", "exporter": exporter},
+                     inputs=[{"name": "ids", "shape": [1, "seq"], "dtype": "int64", "low": 0, "high": 50}])
+    (output,) = result.model.graph.output
+    dims = [dim.dim_value or dim.dim_param or None for dim in output.type.tensor_type.shape.dim]
+    assert len(dims) == 3 and dims[1] not in (1, 32), dims  # neither the old example's size nor the new one's
+    session = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for length in (1, 7):
+        assert session.run(None, {"ids": np.arange(length, dtype=np.int64)[None]})[0].shape == (1, length, 5)

@@ -1,0 +1,45 @@
+"""A model loaded in ONNX Runtime in a child process first, where loading it might crash the process.
+
+Some graphs crash ONNX Runtime's CPU provider while it optimizes them at session creation, not with an error but
+with a segmentation fault: a float16 MatMul fed by a Transpose of its batch axes, at ORT_ENABLE_ALL, in ONNX
+Runtime 1.32 (its MatMul-Transpose fusion makes a float16 FusedMatMul that the NCHWc transformer then trips on;
+microsoft/onnxruntime#15494 is a float16 ResNet that did the same).  In the run's own process that ends the run
+with no report; loaded here first, it fails one variant with the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qdeploy.core.fresh_python import FreshPythonError, call_in_fresh_python
+
+__all__ = ["load_error"]
+
+
+def load_error(path: Path) -> str | None:
+    """None when ONNX Runtime's CPU provider loads the model at ``path`` with its default session options, else
+    why not: its exception, or the crash that ended the child process."""
+    try:
+        result = call_in_fresh_python(__name__, "load_here", {"path": str(path)})
+    except FreshPythonError as exc:
+        how = str(exc).partition("ended with ")[2].split(":")[0]
+        if not how.startswith("signal"):  # the child failed before or after ONNX Runtime: not checked
+            return f"the load check could not run: {exc}"
+        return (f"ONNX Runtime crashed loading it with its default session options (the process ended with "
+                f"{how}): an ONNX Runtime bug, not a wrong model; keep the nodes involved float32 "
+                "(node_block_list) or deploy it on another runtime")
+    error = result.get("error")
+    return str(error) if error else None
+
+
+def load_here(payload: dict[str, Any]) -> dict[str, Any]:
+    """The child's side: default session options, as a deployment loads the file."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
+    try:
+        ort.InferenceSession(payload["path"], providers=["CPUExecutionProvider"])
+    except Exception as exc:  # the parent raises its own error with this message
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"error": None}

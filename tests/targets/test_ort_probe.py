@@ -1,0 +1,70 @@
+"""ONNX Runtime loads a new artifact in a child process first (``qdeploy.targets.ort_probe``): a crash while it
+optimizes the graph fails that artifact with the reason instead of ending the run without a report (a GRU
+tagger's float16 copy ended ``qdeploy run`` with a segmentation fault)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from qdeploy.core import fresh_python
+from qdeploy.targets import ort_probe
+
+
+def _transposed_matmul(path: Path, elem_type: int = TensorProto.FLOAT) -> Path:
+    """x [4, 1, 64] -> Transpose(1, 0, 2) -> MatMul(w [64, 5]) -> y: what a bidirectional GRU's head exports to."""
+    numpy_type = helper.tensor_dtype_to_np_dtype(elem_type)
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 5)).astype(numpy_type), "w")
+    graph = helper.make_graph([helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
+                               helper.make_node("MatMul", ["t", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", elem_type, [4, 1, 64])],
+                              [helper.make_tensor_value_info("y", elem_type, [1, 4, 5])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_a_model_that_loads_says_nothing_and_one_that_fails_says_why(tmp_path: Path) -> None:
+    assert ort_probe.load_error(_transposed_matmul(tmp_path / "ok.onnx")) is None
+    broken = onnx.load(tmp_path / "ok.onnx")
+    broken.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.ones((3, 5), np.float32), "w"))
+    onnx.save(broken, tmp_path / "broken.onnx")
+    error = ort_probe.load_error(tmp_path / "broken.onnx")
+    assert error is not None and "crashed" not in error and "MatMul" in error
+
+
+def segfault(payload: dict[str, Any]) -> dict[str, Any]:
+    """Run in the child: a real segmentation fault."""
+    import ctypes
+
+    ctypes.string_at(0)
+    return payload
+
+
+def test_a_crash_of_the_child_is_a_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def segfaulting(module: str, function: str, payload: dict[str, Any]) -> dict[str, Any]:
+        return fresh_python.call_in_fresh_python(__name__, "segfault", payload)
+
+    monkeypatch.setattr(ort_probe, "call_in_fresh_python", segfaulting)
+    error = ort_probe.load_error(_transposed_matmul(tmp_path / "m.onnx"))
+    assert error is not None and "crashed" in error and "signal 11" in error and "node_block_list" in error
+
+
+def test_the_fp16_stage_fails_a_float16_model_onnx_runtime_crashes_on(tmp_path: Path) -> None:
+    """ONNX Runtime 1.32's CPU provider segfaults creating a session for a float16 MatMul fed by a batch Transpose
+    (ORT_ENABLE_ALL): the stage says so and the process lives."""
+    from qdeploy.core.errors import StageError
+    from qdeploy.stages import fp16
+    from qdeploy.stages.fp16 import Fp16Config
+    from tests.helpers.fp16 import artifact, context
+
+    if ort_probe.load_error(_transposed_matmul(tmp_path / "half.onnx", TensorProto.FLOAT16)) is None:
+        pytest.skip("this ONNX Runtime loads a float16 batch-transposed MatMul: the crash it guards against is gone")
+    source = onnx.load(_transposed_matmul(tmp_path / "float.onnx"))
+    (tmp_path / "work").mkdir()
+    with pytest.raises(StageError, match="ONNX Runtime crashed loading it"):
+        fp16.run(artifact(tmp_path, source, "exported.onnx"), Fp16Config(), context(tmp_path / "work"))
