@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import logging
 import re
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qdeploy.core.errors import ModelError
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, needs_external_data
 from qdeploy.graph.light import light_copy
 from qdeploy.graph.utils import default_opset, model_bytes
+from qdeploy.graph.widen import holds_half
 from qdeploy.targets.base import short_message
+from qdeploy.targets.ort_probe import load_error
 
 if TYPE_CHECKING:
     import onnx
@@ -64,6 +68,13 @@ def check_loads_in_onnxruntime(model: onnx.ModelProto) -> None:
     refusal = _runtime_refusal(model)
     if refusal is not None and not refusal.startswith(_NOT_TRIED):
         raise ModelError(f"ONNX Runtime cannot load the model: {refusal}; {_what_to_do(refusal, model)}")
+    if refusal is None and holds_half(model):  # float16 graphs are where its optimizers crash it (ort_probe)
+        with tempfile.TemporaryDirectory(prefix="qdeploy-export-") as folder:
+            path = Path(folder) / "model.onnx"
+            path.write_bytes(model.SerializeToString())
+            crash = load_error(path)
+        if crash is not None:
+            raise ModelError(f"ONNX Runtime cannot load the model with its default session options: {crash}")
 
 
 _NO_KERNEL = re.compile(r"Could not find an implementation for (?P<op>\w+)\((?P<version>\d+)\)")

@@ -68,3 +68,20 @@ def test_the_fp16_stage_fails_a_float16_model_onnx_runtime_crashes_on(tmp_path: 
     (tmp_path / "work").mkdir()
     with pytest.raises(StageError, match="ONNX Runtime crashed loading it"):
         fp16.run(artifact(tmp_path, source, "exported.onnx"), Fp16Config(), context(tmp_path / "work"))
+
+
+def test_a_float16_source_model_onnx_runtime_crashes_on_is_refused_at_export(tmp_path: Path) -> None:
+    """The user's own float16 model: ONNX Runtime loads it without optimizations at intake, and crashed the run
+    later, where validation loads it with its defaults."""
+    from qdeploy.core.errors import ModelError
+    from qdeploy.pipeline.recipe.schema import Recipe
+    from qdeploy.stages import export
+
+    path = _transposed_matmul(tmp_path / "half.onnx", TensorProto.FLOAT16)
+    if ort_probe.load_error(path) is None:
+        pytest.skip("this ONNX Runtime loads a float16 batch-transposed MatMul: the crash it guards against is gone")
+    recipe = Recipe(name="t", model={"onnx": str(path)}, variants={"v": []})
+    ctx = recipe.stage_context("exported", tmp_path / "work")
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    with pytest.raises(ModelError, match="ONNX Runtime crashed loading it"):
+        export.run(None, recipe.model, ctx)
