@@ -13,6 +13,8 @@ OpenVINO for some models, qdeploy's own on ONNX Runtime).  NNCF is optional: ``p
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -71,10 +73,11 @@ def quantize_with_nncf(artifact: Artifact, config: NncfPtqConfig,
     model_type = nncf.ModelType.TRANSFORMER if config.nncf_model_type == "transformer" else None
     source = onnx.load(str(artifact.path))
     widened, undone = for_quantizer(source)  # NNCF writes float16 scales too, which opset < 19 refuses
-    try:
-        quantized = nncf.quantize(source, nncf.Dataset(samples), subset_size=len(samples),
-                                  model_type=model_type, ignored_scope=ignored,
-                                  advanced_parameters=AdvancedQuantizationParameters(overflow_fix=overflow_fix))
+    try:  # its rich progress bars ("Statistics collection", "Applying Fast Bias correction") are not qdeploy's
+        with contextlib.redirect_stdout(io.StringIO()):
+            quantized = nncf.quantize(source, nncf.Dataset(samples), subset_size=len(samples),
+                                      model_type=model_type, ignored_scope=ignored,
+                                      advanced_parameters=AdvancedQuantizationParameters(overflow_fix=overflow_fix))
     except Exception as exc:  # NNCF's own failure on this model, said as such
         raise StageError(STAGE, ctx.variant, f"NNCF could not quantize the model: {type(exc).__name__}: "
                                              f"{' '.join(str(exc).split())[:300]}") from exc

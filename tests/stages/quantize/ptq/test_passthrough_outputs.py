@@ -32,7 +32,8 @@ def passthrough_model() -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("engine", ["qdeploy", "nncf"])
-def test_an_input_passed_straight_out_survives_quantization_in_place(tmp_path: Path, engine: str) -> None:
+def test_an_input_passed_straight_out_survives_quantization_in_place(tmp_path: Path, engine: str,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     if engine == "nncf":
         pytest.importorskip("nncf")
     context = dataclasses.replace(stage_context(tmp_path, ranges={"x": (-1.0, 1.0)}), variant="int8",
@@ -47,3 +48,4 @@ def test_an_input_passed_straight_out_survives_quantization_in_place(tmp_path: P
     np.testing.assert_array_equal(anchors, source[2])
     assert cosine(y, source[0]) > 0.99
     assert any(node.op_type == "DequantizeLinear" for node in model.graph.node)
+    assert "Statistics collection" not in capsys.readouterr().out  # NNCF's progress bars: not qdeploy's display
