@@ -4,7 +4,6 @@ error of feeds that do not fit names their shapes."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -15,32 +14,15 @@ from onnx import TensorProto, helper, numpy_helper
 from qdeploy.calibration.readers import InputInfo, random_samples
 from qdeploy.core.errors import DataError
 from qdeploy.targets import get_target
-
-
-class _Said(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+from tests.helpers.logs import said_by
 
 
 def test_symbolic_axes_past_the_first_are_said_once_per_input() -> None:
     image = InputInfo("only_here", (None, 3, None, None), np.dtype(np.float32))
     tokens = InputInfo("tokens", (None, 16), np.dtype(np.int64))  # only the batch axis is symbolic: nothing to say
-    logger, said_here = logging.getLogger("qdeploy.calibration.readers"), _Said()
-    level, disabled = logger.level, logger.disabled  # the handler of its own: other tests set the root's
-    logger.setLevel(logging.WARNING)
-    logger.disabled = False
-    logger.addHandler(said_here)
-    try:
+    with said_by("qdeploy.calibration.readers") as said_here:
         for _ in range(3):
             (sample,) = random_samples([image, tokens], 1)
-    finally:
-        logger.removeHandler(said_here)
-        logger.setLevel(level)
-        logger.disabled = disabled
     assert sample["only_here"].shape == (1, 3, 1, 1)
     said = [message for message in said_here.messages if "random data for input" in message]
     assert said == ["random data for input 'only_here': its symbolic axes [2, 3] are 1 (shape ['N', 3, 1, 1]); give "
