@@ -11,6 +11,7 @@ Only node names are read, never a tensor: cheap on a 2 GB model.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
     import onnx
 
 __all__ = ["OPTIMIZER_SUFFIX", "ORT_INLINED", "NodeNames", "NodeNaming", "all_nodes", "name_nodes_uniquely",
-           "node_names", "rename_optimizer_tensors", "rename_ort_inlined", "tensor_names", "unique_node_name"]
+           "node_names", "rename_generated_tensors", "rename_optimizer_tensors", "rename_ort_inlined", "tensor_names",
+           "unique_node_name"]
 
 EXAMPLES = 5
 """How many renamings a ``NodeNaming`` lists (the count covers all)."""
@@ -159,6 +161,31 @@ def rename_optimizer_tensors(graph: onnx.GraphProto, before: set[str]) -> int:
     values |= {init.name for init in graph.initializer}
     renamed = {name: fresh_name(f"{name}{OPTIMIZER_SUFFIX}", values)
                for name in sorted(values - _interfaces(graph) - before)}
+    _rename_tensors(graph, nodes, renamed)
+    return len(renamed)
+
+
+_GENERATED = re.compile(r"^(?P<base>.+?)_token_\d+")
+"""How ONNX Runtime's graph names a tensor a pass adds, after the first of its base (``gemm_input_shape_token_6``,
+``gemm_output_reshape_token_5_new_shape``)."""
+GENERATED_BASES = frozenset({"gemm_input_shape", "gemm_output_shape", "gemm_input_reshape", "gemm_output_reshape"})
+"""Bases MatMulAddFusion names its tensors from: present without a ``_token_`` sibling when it fused once."""
+
+
+def rename_generated_tensors(graph: onnx.GraphProto) -> int:
+    """Rename, in a model that arrives saved by ONNX Runtime's optimizer (by its transformer optimizer, or a
+    session's ``optimized_model_filepath``), the tensors named as its passes name theirs: a base
+    (``GENERATED_BASES``, or any a ``_token_<n>`` name starts with), alone or followed by ``_`` and more.  Loading
+    the model again, its passes generate the same names and may fail ("AddInitializedOrtValue Attempt to replace
+    the existing tensor": a one-layer BERT fused by ONNX Runtime's transformer optimizer could not be loaded at
+    all).  The new names end in ``OPTIMIZER_SUFFIX``; the count of renamed tensors."""
+    nodes = list(all_nodes(graph))
+    values = {name for node in nodes for name in (*node.input, *node.output) if name}
+    values |= {init.name for init in graph.initializer}
+    bases = {found["base"] for found in map(_GENERATED.match, values) if found} | GENERATED_BASES
+    generated = {name for name in values - _interfaces(graph)
+                 if any(name == base or name.startswith(f"{base}_") for base in bases)}
+    renamed = {name: fresh_name(f"{name}{OPTIMIZER_SUFFIX}", values) for name in sorted(generated)}
     _rename_tensors(graph, nodes, renamed)
     return len(renamed)
 

@@ -39,6 +39,7 @@ from qdeploy.stages.export._intake import (
     inline_functions,
     merge_opset_imports,
     raise_ir_version,
+    rename_runtime_names,
 )
 from qdeploy.stages.export._model import (
     check_declared_shapes,
@@ -97,6 +98,7 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: ExportRecor
     merge_opset_imports(model, findings)
     densify_sparse(model, findings)
     unfuse_runtime_ops(model, findings)
+    rename_runtime_names(model, findings)
     initializers_out_of_inputs(model, {spec.name for spec in config.inputs or []}, findings)
     model = inline_functions(model, findings)
     findings["opset_in"] = default_opset(model)

@@ -8,6 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from qdeploy.core.errors import ModelError
+from qdeploy.graph.names import rename_generated_tensors
 from qdeploy.graph.utils import subgraphs
 
 if TYPE_CHECKING:
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from qdeploy.stages.export.findings import ExportRecord
 
 __all__ = ["densify_sparse", "initializers_out_of_inputs", "inline_functions", "merge_opset_imports",
-           "raise_ir_version"]
+           "raise_ir_version", "rename_runtime_names"]
 
 log = logging.getLogger(__name__)
 
@@ -154,3 +155,12 @@ def _dense(sparse: onnx.SparseTensorProto) -> onnx.TensorProto:
     else:
         dense.reshape(-1)[indices] = values
     return numpy_helper.from_array(dense, sparse.values.name)
+
+
+def rename_runtime_names(model: onnx.ModelProto, findings: ExportRecord) -> None:
+    """Tensors named as ONNX Runtime's passes name theirs, in a model it optimized and saved, renamed
+    (``rename_generated_tensors``): ONNX Runtime could not load such a model again."""
+    renamed = rename_generated_tensors(model.graph)
+    if renamed:
+        findings["runtime_names_renamed"] = renamed
+        log.info("%d tensors named as ONNX Runtime's optimizer names its own renamed (suffix __pre)", renamed)

@@ -172,6 +172,7 @@ class ExportRecord(TypedDict, total=False):
     weight_inputs_removed: int
     sparse_weights_densified: list[str]
     runtime_fusions_undone: dict[str, int]
+    runtime_names_renamed: int
     ir_version_raised: str
     prelu_slopes_per_channel: list[str]
     decomposed_for_opset: dict[str, int]
@@ -218,6 +219,9 @@ class ExportFindings(Findings):
     """Sparse weights (``sparse_initializer``, a Constant's ``sparse_value``) written out dense."""
     runtime_fusions_undone: dict[str, int] | None = None
     """ONNX Runtime's FusedConv, FusedGemm, FusedMatMul (a model it saved optimized) written as standard ops."""
+    runtime_names_renamed: int | None = None
+    """Tensors named as ONNX Runtime's passes name theirs (``gemm_input_shape_token_6``), renamed: it could not
+    load such a model again ("Attempt to replace the existing tensor")."""
     ir_version_raised: str | None = None
     """'3 -> 7': a file below IR 4 (which lists weights as inputs) or below what its opsets need, raised."""
     decomposed_for_opset: dict[str, int] | None = None

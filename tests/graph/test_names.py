@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import onnx
 from onnx import TensorProto, helper
 
@@ -114,3 +116,40 @@ def test_tensors_an_optimizer_named_get_the_suffix_and_the_models_own_names_stay
     assert list(graph.node[2].attribute[0].g.node[0].input) == [fused]  # read in a nested graph too
     assert tensor_names(graph) == before | {shape, fused}
     onnx.checker.check_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_tensors_named_as_onnx_runtimes_passes_name_theirs_are_renamed_and_the_model_computes_the_same(
+        tmp_path: Path) -> None:
+    """A model ONNX Runtime optimized and saved holds gemm_input_shape, gemm_input_shape_token_7...: loading it
+    again, its passes generate those names and may fail ("Attempt to replace the existing tensor")."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from qdeploy.graph.names import OPTIMIZER_SUFFIX, rename_generated_tensors
+
+    rng = np.random.default_rng(0)
+    nodes, weights, x = [], [], "x"
+    for index in range(3):  # MatMul + Add on a 3-D input: ORT's MatMulAddFusion writes Reshape -> Gemm -> Reshape
+        weights += [numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), f"w{index}"),
+                    numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), f"b{index}")]
+        nodes += [helper.make_node("MatMul", [x, f"w{index}"], [f"m{index}"]),
+                  helper.make_node("Add", [f"m{index}", f"b{index}"], [f"token_{index}"])]
+        x = f"token_{index}"  # a name of the model's own that looks like nothing ORT generates
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 8, 16])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "m.onnx")
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "saved.onnx")
+    ort.InferenceSession(str(tmp_path / "m.onnx"), options, providers=["CPUExecutionProvider"])
+    saved = onnx.load(tmp_path / "saved.onnx")
+    generated = {init.name for init in saved.graph.initializer if init.name.startswith("gemm_")}
+    assert "gemm_input_shape" in generated and any("_token_" in name for name in generated)
+    assert rename_generated_tensors(saved.graph) >= len(generated)
+    names = {init.name for init in saved.graph.initializer}
+    assert not names & generated and {f"{name}{OPTIMIZER_SUFFIX}" for name in generated} <= names
+    assert {"w0", "b2"} <= names and saved.graph.output[0].name == "token_2"  # the model's own names stay
+    feed = {"x": rng.standard_normal((1, 8, 16)).astype(np.float32)}
+    run = [ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+           for model in (str(tmp_path / "m.onnx"), saved.SerializeToString())]
+    np.testing.assert_allclose(run[1], run[0], rtol=1e-5, atol=1e-5)
