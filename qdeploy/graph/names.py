@@ -182,6 +182,7 @@ def rename_generated_tensors(graph: onnx.GraphProto) -> int:
     nodes = list(all_nodes(graph))
     values = {name for node in nodes for name in (*node.input, *node.output) if name}
     values |= {init.name for init in graph.initializer}
+    values = {name for name in values if isinstance(name, str)}  # bytes: a damaged file, refused later with why
     bases = {found["base"] for found in map(_GENERATED.match, values) if found} | GENERATED_BASES
     generated = {name for name in values - _interfaces(graph)
                  if any(name == base or name.startswith(f"{base}_") for base in bases)}
