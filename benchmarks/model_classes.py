@@ -46,33 +46,11 @@ BERT_INPUTS = ("{onnx: model.onnx, inputs: [{name: input_ids, shape: [1, 32], dt
 
 
 def _bert(folder: Path, half: bool) -> str:
-    """A tiny random BERT exported by torch, fused by ONNX Runtime's transformer optimizer (Attention,
-    EmbedLayerNormalization, SkipLayerNormalization, BiasGelu), float16 with float32 inputs when ``half``."""
-    import torch
-    import transformers
-    from onnxruntime.transformers import optimizer
+    """A two-layer random BERT fused by ONNX Runtime's transformer optimizer, float16 inside when ``half``."""
+    from tests.helpers.bert import ort_fused_bert
 
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=500, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=256, max_position_embeddings=64, attn_implementation="eager")
-
-    class Encoder(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = transformers.BertModel(config).eval()
-
-        def forward(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-            return self.bert(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
-
-    ones = torch.ones(1, 32, dtype=torch.int64)
-    example = (torch.randint(0, 500, (1, 32)), ones, torch.zeros_like(ones))
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    torch.onnx.export(Encoder(), example, str(folder / "plain.onnx"), input_names=names, output_names=["hidden"],
-                      opset_version=17, dynamo=False)
-    fused = optimizer.optimize_model(str(folder / "plain.onnx"), model_type="bert", num_heads=4, hidden_size=128)
-    if half:
-        fused.convert_float_to_float16(keep_io_types=True)
-    fused.save_model_to_file(str(folder / "model.onnx"))
+    ort_fused_bert(folder / "model.onnx", layers=2, hidden=128, heads=4, tokens=32, vocab=500, positions=64,
+                   half=half)
     return BERT_INPUTS
 
 

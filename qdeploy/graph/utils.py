@@ -38,11 +38,13 @@ __all__ = [
     "place_after_producers",
     "prune_unproduced_value_info",
     "prune_unused_value_info_recursive",
+    "rename_uses",
     "subgraph_references",
     "subgraphs",
     "tensor_nbytes",
     "tensor_ranks",
     "tensor_types",
+    "walk_graphs",
 ]
 
 log = logging.getLogger(__name__)
@@ -200,6 +202,28 @@ def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
             graphs.append(attr.g)
         graphs.extend(attr.graphs)
     return graphs
+
+
+def walk_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """The graph and every graph nested in it, outer graphs first."""
+    yield graph
+    for node in graph.node:
+        if node.op_type in GRAPH_OPS or node.domain not in ONNX_SPEC_DOMAINS:  # inline fast path of subgraphs()
+            for sub in subgraphs(node):
+                yield from walk_graphs(sub)
+
+
+def rename_uses(graph: onnx.GraphProto, old: str, new: str, *, outputs: bool = True) -> None:
+    """Every use of `old` as a node input (nested graphs included), and as a graph output, becomes `new`."""
+    for inner in walk_graphs(graph):
+        for node in inner.node:
+            for index, name in enumerate(node.input):
+                if name == old:
+                    node.input[index] = new
+    if outputs:
+        for value in graph.output:
+            if value.name == old:
+                value.name = new
 
 
 def delete_where(container: Any, doomed: Callable[[Any], bool]) -> int:

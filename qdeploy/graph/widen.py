@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from qdeploy.graph.utils import subgraphs
+from qdeploy.graph.utils import rename_uses
 
 if TYPE_CHECKING:
     import onnx
@@ -77,7 +77,7 @@ def half_to_float32(model: onnx.ModelProto) -> int:
     for name, half in kept.items():
         inner = f"{name}__float32"
         if name in inputs:
-            _rename_reads(graph, name, inner)
+            rename_uses(graph, name, inner, outputs=False)
             first.append(helper.make_node("Cast", [name], [inner], name=f"{inner}_cast", to=_FLOAT))
             _set_elem_type(graph.input, name, half)
             _set_elem_type(graph.output, name, half)  # an input passed straight out stays what it is
@@ -118,7 +118,7 @@ def narrow_weights(model: onnx.ModelProto, types: dict[str, int]) -> int:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:  # its bytes are in a file: left as they are
             continue
         name, wide = tensor.name, f"{tensor.name}__float32"
-        _rename_reads(graph, name, wide)
+        rename_uses(graph, name, wide, outputs=False)
         numpy_type = helper.tensor_dtype_to_np_dtype(half)
         tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype(numpy_type), name))
         casts.append(helper.make_node("Cast", [name], [wide], name=f"{wide}_cast", to=_FLOAT))
@@ -191,14 +191,6 @@ def _set_elem_type(values: object, name: str, elem_type: int) -> None:
             value.type.tensor_type.elem_type = elem_type
 
 
-def _rename_reads(graph: onnx.GraphProto, old: str, new: str) -> None:
-    """Every read of ``old`` in the graph and the graphs nested in it (they may read outer names)."""
-    for node in graph.node:
-        node.input[:] = [new if name == old else name for name in node.input]
-        for body in subgraphs(node):
-            _rename_reads(body, old, new)
-
-
 def _rename_writes(graph: onnx.GraphProto, old: str, new: str) -> None:
     """What writes ``old`` (a graph output: a node or a weight) writes ``new``, and every reader reads ``new``."""
     for node in graph.node:
@@ -206,7 +198,7 @@ def _rename_writes(graph: onnx.GraphProto, old: str, new: str) -> None:
     for named in (*graph.initializer, *graph.value_info):  # an output may be a weight itself
         if named.name == old:
             named.name = new
-    _rename_reads(graph, old, new)
+    rename_uses(graph, old, new, outputs=False)
 
 
 class _Finder:

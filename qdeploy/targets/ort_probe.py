@@ -9,19 +9,29 @@ with no report; loaded here first, it fails one variant with the reason.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.fresh_python import FreshPythonError, call_in_fresh_python
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["load_error"]
 
 
-def load_error(path: Path) -> str | None:
-    """None when ONNX Runtime's CPU provider loads the model at ``path`` with its default session options, else
-    why not: its exception, or the crash that ended the child process."""
+def load_error(source: Path | onnx.ModelProto) -> str | None:
+    """None when ONNX Runtime's CPU provider loads the model (a file, or one in memory, written to a temporary file
+    for the child) with its default session options, else why not: its exception, or the crash that ended the
+    child process."""
+    if not isinstance(source, Path):
+        with tempfile.TemporaryDirectory(prefix="qdeploy-ort-probe-") as folder:
+            path = Path(folder) / "model.onnx"
+            path.write_bytes(source.SerializeToString())
+            return load_error(path)
     try:
-        result = call_in_fresh_python(__name__, "load_here", {"path": str(path)})
+        result = call_in_fresh_python(__name__, "load_here", {"path": str(source)})
     except FreshPythonError as exc:
         how = str(exc).partition("ended with ")[2].split(":")[0]
         if not how.startswith("signal"):  # the child failed before or after ONNX Runtime: not checked

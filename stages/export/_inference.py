@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import re
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qdeploy.core.errors import ModelError
@@ -69,10 +67,7 @@ def check_loads_in_onnxruntime(model: onnx.ModelProto) -> None:
     if refusal is not None and not refusal.startswith(_NOT_TRIED):
         raise ModelError(f"ONNX Runtime cannot load the model: {refusal}; {_what_to_do(refusal, model)}")
     if refusal is None and holds_half(model):  # float16 graphs are where its optimizers crash it (ort_probe)
-        with tempfile.TemporaryDirectory(prefix="qdeploy-export-") as folder:
-            path = Path(folder) / "model.onnx"
-            path.write_bytes(model.SerializeToString())
-            crash = load_error(path)
+        crash = load_error(model)
         if crash is not None:
             raise ModelError(f"ONNX Runtime cannot load the model with its default session options: {crash}")
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from qdeploy.core.errors import ModelError
 from qdeploy.graph.names import rename_generated_tensors
-from qdeploy.graph.utils import subgraphs
+from qdeploy.graph.utils import walk_graphs
 
 if TYPE_CHECKING:
     import onnx
@@ -124,15 +124,12 @@ def densify_sparse(model: onnx.ModelProto, findings: ExportRecord) -> None:
     from onnx import AttributeProto, helper
 
     names: list[str] = []
-    pending = [model.graph]
-    while pending:
-        graph = pending.pop()
+    for graph in walk_graphs(model.graph):
         for sparse in graph.sparse_initializer:
             graph.initializer.append(_dense(sparse))
             names.append(sparse.values.name)
         del graph.sparse_initializer[:]
         for node in graph.node:
-            pending.extend(subgraphs(node))
             for index, attribute in enumerate(node.attribute):
                 if node.op_type == "Constant" and attribute.type == AttributeProto.SPARSE_TENSOR:
                     node.attribute[index].CopyFrom(helper.make_attribute("value", _dense(attribute.sparse_tensor)))

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -278,11 +277,7 @@ def check(model: onnx.ModelProto, source: str | None, variant: str, *, onnxrunti
         return "onnx.checker full_check passed; onnxruntime load not checked (onnxruntime_check: false)"
     # default session options on purpose: ORT's graph optimisations are where mixed precision breaks, and where
     # it may crash: the load runs in a child process (qdeploy.targets.ort_probe)
-    with tempfile.TemporaryDirectory(prefix="qdeploy-fp16-") as folder:
-        path = source or str(Path(folder) / "fp16.onnx")
-        if source is None:
-            Path(path).write_bytes(model.SerializeToString())
-        error = load_error(Path(path))
+    error = load_error(Path(source) if source else model)
     if error is not None:
         raise StageError(STAGE, variant, f"the fp16 model does not load in ONNX Runtime: {error}")
     return "onnx.checker full_check passed; loads in onnxruntime CPUExecutionProvider"

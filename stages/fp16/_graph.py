@@ -20,22 +20,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from qdeploy.graph.order import outer_references
-from qdeploy.graph.utils import GRAPH_OPS, ONNX_SPEC_DOMAINS, delete_where, subgraphs
+from qdeploy.graph.utils import delete_where, rename_uses, subgraphs, walk_graphs
 
 if TYPE_CHECKING:
     import onnx
 
 
 FLOAT, FLOAT16 = 1, 10  # onnx.TensorProto element types
-
-
-def walk_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """The graph and every graph nested in it, outer graphs first."""
-    yield graph
-    for node in graph.node:
-        if node.op_type in GRAPH_OPS or node.domain not in ONNX_SPEC_DOMAINS:  # inline fast path of subgraphs()
-            for sub in subgraphs(node):
-                yield from walk_graphs(sub)
 
 
 def walk_nodes(graph: onnx.GraphProto) -> Iterator[tuple[onnx.NodeProto, onnx.GraphProto]]:
@@ -86,19 +77,6 @@ def remove_dead_casts(graph: onnx.GraphProto) -> int:
         for sub in subgraphs(node):
             removed += remove_dead_casts(sub)
     return removed
-
-
-def rename_uses(graph: onnx.GraphProto, old: str, new: str, *, outputs: bool = True) -> None:
-    """Every use of `old` as a node input (nested graphs included), and as a graph output, becomes `new`."""
-    for inner in walk_graphs(graph):
-        for node in inner.node:
-            for index, name in enumerate(node.input):
-                if name == old:
-                    node.input[index] = new
-    if outputs:
-        for value in graph.output:
-            if value.name == old:
-                value.name = new
 
 
 def rename_tensor(graph: onnx.GraphProto, old: str, new: str) -> None:

@@ -13,38 +13,15 @@ import pytest
 
 from qdeploy.pipeline.recipe.loader import load_recipe_file
 from qdeploy.pipeline.run.runner import RunOptions, run_recipe
+from tests.helpers.bert import ort_fused_bert
 from tests.helpers.models import write_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
 
-def _fused_bert(path: Path) -> Path:
-    import torch
-    import transformers
-    from onnxruntime.transformers import optimizer
-
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=32, attn_implementation="eager")
-
-    class Encoder(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = transformers.BertModel(config).eval()
-
-        def forward(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-            return self.bert(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
-
-    ones = torch.ones(1, 8, dtype=torch.int64)
-    plain = path.with_name("plain.onnx")
-    torch.onnx.export(Encoder(), (ones, ones, torch.zeros_like(ones)), str(plain), opset_version=17, dynamo=False,
-                      input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["hidden"])
-    optimizer.optimize_model(str(plain), model_type="bert", num_heads=2, hidden_size=32).save_model_to_file(str(path))
-    return path
-
-
 def test_a_model_onnx_runtimes_optimizer_saved_loads_again_and_builds(tmp_path: Path) -> None:
-    path = _fused_bert(tmp_path / "model.onnx")
+    path = ort_fused_bert(tmp_path / "model.onnx", layers=1, hidden=32, heads=2, tokens=8, vocab=100,
+                          positions=32)
     try:
         ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         pytest.skip("this ONNX Runtime loads its own optimizer's names again: the failure guarded against is gone")
