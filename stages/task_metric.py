@@ -136,11 +136,12 @@ class TaskJudge:
         return self.values[key][1]
 
 
-def judged(reference: Outputs, outputs: Outputs, tolerance: Tolerance, judge: TaskJudge | None) -> OutputComparison:
+def judged(reference: Outputs, outputs: Outputs, tolerance: Tolerance, judge: TaskJudge | None,
+           detections: Mapping[str, Any] | None = None) -> OutputComparison:
     """``outputs`` against ``reference``: by the task metric when there is a judge (all samples its search
-    part), else by ``tolerance``'s output limits."""
+    part), else by ``tolerance``'s output limits (a detector's boxes matched by IoU: ``detections``)."""
     if judge is None:
-        return compare_outputs(reference, outputs, tolerance)
+        return compare_outputs(reference, outputs, tolerance, detections=detections)
     return judge.compare("search", reference, outputs)
 
 

@@ -19,6 +19,7 @@ from pydantic_core import PydanticUndefined
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
 from qdeploy.pipeline.recipe.schema import DatasetSpec, GateSpec, PackagesSpec, Recipe, ReportSpec, registry
 from qdeploy.stages.export.config import CausalLmSource, InputSpec, TorchSource
+from qdeploy.stages.validate.config import Detections
 
 __all__ = ["BEGIN", "END", "PAGES", "main", "markers", "model_table", "quantize_reference", "recipe_reference",
            "reference", "stage_reference", "with_reference"]
@@ -76,6 +77,7 @@ def recipe_reference() -> str:
         ("model.inputs[]", InputSpec), ("model.torch", TorchSource),
         ("model.causal_lm", CausalLmSource), ("data.<name>", DatasetSpec),
         ("validate", registry.stage("validate").config), ("validate.tolerance", Tolerance),
+        ("validate.detections", Detections),
         ("benchmark", registry.stage("benchmark").config), ("gates[]", GateSpec), ("report", ReportSpec),
         ("report.packages", PackagesSpec),
     ]

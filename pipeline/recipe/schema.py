@@ -71,14 +71,15 @@ ONCE_PER_VARIANT = {"fp16": "converted to float16", "quantize": "quantized"}
 
 GateMetric = Literal[
     "speedup", "latency_ms", "throughput_per_s", "inferences_per_s", "size_bytes",
-    "cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement", "kl", "task_metric",
+    "cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement", "kl", "task_metric", "detections_matched",
     "decode_tokens_per_s", "decode_speedup",
 ]
 """What a gate may hold; kl (per-token KL divergence from the reference's logits) is lower-is-better, like the
 errors: gate it with 'max'.  task_metric is the validate.metric's value, perplexity (lower is better) or
 log_likelihood included.  decode_tokens_per_s (gate with 'min') and decode_speedup (the reference's decode ms per
 token over the variant's on the same target; 'min') read a language model's decode record (KV cache); a gate on
-them fails where the row has none."""
+them fails where the row has none.  detections_matched ('min') is the lower of recall and precision of the boxes
+matched by validate.detections."""
 
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -462,4 +463,5 @@ class Recipe(StrictModel):
                             targets=tuple(self.targets) if targets is None else targets,
                             default_dataset=self.validate_.data, reference_variant=self.reference_variant,
                             batch_sizes=tuple(self.benchmark.batch_sizes) if self.benchmark.enabled else (),
+                            detections=self.validate_.detections.model_dump() if self.validate_.detections else None,
                             **fields)

@@ -17,8 +17,8 @@ from typing import Any, Literal
 from qdeploy.core.compare import SNR_CAP_DB  # identical outputs report this; it is not a measurement
 from qdeploy.core.values import is_finite_number
 
-__all__ = ["escape_html", "fmt_cosine", "fmt_fidelity", "fmt_mb", "fmt_ms", "fmt_number", "fmt_rate", "fmt_snr",
-           "fmt_snr_cell", "fmt_speedup", "straddles_one"]
+__all__ = ["escape_html", "fmt_cosine", "fmt_cosine_cell", "fmt_fidelity", "fmt_mb", "fmt_ms", "fmt_number",
+           "fmt_rate", "fmt_snr", "fmt_snr_cell", "fmt_speedup", "straddles_one"]
 
 
 def fmt_number(value: Any, significant: int = 3, *, style: Literal["measure", "value"] = "measure") -> str:
@@ -104,6 +104,14 @@ def fmt_cosine(value: Any) -> str:
     return f"{value:.{digits}f}"
 
 
+def fmt_cosine_cell(metrics: Any) -> str:
+    """The cosine column of a row: its cosine, or for a detector compared by matching boxes (no output of it has a
+    cosine) the share of boxes matched ('97.4% boxes')."""
+    if metrics.cosine is None and is_finite_number(metrics.detections_matched):
+        return f"{metrics.detections_matched:.1%} boxes"
+    return fmt_cosine(metrics.cosine)
+
+
 def fmt_snr(value: Any) -> str:
     """An SNR to 0.1 dB; at the cap, 'identical outputs' (the cap is not a measurement)."""
     if not is_finite_number(value):
@@ -122,6 +130,8 @@ def fmt_fidelity(fidelity: dict[str, Any]) -> str:
     parts = []
     if is_finite_number(fidelity.get("task_metric")):
         parts.append(f"task metric {fmt_number(fidelity['task_metric'], 4)}")
+    if is_finite_number(fidelity.get("detections_matched")):
+        parts.append(f"detections matched {fidelity['detections_matched']:.1%}")
     if is_finite_number(fidelity.get("cosine")):
         parts.append(f"cosine {fmt_cosine(fidelity['cosine'])}")
     if is_finite_number(fidelity.get("snr_db")):

@@ -17,7 +17,13 @@ from qdeploy.pipeline.report._html_verdict import VERDICT_CSS, throughput_html, 
 from qdeploy.pipeline.report.budget_front import budget_front_html
 from qdeploy.pipeline.report.charts import colors_for, latency_bars_svg, tradeoff_svg
 from qdeploy.pipeline.report.decode import decode_html
-from qdeploy.pipeline.report.format import escape_html, fmt_cosine, fmt_number, fmt_snr_cell, fmt_speedup
+from qdeploy.pipeline.report.format import (
+    escape_html,
+    fmt_cosine_cell,
+    fmt_number,
+    fmt_snr_cell,
+    fmt_speedup,
+)
 from qdeploy.pipeline.report.precision import speedup_sides
 from qdeploy.pipeline.report.sections import noise_floor_lines, package_lines
 from qdeploy.pipeline.report.view import (
@@ -206,7 +212,7 @@ def _table_row(row: MatrixRow, colors: dict[str, str], task: bool, sides: str = 
         _num(latency.p90 if latency else None), _num(latency.p99 if latency else None),
         f"<td class=\"num\">{speed}</td>",
         _num(bench.throughput_per_s if bench else None), _num(row.size_bytes / 1e6 if row.size_bytes else None),
-        _num(row.peak_memory_mb), _text(fmt_cosine(metrics.cosine)), _text(fmt_snr_cell(metrics.snr_db)),
+        _num(row.peak_memory_mb), _text(fmt_cosine_cell(metrics)), _text(fmt_snr_cell(metrics.snr_db)),
         _num(metrics.max_abs_err), _num(metrics.top1_agreement), *([_num(metrics.kl, 4)] if kl else []),
         *([_num(metrics.task_metric, 4)] if task else []),
         f"<td>{status_badge(row.validation_status) if row.check else '–'}</td>",

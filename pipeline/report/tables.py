@@ -11,7 +11,14 @@ from typing import Any
 from qdeploy.core.report import Report, as_report
 from qdeploy.core.report_parts import VerdictSection
 from qdeploy.core.rows import BenchmarkRow, ThroughputRow
-from qdeploy.pipeline.report.format import fmt_cosine, fmt_ms, fmt_number, fmt_snr, fmt_snr_cell, fmt_speedup
+from qdeploy.pipeline.report.format import (
+    fmt_cosine_cell,
+    fmt_ms,
+    fmt_number,
+    fmt_snr,
+    fmt_snr_cell,
+    fmt_speedup,
+)
 from qdeploy.pipeline.report.precision import speedup_sides
 from qdeploy.pipeline.report.verdict import compute_verdict
 from qdeploy.pipeline.report.verdict_words import tie_rule_words, verdict_lines
@@ -82,7 +89,7 @@ def matrix_lines(report: Report | Mapping[str, Any]) -> list[str]:
             f"{fmt_number(latency.p90 if latency else None)} | {fmt_number(latency.p99 if latency else None)} | "
             f"{_speedup_cell(report, bench, speedup)} | "
             f"{fmt_number(bench.throughput_per_s if bench else None)} | {fmt_number(_mb(row.size_bytes))} | "
-            f"{fmt_number(row.peak_memory_mb)} | {fmt_cosine(metrics.cosine)} | "
+            f"{fmt_number(row.peak_memory_mb)} | {fmt_cosine_cell(metrics)} | "
             f"{fmt_snr_cell(metrics.snr_db)} | {fmt_number(metrics.max_abs_err)} | "
             f"{row.validation_status} | {row.benchmark_status} |")
     line = unavailable_line(missing)

@@ -58,7 +58,7 @@ __all__ = ["FIDELITY_KEYS", "FIDELITY_ONLY", "TIE_BREAKS", "Choice", "ChoiceFigu
 
 FIDELITY_ONLY = ("reference:cpu",)
 TIE_BREAKS = ("fidelity", "size")
-FIDELITY_KEYS = ("cosine", "snr_db", "max_abs_err", "top1_agreement", "kl", "task_metric")
+FIDELITY_KEYS = ("cosine", "snr_db", "max_abs_err", "top1_agreement", "kl", "task_metric", "detections_matched")
 
 
 class ChoiceLatency(TypedDict, total=False):
@@ -454,7 +454,7 @@ def _closer(pick: Choice, other: Choice) -> str:
 
 
 def _fidelity_rank(choice: Choice) -> float:
-    for key in ("task_metric", "snr_db", "cosine"):
+    for key in ("task_metric", "detections_matched", "snr_db", "cosine"):
         value = choice.fidelity.get(key)
         if is_finite_number(value):
             lower = key == "task_metric" and choice.task_lower_better  # a lower perplexity is closer

@@ -34,7 +34,7 @@ __all__ = ["HIGHER_IS_BETTER", "Change", "NotComparableError", "RunComparison", 
 
 HIGHER_IS_BETTER = {"cosine": True, "snr_db": True, "top1_agreement": True, "top5_agreement": True,
                     "task_metric": True, "max_abs_err": False, "mean_abs_err": False, "max_rel_err": False,
-                    "kl": False}
+                    "kl": False, "detections_matched": True}
 """Fidelity metrics compared, and which way is better (the recipe's task metric is taken as an accuracy unless
 its rows say it is lower-is-better: a built-in perplexity)."""
 _BAD_STATUSES = ("failed", "error", "unreadable")

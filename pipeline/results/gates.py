@@ -23,7 +23,8 @@ __all__ = ["evaluate_gates", "excuse_unreadable", "find_benchmark", "gates_hold"
 _Timed = TypeVar("_Timed", BenchmarkRow, ThroughputRow)
 
 _DECODE_METRICS = ("decode_tokens_per_s", "decode_speedup")
-_VALIDATION_METRICS = ("cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement", "kl", "task_metric")
+_VALIDATION_METRICS = ("cosine", "snr_db", "max_abs_err", "mean_abs_err", "top1_agreement", "kl", "task_metric",
+                       "detections_matched")
 
 
 def speedup(benchmarks: list[BenchmarkRow], variant: str, target: str, batch: int, reference: str) -> float | None:

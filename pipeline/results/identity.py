@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ENVIRONMENT_FIELDS", "RECIPE_SECTIONS", "CodeFingerprintDict", "DatasetFingerprintDict",
            "ExternalFileDict", "ModelIdentityDict", "ModelSignatureDict", "TensorSignatureDict", "code_fingerprint",
+           "comparison_facts",
            "dataset_fingerprint", "model_identity", "model_mismatch", "model_signature", "recipe_content",
            "recipe_content_note", "recipe_fingerprint", "run_differences"]
 
@@ -132,6 +133,18 @@ def code_fingerprint(recipe: Recipe, config: StageConfig) -> CodeFingerprintDict
     if budget is None or budget.metric is None:
         return {}
     return {"code": {"tolerance.metric": _content_of(recipe, budget.metric, code=True)}}
+
+
+def comparison_facts(recipe: Recipe, uses_targets: bool, true_fp16: bool) -> dict[str, Any]:
+    """What a stage that measures its own artifact (an accuracy budget) depends on beyond its config, for its cache
+    key: the targets it confirms on and the detections it matches (``validate.detections``, only when set, so
+    every other key stays what it was)."""
+    if not uses_targets:
+        return {}
+    facts: dict[str, Any] = {"targets": sorted(recipe.validated_targets(true_fp16=true_fp16))}
+    if recipe.validate_.detections is not None:
+        facts["detections"] = recipe.validate_.detections.model_dump(mode="json")
+    return facts
 
 
 def model_identity(exported: Artifact) -> ModelIdentityDict:

@@ -47,7 +47,7 @@ from qdeploy.pipeline.publish.store import ArtifactStore, cache_key, library_ver
 from qdeploy.pipeline.recipe.schema import EXPORTED, Recipe, VariantStep, registry
 from qdeploy.pipeline.recipe.selection import selected_targets, selected_variants
 from qdeploy.pipeline.report import write_reports
-from qdeploy.pipeline.results.identity import code_fingerprint, dataset_fingerprint, model_identity
+from qdeploy.pipeline.results.identity import code_fingerprint, comparison_facts, dataset_fingerprint, model_identity
 from qdeploy.pipeline.results.layers import add_layers
 from qdeploy.pipeline.run.dedup import evaluate_once, mark_same_files
 from qdeploy.pipeline.run.device_default import with_setting_rows
@@ -375,8 +375,7 @@ def _build_step(state: _RunState, variant: str, step: VariantStep, parent: Artif
         "parent_external_data": [list(item) for item in parent.external_data],
         "data": dataset_fingerprint(state.recipe, datasets),
         **code_fingerprint(state.recipe, config), **info.host_facts(config),  # a metric file; AMX (ptq for ORT)
-        **({"targets": sorted(state.recipe.validated_targets(true_fp16=info.true_fp16_checked))}
-           if info.uses_targets else {}),
+        **comparison_facts(state.recipe, info.uses_targets, info.true_fp16_checked),  # targets, detections
     })
     ctx = _context(state, variant, step.stage)
     return _transform(state, key, info, parent, config, ctx, versions, stages=(*parent.stages, step.stage))

@@ -13,7 +13,7 @@ from typing import Any
 
 from qdeploy.core.report import Report, as_report
 from qdeploy.core.rows import ValidationMetrics
-from qdeploy.pipeline.report.format import fmt_cosine, fmt_number, fmt_snr_cell, fmt_speedup
+from qdeploy.pipeline.report.format import fmt_cosine_cell, fmt_number, fmt_snr_cell, fmt_speedup
 from qdeploy.pipeline.report.precision import speedup_sides
 from qdeploy.pipeline.report.verdict_words import verdict_lines
 from qdeploy.pipeline.report.view import (
@@ -91,7 +91,7 @@ def _print_tables(console: Any, report: Report) -> None:
 def fidelity_cells(metrics: ValidationMetrics) -> tuple[str, str]:
     """Cosine and SNR as report.md's table words them: '1 − 1e-16', 'identical outputs' at the SNR cap (200 dB
     is the cap, not a measurement), '52.1'."""
-    return fmt_cosine(metrics.cosine), fmt_snr_cell(metrics.snr_db)
+    return fmt_cosine_cell(metrics), fmt_snr_cell(metrics.snr_db)
 
 
 def added_target_lines(rows: list[MatrixRow]) -> list[str]:

@@ -38,6 +38,11 @@ uses the mapping's entry for an output it names and ``tolerance`` for the others
 output's metrics carry the limits they were held to (``tolerance``) and whether they held
 (``passed``).
 
+A detector's outputs named by ``detections`` (``validate.detections`` as a dict:
+``qdeploy.core.detections``) are compared as detections instead: one entry named after
+the boxes output holds the match's ``detections`` metrics (recall, precision, mean IoU)
+and the outputs it reads get no elementwise metrics.
+
 Failures regardless of tolerance: a missing output, a shape or dtype-kind
 (float / integer / bool) mismatch, NaN/Inf in the candidate or the reference,
 differing sample counts.  Integer and bool outputs must match exactly; the
@@ -53,10 +58,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import numpy as np
 
+from qdeploy.core.detections import consumed_outputs, match_detections, output_of
 from qdeploy.core.lm_metrics import is_token_scores, kl_sum, top1_matches
 from qdeploy.core.output_parts import SNR_CAP_DB, small_part_note, snr_db
 
@@ -88,7 +94,8 @@ class OutputMetricsDict(TypedDict):
     nonfinite: int
     shape_mismatch: str | None
     passed: bool
-    tolerance: dict[str, float] | None
+    tolerance: dict[str, Any] | None
+    detections: NotRequired[dict[str, Any]]
 
 
 class OutputComparisonDict(TypedDict):
@@ -119,11 +126,16 @@ class OutputMetrics:
     nonfinite: int = 0
     shape_mismatch: str | None = None
     passed: bool = True
-    tolerance: dict[str, float] | None = None
+    tolerance: dict[str, Any] | None = None
     """The limits this output was held to (unset limits left out)."""
+    detections: dict[str, Any] | None = None
+    """A detection match's counts, recall, precision and mean IoU (``qdeploy.core.detections``); None elsewhere."""
 
     def to_dict(self) -> OutputMetricsDict:
-        return OutputMetricsDict(**asdict(self))
+        record = OutputMetricsDict(**asdict(self))
+        if record["detections"] is None:
+            del record["detections"]  # only a detector's boxes have one: every other record keeps its keys
+        return record
 
 
 @dataclass
@@ -144,6 +156,10 @@ class OutputComparison:
             worst[key] = (max(values) if key in _MAX_FIELDS else min(values)) if values else None
         if worst["kl"] is None:
             del worst["kl"]  # only language-model logits have one: every other record keeps its keys
+        matches = [min(out.detections["recall"], out.detections["precision"]) for out in self.outputs
+                   if out.detections]
+        if matches:
+            worst["detections_matched"] = min(matches)
         worst["nonfinite"] = sum(out.nonfinite for out in self.outputs)
         return worst
 
@@ -158,10 +174,11 @@ class OutputComparison:
 
 
 def compare_outputs(reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Mapping[str, np.ndarray]],
-                    tolerance: Tolerance, per_output: Mapping[str, Tolerance] | None = None) -> OutputComparison:
-    """Compare per-sample outputs of a candidate with a reference's under a tolerance (per output if given).
-    Each sample's arrays are read as they are compared: samples that load from disk (``output_store``) are never
-    all in memory at once."""
+                    tolerance: Tolerance, per_output: Mapping[str, Tolerance] | None = None,
+                    detections: Mapping[str, Any] | None = None) -> OutputComparison:
+    """Compare per-sample outputs of a candidate with a reference's under a tolerance (per output if given), a
+    detector's outputs by matching its boxes when ``detections`` names them.  Each sample's arrays are read as they
+    are compared: samples that load from disk (``output_store``) are never all in memory at once."""
     per_output = per_output or {}
     reasons: list[str] = []
     notes: list[str] = []
@@ -170,8 +187,12 @@ def compare_outputs(reference: Sequence[Mapping[str, np.ndarray]], candidate: Se
     count = min(len(reference), len(candidate))
     if count == 0:
         reasons.append("no samples to compare")
-    names = list(dict.fromkeys(name for sample in reference[:count] for name in sample))
+    matched = consumed_outputs(detections)
+    names = [name for name in dict.fromkeys(name for sample in reference[:count] for name in sample)
+             if name not in matched]
     outputs = []
+    if detections and count:
+        outputs.append(_match(detections, reference[:count], candidate[:count], reasons))
     for name in names:
         refs, cands = _Column(reference[:count], name), _Column(candidate[:count], name)
         limits = per_output.get(name, tolerance)
@@ -184,6 +205,17 @@ def compare_outputs(reference: Sequence[Mapping[str, np.ndarray]], candidate: Se
     notes.extend(note for name in names if (note := small_part_note(
         name, _Column(reference[:count], name), _Column(candidate[:count], name), per_output.get(name, tolerance))))
     return OutputComparison(outputs=outputs, passed=not reasons, reasons=reasons, notes=notes)
+
+
+def _match(spec: Mapping[str, Any], reference: Sequence[Mapping[str, np.ndarray]],
+           candidate: Sequence[Mapping[str, np.ndarray]], reasons: list[str]) -> OutputMetrics:
+    """The detection match as one entry named after the boxes output; its broken limits join ``reasons``."""
+    name = output_of(spec["boxes"])
+    found, broken = match_detections(spec, reference, candidate)
+    reasons.extend(f"detections '{name}': {problem}" for problem in broken)
+    limits = dict(spec)  # nulls included (a null score_threshold keeps every row): the package check reads it
+    return OutputMetrics(name=name, nonfinite=found.get("nonfinite", 0), passed=not broken, tolerance=limits,
+                         detections=found or None, shape_mismatch=broken[0] if not found else None)
 
 
 _CHECKED_ON = {"top1_agreement_min": ("top1_agreement", "class scores ([N, C] floats)"),
@@ -259,6 +291,10 @@ def _kind(array: np.ndarray) -> str:
     return f"non-numeric ({array.dtype})"
 
 
+_DATA_DEPENDENT_HINT = ("; a length that depends on the data (detections after an in-graph NonMaxSuppression) is "
+                        "compared by matching boxes with validate.detections")
+
+
 def _structure_mismatch(refs: Sequence[np.ndarray | None], cands: Sequence[np.ndarray | None]) -> str | None:
     """Why the output cannot be compared elementwise, or None."""
     for index, (ref, cand) in enumerate(zip(refs, cands, strict=True)):
@@ -267,7 +303,9 @@ def _structure_mismatch(refs: Sequence[np.ndarray | None], cands: Sequence[np.nd
         if cand is None:
             return f"missing from the candidate in sample {index}"
         if ref.shape != cand.shape:
-            return f"shape mismatch in sample {index}: reference {list(ref.shape)} vs candidate {list(cand.shape)}"
+            hint = _DATA_DEPENDENT_HINT if ref.ndim == cand.ndim else ""
+            return (f"shape mismatch in sample {index}: reference {list(ref.shape)} vs candidate {list(cand.shape)}"
+                    f"{hint}")
         if _kind(ref) != _kind(cand):
             return f"dtype mismatch: reference {ref.dtype} ({_kind(ref)}) vs candidate {cand.dtype} ({_kind(cand)})"
         if _kind(ref).startswith("non-numeric"):

@@ -216,6 +216,9 @@ class StageContext:
     keyed by a hash of what it was computed from and verified before reuse; None: nothing is shared."""
     sample_reader: SampleReader | None = None
     """Reads a dataset's feeds; None: this context has no data (``samples`` says so)."""
+    detections: Mapping[str, Any] | None = None
+    """validate.detections as a dict: a detector's outputs, which a stage's own comparisons (an accuracy budget)
+    match by IoU as validation does (``qdeploy.core.detections``); None when the recipe sets none."""
 
     def resolve(self, relative: str) -> Path:
         return self.resolver(relative)

@@ -90,7 +90,7 @@ class ValidationMetrics(ResultRow):
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({
         "cosine", "snr_db", "max_abs_err", "mean_abs_err", "max_rel_err", "within_tol", "top1_agreement",
-        "top5_agreement", "kl", "nonfinite", "task_metric"})
+        "top5_agreement", "kl", "nonfinite", "task_metric", "detections_matched"})
 
     max_abs_err: float | None = None
     mean_abs_err: float | None = None
@@ -105,6 +105,8 @@ class ValidationMetrics(ResultRow):
     nonfinite: int | None = None
     task_metric: float | None = None
     """The recipe's validate.metric on this pair's outputs (present only when the recipe sets one)."""
+    detections_matched: float | None = None
+    """The lower of a detection match's recall and precision (present only when validate.detections is set)."""
 
     @property
     def measured(self) -> bool:

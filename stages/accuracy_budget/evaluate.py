@@ -4,7 +4,8 @@ tolerance or task metric), and tolerances tightened by a margin.
 - ``error_ratio``: how far a comparison is from its tolerance, as one number:
   the error over the allowed error, worst over the limits set (1 - cosine
   against 1 - cosine_min; noise power against the power snr_db_min allows;
-  1 - top-1 agreement; max_abs_err against atol).  At most 1 passes.
+  1 - top-1 agreement; max_abs_err against atol; for a detector's boxes
+  matched by IoU, the share unmatched against 1 - match_min).  At most 1 passes.
 - ``tightened``: the tolerance whose allowed errors are a fraction of the
   given one's: the search holds candidates to it, so that what it picks on
   the search samples keeps a margin on samples it has not seen.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from qdeploy.core.tolerance import TaskTolerance, Tolerance
 
 __all__ = ["CannotRun", "Compare", "Evaluator", "Measured", "error_ratio", "ort_session", "summary", "tightened",
-           "worst_of"]
+           "tightened_match", "worst_of"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ def error_ratio(comparison: OutputComparison, tolerance: Tolerance) -> float:
         ratios.append(_ratio(1.0 - worst["top1_agreement"], 1.0 - tolerance.top1_agreement_min))
     if tolerance.atol is not None and tolerance.rtol is None and worst["max_abs_err"] is not None:
         ratios.append(_ratio(worst["max_abs_err"], tolerance.atol))
+    ratios.extend(_ratio(1.0 - min(out.detections["recall"], out.detections["precision"]),
+                         1.0 - float((out.tolerance or {}).get("match_min", 0.9)))
+                  for out in comparison.outputs if out.detections)
     worst_ratio = max(ratios, default=0.0)
     if not comparison.passed and worst_ratio <= 1.0:
         return math.inf
@@ -84,14 +88,24 @@ def tightened(tolerance: Tolerance, fraction: float) -> Tolerance:
     return type(tolerance)(**limits)
 
 
+def tightened_match(detections: Mapping[str, Any] | None, fraction: float) -> Mapping[str, Any] | None:
+    """A detection match that allows ``fraction`` of the unmatched share the given one allows (``tightened``)."""
+    if not detections or fraction >= 1.0:
+        return detections
+    return {**detections, "match_min": 1.0 - (1.0 - float(detections.get("match_min", 0.9))) * fraction}
+
+
 def summary(comparison: OutputComparison, tolerance: Tolerance | TaskTolerance) -> ComparisonSummary:
     if isinstance(comparison, MetricComparison):
         return metric_summary(comparison)
     worst = comparison.worst()
     ratio = error_ratio(comparison, tolerance)
-    return ComparisonSummary(passed=comparison.passed, cosine=worst.get("cosine"), snr_db=worst.get("snr_db"),
-                             top1_agreement=worst.get("top1_agreement"), max_abs_err=worst.get("max_abs_err"),
-                             error_ratio=None if math.isinf(ratio) else ratio, reasons=comparison.reasons[:3])
+    found = ComparisonSummary(passed=comparison.passed, cosine=worst.get("cosine"), snr_db=worst.get("snr_db"),
+                              top1_agreement=worst.get("top1_agreement"), max_abs_err=worst.get("max_abs_err"),
+                              error_ratio=None if math.isinf(ratio) else ratio, reasons=comparison.reasons[:3])
+    if worst.get("detections_matched") is not None:
+        found["detections_matched"] = worst["detections_matched"]
+    return found
 
 
 @dataclass
@@ -128,9 +142,9 @@ class CannotRun(Exception):
 Runner = Callable[[Path, list[list[Feeds]]], list[Outputs]]
 """Loads a model file once and runs it on each list of feeds: ONNX Runtime's CPU session for the search, a
 target's own session for confirming on it (``targets``)."""
-Compare = Callable[[Outputs, Outputs, "Tolerance"], OutputComparison]
-"""How candidate outputs are held to an output tolerance: ``worst_of`` (every sample, and their pool), or the pool
-alone (``compare_outputs``)."""
+Compare = Callable[..., OutputComparison]
+"""How candidate outputs are held to an output tolerance, called (reference, candidate, tolerance, detections=):
+``worst_of`` (every sample, and their pool), or the pool alone (``compare_outputs``)."""
 
 
 def ort_runner(path: Path, batches: list[list[Feeds]]) -> list[Outputs]:
@@ -145,8 +159,11 @@ class Evaluator:
 
     def __init__(self, float_model: Path | None, search: list[Feeds], held: list[Feeds], tolerance: Any,
                  work_dir: Path, *, runner: Runner = ort_runner, reference: Measured | None = None,
-                 label: str = "ort:cpu", judge: TaskJudge | None = None, compare: Compare | None = None) -> None:
+                 label: str = "ort:cpu", judge: TaskJudge | None = None, compare: Compare | None = None,
+                 detections: Mapping[str, Any] | None = None) -> None:
         self.search_feeds, self.held_feeds = search, held
+        self.detections = detections
+        """A detector's outputs, matched by IoU (the stage context's ``detections``); None: compared elementwise."""
         self.compare = compare or worst_of
         self.judge = judge
         """Decides with the user's task metric instead of output similarity (``tolerance`` is then its own)."""
@@ -165,7 +182,7 @@ class Evaluator:
         """An evaluator of the same samples, reference and tolerance that runs candidates with ``runner``."""
         return Evaluator(self.float_model, self.search_feeds, self.held_feeds, self.tolerance, self.work_dir,
                          runner=runner, reference=self.reference, label=label, judge=self.judge,
-                         compare=self.compare)
+                         compare=self.compare, detections=self.detections)
 
     def measure(self, model: onnx.ModelProto, *, held: bool = False, samples: int | None = None) -> Measured:
         """One evaluation: the model's outputs on the (first ``samples``) search samples, and on the held-back
@@ -203,31 +220,35 @@ class Evaluator:
         if key not in measured.compared:
             measured.compared[key] = (
                 self.judge.compare("held", self.reference.held or [], measured.held) if self.judge is not None
-                else self.compare(self.reference.held or [], measured.held, self.tolerance))
+                else self.compare(self.reference.held or [], measured.held, self.tolerance,
+                                  detections=self.detections))
         return measured.compared[key]
 
     def _compare_search(self, measured: Measured, fraction: float) -> OutputComparison:
         if self.judge is not None:
             return self.judge.compare("search", self.reference.search, measured.search, fraction)
         tolerance = self.tolerance if fraction >= 1.0 else tightened(self.tolerance, fraction)
-        return self.compare(self.reference.search[:len(measured.search)], measured.search, tolerance)
+        return self.compare(self.reference.search[:len(measured.search)], measured.search, tolerance,
+                            detections=tightened_match(self.detections, fraction))
 
     def per_sample_ratios(self, measured: Measured) -> list[float]:
         if self.judge is not None:  # a task metric is a rate over samples: no per-sample spread
             return []
         if measured.failure is not None:
             return [math.inf] * len(self.reference.search)
-        return [error_ratio(compare_outputs([ref], [got], self.tolerance), self.tolerance)
+        return [error_ratio(compare_outputs([ref], [got], self.tolerance, detections=self.detections), self.tolerance)
                 for ref, got in zip(self.reference.search, measured.search, strict=True)]
 
 
-def worst_of(reference: Outputs, candidate: Outputs, tolerance: Tolerance) -> OutputComparison:
+def worst_of(reference: Outputs, candidate: Outputs, tolerance: Tolerance,
+             detections: Mapping[str, Any] | None = None) -> OutputComparison:
     """The comparison over all samples or that of the worst single sample, whichever is further from the
     tolerance: a budget that holds on every sample holds on any few samples of the same kind (validation
     compares a handful, where one hard sample weighs as much as the rest), not only on their sum.  Top-1
-    agreement, a rate over samples, is judged over all of them only."""
-    overall = compare_outputs(reference, candidate, tolerance)
-    if len(reference) < 2:
+    agreement, a rate over samples, is judged over all of them only; so are a detector's matched boxes
+    (``detections``): a sample holds a few boxes, and one of them unmatched is no rate."""
+    overall = compare_outputs(reference, candidate, tolerance, detections=detections)
+    if len(reference) < 2 or detections:
         return overall
     per_sample = tolerance.model_copy(update={"top1_agreement_min": None})
     if not per_sample.model_dump(exclude_none=True):

@@ -21,16 +21,18 @@ TargetStatus = Literal["confirmed", "missed", "unavailable"]
 
 class ComparisonSummary(TypedDict, total=False):
     """One comparison as the report holds it: held to an output tolerance (``evaluate.summary``: ``cosine``,
-    ``snr_db``, ``top1_agreement``, ``max_abs_err``) or to a task metric (``task_metric.metric_summary``:
-    ``metric``, ``reference_metric``, ``drop``, ``allowed_drop``); both write ``passed``, ``error_ratio`` (the error
-    over the allowed error, null when infinite) and ``reasons`` (the first three).  One record for both, its keys
-    in the order either writes them, as the findings validate it."""
+    ``snr_db``, ``top1_agreement``, ``max_abs_err``, and ``detections_matched`` for a detector's boxes) or to a
+    task metric (``task_metric.metric_summary``: ``metric``, ``reference_metric``, ``drop``, ``allowed_drop``);
+    both write ``passed``, ``error_ratio`` (the error over the allowed error, null when infinite) and ``reasons``
+    (the first three).  One record for both, its keys in the order either writes them, as the findings validate
+    it."""
 
     passed: bool
     cosine: float | None
     snr_db: float | None
     top1_agreement: float | None
     max_abs_err: float | None
+    detections_matched: float | None
     metric: float | None
     reference_metric: float | None
     drop: float | None

@@ -91,8 +91,10 @@ def confirmation(held_count: int, evaluate: Evaluator | Combined, measured: Meas
     if isinstance(held, MetricComparison):
         drop = "not computed" if held.drop is None else f"{held.drop:.4g} of {held.allowed:.4g} allowed"
         return f"{verdict} (task metric drop {drop})"
-    cosine = held.worst().get("cosine")
-    return f"{verdict} (worst cosine {cosine:.4g})" if cosine is not None else verdict
+    worst = held.worst()
+    if worst.get("cosine") is None and worst.get("detections_matched") is not None:
+        return f"{verdict} (detections matched {worst['detections_matched']:.1%})"
+    return f"{verdict} (worst cosine {worst['cosine']:.4g})" if worst.get("cosine") is not None else verdict
 
 
 def miss_note(kept: list[str], ranked: list[Ranked], limit: int, phases: list[PhaseRecord], tried: list[Any],

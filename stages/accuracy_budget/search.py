@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -208,18 +208,20 @@ class _Search:
 def meet_budget(build: Builder, signal: Signal, float_model: Path, feeds: list[Feeds], tolerance: Any,
                 work_dir: Path, *, max_float_nodes: int | None, targets: Sequence[TargetPlan] = (),
                 on_progress: Callable[[str], None] = lambda message: None, task: Task | None = None,
-                max_seconds: float | None = None, timing: Sequence[TimingSource] = ()) -> BudgetResult:
+                max_seconds: float | None = None, timing: Sequence[TimingSource] = (),
+                detections: Mapping[str, Any] | None = None) -> BudgetResult:
     """The reduced model that holds the tolerance on held-back samples with few nodes kept in float, on every
     target in ``targets`` (see the module doc); ``build(kept)`` returns the model with those nodes kept in float,
     ``signal`` ranks its candidates.
     ``task``: (metric function, one label per sample) when ``tolerance`` is a task metric's; ``max_seconds``
     bounds the search, else the default bound (``clock``); ``timing``: the targets' per-node costs for
-    latency-aware reverting."""
+    latency-aware reverting; ``detections``: a detector's outputs, matched by IoU as validation matches them."""
     clock = Clock(max_seconds)
     held_count = held_back_count(len(feeds))
     search_feeds, held_feeds = feeds[:len(feeds) - held_count], feeds[len(feeds) - held_count:]
     judge = TaskJudge(task[0], tolerance, task[1], len(search_feeds)) if task is not None else None
-    evaluate = Evaluator(float_model, search_feeds, held_feeds, tolerance, work_dir, judge=judge)
+    evaluate = Evaluator(float_model, search_feeds, held_feeds, tolerance, work_dir, judge=judge,
+                         detections=detections)
     checks = TargetChecks(evaluate, targets, on_progress)
     clock.counter = lambda: sum(entry.evaluations for entry in checks.cost().values())
     full_model = build([])

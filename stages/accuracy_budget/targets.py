@@ -324,6 +324,9 @@ def _worst_of(record: TargetRecord) -> str:
         return f" (task metric drop {max(drops):.4g}{ran})"
     cosines = [part["cosine"] for part in parts if part.get("cosine") is not None]
     snrs = [part["snr_db"] for part in parts if part.get("snr_db") is not None]
+    matched = [part["detections_matched"] for part in parts if part.get("detections_matched") is not None]
+    if matched and not cosines:  # a detector's boxes, matched by IoU
+        return f" (detections matched {min(matched):.1%}{f', ran {record.precision}' if record.precision else ''})"
     if not cosines:
         return f" ({record.reason if 'reason' in record.model_fields_set else 'no metrics'})"
     snr = f", SNR {min(snrs):.3g} dB" if snrs else ""

@@ -303,7 +303,7 @@ class _Fp16Conversion:
         result = (choose_for_every_draw if every_draw else choose_float32_nodes)(
             self.model, groups, self.needs.inputs, self.feeds[:limit], self.float32.outputs[:limit], tolerance,
             keep_io_types=self.config.keep_io_types, to_float16=self.to_float16, work_dir=self.ctx.work_dir,
-            **({"judge": judge} if judge else {}))
+            detections=self.ctx.detections, **({"judge": judge} if judge else {}))
         self.kept.extend({"node": name, "op_type": self._op_type(name), "reason": "budget: sensitivity"}
                          for name in result.float32_nodes)
         aim = self.config.tolerance if judge else tolerance
@@ -346,10 +346,10 @@ class _Fp16Conversion:
         else:
             raise StageError(STAGE, self.ctx.variant, "float16 emulation still overflows after "
                              f"{MAX_SAFETY_ROUNDS} rounds of keeping nodes in float32; last kept: {self.kept[-3:]}")
-        comparison = judged(self.float32.outputs, emulated.outputs, self.tolerance, self.judge)
+        comparison = judged(self.float32.outputs, emulated.outputs, self.tolerance, self.judge, self.ctx.detections)
         self.emulated_passed, self.emulated_reasons = comparison.passed, comparison.reasons
         self.target_reasons = [] if self.judge else missed_by_samples(self.float32.outputs, emulated.outputs,
-                                                                      self.target)
+                                                                      self.target, self.ctx.detections)
         record = comparison_record(EMULATED, comparison, len(emulated.outputs), time.perf_counter() - started)
         record["headroom"] = headroom_findings(self.config.headroom_db, self.target, self.within_headroom(),
                                                sample_snrs(self.float32.outputs, emulated.outputs))
@@ -363,6 +363,6 @@ class _Fp16Conversion:
         if self.config.fidelity_check == "reference":
             self.ctx.on_progress("fp16: reference evaluator")
             fidelity["reference"] = reference_check(self.converted, self.feeds, self.float32.outputs,
-                                                    self.tolerance)
+                                                    self.tolerance, self.ctx.detections)
         self.fidelity = fidelity
 

@@ -23,11 +23,13 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from qdeploy.core.compare import as_arrays, compare_outputs
+from qdeploy.core.detections import consumed_outputs, match_detections
 from qdeploy.graph.external_data import save_onnx
 from qdeploy.stages.accuracy_budget.evaluate import Evaluator, Measured
 from qdeploy.stages.accuracy_budget.prefix import bisect
@@ -148,15 +150,16 @@ def _touches_float(node: onnx.NodeProto, types: dict[str, int]) -> bool:
 def choose_float32_nodes(model: onnx.ModelProto, groups: list[list[str]], float32_inputs: dict[str, set[int]],
                          feeds: list[dict[str, np.ndarray]], reference: Outputs, tolerance: Tolerance, *,
                          keep_io_types: bool, to_float16: Callable[[np.ndarray], np.ndarray],
-                         work_dir: Path, judge: TaskJudge | None = None) -> Float32Choice:
+                         work_dir: Path, judge: TaskJudge | None = None,
+                         detections: Mapping[str, Any] | None = None) -> Float32Choice:
     """The fewest groups (by measured sensitivity) to keep in float32 so the emulated artifact meets `tolerance`
-    (``judge``: the task metric's drop instead)."""
+    (``judge``: the task metric's drop instead; ``detections``: a detector's outputs, matched by IoU)."""
     import numpy as np
 
     started = time.perf_counter()
     gate_of = {name: index for index, group in enumerate(groups) for name in group}
     trials = _Trials(gated_twin(model, gate_of, float32_inputs, keep_io_types, to_float16), feeds, reference,
-                     tolerance, work_dir, judge)
+                     tolerance, work_dir, judge, detections)
     everything = np.ones(len(groups), dtype=bool)
     all_fp16 = trials.compare(everything)
     if all_fp16.passed or not groups:
@@ -172,12 +175,12 @@ def choose_float32_nodes(model: onnx.ModelProto, groups: list[list[str]], float3
 def rank_groups(model: onnx.ModelProto, groups: list[list[str]], float32_inputs: dict[str, set[int]],
                 feeds: list[dict[str, np.ndarray]], reference: Outputs, tolerance: Tolerance, *, keep_io_types: bool,
                 to_float16: Callable[[np.ndarray], np.ndarray], work_dir: Path,
-                judge: TaskJudge | None = None) -> list[list[str]]:
+                judge: TaskJudge | None = None, detections: Mapping[str, Any] | None = None) -> list[list[str]]:
     """The groups, most sensitive first (one emulated trial each): what a target that misses keeps float32
     first when the emulated search kept none and so measured no order."""
     gate_of = {name: index for index, group in enumerate(groups) for name in group}
     trials = _Trials(gated_twin(model, gate_of, float32_inputs, keep_io_types, to_float16), feeds, reference,
-                     tolerance, work_dir, judge)
+                     tolerance, work_dir, judge, detections)
     return [groups[index] for index in _sensitivity(trials, len(groups))[1]]
 
 
@@ -214,7 +217,8 @@ class _Trials:
     evaluator (output tolerance over all samples pooled, or the task metric)."""
 
     def __init__(self, twin: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], reference: Outputs,
-                 tolerance: Tolerance, work_dir: Path, judge: TaskJudge | None = None) -> None:
+                 tolerance: Tolerance, work_dir: Path, judge: TaskJudge | None = None,
+                 detections: Mapping[str, Any] | None = None) -> None:
         import onnxruntime as ort
 
         path = work_dir / "fp16_budget.onnx"
@@ -225,8 +229,10 @@ class _Trials:
         self.names = [value.name for value in twin.graph.output]
         self.feeds = feeds
         self.reference = reference
+        self.detections = detections
         self.judging = Evaluator(None, feeds, [], tolerance, work_dir, reference=Measured(reference, []),
-                                 label="emulation", judge=judge, compare=compare_outputs)
+                                 label="emulation", judge=judge, detections=detections,
+                                 compare=compare_outputs)
         self.count = 0
 
     def run(self, gates: np.ndarray, feeds: list[dict[str, np.ndarray]]) -> Outputs:
@@ -237,18 +243,26 @@ class _Trials:
         return self.judging.on_search(Measured(self.run(gates, self.feeds)))
 
     def loss(self, gates: np.ndarray) -> float:
-        """Largest relative L2 error over outputs and samples (inf when a value is not finite)."""
+        """Largest relative L2 error over outputs and samples (inf when a value is not finite); a detector's
+        matched outputs (``detections``) count the share of boxes unmatched, an output of another length 1."""
         import numpy as np
 
         count = min(SENSITIVITY_SAMPLES, len(self.feeds))
         worst = 0.0
+        matched = consumed_outputs(self.detections)
         for got, want in zip(self.run(gates, self.feeds[:count]), self.reference[:count], strict=True):
+            if self.detections:
+                found, _ = match_detections(self.detections, [want], [got])
+                worst = max(worst, 1.0 - min(found.get("recall", 0.0), found.get("precision", 0.0)))
             for name, expected in want.items():
-                if not np.issubdtype(expected.dtype, np.floating):
+                if name in matched or not np.issubdtype(expected.dtype, np.floating):
                     continue
                 actual = got[name].astype(np.float64)
                 if not np.isfinite(actual).all():
                     return math.inf
+                if actual.shape != expected.shape:  # a selection's length moved: as far off as it gets
+                    worst = max(worst, 1.0)
+                    continue
                 scale = float(np.linalg.norm(expected)) or 1.0
                 worst = max(worst, float(np.linalg.norm(actual - expected)) / scale)
         return worst

@@ -20,7 +20,7 @@ most sensitive first (the ladder).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
@@ -50,11 +50,11 @@ Outputs = list[dict[str, "np.ndarray"]]
 
 def target_checks(targets: Sequence[str], feeds: list[dict[str, np.ndarray]], reference: Outputs,
                   tolerance: Tolerance, work_dir: Path, on_progress: Callable[[str], None] = lambda message: None,
-                  judge: TaskJudge | None = None) -> TargetChecks:
+                  judge: TaskJudge | None = None, detections: Mapping[str, Any] | None = None) -> TargetChecks:
     """The engine's per-target confirmation for an fp16 artifact: every sample is a search sample (the emulation
     already chose on them), compared pooled as fp16's checks compare; ort:cpu through its adapter."""
     base = Evaluator(None, feeds, [], tolerance, work_dir, reference=Measured(reference, []), label=EMULATION,
-                     judge=judge, compare=compare_outputs)
+                     judge=judge, compare=compare_outputs, detections=detections)
     plans = plan_targets(targets, None, search_session=False, samples={TRUE_FP16_TARGET: REFERENCE_SAMPLES})
     return TargetChecks(base, plans, on_progress, searched_here=False)
 
@@ -247,7 +247,7 @@ def confirm_budget(conversion: Any, fixed: set[str]) -> None:
     budget: Fp16Budget = conversion.budget
     checks = target_checks(conversion.ctx.targets, conversion.feeds, conversion.float32.outputs,
                            conversion.tolerance, conversion.ctx.work_dir, conversion.ctx.on_progress,
-                           judge=conversion.judge)
+                           judge=conversion.judge, detections=conversion.ctx.detections)
     base = list(conversion.kept)
 
     def convert(nodes: list[str]) -> onnx.ModelProto:
@@ -262,6 +262,7 @@ def confirm_budget(conversion: Any, fixed: set[str]) -> None:
         return rank_groups(conversion.model, budget.groups, conversion.needs.inputs, conversion.feeds,
                            conversion.float32.outputs, conversion.tolerance,
                            keep_io_types=conversion.config.keep_io_types, to_float16=conversion.to_float16,
-                           work_dir=conversion.ctx.work_dir, judge=conversion.judge), 0
+                           work_dir=conversion.ctx.work_dir, judge=conversion.judge,
+                           detections=conversion.ctx.detections), 0
 
     budget.targets = hold_on_targets(checks, conversion.converted, convert, ladder)

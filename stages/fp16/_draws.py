@@ -11,6 +11,7 @@ PP-OCRv4 det at 320x320, 4 samples).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.compare import compare_outputs
@@ -26,10 +27,12 @@ Outputs = list[dict[str, "np.ndarray"]]
 __all__ = ["choose_for_every_draw", "missed_by_samples", "sample_snrs"]
 
 
-def missed_by_samples(reference: Outputs, outputs: Outputs, target: Tolerance) -> list[str]:
-    """What the pool and each sample on its own miss of ``target`` (empty: every one meets it)."""
-    reasons = list(compare_outputs(reference, outputs, target).reasons)
-    if len(reference) > 1:
+def missed_by_samples(reference: Outputs, outputs: Outputs, target: Tolerance,
+                      detections: Mapping[str, Any] | None = None) -> list[str]:
+    """What the pool and each sample on its own miss of ``target`` (empty: every one meets it); a detector's
+    boxes (``detections``) are matched over the pool only: a sample holds a few, and one unmatched is no rate."""
+    reasons = list(compare_outputs(reference, outputs, target, detections=detections).reasons)
+    if len(reference) > 1 and not detections:
         for index, (want, got) in enumerate(zip(reference, outputs, strict=True)):
             reasons.extend(f"sample {index}: {reason}" for reason in compare_outputs([want], [got], target).reasons)
     return reasons

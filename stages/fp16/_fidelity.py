@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from qdeploy.core.compare import as_arrays, compare_outputs
 from qdeploy.core.output_store import OutputStore
@@ -148,9 +148,10 @@ def _original_producer(name: str, producers: dict[str, onnx.NodeProto],
 
 
 def summary(method: str, reference: list[dict[str, np.ndarray]], outputs: list[dict[str, np.ndarray]],
-            tolerance: Tolerance, seconds: float) -> FidelityCheck:
-    """A comparison against the float32 outputs, in findings form."""
-    return comparison_record(method, compare_outputs(reference, outputs, tolerance), len(outputs), seconds)
+            tolerance: Tolerance, seconds: float, detections: Mapping[str, Any] | None = None) -> FidelityCheck:
+    """A comparison against the float32 outputs, in findings form (a detector's boxes matched: ``detections``)."""
+    return comparison_record(method, compare_outputs(reference, outputs, tolerance, detections=detections),
+                             len(outputs), seconds)
 
 
 def comparison_record(method: str, comparison: OutputComparison, samples: int, seconds: float) -> FidelityCheck:
@@ -160,7 +161,8 @@ def comparison_record(method: str, comparison: OutputComparison, samples: int, s
 
 
 def reference_check(model: onnx.ModelProto, feeds: Feeds, reference: list[dict[str, np.ndarray]],
-                    tolerance: Tolerance) -> FidelityCheck | ReferenceUnavailable:
+                    tolerance: Tolerance,
+                    detections: Mapping[str, Any] | None = None) -> FidelityCheck | ReferenceUnavailable:
     """The artifact in onnx's reference evaluator (true float16 arithmetic) against float32 outputs.
 
     An op the evaluator cannot run makes the check ``unavailable`` with the op named, not a stage failure.
@@ -186,4 +188,5 @@ def reference_check(model: onnx.ModelProto, feeds: Feeds, reference: list[dict[s
         log.info("fp16 reference check unavailable: %s", exc)
         return {"method": REFERENCE, "status": "unavailable", "passed": None, "reason": str(exc),
                 "op_type": exc.op_type, "seconds": round(time.perf_counter() - started, 3)}
-    return summary(REFERENCE, reference[:len(outputs)], outputs, tolerance, time.perf_counter() - started)
+    return summary(REFERENCE, reference[:len(outputs)], outputs, tolerance, time.perf_counter() - started,
+                   detections)

@@ -418,7 +418,7 @@ def _with_budget(prepared: Path, build: Any, config: Integer, ctx: StageContext,
     runtime = config.runtime if isinstance(config, PtqConfig) else None
     result = meet_budget(build, shadow_signal(prepared, ctx.work_dir), prepared, feeds, config.tolerance,
                          ctx.work_dir, max_float_nodes=config.budget.max_float_nodes, on_progress=ctx.on_progress,
-                         targets=budget_targets.plan_targets(ctx.targets, runtime),
+                         targets=budget_targets.plan_targets(ctx.targets, runtime), detections=ctx.detections,
                          **budget_options(config, ctx, prepared, _budget_data(config), len(feeds), runtime))
     found = result.findings.model_copy(update={
         "data": _budget_data(config) or "random",

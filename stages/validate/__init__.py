@@ -352,7 +352,8 @@ def _compare_pair(shared: _Run, name: str, path: Path, precision: str, target: s
     tolerance = tolerance_for(shared.config, basis, declared)
     notes = [*shared.warnings, *_execution_warnings(executed, precision), *([held] if held else [])]
     per_output = output_tolerances(shared.config, basis, declared)
-    comparison = compare_outputs(shared.reference_outputs, outputs, tolerance, per_output)
+    detections = shared.config.detections.model_dump() if shared.config.detections else None
+    comparison = compare_outputs(shared.reference_outputs, outputs, tolerance, per_output, detections)
     row = _result(name, target, "passed" if comparison.passed else "failed", "; ".join(comparison.reasons),
                   [*notes, *comparison.notes])
     row = row.replace(
@@ -370,7 +371,7 @@ def _compare_pair(shared: _Run, name: str, path: Path, precision: str, target: s
     row = _add_task_metric(shared, row, outputs[:shared.base_samples])
     if not comparison.passed and precision == "int8":
         row = _add_saturation_reason(row, path, target)
-    return Outcome(row, outputs, tolerance, per_output)
+    return Outcome(row, outputs, tolerance, per_output, detections)
 
 
 def _hint_field(target: str, hint: str | None) -> dict[str, str | None]:

@@ -108,8 +108,10 @@ def _arbitrate(outcome: Outcome, truth: Float64Reference, reference_outputs: Out
                                      f"whose float32 is off ({truth.failure})"],
             arbitrated={"against": AGAINST, "samples": 0, "verdict": "unchecked", "reason": truth.failure})
         return
-    target = compare_outputs(exact, [outputs[index] for index in indices], tolerance, outcome.per_output)
-    reference = compare_outputs(exact, [reference_outputs[index] for index in indices], tolerance, outcome.per_output)
+    target = compare_outputs(exact, [outputs[index] for index in indices], tolerance, outcome.per_output,
+                             outcome.detections)
+    reference = compare_outputs(exact, [reference_outputs[index] for index in indices], tolerance, outcome.per_output,
+                                outcome.detections)
     verdict = ("reference" if target.passed and not reference.passed else
                "target" if reference.passed and not target.passed else "both" if not target.passed else "neither")
     if verdict == "both" and _no_further(target, reference):

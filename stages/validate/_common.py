@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,8 @@ class Outcome:
     outputs: Outputs | None = None
     tolerance: Tolerance | None = None
     per_output: dict[str, Tolerance] = field(default_factory=dict)
+    detections: dict[str, Any] | None = None
+    """validate.detections as a dict (``qdeploy.core.detections``), when the recipe sets it."""
 
 
 def feed_caster(model_path: Path) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:

@@ -53,7 +53,8 @@ def flag_unattainable(outcomes: list[Outcome], reference_outputs: Outputs, refer
         floor = floors.get(row.target)
         if row.noise_floor or floor is None or outcome.tolerance is None:
             continue
-        comparison = compare_outputs(reference_outputs, floor, outcome.tolerance, outcome.per_output)
+        comparison = compare_outputs(reference_outputs, floor, outcome.tolerance, outcome.per_output,
+                                     outcome.detections)
         outcome.row = row.replace(unattainable=[
             f"{reason}, already for the reference {reference_label} itself on {row.target} "
             f"(noise floor against ort:cpu)" for reason in comparison.reasons])

@@ -98,8 +98,9 @@ class Divergence:
             before = (f"the {self.compared - 1} tensors compared before it agree within the limits: "
                       if self.compared > 1 else "")
             said += (f"; {before}a selection by value flips where values nearly tie, and reduced precision moves "
-                     "them; judge what it selects with a task metric (validate.metric) or allow a share of it to "
-                     "differ (validate.outputs: {name: {mismatch_max: ...}})")
+                     "them; judge what it selects with a task metric (validate.metric), match the boxes a detector "
+                     "keeps by IoU (validate.detections) or allow a share of it to differ (validate.outputs: "
+                     "{name: {mismatch_max: ...}})")
         return said
 
 

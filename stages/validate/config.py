@@ -6,17 +6,46 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from qdeploy.core.detections import parse_column
 from qdeploy.core.lm_metrics import BUILTIN_METRICS
 from qdeploy.core.stage_config import StageConfig
-from qdeploy.core.tolerance import Tolerance
+from qdeploy.core.tolerance import StrictModel, Tolerance
 
-__all__ = ["RANDOM_DATA_WARNING", "REFERENCE_MODEL_ROW", "REFERENCE_TARGET", "ValidateConfig"]
+__all__ = ["RANDOM_DATA_WARNING", "REFERENCE_MODEL_ROW", "REFERENCE_TARGET", "Detections", "ValidateConfig"]
 
 
 REFERENCE_TARGET = "ort:cpu"
 REFERENCE_MODEL_ROW = "reference_model"
 """Variant name of the rows that run validate.reference_model itself on the other targets (its noise floor)."""
 RANDOM_DATA_WARNING = "validated on seeded random inputs: random data can hide accuracy errors; set validate.data"
+
+
+class Detections(StrictModel):
+    """Outputs of a detector compared as detections: boxes matched by IoU (``qdeploy.core.detections``)."""
+
+    boxes: str = Field(description="Output of the boxes, [N, 4] per image or [B, N, 4]; or four columns of a packed "
+                                   "output's last axis: 'det[0:4]'.")
+    scores: str | None = Field(default=None, description="Output (or column: 'det[4]') of each box's score: "
+                                                         "candidates are matched highest score first.")
+    labels: str | None = Field(default=None, description="Output (or column: 'det[5]') of each box's class: a box "
+                                                         "matches only a box of the same class.")
+    box_format: Literal["xyxy", "xywh", "cxcywh"] = Field(default="xyxy", description="How the four numbers read.")
+    iou_min: float = Field(default=0.5, gt=0.0, le=1.0, description="Smallest IoU of a match.")
+    score_threshold: float | None = Field(
+        default=0.0, description="Detections scoring at or below it are left out on both sides (padding rows "
+                                 "score 0); null keeps every row.")
+    match_min: float = Field(default=0.9, ge=0.0, le=1.0,
+                             description="Smallest share of the reference's detections matched (recall) and of the "
+                                         "candidate's (precision).")
+    score_atol: float | None = Field(default=None, ge=0.0,
+                                     description="Largest score difference of a matched pair; unchecked when absent.")
+
+    @field_validator("boxes", "scores", "labels")
+    @classmethod
+    def _column_form(cls, value: str | None) -> str | None:
+        if value is not None and (not value or ("[" in value and parse_column(value)[1] is None)):
+            raise ValueError("name an output, or columns of its last axis: 'det[0:4]', 'det[4]'")
+        return value
 
 
 class ValidateConfig(StageConfig):
@@ -42,6 +71,11 @@ class ValidateConfig(StageConfig):
         description="Per-output limits by output name: the fields given replace those of 'tolerance' (or of the "
                     "precision's default) for that output; a field set to null removes that limit.",
     )
+    detections: Detections | None = Field(
+        default=None,
+        description="A detector's outputs (an in-graph NonMaxSuppression returns as many boxes as survive it) "
+                    "compared by matching boxes by IoU instead of element by element; the outputs it names take "
+                    "no other limits.")
     samples: int = Field(default=8, ge=1, description="How many samples of the dataset to compare at most.")
     metric: str | None = Field(
         default=None,

@@ -28,12 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qdeploy.core import detections
 from qdeploy.core.errors import QdeployError
 from qdeploy.core.report import Report, as_report
 from qdeploy.core.rows import BenchmarkRow, ValidationRow
 from qdeploy.core.runtimes import artifact_of, is_pinned_f32
 from qdeploy.pipeline.publish.package import check as package_check
-from qdeploy.pipeline.publish.package.check import (
+from qdeploy.pipeline.publish.package.data import CheckData, save_samples
+from qdeploy.pipeline.publish.package.provenance import FROM_REPORT, recorded_tolerances
+from qdeploy.pipeline.publish.package.records import (
     PackageCheck,
     PackageLatency,
     PackageManifest,
@@ -42,8 +45,6 @@ from qdeploy.pipeline.publish.package.check import (
     PackageRuntime,
     PackageTensor,
 )
-from qdeploy.pipeline.publish.package.data import CheckData, save_samples
-from qdeploy.pipeline.publish.package.provenance import FROM_REPORT, recorded_tolerances
 from qdeploy.pipeline.publish.store import sha256_file
 from qdeploy.pipeline.results.identity import model_signature
 from qdeploy.targets import get_target
@@ -179,6 +180,8 @@ def _write_contents(source: PackageSource, folder: Path, check: CheckData, ort_o
     (folder / "runtime.json").write_text(json.dumps(settings, indent=1) + "\n")
     check_record = _write_check(folder, check, source)
     shutil.copyfile(package_check.__file__, folder / "check.py")
+    if any(package_check.is_detection_spec(limits) for limits in check_record["tolerances"].values()):
+        shutil.copyfile(detections.__file__, folder / package_check.DETECTIONS_MODULE)  # check.py's matcher
     write_manifest(folder, manifest_body(source, model, settings, check_record))
 
 

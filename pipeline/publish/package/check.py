@@ -21,171 +21,24 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
-__all__ = ["MANIFEST", "NUMPY_TYPES", "QDEPLOY_MODULES", "SNR_CAP_DB", "CheckedOutput", "PackageArtifactFile",
-           "PackageCheck", "PackageFileRecord", "PackageLatency", "PackageMadeBy", "PackageManifest", "PackageModel",
-           "PackageOptimizedModel", "PackagePinned", "PackageRun", "PackageRuntime", "PackageSessionOptions",
-           "PackageTensor", "PackageValidation", "Runner", "cast_feed", "check_outputs", "check_package",
+if TYPE_CHECKING:  # a package's check.py runs without qdeploy: the records are names for type checkers only
+    from qdeploy.pipeline.publish.package.records import PackageManifest, PackageRuntime, PackageTensor
+
+__all__ = ["DETECTIONS_MODULE", "MANIFEST", "NUMPY_TYPES", "QDEPLOY_MODULES", "SNR_CAP_DB", "CheckedOutput",
+           "Runner", "cast_feed", "check_outputs", "check_package", "detection_problems", "is_detection_spec",
            "load_samples", "main", "model_files", "openvino_runner", "ort_runner", "output_metrics", "precision_word",
            "say", "sha256_file", "verify_files"]
 
 QDEPLOY_MODULES = ("qdeploy", "pipeline", "stages", "calibration")
+DETECTIONS_MODULE = "detections.py"
+"""qdeploy/core/detections.py, copied beside check.py into a package whose validation matched boxes."""
 SNR_CAP_DB = 200.0
 MANIFEST = "manifest.json"
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-
-
-# The records of manifest.json and runtime.json (this file is their one definition; qdeploy writes them).
-class PackageFileRecord(TypedDict):
-    """A file of the package as manifest.json lists it (``files``)."""
-
-    sha256: str
-    size_bytes: int
-
-
-class PackageTensor(TypedDict):
-    """A model input or output: name, element type, shape (symbolic dimensions as names)."""
-
-    name: str
-    type: str
-    shape: list[int | str] | None
-
-
-class PackageOptimizedModel(TypedDict):
-    """``model.optimized``: the opt-in EXTENDED-level ONNX Runtime copy."""
-
-    file: str
-    level: str
-    load_with: str
-    onnxruntime: str
-
-
-class PackageModel(TypedDict, total=False):
-    """manifest.json's ``model``: the model file and how it was made from the validated ONNX file."""
-
-    file: str
-    format: str
-    weights: str
-    compress_to_fp16: bool
-    converted_with: str
-    rewritten: list[str]
-    external_data: list[str]
-    optimized: PackageOptimizedModel
-    optimized_left_out: str
-
-
-class PackageSessionOptions(TypedDict):
-    """runtime.json's ONNX Runtime ``session_options``."""
-
-    graph_optimization_level: str
-    intra_op_num_threads: int
-    execution_mode: str
-
-
-class PackagePinned(TypedDict):
-    """runtime.json's ``precision_pinned``: why a precision the device would not pick is pinned."""
-
-    INFERENCE_PRECISION_HINT: str
-    why: str
-    attempts: list[dict[str, Any]] | None
-
-
-class PackageRuntime(TypedDict, total=False):
-    """runtime.json: how validation loaded the model (OpenVINO device and properties, or ORT providers)."""
-
-    runtime: str
-    device: str
-    properties: dict[str, str | int]
-    providers: list[str]
-    provider_options: list[dict[str, str]]
-    session_options: PackageSessionOptions
-    validated_with: str | list[str] | None
-    benchmarked_with: dict[str, Any] | None
-    precision_pinned: PackagePinned
-
-
-class PackageCheck(TypedDict, total=False):
-    """manifest.json's ``check``: the samples, the reference outputs and the limits they are held to."""
-
-    samples: int
-    compares_with: str
-    tolerances: dict[str, dict[str, float]]
-    tolerances_from: str
-    note: str
-    left_out: str
-    inputs: str
-    reference: str
-
-
-class PackageRun(TypedDict, total=False):
-    """``made_by.run``: the run a package comes from, its folder and the sha256 of its report.json."""
-
-    folder: str
-    report: str
-    report_sha256: str | None
-    why: str
-
-
-class PackageArtifactFile(TypedDict):
-    file: str
-    sha256: str
-
-
-class PackageMadeBy(TypedDict):
-    recipe: str
-    run_created: str
-    run: PackageRun | None
-    artifact: PackageArtifactFile
-    cpu: str | None
-    int8_path: str | None
-    versions: dict[str, str | None]
-
-
-class PackageValidation(TypedDict, total=False):
-    status: str
-    metrics: dict[str, float | None]
-    tolerance: dict[str, float] | None
-    samples: int | None
-    effective_precision: str | None
-    warnings: list[str]
-    deploy_precision: str
-
-
-class PackageLatency(TypedDict):
-    latency_ms: dict[str, float | list[float] | None] | None
-    throughput_per_s: float | None
-    batch_size: int
-    noisy: bool | None
-    mode: str | None
-    speedup: float | None
-    speedup_range: list[float] | None
-    threads: int | None
-
-
-class PackageManifest(TypedDict, total=False):
-    """manifest.json."""
-
-    format_version: int
-    target: str
-    variant: str
-    precision: str | None
-    runtime: str
-    runtime_version: str | None
-    qdeploy_version: str | None
-    made_by: PackageMadeBy
-    model: PackageModel
-    inputs: list[PackageTensor]
-    outputs: list[PackageTensor]
-    load: PackageRuntime
-    validation: PackageValidation
-    latency: PackageLatency | None
-    check: PackageCheck
-    snippet: str
-    portability: str
-    files: dict[str, PackageFileRecord]
 
 
 class CheckedOutput(TypedDict, total=False):
@@ -408,6 +261,30 @@ def _snr_db(ref: np.ndarray, err: np.ndarray) -> float:
     return float(np.clip(10.0 * math.log10(signal / noise), -SNR_CAP_DB, SNR_CAP_DB))
 
 
+def is_detection_spec(limits: dict[str, Any]) -> bool:
+    """Whether an output's limits are validate.detections (boxes matched by IoU) rather than output limits."""
+    return "boxes" in limits
+
+
+def detection_problems(folder: Path, spec: dict[str, Any], references: list[dict[str, np.ndarray]],
+                       results: list[dict[str, np.ndarray]], say: Callable[[str], None]) -> list[str]:
+    """The detector's boxes matched by IoU as validation matched them, with the package's copy of its matcher."""
+    loader = importlib.util.spec_from_file_location("qdeploy_package_detections", folder / DETECTIONS_MODULE)
+    if loader is None or loader.loader is None or not (folder / DETECTIONS_MODULE).is_file():
+        return [f"{DETECTIONS_MODULE} is missing: the detections cannot be matched"]
+    module = importlib.util.module_from_spec(loader)
+    writes, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no __pycache__ in the package folder
+    try:
+        loader.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = writes
+    found, broken = module.match_detections(spec, references, results)
+    if found:
+        say(f"  detections {spec['boxes']}: {found['matched']} matched of {found['reference_detections']} "
+            f"(recall {found['recall']:.3f}, precision {found['precision']:.3f}) over {len(results)} samples")
+    return [f"detections {spec['boxes']}: {problem}" for problem in broken]
+
+
 def check_outputs(folder: Path, run: Runner, manifest: PackageManifest, say: Callable[[str], None]) -> list[str]:
     """Run the check samples and hold every output to its validated limits."""
     check = manifest["check"]
@@ -421,6 +298,9 @@ def check_outputs(folder: Path, run: Runner, manifest: PackageManifest, say: Cal
                 "names none, so nothing would be compared"]
     problems = []
     for name, limits in tolerances.items():
+        if is_detection_spec(limits):
+            problems += detection_problems(folder, limits, references, results, say)
+            continue
         found, broken = output_metrics([r[name] for r in references], [r[name] for r in results], limits)
         if found:
             say(f"  output {name}: cosine {found['cosine']:.6f}, SNR {found['snr_db']:.1f} dB, max abs err "

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from qdeploy.core.context import artifact_precision
+from qdeploy.core.detections import output_of
 from qdeploy.core.errors import QdeployInputError
 from qdeploy.core.rows import ValidationRow
 from qdeploy.core.runtimes import artifact_of, is_device_default
@@ -63,8 +64,9 @@ def recipe_tolerances(snapshot: dict[str, Any], validation: ValidationRow,
     basis = _basis(config, declared, precision, model_path, validation)
     base = tolerance_for(config, basis, declared)
     per_output = output_tolerances(config, basis, declared)
-    expected = {name: per_output.get(name, base).model_dump(exclude_none=True)
-                for name in recorded_tolerances(validation)}
+    matched = config.detections.model_dump() if config.detections else None
+    expected = {name: matched if matched and name == output_of(matched["boxes"]) else  # validation's entry for it
+                per_output.get(name, base).model_dump(exclude_none=True) for name in recorded_tolerances(validation)}
     recorded = recorded_tolerances(validation)
     if recorded != expected or validation.tolerance != base.model_dump(exclude_none=True):
         changed = [name for name in expected if recorded.get(name) != expected[name]] or ["the row's tolerance"]

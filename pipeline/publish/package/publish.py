@@ -29,7 +29,6 @@ from qdeploy.pipeline.publish.package import (
     package_name,
     source_from_report,
 )
-from qdeploy.pipeline.publish.package.check import PackageRun
 from qdeploy.pipeline.publish.package.data import (
     CHECK_FILE,
     CheckData,
@@ -38,6 +37,7 @@ from qdeploy.pipeline.publish.package.data import (
     write_check_data,
 )
 from qdeploy.pipeline.publish.package.provenance import FROM_RECIPE, recipe_tolerances
+from qdeploy.pipeline.publish.package.records import PackageRun
 from qdeploy.pipeline.publish.published import write_recipe_snapshot
 from qdeploy.pipeline.publish.store import sha256_file
 from qdeploy.pipeline.publish.verify import recipe_snapshot, verify_published

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,7 +65,8 @@ def smoothed_for_ptq(prepared: Path, feeds: Callable[[], Any], config: PtqConfig
     # a task-metric tolerance needs labels per candidate: the int8 default similarity stands in for it here
     tolerance = config.tolerance if isinstance(config.tolerance, Tolerance) else DEFAULT_TOLERANCES["int8"]
     build = _ptq_build(config, op_types, sorted(excluded), feeds, ctx)
-    path, found = search_alpha(measured, build, samples, tolerance, ctx.work_dir, scored_on=scored_on)
+    path, found = search_alpha(measured, build, samples, tolerance, ctx.work_dir, scored_on=scored_on,
+                               detections=ctx.detections)
     if "search" in found:  # the whole cost: the maxima's pass too
         found["search"]["seconds"] = round(time.perf_counter() - start, 2)
     return path, found
@@ -80,7 +81,8 @@ def _search_samples(budget_feeds: list[Feeds]) -> list[Feeds]:
 
 
 def search_alpha(measured: AlphaMeasurement, build: Build, samples: list[Feeds], tolerance: Tolerance, work_dir: Path,
-                 *, scored_on: str = "calibration") -> tuple[Path, SmoothQuantRecord]:
+                 *, scored_on: str = "calibration",
+                 detections: Mapping[str, Any] | None = None) -> tuple[Path, SmoothQuantRecord]:
     """The float model of the candidate (no smoothing, or an alpha of ``GRID``) whose quantized model ``build``
     makes is closest to float32 on ``samples`` under ``tolerance``, and what smoothing did with the trials."""
     if not measured.readers:
@@ -99,7 +101,7 @@ def search_alpha(measured: AlphaMeasurement, build: Build, samples: list[Feeds],
             measured, alpha, work_dir / f"smoothed-alpha{alpha}.onnx")
         quantized = work_dir / "smooth-search.onnx"
         save_onnx(build(path), quantized)
-        comparison = worst_of(reference, ort_runner(quantized, [samples])[0], tolerance)
+        comparison = worst_of(reference, ort_runner(quantized, [samples])[0], tolerance, detections)
         remove_saved(quantized)
         ratio, worst = error_ratio(comparison, tolerance), comparison.worst()
         trials.append(AlphaTrial(alpha=alpha, error_ratio=_rounded(ratio, 4), cosine=_rounded(worst["cosine"], 6),

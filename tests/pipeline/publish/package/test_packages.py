@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from qdeploy.pipeline.publish.package.publish import chosen_pairs, stored_check_
 from qdeploy.pipeline.recipe.loader import load_recipe_file
 from qdeploy.pipeline.run.runner import RunOptions, run_recipe
 from tests.helpers.models import REPO, tiny_cnn, write_recipe
+from tests.helpers.packages import SITES, without_qdeploy
 from tests.helpers.reports import report_with
 
 RECIPE = """
@@ -44,7 +44,6 @@ RECIPE = """
     """
 PAIRS = {(variant, target) for variant in ("fp32", "fp16", "int8") for target in ("ort:cpu", "openvino:cpu")}
 """Every pair passes (tests/pipeline/run/test_device_default.py packages fp32@default, a row only bf16 CPUs have)."""
-SITES = list(dict.fromkeys(sysconfig.get_paths()[kind] for kind in ("purelib", "platlib")))
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +58,6 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def report_of(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "report.json").read_text())
-
-
-def without_qdeploy(package: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """check.py in an interpreter that cannot import qdeploy: -I (no user site, no PYTHONPATH) and -S (no .pth
-    files: the editable install of qdeploy is one), with only site-packages on sys.path for numpy and runtimes."""
-    code = (f"import sys, runpy; sys.path += {SITES!r}; sys.argv = ['check.py', *{list(args)!r}]; "
-            "runpy.run_path('check.py', run_name='__main__')")
-    return subprocess.run([sys.executable, "-I", "-S", "-c", code], cwd=package, capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, timeout=300)
 
 
 def test_run_writes_one_checked_package_per_passed_artifact_and_target(run_dir: Path) -> None:
