@@ -61,6 +61,7 @@ from qdeploy.pipeline.run.published_rows import LineageStepDict, PublishedArtifa
 from qdeploy.pipeline.run.residency import between_phases, session_budget
 from qdeploy.stages.benchmark import shipped_precisions, split_modes, unmeasured_throughput
 from qdeploy.stages.export import source_files
+from qdeploy.stages.validate import check_output_names
 
 __all__ = ["BuildOutcome", "RunOptions", "RunOutcome", "RunPlan", "benchmark_phase", "build_phase", "default_out_dir",
            "finish_run", "locked_out_dir", "plan_run", "progress_total", "run_recipe", "validate_phase"]
@@ -324,6 +325,7 @@ def _build_export(state: _RunState) -> Artifact:
     })
     state.progress.phase("export")
     artifact = _transform(state, key, info, None, config, ctx, versions, stages=("export",))
+    check_output_names(state.recipe.validate_, artifact.path)  # before any variant is built on a misspelt name
     if not artifact.cached:  # a large model's freed memory back before the next stage (a hit freed nothing)
         between_phases({EXPORTED: artifact})
     state.progress.done()
@@ -371,8 +373,7 @@ def _build_step(state: _RunState, variant: str, step: VariantStep, parent: Artif
         datasets.append(default)
     key = cache_key({  # the config as dumped from its model: the bytes the keys always hashed
         "stage": step.stage, "config": config.model_dump(mode="json"), "versions": versions,
-        "parent_sha256": parent.sha256,
-        "parent_external_data": [list(item) for item in parent.external_data],
+        "parent_sha256": parent.sha256, "parent_external_data": [list(item) for item in parent.external_data],
         "data": dataset_fingerprint(state.recipe, datasets),
         **code_fingerprint(state.recipe, config), **info.host_facts(config),  # a metric file; AMX (ptq for ORT)
         **comparison_facts(state.recipe, info.uses_targets, info.true_fp16_checked),  # targets, detections

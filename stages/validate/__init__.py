@@ -22,8 +22,10 @@ import numpy as np
 
 from qdeploy.calibration.readers import model_inputs
 from qdeploy.core.compare import compare_outputs
+from qdeploy.core.detections import DETECTION_KEYS, output_of
 from qdeploy.core.errors import ModelError, QdeployInputError, RecipeError, TargetUnavailable
 from qdeploy.core.lm_metrics import metric_direction
+from qdeploy.core.onnx_wire import load_model
 from qdeploy.core.rows import ValidationMetrics, ValidationRow, ValidationStatus
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
 from qdeploy.stages.validate._arbiter import Float64Reference, arbitrate
@@ -60,6 +62,7 @@ __all__ = [
     "ValidateConfig",
     "check_config",
     "check_metric",
+    "check_output_names",
     "device_default_basis",
     "evaluate",
     "feed_caster",
@@ -92,6 +95,20 @@ def output_tolerances(config: ValidateConfig, precision: str,
     base = tolerance_for(config, precision, declared)
     return {name: base.model_copy(update={key: getattr(override, key) for key in override.model_fields_set})
             for name, override in config.outputs.items()}
+
+
+def check_output_names(config: ValidateConfig, model_path: Path) -> None:
+    """RecipeError (exit 2) naming the field where validate.outputs or validate.detections names an output the
+    exported model does not have: a per-output limit on a misspelt name would hold nothing, and a detection match
+    would fail every row after every variant was built."""
+    outputs = [value.name for value in load_model(model_path, load_external_data=False).graph.output]
+    named = [(f"validate.outputs.{name}", name) for name in config.outputs]
+    if config.detections is not None:
+        named += [(f"validate.detections.{key}", output_of(value)) for key in DETECTION_KEYS
+                  if (value := getattr(config.detections, key))]
+    for where, name in named:
+        if name not in outputs:
+            raise RecipeError(f"the model has no output '{name}'; its outputs: {', '.join(outputs)}", field=where)
 
 
 def check_config(config: ValidateConfig, resolve: Callable[[str], Path]) -> None:

@@ -131,3 +131,18 @@ def test_a_detections_spec_is_checked_when_the_recipe_loads(tmp_path: Path) -> N
     assert Detections(boxes="det[0:4]", scores="det[4]").score_threshold == 0.0  # padding rows left out
     with pytest.raises(ValueError, match="name an output"):
         Detections(boxes="[0:4]")
+
+
+@pytest.mark.parametrize(("section", "field"), [("detections: {boxes: boxs}", "validate.detections.boxes"),
+                                                 ("detections: {boxes: 'boxes[0:4]', scores: score}",
+                                                  "validate.detections.scores"),
+                                                 ("outputs: {label: {mismatch_max: 0.1}}", "validate.outputs.label")])
+def test_an_output_the_model_lacks_is_refused_before_any_variant_is_built(tmp_path: Path, section: str,
+                                                                          field: str) -> None:
+    body = (f"name: d\nmodel: {{onnx: model.onnx}}\nvariants: {{int8: [{{quantize: {{mode: ptq}}}}]}}\n"
+            f"targets: [ort:cpu]\nvalidate: {{{section}}}\nbenchmark: {{enabled: false}}\n")
+    with pytest.raises(Exception, match="the model has no output") as raised:  # RecipeError: exit 2
+        _run(tmp_path, body)
+    assert getattr(raised.value, "field", None) == field
+    assert "its outputs: boxes, scores, labels" in str(raised.value)
+    assert not (tmp_path / "out" / "artifacts").exists()  # nothing was published
