@@ -463,5 +463,5 @@ class Recipe(StrictModel):
                             targets=tuple(self.targets) if targets is None else targets,
                             default_dataset=self.validate_.data, reference_variant=self.reference_variant,
                             batch_sizes=tuple(self.benchmark.batch_sizes) if self.benchmark.enabled else (),
-                            detections=self.validate_.detections.model_dump() if self.validate_.detections else None,
+                            detections=self.validate_.detection_spec(),
                             **fields)

@@ -142,8 +142,8 @@ def comparison_facts(recipe: Recipe, uses_targets: bool, true_fp16: bool) -> dic
     if not uses_targets:
         return {}
     facts: dict[str, Any] = {"targets": sorted(recipe.validated_targets(true_fp16=true_fp16))}
-    if recipe.validate_.detections is not None:
-        facts["detections"] = recipe.validate_.detections.model_dump(mode="json")
+    if (detections := recipe.validate_.detection_spec()) is not None:
+        facts["detections"] = detections
     return facts
 
 

@@ -23,10 +23,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BOX_FORMATS", "DETECTION_KEYS", "consumed_outputs", "match_detections", "output_of", "parse_column"]
+__all__ = ["BOX_FORMATS", "DETECTION_KEYS", "IOU_MIN", "MATCH_MIN", "SCORE_THRESHOLD", "consumed_outputs",
+           "match_detections", "output_of", "parse_column"]
 
 BOX_FORMATS = ("xyxy", "xywh", "cxcywh")
 DETECTION_KEYS = ("boxes", "scores", "labels")
+IOU_MIN, SCORE_THRESHOLD, MATCH_MIN = 0.5, 0.0, 0.9
+"""The defaults of validate.detections (``stages.validate.config.Detections``), also where a spec omits them."""
 _COLUMNS = re.compile(r"^(?P<name>.+)\[(?P<start>-?\d+)(?::(?P<stop>-?\d+))?\]$")
 
 Image = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
@@ -156,7 +159,7 @@ def match_detections(spec: Mapping[str, Any], references: Sequence[Mapping[str, 
                      candidates: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], list[str]]:
     """Match every sample's candidate detections to the reference's; the metrics and the limits they break."""
     tally = _Tally()
-    threshold = spec.get("score_threshold", 0.0)  # the recipe's default; null keeps every row
+    threshold = spec.get("score_threshold", SCORE_THRESHOLD)  # null keeps every row
     try:
         for index, (ref_sample, cand_sample) in enumerate(zip(references, candidates, strict=True)):
             ref_images, cand_images = _images(spec, ref_sample), _images(spec, cand_sample)
@@ -164,7 +167,7 @@ def match_detections(spec: Mapping[str, Any], references: Sequence[Mapping[str, 
                 return {}, [f"sample {index}: {len(ref_images)} images in the reference, {len(cand_images)} in the "
                             "candidate"]
             for ref, cand in zip(ref_images, cand_images, strict=True):
-                tally.add(_kept(ref, threshold), _kept(cand, threshold), spec.get("iou_min", 0.5))
+                tally.add(_kept(ref, threshold), _kept(cand, threshold), spec.get("iou_min", IOU_MIN))
     except ValueError as error:
         return {}, [str(error)]
     metrics = _metrics(tally)
@@ -182,9 +185,9 @@ def _metrics(tally: _Tally) -> dict[str, Any]:
 
 def _broken(metrics: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
     problems = [f"candidate holds {metrics['nonfinite']} NaN/Inf values"] if metrics["nonfinite"] else []
-    match_min = spec.get("match_min", 0.9)
+    match_min = spec.get("match_min", MATCH_MIN)
     counts = f"{metrics['matched']} matched of {metrics['reference_detections']} reference and " \
-             f"{metrics['candidate_detections']} candidate detections at IoU >= {spec.get('iou_min', 0.5):g}"
+             f"{metrics['candidate_detections']} candidate detections at IoU >= {spec.get('iou_min', IOU_MIN):g}"
     low = [f"{key} {metrics[key]:.4g}" for key in ("recall", "precision") if metrics[key] < match_min]
     if low:
         problems.append(f"{' and '.join(low)} < match_min {match_min:g} ({counts})")

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdeploy.core.compare import OutputComparison, compare_outputs
+from qdeploy.core.detections import MATCH_MIN
 from qdeploy.graph.external_data import needs_external_data
 from qdeploy.stages.accuracy_budget.findings import ComparisonSummary
 from qdeploy.stages.task_metric import MetricComparison, TaskJudge, metric_summary
@@ -59,7 +60,7 @@ def error_ratio(comparison: OutputComparison, tolerance: Tolerance) -> float:
     if tolerance.atol is not None and tolerance.rtol is None and worst["max_abs_err"] is not None:
         ratios.append(_ratio(worst["max_abs_err"], tolerance.atol))
     ratios.extend(_ratio(1.0 - min(out.detections["recall"], out.detections["precision"]),
-                         1.0 - float((out.tolerance or {}).get("match_min", 0.9)))
+                         1.0 - float((out.tolerance or {}).get("match_min", MATCH_MIN)))
                   for out in comparison.outputs if out.detections)
     worst_ratio = max(ratios, default=0.0)
     if not comparison.passed and worst_ratio <= 1.0:
@@ -92,7 +93,7 @@ def tightened_match(detections: Mapping[str, Any] | None, fraction: float) -> Ma
     """A detection match that allows ``fraction`` of the unmatched share the given one allows (``tightened``)."""
     if not detections or fraction >= 1.0:
         return detections
-    return {**detections, "match_min": 1.0 - (1.0 - float(detections.get("match_min", 0.9))) * fraction}
+    return {**detections, "match_min": 1.0 - (1.0 - float(detections.get("match_min", MATCH_MIN))) * fraction}
 
 
 def summary(comparison: OutputComparison, tolerance: Tolerance | TaskTolerance) -> ComparisonSummary:

@@ -101,11 +101,13 @@ def check_output_names(config: ValidateConfig, model_path: Path) -> None:
     """RecipeError (exit 2) naming the field where validate.outputs or validate.detections names an output the
     exported model does not have: a per-output limit on a misspelt name would hold nothing, and a detection match
     would fail every row after every variant was built."""
-    outputs = [value.name for value in load_model(model_path, load_external_data=False).graph.output]
     named = [(f"validate.outputs.{name}", name) for name in config.outputs]
     if config.detections is not None:
         named += [(f"validate.detections.{key}", output_of(value)) for key in DETECTION_KEYS
                   if (value := getattr(config.detections, key))]
+    if not named:
+        return  # nothing to check: a large model's file is not read for it
+    outputs = [value.name for value in load_model(model_path, load_external_data=False).graph.output]
     for where, name in named:
         if name not in outputs:
             raise RecipeError(f"the model has no output '{name}'; its outputs: {', '.join(outputs)}", field=where)
@@ -369,7 +371,7 @@ def _compare_pair(shared: _Run, name: str, path: Path, precision: str, target: s
     tolerance = tolerance_for(shared.config, basis, declared)
     notes = [*shared.warnings, *_execution_warnings(executed, precision), *([held] if held else [])]
     per_output = output_tolerances(shared.config, basis, declared)
-    detections = shared.config.detections.model_dump() if shared.config.detections else None
+    detections = shared.config.detection_spec()
     comparison = compare_outputs(shared.reference_outputs, outputs, tolerance, per_output, detections)
     row = _result(name, target, "passed" if comparison.passed else "failed", "; ".join(comparison.reasons),
                   [*notes, *comparison.notes])

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from qdeploy.core.detections import parse_column
+from qdeploy.core.detections import IOU_MIN, MATCH_MIN, SCORE_THRESHOLD, parse_column
 from qdeploy.core.lm_metrics import BUILTIN_METRICS
 from qdeploy.core.stage_config import StageConfig
 from qdeploy.core.tolerance import StrictModel, Tolerance
@@ -30,11 +30,12 @@ class Detections(StrictModel):
     labels: str | None = Field(default=None, description="Output (or column: 'det[5]') of each box's class: a box "
                                                          "matches only a box of the same class.")
     box_format: Literal["xyxy", "xywh", "cxcywh"] = Field(default="xyxy", description="How the four numbers read.")
-    iou_min: float = Field(default=0.5, gt=0.0, le=1.0, description="Smallest IoU of a match.")
+    iou_min: float = Field(default=IOU_MIN, gt=0.0, le=1.0, description="Smallest IoU of a match.")
     score_threshold: float | None = Field(
-        default=0.0, description="Detections scoring at or below it are left out on both sides (padding rows "
-                                 "score 0); null keeps every row.")
-    match_min: float = Field(default=0.9, ge=0.0, le=1.0,
+        default=SCORE_THRESHOLD,
+        description="Detections scoring at or below it are left out on both sides (padding rows score 0); null "
+                    "keeps every row.")
+    match_min: float = Field(default=MATCH_MIN, ge=0.0, le=1.0,
                              description="Smallest share of the reference's detections matched (recall) and of the "
                                          "candidate's (precision).")
     score_atol: float | None = Field(default=None, ge=0.0,
@@ -108,6 +109,11 @@ class ValidateConfig(StageConfig):
     fp16_reference_samples: int = Field(
         default=2, ge=1, description="Samples of the reference:cpu check (the reference evaluator is slow)."
     )
+
+    def detection_spec(self) -> dict[str, Any] | None:
+        """validate.detections as the plain dict the matcher, the stages' comparisons, packages and cache keys
+        read (``qdeploy.core.detections``); None when it is not set."""
+        return self.detections.model_dump(mode="json") if self.detections is not None else None
 
     @field_validator("metric")
     @classmethod

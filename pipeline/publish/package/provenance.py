@@ -64,7 +64,7 @@ def recipe_tolerances(snapshot: dict[str, Any], validation: ValidationRow,
     basis = _basis(config, declared, precision, model_path, validation)
     base = tolerance_for(config, basis, declared)
     per_output = output_tolerances(config, basis, declared)
-    matched = config.detections.model_dump() if config.detections else None
+    matched = config.detection_spec()
     expected = {name: matched if matched and name == output_of(matched["boxes"]) else  # validation's entry for it
                 per_output.get(name, base).model_dump(exclude_none=True) for name in recorded_tolerances(validation)}
     recorded = recorded_tolerances(validation)
