@@ -56,6 +56,7 @@ from qdeploy.stages.fp16._fidelity import (
 )
 from qdeploy.stages.fp16._graph import subgraphs, walk_nodes
 from qdeploy.stages.fp16._headroom import headroom_findings, with_headroom
+from qdeploy.stages.fp16._loadable import fewest_for_loading
 from qdeploy.stages.fp16._offload import offload, reload, worth_offloading
 from qdeploy.stages.fp16._patterns import integer_accumulators, normalizations, out_of_range_constants
 from qdeploy.stages.fp16._repair import PrecisionPlan, TypeRepair
@@ -69,8 +70,15 @@ from qdeploy.stages.fp16.config import (
     effective_op_block_list,
     reads_default_dataset,
 )
-from qdeploy.stages.fp16.findings import ActivationAnalysis, CastRepairRecord, Fp16Findings, KeptNode
+from qdeploy.stages.fp16.findings import (
+    ActivationAnalysis,
+    CastRepairRecord,
+    Fp16Findings,
+    KeptNode,
+    LoadRepairRecord,
+)
 from qdeploy.stages.task_metric import TaskJudge, judged, task_for
+from qdeploy.targets.ort_probe import load_error
 
 if TYPE_CHECKING:
     import numpy as np
@@ -121,6 +129,8 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
         conversion.safety_rounds(fixed)
         if config.mode == "fixed" and config.repair and not conversion.within_headroom():
             conversion.keep_for_tolerance(fixed)
+    if config.onnxruntime_check and not big:  # before the targets' checks, which load it in this process
+        conversion.make_loadable(fixed, refresh=data is not None and config.fidelity_check != "off")
     if conversion.budget is not None and ctx.targets:
         confirm_budget(conversion, fixed)  # held where it will be validated, not only in the emulation
     converted = conversion.converted
@@ -128,13 +138,14 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
                            config.min_positive_val, config.max_finite_val)
     found = {"activation_analysis": conversion.activation_analysis, "kept_in_fp32": conversion.kept,
              "budget": None if conversion.budget is None else conversion.budget.report(),
-             "fidelity": conversion.fidelity,
+             "fidelity": conversion.fidelity, "load_repair": conversion.load_repair,
              "node_block_list": sorted(conversion.blocked - op_blocked), "clamp": clamp,
              "repair": _repair_findings(conversion.repair)}
+    loaded = conversion.loaded is converted  # this very model loaded in make_loadable: no second load
     del conversion  # the float32 weights are not needed by the checks: large models need the memory back
     cast_nodes = sum(node.op_type == "Cast" for node, _ in walk_nodes(converted.graph))
     converted, source = written_for_check(converted, ctx.work_dir, big=big)
-    checker = check(converted, source, ctx.variant, onnxruntime_check=config.onnxruntime_check)
+    checker = check(converted, source, ctx.variant, onnxruntime_check=config.onnxruntime_check, loaded=loaded)
     findings = Fp16Findings(keep_io_types=config.keep_io_types, op_block_list=op_block,
                             schema_float32_nodes=needs.nodes, schema_float32_inputs=schema_inputs, **patterns,
                             **found, cast_nodes=cast_nodes, checker=checker,
@@ -224,6 +235,9 @@ class _Fp16Conversion:
         self.repair: Any = None
         self.judge: TaskJudge | None = None
         """The task metric that decides the budget (``tolerance: {metric, max_drop}``), once the data is read."""
+        self.loaded: onnx.ModelProto | None = None
+        """The converted model ONNX Runtime last loaded (``make_loadable``)."""
+        self.load_repair: LoadRepairRecord | None = None
 
     @property
     def tolerance(self) -> Tolerance:
@@ -312,10 +326,11 @@ class _Fp16Conversion:
     def _op_type(self, name: str) -> str:
         return next((node.op_type for node, _ in walk_nodes(self.model.graph) if node.name == name), "?")
 
-    def convert(self, fixed: set[str]) -> None:
-        """Convert with everything decided so far kept in float32, then repair the types."""
+    def convert(self, fixed: set[str], trial: frozenset[str] = frozenset()) -> None:
+        """Convert with everything decided so far (and the ``trial`` nodes) kept in float32, then repair the
+        types."""
         self.ctx.on_progress("fp16: converting")
-        self.blocked = fixed | {entry["node"] for entry in self.kept}
+        self.blocked = fixed | {entry["node"] for entry in self.kept} | trial
         self.float32_scope = _with_nested(self.model, self.blocked)
         converted = convert(self.model, min_positive_val=self.config.min_positive_val,
                             max_finite_val=self.config.max_finite_val, keep_io_types=self.config.keep_io_types,
@@ -325,6 +340,45 @@ class _Fp16Conversion:
                     keep_io_types=self.config.keep_io_types)
         self.repair = TypeRepair(self.model, plan, self.to_float16, self.types).apply(converted)
         self.converted = converted
+
+    def make_loadable(self, fixed: set[str], *, refresh: bool) -> None:
+        """ONNX Runtime must load the artifact: where it does not (an error, or a crash of its optimisations),
+        keep float32 the fewest nodes that make it load (``_loadable``), convert again and, with ``refresh``,
+        emulate it again for the fidelity record."""
+        self.ctx.on_progress("fp16: loading in ONNX Runtime")
+        error = load_error(self.converted)
+        if error is not None:
+            self._keep_for_loading(fixed, error)
+            if refresh:
+                self.safety_rounds(fixed)
+            if self.converted is not self.loaded and (error := load_error(self.converted)) is not None:
+                raise StageError(STAGE, self.ctx.variant, f"the fp16 model does not load in ONNX Runtime: {error}")
+        self.loaded = self.converted
+
+    def _keep_for_loading(self, fixed: set[str], error: str) -> None:
+        log.info("variant %s: ONNX Runtime does not load the float16 model (%s); searching nodes to keep in "
+                 "float32", self.ctx.variant, error)
+        order = {name: index for index, (node, _) in enumerate(walk_nodes(self.model.graph))
+                 if (name := node.name) not in self.float32_scope}
+        op_types = {node.name: node.op_type for node, _ in walk_nodes(self.model.graph)}
+        candidates = sorted(order, key=lambda name: (op_types[name], order[name]))
+
+        def loads(nodes: list[str]) -> bool:
+            self.ctx.on_progress(f"fp16: loading in ONNX Runtime with {len(nodes)} nodes float32")
+            self.convert(fixed, frozenset(nodes))
+            return load_error(self.converted) is None
+
+        search = fewest_for_loading(candidates, loads)
+        if search is None:
+            raise StageError(STAGE, self.ctx.variant, f"the fp16 model does not load in ONNX Runtime: {error} "
+                             "(and keeping every converted node float32 does not make it load either)")
+        how = "crashes loading" if "crashed" in error else "fails to load"
+        self.kept.extend({"node": name, "op_type": op_types[name],
+                          "reason": f"onnxruntime load: ONNX Runtime {how} the model with it float16"}
+                         for name in search.nodes)
+        self.load_repair = search.record(error)
+        self.convert(fixed)
+        self.loaded = self.converted
 
     def safety_rounds(self, fixed: set[str]) -> None:
         """Emulate the artifact in float16; keep nodes where Inf/NaN is born, reconvert; then report fidelity."""

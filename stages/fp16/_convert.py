@@ -264,9 +264,10 @@ def written_for_check(model: onnx.ModelProto, work_dir: Path, *, big: bool) -> t
     return load_model(path), str(path)
 
 
-def check(model: onnx.ModelProto, source: str | None, variant: str, *, onnxruntime_check: bool) -> str:
+def check(model: onnx.ModelProto, source: str | None, variant: str, *, onnxruntime_check: bool,
+          loaded: bool = False) -> str:
     """onnx.checker with full checks (strict type inference), then an ORT CPU session, of ``model`` or of its file
-    ``source`` when it has one; StageError if one fails."""
+    ``source`` when it has one (not again when this very model ``loaded`` already); StageError if one fails."""
     import onnx
 
     try:
@@ -275,6 +276,8 @@ def check(model: onnx.ModelProto, source: str | None, variant: str, *, onnxrunti
         raise StageError(STAGE, variant, f"the fp16 model fails onnx.checker (full check): {exc}") from exc
     if not onnxruntime_check:
         return "onnx.checker full_check passed; onnxruntime load not checked (onnxruntime_check: false)"
+    if loaded:
+        return "onnx.checker full_check passed; loads in onnxruntime CPUExecutionProvider"
     # default session options on purpose: ORT's graph optimisations are where mixed precision breaks, and where
     # it may crash: the load runs in a child process (qdeploy.targets.ort_probe)
     error = load_error(Path(source) if source else model)

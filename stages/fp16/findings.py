@@ -8,7 +8,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from qdeploy.core.findings import Findings
 
-__all__ = ["ActivationAnalysis", "CastRepairRecord", "ClampRecord", "Fp16Findings", "KeptNode"]
+__all__ = ["ActivationAnalysis", "CastRepairRecord", "ClampRecord", "Fp16Findings", "KeptNode", "LoadRepairRecord"]
 
 # typing_extensions' TypedDict: pydantic validates these fields (and needs it before Python 3.12); every producer
 # fills them with exactly these types, in this key order (the order the report holds them in)
@@ -58,6 +58,17 @@ class CastRepairRecord(TypedDict):
     outputs_retyped: list[str]
 
 
+class LoadRepairRecord(TypedDict):
+    """Why ONNX Runtime did not load the first float16 model, the nodes kept float32 that make it load, the loads
+    the search tried (``_loadable``), and whether it finished (False: stopped at its limit, maybe keeping more
+    nodes than needed)."""
+
+    error: str
+    kept_float32: list[str]
+    loads: int
+    minimal: bool
+
+
 class Fp16Findings(Findings):
     """Which nodes stayed float32 and why, what the conversion clamped and repaired, and how faithful it is.
 
@@ -81,6 +92,8 @@ class Fp16Findings(Findings):
     engine's per-target ``TargetRecord``s); nothing reads it back."""
     fidelity: dict[str, Any] | None = None
     """The emulated check (``emulated``) and the reference evaluator's (``reference``); absent without data."""
+    load_repair: LoadRepairRecord | None = None
+    """Nodes kept float32 because ONNX Runtime did not load the model with them float16; absent when it did."""
     node_block_list: list[str]
     clamp: ClampRecord
     repair: CastRepairRecord

@@ -1,6 +1,7 @@
 """ONNX Runtime loads a new artifact in a child process first (``qdeploy.targets.ort_probe``): a crash while it
 optimizes the graph fails that artifact with the reason instead of ending the run without a report (a GRU
-tagger's float16 copy ended ``qdeploy run`` with a segmentation fault)."""
+tagger's float16 copy ended ``qdeploy run`` with a segmentation fault).  What the fp16 stage then does about it:
+tests/stages/fp16/test_fp16_loadable.py."""
 
 from __future__ import annotations
 
@@ -52,22 +53,6 @@ def test_a_crash_of_the_child_is_a_reason(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(ort_probe, "call_in_fresh_python", segfaulting)
     error = ort_probe.load_error(_transposed_matmul(tmp_path / "m.onnx"))
     assert error is not None and "crashed" in error and "signal 11" in error and "node_block_list" in error
-
-
-def test_the_fp16_stage_fails_a_float16_model_onnx_runtime_crashes_on(tmp_path: Path) -> None:
-    """ONNX Runtime 1.32's CPU provider segfaults creating a session for a float16 MatMul fed by a batch Transpose
-    (ORT_ENABLE_ALL): the stage says so and the process lives."""
-    from qdeploy.core.errors import StageError
-    from qdeploy.stages import fp16
-    from qdeploy.stages.fp16 import Fp16Config
-    from tests.helpers.fp16 import artifact, context
-
-    if ort_probe.load_error(_transposed_matmul(tmp_path / "half.onnx", TensorProto.FLOAT16)) is None:
-        pytest.skip("this ONNX Runtime loads a float16 batch-transposed MatMul: the crash it guards against is gone")
-    source = onnx.load(_transposed_matmul(tmp_path / "float.onnx"))
-    (tmp_path / "work").mkdir()
-    with pytest.raises(StageError, match="ONNX Runtime crashed loading it"):
-        fp16.run(artifact(tmp_path, source, "exported.onnx"), Fp16Config(), context(tmp_path / "work"))
 
 
 def test_a_float16_source_model_onnx_runtime_crashes_on_is_refused_at_export(tmp_path: Path) -> None:
