@@ -37,8 +37,7 @@ def load_error(source: Path | onnx.ModelProto) -> str | None:
         if not how.startswith("signal"):  # the child failed before or after ONNX Runtime: not checked
             return f"the load check could not run: {exc}"
         return (f"ONNX Runtime crashed loading it with its default session options (the process ended with "
-                f"{how}): an ONNX Runtime bug, not a wrong model; keep the nodes involved float32 "
-                "(node_block_list) or deploy it on another runtime")
+                f"{how}): an ONNX Runtime bug, not a wrong model")
     error = result.get("error")
     return str(error) if error else None
 

@@ -69,7 +69,9 @@ def check_loads_in_onnxruntime(model: onnx.ModelProto) -> None:
     if refusal is None and holds_half(model):  # float16 graphs are where its optimizers crash it (ort_probe)
         crash = load_error(model)
         if crash is not None:
-            raise ModelError(f"ONNX Runtime cannot load the model with its default session options: {crash}")
+            raise ModelError(f"ONNX Runtime cannot load the model with its default session options: {crash}; "
+                             "deploy it on another runtime, or give the float32 model and let the fp16 stage "
+                             "convert it (it keeps float32 the nodes ONNX Runtime needs)")
 
 
 _NO_KERNEL = re.compile(r"Could not find an implementation for (?P<op>\w+)\((?P<version>\d+)\)")

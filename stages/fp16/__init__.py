@@ -352,7 +352,8 @@ class _Fp16Conversion:
             if refresh:
                 self.safety_rounds(fixed)
             if self.converted is not self.loaded and (error := load_error(self.converted)) is not None:
-                raise StageError(STAGE, self.ctx.variant, f"the fp16 model does not load in ONNX Runtime: {error}")
+                raise StageError(STAGE, self.ctx.variant, f"the fp16 model does not load in ONNX Runtime: {error}; "
+                                 "keep the nodes involved float32 (node_block_list)")
         self.loaded = self.converted
 
     def _keep_for_loading(self, fixed: set[str], error: str) -> None:

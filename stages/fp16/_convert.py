@@ -282,5 +282,6 @@ def check(model: onnx.ModelProto, source: str | None, variant: str, *, onnxrunti
     # it may crash: the load runs in a child process (qdeploy.targets.ort_probe)
     error = load_error(Path(source) if source else model)
     if error is not None:
-        raise StageError(STAGE, variant, f"the fp16 model does not load in ONNX Runtime: {error}")
+        raise StageError(STAGE, variant, f"the fp16 model does not load in ONNX Runtime: {error}; keep the nodes "
+                                         "involved float32 (node_block_list) or deploy it on another runtime")
     return "onnx.checker full_check passed; loads in onnxruntime CPUExecutionProvider"

@@ -6,15 +6,14 @@ tests/stages/fp16/test_fp16_loadable.py."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qdeploy.core import fresh_python
 from qdeploy.targets import ort_probe
+from tests.helpers.fresh import crashing_loads
 
 
 def _transposed_matmul(path: Path, elem_type: int = TensorProto.FLOAT) -> Path:
@@ -38,21 +37,10 @@ def test_a_model_that_loads_says_nothing_and_one_that_fails_says_why(tmp_path: P
     assert error is not None and "crashed" not in error and "MatMul" in error
 
 
-def segfault(payload: dict[str, Any]) -> dict[str, Any]:
-    """Run in the child: a real segmentation fault."""
-    import ctypes
-
-    ctypes.string_at(0)
-    return payload
-
-
 def test_a_crash_of_the_child_is_a_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def segfaulting(module: str, function: str, payload: dict[str, Any]) -> dict[str, Any]:
-        return fresh_python.call_in_fresh_python(__name__, "segfault", payload)
-
-    monkeypatch.setattr(ort_probe, "call_in_fresh_python", segfaulting)
+    monkeypatch.setattr(ort_probe, "call_in_fresh_python", crashing_loads)
     error = ort_probe.load_error(_transposed_matmul(tmp_path / "m.onnx"))
-    assert error is not None and "crashed" in error and "signal 11" in error and "node_block_list" in error
+    assert error is not None and "crashed" in error and "signal 11" in error and "not a wrong model" in error
 
 
 def test_a_float16_source_model_onnx_runtime_crashes_on_is_refused_at_export(tmp_path: Path) -> None:

@@ -162,6 +162,20 @@ def test_dynamic_mode_leaves_conv_float_with_int8_weights(tmp_path: Path) -> Non
     assert sum(node.op_type == "Conv" for node in result.model.graph.node) == 2
 
 
+def test_a_quantized_model_onnx_runtime_crashes_on_fails_its_variant_not_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load check runs in a child process: ONNX Runtime's optimisers segfault on some graphs, and in the run's
+    own process that ended the run without a report."""
+    from qdeploy.targets import ort_probe
+    from tests.helpers.fresh import crashing_loads
+
+    monkeypatch.setattr(ort_probe, "call_in_fresh_python", crashing_loads)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                       [init("w", np.ones((16, 32), np.float32))], {"x": [2, 16]}, ["y"])
+    with pytest.raises(StageError, match=r"does not load in ONNX Runtime: ONNX Runtime crashed .*signal 11.*exclude"):
+        quantize.run(save_artifact(tmp_path, model), QuantizeConfig(mode="dynamic"), stage_context(tmp_path))
+
+
 def test_exclusions_by_name_op_type_and_pattern(tmp_path: Path) -> None:
     config = QuantizeConfig(exclude_op_types=["Gemm"], exclude_patterns=[r"^conv2$"], exclude_nodes=["relu1"])
     result = quantize.run(save_artifact(tmp_path, tiny_conv()), config, stage_context(tmp_path))
