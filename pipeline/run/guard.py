@@ -6,7 +6,8 @@ stage did, the runner calls ``guard_artifact`` on its result before storing it:
 
 - the new model must load in ONNX Runtime's CPU provider whenever its input
   model does (a model ONNX Runtime cannot load is never published), and in every
-  other runtime the recipe targets (OpenVINO: ``guard_runtimes``);
+  other runtime the recipe targets (OpenVINO: ``guard_runtimes``, in a child process, where a crash of its CPU
+  plugin fails the artifact, not the run);
 - every graph (If/Loop/Scan bodies included) must be in topological order with
   every name in scope; an order problem alone is repaired here;
 - its inputs and outputs must keep the input model's names and types, kinds

@@ -4,24 +4,23 @@ Runtimes disagree on what they read: OpenVINO refuses a ``GatherBlockQuantized``
 quantized axis is not a multiple of its block, which ONNX Runtime pads and runs.  Loading in ONNX Runtime alone
 published such artifacts, and they failed only at validation.  When the recipe targets OpenVINO (any
 ``openvino:*`` target), ``check_other_runtimes`` reads the new model with OpenVINO's ``Core.read_model`` and
-compiles it on the CPU plugin (the device every OpenVINO install has: a missing GPU is not the model's fault).  A
+compiles it on the CPU plugin (the device every OpenVINO install has: a missing GPU is not the model's fault), in
+a child process (``qdeploy.targets.openvino_probe``: the plugin has crashed the process on some graphs).  A
 model OpenVINO cannot load while its input model loads is a ``StageError`` naming the runtime and the node; where
 the input model does not load either, the verdict says "not checked" and why.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from qdeploy.core.errors import StageError
 from qdeploy.core.runtimes import runtime_of_target
 from qdeploy.core.values import one_line
-from qdeploy.targets.openvino_read import read_onnx
+from qdeploy.targets.openvino_probe import openvino_failure
 
 __all__ = ["check_other_runtimes", "openvino_problem", "targets_other_runtimes"]
 
@@ -61,31 +60,19 @@ def check_other_runtimes(parent: Path, candidate: Path, targets: Sequence[str], 
 
 def openvino_problem(path: Path) -> str | None:
     """Why OpenVINO cannot read or compile the model at ``path`` on CPU; None when it can; "not checked: ..."
-    when OpenVINO is not installed."""
-    try:
-        core = _core()
-    except ImportError:
-        return "not checked: openvino is not installed (pip install openvino)"
-    try:
-        model, _ = read_onnx(core, path)  # as every OpenVINO target reads it (the frontend rewrites included)
-    except Exception as exc:
-        return f"OpenVINO cannot read it: {_message(exc)}"
-    try:
-        core.compile_model(model, "CPU")
-    except Exception as exc:
-        return f"OpenVINO cannot compile it for CPU: {_message(exc)}"
-    return None
+    when OpenVINO is not installed.  In a child process (``openvino_probe``): a crash of OpenVINO's CPU plugin
+    fails the artifact instead of ending the run."""
+    failure = openvino_failure(path)
+    if failure is None:
+        return None
+    step, message = failure
+    if step in ("not checked", "crash"):
+        return message
+    return f"OpenVINO cannot {step} it{' for CPU' if step == 'compile' else ''}: {_message(message)}"
 
 
-@functools.cache
-def _core() -> Any:
-    import openvino
-
-    return openvino.Core()
-
-
-def _message(exc: BaseException) -> str:
-    text = _NOISE.sub("", str(exc))
+def _message(error: str) -> str:
+    text = _NOISE.sub("", error)
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("Check 'false'")]
     return one_line(" ".join(lines), 600)
 

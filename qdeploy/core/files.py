@@ -24,7 +24,7 @@ from qdeploy.core.values import utf8_safe
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["TMP_PREFIX", "FileDigest", "all_tensors", "disk_full_is_clear", "external_data_files",
+__all__ = ["TMP_PREFIX", "FileDigest", "all_tensors", "bytes_on_disk", "disk_full_is_clear", "external_data_files",
            "file_record", "fsync_dir", "process_alive", "sha256_file", "sweep_stale_files",
            "write_json_atomic", "write_json_synced", "write_text_atomic"]
 
@@ -106,6 +106,11 @@ def external_data_files(path: Path) -> list[Path]:
                 if entry.key == "location" and entry.value != path.name:  # not the model file's own weights
                     locations.add(entry.value)
     return [path.parent / location for location in sorted(locations)]
+
+
+def bytes_on_disk(path: Path) -> int:
+    """The size of a model file with the external data files it references."""
+    return path.stat().st_size + sum(data.stat().st_size for data in external_data_files(path) if data.is_file())
 
 
 def all_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:

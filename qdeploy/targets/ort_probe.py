@@ -4,7 +4,8 @@ Some graphs crash ONNX Runtime's CPU provider while it optimizes them at session
 with a segmentation fault: a float16 MatMul fed by a Transpose of its batch axes, at ORT_ENABLE_ALL, in ONNX
 Runtime 1.32 (its MatMul-Transpose fusion makes a float16 FusedMatMul that the NCHWc transformer then trips on;
 microsoft/onnxruntime#15494 is a float16 ResNet that did the same).  In the run's own process that ends the run
-with no report; loaded here first, it fails one variant with the reason.
+with no report; loaded here first, in a child process (``qdeploy.core.child_worker``: one kept for small
+models), it fails one variant with the reason.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdeploy.core.fresh_python import FreshPythonError, call_in_fresh_python
+from qdeploy.core.child_worker import call_isolated
+from qdeploy.core.files import bytes_on_disk
+from qdeploy.core.fresh_python import FreshPythonError
 
 if TYPE_CHECKING:
     import onnx
@@ -31,7 +34,7 @@ def load_error(source: Path | onnx.ModelProto) -> str | None:
             path.write_bytes(source.SerializeToString())
             return load_error(path)
     try:
-        result = call_in_fresh_python(__name__, "load_here", {"path": str(source)})
+        result = call_isolated(__name__, "load_here", {"path": str(source)}, model_bytes=bytes_on_disk(source))
     except FreshPythonError as exc:
         how = str(exc).partition("ended with ")[2].split(":")[0]
         if not how.startswith("signal"):  # the child failed before or after ONNX Runtime: not checked

@@ -38,7 +38,7 @@ def test_a_model_that_loads_says_nothing_and_one_that_fails_says_why(tmp_path: P
 
 
 def test_a_crash_of_the_child_is_a_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ort_probe, "call_in_fresh_python", crashing_loads)
+    monkeypatch.setattr(ort_probe, "call_isolated", crashing_loads)
     error = ort_probe.load_error(_transposed_matmul(tmp_path / "m.onnx"))
     assert error is not None and "crashed" in error and "signal 11" in error and "not a wrong model" in error
 

@@ -81,3 +81,20 @@ def test_the_guard_reads_a_model_as_the_openvino_targets_read_it(tmp_path: Path)
     onnx.save(pass_through_loop_model(), path)
     found = check_other_runtimes(path, path, ["ort:cpu", "openvino:cpu"], "simplify", "fp32")
     assert found == {"openvino": "read and compiled by OpenVINO on CPU"}, found
+
+
+def test_an_artifact_openvino_crashes_on_is_refused_and_the_run_lives(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenVINO's CPU plugin has ended the process compiling some graphs (a segmentation fault): the guard compiles
+    in a child process, so the artifact is refused with the reason while its input model, which compiles, passes."""
+    from qdeploy.targets import openvino_probe
+    from tests.helpers.fresh import crashing_on_candidates
+
+    monkeypatch.setattr(openvino_probe, "call_isolated", crashing_on_candidates)
+    parent = _embedding(tmp_path)
+    candidate = tmp_path / "candidate.onnx"
+    candidate.write_bytes(parent.path.read_bytes())
+    with pytest.raises(StageError, match=r"does not load in OpenVINO.*crashed reading or compiling it.*signal 11"):
+        check_other_runtimes(parent.path, candidate, ["openvino:cpu"], "quantize", "int8")
+    crashed_parent = check_other_runtimes(candidate, candidate, ["openvino:cpu"], "quantize", "int8")
+    assert crashed_parent["openvino"].startswith("not checked: the input model does not load in OpenVINO either")

@@ -169,7 +169,7 @@ def test_a_quantized_model_onnx_runtime_crashes_on_fails_its_variant_not_the_run
     from qdeploy.targets import ort_probe
     from tests.helpers.fresh import crashing_loads
 
-    monkeypatch.setattr(ort_probe, "call_in_fresh_python", crashing_loads)
+    monkeypatch.setattr(ort_probe, "call_isolated", crashing_loads)
     model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
                        [init("w", np.ones((16, 32), np.float32))], {"x": [2, 16]}, ["y"])
     with pytest.raises(StageError, match=r"does not load in ONNX Runtime: ONNX Runtime crashed .*signal 11.*exclude"):

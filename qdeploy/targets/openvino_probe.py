@@ -1,0 +1,58 @@
+"""A model read and compiled by OpenVINO on CPU in a child process, where compiling it might crash the process.
+
+OpenVINO's CPU plugin has ended the process on some graphs, not with an exception but with a segmentation fault
+in ``compile_model`` (an LSTM reading a dequantized Concat, PyThaiNLP's thai2rom decoder).  In the run's own
+process that ends the run with no report; compiled here first, in a child process (``qdeploy.core.child_worker``:
+one kept for small models), it fails one artifact with the reason.  The read
+goes through ``read_onnx``, as every OpenVINO target reads the file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from qdeploy.core.child_worker import call_isolated
+from qdeploy.core.files import bytes_on_disk
+from qdeploy.core.fresh_python import FreshPythonError
+from qdeploy.targets.openvino_read import read_onnx
+
+__all__ = ["CRASHED", "NOT_INSTALLED", "openvino_failure"]
+
+NOT_INSTALLED = "not checked: openvino is not installed (pip install openvino)"
+CRASHED = "OpenVINO crashed reading or compiling it for CPU"
+
+
+def openvino_failure(path: Path) -> tuple[str, str] | None:
+    """None when OpenVINO reads the model at ``path`` and compiles it on CPU; else (step, message): step "read",
+    "compile", "crash" (the child process died: ``CRASHED`` and how, in the message) or "not checked" (openvino
+    missing, or the child failed before it could try)."""
+    if importlib.util.find_spec("openvino") is None:
+        return "not checked", NOT_INSTALLED
+    try:
+        result = call_isolated(__name__, "compile_here", {"path": str(path)}, model_bytes=bytes_on_disk(path))
+    except FreshPythonError as exc:
+        how = str(exc).partition("ended with ")[2].split(":")[0]
+        if not how.startswith("signal"):  # the child failed outside OpenVINO: not checked
+            return "not checked", f"not checked: the OpenVINO check could not run: {exc}"
+        return "crash", f"{CRASHED} (the process ended with {how}): an OpenVINO bug, not a wrong model"
+    if result.get("step") is None:
+        return None
+    return str(result["step"]), str(result["message"])
+
+
+def compile_here(payload: dict[str, Any]) -> dict[str, Any]:
+    """The child's side: read as the targets read, compile on CPU at the device's defaults."""
+    import openvino
+
+    core = openvino.Core()
+    try:
+        model, _ = read_onnx(core, Path(payload["path"]))
+    except Exception as exc:  # the parent words the failure
+        return {"step": "read", "message": str(exc)}
+    try:
+        core.compile_model(model, "CPU")
+    except Exception as exc:
+        return {"step": "compile", "message": str(exc)}
+    return {"step": None}
