@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import field_serializer
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
 from qdeploy.core.findings import Findings
 from qdeploy.stages.accuracy_budget.findings import BudgetFindings, TargetRecord, TargetStatus
@@ -111,6 +111,8 @@ class SevenBitComparison(TypedDict):
     measured: dict[str, SevenBitMeasure]
     margin_db: float
     """How much closer to float32 7-bit activations had to be to be chosen."""
+    compared_tensors: NotRequired[list[str]]
+    """The tensors measured instead of the outputs, which pass through an in-graph NMS (``graph.selection``)."""
 
 
 class SignedActivationsRecord(TypedDict, total=False):
@@ -123,6 +125,8 @@ class SignedActivationsRecord(TypedDict, total=False):
     why: str
     compared_on_samples: int
     measured: dict[str, SevenBitMeasure]
+    compared_tensors: list[str]
+    """As ``SevenBitComparison.compared_tensors``."""
     uint8_at_concats: str
     """Under ``activation_type: int8`` where OpenVINO runs the graph: how many tensors a Concat reads or writes
     stayed uint8, and why."""
@@ -148,6 +152,8 @@ class ReduceRangeRecord(TypedDict, total=False):
     compared_on_samples: int
     measured: dict[str, SevenBitMeasure]
     margin_db: float
+    compared_tensors: list[str]
+    """As ``SevenBitComparison.compared_tensors``."""
 
 
 class RefusedSite(TypedDict):

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdeploy.core.compare import compare_outputs
+from qdeploy.core.onnx_wire import load_model
 from qdeploy.core.tolerance import Tolerance
-from qdeploy.graph.external_data import needs_external_data
+from qdeploy.graph.external_data import needs_external_data, save_exposing
+from qdeploy.graph.selection import comparable_tensors
 from qdeploy.stages.quantize.findings import SevenBitComparison, SevenBitMeasure
 
 if TYPE_CHECKING:
@@ -46,36 +48,72 @@ def choose_seven_bit(builders: dict[str, Builder], float_model: Path, feeds: lis
     """'activations' where 7-bit activations are closer to float32 than 7-bit weights by more than ``margin_db``,
     else 'weights'; and the measurements."""
     feeds = feeds[:CHOICE_SAMPLES]
-    measured = measure_builds(builders, float_model, feeds, work_dir)
+    measured, compared = measure_builds(builders, float_model, feeds, work_dir)
     chosen = "weights"
     if _snr(measured.get("activations")) > _snr(measured.get("weights")) + margin_db:
         chosen = "activations"
     log.info("quantize: 7-bit %s chosen (%s)", chosen, measured)
-    return chosen, SevenBitComparison(compared_on_samples=len(feeds), measured=measured, margin_db=margin_db)
+    record = SevenBitComparison(compared_on_samples=len(feeds), measured=measured, margin_db=margin_db)
+    if compared is not None:
+        record["compared_tensors"] = compared
+    return chosen, record
 
 
 def measure_builds(builders: dict[str, Builder], float_model: Path, feeds: list[Feeds],
-                   work_dir: Path) -> dict[str, SevenBitMeasure]:
-    """Each builder's fully quantized model against float32 on ``feeds`` (ONNX Runtime): worst SNR and cosine."""
-    reference = _outputs(float_model, feeds)
+                   work_dir: Path) -> tuple[dict[str, SevenBitMeasure], list[str] | None]:
+    """Each builder's fully quantized model against float32 on ``feeds`` (ONNX Runtime): worst SNR and cosine; and
+    the tensors compared instead of the outputs, where the outputs pass through a selection whose length depends
+    on the data (``qdeploy.graph.selection``: the boxes and scores an in-graph NMS reads), else None."""
+    compared = comparable_tensors(load_model(float_model, load_external_data=False))
+    reference = _outputs(float_model, feeds, compared)
     measured: dict[str, SevenBitMeasure] = {}
     for name, build in builders.items():
         path = work_dir / f"candidate_{name}.onnx"
-        _save(build([]), path)
-        worst = compare_outputs(reference, _outputs(path, feeds), Tolerance()).worst()
+        model = build([])
+        if compared is None:
+            _save(model, path)
+        else:
+            save_exposing(model, path, _exposed(model, compared), external=needs_external_data(model))
+        del model
+        worst = compare_outputs(reference, _outputs(path, feeds, compared), Tolerance()).worst()
         path.unlink()
+        path.with_name(path.name + ".data").unlink(missing_ok=True)
         measured[name] = SevenBitMeasure(snr_db=_rounded(worst.get("snr_db")), cosine=_rounded(worst.get("cosine"), 6))
-    return measured
+    return measured, compared
 
 
-def _outputs(path: Path, feeds: list[Feeds]) -> list[dict[str, np.ndarray]]:
+def _outputs(path: Path, feeds: list[Feeds], names: list[str] | None) -> list[dict[str, np.ndarray]]:
+    """The model's outputs on ``feeds``, or the tensors ``names`` (exposed as outputs of a probe beside it)."""
     import onnxruntime as ort
 
+    probe = None
+    if names is not None and set(names) - {output.name for output in _graph_outputs(path)}:
+        model = load_model(path)
+        probe = path.with_name(f"{path.stem}_compared.onnx")
+        save_exposing(model, probe, _exposed(model, names), external=needs_external_data(model))
+        del model
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    names = [output.name for output in session.get_outputs()]
-    return [dict(zip(names, session.run(names, feed), strict=True)) for feed in feeds]
+    session = ort.InferenceSession(str(probe or path), options, providers=["CPUExecutionProvider"])
+    fetched = names or [output.name for output in session.get_outputs()]
+    results = [dict(zip(fetched, session.run(fetched, feed), strict=True)) for feed in feeds]
+    del session
+    if probe is not None:
+        probe.unlink()
+        probe.with_name(probe.name + ".data").unlink(missing_ok=True)
+    return results
+
+
+def _graph_outputs(path: Path) -> list[onnx.ValueInfoProto]:
+    return list(load_model(path, load_external_data=False).graph.output)
+
+
+def _exposed(model: onnx.ModelProto, names: list[str]) -> list[onnx.ValueInfoProto]:
+    """Outputs to add so that ``names`` are all outputs (untyped: ONNX Runtime types them)."""
+    import onnx
+
+    present = {output.name for output in model.graph.output}
+    return [onnx.ValueInfoProto(name=name) for name in names if name not in present]
 
 
 def _save(model: onnx.ModelProto, path: Path) -> None:

@@ -37,11 +37,14 @@ def choose_signed(candidates: dict[str, Builder], float_model: Path, feeds: list
                   work_dir: Path) -> tuple[str, SignedActivationsRecord]:
     """'all' (every signed activation on int8) or 'centred' (only those centred on zero), and what was measured."""
     feeds = feeds[:CHOICE_SAMPLES]
-    measured = measure_builds(candidates, float_model, feeds, work_dir)
+    measured, compared = measure_builds(candidates, float_model, feeds, work_dir)
     every, centred = measured["all"]["snr_db"], measured["centred"]["snr_db"]
     chosen = "all" if every is not None and (centred is None or every >= centred - MARGIN_DB) else "centred"
     why = (f"auto: lopsided ranges on int8 too, within {MARGIN_DB:g} dB SNR of uint8 there" if chosen == "all" else
            f"auto: lopsided ranges stay uint8, int8 there is more than {MARGIN_DB:g} dB SNR further from float32")
     log.info("quantize: signed activations on int8: %s (%s)", chosen, measured)
-    return chosen, SignedActivationsRecord(setting="auto", symmetric=chosen, why=why, compared_on_samples=len(feeds),
-                                           measured=measured)
+    record = SignedActivationsRecord(setting="auto", symmetric=chosen, why=why, compared_on_samples=len(feeds),
+                                     measured=measured)
+    if compared is not None:
+        record["compared_tensors"] = compared
+    return chosen, record
