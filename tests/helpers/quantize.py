@@ -35,6 +35,18 @@ def artifact_at(path: Path) -> Artifact:
                     size_bytes=path.stat().st_size, stages=("export",), parent=None)
 
 
+def npy_folder(tmp_path: Path, shape: tuple[int, ...], count: int, *, seed: int = 0, name: str = "calib",
+               uniform: bool = False) -> Path:
+    """A folder of ``count`` seeded samples of ``shape`` (.npy, one per file): normal, or uniform in [0, 1)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        sample = rng.random(shape) if uniform else rng.standard_normal(shape)
+        np.save(folder / f"s{index:02d}.npy", sample.astype(np.float32))
+    return folder
+
+
 def stage_context(tmp_path: Path, datasets: dict[str, Path] | None = None,
                   ranges: dict[str, tuple[float | None, float | None]] | None = None) -> StageContext:
     """A stage context whose datasets are npy/npz folders; ranges may bound random inputs."""

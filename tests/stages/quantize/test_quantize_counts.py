@@ -12,7 +12,7 @@ from onnx import helper
 from qdeploy.stages import quantize
 from qdeploy.stages.quantize import CalibrationRef, QuantizeConfig
 from qdeploy.stages.quantize._common import quantized_node_counts
-from tests.helpers.quantize import init, make_model, save_artifact, stage_context
+from tests.helpers.quantize import init, make_model, npy_folder, save_artifact, stage_context
 
 
 def _conv_sigmoid_tanh_model() -> onnx.ModelProto:
@@ -40,11 +40,7 @@ def _ort_optimized_ops(path: Path, tmp_path: Path) -> dict[str, int]:
 
 
 def test_sigmoid_and_tanh_between_quantized_convs_count_only_where_they_run_in_integer(tmp_path: Path) -> None:
-    folder = tmp_path / "calib"
-    folder.mkdir()
-    rng = np.random.default_rng(1)
-    for index in range(4):
-        np.save(folder / f"s{index}.npy", rng.standard_normal((3, 8, 8)).astype(np.float32))
+    folder = npy_folder(tmp_path, (3, 8, 8), 4, seed=1)
     config = QuantizeConfig(calibration=CalibrationRef(data="calib"))
     result = quantize.run(save_artifact(tmp_path, _conv_sigmoid_tanh_model()), config,
                           stage_context(tmp_path, {"calib": folder}))

@@ -16,22 +16,13 @@ from onnx import numpy_helper
 from qdeploy.stages import quantize
 from qdeploy.stages.quantize import CalibrationRef, QuantizeConfig
 from tests.helpers.detector import detector_model
-from tests.helpers.quantize import save_artifact, stage_context
-
-
-def _images(tmp_path: Path) -> Path:
-    folder = tmp_path / "calib"
-    folder.mkdir()
-    rng = np.random.default_rng(0)
-    for index in range(8):
-        np.save(folder / f"s{index}.npy", rng.random((3, 32, 32)).astype(np.float32))
-    return folder
+from tests.helpers.quantize import npy_folder, save_artifact, stage_context
 
 
 def _findings(tmp_path: Path, model: onnx.ModelProto | None = None, **settings: object) -> dict[str, Any]:
     config = QuantizeConfig(calibration=CalibrationRef(data="calib"), **settings)
     result = quantize.run(save_artifact(tmp_path, model or detector_model(score_threshold=0.3)), config,
-                          stage_context(tmp_path, {"calib": _images(tmp_path)}))
+                          stage_context(tmp_path, {"calib": npy_folder(tmp_path, (3, 32, 32), 8, uniform=True)}))
     return result.findings.to_report()
 
 
