@@ -16,6 +16,7 @@ own: a runtime printing on its stdout cannot break a reply.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import subprocess
@@ -100,7 +101,8 @@ class _Worker:
         process, self._process = self._process, None
         if process is not None:
             if process.stdin is not None:
-                process.stdin.close()
+                with contextlib.suppress(OSError):  # a child that died leaves a broken pipe to close
+                    process.stdin.close()
             try:
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:

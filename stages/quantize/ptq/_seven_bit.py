@@ -65,21 +65,39 @@ def measure_builds(builders: dict[str, Builder], float_model: Path, feeds: list[
     the tensors compared instead of the outputs, where the outputs pass through a selection whose length depends
     on the data (``qdeploy.graph.selection``: the boxes and scores an in-graph NMS reads), else None."""
     compared = comparable_tensors(load_model(float_model, load_external_data=False))
-    reference = _outputs(float_model, feeds, compared)
+    if compared is not None:
+        try:
+            return _measure(builders, float_model, feeds, work_dir, compared), compared
+        except _NotComputed as missing:
+            log.info("quantize: a build does not compute %s; its outputs are compared instead", missing)
+    return _measure(builders, float_model, feeds, work_dir, None), None
+
+
+class _NotComputed(Exception):
+    """A build lacks a tensor the comparison reads."""
+
+
+def _measure(builders: dict[str, Builder], float_model: Path, feeds: list[Feeds], work_dir: Path,
+             compared: list[str] | None) -> dict[str, SevenBitMeasure]:
+    reference: list[dict[str, np.ndarray]] | None = None
     measured: dict[str, SevenBitMeasure] = {}
-    for name, build in builders.items():
+    for name, build in builders.items():  # one build in memory at a time
         path = work_dir / f"candidate_{name}.onnx"
         model = build([])
         if compared is None:
             _save(model, path)
         else:
+            missing = set(compared) - {output for node in model.graph.node for output in node.output}
+            if missing:
+                raise _NotComputed(sorted(missing))
             save_exposing(model, path, _exposed(model, compared), external=needs_external_data(model))
         del model
+        reference = reference or _outputs(float_model, feeds, compared)  # once a build computes what it reads
         worst = compare_outputs(reference, _outputs(path, feeds, compared), Tolerance()).worst()
         path.unlink()
         path.with_name(path.name + ".data").unlink(missing_ok=True)
         measured[name] = SevenBitMeasure(snr_db=_rounded(worst.get("snr_db")), cosine=_rounded(worst.get("cosine"), 6))
-    return measured, compared
+    return measured
 
 
 def _outputs(path: Path, feeds: list[Feeds], names: list[str] | None) -> list[dict[str, np.ndarray]]:

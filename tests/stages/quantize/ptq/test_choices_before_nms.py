@@ -55,3 +55,13 @@ def test_the_signed_choice_measures_them_too(tmp_path: Path) -> None:
         pytest.skip(f"no lopsided range to decide on here: {record['why']}")
     assert record["compared_tensors"] == ["decoded", "class_scores"]
     assert min(measure["snr_db"] for measure in record["measured"].values()) > 20
+
+
+def test_a_build_that_lacks_a_compared_tensor_is_measured_on_its_outputs(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from qdeploy.stages.quantize.ptq import _seven_bit
+
+    monkeypatch.setattr(_seven_bit, "comparable_tensors", lambda model: ["decoded", "not_in_the_build"])
+    record = _findings(tmp_path, reduce_range="auto")["reduce_range"]
+    assert "compared_tensors" not in record and set(record["measured"]) == {"weights", "activations"}
+    assert not list((tmp_path / "work").glob("candidate_*"))
