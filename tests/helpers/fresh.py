@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 
@@ -45,17 +45,23 @@ def crashing_loads(module: str, function: str, payload: dict[str, Any], **_: Any
     return call_in_worker(__name__, "segfault", payload)
 
 
-def segfault_on_candidates(payload: dict[str, Any]) -> dict[str, Any]:
-    """OpenVINO's check of a file whose name starts with "candidate" crashes; of any other, runs as it does."""
+def segfault_on_name(payload: dict[str, Any]) -> dict[str, Any]:
+    """A load or compile check (``ort_probe``, ``openvino_probe``) that crashes on files whose path holds
+    ``payload["crash_on"]`` and checks any other as it does."""
     from qdeploy.targets.openvino_probe import compile_here
+    from qdeploy.targets.ort_probe import load_here
 
-    if Path(payload["path"]).name.startswith("candidate"):
+    if payload.pop("crash_on") in payload["path"]:
         segfault(payload)
-    return compile_here(payload)
+    return (compile_here if payload.pop("runtime") == "openvino" else load_here)(payload)
 
 
-def crashing_on_candidates(module: str, function: str, payload: dict[str, Any], **_: Any) -> dict[str, Any]:
-    """``call_isolated`` for ``openvino_probe`` whose child crashes on files named "candidate*"."""
+def crashing_on(part: str, runtime: str) -> Callable[..., dict[str, Any]]:
+    """``call_isolated`` for the ``runtime`` probe ("onnxruntime", "openvino") whose child crashes on files whose
+    path holds ``part``."""
     from qdeploy.core.child_worker import call_in_worker
 
-    return call_in_worker(__name__, "segfault_on_candidates", payload)
+    def call(module: str, function: str, payload: dict[str, Any], **_: Any) -> dict[str, Any]:
+        return call_in_worker(__name__, "segfault_on_name", {**payload, "crash_on": part, "runtime": runtime})
+
+    return call

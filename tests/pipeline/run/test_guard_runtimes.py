@@ -88,9 +88,9 @@ def test_an_artifact_openvino_crashes_on_is_refused_and_the_run_lives(tmp_path: 
     """OpenVINO's CPU plugin has ended the process compiling some graphs (a segmentation fault): the guard compiles
     in a child process, so the artifact is refused with the reason while its input model, which compiles, passes."""
     from qdeploy.targets import openvino_probe
-    from tests.helpers.fresh import crashing_on_candidates
+    from tests.helpers.fresh import crashing_on
 
-    monkeypatch.setattr(openvino_probe, "call_isolated", crashing_on_candidates)
+    monkeypatch.setattr(openvino_probe, "call_isolated", crashing_on("candidate.onnx", "openvino"))
     parent = _embedding(tmp_path)
     candidate = tmp_path / "candidate.onnx"
     candidate.write_bytes(parent.path.read_bytes())
