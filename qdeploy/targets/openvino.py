@@ -37,6 +37,7 @@ from qdeploy.targets.base import (
     short_message,
 )
 from qdeploy.targets.bound import BoundCall
+from qdeploy.targets.openvino_probe import compile_crash
 from qdeploy.targets.openvino_read import read_onnx
 
 __all__ = ["PINNABLE", "OpenVinoBoundCall", "OpenVinoSession", "OpenVinoTarget"]
@@ -88,6 +89,9 @@ class OpenVinoTarget(TargetAdapter):
         ``query_support=False`` (a search's trial, never a reported row) asks ``query_model`` only to explain a
         failed compile."""
         self._require_available(model_path)
+        crash = compile_crash(Path(model_path)) if self.ov_device.startswith("CPU") else None
+        if crash is not None:  # compiled here, it would end the run
+            raise ModelError(f"{Path(model_path).name}: {crash}")
         core = _ov_core()
         input_names, output_names = onnx_io_names(model_path)
         try:

@@ -9,16 +9,17 @@ goes through ``read_onnx``, as every OpenVINO target reads the file.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 from typing import Any
 
-from qdeploy.core.child_worker import call_isolated
+from qdeploy.core.child_worker import WORKER_MAX_BYTES, call_isolated
 from qdeploy.core.files import bytes_on_disk
 from qdeploy.core.fresh_python import FreshPythonError
 from qdeploy.targets.openvino_read import read_onnx
 
-__all__ = ["CRASHED", "NOT_INSTALLED", "openvino_failure"]
+__all__ = ["CRASHED", "NOT_INSTALLED", "compile_crash", "openvino_failure"]
 
 NOT_INSTALLED = "not checked: openvino is not installed (pip install openvino)"
 CRASHED = "OpenVINO crashed reading or compiling it for CPU"
@@ -40,6 +41,24 @@ def openvino_failure(path: Path) -> tuple[str, str] | None:
     if result.get("step") is None:
         return None
     return str(result["step"]), str(result["message"])
+
+
+def compile_crash(path: Path) -> str | None:
+    """Why OpenVINO's CPU plugin ends a process reading or compiling the model at ``path`` (checked once per version
+    of the file, in the worker child); None when it does not, and, unchecked, for a model above
+    ``WORKER_MAX_BYTES``, which a child of its own would compile twice.  What a target asks before compiling a file
+    in this process: the publishing guard checks the artifacts a stage writes, this the ones it did not see (the
+    exported model)."""
+    stat = Path(path).stat()
+    return _crash(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _crash(path: str, size: int, modified_ns: int) -> str | None:
+    if bytes_on_disk(Path(path)) > WORKER_MAX_BYTES:
+        return None
+    failure = openvino_failure(Path(path))
+    return failure[1] if failure is not None and failure[0] == "crash" else None
 
 
 def compile_here(payload: dict[str, Any]) -> dict[str, Any]:

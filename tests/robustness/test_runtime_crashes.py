@@ -42,3 +42,18 @@ def test_openvino_crashing_on_the_int8_artifact_fails_int8_only(tmp_path: Path) 
     assert "OpenVINO crashed reading or compiling it" in failure["reason"], failure
     assert _statuses(report) == {("fp32", "ort:cpu"): "passed", ("fp32", "openvino:cpu"): "passed",
                                  ("int8@ort", "ort:cpu"): "passed"}
+
+
+def test_openvino_crashing_on_the_reference_makes_it_an_unreadable_target_not_the_end_of_the_run(
+        tmp_path: Path) -> None:
+    """The artifacts as validation reads them from the cache (the guard saw its own copies, which compile): the
+    OpenVINO target checks each small file in the worker child before it compiles it in the run's process, and a
+    target that cannot compile the reference is reported as unreadable, as for a refusal."""
+    body = RECIPE.replace("targets: [ort:cpu]", "targets: [ort:cpu, openvino:cpu]")
+    crash = CRASH.format(module="openvino_probe", part="/cache/", runtime="openvino")
+    code, report = _run(tmp_path, crash, body)
+    assert code == 0  # a target that cannot read the reference is reported once, not a failure of the variants
+    assert _statuses(report) == {("fp32", "ort:cpu"): "passed", ("int8@ort", "ort:cpu"): "passed",
+                                 ("fp32", "openvino:cpu"): "unreadable",
+                                 ("int8@openvino", "openvino:cpu"): "unreadable"}
+    assert "OpenVINO crashed reading or compiling it" in json.dumps(report["unreadable_targets"])
