@@ -109,8 +109,13 @@ def external_data_files(path: Path) -> list[Path]:
 
 
 def bytes_on_disk(path: Path) -> int:
-    """The size of a model file with the external data files it references."""
-    return path.stat().st_size + sum(data.stat().st_size for data in external_data_files(path) if data.is_file())
+    """The size of a model file with the external data files it references (the file's own size where it does not
+    parse: whoever reads it next says why)."""
+    try:
+        data = external_data_files(path)
+    except Exception:  # not a model (truncated, not protobuf): no references to count
+        data = []
+    return path.stat().st_size + sum(item.stat().st_size for item in data if item.is_file())
 
 
 def all_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:

@@ -49,7 +49,10 @@ def compile_crash(path: Path) -> str | None:
     ``WORKER_MAX_BYTES``, which a child of its own would compile twice.  What a target asks before compiling a file
     in this process: the publishing guard checks the artifacts a stage writes, this the ones it did not see (the
     exported model)."""
-    stat = Path(path).stat()
+    try:
+        stat = Path(path).stat()
+    except OSError:  # absent: the read that follows says so
+        return None
     return _crash(str(path), stat.st_size, stat.st_mtime_ns)
 
 
