@@ -25,7 +25,7 @@ import tempfile
 import threading
 from typing import IO, Any
 
-from qdeploy.core.fresh_python import FreshPythonError, call_in_fresh_python
+from qdeploy.core.fresh_python import FreshPythonError, call_in_fresh_python, ended
 
 __all__ = ["WORKER_MAX_BYTES", "call_in_worker", "call_isolated"]
 
@@ -65,10 +65,9 @@ class _Worker:
             start = stderr.seek(0, os.SEEK_END)
             line = self._ask(process, json.dumps({"module": module, "function": function, "payload": payload}))
             if not line:
-                how, tail = _how(process.wait()), _tail(stderr, start)
+                error = ended(f"{module}.{function}", process.wait(), _tail(stderr, start))
                 self.close()
-                raise FreshPythonError(f"{module}.{function} in a child process ended with {how}: "
-                                       f"{tail or 'no message'}")
+                raise error
             reply = json.loads(line)
             if "raised" in reply:
                 raise FreshPythonError(f"{module}.{function} in a child process raised: {reply['raised']}")
@@ -113,10 +112,6 @@ class _Worker:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
-
-
-def _how(returncode: int) -> str:
-    return f"exit status {returncode}" if returncode >= 0 else f"signal {-returncode}"
 
 
 def _tail(stderr: IO[bytes], start: int) -> str:

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FreshPythonError", "call_in_fresh_python"]
+__all__ = ["FreshPythonError", "call_in_fresh_python", "ended"]
 
 _CHILD = """
 import json, sys
@@ -31,7 +31,19 @@ _STDERR_TAIL = 2000
 
 
 class FreshPythonError(RuntimeError):
-    """The child interpreter did not return a result (it crashed, was killed, or raised)."""
+    """The child interpreter did not return a result (it crashed, was killed, or raised); ``signal``: the signal
+    that ended it, None when it exited or raised."""
+
+    def __init__(self, message: str, signal: int | None = None) -> None:
+        super().__init__(message)
+        self.signal = signal
+
+
+def ended(call: str, returncode: int, stderr: str) -> FreshPythonError:
+    """The error for a child that ended with ``returncode`` (negative: killed by that signal) without a result."""
+    how = f"exit status {returncode}" if returncode >= 0 else f"signal {-returncode}"
+    return FreshPythonError(f"{call} in a child process ended with {how}: {stderr or 'no message'}",
+                            signal=-returncode if returncode < 0 else None)
 
 
 def call_in_fresh_python(module: str, function: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -44,8 +56,6 @@ def call_in_fresh_python(module: str, function: str, payload: dict[str, Any]) ->
         done = subprocess.run([sys.executable, "-c", _CHILD, module, function, str(given), str(taken)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
         if done.returncode != 0 or not taken.is_file():
-            how = f"exit status {done.returncode}" if done.returncode >= 0 else f"signal {-done.returncode}"
-            raise FreshPythonError(f"{module}.{function} in a child process ended with {how}: "
-                                   f"{done.stderr.strip()[-_STDERR_TAIL:] or 'no message'}")
+            raise ended(f"{module}.{function}", done.returncode, done.stderr.strip()[-_STDERR_TAIL:])
         result: dict[str, Any] = json.loads(taken.read_text())
         return result

@@ -25,19 +25,19 @@ NOT_INSTALLED = "not checked: openvino is not installed (pip install openvino)"
 CRASHED = "OpenVINO crashed reading or compiling it for CPU"
 
 
-def openvino_failure(path: Path) -> tuple[str, str] | None:
+def openvino_failure(path: Path, model_bytes: int | None = None) -> tuple[str, str] | None:
     """None when OpenVINO reads the model at ``path`` and compiles it on CPU; else (step, message): step "read",
     "compile", "crash" (the child process died: ``CRASHED`` and how, in the message) or "not checked" (openvino
-    missing, or the child failed before it could try)."""
+    missing, or the child failed before it could try).  ``model_bytes``: its size on disk, when known."""
     if importlib.util.find_spec("openvino") is None:
         return "not checked", NOT_INSTALLED
+    size = bytes_on_disk(path) if model_bytes is None else model_bytes
     try:
-        result = call_isolated(__name__, "compile_here", {"path": str(path)}, model_bytes=bytes_on_disk(path))
+        result = call_isolated(__name__, "compile_here", {"path": str(path)}, model_bytes=size)
     except FreshPythonError as exc:
-        how = str(exc).partition("ended with ")[2].split(":")[0]
-        if not how.startswith("signal"):  # the child failed outside OpenVINO: not checked
+        if exc.signal is None:  # the child failed outside OpenVINO: not checked
             return "not checked", f"not checked: the OpenVINO check could not run: {exc}"
-        return "crash", f"{CRASHED} (the process ended with {how}): an OpenVINO bug, not a wrong model"
+        return "crash", f"{CRASHED} (the process ended with signal {exc.signal}): an OpenVINO bug, not a wrong model"
     if result.get("step") is None:
         return None
     return str(result["step"]), str(result["message"])
@@ -58,9 +58,10 @@ def compile_crash(path: Path) -> str | None:
 
 @functools.lru_cache(maxsize=256)
 def _crash(path: str, size: int, modified_ns: int) -> str | None:
-    if bytes_on_disk(Path(path)) > WORKER_MAX_BYTES:
+    model_bytes = bytes_on_disk(Path(path))
+    if model_bytes > WORKER_MAX_BYTES:
         return None
-    failure = openvino_failure(Path(path))
+    failure = openvino_failure(Path(path), model_bytes)
     return failure[1] if failure is not None and failure[0] == "crash" else None
 
 

@@ -36,11 +36,10 @@ def load_error(source: Path | onnx.ModelProto) -> str | None:
     try:
         result = call_isolated(__name__, "load_here", {"path": str(source)}, model_bytes=bytes_on_disk(source))
     except FreshPythonError as exc:
-        how = str(exc).partition("ended with ")[2].split(":")[0]
-        if not how.startswith("signal"):  # the child failed before or after ONNX Runtime: not checked
+        if exc.signal is None:  # the child failed before or after ONNX Runtime: not checked
             return f"the load check could not run: {exc}"
         return (f"ONNX Runtime crashed loading it with its default session options (the process ended with "
-                f"{how}): an ONNX Runtime bug, not a wrong model")
+                f"signal {exc.signal}): an ONNX Runtime bug, not a wrong model")
     error = result.get("error")
     return str(error) if error else None
 

@@ -40,6 +40,7 @@ from qdeploy.core.compare import compare_outputs
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.core.tolerance import Tolerance
 from qdeploy.graph.external_data import copy_exposing
+from qdeploy.graph.selection import DATA_DEPENDENT_SELECTIONS
 from qdeploy.stages.validate._common import feed_caster
 from qdeploy.stages.validate._tolerance import is_integer_op
 from qdeploy.targets import get_target
@@ -54,9 +55,10 @@ INSTRUMENTED_NOTE = ("intermediate outputs exposed, which can stop fusions: the 
                      "instrumented graph")
 
 Feeds = Sequence[dict[str, np.ndarray]]
-SELECTION_OPS = frozenset({"NonMaxSuppression", "TopK", "ArgMax", "ArgMin", "NonZero", "Unique"})
+SELECTION_OPS = DATA_DEPENDENT_SELECTIONS | {"TopK", "ArgMax", "ArgMin"}
 """Ops that choose elements by comparing values: a near-tie decides, so their outputs jump where their inputs
-barely moved (a detector's in-graph NMS keeps another box of two with almost equal scores)."""
+barely moved (a detector's in-graph NMS keeps another box of two with almost equal scores); those of
+``graph.selection`` also return as many as they choose."""
 
 
 class DivergenceDict(TypedDict):

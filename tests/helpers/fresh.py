@@ -38,13 +38,6 @@ def segfault(payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
-def crashing_loads(module: str, function: str, payload: dict[str, Any], **_: Any) -> dict[str, Any]:
-    """``call_isolated`` whose child segfaults whatever it was asked: put in place of ``ort_probe``'s."""
-    from qdeploy.core.child_worker import call_in_worker
-
-    return call_in_worker(__name__, "segfault", payload)
-
-
 def segfault_on_name(payload: dict[str, Any]) -> dict[str, Any]:
     """A load or compile check (``ort_probe``, ``openvino_probe``) that crashes on files whose path holds
     ``payload["crash_on"]`` and checks any other as it does."""

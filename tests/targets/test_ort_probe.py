@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.targets import ort_probe
-from tests.helpers.fresh import crashing_loads
+from tests.helpers.fresh import crashing_on
 
 
 def _transposed_matmul(path: Path, elem_type: int = TensorProto.FLOAT) -> Path:
@@ -38,7 +38,7 @@ def test_a_model_that_loads_says_nothing_and_one_that_fails_says_why(tmp_path: P
 
 
 def test_a_crash_of_the_child_is_a_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ort_probe, "call_isolated", crashing_loads)
+    monkeypatch.setattr(ort_probe, "call_isolated", crashing_on(".onnx", "onnxruntime"))
     error = ort_probe.load_error(_transposed_matmul(tmp_path / "m.onnx"))
     assert error is not None and "crashed" in error and "signal 11" in error and "not a wrong model" in error
 

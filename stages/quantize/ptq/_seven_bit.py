@@ -12,7 +12,7 @@ gives the same answer whatever CPU builds the artifact; a near tie keeps ONNX Ru
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ import numpy as np
 from qdeploy.core.compare import compare_outputs
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.core.tolerance import Tolerance
-from qdeploy.graph.external_data import needs_external_data, save_exposing
+from qdeploy.graph.external_data import copy_exposing, needs_external_data, save_exposing
 from qdeploy.graph.selection import comparable_tensors
 from qdeploy.stages.quantize.findings import SevenBitComparison, SevenBitMeasure
 
@@ -90,48 +90,53 @@ def _measure(builders: dict[str, Builder], float_model: Path, feeds: list[Feeds]
             missing = set(compared) - {output for node in model.graph.node for output in node.output}
             if missing:
                 raise _NotComputed(sorted(missing))
-            save_exposing(model, path, _exposed(model, compared), external=needs_external_data(model))
+            present = {output.name for output in model.graph.output}
+            save_exposing(model, path, _untyped(name for name in compared if name not in present),
+                          external=needs_external_data(model))
         del model
-        reference = reference or _outputs(float_model, feeds, compared)  # once a build computes what it reads
+        if reference is None:  # once a build computes what the comparison reads
+            reference = _reference(float_model, feeds, compared, work_dir)
         worst = compare_outputs(reference, _outputs(path, feeds, compared), Tolerance()).worst()
-        path.unlink()
-        path.with_name(path.name + ".data").unlink(missing_ok=True)
+        _remove(path)
         measured[name] = SevenBitMeasure(snr_db=_rounded(worst.get("snr_db")), cosine=_rounded(worst.get("cosine"), 6))
     return measured
 
 
+def _reference(float_model: Path, feeds: list[Feeds], compared: list[str] | None,
+               work_dir: Path) -> list[dict[str, np.ndarray]]:
+    """The float32 model's outputs, or the ``compared`` tensors of a copy that exposes them."""
+    if compared is None:
+        return _outputs(float_model, feeds, None)
+    probe = work_dir / "reference_compared.onnx"
+    copy_exposing(float_model, probe, _untyped(compared))
+    try:
+        return _outputs(probe, feeds, compared)
+    finally:
+        _remove(probe)
+
+
 def _outputs(path: Path, feeds: list[Feeds], names: list[str] | None) -> list[dict[str, np.ndarray]]:
-    """The model's outputs on ``feeds``, or the tensors ``names`` (exposed as outputs of a probe beside it)."""
+    """The tensors ``names`` (outputs of the model), or all its outputs, on ``feeds``."""
     import onnxruntime as ort
 
-    probe = None
-    if names is not None and set(names) - {output.name for output in _graph_outputs(path)}:
-        model = load_model(path)
-        probe = path.with_name(f"{path.stem}_compared.onnx")
-        save_exposing(model, probe, _exposed(model, names), external=needs_external_data(model))
-        del model
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(probe or path), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     fetched = names or [output.name for output in session.get_outputs()]
-    results = [dict(zip(fetched, session.run(fetched, feed), strict=True)) for feed in feeds]
-    del session
-    if probe is not None:
-        probe.unlink()
-        probe.with_name(probe.name + ".data").unlink(missing_ok=True)
-    return results
+    return [dict(zip(fetched, session.run(fetched, feed), strict=True)) for feed in feeds]
 
 
-def _graph_outputs(path: Path) -> list[onnx.ValueInfoProto]:
-    return list(load_model(path, load_external_data=False).graph.output)
-
-
-def _exposed(model: onnx.ModelProto, names: list[str]) -> list[onnx.ValueInfoProto]:
-    """Outputs to add so that ``names`` are all outputs (untyped: ONNX Runtime types them)."""
+def _untyped(names: Iterable[str]) -> list[onnx.ValueInfoProto]:
+    """Graph outputs by name only: ONNX Runtime types them."""
     import onnx
 
-    present = {output.name for output in model.graph.output}
-    return [onnx.ValueInfoProto(name=name) for name in names if name not in present]
+    return [onnx.ValueInfoProto(name=name) for name in names]
+
+
+def _remove(path: Path) -> None:
+    """A model file and the data file ``save_exposing`` or ``copy_exposing`` wrote beside it."""
+    path.unlink(missing_ok=True)
+    path.with_name(path.name + ".data").unlink(missing_ok=True)
 
 
 def _save(model: onnx.ModelProto, path: Path) -> None:

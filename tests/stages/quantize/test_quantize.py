@@ -167,9 +167,9 @@ def test_a_quantized_model_onnx_runtime_crashes_on_fails_its_variant_not_the_run
     """The load check runs in a child process: ONNX Runtime's optimisers segfault on some graphs, and in the run's
     own process that ended the run without a report."""
     from qdeploy.targets import ort_probe
-    from tests.helpers.fresh import crashing_loads
+    from tests.helpers.fresh import crashing_on
 
-    monkeypatch.setattr(ort_probe, "call_isolated", crashing_loads)
+    monkeypatch.setattr(ort_probe, "call_isolated", crashing_on(".onnx", "onnxruntime"))
     model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
                        [init("w", np.ones((16, 32), np.float32))], {"x": [2, 16]}, ["y"])
     with pytest.raises(StageError, match=r"does not load in ONNX Runtime: ONNX Runtime crashed .*signal 11.*exclude"):
