@@ -21,7 +21,7 @@ import numpy as np
 from qdeploy.core.compare import compare_outputs
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.core.tolerance import Tolerance
-from qdeploy.graph.external_data import copy_exposing, needs_external_data, save_exposing
+from qdeploy.graph.external_data import copy_exposing, needs_external_data, save_exposing, save_onnx
 from qdeploy.graph.selection import comparable_tensors
 from qdeploy.stages.quantize.findings import SevenBitComparison, SevenBitMeasure
 
@@ -85,7 +85,7 @@ def _measure(builders: dict[str, Builder], float_model: Path, feeds: list[Feeds]
         path = work_dir / f"candidate_{name}.onnx"
         model = build([])
         if compared is None:
-            _save(model, path)
+            save_onnx(model, path)  # a large build's weights in <name>.data, which _remove deletes
         else:
             missing = set(compared) - {output for node in model.graph.node for output in node.output}
             if missing:
@@ -137,12 +137,6 @@ def _remove(path: Path) -> None:
     """A model file and the data file ``save_exposing`` or ``copy_exposing`` wrote beside it."""
     path.unlink(missing_ok=True)
     path.with_name(path.name + ".data").unlink(missing_ok=True)
-
-
-def _save(model: onnx.ModelProto, path: Path) -> None:
-    import onnx
-
-    onnx.save(model, str(path), save_as_external_data=needs_external_data(model))
 
 
 def _snr(measured: SevenBitMeasure | None) -> float:
