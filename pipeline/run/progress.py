@@ -5,15 +5,25 @@ The runner calls ``phase`` when a unit of work begins (``"simplify · fp16"``, `
 (``"int8 · openvino:cpu · batch 1: round 2/5"``), and ``done`` when the unit is finished.  The line reads
 ``benchmark › int8 · openvino:cpu · batch 1: round 2/5 ━━━━━━ 8/9   4.2s in phase · 0:00:21 total``.
 Every phase's duration is kept in ``timings`` (seconds, in order) for a summary after the run.
+
+Where ``QDEPLOY_RUN_JOURNAL`` names a folder (``qdeploy run`` sets it for the process it supervises), what the
+display shows is also kept in the file ``WHERE_FILE`` there, rewritten at each step: what the run had in hand
+when a native library ended its process (``qdeploy.cli.supervise``).
 """
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
-__all__ = ["Progress"]
+__all__ = ["JOURNAL_ENV", "WHERE_FILE", "Progress"]
+
+JOURNAL_ENV = "QDEPLOY_RUN_JOURNAL"
+"""A folder where the supervised run keeps what it is doing (``WHERE_FILE``) and the stacks of a crash."""
+WHERE_FILE = "where.txt"
 
 
 class Progress:
@@ -29,6 +39,7 @@ class Progress:
         self._open = False
         self._detail = ""
         self._phase_started = time.perf_counter()
+        self._journal = _open_journal()
         self.timings: dict[str, float] = {}
         """Seconds spent in each phase, in the order the phases ran (a repeated phase adds up)."""
 
@@ -44,6 +55,9 @@ class Progress:
         self._close_phase()
         if self._progress is not None:
             self._progress.__exit__(kind, error, trace)
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
 
     def phase(self, description: str) -> None:
         """A new unit of work begins (a stage of a variant, a validation, a benchmark)."""
@@ -79,6 +93,22 @@ class Progress:
     def _show(self) -> None:
         if self._progress is not None:
             self._progress.update(self._task, description=self.description, phase_started=self._phase_started)
+        if self._journal is not None:  # flushed to the OS: a crash of the process leaves it readable
+            self._journal.seek(0)
+            self._journal.truncate()
+            self._journal.write(self.description)
+            self._journal.flush()
+
+
+def _open_journal() -> IO[str] | None:
+    """The where-file of a supervised run, when this process is one (else None)."""
+    folder = os.environ.get(JOURNAL_ENV)
+    if not folder or not Path(folder).is_dir():
+        return None
+    try:
+        return (Path(folder) / WHERE_FILE).open("w", encoding="utf-8")
+    except OSError:  # the supervisor's folder went away: the display is what matters
+        return None
 
 
 def _rich_progress(console: Any = None) -> Any:

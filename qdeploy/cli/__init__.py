@@ -1,6 +1,7 @@
 """The `qdeploy` command: run, compare, check, schema, doctor.
 
-Exit status: 0 when every gate holds, 1 when a gate or a stage fails, 2 for bad
+Exit status: 0 when every gate holds, 1 when a gate or a stage fails (or a native
+library ends the run's process: ``qdeploy.cli.supervise`` says where), 2 for bad
 input (recipe, model, data).  Errors a user caused print one clear message,
 never a traceback (``--verbose`` shows tracebacks of qdeploy's own bugs).
 """
@@ -19,6 +20,7 @@ from qdeploy.cli._common import guarded as _guarded
 from qdeploy.cli._common import setup_logging as _setup_logging
 from qdeploy.cli.explain import register_explain_command
 from qdeploy.cli.package import register_package_command
+from qdeploy.cli.supervise import enable_crash_stacks, supervised
 from qdeploy.cli.sweep import register_sweep_command
 from qdeploy.core.userfiles import writable_folder
 from qdeploy.pipeline.results.tested_versions import difference_lines, tested_versions_record
@@ -55,6 +57,7 @@ def run_command(
 ) -> None:
     """Run a recipe end to end and write report.json, report.md and report.html."""
     _setup_logging(quiet, verbose)
+    enable_crash_stacks()  # where `qdeploy` supervises this process (qdeploy.cli.supervise)
 
     def body() -> int:
         # lazy: keeps `qdeploy --help` fast (pulls numpy, onnx, onnxruntime, pydantic, pydantic_core, yaml)
@@ -221,6 +224,9 @@ def _root(version: Annotated[bool, typer.Option(
 
 def main() -> None:
     _keep_name_bytes(sys.stdout)
+    status = supervised(sys.argv[1:])  # `qdeploy run` in a child, so that a native crash is reported
+    if status is not None:
+        sys.exit(status)
     app()
 
 

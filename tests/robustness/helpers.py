@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,11 +32,13 @@ benchmark: {enabled: false}
 
 
 def run_cli(*args: str, code: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """`qdeploy ARGS` in a fresh interpreter; `code` runs before the CLI (to inject faults)."""
+    """`qdeploy ARGS` in a fresh interpreter; `code` runs before the CLI (to inject faults), in the same process:
+    `qdeploy run` is not supervised then (qdeploy.cli.supervise would run the recipe in a child without it)."""
     prelude = code or ""
     script = (f"{prelude}\nfrom qdeploy.cli import main\nimport sys\n"
               f"sys.argv = ['qdeploy', *{list(args)!r}]\nmain()\n")
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout)
+    env = {**os.environ, "QDEPLOY_NO_SUPERVISOR": "1"} if code else None
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def recipe_with_model(folder: Path, model: onnx.ModelProto | bytes | None = None, *, body: str = RECIPE,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
+import pytest
 from rich.console import Console
 
-from qdeploy.pipeline.run.progress import Progress
+from qdeploy.pipeline.run.progress import JOURNAL_ENV, WHERE_FILE, Progress
 
 
 def test_description_names_phase_and_detail_and_timings_add_up() -> None:
@@ -34,3 +36,15 @@ def test_enabled_display_shows_the_work_in_hand() -> None:
     shown = buffer.getvalue()
     assert "validate › validate int8 on openvino:cpu" in shown
     assert "in phase" in shown and "1/2" in shown
+
+
+def test_a_supervised_run_keeps_the_line_in_its_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the display shows is in the where-file at every step, for the supervisor to say after a crash."""
+    monkeypatch.setenv(JOURNAL_ENV, str(tmp_path))
+    where = tmp_path / WHERE_FILE
+    with Progress(2, enabled=False) as progress:
+        progress.phase("validate")
+        progress.detail("int8 · openvino:cpu")
+        assert where.read_text() == "validate › int8 · openvino:cpu"
+        progress.phase("benchmark")  # a shorter line replaces a longer one whole
+        assert where.read_text() == "benchmark"
