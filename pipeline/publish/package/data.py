@@ -80,8 +80,9 @@ def compute_check_data(recipe: Recipe, evaluated: dict[str, Artifact], samples: 
         return CheckData(left_out=f"values that are not numeric tensors cannot be stored: {sorted(set(unstorable))}",
                          source=label)
     if data.samples < len(feeds):
-        log.warning("package check data: %d of the %d validation samples fit under %d bytes; packages are checked "
-                    "on those", data.samples, len(feeds), CHECK_MAX_BYTES)
+        # the cap is by design (packages stay small), not a problem: said at info, recorded with the data
+        log.info("package check data: %d of the %d validation samples fit in %.0f MiB with their reference outputs; "
+                 "packages are checked on those", data.samples, len(feeds), CHECK_MAX_BYTES / 2**20)
     return data
 
 
