@@ -149,3 +149,15 @@ def test_a_rearranged_weight_is_measured_from_the_weight_not_probed(tmp_path: Pa
     probe = onnx.load(str(tmp_path / "fp16_probe.onnx"), load_external_data=False)
     assert not [out.name for out in probe.graph.output if out.name.startswith(("wt__", "wr__"))]
     assert "y" in run.stats  # activations are probed as before
+
+
+def test_no_tensor_to_watch_adds_nothing_to_the_graph() -> None:
+    """The probes' constants come with probes only: unused, ONNX Runtime printed a warning for each on the terminal
+    ("Removing initializer '__peak_zero'. It is not used by any node")."""
+    from qdeploy.stages.fp16._peak_probes import add_peak_probes
+
+    graph = _model(17).graph
+    before = graph.SerializeToString()
+
+    assert add_peak_probes(graph, []) == {}
+    assert graph.SerializeToString() == before
