@@ -31,6 +31,7 @@ from qdeploy.cli import app
 from qdeploy.pipeline.recipe.loader import parse_recipe
 from qdeploy.pipeline.recipe.schema import Recipe
 from qdeploy.pipeline.sweep import SweepFile
+from tests.helpers.imports import modules
 from tests.helpers.models import REPO
 
 PAGES = [REPO / "README.md", *(page for page in sorted((REPO / "docs").rglob("*.md"))
@@ -150,3 +151,13 @@ def test_the_readme_and_getting_started_show_the_demo_recipe() -> None:
         shown = [body for language, body, _ in _blocks(page) if language == "yaml"
                  and (yaml.safe_load(body) or {}).get("name") == _demo()["name"]]
         assert shown, f"{page.name} shows no demo recipe"
+
+
+def test_every_docs_page_the_code_names_exists() -> None:
+    """Messages and docstrings send users to docs/<page>.md: a moved or misspelled page sends them nowhere (an error
+    message named docs/troubleshooting.md, which lives in docs/how-to/)."""
+    named = {(path, page) for path in modules().values()
+             for page in re.findall(r"docs/[\w/-]+\.md", Path(path).read_text())}
+    assert named  # the pattern still finds what the code says
+    missing = sorted(f"{Path(path).name}: {page}" for path, page in named if not (REPO / page).is_file())
+    assert missing == []

@@ -101,11 +101,11 @@ def crash_message(signum: int, journal: Path) -> str:
     if signum == signal.SIGKILL:
         lines.append("SIGKILL from no one in particular is usually the kernel's out-of-memory killer (`dmesg` says "
                      "so): run fewer variants or targets at a time (--variant, --target), fewer validation samples, "
-                     "or use a machine with more memory (docs/troubleshooting.md).")
+                     "or use a machine with more memory (docs/how-to/troubleshooting.md).")
     else:
         lines.append("A crash inside a native library (ONNX Runtime, OpenVINO, onnx), not an error in the recipe: "
                      "leave the variant or target it names out (--variant, --target, or the recipe) and run "
-                     "again; what finished is reused from the cache (docs/troubleshooting.md).")
+                     "again; what finished is reused from the cache (docs/how-to/troubleshooting.md).")
     if frames:
         lines.append(f"Python's stacks at the crash: {journal / STACKS_FILE} (attach it to a bug report).")
     return "\n".join(lines)
