@@ -41,7 +41,8 @@ def supervised(argv: list[str]) -> int | None:
     """The exit status of the command ``argv`` run in a supervised child, or None where it runs here: not a
     supervised command, already the child, asked not to (``QDEPLOY_NO_SUPERVISOR``), or only asking for help."""
     if (not argv or argv[0] not in SUPERVISED_COMMANDS or os.environ.get(JOURNAL_ENV)
-            or os.environ.get("QDEPLOY_NO_SUPERVISOR") or "--help" in argv):
+            or os.environ.get("QDEPLOY_NO_SUPERVISOR") or "--help" in argv
+            or getattr(sys, "frozen", False)):  # a bundled executable has no `-m qdeploy.cli` to start
         return None
     try:
         journal = Path(tempfile.mkdtemp(prefix="qdeploy-run-"))
