@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-__all__ = ["JOURNAL_ENV", "WHERE_FILE", "Progress"]
+__all__ = ["JOURNAL_ENV", "WHERE_FILE", "Progress", "journal_folder"]
 
 JOURNAL_ENV = "QDEPLOY_RUN_JOURNAL"
 """A folder where the supervised run keeps what it is doing (``WHERE_FILE``) and the stacks of a crash."""
@@ -100,13 +100,19 @@ class Progress:
             self._journal.flush()
 
 
+def journal_folder() -> Path | None:
+    """The journal folder of a supervised run, when this process is one (else None)."""
+    folder = os.environ.get(JOURNAL_ENV)
+    return Path(folder) if folder and Path(folder).is_dir() else None
+
+
 def _open_journal() -> IO[str] | None:
     """The where-file of a supervised run, when this process is one (else None)."""
-    folder = os.environ.get(JOURNAL_ENV)
-    if not folder or not Path(folder).is_dir():
+    folder = journal_folder()
+    if folder is None:
         return None
     try:
-        return (Path(folder) / WHERE_FILE).open("w", encoding="utf-8")
+        return (folder / WHERE_FILE).open("w", encoding="utf-8")
     except OSError:  # the supervisor's folder went away: the display is what matters
         return None
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from qdeploy.pipeline.run.progress import JOURNAL_ENV, WHERE_FILE
+from qdeploy.pipeline.run.progress import JOURNAL_ENV, WHERE_FILE, journal_folder
 
 __all__ = ["STACKS_FILE", "crash_message", "enable_crash_stacks", "supervised"]
 
@@ -87,9 +87,9 @@ def enable_crash_stacks() -> None:
     """In the supervised child: on a fatal signal, Python's stacks go to the journal folder (``faulthandler``)."""
     import faulthandler
 
-    folder = os.environ.get(JOURNAL_ENV)
-    if folder and Path(folder).is_dir() and not _STACKS:
-        _STACKS.append((Path(folder) / STACKS_FILE).open("w", encoding="utf-8"))
+    folder = journal_folder()
+    if folder is not None and not _STACKS:
+        _STACKS.append((folder / STACKS_FILE).open("w", encoding="utf-8"))
         faulthandler.enable(file=_STACKS[0], all_threads=True)
 
 

@@ -81,7 +81,7 @@ def test_sigterm_to_the_command_stops_the_run(tmp_path: Path) -> None:
     """A cancelled CI job signals the command: the run must stop with it, not go on as an orphan."""
     run = _qdeploy_run(tmp_path, "hang")
     for _ in range(600):  # until the run waits in simplify's check, reading the sample
-        if _run_processes(tmp_path) and _where(run.pid).startswith("simplify"):
+        if _run_processes(tmp_path) and _where(tmp_path).startswith("simplify"):
             break
         time.sleep(0.2)
     else:
@@ -108,19 +108,10 @@ def _run_processes(folder: Path) -> list[int]:
     return found
 
 
-def _where(supervisor: int) -> str:
-    """The run's where-file: its journal folder is named in the environment of the supervisor's child."""
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if Path(environ.parent, "stat").read_text().split()[3] != str(supervisor):  # its parent
-                continue
-            variables = dict(item.split("=", 1) for item in environ.read_text().split("\0") if "=" in item)
-        except (OSError, IndexError):
-            continue
-        journal = variables.get("QDEPLOY_RUN_JOURNAL")
-        if journal and (Path(journal) / WHERE_FILE).exists():
-            return (Path(journal) / WHERE_FILE).read_text()
-    return ""
+def _where(folder: Path) -> str:
+    """The run's where-file: its journal folder is made in the test's TMPDIR (``_qdeploy_run``)."""
+    found = next(folder.glob(f"qdeploy-run-*/{WHERE_FILE}"), None)
+    return found.read_text() if found is not None else ""
 
 
 def test_the_message_without_stacks_says_where_and_what_to_do(tmp_path: Path) -> None:
