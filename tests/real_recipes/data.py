@@ -141,6 +141,29 @@ def click_captcha_images(folder: Path, count: int, size: int, seed: int) -> Path
     return folder
 
 
+def face_like_images(folder: Path, count: int, width: int, height: int, seed: int) -> Path:
+    """Smooth colour backgrounds with one to three skin-toned ovals, each with two eyes and a mouth."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    for index in range(count):
+        rng = np.random.default_rng(seed * 1000 + index)
+        image = np.stack([100 + 60 * np.sin(x / rng.uniform(20, 80) + c) * np.cos(y / rng.uniform(20, 80))
+                          for c in range(3)], axis=-1)
+        for _ in range(rng.integers(1, 4)):
+            cy, cx = rng.uniform(0.2, 0.8) * height, rng.uniform(0.15, 0.85) * width
+            r = rng.uniform(0.06, 0.16) * height
+            skin = np.array([210, 160, 140]) + rng.uniform(-30, 30)
+            image[((y - cy) / (1.3 * r)) ** 2 + ((x - cx) / r) ** 2 < 1] = skin
+            for side in (-0.4, 0.4):
+                image[(y - cy + 0.3 * r) ** 2 + (x - cx - side * r) ** 2 < (0.12 * r) ** 2] = 30
+            image[(np.abs(y - cy - 0.5 * r) < 0.08 * r) & (np.abs(x - cx) < 0.35 * r)] = 60
+        image += rng.normal(0, 4, image.shape)
+        Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(folder / f"{index:03d}.png")
+    return folder
+
+
 # ---- audio -----------------------------------------------------------------------------------------------
 
 
@@ -160,6 +183,21 @@ def speech_like(seconds: float, rate: int, seed: int) -> np.ndarray:
     noise = rng.standard_normal(t.size) * rng.uniform(0.002, 0.02)
     signal = voiced * syllables * talking + noise
     return (0.6 * signal / np.max(np.abs(signal))).astype(np.float32)
+
+
+def music_like(samples: int, rate: int, seed: int) -> np.ndarray:
+    """Two to five notes (harmonic tones of MIDI pitches 40-90, a sharp attack and an exponential decay) over
+    faint noise, in [-1, 1]: what a note transcriber hears."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(samples) / rate
+    signal = rng.normal(0, 0.003, samples)
+    for _ in range(rng.integers(2, 6)):
+        pitch = 440 * 2 ** ((rng.integers(40, 90) - 69) / 12)
+        start, length = rng.uniform(0, 0.75 * t[-1]), rng.uniform(0.2, 1.2)
+        after = np.clip(t - start, 0, None)
+        envelope = np.clip(after / 0.01, 0, 1) * np.exp(-after * rng.uniform(1, 5)) * (t < start + length)
+        signal += envelope * sum(np.sin(2 * np.pi * pitch * k * t + rng.uniform(0, 6)) * 0.3 / k for k in range(1, 6))
+    return (signal / max(1.0, np.abs(signal).max())).astype(np.float32)
 
 
 # ---- text ------------------------------------------------------------------------------------------------

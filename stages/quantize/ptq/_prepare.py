@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import save_with_data_file
-from qdeploy.graph.names import name_nodes_uniquely
+from qdeploy.graph.names import name_nodes_uniquely, rename_quantizer_derived
 from qdeploy.graph.utils import default_opset, subgraphs
 from qdeploy.graph.widen import half_to_float32, half_weights, holds_half, narrow_weights
 from qdeploy.stages.quantize.findings import PreparedNotes, SubgraphLeftFloat
@@ -150,6 +150,9 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     notes += [optimized, onnx_shapes(model)]
     tag_pre_processed(model)
     named += name_nodes_uniquely(model).changed  # nodes the optimizer added
+    renamed = rename_quantizer_derived(model.graph)  # names the quantizer would derive and then define twice
+    if renamed:
+        log.info("%d tensors renamed: ONNX Runtime's quantizer derives their names from other tensors'", renamed)
     biases = vector_gemm_biases(model)  # after pre-processing: it fuses MatMul + Add into Gemm
     target = work_dir / "preprocessed.onnx"
     save_with_data_file(model, target)  # weights to preprocessed.onnx.data one at a time: read back the same way
