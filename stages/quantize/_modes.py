@@ -156,7 +156,7 @@ def _post_training_findings(config: Integer, prepared: Prepared, built: _Built,
     if built.calibration is None:
         return DynamicFindings(**dict(prepared.findings), **settings, **fields)
     return PtqFindings(**dict(prepared.findings), **dict(built.calibration), **settings, **fields,
-                       signed_activations=built.signed)
+                       signed_activations={**built.signed, **built.build.uint8_notes()})  # after its builds
 
 
 def _checked(model: onnx.ModelProto, seven_bit: SevenBit, findings: Callable[..., Int8Findings],
@@ -217,7 +217,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     """The model builder of the mode (calibrating first for ptq, on the calibration samples whose positions
     are not in ``skip``) and what it found."""
     # lazy: pulls onnxruntime (import cost)
-    from qdeploy.stages.quantize.ptq._ptq import DynamicBuilder, StaticBuilder, calibrate, uint8_concats_note
+    from qdeploy.stages.quantize.ptq._ptq import DynamicBuilder, StaticBuilder, calibrate
     from qdeploy.stages.quantize.ptq._shared_ranges import RangeSettings, shared_calibration
 
     op_types = _op_types(config, ctx)
@@ -274,8 +274,6 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
     build, signed = _signed_activations(config, seven_bit == "activations", signed_beside_seven_bit,  # builds lazily
                                         partial(static, seven_bit, 0.0), ranges, partial(static, seven_bit),
                                         lambda candidates: _measure_signed(ctx, candidates, prepared, samples()))
-    if build.uint8_concats:
-        signed = {**signed, "uint8_at_concats": uint8_concats_note(build.uint8_concats)}
     notes = CalibrationNotes(method=config.method,
                              percentile=config.percentile if config.method == "percentile" else None,
                              calibration_data=calibration.data or "random", calibration_samples=calibrated.samples,

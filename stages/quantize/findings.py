@@ -130,6 +130,9 @@ class SignedActivationsRecord(TypedDict, total=False):
     uint8_at_concats: str
     """Under ``activation_type: int8`` where OpenVINO runs the graph: how many tensors a Concat reads or writes
     stayed uint8, and why."""
+    uint8_before_moved_convs: str
+    """Where OpenVINO runs the graph: how many int8 activation pairs before convolutions that read them through
+    data movement were moved to uint8 (exact), and why (``ptq._concat_uint8``)."""
 
 
 class ConvGemmRecord(TypedDict):
@@ -349,7 +352,8 @@ class NncfPtqFindings(Int8Findings):
     excluded: list[str]
     compute_nodes: int
     uint8_at_concats: str | None = None
-    """Where OpenVINO runs the graph: int8 activation pairs at Concats moved to uint8 (exact), and why."""
+    """Where OpenVINO runs the graph: int8 activation pairs at Concats, and before convolutions that read them
+    through data movement, moved to uint8 (exact), and why."""
     per_tensor_depthwise: list[str] | None = None
     """The depthwise convolutions whose per-channel input pair (NNCF's) was rewritten as a rescaling Mul and one
     scale, which ONNX Runtime can run (``stages/quantize/ptq/_depthwise.py``)."""
@@ -379,7 +383,8 @@ class LowerFindings(Int8Findings, LoweringNotes):
     """Said when the model holds no fake quantization (it is unchanged)."""
     qdq_parameters_unshared: int | None = None
     uint8_at_concats: str | None = None
-    """Where OpenVINO runs the graph: int8 activation pairs at Concats moved to uint8 (exact), and why."""
+    """Where OpenVINO runs the graph: int8 activation pairs at Concats, and before convolutions that read them
+    through data movement, moved to uint8 (exact), and why."""
     verification: LoweringVerification
     """The lowered activations against their fake-quant reference (``lower.verify_on_data``) and the data."""
 

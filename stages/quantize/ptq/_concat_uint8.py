@@ -9,7 +9,13 @@ every value it rounds to and every value it dequantizes is the same (int8's -128
 
 The pairs rewritten are those whose dequantized value reaches a Concat through ops that only move data (OpenVINO's
 low-precision transformations carry a dequantization through them), and those that quantize a Concat's output.
-Edits protobuf directly: one pass over the nodes.
+
+The same CPU plugin also miscomputes an int8 convolution whose int8 input reaches it through such ops (a Reshape,
+Unsqueeze, Transpose or MaxPool between the dequantization and the convolution) when a Concat lies anywhere after
+the convolution: basic-pitch's tf2onnx graph (Conv1D as Reshape -> Conv) lost its constant-Q transform, cosine 0.90
+against 0.99 for the same QDQ file on ONNX Runtime; a four-node reproducer is right with uint8, with the
+dequantization straight before the convolution, or without the Concat (``benchmarks/openvino_moved_convs.py``).
+:func:`uint8_before_moved_convs` moves those pairs too.  Edits protobuf directly: one pass over the nodes.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from qdeploy.stages.quantize._common import openvino_runs
 from qdeploy.stages.quantize.ptq._keep import MOVER_OPS
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     import onnx
 
 MOVERS = (MOVER_OPS - {"Shape", "Size", "ArgMax"}) | {"Upsample", "Concat"}
@@ -30,10 +38,20 @@ CONCAT_INT8_BUG = "OpenVINO miscomputes a convolution reading a Concat of int8 t
 """Why int8 stays away from a Concat, in the report's words."""
 
 
+MOVED_CONV_INT8_BUG = ("OpenVINO miscomputes an int8 convolution whose int8 input passes through a Reshape, Transpose "
+                       "or pooling first when a Concat follows it")
+"""Why int8 stays away from such a convolution's input, in the report's words."""
+
+
 def moved_where_openvino_runs(model: onnx.ModelProto, variant: str, targets: tuple[str, ...]) -> str | None:
-    """:func:`uint8_at_concats` where OpenVINO may run the graph; the report's note (None: nothing moved)."""
-    moved = uint8_at_concats(model) if openvino_runs(variant, targets) else 0
-    return f"{moved} int8 activation pairs at Concats moved to uint8, exactly: {CONCAT_INT8_BUG}" if moved else None
+    """:func:`uint8_at_concats` and :func:`uint8_before_moved_convs` where OpenVINO may run the graph; the
+    report's note (None: nothing moved)."""
+    if not openvino_runs(variant, targets):
+        return None
+    said = [f"{count} int8 activation pairs {where} moved to uint8, exactly: {why}" for count, where, why in (
+        (uint8_at_concats(model), "at Concats", CONCAT_INT8_BUG),
+        (uint8_before_moved_convs(model), "before convolutions through data movement", MOVED_CONV_INT8_BUG)) if count]
+    return "; ".join(said) or None
 
 
 def uint8_at_concats(model: onnx.ModelProto) -> int:
@@ -46,6 +64,45 @@ def uint8_at_concats(model: onnx.ModelProto) -> int:
     initializers = {init.name: init for init in graph.initializer}
     taken = set(initializers) | set(producer) | {value.name for value in graph.input}
     return sum(_to_uint8(node, readers, initializers, graph, taken) for node in quantizers.values())
+
+
+def uint8_before_moved_convs(model: onnx.ModelProto) -> int:
+    """Rewrite the int8 activation pairs whose dequantized value reaches a Conv's data input through at least one
+    mover, where a Concat follows that Conv (the module's second bug), to uint8 (exact); how many pairs."""
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output if out}
+    readers = node_readers(graph.node)
+    before_concat = _reaching_concats(graph.node, producer)
+    quantizers = {id(node): node for conv in graph.node if conv.op_type == "Conv" and id(conv) in before_concat
+                  for node in _through_movers(conv, producer)}
+    initializers = {init.name: init for init in graph.initializer}
+    taken = set(initializers) | set(producer) | {value.name for value in graph.input}
+    return sum(_to_uint8(node, readers, initializers, graph, taken) for node in quantizers.values())
+
+
+def _reaching_concats(nodes: Iterable[onnx.NodeProto], producer: dict[str, onnx.NodeProto]) -> set[int]:
+    """The nodes (ids) a Concat is computed from, directly or not."""
+    seen: set[int] = set()
+    pending = [name for node in nodes if node.op_type == "Concat" for name in node.input]
+    while pending:
+        node = producer.get(pending.pop())
+        if node is not None and id(node) not in seen:
+            seen.add(id(node))
+            pending.extend(name for name in node.input if name)
+    return seen
+
+
+def _through_movers(conv: onnx.NodeProto, producer: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """The QuantizeLinear of the activation pair whose dequantized value reaches ``conv``'s data input through one
+    mover or more (none: a dequantization read straight by the convolution is computed right, and OpenVINO drops
+    an Identity)."""
+    node, moved = producer.get(conv.input[0]) if conv.input else None, False
+    while node is not None and node.op_type in MOVERS and node.op_type not in ("Concat", "Identity"):
+        node, moved = producer.get(node.input[0]) if node.input else None, True
+    if not moved or node is None or node.op_type != "DequantizeLinear":
+        return []
+    source = producer.get(node.input[0])
+    return [source] if source is not None and source.op_type == "QuantizeLinear" else []
 
 
 def _upstream(concat: onnx.NodeProto, producer: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto]:

@@ -30,7 +30,7 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import load_weights_from
 from qdeploy.graph.recompose import recompose_hardswish
 from qdeploy.graph.shape_values import shape_computed_nodes
-from qdeploy.stages.quantize.ptq._concat_uint8 import CONCAT_INT8_BUG
+from qdeploy.stages.quantize.ptq._concat_uint8 import CONCAT_INT8_BUG, MOVED_CONV_INT8_BUG, uint8_before_moved_convs
 from qdeploy.stages.quantize.ptq._depthwise import depthwise_inputs, per_channel_at_depthwise
 from qdeploy.stages.quantize.ptq._float_concat_inputs import float_concats_read_float
 from qdeploy.stages.quantize.ptq._guard import ort_quantizer_step
@@ -200,6 +200,9 @@ class StaticBuilder:
         self._quantized = _compact(quantizer.model.model)
         # OpenVINO rewrites a zero point shared along a Gather/Pad/Transpose chain for all its readers at once
         unshare_qdq_parameters(self._quantized)
+        self.uint8_moved_convs = 0
+        """Int8 pairs before convolutions reached through data movement moved to uint8 by the builds so far
+        (``_concat_uint8``), the most of any build."""
         load_weights_from(self._quantized, prepared.parent)  # what it left float (biases, excluded weights)
         self.float_recurrent = _reading_dequantized(self._quantized, RECURRENT_OPS)
         """Recurrent nodes fed their float inputs again (:data:`RECURRENT_OPS`)."""
@@ -238,7 +241,21 @@ class StaticBuilder:
             drop_exact_requantization(model)
         if self._on_openvino:  # pre-processing wrote HardSwish out; OpenVINO runs it fused only as one op
             recompose_hardswish(model)
+            # last: dropping requantizations and keeping nodes float leave dequantizations before other movers
+            self.uint8_moved_convs = max(self.uint8_moved_convs, uint8_before_moved_convs(model))
         return model
+
+    def uint8_notes(self) -> dict[str, str]:
+        """The report's words for the tensors the builds keep off int8 for OpenVINO (``SignedActivationsRecord``)."""
+        notes = {}
+        if self.uint8_concats:
+            notes["uint8_at_concats"] = (f"{len(self.uint8_concats)} tensors a Concat reads or writes stay uint8 "
+                                         f"despite activation_type int8: {CONCAT_INT8_BUG}")
+        if self.uint8_moved_convs:
+            notes["uint8_before_moved_convs"] = (f"{self.uint8_moved_convs} int8 activation pairs before "
+                                                 "convolutions reached through data movement moved to uint8, "
+                                                 f"exactly: {MOVED_CONV_INT8_BUG}")
+        return notes
 
 
 RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
@@ -305,11 +322,6 @@ def concatenated(model: onnx.ModelProto, op_types: list[str], skip: Container[st
     graph; PP-OCRv4 det's output 0.05), and right with uint8 (docs/int8-kernels.md); under ``activation_type: int8``
     they go back on uint8 wherever OpenVINO runs the graph."""
     return {name for group in concat_groups(model, op_types, SHARED_PARAMETER_OPS, skip=skip) for name in group}
-
-
-def uint8_concats_note(tensors: set[str]) -> str:
-    """The report's words for :attr:`StaticBuilder.uint8_concats`."""
-    return f"{len(tensors)} tensors a Concat reads or writes stay uint8 despite activation_type int8: {CONCAT_INT8_BUG}"
 
 
 def _compact(model: onnx.ModelProto) -> onnx.ModelProto:
