@@ -8,7 +8,8 @@ f32 on the same input (a sine of amplitude 0.6 quantized with scale 0.004: most 
 prints the cosine between the two outputs.  Every graph is: input -> QuantizeLinear -> DequantizeLinear ->
 (a mover) -> Conv with int8 per-channel weights -> (something) -> Concat of that with itself.  ``int8`` quantizes
 the input with zero point 0, ``uint8`` with zero point 128 (the same values, exactly).  The controls: no mover
-(the dequantization read straight by the Conv), and no Concat after it.  qdeploy moves such pairs to uint8 where
+(the dequantization read straight by the Conv), no Concat after it, and a MatMul or a depthwise convolution
+reading instead of the Conv.  qdeploy moves such pairs to uint8 where
 OpenVINO runs the graph because of what this printed on an AVX512-VNNI CPU without AMX
 (``stages/quantize/ptq/_concat_uint8.py``, ``uint8_before_moved_convs``; basic-pitch's constant-Q transform).
 """
@@ -82,12 +83,40 @@ def graph(mover: str, after: str, dtype: type, rng: np.random.Generator) -> tupl
     return model, shape
 
 
+def other_reader(reader: str, dtype: type, rng: np.random.Generator) -> tuple[onnx.ModelProto, list[int]]:
+    """The same pattern (pair -> Reshape -> reader -> Concat) with a MatMul or a depthwise convolution reading."""
+    zero = 0 if dtype == np.int8 else 128
+    matmul = reader == "MatMul"
+    weights = rng.normal(0, 0.1, (64, 32) if matmul else (8, 1, 1, 5)).astype(np.float32)
+    scales = (np.abs(weights).max(0) if matmul else np.abs(weights).reshape(8, -1).max(1)) / 127
+    levels = np.round(weights / (scales if matmul else scales[:, None, None, None])).astype(np.int8)
+    shape, target = ([4, 64], [1, 4, 64]) if matmul else ([1, 8, 256], [1, 8, 1, 256])
+    inits = [numpy_helper.from_array(np.array(SCALE, np.float32), "s"),
+             numpy_helper.from_array(np.array(zero, dtype), "z"), numpy_helper.from_array(levels, "wq"),
+             numpy_helper.from_array(scales.astype(np.float32), "ws"),
+             numpy_helper.from_array(np.zeros(scales.size, np.int8), "wz"),
+             numpy_helper.from_array(np.array(target, np.int64), "shape")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=1 if matmul else 0),
+             helper.make_node("Reshape", ["d", "shape"], ["m"]),
+             helper.make_node("MatMul", ["m", "w"], ["y"]) if matmul else
+             helper.make_node("Conv", ["m", "w"], ["y"], kernel_shape=[1, 5], group=8),
+             helper.make_node("Concat", ["y", "y"], ["out"], axis=-1 if matmul else 1)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                           shape)],
+                                                [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    return model, shape
+
+
 def agreement(mover: str, after: str, dtype: type, seed: int = 0) -> float:
     import onnxruntime as ort
     import openvino as ov
 
-    model, shape = graph(mover, after, dtype, np.random.default_rng(seed))
-    feed = {"x": (0.6 * np.sin(np.arange(WIDTH) / 7.0)).astype(np.float32).reshape(shape)}
+    rng = np.random.default_rng(seed)
+    model, shape = other_reader(mover, dtype, rng) if after == "other reader" else graph(mover, after, dtype, rng)
+    feed = {"x": (0.6 * np.sin(np.arange(int(np.prod(shape))) / 7.0)).astype(np.float32).reshape(shape)}
     data = model.SerializeToString()
     expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feed)[0]
     core = ov.Core()
@@ -105,6 +134,9 @@ def main() -> None:
         for after in AFTER if mover in ("none", "Reshape") else AFTER[:1]:
             row = [agreement(mover, after, dtype) for dtype in (np.int8, np.uint8)]
             print(f"| {mover} | {after} | {row[0]:.4f} | {row[1]:.4f} |")
+    for reader in ("MatMul", "depthwise Conv"):
+        row = [agreement(reader, "other reader", dtype) for dtype in (np.int8, np.uint8)]
+        print(f"| Reshape, then a {reader} instead | Concat | {row[0]:.4f} | {row[1]:.4f} |")
 
 
 if __name__ == "__main__":

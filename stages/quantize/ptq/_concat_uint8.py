@@ -67,17 +67,23 @@ def uint8_at_concats(model: onnx.ModelProto) -> int:
 
 
 def uint8_before_moved_convs(model: onnx.ModelProto) -> int:
-    """Rewrite the int8 activation pairs whose dequantized value reaches a Conv's data input through at least one
-    mover, where a Concat follows that Conv (the module's second bug), to uint8 (exact); how many pairs."""
+    """Rewrite the int8 activation pairs whose dequantized value reaches the data input of a Conv of group 1 through
+    at least one mover, where a Concat follows that Conv (the module's second bug), to uint8 (exact); how many
+    pairs."""
     graph = model.graph
     producer = {out: node for node in graph.node for out in node.output if out}
     readers = node_readers(graph.node)
     before_concat = _reaching_concats(graph.node, producer)
     quantizers = {id(node): node for conv in graph.node if conv.op_type == "Conv" and id(conv) in before_concat
-                  for node in _through_movers(conv, producer)}
+                  and _ungrouped(conv) for node in _through_movers(conv, producer)}
     initializers = {init.name: init for init in graph.initializer}
     taken = set(initializers) | set(producer) | {value.name for value in graph.input}
     return sum(_to_uint8(node, readers, initializers, graph, taken) for node in quantizers.values())
+
+
+def _ungrouped(conv: onnx.NodeProto) -> bool:
+    """A convolution of group 1: a depthwise one (and a MatMul) read the same way computed right."""
+    return all(attribute.i == 1 for attribute in conv.attribute if attribute.name == "group")
 
 
 def _reaching_concats(nodes: Iterable[onnx.NodeProto], producer: dict[str, onnx.NodeProto]) -> set[int]:

@@ -29,20 +29,21 @@ from tests.helpers.quantize import (
 WIDTH = 96
 
 
-def qdq_graph(mover: str | None = "Reshape", concat: bool = True) -> onnx.ModelProto:
-    """x [1, 1, W] -> int8 pair (zero point 0) -> ``mover`` -> Conv (int8 weights) -> Concat([y, y])."""
+def qdq_graph(mover: str | None = "Reshape", concat: bool = True, group: int = 1) -> onnx.ModelProto:
+    """x [1, 1, W] -> int8 pair (zero point 0) -> ``mover`` -> Conv (int8 weights) -> Concat([y, y]); ``group`` 4
+    reshapes to 4 channels and convolves depthwise."""
     rng = np.random.default_rng(0)
-    weights = rng.normal(0, 0.3, (4, 1, 1, 8)).astype(np.float32)
+    weights = rng.normal(0, 0.3, (4, 1, 1, 8)).astype(np.float32)  # one input channel: also depthwise at group 4
     scales = (np.abs(weights).reshape(4, -1).max(1) / 127).astype(np.float32)
     inits = [numpy_helper.from_array(np.array(0.01, np.float32), "s"),
              numpy_helper.from_array(np.array(0, np.int8), "z"),
              numpy_helper.from_array(np.round(weights / scales[:, None, None, None]).astype(np.int8), "wq"),
              numpy_helper.from_array(scales, "ws"), numpy_helper.from_array(np.zeros(4, np.int8), "wz"),
-             numpy_helper.from_array(np.array([1, 1, 1, WIDTH], np.int64), "shape")]
+             numpy_helper.from_array(np.array([1, group, 1, WIDTH // group], np.int64), "shape")]
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
              helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
              helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0),
-             helper.make_node("Conv", ["r" if mover else "d", "w"], ["y"], kernel_shape=[1, 8])]
+             helper.make_node("Conv", ["r" if mover else "d", "w"], ["y"], kernel_shape=[1, 8], group=group)]
     if mover:
         nodes.insert(2, helper.make_node(mover, ["d", "shape"], ["r"]))
     if concat:
@@ -50,7 +51,8 @@ def qdq_graph(mover: str | None = "Reshape", concat: bool = True) -> onnx.ModelP
     shape = [1, 1, WIDTH] if mover else [1, 1, 1, WIDTH]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info("out" if concat else "y", TensorProto.FLOAT,
-                                                             [1, 8 if concat else 4, 1, WIDTH - 7])], inits)
+                                                             [1, 8 if concat else 4, 1, WIDTH // group - 7])],
+                              inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -71,11 +73,11 @@ def test_a_pair_reaching_a_convolution_through_a_reshape_moves_to_uint8_exactly(
     assert openvino_agrees_with_ort(model, _feed(model)) > 0.999
 
 
-@pytest.mark.parametrize(("mover", "concat"), [(None, True), ("Reshape", False)])
-def test_a_pair_read_straight_or_without_a_concat_after_stays_int8(mover: str | None, concat: bool) -> None:
-    """The two forms OpenVINO computes right (the reproducer's controls) keep their faster int8 input."""
-    model = qdq_graph(mover, concat)
-    assert uint8_before_moved_convs(model) == 0
+@pytest.mark.parametrize(("mover", "concat", "group"), [(None, True, 1), ("Reshape", False, 1), ("Reshape", True, 4)])
+def test_a_pair_read_straight_without_a_concat_after_or_by_a_depthwise_conv_stays_int8(
+        mover: str | None, concat: bool, group: int) -> None:
+    """The forms OpenVINO computed right on a VNNI CPU (the reproducer's controls) keep their faster int8 input."""
+    assert uint8_before_moved_convs(qdq_graph(mover, concat, group)) == 0
 
 
 def _float_model() -> onnx.ModelProto:
