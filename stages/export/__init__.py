@@ -52,6 +52,7 @@ from qdeploy.stages.export._model import (
 )
 from qdeploy.stages.export._old_opsets import PER_CHANNEL_PRELU_UNTIL, per_channel_prelu_slopes
 from qdeploy.stages.export._shapes import reinfer_output_shapes
+from qdeploy.stages.export._stft import portable_stft
 from qdeploy.stages.export._unfuse import unfuse_runtime_ops
 from qdeploy.stages.export._values import frozen_arrays
 from qdeploy.stages.export.config import ExportConfig, InputSpec, TorchSource
@@ -101,6 +102,7 @@ def _prepare(model: onnx.ModelProto, config: ExportConfig, findings: ExportRecor
     rename_runtime_names(model, findings)
     initializers_out_of_inputs(model, {spec.name for spec in config.inputs or []}, findings)
     model = inline_functions(model, findings)
+    portable_stft(model, findings)
     findings["opset_in"] = default_opset(model)
     check_has_outputs(model)
     check_feedable_inputs(model)

@@ -173,6 +173,7 @@ class ExportRecord(TypedDict, total=False):
     sparse_weights_densified: list[str]
     runtime_fusions_undone: dict[str, int]
     runtime_names_renamed: int
+    stft_made_portable: list[str]
     ir_version_raised: str
     prelu_slopes_per_channel: list[str]
     decomposed_for_opset: dict[str, int]
@@ -222,6 +223,9 @@ class ExportFindings(Findings):
     runtime_names_renamed: int | None = None
     """Tensors named as ONNX Runtime's passes name theirs (``gemm_input_shape_token_6``), renamed: it could not
     load such a model again ("Attempt to replace the existing tensor")."""
+    stft_made_portable: list[str] | None = None
+    """STFT nodes given the specification's rank-3 signal and an explicit frame_length (``_stft``): onnx's reference
+    evaluator and OpenVINO could not run the rank-2 form ONNX Runtime accepts."""
     ir_version_raised: str | None = None
     """'3 -> 7': a file below IR 4 (which lists weights as inputs) or below what its opsets need, raised."""
     decomposed_for_opset: dict[str, int] | None = None
