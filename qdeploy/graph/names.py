@@ -223,8 +223,11 @@ def _derived_from(name: str, values: set[str], floats: set[str]) -> bool:
     for cut in range(1, len(name)):
         if name[cut] != "_" and not name[cut].isdigit():  # a number may extend one: "conv1d_25" + "2"
             continue
-        base, tail = name[:cut], _DERIVED_TAIL.fullmatch(name[cut:])
-        if tail and base in values and (tail["words"] or base in floats):
+        base = name[:cut]
+        if base not in values:  # the cheap test first: most cuts name no tensor
+            continue
+        tail = _DERIVED_TAIL.fullmatch(name[cut:])
+        if tail and (tail["words"] or base in floats):
             return True
     return False
 
