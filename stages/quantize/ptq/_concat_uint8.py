@@ -27,9 +27,12 @@ from qdeploy.stages.quantize._common import openvino_runs
 from qdeploy.stages.quantize.ptq._keep import MOVER_OPS
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     import onnx
+
+    Producers = dict[str, onnx.NodeProto]
+    Readers = dict[str, list[onnx.NodeProto]]
 
 MOVERS = (MOVER_OPS - {"Shape", "Size", "ArgMax"}) | {"Upsample", "Concat"}
 """Ops a dequantization passes through on its way to a Concat: those that move or select values, whose output holds
@@ -48,34 +51,43 @@ def moved_where_openvino_runs(model: onnx.ModelProto, variant: str, targets: tup
     report's note (None: nothing moved)."""
     if not openvino_runs(variant, targets):
         return None
-    said = [f"{count} int8 activation pairs {where} moved to uint8, exactly: {why}" for count, where, why in (
-        (uint8_at_concats(model), "at Concats", CONCAT_INT8_BUG),
-        (uint8_before_moved_convs(model), "before convolutions through data movement", MOVED_CONV_INT8_BUG)) if count]
-    return "; ".join(said) or None
+    concats, convs = uint8_at_concats(model), uint8_before_moved_convs(model)
+    said = [f"{concats} int8 activation pairs at Concats moved to uint8, exactly: {CONCAT_INT8_BUG}"] if concats else []
+    return "; ".join([*said, *([moved_convs_note(convs)] if convs else [])]) or None
+
+
+def moved_convs_note(pairs: int) -> str:
+    """The report's words for what :func:`uint8_before_moved_convs` moved."""
+    return (f"{pairs} int8 activation pairs before convolutions reached through data movement moved to uint8, "
+            f"exactly: {MOVED_CONV_INT8_BUG}")
 
 
 def uint8_at_concats(model: onnx.ModelProto) -> int:
     """Rewrite the int8 activation pairs that reach or leave a Concat to uint8 (exact); how many pairs."""
-    graph = model.graph
-    producer = {out: node for node in graph.node for out in node.output if out}
-    readers = node_readers(graph.node)
-    quantizers = {id(node): node for concat in graph.node if concat.op_type == "Concat"
-                  for node in (*_upstream(concat, producer), *_downstream(concat, readers))}
-    initializers = {init.name: init for init in graph.initializer}
-    taken = set(initializers) | set(producer) | {value.name for value in graph.input}
-    return sum(_to_uint8(node, readers, initializers, graph, taken) for node in quantizers.values())
+    return _rewrite(model, lambda graph, producer, readers: [
+        node for concat in graph.node if concat.op_type == "Concat"
+        for node in (*_upstream(concat, producer), *_downstream(concat, readers))])
 
 
 def uint8_before_moved_convs(model: onnx.ModelProto) -> int:
     """Rewrite the int8 activation pairs whose dequantized value reaches the data input of a Conv of group 1 through
     at least one mover, where a Concat follows that Conv (the module's second bug), to uint8 (exact); how many
     pairs."""
+    def convs_inputs(graph: onnx.GraphProto, producer: Producers, readers: Readers) -> list[onnx.NodeProto]:
+        before_concat = _reaching_concats(graph.node, producer)
+        return [node for conv in graph.node if conv.op_type == "Conv" and id(conv) in before_concat
+                and _ungrouped(conv) for node in _through_movers(conv, producer)]
+
+    return _rewrite(model, convs_inputs)
+
+
+def _rewrite(model: onnx.ModelProto,
+             pick: Callable[[onnx.GraphProto, Producers, Readers], list[onnx.NodeProto]]) -> int:
+    """Move the pairs whose QuantizeLinear nodes ``pick`` names (each once) to uint8; how many moved."""
     graph = model.graph
     producer = {out: node for node in graph.node for out in node.output if out}
     readers = node_readers(graph.node)
-    before_concat = _reaching_concats(graph.node, producer)
-    quantizers = {id(node): node for conv in graph.node if conv.op_type == "Conv" and id(conv) in before_concat
-                  and _ungrouped(conv) for node in _through_movers(conv, producer)}
+    quantizers = {id(node): node for node in pick(graph, producer, readers)}
     initializers = {init.name: init for init in graph.initializer}
     taken = set(initializers) | set(producer) | {value.name for value in graph.input}
     return sum(_to_uint8(node, readers, initializers, graph, taken) for node in quantizers.values())

@@ -30,7 +30,7 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import load_weights_from
 from qdeploy.graph.recompose import recompose_hardswish
 from qdeploy.graph.shape_values import shape_computed_nodes
-from qdeploy.stages.quantize.ptq._concat_uint8 import CONCAT_INT8_BUG, MOVED_CONV_INT8_BUG, uint8_before_moved_convs
+from qdeploy.stages.quantize.ptq._concat_uint8 import CONCAT_INT8_BUG, moved_convs_note, uint8_before_moved_convs
 from qdeploy.stages.quantize.ptq._depthwise import depthwise_inputs, per_channel_at_depthwise
 from qdeploy.stages.quantize.ptq._float_concat_inputs import float_concats_read_float
 from qdeploy.stages.quantize.ptq._guard import ort_quantizer_step
@@ -252,9 +252,7 @@ class StaticBuilder:
             notes["uint8_at_concats"] = (f"{len(self.uint8_concats)} tensors a Concat reads or writes stay uint8 "
                                          f"despite activation_type int8: {CONCAT_INT8_BUG}")
         if self.uint8_moved_convs:
-            notes["uint8_before_moved_convs"] = (f"{self.uint8_moved_convs} int8 activation pairs before "
-                                                 "convolutions reached through data movement moved to uint8, "
-                                                 f"exactly: {MOVED_CONV_INT8_BUG}")
+            notes["uint8_before_moved_convs"] = moved_convs_note(self.uint8_moved_convs)
         return notes
 
 
