@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qdeploy.graph.light import light_copy
+from qdeploy.graph.names import NodeNames, tensor_names
 from qdeploy.graph.utils import fresh_name
 
 if TYPE_CHECKING:
@@ -39,11 +40,11 @@ def portable_stft(model: onnx.ModelProto, findings: ExportRecord) -> None:
     if not stfts:
         return
     ranks, lengths = _ranks_and_lengths(model)
-    taken = {name for node in model.graph.node for name in (*node.input, *node.output)}
-    taken |= {init.name for init in model.graph.initializer} | {value.name for value in model.graph.input}
+    taken, node_names = tensor_names(model.graph), NodeNames.of(model.graph)
     changed = []
     for stft in stfts:
-        said = [*_signal_rank_three(model, stft, ranks, taken), *_frame_length(model, stft, lengths, taken),
+        said = [*_signal_rank_three(model, stft, ranks, taken, node_names),
+                *_frame_length(model, stft, lengths, taken),
                 *_onesided(stft)]
         if said:
             changed.append(f"{stft.name or stft.output[0]}: {', '.join(said)}")
@@ -78,7 +79,7 @@ def _ranks_and_lengths(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str
 
 
 def _signal_rank_three(model: onnx.ModelProto, stft: onnx.NodeProto, ranks: dict[str, int],
-                       taken: set[str]) -> list[str]:
+                       taken: set[str], node_names: NodeNames) -> list[str]:
     from onnx import helper, numpy_helper
 
     if ranks.get(stft.input[0]) != 2:
@@ -88,7 +89,7 @@ def _signal_rank_three(model: onnx.ModelProto, stft: onnx.NodeProto, ranks: dict
     model.graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
     position = list(model.graph.node).index(stft)
     model.graph.node.insert(position, helper.make_node("Unsqueeze", [stft.input[0], axes], [signal],
-                                                       name=fresh_name(f"{stft.name or 'stft'}_signal_rank3", taken)))
+                                                       name=node_names.fresh(f"{stft.name or 'stft'}_signal_rank3")))
     stft.input[0] = signal
     return ["signal [batch, length] unsqueezed to [batch, length, 1]"]
 
