@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.int8 import machine_line  # noqa: E402
+from benchmarks.openvino_concat import cosine  # noqa: E402
 
 WIDTH, SCALE = 939, 0.004
 MOVERS = ("none", "Reshape", "Unsqueeze", "Transpose", "MaxPool")
@@ -122,8 +123,7 @@ def agreement(mover: str, after: str, dtype: type, seed: int = 0) -> float:
     core = ov.Core()
     compiled = core.compile_model(core.read_model(data, b""), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     produced = np.asarray(compiled(feed)[compiled.output(0)])
-    a, b = expected.ravel().astype(np.float64), produced.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    return cosine(expected, produced)
 
 
 def main() -> None:
