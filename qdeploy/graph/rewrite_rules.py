@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from qdeploy.graph.edit import GraphEditor
 
-__all__ = ["ConvParts", "batchnorm_folded", "fuse_conv_batchnorm", "fuse_conv_scale_bias",
+__all__ = ["ConvParts", "batchnorm_folded", "drop_empty_concat_inputs", "fuse_conv_batchnorm", "fuse_conv_scale_bias",
            "fuse_convtranspose_batchnorm", "fuse_convtranspose_scale_bias", "fuse_reshape_chain", "gelu_to_erf",
            "hardswish_to_hardsigmoid", "layernorm_to_primitives", "prelu_to_relu"]
 
@@ -281,6 +281,34 @@ def whole_window_average_pool(edit: GraphEditor, node: ir.Node) -> Replacement |
         return None
     pooled = edit.node("GlobalAveragePool", [node.inputs[0]], f"{_base(node)}_global")
     return Replacement(remove=[node], add=[pooled], replaces=_out(node))
+
+
+@rewrite("drop_empty_concat_inputs", anchor="Concat", default=True,
+         description="Concat inputs of static length 0 along its axis are dropped (Identity when one input is "
+                     "left): they add nothing, and quantizers and OpenVINO mishandle empty tensors.")
+def drop_empty_concat_inputs(edit: GraphEditor, node: ir.Node) -> Replacement | str | None:
+    """PyTorch models concatenate an empty ``ConstantOfShape`` (a padding of length 0, a first step's empty
+    history): ONNX Runtime's QDQ quantizer quantizes the empty constant into a tensor OpenVINO reads as a scalar
+    and cannot concatenate (brainmaze's spindle detector).  Dropping it is exact."""
+    axis = attribute(node, "axis", None)
+    if axis is None or any(value is None for value in node.inputs):
+        return None
+    kept = [value for value in node.inputs if not _empty_along(value, int(axis))]
+    if len(kept) == len(node.inputs):
+        return None
+    if not kept:  # every input is empty: any of them is the result (the other dimensions agree)
+        kept = [node.inputs[0]]
+    base = _base(node)
+    smaller = edit.node("Identity", kept, f"{base}_nonempty") if len(kept) == 1 else \
+        edit.node("Concat", kept, f"{base}_nonempty", axis=int(axis))
+    return Replacement(remove=[node], add=[smaller], replaces=_out(node))
+
+
+def _empty_along(value: ir.Value, axis: int) -> bool:
+    shape = value.shape
+    if shape is None or not -len(shape) <= axis < len(shape):
+        return False
+    return isinstance(shape[axis], int) and shape[axis] == 0
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -275,6 +275,8 @@ class PreparedNotes(Findings):
     half_precision: str | None = None
     """A float16 or bfloat16 model made float32 inside before quantizing, when it was."""
     subgraphs_left_float: list[SubgraphLeftFloat] | None = None
+    empty_concat_inputs_dropped: int | None = None
+    """Concat inputs of length 0 dropped before quantizing (simplify's ``drop_empty_concat_inputs``)."""
 
 
 class CalibrationNotes(Findings):

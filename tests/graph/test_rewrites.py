@@ -202,3 +202,33 @@ def test_average_pools_that_are_not_one_window_stay(kernel: int, ceil_mode: int,
         assert [node.op_type for node in rewritten.graph.node] == ["GlobalAveragePool"]
     else:
         assert [node.op_type for node in rewritten.graph.node] == ["AveragePool"]
+
+
+def _concat(inputs: list[str], axis: int, inits: list[onnx.TensorProto], y_shape: list[int]) -> onnx.ModelProto:
+    return _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Concat", inputs, ["y"], axis=axis)],
+                  [1, 3, 4], y_shape, inits)
+
+
+@pytest.mark.parametrize("axis", [1, -2])
+def test_empty_concat_inputs_are_dropped_and_a_lone_input_becomes_an_identity(axis: int) -> None:
+    """brainmaze's spindle detector concatenates an empty ConstantOfShape: quantized, OpenVINO could not read it."""
+    empty = numpy_helper.from_array(np.zeros((1, 0, 4), np.float32), "empty")
+    full = numpy_helper.from_array(RNG.standard_normal((1, 2, 4)).astype(np.float32), "full")
+    x = RNG.standard_normal((1, 3, 4)).astype(np.float32)
+    for inputs, kept, y_shape in ((["r", "empty", "full"], ["Relu", "Concat"], [1, 5, 4]),
+                                  (["empty", "r"], ["Relu", "Identity"], [1, 3, 4])):
+        model = onnx.shape_inference.infer_shapes(_concat(inputs, axis, [empty, full], y_shape))
+        rewritten, report = _rewritten(model, default_names())
+        assert _ops(rewritten) == kept and report.as_findings()["applied"] == {"drop_empty_concat_inputs": 1}
+        assert "empty" not in rewritten.graph.node[-1].input
+        np.testing.assert_array_equal(_run(rewritten, x), _run(model, x))
+
+
+def test_concat_inputs_of_unknown_or_nonzero_length_stay() -> None:
+    model = _concat(["r", "x"], 1, [], [1, 6, 4])  # no shape inference: r's length is unknown
+    assert _ops(_rewritten(model, default_names())[0]) == ["Relu", "Concat"]
+    empty_elsewhere = numpy_helper.from_array(np.zeros((0, 3, 4), np.float32), "e")  # empty along axis 0
+    model = onnx.shape_inference.infer_shapes(_concat(["r", "e"], 0, [empty_elsewhere], [1, 3, 4]))
+    assert _ops(_rewritten(model, default_names())[0]) == ["Relu", "Identity"]
+    model = onnx.shape_inference.infer_shapes(_concat(["r", "x"], 1, [], [1, 6, 4]))
+    assert _ops(_rewritten(model, default_names())[0]) == ["Relu", "Concat"]

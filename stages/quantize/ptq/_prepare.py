@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import save_with_data_file
 from qdeploy.graph.names import name_nodes_uniquely, rename_quantizer_derived
+from qdeploy.graph.rewrites import RewriteReport, apply_rewrites
 from qdeploy.graph.utils import default_opset, subgraphs
 from qdeploy.graph.widen import half_to_float32, half_weights, holds_half, narrow_weights
 from qdeploy.stages.quantize.findings import PreparedNotes, SubgraphLeftFloat
@@ -153,6 +154,7 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
     renamed = rename_quantizer_derived(model.graph)  # names the quantizer would derive and then define twice
     if renamed:
         log.info("%d tensors renamed: ONNX Runtime's quantizer derives their names from other tensors'", renamed)
+    emptied = drop_empty_concat_inputs(model)
     biases = vector_gemm_biases(model)  # after pre-processing: it fuses MatMul + Add into Gemm
     target = work_dir / "preprocessed.onnx"
     save_with_data_file(model, target)  # weights to preprocessed.onnx.data one at a time: read back the same way
@@ -162,13 +164,21 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
         log.warning("%d nodes hold subgraphs; their bodies stay float", len(subgraphs))
     findings = PreparedNotes(preprocess=f"partly: {failed}" if failed else "complete", constants_lifted=lifted,
                              nodes_named=named, opset=opset_note or None, half_precision=widened,
-                             subgraphs_left_float=subgraphs or None,
+                             subgraphs_left_float=subgraphs or None, empty_concat_inputs_dropped=emptied or None,
                              **biases)
     nodes = {node.name: node.op_type for node in model.graph.node}
     opset = default_opset(model)
     del model
     gc.collect()  # the quantizer loads it again; ORT's objects leave cycles holding parts of it
     return Prepared(target, findings, nodes, original_nodes, opset, undone)
+
+
+def drop_empty_concat_inputs(model: onnx.ModelProto) -> int:
+    """Concat inputs of length 0 dropped (simplify's rewrite of that name, for a model quantized unsimplified):
+    ORT's quantizer quantizes an empty constant into a tensor OpenVINO reads as a scalar and cannot concatenate."""
+    report = RewriteReport()
+    apply_rewrites(model, ["drop_empty_concat_inputs"], report)
+    return report.applied["drop_empty_concat_inputs"]
 
 
 def for_quantizer(model: onnx.ModelProto) -> tuple[str | None, Undone]:
