@@ -19,7 +19,9 @@ It is also slow where it need not be: numpy has no float16 BLAS, so a float16 Co
 product in numpy's element-by-element float16 loops (which accumulate in float32 and round each result once): 75
 of 90 s per 640x640 sample of a YOLOv8 segmenter went to its Conv nodes.  Those products are computed in float32
 BLAS and rounded to float16 once, the same sums in another order; a bias, alpha and beta follow in float16 as in
-onnx's kernels (``FLOAT16_BY_BLAS``).
+onnx's kernels (``FLOAT16_BY_BLAS``).  Its Conv also widens a dilated kernel with zeros before its im2col: at a
+dilation of 2048 (brainmaze's spindle detector) it asked for a 29 GiB index array.  Float16 and float32 Convs take
+``direct_conv`` instead: one strided slice per kernel offset, one BLAS product per group.
 
 ``build_evaluator`` installs corrected kernels for these.  An op the evaluator
 has no kernel for, or one whose kernel raises on a model ONNX Runtime runs (a
@@ -128,7 +130,8 @@ def corrected_kernels(model: onnx.ModelProto) -> list[type]:
 
 FLOAT16_BY_BLAS = frozenset({"Conv", "MatMul", "Gemm"})
 """Ops whose float16 products are computed in float32 BLAS and rounded once (as numpy's float16 loops round them);
-what onnx's kernels do after the product (a bias, Gemm's alpha and beta) stays in float16 as there."""
+what onnx's kernels do after the product (a bias, Gemm's alpha and beta) stays in float16 as there.  A float32 Conv
+takes the same ``direct_conv``."""
 
 
 def _float16_by_blas_kernel(op_type: str) -> type:
@@ -140,8 +143,10 @@ def _float16_by_blas_kernel(op_type: str) -> type:
     base: type = {"Conv": Conv, "MatMul": MatMul, "Gemm": Gemm_7}[op_type]
     finish = {"Conv": _conv_after_product, "MatMul": _matmul_after_product, "Gemm": _gemm_after_product}[op_type]
 
+    own = (np.float16, np.float32) if op_type == "Conv" else (np.float16,)
+
     def run(self: Any, *inputs: Any, **attributes: Any) -> tuple[Any, ...]:
-        if getattr(inputs[0], "dtype", None) != np.float16:
+        if getattr(inputs[0], "dtype", None) not in own:
             return base._run(self, *inputs, **attributes)
         return finish(self, base, *inputs, **attributes)
 
@@ -154,11 +159,53 @@ def _product(values: np.ndarray) -> np.ndarray:
 
 def _conv_after_product(self: Any, base: type, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
                         **attributes: Any) -> tuple[np.ndarray]:
-    """The convolution in float32 rounded to float16, then its bias added in float16 (as onnx's kernel adds it)."""
-    out = _product(base._run(self, x.astype(np.float32), w.astype(np.float32), None, **attributes)[0])
+    """The convolution in float32 (``direct_conv``), rounded to float16 for a float16 one, then its bias added in
+    the input's type (as onnx's kernel adds it)."""
+    out = direct_conv(x.astype(np.float32), w.astype(np.float32), **attributes)
+    out = _product(out) if x.dtype == np.float16 else out
     if b is None:
         return (out,)
     return (out + b if b.size == 1 else out + b.reshape((1, -1) + (1,) * (out.ndim - 2)),)
+
+
+def direct_conv(x: np.ndarray, w: np.ndarray, *, auto_pad: str | None = None, dilations: list[int] | None = None,
+                group: int | None = None, kernel_shape: list[int] | None = None, pads: list[int] | None = None,
+                strides: list[int] | None = None) -> np.ndarray:
+    """ONNX Conv without a bias, as one BLAS product per group: the input's window at each kernel offset is a
+    strided slice, so a dilated kernel is never widened with zeros.  onnx's kernel widens it: a dilation of 2048
+    (brainmaze's spindle detector) asked it for a 29 GiB index array."""
+    kernel = tuple(w.shape[2:]) if not kernel_shape else tuple(kernel_shape)
+    rank = len(kernel)
+    dilation, stride = list(dilations or [1] * rank), list(strides or [1] * rank)
+    before, after = _conv_pads(x.shape[2:], kernel, dilation, stride, auto_pad, pads)
+    padded = np.pad(x, [(0, 0), (0, 0), *zip(before, after, strict=True)])
+    out = [(size - d * (k - 1) - 1) // s + 1 for size, k, d, s in zip(padded.shape[2:], kernel, dilation, stride,
+                                                                        strict=True)]
+    columns = np.empty(x.shape[:2] + kernel + tuple(out), x.dtype)
+    for offset in np.ndindex(*kernel):
+        window = tuple(slice(o * d, o * d + s * (n - 1) + 1, s) for o, d, s, n in zip(offset, dilation, stride, out,
+                                                                                       strict=True))
+        columns[(slice(None), slice(None), *offset)] = padded[(slice(None), slice(None), *window)]
+    groups, batch = group or 1, x.shape[0]
+    columns = columns.reshape(batch, groups, -1, int(np.prod(out, dtype=np.int64)))
+    product = np.matmul(w.reshape(groups, w.shape[0] // groups, -1)[None], columns)
+    return product.reshape((batch, w.shape[0], *out))
+
+
+def _conv_pads(spatial: tuple[int, ...], kernel: tuple[int, ...], dilation: list[int], stride: list[int],
+               auto_pad: str | None, pads: list[int] | None) -> tuple[list[int], list[int]]:
+    """(pads before, pads after) per spatial axis, ``auto_pad`` SAME_UPPER/SAME_LOWER/VALID resolved."""
+    rank = len(kernel)
+    if auto_pad in (None, "", "NOTSET"):
+        explicit = list(pads or [0] * (2 * rank))
+        return explicit[:rank], explicit[rank:]
+    if auto_pad == "VALID":
+        return [0] * rank, [0] * rank
+    total = [max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+             for size, k, d, s in zip(spatial, kernel, dilation, stride, strict=True)]
+    small = [t // 2 for t in total]
+    large = [t - t // 2 for t in total]
+    return (small, large) if auto_pad == "SAME_UPPER" else (large, small)
 
 
 def _matmul_after_product(self: Any, base: type, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray]:
