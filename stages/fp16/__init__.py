@@ -310,8 +310,9 @@ class _Fp16Conversion:
                 every_draw: bool = False) -> None:
         """Budget mode's search; ``every_draw``: each sample must meet ``tolerance`` on its own (``_draws``)."""
         assert self.float32 is not None
-        self.ctx.on_progress("fp16: per-node sensitivity")
         groups = node_groups(self.model, _with_nested(self.model, float32), self.types)
+        searches = f", a search per sample of {len(self.feeds[:limit])}" if every_draw else ""
+        self.ctx.on_progress(f"fp16: per-node sensitivity ({len(groups)} node groups{searches})")
         judge = self.judge if tolerance is None else None  # the repair aims at output limits with headroom
         tolerance = tolerance or self.tolerance
         result = (choose_for_every_draw if every_draw else choose_float32_nodes)(

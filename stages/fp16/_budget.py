@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 DATA_MOVEMENT = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand",
                            "Tile", "Slice", "Gather", "Split", "DepthToSpace", "SpaceToDepth"})
 SENSITIVITY_SAMPLES = 4
+LONG_SEARCH_SECONDS = 300
+"""A search expected to take longer is announced as a warning."""
 
 Outputs = list[dict[str, "np.ndarray"]]
 
@@ -161,9 +163,11 @@ def choose_float32_nodes(model: onnx.ModelProto, groups: list[list[str]], float3
     trials = _Trials(gated_twin(model, gate_of, float32_inputs, keep_io_types, to_float16), feeds, reference,
                      tolerance, work_dir, judge, detections)
     everything = np.ones(len(groups), dtype=bool)
+    trial_started = time.perf_counter()
     all_fp16 = trials.compare(everything)
     if all_fp16.passed or not groups:
         return Float32Choice(len(groups), trials.count, all_fp16.passed, _since(started), all_fp16)
+    _announce(len(groups), time.perf_counter() - trial_started)
     sensitivity, order = _sensitivity(trials, len(groups))
     count, chosen = _fewest(order, trials, len(groups))
     log.info("fp16 budget: %d of %d node groups stay float32 after %d trials", count, len(groups), trials.count)
@@ -182,6 +186,16 @@ def rank_groups(model: onnx.ModelProto, groups: list[list[str]], float32_inputs:
     trials = _Trials(gated_twin(model, gate_of, float32_inputs, keep_io_types, to_float16), feeds, reference,
                      tolerance, work_dir, judge, detections)
     return [groups[index] for index in _sensitivity(trials, len(groups))[1]]
+
+
+def _announce(groups: int, trial_seconds: float) -> None:
+    """How long the search will take, from its first trial: one trial per group and a binary search.  A long one
+    (LEADER's fingerprint network: 683 groups at 1.5 s a trial) is a warning that says how to avoid it."""
+    seconds = (groups + math.ceil(math.log2(groups + 1)) + 1) * trial_seconds
+    level = logging.WARNING if seconds > LONG_SEARCH_SECONDS else logging.INFO
+    log.log(level, "fp16 budget: %d node groups, one trial each at %.2f s a trial: about %.0f s for this search "
+            "(fp16 {repair: false} skips the repair's; node_block_list or op_block_list leaves fewer groups)",
+            groups, trial_seconds, seconds)
 
 
 def _sensitivity(trials: _Trials, count: int) -> tuple[list[float], list[int]]:

@@ -78,3 +78,17 @@ def test_data_movement_nodes_share_their_producers_group() -> None:
     groups = fp16_budget.node_groups(model, set(), all_types(model))
     assert groups == [["relu", "reshape", "transpose"], ["exp"]]
     assert fp16_budget.node_groups(model, {"relu"}, all_types(model)) == [["reshape", "transpose"], ["exp"]]
+
+
+def test_a_long_search_is_announced_with_its_estimate_and_how_to_avoid_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """LEADER's fingerprint network ran its repair search for an hour without a word (683 groups, 1.5 s a trial)."""
+    monkeypatch.setattr(fp16_budget, "LONG_SEARCH_SECONDS", 0.0)
+    with caplog.at_level("INFO", logger="qdeploy.stages.fp16._budget"):
+        result = run_stage(tmp_path, offset_budget_model(), {"val": offset_budget_samples(3)}, mode="auto",
+                           calibration={"data": "val"}, tolerance={"cosine_min": 0.9999})
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    groups = result.findings.budget["groups"]
+    assert any(message.startswith(f"fp16 budget: {groups} node groups, one trial each at ") and "repair: false"
+               in message for message in warnings), warnings
