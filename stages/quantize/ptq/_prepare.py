@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qdeploy.core.onnx_wire import load_model
+from qdeploy.graph.edit import GraphNotEditable
 from qdeploy.graph.external_data import save_with_data_file
 from qdeploy.graph.names import name_nodes_uniquely, rename_quantizer_derived
 from qdeploy.graph.rewrites import RewriteReport, apply_rewrites
@@ -175,10 +176,32 @@ def prepare(source: Path, work_dir: Path) -> Prepared:
 
 def drop_empty_concat_inputs(model: onnx.ModelProto) -> int:
     """Concat inputs of length 0 dropped (simplify's rewrite of that name, for a model quantized unsimplified):
-    ORT's quantizer quantizes an empty constant into a tensor OpenVINO reads as a scalar and cannot concatenate."""
+    ORT's quantizer quantizes an empty constant into a tensor OpenVINO reads as a scalar and cannot concatenate.
+    The editor's view of the graph is built only where such an input is."""
+    if not _empty_concat_input(model.graph):
+        return 0
     report = RewriteReport()
-    apply_rewrites(model, ["drop_empty_concat_inputs"], report)
+    try:
+        apply_rewrites(model, ["drop_empty_concat_inputs"], report)
+    except GraphNotEditable as exc:  # an optimisation of the graph the quantizer reads: it stays as it is
+        log.info("empty Concat inputs left: %s", exc)
     return report.applied["drop_empty_concat_inputs"]
+
+
+def _empty_concat_input(graph: onnx.GraphProto) -> bool:
+    """Whether a Concat of ``graph`` reads a tensor of static length 0 along its axis (initializer or value_info)."""
+    shapes = {value.name: [dim.dim_value if dim.HasField("dim_value") else None
+                           for dim in value.type.tensor_type.shape.dim]
+              for value in (*graph.input, *graph.value_info, *graph.output)}
+    shapes.update({tensor.name: list(tensor.dims) for tensor in graph.initializer})
+    for node in graph.node:
+        if node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
+            continue
+        axis = next((attribute.i for attribute in node.attribute if attribute.name == "axis"), None)
+        for shape in (shapes.get(name) for name in node.input):
+            if axis is not None and shape and -len(shape) <= axis < len(shape) and shape[axis] == 0:
+                return True
+    return False
 
 
 def for_quantizer(model: onnx.ModelProto) -> tuple[str | None, Undone]:
