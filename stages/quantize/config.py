@@ -143,8 +143,9 @@ class PtqConfig(_ModeSettings):
                                     "runs fastest and validated, benchmarked and shipped on its own runtime's "
                                     "targets: true always; auto (the default) where the targets hold both "
                                     "runtimes and the two placements differ for the model (where they agree, "
-                                    "both names are one build, one file measured once); false: one graph for "
-                                    "every target (docs/quantize.md).")
+                                    "both names are one build, one file measured once; OpenVINO targets "
+                                    "only: the one graph shaped for OpenVINO); false: one graph for every target "
+                                    "(docs/quantize.md).")
     runtime: Literal["ort", "openvino"] | None = Field(
         default=None, description="The runtime the graph is shaped for (set by per_runtime); none: one graph "
                                   "for both.")
