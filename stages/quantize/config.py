@@ -141,11 +141,10 @@ class PtqConfig(_ModeSettings):
         default="auto", description="One artifact per runtime among the recipe's targets, the variant 'v' "
                                     "becoming 'v@ort' and 'v@openvino', each with the placement that runtime "
                                     "runs fastest and validated, benchmarked and shipped on its own runtime's "
-                                    "targets: true always; auto (the default) where the targets hold both "
-                                    "runtimes and the two placements differ for the model (where they agree, "
-                                    "both names are one build, one file measured once; OpenVINO targets "
-                                    "only: the one graph shaped for OpenVINO); false: one graph for every target "
-                                    "(docs/quantize.md).")
+                                    "targets: true always; auto (the default) where the targets hold both runtimes "
+                                    "and the two placements differ for the model (where they agree, both names "
+                                    "are one build, one file measured once; OpenVINO targets only: the one graph "
+                                    "shaped for OpenVINO); false: one graph for every target (docs/quantize.md).")
     runtime: Literal["ort", "openvino"] | None = Field(
         default=None, description="The runtime the graph is shaped for (set by per_runtime); none: one graph "
                                   "for both.")
