@@ -13,7 +13,13 @@ otherwise be blamed on the artifact:
   variance overflows;
 - GlobalMaxPool reduces axes ``(n - 2, n - 1)`` of an input of rank n, right
   only for rank 4: a 1-D or 3-D pool reduces the wrong axes silently;
-- DequantizeLinear before opset 19 has no kernel (QDQ models at opsets 13-18).
+- DequantizeLinear before opset 19 has no kernel (QDQ models at opsets 13-18);
+- LogSoftmax is the log of Softmax's output: in float16 a probability below 6e-8 rounds to 0 and its log is -Inf,
+  where every float16 kernel that deploys (ONNX Runtime's CUDA kernel, cuDNN, TensorRT) computes ``x - max -
+  log(sum(exp(x - max)))`` with a float32 sum and stays finite: atspm-detector's function head failed its float16
+  check with 4 -Inf that no runtime computes;
+- Softmax, LogSoftmax and Hardmax before opset 13 normalise over one axis, as opset 13 does, instead of over the
+  input flattened to 2-D at ``axis``: wrong wherever ``axis`` is not the last.
 
 It is also slow where it need not be: numpy has no float16 BLAS, so a float16 Conv, MatMul or Gemm computes its
 product in numpy's element-by-element float16 loops (which accumulate in float32 and round each result once): 75
@@ -44,7 +50,8 @@ from qdeploy.graph.utils import default_opset
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["FLOAT16_BY_BLAS", "EvaluatorCannotRun", "build_evaluator", "corrected_kernels", "run_evaluator"]
+__all__ = ["FLOAT16_BY_BLAS", "NORMALIZERS", "EvaluatorCannotRun", "build_evaluator", "corrected_kernels",
+           "run_evaluator"]
 
 _UNKNOWN_OP = re.compile(r"Node type '([^']+)' from domain '([^']*)' is unknown")
 
@@ -124,6 +131,8 @@ def corrected_kernels(model: onnx.ModelProto) -> list[type]:
         kernels.append(_global_max_pool_kernel())
     if "DequantizeLinear" in ops and opset < 19:
         kernels.append(_dequantize_linear_kernel())
+    kernels += [_normalizer_kernel(op, coerced=opset < 13) for op in sorted(NORMALIZERS & ops)
+                if op == "LogSoftmax" or opset < 13]
     kernels += [_float16_by_blas_kernel(op) for op in sorted(FLOAT16_BY_BLAS & ops) if op != "Gemm" or opset >= 7]
     return kernels
 
@@ -263,6 +272,39 @@ def _global_max_pool_kernel() -> type:
         return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
 
     return type("GlobalMaxPool", (OpRun,), {"op_domain": "", "_run": run})
+
+
+NORMALIZERS = frozenset({"Softmax", "LogSoftmax", "Hardmax"})
+"""Ops normalising over ``axis``: before opset 13 over the input flattened to 2-D there, from 13 over one axis."""
+
+
+def _normalizer_kernel(op_type: str, *, coerced: bool) -> type:
+    """``op_type`` over the input's axis (opset 13 on) or its trailing axes from ``axis`` (``coerced``, before 13);
+    LogSoftmax as ``x - max - log(sum(exp(x - max)))`` with the sum in float32, rounded once to the input's type."""
+    from onnx.reference.op_run import OpRun
+
+    def run(self: Any, x: np.ndarray, **_: Any) -> tuple[np.ndarray]:
+        if x.size == 0:
+            return (x,)
+        # the node's own attribute: onnx fills a missing one with the newest schema's default (-1), not its opset's
+        axis = next((attr.i for attr in self.onnx_node.attribute if attr.name == "axis"), 1 if coerced else -1)
+        axis = axis + x.ndim if axis < 0 else axis
+        values = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1) if coerced else x
+        last = 1 if coerced else axis
+        return (_normalize(op_type, values, last).reshape(x.shape),)
+
+    return type(op_type, (OpRun,), {"op_domain": "", "_run": run, "__module__": __name__})
+
+
+def _normalize(op_type: str, x: np.ndarray, axis: int) -> np.ndarray:
+    if op_type == "Hardmax":
+        chosen = np.expand_dims(np.argmax(x, axis=axis), axis)
+        out = np.zeros_like(x)
+        np.put_along_axis(out, chosen, 1, axis=axis)
+        return out
+    shifted = x.astype(np.float32) - x.max(axis=axis, keepdims=True).astype(np.float32)
+    total = np.exp(shifted).sum(axis=axis, keepdims=True)
+    return (shifted - np.log(total) if op_type == "LogSoftmax" else np.exp(shifted) / total).astype(x.dtype)
 
 
 def _dequantize_linear_kernel() -> type:
