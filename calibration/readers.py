@@ -126,8 +126,10 @@ def _warn_of_unit_dimensions(inputs: list[InputInfo]) -> None:
 
 def _random_array(info: InputInfo, rng: np.random.Generator, low: float | None, high: float | None) -> np.ndarray:
     shape = info.concrete_shape()
-    if info.dtype == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if info.dtype == np.bool_:  # the integers 0 and 1 in [low, high): low 1 gives a mask that hides nothing
+        lo = min(max(int(low), 0), 1) if low is not None else 0
+        hi = min(max(int(high), lo + 1), 2) if high is not None else 2
+        return rng.integers(lo, hi, size=shape).astype(np.bool_)
     if np.issubdtype(info.dtype, np.integer):
         limits = np.iinfo(info.dtype)
         lo = int(low) if low is not None else 0

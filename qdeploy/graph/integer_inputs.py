@@ -3,7 +3,11 @@
 Random integers are dangerous: an integer input may become Tile repeats, Pad widths, a Range limit, a shape or
 gather indices, and 0..99 there asked ONNX Runtime for 16 GB, or indexed past a 4-row embedding table ("indices
 element out of data bounds").  So an integer input takes
-- [0, rows) when it indexes a constant table (Gather, GatherElements, GatherND, through value-preserving ops), else
+- [0, rows) when it indexes a table (Gather, GatherElements, GatherND, ScatterElements, ScatterND, through
+  value-preserving ops): rows of a constant or a static input, else of the tensor's inferred shape, where a
+  symbolic or unknown axis counts 1 row (seeded random data sets every symbolic dimension to 1, and only index 0
+  is safe in an axis of unknown length: a graph network's edge list indexes its node features, [num_atoms, 3]),
+  else
 - [1, SIZE_HIGH) when it becomes a size, a count or a shape (Tile, Expand, Reshape, ConstantOfShape, Range,
   Resize, OneHot, TopK, Pad, Slice, Split, ...), else
 - [0, DEFAULT_HIGH);
@@ -30,7 +34,7 @@ SIZE_HIGH = 4
 PASS_THROUGH = frozenset({"Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand", "Abs",
                           "Neg", "Concat", "Slice", "Gather"})
 """Ops that carry an integer input's values (or some of them) on to the op that uses them."""
-INDEX_OPS = {"Gather": 1, "GatherElements": 1, "GatherND": 1}
+INDEX_OPS = {"Gather": 1, "GatherElements": 1, "GatherND": 1, "ScatterElements": 1, "ScatterND": 1}
 """Op -> input position of its indices into input 0."""
 SIZE_INPUTS = {
     "Tile": (1,), "Expand": (1,), "Reshape": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2), "Resize": (3,),
@@ -57,6 +61,7 @@ def safe_integer_ranges(model: onnx.ModelProto, *, unknown: tuple[int, int] | No
     tables = _static_inputs(graph)
     tables.update((init.name, list(init.dims)) for init in graph.initializer)
     consumers = node_readers(all_nodes(graph))
+    tables = _Tables(model, tables)
     ranges: Ranges = {}
     initializers = {init.name for init in graph.initializer}
     for value in graph.input:
@@ -84,8 +89,39 @@ def _static_inputs(graph: onnx.GraphProto) -> dict[str, list[int]]:
     return tables
 
 
-def _uses(name: str, consumers: dict[str, list[onnx.NodeProto]],
-          tables: dict[str, list[int]]) -> tuple[int | None, bool]:
+class _Tables:
+    """Tensor -> dimensions of the tables indices may select from: constants and static inputs first, then (read
+    once, when first asked) the shapes ONNX's shape inference gives, a symbolic or unknown axis as 1."""
+
+    def __init__(self, model: onnx.ModelProto, static: dict[str, list[int]]) -> None:
+        self._model, self._static, self._inferred = model, static, None
+
+    def get(self, name: str) -> list[int] | None:
+        if name in self._static:
+            return self._static[name]
+        if self._inferred is None:
+            self._inferred = _inferred_dims(self._model)
+        return self._inferred.get(name)
+
+
+def _inferred_dims(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Tensor -> dimensions from shape inference (declared ones where it fails), symbolic and unknown axes as 1."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # a model inference cannot follow: its declared shapes still count
+        inferred = model.graph
+    dims = {}
+    for value in (*inferred.input, *inferred.value_info, *inferred.output):
+        tensor = value.type.tensor_type
+        if value.type.HasField("tensor_type") and tensor.HasField("shape") and tensor.shape.dim:
+            dims[value.name] = [dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else 1
+                                for dim in tensor.shape.dim]
+    return dims
+
+
+def _uses(name: str, consumers: dict[str, list[onnx.NodeProto]], tables: _Tables) -> tuple[int | None, bool]:
     """(rows of the smallest constant table it indexes, whether it becomes a size) of an integer tensor."""
     rows: list[int] = []
     size = False
@@ -96,9 +132,10 @@ def _uses(name: str, consumers: dict[str, list[onnx.NodeProto]],
         for node in consumers.get(current, []):
             positions = [index for index, read in enumerate(node.input) if read == current]
             index_at = INDEX_OPS.get(node.op_type)
-            if index_at in positions and node.input[0] in tables and tables[node.input[0]]:
+            table = tables.get(node.input[0]) if index_at in positions else None
+            if table:
                 axis = next((attr.i for attr in node.attribute if attr.name == "axis"), 0)
-                rows.append(tables[node.input[0]][axis])
+                rows.append(table[axis])
             if set(positions) & set(SIZE_INPUTS.get(node.op_type, ())):
                 size = True
             if node.op_type in PASS_THROUGH and (0 in positions or node.op_type == "Concat"):

@@ -41,8 +41,11 @@ class InputSpec(StrictModel):
     dtype: Literal[DTYPES] = Field(  # type: ignore[valid-type]
         default="float32",
         description="Element type of the input; a frozen input (value) takes the model's type when it is left out.")
-    low: float | None = Field(default=None, description="Lowest value of random data for this input.")
-    high: float | None = Field(default=None, description="Highest value of random data for this input.")
+    low: float | None = Field(default=None, description="Lowest value of random data for this input; on a bool "
+                                                          "input 1 makes it all true (a mask that hides nothing).")
+    high: float | None = Field(default=None, description="Bound above random data for this input: floats are drawn "
+                                                           "from [low, high), integers and bools (0, 1) from the "
+                                                           "integers in [low, high).")
     value: FrozenValue | None = Field(
         default=None,
         description="Freeze this input to a constant (ONNX models): a number, a nested list of numbers, or a .npy "

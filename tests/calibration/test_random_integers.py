@@ -41,3 +41,58 @@ def test_the_recipes_low_and_high_win_over_the_graphs(tmp_path: Path) -> None:
     model = _embedding(tmp_path / "m.onnx")
     samples = list(iter_samples(None, model, ranges={"ids": (2, 3)}, limit=4))
     assert all((sample["ids"] == 2).all() for sample in samples)
+
+
+def _message_passing(path: Path) -> Path:
+    """A graph network's step, as torch_geometric exports one: node features pos [num_atoms, 3] (symbolic), an edge
+    list edge_index [2, num_edges]; each edge gathers its source's features and scatters them onto its target."""
+    zero, one = (numpy_helper.from_array(np.array(value, np.int64), name) for value, name in ((0, "zero"), (1, "one")))
+    shape = numpy_helper.from_array(np.array([1, 3], np.int64), "shape")
+    nodes = [helper.make_node("Gather", ["edge_index", "zero"], ["source"], axis=0),
+             helper.make_node("Gather", ["edge_index", "one"], ["target"], axis=0),
+             helper.make_node("Gather", ["pos", "source"], ["message"], axis=0),
+             helper.make_node("Unsqueeze", ["target", "one"], ["target_column"]),
+             helper.make_node("Expand", ["target_column", "shape"], ["where"]),
+             helper.make_node("ScatterElements", ["pos", "where", "message"], ["y"], axis=0, reduction="add")]
+    graph = helper.make_graph(nodes, "g", [
+        helper.make_tensor_value_info("pos", TensorProto.FLOAT, ["num_atoms", 3]),
+        helper.make_tensor_value_info("edge_index", TensorProto.INT64, [2, "num_edges"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["num_atoms", 3])], [zero, one, shape])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+def test_an_edge_list_into_symbolic_node_features_stays_inside_them(tmp_path: Path) -> None:
+    """caustic-nmr's PaiNN and minimol: the table is the graph's own tensor, [num_atoms, 3]; random data sets
+    num_atoms to 1, so 0 is the only index that exists (before: [0, 100), 'indices element out of data bounds')."""
+    model = _message_passing(tmp_path / "m.onnx")
+    samples = list(iter_samples(None, model, limit=4))
+    assert all((sample["edge_index"] == 0).all() for sample in samples)
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    for sample in samples:
+        session.run(None, sample)
+
+
+def test_a_declared_node_count_widens_the_edge_list_to_it(tmp_path: Path) -> None:
+    """With the nodes' count fixed (as model.inputs' shapes fix it), indices take every node."""
+    model = onnx.load(_message_passing(tmp_path / "m.onnx"))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 5
+    onnx.save(model, tmp_path / "fixed.onnx")
+    edges = np.concatenate([sample["edge_index"] for sample in iter_samples(None, tmp_path / "fixed.onnx", limit=8)],
+                           axis=1)
+    assert edges.min() == 0 and edges.max() == 4
+
+
+def _masked(path: Path) -> Path:
+    graph = helper.make_graph([helper.make_node("Not", ["mask"], ["y"])], "g",
+                              [helper.make_tensor_value_info("mask", TensorProto.BOOL, [4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.BOOL, [4, 16])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_bool_input_takes_low_one_as_all_true(tmp_path: Path) -> None:
+    model = _masked(tmp_path / "m.onnx")
+    assert all(sample["mask"].all() for sample in iter_samples(None, model, ranges={"mask": (1, None)}, limit=3))
+    mixed = np.stack([sample["mask"] for sample in iter_samples(None, model, limit=3)])
+    assert 0.3 < mixed.mean() < 0.7  # the default: half and half
