@@ -47,9 +47,12 @@ class TensorStats:
     """Exact zeros counted by the histogram pass (ReLU outputs hold many; any range represents them exactly)."""
     channel_peak: np.ndarray | None = field(default=None, repr=False)
     """Largest |value| per channel (axis 1), for the tensors asked per channel."""
+    nonfinite: int = 0
+    """+-Inf and NaN values seen (a mask added as -Inf): left out of the range, and counted."""
 
     def update_range(self, values: np.ndarray) -> None:
         finite = values[np.isfinite(values)] if not np.all(np.isfinite(values)) else values
+        self.nonfinite += int(values.size - finite.size)
         if finite.size == 0:
             return
         low, high = float(finite.min()), float(finite.max())

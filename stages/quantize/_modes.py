@@ -246,7 +246,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
                              symmetric_activations=config.symmetric_activations,
                              symmetric_weights=config.symmetric_weights, op_types=op_types, seven_bit=form,
                              runtime=config.runtime, signed_int8=signed, channel_peaks=calibrated.channel_peaks,
-                             openvino_runs=openvino_runs(ctx.variant, ctx.targets))
+                             openvino_runs=openvino_runs(ctx.variant, ctx.targets), nonfinite=calibrated.nonfinite)
 
     def samples() -> list[dict[str, Any]]:
         # lazy: pulls onnxruntime (import cost)
@@ -280,7 +280,7 @@ def _builder(artifact: Artifact, prepared: Path, excluded: list[str], config: In
                              calibrated_tensors=calibrated.tensors, ranges_clipped=calibrated.clipped,
                              calibration_skipped=sorted(skip) or None, float_concats=build.float_concats or None,
                              per_channel_depthwise=build.per_channel_depthwise or None,
-                             shape_computed=build.shape_computed or None)
+                             shape_computed=build.shape_computed or None, nonfinite_float=build.nonfinite or None)
     reduce_range = _reduce_range_finding(config, seven_bit, why)
     if compared is not None:
         reduce_range.update(compared)

@@ -300,6 +300,9 @@ class CalibrationNotes(Findings):
     shape_computed: list[str] | None = None
     """Nodes left float because they write or read float values computed from the inputs' shapes alone (a dynamic
     export's anchor grid or strides: exact positions, not activations; ``qdeploy/graph/shape_values.py``)."""
+    nonfinite_float: dict[str, str] | None = None
+    """Nodes left float because they read or write +-Inf or NaN in calibration, or read a constant holding one (a
+    mask): node -> that tensor (``ptq/_nonfinite.py``)."""
 
 
 class _PostTraining(Int8Findings, PreparedNotes):

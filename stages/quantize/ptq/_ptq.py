@@ -17,7 +17,7 @@ import contextlib
 import copy
 import io
 import logging
-from collections.abc import Container, Iterator
+from collections.abc import Collection, Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,7 @@ from qdeploy.stages.quantize.ptq._float_concat_inputs import float_concats_read_
 from qdeploy.stages.quantize.ptq._guard import ort_quantizer_step
 from qdeploy.stages.quantize.ptq._keep import MOVER_OPS, keep_float, quantized_node_names
 from qdeploy.stages.quantize.ptq._mixed_concats import mixed_range_concats
+from qdeploy.stages.quantize.ptq._nonfinite import nonfinite_nodes
 from qdeploy.stages.quantize.ptq._openvino import (
     SHARED_PARAMETER_OPS,
     activation_matmuls,
@@ -104,6 +105,8 @@ class Calibrated:
     tensors: int
     clipped: int
     channel_peaks: dict[str, list[float]] = field(default_factory=dict)
+    nonfinite: list[str] = field(default_factory=list)
+    """Tensors that held +-Inf or NaN (masks): their readers and writers stay float (``_nonfinite``)."""
 
 
 def calibrate(prepared: Path, op_types: list[str], feeds: FeedSource, work_dir: Path, method: str,
@@ -118,7 +121,9 @@ def calibrate(prepared: Path, op_types: list[str], feeds: FeedSource, work_dir: 
                   if stats[name].count and (low > stats[name].minimum or high < stats[name].maximum))
     peaks = {name: [float(value) for value in stats[name].channel_peak] for name in sorted(depthwise)
              if stats[name].channel_peak is not None and stats[name].channel_peak.size}
-    return ranges, Calibrated(samples=samples, tensors=len(tensors), clipped=clipped, channel_peaks=peaks)
+    nonfinite = sorted(name for name, item in stats.items() if item.nonfinite)
+    return ranges, Calibrated(samples=samples, tensors=len(tensors), clipped=clipped, channel_peaks=peaks,
+                              nonfinite=nonfinite)
 
 
 class StaticBuilder:
@@ -134,7 +139,7 @@ class StaticBuilder:
                  per_channel: bool, activation_type: str, weight_type: str, symmetric_activations: bool,
                  symmetric_weights: bool, op_types: list[str], seven_bit: str = "none",
                  runtime: str | None = None, signed_int8: float = 0.0, openvino_runs: bool | None = None,
-                 channel_peaks: dict[str, list[float]] | None = None) -> None:
+                 channel_peaks: dict[str, list[float]] | None = None, nonfinite: Collection[str] = ()) -> None:
         from onnxruntime.quantization import QuantType
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
         from onnxruntime.quantization.quant_utils import update_opset_version
@@ -153,7 +158,9 @@ class StaticBuilder:
         """Concats left float: one scale would leave an input fewer than 16 levels (name -> its levels)."""
         self.shape_computed = shape_computed_nodes(model)
         """Nodes left float: they write or read values computed from the inputs' shapes alone (an anchor grid)."""
-        excluded = [*excluded, *self.float_concats, *self.shape_computed]
+        self.nonfinite = nonfinite_nodes(model, nonfinite, op_types, prepared.parent)
+        """Nodes left float: they read or write +-Inf or NaN (node -> that tensor or constant; ``_nonfinite``)."""
+        excluded = [*excluded, *self.float_concats, *self.shape_computed, *self.nonfinite]
         if self._openvino:  # no requantization that OpenVINO would run as a kernel of its own (_openvino.py)
             ranges = unify_concat_ranges(model, ranges, op_types, skip=self.float_concats)
             excluded = [*excluded, *activation_matmuls(model)]

@@ -55,7 +55,8 @@ def shared_calibration(work_dir: Path, float_model: Path, feeds: Callable[[], An
                                                 ranges.items()},
                                      "calibrated": {"samples": calibrated.samples, "tensors": calibrated.tensors,
                                                     "clipped": calibrated.clipped,
-                                                    "channel_peaks": calibrated.channel_peaks}}))
+                                                    "channel_peaks": calibrated.channel_peaks,
+                                                    "nonfinite": calibrated.nonfinite}}))
     os.replace(temporary, path)
     return ranges, calibrated
 

@@ -149,7 +149,7 @@ def _ptq_build(config: PtqConfig, op_types: list[str], excluded: list[str], feed
                                 signed_int8=EVERY_SIGNED if config.signed_choice() == "symmetric"
                                 and form != "activations" else 0.0,
                                 openvino_runs=openvino_runs(ctx.variant, ctx.targets),
-                                channel_peaks=calibrated.channel_peaks)
+                                channel_peaks=calibrated.channel_peaks, nonfinite=calibrated.nonfinite)
         return builder([])  # every node it quantizes quantized: the alpha is judged before any budget
 
     return build
