@@ -200,7 +200,9 @@ def _cuts(candidate: onnx.ModelProto, pairs: list[TensorPair]) -> list[_Cut]:
         for name in node.input:
             last_read[name] = index
     outputs = {value.name for value in candidate.graph.output}
-    located = sorted((position[pair.candidate], pair) for pair in pairs if pair.candidate in position)
+    # by position alone: a node with two matched outputs (a Split) ties, and pairs do not order
+    located = sorted(((position[pair.candidate], pair) for pair in pairs if pair.candidate in position),
+                     key=lambda item: item[0])
     cuts = []
     for end in sorted({index for index, _ in located}):
         crossing = [pair for index, pair in located if index <= end

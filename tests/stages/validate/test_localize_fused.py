@@ -14,8 +14,8 @@ from onnx import TensorProto, helper
 import qdeploy.stages.validate as validate
 from qdeploy.core.tolerance import Tolerance
 from qdeploy.stages.validate import ValidateConfig
-from qdeploy.stages.validate._localize import Localizer
-from qdeploy.stages.validate._localize_fused import locate_fused, prefix_model, refine
+from qdeploy.stages.validate._localize import Localizer, TensorPair
+from qdeploy.stages.validate._localize_fused import _cuts, locate_fused, prefix_model, refine
 from tests.helpers.quantize import init, save_artifact, stage_context
 from tests.helpers.text_cnn import SHIFT_CHANNELS, SHIFT_LENGTH, causal_shift
 from tests.helpers.validate import artifact, by_pair, context
@@ -149,3 +149,20 @@ def test_qdeploys_int8_with_shared_zero_points_is_located_at_its_pad(tmp_path: P
                                   tolerance=tolerance, pin_f32=True)
     assert divergence is not None and (divergence.node, divergence.op_type) == ("shift", "Pad")
     assert found["fused_layer"]["original_layers"] == ["shift"]
+
+
+def test_a_node_with_two_matched_outputs_makes_one_cut_holding_both() -> None:
+    """Pairs of one node tie on its position (caustic-nmr's GNN: a Split's two halves both matched)."""
+    nodes = [helper.make_node("Split", ["x"], ["a", "b"], name="split", axis=0, num_outputs=2),
+             helper.make_node("Add", ["a", "b"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    pairs = [TensorPair(name, name, node, op) for name, node, op in
+             (("b", "split", "Split"), ("a", "split", "Split"), ("y", "add", "Add"))]
+
+    cuts = _cuts(model, pairs)
+
+    assert [cut.end for cut in cuts] == [0, 1]
+    assert {pair.candidate for pair in cuts[0].pairs} == {"a", "b"}
+    assert [pair.candidate for pair in cuts[1].pairs] == ["y"]
