@@ -115,3 +115,25 @@ def test_onnx_runtimes_own_warnings_reach_stderr_only_with_verbose(tmp_path: Pat
                       for mode in ("default", "verbose"))
     assert "opset version 7" in verbose.stderr  # the warning exists: the default hides it
     assert "onnxruntime" not in quiet.stderr, quiet.stderr
+
+
+def test_a_failing_kernel_is_reported_once_by_qdeploy_not_again_by_onnx_runtimes_logger(tmp_path: Path) -> None:
+    """Before: every failing run printed ORT's "[E:onnxruntime:...] Non-zero status code returned while running
+    Gather node" besides the exception qdeploy turns into its own message (caustic-nmr: 15 such lines)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.zeros((2, 3), np.float32), "table")
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["y"])], "g",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], [table])
+    path = tmp_path / "gather.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    script = ("import sys, numpy, onnxruntime; from qdeploy.cli._common import setup_logging; "
+              "setup_logging(False, sys.argv[1] == 'verbose'); "
+              f"s = onnxruntime.InferenceSession({str(path)!r}, providers=['CPUExecutionProvider'])\n"
+              "try:\n    s.run(None, {'ids': numpy.array([7])})\nexcept Exception as e:\n    print(type(e).__name__)")
+    quiet, verbose = (subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, check=True)
+                      for mode in ("default", "verbose"))
+    assert quiet.stdout.strip() == verbose.stdout.strip() == "InvalidArgument"  # the failure still raises
+    assert "out of data bounds" in verbose.stderr  # the line exists: the default hides it
+    assert "onnxruntime" not in quiet.stderr, quiet.stderr
