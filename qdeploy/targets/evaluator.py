@@ -19,7 +19,11 @@ otherwise be blamed on the artifact:
   log(sum(exp(x - max)))`` with a float32 sum and stays finite: atspm-detector's function head failed its float16
   check with 4 -Inf that no runtime computes;
 - Softmax, LogSoftmax and Hardmax before opset 13 normalise over one axis, as opset 13 does, instead of over the
-  input flattened to 2-D at ``axis``: wrong wherever ``axis`` is not the last.
+  input flattened to 2-D at ``axis``: wrong wherever ``axis`` is not the last;
+- LayerNormalization and RMSNormalization compute their statistics in the input's type, where the schema computes
+  them in ``stash_type`` (float32 by default) and casts back: in float16 a deviation above 256 squares to Inf, the
+  variance is Inf and the output 0 (minimol's fp16 check: cosine 0.01 at a LayerNormalization ONNX Runtime
+  computes right).
 
 It is also slow where it need not be: numpy has no float16 BLAS, so a float16 Conv, MatMul or Gemm computes its
 product in numpy's element-by-element float16 loops (which accumulate in float32 and round each result once): 75
@@ -133,6 +137,7 @@ def corrected_kernels(model: onnx.ModelProto) -> list[type]:
         kernels.append(_dequantize_linear_kernel())
     kernels += [_normalizer_kernel(op, coerced=opset < 13) for op in sorted(NORMALIZERS & ops)
                 if op == "LogSoftmax" or opset < 13]
+    kernels += [_stashed_kernel(op) for op in sorted(STASHED & ops)]
     kernels += [_float16_by_blas_kernel(op) for op in sorted(FLOAT16_BY_BLAS & ops) if op != "Gemm" or opset >= 7]
     return kernels
 
@@ -305,6 +310,26 @@ def _normalize(op_type: str, x: np.ndarray, axis: int) -> np.ndarray:
     shifted = x.astype(np.float32) - x.max(axis=axis, keepdims=True).astype(np.float32)
     total = np.exp(shifted).sum(axis=axis, keepdims=True)
     return (shifted - np.log(total) if op_type == "LogSoftmax" else np.exp(shifted) / total).astype(x.dtype)
+
+
+STASHED = frozenset({"LayerNormalization", "RMSNormalization"})
+"""Normalisations whose statistics the schema computes in ``stash_type`` (float32 by default), not the input's type."""
+
+
+def _stashed_kernel(op_type: str) -> type:
+    """onnx's kernel for ``op_type`` run on float32 copies of float16 inputs (the schema's function casts to
+    ``stash_type``, float32, the only one onnx's kernels take), its outputs cast back to float16."""
+    from onnx.reference.ops._op_list import load_op
+
+    base: type = load_op("", op_type)
+
+    def run(self: Any, *inputs: Any, **attributes: Any) -> tuple[Any, ...]:
+        if attributes.get("stash_type") not in (None, 1) or getattr(inputs[0], "dtype", None) != np.float16:
+            return base._run(self, *inputs, **attributes)
+        wide = base._run(self, *(None if item is None else item.astype(np.float32) for item in inputs), **attributes)
+        return tuple(out.astype(np.float16) for out in wide)
+
+    return type(op_type, (base,), {"op_domain": "", "_run": run, "__module__": __name__})
 
 
 def _dequantize_linear_kernel() -> type:

@@ -61,3 +61,31 @@ def test_float16_log_softmax_stays_finite_where_a_probability_underflows() -> No
     exact -= np.log(np.exp(exact).sum(axis=-1, keepdims=True))
     assert got.dtype == np.float16 and np.isfinite(got).all()
     np.testing.assert_allclose(got.astype(np.float64), exact, rtol=2**-10, atol=2**-10)
+
+
+@pytest.mark.parametrize("op", ["LayerNormalization", "RMSNormalization"])
+def test_float16_normalizations_keep_their_statistics_in_float32_as_the_schema_says(op: str) -> None:
+    """Values of about 600: squared in float16 they are Inf, and onnx's kernels normalise to 0 (minimol's fp16)."""
+    scale, bias = (onnx.numpy_helper.from_array(np.full(16, value, np.float16), name)
+                   for value, name in ((1.5, "scale"), (0.25, "bias")))
+    inputs = ["x", "scale", "bias"] if op == "LayerNormalization" else ["x", "scale"]
+    graph = helper.make_graph([helper.make_node(op, inputs, ["y"], name="norm", axis=-1)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2, 16])],
+                              [scale, bias][:len(inputs) - 1])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17 if op == "LayerNormalization"
+                                                                        else 23)])
+    model.ir_version = 8
+    feed = {"x": (np.random.default_rng(0).normal(0, 1, (2, 16)) * 600).astype(np.float16)}
+
+    got = run_evaluator(build_evaluator(model), feed)[0]
+
+    x = feed["x"].astype(np.float64)
+    if op == "LayerNormalization":
+        exact = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * 1.5 + 0.25
+    else:
+        exact = x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-5) * 1.5
+    with np.errstate(all="ignore"):
+        assert np.abs(ReferenceEvaluator(model).run(None, feed)[0] - exact).max() > 1  # onnx's: overflowed
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float64), exact, atol=4e-3)
