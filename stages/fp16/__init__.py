@@ -4,8 +4,8 @@ onnxconverter-common converts; around it this stage
 - types every tensor first (qdeploy.stages.fp16._types: inference by path for > 2 GB models,
   subgraphs, ORT for contrib ops) and refuses, naming it, a tensor it cannot type;
 - keeps in float32 what must stay float32 by the ONNX and ONNX Runtime schemas (qdeploy.stages.fp16._rules),
-  and, found without data, normalisations written out op by op, integer accumulators and
-  constants beyond float16's range (qdeploy.stages.fp16._patterns);
+  and, found without data, normalisations written out op by op, integer accumulators, accumulating scatters
+  and constants beyond float16's range (qdeploy.stages.fp16._patterns);
 - with data (`calibration`, or by default the recipe's validation dataset), keeps in float32
   the nodes whose activations would overflow float16, by measured ranges and known overflow
   patterns (qdeploy.stages.fp16._activations), and, in `mode: auto`, the fewest further nodes that
@@ -16,7 +16,8 @@ onnxconverter-common converts; around it this stage
 - checks the artifact's fidelity with float16 arithmetic emulated on ORT (or onnx's
   reference evaluator), blocking nodes that still overflow; in mode 'fixed' a check that misses the
   tolerance, or meets it by less than `headroom_db` (qdeploy.stages.fp16._headroom), is repaired by the
-  budget's search aiming at the tolerance with headroom; then runs onnx.checker (full) and loads it in ORT.
+  budget's search aiming at the tolerance with headroom; then runs onnx.checker (full), loads it in ORT and
+  runs a sample there (keeping float32 the fewest nodes that make it load and run: qdeploy.stages.fp16._loadable).
 """
 
 from __future__ import annotations
@@ -58,7 +59,12 @@ from qdeploy.stages.fp16._graph import subgraphs, walk_nodes
 from qdeploy.stages.fp16._headroom import headroom_findings, with_headroom
 from qdeploy.stages.fp16._loadable import fewest_for_loading
 from qdeploy.stages.fp16._offload import offload, reload, worth_offloading
-from qdeploy.stages.fp16._patterns import integer_accumulators, normalizations, out_of_range_constants
+from qdeploy.stages.fp16._patterns import (
+    integer_accumulators,
+    normalizations,
+    out_of_range_constants,
+    scatter_reductions,
+)
 from qdeploy.stages.fp16._repair import PrecisionPlan, TypeRepair
 from qdeploy.stages.fp16._rules import Float32Needs, float32_needs
 from qdeploy.stages.fp16._types import INFERENCE_BY_PATH_BYTES, all_types, load_typed
@@ -153,6 +159,14 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
     return StageResult(model=converted, changed=True, findings=findings)
 
 
+def _load_failure(error: str) -> str:
+    """How ONNX Runtime failed the float16 model, as ``ort_probe.load_error`` said it: '... the model'."""
+    running = "running" in error
+    if "crashed" in error:
+        return "crashes running a sample of" if running else "crashes loading"
+    return "fails running a sample of" if running else "fails to load"
+
+
 NO_DATA = ("not run: no calibration data in the fp16 config and no validation dataset in the recipe (or "
            "use_validation_data: false)")
 """The activation analysis without data."""
@@ -163,6 +177,7 @@ def _static_patterns(model: onnx.ModelProto, config: Fp16Config, types: dict[str
     return {
         "normalization_float32_nodes": normalizations(model) if config.keep_layer_norms_float32 else {},
         "integer_accumulator_float32_nodes": integer_accumulators(model, types),
+        "scatter_reduction_float32_nodes": scatter_reductions(model),
         "constant_range_float32_nodes": (out_of_range_constants(model, config.max_finite_val)
                                          if config.out_of_range_constants == "keep_float32" else {}),
     }
@@ -343,19 +358,25 @@ class _Fp16Conversion:
         self.converted = converted
 
     def make_loadable(self, fixed: set[str], *, refresh: bool) -> None:
-        """ONNX Runtime must load the artifact: where it does not (an error, or a crash of its optimisations),
-        keep float32 the fewest nodes that make it load (``_loadable``), convert again and, with ``refresh``,
-        emulate it again for the fidelity record."""
+        """ONNX Runtime must load the artifact and run a sample the float32 model ran: where it does not (an
+        error, a crash of its optimisations, a kernel that refuses at run time), keep float32 the fewest nodes
+        that make it load and run (``_loadable``), convert again and, with ``refresh``, emulate it again for the
+        fidelity record."""
         self.ctx.on_progress("fp16: loading in ONNX Runtime")
-        error = load_error(self.converted)
+        error = load_error(self.converted, self._probe_feed())
         if error is not None:
             self._keep_for_loading(fixed, error)
             if refresh:
                 self.safety_rounds(fixed)
-            if self.converted is not self.loaded and (error := load_error(self.converted)) is not None:
-                raise StageError(STAGE, self.ctx.variant, f"the fp16 model does not load in ONNX Runtime: {error}; "
-                                 "keep the nodes involved float32 (node_block_list)")
+            if self.converted is not self.loaded and (error := load_error(self.converted,
+                                                                          self._probe_feed())) is not None:
+                raise StageError(STAGE, self.ctx.variant, f"the fp16 model does not load and run in ONNX Runtime: "
+                                 f"{error}; keep the nodes involved float32 (node_block_list)")
         self.loaded = self.converted
+
+    def _probe_feed(self) -> dict[str, np.ndarray] | None:
+        """The first sample, which the float32 model ran: a failure on it is the float16 model's."""
+        return self.feeds[0] if self.feeds and self.float32 is not None else None
 
     def _keep_for_loading(self, fixed: set[str], error: str) -> None:
         log.info("variant %s: ONNX Runtime does not load the float16 model (%s); searching nodes to keep in "
@@ -368,13 +389,13 @@ class _Fp16Conversion:
         def loads(nodes: list[str]) -> bool:
             self.ctx.on_progress(f"fp16: loading in ONNX Runtime with {len(nodes)} nodes float32")
             self.convert(fixed, frozenset(nodes))
-            return load_error(self.converted) is None
+            return load_error(self.converted, self._probe_feed()) is None
 
         search = fewest_for_loading(candidates, loads)
         if search is None:
-            raise StageError(STAGE, self.ctx.variant, f"the fp16 model does not load in ONNX Runtime: {error} "
-                             "(and keeping every converted node float32 does not make it load either)")
-        how = "crashes loading" if "crashed" in error else "fails to load"
+            raise StageError(STAGE, self.ctx.variant, f"the fp16 model does not load and run in ONNX Runtime: "
+                             f"{error} (and keeping every converted node float32 does not make it load either)")
+        how = _load_failure(error)
         self.kept.extend({"node": name, "op_type": op_types[name],
                           "reason": f"onnxruntime load: ONNX Runtime {how} the model with it float16"}
                          for name in search.nodes)

@@ -183,6 +183,23 @@ def integer_accumulators(model: onnx.ModelProto, types: dict[str, int]) -> dict[
     return found
 
 
+SCATTER_OPS = frozenset({"ScatterElements", "ScatterND"})
+
+
+def scatter_reductions(model: onnx.ModelProto) -> dict[str, str]:
+    """Scatters that accumulate (``reduction`` add, mul, max or min): a graph network's message sums add up many
+    values in place, and ONNX Runtime's CPU provider has no float16 kernel for them (1.32 loads the model, then
+    fails every run: minimol's fp16 artifact)."""
+    found: dict[str, str] = {}
+    for graph in walk_graphs(model.graph):
+        for node in graph.node:
+            reduction = next((attr.s.decode() for attr in node.attribute if attr.name == "reduction"), "none")
+            if node.op_type in SCATTER_OPS and reduction != "none":
+                found[node.name] = (f"{node.op_type} with reduction '{reduction}' accumulates in place: float16 "
+                                    "sums lose precision, and ONNX Runtime's CPU provider has no float16 kernel")
+    return found
+
+
 def out_of_range_constants(model: onnx.ModelProto, max_finite_val: float) -> dict[str, str]:
     """Constant nodes and readers of float constants with finite values beyond max_finite_val (below 1e30)."""
     import numpy as np

@@ -98,9 +98,10 @@ class Fp16Config(StageConfig):
                                             "(masks, Clip bounds) and are clamped either way.")
     onnxruntime_check: bool = Field(
         default=True, description="Load the artifact in ONNX Runtime's CPU provider, default session options, "
-                                  "before handing it over (about 0.3 s for a 1,000-node graph); where it fails or "
-                                  "crashes, keep float32 the fewest nodes that make it load (findings' "
-                                  "load_repair). onnx.checker's full check runs always.")
+                                  "and run the first data sample there, before handing it over (about 0.3 s for "
+                                  "a 1,000-node graph); where it fails or crashes, keep float32 the fewest nodes "
+                                  "that make it load and run (findings' load_repair). onnx.checker's full check "
+                                  "runs always.")
 
     @model_validator(mode="after")
     def _consistent(self) -> Fp16Config:

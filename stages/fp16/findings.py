@@ -81,6 +81,7 @@ class Fp16Findings(Findings):
     schema_float32_inputs: list[str]
     normalization_float32_nodes: dict[str, str]
     integer_accumulator_float32_nodes: dict[str, str]
+    scatter_reduction_float32_nodes: dict[str, str]
     constant_range_float32_nodes: dict[str, str]
     activation_analysis: str | ActivationAnalysis
     """The data the activation ranges were measured on, or why they were not ("not run: ...")."""

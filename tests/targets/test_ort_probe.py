@@ -58,3 +58,27 @@ def test_a_float16_source_model_onnx_runtime_crashes_on_is_refused_at_export(tmp
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     with pytest.raises(ModelError, match="ONNX Runtime crashed loading it"):
         export.run(None, recipe.model, ctx)
+
+
+def _scatter_add(path: Path) -> Path:
+    """float16 data [4, 3] += updates at rows idx: ScatterElements with reduction 'add' (a graph network's sum)."""
+    graph = helper.make_graph([helper.make_node("ScatterElements", ["data", "idx", "upd"], ["y"], axis=0,
+                                                reduction="add")], "g",
+                              [helper.make_tensor_value_info("data", TensorProto.FLOAT16, [4, 3]),
+                               helper.make_tensor_value_info("idx", TensorProto.INT64, [2, 3]),
+                               helper.make_tensor_value_info("upd", TensorProto.FLOAT16, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4, 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8), path)
+    return path
+
+
+def test_a_kernel_that_refuses_at_run_time_fails_only_the_probe_that_runs_a_sample(tmp_path: Path) -> None:
+    path = _scatter_add(tmp_path / "m.onnx")
+    feed = {"data": np.zeros((4, 3), np.float32), "idx": np.array([[0, 1, 2], [0, 1, 2]], np.int64),
+            "upd": np.ones((2, 3), np.float32)}  # floats as a float32 model's samples come: cast to float16
+    error = ort_probe.load_error(path, feed)
+    if error is None:
+        pytest.skip("this ONNX Runtime runs a float16 ScatterElements with a reduction")
+    assert ort_probe.load_error(path) is None  # it loads
+    assert "running one sample" in error and "ScatterElements" in error
+    assert ort_probe.load_error(onnx.load(path), feed) == error  # in memory too

@@ -114,7 +114,7 @@ def test_a_model_that_loads_gets_no_search_and_one_load(tmp_path: Path, monkeypa
     calls: list[object] = []
     real = ort_probe.load_error
 
-    def counted(source: object) -> str | None:
+    def counted(source: object, feed: object = None) -> str | None:
         calls.append(source)
         return None if isinstance(source, onnx.ModelProto) else real(source)  # type: ignore[arg-type]
 
@@ -126,12 +126,43 @@ def test_a_model_that_loads_gets_no_search_and_one_load(tmp_path: Path, monkeypa
 
 def test_a_load_failure_float32_nodes_do_not_cure_fails_the_variant_with_the_reason(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fp16, "load_error", lambda source: "InvalidGraph: something else")
+    monkeypatch.setattr(fp16, "load_error", lambda source, feed=None: "InvalidGraph: something else")
     with pytest.raises(StageError, match=r"something else.*keeping every converted node float32 does not make it"):
         _run(tmp_path)
 
 
 def test_without_the_onnxruntime_check_nothing_is_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fp16, "load_error", lambda source: pytest.fail("loaded"))
+    monkeypatch.setattr(fp16, "load_error", lambda source, feed=None: pytest.fail("loaded"))
     findings = _run(tmp_path, onnxruntime_check=False).findings.to_report()
     assert "load_repair" not in findings and "not checked" in findings["checker"]
+
+
+def test_a_kernel_that_refuses_only_at_run_time_is_searched_like_a_load_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With data the probe runs the first sample the float32 model ran (ONNX Runtime 1.32 loads a float16
+    ScatterElements with a reduction, then fails every run); here a stand-in runtime refuses a float16 MatMul only
+    when it is run, and the search keeps that node float32."""
+    feeds: list[object] = []
+
+    def refuses_half_matmul_at_run(source: object, feed: object = None) -> str | None:
+        feeds.append(feed)
+        model = source if isinstance(source, onnx.ModelProto) else onnx.load(source)  # type: ignore[arg-type]
+        types = {value.name: value.type.tensor_type.elem_type for value in model.graph.value_info}
+        types.update((init.name, init.data_type) for init in model.graph.initializer)
+        half = any(node.op_type == "MatMul" and types.get(node.input[1]) == TensorProto.FLOAT16
+                   for node in model.graph.node)
+        return "RuntimeException running one sample: no float16 MatMul" if half and feed is not None else None
+
+    monkeypatch.setattr(fp16, "load_error", refuses_half_matmul_at_run)
+    sample = {"x": np.random.default_rng(2).standard_normal((4, 1, 64)).astype(np.float32)}
+    source = onnx.load(_transposed_matmul(tmp_path / "float.onnx"))
+    (tmp_path / "work").mkdir()
+    result = fp16.run(artifact(tmp_path, source, "exported.onnx"), Fp16Config(calibration={"data": "cal"}),
+                      context(tmp_path / "work", {"cal": [sample, sample]}))
+    findings = result.findings.to_report()
+    assert feeds and all(feed is not None and set(feed) == {"x"} for feed in feeds)  # type: ignore[arg-type]
+    matmul = next(node.name for node in result.model.graph.node if node.op_type == "MatMul")
+    assert findings["load_repair"]["kept_float32"] == [matmul]
+    assert {"node": matmul, "op_type": "MatMul",
+            "reason": "onnxruntime load: ONNX Runtime fails running a sample of the model with it float16"
+            } in findings["kept_in_fp32"]

@@ -197,3 +197,21 @@ def test_an_out_of_range_value_in_any_piece_of_a_large_weight_is_found(monkeypat
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [7])], [numpy_helper.from_array(values, "w")]))
     found = out_of_range_constants(model, 65504.0)
     assert list(found) == ["mul"] and "9.1e+04" in found["mul"]  # the largest over every piece, not the last
+
+
+def test_accumulating_scatters_stay_float32_and_the_artifact_runs(tmp_path: Path) -> None:
+    """minimol's message sums: ONNX Runtime 1.32 loaded its float16 ScatterElements(add) and failed every run."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("ScatterElements", ["r", "idx", "upd"], ["s"], name="sum", axis=0, reduction="add"),
+             helper.make_node("ScatterElements", ["s", "idx", "upd"], ["y"], name="put", axis=0)]
+    graph = helper.make_graph(nodes, "g", [tensor("x", [4, 3]), tensor("upd", [2, 3]),
+                                           helper.make_tensor_value_info("idx", TensorProto.INT64, [2, 3])],
+                              [tensor("y", [4, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    sample = {"x": np.ones((4, 3), np.float32), "upd": np.full((2, 3), 0.5, np.float32),
+              "idx": np.array([[0, 1, 2], [3, 0, 1]], np.int64)}
+
+    result = run_stage(tmp_path, model, {"cal": [sample]}, calibration={"data": "cal"})
+
+    assert set(result.findings.scatter_reduction_float32_nodes) == {"sum"}  # 'put' replaces: no sums
+    np.testing.assert_allclose(run_ort(result.model, sample)[0], run_ort(model, sample)[0], rtol=1e-3)
