@@ -34,6 +34,10 @@ SIZE_HIGH = 4
 PASS_THROUGH = frozenset({"Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand", "Abs",
                           "Neg", "Concat", "Slice", "Gather"})
 """Ops that carry an integer input's values (or some of them) on to the op that uses them."""
+ARITHMETIC = frozenset({"Add", "Mul"})
+"""Ops that carry an integer input's values on when every operand they read depends on that input: tf2onnx writes
+Keras' embedding lookup (GatherV2) as ``x * (x >= 0) + (x < 0) * (x + n)`` in Mul and Add of comparison masks, which
+is ``x`` itself for the non-negative values random data draws (slovorez); ``x + 2`` (an offset) is not carried."""
 INDEX_OPS = {"Gather": 1, "GatherElements": 1, "GatherND": 1, "ScatterElements": 1, "ScatterND": 1}
 """Op -> input position of its indices into input 0."""
 SIZE_INPUTS = {
@@ -125,6 +129,7 @@ def _uses(name: str, consumers: dict[str, list[onnx.NodeProto]], tables: _Tables
     """(rows of the smallest constant table it indexes, whether it becomes a size) of an integer tensor."""
     rows: list[int] = []
     size = False
+    dependent = _depending_on(name, consumers)
     frontier, seen = [name], set()
     while frontier:
         current = frontier.pop()
@@ -138,6 +143,27 @@ def _uses(name: str, consumers: dict[str, list[onnx.NodeProto]], tables: _Tables
                 rows.append(table[axis])
             if set(positions) & set(SIZE_INPUTS.get(node.op_type, ())):
                 size = True
-            if node.op_type in PASS_THROUGH and (0 in positions or node.op_type == "Concat"):
+            if _carries(node, positions, dependent):
                 frontier.extend(out for out in node.output if out and out not in seen)
     return (min(rows) if rows else None), size
+
+
+def _carries(node: onnx.NodeProto, positions: list[int], dependent: set[str]) -> bool:
+    """Whether ``node`` passes on (some of) the values it reads at ``positions``."""
+    if node.op_type in PASS_THROUGH:
+        return 0 in positions or node.op_type == "Concat"
+    if node.op_type == "Where":  # a branch, not the condition
+        return bool({1, 2} & set(positions))
+    return node.op_type in ARITHMETIC and all(read in dependent for read in node.input if read)
+
+
+def _depending_on(name: str, consumers: dict[str, list[onnx.NodeProto]]) -> set[str]:
+    """Every tensor computed from ``name``, through any op."""
+    found, frontier = {name}, [name]
+    while frontier:
+        for node in consumers.get(frontier.pop(), []):
+            for out in node.output:
+                if out and out not in found:
+                    found.add(out)
+                    frontier.append(out)
+    return found

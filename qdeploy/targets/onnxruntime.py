@@ -197,7 +197,7 @@ class OrtSession(Session):
             if type(exc).__name__ == "InvalidArgument":
                 shapes = ", ".join(f"{name} {list(np.shape(value))}" for name, value in feeds.items())
                 raise DataError(f"target {self.target}: the feeds ({shapes}) do not fit the model: "
-                                f"{short_message(exc)}") from None
+                                f"{short_message(exc)}{_index_hint(exc)}") from None
             raise
         if self._profile_dir is not None:
             self._read_profile()
@@ -276,3 +276,11 @@ def _end_profile(session: Any, profile_dir: str) -> None:
     except Exception as exc:
         log.debug("ending ORT profiling failed: %s", exc)
     shutil.rmtree(profile_dir, ignore_errors=True)
+
+
+def _index_hint(exc: Exception) -> str:
+    """What to do when the values, not the shapes, do not fit: an integer input indexes past a table."""
+    if "out of data bounds" not in str(exc):
+        return ""
+    return ("; an integer input's values index past a table: give it low/high in model.inputs (seeded random "
+            "data takes [0, 100) where the graph does not show the table it indexes), or feed real samples")

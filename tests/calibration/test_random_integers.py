@@ -11,9 +11,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.calibration.samples import iter_samples
+from qdeploy.core.errors import DataError
+from qdeploy.targets import get_target
 
 
 def _embedding(path: Path) -> Path:
@@ -96,3 +99,49 @@ def test_a_bool_input_takes_low_one_as_all_true(tmp_path: Path) -> None:
     assert all(sample["mask"].all() for sample in iter_samples(None, model, ranges={"mask": (1, None)}, limit=3))
     mixed = np.stack([sample["mask"] for sample in iter_samples(None, model, limit=3)])
     assert 0.3 < mixed.mean() < 0.7  # the default: half and half
+
+
+def _keras_lookup(path: Path, offset: bool = False) -> Path:
+    """tf2onnx's Keras embedding lookup: ids -> ids * (ids >= 0) + (ids < 0) * (ids + 49) -> Gather(table [49, 3]);
+    with ``offset``, ids + 2 -> Gather instead (a position offset: not the ids' own values)."""
+    table = numpy_helper.from_array(np.zeros((49, 3), np.float32), "table")
+    consts = [numpy_helper.from_array(np.array(value, np.int32), name) for name, value in
+              (("zero", 0), ("rows", 49), ("two", 2))]
+    if offset:
+        nodes = [helper.make_node("Add", ["ids", "two"], ["index"])]
+    else:
+        nodes = [helper.make_node("Less", ["ids", "zero"], ["negative"]),
+                 helper.make_node("Not", ["negative"], ["positive"]),
+                 helper.make_node("Cast", ["positive"], ["keep"], to=TensorProto.INT32),
+                 helper.make_node("Cast", ["negative"], ["wrap"], to=TensorProto.INT32),
+                 helper.make_node("Mul", ["ids", "keep"], ["kept"]),
+                 helper.make_node("Add", ["ids", "rows"], ["shifted"]),
+                 helper.make_node("Mul", ["wrap", "shifted"], ["wrapped"]),
+                 helper.make_node("Add", ["wrapped", "kept"], ["index"])]
+    nodes.append(helper.make_node("Gather", ["table", "index"], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, 20])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 20, 3])], [table, *consts])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_keras_lookup_written_by_tf2onnx_keeps_its_ids_inside_the_table(tmp_path: Path) -> None:
+    """slovorez: before, the ids took [0, 100) and the 49-row table refused them ("idx=83 must be within the
+    inclusive range [-49,48]")."""
+    model = _keras_lookup(tmp_path / "m.onnx")
+    samples = list(iter_samples(None, model, limit=4))
+    ids = np.concatenate([sample["ids"] for sample in samples])
+    assert ids.min() >= 0 and ids.max() <= 48 and ids.max() > 30
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    for sample in samples:
+        session.run(None, sample)
+    offset = list(iter_samples(None, _keras_lookup(tmp_path / "offset.onnx", offset=True), limit=4))
+    assert max(sample["ids"].max() for sample in offset) > 48  # x + 2 is not x: the graph says nothing of it
+
+
+def test_an_index_past_its_table_says_what_to_do_about_it(tmp_path: Path) -> None:
+    """Not "the feeds do not fit" alone: the shapes fit, an integer input's values do not."""
+    session = get_target("ort:cpu").load(_embedding(tmp_path / "m.onnx"))
+    with pytest.raises(DataError, match=r"out of data bounds.*give it low/high in model\.inputs"):
+        session.run({"ids": np.full((2, 6), 9, np.int64)})
+    session.close()
