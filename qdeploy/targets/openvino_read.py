@@ -8,8 +8,9 @@ itself is never changed, and the notes say what was rewritten (a session puts
 them in what it reports as having run).
 
 Lifted today: a Loop/Scan body that returns a loop-carried input unchanged
-(``qdeploy.graph.loop_carried``; OpenVINO 2026.4 refuses it in ``loop.cpp``), and an If whose condition has
-rank above 1 (``qdeploy.graph.if_condition``; refused in ``if.cpp``).
+(``qdeploy.graph.loop_carried``; OpenVINO 2026.4 refuses it in ``loop.cpp``), an If whose condition has
+rank above 1 (``qdeploy.graph.if_condition``; refused in ``if.cpp``), and an LSTM with peepholes, which it reads
+and computes without them (``qdeploy.graph.lstm_peepholes``).
 
 The copy holds the graph only.  Without external data it is handed to OpenVINO
 in memory; with weights in a data file, or in the model file itself past 64 MB
@@ -30,6 +31,7 @@ from qdeploy.core.files import TMP_PREFIX, all_tensors
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.if_condition import squeeze_if_conditions
 from qdeploy.graph.loop_carried import isolate_pass_through
+from qdeploy.graph.lstm_peepholes import write_out_peephole_lstms
 
 if TYPE_CHECKING:
     import onnx
@@ -65,6 +67,8 @@ _REWRITES = (
                            "return them unchanged (its ONNX frontend refuses those"),
     (squeeze_if_conditions, "the condition of {count} If node(s) squeezed to a scalar (its ONNX frontend refuses a "
                             "condition of rank above 1"),
+    (write_out_peephole_lstms, "{count} LSTM node(s) with peepholes written out as Scans (its ONNX frontend drops "
+                               "the peepholes and computes them wrongly"),
 )
 """Each exact rewrite (in place, returning what it rewrote) and what its note says it did."""
 
