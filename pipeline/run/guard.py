@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from qdeploy.core.errors import ModelError, StageError
+from qdeploy.core.runtimes import built_for
 from qdeploy.core.values import one_line
 from qdeploy.graph.external_data import check_saved_model
 from qdeploy.graph.order import scope_problems, sort_topologically
@@ -96,11 +97,14 @@ def guard_artifact(parent: Artifact | None, result: StageResult, stage: str, ctx
 
 
 def _other_runtimes(parent: Artifact, result: StageResult, stage: str, ctx: StageContext) -> GuardRecordDict:
-    """Loads on the recipe's other runtimes (``guard_runtimes``), from a file: the stage's, or a copy saved here."""
-    if not targets_other_runtimes(ctx.targets):
+    """Loads on the other runtimes the variant is built for (``guard_runtimes``), from a file: the stage's, or a
+    copy saved here.  ``int8@ort`` meets only ONNX Runtime's targets: OpenVINO's compile failing on it (its LPT on
+    caustic-nmr's graph) is not the variant's fault, and ``int8@openvino`` is checked there instead."""
+    targets = [target for target in ctx.targets if built_for(ctx.variant, target)]
+    if not targets_other_runtimes(targets):
         return {}
     path = result.path if result.path is not None else Path(_saved(result.model, ctx.work_dir))
-    found = check_other_runtimes(parent.path, path, ctx.targets, stage, ctx.variant)
+    found = check_other_runtimes(parent.path, path, targets, stage, ctx.variant)
     return {"other_runtimes": found} if found else {}
 
 

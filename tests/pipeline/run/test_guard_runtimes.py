@@ -98,3 +98,18 @@ def test_an_artifact_openvino_crashes_on_is_refused_and_the_run_lives(tmp_path: 
         check_other_runtimes(parent.path, candidate, ["openvino:cpu"], "quantize", "int8")
     crashed_parent = check_other_runtimes(candidate, candidate, ["openvino:cpu"], "quantize", "int8")
     assert crashed_parent["openvino"].startswith("not checked: the input model does not load in OpenVINO either")
+
+
+def test_a_variant_built_for_onnx_runtime_is_loaded_only_where_it_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """per_runtime's ``int4@ort`` meets ONNX Runtime's targets only: before, OpenVINO's compile failing on it (its
+    LPT on caustic-nmr's int8@ort graph) refused the artifact that ort:cpu would have shipped."""
+    monkeypatch.setattr(weight_blocks, "dividing_block", lambda length, wanted, largest=None: wanted)
+    parent = _embedding(tmp_path)
+    result = _int4(parent, tmp_path)
+    both = ("ort:cpu", "openvino:cpu")
+    ort_build = dataclasses.replace(_context(tmp_path, both), variant="int4@ort")
+    verdict = guard_artifact(parent, result, "quantize", ort_build)
+    assert verdict["checked"] and "other_runtimes" not in verdict
+    with pytest.raises(StageError, match="does not load in OpenVINO"):  # the OpenVINO build is still checked there
+        guard_artifact(parent, result, "quantize", dataclasses.replace(ort_build, variant="int4@openvino"))
