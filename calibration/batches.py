@@ -9,8 +9,11 @@ batch).
 The batch axis of an input is where the model's batch symbol sits: the symbol at axis 0 of the inputs
 (``batch``, ``N``, ...), wherever else it appears (a recurrent state ``[2, batch, 128]`` is batched on
 axis 1); an unnamed dynamic axis 0 counts too.  Inputs without it (a scalar sample rate, a fixed-size
-state) are fed as the first sample has them.  A model none of whose inputs has a dynamic batch axis takes
-batch 1, or its own fixed batch (inputs declared [4, ...] at batch size 4), only, and says so otherwise.
+state) are fed as the first sample has them.  Inputs that lead with different symbols have no batch axis: a
+graph network's ``[num_atoms, ...]``, ``[num_edges, ...]`` and ``[num_residues, ...]`` inputs are one molecule,
+and cutting one of them to a row timed another workload than validation ran (caustic-nmr: one residue of four).
+A model none of whose inputs has a dynamic batch axis takes batch 1, or its own fixed batch (inputs declared
+[4, ...] at batch size 4), only, and says so otherwise.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ class BatchAxes:
 
     axes: dict[str, int | None]
     dims: dict[str, list[int | str | None]] = field(default_factory=dict)
+    leading: tuple[str, ...] = ()
+    """The different symbols the inputs lead with, where there are several (then no input has a batch axis)."""
 
     @property
     def batchable(self) -> bool:
@@ -57,6 +62,9 @@ class BatchAxes:
     def static_reason(self) -> str:
         """Why a batch above 1 cannot be fed: the declared shapes."""
         shown = ", ".join(f"'{name}' {_show(dims)}" for name, dims in self.dims.items())
+        if self.leading:
+            return (f"the inputs lead with different dimensions ({', '.join(self.leading)}): none of them is a "
+                    f"batch of independent samples (inputs: {shown}); each sample is fed whole at batch 1")
         return (f"no input has a dynamic batch dimension (inputs: {shown}); give the first dimension a name in "
                 "model.inputs (e.g. shape ['batch', ...]) or export the model with a dynamic batch axis")
 
@@ -78,6 +86,9 @@ def batch_axes(model_path: Path) -> BatchAxes:
         dims[value.name] = [dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0
                             else (dim.dim_param if dim.dim_param and dim.dim_param != "?" else None)
                             for dim in shape.dim]
+    leading = tuple(dict.fromkeys(shape[0] for shape in dims.values() if shape and isinstance(shape[0], str)))
+    if len(leading) > 1:
+        return BatchAxes(dict.fromkeys(dims), dims, leading)
     return BatchAxes(_axes_of(dims), dims)
 
 

@@ -179,3 +179,20 @@ def test_a_model_exported_at_a_fixed_batch_takes_that_batch_only(tmp_path: Path)
     assert np.array_equal(make_batch([sample], axes, 4).feed["x"], sample["x"])  # fed as the sample holds it
     with pytest.raises(BatchError, match="batch 8 cannot be fed"):
         make_batch([sample], axes, 8)
+
+
+def test_inputs_that_lead_with_different_symbols_are_fed_whole(tmp_path: Path) -> None:
+    """A graph network's nodes and edges are one molecule, not two batches: before, the most common leading symbol
+    was taken for the batch and one row of it fed (caustic-nmr's benchmark timed one residue of four)."""
+    path = _model_with_inputs(tmp_path, {"feat": ["num_nodes", 4], "pos": ["num_nodes", 3],
+                                         "edge_feat": ["num_edges", 3], "edges": [2, "num_edges"]})
+    axes = batch_axes(path)
+    assert axes.axes == dict.fromkeys(["feat", "pos", "edge_feat", "edges"]) and axes.leading == ("num_nodes",
+                                                                                                   "num_edges")
+    sample = {"feat": np.ones((5, 4), np.float32), "pos": np.ones((5, 3), np.float32),
+              "edge_feat": np.ones((7, 3), np.float32), "edges": np.zeros((2, 7), np.float32)}
+    batch = make_batch([sample], axes, 1)
+    assert {name: value.shape for name, value in batch.feed.items()} == {name: value.shape
+                                                                         for name, value in sample.items()}
+    with pytest.raises(BatchError, match=r"lead with different dimensions \(num_nodes, num_edges\)"):
+        make_batch([sample], axes, 2)
