@@ -20,8 +20,8 @@ from qdeploy.graph.utils import delete_where, model_bytes, subgraphs, tensor_nby
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["STRIP_MIN_BYTES", "Light", "light_bytes", "light_copy", "put_back", "restore", "restore_into", "tag_of",
-           "take_value_info", "unknown_tags"]
+__all__ = ["MODEL_INFO_FIELDS", "STRIP_MIN_BYTES", "Light", "keep_model_info", "light_bytes", "light_copy", "put_back",
+           "restore", "restore_into", "tag_of", "take_value_info", "unknown_tags"]
 
 STRIP_MIN_BYTES = 1024
 _KEPT_TYPES = frozenset({6, 7, 9, 8, 12, 13})  # int32, int64, bool, string, uint32, uint64: shapes, indices, axes
@@ -172,6 +172,21 @@ def restore_into(model: onnx.ModelProto, optimized: onnx.ModelProto, light: Ligh
         target = getattr(graph, field_name)
         del target[:]
         target.extend(getattr(optimized.graph, field_name))
+
+
+MODEL_INFO_FIELDS = ("producer_name", "producer_version", "domain", "model_version", "doc_string")
+"""A model's own fields besides its graph and opsets: who made it, and what its users read from it."""
+
+
+def keep_model_info(source: onnx.ModelProto, target: onnx.ModelProto) -> None:
+    """``source``'s model fields, metadata_props and graph doc_string onto ``target``, a model built from a light
+    copy: deployments read them (Ultralytics' class names and stride, a converter's labels), and the fp16 stage's
+    artifacts had lost them (atspm-detector's LightGBM model: 8 metadata entries, none left)."""
+    for field_name in MODEL_INFO_FIELDS:
+        setattr(target, field_name, getattr(source, field_name))
+    del target.metadata_props[:]
+    target.metadata_props.extend(source.metadata_props)
+    target.graph.doc_string = source.graph.doc_string
 
 
 def take_value_info(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> None:

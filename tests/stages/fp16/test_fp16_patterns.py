@@ -215,3 +215,20 @@ def test_accumulating_scatters_stay_float32_and_the_artifact_runs(tmp_path: Path
 
     assert set(result.findings.scatter_reduction_float32_nodes) == {"sum"}  # 'put' replaces: no sums
     np.testing.assert_allclose(run_ort(result.model, sample)[0], run_ort(model, sample)[0], rtol=1e-3)
+
+
+def test_the_fp16_artifact_keeps_the_models_metadata(tmp_path: Path) -> None:
+    """Before: metadata_props, doc strings and the model version were lost (a light copy was converted), and with
+    them what deployments read (Ultralytics' class names; atspm-detector's 8 entries)."""
+    model = make_model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [], [tensor("x", [2, 4])],
+                       [tensor("y", [2, 4])])
+    onnx.helper.set_model_props(model, {"names": "{0: 'person'}", "stride": "32"})
+    model.doc_string, model.graph.doc_string, model.model_version, model.domain = "a model", "its graph", 7, "ai.x"
+    model.producer_name, model.producer_version = "exporter", "1.2"
+
+    converted = run_stage(tmp_path, model).model
+
+    assert {prop.key: prop.value for prop in converted.metadata_props} == {"names": "{0: 'person'}", "stride": "32"}
+    assert (converted.doc_string, converted.graph.doc_string, converted.model_version, converted.domain) == (
+        "a model", "its graph", 7, "ai.x")
+    assert (converted.producer_name, converted.producer_version) == ("exporter", "1.2")
