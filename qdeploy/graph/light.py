@@ -20,8 +20,8 @@ from qdeploy.graph.utils import delete_where, model_bytes, subgraphs, tensor_nby
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["MODEL_INFO_FIELDS", "STRIP_MIN_BYTES", "Light", "keep_model_info", "light_bytes", "light_copy", "put_back",
-           "restore", "restore_into", "tag_of", "take_value_info", "unknown_tags"]
+__all__ = ["MODEL_INFO_FIELDS", "STRIP_MIN_BYTES", "Light", "light_bytes", "light_copy", "put_back", "restore",
+           "restore_into", "tag_of", "take_value_info", "unknown_tags"]
 
 STRIP_MIN_BYTES = 1024
 _KEPT_TYPES = frozenset({6, 7, 9, 8, 12, 13})  # int32, int64, bool, string, uint32, uint64: shapes, indices, axes
@@ -39,9 +39,15 @@ class Light:
     """Initializers copied whole (their bytes are never read back)."""
 
 
+MODEL_INFO_FIELDS = ("producer_name", "producer_version", "domain", "model_version", "doc_string")
+"""A model's own fields besides its graph and opsets: who made it, and what its users read from it."""
+
+
 def light_copy(model: onnx.ModelProto, *, value_info: bool = True, min_bytes: int | None = None) -> Light:
     """A copy of ``model`` without the bytes of its top-level initializers from ``min_bytes`` (``STRIP_MIN_BYTES``
-    by default; never read, so never copied).
+    by default; never read, so never copied).  The model's own fields come with it (``MODEL_INFO_FIELDS``,
+    metadata_props, the graph's doc_string): a model built from the copy is an artifact that deployments read them
+    from (the fp16 stage's had lost atspm-detector's 8 metadata entries).
 
     ``value_info`` false leaves the top-level value_info out too (shape inference makes it anew).
     """
@@ -52,10 +58,14 @@ def light_copy(model: onnx.ModelProto, *, value_info: bool = True, min_bytes: in
     graph = model.graph
     copy = onnx.ModelProto()
     copy.ir_version = model.ir_version
+    for field_name in MODEL_INFO_FIELDS:
+        setattr(copy, field_name, getattr(model, field_name))
+    copy.metadata_props.extend(model.metadata_props)
     copy.opset_import.extend(model.opset_import)
     copy.functions.extend(model.functions)
     target = copy.graph
     target.name = graph.name
+    target.doc_string = graph.doc_string
     for field_name in ("node", "input", "output", "sparse_initializer", *(("value_info",) if value_info else ())):
         getattr(target, field_name).extend(getattr(graph, field_name))
     light = Light(copy)
@@ -172,21 +182,6 @@ def restore_into(model: onnx.ModelProto, optimized: onnx.ModelProto, light: Ligh
         target = getattr(graph, field_name)
         del target[:]
         target.extend(getattr(optimized.graph, field_name))
-
-
-MODEL_INFO_FIELDS = ("producer_name", "producer_version", "domain", "model_version", "doc_string")
-"""A model's own fields besides its graph and opsets: who made it, and what its users read from it."""
-
-
-def keep_model_info(source: onnx.ModelProto, target: onnx.ModelProto) -> None:
-    """``source``'s model fields, metadata_props and graph doc_string onto ``target``, a model built from a light
-    copy: deployments read them (Ultralytics' class names and stride, a converter's labels), and the fp16 stage's
-    artifacts had lost them (atspm-detector's LightGBM model: 8 metadata entries, none left)."""
-    for field_name in MODEL_INFO_FIELDS:
-        setattr(target, field_name, getattr(source, field_name))
-    del target.metadata_props[:]
-    target.metadata_props.extend(source.metadata_props)
-    target.graph.doc_string = source.graph.doc_string
 
 
 def take_value_info(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> None:

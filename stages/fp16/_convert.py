@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from qdeploy.core.errors import StageError
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import STREAM_ABOVE_BYTES, save_onnx
-from qdeploy.graph.light import keep_model_info, light_copy, put_back, tag_of
+from qdeploy.graph.light import light_copy, put_back, tag_of
 from qdeploy.graph.utils import float32_chunks, fresh_name, model_bytes
 from qdeploy.stages.fp16._graph import FLOAT, FLOAT16, walk_graphs, walk_nodes
 from qdeploy.targets.ort_probe import load_error
@@ -99,7 +99,6 @@ def convert(model: onnx.ModelProto, *, min_positive_val: float, max_finite_val: 
         except Exception as exc:
             raise StageError(STAGE, variant, f"onnxconverter-common failed: {exc}") from exc
     _fill_tags(converted, light.originals, float16_clamper(min_positive_val, max_finite_val))
-    keep_model_info(model, converted)
     return converted
 
 
