@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qdeploy.graph.names import NodeNames
-from qdeploy.graph.utils import default_opset, fresh_name, tensor_types
+from qdeploy.graph.utils import default_opset, fresh_name
 
 if TYPE_CHECKING:
     import onnx
@@ -36,6 +36,8 @@ _EXTERNAL = 1  # TensorProto.EXTERNAL
 def write_out_peephole_lstms(model: onnx.ModelProto) -> list[str]:
     """Replace, in the main graph, each LSTM with non-zero peepholes that can be written exactly by Scans; the names
     of the LSTMs so rewritten."""
+    from onnx import helper
+
     graph = model.graph
     if not any(node.op_type == "LSTM" and len(node.input) > 7 and node.input[7] for node in graph.node):
         return []
@@ -49,7 +51,7 @@ def write_out_peephole_lstms(model: onnx.ModelProto) -> list[str]:
         if arrays is None:
             nodes.append(node)
             continue
-        writer = _Writer(graph, names, taken, node, tensor_types(graph).get(node.input[1], 1), opset)
+        writer = _Writer(graph, names, taken, node, helper.np_dtype_to_tensor_dtype(arrays[0].dtype), opset)
         nodes.extend(writer.lstm(*arrays))
         rewritten.append(node.name or node.output[0])
     if rewritten:
