@@ -15,7 +15,6 @@ import fcntl
 import logging
 import os
 import socket
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict, TypeVar
 
 from qdeploy.core.errors import QdeployError, QdeployInputError, StageError
+from qdeploy.core.files import shared_temp_dir
 from qdeploy.core.rows import BenchmarkRow, ThroughputRow, ValidationRow
 from qdeploy.core.runtimes import phase_order
 
@@ -74,7 +74,7 @@ class WorkReply:
 
 def default_lock_path() -> Path:
     """This machine's benchmark lock: one per user, shared by every sweep of that user."""
-    return Path(tempfile.gettempdir()) / f"qdeploy-{os.getuid()}.work.lock"
+    return shared_temp_dir() / f"qdeploy-{os.getuid()}.work.lock"
 
 
 @contextmanager

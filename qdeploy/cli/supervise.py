@@ -9,6 +9,10 @@ progress display's last line, ``qdeploy.pipeline.run.progress``), where in qdepl
 child's Python stacks, written by ``faulthandler``), and what to do; the exit status is 1, as for a failed stage.
 The child inherits the terminal, so its progress display and summary are the user's.  ``QDEPLOY_NO_SUPERVISOR=1``
 runs in one process (for a debugger).
+
+The child's temporary folder (``TMPDIR``) is a folder of the journal's, removed when the child ends however it
+ends: a run killed by the out-of-memory killer, a crash or a cancelled CI job (SIGTERM ends the child before its
+``finally`` blocks run) left its work folders, preprocessed models and external data behind in /tmp.
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from qdeploy.core.files import SHARED_TMPDIR_ENV
 from qdeploy.pipeline.run.progress import JOURNAL_ENV, WHERE_FILE, journal_folder
 
-__all__ = ["STACKS_FILE", "crash_message", "enable_crash_stacks", "supervised"]
+__all__ = ["SCRATCH_FOLDER", "STACKS_FILE", "crash_message", "enable_crash_stacks", "supervised"]
 
 SUPERVISED_COMMANDS = frozenset({"run"})
 STACKS_FILE = "stacks.txt"
+SCRATCH_FOLDER = "tmp"
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP)
 _STOPPED_FROM_OUTSIDE = (*_FORWARDED, signal.SIGINT)
 _PR_SET_PDEATHSIG = 1
@@ -48,9 +54,13 @@ def supervised(argv: list[str]) -> int | None:
         journal = Path(tempfile.mkdtemp(prefix="qdeploy-run-"))
     except OSError:  # no writable temporary folder: run here, unsupervised, rather than not at all
         return None
-    child = subprocess.Popen([sys.executable, "-m", "qdeploy.cli", *argv],
-                             env={**os.environ, JOURNAL_ENV: str(journal)}, preexec_fn=_die_with_parent)
+    scratch = journal / SCRATCH_FOLDER
+    scratch.mkdir()
+    child = subprocess.Popen([sys.executable, "-m", "qdeploy.cli", *argv], preexec_fn=_die_with_parent,
+                             env={**os.environ, JOURNAL_ENV: str(journal), "TMPDIR": str(scratch),
+                                  SHARED_TMPDIR_ENV: tempfile.gettempdir()})
     status = _wait(child)
+    shutil.rmtree(scratch, ignore_errors=True)
     if status >= 0 or -status in _STOPPED_FROM_OUTSIDE:
         shutil.rmtree(journal, ignore_errors=True)
         return status if status >= 0 else 128 - status

@@ -24,12 +24,19 @@ from qdeploy.core.values import utf8_safe
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["TMP_PREFIX", "FileDigest", "all_tensors", "bytes_on_disk", "disk_full_is_clear", "external_data_files",
-           "file_record", "fsync_dir", "process_alive", "sha256_file", "sweep_stale_files",
-           "write_json_atomic", "write_json_synced", "write_text_atomic"]
+__all__ = ["SHARED_TMPDIR_ENV", "TMP_PREFIX", "FileDigest", "all_tensors", "bytes_on_disk", "disk_full_is_clear",
+           "external_data_files", "file_record", "fsync_dir", "process_alive", "sha256_file", "shared_temp_dir",
+           "sweep_stale_files", "write_json_atomic", "write_json_synced", "write_text_atomic"]
 
 TMP_PREFIX = ".tmp-"
+# the machine's temporary folder where ``qdeploy run``'s supervisor gave its run a private TMPDIR (qdeploy.cli)
+SHARED_TMPDIR_ENV = "QDEPLOY_SHARED_TMPDIR"
 _CHUNK = 1 << 20
+
+
+def shared_temp_dir() -> Path:
+    """The temporary folder other processes of this user see: where locks shared between runs belong."""
+    return Path(os.environ.get(SHARED_TMPDIR_ENV) or tempfile.gettempdir())
 
 
 def _default_file_mode() -> int:

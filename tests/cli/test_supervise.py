@@ -66,6 +66,8 @@ def test_a_segmentation_fault_is_reported_with_what_the_run_had_in_hand(tmp_path
     assert "in ctypes/__init__.py:" in stderr and "called from core/userfiles.py:" in stderr
     assert "not an error in the recipe" in stderr and "Traceback" not in stderr
     assert "Fatal Python error: Segmentation fault" in stacks.read_text()
+    assert _left_in_tmp(tmp_path) == [stacks.parent.name]  # the journal only: the run's work folder went with it
+    assert sorted(path.name for path in stacks.parent.iterdir()) == [STACKS_FILE, WHERE_FILE]
 
 
 def test_sigkill_names_the_out_of_memory_killer(tmp_path: Path) -> None:
@@ -75,6 +77,7 @@ def test_sigkill_names_the_out_of_memory_killer(tmp_path: Path) -> None:
     assert run.returncode == 1, stderr[-3000:]
     assert "ended by signal 9 (SIGKILL)" in stderr and "out-of-memory killer" in stderr
     assert 'during "simplify' in stderr
+    assert all(name.startswith("qdeploy-run-") for name in _left_in_tmp(tmp_path))  # no work folder, no model copy
 
 
 def test_sigterm_to_the_command_stops_the_run(tmp_path: Path) -> None:
@@ -94,6 +97,12 @@ def test_sigterm_to_the_command_stops_the_run(tmp_path: Path) -> None:
     assert "Traceback" not in stderr and "ended by signal" not in stderr  # stopped, not crashed
     time.sleep(0.5)
     assert _run_processes(tmp_path) == []  # the run did not go on as an orphan
+    assert _left_in_tmp(tmp_path) == []  # nor left its work folders behind (SIGTERM skips the run's finally blocks)
+
+
+def _left_in_tmp(folder: Path) -> list[str]:
+    """What qdeploy left in the temporary folder the test gave it (``_qdeploy_run``'s TMPDIR)."""
+    return sorted(path.name for path in folder.iterdir() if path.name.startswith("qdeploy-"))
 
 
 def _run_processes(folder: Path) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +15,14 @@ from typer.testing import CliRunner
 
 from qdeploy.cli import app
 from qdeploy.core.errors import RecipeError
+from qdeploy.core.files import SHARED_TMPDIR_ENV
 from qdeploy.pipeline.recipe.loader import load_recipe_file
 from qdeploy.pipeline.run.runner import RunOptions, build_phase, plan_run, validate_phase
 from qdeploy.pipeline.sweep import describe_sweep, is_sweep_file, load_sweep
 from qdeploy.pipeline.sweep.executors import Job, Scheduler
 from qdeploy.pipeline.sweep.executors_ray import benchmark_node, group_targets
 from qdeploy.pipeline.sweep.report import build_sweep_report, write_sweep_reports
-from qdeploy.pipeline.sweep.work import WorkItem, WorkReply, execute, machine_lock, merge_rows
+from qdeploy.pipeline.sweep.work import WorkItem, WorkReply, default_lock_path, execute, machine_lock, merge_rows
 from tests.helpers.models import tiny_cnn, write_recipe
 
 MATRIX = """
@@ -147,6 +149,15 @@ def test_machine_lock_keeps_a_benchmark_alone(tmp_path: Path) -> None:
     with machine_lock(lock, exclusive=True):
         assert not can(fcntl.LOCK_SH)
     assert can(fcntl.LOCK_EX)
+
+
+def test_the_machine_lock_stays_shared_under_a_private_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A supervised `qdeploy run` has a TMPDIR of its own; the lock all sweeps of the user share must not follow it."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "private"))
+    monkeypatch.setenv(SHARED_TMPDIR_ENV, str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+
+    assert default_lock_path().parent == tmp_path
 
 
 def test_targets_go_to_nodes_that_have_them() -> None:
