@@ -13,6 +13,9 @@ otherwise be blamed on the artifact:
   variance overflows;
 - GlobalMaxPool reduces axes ``(n - 2, n - 1)`` of an input of rank n, right
   only for rank 4: a 1-D or 3-D pool reduces the wrong axes silently;
+- MaxPool with ``auto_pad: SAME_LOWER`` gives the wrong output shape (5x6 for an 11x13 input at stride 2, where
+  the schema and ONNX Runtime give 6x7), and its Python loop over every output element took most of the fp16
+  stage's 8 minutes on PP-OCRv6's tiny detector: ``direct_max_pool`` takes strided slices instead;
 - DequantizeLinear before opset 19 has no kernel (QDQ models at opsets 13-18);
 - LogSoftmax is the log of Softmax's output: in float16 a probability below 6e-8 rounds to 0 and its log is -Inf,
   where every float16 kernel that deploys (ONNX Runtime's CUDA kernel, cuDNN, TensorRT) computes ``x - max -
@@ -55,7 +58,7 @@ if TYPE_CHECKING:
     import onnx
 
 __all__ = ["FLOAT16_BY_BLAS", "NORMALIZERS", "EvaluatorCannotRun", "build_evaluator", "corrected_kernels",
-           "run_evaluator"]
+           "direct_max_pool", "run_evaluator"]
 
 _UNKNOWN_OP = re.compile(r"Node type '([^']+)' from domain '([^']*)' is unknown")
 
@@ -133,6 +136,8 @@ def corrected_kernels(model: onnx.ModelProto) -> list[type]:
         kernels.append(_batch_normalization_kernel())
     if "GlobalMaxPool" in ops:
         kernels.append(_global_max_pool_kernel())
+    if "MaxPool" in ops:
+        kernels.append(_max_pool_kernel())
     if "DequantizeLinear" in ops and opset < 19:
         kernels.append(_dequantize_linear_kernel())
     kernels += [_normalizer_kernel(op, coerced=opset < 13) for op in sorted(NORMALIZERS & ops)
@@ -277,6 +282,42 @@ def _global_max_pool_kernel() -> type:
         return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
 
     return type("GlobalMaxPool", (OpRun,), {"op_domain": "", "_run": run})
+
+
+def _max_pool_kernel() -> type:
+    """MaxPool as one ``np.maximum`` per kernel offset over strided slices of the padded input (``direct_max_pool``):
+    onnx's kernel loops over every output element in Python: PP-OCRv6's tiny detector (one 2x2 MaxPool at 480x640)
+    spent most of its fp16 stage's 8 minutes there.  A maximum is exact in any precision: the same values.  The
+    Indices output, ceil_mode and integer inputs stay with onnx's kernel."""
+    from onnx.reference.ops.op_max_pool import MaxPool
+
+    def run(self: Any, x: np.ndarray, **attributes: Any) -> tuple[np.ndarray, ...]:
+        if attributes.get("ceil_mode") or len([out for out in self.onnx_node.output if out]) > 1 \
+                or x.dtype.kind != "f":
+            return MaxPool._run(self, x, **attributes)
+        return (direct_max_pool(x, **{key: value for key, value in attributes.items()
+                                     if key not in ("ceil_mode", "storage_order")}),)
+
+    return type("MaxPool", (MaxPool,), {"op_domain": "", "_run": run, "__module__": __name__})
+
+
+def direct_max_pool(x: np.ndarray, *, kernel_shape: list[int], auto_pad: str | None = None,
+                    dilations: list[int] | None = None, pads: list[int] | None = None,
+                    strides: list[int] | None = None) -> np.ndarray:
+    """ONNX MaxPool (floor mode): the maximum over each window, padding never chosen."""
+    kernel = tuple(kernel_shape)
+    rank = len(kernel)
+    dilation, stride = list(dilations or [1] * rank), list(strides or [1] * rank)
+    before, after = _conv_pads(x.shape[2:], kernel, dilation, stride, auto_pad, pads)
+    padded = np.pad(x, [(0, 0), (0, 0), *zip(before, after, strict=True)], constant_values=-np.inf)
+    out = [(size - d * (k - 1) - 1) // s + 1 for size, k, d, s in zip(padded.shape[2:], kernel, dilation, stride,
+                                                                        strict=True)]
+    result = np.full(x.shape[:2] + tuple(out), -np.inf, x.dtype)
+    for offset in np.ndindex(*kernel):
+        window = tuple(slice(o * d, o * d + s * (n - 1) + 1, s) for o, d, s, n in zip(offset, dilation, stride, out,
+                                                                                       strict=True))
+        np.maximum(result, padded[(slice(None), slice(None), *window)], out=result)
+    return result
 
 
 NORMALIZERS = frozenset({"Softmax", "LogSoftmax", "Hardmax"})
