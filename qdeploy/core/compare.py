@@ -45,7 +45,8 @@ and the outputs it reads get no elementwise metrics.
 
 Failures regardless of tolerance: a missing output, a shape or dtype-kind
 (float / integer / bool) mismatch, NaN/Inf in the candidate or the reference,
-differing sample counts.  Integer and bool outputs must match exactly; the
+differing sample counts.  Integer and bool outputs must match exactly (an integer
+output the tolerance's ``integer_values`` names is compared as a float one); the
 tolerance applies to float outputs: ``cosine_min``, ``snr_db_min``, ``atol``
 alone (a limit on max_abs_err), ``rtol`` (with atol, default 0: every element
 within ``atol + rtol*|ref|``), ``top1_agreement_min`` (on outputs that have a
@@ -327,10 +328,10 @@ def _compare_output(name: str, refs: Sequence[Any], cands: Sequence[Any],
         metrics = OutputMetrics(name=name, within_tol=equal / size if size else 1.0)
         return metrics, [f"output '{name}': {size - equal} of {size} strings differ; they must match exactly"
                          ] if equal < size else []
-    exact = _kind(first) != "float"
+    exact = _kind(first) != "float" and not (_kind(first) == "integer" and name in (tolerance.integer_values or ()))
     metrics = OutputMetrics(name=name)
     ref_nonfinite, size = _elementwise(metrics, refs, cands, tolerance, exact=exact)
-    if not exact:
+    if _kind(first) == "float":
         if is_token_scores(name, first.shape, first.dtype):
             _token_scores(metrics, refs, cands)
         else:

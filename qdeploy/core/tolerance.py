@@ -31,6 +31,12 @@ class Tolerance(StrictModel):
         default=None, ge=0.0, le=1.0,
         description="Largest share of an integer or bool output's elements that may differ from the reference (class "
                     "labels, indices a selection such as NonMaxSuppression keeps); absent: they must match exactly.")
+    integer_values: list[str] | None = Field(
+        default=None,
+        description="Integer outputs compared as values (cosine_min, snr_db_min, atol and rtol, as a float output "
+                    "is) instead of element by element: an image, audio or counts the graph casts from float "
+                    "values. Absent: the outputs whose graph ends in a Cast or QuantizeLinear of float values "
+                    "(through reshapes, slices, clips and arithmetic); [] holds every integer output to equality.")
     kl_max: float | None = Field(
         default=None, ge=0.0, allow_inf_nan=False,
         description="Largest mean KL divergence KL(softmax(reference) || softmax(candidate)) per token, in nats, on "

@@ -25,14 +25,16 @@ import numpy as np
 
 from qdeploy.core.compare import OutputComparison, compare_outputs
 from qdeploy.core.detections import MATCH_MIN
+from qdeploy.core.tolerance import Tolerance
 from qdeploy.graph.external_data import needs_external_data
+from qdeploy.graph.measured_integers import measured_integers, with_integer_values
 from qdeploy.stages.accuracy_budget.findings import ComparisonSummary
 from qdeploy.stages.task_metric import MetricComparison, TaskJudge, metric_summary
 
 if TYPE_CHECKING:
     import onnx
 
-    from qdeploy.core.tolerance import TaskTolerance, Tolerance
+    from qdeploy.core.tolerance import TaskTolerance
 
 __all__ = ["CannotRun", "Compare", "Evaluator", "Measured", "error_ratio", "ort_session", "summary", "tightened",
            "tightened_match", "worst_of"]
@@ -168,6 +170,8 @@ class Evaluator:
         self.compare = compare or worst_of
         self.judge = judge
         """Decides with the user's task metric instead of output similarity (``tolerance`` is then its own)."""
+        if isinstance(tolerance, Tolerance) and float_model is not None:  # a cast image is compared as values
+            tolerance = with_integer_values(tolerance, measured_integers(float_model))
         self.tolerance = tolerance
         self.work_dir = work_dir
         self.runner, self.label = runner, label

@@ -32,6 +32,7 @@ from qdeploy.core.context import Artifact, StageContext, StageResult
 from qdeploy.core.errors import StageError
 from qdeploy.core.memory import release_memory
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, TaskTolerance, Tolerance
+from qdeploy.graph.measured_integers import measured_integer_outputs, with_integer_values
 from qdeploy.graph.names import name_nodes_uniquely
 from qdeploy.stages.fp16._activations import overflowing_nodes, run_float32
 from qdeploy.stages.fp16._budget import choose_float32_nodes, node_groups
@@ -253,12 +254,15 @@ class _Fp16Conversion:
         self.loaded: onnx.ModelProto | None = None
         """The converted model ONNX Runtime last loaded (``make_loadable``)."""
         self.load_repair: LoadRepairRecord | None = None
+        self.measured = measured_integer_outputs(model)
+        """Integer outputs the graph casts from float values, compared as values (``graph.measured_integers``)."""
 
     @property
     def tolerance(self) -> Tolerance:
         """The output limits; a task metric's budget checks outputs by the fp16 defaults beside it."""
         tolerance = self.config.tolerance
-        return tolerance if isinstance(tolerance, Tolerance) else DEFAULT_TOLERANCES["fp16"]
+        return with_integer_values(tolerance if isinstance(tolerance, Tolerance) else DEFAULT_TOLERANCES["fp16"],
+                                   self.measured)
 
     @property
     def target(self) -> Tolerance:

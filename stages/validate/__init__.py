@@ -28,6 +28,7 @@ from qdeploy.core.lm_metrics import metric_direction
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.core.rows import ValidationMetrics, ValidationRow, ValidationStatus
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
+from qdeploy.graph.measured_integers import measured_integers
 from qdeploy.stages.validate._arbiter import Float64Reference, arbitrate
 from qdeploy.stages.validate._batches import BatchedFeeds, reference_batches, run_feeds, wanted_batch_sizes
 from qdeploy.stages.validate._common import Feeds, Outcome, Outputs, feed_caster, worst_samples
@@ -43,7 +44,13 @@ from qdeploy.stages.validate._precision import (
 )
 from qdeploy.stages.validate._reference import ReferenceMissing, reference_source, unvarying_outputs
 from qdeploy.stages.validate._task import check_metric, evaluate, load_metric, read_labels
-from qdeploy.stages.validate._tolerance import looseness, tolerance_precision
+from qdeploy.stages.validate._tolerance import (
+    BF16_BASIS,
+    DECLARED_BASIS,
+    measured_integer_limits,
+    row_basis,
+    tolerance_precision,
+)
 from qdeploy.stages.validate._unreadable import condense_unreadable, unreadable_targets
 from qdeploy.stages.validate.config import RANDOM_DATA_WARNING, REFERENCE_MODEL_ROW, REFERENCE_TARGET, ValidateConfig
 from qdeploy.targets import TRUE_FP16_TARGET, TargetFellBack, get_target, true_fp16_check
@@ -55,6 +62,7 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "BF16_BASIS",
     "DECLARED_BASIS",
     "REFERENCE_TARGET",
     "NodeErrorRecord",
@@ -68,10 +76,12 @@ __all__ = [
     "feed_caster",
     "layer_errors",
     "load_metric",
+    "measured_integer_limits",
     "noise_floor_summary",
     "output_tolerances",
     "read_labels",
     "reference_source",
+    "row_basis",
     "run",
     "tolerance_for",
     "tolerance_precision",
@@ -241,10 +251,6 @@ def _validate_all(artifacts: dict[str, Artifact], targets: list[str], config: Va
     return condense_unreadable([outcome.row for outcome in outcomes])
 
 
-BF16_BASIS = ("held to the bf16 default tolerance, not the fp16 one: {target} ran this float16 graph in bfloat16, "
-              "its default on this CPU (INFERENCE_PRECISION_HINT f32 where you deploy it gives float32's arithmetic; "
-              "the reference:cpu row checks true float16)")
-DECLARED_BASIS = "held to the tolerance its own accuracy budget was built to (the variant's steps in the recipe)"
 
 
 def _true_fp16_checks(shared: _Run, artifacts: dict[str, Artifact], targets: list[str], ctx: StageContext,
@@ -358,19 +364,13 @@ def _compare_pair(shared: _Run, name: str, path: Path, precision: str, target: s
         log.debug("validation of %s on %s failed", name, target, exc_info=True)
         return Outcome(_result(name, target, "error", f"{type(exc).__name__}: {exc}", shared.warnings))
     declared = shared.declared.get(name)
-    if declared is not None:
-        basis, held = precision, DECLARED_BASIS
-    else:
-        basis, held = tolerance_precision(precision, path) if shared.config.tolerance is None else (precision, "")
-    if basis == "fp16" and not held and shared.config.tolerance is None and executed.get("precision") == "bf16":
-        basis, held = "bf16", BF16_BASIS.format(target=target)
-    if device_default and declared is None and shared.config.tolerance is None:
-        default_basis, default_held = device_default_basis(target, executed)
-        if looseness(default_basis) >= looseness(basis):  # a model already quantized keeps the looser int8 limits
-            basis, held = default_basis, default_held
+    basis, held = row_basis(precision, path, target, executed, declared=declared is not None,
+                            recipe_tolerance=shared.config.tolerance is not None, device_default=device_default)
     tolerance = tolerance_for(shared.config, basis, declared)
     notes = [*shared.warnings, *_execution_warnings(executed, precision), *([held] if held else [])]
-    per_output = output_tolerances(shared.config, basis, declared)
+    tolerance, per_output, integer_notes = measured_integer_limits(
+        tolerance, output_tolerances(shared.config, basis, declared), measured_integers(path))
+    notes += integer_notes
     detections = shared.config.detection_spec()
     comparison = compare_outputs(shared.reference_outputs, outputs, tolerance, per_output, detections)
     row = _result(name, target, "passed" if comparison.passed else "failed", "; ".join(comparison.reasons),

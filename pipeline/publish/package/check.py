@@ -194,9 +194,10 @@ def numeric(value: Any) -> np.ndarray:
     return np.array([[item[key] for key in keys] for item in items], np.float64).reshape(*array.shape, len(keys))
 
 
-def output_metrics(reference: list[np.ndarray], candidate: list[np.ndarray],
-                   limits: dict[str, float]) -> tuple[CheckedOutput, list[str]]:
-    """Metrics of one output over all samples (float64, flattened, as qdeploy's validation) and broken limits."""
+def output_metrics(reference: list[np.ndarray], candidate: list[np.ndarray], limits: dict[str, Any],
+                   name: str = "") -> tuple[CheckedOutput, list[str]]:
+    """Metrics of one output over all samples (float64, flattened, as qdeploy's validation) and broken limits; an
+    integer output its limits' ``integer_values`` name is held to them as a float output is."""
     if any(r.shape != c.shape for r, c in zip(reference, candidate, strict=True)):
         return {}, [f"shape {[list(c.shape) for c in candidate]} where the reference has "
                     f"{[list(r.shape) for r in reference]}"]
@@ -209,7 +210,7 @@ def output_metrics(reference: list[np.ndarray], candidate: list[np.ndarray],
     found: CheckedOutput = {"max_abs_err": float(err.max()) if err.size else 0.0,
                             "cosine": _cosine(ref, got), "snr_db": _snr_db(ref, err), "nonfinite": nonfinite}
     problems = [f"{nonfinite} NaN/Inf values"] if nonfinite else []
-    if reference[0].dtype.kind != "f":
+    if reference[0].dtype.kind != "f" and name not in (limits.get("integer_values") or ()):
         differing = int(np.count_nonzero(err))
         if "mismatch_max" not in limits and differing:
             problems.append(f"{differing} integer/bool elements differ; they must match exactly")
@@ -301,7 +302,7 @@ def check_outputs(folder: Path, run: Runner, manifest: PackageManifest, say: Cal
         if is_detection_spec(limits):
             problems += detection_problems(folder, limits, references, results, say)
             continue
-        found, broken = output_metrics([r[name] for r in references], [r[name] for r in results], limits)
+        found, broken = output_metrics([r[name] for r in references], [r[name] for r in results], limits, name)
         if found:
             say(f"  output {name}: cosine {found['cosine']:.6f}, SNR {found['snr_db']:.1f} dB, max abs err "
                 f"{found['max_abs_err']:.3g} over {len(feeds)} samples")

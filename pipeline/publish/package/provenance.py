@@ -24,13 +24,14 @@ from qdeploy.core.rows import ValidationRow
 from qdeploy.core.runtimes import artifact_of, is_device_default
 from qdeploy.core.stage_config import StageConfig, variant_tolerance
 from qdeploy.core.tolerance import Tolerance
+from qdeploy.graph.measured_integers import measured_integers
 from qdeploy.pipeline.recipe import registry
 from qdeploy.stages.validate import (
     ValidateConfig,
-    device_default_basis,
+    measured_integer_limits,
     output_tolerances,
+    row_basis,
     tolerance_for,
-    tolerance_precision,
 )
 
 __all__ = ["FROM_RECIPE", "FROM_REPORT", "declared_in_snapshot", "recipe_tolerances", "recorded_tolerances"]
@@ -62,8 +63,9 @@ def recipe_tolerances(snapshot: dict[str, Any], validation: ValidationRow,
     config = ValidateConfig.model_validate(snapshot.get("validate") or {})
     declared = declared_in_snapshot(steps, where)
     basis = _basis(config, declared, precision, model_path, validation)
-    base = tolerance_for(config, basis, declared)
-    per_output = output_tolerances(config, basis, declared)
+    base, per_output, _ = measured_integer_limits(tolerance_for(config, basis, declared),
+                                                  output_tolerances(config, basis, declared),
+                                                  measured_integers(model_path))
     matched = config.detection_spec()
     expected = {name: matched if matched and name == output_of(matched["boxes"]) else  # validation's entry for it
                 per_output.get(name, base).model_dump(exclude_none=True) for name in recorded_tolerances(validation)}
@@ -98,13 +100,8 @@ def _configs(steps: list[Any], where: str) -> list[StageConfig]:
 
 def _basis(config: Any, declared: Tolerance | None, precision: str, model_path: Path,
            validation: ValidationRow) -> str:
-    """Whose default limits apply, by validation's rule (``stages.validate._compare_pair``): the integer ops
-    are read from the artifact itself; only bf16 execution is taken from the row (see its limits in the docs)."""
-    if declared is not None or config.tolerance is not None:
-        return precision
-    if is_device_default(validation.variant):
-        return device_default_basis(validation.target, validation.execution)[0]
-    basis, _ = tolerance_precision(precision, model_path)
-    if basis == "fp16" and (validation.execution or {}).get("precision") == "bf16":
-        return "bf16"
-    return basis
+    """Whose default limits apply, by validation's own rule (``stages.validate.row_basis``): the integer ops are
+    read from the artifact itself; only what ran (bf16, the device default's precision) is taken from the row."""
+    return row_basis(precision, model_path, validation.target, validation.execution, declared=declared is not None,
+                     recipe_tolerance=config.tolerance is not None,
+                     device_default=is_device_default(validation.variant))[0]

