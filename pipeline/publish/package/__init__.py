@@ -35,7 +35,7 @@ from qdeploy.core.rows import BenchmarkRow, ValidationRow
 from qdeploy.core.runtimes import artifact_of, is_pinned_f32
 from qdeploy.pipeline.publish.package import check as package_check
 from qdeploy.pipeline.publish.package.data import CheckData, save_samples
-from qdeploy.pipeline.publish.package.provenance import FROM_REPORT, recorded_tolerances
+from qdeploy.pipeline.publish.package.provenance import FROM_REPORT, arbitrated_limits, recorded_tolerances
 from qdeploy.pipeline.publish.package.records import (
     PackageCheck,
     PackageLatency,
@@ -268,8 +268,10 @@ def _pinned_record(validation: ValidationRow) -> PackageRuntime:
 
 def _write_check(folder: Path, check: CheckData, source: PackageSource) -> PackageCheck:
     tolerances = recorded_tolerances(source.validation) if source.tolerances is None else source.tolerances
+    tolerances, lowered = arbitrated_limits(tolerances, source.validation)
+    origin = source.tolerances_from or FROM_REPORT
     record: PackageCheck = {"samples": check.samples, "compares_with": check.source, "tolerances": tolerances,
-                            "tolerances_from": source.tolerances_from or FROM_REPORT,
+                            "tolerances_from": f"{origin}; {lowered}" if lowered else origin,
                             "note": _check_note(check.samples, source.validation.samples)}
     if not check.samples:
         return {**record, "samples": 0, "left_out": check.left_out or "no check data"}

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qdeploy.core.errors import QdeployInputError
 from qdeploy.core.rows import ValidationRow
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES
-from qdeploy.pipeline.publish.package.provenance import declared_in_snapshot, recipe_tolerances
+from qdeploy.pipeline.publish.package.provenance import arbitrated_limits, declared_in_snapshot, recipe_tolerances
 from qdeploy.pipeline.recipe.schema import Recipe
 
 VARIANTS = {
@@ -72,3 +72,21 @@ def _dynamically_quantized() -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [weights])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_row_passed_by_arbitration_is_packaged_as_close_as_it_was_validated() -> None:
+    """PP-OCRv6's tiny detector: OpenVINO's float32 at 57.7 dB from ort:cpu, passed because float64 showed ort:cpu
+    is what is off; its OpenVINO IR (58.3 dB) was refused by a check holding it to fp32's 60 dB."""
+    fp32 = {"cosine_min": 0.9999, "snr_db_min": 60.0}
+    measured = {"name": "maps", "cosine": 0.99999915, "snr_db": 57.66, "max_abs_err": 1e-6}
+    row = ValidationRow(variant="fp32", target="openvino:cpu", status="passed", precision="fp32", tolerance=fp32,
+                        outputs=[{**measured, "tolerance": fp32}, {"name": "other", "snr_db": 80.0, "cosine": 1.0}],
+                        arbitrated={"verdict": "reference"})
+
+    limits, said = arbitrated_limits({"maps": fp32, "other": fp32}, row)
+
+    assert limits["maps"] == {"cosine_min": 0.9999, "snr_db_min": pytest.approx(56.66)}
+    assert limits["other"] == fp32 and "maps" in said and "other" not in said
+    for verdict in ("target", "both", None):  # the target was off too: nothing is lowered
+        row = row.model_copy(update={"arbitrated": {"verdict": verdict} if verdict else None})
+        assert arbitrated_limits({"maps": fp32}, row) == ({"maps": fp32}, "")
