@@ -14,6 +14,7 @@ from qdeploy.core.context import StageResult
 from qdeploy.core.errors import StageError
 from qdeploy.graph.external_data import PROTOBUF_SAFE_BYTES
 from qdeploy.graph.names import name_nodes_uniquely
+from qdeploy.graph.order import sort_topologically
 from qdeploy.stages.quantize._common import (
     SevenBit,
     check_runs,
@@ -164,6 +165,7 @@ def _checked(model: onnx.ModelProto, seven_bit: SevenBit, findings: Callable[...
     """The quantized model marked with its 7-bit operand, saved, loaded in ONNX Runtime, its int8 kernels counted
     per target; what any ptq or dynamic build (qdeploy's or NNCF's) ends with.  ``findings`` takes the counts."""
     name_nodes_uniquely(model)  # the quantizer derives node names from the model's: no two alike, none empty
+    sort_topologically(model.graph)  # ORT's quantizer ignores subgraphs' reads (mk8dx: OpenVINO could not read it)
     _mark_seven_bit(model, seven_bit)
     output = save_stage_model(model, ctx.work_dir / "quantized.onnx")
     check_runs(output, config, ctx)
