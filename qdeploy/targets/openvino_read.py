@@ -9,8 +9,9 @@ them in what it reports as having run).
 
 Lifted today: a Loop/Scan body that returns a loop-carried input unchanged
 (``qdeploy.graph.loop_carried``; OpenVINO 2026.4 refuses it in ``loop.cpp``), an If whose condition has
-rank above 1 (``qdeploy.graph.if_condition``; refused in ``if.cpp``), and an LSTM with peepholes, which it reads
-and computes without them (``qdeploy.graph.lstm_peepholes``).
+rank above 1 (``qdeploy.graph.if_condition``; refused in ``if.cpp``), an LSTM with peepholes, which it reads
+and computes without them (``qdeploy.graph.lstm_peepholes``), and a constant added to a product by a huge mask
+constant, whose sum its CPU plugin regroups and loses the constant in (``qdeploy.graph.offset_barrier``).
 
 The copy holds the graph only.  Without external data it is handed to OpenVINO
 in memory; with weights in a data file, or in the model file itself past 64 MB
@@ -32,6 +33,7 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.if_condition import squeeze_if_conditions
 from qdeploy.graph.loop_carried import isolate_pass_through
 from qdeploy.graph.lstm_peepholes import write_out_peephole_lstms
+from qdeploy.graph.offset_barrier import shield_mask_products
 
 if TYPE_CHECKING:
     import onnx
@@ -69,6 +71,8 @@ _REWRITES = (
                             "condition of rank above 1"),
     (write_out_peephole_lstms, "{count} LSTM node(s) with peepholes written out as Scans (its ONNX frontend drops "
                                "the peepholes and computes them wrongly"),
+    (shield_mask_products, "Max(x, -inf), an identity, after {count} product(s) by a huge mask constant that a "
+                           "constant is added to (its CPU plugin regroups the sum and loses the constant"),
 )
 """Each exact rewrite (in place, returning what it rewrote) and what its note says it did."""
 
