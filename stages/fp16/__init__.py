@@ -68,7 +68,7 @@ from qdeploy.stages.fp16._patterns import (
 )
 from qdeploy.stages.fp16._repair import PrecisionPlan, TypeRepair
 from qdeploy.stages.fp16._rules import Float32Needs, float32_needs
-from qdeploy.stages.fp16._types import INFERENCE_BY_PATH_BYTES, all_types, load_typed
+from qdeploy.stages.fp16._types import INFERENCE_BY_PATH_BYTES, all_types, float16_compute_nodes, load_typed
 from qdeploy.stages.fp16.config import (
     MAX_SAFETY_ROUNDS,
     REPAIR_SAMPLES,
@@ -150,14 +150,32 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
              "repair": _repair_findings(conversion.repair)}
     loaded = conversion.loaded is converted  # this very model loaded in make_loadable: no second load
     del conversion  # the float32 weights are not needed by the checks: large models need the memory back
+    float16_nodes = float16_compute_nodes(converted)
+    if not float16_nodes:
+        log.warning("fp16 (%s): %s", ctx.variant, _nothing_in_float16(found["budget"]))
     cast_nodes = sum(node.op_type == "Cast" for node, _ in walk_nodes(converted.graph))
     converted, source = written_for_check(converted, ctx.work_dir, big=big)
     checker = check(converted, source, ctx.variant, onnxruntime_check=config.onnxruntime_check, loaded=loaded)
     findings = Fp16Findings(keep_io_types=config.keep_io_types, op_block_list=op_block,
                             schema_float32_nodes=needs.nodes, schema_float32_inputs=schema_inputs, **patterns,
-                            **found, cast_nodes=cast_nodes, checker=checker,
+                            **found, cast_nodes=cast_nodes, float16_compute_nodes=float16_nodes, checker=checker,
                             seconds=round(time.perf_counter() - started, 3))
     return StageResult(model=converted, changed=True, findings=findings)
+
+
+def _nothing_in_float16(budget: dict[str, Any] | None) -> str:
+    """Why no node of the artifact computes in float16, and what to do: it is the float32 model under the fp16
+    variant's name (unidic-lite's tagger: the search kept all 125 groups for an ArgMax's near-ties)."""
+    if budget is not None:
+        why = "meeting the tolerance kept every node float32" + (f" ({budget['trigger']})" if budget.get("trigger")
+                                                                 else "")
+    else:
+        why = ("the block lists and the ops that need float32 cover every node, or the model holds no float32 "
+               "computation (float64 trees, integer ops)")
+    return (f"no node computes in float16: {why}; the artifact is the float32 model under the variant's name. An "
+            "output that selects by value (ArgMax, TopK) flips at near-ties: allow a share to differ "
+            "(validate.outputs.<name>.mismatch_max) or judge with a task metric (fp16.tolerance.metric); else drop "
+            "the fp16 variant")
 
 
 def _load_failure(error: str) -> str:

@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING
 from qdeploy.core.errors import ModelError
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.light import light_bytes, light_copy, take_value_info
-from qdeploy.stages.fp16._graph import outer_references, subgraphs, walk_graphs
+from qdeploy.stages.fp16._graph import outer_references, subgraphs, walk_graphs, walk_nodes
 
 if TYPE_CHECKING:
     import onnx
 
 log = logging.getLogger(__name__)
+
+FLOAT16 = 10
 
 INFERENCE_BY_PATH_BYTES = 2**31 - 2**26
 """Models at least this big (with external data) are inferred through a file path: protobuf stops at 2 GB."""
@@ -222,3 +224,12 @@ def _untyped_message(model_path: Path, model: onnx.ModelProto, untyped: list[tup
             "inference nor ONNX Runtime could type it, so float16 conversion cannot tell whether it needs a Cast. "
             "Add a value_info entry with its type to the model (or register the custom op's shape inference), "
             "then run again.")
+
+
+def float16_compute_nodes(model: onnx.ModelProto) -> int:
+    """Nodes (of every graph; not Casts, Constants, Identities, Shapes) that write or read a float16 tensor: none when
+    the conversion kept every node float32, or found nothing in float32 to convert."""
+    types = all_types(model)
+    moves = {"Cast", "Constant", "Identity", "Shape", "Size"}  # they compute nothing in float16
+    return sum(1 for node, _ in walk_nodes(model.graph) if node.op_type not in moves
+               and any(types.get(name) == FLOAT16 for name in (*node.output, *node.input) if name))

@@ -99,5 +99,8 @@ class Fp16Findings(Findings):
     clamp: ClampRecord
     repair: CastRepairRecord
     cast_nodes: int
+    float16_compute_nodes: int = 0
+    """Nodes that read or write float16 (not Casts, Constants, Identities, Shapes): 0 when the artifact is the
+    float32 model (every node kept float32; the stage warns)."""
     checker: str
     seconds: float

@@ -100,6 +100,8 @@ ADDED_SINCE_FIXTURE |= frozenset(f"artifacts[].lineage[].findings.ort_conv_gemm{
 # unseen models, round five: fp16's accumulating scatters kept float32; ptq's nodes left float for +-Inf/NaN
 ADDED_SINCE_FIXTURE |= frozenset(f"artifacts[].lineage[].findings.{key}" for key in (
     "scatter_reduction_float32_nodes", "nonfinite_float", "nonfinite_float.*"))
+# unseen models, round seven: how many nodes of an fp16 artifact compute in float16 (0: the float32 model)
+ADDED_SINCE_FIXTURE |= frozenset({"artifacts[].lineage[].findings.float16_compute_nodes"})
 """Key paths the current report has and the stored fixture (an earlier run) lacks; nothing else may be new."""
 REMOVED_SINCE_FIXTURE = frozenset(f"artifacts[].lineage[].config.{key}" for key in (
     # issue 30: one config model per quantize mode; a ptq step's config dumps ptq's fields only

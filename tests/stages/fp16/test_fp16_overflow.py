@@ -81,6 +81,7 @@ def test_scaled_attention_within_range_stays_float16(tmp_path: Path) -> None:
     result = run_stage(tmp_path, _attention(scale_scores=True), {"calib": samples}, calibration={"data": "calib"})
     assert result.findings.kept_in_fp32 == []
     assert result.findings.fidelity["emulated"]["passed"]
+    assert result.findings.float16_compute_nodes == 8  # every node of the attention; its edge Casts not counted
 
 
 def _decomposed_layer_norm() -> onnx.ModelProto:
@@ -161,7 +162,7 @@ def test_cancellation_found_only_by_float16_emulation_is_kept_in_float32(tmp_pat
     np.testing.assert_allclose(got, run_ort(model, x)[0], rtol=1e-2)
 
 
-def test_old_style_linear_overflow_keeps_the_chain(tmp_path: Path) -> None:
+def test_old_style_linear_overflow_keeps_the_chain(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     nodes = [helper.make_node("Mul", ["x", "k"], ["up"], name="scale_up"),
              helper.make_node("Relu", ["up"], ["m1"], name="relu"),
              helper.make_node("Mul", ["m1", "k_inv"], ["y"], name="scale_down")]
@@ -176,6 +177,8 @@ def test_old_style_linear_overflow_keeps_the_chain(tmp_path: Path) -> None:
     for run in (run_ort, run_reference):
         np.testing.assert_allclose(run(result.model, x)[0], x["x"], rtol=1e-3)
     assert not any(node.op_type == "Cast" for node in result.model.graph.node)  # all float32: no Casts
+    assert result.findings.float16_compute_nodes == 0  # the float32 model under the variant's name: said so
+    assert "no node computes in float16" in caplog.text
 
 
 def _stats(**tensors: tuple[float, float, tuple[int, ...]]) -> dict[str, ActivationPeaks]:
