@@ -173,7 +173,7 @@ def _alive(pid: int) -> bool:
 def _write_contents(source: PackageSource, folder: Path, check: CheckData, ort_optimized: bool) -> None:
     runtime = PACKAGE_RUNTIMES[source.target.split(":", 1)[0]]
     if runtime == "openvino":
-        model = write_openvino(source.model_path, folder, compress_to_fp16=source.validation.precision == "fp16")
+        model = write_openvino(source.model_path, folder, compress_to_fp16=False)
     else:
         model = write_ort(source.model_path, source.external_data, folder, optimized=ort_optimized)
     settings = runtime_settings(source)
@@ -186,8 +186,11 @@ def _write_contents(source: PackageSource, folder: Path, check: CheckData, ort_o
 
 
 def write_openvino(onnx_path: Path, folder: Path, *, compress_to_fp16: bool) -> PackageModel:
-    """IR via save_model.  compress_to_fp16 defaults to True in OpenVINO, which turns an fp32 artifact's weights
-    into fp16 (the demo's logits then differ by 0.02, SNR 51.6 dB < fp32's 60): only fp16 variants get it."""
+    """IR via save_model.  compress_to_fp16 defaults to True in OpenVINO, which turns float32 weights into fp16:
+    an fp32 artifact's (the demo's logits then differ by 0.02, SNR 51.6 dB < fp32's 60), and an fp16 artifact's
+    that its stage kept float32 on purpose (overflow, or every node: unidic-lite's fp16 IR flipped an ArgMax label
+    its validation had not).  Packages pass False: the IR holds the weights the artifact validated with (float16
+    ones stay float16)."""
     import openvino
 
     model, rewritten = read_onnx(openvino.Core(), onnx_path)  # read as validation read it (rewrites its frontend needs)
