@@ -47,13 +47,15 @@ def measured_integer_outputs(model: onnx.ModelProto) -> frozenset[str]:
     """The model's integer outputs that are float values cast to integers (through reshapes, slices, clips and
     arithmetic with constants), by the graph's declared or inferred types."""
     graph = model.graph
-    types = _types(model)
+    types = _Types(model, tensor_types(graph))
+    integers = [value.name for value in graph.output if types.get(value.name) in INTEGER_TYPES]
+    if not integers:
+        return frozenset()
     producers = {output: node for node in graph.node for output in node.output if output}
     constants = {init.name for init in graph.initializer} | {
         node.output[0] for node in graph.node if node.op_type == "Constant" and node.output}
     walk = _Walk(producers, constants, types)
-    return frozenset(value.name for value in graph.output
-                     if types.get(value.name) in INTEGER_TYPES and walk.measured(value.name))
+    return frozenset(name for name in integers if walk.measured(name))
 
 
 def measured_integers(path: Path) -> frozenset[str]:
@@ -78,20 +80,33 @@ def _measured_cached(path: str, mtime_ns: int, size: int) -> frozenset[str]:
         return frozenset()
 
 
-def _types(model: onnx.ModelProto) -> dict[str, int]:
+class _Types:
+    """Element types by name: the declared ones, and shape inference's once a name is not declared (inference
+    copies the graph: a 194 MB tree ensemble's attributes took minutes, and its label output needs no types)."""
+
+    def __init__(self, model: onnx.ModelProto, declared: dict[str, int]) -> None:
+        self.model, self.known, self.inferred = model, declared, False
+
+    def get(self, name: str) -> int | None:
+        if name not in self.known and not self.inferred:
+            self.known = {**self.known, **_inferred_types(self.model)}
+            self.inferred = True
+        return self.known.get(name)
+
+
+def _inferred_types(model: onnx.ModelProto) -> dict[str, int]:
     import onnx
 
     try:  # on a copy without the weights' bytes: inference copies the model it reads
-        inferred = onnx.shape_inference.infer_shapes(light_copy(model).model).graph
+        return tensor_types(onnx.shape_inference.infer_shapes(light_copy(model).model).graph)
     except Exception:  # a graph inference cannot follow: the declared types still count
-        inferred = model.graph
-    return {**tensor_types(model.graph), **tensor_types(inferred)}
+        return {}
 
 
 class _Walk:
     """Backwards through a graph's producers, remembering each tensor's answer."""
 
-    def __init__(self, producers: dict[str, onnx.NodeProto], constants: set[str], types: dict[str, int]) -> None:
+    def __init__(self, producers: dict[str, onnx.NodeProto], constants: set[str], types: _Types) -> None:
         self.producers, self.constants, self.types = producers, constants, types
         self.known: dict[str, bool] = {}
 
