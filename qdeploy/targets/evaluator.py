@@ -16,6 +16,8 @@ otherwise be blamed on the artifact:
 - MaxPool with ``auto_pad: SAME_LOWER`` gives the wrong output shape (5x6 for an 11x13 input at stride 2, where
   the schema and ONNX Runtime give 6x7), and its Python loop over every output element took most of the fp16
   stage's 8 minutes on PP-OCRv6's tiny detector: ``direct_max_pool`` takes strided slices instead;
+- Loop concatenates its scan outputs (``np.vstack``) where the schema stacks them on a new axis: an iteration's
+  ``[1, 300]`` came out ``[12, 300]`` (chars2vec's Keras LSTM written as a Loop);
 - DequantizeLinear before opset 19 has no kernel (QDQ models at opsets 13-18);
 - LogSoftmax is the log of Softmax's output: in float16 a probability below 6e-8 rounds to 0 and its log is -Inf,
   where every float16 kernel that deploys (ONNX Runtime's CUDA kernel, cuDNN, TensorRT) computes ``x - max -
@@ -138,6 +140,8 @@ def corrected_kernels(model: onnx.ModelProto) -> list[type]:
         kernels.append(_global_max_pool_kernel())
     if "MaxPool" in ops:
         kernels.append(_max_pool_kernel())
+    if "Loop" in ops:
+        kernels.append(_loop_kernel())
     if "DequantizeLinear" in ops and opset < 19:
         kernels.append(_dequantize_linear_kernel())
     kernels += [_normalizer_kernel(op, coerced=opset < 13) for op in sorted(NORMALIZERS & ops)
@@ -318,6 +322,35 @@ def direct_max_pool(x: np.ndarray, *, kernel_shape: list[int], auto_pad: str | N
                                                                                        strict=True))
         np.maximum(result, padded[(slice(None), slice(None), *window)], out=result)
     return result
+
+
+def _loop_kernel() -> type:
+    """onnx's Loop with its scan outputs stacked on a new first axis, as the schema says, not ``np.vstack``ed: an
+    iteration's ``[1, 300]`` became rows of ``[12, 300]`` instead of ``[12, 1, 300]`` (chars2vec's Keras LSTM as a
+    Loop: the Transpose after it failed, and the fp16 row was unavailable).  Each iteration's scan values are
+    recorded as the body returns them and stacked after onnx's loop."""
+    from onnx.reference.ops.op_loop import Loop
+
+    def run(self: Any, *inputs: Any, **attributes: Any) -> tuple[Any, ...]:
+        if not self.K:
+            return Loop._run(self, *inputs, **attributes)
+        body, scans = self._run_body, []
+
+        def recording(*args: Any, **kwargs: Any) -> Any:
+            outputs = body(*args, **kwargs)
+            scans.append(outputs[-self.K:])
+            return outputs
+
+        self._run_body = recording
+        try:
+            results = list(Loop._run(self, *inputs, **attributes))
+        finally:
+            self._run_body = body
+        for k in range(self.K):
+            results[self.N + k] = np.stack([values[k] for values in scans])
+        return tuple(results)
+
+    return type("Loop", (Loop,), {"op_domain": "", "_run": run, "__module__": __name__})
 
 
 NORMALIZERS = frozenset({"Softmax", "LogSoftmax", "Hardmax"})
