@@ -41,6 +41,7 @@ from qdeploy.core.report_parts import ArtifactRecord, ExecutionRecord, VerdictSe
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ThroughputRow, ValidationRow
 from qdeploy.core.runtimes import artifact_of, built_for, is_device_default, is_pinned_f32, setting_of
 from qdeploy.core.values import is_finite_number
+from qdeploy.pipeline.report.anchored import anchored_latency
 from qdeploy.pipeline.report.format import fmt_fidelity, fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
 from qdeploy.pipeline.report.precision import execution_record
 from qdeploy.pipeline.report.verdict_decode import (
@@ -383,10 +384,9 @@ def _choice(variant: str, rows: _Rows, by: str) -> Choice:
         choice.throughput = {"inferences_per_s": rate.inferences_per_s, "requests_in_flight": rate.requests_in_flight,
                              "latency_at_load_ms": rate.latency_ms.p50 if rate.latency_ms else None,
                              "throughput_speedup": rate.speedup}
-    if by == "latency" and bench is not None:
-        choice.score = float(choice.latency["latency_ms"])
-        choice.round_scores = [float(v) for v in bench.round_p50_ms]
-        choice.interval, choice.round_group = choice.latency.get("ci95_ms"), bench.round_group
+    if by == "latency" and bench is not None:  # on a target timed in groups: over the anchor's rounds
+        choice.score, choice.round_scores, choice.interval = anchored_latency(bench, rows.latency)
+        choice.round_group = bench.round_group
     elif by == "decode" and bench is not None:
         choice.score = float(decode_ms(bench) or math.inf)
         choice.interval = decode_interval(bench)  # no per-round values: only the intervals tell apart

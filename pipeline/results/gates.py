@@ -44,7 +44,11 @@ def speedup(benchmarks: list[BenchmarkRow], variant: str, target: str, batch: in
 
 def round_ratios(ref: BenchmarkRow, row: BenchmarkRow) -> list[float]:
     """The reference's round medians over the row's, round by round: only where both were timed in the same rounds
-    (a large model's groups of sessions share none: ``round_group``), else none."""
+    (a large model's groups of sessions share none: ``round_group``; a later group's row carries the rounds of the
+    reference timed again beside it, its ``anchor``), else none."""
+    anchor = row.anchor or {}
+    if anchor.get("variant") == ref.variant and anchor.get("round_p50_ms"):
+        return [r / v for r, v in zip(anchor["round_p50_ms"], row.round_p50_ms, strict=False) if v > 0]
     if ref.round_group != row.round_group:
         return []
     return [r / v for r, v in zip(ref.round_p50_ms, row.round_p50_ms, strict=False) if v > 0]

@@ -213,7 +213,7 @@ class BenchmarkRow(ResultRow):
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({
         "warmup", "warmup_ms", "threads", "mode", "timed_call", "measure", "settings", "data", "output_shapes",
         "round_runs", "ci95_rel_width", "stopped_early", "execution", "speedup", "speedup_range", "precision_hint",
-        "machine_load", "speedup_vs_default", "speedup_vs_default_range", "decode", "round_group"})
+        "machine_load", "speedup_vs_default", "speedup_vs_default_range", "decode", "round_group", "anchor"})
 
     variant: str
     target: str
@@ -252,6 +252,9 @@ class BenchmarkRow(ResultRow):
     """Which group of sessions timed this row, where a target's artifacts did not fit in memory at once (the session
     budget) and were timed group after group; None: every artifact of the target and batch in the same rounds.
     Rows of two groups share no round: they are compared by their samples of rounds, never round by round."""
+    anchor: dict[str, Any] | None = None
+    """A later group's rows: ``variant`` (the first artifact, timed again in this group) and its ``round_p50_ms``
+    in these very rounds; speedups against it pair round by round (``stages.benchmark._resident``)."""
     decode: dict[str, Any] | None = None
     """Language models with a KV cache: prefill ms, decode ms per token, tokens/s, cache length reached
     (``qdeploy.stages.benchmark._decode.DecodeRecordDict``); absent on other models."""

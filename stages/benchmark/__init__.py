@@ -47,7 +47,13 @@ from qdeploy.stages.benchmark._decode import DecodeOutcome, measure_decode
 from qdeploy.stages.benchmark._layers_macs import node_macs
 from qdeploy.stages.benchmark._machine import MachineLoadRecord
 from qdeploy.stages.benchmark._precision import Shipped, load_options, precision_record, shipped_precisions
-from qdeploy.stages.benchmark._resident import float32_bytes, session_bytes, split_note, split_to_fit
+from qdeploy.stages.benchmark._resident import (
+    anchored_rows,
+    float32_bytes,
+    session_bytes,
+    split_note,
+    split_to_fit,
+)
 from qdeploy.stages.benchmark._rounds import Turn, interleaved_rounds, median_confidence_interval
 from qdeploy.stages.benchmark._runtime import MemoryProbe, bind_inputs
 from qdeploy.stages.benchmark._throughput import empty_row, split_modes, throughput_rows, unmeasured_throughput
@@ -110,21 +116,25 @@ def _measure_target(artifacts: dict[str, Artifact], target: str, batch: int, con
                     budget: int | None) -> list[BenchmarkRow | ThroughputRow]:
     """Latency and throughput rows of one target and batch, the sessions loaded in groups that fit the budget."""
     cost = {name: session_bytes(artifact, target) for name, artifact in artifacts.items()}
-    groups = split_to_fit(artifacts, cost, budget)
+    anchor = next(iter(artifacts), None)
+    groups = split_to_fit(artifacts, cost, budget, anchor)
     latency: list[BenchmarkRow | ThroughputRow] = []
     throughput: list[BenchmarkRow | ThroughputRow] = []
-    for group in groups:
+    for number, group in enumerate(groups):
+        again = anchor if number and anchor in group else None  # timed again: its rows are the first group's
         if config.mode in ("latency", "both"):
-            latency += _benchmark_target(group, target, batch, config, ctx, data, shipped)
+            latency += anchored_rows(_benchmark_target(group, target, batch, config, ctx, data, shipped), again)
             _release_between(groups)
         if config.mode in ("throughput", "both"):
-            throughput += throughput_rows(group, target, batch, config.throughput_settings,
-                                          len(config.round_plan()), ctx, data, shipped)
+            throughput += [row for row in throughput_rows(group, target, batch, config.throughput_settings,
+                                                          len(config.round_plan()), ctx, data, shipped)
+                           if row.variant != again]
             _release_between(groups)
     if len(groups) > 1:
         assert budget is not None
-        where = {name: group for group in groups for name in group}
-        index = {name: number for number, group in enumerate(groups) for name in group}
+        where = {name: group for group in groups for name in group if name != anchor or group is groups[0]}
+        index = {name: number for number, group in enumerate(groups) for name in group
+                 if name != anchor or number == 0}
         notes = {name: split_note(where[name], target, sum(cost.values()), budget) for name in artifacts}
         latency = [row.replace(notes=[*row.notes, notes[row.variant]], round_group=index[row.variant])
                    for row in latency]

@@ -6,7 +6,10 @@ exported model on OpenVINO) the five compiled models held 5.9 GB at once, 11.8x 
 (docs/large-models.md).  Given a budget (``session_budget``, bytes, planned by the runner), the artifacts are
 split into groups whose estimated sessions fit in it, in the recipe's order; each group is loaded, timed in its
 own interleaved rounds and closed before the next is loaded.  An artifact above the budget on its own is timed
-alone.  Rows of a split target say so (their speedups then come from rounds that did not run side by side).
+alone.  The first artifact (the reference, in the recipe's order) is timed in every group it fits in: the rows of a
+later group carry its rounds of that time (``anchor``), so speedups pair round by round and the verdict compares
+groups by their ratio to it, not by medians taken minutes apart on a machine that drifts (luscinia's tree ensemble:
+the same float32 graph "1.83x" faster in a later group).  Rows of a split target say so.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from qdeploy.core.runtimes import runtime_of_target
 
 if TYPE_CHECKING:
     from qdeploy.core.context import Artifact
+    from qdeploy.core.rows import BenchmarkRow
 
-__all__ = ["SESSION_FACTORS", "float32_bytes", "session_bytes", "split_note", "split_to_fit"]
+__all__ = ["SESSION_FACTORS", "anchored_rows", "float32_bytes", "session_bytes", "split_note", "split_to_fit"]
 
 Item = TypeVar("Item")
 
@@ -43,11 +47,18 @@ def session_bytes(artifact: Artifact, target: str) -> int:
     return int(float32_bytes(artifact) * (factor or SESSION_FACTORS["default"]))
 
 
-def split_to_fit(items: dict[str, Item], cost: dict[str, int], budget: int | None) -> list[dict[str, Item]]:
+def split_to_fit(items: dict[str, Item], cost: dict[str, int], budget: int | None,
+                 anchor: str | None = None) -> list[dict[str, Item]]:
     """``items`` in consecutive groups whose costs add up to at most ``budget`` (one group when None or all fit);
-    an item above the budget alone is a group of its own."""
+    an item above the budget alone is a group of its own.  ``anchor`` (the first artifact) joins every group it
+    fits beside: timed again in each, it pairs every row with rounds of its own time (``anchored_rows``)."""
     if budget is None or sum(cost.values()) <= budget:
         return [items] if items else []
+    if anchor in items and cost[anchor] < budget:
+        rest = {name: item for name, item in items.items() if name != anchor}
+        groups = split_to_fit(rest, cost, budget - cost[anchor]) or [{}]
+        return [{anchor: items[anchor], **group} if not group or cost[anchor] + sum(cost[name] for name in group)
+                 <= budget else group for group in groups]
     groups: list[dict[str, Item]] = []
     current: dict[str, Item] = {}
     spent = 0
@@ -60,6 +71,17 @@ def split_to_fit(items: dict[str, Item], cost: dict[str, int], budget: int | Non
     if current:
         groups.append(current)
     return groups
+
+
+def anchored_rows(rows: list[BenchmarkRow], anchor: str | None) -> list[BenchmarkRow]:
+    """A later group's rows without the anchor's own (the first group's is the row), each carrying the anchor's
+    round medians of these rounds; the rows as they are when the group holds no anchor timed again."""
+    if anchor is None:
+        return rows
+    mine = next((row for row in rows if row.variant == anchor), None)
+    rounds = list(mine.round_p50_ms) if mine is not None and mine.status == "ok" else []
+    return [row.replace(anchor={"variant": anchor, "round_p50_ms": rounds}) if rounds and row.status == "ok" else row
+            for row in rows if row.variant != anchor]
 
 
 def split_note(group: dict[str, object], target: str, total: int, budget: int) -> str:

@@ -35,3 +35,16 @@ def test_the_rank_test_holds_its_level_and_needs_three_rounds_a_side() -> None:
     assert not rank_test_apart([3.0, 3.1], [1.0, 1.1, 1.2])
     assert not rank_test_apart([1.0, 2.0, 3.0, 4.0], [1.5, 2.5, 3.5, 4.5])
     assert not rank_test_apart([1.0, 1.0, 1.0], [1.0, 1.0, 1.0])  # ties count half: never apart
+
+
+def test_a_later_group_pairs_with_the_reference_timed_again_beside_it() -> None:
+    """luscinia: fp32 timed while the machine was busy, int8 (the same float32 graph) minutes later when it was
+    quiet: "1.83x" from the medians.  Beside int8, fp32 was timed again (``anchor``): the paired ratio is ~1."""
+    reference = _row("fp32", [1.9, 1.85, 1.95, 1.88, 1.92], [1.85, 1.95], 0)
+    int8 = _row("int8", [1.03, 1.0, 1.05, 1.02, 1.04], [1.0, 1.05], 1).replace(
+        anchor={"variant": "fp32", "round_p50_ms": [1.04, 1.01, 1.05, 1.01, 1.03]})
+    rows = [reference, int8]
+
+    assert speedup(rows, "int8", "openvino:cpu", 1, "fp32") == pytest.approx(1.01, abs=0.011)
+    assert speedup_range(rows, int8, "fp32") == pytest.approx([0.99, 1.01], abs=0.011)
+    assert speedup(rows, "int8", "openvino:cpu", 1, "fp16") is None  # the anchor pairs only with itself

@@ -39,6 +39,14 @@ def test_split_to_fit_keeps_the_order_and_puts_an_item_over_the_budget_alone() -
     assert split_to_fit({}, {}, 1) == []
 
 
+def test_the_anchor_is_timed_again_in_every_group_it_fits_beside() -> None:
+    items = {"a": 1, "b": 2, "c": 3, "d": 4}
+    cost = {"a": 400, "b": 500, "c": 2_000, "d": 100}
+    assert split_to_fit(items, cost, 1_000, anchor="a") == [{"a": 1, "b": 2}, {"c": 3}, {"a": 1, "d": 4}]
+    assert split_to_fit(items, cost, 10_000, anchor="a") == [items]  # all fit: one group, no second timing
+    assert split_to_fit(items, {**cost, "a": 1_500}, 1_000, anchor="a") == [{"a": 1}, {"b": 2}, {"c": 3}, {"d": 4}]
+
+
 def test_openvino_sessions_are_counted_as_float32_weights_held_twice(three: dict[str, Artifact]) -> None:
     fp32 = dataclasses.replace(three["a"], stages=("export",))
     fp16 = dataclasses.replace(three["a"], stages=("export", "fp16"), size_bytes=SIZE // 2)
@@ -53,10 +61,12 @@ def test_a_budget_loads_and_times_the_artifacts_in_groups_that_fit(three: dict[s
     rows = benchmark.run(three, ["ort:cpu"], config, ctx, session_budget=2 * SIZE)
     steps = [f"{message.split(' · ')[0]} {'load' if 'loading' in message else 'round'}" for message in seen]
     assert steps == ["a load", "b load", "a round", "b round", "a round", "b round",  # a and b fit together
-                     "c load", "c round", "c round"]                                  # c after they are closed
+                     "a load", "c load", "a round", "c round", "a round", "c round"]  # then a again beside c
     assert [row.variant for row in rows] == ["a", "b", "c"] and all(row.status == "ok" for row in rows)
-    assert "interleaved with a, b on ort:cpu" in rows[0].notes[-1] and "alone" in rows[2].notes[-1]
-    assert [row.round_group for row in rows] == [0, 0, 1]  # c shares no round with a or b: never paired with them
+    assert "interleaved with a, b on ort:cpu" in rows[0].notes[-1] and "interleaved with a, c" in rows[2].notes[-1]
+    assert [row.round_group for row in rows] == [0, 0, 1]  # c shares no round with the first a or with b ...
+    assert rows[2].anchor["variant"] == "a" and len(rows[2].anchor["round_p50_ms"]) == 2  # ... but with a again
+    assert rows[0].anchor is None and rows[1].anchor is None
 
 
 def test_without_a_budget_or_within_it_every_artifact_is_interleaved(three: dict[str, Artifact]) -> None:

@@ -1,0 +1,52 @@
+"""What the verdict ranks a latency row by: its milliseconds, or, on a target timed in groups, its time over the
+anchor's in the same rounds.
+
+A large model's artifacts may not all fit in memory at once: the benchmark times them group after group, the
+first artifact again in every group (``stages.benchmark._resident``).  Medians taken minutes apart on a shared
+machine differ by its drift, not by the artifacts: luscinia's int8 (the same float32 graph: nothing quantizable)
+came out "1.83x" faster than fp32 from a later, quieter group, and the verdict shipped it.  Divided round by round
+by the anchor's time in those rounds, every row is in the same unit: rows of one group keep their order (one
+anchor), rows of two groups compare without the drift.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+
+from qdeploy.core.rows import BenchmarkRow
+
+__all__ = ["anchored_latency"]
+
+
+def anchored_latency(bench: BenchmarkRow, rows: Mapping[str, BenchmarkRow]
+                     ) -> tuple[float, list[float], list[float] | None]:
+    """(score, per-round scores, 95% interval of the score) of ``bench`` among ``rows`` (one target and batch):
+    milliseconds, or ratios to the anchor's rounds where every grouped row has them."""
+    interval = bench.latency_ms.ci95_p50 if bench.latency_ms else None
+    raw = (float(bench.p50 or 0.0), [float(v) for v in bench.round_p50_ms], list(interval) if interval else None)
+    rounds = _anchor_rounds(rows)
+    if rounds is None or bench.variant not in rounds:
+        return raw
+    mine = rounds[bench.variant]
+    middle = statistics.median(mine)
+    scores = [value / anchor for value, anchor in zip(bench.round_p50_ms, mine, strict=False) if anchor > 0]
+    return (raw[0] / middle, scores, [bound / middle for bound in raw[2]] if raw[2] else None)
+
+
+def _anchor_rounds(rows: Mapping[str, BenchmarkRow]) -> dict[str, list[float]] | None:
+    """Per variant, the anchor's round medians in its group; None unless every grouped ok row has them."""
+    grouped = [row for row in rows.values() if row.round_group is not None and row.status == "ok"]
+    named = {row.anchor["variant"] for row in grouped if row.anchor}
+    if len(named) != 1:
+        return None
+    anchor = rows.get(named.pop())
+    found: dict[str, list[float]] = {}
+    for row in grouped:
+        if row.anchor:
+            found[row.variant] = list(row.anchor["round_p50_ms"])
+        elif anchor is not None and anchor.status == "ok" and row.round_group == anchor.round_group:
+            found[row.variant] = list(anchor.round_p50_ms)
+        else:
+            return None  # a row timed without the anchor: one unit for all, or none
+    return found if all(found.values()) else None
