@@ -251,8 +251,6 @@ def _validate_all(artifacts: dict[str, Artifact], targets: list[str], config: Va
     return condense_unreadable([outcome.row for outcome in outcomes])
 
 
-
-
 def _true_fp16_checks(shared: _Run, artifacts: dict[str, Artifact], targets: list[str], ctx: StageContext,
                       largest_model_bytes: int) -> list[Outcome]:
     """fp16 artifacts on reference:cpu, where float16 arithmetic really happens, when no GPU would show it."""

@@ -10,7 +10,7 @@ variant is held to the int8 default tolerance, and its row says why.  A
 tolerance written in the recipe applies as written.
 
 An integer output the graph casts from float values (``qdeploy.graph.measured_integers``)
-is compared as values unless the recipe's limits for it say ``integers: exact``.
+is compared as values unless the recipe's limits set ``integer_values`` (``[]``: all exact).
 """
 
 from __future__ import annotations
