@@ -14,8 +14,8 @@ otherwise be blamed on the artifact:
 - GlobalMaxPool reduces axes ``(n - 2, n - 1)`` of an input of rank n, right
   only for rank 4: a 1-D or 3-D pool reduces the wrong axes silently;
 - MaxPool with ``auto_pad: SAME_LOWER`` gives the wrong output shape (5x6 for an 11x13 input at stride 2, where
-  the schema and ONNX Runtime give 6x7), and its Python loop over every output element took most of the fp16
-  stage's 8 minutes on PP-OCRv6's tiny detector: ``direct_max_pool`` takes strided slices instead;
+  the schema and ONNX Runtime give 6x7), and its Python loop over every output element took about 2 of the fp16
+  stage's 7 minutes on PP-OCRv6's tiny detector: ``direct_max_pool`` takes strided slices instead;
 - Loop concatenates its scan outputs (``np.vstack``) where the schema stacks them on a new axis: an iteration's
   ``[1, 300]`` came out ``[12, 300]`` (chars2vec's Keras LSTM written as a Loop);
 - DequantizeLinear before opset 19 has no kernel (QDQ models at opsets 13-18);
@@ -291,7 +291,7 @@ def _global_max_pool_kernel() -> type:
 def _max_pool_kernel() -> type:
     """MaxPool as one ``np.maximum`` per kernel offset over strided slices of the padded input (``direct_max_pool``):
     onnx's kernel loops over every output element in Python: PP-OCRv6's tiny detector (one 2x2 MaxPool at 480x640)
-    spent most of its fp16 stage's 8 minutes there.  A maximum is exact in any precision: the same values.  The
+    spent about 2 of its fp16 stage's 7 minutes there.  A maximum is exact in any precision: the same values.  The
     Indices output, ceil_mode and integer inputs stay with onnx's kernel."""
     from onnx.reference.ops.op_max_pool import MaxPool
 
