@@ -22,6 +22,7 @@ CASES = [
     ([1, 2, 11, 13], {"kernel_shape": [2, 3], "strides": [2, 1], "auto_pad": "VALID"}),
     ([1, 2, 11, 13], {"kernel_shape": [3, 3], "dilations": [2, 2], "pads": [2, 0, 1, 2]}),
     ([1, 2, 17], {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    ([1, 4, 16], {"kernel_shape": [3], "auto_pad": "SAME_UPPER"}),  # onnx's own kernel raises IndexError here
     ([1, 2, 11, 13], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}),
 ]
 
