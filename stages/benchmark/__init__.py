@@ -118,10 +118,11 @@ def _measure_target(artifacts: dict[str, Artifact], target: str, batch: int, con
     cost = {name: session_bytes(artifact, target) for name, artifact in artifacts.items()}
     anchor = next(iter(artifacts), None)
     groups = split_to_fit(artifacts, cost, budget, anchor)
+    first = next((number for number, group in enumerate(groups) if anchor in group), 0)  # where its rows come from
     latency: list[BenchmarkRow | ThroughputRow] = []
     throughput: list[BenchmarkRow | ThroughputRow] = []
     for number, group in enumerate(groups):
-        again = anchor if number and anchor in group else None  # timed again: its rows are the first group's
+        again = anchor if number != first and anchor in group else None  # timed again: its rows are the first's
         if config.mode in ("latency", "both"):
             latency += anchored_rows(_benchmark_target(group, target, batch, config, ctx, data, shipped), again)
             _release_between(groups)
@@ -132,9 +133,10 @@ def _measure_target(artifacts: dict[str, Artifact], target: str, batch: int, con
             _release_between(groups)
     if len(groups) > 1:
         assert budget is not None
-        where = {name: group for group in groups for name in group if name != anchor or group is groups[0]}
+        where = {name: group for number, group in enumerate(groups) for name in group if name != anchor
+                 or number == first}
         index = {name: number for number, group in enumerate(groups) for name in group
-                 if name != anchor or number == 0}
+                 if name != anchor or number == first}
         notes = {name: split_note(where[name], target, sum(cost.values()), budget) for name in artifacts}
         latency = [row.replace(notes=[*row.notes, notes[row.variant]], round_group=index[row.variant])
                    for row in latency]

@@ -56,9 +56,9 @@ def split_to_fit(items: dict[str, Item], cost: dict[str, int], budget: int | Non
         return [items] if items else []
     if anchor in items and cost[anchor] < budget:
         rest = {name: item for name, item in items.items() if name != anchor}
-        groups = split_to_fit(rest, cost, budget - cost[anchor]) or [{}]
-        return [{anchor: items[anchor], **group} if not group or cost[anchor] + sum(cost[name] for name in group)
-                 <= budget else group for group in groups]
+        groups = [{anchor: items[anchor], **group} if cost[anchor] + sum(cost[name] for name in group) <= budget
+                  else group for group in split_to_fit(rest, cost, budget - cost[anchor])]
+        return groups if any(anchor in group for group in groups) else [{anchor: items[anchor]}, *groups]
     groups: list[dict[str, Item]] = []
     current: dict[str, Item] = {}
     spent = 0

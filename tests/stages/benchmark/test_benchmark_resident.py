@@ -45,6 +45,8 @@ def test_the_anchor_is_timed_again_in_every_group_it_fits_beside() -> None:
     assert split_to_fit(items, cost, 1_000, anchor="a") == [{"a": 1, "b": 2}, {"c": 3}, {"a": 1, "d": 4}]
     assert split_to_fit(items, cost, 10_000, anchor="a") == [items]  # all fit: one group, no second timing
     assert split_to_fit(items, {**cost, "a": 1_500}, 1_000, anchor="a") == [{"a": 1}, {"b": 2}, {"c": 3}, {"d": 4}]
+    # every other item too large to sit beside it: the anchor is still timed, in a group of its own
+    assert split_to_fit({"a": 1, "c": 3}, cost, 1_000, anchor="a") == [{"a": 1}, {"c": 3}]
 
 
 def test_openvino_sessions_are_counted_as_float32_weights_held_twice(three: dict[str, Artifact]) -> None:
