@@ -1,5 +1,5 @@
-"""What the verdict ranks a latency row by: its milliseconds, or, on a target timed in groups, its time over the
-anchor's in the same rounds.
+"""What the verdict ranks a latency (throughput) row by: its milliseconds (inferences/s), or, on a target timed in
+groups, its time (rate) over the anchor's in the same rounds.
 
 A large model's artifacts may not all fit in memory at once: the benchmark times them group after group, the
 first artifact again in every group (``stages.benchmark._resident``).  Medians taken minutes apart on a shared
@@ -14,9 +14,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
-from qdeploy.core.rows import BenchmarkRow
+from qdeploy.core.rows import BenchmarkRow, ThroughputRow
 
-__all__ = ["anchored_latency"]
+__all__ = ["anchored_latency", "anchored_throughput"]
 
 
 def anchored_latency(bench: BenchmarkRow, rows: Mapping[str, BenchmarkRow]
@@ -25,7 +25,7 @@ def anchored_latency(bench: BenchmarkRow, rows: Mapping[str, BenchmarkRow]
     milliseconds, or ratios to the anchor's rounds where every grouped row has them."""
     interval = bench.latency_ms.ci95_p50 if bench.latency_ms else None
     raw = (float(bench.p50 or 0.0), [float(v) for v in bench.round_p50_ms], list(interval) if interval else None)
-    rounds = _anchor_rounds(rows)
+    rounds = _anchor_rounds(rows, "round_p50_ms")
     if rounds is None or bench.variant not in rounds:
         return raw
     mine = rounds[bench.variant]
@@ -34,8 +34,25 @@ def anchored_latency(bench: BenchmarkRow, rows: Mapping[str, BenchmarkRow]
     return (raw[0] / middle, scores, [bound / middle for bound in raw[2]] if raw[2] else None)
 
 
-def _anchor_rounds(rows: Mapping[str, BenchmarkRow]) -> dict[str, list[float]] | None:
-    """Per variant, the anchor's round medians in its group; None unless every grouped ok row has them."""
+def anchored_throughput(rate: ThroughputRow, rows: Mapping[str, ThroughputRow]
+                        ) -> tuple[float, list[float], list[float] | None]:
+    """As ``anchored_latency`` for throughput (lower is better: inferences/s negated), its interval the rounds'
+    range."""
+    values = [float(v) for v in rate.round_inferences_per_s]
+    rounds = _anchor_rounds(rows, "round_inferences_per_s")
+    score = -float(rate.inferences_per_s or 0.0)
+    if rounds is not None and rate.variant in rounds:
+        mine = rounds[rate.variant]
+        score /= statistics.median(mine)
+        values = [value / anchor for value, anchor in zip(values, mine, strict=False) if anchor > 0]
+    scores = [-value for value in values]
+    return score, scores, [min(scores), max(scores)] if scores else None
+
+
+def _anchor_rounds(rows: Mapping[str, BenchmarkRow] | Mapping[str, ThroughputRow],
+                   key: str) -> dict[str, list[float]] | None:
+    """Per variant, the anchor's per-round values (``key``) in its group; None unless every grouped ok row has
+    them."""
     grouped = [row for row in rows.values() if row.round_group is not None and row.status == "ok"]
     named = {row.anchor["variant"] for row in grouped if row.anchor}
     if len(named) != 1:
@@ -44,9 +61,9 @@ def _anchor_rounds(rows: Mapping[str, BenchmarkRow]) -> dict[str, list[float]] |
     found: dict[str, list[float]] = {}
     for row in grouped:
         if row.anchor:
-            found[row.variant] = list(row.anchor["round_p50_ms"])
+            found[row.variant] = list(row.anchor.get(key) or [])
         elif anchor is not None and anchor.status == "ok" and row.round_group == anchor.round_group:
-            found[row.variant] = list(anchor.round_p50_ms)
+            found[row.variant] = list(getattr(anchor, key))
         else:
             return None  # a row timed without the anchor: one unit for all, or none
     return found if all(found.values()) else None

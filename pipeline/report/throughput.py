@@ -17,7 +17,11 @@ def throughput_speedup(rows: list[ThroughputRow], row: ThroughputRow,
                 and other.batch_size == row.batch_size), None)
     if ref is None or row.status != "ok" or ref.status != "ok":
         return None, None
-    if row.round_group == ref.round_group:
+    anchor = row.anchor or {}
+    if anchor.get("variant") == ref.variant and anchor.get("round_inferences_per_s"):  # ref timed again beside it
+        ratios = [mine / theirs for mine, theirs in zip(row.round_inferences_per_s, anchor["round_inferences_per_s"],
+                                                         strict=False) if theirs > 0]
+    elif row.round_group == ref.round_group:
         ratios = [mine / theirs for mine, theirs in zip(row.round_inferences_per_s, ref.round_inferences_per_s,
                                                          strict=False) if theirs > 0]
     else:  # timed in different groups: no round is shared, their medians compare

@@ -41,7 +41,7 @@ from qdeploy.core.report_parts import ArtifactRecord, ExecutionRecord, VerdictSe
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ThroughputRow, ValidationRow
 from qdeploy.core.runtimes import artifact_of, built_for, is_device_default, is_pinned_f32, setting_of
 from qdeploy.core.values import is_finite_number
-from qdeploy.pipeline.report.anchored import anchored_latency
+from qdeploy.pipeline.report.anchored import anchored_latency, anchored_throughput
 from qdeploy.pipeline.report.format import fmt_fidelity, fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
 from qdeploy.pipeline.report.precision import execution_record
 from qdeploy.pipeline.report.verdict_decode import (
@@ -392,9 +392,7 @@ def _choice(variant: str, rows: _Rows, by: str) -> Choice:
         choice.interval = decode_interval(bench)  # no per-round values: only the intervals tell apart
         choice.decode_ms = decode_ms(bench)
     elif by == "throughput" and rate is not None:
-        choice.score = -float(choice.throughput["inferences_per_s"])
-        rounds = [-float(v) for v in rate.round_inferences_per_s]
-        choice.round_scores, choice.interval = rounds, [min(rounds), max(rounds)] if rounds else None
+        choice.score, choice.round_scores, choice.interval = anchored_throughput(rate, rows.throughput)
         choice.round_group = rate.round_group
     return choice
 

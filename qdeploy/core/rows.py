@@ -276,7 +276,7 @@ class ThroughputRow(ResultRow):
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({
         "inferences", "requests_run", "seconds", "round_spread", "call", "settings", "speedup", "speedup_range",
-        "precision_hint", "round_group"})
+        "precision_hint", "round_group", "anchor"})
 
     variant: str
     target: str
@@ -302,6 +302,8 @@ class ThroughputRow(ResultRow):
     """OpenVINO rows: the INFERENCE_PRECISION_HINT the requests used (None: the device default)."""
     round_group: int | None = None
     """As ``BenchmarkRow.round_group``."""
+    anchor: dict[str, Any] | None = None
+    """As ``BenchmarkRow.anchor``, with the anchor's ``round_inferences_per_s``."""
     speedup: float | None = None
     speedup_range: list[float] | None = None
 

@@ -127,9 +127,8 @@ def _measure_target(artifacts: dict[str, Artifact], target: str, batch: int, con
             latency += anchored_rows(_benchmark_target(group, target, batch, config, ctx, data, shipped), again)
             _release_between(groups)
         if config.mode in ("throughput", "both"):
-            throughput += [row for row in throughput_rows(group, target, batch, config.throughput_settings,
-                                                          len(config.round_plan()), ctx, data, shipped)
-                           if row.variant != again]
+            throughput += anchored_rows(throughput_rows(group, target, batch, config.throughput_settings,
+                                                        len(config.round_plan()), ctx, data, shipped), again)
             _release_between(groups)
     if len(groups) > 1:
         assert budget is not None

@@ -20,11 +20,12 @@ from qdeploy.core.runtimes import runtime_of_target
 
 if TYPE_CHECKING:
     from qdeploy.core.context import Artifact
-    from qdeploy.core.rows import BenchmarkRow
+    from qdeploy.core.rows import BenchmarkRow, ThroughputRow
 
 __all__ = ["SESSION_FACTORS", "anchored_rows", "float32_bytes", "session_bytes", "split_note", "split_to_fit"]
 
 Item = TypeVar("Item")
+Timed = TypeVar("Timed", "BenchmarkRow", "ThroughputRow")
 
 _WIDTH = {"fp32": 1.0, "fp16": 2.0, "int8": 4.0, "int4": 8.0}
 """How many times its own bytes an artifact's weights take in float32."""
@@ -73,15 +74,21 @@ def split_to_fit(items: dict[str, Item], cost: dict[str, int], budget: int | Non
     return groups
 
 
-def anchored_rows(rows: list[BenchmarkRow], anchor: str | None) -> list[BenchmarkRow]:
+def anchored_rows(rows: list[Timed], anchor: str | None) -> list[Timed]:
     """A later group's rows without the anchor's own (the first group's is the row), each carrying the anchor's
-    round medians of these rounds; the rows as they are when the group holds no anchor timed again."""
+    per-round values of these rounds (``round_p50_ms`` or ``round_inferences_per_s``); the rows as they are when
+    the group holds no anchor timed again."""
     if anchor is None:
         return rows
     mine = next((row for row in rows if row.variant == anchor), None)
-    rounds = list(mine.round_p50_ms) if mine is not None and mine.status == "ok" else []
-    return [row.replace(anchor={"variant": anchor, "round_p50_ms": rounds}) if rounds and row.status == "ok" else row
+    key = _ROUNDS[type(mine).__name__] if mine is not None else ""
+    rounds = list(getattr(mine, key)) if mine is not None and mine.status == "ok" else []
+    return [row.replace(anchor={"variant": anchor, key: rounds}) if rounds and row.status == "ok" else row
             for row in rows if row.variant != anchor]
+
+
+_ROUNDS = {"BenchmarkRow": "round_p50_ms", "ThroughputRow": "round_inferences_per_s"}
+"""Per row type, the field of its per-round values."""
 
 
 def split_note(group: dict[str, object], target: str, total: int, budget: int) -> str:

@@ -206,6 +206,23 @@ def test_nothing_to_ship_and_benchmarks_off() -> None:
     assert verdict_section(report)["targets"]["openvino:cpu"]["variant"] == "int8"  # whatever the tie rule
 
 
+def test_throughput_groups_are_compared_through_the_anchor_too() -> None:
+    """As latency: a later, quieter group's int8 reads 2x the rate of fp32's earlier rounds; fp32 timed again beside
+    it read the same: a tie, and the reference ships."""
+    report = _two_targets()
+    report["benchmarks"] = []
+    report["throughput"] = [
+        {"variant": v, "target": "openvino:cpu", "batch_size": 1, "status": "ok", "inferences_per_s": ips,
+         "round_inferences_per_s": rounds, "requests_in_flight": 2, "latency_ms": rate_latency(4.0), "round_group": g,
+         **({"anchor": {"variant": "fp32", "round_inferences_per_s": [401, 399, 402, 398, 400]}} if g else {})}
+        for v, ips, rounds, g in (("fp32", 200.0, [200, 199, 201, 198, 202], 0),
+                                  ("int8", 400.0, [400, 401, 399, 402, 398], 1))]
+    assert verdict_section(report, tie_break="fidelity")["targets"]["openvino:cpu"]["variant"] == "fp32"
+    for row in report["throughput"]:
+        row.pop("anchor", None)
+    assert verdict_section(report, tie_break="fidelity")["targets"]["openvino:cpu"]["variant"] == "int8"
+
+
 def test_throughput_ranks_when_only_throughput_was_measured() -> None:
     report = _two_targets()
     report["benchmarks"] = []

@@ -71,6 +71,15 @@ def test_a_budget_loads_and_times_the_artifacts_in_groups_that_fit(three: dict[s
     assert rows[0].anchor is None and rows[1].anchor is None
 
 
+def test_throughput_rows_of_a_later_group_carry_the_anchor_timed_again(three: dict[str, Artifact]) -> None:
+    ctx = data_context("*", Path("work"))
+    config = BenchmarkConfig(mode="throughput", rounds=2, threads=1, throughput={"seconds": 0.05})
+    rows = benchmark.run(three, ["ort:cpu"], config, ctx, session_budget=2 * SIZE)
+    assert [row.variant for row in rows] == ["a", "b", "c"] and all(row.status == "ok" for row in rows)
+    assert rows[2].anchor["variant"] == "a" and len(rows[2].anchor["round_inferences_per_s"]) == 2
+    assert rows[0].anchor is None and rows[1].anchor is None
+
+
 def test_without_a_budget_or_within_it_every_artifact_is_interleaved(three: dict[str, Artifact]) -> None:
     seen: list[str] = []
     ctx = data_context("*", Path("work"), on_progress=seen.append)

@@ -111,6 +111,10 @@ def test_summary_and_per_round_ratio_to_the_reference() -> None:
             ThroughputRow(variant="int8", target="t", batch_size=1, status="ok", round_inferences_per_s=[210, 90])]
     ratio, low_high = throughput_speedup(rows, rows[1], "fp32")
     assert ratio == pytest.approx(1.95) and low_high == pytest.approx([1.8, 2.1])
+    # a large model's later group: int8 timed beside fp32 timed again (anchor), not beside fp32's own row
+    later = rows[1].replace(round_group=1, anchor={"variant": "fp32", "round_inferences_per_s": [200, 100]})
+    ratio, low_high = throughput_speedup([rows[0].replace(round_group=0), later], later, "fp32")
+    assert ratio == pytest.approx(0.975) and low_high == pytest.approx([0.9, 1.05])
 
 
 def test_gates_on_inferences_per_s_read_throughput_rows_only() -> None:
