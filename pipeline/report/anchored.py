@@ -11,12 +11,13 @@ anchor), rows of two groups compare without the drift.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping
 
 from qdeploy.core.rows import BenchmarkRow, ThroughputRow
 
-__all__ = ["anchored_latency", "anchored_throughput"]
+__all__ = ["anchored_latency", "anchored_throughput", "relative_words"]
 
 
 def anchored_latency(bench: BenchmarkRow, rows: Mapping[str, BenchmarkRow]
@@ -47,6 +48,16 @@ def anchored_throughput(rate: ThroughputRow, rows: Mapping[str, ThroughputRow]
         values = [value / anchor for value, anchor in zip(values, mine, strict=False) if anchor > 0]
     scores = [-value for value in values]
     return score, scores, [min(scores), max(scores)] if scores else None
+
+
+def relative_words(score: float, shown: float | None, by: str) -> str:
+    """What the verdict compared where it ranked by the anchor (``score`` is then not the ``shown`` ms or rate):
+    ", 1.09x the first artifact's time in its own rounds"; "" otherwise.  A later group's 0.27 ms is slower than
+    an earlier group's 0.41 ms when the first artifact took 0.25 ms beside the one and 0.45 ms beside the other."""
+    value = -score if by == "throughput" else score
+    if shown is None or by not in ("latency", "throughput") or math.isclose(value, shown):
+        return ""
+    return f", {value:.2f}x the first artifact's {'rate' if by == 'throughput' else 'time'} in its own rounds"
 
 
 def _anchor_rounds(rows: Mapping[str, BenchmarkRow] | Mapping[str, ThroughputRow],

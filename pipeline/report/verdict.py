@@ -41,7 +41,7 @@ from qdeploy.core.report_parts import ArtifactRecord, ExecutionRecord, VerdictSe
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ThroughputRow, ValidationRow
 from qdeploy.core.runtimes import artifact_of, built_for, is_device_default, is_pinned_f32, setting_of
 from qdeploy.core.values import is_finite_number
-from qdeploy.pipeline.report.anchored import anchored_latency, anchored_throughput
+from qdeploy.pipeline.report.anchored import anchored_latency, anchored_throughput, relative_words
 from qdeploy.pipeline.report.format import fmt_fidelity, fmt_mb, fmt_ms, fmt_number, fmt_rate, fmt_speedup
 from qdeploy.pipeline.report.precision import execution_record
 from qdeploy.pipeline.report.verdict_decode import (
@@ -462,10 +462,11 @@ def _fidelity_rank(choice: Choice) -> float:
 
 def _measure(choice: Choice, by: str) -> str:
     if by == "throughput":
-        return fmt_rate(choice.throughput.get("inferences_per_s"))
+        rate = choice.throughput.get("inferences_per_s")
+        return fmt_rate(rate) + relative_words(choice.score, rate, by)
     if by == "decode":
         return f"{fmt_ms(choice.decode_ms)} per token decode"
-    return fmt_ms(choice.latency.get("latency_ms"))
+    return fmt_ms(choice.latency.get("latency_ms")) + relative_words(choice.score, choice.latency.get("latency_ms"), by)
 
 
 def _worse(by: str) -> str:
