@@ -123,6 +123,8 @@ class _Walk:
             return False  # a graph input or a constant: passed on, it must come out exactly
         if node.op_type in FROM_FLOAT:
             source = node.input[0]
+            if self.types.get(source) in INTEGER_TYPES:  # uint8 -> int32 of a cast image is still the image
+                return node.op_type == "Cast" and self.measured(source)
             return self.types.get(source) in FLOAT_TYPES and not self._was_integer(source)
         carried = self._carried(node)
         return bool(carried) and all(self.measured(value) for value in carried)

@@ -38,11 +38,12 @@ def test_a_clipped_float_cast_to_uint8_and_transposed_is_measured() -> None:
 def test_quantized_outputs_and_arithmetic_on_casts_are_measured() -> None:
     model = _model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
                     helper.make_node("Cast", ["x"], ["samples"], to=TensorProto.INT16),
-                    helper.make_node("Add", ["samples", "offset"], ["shifted"])],
-                   {"q": TensorProto.UINT8, "shifted": TensorProto.INT16},
+                    helper.make_node("Add", ["samples", "offset"], ["shifted"]),
+                    helper.make_node("Cast", ["q"], ["widened"], to=TensorProto.INT32)],
+                   {"q": TensorProto.UINT8, "shifted": TensorProto.INT16, "widened": TensorProto.INT32},
                    [_const("s", 0.1), _const("z", 128, np.uint8), _const("offset", 3, np.int16)])
 
-    assert measured_integer_outputs(model) == {"q", "shifted"}
+    assert measured_integer_outputs(model) == {"q", "shifted", "widened"}
 
 
 def test_labels_indices_and_passed_on_inputs_stay_exact() -> None:
