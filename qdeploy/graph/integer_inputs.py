@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.light import inferred_model
 from qdeploy.graph.names import all_nodes
 from qdeploy.graph.utils import node_readers
 
@@ -110,12 +111,7 @@ class _Tables:
 
 def _inferred_dims(model: onnx.ModelProto) -> dict[str, list[int]]:
     """Tensor -> dimensions from shape inference (declared ones where it fails), symbolic and unknown axes as 1."""
-    import onnx
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model).graph
-    except Exception:  # a model inference cannot follow: its declared shapes still count
-        inferred = model.graph
+    inferred = inferred_model(model).graph
     dims = {}
     for value in (*inferred.input, *inferred.value_info, *inferred.output):
         tensor = value.type.tensor_type

@@ -20,8 +20,8 @@ from qdeploy.graph.utils import delete_where, model_bytes, subgraphs, tensor_nby
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["MODEL_INFO_FIELDS", "STRIP_MIN_BYTES", "Light", "light_bytes", "light_copy", "put_back", "restore",
-           "restore_into", "tag_of", "take_value_info", "unknown_tags"]
+__all__ = ["MODEL_INFO_FIELDS", "STRIP_MIN_BYTES", "Light", "inferred_model", "light_bytes", "light_copy", "put_back",
+           "restore", "restore_into", "tag_of", "take_value_info", "unknown_tags"]
 
 STRIP_MIN_BYTES = 1024
 _KEPT_TYPES = frozenset({6, 7, 9, 8, 12, 13})  # int32, int64, bool, string, uint32, uint64: shapes, indices, axes
@@ -82,6 +82,17 @@ def light_copy(model: onnx.ModelProto, *, value_info: bool = True, min_bytes: in
         stand_in.raw_data = tag
         light.originals[tag] = init
     return light
+
+
+def inferred_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` as ONNX's shape inference types it, inferred on a light copy (inference copies the model it reads,
+    and types and shapes need no weight bytes); the model itself where inference cannot follow it."""
+    import onnx
+
+    try:
+        return onnx.shape_inference.infer_shapes(light_copy(model).model)
+    except Exception:  # a model inference cannot follow: its own declarations still count
+        return model
 
 
 def restore(model: onnx.ModelProto, light: Light) -> list[str]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.integer_inputs import INTEGER_TYPES
-from qdeploy.graph.light import light_copy
+from qdeploy.graph.light import inferred_model
 from qdeploy.graph.utils import tensor_types
 
 if TYPE_CHECKING:
@@ -89,18 +89,9 @@ class _Types:
 
     def get(self, name: str) -> int | None:
         if name not in self.known and not self.inferred:
-            self.known = {**self.known, **_inferred_types(self.model)}
+            self.known = {**self.known, **tensor_types(inferred_model(self.model).graph)}
             self.inferred = True
         return self.known.get(name)
-
-
-def _inferred_types(model: onnx.ModelProto) -> dict[str, int]:
-    import onnx
-
-    try:  # on a copy without the weights' bytes: inference copies the model it reads
-        return tensor_types(onnx.shape_inference.infer_shapes(light_copy(model).model).graph)
-    except Exception:  # a graph inference cannot follow: the declared types still count
-        return {}
 
 
 class _Walk:

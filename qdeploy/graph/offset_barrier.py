@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdeploy.graph.utils import fresh_name
+from qdeploy.graph.utils import fresh_name, rename_uses
 
 if TYPE_CHECKING:
     import onnx
@@ -62,8 +62,7 @@ def shield_mask_products(model: onnx.ModelProto) -> list[str]:
             out = product.output[0]
             lowest, barrier = fresh_name(f"{out}_lowest", taken), fresh_name(f"{out}_shielded", taken)
             taken |= {lowest, barrier}
-            for reader in graph.node:  # every reader takes the identity: the product's value stays the same
-                reader.input[:] = [barrier if name == out else name for name in reader.input]
+            rename_uses(graph, out, barrier, outputs=False)  # every reader takes the identity: the same value
             graph.initializer.append(numpy_helper.from_array(np.array(-np.inf, _dtype(product, values)), lowest))
             graph.node.insert(list(graph.node).index(product) + 1,
                               helper.make_node("Max", [out, lowest], [barrier], name=barrier))

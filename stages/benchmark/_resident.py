@@ -16,16 +16,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
+from qdeploy.core.rows import BenchmarkRow, ThroughputRow
 from qdeploy.core.runtimes import runtime_of_target
 
 if TYPE_CHECKING:
     from qdeploy.core.context import Artifact
-    from qdeploy.core.rows import BenchmarkRow, ThroughputRow
 
 __all__ = ["SESSION_FACTORS", "anchored_rows", "float32_bytes", "session_bytes", "split_note", "split_to_fit"]
 
 Item = TypeVar("Item")
-Timed = TypeVar("Timed", "BenchmarkRow", "ThroughputRow")
+Timed = TypeVar("Timed", BenchmarkRow, ThroughputRow)
 
 _WIDTH = {"fp32": 1.0, "fp16": 2.0, "int8": 4.0, "int4": 8.0}
 """How many times its own bytes an artifact's weights take in float32."""
@@ -81,14 +81,12 @@ def anchored_rows(rows: list[Timed], anchor: str | None) -> list[Timed]:
     if anchor is None:
         return rows
     mine = next((row for row in rows if row.variant == anchor), None)
-    key = _ROUNDS[type(mine).__name__] if mine is not None else ""
-    rounds = list(getattr(mine, key)) if mine is not None and mine.status == "ok" else []
-    return [row.replace(anchor={"variant": anchor, key: rounds}) if rounds and row.status == "ok" else row
+    if mine is None or mine.status != "ok":
+        return [row for row in rows if row.variant != anchor]
+    key, rounds = ("round_p50_ms", mine.round_p50_ms) if isinstance(mine, BenchmarkRow) else \
+        ("round_inferences_per_s", mine.round_inferences_per_s)
+    return [row.replace(anchor={"variant": anchor, key: list(rounds)}) if rounds and row.status == "ok" else row
             for row in rows if row.variant != anchor]
-
-
-_ROUNDS = {"BenchmarkRow": "round_p50_ms", "ThroughputRow": "round_inferences_per_s"}
-"""Per row type, the field of its per-round values."""
 
 
 def split_note(group: dict[str, object], target: str, total: int, budget: int) -> str:
