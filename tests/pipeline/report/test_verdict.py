@@ -111,14 +111,22 @@ def test_a_tie_picks_the_smaller_artifact_when_the_recipe_favours_size() -> None
     assert lines[headline][0].startswith("runner-up fp32: 5.00 ms")
 
 
+def _timed_on_openvino(report: dict[str, Any],
+                       **rows: tuple[list[float], float, list[float], dict[str, Any]]) -> None:
+    """The named variants' openvino:cpu latency rows get these rounds, p50, 95% interval and other fields."""
+    for row in report["benchmarks"]:
+        if row["target"] == "openvino:cpu" and row["variant"] in rows:
+            rounds, p50, interval, fields = rows[row["variant"]]
+            row["round_p50_ms"] = rounds
+            row["latency_ms"].update(p50=p50, ci95_p50=interval)
+            row.update(fields)
+
+
 def test_a_gap_of_medians_whose_intervals_do_not_overlap_is_never_a_tie() -> None:
     """One round in which fp16 happened to be faster must not make a 4.8x slower int8 its equal."""
     report = _two_targets()
-    for row in report["benchmarks"]:
-        if row["target"] == "openvino:cpu" and row["variant"] in ("fp16", "int8"):
-            fast = row["variant"] == "fp16"
-            row["round_p50_ms"] = [1.39, 1.40, 1.38, 1.41, 7.0] if fast else [6.7, 6.6, 6.8, 6.7, 6.5]
-            row["latency_ms"].update(p50=1.39 if fast else 6.70, ci95_p50=[1.38, 1.41] if fast else [6.6, 6.8])
+    _timed_on_openvino(report, fp16=([1.39, 1.40, 1.38, 1.41, 7.0], 1.39, [1.38, 1.41], {}),
+                       int8=([6.7, 6.6, 6.8, 6.7, 6.5], 6.70, [6.6, 6.8], {}))
     ov = verdict_section(report, tie_break="size")["targets"]["openvino:cpu"]
     assert ov["variant"] == "fp16" and ov["runner_up"] is None, ov
     assert ov["rejected"]["int8"].startswith("slower: 6.70 ms against 1.39 ms (fp16)")
@@ -160,13 +168,9 @@ def test_artifacts_timed_in_different_session_groups_are_ranked_by_their_samples
     (one a hiccup), fp32 in 11.  Pairing the first 5 rounds of each by index called a 1.6x gap a tie and shipped
     the slower fp32 for its fidelity; as two samples of rounds, int8 is apart."""
     report = _two_targets()
-    for row in report["benchmarks"]:
-        if row["target"] == "openvino:cpu" and row["variant"] in ("fp32", "int8"):
-            int8 = row["variant"] == "int8"
-            row["round_p50_ms"] = [1.86, 1.77, 3.47, 1.96, 1.85] if int8 else [
-                3.77, 2.92, 2.87, 2.89, 2.89, 2.87, 3.26, 3.06, 3.36, 3.22, 3.19]
-            row["latency_ms"].update(p50=1.91 if int8 else 3.00, ci95_p50=[1.76, 4.61] if int8 else [2.91, 3.24])
-            row["round_group"] = 1 if int8 else 0
+    _timed_on_openvino(report, int8=([1.86, 1.77, 3.47, 1.96, 1.85], 1.91, [1.76, 4.61], {"round_group": 1}),
+                       fp32=([3.77, 2.92, 2.87, 2.89, 2.89, 2.87, 3.26, 3.06, 3.36, 3.22, 3.19], 3.00, [2.91, 3.24],
+                             {"round_group": 0}))
     ov = verdict_section(report, tie_break="fidelity")["targets"]["openvino:cpu"]
     assert ov["variant"] == "int8", ov
     for row in report["benchmarks"]:  # the same rounds, measured side by side: one round in five disagrees
@@ -178,14 +182,10 @@ def test_groups_are_compared_through_the_anchor_timed_again_in_each() -> None:
     """luscinia: int8 (the same float32 graph) in a later, quieter group "1.83x" faster than fp32 by medians taken
     minutes apart; beside it, fp32 timed again was as fast: a tie, and the reference ships."""
     report = _two_targets()
-    for row in report["benchmarks"]:
-        if row["target"] == "openvino:cpu" and row["variant"] in ("fp32", "int8"):
-            int8 = row["variant"] == "int8"
-            row["round_p50_ms"] = [1.03, 1.0, 1.05, 1.02, 1.04] if int8 else [1.9, 1.85, 1.95, 1.88, 1.92]
-            row["latency_ms"].update(p50=1.03 if int8 else 1.9, ci95_p50=[1.0, 1.05] if int8 else [1.85, 1.95])
-            row["round_group"] = 1 if int8 else 0
-            if int8:
-                row["anchor"] = {"variant": "fp32", "round_p50_ms": [1.04, 1.01, 1.05, 1.01, 1.03]}
+    _timed_on_openvino(report, fp32=([1.9, 1.85, 1.95, 1.88, 1.92], 1.9, [1.85, 1.95], {"round_group": 0}),
+                       int8=([1.03, 1.0, 1.05, 1.02, 1.04], 1.03, [1.0, 1.05], {
+                           "round_group": 1, "anchor": {"variant": "fp32", "round_p50_ms": [1.04, 1.01, 1.05, 1.01,
+                                                                                               1.03]}}))
     report["benchmarks"] = [row for row in report["benchmarks"]  # the other artifacts were not timed there
                             if row["target"] != "openvino:cpu" or row["variant"] in ("fp32", "int8")]
     ov = verdict_section(report, tie_break="fidelity")["targets"]["openvino:cpu"]
