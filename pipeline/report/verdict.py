@@ -10,7 +10,7 @@ Rules (docs/verdict-and-throughput.md says them for users):
 - the ranking is by median latency (lower first), or by inferences per second when only throughput was
   measured; a target whose every timed candidate carries a decode record (a language model with a KV cache) is
   ranked by decode ms per token instead, its interval the noise rule (``verdict_decode``); the tie set is the
-  best candidate plus every candidate the benchmark cannot tell from it (``qdeploy.core.ranking.distinguishable``:
+  best candidate plus every candidate the benchmark cannot tell from it (``qdeploy.core.ranking.apart_by``:
   a sign test over the paired interleaved rounds, or 95% intervals of the medians that do not overlap);
 - the pick of the tie set follows ``report.tie_break``: 'fidelity' (the default) the reference first, then the
   closest to it (task metric, SNR, cosine), then the smaller, the simpler, the faster; 'size' the smallest
@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from qdeploy.core.ranking import distinguishable
+from qdeploy.core.ranking import apart_by
 from qdeploy.core.report import Report, as_report
 from qdeploy.core.report_parts import ArtifactRecord, ExecutionRecord, VerdictSection
 from qdeploy.core.rows import BenchmarkRow, BuildFailure, GateResult, ThroughputRow, ValidationRow
@@ -270,9 +270,9 @@ def target_verdict(report: Report | Mapping[str, Any], target: str, by: str, bat
             verdict.rejected[choice.variant] = f"within the benchmark's noise of {best.variant}, but " \
                 f"{pick.variant} is {_preference(pick, choice, tie_break)}; not the runner-up"
         elif choice not in ties:
-            agree = "the 95% intervals do not overlap" if by == "decode" else "the rounds agree"
-            verdict.rejected[choice.variant] = f"{_worse(by)}: {_measure(choice, by)} against " \
-                                               f"{_measure(best, by)} ({best.variant}), {agree}"
+            worse = {"throughput": "lower throughput", "decode": "slower decode"}.get(by, "slower")
+            verdict.rejected[choice.variant] = f"{worse}: {_measure(choice, by)} against " \
+                                               f"{_measure(best, by)} ({best.variant}), {_apart(choice, best)}"
     verdict.why = _why(pick, best, verdict.runner_up, by, tie_break)
     verdict.undecided = _undecided(ties, best)
     return verdict
@@ -398,13 +398,18 @@ def _choice(variant: str, rows: _Rows, by: str) -> Choice:
 
 
 def indistinguishable(candidate: Choice, best: Choice) -> bool:
-    """The benchmark cannot say `best` is better (``qdeploy.core.ranking.distinguishable``: neither a sign test over
-    the paired rounds, a rank test where the two were timed in different groups, nor disjoint 95% intervals of the
+    """The benchmark cannot say `best` is better (``qdeploy.core.ranking.apart_by``: neither a sign test over the
+    paired rounds, a rank test where the two were timed in different groups, nor disjoint 95% intervals of the
     medians); without rounds or intervals, equal scores."""
+    return not _apart(candidate, best)
+
+
+def _apart(candidate: Choice, best: Choice) -> str:
+    """Which test told `candidate` from `best`, in words ('behind in 19 of 21 paired rounds (sign test, ...)')."""
     if not (candidate.round_scores or candidate.interval):
-        return candidate.score == best.score
-    return not distinguishable(candidate.round_scores, best.round_scores, candidate.interval, best.interval,
-                               paired=candidate.round_group == best.round_group)
+        return "" if candidate.score == best.score else "one measurement each, no rounds to test"
+    return apart_by(candidate.round_scores, best.round_scores, candidate.interval, best.interval,
+                    paired=candidate.round_group == best.round_group)
 
 
 def _size_key(choice: Choice) -> tuple[float, int, float, float]:
@@ -467,10 +472,6 @@ def _measure(choice: Choice, by: str) -> str:
     if by == "decode":
         return f"{fmt_ms(choice.decode_ms)} per token decode"
     return fmt_ms(choice.latency.get("latency_ms")) + relative_words(choice.score, choice.latency.get("latency_ms"), by)
-
-
-def _worse(by: str) -> str:
-    return {"throughput": "lower throughput", "decode": "slower decode"}.get(by, "slower")
 
 
 def _why(pick: Choice, best: Choice, runner_up: Choice | None, by: str, tie_break: str = "size") -> str:

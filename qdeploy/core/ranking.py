@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["MIN_ROUNDS_FOR_SIGN", "SIGN_LEVEL", "distinguishable", "rank_test_apart", "sign_test_allows"]
+__all__ = ["MIN_ROUNDS_FOR_SIGN", "SIGN_LEVEL", "apart_by", "distinguishable", "rank_test_apart", "sign_test_allows"]
 
 MIN_ROUNDS_FOR_SIGN = 3
 SIGN_LEVEL = 0.05
@@ -50,15 +50,32 @@ def distinguishable(candidate_rounds: Sequence[float], best_rounds: Sequence[flo
                     best_interval: Sequence[float] | None = None, *, paired: bool = True) -> bool:
     """Whether the benchmark says ``best`` is better than ``candidate`` (scores: lower is better, per round);
     ``paired``: the two were timed in the same rounds (else their rounds are two samples, ranked together)."""
+    return bool(apart_by(candidate_rounds, best_rounds, candidate_interval, best_interval, paired=paired))
+
+
+def apart_by(candidate_rounds: Sequence[float], best_rounds: Sequence[float],
+             candidate_interval: Sequence[float] | None = None,
+             best_interval: Sequence[float] | None = None, *, paired: bool = True) -> str:
+    """The evidence that ``best`` is better, in words a report can print ('behind in 19 of 21 paired rounds (sign
+    test, p = 0.0001)'); '' when the benchmark cannot tell the two apart."""
     if _disjoint(candidate_interval, best_interval):
-        return True
+        return "the 95% intervals do not overlap"
     if not paired:
-        return rank_test_apart(candidate_rounds, best_rounds)
+        n, m = len(candidate_rounds), len(best_rounds)
+        if not rank_test_apart(candidate_rounds, best_rounds):
+            return ""
+        return (f"its {n} rounds rank above the other's {m}, timed in another group (rank test, "
+                f"p = {_upper_tail(n, m, _wins(candidate_rounds, best_rounds)):.2g})")
     pairs = list(zip(candidate_rounds, best_rounds, strict=False))
     if len(pairs) < MIN_ROUNDS_FOR_SIGN:
-        return False
+        return ""
     disagree = sum(1 for mine, theirs in pairs if mine <= theirs)
-    return disagree <= max(sign_test_allows(len(pairs)), 0)
+    if disagree > max(sign_test_allows(len(pairs)), 0):
+        return ""
+    if sign_test_allows(len(pairs)) < 0:
+        return f"behind in all {len(pairs)} paired rounds (too few for the sign test's 5% level)"
+    chance = sum(math.comb(len(pairs), k) for k in range(disagree + 1)) / 2 ** len(pairs)
+    return f"behind in {len(pairs) - disagree} of {len(pairs)} paired rounds (sign test, p = {chance:.2g})"
 
 
 _EXACT_UP_TO = 1600
@@ -71,8 +88,13 @@ def rank_test_apart(candidate: Sequence[float], best: Sequence[float]) -> bool:
     n, m = len(candidate), len(best)
     if n < MIN_ROUNDS_FOR_SIGN or m < MIN_ROUNDS_FOR_SIGN:
         return False
-    above = sum(1.0 if mine > theirs else 0.5 if mine == theirs else 0.0 for mine in candidate for theirs in best)
-    return _upper_tail(n, m, math.floor(above)) <= SIGN_LEVEL
+    return _upper_tail(n, m, _wins(candidate, best)) <= SIGN_LEVEL
+
+
+def _wins(candidate: Sequence[float], best: Sequence[float]) -> int:
+    """Mann-Whitney's U: pairs where candidate's round is higher; a tie counts half (rounded down: conservative)."""
+    return math.floor(sum(1.0 if mine > theirs else 0.5 if mine == theirs else 0.0
+                          for mine in candidate for theirs in best))
 
 
 def _upper_tail(n: int, m: int, u: int) -> float:

@@ -46,7 +46,8 @@ def test_the_fastest_passing_artifact_is_shipped_per_target() -> None:
     ov = _target(report, "openvino:cpu")
     assert ov["status"] == "ship" and ov["variant"] == "int8" and ov["runner_up"] is None
     assert ov["speedup"] == pytest.approx(8.0 / 3.0) and ov["fidelity"]["cosine"] == 0.999
-    assert "slower: 8.00 ms against 3.00 ms (int8), the rounds agree" in ov["rejected"]["fp32"]
+    # the intervals decided here ([7.9, 8.2] against int8's), and the line says so rather than "the rounds agree"
+    assert ov["rejected"]["fp32"].endswith("slower: 8.00 ms against 3.00 ms (int8), the 95% intervals do not overlap")
 
 
 def test_a_failed_fast_artifact_is_never_chosen() -> None:
@@ -160,7 +161,18 @@ def test_rounds_that_all_agree_break_the_tie() -> None:
             rounds = [5.0, 5.2, 4.9, 5.1, 5.0] if row["variant"] == "fp32" else [5.01, 5.21, 4.91, 5.11, 5.01]
             row["round_p50_ms"], row["latency_ms"]["p50"] = rounds, rounds[0]
     ov = _target(report, "openvino:cpu")
-    assert ov["variant"] == "fp32" and ov["runner_up"] is None and "int8" in ov["rejected"]
+    assert ov["variant"] == "fp32" and ov["runner_up"] is None
+    assert ov["rejected"]["int8"].endswith("(fp32), behind in 5 of 5 paired rounds (sign test, p = 0.031)")
+
+
+def test_a_rejection_names_the_sign_test_that_decided_it() -> None:
+    """int8 a hair slower in 9 of 10 paired rounds, the intervals overlapping: the sign test decided, and says so."""
+    fp32 = [5.0, 5.2, 4.9, 5.1, 5.0, 5.3, 4.8, 5.0, 5.1, 5.2]
+    report = _two_targets()
+    _timed_on_openvino(report, fp32=(fp32, 5.05, [4.9, 5.2], {}),
+                       int8=([r + 0.02 for r in fp32[:9]] + [5.0], 5.07, [4.92, 5.22], {}))
+    rejected = _target(report, "openvino:cpu")["rejected"]["int8"]
+    assert rejected.endswith("(fp32), behind in 9 of 10 paired rounds (sign test, p = 0.011)"), rejected
 
 
 def test_artifacts_timed_in_different_session_groups_are_ranked_by_their_samples_not_round_by_round() -> None:
@@ -173,6 +185,8 @@ def test_artifacts_timed_in_different_session_groups_are_ranked_by_their_samples
                              {"round_group": 0}))
     ov = verdict_section(report, tie_break="fidelity")["targets"]["openvino:cpu"]
     assert ov["variant"] == "int8", ov
+    assert ov["rejected"]["fp32"].endswith("its 11 rounds rank above the other's 5, timed in another group (rank "
+                                           "test, p = 0.026)"), ov["rejected"]["fp32"]
     for row in report["benchmarks"]:  # the same rounds, measured side by side: one round in five disagrees
         row.pop("round_group", None)
     assert verdict_section(report, tie_break="fidelity")["targets"]["openvino:cpu"]["variant"] == "fp32"
