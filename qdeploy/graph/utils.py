@@ -7,7 +7,6 @@ rebuilding repeated fields.
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -47,7 +46,6 @@ __all__ = [
     "walk_graphs",
 ]
 
-log = logging.getLogger(__name__)
 
 _ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
 """Bytes per element of the ONNX tensor types of fixed size."""
@@ -130,16 +128,11 @@ def tensor_types(graph: onnx.GraphProto) -> dict[str, int]:
 
 def tensor_ranks(model: onnx.ModelProto) -> dict[str, int]:
     """Tensor name -> rank, where the model declares it or ONNX's shape inference finds it (nested graphs too);
-    the model's own declarations alone where inference fails."""
-    import onnx
+    the model's own declarations alone where inference fails.  Inferred on a light copy: ranks need no weights."""
+    from qdeploy.graph.light import inferred_model  # light builds on this module
 
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception as error:  # a model inference cannot follow: its declarations still count
-        log.debug("shape inference for tensor ranks failed: %s", error)
-        inferred = model
     ranks: dict[str, int] = {}
-    _collect_ranks(inferred.graph, ranks)
+    _collect_ranks(inferred_model(model).graph, ranks)
     return ranks
 
 
