@@ -11,7 +11,9 @@ Lifted today: a Loop/Scan body that returns a loop-carried input unchanged
 (``qdeploy.graph.loop_carried``; OpenVINO 2026.4 refuses it in ``loop.cpp``), an If whose condition has
 rank above 1 (``qdeploy.graph.if_condition``; refused in ``if.cpp``), an LSTM with peepholes, which it reads
 and computes without them (``qdeploy.graph.lstm_peepholes``), and a constant added to a product by a huge mask
-constant, whose sum its CPU plugin regroups and loses the constant in (``qdeploy.graph.offset_barrier``).
+constant, whose sum its CPU plugin regroups and loses the constant in (``qdeploy.graph.offset_barrier``), and
+simple ``ai.onnx.ml`` operators (Scaler, Imputer, LinearRegressor, ...), which it cannot convert at all
+(``qdeploy.graph.ml_ops``).
 
 The copy holds the graph only.  Without external data it is handed to OpenVINO
 in memory; with weights in a data file, or in the model file itself past 64 MB
@@ -33,6 +35,7 @@ from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.if_condition import squeeze_if_conditions
 from qdeploy.graph.loop_carried import isolate_pass_through
 from qdeploy.graph.lstm_peepholes import write_out_peephole_lstms
+from qdeploy.graph.ml_ops import lower_ml_ops
 from qdeploy.graph.offset_barrier import shield_mask_products
 
 if TYPE_CHECKING:
@@ -65,6 +68,8 @@ def read_onnx(core: Any, model_path: Path) -> tuple[Any, list[str]]:
 
 
 _REWRITES = (
+    (lower_ml_ops, "{count} ai.onnx.ml node(s) written out in standard ops (its ONNX frontend converts no ml "
+                   "operator but Normalizer"),
     (isolate_pass_through, "an Identity between {count} loop-carried value(s) and the Loop/Scan body outputs that "
                            "return them unchanged (its ONNX frontend refuses those"),
     (squeeze_if_conditions, "the condition of {count} If node(s) squeezed to a scalar (its ONNX frontend refuses a "

@@ -1,0 +1,205 @@
+"""Simple ``ai.onnx.ml`` operators written out in standard ONNX ops, for OpenVINO.
+
+OpenVINO's ONNX frontend (2026.4) converts no ``ai.onnx.ml`` operator but Normalizer: a scikit-learn pipeline
+converted by skl2onnx (a StandardScaler before a network: ``Scaler``; a SimpleImputer: ``Imputer``; a linear
+model: ``LinearRegressor``) could not be read at all on ``openvino:cpu``.  These operators are element-wise
+arithmetic, a selection or one matrix product, each the same computation in standard ops:
+
+- ``Scaler``: ``(X - offset) * scale`` in float32;
+- ``Binarizer``: ``Where(X > threshold, 1, 0)`` in X's type;
+- ``Imputer``: ``Where(IsNaN(X) or X == replaced, imputed, X)``;
+- ``ArrayFeatureExtractor``: ``Gather`` of the flattened indices along the last axis (a 1-D X gives [1, k]);
+- ``LinearRegressor`` (no post transform): ``X @ coefficients^T + intercepts`` in float32.
+
+A non-float input is cast to float32 first, as ONNX Runtime's kernels convert it (a double input is then
+computed in float32, not in double).  Applied to the copy OpenVINO reads (``qdeploy.targets.openvino_read``),
+top-level graph only, where the input's type and rank are known; the artifact is unchanged.  Tree ensembles,
+classifiers, label encoders and string ops are left as they are (OpenVINO still refuses those, and says so).
+
+Edits protobuf directly: the model may be a graph without its weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from qdeploy.graph.utils import fresh_name
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["lower_ml_ops"]
+
+ML = "ai.onnx.ml"
+MIN_OPSET = 9
+"""The standard opset from which every op written here (Where, IsNaN) exists."""
+_FLOAT, _DOUBLE, _INT32, _INT64 = 1, 11, 6, 7
+
+
+class _Writer:
+    """Standard nodes that replace one ml node: fresh names, constants as initializers."""
+
+    def __init__(self, graph: onnx.GraphProto, node: onnx.NodeProto, taken: set[str]) -> None:
+        self.graph, self.node, self.taken = graph, node, taken
+        self.nodes: list[onnx.NodeProto] = []
+
+    def name(self, hint: str) -> str:
+        name = fresh_name(f"{self.node.name or self.node.output[0]}_{hint}", self.taken)
+        self.taken.add(name)
+        return name
+
+    def const(self, hint: str, array: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        name = self.name(hint)
+        self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], hint: str, output: str | None = None, **attrs: object) -> str:
+        from onnx import helper
+
+        out = output or self.name(hint)
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=self.name(op_type.lower()), **attrs))
+        return out
+
+    def as_float(self, value: str, elem_type: int) -> str:
+        return value if elem_type == _FLOAT else self.op("Cast", [value], "float", to=_FLOAT)
+
+
+def lower_ml_ops(model: onnx.ModelProto) -> list[str]:
+    """Write out each simple ml node of the top-level graph in standard ops, in place; ``"Scaler '<node>'"`` for
+    each node so written.  Nothing when the model's standard opset is below ``MIN_OPSET``."""
+    from qdeploy.graph.light import inferred_model
+
+    graph = model.graph
+    if not any(node.domain == ML and node.op_type in _LOWERINGS for node in graph.node) or not _standard_opset(model):
+        return []
+    types = _value_types(inferred_model(model))
+    taken = {name for node in graph.node for name in (*node.input, *node.output)}
+    taken |= {init.name for init in graph.initializer} | {value.name for value in graph.input}
+    lowered, kept = [], []
+    for node in graph.node:
+        lowering = _LOWERINGS.get(node.op_type) if node.domain == ML else None
+        known = types.get(node.input[0]) if node.input else None
+        writer = _Writer(graph, node, taken)
+        if lowering is None or known is None or not lowering(writer, _attributes(node), *known):
+            kept.append(node)
+            continue
+        kept.extend(writer.nodes)
+        lowered.append(f"{node.op_type} '{node.name or node.output[0]}'")
+    if lowered:
+        del graph.node[:]
+        graph.node.extend(kept)
+    return lowered
+
+
+def _standard_opset(model: onnx.ModelProto) -> bool:
+    """Whether the standard ops written here exist in the model's opset (a pure ml graph gets one imported)."""
+    from onnx import helper
+
+    versions = {entry.domain: entry.version for entry in model.opset_import}
+    if "" not in versions and "ai.onnx" not in versions:
+        model.opset_import.append(helper.make_opsetid("", 13))
+        return True
+    return max(versions.get("", 0), versions.get("ai.onnx", 0)) >= MIN_OPSET
+
+
+def _value_types(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
+    """Value name -> (element type, rank) where shape inference or a declaration knows both."""
+    graph = model.graph
+    known = {}
+    for value in (*graph.input, *graph.value_info, *graph.output):
+        tensor = value.type.tensor_type
+        if value.type.HasField("tensor_type") and tensor.elem_type and tensor.HasField("shape"):
+            known[value.name] = (tensor.elem_type, len(tensor.shape.dim))
+    known.update((init.name, (init.data_type, len(init.dims))) for init in graph.initializer)
+    return known
+
+
+def _attributes(node: onnx.NodeProto) -> dict[str, object]:
+    from onnx import helper
+
+    return {attr.name: helper.get_attribute_value(attr) for attr in node.attribute}
+
+
+def _per_feature(values: object, dtype: type) -> np.ndarray:
+    """An attribute list as a constant that broadcasts along the last axis (one value: to every feature)."""
+    array = np.asarray(values, dtype=dtype)
+    return array.reshape(()) if array.size == 1 else array
+
+
+def _scaler(w: _Writer, attrs: dict[str, object], elem_type: int, rank: int) -> bool:
+    offset, scale = attrs.get("offset", [0.0]), attrs.get("scale", [1.0])
+    if elem_type not in (_FLOAT, _DOUBLE, _INT32, _INT64) or len(offset) != len(scale):  # type: ignore[arg-type]
+        return False
+    shifted = w.op("Sub", [w.as_float(w.node.input[0], elem_type), w.const("offset", _per_feature(offset, np.float32))],
+                   "shifted")
+    w.op("Mul", [shifted, w.const("scale", _per_feature(scale, np.float32))], "", output=w.node.output[0])
+    return True
+
+
+def _binarizer(w: _Writer, attrs: dict[str, object], elem_type: int, rank: int) -> bool:
+    dtype = {_FLOAT: np.float32, _DOUBLE: np.float64, _INT32: np.int32, _INT64: np.int64}.get(elem_type)
+    if dtype is None:
+        return False
+    threshold = float(attrs.get("threshold", 0.0))  # type: ignore[arg-type]
+    if dtype in (np.int32, np.int64) and not threshold.is_integer():
+        return False  # ORT compares an integer with a float threshold; a rounded one could flip an element
+    above = w.op("Greater", [w.node.input[0], w.const("threshold", np.array(threshold, dtype))], "above")
+    w.op("Where", [above, w.const("one", np.array(1, dtype)), w.const("zero", np.array(0, dtype))], "",
+         output=w.node.output[0])
+    return True
+
+
+def _imputer(w: _Writer, attrs: dict[str, object], elem_type: int, rank: int) -> bool:
+    if elem_type == _FLOAT and attrs.get("imputed_value_floats"):
+        imputed, replaced, dtype = attrs["imputed_value_floats"], float(attrs.get("replaced_value_float", 0.0)), \
+            np.float32  # type: ignore[arg-type]
+    elif elem_type == _INT64 and attrs.get("imputed_value_int64s"):
+        imputed, replaced, dtype = attrs["imputed_value_int64s"], int(attrs.get("replaced_value_int64", 0)), \
+            np.int64  # type: ignore[arg-type]
+    else:
+        return False
+    x = w.node.input[0]
+    if isinstance(replaced, float) and math.isnan(replaced):
+        missing = w.op("IsNaN", [x], "missing")
+    else:
+        missing = w.op("Equal", [x, w.const("replaced", np.array(replaced, dtype))], "missing")
+    w.op("Where", [missing, w.const("imputed", _per_feature(imputed, dtype)), x], "", output=w.node.output[0])
+    return True
+
+
+def _feature_extractor(w: _Writer, attrs: dict[str, object], elem_type: int, rank: int) -> bool:
+    if rank < 1 or len(w.node.input) != 2:
+        return False
+    flat = w.op("Reshape", [w.node.input[1], w.const("flat", np.array([-1], np.int64))], "indices")
+    if rank > 1:
+        w.op("Gather", [w.node.input[0], flat], "", output=w.node.output[0], axis=rank - 1)
+        return True
+    picked = w.op("Gather", [w.node.input[0], flat], "picked", axis=0)
+    w.op("Reshape", [picked, w.const("row", np.array([1, -1], np.int64))], "", output=w.node.output[0])
+    return True
+
+
+def _linear_regressor(w: _Writer, attrs: dict[str, object], elem_type: int, rank: int) -> bool:
+    coefficients = np.asarray(attrs.get("coefficients", []), np.float32)
+    intercepts = np.asarray(attrs.get("intercepts", [0.0]), np.float32)
+    targets = int(attrs.get("targets", 1))  # type: ignore[arg-type]
+    if attrs.get("post_transform", b"NONE") not in (b"NONE", "NONE") or rank != 2 or not coefficients.size \
+            or coefficients.size % targets or intercepts.size not in (1, targets):
+        return False
+    weights = w.const("weights", coefficients.reshape(targets, -1).T.copy())
+    product = w.op("MatMul", [w.as_float(w.node.input[0], elem_type), weights], "product")
+    w.op("Add", [product, w.const("intercepts", intercepts)], "", output=w.node.output[0])
+    return True
+
+
+_LOWERINGS: dict[str, Callable[[_Writer, dict[str, object], int, int], bool]] = {
+    "Scaler": _scaler, "Binarizer": _binarizer, "Imputer": _imputer, "ArrayFeatureExtractor": _feature_extractor,
+    "LinearRegressor": _linear_regressor,
+}
+"""Each lowering writes its nodes into the writer and says whether it could (else the ml node stays)."""
