@@ -9,12 +9,16 @@ arithmetic, a selection or one matrix product, each the same computation in stan
 - ``Binarizer``: ``Where(X > threshold, 1, 0)`` in X's type;
 - ``Imputer``: ``Where(IsNaN(X) or X == replaced, imputed, X)``;
 - ``ArrayFeatureExtractor``: ``Gather`` of the flattened indices along the last axis (a 1-D X gives [1, k]);
-- ``LinearRegressor`` (no post transform): ``X @ coefficients^T + intercepts`` in float32.
+- ``LinearRegressor`` (no post transform): ``X @ coefficients^T + intercepts`` in float32;
+- ``LinearClassifier`` (integer labels, a row of coefficients per class, no post transform, softmax or
+  logistic): those scores, the label of the highest raw score (``ArgMax``, the first of equals, as ONNX Runtime)
+  and the scores through Softmax or Sigmoid.
 
 A non-float input is cast to float32 first, as ONNX Runtime's kernels convert it (a double input is then
 computed in float32, not in double).  Applied to the copy OpenVINO reads (``qdeploy.targets.openvino_read``),
 top-level graph only, where the input's type and rank are known; the artifact is unchanged.  Tree ensembles,
-classifiers, label encoders and string ops are left as they are (OpenVINO still refuses those, and says so).
+string labels, a one-row binary classifier, label encoders and ZipMap are left as they are (OpenVINO still
+refuses those, and says so).
 
 Edits protobuf directly: the model may be a graph without its weights.
 """
@@ -189,7 +193,7 @@ def _linear_regressor(w: _Writer, attrs: dict[str, object], elem_type: int, rank
     coefficients = np.asarray(attrs.get("coefficients", []), np.float32)
     intercepts = np.asarray(attrs.get("intercepts", [0.0]), np.float32)
     targets = int(attrs.get("targets", 1))  # type: ignore[arg-type]
-    if attrs.get("post_transform", b"NONE") not in (b"NONE", "NONE") or rank != 2 or not coefficients.size \
+    if _text(attrs.get("post_transform", b"NONE")) != b"NONE" or rank != 2 or not coefficients.size \
             or coefficients.size % targets or intercepts.size not in (1, targets):
         return False
     weights = w.const("weights", coefficients.reshape(targets, -1).T.copy())
@@ -198,8 +202,35 @@ def _linear_regressor(w: _Writer, attrs: dict[str, object], elem_type: int, rank
     return True
 
 
+def _linear_classifier(w: _Writer, attrs: dict[str, object], elem_type: int, rank: int) -> bool:
+    labels = np.asarray(attrs.get("classlabels_ints", []), np.int64)
+    coefficients = np.asarray(attrs.get("coefficients", []), np.float32)
+    intercepts = np.asarray(attrs.get("intercepts", []), np.float32)
+    transform = {b"NONE": None, b"SOFTMAX": "Softmax", b"LOGISTIC": "Sigmoid"}.get(
+        _text(attrs.get("post_transform", b"NONE")), "unknown")
+    if labels.size < 2 or rank != 2 or transform == "unknown" or coefficients.size % labels.size \
+            or intercepts.size not in (0, labels.size):
+        return False
+    weights = w.const("weights", coefficients.reshape(labels.size, -1).T.copy())
+    scores = w.op("MatMul", [w.as_float(w.node.input[0], elem_type), weights], "scores")
+    if intercepts.size:
+        scores = w.op("Add", [scores, w.const("intercepts", intercepts)], "biased")
+    best = w.op("ArgMax", [scores], "best", axis=1, keepdims=0)
+    w.op("Gather", [w.const("labels", labels), best], "", output=w.node.output[0], axis=0)
+    if len(w.node.output) > 1 and w.node.output[1]:
+        if transform is None:
+            w.op("Identity", [scores], "", output=w.node.output[1])
+        else:
+            w.op(transform, [scores], "", output=w.node.output[1], **({"axis": 1} if transform == "Softmax" else {}))
+    return True
+
+
+def _text(value: object) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)  # type: ignore[arg-type]
+
+
 _LOWERINGS: dict[str, Callable[[_Writer, dict[str, object], int, int], bool]] = {
     "Scaler": _scaler, "Binarizer": _binarizer, "Imputer": _imputer, "ArrayFeatureExtractor": _feature_extractor,
-    "LinearRegressor": _linear_regressor,
+    "LinearRegressor": _linear_regressor, "LinearClassifier": _linear_classifier,
 }
 """Each lowering writes its nodes into the writer and says whether it could (else the ml node stays)."""

@@ -109,3 +109,36 @@ def test_what_is_not_a_simple_computation_is_left_for_openvino_to_refuse(tmp_pat
     onnx.save(model, tmp_path / "model.onnx")
     with pytest.raises(RuntimeError, match=f"ai.onnx.ml.{op}"):
         read_onnx(ov.Core(), tmp_path / "model.onnx")
+
+
+BINARY = [-3.75, -0.017, -0.022, 0.43, 3.75, 0.017, 0.022, -0.43]  # skl2onnx's binary LogisticRegression: two rows
+THREE = [-1.73, -2.23, 0.08, 0.26, -0.18, 0.18, 0.13, -0.07, 0.9, 0.4, -0.3, 0.2]
+
+
+@pytest.mark.parametrize(("coefficients", "intercepts", "transform", "labels"), [
+    (BINARY, [0.137, -0.137], "LOGISTIC", [0, 1]),
+    (THREE, [-0.55, 1.59, -1.04], "SOFTMAX", [3, 7, 9]),
+    (THREE, [-0.96, 0.10, -1.22], "NONE", [0, 1, 2]),
+])
+def test_a_linear_classifier_gives_openvino_the_labels_and_scores_onnx_runtime_gives(
+        tmp_path: Path, coefficients: list[float], intercepts: list[float], transform: str, labels: list[int]) -> None:
+    """scikit-learn's LogisticRegression and LinearSVC as skl2onnx writes them (zipmap off): a label per row
+    and the scores, post-transformed."""
+    node = helper.make_node("LinearClassifier", ["x"], ["label", "scores"], domain="ai.onnx.ml", name="classify",
+                            coefficients=coefficients, intercepts=intercepts, classlabels_ints=labels,
+                            post_transform=transform)
+    graph = helper.make_graph([node], "classifier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+                              [helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
+                               helper.make_tensor_value_info("scores", TensorProto.FLOAT, [None, len(labels)])])
+    path = tmp_path / "model.onnx"
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), path)
+    x = np.random.default_rng(3).normal(size=(64, 4)).astype(np.float32)
+    label, scores = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    core = ov.Core()
+    read, notes = read_onnx(core, path)
+    got = core.compile_model(read, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})({"x": x})
+    assert "LinearClassifier 'classify'" in notes[0]
+    np.testing.assert_array_equal(got[0], label)
+    assert len(set(label.tolist())) > 1  # the labels differ between rows: the ArgMax is exercised
+    np.testing.assert_allclose(got[1], scores, rtol=1e-5, atol=1e-6)
