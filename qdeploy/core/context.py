@@ -88,10 +88,11 @@ def _weight_facts_cached(path: str, mtime_ns: int, size: int) -> _WeightFacts:
     four_bit_types = {TensorProto.INT4, TensorProto.UINT4}
     types: dict[str, int] = {}
     elements = {TensorProto.FLOAT16: 0, TensorProto.FLOAT: 0}
+    widened = _widened_to_float(graph)
     for init in graph.initializer:
         types[init.name] = init.data_type
-        if init.data_type in elements:
-            elements[init.data_type] += math.prod(init.dims)
+        if init.data_type in elements:  # a float16 weight only ever cast to float32 is computed in float32
+            elements[TensorProto.FLOAT if init.name in widened else init.data_type] += math.prod(init.dims)
     four_bit = quantized_weights = quantized_activations = False
     for node in graph.node:
         if node.op_type in _FOUR_BIT_OPS:
@@ -104,6 +105,16 @@ def _weight_facts_cached(path: str, mtime_ns: int, size: int) -> _WeightFacts:
             quantized_activations = True
     return _WeightFacts(four_bit, quantized_weights and not quantized_activations,
                         elements[TensorProto.FLOAT16] > elements[TensorProto.FLOAT])
+
+
+def _widened_to_float(graph: onnx.GraphProto) -> set[str]:
+    """Tensors every reader of which is a Cast to float32 (weights stored narrow: simplify keeps them so)."""
+    casts: dict[str, bool] = {}
+    for node in graph.node:
+        widens = node.op_type == "Cast" and any(attr.name == "to" and attr.i == 1 for attr in node.attribute)
+        for name in node.input:
+            casts[name] = casts.get(name, True) and widens
+    return {name for name, only in casts.items() if only}
 
 
 @dataclass(frozen=True)

