@@ -202,7 +202,7 @@ class _RecordingCore:
 
 
 @pytest.mark.parametrize(("pin_f32", "threads", "expected"), [
-    (True, 1, {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1}),
+    (True, 1, {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "INFERENCE_NUM_THREADS": 1}),
     (False, None, {}),
 ])
 def test_openvino_compile_config_follows_pin_and_threads(mlp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -234,6 +234,11 @@ def runtime_settings(source: PackageSource) -> PackageRuntime:
         pinned = source.validation.deploy_precision
         if pinned or execution.get("precision"):
             properties["INFERENCE_PRECISION_HINT"] = pinned or execution["precision"]
+        grouping = (bench_settings or {}).get("DYNAMIC_QUANTIZATION_GROUP_SIZE")  # int8 activations or not, as ran
+        if grouping is None and properties.get("INFERENCE_PRECISION_HINT") == "f32":
+            grouping = 0  # the adapter's pinned f32: float32 activations before compressed weights too
+        if isinstance(grouping, int):
+            properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = grouping
         if isinstance(threads, int):
             properties["INFERENCE_NUM_THREADS"] = threads
         return {"runtime": "openvino", "device": device.upper(), "properties": properties,

@@ -44,6 +44,7 @@ def test_runtime_json_pins_the_shipped_precision_and_check_py_uses_it(tmp_path: 
     folder = build_package(source, tmp_path / "dist", CheckData(feeds, reference, source="test"))  # checks itself
     runtime = json.loads((folder / "runtime.json").read_text())
     assert runtime["properties"]["INFERENCE_PRECISION_HINT"] == "f32"
+    assert runtime["properties"]["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0  # float32 activations, as validated
     assert runtime["precision_pinned"]["INFERENCE_PRECISION_HINT"] == "f32"
     assert "device default (bf16) missed" in runtime["precision_pinned"]["why"]
     said: list[str] = []
