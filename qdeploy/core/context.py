@@ -114,7 +114,8 @@ def _widened_to_float(graph: onnx.GraphProto) -> set[str]:
         widens = node.op_type == "Cast" and any(attr.name == "to" and attr.i == 1 for attr in node.attribute)
         for name in node.input:
             casts[name] = casts.get(name, True) and widens
-    return {name for name, only in casts.items() if only}
+    outputs = {value.name for value in graph.output}
+    return {name for name, only in casts.items() if only and name not in outputs}
 
 
 @dataclass(frozen=True)

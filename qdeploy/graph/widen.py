@@ -253,8 +253,7 @@ def widen_cast_weights(model: onnx.ModelProto) -> list[str]:
     typed = [index for index, value in enumerate(graph.value_info) if value.name in made]
     for index in reversed(typed):  # an initializer's type is its own: a declared one would go stale on conversion
         del graph.value_info[index]
-    kept = graph.node
-    still_read = {name for node in kept for name in node.input} | {value.name for value in graph.output}
+    still_read = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
     still_read |= subgraph_references(graph)
     unread = [index for index, tensor in enumerate(graph.initializer) if tensor.name in stored
               and tensor.name not in still_read]
