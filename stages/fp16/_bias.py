@@ -54,7 +54,12 @@ def split_biases(graph: onnx.GraphProto, types: dict[str, int], elem_type: int,
         product, shaped, shape = f"{out}{PRODUCT_SUFFIX}", f"{out}__fp16_bias", f"{out}__fp16_bias_shape"
         dims = [-1] + [1] * (rank - 2) if node.op_type == "Conv" else [1, -1]
         graph.initializer.append(numpy_helper.from_array(_int64(dims), shape))
-        del node.input[2]
+        if node.op_type == "Gemm":  # C is required before opset 11 (tf2onnx's opset-9 exports): a zero, exact
+            zero = f"{out}__fp16_no_bias"
+            graph.initializer.append(helper.make_tensor(zero, elem_type, [], [0]))
+            node.input[2] = zero
+        else:
+            del node.input[2]
         node.output[0] = product
         add = helper.make_node("Add", [product, shaped], [out],
                                name=node_names.derived(node.name, "__fp16_bias_add", node.op_type))

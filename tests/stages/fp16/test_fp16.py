@@ -155,6 +155,22 @@ def test_a_float32_model_storing_float16_weights_is_converted_not_refused(tmp_pa
     np.testing.assert_allclose(run_ort(result.model, {"x": x})[0], run_ort(model, {"x": x})[0], rtol=2e-2, atol=5e-2)
 
 
+def test_an_opset_9_gemm_with_a_bias_is_emulated(tmp_path: Path) -> None:
+    """Gemm's C is required before opset 11: the emulation splits the bias off the product (rounded first, as
+    float16 kernels do) and gives the product a zero C (open-nsfw, tf2onnx at opset 9: its twin did not load)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gemm", ["x", "W", "b"], ["y"], name="fc")]
+    graph = helper.make_graph(nodes, "gemm9", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+                              [numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32), "W"),
+                               numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)], ir_version=4)
+    x = rng.standard_normal((2, 32)).astype(np.float32)
+    result = run_stage(tmp_path, model, {"calib": [{"x": x}] * 2}, calibration={"data": "calib"})
+    assert result.findings.fidelity["emulated"]["passed"]
+    np.testing.assert_allclose(run_ort(result.model, {"x": x})[0], run_ort(model, {"x": x})[0], rtol=1e-2, atol=2e-2)
+
+
 def test_sidecar_findings_are_json_serialisable(tmp_path: Path) -> None:
     import json
 
