@@ -18,9 +18,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from qdeploy.graph.light import tensor_ranks
 from qdeploy.graph.loop_carried import tensor_names
 from qdeploy.graph.names import NodeNames, all_nodes
-from qdeploy.graph.utils import ONNX_SPEC_DOMAINS, fresh_name, subgraphs, tensor_ranks
+from qdeploy.graph.utils import ONNX_SPEC_DOMAINS, fresh_name, subgraphs
 
 if TYPE_CHECKING:
     import onnx

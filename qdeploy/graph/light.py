@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import onnx
 
 __all__ = ["MODEL_INFO_FIELDS", "STRIP_MIN_BYTES", "Light", "inferred_model", "light_bytes", "light_copy", "put_back",
-           "restore", "restore_into", "tag_of", "take_value_info", "unknown_tags"]
+           "restore", "restore_into", "tag_of", "take_value_info", "tensor_ranks", "unknown_tags"]
 
 STRIP_MIN_BYTES = 1024
 _KEPT_TYPES = frozenset({6, 7, 9, 8, 12, 13})  # int32, int64, bool, string, uint32, uint64: shapes, indices, axes
@@ -93,6 +93,29 @@ def inferred_model(model: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.shape_inference.infer_shapes(light_copy(model).model)
     except Exception:  # a model inference cannot follow: its own declarations still count
         return model
+
+
+def tensor_ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """Tensor name -> rank, where the model declares it or ONNX's shape inference finds it (nested graphs too);
+    the model's own declarations alone where inference fails.  Inferred on a light copy: ranks need no weights."""
+    ranks: dict[str, int] = {}
+    _collect_ranks(inferred_model(model).graph, ranks)
+    return ranks
+
+
+def _collect_ranks(graph: onnx.GraphProto, ranks: dict[str, int]) -> None:
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        tensor = value.type.tensor_type
+        if value.type.HasField("tensor_type") and tensor.HasField("shape"):
+            ranks[value.name] = len(tensor.shape.dim)
+    ranks.update((init.name, len(init.dims)) for init in graph.initializer)
+    for node in graph.node:
+        for sub in subgraphs(node):
+            _collect_ranks(sub, ranks)
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value" and attribute.HasField("t"):
+                    ranks[node.output[0]] = len(attribute.t.dims)
 
 
 def restore(model: onnx.ModelProto, light: Light) -> list[str]:

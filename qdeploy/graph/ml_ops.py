@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from qdeploy.graph.light import inferred_model
 from qdeploy.graph.utils import fresh_name
 
 if TYPE_CHECKING:
@@ -77,8 +78,6 @@ class _Writer:
 def lower_ml_ops(model: onnx.ModelProto) -> list[str]:
     """Write out each simple ml node of the top-level graph in standard ops, in place; ``"Scaler '<node>'"`` for
     each node so written.  Nothing when the model's standard opset is below ``MIN_OPSET``."""
-    from qdeploy.graph.light import inferred_model
-
     graph = model.graph
     if not any(node.domain == ML and node.op_type in _LOWERINGS for node in graph.node) or not _standard_opset(model):
         return []

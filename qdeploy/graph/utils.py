@@ -41,7 +41,6 @@ __all__ = [
     "subgraph_references",
     "subgraphs",
     "tensor_nbytes",
-    "tensor_ranks",
     "tensor_types",
     "walk_graphs",
 ]
@@ -124,31 +123,6 @@ def tensor_types(graph: onnx.GraphProto) -> dict[str, int]:
              if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type}
     types.update((init.name, init.data_type) for init in graph.initializer)
     return types
-
-
-def tensor_ranks(model: onnx.ModelProto) -> dict[str, int]:
-    """Tensor name -> rank, where the model declares it or ONNX's shape inference finds it (nested graphs too);
-    the model's own declarations alone where inference fails.  Inferred on a light copy: ranks need no weights."""
-    from qdeploy.graph.light import inferred_model  # light builds on this module
-
-    ranks: dict[str, int] = {}
-    _collect_ranks(inferred_model(model).graph, ranks)
-    return ranks
-
-
-def _collect_ranks(graph: onnx.GraphProto, ranks: dict[str, int]) -> None:
-    for value in (*graph.input, *graph.output, *graph.value_info):
-        tensor = value.type.tensor_type
-        if value.type.HasField("tensor_type") and tensor.HasField("shape"):
-            ranks[value.name] = len(tensor.shape.dim)
-    ranks.update((init.name, len(init.dims)) for init in graph.initializer)
-    for node in graph.node:
-        for sub in subgraphs(node):
-            _collect_ranks(sub, ranks)
-        if node.op_type == "Constant":
-            for attribute in node.attribute:
-                if attribute.name == "value" and attribute.HasField("t"):
-                    ranks[node.output[0]] = len(attribute.t.dims)
 
 
 def node_readers(nodes: Iterable[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from qdeploy.graph.utils import node_readers, tensor_ranks
+from qdeploy.graph.light import tensor_ranks
+from qdeploy.graph.utils import node_readers
 
 if TYPE_CHECKING:
     import onnx

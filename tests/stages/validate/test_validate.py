@@ -177,7 +177,8 @@ def test_openvino_pins_f32_for_float32_artifacts_only(tmp_path: Path, monkeypatc
     artifacts = {"exported": artifact(tmp_path / "ref.onnx", model),
                  "fp16": artifact(tmp_path / "fp16.onnx", to_fp16(model), ("export", "fp16"))}
     rows = by_pair(validate.run(artifacts, ["openvino:cpu"], ValidateConfig(samples=2), context(tmp_path)))
-    assert recorder.configs == [{"INFERENCE_PRECISION_HINT": "f32"}, {}]  # fp32 pinned; fp16 as the device runs it
+    pinned_f32 = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+    assert recorder.configs == [pinned_f32, {}]  # fp32 pinned; fp16 as the device runs it
     pinned = rows[("exported", "openvino:cpu")]
     assert pinned.execution["precision"] == "f32" and "BF16" not in pinned.execution["precisions"]
     assert rows[("fp16", "openvino:cpu")].execution["precision"] in ("f32", "bf16", "f16")  # read back
