@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qdeploy.graph.names import NodeNames
-from qdeploy.graph.utils import default_opset, fresh_name
+from qdeploy.graph.utils import default_opset
+from qdeploy.graph.writer import GraphWriter
 
 if TYPE_CHECKING:
     import onnx
@@ -84,27 +85,13 @@ def _weights(node: onnx.NodeProto, weights: dict[str, onnx.TensorProto]) -> tupl
     return w, r, b, p
 
 
-class _Writer:
+class _Writer(GraphWriter):
     """The nodes and initializers that compute one LSTM node, added to ``graph`` under fresh names."""
 
     def __init__(self, graph: onnx.GraphProto, names: NodeNames, taken: set[str], node: onnx.NodeProto,
                  element: int, opset: int) -> None:
-        self.graph, self.names, self.taken, self.node, self.element = graph, names, taken, node, element
-        self.opset = opset
-        self.base = node.name or node.output[0]
-        self.nodes: list[onnx.NodeProto] = []
-
-    def fresh(self, suffix: str) -> str:
-        name = fresh_name(f"{self.base}/{suffix}", self.taken)
-        self.taken.add(name)
-        return name
-
-    def constant(self, suffix: str, value: np.ndarray) -> str:
-        from onnx import numpy_helper
-
-        name = self.fresh(suffix)
-        self.graph.initializer.append(numpy_helper.from_array(np.array(value, order="C"), name))  # 0-d stays 0-d
-        return name
+        super().__init__(graph, node, taken)
+        self.names, self.element, self.opset = names, element, opset
 
     def add(self, op_type: str, inputs: list[str], suffix: str, outputs: int = 1, **attributes: object) -> list[str]:
         from onnx import helper

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qdeploy.graph.light import inferred_model
-from qdeploy.graph.utils import fresh_name
+from qdeploy.graph.writer import GraphWriter
 
 if TYPE_CHECKING:
     import onnx
@@ -45,30 +45,17 @@ MIN_OPSET = 9
 _FLOAT, _DOUBLE, _INT32, _INT64 = 1, 11, 6, 7
 
 
-class _Writer:
+class _Writer(GraphWriter):
     """Standard nodes that replace one ml node: fresh names, constants as initializers."""
 
     def __init__(self, graph: onnx.GraphProto, node: onnx.NodeProto, taken: set[str]) -> None:
-        self.graph, self.node, self.taken = graph, node, taken
-        self.nodes: list[onnx.NodeProto] = []
-
-    def name(self, hint: str) -> str:
-        name = fresh_name(f"{self.node.name or self.node.output[0]}_{hint}", self.taken)
-        self.taken.add(name)
-        return name
-
-    def const(self, hint: str, array: np.ndarray) -> str:
-        from onnx import numpy_helper
-
-        name = self.name(hint)
-        self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
-        return name
+        super().__init__(graph, node, taken, separator="_")
 
     def op(self, op_type: str, inputs: list[str], hint: str, output: str | None = None, **attrs: object) -> str:
         from onnx import helper
 
-        out = output or self.name(hint)
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=self.name(op_type.lower()), **attrs))
+        out = output or self.fresh(hint)
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=self.fresh(op_type.lower()), **attrs))
         return out
 
     def as_float(self, value: str, elem_type: int) -> str:
@@ -139,9 +126,9 @@ def _scaler(w: _Writer, attrs: dict[str, object], elem_type: int, rank: int) -> 
     offset, scale = attrs.get("offset", [0.0]), attrs.get("scale", [1.0])
     if elem_type not in (_FLOAT, _DOUBLE, _INT32, _INT64) or len(offset) != len(scale):  # type: ignore[arg-type]
         return False
-    shifted = w.op("Sub", [w.as_float(w.node.input[0], elem_type), w.const("offset", _per_feature(offset, np.float32))],
-                   "shifted")
-    w.op("Mul", [shifted, w.const("scale", _per_feature(scale, np.float32))], "", output=w.node.output[0])
+    offset_const = w.constant("offset", _per_feature(offset, np.float32))
+    shifted = w.op("Sub", [w.as_float(w.node.input[0], elem_type), offset_const], "shifted")
+    w.op("Mul", [shifted, w.constant("scale", _per_feature(scale, np.float32))], "", output=w.node.output[0])
     return True
 
 
@@ -152,8 +139,8 @@ def _binarizer(w: _Writer, attrs: dict[str, object], elem_type: int, rank: int) 
     threshold = float(attrs.get("threshold", 0.0))  # type: ignore[arg-type]
     if dtype in (np.int32, np.int64) and not threshold.is_integer():
         return False  # ORT compares an integer with a float threshold; a rounded one could flip an element
-    above = w.op("Greater", [w.node.input[0], w.const("threshold", np.array(threshold, dtype))], "above")
-    w.op("Where", [above, w.const("one", np.array(1, dtype)), w.const("zero", np.array(0, dtype))], "",
+    above = w.op("Greater", [w.node.input[0], w.constant("threshold", np.array(threshold, dtype))], "above")
+    w.op("Where", [above, w.constant("one", np.array(1, dtype)), w.constant("zero", np.array(0, dtype))], "",
          output=w.node.output[0])
     return True
 
@@ -171,20 +158,20 @@ def _imputer(w: _Writer, attrs: dict[str, object], elem_type: int, rank: int) ->
     if isinstance(replaced, float) and math.isnan(replaced):
         missing = w.op("IsNaN", [x], "missing")
     else:
-        missing = w.op("Equal", [x, w.const("replaced", np.array(replaced, dtype))], "missing")
-    w.op("Where", [missing, w.const("imputed", _per_feature(imputed, dtype)), x], "", output=w.node.output[0])
+        missing = w.op("Equal", [x, w.constant("replaced", np.array(replaced, dtype))], "missing")
+    w.op("Where", [missing, w.constant("imputed", _per_feature(imputed, dtype)), x], "", output=w.node.output[0])
     return True
 
 
 def _feature_extractor(w: _Writer, attrs: dict[str, object], elem_type: int, rank: int) -> bool:
     if rank < 1 or len(w.node.input) != 2:
         return False
-    flat = w.op("Reshape", [w.node.input[1], w.const("flat", np.array([-1], np.int64))], "indices")
+    flat = w.op("Reshape", [w.node.input[1], w.constant("flat", np.array([-1], np.int64))], "indices")
     if rank > 1:
         w.op("Gather", [w.node.input[0], flat], "", output=w.node.output[0], axis=rank - 1)
         return True
     picked = w.op("Gather", [w.node.input[0], flat], "picked", axis=0)
-    w.op("Reshape", [picked, w.const("row", np.array([1, -1], np.int64))], "", output=w.node.output[0])
+    w.op("Reshape", [picked, w.constant("row", np.array([1, -1], np.int64))], "", output=w.node.output[0])
     return True
 
 
@@ -195,9 +182,9 @@ def _linear_regressor(w: _Writer, attrs: dict[str, object], elem_type: int, rank
     if _text(attrs.get("post_transform", b"NONE")) != b"NONE" or rank != 2 or not coefficients.size \
             or coefficients.size % targets or intercepts.size not in (1, targets):
         return False
-    weights = w.const("weights", coefficients.reshape(targets, -1).T.copy())
+    weights = w.constant("weights", coefficients.reshape(targets, -1).T.copy())
     product = w.op("MatMul", [w.as_float(w.node.input[0], elem_type), weights], "product")
-    w.op("Add", [product, w.const("intercepts", intercepts)], "", output=w.node.output[0])
+    w.op("Add", [product, w.constant("intercepts", intercepts)], "", output=w.node.output[0])
     return True
 
 
@@ -210,12 +197,12 @@ def _linear_classifier(w: _Writer, attrs: dict[str, object], elem_type: int, ran
     if labels.size < 2 or rank != 2 or transform == "unknown" or coefficients.size % labels.size \
             or intercepts.size not in (0, labels.size):
         return False
-    weights = w.const("weights", coefficients.reshape(labels.size, -1).T.copy())
+    weights = w.constant("weights", coefficients.reshape(labels.size, -1).T.copy())
     scores = w.op("MatMul", [w.as_float(w.node.input[0], elem_type), weights], "scores")
     if intercepts.size:
-        scores = w.op("Add", [scores, w.const("intercepts", intercepts)], "biased")
+        scores = w.op("Add", [scores, w.constant("intercepts", intercepts)], "biased")
     best = w.op("ArgMax", [scores], "best", axis=1, keepdims=0)
-    w.op("Gather", [w.const("labels", labels), best], "", output=w.node.output[0], axis=0)
+    w.op("Gather", [w.constant("labels", labels), best], "", output=w.node.output[0], axis=0)
     if len(w.node.output) > 1 and w.node.output[1]:
         if transform is None:
             w.op("Identity", [scores], "", output=w.node.output[1])
