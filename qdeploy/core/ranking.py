@@ -61,11 +61,11 @@ def apart_by(candidate_rounds: Sequence[float], best_rounds: Sequence[float],
     if _disjoint(candidate_interval, best_interval):
         return "the 95% intervals do not overlap"
     if not paired:
-        n, m = len(candidate_rounds), len(best_rounds)
-        if not rank_test_apart(candidate_rounds, best_rounds):
+        chance = _rank_chance(candidate_rounds, best_rounds)
+        if chance is None or chance > SIGN_LEVEL:
             return ""
-        return (f"its {n} rounds rank above the other's {m}, timed in another group (rank test, "
-                f"p = {_upper_tail(n, m, _wins(candidate_rounds, best_rounds)):.2g})")
+        return (f"its {len(candidate_rounds)} rounds rank above the other's {len(best_rounds)}, timed in another "
+                f"group (rank test, p = {chance:.2g})")
     pairs = list(zip(candidate_rounds, best_rounds, strict=False))
     if len(pairs) < MIN_ROUNDS_FOR_SIGN:
         return ""
@@ -85,16 +85,17 @@ _EXACT_UP_TO = 1600
 def rank_test_apart(candidate: Sequence[float], best: Sequence[float]) -> bool:
     """One-sided Mann-Whitney test at SIGN_LEVEL: are ``candidate``'s rounds higher than ``best``'s?  At least
     MIN_ROUNDS_FOR_SIGN rounds each; a tie between two values counts half (rounded down: the conservative side)."""
+    chance = _rank_chance(candidate, best)
+    return chance is not None and chance <= SIGN_LEVEL
+
+
+def _rank_chance(candidate: Sequence[float], best: Sequence[float]) -> float | None:
+    """The rank test's one-sided p-value; None with fewer than MIN_ROUNDS_FOR_SIGN rounds on either side."""
     n, m = len(candidate), len(best)
     if n < MIN_ROUNDS_FOR_SIGN or m < MIN_ROUNDS_FOR_SIGN:
-        return False
-    return _upper_tail(n, m, _wins(candidate, best)) <= SIGN_LEVEL
-
-
-def _wins(candidate: Sequence[float], best: Sequence[float]) -> int:
-    """Mann-Whitney's U: pairs where candidate's round is higher; a tie counts half (rounded down: conservative)."""
-    return math.floor(sum(1.0 if mine > theirs else 0.5 if mine == theirs else 0.0
-                          for mine in candidate for theirs in best))
+        return None
+    above = sum(1.0 if mine > theirs else 0.5 if mine == theirs else 0.0 for mine in candidate for theirs in best)
+    return _upper_tail(n, m, math.floor(above))
 
 
 def _upper_tail(n: int, m: int, u: int) -> float:

@@ -20,8 +20,9 @@ from qdeploy.graph.utils import delete_where, model_bytes, subgraphs, tensor_nby
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["MODEL_INFO_FIELDS", "STRIP_MIN_BYTES", "Light", "inferred_model", "light_bytes", "light_copy", "put_back",
-           "restore", "restore_into", "tag_of", "take_value_info", "tensor_ranks", "unknown_tags"]
+__all__ = ["MODEL_INFO_FIELDS", "STRIP_MIN_BYTES", "Light", "graph_ranks", "inferred_model", "light_bytes",
+           "light_copy", "put_back", "restore", "restore_into", "tag_of", "take_value_info", "tensor_ranks",
+           "unknown_tags"]
 
 STRIP_MIN_BYTES = 1024
 _KEPT_TYPES = frozenset({6, 7, 9, 8, 12, 13})  # int32, int64, bool, string, uint32, uint64: shapes, indices, axes
@@ -98,8 +99,13 @@ def inferred_model(model: onnx.ModelProto) -> onnx.ModelProto:
 def tensor_ranks(model: onnx.ModelProto) -> dict[str, int]:
     """Tensor name -> rank, where the model declares it or ONNX's shape inference finds it (nested graphs too);
     the model's own declarations alone where inference fails.  Inferred on a light copy: ranks need no weights."""
+    return graph_ranks(inferred_model(model).graph)
+
+
+def graph_ranks(graph: onnx.GraphProto) -> dict[str, int]:
+    """Tensor name -> rank, as ``graph`` (nested graphs too) declares it."""
     ranks: dict[str, int] = {}
-    _collect_ranks(inferred_model(model).graph, ranks)
+    _collect_ranks(graph, ranks)
     return ranks
 
 

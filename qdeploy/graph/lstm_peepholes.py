@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qdeploy.graph.names import NodeNames
-from qdeploy.graph.utils import default_opset
+from qdeploy.graph.utils import default_opset, node_attributes
 from qdeploy.graph.writer import GraphWriter
 
 if TYPE_CHECKING:
@@ -63,11 +63,11 @@ def write_out_peephole_lstms(model: onnx.ModelProto) -> list[str]:
 
 def _weights(node: onnx.NodeProto, weights: dict[str, onnx.TensorProto]) -> tuple[np.ndarray, ...] | None:
     """(W, R, B, P) of an LSTM this module rewrites exactly, or None."""
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     if node.op_type != "LSTM" or node.domain not in ("", "ai.onnx") or len(node.input) < 8 or not node.input[7]:
         return None
-    attributes = {attr.name: helper.get_attribute_value(attr) for attr in node.attribute}
+    attributes = node_attributes(node)
     activations = tuple(item.decode() for item in attributes.get("activations", []))
     if (attributes.get("clip") is not None or attributes.get("input_forget", 0) or attributes.get("layout", 0)
             or activations not in ((), _DEFAULT_ACTIVATIONS, _DEFAULT_ACTIVATIONS * 2)

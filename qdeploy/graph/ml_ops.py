@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdeploy.graph.light import inferred_model
+from qdeploy.graph.light import graph_ranks, inferred_model
+from qdeploy.graph.utils import default_opset, node_attributes, tensor_types
 from qdeploy.graph.writer import GraphWriter
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def lower_ml_ops(model: onnx.ModelProto) -> list[str]:
     graph = model.graph
     if not any(node.domain == ML and node.op_type in _LOWERINGS for node in graph.node) or not _standard_opset(model):
         return []
-    types = _value_types(inferred_model(model))
+    types = _value_types(model)
     taken = {name for node in graph.node for name in (*node.input, *node.output)}
     taken |= {init.name for init in graph.initializer} | {value.name for value in graph.input}
     lowered, kept = [], []
@@ -76,7 +77,7 @@ def lower_ml_ops(model: onnx.ModelProto) -> list[str]:
         lowering = _LOWERINGS.get(node.op_type) if node.domain == ML else None
         known = types.get(node.input[0]) if node.input else None
         writer = _Writer(graph, node, taken)
-        if lowering is None or known is None or not lowering(writer, _attributes(node), *known):
+        if lowering is None or known is None or not lowering(writer, node_attributes(node), *known):
             kept.append(node)
             continue
         kept.extend(writer.nodes)
@@ -91,29 +92,17 @@ def _standard_opset(model: onnx.ModelProto) -> bool:
     """Whether the standard ops written here exist in the model's opset (a pure ml graph gets one imported)."""
     from onnx import helper
 
-    versions = {entry.domain: entry.version for entry in model.opset_import}
-    if "" not in versions and "ai.onnx" not in versions:
+    opset = default_opset(model)
+    if not opset:
         model.opset_import.append(helper.make_opsetid("", 13))
-        return True
-    return max(versions.get("", 0), versions.get("ai.onnx", 0)) >= MIN_OPSET
+    return not opset or opset >= MIN_OPSET
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
     """Value name -> (element type, rank) where shape inference or a declaration knows both."""
-    graph = model.graph
-    known = {}
-    for value in (*graph.input, *graph.value_info, *graph.output):
-        tensor = value.type.tensor_type
-        if value.type.HasField("tensor_type") and tensor.elem_type and tensor.HasField("shape"):
-            known[value.name] = (tensor.elem_type, len(tensor.shape.dim))
-    known.update((init.name, (init.data_type, len(init.dims))) for init in graph.initializer)
-    return known
-
-
-def _attributes(node: onnx.NodeProto) -> dict[str, object]:
-    from onnx import helper
-
-    return {attr.name: helper.get_attribute_value(attr) for attr in node.attribute}
+    graph = inferred_model(model).graph
+    ranks = graph_ranks(graph)
+    return {name: (elem_type, ranks[name]) for name, elem_type in tensor_types(graph).items() if name in ranks}
 
 
 def _per_feature(values: object, dtype: type) -> np.ndarray:

@@ -23,6 +23,7 @@ __all__ = [
     "default_opset",
     "delete_indices",
     "delete_where",
+    "element_bits",
     "fingerprint",
     "float32_chunks",
     "fresh_name",
@@ -33,6 +34,7 @@ __all__ = [
     "model_bytes",
     "moved_weights",
     "names_read",
+    "node_attributes",
     "op_counts",
     "place_after_producers",
     "prune_unproduced_value_info",
@@ -47,6 +49,22 @@ __all__ = [
 
 
 _ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
+_SUB_BYTE_BITS = {17: 8, 18: 8, 19: 8, 20: 8, 21: 4, 22: 4, 23: 4}
+"""float8 variants (stored one per int32 in protobuf, so measured, not counted, by ``tensor_nbytes``), int4/uint4
+and float4: bits per element."""
+
+
+def element_bits(data_type: int) -> int | None:
+    """Bits per element of a numeric TensorProto type; None for strings and types this table does not know."""
+    size = _ELEMENT_BYTES.get(data_type)
+    return size * 8 if size is not None else _SUB_BYTE_BITS.get(data_type)
+
+
+def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    """A node's attributes by name, as Python values (``helper.get_attribute_value``)."""
+    from onnx import helper
+
+    return {attr.name: helper.get_attribute_value(attr) for attr in node.attribute}
 """Bytes per element of the ONNX tensor types of fixed size."""
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from qdeploy.graph.utils import rename_uses, subgraph_references
+from qdeploy.graph.utils import delete_indices, delete_where, names_read, rename_uses
 
 if TYPE_CHECKING:
     import onnx
@@ -240,23 +240,16 @@ def widen_cast_weights(model: onnx.ModelProto) -> list[str]:
               and tensor.data_location != onnx.TensorProto.EXTERNAL}
     folded = [index for index, node in enumerate(graph.node) if node.op_type == "Cast" and node.input
               and node.input[0] in stored and any(attr.name == "to" and attr.i == _FLOAT for attr in node.attribute)]
-    names, names_out = [], []
+    names, made = [], set()
     for index in folded:
         node = graph.node[index]
         names.append(node.name or node.output[0])
-        names_out.append(node.output[0])
+        made.add(node.output[0])
         graph.initializer.append(numpy_helper.from_array(
             numpy_helper.to_array(stored[node.input[0]]).astype("float32"), node.output[0]))
-    for index in reversed(folded):
-        del graph.node[index]
-    made = set(names_out)
-    typed = [index for index, value in enumerate(graph.value_info) if value.name in made]
-    for index in reversed(typed):  # an initializer's type is its own: a declared one would go stale on conversion
-        del graph.value_info[index]
-    still_read = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
-    still_read |= subgraph_references(graph)
-    unread = [index for index, tensor in enumerate(graph.initializer) if tensor.name in stored
-              and tensor.name not in still_read]
-    for index in reversed(unread):
-        del graph.initializer[index]
+    delete_indices(graph.node, folded)
+    # an initializer's type is its own: a declared one would go stale when the weight is converted
+    delete_where(graph.value_info, lambda value: value.name in made)
+    read = names_read(list(graph.node), graph)
+    delete_where(graph.initializer, lambda tensor: tensor.name in stored and tensor.name not in read)
     return names

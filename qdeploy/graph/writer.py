@@ -29,9 +29,7 @@ class GraphWriter:
         self.nodes: list[onnx.NodeProto] = []
 
     def fresh(self, suffix: str) -> str:
-        name = fresh_name(f"{self.base}{self.separator}{suffix}", self.taken)
-        self.taken.add(name)
-        return name
+        return fresh_name(f"{self.base}{self.separator}{suffix}", self.taken)  # which records it as taken
 
     def constant(self, suffix: str, value: np.ndarray) -> str:
         from onnx import numpy_helper

@@ -14,7 +14,7 @@ import logging
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from qdeploy.graph.utils import subgraphs
+from qdeploy.graph.utils import node_attributes, subgraphs
 
 if TYPE_CHECKING:
     import onnx
@@ -62,7 +62,7 @@ def _unfuse_graph(graph: onnx.GraphProto, done: Counter[str]) -> None:
 def _standard_form(node: onnx.NodeProto, graph: onnx.GraphProto) -> list[onnx.NodeProto] | None:
     from onnx import helper
 
-    attributes = {attribute.name: helper.get_attribute_value(attribute) for attribute in node.attribute}
+    attributes = node_attributes(node)
     activation = attributes.get("activation", b"")
     activation = activation.decode() if isinstance(activation, bytes) else str(activation)
     output, base = node.output[0], node.name or node.output[0]

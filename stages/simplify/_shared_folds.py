@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from qdeploy.graph.utils import subgraph_references, tensor_nbytes
+from qdeploy.graph.utils import element_bits, subgraph_references, tensor_nbytes
 from qdeploy.stages.simplify._folding_shapes import Scope, estimated_bytes
 
 if TYPE_CHECKING:
@@ -36,9 +36,6 @@ constant costs nothing worth keeping a node computed at run time for."""
 
 NARROW_MIN_BYTES = 4096
 """Stored size from which a narrow weight is kept narrow: below it, folding its Cast costs nothing worth a node."""
-_ITEM_BITS = {1: 32, 2: 8, 3: 8, 4: 16, 5: 16, 6: 32, 7: 64, 9: 8, 10: 16, 11: 64, 12: 32, 13: 64, 16: 16,
-              17: 8, 18: 8, 19: 8, 20: 8, 21: 4, 22: 4, 23: 4}
-"""Bits per element of TensorProto's numeric types (float8 variants 17-20, int4/uint4 21-22, float4 23)."""
 _FLOATS = frozenset({1, 10, 11, 16})
 
 
@@ -51,7 +48,7 @@ def widening_cast(node: onnx.NodeProto, scope: Scope) -> tuple[str, int] | None:
     stored = scope.tensors.get(node.input[0])
     if stored is None or to not in _FLOATS or tensor_nbytes(stored) < NARROW_MIN_BYTES:
         return None
-    narrow = _ITEM_BITS.get(stored.data_type, 64) < _ITEM_BITS[to]
+    narrow = (element_bits(stored.data_type) or 64) < (element_bits(to) or 0)
     return (stored.name, stored.data_type) if narrow else None
 
 

@@ -48,6 +48,7 @@ from qdeploy.pipeline.publish.package.records import (
 from qdeploy.pipeline.publish.store import sha256_file
 from qdeploy.pipeline.results.identity import model_signature
 from qdeploy.targets import get_target
+from qdeploy.targets.openvino import DYNAMIC_QUANTIZATION
 from qdeploy.targets.openvino_read import read_onnx
 
 __all__ = ["FORMAT_VERSION", "OPTIMIZED_FILE", "PACKAGE_RUNTIMES", "SNIPPETS", "PackageError", "PackageSource",
@@ -234,11 +235,11 @@ def runtime_settings(source: PackageSource) -> PackageRuntime:
         pinned = source.validation.deploy_precision
         if pinned or execution.get("precision"):
             properties["INFERENCE_PRECISION_HINT"] = pinned or execution["precision"]
-        grouping = (bench_settings or {}).get("DYNAMIC_QUANTIZATION_GROUP_SIZE")  # int8 activations or not, as ran
+        grouping = (bench_settings or {}).get(DYNAMIC_QUANTIZATION)  # int8 activations or not, as it ran
         if grouping is None and properties.get("INFERENCE_PRECISION_HINT") == "f32":
             grouping = 0  # the adapter's pinned f32: float32 activations before compressed weights too
         if isinstance(grouping, int):
-            properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = grouping
+            properties[DYNAMIC_QUANTIZATION] = grouping
         if isinstance(threads, int):
             properties["INFERENCE_NUM_THREADS"] = threads
         return {"runtime": "openvino", "device": device.upper(), "properties": properties,

@@ -25,7 +25,7 @@ from qdeploy.calibration.activations import FeedSource, channel_absmax
 from qdeploy.core.onnx_wire import load_model
 from qdeploy.graph.external_data import save_onnx
 from qdeploy.graph.names import unique_node_name
-from qdeploy.graph.utils import delete_where, names_read
+from qdeploy.graph.utils import delete_where, names_read, node_attributes
 from qdeploy.stages.quantize.findings import SmoothedTensor, SmoothQuantRecord
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def smoothed_with(measured: AlphaMeasurement, alpha: float, path: Path) -> tuple
 def _readers(model: onnx.ModelProto, op_types: list[str], excluded: set[str]) -> dict[str, list[_Reader]]:
     """Activation tensor -> the quantized MatMul/Gemm nodes that read it through a constant 2-D float weight.  Its
     other readers (a residual Add, an excluded or activation-by-activation MatMul) keep reading it unscaled."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
 
     weights = {init.name for init in model.graph.initializer
                if len(init.dims) == 2 and init.data_type == TensorProto.FLOAT}
@@ -113,7 +113,7 @@ def _readers(model: onnx.ModelProto, op_types: list[str], excluded: set[str]) ->
             continue
         if len(node.input) < 2 or node.input[1] not in weights or node.input[0] in weights:
             continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = node_attributes(node)
         if not attrs.get("transA", 0):
             found[node.input[0]].append(_Reader(node, node.input[1], 1 if attrs.get("transB", 0) else 0))
     return dict(found)
